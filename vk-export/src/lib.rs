@@ -1,1 +1,66 @@
-//! placeholder
+//! The Vulkan side of Vulkan ⇄ CUDA (and Vulkan ⇄ Vulkan) memory sharing on
+//! Linux, on [`ash`].
+//!
+//! # Contract
+//!
+//! * **Your Vulkan.** Everything works on the application's own instance,
+//!   physical device and device, wrapped once in a [`Context`]
+//!   ([`Context::from_raw`]). [`Context::headless`] creates one for tools,
+//!   tests and examples, picking the physical device by `deviceUUID` if asked.
+//! * **Preflight first.** Every constructor asks the driver whether the exact
+//!   format, usage, tiling and handle type can be exported and imported
+//!   (`vkGetPhysicalDeviceImageFormatProperties2` and friends) before it
+//!   creates anything. An unsupported request is [`Error::Unsupported`] and no
+//!   Vulkan object exists.
+//! * **Typed resources.** [`ExportableImage`] carries its format, tiling,
+//!   memory location and usage preset as types, so the CUDA side knows at
+//!   compile time what it may do with it. It is always created with
+//!   `VkExternalMemoryImageCreateInfo`, allocated with export info and a
+//!   dedicated allocation where the driver requires or prefers one, and it
+//!   records what an importer needs ([`ImageInfo`]). [`ExportableBuffer`] and
+//!   [`Semaphore`] (binary and timeline) likewise.
+//! * **Fds are `OwnedFd`.** Each export is a new fd that the caller owns; an
+//!   import consumes its fd. Nothing here keeps a raw copy.
+//! * **Import only from a record.** [`ExportableImage::import`] creates the
+//!   image from the exporter's [`ImageRecord`], so its create parameters are
+//!   identical by construction (the validation layers no longer check this).
+//! * **Cross-process.** [`wire`] defines a versioned, checksummed record of the
+//!   resources and [`socket`] sends it with its fds over a Unix socket
+//!   (`SCM_RIGHTS`), validating everything before anything is imported.
+//! * **Errors** name the Vulkan call, its `VkResult` and what to do.
+//!
+//! What this crate does *not* check: that commands recorded by the caller are
+//! correct. It validates what the caller cannot know (driver capabilities,
+//! records from another process), not ordinary Vulkan usage.
+
+mod buffer;
+mod context;
+mod error;
+pub mod format;
+mod image;
+pub mod markers;
+mod semaphore;
+pub mod socket;
+mod transfer;
+pub mod wire;
+
+pub use buffer::{BufferInfo, BufferRecord, ExportableBuffer, BUFFER_USAGE};
+pub use context::{
+    Context, DeviceIdentity, HeadlessOptions, Validation, OPTIONAL_DEVICE_EXTENSIONS,
+    REQUIRED_DEVICE_EXTENSIONS,
+};
+pub use error::{Error, Result};
+pub use image::{ExportableImage, ImageCapability, ImageDesc, ImageInfo, ImageRecord, KeepAlive};
+pub use transfer::{SemaphoreSubmit, SubmitSync};
+pub use semaphore::{Binary, SyncFd, Timeline,
+    
+    BinarySemaphore, Semaphore, SemaphoreInfo, SemaphoreKind, SemaphoreRecord, TimelineSemaphore,
+    WaitStrategy,
+};
+
+pub use ash;
+
+/// `VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT`: the one memory handle type
+/// this crate exports and imports (the one CUDA imports on Linux).
+pub const MEMORY_HANDLE_TYPE: ash::vk::ExternalMemoryHandleTypeFlags =
+    ash::vk::ExternalMemoryHandleTypeFlags::OPAQUE_FD;

@@ -1,0 +1,229 @@
+//! The wire decoder and the socket layer against corrupted, truncated and
+//! hostile input: every case is a typed error, no panic, and the process's
+//! open fd count returns to its baseline.
+//!
+//! One `#[test]` runs the fd-counting cases in order, since other tests in the
+//! same process would move the count.
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use ash::vk;
+use cuda_interop_tests::open_fd_count;
+use proptest::prelude::*;
+use vk_export::socket::{Connection, Listener};
+use vk_export::wire::{Message, Resource, WireError, HEADER_LEN, MAGIC};
+use vk_export::{BufferInfo, Error, ImageInfo, SemaphoreInfo, BUFFER_USAGE};
+
+fn sample_image() -> ImageInfo {
+    ImageInfo {
+        format: vk::Format::R8G8B8A8_UNORM,
+        image_type: vk::ImageType::TYPE_2D,
+        extent: [1920, 1080, 1],
+        mip_levels: 1,
+        array_layers: 1,
+        flags: vk::ImageCreateFlags::empty(),
+        tiling: vk::ImageTiling::OPTIMAL,
+        usage: vk::ImageUsageFlags::STORAGE | vk::ImageUsageFlags::TRANSFER_SRC,
+        allocation_size: 8_388_608,
+        memory_type_index: 1,
+        memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL,
+        dedicated: true,
+        alignment: 65536,
+        offset: 0,
+        row_pitch: 0,
+        array_pitch: 0,
+        device_uuid: [7; 16],
+        driver_uuid: [9; 16],
+    }
+}
+
+fn sample_message() -> Message {
+    Message {
+        tag: 77,
+        resources: vec![
+            Resource::Image(sample_image()),
+            Resource::Buffer(BufferInfo {
+                size: 1000,
+                usage: BUFFER_USAGE,
+                allocation_size: 4096,
+                memory_type_index: 2,
+                memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL,
+                dedicated: false,
+                alignment: 256,
+                device_uuid: [7; 16],
+                driver_uuid: [9; 16],
+            }),
+            Resource::Semaphore(SemaphoreInfo {
+                semaphore_type: vk::SemaphoreType::TIMELINE,
+                device_uuid: [7; 16],
+                driver_uuid: [9; 16],
+            }),
+        ],
+    }
+}
+
+#[test]
+fn a_message_round_trips() {
+    let m = sample_message();
+    assert_eq!(Message::decode(&m.encode().unwrap()).unwrap(), m);
+}
+
+#[test]
+fn specific_corruptions_get_specific_errors() {
+    let good = sample_message().encode().unwrap();
+    let mut bad = good.clone();
+    bad[0] = b'X';
+    assert_eq!(Message::decode(&bad), Err(WireError::BadMagic));
+    let mut bad = good.clone();
+    bad[4] = 2;
+    assert!(matches!(Message::decode(&bad), Err(WireError::UnsupportedVersion { found: 2, supported: 1 })));
+    assert!(matches!(Message::decode(&good[..good.len() - 1]), Err(WireError::LengthMismatch { .. })));
+    assert!(matches!(Message::decode(&good[..10]), Err(WireError::TooShort(10))));
+    let mut bad = good.clone();
+    *bad.last_mut().unwrap() ^= 1;
+    assert!(matches!(Message::decode(&bad), Err(WireError::Checksum { .. })));
+    // A well-formed, correctly checksummed record with a nonsense value.
+    let mut m = sample_message();
+    if let Resource::Image(i) = &mut m.resources[0] {
+        i.mip_levels = 40;
+    }
+    assert!(matches!(
+        Message::decode(&m.encode().unwrap()),
+        Err(WireError::InvalidValue { field: "image.mip_levels", .. })
+    ));
+    let mut m = sample_message();
+    if let Resource::Image(i) = &mut m.resources[0] {
+        i.format = vk::Format::R8G8B8_UNORM; // three channels: not mappable, not accepted
+    }
+    assert!(matches!(
+        Message::decode(&m.encode().unwrap()),
+        Err(WireError::InvalidValue { field: "image.format", .. })
+    ));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    /// Arbitrary bytes never panic the decoder, and are almost always rejected.
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+        let _ = Message::decode(&bytes);
+    }
+
+    /// Arbitrary payloads behind a valid header (so the checksum passes) are
+    /// either rejected or decode to something that re-encodes identically.
+    #[test]
+    fn checksummed_garbage_is_rejected_or_canonical(payload in proptest::collection::vec(any::<u8>(), 0..400)) {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&MAGIC);
+        bytes.extend_from_slice(&1u16.to_le_bytes());
+        bytes.extend_from_slice(&0u16.to_le_bytes());
+        bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+        bytes.extend_from_slice(&payload);
+        if let Ok(m) = Message::decode(&bytes) {
+            prop_assert_eq!(m.encode().unwrap(), bytes);
+        }
+    }
+
+    /// Any single corrupted byte of a valid message is detected.
+    #[test]
+    fn every_single_byte_corruption_is_rejected(index in 0usize..10_000, flip in 1u8..=255) {
+        let mut bytes = sample_message().encode().unwrap();
+        let i = index % bytes.len();
+        bytes[i] ^= flip;
+        prop_assert!(Message::decode(&bytes).is_err(), "byte {} ^ {:#x} accepted", i, flip);
+    }
+
+    /// Every truncation of a valid message is rejected.
+    #[test]
+    fn every_truncation_is_rejected(cut in 0usize..10_000) {
+        let bytes = sample_message().encode().unwrap();
+        let cut = cut % bytes.len();
+        prop_assert!(Message::decode(&bytes[..cut]).is_err());
+    }
+}
+
+fn some_fds(n: usize) -> Vec<OwnedFd> {
+    (0..n).map(|_| std::fs::File::open("/dev/null").unwrap().into()).collect()
+}
+
+#[test]
+fn hostile_socket_input_is_rejected_and_no_fd_leaks() {
+    let baseline = open_fd_count();
+    {
+        let (tx, rx) = Connection::pair().unwrap();
+        let good = sample_message();
+
+        // 1. A valid message with the right fds arrives, fds owned by the receiver.
+        tx.send(&good, some_fds(3)).unwrap();
+        let received = rx.recv().unwrap();
+        assert_eq!(received.message, good);
+        drop(received);
+
+        // 2. Fewer fds than resources.
+        let fds = some_fds(2);
+        let borrowed: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
+        tx.send_raw(&good.encode().unwrap(), &borrowed).unwrap();
+        drop(fds);
+        let err = rx.recv().unwrap_err();
+        assert!(matches!(err, Error::Wire(WireError::FdCount { expected: 3, received: 2 })), "{err}");
+
+        // 3. More fds than the receiver has room for: the kernel truncates
+        //    the control data and closes the excess; we report it.
+        let fds = some_fds(12);
+        let borrowed: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
+        tx.send_raw(&good.encode().unwrap(), &borrowed).unwrap();
+        drop(fds);
+        let err = rx.recv_with_fd_capacity(1).unwrap_err();
+        assert!(matches!(err, Error::Wire(WireError::ControlTruncated)), "{err}");
+
+        // 4. Garbage with fds attached.
+        let fds = some_fds(4);
+        let borrowed: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
+        tx.send_raw(b"definitely not a record", &borrowed).unwrap();
+        drop(fds);
+        let err = rx.recv().unwrap_err();
+        assert!(matches!(err, Error::Wire(WireError::BadMagic)), "{err}");
+
+        // 5. A corrupted record with fds.
+        let mut bytes = good.encode().unwrap();
+        bytes[HEADER_LEN + 20] ^= 0x40;
+        let fds = some_fds(3);
+        let borrowed: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
+        tx.send_raw(&bytes, &borrowed).unwrap();
+        drop(fds);
+        assert!(matches!(rx.recv().unwrap_err(), Error::Wire(WireError::Checksum { .. })));
+
+        // 6. Asking for the wrong kind leaves the fd to be closed with the message.
+        tx.send(&good, some_fds(3)).unwrap();
+        let mut received = rx.recv().unwrap();
+        let err = received.take_buffer::<vk_export::markers::DeviceLocal>(0).unwrap_err();
+        assert!(err.to_string().contains("resource 0 is an image"), "{err}");
+        let (_, fd) = received.take_buffer::<vk_export::markers::DeviceLocal>(1).unwrap();
+        drop(fd);
+        drop(received);
+
+        // 7. The peer hangs up.
+        drop(tx);
+        assert!(matches!(rx.recv().unwrap_err(), Error::Wire(WireError::Closed)));
+    }
+    assert_eq!(open_fd_count(), baseline, "every fd sent or received was closed exactly once");
+}
+
+#[test]
+fn a_peer_the_credential_check_refuses_is_dropped() {
+    let dir = std::env::temp_dir().join(format!("vk-export-peer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("socket");
+    let mut listener = Listener::bind(&path).unwrap();
+    listener.set_allowed_uids(vec![]); // nobody, not even us
+    let client = Connection::connect(&path).unwrap();
+    let err = listener.accept().unwrap_err();
+    assert!(matches!(err, Error::PeerRefused { pid, .. } if pid == std::process::id() as i32), "{err}");
+    // The server side was closed: the client sees the connection end.
+    assert!(matches!(client.recv().unwrap_err(), Error::Wire(WireError::Closed)));
+    drop(listener);
+    assert!(!path.exists(), "the listener removes its socket file");
+    std::fs::remove_dir_all(&dir).ok();
+}

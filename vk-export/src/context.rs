@@ -1,0 +1,523 @@
+use std::ffi::{c_void, CStr};
+use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ash::vk;
+
+use crate::error::{Error, Result};
+use crate::transfer::TransferState;
+
+/// Who a physical device is: what an importer compares before it imports.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DeviceIdentity {
+    /// `VkPhysicalDeviceProperties::deviceName`.
+    pub name: String,
+    /// `VkPhysicalDeviceIDProperties::deviceUUID`; equals CUDA's `cuDeviceGetUuid_v2`.
+    pub device_uuid: [u8; 16],
+    /// `VkPhysicalDeviceIDProperties::driverUUID`; must match too for OPAQUE_FD sharing.
+    pub driver_uuid: [u8; 16],
+    /// `deviceLUID`, where the driver reports one as valid (in practice: Windows).
+    pub device_luid: Option<[u8; 8]>,
+    /// `VkPhysicalDeviceDriverProperties::driverID`.
+    pub driver_id: vk::DriverId,
+    /// `VkPhysicalDeviceProperties::driverVersion` (vendor encoding).
+    pub driver_version: u32,
+}
+
+impl DeviceIdentity {
+    /// `deviceUUID` in the 8-4-4-4-12 spelling `nvidia-smi -L` uses.
+    pub fn device_uuid_string(&self) -> String {
+        format_uuid(&self.device_uuid)
+    }
+}
+
+pub(crate) fn format_uuid(b: &[u8; 16]) -> String {
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// Whether [`Context::headless`] enables the Khronos validation layer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Validation {
+    /// No layer.
+    Off,
+    /// The layer if it is installed.
+    #[default]
+    IfAvailable,
+    /// Fail if the layer is not installed (tests).
+    Required,
+}
+
+/// Options for [`Context::headless`].
+#[derive(Clone, Debug, Default)]
+pub struct HeadlessOptions {
+    /// Pick the physical device with this `deviceUUID` (for instance the one a
+    /// CUDA device reports); otherwise the first suitable one, discrete GPUs first.
+    pub device_uuid: Option<[u8; 16]>,
+    /// Validation layer policy.
+    pub validation: Validation,
+}
+
+/// Device extensions every context needs.
+pub const REQUIRED_DEVICE_EXTENSIONS: &[&CStr] = &[ash::khr::external_memory_fd::NAME];
+/// Device extensions used when present (semaphore sharing).
+pub const OPTIONAL_DEVICE_EXTENSIONS: &[&CStr] = &[ash::khr::external_semaphore_fd::NAME];
+
+const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
+
+/// The application's Vulkan device, as this crate uses it.
+///
+/// Cheap to clone (an `Arc`); resources keep a clone, so the device outlives
+/// everything created from it. A context made by [`Context::headless`]
+/// destroys its device and instance when the last clone goes; one made by
+/// [`Context::from_raw`] never destroys what the application owns.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+pub(crate) struct ContextInner {
+    pub(crate) _entry: ash::Entry,
+    pub(crate) instance: ash::Instance,
+    pub(crate) physical: vk::PhysicalDevice,
+    pub(crate) device: ash::Device,
+    pub(crate) queue_family: u32,
+    /// One lock around every submission to the queue: Vulkan requires external
+    /// synchronisation per queue, and NVIDIA's Linux driver has been seen
+    /// misbehaving with concurrent submissions to one device.
+    pub(crate) queue: Mutex<vk::Queue>,
+    pub(crate) memory_fd: ash::khr::external_memory_fd::Device,
+    pub(crate) semaphore_fd: Option<ash::khr::external_semaphore_fd::Device>,
+    pub(crate) identity: DeviceIdentity,
+    pub(crate) memory_properties: vk::PhysicalDeviceMemoryProperties,
+    pub(crate) max_timeline_difference: u64,
+    pub(crate) transfer: Mutex<Option<TransferState>>,
+    owned: bool,
+    debug: Option<DebugMessenger>,
+}
+
+struct DebugMessenger {
+    loader: ash::ext::debug_utils::Instance,
+    messenger: vk::DebugUtilsMessengerEXT,
+    errors: Box<AtomicU32>,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("device", &self.inner.identity.name)
+            .field("device_uuid", &self.inner.identity.device_uuid_string())
+            .field("queue_family", &self.inner.queue_family)
+            .field("semaphore_fd", &self.inner.semaphore_fd.is_some())
+            .field("validation", &self.inner.debug.is_some())
+            .finish()
+    }
+}
+
+impl Context {
+    /// Creates an instance and a device with the interop extensions enabled,
+    /// with one queue that supports compute and transfer.
+    pub fn headless(options: &HeadlessOptions) -> Result<Context> {
+        // SAFETY: loading libvulkan runs its initialisers; it is the system loader.
+        let entry = unsafe { ash::Entry::load() }.map_err(|e| Error::Loader(e.to_string()))?;
+        // SAFETY: plain enumeration.
+        let layers = unsafe { entry.enumerate_instance_layer_properties() }
+            .map_err(Error::vk("vkEnumerateInstanceLayerProperties", "check the Vulkan loader"))?;
+        let has_layer = layers
+            .iter()
+            .any(|l| l.layer_name_as_c_str().ok() == Some(VALIDATION_LAYER));
+        let validation = match (options.validation, has_layer) {
+            (Validation::Off, _) => false,
+            (Validation::IfAvailable, have) => have,
+            (Validation::Required, true) => true,
+            (Validation::Required, false) => {
+                return Err(Error::unsupported(
+                    "the Khronos validation layer",
+                    "VK_LAYER_KHRONOS_validation is not installed (Debian: vulkan-validationlayers; \
+                     or set VK_LAYER_PATH)",
+                ))
+            }
+        };
+        let app = vk::ApplicationInfo::default()
+            .application_name(c"vk-export")
+            .api_version(vk::API_VERSION_1_2);
+        let layer_names = [VALIDATION_LAYER.as_ptr()];
+        let extension_names = [ash::ext::debug_utils::NAME.as_ptr()];
+        let mut info = vk::InstanceCreateInfo::default().application_info(&app);
+        if validation {
+            info = info
+                .enabled_layer_names(&layer_names)
+                .enabled_extension_names(&extension_names);
+        }
+        // SAFETY: the create info and everything it points to live across the call.
+        let instance = unsafe { entry.create_instance(&info, None) }.map_err(Error::vk(
+            "vkCreateInstance",
+            "is a Vulkan 1.2 driver installed (VK_DRIVER_FILES / VK_ICD_FILENAMES)?",
+        ))?;
+        let debug = if validation {
+            match create_messenger(&entry, &instance) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    // SAFETY: nothing was created from the instance yet.
+                    unsafe { instance.destroy_instance(None) };
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        match Self::create_device(&entry, &instance, options) {
+            Ok((physical, device, queue_family)) => {
+                // SAFETY: the device and instance were just created here and
+                // belong to the context from now on.
+                unsafe { Self::build(entry, instance, physical, device, queue_family, true, debug, true) }
+            }
+            Err(e) => {
+                // SAFETY: no device exists; tear down what was created, messenger first.
+                unsafe {
+                    if let Some(d) = debug {
+                        d.loader.destroy_debug_utils_messenger(d.messenger, None);
+                    }
+                    instance.destroy_instance(None);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn create_device(
+        entry: &ash::Entry,
+        instance: &ash::Instance,
+        options: &HeadlessOptions,
+    ) -> Result<(vk::PhysicalDevice, ash::Device, u32)> {
+        let _ = entry;
+        // SAFETY: plain enumeration on a live instance.
+        let physicals = unsafe { instance.enumerate_physical_devices() }
+            .map_err(Error::vk("vkEnumeratePhysicalDevices", "is a Vulkan driver installed?"))?;
+        let mut candidates = Vec::new();
+        let mut seen = Vec::new();
+        for physical in physicals {
+            let identity = query_identity(instance, physical);
+            seen.push(format!("{} ({})", identity.name, identity.device_uuid_string()));
+            if let Some(uuid) = options.device_uuid {
+                if identity.device_uuid != uuid {
+                    continue;
+                }
+            }
+            let extensions = device_extensions(instance, physical);
+            if !REQUIRED_DEVICE_EXTENSIONS.iter().all(|e| extensions.iter().any(|x| x == e)) {
+                continue;
+            }
+            let Some(family) = compute_queue_family(instance, physical) else {
+                continue;
+            };
+            // SAFETY: plain query.
+            let props = unsafe { instance.get_physical_device_properties(physical) };
+            if props.api_version < vk::API_VERSION_1_2 {
+                continue;
+            }
+            let rank = match props.device_type {
+                vk::PhysicalDeviceType::DISCRETE_GPU => 0,
+                vk::PhysicalDeviceType::INTEGRATED_GPU => 1,
+                _ => 2,
+            };
+            candidates.push((rank, physical, family, extensions));
+        }
+        candidates.sort_by_key(|c| c.0);
+        let Some((_, physical, family, extensions)) = candidates.into_iter().next() else {
+            return Err(Error::NoDevice(match options.device_uuid {
+                Some(uuid) => format!(
+                    "none with deviceUUID {} and VK_KHR_external_memory_fd (found: {})",
+                    format_uuid(&uuid),
+                    seen.join(", ")
+                ),
+                None => format!(
+                    "none supports Vulkan 1.2, VK_KHR_external_memory_fd and a compute queue (found: {})",
+                    if seen.is_empty() { "no devices".to_string() } else { seen.join(", ") }
+                ),
+            }));
+        };
+        let mut enabled: Vec<*const i8> = REQUIRED_DEVICE_EXTENSIONS.iter().map(|e| e.as_ptr()).collect();
+        for e in OPTIONAL_DEVICE_EXTENSIONS {
+            if extensions.iter().any(|x| x == e) {
+                enabled.push(e.as_ptr());
+            }
+        }
+        let priorities = [1.0f32];
+        let queues = [vk::DeviceQueueCreateInfo::default()
+            .queue_family_index(family)
+            .queue_priorities(&priorities)];
+        let mut features12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
+        let info = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&queues)
+            .enabled_extension_names(&enabled)
+            .push_next(&mut features12);
+        // SAFETY: the create info and its chain live across the call.
+        let device = unsafe { instance.create_device(physical, &info, None) }
+            .map_err(Error::vk("vkCreateDevice", "the device must support timeline semaphores"))?;
+        Ok((physical, device, family))
+    }
+
+    /// Wraps the application's own Vulkan objects.
+    ///
+    /// # Safety
+    /// * `device` was created from `physical`, which belongs to `instance`,
+    ///   with API version 1.2 or later, the `timelineSemaphore` feature, and
+    ///   every extension in [`REQUIRED_DEVICE_EXTENSIONS`] enabled
+    ///   (`VK_KHR_external_semaphore_fd` too, for semaphore sharing);
+    /// * `queue` is a queue of `queue_family` on `device`, and the application
+    ///   submits to it only while no call of this crate does (this crate
+    ///   submits under its own lock);
+    /// * the instance and device outlive the context and every resource
+    ///   created from it (this crate never destroys them).
+    pub unsafe fn from_raw(
+        entry: ash::Entry,
+        instance: ash::Instance,
+        physical: vk::PhysicalDevice,
+        device: ash::Device,
+        queue_family: u32,
+        semaphore_fd_enabled: bool,
+    ) -> Result<Context> {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { Self::build(entry, instance, physical, device, queue_family, false, None, semaphore_fd_enabled) }
+    }
+
+    /// # Safety
+    /// As [`Context::from_raw`]; `owned` means the context destroys device and instance.
+    unsafe fn build(
+        entry: ash::Entry,
+        instance: ash::Instance,
+        physical: vk::PhysicalDevice,
+        device: ash::Device,
+        queue_family: u32,
+        owned: bool,
+        debug: Option<DebugMessenger>,
+        semaphore_fd_enabled: bool,
+    ) -> Result<Context> {
+        let identity = query_identity(&instance, physical);
+        let extensions = device_extensions(&instance, physical);
+        let memory_fd = ash::khr::external_memory_fd::Device::new(&instance, &device);
+        let semaphore_fd = (semaphore_fd_enabled
+            && extensions.iter().any(|e| e == ash::khr::external_semaphore_fd::NAME))
+        .then(|| ash::khr::external_semaphore_fd::Device::new(&instance, &device));
+        // SAFETY: plain queries on a live physical device; queue 0 of the family exists.
+        let (memory_properties, queue, max_timeline_difference) = unsafe {
+            let mut timeline = vk::PhysicalDeviceTimelineSemaphoreProperties::default();
+            let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut timeline);
+            instance.get_physical_device_properties2(physical, &mut props);
+            (
+                instance.get_physical_device_memory_properties(physical),
+                device.get_device_queue(queue_family, 0),
+                timeline.max_timeline_semaphore_value_difference,
+            )
+        };
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                _entry: entry,
+                instance,
+                physical,
+                device,
+                queue_family,
+                queue: Mutex::new(queue),
+                memory_fd,
+                semaphore_fd,
+                identity,
+                memory_properties,
+                max_timeline_difference,
+                transfer: Mutex::new(None),
+                owned,
+                debug,
+            }),
+        })
+    }
+
+    /// Who the physical device is.
+    pub fn identity(&self) -> &DeviceIdentity {
+        &self.inner.identity
+    }
+    /// The ash device.
+    pub fn device(&self) -> &ash::Device {
+        &self.inner.device
+    }
+    /// The ash instance.
+    pub fn instance(&self) -> &ash::Instance {
+        &self.inner.instance
+    }
+    /// The physical device.
+    pub fn physical_device(&self) -> vk::PhysicalDevice {
+        self.inner.physical
+    }
+    /// The queue family this crate submits to.
+    pub fn queue_family(&self) -> u32 {
+        self.inner.queue_family
+    }
+    /// Whether `VK_KHR_external_semaphore_fd` is available (Mesa's lavapipe: no).
+    pub fn supports_semaphore_fds(&self) -> bool {
+        self.inner.semaphore_fd.is_some()
+    }
+    /// `maxTimelineSemaphoreValueDifference`.
+    pub fn max_timeline_difference(&self) -> u64 {
+        self.inner.max_timeline_difference
+    }
+    /// Validation errors the layer reported so far (0 without the layer).
+    pub fn validation_errors(&self) -> u32 {
+        self.inner
+            .debug
+            .as_ref()
+            .map_or(0, |d| d.errors.load(Ordering::SeqCst))
+    }
+    /// Whether the validation layer is on for this context.
+    pub fn validation_enabled(&self) -> bool {
+        self.inner.debug.is_some()
+    }
+
+    /// Runs `f` with the queue locked: submit there, and nowhere else, while
+    /// this crate may submit too.
+    pub fn with_queue<R>(&self, f: impl FnOnce(vk::Queue) -> R) -> R {
+        let queue = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
+        f(*queue)
+    }
+
+    /// Memory type index with all of `required`, preferring none of `avoid`.
+    pub(crate) fn memory_type(
+        &self,
+        type_bits: u32,
+        required: vk::MemoryPropertyFlags,
+        avoid: vk::MemoryPropertyFlags,
+    ) -> Option<u32> {
+        let props = &self.inner.memory_properties;
+        let fits = |i: u32| {
+            type_bits & (1 << i) != 0
+                && props.memory_types[i as usize].property_flags.contains(required)
+        };
+        let count = props.memory_type_count;
+        (0..count)
+            .find(|&i| fits(i) && !props.memory_types[i as usize].property_flags.intersects(avoid))
+            .or_else(|| (0..count).find(|&i| fits(i)))
+    }
+
+    pub(crate) fn memory_type_flags(&self, index: u32) -> Option<vk::MemoryPropertyFlags> {
+        let props = &self.inner.memory_properties;
+        (index < props.memory_type_count).then(|| props.memory_types[index as usize].property_flags)
+    }
+}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        // SAFETY: every resource holds a clone of the context, so none is left;
+        // the transfer state was created from this device.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            if let Some(t) = self.transfer.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+                t.destroy(&self.device);
+            }
+            if self.owned {
+                self.device.destroy_device(None);
+                if let Some(d) = self.debug.take() {
+                    d.loader.destroy_debug_utils_messenger(d.messenger, None);
+                }
+                self.instance.destroy_instance(None);
+            }
+        }
+    }
+}
+
+fn query_identity(instance: &ash::Instance, physical: vk::PhysicalDevice) -> DeviceIdentity {
+    let mut id = vk::PhysicalDeviceIDProperties::default();
+    let mut driver = vk::PhysicalDeviceDriverProperties::default();
+    let mut props = vk::PhysicalDeviceProperties2::default()
+        .push_next(&mut id)
+        .push_next(&mut driver);
+    // SAFETY: plain query; the chain lives across the call.
+    unsafe { instance.get_physical_device_properties2(physical, &mut props) };
+    let name = props
+        .properties
+        .device_name_as_c_str()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let driver_version = props.properties.driver_version;
+    DeviceIdentity {
+        name,
+        device_uuid: id.device_uuid,
+        driver_uuid: id.driver_uuid,
+        device_luid: (id.device_luid_valid == vk::TRUE).then_some(id.device_luid),
+        driver_id: driver.driver_id,
+        driver_version,
+    }
+}
+
+fn device_extensions(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Vec<std::ffi::CString> {
+    // SAFETY: plain enumeration.
+    unsafe { instance.enumerate_device_extension_properties(physical) }
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| e.extension_name_as_c_str().ok().map(CStr::to_owned))
+        .collect()
+}
+
+fn compute_queue_family(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Option<u32> {
+    // SAFETY: plain query.
+    let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
+    families
+        .iter()
+        .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
+        .map(|i| i as u32)
+}
+
+fn create_messenger(entry: &ash::Entry, instance: &ash::Instance) -> Result<DebugMessenger> {
+    let loader = ash::ext::debug_utils::Instance::new(entry, instance);
+    let errors = Box::new(AtomicU32::new(0));
+    let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
+        .message_severity(
+            vk::DebugUtilsMessageSeverityFlagsEXT::ERROR | vk::DebugUtilsMessageSeverityFlagsEXT::WARNING,
+        )
+        .message_type(
+            vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
+                | vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
+                | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
+        )
+        .pfn_user_callback(Some(on_validation_message))
+        .user_data(&*errors as *const AtomicU32 as *mut c_void);
+    // SAFETY: the callback and the counter it points to outlive the messenger
+    // (the box is dropped after the messenger is destroyed).
+    let messenger = unsafe { loader.create_debug_utils_messenger(&info, None) }
+        .map_err(Error::vk("vkCreateDebugUtilsMessengerEXT", "the validation layer failed to start"))?;
+    Ok(DebugMessenger {
+        loader,
+        messenger,
+        errors,
+    })
+}
+
+unsafe extern "system" fn on_validation_message(
+    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
+    _types: vk::DebugUtilsMessageTypeFlagsEXT,
+    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
+    user: *mut c_void,
+) -> vk::Bool32 {
+    // SAFETY: the layer passes valid callback data; `user` is the context's counter.
+    let message = unsafe {
+        data.as_ref()
+            .and_then(|d| d.message_as_c_str())
+            .map(|m| m.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    if severity.contains(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR) {
+        // SAFETY: see above.
+        if let Some(counter) = unsafe { (user as *const AtomicU32).as_ref() } {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+        eprintln!("[vulkan validation error] {message}");
+    } else {
+        eprintln!("[vulkan validation warning] {message}");
+    }
+    vk::FALSE
+}

@@ -1,0 +1,544 @@
+//! The versioned wire record sent with the fds of shared resources.
+//!
+//! A message is a fixed 16-byte header and a payload:
+//!
+//! ```text
+//! header:  magic "CIVX" | version u16 | reserved u16 (0) | payload length u32 | CRC-32 of payload u32
+//! payload: tag u64 | resource count u16 | resources…
+//! ```
+//!
+//! All integers are little-endian. Resource `i` owns fd `i` of the message's
+//! `SCM_RIGHTS` control data, so the fd count must equal the resource count.
+//! [`Message::decode`] checks every field it can without a device (known
+//! format, ranges, flags, booleans) and rejects the message whole on the first
+//! problem; device-specific checks (UUIDs, memory types) happen at import.
+
+use std::os::fd::OwnedFd;
+
+use ash::vk;
+
+use crate::buffer::{BufferInfo, BufferRecord};
+use crate::error::Error;
+use crate::format::{self, Format};
+use crate::image::{ImageInfo, ImageRecord};
+use crate::markers::{MemoryLocation, Tiling, Usage};
+use crate::semaphore::{SemaphoreInfo, SemaphoreKind, SemaphoreRecord};
+
+/// First four bytes of every message.
+pub const MAGIC: [u8; 4] = *b"CIVX";
+/// The one version this build reads and writes.
+pub const VERSION: u16 = 1;
+/// Header size in bytes.
+pub const HEADER_LEN: usize = 16;
+/// Most resources (and so fds) in one message: far below the kernel's
+/// `SCM_MAX_FD` (253).
+pub const MAX_RESOURCES: usize = 16;
+/// Largest message accepted.
+pub const MAX_MESSAGE_LEN: usize = 16 * 1024;
+
+const KIND_IMAGE: u8 = 1;
+const KIND_BUFFER: u8 = 2;
+const KIND_SEMAPHORE: u8 = 3;
+
+/// Why a message was rejected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// The peer closed the connection.
+    #[error("the peer closed the connection")]
+    Closed,
+    /// Shorter than the header.
+    #[error("message of {0} bytes is shorter than the {HEADER_LEN}-byte header")]
+    TooShort(usize),
+    /// Does not start with [`MAGIC`].
+    #[error("not a cuda-interop message (bad magic)")]
+    BadMagic,
+    /// A version this build does not read.
+    #[error("wire version {found} is not supported (this build reads version {supported}); update both sides")]
+    UnsupportedVersion {
+        /// The message's version.
+        found: u16,
+        /// [`VERSION`].
+        supported: u16,
+    },
+    /// The header's length disagrees with the bytes received.
+    #[error("header declares {declared} payload bytes, {actual} arrived")]
+    LengthMismatch {
+        /// Declared.
+        declared: usize,
+        /// Received.
+        actual: usize,
+    },
+    /// Larger than [`MAX_MESSAGE_LEN`].
+    #[error("message too large ({0} bytes)")]
+    TooLarge(usize),
+    /// The payload's CRC does not match: corrupted in transit or forged.
+    #[error("checksum mismatch (header {expected:#010x}, payload {computed:#010x}): the record is corrupted")]
+    Checksum {
+        /// From the header.
+        expected: u32,
+        /// Computed over the payload.
+        computed: u32,
+    },
+    /// The payload ended inside a field.
+    #[error("record truncated inside `{0}`")]
+    Truncated(&'static str),
+    /// Bytes after the last resource.
+    #[error("{0} unexpected bytes after the last resource")]
+    TrailingBytes(usize),
+    /// A resource kind this version does not know.
+    #[error("unknown resource kind {0}")]
+    UnknownKind(u8),
+    /// A field outside its valid range.
+    #[error("field `{field}` has invalid value {value:#x}")]
+    InvalidValue {
+        /// Which field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+    },
+    /// More than [`MAX_RESOURCES`] resources, or none.
+    #[error("{0} resources in one message (1 to {MAX_RESOURCES} allowed)")]
+    ResourceCount(usize),
+    /// The fds received do not match the resources.
+    #[error("{received} fds arrived for {expected} resources")]
+    FdCount {
+        /// Resources in the message.
+        expected: usize,
+        /// Fds in the control message.
+        received: usize,
+    },
+    /// The kernel truncated the payload (`MSG_TRUNC`).
+    #[error("the message was truncated by the kernel (larger than {MAX_MESSAGE_LEN} bytes)")]
+    MessageTruncated,
+    /// The kernel truncated the control data (`MSG_CTRUNC`); excess fds were closed.
+    #[error("the control message was truncated (more fds than expected); the excess fds were closed by the kernel")]
+    ControlTruncated,
+    /// The receiver asked for a resource of another kind or index.
+    #[error("resource {index} is {found}, not {expected}")]
+    WrongResource {
+        /// Index asked for.
+        index: usize,
+        /// What it is.
+        found: &'static str,
+        /// What was asked for.
+        expected: &'static str,
+    },
+}
+
+/// One shared resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resource {
+    /// An image's record.
+    Image(ImageInfo),
+    /// A buffer's record.
+    Buffer(BufferInfo),
+    /// A semaphore's record.
+    Semaphore(SemaphoreInfo),
+}
+
+impl Resource {
+    fn kind_name(&self) -> &'static str {
+        match self {
+            Resource::Image(_) => "an image",
+            Resource::Buffer(_) => "a buffer",
+            Resource::Semaphore(_) => "a semaphore",
+        }
+    }
+}
+
+/// A set of resources shared together (a frame's image and its semaphores, say).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// An application value (a frame number, a stream id).
+    pub tag: u64,
+    /// The resources; resource `i` travels with fd `i`.
+    pub resources: Vec<Resource>,
+}
+
+impl Message {
+    /// Encodes header and payload.
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
+        if self.resources.is_empty() || self.resources.len() > MAX_RESOURCES {
+            return Err(WireError::ResourceCount(self.resources.len()));
+        }
+        let mut p = Vec::with_capacity(256);
+        p.extend_from_slice(&self.tag.to_le_bytes());
+        p.extend_from_slice(&(self.resources.len() as u16).to_le_bytes());
+        for r in &self.resources {
+            match r {
+                Resource::Image(i) => {
+                    p.push(KIND_IMAGE);
+                    put32(&mut p, i.format.as_raw() as u32);
+                    put32(&mut p, i.image_type.as_raw() as u32);
+                    for e in i.extent {
+                        put32(&mut p, e);
+                    }
+                    put32(&mut p, i.mip_levels);
+                    put32(&mut p, i.array_layers);
+                    put32(&mut p, i.flags.as_raw());
+                    put32(&mut p, i.tiling.as_raw() as u32);
+                    put32(&mut p, i.usage.as_raw());
+                    put64(&mut p, i.allocation_size);
+                    put32(&mut p, i.memory_type_index);
+                    put32(&mut p, i.memory_flags.as_raw());
+                    p.push(u8::from(i.dedicated));
+                    put64(&mut p, i.alignment);
+                    put64(&mut p, i.offset);
+                    put64(&mut p, i.row_pitch);
+                    put64(&mut p, i.array_pitch);
+                    p.extend_from_slice(&i.device_uuid);
+                    p.extend_from_slice(&i.driver_uuid);
+                }
+                Resource::Buffer(b) => {
+                    p.push(KIND_BUFFER);
+                    put64(&mut p, b.size);
+                    put32(&mut p, b.usage.as_raw());
+                    put64(&mut p, b.allocation_size);
+                    put32(&mut p, b.memory_type_index);
+                    put32(&mut p, b.memory_flags.as_raw());
+                    p.push(u8::from(b.dedicated));
+                    put64(&mut p, b.alignment);
+                    p.extend_from_slice(&b.device_uuid);
+                    p.extend_from_slice(&b.driver_uuid);
+                }
+                Resource::Semaphore(s) => {
+                    p.push(KIND_SEMAPHORE);
+                    put32(&mut p, s.semaphore_type.as_raw() as u32);
+                    p.extend_from_slice(&s.device_uuid);
+                    p.extend_from_slice(&s.driver_uuid);
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(HEADER_LEN + p.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&(p.len() as u32).to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
+        out.extend_from_slice(&p);
+        if out.len() > MAX_MESSAGE_LEN {
+            return Err(WireError::TooLarge(out.len()));
+        }
+        Ok(out)
+    }
+
+    /// Decodes and validates a message; never panics on any input.
+    pub fn decode(bytes: &[u8]) -> Result<Message, WireError> {
+        if bytes.len() > MAX_MESSAGE_LEN {
+            return Err(WireError::TooLarge(bytes.len()));
+        }
+        if bytes.len() < HEADER_LEN {
+            return Err(WireError::TooShort(bytes.len()));
+        }
+        if bytes[0..4] != MAGIC {
+            return Err(WireError::BadMagic);
+        }
+        let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+        if version != VERSION {
+            return Err(WireError::UnsupportedVersion {
+                found: version,
+                supported: VERSION,
+            });
+        }
+        let reserved = u16::from_le_bytes([bytes[6], bytes[7]]);
+        if reserved != 0 {
+            return Err(WireError::InvalidValue {
+                field: "header.reserved",
+                value: reserved.into(),
+            });
+        }
+        let declared = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize;
+        let expected = u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
+        let payload = &bytes[HEADER_LEN..];
+        if declared != payload.len() {
+            return Err(WireError::LengthMismatch {
+                declared,
+                actual: payload.len(),
+            });
+        }
+        let computed = crc32fast::hash(payload);
+        if computed != expected {
+            return Err(WireError::Checksum { expected, computed });
+        }
+        let mut r = Reader { buf: payload, pos: 0 };
+        let tag = r.u64("tag")?;
+        let count = r.u16("count")? as usize;
+        if count == 0 || count > MAX_RESOURCES {
+            return Err(WireError::ResourceCount(count));
+        }
+        let mut resources = Vec::with_capacity(count);
+        for _ in 0..count {
+            resources.push(match r.u8("kind")? {
+                KIND_IMAGE => Resource::Image(decode_image(&mut r)?),
+                KIND_BUFFER => Resource::Buffer(decode_buffer(&mut r)?),
+                KIND_SEMAPHORE => Resource::Semaphore(decode_semaphore(&mut r)?),
+                other => return Err(WireError::UnknownKind(other)),
+            });
+        }
+        if r.pos != payload.len() {
+            return Err(WireError::TrailingBytes(payload.len() - r.pos));
+        }
+        Ok(Message { tag, resources })
+    }
+}
+
+fn put32(p: &mut Vec<u8>, v: u32) {
+    p.extend_from_slice(&v.to_le_bytes());
+}
+fn put64(p: &mut Vec<u8>, v: u64) {
+    p.extend_from_slice(&v.to_le_bytes());
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], WireError> {
+        let end = self.pos.checked_add(N).filter(|&e| e <= self.buf.len());
+        let end = end.ok_or(WireError::Truncated(field))?;
+        let mut out = [0u8; N];
+        out.copy_from_slice(&self.buf[self.pos..end]);
+        self.pos = end;
+        Ok(out)
+    }
+    fn u8(&mut self, f: &'static str) -> Result<u8, WireError> {
+        Ok(self.take::<1>(f)?[0])
+    }
+    fn u16(&mut self, f: &'static str) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.take(f)?))
+    }
+    fn u32(&mut self, f: &'static str) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.take(f)?))
+    }
+    fn u64(&mut self, f: &'static str) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.take(f)?))
+    }
+    fn bool(&mut self, f: &'static str) -> Result<bool, WireError> {
+        match self.u8(f)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(invalid(f, v.into())),
+        }
+    }
+    fn uuid(&mut self, f: &'static str) -> Result<[u8; 16], WireError> {
+        self.take(f)
+    }
+}
+
+fn invalid(field: &'static str, value: u64) -> WireError {
+    WireError::InvalidValue { field, value }
+}
+
+fn check(field: &'static str, value: u64, ok: bool) -> Result<(), WireError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(field, value))
+    }
+}
+
+const MAX_ALLOCATION: u64 = 1 << 40;
+const KNOWN_IMAGE_USAGE: u32 = 0xff;
+const KNOWN_MEMORY_FLAGS: u32 = 0x1ff;
+
+fn decode_image(r: &mut Reader<'_>) -> Result<ImageInfo, WireError> {
+    let format = r.u32("image.format")?;
+    check("image.format", format.into(), format::describe(vk::Format::from_raw(format as i32)).is_some())?;
+    let image_type = r.u32("image.image_type")?;
+    check("image.image_type", image_type.into(), image_type == 1 || image_type == 2)?;
+    let mut extent = [0u32; 3];
+    for (e, name) in extent.iter_mut().zip(["image.width", "image.height", "image.depth"]) {
+        *e = r.u32(name)?;
+        check(name, (*e).into(), (1..=1 << 16).contains(e))?;
+    }
+    let mip_levels = r.u32("image.mip_levels")?;
+    let max_levels = 32 - extent.iter().max().copied().unwrap_or(1).leading_zeros();
+    check("image.mip_levels", mip_levels.into(), (1..=max_levels).contains(&mip_levels))?;
+    let array_layers = r.u32("image.array_layers")?;
+    check("image.array_layers", array_layers.into(), (1..=2048).contains(&array_layers))?;
+    let flags = r.u32("image.flags")?;
+    check("image.flags", flags.into(), flags & !vk::ImageCreateFlags::CUBE_COMPATIBLE.as_raw() == 0)?;
+    let tiling = r.u32("image.tiling")?;
+    check("image.tiling", tiling.into(), tiling <= 1)?;
+    let usage = r.u32("image.usage")?;
+    check("image.usage", usage.into(), usage != 0 && usage & !KNOWN_IMAGE_USAGE == 0)?;
+    let allocation_size = r.u64("image.allocation_size")?;
+    check("image.allocation_size", allocation_size, (1..=MAX_ALLOCATION).contains(&allocation_size))?;
+    let memory_type_index = r.u32("image.memory_type_index")?;
+    check("image.memory_type_index", memory_type_index.into(), memory_type_index < 32)?;
+    let memory_flags = r.u32("image.memory_flags")?;
+    check("image.memory_flags", memory_flags.into(), memory_flags & !KNOWN_MEMORY_FLAGS == 0)?;
+    let dedicated = r.bool("image.dedicated")?;
+    let alignment = r.u64("image.alignment")?;
+    check("image.alignment", alignment, alignment.is_power_of_two())?;
+    let offset = r.u64("image.offset")?;
+    check("image.offset", offset, offset == 0)?;
+    let row_pitch = r.u64("image.row_pitch")?;
+    let array_pitch = r.u64("image.array_pitch")?;
+    let linear = tiling == 1;
+    check("image.row_pitch", row_pitch, if linear { row_pitch > 0 && row_pitch <= allocation_size } else { row_pitch == 0 })?;
+    check("image.array_pitch", array_pitch, array_pitch <= allocation_size && (linear || array_pitch == 0))?;
+    let cube = flags != 0;
+    check(
+        "image.array_layers",
+        array_layers.into(),
+        !cube || (array_layers % 6 == 0 && extent[0] == extent[1]),
+    )?;
+    check("image.depth", extent[2].into(), image_type == 2 || extent[2] == 1)?;
+    Ok(ImageInfo {
+        format: vk::Format::from_raw(format as i32),
+        image_type: vk::ImageType::from_raw(image_type as i32),
+        extent,
+        mip_levels,
+        array_layers,
+        flags: vk::ImageCreateFlags::from_raw(flags),
+        tiling: vk::ImageTiling::from_raw(tiling as i32),
+        usage: vk::ImageUsageFlags::from_raw(usage),
+        allocation_size,
+        memory_type_index,
+        memory_flags: vk::MemoryPropertyFlags::from_raw(memory_flags),
+        dedicated,
+        alignment,
+        offset,
+        row_pitch,
+        array_pitch,
+        device_uuid: r.uuid("image.device_uuid")?,
+        driver_uuid: r.uuid("image.driver_uuid")?,
+    })
+}
+
+fn decode_buffer(r: &mut Reader<'_>) -> Result<BufferInfo, WireError> {
+    let size = r.u64("buffer.size")?;
+    check("buffer.size", size, (1..=MAX_ALLOCATION).contains(&size))?;
+    let usage = r.u32("buffer.usage")?;
+    check("buffer.usage", usage.into(), usage != 0 && usage & !0x3ff == 0)?;
+    let allocation_size = r.u64("buffer.allocation_size")?;
+    check("buffer.allocation_size", allocation_size, (size..=MAX_ALLOCATION).contains(&allocation_size))?;
+    let memory_type_index = r.u32("buffer.memory_type_index")?;
+    check("buffer.memory_type_index", memory_type_index.into(), memory_type_index < 32)?;
+    let memory_flags = r.u32("buffer.memory_flags")?;
+    check("buffer.memory_flags", memory_flags.into(), memory_flags & !KNOWN_MEMORY_FLAGS == 0)?;
+    let dedicated = r.bool("buffer.dedicated")?;
+    let alignment = r.u64("buffer.alignment")?;
+    check("buffer.alignment", alignment, alignment.is_power_of_two())?;
+    Ok(BufferInfo {
+        size,
+        usage: vk::BufferUsageFlags::from_raw(usage),
+        allocation_size,
+        memory_type_index,
+        memory_flags: vk::MemoryPropertyFlags::from_raw(memory_flags),
+        dedicated,
+        alignment,
+        device_uuid: r.uuid("buffer.device_uuid")?,
+        driver_uuid: r.uuid("buffer.driver_uuid")?,
+    })
+}
+
+fn decode_semaphore(r: &mut Reader<'_>) -> Result<SemaphoreInfo, WireError> {
+    let ty = r.u32("semaphore.type")?;
+    check("semaphore.type", ty.into(), ty <= 1)?;
+    Ok(SemaphoreInfo {
+        semaphore_type: vk::SemaphoreType::from_raw(ty as i32),
+        device_uuid: r.uuid("semaphore.device_uuid")?,
+        driver_uuid: r.uuid("semaphore.driver_uuid")?,
+    })
+}
+
+/// A validated message with its fds, one per resource. Fds not taken are
+/// closed when this is dropped.
+#[derive(Debug)]
+pub struct Received {
+    /// The decoded message.
+    pub message: Message,
+    fds: Vec<Option<OwnedFd>>,
+}
+
+impl Received {
+    /// Pairs a message with the fds that came with it; checks the count.
+    pub fn new(message: Message, fds: Vec<OwnedFd>) -> Result<Received, WireError> {
+        if fds.len() != message.resources.len() {
+            return Err(WireError::FdCount {
+                expected: message.resources.len(),
+                received: fds.len(),
+            });
+        }
+        Ok(Received {
+            message,
+            fds: fds.into_iter().map(Some).collect(),
+        })
+    }
+
+    fn take(&mut self, index: usize, expected: &'static str) -> Result<(Resource, OwnedFd), Error> {
+        let resource = self.message.resources.get(index).ok_or(WireError::WrongResource {
+            index,
+            found: "absent",
+            expected,
+        })?;
+        let fd = self.fds.get_mut(index).and_then(Option::take).ok_or(WireError::WrongResource {
+            index,
+            found: "already taken",
+            expected,
+        })?;
+        Ok((resource.clone(), fd))
+    }
+
+    fn wrong(&mut self, index: usize, found: &Resource, expected: &'static str, fd: OwnedFd) -> Error {
+        // Put the fd back: the caller may still take the resource as what it is.
+        self.fds[index] = Some(fd);
+        WireError::WrongResource {
+            index,
+            found: found.kind_name(),
+            expected,
+        }
+        .into()
+    }
+
+    /// Resource `index` as an image of these types, with its fd. On a type
+    /// mismatch the fd stays in `self` (and is closed with it).
+    pub fn take_image<F: Format, T: Tiling, M: MemoryLocation, U: Usage>(
+        &mut self,
+        index: usize,
+    ) -> Result<(ImageRecord<F, T, M, U>, OwnedFd), Error> {
+        match self.take(index, "an image")? {
+            (Resource::Image(info), fd) => match info.typed() {
+                Ok(record) => Ok((record, fd)),
+                Err(e) => {
+                    self.fds[index] = Some(fd);
+                    Err(e)
+                }
+            },
+            (other, fd) => Err(self.wrong(index, &other, "an image", fd)),
+        }
+    }
+
+    /// Resource `index` as a buffer in memory `M`, with its fd.
+    pub fn take_buffer<M: MemoryLocation>(&mut self, index: usize) -> Result<(BufferRecord<M>, OwnedFd), Error> {
+        match self.take(index, "a buffer")? {
+            (Resource::Buffer(info), fd) => match info.typed() {
+                Ok(record) => Ok((record, fd)),
+                Err(e) => {
+                    self.fds[index] = Some(fd);
+                    Err(e)
+                }
+            },
+            (other, fd) => Err(self.wrong(index, &other, "a buffer", fd)),
+        }
+    }
+
+    /// Resource `index` as a semaphore of kind `K`, with its fd.
+    pub fn take_semaphore<K: SemaphoreKind>(&mut self, index: usize) -> Result<(SemaphoreRecord<K>, OwnedFd), Error> {
+        match self.take(index, "a semaphore")? {
+            (Resource::Semaphore(info), fd) => match info.typed() {
+                Ok(record) => Ok((record, fd)),
+                Err(e) => {
+                    self.fds[index] = Some(fd);
+                    Err(e)
+                }
+            },
+            (other, fd) => Err(self.wrong(index, &other, "a semaphore", fd)),
+        }
+    }
+}
