@@ -1,1 +1,63 @@
-//! placeholder
+//! Zero-copy Vulkan ⇄ CUDA sharing of memory and semaphores, where the
+//! recipes that fail do not compile.
+//!
+//! # Layers
+//!
+//! | crate | what it is |
+//! |---|---|
+//! | `cuda-interop-sys` | generated driver API bindings, libcuda loaded at run time |
+//! | `vk-export` | exportable Vulkan images, buffers, semaphores; records; sockets |
+//! | `cuda-interop` (this) | the safe import into CUDA |
+//!
+//! # Contract
+//!
+//! * **One device, matched by UUID.** A [`CudaDevice`] can only be made from
+//!   a Vulkan device's `deviceUUID` ([`CudaDevice::for_vulkan`]); it retains
+//!   the **primary** context, shared with the CUDA runtime, cudarc and
+//!   PyTorch in the same process. Every call pushes that context and pops it
+//!   afterwards, so values can be used and dropped on any thread.
+//! * **Imports take their facts from the record.** Size
+//!   (`VkMemoryRequirements.size`), dedicated flag and handle type come from
+//!   `vk-export`'s record, never from the caller. The fd is consumed only on
+//!   success; a failed import returns it inside [`ImportError`].
+//! * **Only the working recipe compiles.** [`ImportedImage::map_array`]
+//!   exists only for `Optimal` tiling in `DeviceLocal` memory; surfaces only
+//!   for storage usage; the array descriptor (format, channels, levels, layers,
+//!   cube, `SURFACE_LDST`, `COLOR_ATTACHMENT`) is derived from the image type.
+//!   See [`markers`].
+//! * **Borrows give the destruction order:** surfaces and textures, then the
+//!   mipmapped array or mapped buffer, then the external memory, then the
+//!   Vulkan resource (kept alive by the import), then the context.
+//! * **Errors** name the driver call with the CUDA error name and string and,
+//!   where a cause is known, the invariant to check. A sticky error (illegal
+//!   address) poisons the process: later calls return [`Error::Poisoned`].
+//!   CUDA used in a forked child returns [`Error::ForkedChild`].
+//!
+//! # Host waits
+//!
+//! To wait on the host for a value CUDA signals, use the Vulkan timeline
+//! semaphore's [`vk_export::WaitStrategy::ADAPTIVE`] (the default): on NVIDIA's
+//! Linux driver `vkWaitSemaphores` wakes ~10 ms late for CUDA signals, while
+//! polling the counter sees them within microseconds.
+
+mod device;
+mod driver;
+mod error;
+pub mod kernels;
+pub mod markers;
+mod memory;
+mod semaphore;
+mod stream;
+
+pub use device::{list_devices, ContextGuard, CudaDevice, DeviceListing};
+pub use driver::driver_version;
+pub use error::{DriverError, Error, ImportError, Result};
+pub use memory::{
+    array_descriptor, DeviceSlice, ExternalMemory, ImportedBuffer, ImportedImage, LevelArray, MappedArray,
+    MappedBuffer, Surface, Texture,
+};
+pub use semaphore::{BinarySignal, ExternalSemaphore};
+pub use stream::{DeviceBuffer, Event, Function, Module, Stream};
+
+pub use cuda_interop_sys as sys;
+pub use vk_export;

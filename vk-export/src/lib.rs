@@ -40,6 +40,10 @@ pub mod format;
 mod image;
 pub mod markers;
 mod semaphore;
+/// Semaphore kinds ([`Binary`], [`Timeline`]) as a module, for paths.
+pub mod semaphore_kinds {
+    pub use crate::semaphore::{Binary, SemaphoreKind, Timeline};
+}
 pub mod socket;
 mod transfer;
 pub mod wire;

@@ -99,6 +99,9 @@ pub const FUNCTIONS: &[&str] = &[
 pub const TYPES: &[&str] = &[
     "CUresult",
     "CUdevice_attribute",
+    "CUcomputemode",
+    "CUstream_flags",
+    "CUevent_flags",
     "CUarray_format",
     "CUmemorytype",
     "CUresourcetype",
@@ -134,10 +137,6 @@ pub const CONSTANTS: &[&str] = &[
     "CUDA_EXTERNAL_MEMORY_DEDICATED",
     "CU_TRSF_READ_AS_INTEGER",
     "CU_TRSF_NORMALIZED_COORDINATES",
-    "CU_STREAM_NON_BLOCKING",
-    "CU_EVENT_DEFAULT",
-    "CU_EVENT_BLOCKING_SYNC",
-    "CU_EVENT_DISABLE_TIMING",
     "CU_GET_PROC_ADDRESS_DEFAULT",
     "CU_MEMHOSTALLOC_PORTABLE",
 ];

@@ -86,6 +86,24 @@ const _: () = {
     ["Offset of field: CUuuid_st::bytes"][::std::mem::offset_of!(CUuuid_st, bytes) - 0usize];
 };
 pub type CUuuid = CUuuid_st;
+impl CUstream_flags_enum {
+    pub const CU_STREAM_DEFAULT: CUstream_flags_enum = CUstream_flags_enum(0);
+    pub const CU_STREAM_NON_BLOCKING: CUstream_flags_enum = CUstream_flags_enum(1);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUstream_flags_enum(pub ::std::os::raw::c_uint);
+pub use self::CUstream_flags_enum as CUstream_flags;
+impl CUevent_flags_enum {
+    pub const CU_EVENT_DEFAULT: CUevent_flags_enum = CUevent_flags_enum(0);
+    pub const CU_EVENT_BLOCKING_SYNC: CUevent_flags_enum = CUevent_flags_enum(1);
+    pub const CU_EVENT_DISABLE_TIMING: CUevent_flags_enum = CUevent_flags_enum(2);
+    pub const CU_EVENT_INTERPROCESS: CUevent_flags_enum = CUevent_flags_enum(4);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUevent_flags_enum(pub ::std::os::raw::c_uint);
+pub use self::CUevent_flags_enum as CUevent_flags;
 impl CUarray_format_enum {
     pub const CU_AD_FORMAT_UNSIGNED_INT8: CUarray_format_enum = CUarray_format_enum(1);
     pub const CU_AD_FORMAT_UNSIGNED_INT16: CUarray_format_enum = CUarray_format_enum(2);
@@ -470,6 +488,15 @@ impl CUmemorytype_enum {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemorytype_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmemorytype_enum as CUmemorytype;
+impl CUcomputemode_enum {
+    pub const CU_COMPUTEMODE_DEFAULT: CUcomputemode_enum = CUcomputemode_enum(0);
+    pub const CU_COMPUTEMODE_PROHIBITED: CUcomputemode_enum = CUcomputemode_enum(2);
+    pub const CU_COMPUTEMODE_EXCLUSIVE_PROCESS: CUcomputemode_enum = CUcomputemode_enum(3);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUcomputemode_enum(pub ::std::os::raw::c_uint);
+pub use self::CUcomputemode_enum as CUcomputemode;
 impl CUjit_option_enum {
     pub const CU_JIT_MAX_REGISTERS: CUjit_option_enum = CUjit_option_enum(0);
     pub const CU_JIT_THREADS_PER_BLOCK: CUjit_option_enum = CUjit_option_enum(1);

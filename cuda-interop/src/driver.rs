@@ -1,0 +1,160 @@
+//! The one place that turns driver calls into `Result`s: loading, `cuInit`
+//! once, the fork check, error names and hints, and the poisoned state.
+
+use std::ffi::{c_char, CStr};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+use cuda_interop_sys::{CUresult, Driver};
+
+use crate::error::{DriverError, Error, Result};
+
+struct Initialised {
+    pid: u32,
+}
+
+static INIT: OnceLock<std::result::Result<Initialised, DriverError>> = OnceLock::new();
+/// The sticky error code that poisoned the process, or 0.
+static POISONED: AtomicU32 = AtomicU32::new(0);
+
+/// The process-wide driver, initialised (`cuInit(0)`) once.
+pub(crate) fn api() -> Result<&'static Driver> {
+    let driver = Driver::global().map_err(|e| Error::Unsupported(format!("no CUDA driver: {e}")))?;
+    let init = INIT.get_or_init(|| {
+        let pid = std::process::id();
+        let Some(cu_init) = driver.fns().cuInit else {
+            return Err(error_for(driver, "cuInit", CUresult::CUDA_ERROR_NOT_FOUND));
+        };
+        // SAFETY: cuInit takes a flags word that must be 0.
+        let status = unsafe { cu_init(0) };
+        if status == CUresult::CUDA_SUCCESS {
+            Ok(Initialised { pid })
+        } else {
+            Err(error_for(driver, "cuInit", status))
+        }
+    });
+    let init = init.as_ref().map_err(|e| Error::Driver(e.clone()))?;
+    let pid = std::process::id();
+    if pid != init.pid {
+        return Err(Error::ForkedChild {
+            parent: init.pid,
+            child: pid,
+        });
+    }
+    let poisoned = POISONED.load(Ordering::Relaxed);
+    if poisoned != 0 {
+        return Err(Error::Poisoned(error_name(driver, CUresult(poisoned))));
+    }
+    Ok(driver)
+}
+
+fn error_name(driver: &Driver, code: CUresult) -> String {
+    let mut p: *const c_char = std::ptr::null();
+    if let Some(get) = driver.fns().cuGetErrorName {
+        // SAFETY: writes a pointer to a static string or leaves it null.
+        unsafe { get(code, &mut p) };
+    }
+    if p.is_null() {
+        format!("CUDA error {}", code.0)
+    } else {
+        // SAFETY: a NUL-terminated static string from the driver.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+fn error_description(driver: &Driver, code: CUresult) -> String {
+    let mut p: *const c_char = std::ptr::null();
+    if let Some(get) = driver.fns().cuGetErrorString {
+        // SAFETY: as in error_name.
+        unsafe { get(code, &mut p) };
+    }
+    if p.is_null() {
+        "no description".into()
+    } else {
+        // SAFETY: as in error_name.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+/// Known causes, named after the invariant to check.
+fn hint(call: &str, code: CUresult) -> Option<&'static str> {
+    match (call, code) {
+        ("cuExternalMemoryGetMappedMipmappedArray", CUresult::CUDA_ERROR_INVALID_VALUE) => Some(
+            "check that the image is OPTIMAL-tiled in DEVICE_LOCAL memory, was imported with its \
+             VkMemoryRequirements.size, and that format, channels, extent, levels and flags match the VkImage",
+        ),
+        ("cuImportExternalMemory", CUresult::CUDA_ERROR_INVALID_VALUE | CUresult::CUDA_ERROR_INVALID_HANDLE) => Some(
+            "the fd must be a fresh OPAQUE_FD export of memory on this GPU, with size = allocationSize and \
+             the dedicated flag matching the Vulkan allocation",
+        ),
+        ("cuImportExternalMemory" | "cuImportExternalSemaphore", CUresult::CUDA_ERROR_OPERATING_SYSTEM) => {
+            Some("the fd is not a GPU export (a regular file, pipe or closed fd?)")
+        }
+        ("cuDevicePrimaryCtxRetain", CUresult::CUDA_ERROR_UNKNOWN) => {
+            Some("the device's compute mode may be PROHIBITED")
+        }
+        (_, CUresult::CUDA_ERROR_OUT_OF_MEMORY) => Some("the GPU is out of memory"),
+        _ => None,
+    }
+}
+
+fn is_sticky(code: CUresult) -> bool {
+    matches!(
+        code,
+        CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUresult::CUDA_ERROR_LAUNCH_FAILED
+            | CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUresult::CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUresult::CUDA_ERROR_INVALID_PC
+            | CUresult::CUDA_ERROR_ECC_UNCORRECTABLE
+    )
+}
+
+fn error_for(driver: &Driver, call: &'static str, code: CUresult) -> DriverError {
+    DriverError {
+        call,
+        code,
+        name: error_name(driver, code),
+        description: error_description(driver, code),
+        hint: hint(call, code),
+    }
+}
+
+/// `Ok` for `CUDA_SUCCESS`, else an error naming `call`; sticky errors
+/// poison the process.
+pub(crate) fn check(driver: &Driver, call: &'static str, code: CUresult) -> Result<()> {
+    if code == CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    if is_sticky(code) {
+        POISONED.store(code.0, Ordering::Relaxed);
+    }
+    Err(Error::Driver(error_for(driver, call, code)))
+}
+
+/// Calls a driver function by its API name and checks the result:
+/// `cu!(cuMemAlloc(&mut ptr, size))`.
+///
+/// The `unsafe` call lives here, in one place. Every use site states, in a
+/// `// SAFETY:` comment above it, why its arguments meet the function's
+/// contract (valid pointers, live handles, the right context current).
+macro_rules! cu {
+    ($name:ident ( $($arg:expr),* $(,)? )) => {{
+        let driver = $crate::driver::api()?;
+        let function = driver.get(|table| table.$name, stringify!($name))?;
+        // SAFETY: the use site documents that the arguments meet the contract.
+        let status = unsafe { function($($arg),*) };
+        $crate::driver::check(driver, stringify!($name), status)
+    }};
+}
+pub(crate) use cu;
+
+/// The driver's version, if a driver is present.
+pub fn driver_version() -> Result<cuda_interop_sys::DriverVersion> {
+    let driver = api()?;
+    driver
+        .version()
+        .ok_or_else(|| Error::Unsupported("cuDriverGetVersion failed".into()))
+}
