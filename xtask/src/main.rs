@@ -2,14 +2,12 @@
 //!
 //! ```text
 //! cargo xtask codegen [--check] [--cuda-include DIR]   regenerate (or check) the driver bindings
-//! cargo xtask gpu-bundle [--out DIR]                    build the GPU tests and examples for the GPU machine
 //! ```
 //!
 //! Only `codegen` needs libclang; nothing else in the workspace does.
 
 mod codegen;
 mod functions;
-mod gpu_bundle;
 
 use std::process::ExitCode;
 
@@ -17,7 +15,6 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("codegen") => codegen::run(&args[1..]),
-        Some("gpu-bundle") => gpu_bundle::run(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{}", USAGE);
             Ok(())
@@ -44,7 +41,5 @@ tasks:
       $CUDA_PATH/include, pkg-config (cuda-12.9), /usr/local/cuda/include,
       or fetched from PyPI (see xtask/cuda-header.lock); its sha256 must
       match the lock.
-  gpu-bundle [--out DIR]
-      Build the GPU test binaries and the examples in the `gpu` profile and
-      copy them, with scripts/gpu-run.sh, into DIR (default .gpu/bundle),
-      ready to carry to a machine with an NVIDIA GPU.";
+
+The GPU tests are built and packaged by scripts/gpu-bundle.sh.";
