@@ -1,0 +1,19 @@
+// Twin of fail/linear_image_as_array.rs.
+use cuda_interop::*;
+use vk_export::format::*;
+use vk_export::markers::*;
+#[allow(unused_imports)]
+use vk_export::semaphore_kinds::*;
+#[allow(unused_imports)]
+use std::os::fd::{AsRawFd, OwnedFd};
+
+#[allow(dead_code)]
+fn check(image: &ImportedImage<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>) {
+    let _ = image.map_array();
+}
+#[allow(dead_code)]
+fn linear_as_buffer(image: &mut ImportedImage<Rgba8Unorm, Linear, DeviceLocal, usage::Storage>) {
+    let _ = image.map_buffer();
+}
+
+fn main() {}
