@@ -40,7 +40,9 @@ fn check(driver: &Driver, status: CUresult, call: &str) -> Result<(), String> {
         format!("error {}", status.0)
     } else {
         // SAFETY: the driver returned a NUL-terminated static string.
-        unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
     };
     Err(format!("{call} failed: {name}"))
 }
@@ -49,10 +51,16 @@ fn list_devices(driver: &Driver) -> Result<(), String> {
     let f = driver.fns();
     let missing = |name| driver.missing(name).to_string();
     let init = f.cuInit.ok_or_else(|| missing("cuInit"))?;
-    let count = f.cuDeviceGetCount.ok_or_else(|| missing("cuDeviceGetCount"))?;
+    let count = f
+        .cuDeviceGetCount
+        .ok_or_else(|| missing("cuDeviceGetCount"))?;
     let get = f.cuDeviceGet.ok_or_else(|| missing("cuDeviceGet"))?;
-    let get_name = f.cuDeviceGetName.ok_or_else(|| missing("cuDeviceGetName"))?;
-    let get_uuid = f.cuDeviceGetUuid_v2.ok_or_else(|| missing("cuDeviceGetUuid_v2"))?;
+    let get_name = f
+        .cuDeviceGetName
+        .ok_or_else(|| missing("cuDeviceGetName"))?;
+    let get_uuid = f
+        .cuDeviceGetUuid_v2
+        .ok_or_else(|| missing("cuDeviceGetUuid_v2"))?;
 
     // SAFETY: the flags word must be 0.
     check(driver, unsafe { init(0) }, "cuInit")?;
@@ -66,17 +74,18 @@ fn list_devices(driver: &Driver) -> Result<(), String> {
         check(driver, unsafe { get(&mut device, ordinal) }, "cuDeviceGet")?;
         let mut name = [0 as c_char; 256];
         // SAFETY: the buffer holds `len` chars; the driver NUL-terminates.
-        check(
-            driver,
-            unsafe { get_name(name.as_mut_ptr(), name.len() as i32, device) },
-            "cuDeviceGetName",
-        )?;
+        let status = unsafe { get_name(name.as_mut_ptr(), name.len() as i32, device) };
+        check(driver, status, "cuDeviceGetName")?;
         let mut uuid = CUuuid::default();
         // SAFETY: writes 16 bytes into `uuid`.
-        check(driver, unsafe { get_uuid(&mut uuid, device) }, "cuDeviceGetUuid_v2")?;
+        let status = unsafe { get_uuid(&mut uuid, device) };
+        check(driver, status, "cuDeviceGetUuid_v2")?;
         // SAFETY: the driver wrote a NUL-terminated string into the buffer.
         let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy();
-        println!("  [{ordinal}] {name}  GPU-{}", format_uuid(&uuid.bytes.map(|b| b as u8)));
+        println!(
+            "  [{ordinal}] {name}  GPU-{}",
+            format_uuid(&uuid.bytes.map(|b| b as u8))
+        );
     }
     Ok(())
 }

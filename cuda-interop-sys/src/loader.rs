@@ -140,7 +140,10 @@ impl fmt::Debug for Driver {
         f.debug_struct("Driver")
             .field("library", &self.library_name)
             .field("version", &self.version)
-            .field("functions", &format_args!("{present} of {} resolved", SYMBOLS.len()))
+            .field(
+                "functions",
+                &format_args!("{present} of {} resolved", SYMBOLS.len()),
+            )
             .finish()
     }
 }
@@ -175,9 +178,10 @@ impl Driver {
     fn open(file: &OsStr, shown: &str) -> Result<Driver, LoadError> {
         // SAFETY: opening a shared library runs its initialisers. libcuda's are
         // the driver's own; for an arbitrary path the caller chose the library.
-        let library = unsafe { libloading::Library::new(file) }.map_err(|e| LoadError::Library {
-            tried: vec![(shown.to_string(), e.to_string())],
-        })?;
+        let library =
+            unsafe { libloading::Library::new(file) }.map_err(|e| LoadError::Library {
+                tried: vec![(shown.to_string(), e.to_string())],
+            })?;
         // SAFETY: each symbol is looked up by its exact exported name, and the
         // table's types are the header's declarations for those names.
         let fns = unsafe {

@@ -20,13 +20,21 @@ use vk_export::{Context, HeadlessOptions, TimelineSemaphore, Validation, WaitStr
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() -> Res<()> {
-    let iterations: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(300);
+    let iterations: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(300);
     let ctx = Context::headless(&HeadlessOptions {
         validation: Validation::Off, // measure the driver, not the layer
         ..Default::default()
     })?;
     let cuda = CudaDevice::for_vulkan(&ctx)?;
-    println!("{} / CUDA [{}] {}", ctx.identity().name, cuda.ordinal(), cuda.name());
+    println!(
+        "{} / CUDA [{}] {}",
+        ctx.identity().name,
+        cuda.ordinal(),
+        cuda.name()
+    );
     let timeline = TimelineSemaphore::new(&ctx)?;
     let cuda_timeline = cuda.import_semaphore(&timeline)?;
     let module = Module::load_ptx(&cuda, kernels::PTX)?;
@@ -44,13 +52,24 @@ fn main() -> Res<()> {
             (&mut key as *mut u32).cast(),
         ];
         // SAFETY: xor_bytes(u64, u64, u32) over the buffer's `len` bytes.
-        unsafe { stream.launch(&xor, [(len as u32).div_ceil(256), 1, 1], [256, 1, 1], 0, &mut args) }?;
+        unsafe {
+            stream.launch(
+                &xor,
+                [(len as u32).div_ceil(256), 1, 1],
+                [256, 1, 1],
+                0,
+                &mut args,
+            )
+        }?;
         value += 1;
         cuda_timeline.signal(&stream, value)?;
         Ok(value)
     };
 
-    let measure = |name: &str, wait: &mut dyn FnMut(u64) -> Res<()>, enqueue: &mut dyn FnMut() -> Res<u64>| -> Res<Vec<Duration>> {
+    let measure = |name: &str,
+                   wait: &mut dyn FnMut(u64) -> Res<()>,
+                   enqueue: &mut dyn FnMut() -> Res<u64>|
+     -> Res<Vec<Duration>> {
         let mut t = Vec::with_capacity(iterations);
         for i in 0..iterations + 30 {
             let v = enqueue()?;
@@ -64,10 +83,22 @@ fn main() -> Res<()> {
         Ok(t)
     };
 
-    let mut baseline = measure("cuStreamSynchronize", &mut |_| Ok(stream.synchronize()?), &mut enqueue)?;
+    let mut baseline = measure(
+        "cuStreamSynchronize",
+        &mut |_| Ok(stream.synchronize()?),
+        &mut enqueue,
+    )?;
     let timeout = Duration::from_secs(10);
-    let mut block = measure("vkWaitSemaphores", &mut |v| Ok(timeline.wait(v, timeout, WaitStrategy::Block)?), &mut enqueue)?;
-    let mut poll = measure("adaptive poll", &mut |v| Ok(timeline.wait(v, timeout, WaitStrategy::ADAPTIVE)?), &mut enqueue)?;
+    let mut block = measure(
+        "vkWaitSemaphores",
+        &mut |v| Ok(timeline.wait(v, timeout, WaitStrategy::Block)?),
+        &mut enqueue,
+    )?;
+    let mut poll = measure(
+        "adaptive poll",
+        &mut |v| Ok(timeline.wait(v, timeout, WaitStrategy::ADAPTIVE)?),
+        &mut enqueue,
+    )?;
     stream.synchronize()?;
 
     let med = |t: &mut Vec<Duration>| {
@@ -82,7 +113,12 @@ fn main() -> Res<()> {
         ("counter poll (ADAPTIVE)", &mut poll),
     ] {
         let q = |f: f64| t[((t.len() as f64 - 1.0) * f) as usize].as_secs_f64() * 1e6;
-        println!("  {name:32} p50 {:9.1} us  p90 {:9.1} us  p99 {:9.1} us", q(0.5), q(0.9), q(0.99));
+        println!(
+            "  {name:32} p50 {:9.1} us  p90 {:9.1} us  p99 {:9.1} us",
+            q(0.5),
+            q(0.9),
+            q(0.99)
+        );
     }
     println!(
         "ratios (median): Block / baseline = {:.2}, ADAPTIVE / baseline = {:.2}, Block / ADAPTIVE = {:.1}",

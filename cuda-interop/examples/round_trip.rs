@@ -23,8 +23,8 @@ use cuda_interop::{kernels, CudaDevice, DeviceBuffer, Module, Stream};
 use vk_export::ash::vk;
 use vk_export::format::Rgba8Unorm;
 use vk_export::{
-    Context, ExportableImage, HeadlessOptions, ImageDesc, SemaphoreSubmit, SubmitSync, TimelineSemaphore,
-    WaitStrategy,
+    Context, ExportableImage, HeadlessOptions, ImageDesc, SemaphoreSubmit, SubmitSync,
+    TimelineSemaphore, WaitStrategy,
 };
 
 const WIDTH: u32 = 1920;
@@ -46,7 +46,12 @@ fn main() -> ExitCode {
 }
 
 fn color(frame: u32) -> [u8; 4] {
-    [(frame * 7 % 256) as u8, (frame * 13 % 256) as u8, (frame * 29 % 256) as u8, 255]
+    [
+        (frame * 7 % 256) as u8,
+        (frame * 13 % 256) as u8,
+        (frame * 29 % 256) as u8,
+        255,
+    ]
 }
 
 fn clear_value(c: [u8; 4]) -> vk::ClearColorValue {
@@ -60,7 +65,9 @@ fn run(frames: u32, bench: bool) -> Res<()> {
         Ok(ctx) => ctx,
         Err(e) => {
             println!("no Vulkan device with VK_KHR_external_memory_fd: {e}");
-            println!("nothing to run: install a Vulkan driver (e.g. mesa-vulkan-drivers) and libvulkan1");
+            println!(
+                "nothing to run: install a Vulkan driver (e.g. mesa-vulkan-drivers) and libvulkan1"
+            );
             return Ok(());
         }
     };
@@ -69,7 +76,11 @@ fn run(frames: u32, bench: bool) -> Res<()> {
         "Vulkan: {} (deviceUUID {}, validation {})",
         id.name,
         id.device_uuid_string(),
-        if ctx.validation_enabled() { "on" } else { "off" }
+        if ctx.validation_enabled() {
+            "on"
+        } else {
+            "off"
+        }
     );
     let cuda = match CudaDevice::for_vulkan(&ctx) {
         Ok(cuda) => cuda,
@@ -115,7 +126,15 @@ fn run(frames: u32, bench: bool) -> Res<()> {
         ];
         // SAFETY: invert_rgba8(u64 surface, u32 width, u32 height); the surface
         // lives until the end of `run`, after the stream is synchronised.
-        unsafe { stream.launch(&invert, [WIDTH.div_ceil(16), HEIGHT.div_ceil(16), 1], [16, 16, 1], 0, &mut args) }?;
+        unsafe {
+            stream.launch(
+                &invert,
+                [WIDTH.div_ceil(16), HEIGHT.div_ceil(16), 1],
+                [16, 16, 1],
+                0,
+                &mut args,
+            )
+        }?;
         cuda_timeline.signal(&stream, signal)?;
         Ok(())
     };
@@ -126,14 +145,32 @@ fn run(frames: u32, bench: bool) -> Res<()> {
         let start = Instant::now();
         let c = color(frame);
         ctx.clear_image(&image, clear_value(c), SubmitSync::default())?;
-        ctx.release_image(&image, SubmitSync { waits: &[], signals: &[SemaphoreSubmit::timeline(&timeline, value + 1)] })?;
+        ctx.release_image(
+            &image,
+            SubmitSync {
+                waits: &[],
+                signals: &[SemaphoreSubmit::timeline(&timeline, value + 1)],
+            },
+        )?;
         cuda_invert(value + 1, value + 2)?;
-        let pixels = ctx.read_image(&image, 0, 0, SubmitSync { waits: &[SemaphoreSubmit::timeline(&timeline, value + 2)], signals: &[] })?;
+        let pixels = ctx.read_image(
+            &image,
+            0,
+            0,
+            SubmitSync {
+                waits: &[SemaphoreSubmit::timeline(&timeline, value + 2)],
+                signals: &[],
+            },
+        )?;
         value += 2;
         times.push(start.elapsed());
         let expected = [255 - c[0], 255 - c[1], 255 - c[2], 255];
         if let Some(i) = pixels.chunks_exact(4).position(|p| p != expected) {
-            return Err(format!("frame {frame}: pixel {i} is {:?}, expected {expected:?}", &pixels[i * 4..i * 4 + 4]).into());
+            return Err(format!(
+                "frame {frame}: pixel {i} is {:?}, expected {expected:?}",
+                &pixels[i * 4..i * 4 + 4]
+            )
+            .into());
         }
     }
     stream.synchronize()?;
@@ -141,7 +178,10 @@ fn run(frames: u32, bench: bool) -> Res<()> {
         "verified {frames} frames x {} pixels: Vulkan clear -> CUDA invert (surface, in place) -> Vulkan readback, exact",
         WIDTH * HEIGHT
     );
-    println!("time per frame (incl. 8.3 MB readback + check): {}", summary(&mut times));
+    println!(
+        "time per frame (incl. 8.3 MB readback + check): {}",
+        summary(&mut times)
+    );
 
     if bench {
         let host_round_trip = |strategy: WaitStrategy, value: &mut u64| -> Res<Vec<Duration>> {
@@ -149,7 +189,13 @@ fn run(frames: u32, bench: bool) -> Res<()> {
             for frame in 0..frames + 20 {
                 let start = Instant::now();
                 ctx.clear_image(&image, clear_value(color(frame)), SubmitSync::default())?;
-                ctx.release_image(&image, SubmitSync { waits: &[], signals: &[SemaphoreSubmit::timeline(&timeline, *value + 1)] })?;
+                ctx.release_image(
+                    &image,
+                    SubmitSync {
+                        waits: &[],
+                        signals: &[SemaphoreSubmit::timeline(&timeline, *value + 1)],
+                    },
+                )?;
                 cuda_invert(*value + 1, *value + 2)?;
                 timeline.wait(*value + 2, Duration::from_secs(10), strategy)?;
                 *value += 2;
@@ -165,9 +211,18 @@ fn run(frames: u32, bench: bool) -> Res<()> {
         let mut staging = staging_round_trip(&ctx, &image, &cuda, &module, &stream, frames)?;
         let (b, p, s) = (median(&mut block), median(&mut poll), median(&mut staging));
         println!("host-visible round trip per frame, {frames} frames after 20 warm-up, same run:");
-        println!("  zero-copy, host waits with vkWaitSemaphores : {}", summary(&mut block));
-        println!("  zero-copy, host waits with adaptive poll     : {}", summary(&mut poll));
-        println!("  copy through host memory (baseline)          : {}", summary(&mut staging));
+        println!(
+            "  zero-copy, host waits with vkWaitSemaphores : {}",
+            summary(&mut block)
+        );
+        println!(
+            "  zero-copy, host waits with adaptive poll     : {}",
+            summary(&mut poll)
+        );
+        println!(
+            "  copy through host memory (baseline)          : {}",
+            summary(&mut staging)
+        );
         println!(
             "  ratios (median): blocking / baseline = {:.2}, poll / baseline = {:.2}, blocking / poll = {:.2}",
             b.as_secs_f64() / s.as_secs_f64(),
@@ -208,7 +263,15 @@ fn staging_round_trip(
             (&mut key as *mut u32).cast(),
         ];
         // SAFETY: xor_bytes(u64, u64, u32) over `len` bytes of `device`.
-        unsafe { stream.launch(&xor, [(len as u32).div_ceil(256), 1, 1], [256, 1, 1], 0, &mut args) }?;
+        unsafe {
+            stream.launch(
+                &xor,
+                [(len as u32).div_ceil(256), 1, 1],
+                [256, 1, 1],
+                0,
+                &mut args,
+            )
+        }?;
         stream.copy_to_host(&device, &mut back)?;
         ctx.write_image(image, 0, 0, &back, SubmitSync::default())?;
         if frame >= 20 {
@@ -254,7 +317,11 @@ fn vulkan_only(ctx: &Context) -> Res<()> {
     println!("Vulkan-only: 256x256 RGBA8 exported as OPAQUE_FD and imported into a second VkDevice: pixels exact");
     println!(
         "semaphore fds: {}",
-        if ctx.supports_semaphore_fds() { "supported" } else { "not supported by this driver" }
+        if ctx.supports_semaphore_fds() {
+            "supported"
+        } else {
+            "not supported by this driver"
+        }
     );
     Ok(())
 }

@@ -51,7 +51,14 @@ impl fmt::Debug for CudaDevice {
 
 pub(crate) fn format_uuid(b: &[u8; 16]) -> String {
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 /// A CUDA device as the driver lists it.
@@ -77,14 +84,20 @@ pub fn list_devices() -> Result<Vec<DeviceListing>> {
         cu!(cuDeviceGet(&mut device, ordinal))?;
         let mut name = [0 as c_char; 256];
         // SAFETY: the buffer holds 256 chars; the driver NUL-terminates.
-        cu!(cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, device))?;
+        cu!(cuDeviceGetName(
+            name.as_mut_ptr(),
+            name.len() as i32,
+            device
+        ))?;
         let mut uuid = CUuuid::default();
         // SAFETY: writes 16 bytes.
         cu!(cuDeviceGetUuid_v2(&mut uuid, device))?;
         out.push(DeviceListing {
             ordinal,
             // SAFETY: NUL-terminated by the driver.
-            name: unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned(),
+            name: unsafe { CStr::from_ptr(name.as_ptr()) }
+                .to_string_lossy()
+                .into_owned(),
             uuid: uuid.bytes.map(|b| b as u8),
         });
     }
@@ -120,9 +133,16 @@ impl CudaDevice {
         cu!(cuDeviceGet(&mut device, found.ordinal))?;
         let mut mode = 0;
         // SAFETY: writes one int.
-        cu!(cuDeviceGetAttribute(&mut mode, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, device))?;
+        cu!(cuDeviceGetAttribute(
+            &mut mode,
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE,
+            device
+        ))?;
         if mode == sys::CUcomputemode::CU_COMPUTEMODE_PROHIBITED.0 as i32 {
-            return Err(Error::Unsupported(format!("{} is in compute mode PROHIBITED", found.name)));
+            return Err(Error::Unsupported(format!(
+                "{} is in compute mode PROHIBITED",
+                found.name
+            )));
         }
         let mut context: CUcontext = std::ptr::null_mut();
         // SAFETY: a valid device; writes the primary context handle.

@@ -19,7 +19,8 @@ static POISONED: AtomicU32 = AtomicU32::new(0);
 
 /// The process-wide driver, initialised (`cuInit(0)`) once.
 pub(crate) fn api() -> Result<&'static Driver> {
-    let driver = Driver::global().map_err(|e| Error::Unsupported(format!("no CUDA driver: {e}")))?;
+    let driver =
+        Driver::global().map_err(|e| Error::Unsupported(format!("no CUDA driver: {e}")))?;
     let init = INIT.get_or_init(|| {
         let pid = std::process::id();
         let Some(cu_init) = driver.fns().cuInit else {

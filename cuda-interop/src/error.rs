@@ -23,7 +23,11 @@ pub struct DriverError {
 
 impl fmt::Display for DriverError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} failed: {} ({})", self.call, self.name, self.description)?;
+        write!(
+            f,
+            "{} failed: {} ({})",
+            self.call, self.name, self.description
+        )?;
         if let Some(hint) = self.hint {
             write!(f, "; {hint}")?;
         }
@@ -73,7 +77,9 @@ pub enum Error {
     Unsupported(String),
     /// An earlier sticky error (e.g. an illegal address) left the CUDA
     /// context unusable; the process must restart to use CUDA again.
-    #[error("the CUDA context is poisoned by an earlier {0}; CUDA cannot be used again in this process")]
+    #[error(
+        "the CUDA context is poisoned by an earlier {0}; CUDA cannot be used again in this process"
+    )]
     Poisoned(String),
     /// CUDA was initialised in a parent process; it cannot be used after `fork`.
     #[error("CUDA was initialised in process {parent}, and this is a forked child ({child}); CUDA cannot be used between fork and exec")]

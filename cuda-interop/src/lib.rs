@@ -53,8 +53,8 @@ pub use device::{list_devices, ContextGuard, CudaDevice, DeviceListing};
 pub use driver::driver_version;
 pub use error::{DriverError, Error, ImportError, Result};
 pub use memory::{
-    array_descriptor, DeviceSlice, ExternalMemory, ImportedBuffer, ImportedImage, LevelArray, MappedArray,
-    MappedBuffer, Surface, Texture,
+    array_descriptor, DeviceSlice, ExternalMemory, ImportedBuffer, ImportedImage, LevelArray,
+    MappedArray, MappedBuffer, Surface, Texture,
 };
 pub use semaphore::{BinarySignal, ExternalSemaphore};
 pub use stream::{DeviceBuffer, Event, Function, Module, Stream};

@@ -25,7 +25,9 @@ use cuda_interop_sys::{
 use vk_export::ash::vk;
 use vk_export::format::{ChannelType, Format};
 use vk_export::markers::{MemoryLocation, Tiling, Usage};
-use vk_export::{BufferRecord, ExportableBuffer, ExportableImage, ImageInfo, ImageRecord, KeepAlive};
+use vk_export::{
+    BufferRecord, ExportableBuffer, ExportableImage, ImageInfo, ImageRecord, KeepAlive,
+};
 
 use crate::device::CudaDevice;
 use crate::driver::cu;
@@ -88,7 +90,11 @@ fn import_memory(
     let mut desc = sys::CUDA_EXTERNAL_MEMORY_HANDLE_DESC {
         type_: CUexternalMemoryHandleType::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
         size,
-        flags: if dedicated { CUDA_EXTERNAL_MEMORY_DEDICATED } else { 0 },
+        flags: if dedicated {
+            CUDA_EXTERNAL_MEMORY_DEDICATED
+        } else {
+            0
+        },
         ..Default::default()
     };
     desc.handle.fd = fd.as_raw_fd();
@@ -118,8 +124,11 @@ fn import_memory(
 pub struct ImportedImage<F, T, M, U> {
     memory: ExternalMemory,
     info: ImageInfo,
-    _types: PhantomData<fn() -> (F, T, M, U)>,
+    _types: ImageMarkers<F, T, M, U>,
 }
+
+/// Carries an image's type parameters without owning any of them.
+type ImageMarkers<F, T, M, U> = PhantomData<fn() -> (F, T, M, U)>;
 
 /// A Vulkan buffer imported into CUDA.
 #[derive(Debug)]
@@ -172,7 +181,10 @@ impl CudaDevice {
     }
 
     /// Imports a buffer of this process; keeps the Vulkan buffer alive.
-    pub fn import_buffer<M: MemoryLocation>(&self, buffer: &ExportableBuffer<M>) -> Result<ImportedBuffer<M>> {
+    pub fn import_buffer<M: MemoryLocation>(
+        &self,
+        buffer: &ExportableBuffer<M>,
+    ) -> Result<ImportedBuffer<M>> {
         self.check_resource_device(&buffer.info().device_uuid)?;
         let fd = buffer.export_fd()?;
         self.import_buffer_inner(buffer.record(), fd, Some(buffer.keep_alive()))
@@ -209,7 +221,12 @@ impl CudaDevice {
     }
 }
 
-fn map_buffer(memory: &ExternalMemory, offset: u64, size: u64, row_pitch: Option<u64>) -> Result<MappedBuffer<'_>> {
+fn map_buffer(
+    memory: &ExternalMemory,
+    offset: u64,
+    size: u64,
+    row_pitch: Option<u64>,
+) -> Result<MappedBuffer<'_>> {
     let _guard = memory.device.enter()?;
     let desc = sys::CUDA_EXTERNAL_MEMORY_BUFFER_DESC {
         offset,
@@ -219,7 +236,11 @@ fn map_buffer(memory: &ExternalMemory, offset: u64, size: u64, row_pitch: Option
     let mut ptr: CUdeviceptr = 0;
     // SAFETY: a zeroed descriptor within the import (checked by callers); the
     // context is current.
-    cu!(cuExternalMemoryGetMappedBuffer(&mut ptr, memory.handle, &desc))?;
+    cu!(cuExternalMemoryGetMappedBuffer(
+        &mut ptr,
+        memory.handle,
+        &desc
+    ))?;
     Ok(MappedBuffer {
         memory,
         ptr,
@@ -347,7 +368,11 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ImportedImage<F, T, M, U
         let _guard = device.enter()?;
         let mut handle: CUmipmappedArray = std::ptr::null_mut();
         // SAFETY: a zeroed descriptor derived from the image; the context is current.
-        cu!(cuExternalMemoryGetMappedMipmappedArray(&mut handle, self.memory.handle, &mipmapped))?;
+        cu!(cuExternalMemoryGetMappedMipmappedArray(
+            &mut handle,
+            self.memory.handle,
+            &mipmapped
+        ))?;
         Ok(MappedArray {
             memory: &self.memory,
             handle,
@@ -362,7 +387,12 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ImportedImage<F, T, M, U
     where
         T: BufferTiling,
     {
-        map_buffer(&self.memory, 0, self.info.allocation_size, Some(self.info.row_pitch))
+        map_buffer(
+            &self.memory,
+            0,
+            self.info.allocation_size,
+            Some(self.info.row_pitch),
+        )
     }
 }
 
@@ -449,7 +479,12 @@ impl MappedBuffer<'_> {
         let s = self.slice(0, dst.len() as u64)?;
         let _guard = self.memory.device.enter()?;
         // SAFETY: both ranges hold dst.len() bytes; synchronised below.
-        cu!(cuMemcpyDtoHAsync(dst.as_mut_ptr().cast(), s.ptr, dst.len(), stream.raw()))?;
+        cu!(cuMemcpyDtoHAsync(
+            dst.as_mut_ptr().cast(),
+            s.ptr,
+            dst.len(),
+            stream.raw()
+        ))?;
         stream.synchronize()
     }
     /// Copies `src` to the start of the mapping (waits for the copy).
@@ -457,7 +492,12 @@ impl MappedBuffer<'_> {
         let s = self.slice(0, src.len() as u64)?;
         let _guard = self.memory.device.enter()?;
         // SAFETY: both ranges hold src.len() bytes; synchronised below.
-        cu!(cuMemcpyHtoDAsync(s.ptr, src.as_ptr().cast(), src.len(), stream.raw()))?;
+        cu!(cuMemcpyHtoDAsync(
+            s.ptr,
+            src.as_ptr().cast(),
+            src.len(),
+            stream.raw()
+        ))?;
         stream.synchronize()
     }
 }
@@ -501,7 +541,11 @@ impl<F: Format, U: Usage> MappedArray<'_, F, U> {
         // SAFETY: a live mipmapped array; level is in range.
         cu!(cuMipmappedArrayGetLevel(&mut array, self.handle, level))?;
         let e = self.info.level_extent(level);
-        let depth = if self.info.image_type == vk::ImageType::TYPE_3D { e[2] } else { self.info.array_layers };
+        let depth = if self.info.image_type == vk::ImageType::TYPE_3D {
+            e[2]
+        } else {
+            self.info.array_layers
+        };
         Ok(LevelArray {
             device: &self.memory.device,
             array,
@@ -539,7 +583,13 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
         self.extent.iter().map(|&e| e as usize).product::<usize>() * F::TEXEL_BYTES as usize
     }
 
-    fn copy(&self, stream: &Stream, to_array: bool, host: *mut u8, device: CUdeviceptr) -> Result<()> {
+    fn copy(
+        &self,
+        stream: &Stream,
+        to_array: bool,
+        host: *mut u8,
+        device: CUdeviceptr,
+    ) -> Result<()> {
         let row = self.extent[0] as usize * F::TEXEL_BYTES as usize;
         let mut p = sys::CUDA_MEMCPY3D {
             WidthInBytes: row,
@@ -547,7 +597,11 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
             Depth: self.extent[2] as usize,
             ..Default::default()
         };
-        let linear_type = if host.is_null() { CUmemorytype::CU_MEMORYTYPE_DEVICE } else { CUmemorytype::CU_MEMORYTYPE_HOST };
+        let linear_type = if host.is_null() {
+            CUmemorytype::CU_MEMORYTYPE_DEVICE
+        } else {
+            CUmemorytype::CU_MEMORYTYPE_HOST
+        };
         if to_array {
             p.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_ARRAY;
             p.dstArray = self.array;
@@ -586,14 +640,22 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
     /// Enqueues a copy of the level into linear device memory.
     pub fn copy_to_device(&self, stream: &Stream, dst: &mut DeviceBuffer) -> Result<()> {
         if dst.len() < self.byte_len() {
-            return Err(Error::InvalidArgument(format!("{} bytes for a {}-byte level", dst.len(), self.byte_len())));
+            return Err(Error::InvalidArgument(format!(
+                "{} bytes for a {}-byte level",
+                dst.len(),
+                self.byte_len()
+            )));
         }
         self.copy(stream, false, std::ptr::null_mut(), dst.device_ptr())
     }
     /// Enqueues a copy from linear device memory into the level.
     pub fn copy_from_device(&self, stream: &Stream, src: &DeviceBuffer) -> Result<()> {
         if src.len() < self.byte_len() {
-            return Err(Error::InvalidArgument(format!("{} bytes for a {}-byte level", src.len(), self.byte_len())));
+            return Err(Error::InvalidArgument(format!(
+                "{} bytes for a {}-byte level",
+                src.len(),
+                self.byte_len()
+            )));
         }
         self.copy(stream, true, std::ptr::null_mut(), src.device_ptr())
     }
@@ -641,10 +703,12 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
     /// element-type reads) for reading the level in kernels.
     pub fn texture(&self) -> Result<Texture<'_>> {
         let res = self.resource();
-        let mut tex = sys::CUDA_TEXTURE_DESC::default();
-        tex.addressMode = [sys::CUaddress_mode::CU_TR_ADDRESS_MODE_CLAMP; 3];
-        tex.filterMode = sys::CUfilter_mode::CU_TR_FILTER_MODE_POINT;
-        tex.flags = sys::CU_TRSF_READ_AS_INTEGER;
+        let tex = sys::CUDA_TEXTURE_DESC {
+            addressMode: [sys::CUaddress_mode::CU_TR_ADDRESS_MODE_CLAMP; 3],
+            filterMode: sys::CUfilter_mode::CU_TR_FILTER_MODE_POINT,
+            flags: sys::CU_TRSF_READ_AS_INTEGER,
+            ..Default::default()
+        };
         let _guard = self.device.enter()?;
         let mut handle: CUtexObject = 0;
         // SAFETY: zeroed descriptors naming a live level.

@@ -128,7 +128,12 @@ impl<K> ExternalSemaphore<K> {
         let _guard = self.device.enter()?;
         // SAFETY: one zeroed parameter block for one live semaphore, on a
         // stream of this context.
-        cu!(cuSignalExternalSemaphoresAsync(&self.handle, &params, 1, stream.raw()))
+        cu!(cuSignalExternalSemaphoresAsync(
+            &self.handle,
+            &params,
+            1,
+            stream.raw()
+        ))
     }
 
     fn wait_raw(&self, stream: &Stream, value: u64) -> Result<()> {
@@ -136,7 +141,12 @@ impl<K> ExternalSemaphore<K> {
         params.params.fence.value = value;
         let _guard = self.device.enter()?;
         // SAFETY: as in signal_raw.
-        cu!(cuWaitExternalSemaphoresAsync(&self.handle, &params, 1, stream.raw()))
+        cu!(cuWaitExternalSemaphoresAsync(
+            &self.handle,
+            &params,
+            1,
+            stream.raw()
+        ))
     }
 }
 

@@ -2,7 +2,9 @@ use std::cell::Cell;
 use std::ffi::{c_void, CString};
 use std::marker::PhantomData;
 
-use cuda_interop_sys::{CUdeviceptr, CUevent, CUevent_flags, CUfunction, CUmodule, CUstream, CUstream_flags};
+use cuda_interop_sys::{
+    CUdeviceptr, CUevent, CUevent_flags, CUfunction, CUmodule, CUstream, CUstream_flags,
+};
 
 use crate::device::CudaDevice;
 use crate::driver::cu;
@@ -29,7 +31,10 @@ impl Stream {
         let _guard = device.enter()?;
         let mut stream: CUstream = std::ptr::null_mut();
         // SAFETY: the context is current; writes the handle.
-        cu!(cuStreamCreate(&mut stream, CUstream_flags::CU_STREAM_NON_BLOCKING.0))?;
+        cu!(cuStreamCreate(
+            &mut stream,
+            CUstream_flags::CU_STREAM_NON_BLOCKING.0
+        ))?;
         Ok(Stream {
             device: device.clone(),
             stream,
@@ -90,11 +95,20 @@ impl Stream {
     /// Copies device memory to the host, synchronously.
     pub fn copy_to_host(&self, src: &DeviceBuffer, dst: &mut [u8]) -> Result<()> {
         if dst.len() > src.len {
-            return Err(Error::InvalidArgument(format!("{} bytes from a buffer of {}", dst.len(), src.len)));
+            return Err(Error::InvalidArgument(format!(
+                "{} bytes from a buffer of {}",
+                dst.len(),
+                src.len
+            )));
         }
         let _guard = self.device.enter()?;
         // SAFETY: both ranges are valid for dst.len() bytes; synchronised below.
-        cu!(cuMemcpyDtoHAsync(dst.as_mut_ptr().cast(), src.ptr, dst.len(), self.stream))?;
+        cu!(cuMemcpyDtoHAsync(
+            dst.as_mut_ptr().cast(),
+            src.ptr,
+            dst.len(),
+            self.stream
+        ))?;
         // SAFETY: a live stream.
         cu!(cuStreamSynchronize(self.stream))
     }
@@ -102,11 +116,20 @@ impl Stream {
     /// Copies host memory to the device, synchronously.
     pub fn copy_from_host(&self, src: &[u8], dst: &mut DeviceBuffer) -> Result<()> {
         if src.len() > dst.len {
-            return Err(Error::InvalidArgument(format!("{} bytes into a buffer of {}", src.len(), dst.len)));
+            return Err(Error::InvalidArgument(format!(
+                "{} bytes into a buffer of {}",
+                src.len(),
+                dst.len
+            )));
         }
         let _guard = self.device.enter()?;
         // SAFETY: both ranges are valid for src.len() bytes; synchronised below.
-        cu!(cuMemcpyHtoDAsync(dst.ptr, src.as_ptr().cast(), src.len(), self.stream))?;
+        cu!(cuMemcpyHtoDAsync(
+            dst.ptr,
+            src.as_ptr().cast(),
+            src.len(),
+            self.stream
+        ))?;
         // SAFETY: a live stream.
         cu!(cuStreamSynchronize(self.stream))
     }
@@ -114,7 +137,10 @@ impl Stream {
     /// Enqueues a device-to-device copy of `len` bytes.
     pub fn copy_device(&self, src: CUdeviceptr, dst: &mut DeviceBuffer, len: usize) -> Result<()> {
         if len > dst.len {
-            return Err(Error::InvalidArgument(format!("{len} bytes into a buffer of {}", dst.len)));
+            return Err(Error::InvalidArgument(format!(
+                "{len} bytes into a buffer of {}",
+                dst.len
+            )));
         }
         let _guard = self.device.enter()?;
         // SAFETY: dst holds len bytes; src is a device pointer the caller got
@@ -258,7 +284,8 @@ unsafe impl Sync for Module {}
 impl Module {
     /// Loads PTX source text.
     pub fn load_ptx(device: &CudaDevice, ptx: &str) -> Result<Module> {
-        let source = CString::new(ptx).map_err(|_| Error::InvalidArgument("PTX contains a NUL byte".into()))?;
+        let source = CString::new(ptx)
+            .map_err(|_| Error::InvalidArgument("PTX contains a NUL byte".into()))?;
         let _guard = device.enter()?;
         let mut module: CUmodule = std::ptr::null_mut();
         // SAFETY: a NUL-terminated image; the context is current.
@@ -271,11 +298,16 @@ impl Module {
 
     /// A kernel by name.
     pub fn function(&self, name: &str) -> Result<Function<'_>> {
-        let name_c = CString::new(name).map_err(|_| Error::InvalidArgument("kernel name contains NUL".into()))?;
+        let name_c = CString::new(name)
+            .map_err(|_| Error::InvalidArgument("kernel name contains NUL".into()))?;
         let _guard = self.device.enter()?;
         let mut function: CUfunction = std::ptr::null_mut();
         // SAFETY: a live module and a NUL-terminated name.
-        cu!(cuModuleGetFunction(&mut function, self.module, name_c.as_ptr()))?;
+        cu!(cuModuleGetFunction(
+            &mut function,
+            self.module,
+            name_c.as_ptr()
+        ))?;
         Ok(Function {
             function,
             _module: PhantomData,

@@ -20,7 +20,11 @@ pub fn vulkan(device_uuid: Option<[u8; 16]>) -> Context {
 
 /// Asserts that the validation layer reported no error on `ctx`.
 pub fn assert_no_validation_errors(ctx: &Context) {
-    assert_eq!(ctx.validation_errors(), 0, "validation errors on {ctx:?} (see stderr)");
+    assert_eq!(
+        ctx.validation_errors(),
+        0,
+        "validation errors on {ctx:?} (see stderr)"
+    );
 }
 
 /// A deterministic byte pattern.

@@ -18,8 +18,8 @@ use vk_export::markers::{usage, DeviceLocal, Optimal};
 use vk_export::socket::Connection;
 use vk_export::wire::{Message, Resource};
 use vk_export::{
-    BinarySemaphore, Context, ExportableBuffer, ExportableImage, ImageDesc, SemaphoreSubmit, SubmitSync,
-    TimelineSemaphore, WaitStrategy,
+    BinarySemaphore, Context, ExportableBuffer, ExportableImage, ImageDesc, SemaphoreSubmit,
+    SubmitSync, TimelineSemaphore, WaitStrategy,
 };
 
 fn pair() -> (Context, CudaDevice) {
@@ -28,7 +28,14 @@ fn pair() -> (Context, CudaDevice) {
     (ctx, cuda)
 }
 
-fn launch_2d(stream: &Stream, module: &Module, name: &str, width: u32, height: u32, args: &mut [*mut c_void]) {
+fn launch_2d(
+    stream: &Stream,
+    module: &Module,
+    name: &str,
+    width: u32,
+    height: u32,
+    args: &mut [*mut c_void],
+) {
     let f = module.function(name).unwrap();
     let grid = [width.div_ceil(16), height.div_ceil(16), 1];
     // SAFETY: the kernels in `kernels::PTX` take exactly the arguments passed
@@ -41,7 +48,13 @@ fn launch_2d(stream: &Stream, module: &Module, name: &str, width: u32, height: u
 fn pairing_matches_uuid_and_shares_the_primary_context() {
     let (ctx, cuda) = pair();
     assert_eq!(cuda.uuid(), ctx.identity().device_uuid);
-    println!("Vulkan {} <-> CUDA [{}] {} ({:?})", ctx.identity().name, cuda.ordinal(), cuda.name(), cuda);
+    println!(
+        "Vulkan {} <-> CUDA [{}] {} ({:?})",
+        ctx.identity().name,
+        cuda.ordinal(),
+        cuda.name(),
+        cuda
+    );
     // Another user of the primary context (what the CUDA runtime does on its
     // first call) gets the same context.
     let driver = sys::Driver::global().unwrap();
@@ -50,7 +63,8 @@ fn pairing_matches_uuid_and_shares_the_primary_context() {
     let get_current = driver.fns().cuCtxGetCurrent.unwrap();
     let mut other: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: retains the primary context of a valid device; released below.
-    assert_eq!(unsafe { retain(&mut other, cuda.raw_device()) }, sys::CUresult::CUDA_SUCCESS);
+    let status = unsafe { retain(&mut other, cuda.raw_device()) };
+    assert_eq!(status, sys::CUresult::CUDA_SUCCESS);
     assert_eq!(other, cuda.raw_context(), "the same primary context");
     let mut current: sys::CUcontext = std::ptr::null_mut();
     {
@@ -61,7 +75,10 @@ fn pairing_matches_uuid_and_shares_the_primary_context() {
     }
     // SAFETY: as above.
     unsafe { get_current(&mut current) };
-    assert!(current.is_null(), "the guard restored the previous (no) context");
+    assert!(
+        current.is_null(),
+        "the guard restored the previous (no) context"
+    );
     // SAFETY: balances the retain.
     unsafe { release(cuda.raw_device()) };
     // Usable and droppable from another thread.
@@ -81,15 +98,24 @@ fn a_foreign_uuid_is_refused_before_any_driver_call_and_the_fd_comes_back() {
     let (ctx, cuda) = pair();
     let err = CudaDevice::for_uuid([0xab; 16]).unwrap_err();
     assert!(matches!(err, Error::NoMatchingDevice { .. }), "{err}");
-    assert!(err.to_string().contains(&cuda.name().to_string()), "lists the devices: {err}");
+    assert!(
+        err.to_string().contains(&cuda.name().to_string()),
+        "lists the devices: {err}"
+    );
     let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(32, 32)).unwrap();
     let baseline = open_fd_count();
     let mut info = image.info().clone();
     info.device_uuid = [0xab; 16];
-    let record = info.typed::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>().unwrap();
+    let record = info
+        .typed::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>()
+        .unwrap();
     let fd = image.export_fd().unwrap();
     let err = cuda.import_image_fd(record, fd).unwrap_err();
-    assert!(matches!(err.error, Error::DeviceMismatch { .. }), "{}", err.error);
+    assert!(
+        matches!(err.error, Error::DeviceMismatch { .. }),
+        "{}",
+        err.error
+    );
     println!("{}", err.error);
     drop(err.fd); // returned to us, closed exactly once here
     assert_eq!(open_fd_count(), baseline);
@@ -104,16 +130,25 @@ fn a_bad_fd_is_a_clear_error_and_stays_with_the_caller() {
     let not_gpu: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
     let err = cuda.import_image_fd(image.record(), not_gpu).unwrap_err();
     println!("/dev/null import: {}", err.error);
-    assert!(err.error.to_string().contains("cuImportExternalMemory"), "{}", err.error);
+    assert!(
+        err.error.to_string().contains("cuImportExternalMemory"),
+        "{}",
+        err.error
+    );
     drop(err.fd);
-    assert_eq!(open_fd_count(), baseline, "the fd was closed exactly once, by us");
+    assert_eq!(
+        open_fd_count(),
+        baseline,
+        "the fd was closed exactly once, by us"
+    );
 }
 
 fn vulkan_writes_cuda_reads<F: Format>(ctx: &Context, cuda: &CudaDevice) {
     let (w, h) = (64u32, 32u32);
     let image = ExportableImage::<F>::new(ctx, ImageDesc::new_2d(w, h)).unwrap();
     let data = pattern((w * h * F::TEXEL_BYTES) as usize, F::VK.as_raw() as u32);
-    ctx.write_image(&image, 0, 0, &data, SubmitSync::default()).unwrap();
+    ctx.write_image(&image, 0, 0, &data, SubmitSync::default())
+        .unwrap();
     ctx.release_image(&image, SubmitSync::default()).unwrap();
     let imported = cuda.import_image(&image).unwrap();
     let array = imported.map_array().unwrap();
@@ -121,8 +156,18 @@ fn vulkan_writes_cuda_reads<F: Format>(ctx: &Context, cuda: &CudaDevice) {
     let stream = Stream::new(cuda).unwrap();
     let mut out = vec![0u8; level.byte_len()];
     level.copy_to_host(&stream, &mut out).unwrap();
-    assert!(out == data, "{}: CUDA read different bytes than Vulkan wrote", F::NAME);
-    println!("{}: {} bytes, import size {} (dedicated {}), exact", F::NAME, out.len(), image.info().allocation_size, image.info().dedicated);
+    assert!(
+        out == data,
+        "{}: CUDA read different bytes than Vulkan wrote",
+        F::NAME
+    );
+    println!(
+        "{}: {} bytes, import size {} (dedicated {}), exact",
+        F::NAME,
+        out.len(),
+        image.info().allocation_size,
+        image.info().dedicated
+    );
 }
 
 #[test]
@@ -147,19 +192,35 @@ fn cuda_writes_vulkan_reads<F: Format>(ctx: &Context, cuda: &CudaDevice, module:
     let surface = level.surface().unwrap();
     let stream = Stream::new(cuda).unwrap();
     let (mut s, mut wa, mut ha, mut sd) = (surface.raw(), w, h, seed);
-    launch_2d(&stream, module, "fill_b32", w, h, &mut [
-        (&mut s as *mut u64).cast(),
-        (&mut wa as *mut u32).cast(),
-        (&mut ha as *mut u32).cast(),
-        (&mut sd as *mut u32).cast(),
-    ]);
+    launch_2d(
+        &stream,
+        module,
+        "fill_b32",
+        w,
+        h,
+        &mut [
+            (&mut s as *mut u64).cast(),
+            (&mut wa as *mut u32).cast(),
+            (&mut ha as *mut u32).cast(),
+            (&mut sd as *mut u32).cast(),
+        ],
+    );
     stream.synchronize().unwrap();
     let got = ctx.read_image(&image, 0, 0, SubmitSync::default()).unwrap();
     let expected: Vec<u8> = (0..h)
-        .flat_map(|y| (0..w).flat_map(move |x| kernels::fill_b32_value(x, y, w, seed).to_le_bytes()))
+        .flat_map(|y| {
+            (0..w).flat_map(move |x| kernels::fill_b32_value(x, y, w, seed).to_le_bytes())
+        })
         .collect();
-    assert!(got == expected, "{}: Vulkan read different texels than CUDA wrote", F::NAME);
-    println!("{}: CUDA surface writes read back by Vulkan, exact", F::NAME);
+    assert!(
+        got == expected,
+        "{}: Vulkan read different texels than CUDA wrote",
+        F::NAME
+    );
+    println!(
+        "{}: CUDA surface writes read back by Vulkan, exact",
+        F::NAME
+    );
 }
 
 #[test]
@@ -180,7 +241,8 @@ fn buffers_both_ways() {
     let len = 1 << 20;
     let buffer = ExportableBuffer::<DeviceLocal>::new(&ctx, len).unwrap();
     let data = pattern(len as usize, 3);
-    ctx.write_buffer(&buffer, &data, SubmitSync::default()).unwrap();
+    ctx.write_buffer(&buffer, &data, SubmitSync::default())
+        .unwrap();
     ctx.release_buffer(&buffer, SubmitSync::default()).unwrap();
     let mut imported = cuda.import_buffer(&buffer).unwrap();
     let mapped = imported.map().unwrap();
@@ -193,16 +255,27 @@ fn buffers_both_ways() {
     let (mut ptr, mut n, mut key) = (mapped.device_ptr(), len, 0xa5u32);
     // SAFETY: xor_bytes(u64, u64, u32) over the mapping's `len` bytes.
     unsafe {
-        stream.launch(&f, [(len as u32).div_ceil(256), 1, 1], [256, 1, 1], 0, &mut [
-            (&mut ptr as *mut u64).cast(),
-            (&mut n as *mut u64).cast(),
-            (&mut key as *mut u32).cast(),
-        ])
+        stream.launch(
+            &f,
+            [(len as u32).div_ceil(256), 1, 1],
+            [256, 1, 1],
+            0,
+            &mut [
+                (&mut ptr as *mut u64).cast(),
+                (&mut n as *mut u64).cast(),
+                (&mut key as *mut u32).cast(),
+            ],
+        )
     }
     .unwrap();
     stream.synchronize().unwrap();
-    let back = ctx.read_buffer(&buffer, len, SubmitSync::default()).unwrap();
-    assert!(back.iter().zip(&data).all(|(b, d)| *b == d ^ 0xa5), "Vulkan read different bytes than CUDA wrote");
+    let back = ctx
+        .read_buffer(&buffer, len, SubmitSync::default())
+        .unwrap();
+    assert!(
+        back.iter().zip(&data).all(|(b, d)| *b == d ^ 0xa5),
+        "Vulkan read different bytes than CUDA wrote"
+    );
     println!("buffer of {len} bytes: Vulkan -> CUDA and CUDA -> Vulkan exact");
     assert_no_validation_errors(&ctx);
 }
@@ -219,7 +292,8 @@ fn mip_levels_and_array_layers_map_exactly() {
         let mut all_layers = Vec::new();
         for layer in 0..4 {
             let data = pattern((e[0] * e[1] * 4) as usize, level * 100 + layer);
-            ctx.write_image(&image, level, layer, &data, SubmitSync::default()).unwrap();
+            ctx.write_image(&image, level, layer, &data, SubmitSync::default())
+                .unwrap();
             all_layers.extend(data);
         }
         expected_levels.push(all_layers);
@@ -252,32 +326,66 @@ fn semaphores_order_gpu_work_both_ways() {
     let level = array.level(0).unwrap();
     let surface = level.surface().unwrap();
     let stream = Stream::new(&cuda).unwrap();
-    let color = vk::ClearColorValue { float32: [0.2, 0.4, 0.6, 1.0] };
+    let color = vk::ClearColorValue {
+        float32: [0.2, 0.4, 0.6, 1.0],
+    };
     let expected = |v: f32| 255 - (v * 255.0).round() as u8;
     let invert = |stream: &Stream| {
         let (mut s, mut wa, mut ha) = (surface.raw(), w, h);
-        launch_2d(stream, &module, "invert_rgba8", w, h, &mut [
-            (&mut s as *mut u64).cast(),
-            (&mut wa as *mut u32).cast(),
-            (&mut ha as *mut u32).cast(),
-        ]);
+        launch_2d(
+            stream,
+            &module,
+            "invert_rgba8",
+            w,
+            h,
+            &mut [
+                (&mut s as *mut u64).cast(),
+                (&mut wa as *mut u32).cast(),
+                (&mut ha as *mut u32).cast(),
+            ],
+        );
     };
     let check = |pixels: &[u8], what: &str| {
         let px = [expected(0.2), expected(0.4), expected(0.6), 255];
-        assert!(pixels.chunks(4).all(|p| p == px), "{what}: first pixel {:?}, expected {px:?}", &pixels[..4]);
+        assert!(
+            pixels.chunks(4).all(|p| p == px),
+            "{what}: first pixel {:?}, expected {px:?}",
+            &pixels[..4]
+        );
     };
 
     // Timeline: Vulkan clears and signals 1; CUDA waits 1, inverts, signals 2;
     // Vulkan waits 2 on the GPU and reads back.
     let timeline = TimelineSemaphore::new(&ctx).unwrap();
     let cuda_timeline = cuda.import_semaphore(&timeline).unwrap();
-    ctx.clear_image(&image, color, SubmitSync::default()).unwrap();
-    ctx.release_image(&image, SubmitSync { waits: &[], signals: &[SemaphoreSubmit::timeline(&timeline, 1)] }).unwrap();
+    ctx.clear_image(&image, color, SubmitSync::default())
+        .unwrap();
+    ctx.release_image(
+        &image,
+        SubmitSync {
+            waits: &[],
+            signals: &[SemaphoreSubmit::timeline(&timeline, 1)],
+        },
+    )
+    .unwrap();
     cuda_timeline.wait(&stream, 1).unwrap();
     invert(&stream);
     cuda_timeline.signal(&stream, 2).unwrap();
-    assert!(cuda_timeline.signal(&stream, 2).is_err(), "timeline values only go up");
-    let pixels = ctx.read_image(&image, 0, 0, SubmitSync { waits: &[SemaphoreSubmit::timeline(&timeline, 2)], signals: &[] }).unwrap();
+    assert!(
+        cuda_timeline.signal(&stream, 2).is_err(),
+        "timeline values only go up"
+    );
+    let pixels = ctx
+        .read_image(
+            &image,
+            0,
+            0,
+            SubmitSync {
+                waits: &[SemaphoreSubmit::timeline(&timeline, 2)],
+                signals: &[],
+            },
+        )
+        .unwrap();
     check(&pixels, "timeline");
 
     // Binary, both ways.
@@ -285,12 +393,32 @@ fn semaphores_order_gpu_work_both_ways() {
     let to_vulkan = BinarySemaphore::new(&ctx).unwrap();
     let cuda_in = cuda.import_semaphore(&to_cuda).unwrap();
     let cuda_out = cuda.import_semaphore(&to_vulkan).unwrap();
-    ctx.clear_image(&image, color, SubmitSync::default()).unwrap();
-    ctx.release_image(&image, SubmitSync { waits: &[], signals: &[SemaphoreSubmit::binary(&to_cuda)] }).unwrap();
-    cuda_in.wait(&stream, cuda_in.signalled_by_vulkan()).unwrap();
+    ctx.clear_image(&image, color, SubmitSync::default())
+        .unwrap();
+    ctx.release_image(
+        &image,
+        SubmitSync {
+            waits: &[],
+            signals: &[SemaphoreSubmit::binary(&to_cuda)],
+        },
+    )
+    .unwrap();
+    cuda_in
+        .wait(&stream, cuda_in.signalled_by_vulkan())
+        .unwrap();
     invert(&stream);
     cuda_out.signal(&stream).unwrap().waited_by_vulkan();
-    let pixels = ctx.read_image(&image, 0, 0, SubmitSync { waits: &[SemaphoreSubmit::binary(&to_vulkan)], signals: &[] }).unwrap();
+    let pixels = ctx
+        .read_image(
+            &image,
+            0,
+            0,
+            SubmitSync {
+                waits: &[SemaphoreSubmit::binary(&to_vulkan)],
+                signals: &[],
+            },
+        )
+        .unwrap();
     check(&pixels, "binary");
 
     // Host wait for a CUDA signal, both strategies (timing: examples/host_wait).
@@ -309,25 +437,53 @@ fn two_processes_export_and_import_into_cuda() {
     let ctx = vulkan(None);
     let (w, h) = (128u32, 64u32);
     let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(w, h)).unwrap();
-    ctx.write_image(&image, 0, 0, &pattern((w * h * 4) as usize, 1234), SubmitSync::default()).unwrap();
+    ctx.write_image(
+        &image,
+        0,
+        0,
+        &pattern((w * h * 4) as usize, 1234),
+        SubmitSync::default(),
+    )
+    .unwrap();
     let timeline = TimelineSemaphore::new(&ctx).unwrap();
-    ctx.release_image(&image, SubmitSync { waits: &[], signals: &[SemaphoreSubmit::timeline(&timeline, 1)] }).unwrap();
+    ctx.release_image(
+        &image,
+        SubmitSync {
+            waits: &[],
+            signals: &[SemaphoreSubmit::timeline(&timeline, 1)],
+        },
+    )
+    .unwrap();
     let (parent, child_end) = Connection::pair().unwrap();
     // The child inherits its end of the socket: clear close-on-exec on it only.
     let child_fd = child_end.into_fd();
     rustix::io::fcntl_setfd(&child_fd, rustix::io::FdFlags::empty()).unwrap();
     let raw = std::os::fd::AsRawFd::as_raw_fd(&child_fd);
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_cuda_importer", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_cuda_importer",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("CUDA_INTEROP_CHILD_FD", raw.to_string())
         .spawn()
         .unwrap();
     drop(child_fd);
     let message = Message {
         tag: 1,
-        resources: vec![Resource::Image(image.info().clone()), Resource::Semaphore(timeline.record().into_info())],
+        resources: vec![
+            Resource::Image(image.info().clone()),
+            Resource::Semaphore(timeline.record().into_info()),
+        ],
     };
-    parent.send(&message, vec![image.export_fd().unwrap(), timeline.export_fd().unwrap()]).unwrap();
+    parent
+        .send(
+            &message,
+            vec![image.export_fd().unwrap(), timeline.export_fd().unwrap()],
+        )
+        .unwrap();
     let status = child.wait().unwrap();
     assert!(status.success(), "the importing child failed: {status}");
     // The child signalled 2 after it read the image.
@@ -338,24 +494,43 @@ fn two_processes_export_and_import_into_cuda() {
 #[test]
 #[ignore = "entry point of the child process of two_processes_export_and_import_into_cuda"]
 fn child_cuda_importer() {
-    let fd: i32 = std::env::var("CUDA_INTEROP_CHILD_FD").expect("started by the parent test").parse().unwrap();
+    let fd: i32 = std::env::var("CUDA_INTEROP_CHILD_FD")
+        .expect("started by the parent test")
+        .parse()
+        .unwrap();
     // SAFETY: the parent passed this connected socket's number; nothing else here owns it.
     let connection = Connection::from_fd(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) });
     let mut received = connection.recv().unwrap();
-    let (record, image_fd) = received.take_image::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(0).unwrap();
-    let (sem_record, sem_fd) = received.take_semaphore::<vk_export::semaphore_kinds::Timeline>(1).unwrap();
+    let (record, image_fd) = received
+        .take_image::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(0)
+        .unwrap();
+    let (sem_record, sem_fd) = received
+        .take_semaphore::<vk_export::semaphore_kinds::Timeline>(1)
+        .unwrap();
     let cuda = CudaDevice::for_uuid(record.info().device_uuid).unwrap();
     let (w, h) = (record.info().extent[0], record.info().extent[1]);
-    let imported = cuda.import_image_fd(record, image_fd).map_err(|e| e.error).unwrap();
-    let semaphore = cuda.import_semaphore_fd(sem_record, sem_fd).map_err(|e| e.error).unwrap();
+    let imported = cuda
+        .import_image_fd(record, image_fd)
+        .map_err(|e| e.error)
+        .unwrap();
+    let semaphore = cuda
+        .import_semaphore_fd(sem_record, sem_fd)
+        .map_err(|e| e.error)
+        .unwrap();
     let stream = Stream::new(&cuda).unwrap();
     semaphore.wait(&stream, 1).unwrap();
     let array = imported.map_array().unwrap();
     let level = array.level(0).unwrap();
     let mut out = vec![0u8; level.byte_len()];
     level.copy_to_host(&stream, &mut out).unwrap();
-    assert!(out == pattern((w * h * 4) as usize, 1234), "the child read different pixels");
+    assert!(
+        out == pattern((w * h * 4) as usize, 1234),
+        "the child read different pixels"
+    );
     semaphore.signal(&stream, 2).unwrap();
     stream.synchronize().unwrap();
-    println!("child {}: imported {w}x{h} RGBA8 into CUDA from another process, exact", std::process::id());
+    println!(
+        "child {}: imported {w}x{h} RGBA8 into CUDA from another process, exact",
+        std::process::id()
+    );
 }

@@ -25,12 +25,16 @@ fn missing_functions_are_errors_and_present_ones_work() {
     assert_eq!(driver.version().map(|v| v.0), Some(11020));
 
     // Present: callable and returns what the library returns.
-    let init = driver.get(|f| f.cuInit, "cuInit").expect("cuInit is exported");
+    let init = driver
+        .get(|f| f.cuInit, "cuInit")
+        .expect("cuInit is exported");
     // SAFETY: the fixture's cuInit takes one unsigned int and returns an int.
     assert_eq!(unsafe { init(0) }, CUresult::CUDA_SUCCESS);
     // SAFETY: as above.
     assert_eq!(unsafe { init(7) }, CUresult::CUDA_ERROR_INVALID_VALUE);
-    let count = driver.get(|f| f.cuDeviceGetCount, "cuDeviceGetCount").unwrap();
+    let count = driver
+        .get(|f| f.cuDeviceGetCount, "cuDeviceGetCount")
+        .unwrap();
     let mut n = -1;
     // SAFETY: writes one int.
     assert_eq!(unsafe { count(&mut n) }, CUresult::CUDA_SUCCESS);
@@ -52,7 +56,10 @@ fn missing_functions_are_errors_and_present_ones_work() {
         .filter(|p| p.2)
         .map(|p| p.0)
         .collect();
-    assert_eq!(resolved, ["cuInit", "cuDriverGetVersion", "cuDeviceGetCount"]);
+    assert_eq!(
+        resolved,
+        ["cuInit", "cuDriverGetVersion", "cuDeviceGetCount"]
+    );
 }
 
 #[test]

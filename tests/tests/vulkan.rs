@@ -10,8 +10,8 @@ use vk_export::markers::{usage, DeviceLocal, Optimal};
 use vk_export::socket::Connection;
 use vk_export::wire::{Message, Resource};
 use vk_export::{
-    BinarySemaphore, Error, ExportableBuffer, ExportableImage, ImageDesc, SemaphoreSubmit, SubmitSync,
-    TimelineSemaphore, WaitStrategy,
+    BinarySemaphore, Error, ExportableBuffer, ExportableImage, ImageDesc, SemaphoreSubmit,
+    SubmitSync, TimelineSemaphore, WaitStrategy,
 };
 
 #[test]
@@ -25,19 +25,28 @@ fn image_exported_and_imported_in_a_second_device_reads_back_exactly() {
     for (level, layer) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
         let e = info.level_extent(level);
         let data = pattern((e[0] * e[1] * 4) as usize, level * 10 + layer);
-        a.write_image(&image, level, layer, &data, SubmitSync::default()).unwrap();
+        a.write_image(&image, level, layer, &data, SubmitSync::default())
+            .unwrap();
     }
     a.release_image(&image, SubmitSync::default()).unwrap();
 
-    let imported = ExportableImage::<Rgba8Unorm>::import(&b, &image.record(), image.export_fd().unwrap()).unwrap();
+    let imported =
+        ExportableImage::<Rgba8Unorm>::import(&b, &image.record(), image.export_fd().unwrap())
+            .unwrap();
     b.assume_image_released(&imported, vk::ImageLayout::GENERAL);
     for (level, layer) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
         let e = info.level_extent(level);
         let expected = pattern((e[0] * e[1] * 4) as usize, level * 10 + layer);
-        let got = b.read_image(&imported, level, layer, SubmitSync::default()).unwrap();
+        let got = b
+            .read_image(&imported, level, layer, SubmitSync::default())
+            .unwrap();
         assert!(got == expected, "level {level} layer {layer} differs");
     }
-    assert_eq!(imported.info(), image.info(), "the importer's record equals the exporter's");
+    assert_eq!(
+        imported.info(),
+        image.info(),
+        "the importer's record equals the exporter's"
+    );
     assert_no_validation_errors(&a);
     assert_no_validation_errors(&b);
 }
@@ -48,14 +57,25 @@ fn buffer_exported_and_imported_in_a_second_device_reads_back_exactly() {
     let b = vulkan(Some(a.identity().device_uuid));
     let buffer = ExportableBuffer::<DeviceLocal>::new(&a, 100_000).unwrap();
     let data = pattern(100_000, 7);
-    a.write_buffer(&buffer, &data, SubmitSync::default()).unwrap();
+    a.write_buffer(&buffer, &data, SubmitSync::default())
+        .unwrap();
     a.release_buffer(&buffer, SubmitSync::default()).unwrap();
-    let imported = ExportableBuffer::import(&b, &buffer.record(), buffer.export_fd().unwrap()).unwrap();
-    assert_eq!(b.read_buffer(&imported, 100_000, SubmitSync::default()).unwrap(), data);
+    let imported =
+        ExportableBuffer::import(&b, &buffer.record(), buffer.export_fd().unwrap()).unwrap();
+    assert_eq!(
+        b.read_buffer(&imported, 100_000, SubmitSync::default())
+            .unwrap(),
+        data
+    );
     // And back: the importer writes, the exporter reads.
     let data2 = pattern(100_000, 8);
-    b.write_buffer(&imported, &data2, SubmitSync::default()).unwrap();
-    assert_eq!(a.read_buffer(&buffer, 100_000, SubmitSync::default()).unwrap(), data2);
+    b.write_buffer(&imported, &data2, SubmitSync::default())
+        .unwrap();
+    assert_eq!(
+        a.read_buffer(&buffer, 100_000, SubmitSync::default())
+            .unwrap(),
+        data2
+    );
     assert_no_validation_errors(&a);
     assert_no_validation_errors(&b);
 }
@@ -65,21 +85,33 @@ fn records_of_other_types_or_devices_are_rejected_before_import() {
     let a = vulkan(None);
     let image = ExportableImage::<Rgba8Unorm>::new(&a, ImageDesc::new_2d(16, 16)).unwrap();
     // Another format type.
-    let err = image.info().clone().typed::<R32Sfloat, Optimal, DeviceLocal, usage::Storage>().unwrap_err();
+    let err = image
+        .info()
+        .clone()
+        .typed::<R32Sfloat, Optimal, DeviceLocal, usage::Storage>()
+        .unwrap_err();
     assert!(err.to_string().contains("R32_SFLOAT"), "{err}");
     // Another usage.
-    let err = image.info().clone().typed::<Rgba8Unorm, Optimal, DeviceLocal, usage::Sampled>().unwrap_err();
+    let err = image
+        .info()
+        .clone()
+        .typed::<Rgba8Unorm, Optimal, DeviceLocal, usage::Sampled>()
+        .unwrap_err();
     assert!(matches!(err, Error::Record(_)), "{err}");
     // Another device.
     let mut foreign = image.info().clone();
     foreign.device_uuid[0] ^= 0xff;
-    let record = foreign.typed::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>().unwrap();
+    let record = foreign
+        .typed::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>()
+        .unwrap();
     let err = ExportableImage::import(&a, &record, image.export_fd().unwrap()).unwrap_err();
     assert!(err.to_string().contains("same device"), "{err}");
     // A record whose size does not match what this image needs.
     let mut wrong_size = image.info().clone();
     wrong_size.allocation_size += 4096;
-    let record = wrong_size.typed::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>().unwrap();
+    let record = wrong_size
+        .typed::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>()
+        .unwrap();
     let err = ExportableImage::import(&a, &record, image.export_fd().unwrap()).unwrap_err();
     assert!(err.to_string().contains("not the same image"), "{err}");
     assert_no_validation_errors(&a);
@@ -90,7 +122,8 @@ fn unsupported_requests_fail_before_anything_is_created() {
     let a = vulkan(None);
     let err = ExportableImage::<Rgba8Unorm>::new(&a, ImageDesc::new_2d(0, 16)).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
-    let err = ExportableImage::<Rgba8Unorm>::new(&a, ImageDesc::new_2d(16, 16).mip_levels(6)).unwrap_err();
+    let err = ExportableImage::<Rgba8Unorm>::new(&a, ImageDesc::new_2d(16, 16).mip_levels(6))
+        .unwrap_err();
     assert!(err.to_string().contains("at most 5"), "{err}");
     let err = ExportableImage::<Rgba8Unorm>::new(&a, ImageDesc::new_2d(16, 8).cube(6)).unwrap_err();
     assert!(err.to_string().contains("cube"), "{err}");
@@ -107,9 +140,15 @@ fn semaphores_export_where_supported_and_say_why_not_elsewhere() {
         // Lavapipe: no VK_KHR_external_semaphore_fd. The request is refused, clearly.
         let err = TimelineSemaphore::new(&a).unwrap_err();
         assert!(matches!(err, Error::Unsupported { .. }), "{err}");
-        assert!(err.to_string().contains("VK_KHR_external_semaphore_fd"), "{err}");
+        assert!(
+            err.to_string().contains("VK_KHR_external_semaphore_fd"),
+            "{err}"
+        );
         assert!(BinarySemaphore::new(&a).is_err());
-        println!("semaphore export unsupported on {}: {err}", a.identity().name);
+        println!(
+            "semaphore export unsupported on {}: {err}",
+            a.identity().name
+        );
         return;
     }
     let b = vulkan(Some(a.identity().device_uuid));
@@ -121,36 +160,71 @@ fn semaphores_export_where_supported_and_say_why_not_elsewhere() {
     // tracking for its false positives.)
     let timeline = TimelineSemaphore::new(&a).unwrap();
     timeline.signal(5).unwrap();
-    let imported = TimelineSemaphore::import(&b, &timeline.record(), timeline.export_fd().unwrap()).unwrap();
+    let imported =
+        TimelineSemaphore::import(&b, &timeline.record(), timeline.export_fd().unwrap()).unwrap();
     imported.wait(5, TIMEOUT, WaitStrategy::Block).unwrap();
     assert_eq!(imported.value().unwrap(), 5);
-    b.submit_and_wait(SubmitSync { waits: &[], signals: &[SemaphoreSubmit::timeline(&imported, 9)] }, |_, _| {})
-        .unwrap();
+    b.submit_and_wait(
+        SubmitSync {
+            waits: &[],
+            signals: &[SemaphoreSubmit::timeline(&imported, 9)],
+        },
+        |_, _| {},
+    )
+    .unwrap();
     timeline.wait(9, TIMEOUT, WaitStrategy::ADAPTIVE).unwrap();
     assert_eq!(timeline.value().unwrap(), 9);
     assert!(timeline.signal(3).is_err(), "values only go up");
     // Binary: A's queue signals, B's queue waits.
     let binary = BinarySemaphore::new(&a).unwrap();
-    let binary_b = BinarySemaphore::import(&b, &binary.record(), binary.export_fd().unwrap()).unwrap();
-    a.submit_and_wait(SubmitSync { waits: &[], signals: &[SemaphoreSubmit::binary(&binary)] }, |_, _| {})
-        .unwrap();
-    b.submit_and_wait(SubmitSync { waits: &[SemaphoreSubmit::binary(&binary_b)], signals: &[] }, |_, _| {})
-        .unwrap();
+    let binary_b =
+        BinarySemaphore::import(&b, &binary.record(), binary.export_fd().unwrap()).unwrap();
+    a.submit_and_wait(
+        SubmitSync {
+            waits: &[],
+            signals: &[SemaphoreSubmit::binary(&binary)],
+        },
+        |_, _| {},
+    )
+    .unwrap();
+    b.submit_and_wait(
+        SubmitSync {
+            waits: &[SemaphoreSubmit::binary(&binary_b)],
+            signals: &[],
+        },
+        |_, _| {},
+    )
+    .unwrap();
     // Binary via SYNC_FD (copy transference).
     let sync_source = BinarySemaphore::new(&a).unwrap();
-    a.submit_and_wait(SubmitSync { waits: &[], signals: &[SemaphoreSubmit::binary(&sync_source)] }, |_, _| {})
-        .unwrap();
+    a.submit_and_wait(
+        SubmitSync {
+            waits: &[],
+            signals: &[SemaphoreSubmit::binary(&sync_source)],
+        },
+        |_, _| {},
+    )
+    .unwrap();
     match sync_source.export_sync_fd() {
         Ok(sync_fd) => {
             let target = BinarySemaphore::new(&b).unwrap();
             target.import_sync_fd(sync_fd).unwrap();
-            b.submit_and_wait(SubmitSync { waits: &[SemaphoreSubmit::binary(&target)], signals: &[] }, |_, _| {})
-                .unwrap();
+            b.submit_and_wait(
+                SubmitSync {
+                    waits: &[SemaphoreSubmit::binary(&target)],
+                    signals: &[],
+                },
+                |_, _| {},
+            )
+            .unwrap();
             println!("SYNC_FD export and import: ok");
         }
         Err(e) => println!("SYNC_FD export not available: {e}"),
     }
-    println!("timeline and binary OPAQUE_FD semaphores shared on {}", a.identity().name);
+    println!(
+        "timeline and binary OPAQUE_FD semaphores shared on {}",
+        a.identity().name
+    );
     assert_no_validation_errors(&a);
     assert_no_validation_errors(&b);
 }
@@ -161,10 +235,18 @@ fn semaphores_export_where_supported_and_say_why_not_elsewhere() {
 fn image_and_buffer_shared_with_a_child_process_over_a_socket() {
     let ctx = vulkan(None);
     let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(40, 30)).unwrap();
-    ctx.write_image(&image, 0, 0, &pattern(40 * 30 * 4, 99), SubmitSync::default()).unwrap();
+    ctx.write_image(
+        &image,
+        0,
+        0,
+        &pattern(40 * 30 * 4, 99),
+        SubmitSync::default(),
+    )
+    .unwrap();
     ctx.release_image(&image, SubmitSync::default()).unwrap();
     let buffer = ExportableBuffer::<DeviceLocal>::new(&ctx, 4096).unwrap();
-    ctx.write_buffer(&buffer, &pattern(4096, 100), SubmitSync::default()).unwrap();
+    ctx.write_buffer(&buffer, &pattern(4096, 100), SubmitSync::default())
+        .unwrap();
     ctx.release_buffer(&buffer, SubmitSync::default()).unwrap();
 
     let dir = std::env::temp_dir().join(format!("vk-export-test-{}", std::process::id()));
@@ -172,20 +254,36 @@ fn image_and_buffer_shared_with_a_child_process_over_a_socket() {
     let path = dir.join("socket");
     let _ = std::fs::remove_file(&path);
     let listener = vk_export::socket::Listener::bind(&path).unwrap();
-    let mode = std::fs::metadata(&path).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions())).unwrap();
+    let mode = std::fs::metadata(&path)
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()))
+        .unwrap();
     assert_eq!(mode & 0o777, 0o600, "the socket is private to its owner");
 
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_process_importer", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_process_importer",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("VK_EXPORT_TEST_SOCKET", &path)
         .spawn()
         .unwrap();
     let connection = listener.accept().unwrap();
     let message = Message {
         tag: 42,
-        resources: vec![Resource::Image(image.info().clone()), Resource::Buffer(buffer.info().clone())],
+        resources: vec![
+            Resource::Image(image.info().clone()),
+            Resource::Buffer(buffer.info().clone()),
+        ],
     };
-    connection.send(&message, vec![image.export_fd().unwrap(), buffer.export_fd().unwrap()]).unwrap();
+    connection
+        .send(
+            &message,
+            vec![image.export_fd().unwrap(), buffer.export_fd().unwrap()],
+        )
+        .unwrap();
     let status = child.wait().unwrap();
     std::fs::remove_dir_all(&dir).ok();
     assert!(status.success(), "the child process failed: {status}");
@@ -201,14 +299,23 @@ fn child_process_importer() {
     let connection = Connection::connect(path).unwrap();
     let mut received = connection.recv().unwrap();
     assert_eq!(received.message.tag, 42);
-    let (record, fd) = received.take_image::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(0).unwrap();
+    let (record, fd) = received
+        .take_image::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(0)
+        .unwrap();
     let image = ExportableImage::import(&ctx, &record, fd).unwrap();
     ctx.assume_image_released(&image, vk::ImageLayout::GENERAL);
     let pixels = ctx.read_image(&image, 0, 0, SubmitSync::default()).unwrap();
-    assert!(pixels == pattern(40 * 30 * 4, 99), "image pixels differ in the child");
+    assert!(
+        pixels == pattern(40 * 30 * 4, 99),
+        "image pixels differ in the child"
+    );
     let (record, fd) = received.take_buffer::<DeviceLocal>(1).unwrap();
     let buffer = ExportableBuffer::import(&ctx, &record, fd).unwrap();
-    assert_eq!(ctx.read_buffer(&buffer, 4096, SubmitSync::default()).unwrap(), pattern(4096, 100));
+    assert_eq!(
+        ctx.read_buffer(&buffer, 4096, SubmitSync::default())
+            .unwrap(),
+        pattern(4096, 100)
+    );
     assert_no_validation_errors(&ctx);
     println!("child {}: image and buffer verified", std::process::id());
 }

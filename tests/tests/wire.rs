@@ -76,12 +76,27 @@ fn specific_corruptions_get_specific_errors() {
     assert_eq!(Message::decode(&bad), Err(WireError::BadMagic));
     let mut bad = good.clone();
     bad[4] = 2;
-    assert!(matches!(Message::decode(&bad), Err(WireError::UnsupportedVersion { found: 2, supported: 1 })));
-    assert!(matches!(Message::decode(&good[..good.len() - 1]), Err(WireError::LengthMismatch { .. })));
-    assert!(matches!(Message::decode(&good[..10]), Err(WireError::TooShort(10))));
+    assert!(matches!(
+        Message::decode(&bad),
+        Err(WireError::UnsupportedVersion {
+            found: 2,
+            supported: 1
+        })
+    ));
+    assert!(matches!(
+        Message::decode(&good[..good.len() - 1]),
+        Err(WireError::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        Message::decode(&good[..10]),
+        Err(WireError::TooShort(10))
+    ));
     let mut bad = good.clone();
     *bad.last_mut().unwrap() ^= 1;
-    assert!(matches!(Message::decode(&bad), Err(WireError::Checksum { .. })));
+    assert!(matches!(
+        Message::decode(&bad),
+        Err(WireError::Checksum { .. })
+    ));
     // A well-formed, correctly checksummed record with a nonsense value.
     let mut m = sample_message();
     if let Resource::Image(i) = &mut m.resources[0] {
@@ -89,7 +104,10 @@ fn specific_corruptions_get_specific_errors() {
     }
     assert!(matches!(
         Message::decode(&m.encode().unwrap()),
-        Err(WireError::InvalidValue { field: "image.mip_levels", .. })
+        Err(WireError::InvalidValue {
+            field: "image.mip_levels",
+            ..
+        })
     ));
     let mut m = sample_message();
     if let Resource::Image(i) = &mut m.resources[0] {
@@ -97,7 +115,10 @@ fn specific_corruptions_get_specific_errors() {
     }
     assert!(matches!(
         Message::decode(&m.encode().unwrap()),
-        Err(WireError::InvalidValue { field: "image.format", .. })
+        Err(WireError::InvalidValue {
+            field: "image.format",
+            ..
+        })
     ));
 }
 
@@ -145,7 +166,9 @@ proptest! {
 }
 
 fn some_fds(n: usize) -> Vec<OwnedFd> {
-    (0..n).map(|_| std::fs::File::open("/dev/null").unwrap().into()).collect()
+    (0..n)
+        .map(|_| std::fs::File::open("/dev/null").unwrap().into())
+        .collect()
 }
 
 #[test]
@@ -167,7 +190,16 @@ fn hostile_socket_input_is_rejected_and_no_fd_leaks() {
         tx.send_raw(&good.encode().unwrap(), &borrowed).unwrap();
         drop(fds);
         let err = rx.recv().unwrap_err();
-        assert!(matches!(err, Error::Wire(WireError::FdCount { expected: 3, received: 2 })), "{err}");
+        assert!(
+            matches!(
+                err,
+                Error::Wire(WireError::FdCount {
+                    expected: 3,
+                    received: 2
+                })
+            ),
+            "{err}"
+        );
 
         // 3. More fds than the receiver has room for: the kernel truncates
         //    the control data and closes the excess; we report it.
@@ -176,7 +208,10 @@ fn hostile_socket_input_is_rejected_and_no_fd_leaks() {
         tx.send_raw(&good.encode().unwrap(), &borrowed).unwrap();
         drop(fds);
         let err = rx.recv_with_fd_capacity(1).unwrap_err();
-        assert!(matches!(err, Error::Wire(WireError::ControlTruncated)), "{err}");
+        assert!(
+            matches!(err, Error::Wire(WireError::ControlTruncated)),
+            "{err}"
+        );
 
         // 4. Garbage with fds attached.
         let fds = some_fds(4);
@@ -193,22 +228,36 @@ fn hostile_socket_input_is_rejected_and_no_fd_leaks() {
         let borrowed: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
         tx.send_raw(&bytes, &borrowed).unwrap();
         drop(fds);
-        assert!(matches!(rx.recv().unwrap_err(), Error::Wire(WireError::Checksum { .. })));
+        assert!(matches!(
+            rx.recv().unwrap_err(),
+            Error::Wire(WireError::Checksum { .. })
+        ));
 
         // 6. Asking for the wrong kind leaves the fd to be closed with the message.
         tx.send(&good, some_fds(3)).unwrap();
         let mut received = rx.recv().unwrap();
-        let err = received.take_buffer::<vk_export::markers::DeviceLocal>(0).unwrap_err();
+        let err = received
+            .take_buffer::<vk_export::markers::DeviceLocal>(0)
+            .unwrap_err();
         assert!(err.to_string().contains("resource 0 is an image"), "{err}");
-        let (_, fd) = received.take_buffer::<vk_export::markers::DeviceLocal>(1).unwrap();
+        let (_, fd) = received
+            .take_buffer::<vk_export::markers::DeviceLocal>(1)
+            .unwrap();
         drop(fd);
         drop(received);
 
         // 7. The peer hangs up.
         drop(tx);
-        assert!(matches!(rx.recv().unwrap_err(), Error::Wire(WireError::Closed)));
+        assert!(matches!(
+            rx.recv().unwrap_err(),
+            Error::Wire(WireError::Closed)
+        ));
     }
-    assert_eq!(open_fd_count(), baseline, "every fd sent or received was closed exactly once");
+    assert_eq!(
+        open_fd_count(),
+        baseline,
+        "every fd sent or received was closed exactly once"
+    );
 }
 
 #[test]
@@ -220,9 +269,15 @@ fn a_peer_the_credential_check_refuses_is_dropped() {
     listener.set_allowed_uids(vec![]); // nobody, not even us
     let client = Connection::connect(&path).unwrap();
     let err = listener.accept().unwrap_err();
-    assert!(matches!(err, Error::PeerRefused { pid, .. } if pid == std::process::id() as i32), "{err}");
+    assert!(
+        matches!(err, Error::PeerRefused { pid, .. } if pid == std::process::id() as i32),
+        "{err}"
+    );
     // The server side was closed: the client sees the connection end.
-    assert!(matches!(client.recv().unwrap_err(), Error::Wire(WireError::Closed)));
+    assert!(matches!(
+        client.recv().unwrap_err(),
+        Error::Wire(WireError::Closed)
+    ));
     drop(listener);
     assert!(!path.exists(), "the listener removes its socket file");
     std::fs::remove_dir_all(&dir).ok();

@@ -143,7 +143,8 @@ fn preflight(ctx: &Context, size: u64) -> Result<bool> {
             .get_physical_device_external_buffer_properties(ctx.inner.physical, &info, &mut props)
     };
     let features = props.external_memory_properties.external_memory_features;
-    let need = vk::ExternalMemoryFeatureFlags::EXPORTABLE | vk::ExternalMemoryFeatureFlags::IMPORTABLE;
+    let need =
+        vk::ExternalMemoryFeatureFlags::EXPORTABLE | vk::ExternalMemoryFeatureFlags::IMPORTABLE;
     if !features.contains(need) {
         return Err(Error::unsupported(
             "an exportable storage buffer (OPAQUE_FD)",
@@ -155,7 +156,8 @@ fn preflight(ctx: &Context, size: u64) -> Result<bool> {
 
 fn create_buffer(ctx: &Context, size: u64) -> Result<(vk::Buffer, vk::MemoryRequirements, bool)> {
     let device = &ctx.inner.device;
-    let mut external = vk::ExternalMemoryBufferCreateInfo::default().handle_types(MEMORY_HANDLE_TYPE);
+    let mut external =
+        vk::ExternalMemoryBufferCreateInfo::default().handle_types(MEMORY_HANDLE_TYPE);
     let info = vk::BufferCreateInfo::default()
         .size(size)
         .usage(BUFFER_USAGE)
@@ -168,10 +170,14 @@ fn create_buffer(ctx: &Context, size: u64) -> Result<(vk::Buffer, vk::MemoryRequ
     let mut reqs = vk::MemoryRequirements2::default().push_next(&mut dedicated);
     // SAFETY: the buffer was just created.
     unsafe {
-        device.get_buffer_memory_requirements2(&vk::BufferMemoryRequirementsInfo2::default().buffer(buffer), &mut reqs)
+        device.get_buffer_memory_requirements2(
+            &vk::BufferMemoryRequirementsInfo2::default().buffer(buffer),
+            &mut reqs,
+        )
     };
     let memory_requirements = reqs.memory_requirements;
-    let wants = dedicated.requires_dedicated_allocation == vk::TRUE || dedicated.prefers_dedicated_allocation == vk::TRUE;
+    let wants = dedicated.requires_dedicated_allocation == vk::TRUE
+        || dedicated.prefers_dedicated_allocation == vk::TRUE;
     Ok((buffer, memory_requirements, wants))
 }
 
@@ -182,7 +188,8 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
         let (buffer, reqs, wants) = create_buffer(ctx, size)?;
         let dedicated = dedicated_only || wants;
         let device = &ctx.inner.device;
-        let Some(memory_type_index) = ctx.memory_type(reqs.memory_type_bits, M::REQUIRED, M::AVOID) else {
+        let Some(memory_type_index) = ctx.memory_type(reqs.memory_type_bits, M::REQUIRED, M::AVOID)
+        else {
             // SAFETY: unused buffer.
             unsafe { device.destroy_buffer(buffer, None) };
             return Err(Error::unsupported(
@@ -209,7 +216,15 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
                 hint: "out of device memory for the exportable allocation",
             }
         })?;
-        Self::finish(ctx, buffer, memory, size, reqs, memory_type_index, dedicated)
+        Self::finish(
+            ctx,
+            buffer,
+            memory,
+            size,
+            reqs,
+            memory_type_index,
+            dedicated,
+        )
     }
 
     fn finish(
@@ -265,12 +280,16 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
         check_same_device(ctx, &info.device_uuid, &info.driver_uuid)?;
         let dedicated_only = preflight(ctx, info.size)?;
         if dedicated_only && !info.dedicated {
-            return Err(Error::Record("the driver requires dedicated allocations, but the record's is not".into()));
+            return Err(Error::Record(
+                "the driver requires dedicated allocations, but the record's is not".into(),
+            ));
         }
         check_memory_type(ctx, info.memory_type_index, info.memory_flags)?;
         let (buffer, reqs, _) = create_buffer(ctx, info.size)?;
         let device = &ctx.inner.device;
-        if reqs.size > info.allocation_size || reqs.memory_type_bits & (1 << info.memory_type_index) == 0 {
+        if reqs.size > info.allocation_size
+            || reqs.memory_type_bits & (1 << info.memory_type_index) == 0
+        {
             // SAFETY: unused buffer.
             unsafe { device.destroy_buffer(buffer, None) };
             return Err(Error::Record(format!(
@@ -307,7 +326,15 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
         };
         let mut reqs = reqs;
         reqs.size = info.allocation_size;
-        Self::finish(ctx, buffer, memory, info.size, reqs, info.memory_type_index, info.dedicated)
+        Self::finish(
+            ctx,
+            buffer,
+            memory,
+            info.size,
+            reqs,
+            info.memory_type_index,
+            info.dedicated,
+        )
     }
 
     /// Exports the memory as a new OPAQUE_FD, owned by the caller.

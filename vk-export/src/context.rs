@@ -129,8 +129,10 @@ impl Context {
         // SAFETY: loading libvulkan runs its initialisers; it is the system loader.
         let entry = unsafe { ash::Entry::load() }.map_err(|e| Error::Loader(e.to_string()))?;
         // SAFETY: plain enumeration.
-        let layers = unsafe { entry.enumerate_instance_layer_properties() }
-            .map_err(Error::vk("vkEnumerateInstanceLayerProperties", "check the Vulkan loader"))?;
+        let layers = unsafe { entry.enumerate_instance_layer_properties() }.map_err(Error::vk(
+            "vkEnumerateInstanceLayerProperties",
+            "check the Vulkan loader",
+        ))?;
         let has_layer = layers
             .iter()
             .any(|l| l.layer_name_as_c_str().ok() == Some(VALIDATION_LAYER));
@@ -138,13 +140,11 @@ impl Context {
             (Validation::Off, _) => false,
             (Validation::IfAvailable, have) => have,
             (Validation::Required, true) => true,
-            (Validation::Required, false) => {
-                return Err(Error::unsupported(
-                    "the Khronos validation layer",
-                    "VK_LAYER_KHRONOS_validation is not installed (Debian: vulkan-validationlayers; \
+            (Validation::Required, false) => return Err(Error::unsupported(
+                "the Khronos validation layer",
+                "VK_LAYER_KHRONOS_validation is not installed (Debian: vulkan-validationlayers; \
                      or set VK_LAYER_PATH)",
-                ))
-            }
+            )),
         };
         let app = vk::ApplicationInfo::default()
             .application_name(c"vk-export")
@@ -178,7 +178,18 @@ impl Context {
             Ok((physical, device, queue_family)) => {
                 // SAFETY: the device and instance were just created here and
                 // belong to the context from now on.
-                unsafe { Self::build(entry, instance, physical, device, queue_family, true, debug, true) }
+                unsafe {
+                    Self::build(
+                        entry,
+                        instance,
+                        physical,
+                        device,
+                        queue_family,
+                        true,
+                        debug,
+                        true,
+                    )
+                }
             }
             Err(e) => {
                 // SAFETY: no device exists; tear down what was created, messenger first.
@@ -200,20 +211,29 @@ impl Context {
     ) -> Result<(vk::PhysicalDevice, ash::Device, u32)> {
         let _ = entry;
         // SAFETY: plain enumeration on a live instance.
-        let physicals = unsafe { instance.enumerate_physical_devices() }
-            .map_err(Error::vk("vkEnumeratePhysicalDevices", "is a Vulkan driver installed?"))?;
+        let physicals = unsafe { instance.enumerate_physical_devices() }.map_err(Error::vk(
+            "vkEnumeratePhysicalDevices",
+            "is a Vulkan driver installed?",
+        ))?;
         let mut candidates = Vec::new();
         let mut seen = Vec::new();
         for physical in physicals {
             let identity = query_identity(instance, physical);
-            seen.push(format!("{} ({})", identity.name, identity.device_uuid_string()));
+            seen.push(format!(
+                "{} ({})",
+                identity.name,
+                identity.device_uuid_string()
+            ));
             if let Some(uuid) = options.device_uuid {
                 if identity.device_uuid != uuid {
                     continue;
                 }
             }
             let extensions = device_extensions(instance, physical);
-            if !REQUIRED_DEVICE_EXTENSIONS.iter().all(|e| extensions.iter().any(|x| x == e)) {
+            if !REQUIRED_DEVICE_EXTENSIONS
+                .iter()
+                .all(|e| extensions.iter().any(|x| x == e))
+            {
                 continue;
             }
             let Some(family) = compute_queue_family(instance, physical) else {
@@ -245,7 +265,10 @@ impl Context {
                 ),
             }));
         };
-        let mut enabled: Vec<*const i8> = REQUIRED_DEVICE_EXTENSIONS.iter().map(|e| e.as_ptr()).collect();
+        let mut enabled: Vec<*const i8> = REQUIRED_DEVICE_EXTENSIONS
+            .iter()
+            .map(|e| e.as_ptr())
+            .collect();
         for e in OPTIONAL_DEVICE_EXTENSIONS {
             if extensions.iter().any(|x| x == e) {
                 enabled.push(e.as_ptr());
@@ -261,8 +284,11 @@ impl Context {
             .enabled_extension_names(&enabled)
             .push_next(&mut features12);
         // SAFETY: the create info and its chain live across the call.
-        let device = unsafe { instance.create_device(physical, &info, None) }
-            .map_err(Error::vk("vkCreateDevice", "the device must support timeline semaphores"))?;
+        let device =
+            unsafe { instance.create_device(physical, &info, None) }.map_err(Error::vk(
+                "vkCreateDevice",
+                "the device must support timeline semaphores",
+            ))?;
         Ok((physical, device, family))
     }
 
@@ -287,11 +313,23 @@ impl Context {
         semaphore_fd_enabled: bool,
     ) -> Result<Context> {
         // SAFETY: forwarded from the caller's contract.
-        unsafe { Self::build(entry, instance, physical, device, queue_family, false, None, semaphore_fd_enabled) }
+        unsafe {
+            Self::build(
+                entry,
+                instance,
+                physical,
+                device,
+                queue_family,
+                false,
+                None,
+                semaphore_fd_enabled,
+            )
+        }
     }
 
     /// # Safety
     /// As [`Context::from_raw`]; `owned` means the context destroys device and instance.
+    #[allow(clippy::too_many_arguments, reason = "private constructor shared by the two public ones")]
     unsafe fn build(
         entry: ash::Entry,
         instance: ash::Instance,
@@ -306,7 +344,9 @@ impl Context {
         let extensions = device_extensions(&instance, physical);
         let memory_fd = ash::khr::external_memory_fd::Device::new(&instance, &device);
         let semaphore_fd = (semaphore_fd_enabled
-            && extensions.iter().any(|e| e == ash::khr::external_semaphore_fd::NAME))
+            && extensions
+                .iter()
+                .any(|e| e == ash::khr::external_semaphore_fd::NAME))
         .then(|| ash::khr::external_semaphore_fd::Device::new(&instance, &device));
         // SAFETY: plain queries on a live physical device; queue 0 of the family exists.
         let (memory_properties, queue, max_timeline_difference) = unsafe {
@@ -396,11 +436,18 @@ impl Context {
         let props = &self.inner.memory_properties;
         let fits = |i: u32| {
             type_bits & (1 << i) != 0
-                && props.memory_types[i as usize].property_flags.contains(required)
+                && props.memory_types[i as usize]
+                    .property_flags
+                    .contains(required)
         };
         let count = props.memory_type_count;
         (0..count)
-            .find(|&i| fits(i) && !props.memory_types[i as usize].property_flags.intersects(avoid))
+            .find(|&i| {
+                fits(i)
+                    && !props.memory_types[i as usize]
+                        .property_flags
+                        .intersects(avoid)
+            })
             .or_else(|| (0..count).find(|&i| fits(i)))
     }
 
@@ -416,7 +463,12 @@ impl Drop for ContextInner {
         // the transfer state was created from this device.
         unsafe {
             let _ = self.device.device_wait_idle();
-            if let Some(t) = self.transfer.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            if let Some(t) = self
+                .transfer
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+            {
                 t.destroy(&self.device);
             }
             if self.owned {
@@ -454,7 +506,10 @@ fn query_identity(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Dev
     }
 }
 
-fn device_extensions(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Vec<std::ffi::CString> {
+fn device_extensions(
+    instance: &ash::Instance,
+    physical: vk::PhysicalDevice,
+) -> Vec<std::ffi::CString> {
     // SAFETY: plain enumeration.
     unsafe { instance.enumerate_device_extension_properties(physical) }
         .unwrap_or_default()
@@ -477,7 +532,8 @@ fn create_messenger(entry: &ash::Entry, instance: &ash::Instance) -> Result<Debu
     let errors = Box::new(AtomicU32::new(0));
     let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
         .message_severity(
-            vk::DebugUtilsMessageSeverityFlagsEXT::ERROR | vk::DebugUtilsMessageSeverityFlagsEXT::WARNING,
+            vk::DebugUtilsMessageSeverityFlagsEXT::ERROR
+                | vk::DebugUtilsMessageSeverityFlagsEXT::WARNING,
         )
         .message_type(
             vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
@@ -488,8 +544,11 @@ fn create_messenger(entry: &ash::Entry, instance: &ash::Instance) -> Result<Debu
         .user_data(&*errors as *const AtomicU32 as *mut c_void);
     // SAFETY: the callback and the counter it points to outlive the messenger
     // (the box is dropped after the messenger is destroyed).
-    let messenger = unsafe { loader.create_debug_utils_messenger(&info, None) }
-        .map_err(Error::vk("vkCreateDebugUtilsMessengerEXT", "the validation layer failed to start"))?;
+    let messenger =
+        unsafe { loader.create_debug_utils_messenger(&info, None) }.map_err(Error::vk(
+            "vkCreateDebugUtilsMessengerEXT",
+            "the validation layer failed to start",
+        ))?;
     Ok(DebugMessenger {
         loader,
         messenger,

@@ -15,7 +15,9 @@ use crate::MEMORY_HANDLE_TYPE;
 /// Keeps a Vulkan resource (and its device) alive; the CUDA side holds one per
 /// import so the exporter cannot be destroyed first by accident.
 #[derive(Clone)]
-pub struct KeepAlive(#[allow(dead_code, reason = "held only for its Drop")] Arc<dyn Any + Send + Sync>);
+pub struct KeepAlive(
+    #[allow(dead_code, reason = "held only for its Drop")] Arc<dyn Any + Send + Sync>,
+);
 
 impl fmt::Debug for KeepAlive {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -28,6 +30,9 @@ impl KeepAlive {
         KeepAlive(value)
     }
 }
+
+/// Carries an image's type parameters without owning any of them.
+type TypeMarkers<F, T, M, U> = PhantomData<fn() -> (F, T, M, U)>;
 
 /// The shape of an image to create.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +96,10 @@ impl ImageDesc {
     fn check(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidArgument(m));
         if self.width == 0 || self.height == 0 || self.depth == 0 {
-            return bad(format!("extent {}x{}x{} has a zero side", self.width, self.height, self.depth));
+            return bad(format!(
+                "extent {}x{}x{} has a zero side",
+                self.width, self.height, self.depth
+            ));
         }
         if self.mip_levels == 0 || self.array_layers == 0 {
             return bad("mip_levels and array_layers must be at least 1".into());
@@ -106,7 +114,8 @@ impl ImageDesc {
         if self.depth > 1 && self.array_layers > 1 {
             return bad("a 3D image cannot have array layers".into());
         }
-        if self.cube && (self.width != self.height || self.array_layers % 6 != 0 || self.depth != 1) {
+        if self.cube && (self.width != self.height || self.array_layers % 6 != 0 || self.depth != 1)
+        {
             return bad(format!(
                 "a cube image needs width == height, depth 1 and layers a multiple of 6 (got {}x{}, {} layers)",
                 self.width, self.height, self.array_layers
@@ -180,17 +189,26 @@ impl ImageInfo {
             )))
         };
         if self.format != F::VK {
-            let found = format::describe(self.format).map_or(format!("{:?}", self.format), |d| d.0.to_string());
+            let found = format::describe(self.format)
+                .map_or(format!("{:?}", self.format), |d| d.0.to_string());
             return mismatch("format", found, F::NAME.to_string());
         }
         if self.tiling != T::VK {
-            return mismatch("tiling", format!("{:?}", self.tiling), format!("{:?}", T::VK));
+            return mismatch(
+                "tiling",
+                format!("{:?}", self.tiling),
+                format!("{:?}", T::VK),
+            );
         }
         if self.usage != U::VK {
             return mismatch("usage", format!("{:?}", self.usage), format!("{:?}", U::VK));
         }
         if !self.memory_flags.contains(M::REQUIRED) {
-            return mismatch("memory", format!("{:?}", self.memory_flags), format!("{:?}", M::REQUIRED));
+            return mismatch(
+                "memory",
+                format!("{:?}", self.memory_flags),
+                format!("{:?}", M::REQUIRED),
+            );
         }
         Ok(ImageRecord {
             info: self,
@@ -202,7 +220,7 @@ impl ImageInfo {
 /// An [`ImageInfo`] known to describe an image of these types.
 pub struct ImageRecord<F, T = Optimal, M = DeviceLocal, U = usage::Storage> {
     info: ImageInfo,
-    _types: PhantomData<fn() -> (F, T, M, U)>,
+    _types: TypeMarkers<F, T, M, U>,
 }
 
 impl<F, T, M, U> Clone for ImageRecord<F, T, M, U> {
@@ -277,7 +295,7 @@ impl Drop for ImageInner {
 /// ```
 pub struct ExportableImage<F, T = Optimal, M = DeviceLocal, U = usage::Storage> {
     pub(crate) inner: Arc<ImageInner>,
-    _types: PhantomData<fn() -> (F, T, M, U)>,
+    _types: TypeMarkers<F, T, M, U>,
 }
 
 impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> fmt::Debug for ExportableImage<F, T, M, U> {
@@ -334,7 +352,8 @@ impl CreateParams {
 }
 
 fn preflight(ctx: &Context, p: &CreateParams) -> Result<ImageCapability> {
-    let mut external = vk::PhysicalDeviceExternalImageFormatInfo::default().handle_type(MEMORY_HANDLE_TYPE);
+    let mut external =
+        vk::PhysicalDeviceExternalImageFormatInfo::default().handle_type(MEMORY_HANDLE_TYPE);
     let info = vk::PhysicalDeviceImageFormatInfo2::default()
         .format(p.format)
         .ty(p.image_type)
@@ -352,13 +371,11 @@ fn preflight(ctx: &Context, p: &CreateParams) -> Result<ImageCapability> {
     };
     match result {
         Ok(()) => {}
-        Err(vk::Result::ERROR_FORMAT_NOT_SUPPORTED) => {
-            return Err(Error::unsupported(
-                p.what(),
-                "vkGetPhysicalDeviceImageFormatProperties2 returned VK_ERROR_FORMAT_NOT_SUPPORTED for \
+        Err(vk::Result::ERROR_FORMAT_NOT_SUPPORTED) => return Err(Error::unsupported(
+            p.what(),
+            "vkGetPhysicalDeviceImageFormatProperties2 returned VK_ERROR_FORMAT_NOT_SUPPORTED for \
                  OPAQUE_FD; try optimal tiling, another format or fewer usage flags",
-            ))
-        }
+        )),
         Err(e) => {
             return Err(Error::Vulkan {
                 call: "vkGetPhysicalDeviceImageFormatProperties2",
@@ -368,15 +385,22 @@ fn preflight(ctx: &Context, p: &CreateParams) -> Result<ImageCapability> {
         }
     }
     let limits = props.image_format_properties;
-    let features = external_props.external_memory_properties.external_memory_features;
-    let need = vk::ExternalMemoryFeatureFlags::EXPORTABLE | vk::ExternalMemoryFeatureFlags::IMPORTABLE;
+    let features = external_props
+        .external_memory_properties
+        .external_memory_features;
+    let need =
+        vk::ExternalMemoryFeatureFlags::EXPORTABLE | vk::ExternalMemoryFeatureFlags::IMPORTABLE;
     if !features.contains(need) {
         return Err(Error::unsupported(
             p.what(),
             format!("the driver reports external memory features {features:?}; exportable and importable are both needed"),
         ));
     }
-    let max_extent = [limits.max_extent.width, limits.max_extent.height, limits.max_extent.depth];
+    let max_extent = [
+        limits.max_extent.width,
+        limits.max_extent.height,
+        limits.max_extent.depth,
+    ];
     if p.extent.iter().zip(max_extent).any(|(e, m)| *e > m)
         || p.mip_levels > limits.max_mip_levels
         || p.array_layers > limits.max_array_layers
@@ -400,9 +424,13 @@ fn preflight(ctx: &Context, p: &CreateParams) -> Result<ImageCapability> {
 /// Creates the image (always with the external-memory info, initial layout
 /// UNDEFINED) and returns it with its requirements and whether it must or
 /// should be dedicated.
-fn create_image(ctx: &Context, p: &CreateParams) -> Result<(vk::Image, vk::MemoryRequirements, bool)> {
+fn create_image(
+    ctx: &Context,
+    p: &CreateParams,
+) -> Result<(vk::Image, vk::MemoryRequirements, bool)> {
     let device = &ctx.inner.device;
-    let mut external = vk::ExternalMemoryImageCreateInfo::default().handle_types(MEMORY_HANDLE_TYPE);
+    let mut external =
+        vk::ExternalMemoryImageCreateInfo::default().handle_types(MEMORY_HANDLE_TYPE);
     let info = vk::ImageCreateInfo::default()
         .flags(p.flags)
         .image_type(p.image_type)
@@ -421,28 +449,41 @@ fn create_image(ctx: &Context, p: &CreateParams) -> Result<(vk::Image, vk::Memor
         .initial_layout(vk::ImageLayout::UNDEFINED)
         .push_next(&mut external);
     // SAFETY: the create info and its chain live across the call; parameters were preflighted.
-    let image = unsafe { device.create_image(&info, None) }
-        .map_err(Error::vk("vkCreateImage", "out of memory, or parameters the preflight did not cover"))?;
+    let image = unsafe { device.create_image(&info, None) }.map_err(Error::vk(
+        "vkCreateImage",
+        "out of memory, or parameters the preflight did not cover",
+    ))?;
     let mut dedicated = vk::MemoryDedicatedRequirements::default();
     let mut reqs = vk::MemoryRequirements2::default().push_next(&mut dedicated);
     // SAFETY: the image was just created on this device.
     unsafe {
-        device.get_image_memory_requirements2(&vk::ImageMemoryRequirementsInfo2::default().image(image), &mut reqs)
+        device.get_image_memory_requirements2(
+            &vk::ImageMemoryRequirementsInfo2::default().image(image),
+            &mut reqs,
+        )
     };
     let memory_requirements = reqs.memory_requirements;
-    let wants_dedicated =
-        dedicated.requires_dedicated_allocation == vk::TRUE || dedicated.prefers_dedicated_allocation == vk::TRUE;
+    let wants_dedicated = dedicated.requires_dedicated_allocation == vk::TRUE
+        || dedicated.prefers_dedicated_allocation == vk::TRUE;
     Ok((image, memory_requirements, wants_dedicated))
 }
 
 fn params_from_desc<F: Format, T: Tiling, U: Usage>(desc: &ImageDesc) -> CreateParams {
     CreateParams {
         format: F::VK,
-        image_type: if desc.depth > 1 { vk::ImageType::TYPE_3D } else { vk::ImageType::TYPE_2D },
+        image_type: if desc.depth > 1 {
+            vk::ImageType::TYPE_3D
+        } else {
+            vk::ImageType::TYPE_2D
+        },
         extent: [desc.width, desc.height, desc.depth],
         mip_levels: desc.mip_levels,
         array_layers: desc.array_layers,
-        flags: if desc.cube { vk::ImageCreateFlags::CUBE_COMPATIBLE } else { vk::ImageCreateFlags::empty() },
+        flags: if desc.cube {
+            vk::ImageCreateFlags::CUBE_COMPATIBLE
+        } else {
+            vk::ImageCreateFlags::empty()
+        },
         tiling: T::VK,
         usage: U::VK,
     }
@@ -469,11 +510,16 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
             // SAFETY: the image was created above and is not bound or used.
             unsafe { device.destroy_image(image, None) }
         };
-        let Some(memory_type_index) = ctx.memory_type(reqs.memory_type_bits, M::REQUIRED, M::AVOID) else {
+        let Some(memory_type_index) = ctx.memory_type(reqs.memory_type_bits, M::REQUIRED, M::AVOID)
+        else {
             destroy_image();
             return Err(Error::unsupported(
                 params.what(),
-                format!("no memory type with {:?} among the allowed types {:#b}", M::REQUIRED, reqs.memory_type_bits),
+                format!(
+                    "no memory type with {:?} among the allowed types {:#b}",
+                    M::REQUIRED,
+                    reqs.memory_type_bits
+                ),
             ));
         };
         let mut export = vk::ExportMemoryAllocateInfo::default().handle_types(MEMORY_HANDLE_TYPE);
@@ -497,7 +543,15 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
                 });
             }
         };
-        Self::finish(ctx, image, memory, params, reqs, memory_type_index, dedicated)
+        Self::finish(
+            ctx,
+            image,
+            memory,
+            params,
+            reqs,
+            memory_type_index,
+            dedicated,
+        )
     }
 
     fn finish(
@@ -601,12 +655,16 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
         };
         let capability = preflight(ctx, &params)?;
         if capability.dedicated_only && !info.dedicated {
-            return Err(Error::Record("the driver requires dedicated allocations, but the record's is not".into()));
+            return Err(Error::Record(
+                "the driver requires dedicated allocations, but the record's is not".into(),
+            ));
         }
         check_memory_type(ctx, info.memory_type_index, info.memory_flags)?;
         let (image, reqs, _) = create_image(ctx, &params)?;
         let device = &ctx.inner.device;
-        if reqs.size != info.allocation_size || reqs.memory_type_bits & (1 << info.memory_type_index) == 0 {
+        if reqs.size != info.allocation_size
+            || reqs.memory_type_bits & (1 << info.memory_type_index) == 0
+        {
             // SAFETY: the image was created above and is unused.
             unsafe { device.destroy_image(image, None) };
             return Err(Error::Record(format!(
@@ -643,7 +701,15 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
                 });
             }
         };
-        Self::finish(ctx, image, memory, params, reqs, info.memory_type_index, info.dedicated)
+        Self::finish(
+            ctx,
+            image,
+            memory,
+            params,
+            reqs,
+            info.memory_type_index,
+            info.dedicated,
+        )
     }
 
     /// Exports the memory as a new OPAQUE_FD, owned by the caller.
@@ -691,13 +757,19 @@ pub(crate) fn export_memory_fd(ctx: &Context, memory: vk::DeviceMemory) -> Resul
         .memory(memory)
         .handle_type(MEMORY_HANDLE_TYPE);
     // SAFETY: the memory was allocated with OPAQUE_FD export info.
-    let fd = unsafe { ctx.inner.memory_fd.get_memory_fd(&info) }
-        .map_err(Error::vk("vkGetMemoryFdKHR", "too many open files, or out of memory"))?;
+    let fd = unsafe { ctx.inner.memory_fd.get_memory_fd(&info) }.map_err(Error::vk(
+        "vkGetMemoryFdKHR",
+        "too many open files, or out of memory",
+    ))?;
     // SAFETY: vkGetMemoryFdKHR returns a new fd whose ownership passes to us.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-pub(crate) fn check_same_device(ctx: &Context, device_uuid: &[u8; 16], driver_uuid: &[u8; 16]) -> Result<()> {
+pub(crate) fn check_same_device(
+    ctx: &Context,
+    device_uuid: &[u8; 16],
+    driver_uuid: &[u8; 16],
+) -> Result<()> {
     let me = &ctx.inner.identity;
     if &me.device_uuid != device_uuid || &me.driver_uuid != driver_uuid {
         return Err(Error::Record(format!(
@@ -713,12 +785,18 @@ pub(crate) fn check_same_device(ctx: &Context, device_uuid: &[u8; 16], driver_uu
     Ok(())
 }
 
-pub(crate) fn check_memory_type(ctx: &Context, index: u32, flags: vk::MemoryPropertyFlags) -> Result<()> {
+pub(crate) fn check_memory_type(
+    ctx: &Context,
+    index: u32,
+    flags: vk::MemoryPropertyFlags,
+) -> Result<()> {
     match ctx.memory_type_flags(index) {
         Some(f) if f == flags => Ok(()),
         Some(f) => Err(Error::Record(format!(
             "memory type {index} has flags {f:?} here, but {flags:?} in the record"
         ))),
-        None => Err(Error::Record(format!("memory type {index} does not exist on this device"))),
+        None => Err(Error::Record(format!(
+            "memory type {index} does not exist on this device"
+        ))),
     }
 }

@@ -55,12 +55,11 @@ pub use context::{
 };
 pub use error::{Error, Result};
 pub use image::{ExportableImage, ImageCapability, ImageDesc, ImageInfo, ImageRecord, KeepAlive};
-pub use transfer::{SemaphoreSubmit, SubmitSync};
-pub use semaphore::{Binary, SyncFd, Timeline,
-    
-    BinarySemaphore, Semaphore, SemaphoreInfo, SemaphoreKind, SemaphoreRecord, TimelineSemaphore,
-    WaitStrategy,
+pub use semaphore::{
+    Binary, BinarySemaphore, Semaphore, SemaphoreInfo, SemaphoreKind, SemaphoreRecord, SyncFd,
+    Timeline, TimelineSemaphore, WaitStrategy,
 };
+pub use transfer::{SemaphoreSubmit, SubmitSync};
 
 pub use ash;
 

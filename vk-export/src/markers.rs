@@ -57,7 +57,8 @@ impl MemoryLocation for DeviceLocal {
 }
 impl MemoryLocation for HostVisible {
     const REQUIRED: vk::MemoryPropertyFlags = vk::MemoryPropertyFlags::from_raw(
-        vk::MemoryPropertyFlags::HOST_VISIBLE.as_raw() | vk::MemoryPropertyFlags::HOST_COHERENT.as_raw(),
+        vk::MemoryPropertyFlags::HOST_VISIBLE.as_raw()
+            | vk::MemoryPropertyFlags::HOST_COHERENT.as_raw(),
     );
     const AVOID: vk::MemoryPropertyFlags = vk::MemoryPropertyFlags::empty();
 }

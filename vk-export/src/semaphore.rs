@@ -165,7 +165,10 @@ impl<K> Drop for Semaphore<K> {
         // SAFETY: created here; wait for idle so no queued operation uses it.
         unsafe {
             let _ = self.ctx.inner.device.device_wait_idle();
-            self.ctx.inner.device.destroy_semaphore(self.semaphore, None);
+            self.ctx
+                .inner
+                .device
+                .destroy_semaphore(self.semaphore, None);
         }
     }
 }
@@ -184,7 +187,11 @@ fn semaphore_features(
     unsafe {
         ctx.inner
             .instance
-            .get_physical_device_external_semaphore_properties(ctx.inner.physical, &info, &mut props)
+            .get_physical_device_external_semaphore_properties(
+                ctx.inner.physical,
+                &info,
+                &mut props,
+            )
     };
     props.external_semaphore_features
 }
@@ -197,13 +204,21 @@ impl<K: SemaphoreKind> Semaphore<K> {
         if ctx.inner.semaphore_fd.is_none() {
             return Err(Error::unsupported(
                 what(),
-                format!("{} does not offer VK_KHR_external_semaphore_fd", ctx.identity().name),
+                format!(
+                    "{} does not offer VK_KHR_external_semaphore_fd",
+                    ctx.identity().name
+                ),
             ));
         }
-        let need = vk::ExternalSemaphoreFeatureFlags::EXPORTABLE | vk::ExternalSemaphoreFeatureFlags::IMPORTABLE;
-        let features = semaphore_features(ctx, K::VK, vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD);
+        let need = vk::ExternalSemaphoreFeatureFlags::EXPORTABLE
+            | vk::ExternalSemaphoreFeatureFlags::IMPORTABLE;
+        let features =
+            semaphore_features(ctx, K::VK, vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD);
         if !features.contains(need) {
-            return Err(Error::unsupported(what(), format!("the driver reports features {features:?}")));
+            return Err(Error::unsupported(
+                what(),
+                format!("the driver reports features {features:?}"),
+            ));
         }
         Ok(())
     }
@@ -218,7 +233,9 @@ impl<K: SemaphoreKind> Semaphore<K> {
             handles |= vk::ExternalSemaphoreHandleTypeFlags::SYNC_FD;
         }
         let mut export_info = vk::ExportSemaphoreCreateInfo::default().handle_types(handles);
-        let mut type_info = vk::SemaphoreTypeCreateInfo::default().semaphore_type(K::VK).initial_value(0);
+        let mut type_info = vk::SemaphoreTypeCreateInfo::default()
+            .semaphore_type(K::VK)
+            .initial_value(0);
         let mut info = vk::SemaphoreCreateInfo::default().push_next(&mut type_info);
         if export {
             info = info.push_next(&mut export_info);
@@ -251,7 +268,11 @@ impl<K: SemaphoreKind> Semaphore<K> {
             sync_fd_exportable: false,
             _kind: PhantomData,
         };
-        this.import_fd(Some(fd), vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD, vk::SemaphoreImportFlags::empty())?;
+        this.import_fd(
+            Some(fd),
+            vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD,
+            vk::SemaphoreImportFlags::empty(),
+        )?;
         Ok(this)
     }
 
@@ -289,7 +310,10 @@ impl<K: SemaphoreKind> Semaphore<K> {
 
     fn loader(&self) -> Result<&ash::khr::external_semaphore_fd::Device> {
         self.ctx.inner.semaphore_fd.as_ref().ok_or_else(|| {
-            Error::unsupported("semaphore fds", "VK_KHR_external_semaphore_fd is not enabled")
+            Error::unsupported(
+                "semaphore fds",
+                "VK_KHR_external_semaphore_fd is not enabled",
+            )
         })
     }
 
@@ -335,7 +359,10 @@ impl Semaphore<Binary> {
     /// copy-transference exports); the driver reports a violation as an error.
     pub fn export_sync_fd(&self) -> Result<SyncFd> {
         if !self.sync_fd_exportable {
-            return Err(Error::unsupported("SYNC_FD export", "the driver cannot export this semaphore as a SYNC_FD"));
+            return Err(Error::unsupported(
+                "SYNC_FD export",
+                "the driver cannot export this semaphore as a SYNC_FD",
+            ));
         }
         let info = vk::SemaphoreGetFdInfoKHR::default()
             .semaphore(self.semaphore)
@@ -359,7 +386,11 @@ impl Semaphore<Binary> {
             SyncFd::Fd(fd) => Some(fd),
             SyncFd::AlreadySignaled => None,
         };
-        self.import_fd(fd, vk::ExternalSemaphoreHandleTypeFlags::SYNC_FD, vk::SemaphoreImportFlags::TEMPORARY)
+        self.import_fd(
+            fd,
+            vk::ExternalSemaphoreHandleTypeFlags::SYNC_FD,
+            vk::SemaphoreImportFlags::TEMPORARY,
+        )
     }
 }
 
@@ -367,8 +398,16 @@ impl Semaphore<Timeline> {
     /// The current value (`vkGetSemaphoreCounterValue`).
     pub fn value(&self) -> Result<u64> {
         // SAFETY: a live timeline semaphore of this device.
-        unsafe { self.ctx.inner.device.get_semaphore_counter_value(self.semaphore) }
-            .map_err(Error::vk("vkGetSemaphoreCounterValue", "the device was lost"))
+        unsafe {
+            self.ctx
+                .inner
+                .device
+                .get_semaphore_counter_value(self.semaphore)
+        }
+        .map_err(Error::vk(
+            "vkGetSemaphoreCounterValue",
+            "the device was lost",
+        ))
     }
 
     /// Signals `value` from the host; it must be above the current value and
@@ -381,7 +420,9 @@ impl Semaphore<Timeline> {
                 self.ctx.max_timeline_difference()
             )));
         }
-        let info = vk::SemaphoreSignalInfo::default().semaphore(self.semaphore).value(value);
+        let info = vk::SemaphoreSignalInfo::default()
+            .semaphore(self.semaphore)
+            .value(value);
         // SAFETY: value checked above.
         unsafe { self.ctx.inner.device.signal_semaphore(&info) }
             .map_err(Error::vk("vkSignalSemaphore", "the device was lost"))
@@ -394,7 +435,9 @@ impl Semaphore<Timeline> {
             WaitStrategy::Block => {
                 let semaphores = [self.semaphore];
                 let values = [value];
-                let info = vk::SemaphoreWaitInfo::default().semaphores(&semaphores).values(&values);
+                let info = vk::SemaphoreWaitInfo::default()
+                    .semaphores(&semaphores)
+                    .values(&values);
                 let ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
                 // SAFETY: a live timeline semaphore; arrays live across the call.
                 match unsafe { self.ctx.inner.device.wait_semaphores(&info, ns) } {

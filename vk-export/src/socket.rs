@@ -1,4 +1,4 @@
-//! Sending [`wire::Message`]s with their fds over Unix domain sockets.
+//! Sending [`Message`]s with their fds over Unix domain sockets.
 //!
 //! Sockets are `SOCK_SEQPACKET`, so each message arrives whole, with its fds in
 //! the same `sendmsg` (never split from its record). Receiving uses
@@ -45,7 +45,8 @@ pub struct PeerCredentials {
 }
 
 fn peer_credentials(fd: BorrowedFd<'_>) -> Result<PeerCredentials> {
-    let cred = net::sockopt::socket_peercred(fd).map_err(Error::socket("getsockopt(SO_PEERCRED)"))?;
+    let cred =
+        net::sockopt::socket_peercred(fd).map_err(Error::socket("getsockopt(SO_PEERCRED)"))?;
     Ok(PeerCredentials {
         pid: cred.pid.as_raw_nonzero().get(),
         uid: cred.uid.as_raw(),
@@ -57,9 +58,15 @@ impl Listener {
     /// Binds and listens at `path`, which must not exist yet.
     pub fn bind(path: impl AsRef<Path>) -> Result<Listener> {
         let path = path.as_ref().to_path_buf();
-        let fd = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
-            .map_err(Error::socket("socket(AF_UNIX, SOCK_SEQPACKET)"))?;
-        let addr = SocketAddrUnix::new(&path).map_err(Error::socket("a Unix socket path (at most 107 bytes)"))?;
+        let fd = net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(Error::socket("socket(AF_UNIX, SOCK_SEQPACKET)"))?;
+        let addr = SocketAddrUnix::new(&path)
+            .map_err(Error::socket("a Unix socket path (at most 107 bytes)"))?;
         net::bind(&fd, &addr).map_err(Error::socket("bind"))?;
         let listener = Listener {
             fd,
@@ -90,7 +97,8 @@ impl Listener {
     /// Waits for a connection; a peer whose user is not allowed is
     /// disconnected and reported as [`Error::PeerRefused`].
     pub fn accept(&self) -> Result<Connection> {
-        let fd = net::accept_with(&self.fd, SocketFlags::CLOEXEC).map_err(Error::socket("accept"))?;
+        let fd =
+            net::accept_with(&self.fd, SocketFlags::CLOEXEC).map_err(Error::socket("accept"))?;
         let peer = peer_credentials(fd.as_fd())?;
         if !self.allowed_uids.contains(&peer.uid) {
             drop(fd);
@@ -118,17 +126,28 @@ pub struct Connection {
 impl Connection {
     /// Connects to a [`Listener`] at `path`.
     pub fn connect(path: impl AsRef<Path>) -> Result<Connection> {
-        let fd = net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
-            .map_err(Error::socket("socket(AF_UNIX, SOCK_SEQPACKET)"))?;
-        let addr = SocketAddrUnix::new(path.as_ref()).map_err(Error::socket("a Unix socket path"))?;
+        let fd = net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(Error::socket("socket(AF_UNIX, SOCK_SEQPACKET)"))?;
+        let addr =
+            SocketAddrUnix::new(path.as_ref()).map_err(Error::socket("a Unix socket path"))?;
         net::connect(&fd, &addr).map_err(Error::socket("connect"))?;
         Ok(Connection { fd })
     }
 
     /// A connected pair (for threads, or a child that inherits one end).
     pub fn pair() -> Result<(Connection, Connection)> {
-        let (a, b) = net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
-            .map_err(Error::socket("socketpair"))?;
+        let (a, b) = net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(Error::socket("socketpair"))?;
         Ok((Connection { fd: a }, Connection { fd: b }))
     }
 
@@ -164,13 +183,22 @@ impl Connection {
 
     /// Sends arbitrary bytes and fds: for testing peers against malformed input.
     pub fn send_raw(&self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
-        let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(fds.len().max(1)))];
+        let mut space =
+            vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(fds.len().max(1)))];
         let mut control = SendAncillaryBuffer::new(&mut space);
         if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
-            return Err(Error::InvalidArgument(format!("{} fds do not fit one control message", fds.len())));
+            return Err(Error::InvalidArgument(format!(
+                "{} fds do not fit one control message",
+                fds.len()
+            )));
         }
-        let sent = net::sendmsg(&self.fd, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)
-            .map_err(Error::socket("sendmsg"))?;
+        let sent = net::sendmsg(
+            &self.fd,
+            &[IoSlice::new(bytes)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        )
+        .map_err(Error::socket("sendmsg"))?;
         if sent != bytes.len() {
             return Err(Error::Socket {
                 call: "sendmsg",
@@ -189,7 +217,8 @@ impl Connection {
     /// the kernel truncate the control data, which is an error.
     pub fn recv_with_fd_capacity(&self, max_fds: usize) -> Result<Received> {
         let mut buf = vec![0u8; MAX_MESSAGE_LEN + 1];
-        let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(max_fds.max(1)))];
+        let mut space =
+            vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(max_fds.max(1)))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let msg = net::recvmsg(
             &self.fd,

@@ -128,12 +128,24 @@ fn take_image(ctx: &Context, cmd: vk::CommandBuffer, image: &ImageInner, new: vk
     let mut owner = image.owner.lock().unwrap_or_else(|p| p.into_inner());
     let family = ctx.inner.queue_family;
     match *owner {
-        Owner::Vulkan(old) => {
-            full_barrier_image(&ctx.inner.device, cmd, image, old, new, vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED)
-        }
-        Owner::External(old) => {
-            full_barrier_image(&ctx.inner.device, cmd, image, old, new, vk::QUEUE_FAMILY_EXTERNAL, family)
-        }
+        Owner::Vulkan(old) => full_barrier_image(
+            &ctx.inner.device,
+            cmd,
+            image,
+            old,
+            new,
+            vk::QUEUE_FAMILY_IGNORED,
+            vk::QUEUE_FAMILY_IGNORED,
+        ),
+        Owner::External(old) => full_barrier_image(
+            &ctx.inner.device,
+            cmd,
+            image,
+            old,
+            new,
+            vk::QUEUE_FAMILY_EXTERNAL,
+            family,
+        ),
     }
     *owner = Owner::Vulkan(new);
 }
@@ -173,7 +185,11 @@ fn take_buffer<M>(ctx: &Context, cmd: vk::CommandBuffer, buffer: &ExportableBuff
 
 impl Context {
     fn transfer_state(&self) -> Result<std::sync::MutexGuard<'_, Option<TransferState>>> {
-        let mut guard = self.inner.transfer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self
+            .inner
+            .transfer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
             let device = &self.inner.device;
             let pool_info = vk::CommandPoolCreateInfo::default()
@@ -200,7 +216,8 @@ impl Context {
                 }
             };
             // SAFETY: plain object creation.
-            let fence = match unsafe { device.create_fence(&vk::FenceCreateInfo::default(), None) } {
+            let fence = match unsafe { device.create_fence(&vk::FenceCreateInfo::default(), None) }
+            {
                 Ok(f) => f,
                 Err(e) => {
                     // SAFETY: unused pool.
@@ -244,10 +261,17 @@ impl Context {
         // SAFETY: the buffer was just created.
         let reqs = unsafe { device.get_buffer_memory_requirements(buffer) };
         let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
-        let Some(index) = self.memory_type(reqs.memory_type_bits, host, vk::MemoryPropertyFlags::empty()) else {
+        let Some(index) = self.memory_type(
+            reqs.memory_type_bits,
+            host,
+            vk::MemoryPropertyFlags::empty(),
+        ) else {
             // SAFETY: unused.
             unsafe { device.destroy_buffer(buffer, None) };
-            return Err(Error::unsupported("a staging buffer", "no host-visible coherent memory"));
+            return Err(Error::unsupported(
+                "a staging buffer",
+                "no host-visible coherent memory",
+            ));
         };
         let alloc = vk::MemoryAllocateInfo::default()
             .allocation_size(reqs.size)
@@ -257,7 +281,9 @@ impl Context {
             device.allocate_memory(&alloc, None).and_then(|memory| {
                 device
                     .bind_buffer_memory(buffer, memory, 0)
-                    .and_then(|()| device.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()))
+                    .and_then(|()| {
+                        device.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+                    })
                     .map(|ptr| (memory, ptr))
                     .inspect_err(|_| device.free_memory(memory, None))
             })
@@ -297,7 +323,12 @@ impl Context {
         self.run(state, sync, |cmd| record(&self.inner.device, cmd))
     }
 
-    fn run(&self, state: &TransferState, sync: SubmitSync<'_>, record: impl FnOnce(vk::CommandBuffer)) -> Result<()> {
+    fn run(
+        &self,
+        state: &TransferState,
+        sync: SubmitSync<'_>,
+        record: impl FnOnce(vk::CommandBuffer),
+    ) -> Result<()> {
         let device = &self.inner.device;
         let cmd = state.cmd;
         // SAFETY: the command buffer is idle (every run waits for its fence)
@@ -309,13 +340,15 @@ impl Context {
             device
                 .begin_command_buffer(
                     cmd,
-                    &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+                    &vk::CommandBufferBeginInfo::default()
+                        .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
                 )
                 .map_err(Error::vk("vkBeginCommandBuffer", "out of memory"))?;
         }
         record(cmd);
         // SAFETY: recording state.
-        unsafe { device.end_command_buffer(cmd) }.map_err(Error::vk("vkEndCommandBuffer", "out of memory"))?;
+        unsafe { device.end_command_buffer(cmd) }
+            .map_err(Error::vk("vkEndCommandBuffer", "out of memory"))?;
         let wait_semaphores: Vec<_> = sync.waits.iter().map(|s| s.semaphore).collect();
         let wait_values: Vec<_> = sync.waits.iter().map(|s| s.value).collect();
         let wait_stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; sync.waits.len()];
@@ -336,13 +369,18 @@ impl Context {
             // until the fence wait below returns.
             unsafe { device.queue_submit(queue, &[submit], state.fence) }
         })
-        .map_err(Error::vk("vkQueueSubmit", "the device was lost, or a waited semaphore has no pending signal"))?;
+        .map_err(Error::vk(
+            "vkQueueSubmit",
+            "the device was lost, or a waited semaphore has no pending signal",
+        ))?;
         // SAFETY: the fence belongs to this submission.
         unsafe {
             let waited = device
                 .wait_for_fences(&[state.fence], true, u64::MAX)
                 .map_err(Error::vk("vkWaitForFences", "the device was lost"));
-            let reset = device.reset_fences(&[state.fence]).map_err(Error::vk("vkResetFences", "out of memory"));
+            let reset = device
+                .reset_fences(&[state.fence])
+                .map_err(Error::vk("vkResetFences", "out of memory"));
             waited.and(reset)
         }
     }
@@ -354,10 +392,17 @@ impl Context {
                 info.mip_levels, info.array_layers
             )));
         }
-        let (_, channels, channel) = format::describe(info.format)
-            .ok_or_else(|| Error::InvalidArgument(format!("unsupported format {:?}", info.format)))?;
+        let (_, channels, channel) = format::describe(info.format).ok_or_else(|| {
+            Error::InvalidArgument(format!("unsupported format {:?}", info.format))
+        })?;
         let e = info.level_extent(level);
-        Ok((u64::from(e[0]) * u64::from(e[1]) * u64::from(e[2]) * u64::from(channels * channel.bytes()), e))
+        Ok((
+            u64::from(e[0])
+                * u64::from(e[1])
+                * u64::from(e[2])
+                * u64::from(channels * channel.bytes()),
+            e,
+        ))
     }
 
     fn copy_region(level: u32, layer: u32, extent: [u32; 3]) -> vk::BufferImageCopy {
@@ -405,7 +450,12 @@ impl Context {
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), staging.ptr, data.len()) };
         let staging_buffer = staging.buffer;
         self.run(state, sync, |cmd| {
-            take_image(self, cmd, &image.inner, vk::ImageLayout::TRANSFER_DST_OPTIMAL);
+            take_image(
+                self,
+                cmd,
+                &image.inner,
+                vk::ImageLayout::TRANSFER_DST_OPTIMAL,
+            );
             // SAFETY: recording; the image is in TRANSFER_DST_OPTIMAL.
             unsafe {
                 self.inner.device.cmd_copy_buffer_to_image(
@@ -435,7 +485,12 @@ impl Context {
         let staging = state.staging.as_ref().expect("just ensured");
         let (staging_buffer, ptr) = (staging.buffer, staging.ptr);
         self.run(state, sync, |cmd| {
-            take_image(self, cmd, &image.inner, vk::ImageLayout::TRANSFER_SRC_OPTIMAL);
+            take_image(
+                self,
+                cmd,
+                &image.inner,
+                vk::ImageLayout::TRANSFER_SRC_OPTIMAL,
+            );
             // SAFETY: recording; the image is in TRANSFER_SRC_OPTIMAL.
             unsafe {
                 self.inner.device.cmd_copy_image_to_buffer(
@@ -464,7 +519,12 @@ impl Context {
         let guard = self.transfer_state()?;
         let state = guard.as_ref().expect("initialised by transfer_state");
         self.run(state, sync, |cmd| {
-            take_image(self, cmd, &image.inner, vk::ImageLayout::TRANSFER_DST_OPTIMAL);
+            take_image(
+                self,
+                cmd,
+                &image.inner,
+                vk::ImageLayout::TRANSFER_DST_OPTIMAL,
+            );
             let range = vk::ImageSubresourceRange {
                 aspect_mask: vk::ImageAspectFlags::COLOR,
                 base_mip_level: 0,
@@ -517,7 +577,11 @@ impl Context {
 
     /// Marks `image` as owned by `VK_QUEUE_FAMILY_EXTERNAL` in `layout`
     /// without a barrier: for an importer whose exporter released it.
-    pub fn assume_image_released<F, T, M, U>(&self, image: &ExportableImage<F, T, M, U>, layout: vk::ImageLayout) {
+    pub fn assume_image_released<F, T, M, U>(
+        &self,
+        image: &ExportableImage<F, T, M, U>,
+        layout: vk::ImageLayout,
+    ) {
         *image.inner.owner.lock().unwrap_or_else(|p| p.into_inner()) = Owner::External(layout);
     }
 
@@ -550,8 +614,18 @@ impl Context {
                 size: data.len() as u64,
             };
             // SAFETY: recording; both buffers are large enough.
-            unsafe { self.inner.device.cmd_copy_buffer(cmd, src, buffer.raw(), &[region]) };
-            buffer_barrier(self, cmd, buffer.raw(), vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED);
+            unsafe {
+                self.inner
+                    .device
+                    .cmd_copy_buffer(cmd, src, buffer.raw(), &[region])
+            };
+            buffer_barrier(
+                self,
+                cmd,
+                buffer.raw(),
+                vk::QUEUE_FAMILY_IGNORED,
+                vk::QUEUE_FAMILY_IGNORED,
+            );
         })
     }
 
@@ -563,7 +637,10 @@ impl Context {
         sync: SubmitSync<'_>,
     ) -> Result<Vec<u8>> {
         if len > buffer.size() || len == 0 {
-            return Err(Error::InvalidArgument(format!("{len} bytes from a buffer of {}", buffer.size())));
+            return Err(Error::InvalidArgument(format!(
+                "{len} bytes from a buffer of {}",
+                buffer.size()
+            )));
         }
         let mut guard = self.transfer_state()?;
         let state = guard.as_mut().expect("initialised by transfer_state");
@@ -578,7 +655,11 @@ impl Context {
                 size: len,
             };
             // SAFETY: recording; both buffers are large enough.
-            unsafe { self.inner.device.cmd_copy_buffer(cmd, buffer.raw(), dst, &[region]) };
+            unsafe {
+                self.inner
+                    .device
+                    .cmd_copy_buffer(cmd, buffer.raw(), dst, &[region])
+            };
         })?;
         let mut out = vec![0u8; len as usize];
         // SAFETY: the copy completed; coherent memory.
@@ -587,12 +668,23 @@ impl Context {
     }
 
     /// Releases `buffer` to `VK_QUEUE_FAMILY_EXTERNAL`.
-    pub fn release_buffer<M: MemoryLocation>(&self, buffer: &ExportableBuffer<M>, sync: SubmitSync<'_>) -> Result<()> {
+    pub fn release_buffer<M: MemoryLocation>(
+        &self,
+        buffer: &ExportableBuffer<M>,
+        sync: SubmitSync<'_>,
+    ) -> Result<()> {
         let guard = self.transfer_state()?;
         let state = guard.as_ref().expect("initialised by transfer_state");
         self.run(state, sync, |cmd| {
-            buffer_barrier(self, cmd, buffer.raw(), self.inner.queue_family, vk::QUEUE_FAMILY_EXTERNAL);
-            *buffer.inner.owner.lock().unwrap_or_else(|p| p.into_inner()) = Owner::External(vk::ImageLayout::UNDEFINED);
+            buffer_barrier(
+                self,
+                cmd,
+                buffer.raw(),
+                self.inner.queue_family,
+                vk::QUEUE_FAMILY_EXTERNAL,
+            );
+            *buffer.inner.owner.lock().unwrap_or_else(|p| p.into_inner()) =
+                Owner::External(vk::ImageLayout::UNDEFINED);
         })
     }
 }

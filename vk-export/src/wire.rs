@@ -261,7 +261,10 @@ impl Message {
         if computed != expected {
             return Err(WireError::Checksum { expected, computed });
         }
-        let mut r = Reader { buf: payload, pos: 0 };
+        let mut r = Reader {
+            buf: payload,
+            pos: 0,
+        };
         let tag = r.u64("tag")?;
         let count = r.u16("count")? as usize;
         if count == 0 || count > MAX_RESOURCES {
@@ -346,31 +349,70 @@ const KNOWN_MEMORY_FLAGS: u32 = 0x1ff;
 
 fn decode_image(r: &mut Reader<'_>) -> Result<ImageInfo, WireError> {
     let format = r.u32("image.format")?;
-    check("image.format", format.into(), format::describe(vk::Format::from_raw(format as i32)).is_some())?;
+    check(
+        "image.format",
+        format.into(),
+        format::describe(vk::Format::from_raw(format as i32)).is_some(),
+    )?;
     let image_type = r.u32("image.image_type")?;
-    check("image.image_type", image_type.into(), image_type == 1 || image_type == 2)?;
+    check(
+        "image.image_type",
+        image_type.into(),
+        image_type == 1 || image_type == 2,
+    )?;
     let mut extent = [0u32; 3];
-    for (e, name) in extent.iter_mut().zip(["image.width", "image.height", "image.depth"]) {
+    for (e, name) in extent
+        .iter_mut()
+        .zip(["image.width", "image.height", "image.depth"])
+    {
         *e = r.u32(name)?;
         check(name, (*e).into(), (1..=1 << 16).contains(e))?;
     }
     let mip_levels = r.u32("image.mip_levels")?;
     let max_levels = 32 - extent.iter().max().copied().unwrap_or(1).leading_zeros();
-    check("image.mip_levels", mip_levels.into(), (1..=max_levels).contains(&mip_levels))?;
+    check(
+        "image.mip_levels",
+        mip_levels.into(),
+        (1..=max_levels).contains(&mip_levels),
+    )?;
     let array_layers = r.u32("image.array_layers")?;
-    check("image.array_layers", array_layers.into(), (1..=2048).contains(&array_layers))?;
+    check(
+        "image.array_layers",
+        array_layers.into(),
+        (1..=2048).contains(&array_layers),
+    )?;
     let flags = r.u32("image.flags")?;
-    check("image.flags", flags.into(), flags & !vk::ImageCreateFlags::CUBE_COMPATIBLE.as_raw() == 0)?;
+    check(
+        "image.flags",
+        flags.into(),
+        flags & !vk::ImageCreateFlags::CUBE_COMPATIBLE.as_raw() == 0,
+    )?;
     let tiling = r.u32("image.tiling")?;
     check("image.tiling", tiling.into(), tiling <= 1)?;
     let usage = r.u32("image.usage")?;
-    check("image.usage", usage.into(), usage != 0 && usage & !KNOWN_IMAGE_USAGE == 0)?;
+    check(
+        "image.usage",
+        usage.into(),
+        usage != 0 && usage & !KNOWN_IMAGE_USAGE == 0,
+    )?;
     let allocation_size = r.u64("image.allocation_size")?;
-    check("image.allocation_size", allocation_size, (1..=MAX_ALLOCATION).contains(&allocation_size))?;
+    check(
+        "image.allocation_size",
+        allocation_size,
+        (1..=MAX_ALLOCATION).contains(&allocation_size),
+    )?;
     let memory_type_index = r.u32("image.memory_type_index")?;
-    check("image.memory_type_index", memory_type_index.into(), memory_type_index < 32)?;
+    check(
+        "image.memory_type_index",
+        memory_type_index.into(),
+        memory_type_index < 32,
+    )?;
     let memory_flags = r.u32("image.memory_flags")?;
-    check("image.memory_flags", memory_flags.into(), memory_flags & !KNOWN_MEMORY_FLAGS == 0)?;
+    check(
+        "image.memory_flags",
+        memory_flags.into(),
+        memory_flags & !KNOWN_MEMORY_FLAGS == 0,
+    )?;
     let dedicated = r.bool("image.dedicated")?;
     let alignment = r.u64("image.alignment")?;
     check("image.alignment", alignment, alignment.is_power_of_two())?;
@@ -379,15 +421,31 @@ fn decode_image(r: &mut Reader<'_>) -> Result<ImageInfo, WireError> {
     let row_pitch = r.u64("image.row_pitch")?;
     let array_pitch = r.u64("image.array_pitch")?;
     let linear = tiling == 1;
-    check("image.row_pitch", row_pitch, if linear { row_pitch > 0 && row_pitch <= allocation_size } else { row_pitch == 0 })?;
-    check("image.array_pitch", array_pitch, array_pitch <= allocation_size && (linear || array_pitch == 0))?;
+    check(
+        "image.row_pitch",
+        row_pitch,
+        if linear {
+            row_pitch > 0 && row_pitch <= allocation_size
+        } else {
+            row_pitch == 0
+        },
+    )?;
+    check(
+        "image.array_pitch",
+        array_pitch,
+        array_pitch <= allocation_size && (linear || array_pitch == 0),
+    )?;
     let cube = flags != 0;
     check(
         "image.array_layers",
         array_layers.into(),
         !cube || (array_layers % 6 == 0 && extent[0] == extent[1]),
     )?;
-    check("image.depth", extent[2].into(), image_type == 2 || extent[2] == 1)?;
+    check(
+        "image.depth",
+        extent[2].into(),
+        image_type == 2 || extent[2] == 1,
+    )?;
     Ok(ImageInfo {
         format: vk::Format::from_raw(format as i32),
         image_type: vk::ImageType::from_raw(image_type as i32),
@@ -414,13 +472,29 @@ fn decode_buffer(r: &mut Reader<'_>) -> Result<BufferInfo, WireError> {
     let size = r.u64("buffer.size")?;
     check("buffer.size", size, (1..=MAX_ALLOCATION).contains(&size))?;
     let usage = r.u32("buffer.usage")?;
-    check("buffer.usage", usage.into(), usage != 0 && usage & !0x3ff == 0)?;
+    check(
+        "buffer.usage",
+        usage.into(),
+        usage != 0 && usage & !0x3ff == 0,
+    )?;
     let allocation_size = r.u64("buffer.allocation_size")?;
-    check("buffer.allocation_size", allocation_size, (size..=MAX_ALLOCATION).contains(&allocation_size))?;
+    check(
+        "buffer.allocation_size",
+        allocation_size,
+        (size..=MAX_ALLOCATION).contains(&allocation_size),
+    )?;
     let memory_type_index = r.u32("buffer.memory_type_index")?;
-    check("buffer.memory_type_index", memory_type_index.into(), memory_type_index < 32)?;
+    check(
+        "buffer.memory_type_index",
+        memory_type_index.into(),
+        memory_type_index < 32,
+    )?;
     let memory_flags = r.u32("buffer.memory_flags")?;
-    check("buffer.memory_flags", memory_flags.into(), memory_flags & !KNOWN_MEMORY_FLAGS == 0)?;
+    check(
+        "buffer.memory_flags",
+        memory_flags.into(),
+        memory_flags & !KNOWN_MEMORY_FLAGS == 0,
+    )?;
     let dedicated = r.bool("buffer.dedicated")?;
     let alignment = r.u64("buffer.alignment")?;
     check("buffer.alignment", alignment, alignment.is_power_of_two())?;
@@ -472,20 +546,34 @@ impl Received {
     }
 
     fn take(&mut self, index: usize, expected: &'static str) -> Result<(Resource, OwnedFd), Error> {
-        let resource = self.message.resources.get(index).ok_or(WireError::WrongResource {
-            index,
-            found: "absent",
-            expected,
-        })?;
-        let fd = self.fds.get_mut(index).and_then(Option::take).ok_or(WireError::WrongResource {
-            index,
-            found: "already taken",
-            expected,
-        })?;
+        let resource = self
+            .message
+            .resources
+            .get(index)
+            .ok_or(WireError::WrongResource {
+                index,
+                found: "absent",
+                expected,
+            })?;
+        let fd =
+            self.fds
+                .get_mut(index)
+                .and_then(Option::take)
+                .ok_or(WireError::WrongResource {
+                    index,
+                    found: "already taken",
+                    expected,
+                })?;
         Ok((resource.clone(), fd))
     }
 
-    fn wrong(&mut self, index: usize, found: &Resource, expected: &'static str, fd: OwnedFd) -> Error {
+    fn wrong(
+        &mut self,
+        index: usize,
+        found: &Resource,
+        expected: &'static str,
+        fd: OwnedFd,
+    ) -> Error {
         // Put the fd back: the caller may still take the resource as what it is.
         self.fds[index] = Some(fd);
         WireError::WrongResource {
@@ -498,6 +586,7 @@ impl Received {
 
     /// Resource `index` as an image of these types, with its fd. On a type
     /// mismatch the fd stays in `self` (and is closed with it).
+    #[allow(clippy::type_complexity, reason = "a record and its fd, spelled out for the reader")]
     pub fn take_image<F: Format, T: Tiling, M: MemoryLocation, U: Usage>(
         &mut self,
         index: usize,
@@ -515,7 +604,10 @@ impl Received {
     }
 
     /// Resource `index` as a buffer in memory `M`, with its fd.
-    pub fn take_buffer<M: MemoryLocation>(&mut self, index: usize) -> Result<(BufferRecord<M>, OwnedFd), Error> {
+    pub fn take_buffer<M: MemoryLocation>(
+        &mut self,
+        index: usize,
+    ) -> Result<(BufferRecord<M>, OwnedFd), Error> {
         match self.take(index, "a buffer")? {
             (Resource::Buffer(info), fd) => match info.typed() {
                 Ok(record) => Ok((record, fd)),
@@ -529,7 +621,10 @@ impl Received {
     }
 
     /// Resource `index` as a semaphore of kind `K`, with its fd.
-    pub fn take_semaphore<K: SemaphoreKind>(&mut self, index: usize) -> Result<(SemaphoreRecord<K>, OwnedFd), Error> {
+    pub fn take_semaphore<K: SemaphoreKind>(
+        &mut self,
+        index: usize,
+    ) -> Result<(SemaphoreRecord<K>, OwnedFd), Error> {
         match self.take(index, "a semaphore")? {
             (Resource::Semaphore(info), fd) => match info.typed() {
                 Ok(record) => Ok((record, fd)),

@@ -96,7 +96,10 @@ fn find_header(root: &Path, lock: &Lock, explicit: Option<PathBuf>) -> Result<Pa
     }
     let mut candidates: Vec<(String, PathBuf)> = Vec::new();
     if let Ok(cuda_path) = std::env::var("CUDA_PATH") {
-        candidates.push(("$CUDA_PATH/include".into(), Path::new(&cuda_path).join("include")));
+        candidates.push((
+            "$CUDA_PATH/include".into(),
+            Path::new(&cuda_path).join("include"),
+        ));
     }
     let major_minor = {
         let v: u32 = lock.cuda_version.parse().unwrap_or(0);
@@ -111,7 +114,10 @@ fn find_header(root: &Path, lock: &Lock, explicit: Option<PathBuf>) -> Result<Pa
             candidates.push((format!("pkg-config {major_minor}"), dir));
         }
     }
-    candidates.push(("/usr/local/cuda/include".into(), "/usr/local/cuda/include".into()));
+    candidates.push((
+        "/usr/local/cuda/include".into(),
+        "/usr/local/cuda/include".into(),
+    ));
     for (origin, dir) in candidates {
         let header = dir.join("cuda.h");
         if !header.exists() {
@@ -152,15 +158,28 @@ fn fetch_header(root: &Path, lock: &Lock) -> Result<PathBuf, String> {
     if header.exists() && verify(&header, lock).is_ok() {
         return Ok(header);
     }
-    std::fs::create_dir_all(&cache).map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
+    std::fs::create_dir_all(&cache)
+        .map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
     eprintln!(
         "codegen: fetching {}=={} from PyPI for cuda.h",
         lock.pypi_package, lock.pypi_version
     );
     let spec = format!("{}=={}", lock.pypi_package, lock.pypi_version);
     let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"])
-        .args(["--platform", "manylinux2014_x86_64", "--python-version", "3.12"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+        ])
+        .args([
+            "--platform",
+            "manylinux2014_x86_64",
+            "--python-version",
+            "3.12",
+        ])
         .arg("-d")
         .arg(&cache)
         .arg(&spec)
@@ -183,7 +202,10 @@ fn fetch_header(root: &Path, lock: &Lock) -> Result<PathBuf, String> {
         .status()
         .map_err(|e| format!("cannot run python3 to unpack the wheel: {e}"))?;
     if !status.success() {
-        return Err(format!("could not extract {} from the wheel", lock.wheel_member));
+        return Err(format!(
+            "could not extract {} from the wheel",
+            lock.wheel_member
+        ));
     }
     verify(&header, lock)?;
     Ok(header)
@@ -211,19 +233,28 @@ fn versioned_symbols(header_text: &str) -> BTreeMap<String, String> {
             .map(|t| t.trim_end_matches(')'))
             .unwrap_or(target);
         if target.starts_with("cu") && target.chars().all(|c| c.is_alphanumeric() || c == '_') {
-            map.entry(name.to_string()).or_insert_with(|| target.to_string());
+            map.entry(name.to_string())
+                .or_insert_with(|| target.to_string());
         }
     }
     map
 }
 
 fn generate(header: &Path, lock: &Lock) -> Result<Vec<(&'static str, String)>, String> {
-    let header_text =
-        std::fs::read_to_string(header).map_err(|e| format!("cannot read {}: {e}", header.display()))?;
+    let header_text = std::fs::read_to_string(header)
+        .map_err(|e| format!("cannot read {}: {e}", header.display()))?;
     let defines = versioned_symbols(&header_text);
     let symbols: Vec<(&str, String)> = FUNCTIONS
         .iter()
-        .map(|api| (*api, defines.get(*api).cloned().unwrap_or_else(|| api.to_string())))
+        .map(|api| {
+            (
+                *api,
+                defines
+                    .get(*api)
+                    .cloned()
+                    .unwrap_or_else(|| api.to_string()),
+            )
+        })
         .collect();
 
     let mut builder = bindgen::Builder::default()
@@ -299,8 +330,6 @@ fn generate(header: &Path, lock: &Lock) -> Result<Vec<(&'static str, String)>, S
             &std::ffi::CString::new(symbol.as_str()).expect("symbol has no NUL"),
         );
         loads.push(quote! {
-            // SAFETY: `load` returns null or the address of `#symbol`, whose C
-            // signature this field spells out; `Option<fn>` uses null as `None`.
             #field: unsafe { core::mem::transmute::<*mut core::ffi::c_void, #pfn>(load(#cstr)) }
         });
         table.push(quote! { (#api, #symbol) });
@@ -334,8 +363,28 @@ fn generate(header: &Path, lock: &Lock) -> Result<Vec<(&'static str, String)>, S
             }
         }
     };
-    let fns_rs = format!("{preamble}{}", rustfmt(&fns_tokens.to_string())?);
+    let fns_rs = format!("{preamble}{}", add_safety_comments(&rustfmt(&fns_tokens.to_string())?));
     Ok(vec![("fns.rs", fns_rs), ("types.rs", types_rs)])
+}
+
+/// `quote!` drops comments, so the `// SAFETY:` line for each transmute in
+/// `load_with` is added to the formatted text.
+fn add_safety_comments(source: &str) -> String {
+    let mut out = String::with_capacity(source.len() + 16 * 1024);
+    for line in source.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.ends_with(": unsafe {") && trimmed.starts_with("cu") {
+            let indent = &line[..line.len() - trimmed.len()];
+            out.push_str(indent);
+            out.push_str(
+                "// SAFETY: `load` returns null or the address of this symbol, whose C signature the \
+                 field spells out; `Option<fn>` uses null as `None`.\n",
+            );
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 fn rustfmt(source: &str) -> Result<String, String> {
@@ -352,7 +401,9 @@ fn rustfmt(source: &str) -> Result<String, String> {
             .write_all(source.as_bytes())
             .map_err(|e| format!("cannot feed rustfmt: {e}"))?;
     }
-    let out = child.wait_with_output().map_err(|e| format!("rustfmt failed: {e}"))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("rustfmt failed: {e}"))?;
     if !out.status.success() {
         return Err("rustfmt rejected the generated code".into());
     }
@@ -370,7 +421,11 @@ fn ensure_files(dir: &Path, files: &[(&str, String)], check: bool) -> Result<(),
             continue;
         }
         if check {
-            stale.push(format!("{}:\n{}", path.display(), first_difference(&on_disk, contents)));
+            stale.push(format!(
+                "{}:\n{}",
+                path.display(),
+                first_difference(&on_disk, contents)
+            ));
         } else {
             std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
             std::fs::write(&path, contents)
@@ -382,7 +437,10 @@ fn ensure_files(dir: &Path, files: &[(&str, String)], check: bool) -> Result<(),
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if !GENERATED_FILES.contains(&name.as_str()) {
-                stale.push(format!("{}/{name}: not produced by codegen; remove it", dir.display()));
+                stale.push(format!(
+                    "{}/{name}: not produced by codegen; remove it",
+                    dir.display()
+                ));
             }
         }
     }

@@ -484,12 +484,14 @@ impl DriverFns {
         mut load: impl FnMut(&core::ffi::CStr) -> *mut core::ffi::c_void,
     ) -> Self {
         Self {
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuInit: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(Flags: ::std::os::raw::c_uint) -> CUresult>,
                 >(load(c"cuInit"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuDriverGetVersion: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -498,6 +500,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuDriverGetVersion"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuGetProcAddress: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -512,6 +515,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuGetProcAddress_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuGetErrorName: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -523,6 +527,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuGetErrorName"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuGetErrorString: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -534,12 +539,14 @@ impl DriverFns {
                     >,
                 >(load(c"cuGetErrorString"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuDeviceGetCount: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(count: *mut ::std::os::raw::c_int) -> CUresult>,
                 >(load(c"cuDeviceGetCount"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuDeviceGet: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -551,6 +558,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuDeviceGet"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuDeviceGetName: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -563,12 +571,14 @@ impl DriverFns {
                     >,
                 >(load(c"cuDeviceGetName"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuDeviceGetUuid_v2: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(uuid: *mut CUuuid, dev: CUdevice) -> CUresult>,
                 >(load(c"cuDeviceGetUuid_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuDeviceGetAttribute: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -581,24 +591,28 @@ impl DriverFns {
                     >,
                 >(load(c"cuDeviceGetAttribute"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuDeviceTotalMem: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(bytes: *mut usize, dev: CUdevice) -> CUresult>,
                 >(load(c"cuDeviceTotalMem_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuDevicePrimaryCtxRetain: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(pctx: *mut CUcontext, dev: CUdevice) -> CUresult>,
                 >(load(c"cuDevicePrimaryCtxRetain"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuDevicePrimaryCtxRelease: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(dev: CUdevice) -> CUresult>,
                 >(load(c"cuDevicePrimaryCtxRelease_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuDevicePrimaryCtxGetState: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -611,42 +625,49 @@ impl DriverFns {
                     >,
                 >(load(c"cuDevicePrimaryCtxGetState"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuCtxPushCurrent: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(ctx: CUcontext) -> CUresult>,
                 >(load(c"cuCtxPushCurrent_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuCtxPopCurrent: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresult>,
                 >(load(c"cuCtxPopCurrent_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuCtxGetCurrent: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresult>,
                 >(load(c"cuCtxGetCurrent"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuCtxSetCurrent: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(ctx: CUcontext) -> CUresult>,
                 >(load(c"cuCtxSetCurrent"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuCtxGetDevice: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(device: *mut CUdevice) -> CUresult>,
                 >(load(c"cuCtxGetDevice"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuCtxSynchronize: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn() -> CUresult>,
                 >(load(c"cuCtxSynchronize"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuStreamCreate: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -658,24 +679,28 @@ impl DriverFns {
                     >,
                 >(load(c"cuStreamCreate"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuStreamDestroy: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(hStream: CUstream) -> CUresult>,
                 >(load(c"cuStreamDestroy_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuStreamSynchronize: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(hStream: CUstream) -> CUresult>,
                 >(load(c"cuStreamSynchronize"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuStreamQuery: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(hStream: CUstream) -> CUresult>,
                 >(load(c"cuStreamQuery"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuStreamWaitEvent: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -688,6 +713,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuStreamWaitEvent"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuLaunchHostFunc: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -700,6 +726,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuLaunchHostFunc"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuStreamWriteValue64: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -713,6 +740,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuStreamWriteValue64_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuEventCreate: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -724,24 +752,28 @@ impl DriverFns {
                     >,
                 >(load(c"cuEventCreate"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuEventRecord: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(hEvent: CUevent, hStream: CUstream) -> CUresult>,
                 >(load(c"cuEventRecord"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuEventQuery: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(hEvent: CUevent) -> CUresult>,
                 >(load(c"cuEventQuery"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuEventSynchronize: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(hEvent: CUevent) -> CUresult>,
                 >(load(c"cuEventSynchronize"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuEventElapsedTime: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -754,12 +786,14 @@ impl DriverFns {
                     >,
                 >(load(c"cuEventElapsedTime"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuEventDestroy: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(hEvent: CUevent) -> CUresult>,
                 >(load(c"cuEventDestroy_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemAlloc: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -768,12 +802,14 @@ impl DriverFns {
                     >,
                 >(load(c"cuMemAlloc_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemFree: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(dptr: CUdeviceptr) -> CUresult>,
                 >(load(c"cuMemFree_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemAllocHost: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -785,18 +821,21 @@ impl DriverFns {
                     >,
                 >(load(c"cuMemAllocHost_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemFreeHost: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(p: *mut ::std::os::raw::c_void) -> CUresult>,
                 >(load(c"cuMemFreeHost"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemGetInfo: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(free: *mut usize, total: *mut usize) -> CUresult>,
                 >(load(c"cuMemGetInfo_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemsetD8: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -809,6 +848,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuMemsetD8_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemsetD32: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -821,6 +861,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuMemsetD32_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemsetD8Async: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -834,6 +875,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuMemsetD8Async"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemcpyHtoD: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -846,6 +888,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuMemcpyHtoD_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemcpyDtoH: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -858,6 +901,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuMemcpyDtoH_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemcpyDtoD: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -870,6 +914,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuMemcpyDtoD_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemcpyHtoDAsync: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -883,6 +928,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuMemcpyHtoDAsync_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemcpyDtoHAsync: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -896,6 +942,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuMemcpyDtoHAsync_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemcpyDtoDAsync: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -909,12 +956,14 @@ impl DriverFns {
                     >,
                 >(load(c"cuMemcpyDtoDAsync_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemcpy2D: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY2D) -> CUresult>,
                 >(load(c"cuMemcpy2D_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemcpy2DAsync: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -926,12 +975,14 @@ impl DriverFns {
                     >,
                 >(load(c"cuMemcpy2DAsync_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemcpy3D: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY3D) -> CUresult>,
                 >(load(c"cuMemcpy3D_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMemcpy3DAsync: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -943,6 +994,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuMemcpy3DAsync_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuArray3DCreate: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -954,12 +1006,14 @@ impl DriverFns {
                     >,
                 >(load(c"cuArray3DCreate_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuArrayDestroy: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(hArray: CUarray) -> CUresult>,
                 >(load(c"cuArrayDestroy"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuArray3DGetDescriptor: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -971,6 +1025,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuArray3DGetDescriptor_v2"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMipmappedArrayCreate: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -983,6 +1038,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuMipmappedArrayCreate"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMipmappedArrayGetLevel: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -995,12 +1051,14 @@ impl DriverFns {
                     >,
                 >(load(c"cuMipmappedArrayGetLevel"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuMipmappedArrayDestroy: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(hMipmappedArray: CUmipmappedArray) -> CUresult>,
                 >(load(c"cuMipmappedArrayDestroy"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuImportExternalMemory: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -1012,6 +1070,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuImportExternalMemory"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuExternalMemoryGetMappedBuffer: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -1024,6 +1083,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuExternalMemoryGetMappedBuffer"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuExternalMemoryGetMappedMipmappedArray: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -1036,12 +1096,14 @@ impl DriverFns {
                     >,
                 >(load(c"cuExternalMemoryGetMappedMipmappedArray"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuDestroyExternalMemory: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(extMem: CUexternalMemory) -> CUresult>,
                 >(load(c"cuDestroyExternalMemory"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuImportExternalSemaphore: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -1053,6 +1115,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuImportExternalSemaphore"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuSignalExternalSemaphoresAsync: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -1066,6 +1129,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuSignalExternalSemaphoresAsync"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuWaitExternalSemaphoresAsync: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -1079,12 +1143,14 @@ impl DriverFns {
                     >,
                 >(load(c"cuWaitExternalSemaphoresAsync"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuDestroyExternalSemaphore: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(extSem: CUexternalSemaphore) -> CUresult>,
                 >(load(c"cuDestroyExternalSemaphore"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuSurfObjectCreate: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -1096,12 +1162,14 @@ impl DriverFns {
                     >,
                 >(load(c"cuSurfObjectCreate"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuSurfObjectDestroy: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(surfObject: CUsurfObject) -> CUresult>,
                 >(load(c"cuSurfObjectDestroy"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuTexObjectCreate: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -1115,12 +1183,14 @@ impl DriverFns {
                     >,
                 >(load(c"cuTexObjectCreate"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuTexObjectDestroy: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(texObject: CUtexObject) -> CUresult>,
                 >(load(c"cuTexObjectDestroy"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuModuleLoadData: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -1132,6 +1202,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuModuleLoadData"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuModuleLoadDataEx: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -1146,6 +1217,7 @@ impl DriverFns {
                     >,
                 >(load(c"cuModuleLoadDataEx"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuModuleGetFunction: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
@@ -1158,12 +1230,14 @@ impl DriverFns {
                     >,
                 >(load(c"cuModuleGetFunction"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuModuleUnload: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(hmod: CUmodule) -> CUresult>,
                 >(load(c"cuModuleUnload"))
             },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuLaunchKernel: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,

@@ -1,0 +1,114 @@
+//! The CUDA array descriptor is derived from the Vulkan image alone; these
+//! pin the derivation (no GPU needed), and the no-driver error path.
+
+use ash::vk;
+use cuda_interop::sys::{
+    CUarray_format, CUDA_ARRAY3D_COLOR_ATTACHMENT, CUDA_ARRAY3D_CUBEMAP, CUDA_ARRAY3D_LAYERED,
+    CUDA_ARRAY3D_SURFACE_LDST,
+};
+use cuda_interop::{array_descriptor, CudaDevice, Error};
+use vk_export::format::{Format, R32Sfloat, Rgba16Sfloat, Rgba8Unorm};
+use vk_export::markers::{usage, Usage};
+use vk_export::ImageInfo;
+
+fn info<F: Format, U: Usage>(extent: [u32; 3], levels: u32, layers: u32, cube: bool) -> ImageInfo {
+    ImageInfo {
+        format: F::VK,
+        image_type: if extent[2] > 1 {
+            vk::ImageType::TYPE_3D
+        } else {
+            vk::ImageType::TYPE_2D
+        },
+        extent,
+        mip_levels: levels,
+        array_layers: layers,
+        flags: if cube {
+            vk::ImageCreateFlags::CUBE_COMPATIBLE
+        } else {
+            vk::ImageCreateFlags::empty()
+        },
+        tiling: vk::ImageTiling::OPTIMAL,
+        usage: U::VK,
+        allocation_size: 1 << 20,
+        memory_type_index: 0,
+        memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL,
+        dedicated: true,
+        alignment: 1024,
+        offset: 0,
+        row_pitch: 0,
+        array_pitch: 0,
+        device_uuid: [0; 16],
+        driver_uuid: [0; 16],
+    }
+}
+
+#[test]
+fn rgba8_storage_2d() {
+    let d = array_descriptor::<Rgba8Unorm>(&info::<Rgba8Unorm, usage::Storage>(
+        [1920, 1080, 1],
+        1,
+        1,
+        false,
+    ));
+    assert_eq!((d.Width, d.Height, d.Depth), (1920, 1080, 0));
+    assert_eq!(d.Format, CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8);
+    assert_eq!(d.NumChannels, 4);
+    assert_eq!(d.Flags, CUDA_ARRAY3D_SURFACE_LDST);
+}
+
+#[test]
+fn half_float_layered_colour_attachment() {
+    let d = array_descriptor::<Rgba16Sfloat>(&info::<Rgba16Sfloat, usage::ColorAttachment>(
+        [64, 64, 1],
+        3,
+        4,
+        false,
+    ));
+    assert_eq!(d.Format, CUarray_format::CU_AD_FORMAT_HALF);
+    assert_eq!(d.Depth, 4, "layers go in Depth");
+    assert_eq!(
+        d.Flags,
+        CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_COLOR_ATTACHMENT,
+        "no SURFACE_LDST without storage"
+    );
+}
+
+#[test]
+fn float_cube_and_3d() {
+    let d = array_descriptor::<R32Sfloat>(&info::<R32Sfloat, usage::StorageColorAttachment>(
+        [32, 32, 1],
+        1,
+        6,
+        true,
+    ));
+    assert_eq!(
+        (d.Format, d.NumChannels, d.Depth),
+        (CUarray_format::CU_AD_FORMAT_FLOAT, 1, 6)
+    );
+    assert_eq!(
+        d.Flags,
+        CUDA_ARRAY3D_CUBEMAP | CUDA_ARRAY3D_SURFACE_LDST | CUDA_ARRAY3D_COLOR_ATTACHMENT
+    );
+    let d =
+        array_descriptor::<R32Sfloat>(&info::<R32Sfloat, usage::Sampled>([16, 16, 8], 1, 1, false));
+    assert_eq!((d.Width, d.Height, d.Depth, d.Flags), (16, 16, 8, 0));
+    let cubes =
+        array_descriptor::<R32Sfloat>(&info::<R32Sfloat, usage::Sampled>([8, 8, 1], 1, 12, true));
+    assert_eq!(cubes.Flags, CUDA_ARRAY3D_CUBEMAP | CUDA_ARRAY3D_LAYERED);
+}
+
+#[test]
+fn without_a_driver_pairing_says_what_is_missing() {
+    if cuda_interop::sys::Driver::global().is_ok() {
+        // On a GPU machine this path is covered by tests/gpu.rs.
+        let err = CudaDevice::for_uuid([0xab; 16]).unwrap_err();
+        assert!(matches!(err, Error::NoMatchingDevice { .. }), "{err}");
+        return;
+    }
+    let err = CudaDevice::for_uuid([0xab; 16]).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("no CUDA driver") && text.contains("libcuda.so.1"),
+        "{text}"
+    );
+}
