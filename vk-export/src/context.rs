@@ -329,7 +329,10 @@ impl Context {
 
     /// # Safety
     /// As [`Context::from_raw`]; `owned` means the context destroys device and instance.
-    #[allow(clippy::too_many_arguments, reason = "private constructor shared by the two public ones")]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "private constructor shared by the two public ones"
+    )]
     unsafe fn build(
         entry: ash::Entry,
         instance: ash::Instance,

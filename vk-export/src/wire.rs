@@ -586,7 +586,10 @@ impl Received {
 
     /// Resource `index` as an image of these types, with its fd. On a type
     /// mismatch the fd stays in `self` (and is closed with it).
-    #[allow(clippy::type_complexity, reason = "a record and its fd, spelled out for the reader")]
+    #[allow(
+        clippy::type_complexity,
+        reason = "a record and its fd, spelled out for the reader"
+    )]
     pub fn take_image<F: Format, T: Tiling, M: MemoryLocation, U: Usage>(
         &mut self,
         index: usize,

@@ -363,7 +363,10 @@ fn generate(header: &Path, lock: &Lock) -> Result<Vec<(&'static str, String)>, S
             }
         }
     };
-    let fns_rs = format!("{preamble}{}", add_safety_comments(&rustfmt(&fns_tokens.to_string())?));
+    let fns_rs = format!(
+        "{preamble}{}",
+        add_safety_comments(&rustfmt(&fns_tokens.to_string())?)
+    );
     Ok(vec![("fns.rs", fns_rs), ("types.rs", types_rs)])
 }
 
