@@ -17,6 +17,10 @@ run $b/driver_info
 run $b/test-vulkan --test-threads=1 --skip child_
 run $b/test-gpu --ignored --skip child_ --test-threads=1
 run $b/round_trip 120 --bench
+uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
+run $b/round_trip 30 --device "$uuid"
+echo; echo "=== CUDA_VISIBLE_DEVICES= (CUDA hides the GPU; pairing must report it, not pick another)"
+CUDA_VISIBLE_DEVICES= $b/round_trip 5 || status=1
 run $b/host_wait 300
 echo; echo "gpu-run: $([ $status = 0 ] && echo all passed || echo FAILURES)"
 exit $status

@@ -4,8 +4,12 @@
 //! the time per frame.
 //!
 //! ```text
-//! cargo run --release -p cuda-interop --example round_trip -- [FRAMES] [--bench]
+//! cargo run --release -p cuda-interop --example round_trip -- [FRAMES] [--bench] [--device UUID]
 //! ```
+//!
+//! `--device UUID` picks the GPU by its UUID (`nvidia-smi -L` spelling, with
+//! or without the `GPU-` prefix); CUDA follows it by UUID, whatever
+//! `CUDA_VISIBLE_DEVICES` says.
 //!
 //! `--bench` also measures, in the same run, three ways for the host to see a
 //! frame come back from CUDA: zero-copy with `vkWaitSemaphores`, zero-copy with
@@ -36,13 +40,41 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let bench = args.iter().any(|a| a == "--bench");
     let frames: u32 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(120);
-    match run(frames, bench) {
+    let device = match args
+        .iter()
+        .position(|a| a == "--device")
+        .map(|i| args.get(i + 1).map(|u| parse_uuid(u)))
+    {
+        None => None,
+        Some(Some(Some(uuid))) => Some(uuid),
+        Some(_) => {
+            eprintln!("--device needs a UUID like GPU-c6de5a3f-2d8a-7089-8f09-81bcaf83a00b");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(frames, bench, device) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("round_trip FAILED: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    let hex: String = text
+        .trim_start_matches("GPU-")
+        .chars()
+        .filter(|c| *c != '-')
+        .collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 fn color(frame: u32) -> [u8; 4] {
@@ -60,8 +92,12 @@ fn clear_value(c: [u8; 4]) -> vk::ClearColorValue {
     }
 }
 
-fn run(frames: u32, bench: bool) -> Res<()> {
-    let ctx = match Context::headless(&HeadlessOptions::default()) {
+fn run(frames: u32, bench: bool, device_uuid: Option<[u8; 16]>) -> Res<()> {
+    let options = HeadlessOptions {
+        device_uuid,
+        ..Default::default()
+    };
+    let ctx = match Context::headless(&options) {
         Ok(ctx) => ctx,
         Err(e) => {
             println!("no Vulkan device with VK_KHR_external_memory_fd: {e}");
