@@ -637,7 +637,8 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
         self.copy(stream, true, src.as_ptr().cast_mut(), 0)?;
         stream.synchronize()
     }
-    /// Enqueues a copy of the level into linear device memory.
+    /// Copies the level into linear device memory, tightly packed (waits, so
+    /// neither side can be freed while the copy runs).
     pub fn copy_to_device(&self, stream: &Stream, dst: &mut DeviceBuffer) -> Result<()> {
         if dst.len() < self.byte_len() {
             return Err(Error::InvalidArgument(format!(
@@ -646,9 +647,10 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
                 self.byte_len()
             )));
         }
-        self.copy(stream, false, std::ptr::null_mut(), dst.device_ptr())
+        self.copy(stream, false, std::ptr::null_mut(), dst.device_ptr())?;
+        stream.synchronize()
     }
-    /// Enqueues a copy from linear device memory into the level.
+    /// Copies tightly packed linear device memory into the level (waits).
     pub fn copy_from_device(&self, stream: &Stream, src: &DeviceBuffer) -> Result<()> {
         if src.len() < self.byte_len() {
             return Err(Error::InvalidArgument(format!(
@@ -657,7 +659,8 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
                 self.byte_len()
             )));
         }
-        self.copy(stream, true, std::ptr::null_mut(), src.device_ptr())
+        self.copy(stream, true, std::ptr::null_mut(), src.device_ptr())?;
+        stream.synchronize()
     }
 
     fn check_len(&self, len: usize) -> Result<()> {

@@ -9,6 +9,7 @@ use cuda_interop_sys::{
 use crate::device::CudaDevice;
 use crate::driver::cu;
 use crate::error::{Error, Result};
+use crate::memory::DeviceSlice;
 
 /// A CUDA stream in the paired device's primary context.
 ///
@@ -134,8 +135,10 @@ impl Stream {
         cu!(cuStreamSynchronize(self.stream))
     }
 
-    /// Enqueues a device-to-device copy of `len` bytes.
-    pub fn copy_device(&self, src: CUdeviceptr, dst: &mut DeviceBuffer, len: usize) -> Result<()> {
+    /// Copies a mapped range into `dst` on this stream and waits for it (so
+    /// the mapping cannot be unmapped while the copy reads it).
+    pub fn copy_device(&self, src: &DeviceSlice<'_>, dst: &mut DeviceBuffer) -> Result<()> {
+        let len = src.len() as usize;
         if len > dst.len {
             return Err(Error::InvalidArgument(format!(
                 "{len} bytes into a buffer of {}",
@@ -143,9 +146,14 @@ impl Stream {
             )));
         }
         let _guard = self.device.enter()?;
-        // SAFETY: dst holds len bytes; src is a device pointer the caller got
-        // from a mapping or buffer of at least len bytes.
-        cu!(cuMemcpyDtoDAsync(dst.ptr, src, len, self.stream))
+        // SAFETY: dst holds len bytes; the slice was bounds-checked against the
+        // mapping it borrows, and unmapping (cuMemFree) waits for this copy.
+        cu!(cuMemcpyDtoDAsync(
+            dst.ptr,
+            src.device_ptr(),
+            len,
+            self.stream
+        ))
     }
 
     /// Records an event (for timing and host waits).

@@ -282,6 +282,65 @@ fn buffers_both_ways() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+fn linear_images_map_as_buffers_with_their_row_pitch_and_textures_exist() {
+    use vk_export::markers::{HostVisible, Linear};
+    let (ctx, cuda) = pair();
+    let (w, h) = (61u32, 17u32);
+    let image = ExportableImage::<Rgba8Unorm, Linear, HostVisible, usage::Transfer>::new(
+        &ctx,
+        ImageDesc::new_2d(w, h),
+    )
+    .unwrap();
+    let data = pattern((w * h * 4) as usize, 61);
+    ctx.write_image(&image, 0, 0, &data, SubmitSync::default())
+        .unwrap();
+    ctx.release_image(&image, SubmitSync::default()).unwrap();
+    let mut imported = cuda.import_image(&image).unwrap();
+    let mapped = imported.map_buffer().unwrap();
+    let pitch = mapped.row_pitch().unwrap() as usize;
+    assert!(pitch >= (w * 4) as usize, "row pitch {pitch}");
+    let stream = Stream::new(&cuda).unwrap();
+    let mut raw = vec![0u8; pitch * h as usize];
+    mapped.copy_to_host(&stream, &mut raw).unwrap();
+    let row = (w * 4) as usize;
+    for y in 0..h as usize {
+        assert!(
+            raw[y * pitch..y * pitch + row] == data[y * row..(y + 1) * row],
+            "row {y} differs"
+        );
+    }
+    let mut device = cuda_interop::DeviceBuffer::new(&cuda, row).unwrap();
+    stream
+        .copy_device(
+            &mapped.slice(pitch as u64, row as u64).unwrap(),
+            &mut device,
+        )
+        .unwrap();
+    let mut second_row = vec![0u8; row];
+    stream.copy_to_host(&device, &mut second_row).unwrap();
+    assert!(second_row == data[row..2 * row]);
+    println!("linear {w}x{h} RGBA8 (host-visible): row pitch {pitch}, mapped as a buffer, exact");
+
+    // A sampled (no storage) optimal image: a texture object, no surface.
+    let sampled = ExportableImage::<Rgba8Unorm, Optimal, DeviceLocal, usage::Sampled>::new(
+        &ctx,
+        ImageDesc::new_2d(32, 32),
+    )
+    .unwrap();
+    let imported = cuda.import_image(&sampled).unwrap();
+    let array = imported.map_array().unwrap();
+    let level = array.level(0).unwrap();
+    let texture = level.texture().unwrap();
+    assert_ne!(texture.raw(), 0);
+    println!(
+        "texture object {} created on a sampled image's level",
+        texture.raw()
+    );
+    assert_no_validation_errors(&ctx);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
 fn mip_levels_and_array_layers_map_exactly() {
     let (ctx, cuda) = pair();
     let desc = ImageDesc::new_2d(64, 64).mip_levels(3).array_layers(4);
