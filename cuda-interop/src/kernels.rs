@@ -8,6 +8,8 @@
 //!   texels are 4 bytes (RGBA8, R32F, R32UI…).
 //! * `xor_bytes(ptr: u64, len: u64, key: u32)`: `byte ^= key` for `len` bytes.
 //!   Launch with 256-thread blocks covering `len`.
+//! * `store_u32(ptr: u64, value: u32)`: one thread stores `value` at `ptr`
+//!   (used by the tests to inject an illegal-address fault).
 
 /// The PTX module holding the kernels above.
 pub const PTX: &str = r#"
@@ -98,6 +100,16 @@ DONE:
     xor.b16 %rs1, %rs1, %rs2;
     st.global.u8 [%rd5], %rs1;
 DONE:
+    ret;
+}
+
+.visible .entry store_u32(.param .u64 ptr, .param .u32 value)
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [ptr];
+    ld.param.u32 %r1, [value];
+    st.global.u32 [%rd1], %r1;
     ret;
 }
 "#;

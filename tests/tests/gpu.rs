@@ -593,3 +593,112 @@ fn child_cuda_importer() {
         std::process::id()
     );
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+fn repeated_import_map_destroy_leaks_no_fd_and_no_gpu_memory() {
+    let (ctx, cuda) = pair();
+    let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(512, 512).mip_levels(4))
+        .unwrap();
+    let buffer = ExportableBuffer::<DeviceLocal>::new(&ctx, 1 << 20).unwrap();
+    let timeline = TimelineSemaphore::new(&ctx).unwrap();
+    let cycle = || {
+        let imported = cuda.import_image(&image).unwrap();
+        let array = imported.map_array().unwrap();
+        let level = array.level(1).unwrap();
+        let surface = level.surface().unwrap();
+        drop(surface);
+        drop(array);
+        drop(imported);
+        let mut b = cuda.import_buffer(&buffer).unwrap();
+        let mapped = b.map().unwrap();
+        drop(mapped);
+        drop(b);
+        drop(cuda.import_semaphore(&timeline).unwrap());
+    };
+    for _ in 0..20 {
+        cycle();
+    }
+    let (fds, (free, _)) = (open_fd_count(), cuda.memory_info().unwrap());
+    let start = std::time::Instant::now();
+    let cycles = 1000;
+    for _ in 0..cycles {
+        cycle();
+    }
+    let per_cycle = start.elapsed() / cycles;
+    let (fds_after, (free_after, _)) = (open_fd_count(), cuda.memory_info().unwrap());
+    println!(
+        "{cycles} cycles (image import+map+level+surface, buffer import+map, semaphore import): {per_cycle:?} each; \
+         fds {fds} -> {fds_after}; free GPU memory {free} -> {free_after} bytes"
+    );
+    assert_eq!(fds_after, fds, "fd count is flat");
+    assert!(
+        free_after + (2 << 20) >= free,
+        "GPU free memory is flat (within 2 MiB)"
+    );
+    assert_no_validation_errors(&ctx);
+}
+
+/// A kernel writes to an illegal address in a child process: the error is
+/// reported, and every later call says the context is poisoned.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+fn a_sticky_fault_poisons_the_process_and_later_calls_say_so() {
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_poisoned",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CUDA_INTEROP_POISON_CHILD", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    println!("{stdout}");
+    assert!(
+        output.status.success(),
+        "child failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("poisoned:"), "{stdout}");
+}
+
+#[test]
+#[ignore = "entry point of the child process of a_sticky_fault_poisons_the_process_and_later_calls_say_so"]
+fn child_poisoned() {
+    assert!(
+        std::env::var_os("CUDA_INTEROP_POISON_CHILD").is_some(),
+        "started by the parent test"
+    );
+    let (_ctx, cuda) = pair();
+    let module = Module::load_ptx(&cuda, kernels::PTX).unwrap();
+    let store = module.function("store_u32").unwrap();
+    let stream = Stream::new(&cuda).unwrap();
+    let (mut ptr, mut value) = (16u64, 7u32);
+    // SAFETY: deliberately not: the address is illegal. This is the fault
+    // being injected, in a process of its own; the GPU reports it.
+    unsafe {
+        stream.launch(
+            &store,
+            [1, 1, 1],
+            [1, 1, 1],
+            0,
+            &mut [
+                (&mut ptr as *mut u64).cast(),
+                (&mut value as *mut u32).cast(),
+            ],
+        )
+    }
+    .unwrap();
+    let err = stream.synchronize().unwrap_err();
+    println!("fault: {err}");
+    assert!(
+        err.to_string().contains("CUDA_ERROR_ILLEGAL_ADDRESS"),
+        "{err}"
+    );
+    let later = cuda.memory_info().unwrap_err();
+    assert!(matches!(later, Error::Poisoned(_)), "{later}");
+    println!("poisoned: {later}");
+}
