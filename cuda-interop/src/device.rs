@@ -6,6 +6,7 @@ use cuda_interop_sys::{self as sys, CUcontext, CUdevice, CUdevice_attribute, CUu
 
 use crate::driver::cu;
 use crate::error::{Error, Result};
+use vk_export::format_uuid;
 
 /// The CUDA device that *is* a given Vulkan physical device, with its primary
 /// context retained.
@@ -47,18 +48,6 @@ impl fmt::Debug for CudaDevice {
             .field("uuid", &format_uuid(&self.inner.uuid))
             .finish()
     }
-}
-
-pub(crate) fn format_uuid(b: &[u8; 16]) -> String {
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
 }
 
 /// A CUDA device as the driver lists it.

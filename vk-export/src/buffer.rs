@@ -1,13 +1,15 @@
 use std::fmt;
 use std::marker::PhantomData;
-use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::image::{check_memory_type, check_same_device, export_memory_fd, KeepAlive, Owner};
+use crate::image::{
+    allocate_imported, check_memory_type, check_same_device, export_memory_fd, KeepAlive, Owner,
+};
 use crate::markers::{DeviceLocal, MemoryLocation};
 use crate::MEMORY_HANDLE_TYPE;
 
@@ -297,31 +299,21 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
                 reqs.size, reqs.memory_type_bits, info.allocation_size, info.memory_type_index
             )));
         }
-        let raw_fd = fd.into_raw_fd();
-        let mut import = vk::ImportMemoryFdInfoKHR::default()
-            .handle_type(MEMORY_HANDLE_TYPE)
-            .fd(raw_fd);
-        let mut dedicated_info = vk::MemoryDedicatedAllocateInfo::default().buffer(buffer);
-        let mut alloc = vk::MemoryAllocateInfo::default()
-            .allocation_size(info.allocation_size)
-            .memory_type_index(info.memory_type_index)
-            .push_next(&mut import);
-        if info.dedicated {
-            alloc = alloc.push_next(&mut dedicated_info);
-        }
-        // SAFETY: the chain lives across the call; on success Vulkan owns the fd.
-        let memory = match unsafe { device.allocate_memory(&alloc, None) } {
+        let dedicated_to = info
+            .dedicated
+            .then(|| vk::MemoryDedicatedAllocateInfo::default().buffer(buffer));
+        let memory = match allocate_imported(
+            ctx,
+            fd,
+            info.allocation_size,
+            info.memory_type_index,
+            dedicated_to,
+        ) {
             Ok(m) => m,
             Err(e) => {
-                // SAFETY: a failed import leaves the fd with us; close it once.
-                drop(unsafe { OwnedFd::from_raw_fd(raw_fd) });
                 // SAFETY: unused buffer.
                 unsafe { device.destroy_buffer(buffer, None) };
-                return Err(Error::Vulkan {
-                    call: "vkAllocateMemory (import)",
-                    result: e,
-                    hint: "the fd is not an OPAQUE_FD export from this device, or the record does not match it",
-                });
+                return Err(e);
             }
         };
         let mut reqs = reqs;

@@ -32,7 +32,8 @@ impl DeviceIdentity {
     }
 }
 
-pub(crate) fn format_uuid(b: &[u8; 16]) -> String {
+/// A UUID in the 8-4-4-4-12 spelling `nvidia-smi -L` uses (without `GPU-`).
+pub fn format_uuid(b: &[u8; 16]) -> String {
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
     format!(
         "{}-{}-{}-{}-{}",

@@ -673,32 +673,21 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
                 reqs.size, reqs.memory_type_bits, info.allocation_size, info.memory_type_index
             )));
         }
-        let raw_fd = fd.into_raw_fd();
-        let mut import = vk::ImportMemoryFdInfoKHR::default()
-            .handle_type(MEMORY_HANDLE_TYPE)
-            .fd(raw_fd);
-        let mut dedicated_info = vk::MemoryDedicatedAllocateInfo::default().image(image);
-        let mut alloc = vk::MemoryAllocateInfo::default()
-            .allocation_size(info.allocation_size)
-            .memory_type_index(info.memory_type_index)
-            .push_next(&mut import);
-        if info.dedicated {
-            alloc = alloc.push_next(&mut dedicated_info);
-        }
-        // SAFETY: the chain lives across the call; on success Vulkan owns the fd.
-        let memory = match unsafe { device.allocate_memory(&alloc, None) } {
+        let dedicated_to = info
+            .dedicated
+            .then(|| vk::MemoryDedicatedAllocateInfo::default().image(image));
+        let memory = match allocate_imported(
+            ctx,
+            fd,
+            info.allocation_size,
+            info.memory_type_index,
+            dedicated_to,
+        ) {
             Ok(m) => m,
             Err(e) => {
-                // SAFETY: a failed import does not take ownership: the fd is
-                // still ours, and nothing else refers to this number.
-                drop(unsafe { OwnedFd::from_raw_fd(raw_fd) });
                 // SAFETY: unused image.
                 unsafe { device.destroy_image(image, None) };
-                return Err(Error::Vulkan {
-                    call: "vkAllocateMemory (import)",
-                    result: e,
-                    hint: "the fd is not an OPAQUE_FD export from this device, or the record does not match it",
-                });
+                return Err(e);
             }
         };
         Self::finish(
@@ -750,6 +739,40 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
     pub fn keep_alive(&self) -> KeepAlive {
         KeepAlive::new(self.inner.clone())
     }
+}
+
+/// Allocates memory that imports `fd`: consumed on success, closed on failure
+/// (a failed import leaves the fd with the caller, which is this function).
+pub(crate) fn allocate_imported(
+    ctx: &Context,
+    fd: OwnedFd,
+    size: u64,
+    memory_type_index: u32,
+    dedicated_to: Option<vk::MemoryDedicatedAllocateInfo<'static>>,
+) -> Result<vk::DeviceMemory> {
+    let raw_fd = fd.into_raw_fd();
+    let mut import = vk::ImportMemoryFdInfoKHR::default()
+        .handle_type(MEMORY_HANDLE_TYPE)
+        .fd(raw_fd);
+    let mut dedicated_info = dedicated_to.unwrap_or_default();
+    let mut alloc = vk::MemoryAllocateInfo::default()
+        .allocation_size(size)
+        .memory_type_index(memory_type_index)
+        .push_next(&mut import);
+    if dedicated_to.is_some() {
+        alloc = alloc.push_next(&mut dedicated_info);
+    }
+    // SAFETY: the chain lives across the call; on success Vulkan owns the fd.
+    unsafe { ctx.inner.device.allocate_memory(&alloc, None) }.map_err(|e| {
+        // SAFETY: a failed import does not take ownership: the fd is still
+        // ours, and nothing else refers to this number.
+        drop(unsafe { OwnedFd::from_raw_fd(raw_fd) });
+        Error::Vulkan {
+            call: "vkAllocateMemory (import)",
+            result: e,
+            hint: "the fd is not an OPAQUE_FD export from this device, or the record does not match it",
+        }
+    })
 }
 
 pub(crate) fn export_memory_fd(ctx: &Context, memory: vk::DeviceMemory) -> Result<OwnedFd> {

@@ -50,7 +50,7 @@ pub mod wire;
 
 pub use buffer::{BufferInfo, BufferRecord, ExportableBuffer, BUFFER_USAGE};
 pub use context::{
-    Context, DeviceIdentity, HeadlessOptions, Validation, OPTIONAL_DEVICE_EXTENSIONS,
+    format_uuid, Context, DeviceIdentity, HeadlessOptions, Validation, OPTIONAL_DEVICE_EXTENSIONS,
     REQUIRED_DEVICE_EXTENSIONS,
 };
 pub use error::{Error, Result};
