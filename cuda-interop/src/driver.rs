@@ -88,9 +88,10 @@ fn hint(call: &str, code: CUresult) -> Option<&'static str> {
             "the fd must be a fresh OPAQUE_FD export of memory on this GPU, with size = allocationSize and \
              the dedicated flag matching the Vulkan allocation",
         ),
-        ("cuImportExternalMemory" | "cuImportExternalSemaphore", CUresult::CUDA_ERROR_OPERATING_SYSTEM) => {
-            Some("the fd is not a GPU export (a regular file, pipe or closed fd?)")
-        }
+        (
+            "cuImportExternalMemory" | "cuImportExternalSemaphore",
+            CUresult::CUDA_ERROR_OPERATING_SYSTEM | CUresult::CUDA_ERROR_UNKNOWN,
+        ) => Some("the fd is not a GPU export of this kind (a regular file, pipe or closed fd?)"),
         ("cuDevicePrimaryCtxRetain", CUresult::CUDA_ERROR_UNKNOWN) => {
             Some("the device's compute mode may be PROHIBITED")
         }
