@@ -253,9 +253,10 @@ fn hostile_socket_input_is_rejected_and_no_fd_leaks() {
             Error::Wire(WireError::Closed)
         ));
     }
+    let after = open_fd_count();
+    println!("open fds: {baseline} before, {after} after 7 hostile and valid exchanges");
     assert_eq!(
-        open_fd_count(),
-        baseline,
+        after, baseline,
         "every fd sent or received was closed exactly once"
     );
 }
