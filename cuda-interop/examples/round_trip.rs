@@ -266,7 +266,11 @@ fn run(frames: u32, bench: bool, device_uuid: Option<[u8; 16]>) -> Res<()> {
             b.as_secs_f64() / p.as_secs_f64()
         );
     }
-    println!("validation errors: {}", ctx.validation_errors());
+    println!(
+        "validation errors: {}; failed CUDA destroys so far: {}",
+        ctx.validation_errors(),
+        cuda_interop::drop_errors()
+    );
     if ctx.validation_errors() > 0 {
         return Err("the validation layer reported errors".into());
     }

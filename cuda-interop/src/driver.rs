@@ -153,6 +153,24 @@ macro_rules! cu {
 }
 pub(crate) use cu;
 
+static DROP_ERRORS: AtomicU32 = AtomicU32::new(0);
+
+/// `Drop` cannot return errors; a failed destroy or free (an interposed
+/// allocator refusing `cuMemFree`, a lost device) is counted and printed
+/// instead of being lost.
+pub(crate) fn record_drop_error(result: Result<()>) {
+    if let Err(e) = result {
+        DROP_ERRORS.fetch_add(1, Ordering::Relaxed);
+        eprintln!("cuda-interop: a destructor failed: {e}");
+    }
+}
+
+/// How many destroy or free calls made by `Drop` implementations have failed
+/// in this process (each was also printed to stderr).
+pub fn drop_errors() -> u32 {
+    DROP_ERRORS.load(Ordering::Relaxed)
+}
+
 /// The driver's version, if a driver is present.
 pub fn driver_version() -> Result<cuda_interop_sys::DriverVersion> {
     let driver = api()?;

@@ -50,7 +50,7 @@ mod semaphore;
 mod stream;
 
 pub use device::{list_devices, ContextGuard, CudaDevice, DeviceListing};
-pub use driver::driver_version;
+pub use driver::{driver_version, drop_errors};
 pub use error::{DriverError, Error, ImportError, Result};
 pub use memory::{
     array_descriptor, DeviceSlice, ExternalMemory, ImportedBuffer, ImportedImage, LevelArray,

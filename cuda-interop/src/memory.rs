@@ -54,7 +54,9 @@ impl Drop for ExternalMemory {
         if let Ok(_guard) = self.device.enter() {
             // SAFETY: every mapping borrowed `self` and was freed before this
             // runs; destroyed once.
-            let _ = (|| -> Result<()> { cu!(cuDestroyExternalMemory(self.handle)) })();
+            crate::driver::record_drop_error((|| -> Result<()> {
+                cu!(cuDestroyExternalMemory(self.handle))
+            })());
         }
     }
 }
@@ -415,7 +417,7 @@ impl Drop for MappedBuffer<'_> {
     fn drop(&mut self) {
         if let Ok(_guard) = self.memory.device.enter() {
             // SAFETY: the mapped pointer is freed once, before the import (borrow).
-            let _ = (|| -> Result<()> { cu!(cuMemFree(self.ptr)) })();
+            crate::driver::record_drop_error((|| -> Result<()> { cu!(cuMemFree(self.ptr)) })());
         }
     }
 }
@@ -522,7 +524,9 @@ impl<F, U> Drop for MappedArray<'_, F, U> {
         if let Ok(_guard) = self.memory.device.enter() {
             // SAFETY: level arrays and their objects borrowed `self` and are
             // gone; the mipmapped array owns the levels and is destroyed once.
-            let _ = (|| -> Result<()> { cu!(cuMipmappedArrayDestroy(self.handle)) })();
+            crate::driver::record_drop_error((|| -> Result<()> {
+                cu!(cuMipmappedArrayDestroy(self.handle))
+            })());
         }
     }
 }
@@ -743,7 +747,9 @@ impl Drop for Surface<'_> {
     fn drop(&mut self) {
         if let Ok(_guard) = self.device.enter() {
             // SAFETY: created here, destroyed once.
-            let _ = (|| -> Result<()> { cu!(cuSurfObjectDestroy(self.handle)) })();
+            crate::driver::record_drop_error((|| -> Result<()> {
+                cu!(cuSurfObjectDestroy(self.handle))
+            })());
         }
     }
 }
@@ -767,7 +773,9 @@ impl Drop for Texture<'_> {
     fn drop(&mut self) {
         if let Ok(_guard) = self.device.enter() {
             // SAFETY: created here, destroyed once.
-            let _ = (|| -> Result<()> { cu!(cuTexObjectDestroy(self.handle)) })();
+            crate::driver::record_drop_error((|| -> Result<()> {
+                cu!(cuTexObjectDestroy(self.handle))
+            })());
         }
     }
 }

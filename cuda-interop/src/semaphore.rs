@@ -37,12 +37,12 @@ impl<K> Drop for ExternalSemaphore<K> {
         if let Ok(_guard) = self.device.enter() {
             // Outstanding signals and waits must complete before the semaphore
             // is destroyed: wait for the context's work first.
-            let _ = (|| -> Result<()> {
+            crate::driver::record_drop_error((|| -> Result<()> {
                 // SAFETY: the context is current.
                 cu!(cuCtxSynchronize())?;
                 // SAFETY: destroyed once, after its operations completed.
                 cu!(cuDestroyExternalSemaphore(self.handle))
-            })();
+            })());
         }
     }
 }

@@ -168,10 +168,10 @@ impl Drop for Stream {
     fn drop(&mut self) {
         if let Ok(_guard) = self.device.enter() {
             // Streams are destroyed asynchronously; pending work still completes.
-            let _ = (|| -> Result<()> {
+            crate::driver::record_drop_error((|| -> Result<()> {
                 // SAFETY: a live stream, not used again.
                 cu!(cuStreamDestroy(self.stream))
-            })();
+            })());
         }
     }
 }
@@ -223,7 +223,7 @@ impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         if let Ok(_guard) = self.device.enter() {
             // SAFETY: allocated by cuMemAlloc in this context, freed once.
-            let _ = (|| -> Result<()> { cu!(cuMemFree(self.ptr)) })();
+            crate::driver::record_drop_error((|| -> Result<()> { cu!(cuMemFree(self.ptr)) })());
         }
     }
 }
@@ -272,7 +272,9 @@ impl Drop for Event {
     fn drop(&mut self) {
         if let Ok(_guard) = self.device.enter() {
             // SAFETY: a live event, destroyed once.
-            let _ = (|| -> Result<()> { cu!(cuEventDestroy(self.event)) })();
+            crate::driver::record_drop_error((|| -> Result<()> {
+                cu!(cuEventDestroy(self.event))
+            })());
         }
     }
 }
@@ -327,7 +329,9 @@ impl Drop for Module {
     fn drop(&mut self) {
         if let Ok(_guard) = self.device.enter() {
             // SAFETY: a live module, unloaded once; functions borrow it.
-            let _ = (|| -> Result<()> { cu!(cuModuleUnload(self.module)) })();
+            crate::driver::record_drop_error((|| -> Result<()> {
+                cu!(cuModuleUnload(self.module))
+            })());
         }
     }
 }

@@ -632,6 +632,7 @@ fn repeated_import_map_destroy_leaks_no_fd_and_no_gpu_memory() {
          fds {fds} -> {fds_after}; free GPU memory {free} -> {free_after} bytes"
     );
     assert_eq!(fds_after, fds, "fd count is flat");
+    assert_eq!(cuda_interop::drop_errors(), 0, "no destroy or free failed");
     assert!(
         free_after + (2 << 20) >= free,
         "GPU free memory is flat (within 2 MiB)"
