@@ -184,7 +184,8 @@ fn take_buffer<M>(ctx: &Context, cmd: vk::CommandBuffer, buffer: &ExportableBuff
 }
 
 impl Context {
-    fn transfer_state(&self) -> Result<std::sync::MutexGuard<'_, Option<TransferState>>> {
+    /// Runs `f` with the context's transfer state, locked, created on first use.
+    fn with_transfer<R>(&self, f: impl FnOnce(&mut TransferState) -> Result<R>) -> Result<R> {
         let mut guard = self
             .inner
             .transfer
@@ -236,12 +237,17 @@ impl Context {
                 staging: None,
             });
         }
-        Ok(guard)
+        f(guard.as_mut().expect("created above"))
     }
 
-    fn ensure_staging(&self, state: &mut TransferState, size: u64) -> Result<()> {
-        if state.staging.as_ref().is_some_and(|s| s.size >= size) {
-            return Ok(());
+    /// A host-visible staging buffer of at least `size` bytes, and its mapping.
+    fn ensure_staging(
+        &self,
+        state: &mut TransferState,
+        size: u64,
+    ) -> Result<(vk::Buffer, *mut u8)> {
+        if let Some(s) = state.staging.as_ref().filter(|s| s.size >= size) {
+            return Ok((s.buffer, s.ptr));
         }
         let device = &self.inner.device;
         if let Some(old) = state.staging.take() {
@@ -296,7 +302,7 @@ impl Context {
                     ptr: ptr.cast(),
                     size,
                 });
-                Ok(())
+                Ok((buffer, ptr.cast()))
             }
             Err(e) => {
                 // SAFETY: unused.
@@ -318,9 +324,42 @@ impl Context {
         sync: SubmitSync<'_>,
         record: impl FnOnce(&ash::Device, vk::CommandBuffer),
     ) -> Result<()> {
-        let guard = self.transfer_state()?;
-        let state = guard.as_ref().expect("initialised by transfer_state");
-        self.run(state, sync, |cmd| record(&self.inner.device, cmd))
+        self.with_transfer(|state| self.run(state, sync, |cmd| record(&self.inner.device, cmd)))
+    }
+
+    /// Copies `data` into the staging buffer, then submits `record` (given
+    /// the staging buffer) and waits.
+    fn upload(
+        &self,
+        data: &[u8],
+        sync: SubmitSync<'_>,
+        record: impl FnOnce(vk::CommandBuffer, vk::Buffer),
+    ) -> Result<()> {
+        self.with_transfer(|state| {
+            let (staging, ptr) = self.ensure_staging(state, data.len() as u64)?;
+            // SAFETY: the staging mapping holds at least data.len() bytes and no
+            // submission is using it (the last one was waited for).
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
+            self.run(state, sync, |cmd| record(cmd, staging))
+        })
+    }
+
+    /// Submits `record` (given the staging buffer), waits, and returns the
+    /// first `len` bytes of the staging buffer.
+    fn download(
+        &self,
+        len: u64,
+        sync: SubmitSync<'_>,
+        record: impl FnOnce(vk::CommandBuffer, vk::Buffer),
+    ) -> Result<Vec<u8>> {
+        self.with_transfer(|state| {
+            let (staging, ptr) = self.ensure_staging(state, len)?;
+            self.run(state, sync, |cmd| record(cmd, staging))?;
+            let mut out = vec![0u8; len as usize];
+            // SAFETY: the copy completed (fence waited); coherent memory.
+            unsafe { std::ptr::copy_nonoverlapping(ptr, out.as_mut_ptr(), out.len()) };
+            Ok(out)
+        })
     }
 
     fn run(
@@ -441,15 +480,7 @@ impl Context {
                 data.len()
             )));
         }
-        let mut guard = self.transfer_state()?;
-        let state = guard.as_mut().expect("initialised by transfer_state");
-        self.ensure_staging(state, bytes)?;
-        let staging = state.staging.as_ref().expect("just ensured");
-        // SAFETY: the staging mapping holds at least `bytes` bytes and no
-        // submission is using it (the last one was waited for).
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), staging.ptr, data.len()) };
-        let staging_buffer = staging.buffer;
-        self.run(state, sync, |cmd| {
+        self.upload(data, sync, |cmd, staging_buffer| {
             take_image(
                 self,
                 cmd,
@@ -479,12 +510,7 @@ impl Context {
         sync: SubmitSync<'_>,
     ) -> Result<Vec<u8>> {
         let (bytes, extent) = Self::level_bytes(&image.inner.info, level, layer)?;
-        let mut guard = self.transfer_state()?;
-        let state = guard.as_mut().expect("initialised by transfer_state");
-        self.ensure_staging(state, bytes)?;
-        let staging = state.staging.as_ref().expect("just ensured");
-        let (staging_buffer, ptr) = (staging.buffer, staging.ptr);
-        self.run(state, sync, |cmd| {
+        self.download(bytes, sync, |cmd, staging_buffer| {
             take_image(
                 self,
                 cmd,
@@ -502,11 +528,7 @@ impl Context {
                 )
             };
             take_image(self, cmd, &image.inner, vk::ImageLayout::GENERAL);
-        })?;
-        let mut out = vec![0u8; bytes as usize];
-        // SAFETY: the copy completed (fence waited); coherent memory.
-        unsafe { std::ptr::copy_nonoverlapping(ptr, out.as_mut_ptr(), out.len()) };
-        Ok(out)
+        })
     }
 
     /// Clears every level and layer of `image` to `color`.
@@ -516,9 +538,7 @@ impl Context {
         color: vk::ClearColorValue,
         sync: SubmitSync<'_>,
     ) -> Result<()> {
-        let guard = self.transfer_state()?;
-        let state = guard.as_ref().expect("initialised by transfer_state");
-        self.run(state, sync, |cmd| {
+        self.submit_and_wait(sync, |_, cmd| {
             take_image(
                 self,
                 cmd,
@@ -554,9 +574,7 @@ impl Context {
         image: &ExportableImage<F, T, M, U>,
         sync: SubmitSync<'_>,
     ) -> Result<()> {
-        let guard = self.transfer_state()?;
-        let state = guard.as_ref().expect("initialised by transfer_state");
-        self.run(state, sync, |cmd| {
+        self.submit_and_wait(sync, |_, cmd| {
             let mut owner = image.inner.owner.lock().unwrap_or_else(|p| p.into_inner());
             let old = match *owner {
                 Owner::Vulkan(l) => l,
@@ -599,14 +617,7 @@ impl Context {
                 buffer.size()
             )));
         }
-        let mut guard = self.transfer_state()?;
-        let state = guard.as_mut().expect("initialised by transfer_state");
-        self.ensure_staging(state, data.len() as u64)?;
-        let staging = state.staging.as_ref().expect("just ensured");
-        // SAFETY: the mapping holds at least data.len() bytes; no submission uses it.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), staging.ptr, data.len()) };
-        let src = staging.buffer;
-        self.run(state, sync, |cmd| {
+        self.upload(data, sync, |cmd, src| {
             take_buffer(self, cmd, buffer);
             let region = vk::BufferCopy {
                 src_offset: 0,
@@ -642,12 +653,7 @@ impl Context {
                 buffer.size()
             )));
         }
-        let mut guard = self.transfer_state()?;
-        let state = guard.as_mut().expect("initialised by transfer_state");
-        self.ensure_staging(state, len)?;
-        let staging = state.staging.as_ref().expect("just ensured");
-        let (dst, ptr) = (staging.buffer, staging.ptr);
-        self.run(state, sync, |cmd| {
+        self.download(len, sync, |cmd, dst| {
             take_buffer(self, cmd, buffer);
             let region = vk::BufferCopy {
                 src_offset: 0,
@@ -660,11 +666,7 @@ impl Context {
                     .device
                     .cmd_copy_buffer(cmd, buffer.raw(), dst, &[region])
             };
-        })?;
-        let mut out = vec![0u8; len as usize];
-        // SAFETY: the copy completed; coherent memory.
-        unsafe { std::ptr::copy_nonoverlapping(ptr, out.as_mut_ptr(), out.len()) };
-        Ok(out)
+        })
     }
 
     /// Releases `buffer` to `VK_QUEUE_FAMILY_EXTERNAL`.
@@ -673,9 +675,7 @@ impl Context {
         buffer: &ExportableBuffer<M>,
         sync: SubmitSync<'_>,
     ) -> Result<()> {
-        let guard = self.transfer_state()?;
-        let state = guard.as_ref().expect("initialised by transfer_state");
-        self.run(state, sync, |cmd| {
+        self.submit_and_wait(sync, |_, cmd| {
             buffer_barrier(
                 self,
                 cmd,
