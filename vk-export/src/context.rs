@@ -175,7 +175,7 @@ impl Context {
         } else {
             None
         };
-        match Self::create_device(&entry, &instance, options) {
+        match Self::create_device(&instance, options) {
             Ok((physical, device, queue_family)) => {
                 // SAFETY: the device and instance were just created here and
                 // belong to the context from now on.
@@ -206,11 +206,9 @@ impl Context {
     }
 
     fn create_device(
-        entry: &ash::Entry,
         instance: &ash::Instance,
         options: &HeadlessOptions,
     ) -> Result<(vk::PhysicalDevice, ash::Device, u32)> {
-        let _ = entry;
         // SAFETY: plain enumeration on a live instance.
         let physicals = unsafe { instance.enumerate_physical_devices() }.map_err(Error::vk(
             "vkEnumeratePhysicalDevices",

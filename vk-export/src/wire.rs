@@ -567,21 +567,28 @@ impl Received {
         Ok((resource.clone(), fd))
     }
 
-    fn wrong(
+    /// Takes resource `index` with its fd if `typed` accepts it (`Err`: wrong
+    /// kind, named; `Ok(Err)`: right kind, wrong types). On any refusal the fd stays
+    /// in `self`, to be taken as what it is or closed with the message.
+    fn take_typed<R>(
         &mut self,
         index: usize,
-        found: &Resource,
         expected: &'static str,
-        fd: OwnedFd,
-    ) -> Error {
-        // Put the fd back: the caller may still take the resource as what it is.
+        typed: impl FnOnce(Resource) -> Result<Result<R, Error>, &'static str>,
+    ) -> Result<(R, OwnedFd), Error> {
+        let (resource, fd) = self.take(index, expected)?;
+        let refused = match typed(resource) {
+            Ok(Ok(record)) => return Ok((record, fd)),
+            Ok(Err(e)) => e,
+            Err(found) => WireError::WrongResource {
+                index,
+                found,
+                expected,
+            }
+            .into(),
+        };
         self.fds[index] = Some(fd);
-        WireError::WrongResource {
-            index,
-            found: found.kind_name(),
-            expected,
-        }
-        .into()
+        Err(refused)
     }
 
     /// Resource `index` as an image of these types, with its fd. On a type
@@ -594,16 +601,10 @@ impl Received {
         &mut self,
         index: usize,
     ) -> Result<(ImageRecord<F, T, M, U>, OwnedFd), Error> {
-        match self.take(index, "an image")? {
-            (Resource::Image(info), fd) => match info.typed() {
-                Ok(record) => Ok((record, fd)),
-                Err(e) => {
-                    self.fds[index] = Some(fd);
-                    Err(e)
-                }
-            },
-            (other, fd) => Err(self.wrong(index, &other, "an image", fd)),
-        }
+        self.take_typed(index, "an image", |r| match r {
+            Resource::Image(info) => Ok(info.typed()),
+            other => Err(other.kind_name()),
+        })
     }
 
     /// Resource `index` as a buffer in memory `M`, with its fd.
@@ -611,16 +612,10 @@ impl Received {
         &mut self,
         index: usize,
     ) -> Result<(BufferRecord<M>, OwnedFd), Error> {
-        match self.take(index, "a buffer")? {
-            (Resource::Buffer(info), fd) => match info.typed() {
-                Ok(record) => Ok((record, fd)),
-                Err(e) => {
-                    self.fds[index] = Some(fd);
-                    Err(e)
-                }
-            },
-            (other, fd) => Err(self.wrong(index, &other, "a buffer", fd)),
-        }
+        self.take_typed(index, "a buffer", |r| match r {
+            Resource::Buffer(info) => Ok(info.typed()),
+            other => Err(other.kind_name()),
+        })
     }
 
     /// Resource `index` as a semaphore of kind `K`, with its fd.
@@ -628,15 +623,9 @@ impl Received {
         &mut self,
         index: usize,
     ) -> Result<(SemaphoreRecord<K>, OwnedFd), Error> {
-        match self.take(index, "a semaphore")? {
-            (Resource::Semaphore(info), fd) => match info.typed() {
-                Ok(record) => Ok((record, fd)),
-                Err(e) => {
-                    self.fds[index] = Some(fd);
-                    Err(e)
-                }
-            },
-            (other, fd) => Err(self.wrong(index, &other, "a semaphore", fd)),
-        }
+        self.take_typed(index, "a semaphore", |r| match r {
+            Resource::Semaphore(info) => Ok(info.typed()),
+            other => Err(other.kind_name()),
+        })
     }
 }
