@@ -66,8 +66,7 @@ fn main() -> Res<()> {
         Ok(value)
     };
 
-    let measure = |name: &str,
-                   wait: &mut dyn FnMut(u64) -> Res<()>,
+    let measure = |wait: &mut dyn FnMut(u64) -> Res<()>,
                    enqueue: &mut dyn FnMut() -> Res<u64>|
      -> Res<Vec<Duration>> {
         let mut t = Vec::with_capacity(iterations);
@@ -79,23 +78,16 @@ fn main() -> Res<()> {
                 t.push(start.elapsed());
             }
         }
-        let _ = name;
         Ok(t)
     };
 
-    let mut baseline = measure(
-        "cuStreamSynchronize",
-        &mut |_| Ok(stream.synchronize()?),
-        &mut enqueue,
-    )?;
+    let mut baseline = measure(&mut |_| Ok(stream.synchronize()?), &mut enqueue)?;
     let timeout = Duration::from_secs(10);
     let mut block = measure(
-        "vkWaitSemaphores",
         &mut |v| Ok(timeline.wait(v, timeout, WaitStrategy::Block)?),
         &mut enqueue,
     )?;
     let mut poll = measure(
-        "adaptive poll",
         &mut |v| Ok(timeline.wait(v, timeout, WaitStrategy::ADAPTIVE)?),
         &mut enqueue,
     )?;
