@@ -137,9 +137,9 @@ fn run(frames: u32, bench: bool, device_uuid: Option<[u8; 16]>) -> Res<()> {
     let info = image.info();
     println!(
         "image {WIDTH}x{HEIGHT} RGBA8 optimal, import size {} bytes (w*h*4 = {}), dedicated {}",
-        info.allocation_size,
+        info.allocation_size(),
         WIDTH * HEIGHT * 4,
-        info.dedicated
+        info.dedicated()
     );
     let timeline = TimelineSemaphore::new(&ctx)?;
     let imported = cuda.import_image(&image)?;

@@ -148,7 +148,7 @@ impl CudaDevice {
         &self,
         image: &ExportableImage<F, T, M, U>,
     ) -> Result<ImportedImage<F, T, M, U>> {
-        self.check_resource_device(&image.info().device_uuid)?;
+        self.check_resource_device(&image.info().device_uuid())?;
         let fd = image.export_fd()?;
         self.import_image_inner(image.record(), fd, Some(image.keep_alive()))
             .map_err(ImportError::into_error)
@@ -171,10 +171,10 @@ impl CudaDevice {
         keep: Option<KeepAlive>,
     ) -> Result<ImportedImage<F, T, M, U>, ImportError> {
         let info = record.into_info();
-        if let Err(error) = self.check_resource_device(&info.device_uuid) {
+        if let Err(error) = self.check_resource_device(&info.device_uuid()) {
             return Err(ImportError { error, fd });
         }
-        let memory = import_memory(self, fd, info.allocation_size, info.dedicated, keep)?;
+        let memory = import_memory(self, fd, info.allocation_size(), info.dedicated(), keep)?;
         Ok(ImportedImage {
             memory,
             info,
@@ -187,7 +187,7 @@ impl CudaDevice {
         &self,
         buffer: &ExportableBuffer<M>,
     ) -> Result<ImportedBuffer<M>> {
-        self.check_resource_device(&buffer.info().device_uuid)?;
+        self.check_resource_device(&buffer.info().device_uuid())?;
         let fd = buffer.export_fd()?;
         self.import_buffer_inner(buffer.record(), fd, Some(buffer.keep_alive()))
             .map_err(ImportError::into_error)
@@ -210,14 +210,14 @@ impl CudaDevice {
         keep: Option<KeepAlive>,
     ) -> Result<ImportedBuffer<M>, ImportError> {
         let info = record.into_info();
-        if let Err(error) = self.check_resource_device(&info.device_uuid) {
+        if let Err(error) = self.check_resource_device(&info.device_uuid()) {
             return Err(ImportError { error, fd });
         }
-        let memory = import_memory(self, fd, info.allocation_size, info.dedicated, keep)?;
+        let memory = import_memory(self, fd, info.allocation_size(), info.dedicated(), keep)?;
         Ok(ImportedBuffer {
             memory,
-            size: info.size,
-            alignment: info.alignment,
+            size: info.size(),
+            alignment: info.alignment(),
             _types: PhantomData,
         })
     }
@@ -287,8 +287,8 @@ fn cuda_format(channel: ChannelType) -> CUarray_format {
 /// The CUDA array descriptor for an image, derived only from its record.
 pub fn array_descriptor<F: Format>(info: &ImageInfo) -> sys::CUDA_ARRAY3D_DESCRIPTOR {
     let cube = info.is_cube();
-    let three_d = info.image_type == vk::ImageType::TYPE_3D;
-    let layered = !three_d && (info.array_layers > 1 && !(cube && info.array_layers == 6));
+    let three_d = info.image_type() == vk::ImageType::TYPE_3D;
+    let layered = !three_d && (info.array_layers() > 1 && !(cube && info.array_layers() == 6));
     let mut flags = 0;
     if layered {
         flags |= CUDA_ARRAY3D_LAYERED;
@@ -296,22 +296,22 @@ pub fn array_descriptor<F: Format>(info: &ImageInfo) -> sys::CUDA_ARRAY3D_DESCRI
     if cube {
         flags |= CUDA_ARRAY3D_CUBEMAP;
     }
-    if info.usage.contains(vk::ImageUsageFlags::STORAGE) {
+    if info.usage().contains(vk::ImageUsageFlags::STORAGE) {
         flags |= CUDA_ARRAY3D_SURFACE_LDST;
     }
-    if info.usage.contains(vk::ImageUsageFlags::COLOR_ATTACHMENT) {
+    if info.usage().contains(vk::ImageUsageFlags::COLOR_ATTACHMENT) {
         flags |= CUDA_ARRAY3D_COLOR_ATTACHMENT;
     }
     let depth = if three_d {
-        info.extent[2]
-    } else if info.array_layers > 1 {
-        info.array_layers
+        info.extent()[2]
+    } else if info.array_layers() > 1 {
+        info.array_layers()
     } else {
         0
     };
     sys::CUDA_ARRAY3D_DESCRIPTOR {
-        Width: info.extent[0] as usize,
-        Height: info.extent[1] as usize,
+        Width: info.extent()[0] as usize,
+        Height: info.extent()[1] as usize,
         Depth: depth as usize,
         Format: cuda_format(F::CHANNEL),
         NumChannels: F::CHANNELS,
@@ -353,18 +353,18 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ImportedImage<F, T, M, U
         };
         let device = &self.memory.device;
         let (max_w, max_h) = (device.attribute(w_attr)?, device.attribute(h_attr)?);
-        if info.extent[0] as i64 > max_w as i64 || info.extent[1] as i64 > max_h as i64 {
+        if info.extent()[0] as i64 > max_w as i64 || info.extent()[1] as i64 > max_h as i64 {
             return Err(Error::Unsupported(format!(
                 "a {}x{} array: this device allows at most {max_w}x{max_h}{}",
-                info.extent[0],
-                info.extent[1],
+                info.extent()[0],
+                info.extent()[1],
                 if surface { " with surface access" } else { "" }
             )));
         }
         let mipmapped = sys::CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC {
-            offset: info.offset,
+            offset: info.offset(),
             arrayDesc: desc,
-            numLevels: info.mip_levels,
+            numLevels: info.mip_levels(),
             ..Default::default()
         };
         let _guard = device.enter()?;
@@ -392,8 +392,8 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ImportedImage<F, T, M, U
         map_buffer(
             &self.memory,
             0,
-            self.info.allocation_size,
-            Some(self.info.row_pitch),
+            self.info.allocation_size(),
+            Some(self.info.row_pitch()),
         )
     }
 }
@@ -534,21 +534,20 @@ impl<F, U> Drop for MappedArray<'_, F, U> {
 impl<F: Format, U: Usage> MappedArray<'_, F, U> {
     /// Mip level `level` as a CUDA array (a view owned by this array).
     pub fn level(&self, level: u32) -> Result<LevelArray<'_, F, U>> {
-        if level >= self.info.mip_levels {
+        let Some(e) = self.info.level_extent(level) else {
             return Err(Error::InvalidArgument(format!(
                 "level {level} of an image with {} levels",
-                self.info.mip_levels
+                self.info.mip_levels()
             )));
-        }
+        };
         let _guard = self.memory.device.enter()?;
         let mut array: CUarray = std::ptr::null_mut();
         // SAFETY: a live mipmapped array; level is in range.
         cu!(cuMipmappedArrayGetLevel(&mut array, self.handle, level))?;
-        let e = self.info.level_extent(level);
-        let depth = if self.info.image_type == vk::ImageType::TYPE_3D {
+        let depth = if self.info.image_type() == vk::ImageType::TYPE_3D {
             e[2]
         } else {
-            self.info.array_layers
+            self.info.array_layers()
         };
         Ok(LevelArray {
             device: &self.memory.device,
@@ -559,7 +558,7 @@ impl<F: Format, U: Usage> MappedArray<'_, F, U> {
     }
     /// Mip levels.
     pub fn levels(&self) -> u32 {
-        self.info.mip_levels
+        self.info.mip_levels()
     }
 }
 

@@ -87,7 +87,7 @@ impl CudaDevice {
         record: SemaphoreRecord<K>,
         fd: OwnedFd,
     ) -> Result<ExternalSemaphore<K>, ImportError> {
-        if let Err(error) = self.check_resource_device(&record.info().device_uuid) {
+        if let Err(error) = self.check_resource_device(&record.info().device_uuid()) {
             return Err(ImportError { error, fd });
         }
         let guard = match self.enter() {

@@ -7,39 +7,30 @@ use cuda_interop::sys::{
     CUDA_ARRAY3D_SURFACE_LDST,
 };
 use cuda_interop::{array_descriptor, CudaDevice, Error};
+use cuda_interop_tests::sample::ImageFields;
 use vk_export::format::{Format, R32Sfloat, Rgba16Sfloat, Rgba8Unorm};
 use vk_export::markers::{usage, Usage};
 use vk_export::ImageInfo;
 
 fn info<F: Format, U: Usage>(extent: [u32; 3], levels: u32, layers: u32, cube: bool) -> ImageInfo {
-    ImageInfo {
-        format: F::VK,
-        image_type: if extent[2] > 1 {
-            vk::ImageType::TYPE_3D
-        } else {
-            vk::ImageType::TYPE_2D
-        },
+    ImageFields {
+        format: F::VK.as_raw() as u32,
+        image_type: if extent[2] > 1 { 2 } else { 1 },
         extent,
         mip_levels: levels,
         array_layers: layers,
         flags: if cube {
-            vk::ImageCreateFlags::CUBE_COMPATIBLE
+            vk::ImageCreateFlags::CUBE_COMPATIBLE.as_raw()
         } else {
-            vk::ImageCreateFlags::empty()
+            0
         },
-        tiling: vk::ImageTiling::OPTIMAL,
-        usage: U::VK,
-        allocation_size: 1 << 20,
+        tiling: 0,
+        usage: U::VK.as_raw(),
+        allocation_size: 1 << 30,
         memory_type_index: 0,
-        memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL,
-        dedicated: true,
-        alignment: 1024,
-        offset: 0,
-        row_pitch: 0,
-        array_pitch: 0,
-        device_uuid: [0; 16],
-        driver_uuid: [0; 16],
+        memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL.as_raw(),
     }
+    .decode()
 }
 
 #[test]

@@ -104,8 +104,11 @@ fn a_foreign_uuid_is_refused_before_any_driver_call_and_the_fd_comes_back() {
     );
     let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(32, 32)).unwrap();
     let baseline = open_fd_count();
-    let mut info = image.info().clone();
-    info.device_uuid = [0xab; 16];
+    let info = cuda_interop_tests::tamper::image(
+        image.info(),
+        "device_uuid",
+        cuda_interop_tests::tamper::set(0xab),
+    );
     let record = info
         .typed::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>()
         .unwrap();
@@ -165,8 +168,8 @@ fn vulkan_writes_cuda_reads<F: Format>(ctx: &Context, cuda: &CudaDevice) {
         "{}: {} bytes, import size {} (dedicated {}), exact",
         F::NAME,
         out.len(),
-        image.info().allocation_size,
-        image.info().dedicated
+        image.info().allocation_size(),
+        image.info().dedicated()
     );
 }
 
@@ -347,7 +350,7 @@ fn mip_levels_and_array_layers_map_exactly() {
     let image = ExportableImage::<Rgba8Unorm>::new(&ctx, desc).unwrap();
     let mut expected_levels = Vec::new();
     for level in 0..3 {
-        let e = image.info().level_extent(level);
+        let e = image.info().level_extent(level).unwrap();
         let mut all_layers = Vec::new();
         for layer in 0..4 {
             let data = pattern((e[0] * e[1] * 4) as usize, level * 100 + layer);
@@ -566,8 +569,8 @@ fn child_cuda_importer() {
     let (sem_record, sem_fd) = received
         .take_semaphore::<vk_export::semaphore_kinds::Timeline>(1)
         .unwrap();
-    let cuda = CudaDevice::for_uuid(record.info().device_uuid).unwrap();
-    let (w, h) = (record.info().extent[0], record.info().extent[1]);
+    let cuda = CudaDevice::for_uuid(record.info().device_uuid()).unwrap();
+    let (w, h) = (record.info().extent()[0], record.info().extent()[1]);
     let imported = cuda
         .import_image_fd(record, image_fd)
         .map_err(|e| e.error)

@@ -8,57 +8,20 @@
 use std::os::fd::{AsFd, OwnedFd};
 
 use ash::vk;
-use cuda_interop_tests::open_fd_count;
+use cuda_interop_tests::{open_fd_count, sample, tamper};
 use proptest::prelude::*;
 use vk_export::socket::{Connection, Listener};
 use vk_export::wire::{Message, Resource, WireError, HEADER_LEN, MAGIC};
-use vk_export::{BufferInfo, Error, ImageInfo, SemaphoreInfo, BUFFER_USAGE};
-
-fn sample_image() -> ImageInfo {
-    ImageInfo {
-        format: vk::Format::R8G8B8A8_UNORM,
-        image_type: vk::ImageType::TYPE_2D,
-        extent: [1920, 1080, 1],
-        mip_levels: 1,
-        array_layers: 1,
-        flags: vk::ImageCreateFlags::empty(),
-        tiling: vk::ImageTiling::OPTIMAL,
-        usage: vk::ImageUsageFlags::STORAGE | vk::ImageUsageFlags::TRANSFER_SRC,
-        allocation_size: 8_388_608,
-        memory_type_index: 1,
-        memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL,
-        dedicated: true,
-        alignment: 65536,
-        offset: 0,
-        row_pitch: 0,
-        array_pitch: 0,
-        device_uuid: [7; 16],
-        driver_uuid: [9; 16],
-    }
-}
+use vk_export::Error;
 
 fn sample_message() -> Message {
-    Message {
-        tag: 77,
-        resources: vec![
-            Resource::Image(sample_image()),
-            Resource::Buffer(BufferInfo {
-                size: 1000,
-                usage: BUFFER_USAGE,
-                allocation_size: 4096,
-                memory_type_index: 2,
-                memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL,
-                dedicated: false,
-                alignment: 256,
-                device_uuid: [7; 16],
-                driver_uuid: [9; 16],
-            }),
-            Resource::Semaphore(SemaphoreInfo {
-                semaphore_type: vk::SemaphoreType::TIMELINE,
-                device_uuid: [7; 16],
-                driver_uuid: [9; 16],
-            }),
-        ],
+    sample::message()
+}
+
+fn sample_image() -> vk_export::ImageInfo {
+    match sample_message().resources.remove(0) {
+        Resource::Image(i) => i,
+        _ => unreachable!("the sample's first resource is an image"),
     }
 }
 
@@ -98,23 +61,28 @@ fn specific_corruptions_get_specific_errors() {
         Err(WireError::Checksum { .. })
     ));
     // A well-formed, correctly checksummed record with a nonsense value.
-    let mut m = sample_message();
-    if let Resource::Image(i) = &mut m.resources[0] {
-        i.mip_levels = 40;
-    }
+    let (_, decoded) = tamper::edit(
+        Resource::Image(sample_image()),
+        tamper::IMAGE_FIELDS,
+        "mip_levels",
+        tamper::set(40),
+    );
     assert!(matches!(
-        Message::decode(&m.encode().unwrap()),
+        decoded,
         Err(WireError::InvalidValue {
             field: "image.mip_levels",
             ..
         })
     ));
-    let mut m = sample_message();
-    if let Resource::Image(i) = &mut m.resources[0] {
-        i.format = vk::Format::R8G8B8_UNORM; // three channels: not mappable, not accepted
-    }
+    // Three channels: not mappable, not accepted.
+    let (_, decoded) = tamper::edit(
+        Resource::Image(sample_image()),
+        tamper::IMAGE_FIELDS,
+        "format",
+        tamper::set(vk::Format::R8G8B8_UNORM.as_raw() as u64),
+    );
     assert!(matches!(
-        Message::decode(&m.encode().unwrap()),
+        decoded,
         Err(WireError::InvalidValue {
             field: "image.format",
             ..

@@ -11,6 +11,7 @@ use crate::image::{
     allocate_imported, check_memory_type, check_same_device, export_memory_fd, KeepAlive, Owner,
 };
 use crate::markers::{DeviceLocal, MemoryLocation};
+use crate::record::{BufferInfo, BufferRecord};
 use crate::MEMORY_HANDLE_TYPE;
 
 /// Usage of every exportable buffer: storage (shader access) and transfers.
@@ -19,81 +20,6 @@ pub const BUFFER_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
         | vk::BufferUsageFlags::TRANSFER_SRC.as_raw()
         | vk::BufferUsageFlags::TRANSFER_DST.as_raw(),
 );
-
-/// What an importer needs to know about an exported buffer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BufferInfo {
-    /// `VkBufferCreateInfo::size`: the bytes the buffer covers.
-    pub size: u64,
-    /// `VkBufferCreateInfo::usage`.
-    pub usage: vk::BufferUsageFlags,
-    /// `VkMemoryAllocateInfo::allocationSize` (at least `size`).
-    pub allocation_size: u64,
-    /// `VkMemoryAllocateInfo::memoryTypeIndex`.
-    pub memory_type_index: u32,
-    /// That memory type's property flags.
-    pub memory_flags: vk::MemoryPropertyFlags,
-    /// Whether the allocation is dedicated.
-    pub dedicated: bool,
-    /// `VkMemoryRequirements::alignment`.
-    pub alignment: u64,
-    /// The exporter's `deviceUUID`.
-    pub device_uuid: [u8; 16],
-    /// The exporter's `driverUUID`.
-    pub driver_uuid: [u8; 16],
-}
-
-impl BufferInfo {
-    /// Checks the memory location and returns the record typed.
-    pub fn typed<M: MemoryLocation>(self) -> Result<BufferRecord<M>> {
-        if !self.memory_flags.contains(M::REQUIRED) || self.usage != BUFFER_USAGE {
-            return Err(Error::Record(format!(
-                "the record describes a buffer with usage {:?} in {:?} memory; the receiver expects usage {:?} \
-                 in {:?} memory",
-                self.usage,
-                self.memory_flags,
-                BUFFER_USAGE,
-                M::REQUIRED
-            )));
-        }
-        Ok(BufferRecord {
-            info: self,
-            _types: PhantomData,
-        })
-    }
-}
-
-/// A [`BufferInfo`] known to describe a buffer in memory `M`.
-pub struct BufferRecord<M = DeviceLocal> {
-    info: BufferInfo,
-    _types: PhantomData<fn() -> M>,
-}
-
-impl<M> Clone for BufferRecord<M> {
-    fn clone(&self) -> Self {
-        BufferRecord {
-            info: self.info.clone(),
-            _types: PhantomData,
-        }
-    }
-}
-
-impl<M> fmt::Debug for BufferRecord<M> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.info.fmt(f)
-    }
-}
-
-impl<M> BufferRecord<M> {
-    /// The plain record.
-    pub fn info(&self) -> &BufferInfo {
-        &self.info
-    }
-    /// The plain record, for sending.
-    pub fn into_info(self) -> BufferInfo {
-        self.info
-    }
-}
 
 pub(crate) struct BufferInner {
     pub(crate) ctx: Context,
@@ -190,7 +116,8 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
         let (buffer, reqs, wants) = create_buffer(ctx, size)?;
         let dedicated = dedicated_only || wants;
         let device = &ctx.inner.device;
-        let Some(memory_type_index) = ctx.memory_type(reqs.memory_type_bits, M::REQUIRED, M::AVOID)
+        let Some(memory_type_index) =
+            ctx.memory_type(reqs.memory_type_bits, M::REQUIRED, M::EXCLUDED)
         else {
             // SAFETY: unused buffer.
             unsafe { device.destroy_buffer(buffer, None) };

@@ -428,29 +428,19 @@ impl Context {
         f(*queue)
     }
 
-    /// Memory type index with all of `required`, preferring none of `avoid`.
+    /// The first memory type allowed by `type_bits` with all of `required`
+    /// and none of `excluded`.
     pub(crate) fn memory_type(
         &self,
         type_bits: u32,
         required: vk::MemoryPropertyFlags,
-        avoid: vk::MemoryPropertyFlags,
+        excluded: vk::MemoryPropertyFlags,
     ) -> Option<u32> {
         let props = &self.inner.memory_properties;
-        let fits = |i: u32| {
-            type_bits & (1 << i) != 0
-                && props.memory_types[i as usize]
-                    .property_flags
-                    .contains(required)
-        };
-        let count = props.memory_type_count;
-        (0..count)
-            .find(|&i| {
-                fits(i)
-                    && !props.memory_types[i as usize]
-                        .property_flags
-                        .intersects(avoid)
-            })
-            .or_else(|| (0..count).find(|&i| fits(i)))
+        (0..props.memory_type_count).find(|&i| {
+            let flags = props.memory_types[i as usize].property_flags;
+            type_bits & (1 << i) != 0 && flags.contains(required) && !flags.intersects(excluded)
+        })
     }
 
     pub(crate) fn memory_type_flags(&self, index: u32) -> Option<vk::MemoryPropertyFlags> {

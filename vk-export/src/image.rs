@@ -8,8 +8,9 @@ use ash::vk;
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::format::{self, Format};
+use crate::format::Format;
 use crate::markers::{usage, DeviceLocal, MemoryLocation, Optimal, Tiling, Usage};
+use crate::record::{ImageInfo, ImageRecord, TypeMarkers};
 use crate::MEMORY_HANDLE_TYPE;
 
 /// Keeps a Vulkan resource (and its device) alive; the CUDA side holds one per
@@ -30,9 +31,6 @@ impl KeepAlive {
         KeepAlive(value)
     }
 }
-
-/// Carries an image's type parameters without owning any of them.
-type TypeMarkers<F, T, M, U> = PhantomData<fn() -> (F, T, M, U)>;
 
 /// The shape of an image to create.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,130 +123,6 @@ impl ImageDesc {
     }
 }
 
-/// Everything an importer needs to know about an exported image, in another
-/// `VkDevice`, another process, or CUDA. Plain data; [`crate::wire`] encodes it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ImageInfo {
-    /// `VkImageCreateInfo::format`.
-    pub format: vk::Format,
-    /// `VkImageCreateInfo::imageType`.
-    pub image_type: vk::ImageType,
-    /// `VkImageCreateInfo::extent`.
-    pub extent: [u32; 3],
-    /// `VkImageCreateInfo::mipLevels`.
-    pub mip_levels: u32,
-    /// `VkImageCreateInfo::arrayLayers`.
-    pub array_layers: u32,
-    /// `VkImageCreateInfo::flags`.
-    pub flags: vk::ImageCreateFlags,
-    /// `VkImageCreateInfo::tiling`.
-    pub tiling: vk::ImageTiling,
-    /// `VkImageCreateInfo::usage`.
-    pub usage: vk::ImageUsageFlags,
-    /// `VkMemoryAllocateInfo::allocationSize`: the size CUDA must import.
-    pub allocation_size: u64,
-    /// `VkMemoryAllocateInfo::memoryTypeIndex`.
-    pub memory_type_index: u32,
-    /// That memory type's property flags.
-    pub memory_flags: vk::MemoryPropertyFlags,
-    /// Whether the allocation is dedicated (`CUDA_EXTERNAL_MEMORY_DEDICATED`).
-    pub dedicated: bool,
-    /// `VkMemoryRequirements::alignment`.
-    pub alignment: u64,
-    /// Offset of the image in its memory (always 0 here: one image per allocation).
-    pub offset: u64,
-    /// Row pitch of level 0, layer 0 for linear images (0 for optimal tiling).
-    pub row_pitch: u64,
-    /// Layer pitch for linear images (0 for optimal tiling).
-    pub array_pitch: u64,
-    /// The exporter's `deviceUUID`.
-    pub device_uuid: [u8; 16],
-    /// The exporter's `driverUUID`.
-    pub driver_uuid: [u8; 16],
-}
-
-impl ImageInfo {
-    /// Whether the image is cube-compatible.
-    pub fn is_cube(&self) -> bool {
-        self.flags.contains(vk::ImageCreateFlags::CUBE_COMPATIBLE)
-    }
-
-    /// Extent of mip `level` (`max(1, extent >> level)` per axis).
-    pub fn level_extent(&self, level: u32) -> [u32; 3] {
-        self.extent.map(|e| (e >> level).max(1))
-    }
-
-    /// Checks that this record describes an image of the given types, and
-    /// returns it typed. A record from another process is only usable this way.
-    pub fn typed<F: Format, T: Tiling, M: MemoryLocation, U: Usage>(
-        self,
-    ) -> Result<ImageRecord<F, T, M, U>> {
-        let mismatch = |what: &str, found: String, expected: String| {
-            Err(Error::Record(format!(
-                "the record's {what} is {found}, but the receiver expects {expected}"
-            )))
-        };
-        if self.format != F::VK {
-            let found = format::describe(self.format)
-                .map_or(format!("{:?}", self.format), |d| d.0.to_string());
-            return mismatch("format", found, F::NAME.to_string());
-        }
-        if self.tiling != T::VK {
-            return mismatch(
-                "tiling",
-                format!("{:?}", self.tiling),
-                format!("{:?}", T::VK),
-            );
-        }
-        if self.usage != U::VK {
-            return mismatch("usage", format!("{:?}", self.usage), format!("{:?}", U::VK));
-        }
-        if !self.memory_flags.contains(M::REQUIRED) {
-            return mismatch(
-                "memory",
-                format!("{:?}", self.memory_flags),
-                format!("{:?}", M::REQUIRED),
-            );
-        }
-        Ok(ImageRecord {
-            info: self,
-            _types: PhantomData,
-        })
-    }
-}
-
-/// An [`ImageInfo`] known to describe an image of these types.
-pub struct ImageRecord<F, T = Optimal, M = DeviceLocal, U = usage::Storage> {
-    info: ImageInfo,
-    _types: TypeMarkers<F, T, M, U>,
-}
-
-impl<F, T, M, U> Clone for ImageRecord<F, T, M, U> {
-    fn clone(&self) -> Self {
-        ImageRecord {
-            info: self.info.clone(),
-            _types: PhantomData,
-        }
-    }
-}
-
-impl<F, T, M, U> fmt::Debug for ImageRecord<F, T, M, U> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.info.fmt(f)
-    }
-}
-
-impl<F, T, M, U> ImageRecord<F, T, M, U> {
-    /// The plain record.
-    pub fn info(&self) -> &ImageInfo {
-        &self.info
-    }
-    /// The plain record, for sending.
-    pub fn into_info(self) -> ImageInfo {
-        self.info
-    }
-}
-
 /// Who may touch a resource now (queue-family ownership, Vulkan spec
 /// "resources-external-sharing").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -290,7 +164,7 @@ impl Drop for ImageInner {
 /// let ctx = Context::headless(&HeadlessOptions::default())?;
 /// let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(1920, 1080))?;
 /// let fd = image.export_fd()?; // a new fd, owned by the caller
-/// println!("import {} bytes", image.info().allocation_size);
+/// println!("import {} bytes", image.info().allocation_size());
 /// # Ok::<(), vk_export::Error>(())
 /// ```
 pub struct ExportableImage<F, T = Optimal, M = DeviceLocal, U = usage::Storage> {
@@ -510,7 +384,8 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
             // SAFETY: the image was created above and is not bound or used.
             unsafe { device.destroy_image(image, None) }
         };
-        let Some(memory_type_index) = ctx.memory_type(reqs.memory_type_bits, M::REQUIRED, M::AVOID)
+        let Some(memory_type_index) =
+            ctx.memory_type(reqs.memory_type_bits, M::REQUIRED, M::EXCLUDED)
         else {
             destroy_image();
             return Err(Error::unsupported(

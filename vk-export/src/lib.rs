@@ -39,6 +39,7 @@ mod error;
 pub mod format;
 mod image;
 pub mod markers;
+mod record;
 mod semaphore;
 /// Semaphore kinds ([`Binary`], [`Timeline`]) as a module, for paths.
 pub mod semaphore_kinds {
@@ -48,16 +49,19 @@ pub mod socket;
 mod transfer;
 pub mod wire;
 
-pub use buffer::{BufferInfo, BufferRecord, ExportableBuffer, BUFFER_USAGE};
+pub use buffer::{ExportableBuffer, BUFFER_USAGE};
 pub use context::{
     format_uuid, Context, DeviceIdentity, HeadlessOptions, Validation, OPTIONAL_DEVICE_EXTENSIONS,
     REQUIRED_DEVICE_EXTENSIONS,
 };
 pub use error::{Error, Result};
-pub use image::{ExportableImage, ImageCapability, ImageDesc, ImageInfo, ImageRecord, KeepAlive};
+pub use image::{ExportableImage, ImageCapability, ImageDesc, KeepAlive};
+pub use record::{
+    BufferInfo, BufferRecord, ImageInfo, ImageRecord, SemaphoreInfo, SemaphoreRecord,
+};
 pub use semaphore::{
-    Binary, BinarySemaphore, Semaphore, SemaphoreInfo, SemaphoreKind, SemaphoreRecord, SyncFd,
-    Timeline, TimelineSemaphore, WaitStrategy,
+    Binary, BinarySemaphore, Semaphore, SemaphoreKind, SyncFd, Timeline, TimelineSemaphore,
+    WaitStrategy,
 };
 pub use transfer::{SemaphoreSubmit, SubmitSync};
 

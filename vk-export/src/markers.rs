@@ -37,30 +37,48 @@ impl Tiling for Linear {
 }
 
 /// Where the memory lives. Sealed.
+///
+/// A class is exact: it names the properties a memory type must have *and*
+/// those it must not have. A driver with no memory type of the class (every
+/// type host-visible, as on lavapipe and many integrated GPUs, has no
+/// [`DeviceLocal`] type) reports [`crate::Error::Unsupported`].
 pub trait MemoryLocation: sealed::Sealed + Send + Sync + 'static {
     /// Properties the memory type must have.
     const REQUIRED: vk::MemoryPropertyFlags;
-    /// Properties avoided when another type fits.
-    const AVOID: vk::MemoryPropertyFlags;
+    /// Properties the memory type must not have.
+    const EXCLUDED: vk::MemoryPropertyFlags;
+    /// Whether a memory type with these properties belongs to the class.
+    fn admits(flags: vk::MemoryPropertyFlags) -> bool {
+        flags.contains(Self::REQUIRED) && !flags.intersects(Self::EXCLUDED)
+    }
+    /// The class in words, for messages.
+    fn describe() -> String {
+        if Self::EXCLUDED.is_empty() {
+            format!("{:?} memory", Self::REQUIRED)
+        } else {
+            format!("{:?} memory without {:?}", Self::REQUIRED, Self::EXCLUDED)
+        }
+    }
 }
-/// `DEVICE_LOCAL` memory, not mapped on the host.
+/// `DEVICE_LOCAL` memory that is **not** `HOST_VISIBLE`: the memory CUDA can
+/// map as an array.
 #[derive(Debug)]
 pub enum DeviceLocal {}
-/// `HOST_VISIBLE | HOST_COHERENT` memory.
+/// `HOST_VISIBLE | HOST_COHERENT` memory (device-local or not).
 #[derive(Debug)]
 pub enum HostVisible {}
 impl sealed::Sealed for DeviceLocal {}
 impl sealed::Sealed for HostVisible {}
 impl MemoryLocation for DeviceLocal {
     const REQUIRED: vk::MemoryPropertyFlags = vk::MemoryPropertyFlags::DEVICE_LOCAL;
-    const AVOID: vk::MemoryPropertyFlags = vk::MemoryPropertyFlags::HOST_VISIBLE;
+    const EXCLUDED: vk::MemoryPropertyFlags = vk::MemoryPropertyFlags::HOST_VISIBLE;
 }
 impl MemoryLocation for HostVisible {
     const REQUIRED: vk::MemoryPropertyFlags = vk::MemoryPropertyFlags::from_raw(
         vk::MemoryPropertyFlags::HOST_VISIBLE.as_raw()
             | vk::MemoryPropertyFlags::HOST_COHERENT.as_raw(),
     );
-    const AVOID: vk::MemoryPropertyFlags = vk::MemoryPropertyFlags::empty();
+    const EXCLUDED: vk::MemoryPropertyFlags = vk::MemoryPropertyFlags::empty();
 }
 
 /// A usage preset (type-level `VkImageUsageFlags`). Sealed.

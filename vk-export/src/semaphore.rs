@@ -8,6 +8,7 @@ use ash::vk;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::image::check_same_device;
+use crate::record::{SemaphoreInfo, SemaphoreRecord};
 
 mod sealed {
     pub trait Sealed {}
@@ -37,66 +38,6 @@ impl SemaphoreKind for Timeline {
 pub type BinarySemaphore = Semaphore<Binary>;
 /// A timeline semaphore that can be exported.
 pub type TimelineSemaphore = Semaphore<Timeline>;
-
-/// What an importer needs to know about an exported semaphore.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SemaphoreInfo {
-    /// Binary or timeline: decides the CUDA handle type.
-    pub semaphore_type: vk::SemaphoreType,
-    /// The exporter's `deviceUUID`.
-    pub device_uuid: [u8; 16],
-    /// The exporter's `driverUUID`.
-    pub driver_uuid: [u8; 16],
-}
-
-impl SemaphoreInfo {
-    /// Checks the kind and returns the record typed.
-    pub fn typed<K: SemaphoreKind>(self) -> Result<SemaphoreRecord<K>> {
-        if self.semaphore_type != K::VK {
-            return Err(Error::Record(format!(
-                "the record describes a {:?} semaphore; the receiver expects {:?}",
-                self.semaphore_type,
-                K::VK
-            )));
-        }
-        Ok(SemaphoreRecord {
-            info: self,
-            _kind: PhantomData,
-        })
-    }
-}
-
-/// A [`SemaphoreInfo`] known to describe a semaphore of kind `K`.
-pub struct SemaphoreRecord<K> {
-    info: SemaphoreInfo,
-    _kind: PhantomData<fn() -> K>,
-}
-
-impl<K> Clone for SemaphoreRecord<K> {
-    fn clone(&self) -> Self {
-        SemaphoreRecord {
-            info: self.info.clone(),
-            _kind: PhantomData,
-        }
-    }
-}
-
-impl<K> fmt::Debug for SemaphoreRecord<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.info.fmt(f)
-    }
-}
-
-impl<K> SemaphoreRecord<K> {
-    /// The plain record.
-    pub fn info(&self) -> &SemaphoreInfo {
-        &self.info
-    }
-    /// The plain record, for sending.
-    pub fn into_info(self) -> SemaphoreInfo {
-        self.info
-    }
-}
 
 /// A binary semaphore's payload as a SYNC_FD (Vulkan ⇄ Vulkan only: CUDA has
 /// no SYNC_FD semaphores).

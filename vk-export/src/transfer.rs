@@ -12,7 +12,6 @@ use ash::vk;
 use crate::buffer::ExportableBuffer;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::format;
 use crate::image::{ExportableImage, ImageInner, Owner};
 use crate::markers::{MemoryLocation, Tiling, Usage};
 use crate::semaphore::{Binary, Semaphore, Timeline};
@@ -425,23 +424,19 @@ impl Context {
     }
 
     fn level_bytes(info: &crate::ImageInfo, level: u32, layer: u32) -> Result<(u64, [u32; 3])> {
-        if level >= info.mip_levels || layer >= info.array_layers {
-            return Err(Error::InvalidArgument(format!(
+        let out_of_range = || {
+            Error::InvalidArgument(format!(
                 "level {level} layer {layer} of an image with {} levels and {} layers",
-                info.mip_levels, info.array_layers
-            )));
+                info.mip_levels(),
+                info.array_layers()
+            ))
+        };
+        if layer >= info.array_layers() {
+            return Err(out_of_range());
         }
-        let (_, channels, channel) = format::describe(info.format).ok_or_else(|| {
-            Error::InvalidArgument(format!("unsupported format {:?}", info.format))
-        })?;
-        let e = info.level_extent(level);
-        Ok((
-            u64::from(e[0])
-                * u64::from(e[1])
-                * u64::from(e[2])
-                * u64::from(channels * channel.bytes()),
-            e,
-        ))
+        let extent = info.level_extent(level).ok_or_else(out_of_range)?;
+        let bytes = info.level_bytes(level).ok_or_else(out_of_range)?;
+        Ok((bytes, extent))
     }
 
     fn copy_region(level: u32, layer: u32, extent: [u32; 3]) -> vk::BufferImageCopy {

@@ -17,12 +17,13 @@ use std::os::fd::OwnedFd;
 
 use ash::vk;
 
-use crate::buffer::{BufferInfo, BufferRecord};
 use crate::error::Error;
-use crate::format::{self, Format};
-use crate::image::{ImageInfo, ImageRecord};
+use crate::format::Format;
 use crate::markers::{MemoryLocation, Tiling, Usage};
-use crate::semaphore::{SemaphoreInfo, SemaphoreKind, SemaphoreRecord};
+use crate::record::{
+    BufferInfo, BufferRecord, ImageInfo, ImageRecord, SemaphoreInfo, SemaphoreRecord,
+};
+use crate::semaphore::SemaphoreKind;
 
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"CIVX";
@@ -323,7 +324,10 @@ impl Reader<'_> {
         match self.u8(f)? {
             0 => Ok(false),
             1 => Ok(true),
-            v => Err(invalid(f, v.into())),
+            v => Err(WireError::InvalidValue {
+                field: f,
+                value: v.into(),
+            }),
         }
     }
     fn uuid(&mut self, f: &'static str) -> Result<[u8; 16], WireError> {
@@ -331,194 +335,62 @@ impl Reader<'_> {
     }
 }
 
-fn invalid(field: &'static str, value: u64) -> WireError {
-    WireError::InvalidValue { field, value }
-}
-
-fn check(field: &'static str, value: u64, ok: bool) -> Result<(), WireError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(invalid(field, value))
-    }
-}
-
-const MAX_ALLOCATION: u64 = 1 << 40;
-const KNOWN_IMAGE_USAGE: u32 = 0xff;
-const KNOWN_MEMORY_FLAGS: u32 = 0x1ff;
-
 fn decode_image(r: &mut Reader<'_>) -> Result<ImageInfo, WireError> {
-    let format = r.u32("image.format")?;
-    check(
-        "image.format",
-        format.into(),
-        format::describe(vk::Format::from_raw(format as i32)).is_some(),
-    )?;
-    let image_type = r.u32("image.image_type")?;
-    check(
-        "image.image_type",
-        image_type.into(),
-        image_type == 1 || image_type == 2,
-    )?;
-    let mut extent = [0u32; 3];
-    for (e, name) in extent
-        .iter_mut()
-        .zip(["image.width", "image.height", "image.depth"])
-    {
-        *e = r.u32(name)?;
-        check(name, (*e).into(), (1..=1 << 16).contains(e))?;
-    }
-    let mip_levels = r.u32("image.mip_levels")?;
-    let max_levels = 32 - extent.iter().max().copied().unwrap_or(1).leading_zeros();
-    check(
-        "image.mip_levels",
-        mip_levels.into(),
-        (1..=max_levels).contains(&mip_levels),
-    )?;
-    let array_layers = r.u32("image.array_layers")?;
-    check(
-        "image.array_layers",
-        array_layers.into(),
-        (1..=2048).contains(&array_layers),
-    )?;
-    let flags = r.u32("image.flags")?;
-    check(
-        "image.flags",
-        flags.into(),
-        flags & !vk::ImageCreateFlags::CUBE_COMPATIBLE.as_raw() == 0,
-    )?;
-    let tiling = r.u32("image.tiling")?;
-    check("image.tiling", tiling.into(), tiling <= 1)?;
-    let usage = r.u32("image.usage")?;
-    check(
-        "image.usage",
-        usage.into(),
-        usage != 0 && usage & !KNOWN_IMAGE_USAGE == 0,
-    )?;
-    let allocation_size = r.u64("image.allocation_size")?;
-    check(
-        "image.allocation_size",
-        allocation_size,
-        (1..=MAX_ALLOCATION).contains(&allocation_size),
-    )?;
-    let memory_type_index = r.u32("image.memory_type_index")?;
-    check(
-        "image.memory_type_index",
-        memory_type_index.into(),
-        memory_type_index < 32,
-    )?;
-    let memory_flags = r.u32("image.memory_flags")?;
-    check(
-        "image.memory_flags",
-        memory_flags.into(),
-        memory_flags & !KNOWN_MEMORY_FLAGS == 0,
-    )?;
-    let dedicated = r.bool("image.dedicated")?;
-    let alignment = r.u64("image.alignment")?;
-    check("image.alignment", alignment, alignment.is_power_of_two())?;
-    let offset = r.u64("image.offset")?;
-    check("image.offset", offset, offset == 0)?;
-    let row_pitch = r.u64("image.row_pitch")?;
-    let array_pitch = r.u64("image.array_pitch")?;
-    let linear = tiling == 1;
-    check(
-        "image.row_pitch",
-        row_pitch,
-        if linear {
-            row_pitch > 0 && row_pitch <= allocation_size
-        } else {
-            row_pitch == 0
-        },
-    )?;
-    check(
-        "image.array_pitch",
-        array_pitch,
-        array_pitch <= allocation_size && (linear || array_pitch == 0),
-    )?;
-    let cube = flags != 0;
-    check(
-        "image.array_layers",
-        array_layers.into(),
-        !cube || (array_layers % 6 == 0 && extent[0] == extent[1]),
-    )?;
-    check(
-        "image.depth",
-        extent[2].into(),
-        image_type == 2 || extent[2] == 1,
-    )?;
-    Ok(ImageInfo {
-        format: vk::Format::from_raw(format as i32),
-        image_type: vk::ImageType::from_raw(image_type as i32),
+    let format = vk::Format::from_raw(r.u32("image.format")? as i32);
+    let image_type = vk::ImageType::from_raw(r.u32("image.image_type")? as i32);
+    let extent = [
+        r.u32("image.width")?,
+        r.u32("image.height")?,
+        r.u32("image.depth")?,
+    ];
+    let info = ImageInfo {
+        format,
+        image_type,
         extent,
-        mip_levels,
-        array_layers,
-        flags: vk::ImageCreateFlags::from_raw(flags),
-        tiling: vk::ImageTiling::from_raw(tiling as i32),
-        usage: vk::ImageUsageFlags::from_raw(usage),
-        allocation_size,
-        memory_type_index,
-        memory_flags: vk::MemoryPropertyFlags::from_raw(memory_flags),
-        dedicated,
-        alignment,
-        offset,
-        row_pitch,
-        array_pitch,
+        mip_levels: r.u32("image.mip_levels")?,
+        array_layers: r.u32("image.array_layers")?,
+        flags: vk::ImageCreateFlags::from_raw(r.u32("image.flags")?),
+        tiling: vk::ImageTiling::from_raw(r.u32("image.tiling")? as i32),
+        usage: vk::ImageUsageFlags::from_raw(r.u32("image.usage")?),
+        allocation_size: r.u64("image.allocation_size")?,
+        memory_type_index: r.u32("image.memory_type_index")?,
+        memory_flags: vk::MemoryPropertyFlags::from_raw(r.u32("image.memory_flags")?),
+        dedicated: r.bool("image.dedicated")?,
+        alignment: r.u64("image.alignment")?,
+        offset: r.u64("image.offset")?,
+        row_pitch: r.u64("image.row_pitch")?,
+        array_pitch: r.u64("image.array_pitch")?,
         device_uuid: r.uuid("image.device_uuid")?,
         driver_uuid: r.uuid("image.driver_uuid")?,
-    })
+    };
+    info.validate()?;
+    Ok(info)
 }
 
 fn decode_buffer(r: &mut Reader<'_>) -> Result<BufferInfo, WireError> {
-    let size = r.u64("buffer.size")?;
-    check("buffer.size", size, (1..=MAX_ALLOCATION).contains(&size))?;
-    let usage = r.u32("buffer.usage")?;
-    check(
-        "buffer.usage",
-        usage.into(),
-        usage != 0 && usage & !0x3ff == 0,
-    )?;
-    let allocation_size = r.u64("buffer.allocation_size")?;
-    check(
-        "buffer.allocation_size",
-        allocation_size,
-        (size..=MAX_ALLOCATION).contains(&allocation_size),
-    )?;
-    let memory_type_index = r.u32("buffer.memory_type_index")?;
-    check(
-        "buffer.memory_type_index",
-        memory_type_index.into(),
-        memory_type_index < 32,
-    )?;
-    let memory_flags = r.u32("buffer.memory_flags")?;
-    check(
-        "buffer.memory_flags",
-        memory_flags.into(),
-        memory_flags & !KNOWN_MEMORY_FLAGS == 0,
-    )?;
-    let dedicated = r.bool("buffer.dedicated")?;
-    let alignment = r.u64("buffer.alignment")?;
-    check("buffer.alignment", alignment, alignment.is_power_of_two())?;
-    Ok(BufferInfo {
-        size,
-        usage: vk::BufferUsageFlags::from_raw(usage),
-        allocation_size,
-        memory_type_index,
-        memory_flags: vk::MemoryPropertyFlags::from_raw(memory_flags),
-        dedicated,
-        alignment,
+    let info = BufferInfo {
+        size: r.u64("buffer.size")?,
+        usage: vk::BufferUsageFlags::from_raw(r.u32("buffer.usage")?),
+        allocation_size: r.u64("buffer.allocation_size")?,
+        memory_type_index: r.u32("buffer.memory_type_index")?,
+        memory_flags: vk::MemoryPropertyFlags::from_raw(r.u32("buffer.memory_flags")?),
+        dedicated: r.bool("buffer.dedicated")?,
+        alignment: r.u64("buffer.alignment")?,
         device_uuid: r.uuid("buffer.device_uuid")?,
         driver_uuid: r.uuid("buffer.driver_uuid")?,
-    })
+    };
+    info.validate()?;
+    Ok(info)
 }
 
 fn decode_semaphore(r: &mut Reader<'_>) -> Result<SemaphoreInfo, WireError> {
-    let ty = r.u32("semaphore.type")?;
-    check("semaphore.type", ty.into(), ty <= 1)?;
-    Ok(SemaphoreInfo {
-        semaphore_type: vk::SemaphoreType::from_raw(ty as i32),
+    let info = SemaphoreInfo {
+        semaphore_type: vk::SemaphoreType::from_raw(r.u32("semaphore.type")? as i32),
         device_uuid: r.uuid("semaphore.device_uuid")?,
         driver_uuid: r.uuid("semaphore.driver_uuid")?,
-    })
+    };
+    info.validate()?;
+    Ok(info)
 }
 
 /// A validated message with its fds, one per resource. Fds not taken are

@@ -1,0 +1,580 @@
+//! Records: what an importer needs to know about an exported resource.
+//!
+//! # Contract
+//!
+//! * A record is a value **only this crate makes**: by an export
+//!   ([`ExportableImage::info`](crate::ExportableImage::info) and friends) or
+//!   by the wire decoder ([`crate::wire::Message::decode`]). Fields are
+//!   private; there is no constructor and no setter.
+//! * Every record satisfies [`ImageInfo::validate`]'s rules (and the buffer and
+//!   semaphore ones), whatever path made it: known format, ranges, row pitch
+//!   against tiling, offset 0, levels against extent, cube shape, allocation
+//!   size against the texels it must hold.
+//! * A record does not prove that an fd holds the memory it describes: that is
+//!   what import-time verification ([`ImageRecord::verify_on`]) and the peer
+//!   model (see the README's "Trust boundary") are for.
+//! * Typed records ([`ImageRecord`], [`BufferRecord`], [`SemaphoreRecord`])
+//!   add the type-level facts, checked exactly: a memory class states both
+//!   what it requires and what it excludes.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use ash::vk;
+
+use crate::error::{Error, Result};
+use crate::format::{self, Format};
+use crate::markers::{usage, DeviceLocal, MemoryLocation, Optimal, Tiling, Usage};
+use crate::semaphore::SemaphoreKind;
+use crate::wire::WireError;
+
+/// Largest allocation a record may describe (1 TiB).
+pub(crate) const MAX_ALLOCATION: u64 = 1 << 40;
+/// Image usage bits a record may carry (`TRANSFER_SRC` .. `INPUT_ATTACHMENT`).
+const KNOWN_IMAGE_USAGE: u32 = 0xff;
+/// Buffer usage bits a record may carry.
+const KNOWN_BUFFER_USAGE: u32 = 0x3ff;
+/// Memory property bits a record may carry.
+const KNOWN_MEMORY_FLAGS: u32 = 0x1ff;
+/// Largest image side a record may describe.
+const MAX_EXTENT: u32 = 1 << 16;
+/// Most array layers a record may describe.
+const MAX_LAYERS: u32 = 2048;
+
+fn check(field: &'static str, value: u64, ok: bool) -> Result<(), WireError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(WireError::InvalidValue { field, value })
+    }
+}
+
+/// Everything an importer needs to know about an exported image, in another
+/// `VkDevice`, another process, or CUDA. Made only by an export or the wire
+/// decoder; [`crate::wire`] encodes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageInfo {
+    pub(crate) format: vk::Format,
+    pub(crate) image_type: vk::ImageType,
+    pub(crate) extent: [u32; 3],
+    pub(crate) mip_levels: u32,
+    pub(crate) array_layers: u32,
+    pub(crate) flags: vk::ImageCreateFlags,
+    pub(crate) tiling: vk::ImageTiling,
+    pub(crate) usage: vk::ImageUsageFlags,
+    pub(crate) allocation_size: u64,
+    pub(crate) memory_type_index: u32,
+    pub(crate) memory_flags: vk::MemoryPropertyFlags,
+    pub(crate) dedicated: bool,
+    pub(crate) alignment: u64,
+    pub(crate) offset: u64,
+    pub(crate) row_pitch: u64,
+    pub(crate) array_pitch: u64,
+    pub(crate) device_uuid: [u8; 16],
+    pub(crate) driver_uuid: [u8; 16],
+}
+
+impl ImageInfo {
+    /// `VkImageCreateInfo::format`.
+    pub fn format(&self) -> vk::Format {
+        self.format
+    }
+    /// `VkImageCreateInfo::imageType`.
+    pub fn image_type(&self) -> vk::ImageType {
+        self.image_type
+    }
+    /// `VkImageCreateInfo::extent` (width, height, depth).
+    pub fn extent(&self) -> [u32; 3] {
+        self.extent
+    }
+    /// `VkImageCreateInfo::mipLevels`.
+    pub fn mip_levels(&self) -> u32 {
+        self.mip_levels
+    }
+    /// `VkImageCreateInfo::arrayLayers`.
+    pub fn array_layers(&self) -> u32 {
+        self.array_layers
+    }
+    /// `VkImageCreateInfo::flags`.
+    pub fn flags(&self) -> vk::ImageCreateFlags {
+        self.flags
+    }
+    /// `VkImageCreateInfo::tiling`.
+    pub fn tiling(&self) -> vk::ImageTiling {
+        self.tiling
+    }
+    /// `VkImageCreateInfo::usage`.
+    pub fn usage(&self) -> vk::ImageUsageFlags {
+        self.usage
+    }
+    /// `VkMemoryAllocateInfo::allocationSize` (= `VkMemoryRequirements::size`):
+    /// the size CUDA must import.
+    pub fn allocation_size(&self) -> u64 {
+        self.allocation_size
+    }
+    /// `VkMemoryAllocateInfo::memoryTypeIndex`.
+    pub fn memory_type_index(&self) -> u32 {
+        self.memory_type_index
+    }
+    /// That memory type's property flags.
+    pub fn memory_flags(&self) -> vk::MemoryPropertyFlags {
+        self.memory_flags
+    }
+    /// Whether the allocation is dedicated (`CUDA_EXTERNAL_MEMORY_DEDICATED`).
+    pub fn dedicated(&self) -> bool {
+        self.dedicated
+    }
+    /// `VkMemoryRequirements::alignment`.
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+    /// Offset of the image in its memory (always 0: one image per allocation).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+    /// Row pitch of level 0, layer 0 for linear images (0 for optimal tiling).
+    pub fn row_pitch(&self) -> u64 {
+        self.row_pitch
+    }
+    /// Layer pitch for linear images (0 for optimal tiling).
+    pub fn array_pitch(&self) -> u64 {
+        self.array_pitch
+    }
+    /// The exporter's `deviceUUID`.
+    pub fn device_uuid(&self) -> [u8; 16] {
+        self.device_uuid
+    }
+    /// The exporter's `driverUUID`.
+    pub fn driver_uuid(&self) -> [u8; 16] {
+        self.driver_uuid
+    }
+    /// Whether the image is cube-compatible.
+    pub fn is_cube(&self) -> bool {
+        self.flags.contains(vk::ImageCreateFlags::CUBE_COMPATIBLE)
+    }
+    /// Bytes per texel of the record's format.
+    pub fn texel_bytes(&self) -> u32 {
+        format::describe(self.format).map_or(0, |(_, channels, channel)| channels * channel.bytes())
+    }
+
+    /// Extent of mip `level` (`max(1, extent >> level)` per axis), or `None`
+    /// for a level the image does not have.
+    pub fn level_extent(&self, level: u32) -> Option<[u32; 3]> {
+        (level < self.mip_levels).then(|| self.extent.map(|e| (e >> level).max(1)))
+    }
+
+    /// Bytes of one layer of `level`, tightly packed; `None` for a level the
+    /// image does not have.
+    pub fn level_bytes(&self, level: u32) -> Option<u64> {
+        let e = self.level_extent(level)?;
+        e.iter().try_fold(u64::from(self.texel_bytes()), |acc, &x| {
+            acc.checked_mul(u64::from(x))
+        })
+    }
+
+    /// The rules every image record satisfies; the decoder and the exporter
+    /// both end with this check.
+    pub(crate) fn validate(&self) -> Result<(), WireError> {
+        let format = self.format.as_raw() as u32;
+        check(
+            "image.format",
+            format.into(),
+            format::describe(self.format).is_some(),
+        )?;
+        let ty = self.image_type.as_raw() as u32;
+        check("image.image_type", ty.into(), ty == 1 || ty == 2)?;
+        for (e, name) in self
+            .extent
+            .iter()
+            .zip(["image.width", "image.height", "image.depth"])
+        {
+            check(name, (*e).into(), (1..=MAX_EXTENT).contains(e))?;
+        }
+        let max_levels = 32
+            - self
+                .extent
+                .iter()
+                .max()
+                .copied()
+                .unwrap_or(1)
+                .leading_zeros();
+        check(
+            "image.mip_levels",
+            self.mip_levels.into(),
+            (1..=max_levels).contains(&self.mip_levels),
+        )?;
+        check(
+            "image.array_layers",
+            self.array_layers.into(),
+            (1..=MAX_LAYERS).contains(&self.array_layers),
+        )?;
+        let flags = self.flags.as_raw();
+        check(
+            "image.flags",
+            flags.into(),
+            flags & !vk::ImageCreateFlags::CUBE_COMPATIBLE.as_raw() == 0,
+        )?;
+        let tiling = self.tiling.as_raw() as u32;
+        check("image.tiling", tiling.into(), tiling <= 1)?;
+        let usage = self.usage.as_raw();
+        check(
+            "image.usage",
+            usage.into(),
+            usage != 0 && usage & !KNOWN_IMAGE_USAGE == 0,
+        )?;
+        check(
+            "image.allocation_size",
+            self.allocation_size,
+            (1..=MAX_ALLOCATION).contains(&self.allocation_size),
+        )?;
+        check(
+            "image.memory_type_index",
+            self.memory_type_index.into(),
+            self.memory_type_index < vk::MAX_MEMORY_TYPES as u32,
+        )?;
+        check(
+            "image.memory_flags",
+            self.memory_flags.as_raw().into(),
+            self.memory_flags.as_raw() & !KNOWN_MEMORY_FLAGS == 0,
+        )?;
+        check(
+            "image.alignment",
+            self.alignment,
+            self.alignment.is_power_of_two(),
+        )?;
+        check("image.offset", self.offset, self.offset == 0)?;
+        let linear = self.tiling == vk::ImageTiling::LINEAR;
+        let row_bytes = u64::from(self.extent[0]) * u64::from(self.texel_bytes());
+        check(
+            "image.row_pitch",
+            self.row_pitch,
+            if linear {
+                self.row_pitch >= row_bytes && self.row_pitch <= self.allocation_size
+            } else {
+                self.row_pitch == 0
+            },
+        )?;
+        check(
+            "image.array_pitch",
+            self.array_pitch,
+            self.array_pitch <= self.allocation_size && (linear || self.array_pitch == 0),
+        )?;
+        check(
+            "image.array_layers",
+            self.array_layers.into(),
+            !self.is_cube()
+                || (self.array_layers % 6 == 0
+                    && self.extent[0] == self.extent[1]
+                    && self.image_type == vk::ImageType::TYPE_2D),
+        )?;
+        let three_d = self.image_type == vk::ImageType::TYPE_3D;
+        check(
+            "image.depth",
+            self.extent[2].into(),
+            three_d || self.extent[2] == 1,
+        )?;
+        check(
+            "image.array_layers",
+            self.array_layers.into(),
+            !three_d || self.array_layers == 1,
+        )?;
+        // Level 0 of every layer must fit: an allocation smaller than the
+        // texels it holds is not this image's memory.
+        let texels = self
+            .level_bytes(0)
+            .and_then(|b| b.checked_mul(u64::from(self.array_layers)));
+        check(
+            "image.allocation_size",
+            self.allocation_size,
+            texels.is_some_and(|t| t <= self.allocation_size),
+        )?;
+        Ok(())
+    }
+
+    /// Checks that this record describes an image of the given types, exactly
+    /// (a memory class's required *and* excluded properties), and returns it
+    /// typed.
+    pub fn typed<F: Format, T: Tiling, M: MemoryLocation, U: Usage>(
+        self,
+    ) -> Result<ImageRecord<F, T, M, U>> {
+        let mismatch = |what: &str, found: String, expected: String| {
+            Err(Error::Record(format!(
+                "the record's {what} is {found}, but the receiver expects {expected}"
+            )))
+        };
+        if self.format != F::VK {
+            let found = format::describe(self.format)
+                .map_or(format!("{:?}", self.format), |d| d.0.to_string());
+            return mismatch("format", found, F::NAME.to_string());
+        }
+        if self.tiling != T::VK {
+            return mismatch(
+                "tiling",
+                format!("{:?}", self.tiling),
+                format!("{:?}", T::VK),
+            );
+        }
+        if self.usage != U::VK {
+            return mismatch("usage", format!("{:?}", self.usage), format!("{:?}", U::VK));
+        }
+        if !M::admits(self.memory_flags) {
+            return mismatch("memory", format!("{:?}", self.memory_flags), M::describe());
+        }
+        Ok(ImageRecord {
+            info: self,
+            _types: PhantomData,
+        })
+    }
+}
+
+/// Carries an image's type parameters without owning any of them.
+pub(crate) type TypeMarkers<F, T, M, U> = PhantomData<fn() -> (F, T, M, U)>;
+
+/// An [`ImageInfo`] known to describe an image of these types.
+pub struct ImageRecord<F, T = Optimal, M = DeviceLocal, U = usage::Storage> {
+    pub(crate) info: ImageInfo,
+    pub(crate) _types: TypeMarkers<F, T, M, U>,
+}
+
+impl<F, T, M, U> Clone for ImageRecord<F, T, M, U> {
+    fn clone(&self) -> Self {
+        ImageRecord {
+            info: self.info.clone(),
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<F, T, M, U> fmt::Debug for ImageRecord<F, T, M, U> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.info.fmt(f)
+    }
+}
+
+impl<F, T, M, U> ImageRecord<F, T, M, U> {
+    /// The plain record.
+    pub fn info(&self) -> &ImageInfo {
+        &self.info
+    }
+    /// The plain record, for sending.
+    pub fn into_info(self) -> ImageInfo {
+        self.info
+    }
+}
+
+/// What an importer needs to know about an exported buffer. Made only by an
+/// export or the wire decoder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferInfo {
+    pub(crate) size: u64,
+    pub(crate) usage: vk::BufferUsageFlags,
+    pub(crate) allocation_size: u64,
+    pub(crate) memory_type_index: u32,
+    pub(crate) memory_flags: vk::MemoryPropertyFlags,
+    pub(crate) dedicated: bool,
+    pub(crate) alignment: u64,
+    pub(crate) device_uuid: [u8; 16],
+    pub(crate) driver_uuid: [u8; 16],
+}
+
+impl BufferInfo {
+    /// `VkBufferCreateInfo::size`: the bytes the buffer covers.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+    /// `VkBufferCreateInfo::usage`.
+    pub fn usage(&self) -> vk::BufferUsageFlags {
+        self.usage
+    }
+    /// `VkMemoryAllocateInfo::allocationSize` (at least `size`).
+    pub fn allocation_size(&self) -> u64 {
+        self.allocation_size
+    }
+    /// `VkMemoryAllocateInfo::memoryTypeIndex`.
+    pub fn memory_type_index(&self) -> u32 {
+        self.memory_type_index
+    }
+    /// That memory type's property flags.
+    pub fn memory_flags(&self) -> vk::MemoryPropertyFlags {
+        self.memory_flags
+    }
+    /// Whether the allocation is dedicated.
+    pub fn dedicated(&self) -> bool {
+        self.dedicated
+    }
+    /// `VkMemoryRequirements::alignment`.
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+    /// The exporter's `deviceUUID`.
+    pub fn device_uuid(&self) -> [u8; 16] {
+        self.device_uuid
+    }
+    /// The exporter's `driverUUID`.
+    pub fn driver_uuid(&self) -> [u8; 16] {
+        self.driver_uuid
+    }
+
+    /// The rules every buffer record satisfies.
+    pub(crate) fn validate(&self) -> Result<(), WireError> {
+        check(
+            "buffer.size",
+            self.size,
+            (1..=MAX_ALLOCATION).contains(&self.size),
+        )?;
+        let usage = self.usage.as_raw();
+        check(
+            "buffer.usage",
+            usage.into(),
+            usage != 0 && usage & !KNOWN_BUFFER_USAGE == 0,
+        )?;
+        check(
+            "buffer.allocation_size",
+            self.allocation_size,
+            (self.size..=MAX_ALLOCATION).contains(&self.allocation_size),
+        )?;
+        check(
+            "buffer.memory_type_index",
+            self.memory_type_index.into(),
+            self.memory_type_index < vk::MAX_MEMORY_TYPES as u32,
+        )?;
+        check(
+            "buffer.memory_flags",
+            self.memory_flags.as_raw().into(),
+            self.memory_flags.as_raw() & !KNOWN_MEMORY_FLAGS == 0,
+        )?;
+        check(
+            "buffer.alignment",
+            self.alignment,
+            self.alignment.is_power_of_two(),
+        )?;
+        Ok(())
+    }
+
+    /// Checks usage and the memory class exactly, and returns the record typed.
+    pub fn typed<M: MemoryLocation>(self) -> Result<BufferRecord<M>> {
+        if !M::admits(self.memory_flags) || self.usage != crate::BUFFER_USAGE {
+            return Err(Error::Record(format!(
+                "the record describes a buffer with usage {:?} in {:?} memory; the receiver expects usage {:?} \
+                 in {}",
+                self.usage,
+                self.memory_flags,
+                crate::BUFFER_USAGE,
+                M::describe()
+            )));
+        }
+        Ok(BufferRecord {
+            info: self,
+            _types: PhantomData,
+        })
+    }
+}
+
+/// A [`BufferInfo`] known to describe a buffer in memory `M`.
+pub struct BufferRecord<M = DeviceLocal> {
+    pub(crate) info: BufferInfo,
+    pub(crate) _types: PhantomData<fn() -> M>,
+}
+
+impl<M> Clone for BufferRecord<M> {
+    fn clone(&self) -> Self {
+        BufferRecord {
+            info: self.info.clone(),
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<M> fmt::Debug for BufferRecord<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.info.fmt(f)
+    }
+}
+
+impl<M> BufferRecord<M> {
+    /// The plain record.
+    pub fn info(&self) -> &BufferInfo {
+        &self.info
+    }
+    /// The plain record, for sending.
+    pub fn into_info(self) -> BufferInfo {
+        self.info
+    }
+}
+
+/// What an importer needs to know about an exported semaphore. Made only by
+/// an export or the wire decoder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SemaphoreInfo {
+    pub(crate) semaphore_type: vk::SemaphoreType,
+    pub(crate) device_uuid: [u8; 16],
+    pub(crate) driver_uuid: [u8; 16],
+}
+
+impl SemaphoreInfo {
+    /// Binary or timeline: decides the CUDA handle type.
+    pub fn semaphore_type(&self) -> vk::SemaphoreType {
+        self.semaphore_type
+    }
+    /// The exporter's `deviceUUID`.
+    pub fn device_uuid(&self) -> [u8; 16] {
+        self.device_uuid
+    }
+    /// The exporter's `driverUUID`.
+    pub fn driver_uuid(&self) -> [u8; 16] {
+        self.driver_uuid
+    }
+
+    /// The rules every semaphore record satisfies.
+    pub(crate) fn validate(&self) -> Result<(), WireError> {
+        let ty = self.semaphore_type.as_raw() as u32;
+        check("semaphore.type", ty.into(), ty <= 1)
+    }
+
+    /// Checks the kind and returns the record typed.
+    pub fn typed<K: SemaphoreKind>(self) -> Result<SemaphoreRecord<K>> {
+        if self.semaphore_type != K::VK {
+            return Err(Error::Record(format!(
+                "the record describes a {:?} semaphore; the receiver expects {:?}",
+                self.semaphore_type,
+                K::VK
+            )));
+        }
+        Ok(SemaphoreRecord {
+            info: self,
+            _kind: PhantomData,
+        })
+    }
+}
+
+/// A [`SemaphoreInfo`] known to describe a semaphore of kind `K`.
+pub struct SemaphoreRecord<K> {
+    pub(crate) info: SemaphoreInfo,
+    pub(crate) _kind: PhantomData<fn() -> K>,
+}
+
+impl<K> Clone for SemaphoreRecord<K> {
+    fn clone(&self) -> Self {
+        SemaphoreRecord {
+            info: self.info.clone(),
+            _kind: PhantomData,
+        }
+    }
+}
+
+impl<K> fmt::Debug for SemaphoreRecord<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.info.fmt(f)
+    }
+}
+
+impl<K> SemaphoreRecord<K> {
+    /// The plain record.
+    pub fn info(&self) -> &SemaphoreInfo {
+        &self.info
+    }
+    /// The plain record, for sending.
+    pub fn into_info(self) -> SemaphoreInfo {
+        self.info
+    }
+}
