@@ -1,51 +1,53 @@
 //! vk-export against a real Vulkan driver (lavapipe in CI, NVIDIA on the GPU
-//! machine), with the Khronos validation layer on: any validation error fails.
+//! machine), with the Khronos validation layer on (core, thread-safety and
+//! synchronization checks): any validation error fails.
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use ash::vk;
-use cuda_interop_tests::{assert_no_validation_errors, pattern, tamper, vulkan, TIMEOUT};
+use cuda_interop_tests::{assert_no_validation_errors, pattern, vulkan, TIMEOUT};
 use vk_export::format::{R32Sfloat, Rgba16Sfloat, Rgba8Unorm};
-use vk_export::markers::{usage, HostVisible, Optimal};
-
-/// Every memory type on lavapipe is host-visible, so it has no `Mem`
-/// class; these Vulkan-only tests use memory every driver has.
-type Mem = HostVisible;
-use vk_export::socket::Connection;
+use vk_export::markers::{usage, DeviceLocal, HostVisible, MemoryLocation, Optimal};
+use vk_export::socket::{Connection, Listener};
 use vk_export::wire::{Message, Resource};
 use vk_export::{
-    BinarySemaphore, Error, ExportableBuffer, ExportableImage, ImageDesc, SemaphoreSubmit,
-    SubmitSync, TimelineSemaphore, WaitStrategy,
+    BinarySemaphore, Error, ExportableBuffer, ExportableImage, ImageDesc, SharedLayout, SubmitSync,
+    TimelineSemaphore, WaitStrategy,
 };
+
+/// Every memory type on lavapipe is host-visible, so it has no `DeviceLocal`
+/// class; these Vulkan-only tests use memory every driver has. The tamper
+/// tests below also run with `DeviceLocal` where the driver has it.
+type Mem = HostVisible;
+
+type Image = ExportableImage<Rgba8Unorm, Optimal, Mem>;
 
 #[test]
 fn image_exported_and_imported_in_a_second_device_reads_back_exactly() {
     let a = vulkan(None);
     let b = vulkan(Some(a.identity().device_uuid));
     let desc = ImageDesc::new_2d(64, 48).mip_levels(2).array_layers(2);
-    let image = ExportableImage::<Rgba8Unorm, Optimal, Mem>::new(&a, desc).unwrap();
+    let image = Image::new(&a, desc).unwrap();
     let info = image.info().clone();
     assert!(info.allocation_size() >= 64 * 48 * 4, "{info:?}");
     for (level, layer) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
         let e = info.level_extent(level).unwrap();
         let data = pattern((e[0] * e[1] * 4) as usize, level * 10 + layer);
-        a.write_image(&image, level, layer, &data, SubmitSync::default())
+        a.write_image(&image, level, layer, &data, SubmitSync::new())
             .unwrap();
     }
-    a.release_image(&image, SubmitSync::default()).unwrap();
+    a.release_image(&image, SubmitSync::new()).unwrap();
 
-    let imported = ExportableImage::<Rgba8Unorm, Optimal, Mem>::import(
-        &b,
-        &image.record(),
-        image.export_fd().unwrap(),
-    )
-    .unwrap();
-    b.assume_image_released(&imported, vk::ImageLayout::GENERAL);
+    let imported = Image::import_from(&b, &image).unwrap();
+    // SAFETY: `a` released the image in GENERAL, and that submission
+    // completed (the helper waited for it) before this call.
+    unsafe { b.assume_image_released(&imported, SharedLayout::General) }.unwrap();
     for (level, layer) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
         let e = info.level_extent(level).unwrap();
         let expected = pattern((e[0] * e[1] * 4) as usize, level * 10 + layer);
         let got = b
-            .read_image(&imported, level, layer, SubmitSync::default())
+            .read_image(&imported, level, layer, SubmitSync::new())
             .unwrap();
         assert!(got == expected, "level {level} layer {layer} differs");
     }
@@ -64,23 +66,20 @@ fn buffer_exported_and_imported_in_a_second_device_reads_back_exactly() {
     let b = vulkan(Some(a.identity().device_uuid));
     let buffer = ExportableBuffer::<Mem>::new(&a, 100_000).unwrap();
     let data = pattern(100_000, 7);
-    a.write_buffer(&buffer, &data, SubmitSync::default())
-        .unwrap();
-    a.release_buffer(&buffer, SubmitSync::default()).unwrap();
-    let imported =
-        ExportableBuffer::import(&b, &buffer.record(), buffer.export_fd().unwrap()).unwrap();
+    a.write_buffer(&buffer, &data, SubmitSync::new()).unwrap();
+    a.release_buffer(&buffer, SubmitSync::new()).unwrap();
+    let imported = ExportableBuffer::import_from(&b, &buffer).unwrap();
     assert_eq!(
-        b.read_buffer(&imported, 100_000, SubmitSync::default())
+        b.read_buffer(&imported, 100_000, SubmitSync::new())
             .unwrap(),
         data
     );
     // And back: the importer writes, the exporter reads.
     let data2 = pattern(100_000, 8);
-    b.write_buffer(&imported, &data2, SubmitSync::default())
+    b.write_buffer(&imported, &data2, SubmitSync::new())
         .unwrap();
     assert_eq!(
-        a.read_buffer(&buffer, 100_000, SubmitSync::default())
-            .unwrap(),
+        a.read_buffer(&buffer, 100_000, SubmitSync::new()).unwrap(),
         data2
     );
     assert_no_validation_errors(&a);
@@ -88,38 +87,34 @@ fn buffer_exported_and_imported_in_a_second_device_reads_back_exactly() {
 }
 
 #[test]
-fn records_of_other_types_or_devices_are_rejected_before_import() {
+fn records_of_other_types_are_rejected_when_typed() {
     let a = vulkan(None);
-    let image =
-        ExportableImage::<Rgba8Unorm, Optimal, Mem>::new(&a, ImageDesc::new_2d(16, 16)).unwrap();
-    // Another format type.
+    let image = Image::new(&a, ImageDesc::new_2d(16, 16)).unwrap();
     let err = image
         .info()
         .clone()
         .typed::<R32Sfloat, Optimal, Mem, usage::Storage>()
         .unwrap_err();
     assert!(err.to_string().contains("R32_SFLOAT"), "{err}");
-    // Another usage.
     let err = image
         .info()
         .clone()
         .typed::<Rgba8Unorm, Optimal, Mem, usage::Sampled>()
         .unwrap_err();
     assert!(matches!(err, Error::Record(_)), "{err}");
-    // Another device.
-    let foreign = tamper::image(image.info(), "device_uuid", tamper::flip());
-    let record = foreign
-        .typed::<Rgba8Unorm, Optimal, Mem, usage::Storage>()
-        .unwrap();
-    let err = ExportableImage::import(&a, &record, image.export_fd().unwrap()).unwrap_err();
-    assert!(err.to_string().contains("same device"), "{err}");
-    // A record whose size does not match what this image needs.
-    let wrong_size = tamper::image(image.info(), "allocation_size", tamper::add(4096));
-    let record = wrong_size
-        .typed::<Rgba8Unorm, Optimal, Mem, usage::Storage>()
-        .unwrap();
-    let err = ExportableImage::import(&a, &record, image.export_fd().unwrap()).unwrap_err();
-    assert!(err.to_string().contains("not the same image"), "{err}");
+    // A host-visible image's own record is not a DeviceLocal record, also on
+    // a driver whose host-visible memory is device-local too (lavapipe).
+    println!(
+        "the image's memory flags: {:?}",
+        image.info().memory_flags()
+    );
+    let err = image
+        .info()
+        .clone()
+        .typed::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>()
+        .unwrap_err();
+    assert!(err.to_string().contains("without"), "{err}");
+    assert!(!DeviceLocal::admits(image.info().memory_flags()));
     assert_no_validation_errors(&a);
 }
 
@@ -143,6 +138,163 @@ fn unsupported_requests_fail_before_anything_is_created() {
     let err = ExportableImage::<Rgba16Sfloat, Optimal, Mem>::new(&a, huge).unwrap_err();
     assert!(matches!(err, Error::Unsupported { .. }), "{err}");
     assert_no_validation_errors(&a);
+}
+
+/// Four threads share one context: each runs helpers on its own resources
+/// and creates and drops images, buffers and semaphores. The validation
+/// layer (thread-safety and synchronization checks on) must report nothing.
+#[test]
+fn four_threads_sharing_a_context_race_nothing() {
+    let ctx = vulkan(None);
+    let threads: Vec<_> = (0..4u32)
+        .map(|t| {
+            let ctx = ctx.clone();
+            std::thread::spawn(move || {
+                let image = Image::new(&ctx, ImageDesc::new_2d(32, 32)).unwrap();
+                for i in 0..40u32 {
+                    let data = pattern(32 * 32 * 4, t * 1000 + i);
+                    ctx.write_image(&image, 0, 0, &data, SubmitSync::new())
+                        .unwrap();
+                    assert_eq!(
+                        ctx.read_image(&image, 0, 0, SubmitSync::new()).unwrap(),
+                        data
+                    );
+                    let buffer = ExportableBuffer::<Mem>::new(&ctx, 4096).unwrap();
+                    ctx.write_buffer(&buffer, &pattern(4096, i), SubmitSync::new())
+                        .unwrap();
+                    let scratch = Image::new(&ctx, ImageDesc::new_2d(8, 8)).unwrap();
+                    ctx.clear_image(&scratch, vk::ClearColorValue::default(), SubmitSync::new())
+                        .unwrap();
+                    let timeline = TimelineSemaphore::new_local(&ctx).unwrap();
+                    ctx.submit_and_wait(SubmitSync::new().signal_timeline(&timeline, 1), |_, _| {})
+                        .unwrap();
+                    drop((buffer, scratch, timeline));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_no_validation_errors(&ctx);
+}
+
+#[test]
+fn a_resource_of_another_context_is_a_typed_error() {
+    let a = vulkan(None);
+    let b = vulkan(Some(a.identity().device_uuid));
+    let image = Image::new(&a, ImageDesc::new_2d(16, 16)).unwrap();
+    let buffer = ExportableBuffer::<Mem>::new(&a, 256).unwrap();
+    let timeline = TimelineSemaphore::new_local(&a).unwrap();
+    let err = b
+        .clear_image(&image, vk::ClearColorValue::default(), SubmitSync::new())
+        .unwrap_err();
+    assert!(matches!(err, Error::ForeignResource(_)), "{err}");
+    assert!(matches!(
+        b.read_buffer(&buffer, 16, SubmitSync::new()),
+        Err(Error::ForeignResource(_))
+    ));
+    assert!(matches!(
+        b.release_image(&image, SubmitSync::new()),
+        Err(Error::ForeignResource(_))
+    ));
+    let err = b
+        .submit_and_wait(SubmitSync::new().signal_timeline(&timeline, 1), |_, _| {})
+        .unwrap_err();
+    assert!(matches!(err, Error::ForeignResource(_)), "{err}");
+    println!("{err}");
+    assert_no_validation_errors(&a);
+    assert_no_validation_errors(&b);
+}
+
+/// A wait for a value nobody signals returns `Timeout` within its bound, on
+/// the host and in a helper's submission; the context stays usable, and once
+/// the value comes everything completes and drops cleanly.
+#[test]
+fn a_wait_nobody_signals_times_out_within_its_bound() {
+    let ctx = vulkan(None);
+    let timeline = TimelineSemaphore::new_local(&ctx).unwrap();
+    let bound = Duration::from_millis(200);
+    for strategy in [WaitStrategy::Block, WaitStrategy::ADAPTIVE] {
+        let start = Instant::now();
+        let err = timeline.wait(1, bound, strategy).unwrap_err();
+        let took = start.elapsed();
+        assert!(matches!(err, Error::Timeout(_)), "{err}");
+        assert!(took >= bound && took < bound * 3, "{strategy:?}: {took:?}");
+        println!("host wait {strategy:?}: Timeout after {took:?}");
+    }
+    let image = Image::new(&ctx, ImageDesc::new_2d(16, 16)).unwrap();
+    let start = Instant::now();
+    let err = ctx
+        .clear_image(
+            &image,
+            vk::ClearColorValue::default(),
+            SubmitSync::new().wait_timeline(&timeline, 1).timeout(bound),
+        )
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+    assert!(took < bound * 3, "{took:?}");
+    println!("submission waiting for an unsignalled value: Timeout after {took:?}");
+    // The context is usable: a host wait, then the value arrives and the
+    // stuck submission and a new one complete.
+    timeline.signal(1).unwrap();
+    ctx.clear_image(&image, vk::ClearColorValue::default(), SubmitSync::new())
+        .unwrap();
+    drop(image);
+    assert_eq!(vk_export::drop_errors(), 0);
+    assert_no_validation_errors(&ctx);
+}
+
+#[test]
+fn binary_tokens_are_minted_by_signals_and_checked_by_waits() {
+    let ctx = vulkan(None);
+    let a = BinarySemaphore::new_local(&ctx).unwrap();
+    let b = BinarySemaphore::new_local(&ctx).unwrap();
+    let token = ctx.signal_binary(&a, SubmitSync::new()).unwrap();
+    // A second signal while one is pending is refused, before any submit.
+    let err = ctx.signal_binary(&a, SubmitSync::new()).unwrap_err();
+    assert!(matches!(err, Error::BinarySemaphore(_)), "{err}");
+    // A's token does not pay for B's wait.
+    let err = ctx
+        .submit_and_wait(SubmitSync::new().wait_binary(&b, token), |_, _| {})
+        .unwrap_err();
+    assert!(matches!(err, Error::BinarySemaphore(_)), "{err}");
+    println!("{err}");
+    // The lost token left A signalled: still refused, nothing hangs.
+    assert!(a.payload().is_signal_pending());
+    // B: signal, wait with its own token, signal again.
+    let token = ctx.signal_binary(&b, SubmitSync::new()).unwrap();
+    ctx.submit_and_wait(SubmitSync::new().wait_binary(&b, token), |_, _| {})
+        .unwrap();
+    assert!(!b.payload().is_signal_pending());
+    let token = ctx.signal_binary(&b, SubmitSync::new()).unwrap();
+    // mem::forget of a token keeps the semaphore pending: a second signal is
+    // still refused.
+    std::mem::forget(token);
+    assert!(matches!(
+        ctx.signal_binary(&b, SubmitSync::new()),
+        Err(Error::BinarySemaphore(_))
+    ));
+    assert_no_validation_errors(&ctx);
+}
+
+#[test]
+fn accept_and_recv_return_timeout_within_their_bound() {
+    let dir = std::env::temp_dir().join(format!("vk-export-timeout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let listener = Listener::bind(dir.join("s")).unwrap();
+    let bound = Duration::from_millis(150);
+    let start = Instant::now();
+    assert!(matches!(listener.accept(bound), Err(Error::Timeout(_))));
+    assert!(start.elapsed() < bound * 3);
+    let (a, _b) = Connection::pair().unwrap();
+    let start = Instant::now();
+    assert!(matches!(a.recv(bound), Err(Error::Timeout(_))));
+    assert!(start.elapsed() >= bound && start.elapsed() < bound * 3);
+    // The peer's identity is known: this process, this user.
+    assert_eq!(a.peer().pid, Some(std::process::id() as i32));
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -172,60 +324,35 @@ fn semaphores_export_where_supported_and_say_why_not_elsewhere() {
     // tracking for its false positives.)
     let timeline = TimelineSemaphore::new(&a).unwrap();
     timeline.signal(5).unwrap();
-    let imported =
-        TimelineSemaphore::import(&b, &timeline.record(), timeline.export_fd().unwrap()).unwrap();
+    let imported = TimelineSemaphore::import_from(&b, &timeline).unwrap();
     imported.wait(5, TIMEOUT, WaitStrategy::Block).unwrap();
     assert_eq!(imported.value().unwrap(), 5);
-    b.submit_and_wait(
-        SubmitSync {
-            waits: &[],
-            signals: &[SemaphoreSubmit::timeline(&imported, 9)],
-        },
-        |_, _| {},
-    )
-    .unwrap();
+    b.submit_and_wait(SubmitSync::new().signal_timeline(&imported, 9), |_, _| {})
+        .unwrap();
     timeline.wait(9, TIMEOUT, WaitStrategy::ADAPTIVE).unwrap();
     assert_eq!(timeline.value().unwrap(), 9);
     assert!(timeline.signal(3).is_err(), "values only go up");
-    // Binary: A's queue signals, B's queue waits.
+    assert!(
+        timeline.signal(u64::MAX).is_err(),
+        "at most maxTimelineSemaphoreValueDifference above"
+    );
+    // Binary: A's queue signals, B's queue waits with A's token (one payload).
     let binary = BinarySemaphore::new(&a).unwrap();
-    let binary_b =
-        BinarySemaphore::import(&b, &binary.record(), binary.export_fd().unwrap()).unwrap();
-    a.submit_and_wait(
-        SubmitSync {
-            waits: &[],
-            signals: &[SemaphoreSubmit::binary(&binary)],
-        },
-        |_, _| {},
-    )
-    .unwrap();
-    b.submit_and_wait(
-        SubmitSync {
-            waits: &[SemaphoreSubmit::binary(&binary_b)],
-            signals: &[],
-        },
-        |_, _| {},
-    )
-    .unwrap();
+    let binary_b = BinarySemaphore::import_from(&b, &binary).unwrap();
+    let token = a.signal_binary(&binary, SubmitSync::new()).unwrap();
+    b.submit_and_wait(SubmitSync::new().wait_binary(&binary_b, token), |_, _| {})
+        .unwrap();
     // Binary via SYNC_FD (copy transference).
     let sync_source = BinarySemaphore::new(&a).unwrap();
-    a.submit_and_wait(
-        SubmitSync {
-            waits: &[],
-            signals: &[SemaphoreSubmit::binary(&sync_source)],
-        },
-        |_, _| {},
-    )
-    .unwrap();
+    let token = a.signal_binary(&sync_source, SubmitSync::new()).unwrap();
     match sync_source.export_sync_fd() {
         Ok(sync_fd) => {
-            let target = BinarySemaphore::new(&b).unwrap();
-            target.import_sync_fd(sync_fd).unwrap();
+            let mut target = BinarySemaphore::new(&b).unwrap();
+            target.import_sync_fd(sync_fd).map_err(|e| e.0).unwrap();
+            // SAFETY: the imported sync fd carries a submitted signal.
+            let target_token = unsafe { target.assume_signalled() }.unwrap();
             b.submit_and_wait(
-                SubmitSync {
-                    waits: &[SemaphoreSubmit::binary(&target)],
-                    signals: &[],
-                },
+                SubmitSync::new().wait_binary(&target, target_token),
                 |_, _| {},
             )
             .unwrap();
@@ -233,6 +360,12 @@ fn semaphores_export_where_supported_and_say_why_not_elsewhere() {
         }
         Err(e) => println!("SYNC_FD export not available: {e}"),
     }
+    // The source's own signal is still pending: wait for it on A.
+    a.submit_and_wait(
+        SubmitSync::new().wait_binary(&sync_source, token),
+        |_, _| {},
+    )
+    .unwrap();
     println!(
         "timeline and binary OPAQUE_FD semaphores shared on {}",
         a.identity().name
@@ -248,19 +381,13 @@ fn image_and_buffer_shared_with_a_child_process_over_a_socket() {
     let ctx = vulkan(None);
     let image =
         ExportableImage::<Rgba8Unorm, Optimal, Mem>::new(&ctx, ImageDesc::new_2d(40, 30)).unwrap();
-    ctx.write_image(
-        &image,
-        0,
-        0,
-        &pattern(40 * 30 * 4, 99),
-        SubmitSync::default(),
-    )
-    .unwrap();
-    ctx.release_image(&image, SubmitSync::default()).unwrap();
-    let buffer = ExportableBuffer::<Mem>::new(&ctx, 4096).unwrap();
-    ctx.write_buffer(&buffer, &pattern(4096, 100), SubmitSync::default())
+    ctx.write_image(&image, 0, 0, &pattern(40 * 30 * 4, 99), SubmitSync::new())
         .unwrap();
-    ctx.release_buffer(&buffer, SubmitSync::default()).unwrap();
+    ctx.release_image(&image, SubmitSync::new()).unwrap();
+    let buffer = ExportableBuffer::<Mem>::new(&ctx, 4096).unwrap();
+    ctx.write_buffer(&buffer, &pattern(4096, 100), SubmitSync::new())
+        .unwrap();
+    ctx.release_buffer(&buffer, SubmitSync::new()).unwrap();
 
     let dir = std::env::temp_dir().join(format!("vk-export-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -283,7 +410,16 @@ fn image_and_buffer_shared_with_a_child_process_over_a_socket() {
         .env("VK_EXPORT_TEST_SOCKET", &path)
         .spawn()
         .unwrap();
-    let connection = listener.accept().unwrap();
+    let connection = match listener.accept(TIMEOUT) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = child.kill();
+            panic!(
+                "the child never connected ({e}); its status: {:?}",
+                child.wait()
+            );
+        }
+    };
     let message = Message {
         tag: 42,
         resources: vec![
@@ -310,23 +446,23 @@ fn child_process_importer() {
     let path = std::env::var_os("VK_EXPORT_TEST_SOCKET").expect("started by the parent test");
     let ctx = vulkan(None);
     let connection = Connection::connect(path).unwrap();
-    let mut received = connection.recv().unwrap();
+    let mut received = connection.recv(TIMEOUT).unwrap();
     assert_eq!(received.message.tag, 42);
-    let (record, fd) = received
+    let bundle = received
         .take_image::<Rgba8Unorm, Optimal, Mem, usage::Storage>(0)
         .unwrap();
-    let image = ExportableImage::import(&ctx, &record, fd).unwrap();
-    ctx.assume_image_released(&image, vk::ImageLayout::GENERAL);
-    let pixels = ctx.read_image(&image, 0, 0, SubmitSync::default()).unwrap();
+    let image = Image::import_received(&ctx, bundle).unwrap();
+    // SAFETY: the parent released the image in GENERAL before sending it.
+    unsafe { ctx.assume_image_released(&image, SharedLayout::General) }.unwrap();
+    let pixels = ctx.read_image(&image, 0, 0, SubmitSync::new()).unwrap();
     assert!(
         pixels == pattern(40 * 30 * 4, 99),
         "image pixels differ in the child"
     );
-    let (record, fd) = received.take_buffer::<Mem>(1).unwrap();
-    let buffer = ExportableBuffer::import(&ctx, &record, fd).unwrap();
+    let bundle = received.take_buffer::<Mem>(1).unwrap();
+    let buffer = ExportableBuffer::import_received(&ctx, bundle).unwrap();
     assert_eq!(
-        ctx.read_buffer(&buffer, 4096, SubmitSync::default())
-            .unwrap(),
+        ctx.read_buffer(&buffer, 4096, SubmitSync::new()).unwrap(),
         pattern(4096, 100)
     );
     assert_no_validation_errors(&ctx);

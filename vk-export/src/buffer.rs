@@ -1,16 +1,31 @@
+//! Exportable buffers, and buffers imported from records.
+//!
+//! # Contract
+//!
+//! As for images ([`crate::ExportableImage`]): an exact memory class, a
+//! dedicated allocation where required or preferred, imports that re-derive
+//! size, memory type, alignment and the dedicated requirement on this device
+//! before the driver sees the fd, fds handed back on failure, safe imports
+//! only for a buffer of this process or a received bundle, and a bounded
+//! `Drop` that leaks rather than frees memory the GPU may still use.
+
 use std::fmt;
 use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
 
-use crate::context::Context;
+use crate::context::{record_drop_error, Context, DROP_WAIT};
 use crate::error::{Error, Result};
-use crate::image::{
-    allocate_imported, check_memory_type, check_same_device, export_memory_fd, KeepAlive, Owner,
-};
 use crate::markers::{DeviceLocal, MemoryLocation};
+use crate::memory::{
+    allocate_imported, check_export_fd, check_memory_type, check_same_device, export_memory_fd,
+    import_with_duplicate, ImportError, ImportFailure, KeepAlive,
+};
+use crate::ownership::Owner;
+use crate::received::ReceivedBuffer;
 use crate::record::{BufferInfo, BufferRecord};
 use crate::MEMORY_HANDLE_TYPE;
 
@@ -27,14 +42,23 @@ pub(crate) struct BufferInner {
     pub(crate) memory: vk::DeviceMemory,
     pub(crate) info: BufferInfo,
     pub(crate) owner: Mutex<Owner>,
+    /// Progress value of this crate's last submission that used the buffer.
+    pub(crate) last_use: AtomicU64,
 }
 
 impl Drop for BufferInner {
     fn drop(&mut self) {
+        let last = self.last_use.load(Ordering::Acquire);
+        if let Err(e) = self.ctx.wait_progress(last, DROP_WAIT) {
+            record_drop_error(format_args!(
+                "a buffer and its memory are leaked: the submission that last used them did not complete ({e})"
+            ));
+            return;
+        }
         let device = &self.ctx.inner.device;
-        // SAFETY: created here; CUDA imports hold a KeepAlive, so none is left.
+        // SAFETY: created here; CUDA imports hold a KeepAlive, so none is
+        // left; this crate's last use completed.
         unsafe {
-            let _ = device.device_wait_idle();
             device.destroy_buffer(self.buffer, None);
             device.free_memory(self.memory, None);
         }
@@ -82,7 +106,13 @@ fn preflight(ctx: &Context, size: u64) -> Result<bool> {
     Ok(features.contains(vk::ExternalMemoryFeatureFlags::DEDICATED_ONLY))
 }
 
-fn create_buffer(ctx: &Context, size: u64) -> Result<(vk::Buffer, vk::MemoryRequirements, bool)> {
+/// Creates the buffer and returns it with its requirements and whether it
+/// must or should be dedicated (`dedicated_only`: the handle type demands it).
+fn create_buffer(
+    ctx: &Context,
+    size: u64,
+    dedicated_only: bool,
+) -> Result<(vk::Buffer, vk::MemoryRequirements, bool)> {
     let device = &ctx.inner.device;
     let mut external =
         vk::ExternalMemoryBufferCreateInfo::default().handle_types(MEMORY_HANDLE_TYPE);
@@ -104,17 +134,83 @@ fn create_buffer(ctx: &Context, size: u64) -> Result<(vk::Buffer, vk::MemoryRequ
         )
     };
     let memory_requirements = reqs.memory_requirements;
-    let wants = dedicated.requires_dedicated_allocation == vk::TRUE
+    let wants = dedicated_only
+        || dedicated.requires_dedicated_allocation == vk::TRUE
         || dedicated.prefers_dedicated_allocation == vk::TRUE;
     Ok((buffer, memory_requirements, wants))
 }
 
+/// The checks a received buffer record must pass on `ctx`, leaving the
+/// buffer created from it.
+fn verified_buffer(ctx: &Context, info: &BufferInfo) -> Result<vk::Buffer> {
+    check_same_device(ctx, &info.device_uuid, &info.driver_uuid)?;
+    check_memory_type(ctx, info.memory_type_index, info.memory_flags)?;
+    if info.usage != BUFFER_USAGE {
+        return Err(Error::Record(format!(
+            "buffer usage {:?}: this crate exports {BUFFER_USAGE:?}",
+            info.usage
+        )));
+    }
+    let dedicated_only = preflight(ctx, info.size)?;
+    let (buffer, reqs, dedicated) = create_buffer(ctx, info.size, dedicated_only)?;
+    let mut differences = Vec::new();
+    if reqs.size != info.allocation_size {
+        differences.push(format!(
+            "size {} (record: {})",
+            reqs.size, info.allocation_size
+        ));
+    }
+    if reqs.memory_type_bits & (1 << info.memory_type_index) == 0 {
+        differences.push(format!(
+            "memory types {:#b} (record: type {})",
+            reqs.memory_type_bits, info.memory_type_index
+        ));
+    }
+    if reqs.alignment != info.alignment {
+        differences.push(format!(
+            "alignment {} (record: {})",
+            reqs.alignment, info.alignment
+        ));
+    }
+    if dedicated != info.dedicated {
+        differences.push(format!(
+            "dedicated allocation {dedicated} (record: {})",
+            info.dedicated
+        ));
+    }
+    if differences.is_empty() {
+        return Ok(buffer);
+    }
+    // SAFETY: the buffer was created above and is unused.
+    unsafe { ctx.inner.device.destroy_buffer(buffer, None) };
+    Err(Error::Record(format!(
+        "the record does not describe the buffer it claims: for {} bytes, {} derives {}; not the same buffer \
+         (or another driver)",
+        info.size,
+        ctx.identity().name,
+        differences.join(", ")
+    )))
+}
+
+impl<M> BufferRecord<M> {
+    /// Checks the record against `ctx`'s device as an import would (both
+    /// UUIDs, memory type and flags, and the size, memory type bits,
+    /// alignment and dedicated requirement this device derives), creating
+    /// nothing that outlives the call.
+    pub fn verify_on(&self, ctx: &Context) -> Result<()> {
+        let buffer = verified_buffer(ctx, &self.info)?;
+        // SAFETY: created for this check and unused.
+        unsafe { ctx.inner.device.destroy_buffer(buffer, None) };
+        Ok(())
+    }
+}
+
 impl<M: MemoryLocation> ExportableBuffer<M> {
-    /// Creates, allocates (exportable) and binds a buffer of `size` bytes.
+    /// Creates, allocates (exportable, in a memory type of the exact class
+    /// `M`) and binds a buffer of `size` bytes.
     pub fn new(ctx: &Context, size: u64) -> Result<Self> {
         let dedicated_only = preflight(ctx, size)?;
-        let (buffer, reqs, wants) = create_buffer(ctx, size)?;
-        let dedicated = dedicated_only || wants;
+        let (buffer, reqs, dedicated) = create_buffer(ctx, size, dedicated_only)?;
         let device = &ctx.inner.device;
         let Some(memory_type_index) =
             ctx.memory_type(reqs.memory_type_bits, M::REQUIRED, M::EXCLUDED)
@@ -123,7 +219,11 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
             unsafe { device.destroy_buffer(buffer, None) };
             return Err(Error::unsupported(
                 "an exportable buffer",
-                format!("no memory type with {:?}", M::REQUIRED),
+                format!(
+                    "no memory type of the class {} among the allowed types {:#b}",
+                    M::describe(),
+                    reqs.memory_type_bits
+                ),
             ));
         };
         let mut export = vk::ExportMemoryAllocateInfo::default().handle_types(MEMORY_HANDLE_TYPE);
@@ -145,115 +245,120 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
                 hint: "out of device memory for the exportable allocation",
             }
         })?;
-        Self::finish(
-            ctx,
-            buffer,
-            memory,
+        let identity = &ctx.inner.identity;
+        let info = BufferInfo {
             size,
-            reqs,
+            usage: BUFFER_USAGE,
+            allocation_size: reqs.size,
             memory_type_index,
+            memory_flags: ctx.memory_type_flags(memory_type_index).unwrap_or_default(),
             dedicated,
-        )
+            alignment: reqs.alignment,
+            device_uuid: identity.device_uuid,
+            driver_uuid: identity.driver_uuid,
+        };
+        Self::bind(ctx, buffer, memory, info)
     }
 
-    fn finish(
+    /// Binds `memory` to `buffer` and wraps them; on failure destroys both.
+    fn bind(
         ctx: &Context,
         buffer: vk::Buffer,
         memory: vk::DeviceMemory,
-        size: u64,
-        reqs: vk::MemoryRequirements,
-        memory_type_index: u32,
-        dedicated: bool,
+        info: BufferInfo,
     ) -> Result<Self> {
         let device = &ctx.inner.device;
-        // SAFETY: fresh objects; offset 0.
-        if let Err(e) = unsafe { device.bind_buffer_memory(buffer, memory, 0) } {
-            // SAFETY: unused.
+        let valid = info.validate().map_err(|e| {
+            Error::Record(format!(
+                "this driver produced a record outside the wire rules: {e}"
+            ))
+        });
+        let bound = valid.and_then(|()| {
+            // SAFETY: fresh objects; offset 0.
+            unsafe { device.bind_buffer_memory(buffer, memory, 0) }.map_err(Error::vk(
+                "vkBindBufferMemory",
+                "the memory does not fit the buffer",
+            ))
+        });
+        if let Err(e) = bound {
+            // SAFETY: neither is in use.
             unsafe {
                 device.destroy_buffer(buffer, None);
                 device.free_memory(memory, None);
             }
-            return Err(Error::Vulkan {
-                call: "vkBindBufferMemory",
-                result: e,
-                hint: "the memory does not fit the buffer",
-            });
+            return Err(e);
         }
-        let identity = &ctx.inner.identity;
         Ok(ExportableBuffer {
             inner: Arc::new(BufferInner {
                 ctx: ctx.clone(),
                 buffer,
                 memory,
-                info: BufferInfo {
-                    size,
-                    usage: BUFFER_USAGE,
-                    allocation_size: reqs.size,
-                    memory_type_index,
-                    memory_flags: ctx.memory_type_flags(memory_type_index).unwrap_or_default(),
-                    dedicated,
-                    alignment: reqs.alignment,
-                    device_uuid: identity.device_uuid,
-                    driver_uuid: identity.driver_uuid,
-                },
+                info,
                 owner: Mutex::new(Owner::Vulkan(vk::ImageLayout::UNDEFINED)),
+                last_use: AtomicU64::new(0),
             }),
             _types: PhantomData,
         })
     }
 
-    /// Imports an exported buffer, created from the record. `fd` is consumed
-    /// on success and closed on failure.
-    pub fn import(ctx: &Context, record: &BufferRecord<M>, fd: OwnedFd) -> Result<Self> {
+    /// Imports `exporter` (a buffer of this process) into `ctx`.
+    pub fn import_from(ctx: &Context, exporter: &ExportableBuffer<M>) -> Result<Self> {
+        let fd = exporter.export_fd()?;
+        // SAFETY: a fresh export of `exporter`, with its own record.
+        unsafe { Self::import_fd(ctx, &exporter.record(), fd) }.map_err(ImportError::into_error)
+    }
+
+    /// Imports a buffer received over a socket (record and fd arrived
+    /// together from a checked peer), verified on this device first; on
+    /// failure the fd comes back in the error.
+    pub fn import_received(
+        ctx: &Context,
+        received: ReceivedBuffer<M>,
+    ) -> Result<Self, ImportError> {
+        let (record, fd, _peer) = received.into_parts();
+        // SAFETY: as for images: record and fd travelled together from a
+        // checked peer, and import_fd verifies what this device can derive.
+        unsafe { Self::import_fd(ctx, &record, fd) }
+    }
+
+    /// Imports a buffer from a record and an fd that did not travel together
+    /// through this crate, verified like [`BufferRecord::verify_on`]. `fd`
+    /// is consumed on success and comes back in the error on failure.
+    ///
+    /// # Safety
+    /// `fd` is an OPAQUE_FD export of the memory of the buffer `record`
+    /// describes, and `record` is that buffer's own, unmodified record.
+    pub unsafe fn import_fd(
+        ctx: &Context,
+        record: &BufferRecord<M>,
+        fd: OwnedFd,
+    ) -> Result<Self, ImportError> {
         let info = &record.info;
-        check_same_device(ctx, &info.device_uuid, &info.driver_uuid)?;
-        let dedicated_only = preflight(ctx, info.size)?;
-        if dedicated_only && !info.dedicated {
-            return Err(Error::Record(
-                "the driver requires dedicated allocations, but the record's is not".into(),
-            ));
-        }
-        check_memory_type(ctx, info.memory_type_index, info.memory_flags)?;
-        let (buffer, reqs, _) = create_buffer(ctx, info.size)?;
-        let device = &ctx.inner.device;
-        if reqs.size > info.allocation_size
-            || reqs.memory_type_bits & (1 << info.memory_type_index) == 0
+        let buffer = match check_export_fd(&fd, "memory").and_then(|()| verified_buffer(ctx, info))
         {
-            // SAFETY: unused buffer.
-            unsafe { device.destroy_buffer(buffer, None) };
-            return Err(Error::Record(format!(
-                "the buffer needs {} bytes in types {:#b}, the record offers {} bytes in type {}",
-                reqs.size, reqs.memory_type_bits, info.allocation_size, info.memory_type_index
-            )));
-        }
+            Ok(b) => b,
+            Err(error) => return Err(ImportError { error, fd }),
+        };
         let dedicated_to = info
             .dedicated
             .then(|| vk::MemoryDedicatedAllocateInfo::default().buffer(buffer));
-        let memory = match allocate_imported(
-            ctx,
-            fd,
-            info.allocation_size,
-            info.memory_type_index,
-            dedicated_to,
-        ) {
-            Ok(m) => m,
-            Err(e) => {
-                // SAFETY: unused buffer.
-                unsafe { device.destroy_buffer(buffer, None) };
-                return Err(e);
-            }
-        };
-        let mut reqs = reqs;
-        reqs.size = info.allocation_size;
-        Self::finish(
-            ctx,
-            buffer,
-            memory,
-            info.size,
-            reqs,
-            info.memory_type_index,
-            info.dedicated,
-        )
+        import_with_duplicate(fd, |raw| {
+            let memory = allocate_imported(
+                ctx,
+                raw,
+                info.allocation_size,
+                info.memory_type_index,
+                dedicated_to,
+            )
+            .inspect_err(|_| {
+                // SAFETY: the buffer was created above and is unused.
+                unsafe { ctx.inner.device.destroy_buffer(buffer, None) }
+            })?;
+            Self::bind(ctx, buffer, memory, info.clone()).map_err(|error| ImportFailure {
+                error,
+                driver_took_fd: true,
+            })
+        })
     }
 
     /// Exports the memory as a new OPAQUE_FD, owned by the caller.
@@ -284,7 +389,8 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
         &self.inner.ctx
     }
 
-    /// The `VkBuffer`.
+    /// The `VkBuffer`, for the application's own command buffers (see
+    /// [`Context::from_raw`]'s contract on tracking).
     pub fn raw(&self) -> vk::Buffer {
         self.inner.buffer
     }

@@ -6,7 +6,26 @@ use std::sync::{Arc, Mutex};
 use ash::vk;
 
 use crate::error::{Error, Result};
-use crate::transfer::TransferState;
+use crate::submit::{wait_progress, Engine, QueueState};
+
+/// How long a `Drop` waits for the GPU work that last used a resource before
+/// it gives up, leaks the resource (never frees memory the GPU may still
+/// use) and reports it ([`drop_errors`]).
+pub const DROP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+static DROP_ERRORS: AtomicU32 = AtomicU32::new(0);
+
+/// `Drop` cannot return errors: a destroy that had to be skipped (the GPU
+/// work using the resource did not finish within [`DROP_WAIT`]) is counted
+/// here and printed to stderr.
+pub fn drop_errors() -> u32 {
+    DROP_ERRORS.load(Ordering::Relaxed)
+}
+
+pub(crate) fn record_drop_error(what: std::fmt::Arguments<'_>) {
+    DROP_ERRORS.fetch_add(1, Ordering::Relaxed);
+    eprintln!("vk-export: {what}");
+}
 
 /// Who a physical device is: what an importer compares before it imports.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -91,16 +110,18 @@ pub(crate) struct ContextInner {
     pub(crate) physical: vk::PhysicalDevice,
     pub(crate) device: ash::Device,
     pub(crate) queue_family: u32,
-    /// One lock around every submission to the queue: Vulkan requires external
-    /// synchronisation per queue, and NVIDIA's Linux driver has been seen
-    /// misbehaving with concurrent submissions to one device.
-    pub(crate) queue: Mutex<vk::Queue>,
+    /// One lock around every submission to the queue (Vulkan requires
+    /// external synchronisation per queue), with the last progress value.
+    pub(crate) queue: Mutex<QueueState>,
+    /// Private timeline every helper submission signals: the completion
+    /// record resources wait for in `Drop`.
+    pub(crate) progress: vk::Semaphore,
     pub(crate) memory_fd: ash::khr::external_memory_fd::Device,
     pub(crate) semaphore_fd: Option<ash::khr::external_semaphore_fd::Device>,
     pub(crate) identity: DeviceIdentity,
     pub(crate) memory_properties: vk::PhysicalDeviceMemoryProperties,
     pub(crate) max_timeline_difference: u64,
-    pub(crate) transfer: Mutex<Option<TransferState>>,
+    pub(crate) engine: Mutex<Engine>,
     owned: bool,
     debug: Option<DebugMessenger>,
 }
@@ -151,12 +172,31 @@ impl Context {
             .application_name(c"vk-export")
             .api_version(vk::API_VERSION_1_2);
         let layer_names = [VALIDATION_LAYER.as_ptr()];
-        let extension_names = [ash::ext::debug_utils::NAME.as_ptr()];
+        // Synchronization validation next to the core checks, where the
+        // layer offers VK_EXT_validation_features (thread-safety checks are
+        // on by default).
+        // SAFETY: plain enumeration of the layer's instance extensions.
+        let layer_extensions =
+            unsafe { entry.enumerate_instance_extension_properties(Some(VALIDATION_LAYER)) }
+                .unwrap_or_default();
+        let has_features = layer_extensions
+            .iter()
+            .any(|e| e.extension_name_as_c_str().ok() == Some(ash::ext::validation_features::NAME));
+        let mut extension_names = vec![ash::ext::debug_utils::NAME.as_ptr()];
+        if has_features {
+            extension_names.push(ash::ext::validation_features::NAME.as_ptr());
+        }
+        let enables = [vk::ValidationFeatureEnableEXT::SYNCHRONIZATION_VALIDATION];
+        let mut features =
+            vk::ValidationFeaturesEXT::default().enabled_validation_features(&enables);
         let mut info = vk::InstanceCreateInfo::default().application_info(&app);
         if validation {
             info = info
                 .enabled_layer_names(&layer_names)
                 .enabled_extension_names(&extension_names);
+            if has_features {
+                info = info.push_next(&mut features);
+            }
         }
         // SAFETY: the create info and everything it points to live across the call.
         let instance = unsafe { entry.create_instance(&info, None) }.map_err(Error::vk(
@@ -291,18 +331,24 @@ impl Context {
         Ok((physical, device, family))
     }
 
-    /// Wraps the application's own Vulkan objects.
+    /// Wraps the application's own Vulkan objects. The context submits to
+    /// queue 0 of `queue_family`, and never destroys or idles anything it did
+    /// not create: dropping it (and every resource made from it) waits only
+    /// for this crate's own submissions, with a bound ([`DROP_WAIT`]).
     ///
     /// # Safety
     /// * `device` was created from `physical`, which belongs to `instance`,
     ///   with API version 1.2 or later, the `timelineSemaphore` feature, and
     ///   every extension in [`REQUIRED_DEVICE_EXTENSIONS`] enabled
-    ///   (`VK_KHR_external_semaphore_fd` too, for semaphore sharing);
-    /// * `queue` is a queue of `queue_family` on `device`, and the application
-    ///   submits to it only while no call of this crate does (this crate
-    ///   submits under its own lock);
+    ///   (`VK_KHR_external_semaphore_fd` too when `semaphore_fd_enabled`);
+    /// * queue 0 of `queue_family` exists on `device`, and while the context
+    ///   lives the application submits to that queue only from inside
+    ///   [`Context::with_queue`] (this crate submits under the same lock);
     /// * the instance and device outlive the context and every resource
-    ///   created from it (this crate never destroys them).
+    ///   created from it;
+    /// * work the application submits that uses this crate's resources (via
+    ///   their `raw()` handles) has completed before the last handle to such
+    ///   a resource is dropped: this crate only tracks its own submissions.
     pub unsafe fn from_raw(
         entry: ash::Entry,
         instance: ash::Instance,
@@ -361,6 +407,21 @@ impl Context {
                 timeline.max_timeline_semaphore_value_difference,
             )
         };
+        let mut progress_type = vk::SemaphoreTypeCreateInfo::default()
+            .semaphore_type(vk::SemaphoreType::TIMELINE)
+            .initial_value(0);
+        // SAFETY: plain creation on a live device with timeline semaphores
+        // enabled (the callers' contract).
+        let progress = unsafe {
+            device.create_semaphore(
+                &vk::SemaphoreCreateInfo::default().push_next(&mut progress_type),
+                None,
+            )
+        }
+        .map_err(Error::vk(
+            "vkCreateSemaphore (timeline)",
+            "the device must have the timelineSemaphore feature enabled",
+        ))?;
         Ok(Context {
             inner: Arc::new(ContextInner {
                 _entry: entry,
@@ -368,13 +429,17 @@ impl Context {
                 physical,
                 device,
                 queue_family,
-                queue: Mutex::new(queue),
+                queue: Mutex::new(QueueState {
+                    queue,
+                    last_value: 0,
+                }),
+                progress,
                 memory_fd,
                 semaphore_fd,
                 identity,
                 memory_properties,
                 max_timeline_difference,
-                transfer: Mutex::new(None),
+                engine: Mutex::new(Engine::default()),
                 owned,
                 debug,
             }),
@@ -421,11 +486,37 @@ impl Context {
         self.inner.debug.is_some()
     }
 
-    /// Runs `f` with the queue locked: submit there, and nowhere else, while
-    /// this crate may submit too.
+    /// Runs `f` with the queue locked. Every submission of the application
+    /// to this queue must happen inside `f` (Vulkan requires external
+    /// synchronisation per queue, and this crate submits under the same lock).
     pub fn with_queue<R>(&self, f: impl FnOnce(vk::Queue) -> R) -> R {
-        let queue = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
-        f(*queue)
+        let state = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
+        f(state.queue)
+    }
+
+    /// Whether `other` is this context (a clone of it), not merely one on
+    /// the same device.
+    pub fn is_same(&self, other: &Context) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// A resource of another context is refused by every helper.
+    pub(crate) fn check_owns(&self, other: &Context, what: &str) -> Result<()> {
+        if self.is_same(other) {
+            Ok(())
+        } else {
+            Err(Error::ForeignResource(format!(
+                "{what} belongs to another Context ({}), not this one ({}); use that context's helpers",
+                other.identity().name,
+                self.identity().name
+            )))
+        }
+    }
+
+    /// Waits (bounded) until this crate's submission that signalled
+    /// `value` has completed.
+    pub(crate) fn wait_progress(&self, value: u64, timeout: std::time::Duration) -> Result<()> {
+        wait_progress(&self.inner.device, self.inner.progress, value, timeout)
     }
 
     /// The first memory type allowed by `type_bits` with all of `required`
@@ -451,18 +542,28 @@ impl Context {
 
 impl Drop for ContextInner {
     fn drop(&mut self) {
-        // SAFETY: every resource holds a clone of the context, so none is left;
-        // the transfer state was created from this device.
+        // Every resource holds a clone of the context, so none is left; wait
+        // (bounded) for this crate's own submissions only: never idle a
+        // device the application may still be using.
+        let last = self
+            .queue
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .last_value;
+        let engine = std::mem::take(self.engine.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let done = wait_progress(&self.device, self.progress, last, DROP_WAIT);
+        if let Err(e) = done {
+            record_drop_error(format_args!(
+                "the context's last submission ({last}) did not complete ({e}); its command buffers{} are leaked",
+                if self.owned { ", device and instance" } else { "" }
+            ));
+            return;
+        }
+        // SAFETY: every submission of this crate completed (waited above), so
+        // no slot, staging buffer or the progress semaphore is in use.
         unsafe {
-            let _ = self.device.device_wait_idle();
-            if let Some(t) = self
-                .transfer
-                .get_mut()
-                .unwrap_or_else(|p| p.into_inner())
-                .take()
-            {
-                t.destroy(&self.device);
-            }
+            engine.destroy(&self.device);
+            self.device.destroy_semaphore(self.progress, None);
             if self.owned {
                 self.device.destroy_device(None);
                 if let Some(d) = self.debug.take() {

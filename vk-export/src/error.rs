@@ -50,16 +50,25 @@ pub enum Error {
         source: std::io::Error,
     },
     /// A connection from a user the listener does not allow was dropped.
-    #[error("refused a connection from pid {pid}, uid {uid}: only allowed users may connect (Listener::allow_uid)")]
+    #[error("refused a connection from pid {}, uid {uid}: only allowed users may connect (Listener::allow_uid)", pid.map_or("unknown (another pid namespace)".to_string(), |p| p.to_string()))]
     PeerRefused {
-        /// The peer's pid.
-        pid: i32,
+        /// The peer's pid, if the kernel reports one in this pid namespace.
+        pid: Option<i32>,
         /// The peer's uid.
         uid: u32,
     },
-    /// A host wait ran out of time.
-    #[error("timed out after {0:?} waiting for the semaphore")]
+    /// A wait ran out of time. Nothing was freed that the GPU may still use;
+    /// the context stays usable.
+    #[error("timed out after {0:?} waiting for the GPU (a semaphore value nobody signals, or a dead peer?)")]
     Timeout(std::time::Duration),
+    /// A resource (or semaphore) of another [`crate::Context`] was given to a
+    /// helper; nothing was submitted.
+    #[error("foreign resource: {0}")]
+    ForeignResource(String),
+    /// A binary semaphore was signalled while a signal was already pending,
+    /// or waited with a token it did not mint; nothing was submitted.
+    #[error("binary semaphore misuse: {0}")]
+    BinarySemaphore(String),
 }
 
 impl Error {

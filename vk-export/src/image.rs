@@ -1,36 +1,45 @@
-use std::any::Any;
+//! Exportable images: created, allocated and bound so that CUDA (or another
+//! device or process) can import them, and imported from records.
+//!
+//! # Contract
+//!
+//! * **Export recipe.** Preflight with the exact external-memory query, then
+//!   `VkExternalMemoryImageCreateInfo`, export allocate info, a dedicated
+//!   allocation where the driver requires or prefers one, and a memory type
+//!   of the exact class `M`. The record states what this produced.
+//! * **Imports verify before the driver sees the fd.** The importer
+//!   re-creates the image from the record and re-derives size, memory type
+//!   bits and flags, alignment, dedicated requirement and (linear) pitches on
+//!   its own device, and checks both UUIDs: a record that differs from what
+//!   this device derives is [`Error::Record`], and the fd comes back.
+//! * **Safe imports** are the ones the crate can vouch for: an image of this
+//!   process ([`ExportableImage::import_from`]) and a received bundle
+//!   ([`ExportableImage::import_received`]). A bare fd under a record is
+//!   [`ExportableImage::import_fd`], `unsafe`.
+//! * **Drop** waits (bounded) for this crate's last submission that used the
+//!   image; if that never completes the image and memory are leaked rather
+//!   than freed under the GPU.
+
 use std::fmt;
 use std::marker::PhantomData;
-use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
 
-use crate::context::Context;
+use crate::context::{record_drop_error, Context, DROP_WAIT};
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::markers::{usage, DeviceLocal, MemoryLocation, Optimal, Tiling, Usage};
+use crate::memory::{
+    allocate_imported, check_export_fd, check_memory_type, check_same_device, export_memory_fd,
+    import_with_duplicate, ImportError, ImportFailure, KeepAlive,
+};
+use crate::ownership::Owner;
+use crate::received::ReceivedImage;
 use crate::record::{ImageInfo, ImageRecord, TypeMarkers};
 use crate::MEMORY_HANDLE_TYPE;
-
-/// Keeps a Vulkan resource (and its device) alive; the CUDA side holds one per
-/// import so the exporter cannot be destroyed first by accident.
-#[derive(Clone)]
-pub struct KeepAlive(
-    #[allow(dead_code, reason = "held only for its Drop")] Arc<dyn Any + Send + Sync>,
-);
-
-impl fmt::Debug for KeepAlive {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("KeepAlive")
-    }
-}
-
-impl KeepAlive {
-    pub(crate) fn new<T: Any + Send + Sync>(value: Arc<T>) -> KeepAlive {
-        KeepAlive(value)
-    }
-}
 
 /// The shape of an image to create.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,32 +132,30 @@ impl ImageDesc {
     }
 }
 
-/// Who may touch a resource now (queue-family ownership, Vulkan spec
-/// "resources-external-sharing").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Owner {
-    /// Owned by this context's queue family, in this layout.
-    Vulkan(vk::ImageLayout),
-    /// Released to `VK_QUEUE_FAMILY_EXTERNAL`, last in this layout.
-    External(vk::ImageLayout),
-}
-
 pub(crate) struct ImageInner {
     pub(crate) ctx: Context,
     pub(crate) image: vk::Image,
     pub(crate) memory: vk::DeviceMemory,
     pub(crate) info: ImageInfo,
     pub(crate) owner: Mutex<Owner>,
+    /// Progress value of this crate's last submission that used the image.
+    pub(crate) last_use: AtomicU64,
 }
 
 impl Drop for ImageInner {
     fn drop(&mut self) {
+        let last = self.last_use.load(Ordering::Acquire);
+        if let Err(e) = self.ctx.wait_progress(last, DROP_WAIT) {
+            record_drop_error(format_args!(
+                "an image and its memory are leaked: the submission that last used them did not complete ({e})"
+            ));
+            return;
+        }
         let device = &self.ctx.inner.device;
-        // SAFETY: the image and memory were created here; nothing else holds
-        // them (CUDA imports hold a KeepAlive of this value). Wait for idle so
-        // no submitted work still uses them.
+        // SAFETY: created here; nothing else holds them (CUDA imports hold a
+        // KeepAlive of this value); this crate's last use completed, and the
+        // application's own submissions are covered by from_raw's contract.
         unsafe {
-            let _ = device.device_wait_idle();
             device.destroy_image(self.image, None);
             device.free_memory(self.memory, None);
         }
@@ -156,7 +163,7 @@ impl Drop for ImageInner {
 }
 
 /// An image whose memory can be exported as an OPAQUE_FD, typed by format,
-/// tiling, memory location and usage preset.
+/// tiling, memory class and usage preset.
 ///
 /// ```no_run
 /// use vk_export::{Context, ExportableImage, HeadlessOptions, ImageDesc};
@@ -295,13 +302,23 @@ fn preflight(ctx: &Context, p: &CreateParams) -> Result<ImageCapability> {
     })
 }
 
+/// What this device derives for an image of given create parameters: the
+/// facts an export records and an import must find again.
+struct Derived {
+    requirements: vk::MemoryRequirements,
+    /// Required or preferred dedicated allocation (or a dedicated-only handle type).
+    dedicated: bool,
+    /// Row and array pitch of level 0, layer 0 (linear tiling), else 0.
+    pitches: (u64, u64),
+}
+
 /// Creates the image (always with the external-memory info, initial layout
-/// UNDEFINED) and returns it with its requirements and whether it must or
-/// should be dedicated.
+/// UNDEFINED) and returns it with what the device derives for it.
 fn create_image(
     ctx: &Context,
     p: &CreateParams,
-) -> Result<(vk::Image, vk::MemoryRequirements, bool)> {
+    capability: &ImageCapability,
+) -> Result<(vk::Image, Derived)> {
     let device = &ctx.inner.device;
     let mut external =
         vk::ExternalMemoryImageCreateInfo::default().handle_types(MEMORY_HANDLE_TYPE);
@@ -336,10 +353,32 @@ fn create_image(
             &mut reqs,
         )
     };
-    let memory_requirements = reqs.memory_requirements;
-    let wants_dedicated = dedicated.requires_dedicated_allocation == vk::TRUE
-        || dedicated.prefers_dedicated_allocation == vk::TRUE;
-    Ok((image, memory_requirements, wants_dedicated))
+    let pitches = if p.tiling == vk::ImageTiling::LINEAR {
+        // SAFETY: a linear image's subresource layout may be queried.
+        let layout = unsafe {
+            device.get_image_subresource_layout(
+                image,
+                vk::ImageSubresource {
+                    aspect_mask: vk::ImageAspectFlags::COLOR,
+                    mip_level: 0,
+                    array_layer: 0,
+                },
+            )
+        };
+        (layout.row_pitch, layout.array_pitch)
+    } else {
+        (0, 0)
+    };
+    Ok((
+        image,
+        Derived {
+            requirements: reqs.memory_requirements,
+            dedicated: capability.dedicated_only
+                || dedicated.requires_dedicated_allocation == vk::TRUE
+                || dedicated.prefers_dedicated_allocation == vk::TRUE,
+            pitches,
+        },
+    ))
 }
 
 fn params_from_desc<F: Format, T: Tiling, U: Usage>(desc: &ImageDesc) -> CreateParams {
@@ -363,6 +402,101 @@ fn params_from_desc<F: Format, T: Tiling, U: Usage>(desc: &ImageDesc) -> CreateP
     }
 }
 
+fn params_from_info(info: &ImageInfo) -> CreateParams {
+    CreateParams {
+        format: info.format,
+        image_type: info.image_type,
+        extent: info.extent,
+        mip_levels: info.mip_levels,
+        array_layers: info.array_layers,
+        flags: info.flags,
+        tiling: info.tiling,
+        usage: info.usage,
+    }
+}
+
+/// Compares what this device derives for the record's image with the record.
+fn check_derived(ctx: &Context, info: &ImageInfo, derived: &Derived) -> Result<()> {
+    let reqs = &derived.requirements;
+    let mut differences = Vec::new();
+    if reqs.size != info.allocation_size {
+        differences.push(format!(
+            "size {} (record: {})",
+            reqs.size, info.allocation_size
+        ));
+    }
+    if reqs.memory_type_bits & (1 << info.memory_type_index) == 0 {
+        differences.push(format!(
+            "memory types {:#b} (record: type {})",
+            reqs.memory_type_bits, info.memory_type_index
+        ));
+    }
+    if reqs.alignment != info.alignment {
+        differences.push(format!(
+            "alignment {} (record: {})",
+            reqs.alignment, info.alignment
+        ));
+    }
+    if derived.dedicated != info.dedicated {
+        differences.push(format!(
+            "dedicated allocation {} (record: {})",
+            derived.dedicated, info.dedicated
+        ));
+    }
+    if derived.pitches != (info.row_pitch, info.array_pitch) {
+        differences.push(format!(
+            "row/array pitch {:?} (record: {:?})",
+            derived.pitches,
+            (info.row_pitch, info.array_pitch)
+        ));
+    }
+    if differences.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Record(format!(
+        "the record does not describe the image it claims: for {}x{}x{} {:?}, {} levels, {} layers, {} derives {}; \
+         not the same image (or another driver)",
+        info.extent[0],
+        info.extent[1],
+        info.extent[2],
+        info.format,
+        info.mip_levels,
+        info.array_layers,
+        ctx.identity().name,
+        differences.join(", ")
+    )))
+}
+
+/// The checks a received image record must pass on `ctx`, leaving the image
+/// created from it (for an import) or destroying it (for a check alone).
+fn verified_image(ctx: &Context, info: &ImageInfo) -> Result<(vk::Image, Derived)> {
+    check_same_device(ctx, &info.device_uuid, &info.driver_uuid)?;
+    check_memory_type(ctx, info.memory_type_index, info.memory_flags)?;
+    let params = params_from_info(info);
+    let capability = preflight(ctx, &params)?;
+    let (image, derived) = create_image(ctx, &params, &capability)?;
+    if let Err(e) = check_derived(ctx, info, &derived) {
+        // SAFETY: the image was created above and is unused.
+        unsafe { ctx.inner.device.destroy_image(image, None) };
+        return Err(e);
+    }
+    Ok((image, derived))
+}
+
+impl<F, T, M, U> ImageRecord<F, T, M, U> {
+    /// Checks the record against `ctx`'s device as an import would, creating
+    /// nothing that outlives the call: both UUIDs, the memory type and its
+    /// flags, and the size, memory type bits, alignment, dedicated
+    /// requirement and pitches that this device derives for the described
+    /// image. The CUDA side runs this before `cuImportExternalMemory`.
+    pub fn verify_on(&self, ctx: &Context) -> Result<()> {
+        let (image, _) = verified_image(ctx, &self.info)?;
+        // SAFETY: created by verified_image for this check and unused.
+        unsafe { ctx.inner.device.destroy_image(image, None) };
+        Ok(())
+    }
+}
+
 impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M, U> {
     /// Asks the driver whether such an image can be exported and imported,
     /// creating nothing.
@@ -371,19 +505,19 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
         preflight(ctx, &params_from_desc::<F, T, U>(desc))
     }
 
-    /// Creates, allocates (exportable, dedicated where required or preferred)
-    /// and binds a new image.
+    /// Creates, allocates (exportable, dedicated where required or preferred,
+    /// in a memory type of the exact class `M`) and binds a new image.
     pub fn new(ctx: &Context, desc: ImageDesc) -> Result<Self> {
         desc.check()?;
         let params = params_from_desc::<F, T, U>(&desc);
         let capability = preflight(ctx, &params)?;
-        let (image, reqs, wants_dedicated) = create_image(ctx, &params)?;
-        let dedicated = wants_dedicated || capability.dedicated_only;
+        let (image, derived) = create_image(ctx, &params, &capability)?;
         let device = &ctx.inner.device;
         let destroy_image = || {
             // SAFETY: the image was created above and is not bound or used.
             unsafe { device.destroy_image(image, None) }
         };
+        let reqs = derived.requirements;
         let Some(memory_type_index) =
             ctx.memory_type(reqs.memory_type_bits, M::REQUIRED, M::EXCLUDED)
         else {
@@ -391,8 +525,8 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
             return Err(Error::unsupported(
                 params.what(),
                 format!(
-                    "no memory type with {:?} among the allowed types {:#b}",
-                    M::REQUIRED,
+                    "no memory type of the class {} among the allowed types {:#b}",
+                    M::describe(),
                     reqs.memory_type_bits
                 ),
             ));
@@ -403,7 +537,7 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
             .allocation_size(reqs.size)
             .memory_type_index(memory_type_index)
             .push_next(&mut export);
-        if dedicated {
+        if derived.dedicated {
             alloc = alloc.push_next(&mut dedicated_info);
         }
         // SAFETY: the allocate info and its chain live across the call.
@@ -418,56 +552,6 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
                 });
             }
         };
-        Self::finish(
-            ctx,
-            image,
-            memory,
-            params,
-            reqs,
-            memory_type_index,
-            dedicated,
-        )
-    }
-
-    fn finish(
-        ctx: &Context,
-        image: vk::Image,
-        memory: vk::DeviceMemory,
-        params: CreateParams,
-        reqs: vk::MemoryRequirements,
-        memory_type_index: u32,
-        dedicated: bool,
-    ) -> Result<Self> {
-        let device = &ctx.inner.device;
-        // SAFETY: image and memory are fresh; offset 0 satisfies any alignment.
-        if let Err(e) = unsafe { device.bind_image_memory(image, memory, 0) } {
-            // SAFETY: neither is in use.
-            unsafe {
-                device.destroy_image(image, None);
-                device.free_memory(memory, None);
-            }
-            return Err(Error::Vulkan {
-                call: "vkBindImageMemory",
-                result: e,
-                hint: "the memory does not fit the image (a record from a different image?)",
-            });
-        }
-        let (row_pitch, array_pitch) = if params.tiling == vk::ImageTiling::LINEAR {
-            // SAFETY: a linear image's subresource layout may be queried.
-            let layout = unsafe {
-                device.get_image_subresource_layout(
-                    image,
-                    vk::ImageSubresource {
-                        aspect_mask: vk::ImageAspectFlags::COLOR,
-                        mip_level: 0,
-                        array_layer: 0,
-                    },
-                )
-            };
-            (layout.row_pitch, layout.array_pitch)
-        } else {
-            (0, 0)
-        };
         let identity = &ctx.inner.identity;
         let info = ImageInfo {
             format: params.format,
@@ -481,14 +565,45 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
             allocation_size: reqs.size,
             memory_type_index,
             memory_flags: ctx.memory_type_flags(memory_type_index).unwrap_or_default(),
-            dedicated,
+            dedicated: derived.dedicated,
             alignment: reqs.alignment,
             offset: 0,
-            row_pitch,
-            array_pitch,
+            row_pitch: derived.pitches.0,
+            array_pitch: derived.pitches.1,
             device_uuid: identity.device_uuid,
             driver_uuid: identity.driver_uuid,
         };
+        Self::bind(ctx, image, memory, info)
+    }
+
+    /// Binds `memory` to `image` and wraps them; on failure destroys both.
+    fn bind(
+        ctx: &Context,
+        image: vk::Image,
+        memory: vk::DeviceMemory,
+        info: ImageInfo,
+    ) -> Result<Self> {
+        let device = &ctx.inner.device;
+        let valid = info.validate().map_err(|e| {
+            Error::Record(format!(
+                "this driver produced a record outside the wire rules: {e}"
+            ))
+        });
+        // SAFETY: image and memory are fresh; offset 0 satisfies any alignment.
+        let bound = valid.and_then(|()| {
+            unsafe { device.bind_image_memory(image, memory, 0) }.map_err(Error::vk(
+                "vkBindImageMemory",
+                "the memory does not fit the image",
+            ))
+        });
+        if let Err(e) = bound {
+            // SAFETY: neither is in use.
+            unsafe {
+                device.destroy_image(image, None);
+                device.free_memory(memory, None);
+            }
+            return Err(e);
+        }
         Ok(ExportableImage {
             inner: Arc::new(ImageInner {
                 ctx: ctx.clone(),
@@ -496,84 +611,80 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
                 memory,
                 info,
                 owner: Mutex::new(Owner::Vulkan(vk::ImageLayout::UNDEFINED)),
+                last_use: AtomicU64::new(0),
             }),
             _types: PhantomData,
         })
     }
 
-    /// Imports an exported image into `ctx`: the image is created from the
-    /// record, so its parameters are the exporter's by construction.
+    /// Imports `exporter` (an image of this process, on another device or
+    /// the same one) into `ctx`: the record and fd come straight from it.
+    pub fn import_from(ctx: &Context, exporter: &ExportableImage<F, T, M, U>) -> Result<Self> {
+        let fd = exporter.export_fd()?;
+        // SAFETY: `fd` is a fresh export of `exporter`'s memory, and the
+        // record is `exporter`'s own.
+        unsafe { Self::import_fd(ctx, &exporter.record(), fd) }.map_err(ImportError::into_error)
+    }
+
+    /// Imports an image received over a socket (record and fd arrived
+    /// together from a checked peer). The record is verified on this device
+    /// first; on failure the fd comes back in the error.
+    pub fn import_received(
+        ctx: &Context,
+        received: ReceivedImage<F, T, M, U>,
+    ) -> Result<Self, ImportError> {
+        let (record, fd, _peer) = received.into_parts();
+        // SAFETY: the record and fd travelled together from a peer of this
+        // user (the connection checked it); import_fd verifies every fact of
+        // the record this device can derive before the driver sees the fd.
+        // What cannot be verified (that the peer exported this very image) is
+        // the peer model the README's "Trust boundary" states.
+        unsafe { Self::import_fd(ctx, &record, fd) }
+    }
+
+    /// Imports an exported image from a record and an fd that did not travel
+    /// together through this crate. The image is created from the record and
+    /// verified against this device like [`ImageRecord::verify_on`]; `fd` is
+    /// consumed on success and comes back in the error on failure.
     ///
-    /// The record is checked against this device first (UUIDs, memory type,
-    /// capability). `fd` is consumed on success and closed on failure.
-    pub fn import(ctx: &Context, record: &ImageRecord<F, T, M, U>, fd: OwnedFd) -> Result<Self> {
+    /// # Safety
+    /// `fd` is an OPAQUE_FD export of the memory of the image that `record`
+    /// describes, and `record` is that image's own, unmodified record. (A
+    /// record of another image whose facts happen to match would make the
+    /// import read memory laid out for another image.)
+    pub unsafe fn import_fd(
+        ctx: &Context,
+        record: &ImageRecord<F, T, M, U>,
+        fd: OwnedFd,
+    ) -> Result<Self, ImportError> {
         let info = &record.info;
-        check_same_device(ctx, &info.device_uuid, &info.driver_uuid)?;
-        let desc = ImageDesc {
-            width: info.extent[0],
-            height: info.extent[1],
-            depth: info.extent[2],
-            mip_levels: info.mip_levels,
-            array_layers: info.array_layers,
-            cube: info.is_cube(),
-        };
-        desc.check().map_err(|e| Error::Record(e.to_string()))?;
-        let params = CreateParams {
-            format: info.format,
-            image_type: info.image_type,
-            extent: info.extent,
-            mip_levels: info.mip_levels,
-            array_layers: info.array_layers,
-            flags: info.flags,
-            tiling: info.tiling,
-            usage: info.usage,
-        };
-        let capability = preflight(ctx, &params)?;
-        if capability.dedicated_only && !info.dedicated {
-            return Err(Error::Record(
-                "the driver requires dedicated allocations, but the record's is not".into(),
-            ));
-        }
-        check_memory_type(ctx, info.memory_type_index, info.memory_flags)?;
-        let (image, reqs, _) = create_image(ctx, &params)?;
-        let device = &ctx.inner.device;
-        if reqs.size != info.allocation_size
-            || reqs.memory_type_bits & (1 << info.memory_type_index) == 0
-        {
-            // SAFETY: the image was created above and is unused.
-            unsafe { device.destroy_image(image, None) };
-            return Err(Error::Record(format!(
-                "this device needs {} bytes in memory types {:#b} for the described image, but the record says \
-                 {} bytes in type {}: not the same image",
-                reqs.size, reqs.memory_type_bits, info.allocation_size, info.memory_type_index
-            )));
-        }
+        let (image, _) =
+            match check_export_fd(&fd, "memory").and_then(|()| verified_image(ctx, info)) {
+                Ok(v) => v,
+                Err(error) => return Err(ImportError { error, fd }),
+            };
         let dedicated_to = info
             .dedicated
             .then(|| vk::MemoryDedicatedAllocateInfo::default().image(image));
-        let memory = match allocate_imported(
-            ctx,
-            fd,
-            info.allocation_size,
-            info.memory_type_index,
-            dedicated_to,
-        ) {
-            Ok(m) => m,
-            Err(e) => {
-                // SAFETY: unused image.
-                unsafe { device.destroy_image(image, None) };
-                return Err(e);
-            }
-        };
-        Self::finish(
-            ctx,
-            image,
-            memory,
-            params,
-            reqs,
-            info.memory_type_index,
-            info.dedicated,
-        )
+        import_with_duplicate(fd, |raw| {
+            let memory = allocate_imported(
+                ctx,
+                raw,
+                info.allocation_size,
+                info.memory_type_index,
+                dedicated_to,
+            )
+            .inspect_err(|_| {
+                // SAFETY: the image was created above and is unused.
+                unsafe { ctx.inner.device.destroy_image(image, None) }
+            })?;
+            // `bind` destroys the image and frees the memory (and with it the
+            // driver's fd) on failure.
+            Self::bind(ctx, image, memory, info.clone()).map_err(|error| ImportFailure {
+                error,
+                driver_took_fd: true,
+            })
+        })
     }
 
     /// Exports the memory as a new OPAQUE_FD, owned by the caller.
@@ -599,8 +710,8 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
         &self.inner.ctx
     }
 
-    /// The `VkImage`. Do not destroy it; record commands on it only while no
-    /// helper of this crate uses it.
+    /// The `VkImage`, for the application's own command buffers: do not
+    /// destroy it, and see [`Context::from_raw`]'s contract on tracking.
     pub fn raw(&self) -> vk::Image {
         self.inner.image
     }
@@ -613,88 +724,5 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
     /// A handle that keeps this image (and its device) alive.
     pub fn keep_alive(&self) -> KeepAlive {
         KeepAlive::new(self.inner.clone())
-    }
-}
-
-/// Allocates memory that imports `fd`: consumed on success, closed on failure
-/// (a failed import leaves the fd with the caller, which is this function).
-pub(crate) fn allocate_imported(
-    ctx: &Context,
-    fd: OwnedFd,
-    size: u64,
-    memory_type_index: u32,
-    dedicated_to: Option<vk::MemoryDedicatedAllocateInfo<'static>>,
-) -> Result<vk::DeviceMemory> {
-    let raw_fd = fd.into_raw_fd();
-    let mut import = vk::ImportMemoryFdInfoKHR::default()
-        .handle_type(MEMORY_HANDLE_TYPE)
-        .fd(raw_fd);
-    let mut dedicated_info = dedicated_to.unwrap_or_default();
-    let mut alloc = vk::MemoryAllocateInfo::default()
-        .allocation_size(size)
-        .memory_type_index(memory_type_index)
-        .push_next(&mut import);
-    if dedicated_to.is_some() {
-        alloc = alloc.push_next(&mut dedicated_info);
-    }
-    // SAFETY: the chain lives across the call; on success Vulkan owns the fd.
-    unsafe { ctx.inner.device.allocate_memory(&alloc, None) }.map_err(|e| {
-        // SAFETY: a failed import does not take ownership: the fd is still
-        // ours, and nothing else refers to this number.
-        drop(unsafe { OwnedFd::from_raw_fd(raw_fd) });
-        Error::Vulkan {
-            call: "vkAllocateMemory (import)",
-            result: e,
-            hint: "the fd is not an OPAQUE_FD export from this device, or the record does not match it",
-        }
-    })
-}
-
-pub(crate) fn export_memory_fd(ctx: &Context, memory: vk::DeviceMemory) -> Result<OwnedFd> {
-    let info = vk::MemoryGetFdInfoKHR::default()
-        .memory(memory)
-        .handle_type(MEMORY_HANDLE_TYPE);
-    // SAFETY: the memory was allocated with OPAQUE_FD export info.
-    let fd = unsafe { ctx.inner.memory_fd.get_memory_fd(&info) }.map_err(Error::vk(
-        "vkGetMemoryFdKHR",
-        "too many open files, or out of memory",
-    ))?;
-    // SAFETY: vkGetMemoryFdKHR returns a new fd whose ownership passes to us.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-pub(crate) fn check_same_device(
-    ctx: &Context,
-    device_uuid: &[u8; 16],
-    driver_uuid: &[u8; 16],
-) -> Result<()> {
-    let me = &ctx.inner.identity;
-    if &me.device_uuid != device_uuid || &me.driver_uuid != driver_uuid {
-        return Err(Error::Record(format!(
-            "exported on device {} / driver {}, but this is device {} / driver {} ({}): OPAQUE_FD handles \
-             only work on the same device and driver",
-            crate::context::format_uuid(device_uuid),
-            crate::context::format_uuid(driver_uuid),
-            me.device_uuid_string(),
-            crate::context::format_uuid(&me.driver_uuid),
-            me.name
-        )));
-    }
-    Ok(())
-}
-
-pub(crate) fn check_memory_type(
-    ctx: &Context,
-    index: u32,
-    flags: vk::MemoryPropertyFlags,
-) -> Result<()> {
-    match ctx.memory_type_flags(index) {
-        Some(f) if f == flags => Ok(()),
-        Some(f) => Err(Error::Record(format!(
-            "memory type {index} has flags {f:?} here, but {flags:?} in the record"
-        ))),
-        None => Err(Error::Record(format!(
-            "memory type {index} does not exist on this device"
-        ))),
     }
 }

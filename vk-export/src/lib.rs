@@ -39,6 +39,9 @@ mod error;
 pub mod format;
 mod image;
 pub mod markers;
+mod memory;
+mod ownership;
+mod received;
 mod record;
 mod semaphore;
 /// Semaphore kinds ([`Binary`], [`Timeline`]) as a module, for paths.
@@ -46,16 +49,21 @@ pub mod semaphore_kinds {
     pub use crate::semaphore::{Binary, SemaphoreKind, Timeline};
 }
 pub mod socket;
+mod submit;
+pub mod token;
 mod transfer;
 pub mod wire;
 
 pub use buffer::{ExportableBuffer, BUFFER_USAGE};
 pub use context::{
-    format_uuid, Context, DeviceIdentity, HeadlessOptions, Validation, OPTIONAL_DEVICE_EXTENSIONS,
-    REQUIRED_DEVICE_EXTENSIONS,
+    drop_errors, format_uuid, Context, DeviceIdentity, HeadlessOptions, Validation, DROP_WAIT,
+    OPTIONAL_DEVICE_EXTENSIONS, REQUIRED_DEVICE_EXTENSIONS,
 };
 pub use error::{Error, Result};
-pub use image::{ExportableImage, ImageCapability, ImageDesc, KeepAlive};
+pub use image::{ExportableImage, ImageCapability, ImageDesc};
+pub use memory::{ImportError, KeepAlive};
+pub use ownership::SharedLayout;
+pub use received::{PeerCredentials, ReceivedBuffer, ReceivedImage, ReceivedSemaphore};
 pub use record::{
     BufferInfo, BufferRecord, ImageInfo, ImageRecord, SemaphoreInfo, SemaphoreRecord,
 };
@@ -63,7 +71,8 @@ pub use semaphore::{
     Binary, BinarySemaphore, Semaphore, SemaphoreKind, SyncFd, Timeline, TimelineSemaphore,
     WaitStrategy,
 };
-pub use transfer::{SemaphoreSubmit, SubmitSync};
+pub use token::{BinaryPayload, BinarySignal, SignalReservation};
+pub use transfer::SubmitSync;
 
 pub use ash;
 

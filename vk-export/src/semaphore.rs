@@ -1,14 +1,38 @@
+//! Exportable binary and timeline semaphores.
+//!
+//! # Contract
+//!
+//! * Binary and timeline are distinct types ([`Semaphore<Binary>`],
+//!   [`Semaphore<Timeline>`]); the CUDA handle type follows the kind.
+//! * Binary signals are tokens ([`crate::BinarySignal`], see [`crate::token`]
+//!   rules): a wait needs the token of a submitted signal of the same payload.
+//! * Timeline host signals are checked (above the current value, within
+//!   `maxTimelineSemaphoreValueDifference`) and the check and the signal are
+//!   one atomic step for this process's host signals.
+//! * Every host wait takes a timeout and returns [`Error::Timeout`].
+//! * Imports follow [`crate::memory`]'s fd rules: the driver gets a
+//!   duplicate, a failed import gives the caller's fd back.
+//! * `Drop` waits (bounded) for this crate's last submission that used the
+//!   semaphore; if that does not complete the semaphore is leaked, not
+//!   destroyed under a pending operation.
+
 use std::fmt;
 use std::marker::PhantomData;
-use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ash::vk;
 
-use crate::context::Context;
+use crate::context::{record_drop_error, Context, DROP_WAIT};
 use crate::error::{Error, Result};
-use crate::image::check_same_device;
+use crate::memory::{
+    check_export_fd, check_same_device, import_with_duplicate, ImportError, ImportFailure,
+};
+use crate::received::ReceivedSemaphore;
 use crate::record::{SemaphoreInfo, SemaphoreRecord};
+use crate::token::{BinaryPayload, BinarySignal};
 
 mod sealed {
     pub trait Sealed {}
@@ -91,26 +115,43 @@ impl Default for WaitStrategy {
 pub struct Semaphore<K> {
     ctx: Context,
     semaphore: vk::Semaphore,
+    exportable: bool,
     sync_fd_exportable: bool,
+    /// Progress value of this crate's last submission that used it.
+    pub(crate) last_use: AtomicU64,
+    /// Binary payload state (unused for timelines).
+    payload: BinaryPayload,
+    /// Makes a timeline host signal's check and signal one step.
+    signal_lock: Mutex<()>,
     _kind: PhantomData<fn() -> K>,
 }
 
 impl<K: SemaphoreKind> fmt::Debug for Semaphore<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Semaphore").field("type", &K::VK).finish()
+        f.debug_struct("Semaphore")
+            .field("type", &K::VK)
+            .field("exportable", &self.exportable)
+            .finish()
     }
 }
 
 impl<K> Drop for Semaphore<K> {
     fn drop(&mut self) {
-        // SAFETY: created here; wait for idle so no queued operation uses it.
+        let last = self.last_use.load(Ordering::Acquire);
+        if let Err(e) = self.ctx.wait_progress(last, DROP_WAIT) {
+            record_drop_error(format_args!(
+                "a semaphore is leaked: the submission that last used it did not complete ({e})"
+            ));
+            return;
+        }
+        // SAFETY: created here; this crate's last operation on it completed,
+        // and the application's own submissions are covered by from_raw's contract.
         unsafe {
-            let _ = self.ctx.inner.device.device_wait_idle();
             self.ctx
                 .inner
                 .device
-                .destroy_semaphore(self.semaphore, None);
-        }
+                .destroy_semaphore(self.semaphore, None)
+        };
     }
 }
 
@@ -164,9 +205,9 @@ impl<K: SemaphoreKind> Semaphore<K> {
         Ok(())
     }
 
-    fn create(ctx: &Context, export: bool) -> Result<(vk::Semaphore, bool)> {
-        Self::preflight(ctx)?;
-        let sync_fd = K::VK == vk::SemaphoreType::BINARY
+    fn create(ctx: &Context, export: bool, payload: BinaryPayload) -> Result<Self> {
+        let sync_fd = export
+            && K::VK == vk::SemaphoreType::BINARY
             && semaphore_features(ctx, K::VK, vk::ExternalSemaphoreHandleTypeFlags::SYNC_FD)
                 .contains(vk::ExternalSemaphoreFeatureFlags::EXPORTABLE);
         let mut handles = vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD;
@@ -184,69 +225,119 @@ impl<K: SemaphoreKind> Semaphore<K> {
         // SAFETY: the chain lives across the call.
         let semaphore = unsafe { ctx.inner.device.create_semaphore(&info, None) }
             .map_err(Error::vk("vkCreateSemaphore", "out of memory"))?;
-        Ok((semaphore, sync_fd && export))
-    }
-
-    /// Creates an exportable semaphore (a timeline starts at 0).
-    pub fn new(ctx: &Context) -> Result<Self> {
-        let (semaphore, sync_fd_exportable) = Self::create(ctx, true)?;
         Ok(Semaphore {
             ctx: ctx.clone(),
             semaphore,
-            sync_fd_exportable,
+            exportable: export,
+            sync_fd_exportable: sync_fd,
+            last_use: AtomicU64::new(0),
+            payload,
+            signal_lock: Mutex::new(()),
             _kind: PhantomData,
         })
     }
 
-    /// Imports an exported semaphore permanently (as a timeline's OPAQUE_FD
-    /// must be). `fd` is consumed on success and closed on failure.
-    pub fn import(ctx: &Context, record: &SemaphoreRecord<K>, fd: OwnedFd) -> Result<Self> {
-        check_same_device(ctx, &record.info.device_uuid, &record.info.driver_uuid)?;
-        let (semaphore, _) = Self::create(ctx, false)?;
-        let this = Semaphore {
-            ctx: ctx.clone(),
-            semaphore,
-            sync_fd_exportable: false,
-            _kind: PhantomData,
+    /// Creates an exportable semaphore (a timeline starts at 0).
+    pub fn new(ctx: &Context) -> Result<Self> {
+        Self::preflight(ctx)?;
+        Self::create(ctx, true, BinaryPayload::new())
+    }
+
+    /// Creates a semaphore that is never exported: for ordering work inside
+    /// Vulkan on any driver (lavapipe has no exportable semaphores).
+    pub fn new_local(ctx: &Context) -> Result<Self> {
+        Self::create(ctx, false, BinaryPayload::new())
+    }
+
+    /// Imports `exporter`'s payload into `ctx` (another device of this
+    /// process). A binary semaphore's signal tokens are valid on both.
+    pub fn import_from(ctx: &Context, exporter: &Semaphore<K>) -> Result<Self> {
+        let fd = exporter.export_fd()?;
+        // SAFETY: `fd` is a fresh OPAQUE_FD export of `exporter`, whose record
+        // this is.
+        unsafe { Self::import_with(ctx, &exporter.record(), fd, exporter.payload.clone()) }
+            .map_err(ImportError::into_error)
+    }
+
+    /// Imports a semaphore received over a socket (its record and fd arrived
+    /// together from a checked peer). The record is checked against this
+    /// device first. A binary semaphore starts with no known pending signal
+    /// (see [`Semaphore::assume_signalled`]).
+    pub fn import_received(
+        ctx: &Context,
+        received: ReceivedSemaphore<K>,
+    ) -> Result<Self, ImportError> {
+        let (record, fd, _peer) = received.into_parts();
+        // SAFETY: the record and fd travelled together in one message from a
+        // peer whose credentials the connection checked; the record is
+        // verified against this device below, and whatever else it could
+        // misstate only affects the peer's own semaphore.
+        unsafe { Self::import_with(ctx, &record, fd, BinaryPayload::new()) }
+    }
+
+    /// Imports a semaphore from a record and an fd that did not travel
+    /// together through this crate.
+    ///
+    /// # Safety
+    /// `fd` is an OPAQUE_FD export of a semaphore of kind `K` whose own,
+    /// unmodified record is `record`. On success the fd is consumed; on
+    /// failure it comes back in the error.
+    pub unsafe fn import_fd(
+        ctx: &Context,
+        record: &SemaphoreRecord<K>,
+        fd: OwnedFd,
+    ) -> Result<Self, ImportError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::import_with(ctx, record, fd, BinaryPayload::new()) }
+    }
+
+    /// # Safety
+    /// As [`Semaphore::import_fd`].
+    unsafe fn import_with(
+        ctx: &Context,
+        record: &SemaphoreRecord<K>,
+        fd: OwnedFd,
+        payload: BinaryPayload,
+    ) -> Result<Self, ImportError> {
+        let checks = check_same_device(ctx, &record.info.device_uuid, &record.info.driver_uuid)
+            .and_then(|()| check_export_fd(&fd, "semaphore"))
+            .and_then(|()| Self::preflight(ctx))
+            .and_then(|()| Self::create(ctx, false, payload));
+        let this = match checks {
+            Ok(s) => s,
+            Err(error) => return Err(ImportError { error, fd }),
         };
-        this.import_fd(
-            Some(fd),
-            vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD,
-            vk::SemaphoreImportFlags::empty(),
-        )?;
+        import_with_duplicate(fd, |raw| {
+            this.import_raw(
+                raw,
+                vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD,
+                vk::SemaphoreImportFlags::empty(),
+            )
+            .map_err(ImportFailure::from)
+        })?;
         Ok(this)
     }
 
-    fn import_fd(
+    /// Imports `raw` (owned by this crate; given to the driver on success).
+    fn import_raw(
         &self,
-        fd: Option<OwnedFd>,
+        raw: i32,
         handle: vk::ExternalSemaphoreHandleTypeFlags,
         flags: vk::SemaphoreImportFlags,
     ) -> Result<()> {
         let loader = self.loader()?;
-        // -1 is SYNC_FD's "already signalled"; it is never wrapped in an OwnedFd.
-        let raw = fd.map_or(-1, IntoRawFd::into_raw_fd);
         let info = vk::ImportSemaphoreFdInfoKHR::default()
             .semaphore(self.semaphore)
             .handle_type(handle)
             .flags(flags)
             .fd(raw);
-        // SAFETY: the semaphore has no pending operations (new, or the caller's
-        // contract for temporary imports); on success Vulkan owns the fd.
-        match unsafe { loader.import_semaphore_fd(&info) } {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                if raw >= 0 {
-                    // SAFETY: a failed import leaves the fd with us.
-                    drop(unsafe { OwnedFd::from_raw_fd(raw) });
-                }
-                Err(Error::Vulkan {
-                    call: "vkImportSemaphoreFdKHR",
-                    result: e,
-                    hint: "the fd is not a semaphore export of this kind from this device",
-                })
-            }
-        }
+        // SAFETY: the semaphore has no pending operations (new, or `&mut
+        // self` for temporary imports); on success Vulkan owns the fd.
+        unsafe { loader.import_semaphore_fd(&info) }.map_err(|e| Error::Vulkan {
+            call: "vkImportSemaphoreFdKHR",
+            result: e,
+            hint: "the fd is not a semaphore export of this kind from this device",
+        })
     }
 
     fn loader(&self) -> Result<&ash::khr::external_semaphore_fd::Device> {
@@ -260,6 +351,12 @@ impl<K: SemaphoreKind> Semaphore<K> {
 
     /// Exports the semaphore as a new OPAQUE_FD, owned by the caller.
     pub fn export_fd(&self) -> Result<OwnedFd> {
+        if !self.exportable {
+            return Err(Error::unsupported(
+                "exporting this semaphore",
+                "it was created with new_local, or imported: export the original",
+            ));
+        }
         let info = vk::SemaphoreGetFdInfoKHR::default()
             .semaphore(self.semaphore)
             .handle_type(vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD);
@@ -283,7 +380,8 @@ impl<K: SemaphoreKind> Semaphore<K> {
         }
     }
 
-    /// The `VkSemaphore`.
+    /// The `VkSemaphore`, for the application's own submissions (see
+    /// [`Context::from_raw`]'s contract on tracking).
     pub fn raw(&self) -> vk::Semaphore {
         self.semaphore
     }
@@ -295,6 +393,24 @@ impl<K: SemaphoreKind> Semaphore<K> {
 }
 
 impl Semaphore<Binary> {
+    /// This semaphore's payload state, shared with its imports (CUDA's too).
+    pub fn payload(&self) -> &BinaryPayload {
+        &self.payload
+    }
+
+    /// The token of a signal that this crate did not see submitted: one the
+    /// peer process submitted, or the application's own `vkQueueSubmit`.
+    /// `Err` if a signal is already pending here.
+    ///
+    /// # Safety
+    /// A signal operation on this semaphore's payload has been submitted
+    /// (and not yet waited for), before any wait that uses the token.
+    pub unsafe fn assume_signalled(&self) -> Result<BinarySignal> {
+        let reservation = self.payload.reserve_signal()?;
+        // SAFETY: forwarded from the caller.
+        Ok(unsafe { reservation.submitted() })
+    }
+
     /// Exports the payload as a SYNC_FD (copy transference). A signal must
     /// have been submitted and no wait on it be pending (Vulkan's rules for
     /// copy-transference exports); the driver reports a violation as an error.
@@ -321,17 +437,25 @@ impl Semaphore<Binary> {
     }
 
     /// Imports a SYNC_FD temporarily (the only permanence SYNC_FD allows):
-    /// the next wait on this semaphore waits for it.
-    pub fn import_sync_fd(&self, fd: SyncFd) -> Result<()> {
-        let fd = match fd {
-            SyncFd::Fd(fd) => Some(fd),
-            SyncFd::AlreadySignaled => None,
-        };
-        self.import_fd(
-            fd,
+    /// the next wait on this semaphore waits for it. `&mut self`: no other
+    /// thread can have an operation of this crate pending on it meanwhile.
+    /// On failure the sync fd comes back with the error, open.
+    pub fn import_sync_fd(&mut self, fd: SyncFd) -> Result<(), (Error, SyncFd)> {
+        let (handle, flags) = (
             vk::ExternalSemaphoreHandleTypeFlags::SYNC_FD,
             vk::SemaphoreImportFlags::TEMPORARY,
-        )
+        );
+        match fd {
+            // -1 is SYNC_FD's "already signalled"; no fd changes hands.
+            SyncFd::AlreadySignaled => self
+                .import_raw(-1, handle, flags)
+                .map_err(|e| (e, SyncFd::AlreadySignaled)),
+            SyncFd::Fd(fd) => import_with_duplicate(fd, |raw| {
+                self.import_raw(raw, handle, flags)
+                    .map_err(ImportFailure::from)
+            })
+            .map_err(|e| (e.error, SyncFd::Fd(e.fd))),
+        }
     }
 }
 
@@ -352,24 +476,27 @@ impl Semaphore<Timeline> {
     }
 
     /// Signals `value` from the host; it must be above the current value and
-    /// within `maxTimelineSemaphoreValueDifference` of it.
+    /// within `maxTimelineSemaphoreValueDifference` of it. The check and the
+    /// signal are one step for this process's host signals; a GPU signal of a
+    /// higher value racing with it is the application's to order.
     pub fn signal(&self, value: u64) -> Result<()> {
+        let _one_at_a_time = self.signal_lock.lock().unwrap_or_else(|p| p.into_inner());
         let current = self.value()?;
-        if value <= current || value - current > self.ctx.max_timeline_difference() {
+        let max = self.ctx.max_timeline_difference();
+        if value <= current || value - current > max {
             return Err(Error::InvalidArgument(format!(
-                "timeline signal {value}: must be above the current value {current} and at most {} above it",
-                self.ctx.max_timeline_difference()
+                "timeline signal {value}: must be above the current value {current} and at most {max} above it"
             )));
         }
         let info = vk::SemaphoreSignalInfo::default()
             .semaphore(self.semaphore)
             .value(value);
-        // SAFETY: value checked above.
+        // SAFETY: value checked above, under the lock.
         unsafe { self.ctx.inner.device.signal_semaphore(&info) }
             .map_err(Error::vk("vkSignalSemaphore", "the device was lost"))
     }
 
-    /// Waits on the host until the value is at least `value`.
+    /// Waits on the host until the value is at least `value`, or `timeout`.
     pub fn wait(&self, value: u64, timeout: Duration, strategy: WaitStrategy) -> Result<()> {
         let start = Instant::now();
         match strategy {

@@ -10,19 +10,28 @@
 //! credentials (`SO_PEERCRED`) are checked: only the same user is accepted
 //! unless [`Listener::allow_uid`] says otherwise. (The file mode narrows who
 //! can connect; the credential check is what is relied on, since it also
-//! covers the moment between `bind` and `chmod`.)
+//! covers the moment between `bind` and `chmod`.) Connections made with
+//! [`Connection::connect`] and [`Connection::from_fd`] check the other side
+//! the same way. A pid of 0 from the kernel (a peer in another pid
+//! namespace) is reported as an unknown pid.
+//!
+//! Every wait is bounded: [`Listener::accept`] and [`Connection::recv`] take
+//! a timeout, and both types are [`AsFd`] for an event loop.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
+use rustix::event::{PollFd, PollFlags};
 use rustix::net::{
     self, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
     SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
 use crate::error::{Error, Result};
+pub use crate::received::PeerCredentials;
 use crate::wire::{Message, Received, WireError, MAX_MESSAGE_LEN, MAX_RESOURCES};
 
 /// A listening socket at a filesystem path; removes the path when dropped.
@@ -33,35 +42,87 @@ pub struct Listener {
     allowed_uids: Vec<u32>,
 }
 
-/// Who is on the other end of a connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PeerCredentials {
-    /// Peer's process id.
-    pub pid: i32,
-    /// Peer's user id.
-    pub uid: u32,
-    /// Peer's group id.
-    pub gid: u32,
+/// Reads `SO_PEERCRED` without trusting the kernel's pid to be non-zero (it
+/// is 0 for a peer in another pid namespace).
+fn peer_credentials(fd: BorrowedFd<'_>) -> Result<PeerCredentials> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of a `ucred`, the size
+    // `len` says; the fd is a live socket borrowed for the call.
+    let status = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if status != 0 {
+        return Err(Error::Socket {
+            call: "getsockopt(SO_PEERCRED)",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(PeerCredentials {
+        pid: (cred.pid != 0).then_some(cred.pid),
+        uid: cred.uid,
+        gid: cred.gid,
+    })
 }
 
-fn peer_credentials(fd: BorrowedFd<'_>) -> Result<PeerCredentials> {
-    let cred =
-        net::sockopt::socket_peercred(fd).map_err(Error::socket("getsockopt(SO_PEERCRED)"))?;
-    Ok(PeerCredentials {
-        pid: cred.pid.as_raw_nonzero().get(),
-        uid: cred.uid.as_raw(),
-        gid: cred.gid.as_raw(),
-    })
+/// Waits until `fd` is readable, up to `timeout`.
+fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration, what: &'static str) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ts = rustix::event::Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(&ts)) {
+            Ok(0) => return Err(Error::Timeout(timeout)),
+            Ok(_) => return Ok(()),
+            Err(rustix::io::Errno::INTR) if !left.is_zero() => continue,
+            Err(e) => return Err(Error::socket(what)(e)),
+        }
+    }
+}
+
+/// Reports a timeout with the caller's whole bound, not what was left of it.
+fn timeout_of(e: Error, timeout: Duration) -> Error {
+    match e {
+        Error::Timeout(_) => Error::Timeout(timeout),
+        other => other,
+    }
+}
+
+fn check_same_user(peer: PeerCredentials, allowed: &[u32]) -> Result<()> {
+    if allowed.contains(&peer.uid) {
+        Ok(())
+    } else {
+        Err(Error::PeerRefused {
+            pid: peer.pid,
+            uid: peer.uid,
+        })
+    }
 }
 
 impl Listener {
     /// Binds and listens at `path`, which must not exist yet.
     pub fn bind(path: impl AsRef<Path>) -> Result<Listener> {
         let path = path.as_ref().to_path_buf();
+        // Non-blocking, so that accept after a poll never blocks when another
+        // thread took the connection first.
         let fd = net::socket_with(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
             None,
         )
         .map_err(Error::socket("socket(AF_UNIX, SOCK_SEQPACKET)"))?;
@@ -94,20 +155,32 @@ impl Listener {
         &self.path
     }
 
-    /// Waits for a connection; a peer whose user is not allowed is
-    /// disconnected and reported as [`Error::PeerRefused`].
-    pub fn accept(&self) -> Result<Connection> {
-        let fd =
-            net::accept_with(&self.fd, SocketFlags::CLOEXEC).map_err(Error::socket("accept"))?;
+    /// Waits up to `timeout` for a connection ([`Error::Timeout`] if none
+    /// came); a peer whose user is not allowed is disconnected and reported
+    /// as [`Error::PeerRefused`].
+    pub fn accept(&self, timeout: Duration) -> Result<Connection> {
+        let deadline = Instant::now() + timeout;
+        let fd = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            wait_readable(self.fd.as_fd(), left, "poll (accept)")
+                .map_err(|e| timeout_of(e, timeout))?;
+            match net::accept_with(&self.fd, SocketFlags::CLOEXEC) {
+                Ok(fd) => break fd,
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(Error::socket("accept")(e)),
+            }
+        };
         let peer = peer_credentials(fd.as_fd())?;
-        if !self.allowed_uids.contains(&peer.uid) {
-            drop(fd);
-            return Err(Error::PeerRefused {
-                pid: peer.pid,
-                uid: peer.uid,
-            });
-        }
-        Ok(Connection { fd })
+        check_same_user(peer, &self.allowed_uids)?;
+        Ok(Connection { fd, peer })
+    }
+}
+
+impl AsFd for Listener {
+    /// The listening socket, to poll for readiness (readable: a connection
+    /// is waiting) with epoll, mio or tokio.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 }
 
@@ -117,14 +190,17 @@ impl Drop for Listener {
     }
 }
 
-/// One end of a connection.
+/// One end of a connection to a peer of this user (checked with
+/// `SO_PEERCRED` when the connection is made).
 #[derive(Debug)]
 pub struct Connection {
     fd: OwnedFd,
+    peer: PeerCredentials,
 }
 
 impl Connection {
-    /// Connects to a [`Listener`] at `path`.
+    /// Connects to a [`Listener`] at `path`; the listening process must run
+    /// as this user.
     pub fn connect(path: impl AsRef<Path>) -> Result<Connection> {
         let fd = net::socket_with(
             AddressFamily::UNIX,
@@ -136,7 +212,7 @@ impl Connection {
         let addr =
             SocketAddrUnix::new(path.as_ref()).map_err(Error::socket("a Unix socket path"))?;
         net::connect(&fd, &addr).map_err(Error::socket("connect"))?;
-        Ok(Connection { fd })
+        Connection::from_fd(fd)
     }
 
     /// A connected pair (for threads, or a child that inherits one end).
@@ -148,12 +224,15 @@ impl Connection {
             None,
         )
         .map_err(Error::socket("socketpair"))?;
-        Ok((Connection { fd: a }, Connection { fd: b }))
+        Ok((Connection::from_fd(a)?, Connection::from_fd(b)?))
     }
 
-    /// Wraps an already connected `SOCK_SEQPACKET` socket.
-    pub fn from_fd(fd: OwnedFd) -> Connection {
-        Connection { fd }
+    /// Wraps an already connected `SOCK_SEQPACKET` socket whose peer runs as
+    /// this user ([`Error::PeerRefused`] otherwise).
+    pub fn from_fd(fd: OwnedFd) -> Result<Connection> {
+        let peer = peer_credentials(fd.as_fd())?;
+        check_same_user(peer, &[rustix::process::getuid().as_raw()])?;
+        Ok(Connection { fd, peer })
     }
 
     /// The socket.
@@ -161,9 +240,9 @@ impl Connection {
         self.fd
     }
 
-    /// The peer's credentials.
-    pub fn peer(&self) -> Result<PeerCredentials> {
-        peer_credentials(self.fd.as_fd())
+    /// The peer's credentials, as read when the connection was made.
+    pub fn peer(&self) -> PeerCredentials {
+        self.peer
     }
 
     /// Sends `message` with `fds` (fd `i` belongs to resource `i`). The fds
@@ -208,25 +287,37 @@ impl Connection {
         Ok(())
     }
 
-    /// Receives one message, validated, with its fds.
-    pub fn recv(&self) -> Result<Received> {
-        self.recv_with_fd_capacity(MAX_RESOURCES)
+    /// Waits up to `timeout` for one message and receives it, validated,
+    /// with its fds bound to their records.
+    pub fn recv(&self, timeout: Duration) -> Result<Received> {
+        self.recv_with_fd_capacity(MAX_RESOURCES, timeout)
     }
 
-    /// As [`Connection::recv`], with room for at most `max_fds` fds; more make
-    /// the kernel truncate the control data, which is an error.
-    pub fn recv_with_fd_capacity(&self, max_fds: usize) -> Result<Received> {
+    /// As [`Connection::recv`], with room for at most `max_fds` fds (at most
+    /// [`MAX_RESOURCES`]); more make the kernel truncate the control data,
+    /// which is an error.
+    pub fn recv_with_fd_capacity(&self, max_fds: usize, timeout: Duration) -> Result<Received> {
+        let max_fds = max_fds.clamp(1, MAX_RESOURCES);
+        let deadline = Instant::now() + timeout;
         let mut buf = vec![0u8; MAX_MESSAGE_LEN + 1];
-        let mut space =
-            vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(max_fds.max(1)))];
+        let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(max_fds))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
-        let msg = net::recvmsg(
-            &self.fd,
-            &mut [IoSliceMut::new(&mut buf)],
-            &mut control,
-            RecvFlags::CMSG_CLOEXEC,
-        )
-        .map_err(Error::socket("recvmsg"))?;
+        let msg = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            wait_readable(self.fd.as_fd(), left, "poll (recv)")
+                .map_err(|e| timeout_of(e, timeout))?;
+            // DONTWAIT: another thread may have taken the message after the poll.
+            match net::recvmsg(
+                &self.fd,
+                &mut [IoSliceMut::new(&mut buf)],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+            ) {
+                Ok(msg) => break msg,
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(Error::socket("recvmsg")(e)),
+            }
+        };
         // Own every fd before looking at anything else, so each is closed once.
         let mut fds: Vec<OwnedFd> = Vec::new();
         for message in control.drain() {
@@ -246,6 +337,14 @@ impl Connection {
             return Err(WireError::Closed.into());
         }
         let message = Message::decode(&buf[..msg.bytes])?;
-        Ok(Received::new(message, fds)?)
+        Ok(Received::new(message, fds, self.peer)?)
+    }
+}
+
+impl AsFd for Connection {
+    /// The socket, to poll for readiness (readable: a message or hang-up is
+    /// waiting) with epoll, mio or tokio.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 }

@@ -1,442 +1,280 @@
 //! Blocking helpers that fill, clear and read back resources with one-shot
-//! submissions, and the queue-family ownership transfers to and from
-//! `VK_QUEUE_FAMILY_EXTERNAL` that sharing needs.
+//! submissions, release them to `VK_QUEUE_FAMILY_EXTERNAL`, and signal
+//! binary semaphores.
 //!
-//! These are conveniences for tools, tests and simple pipelines: each call
-//! submits under the context's queue lock and waits for its fence. A renderer
+//! # Contract
+//!
+//! * **Identity.** A resource or semaphore of another [`Context`] is
+//!   [`Error::ForeignResource`]; nothing is submitted.
+//! * **Borrowed synchronisation.** [`SubmitSync`] borrows its semaphores for
+//!   as long as it lives, so a submission can never name a destroyed one;
+//!   binary waits take a [`BinarySignal`] token of the same payload.
+//! * **Bounded.** Each helper waits for its submission at most
+//!   [`SubmitSync::timeout`]; on [`Error::Timeout`] the submission may still
+//!   run later, the resources it uses stay alive until it does (their `Drop`
+//!   waits for it), and the context stays usable.
+//! * **Tracked.** Every resource and semaphore a helper uses records the
+//!   submission's progress value (see [`crate::submit`]).
+//!
+//! These are conveniences for tools, tests and simple pipelines. A renderer
 //! records the same barriers into its own command buffers instead
-//! ([`ExportableImage::raw`](crate::ExportableImage::raw) gives the handle).
+//! ([`ExportableImage::raw`] gives the handle).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use ash::vk;
 
 use crate::buffer::ExportableBuffer;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::image::{ExportableImage, ImageInner, Owner};
+use crate::image::ExportableImage;
 use crate::markers::{MemoryLocation, Tiling, Usage};
+use crate::ownership::{acquire_families, buffer_barrier, image_barrier, Owner, SharedLayout};
 use crate::semaphore::{Binary, Semaphore, Timeline};
+use crate::submit::RawSync;
+use crate::token::BinarySignal;
 
-pub(crate) struct TransferState {
-    pool: vk::CommandPool,
-    cmd: vk::CommandBuffer,
-    fence: vk::Fence,
-    staging: Option<Staging>,
+/// A semaphore wait of a submission.
+#[derive(Debug)]
+enum Wait<'a> {
+    Timeline(&'a Semaphore<Timeline>, u64),
+    Binary(&'a Semaphore<Binary>, BinarySignal),
 }
 
-struct Staging {
-    buffer: vk::Buffer,
-    memory: vk::DeviceMemory,
-    ptr: *mut u8,
-    size: u64,
-}
-
-// SAFETY: the staging pointer is only dereferenced under the context's
-// transfer lock; the Vulkan handles are plain values.
-unsafe impl Send for TransferState {}
-
-impl TransferState {
-    /// # Safety
-    /// Called once, with the device idle and nothing using these objects.
-    pub(crate) unsafe fn destroy(self, device: &ash::Device) {
-        // SAFETY: forwarded.
-        unsafe {
-            if let Some(s) = self.staging {
-                device.destroy_buffer(s.buffer, None);
-                device.free_memory(s.memory, None);
-            }
-            device.destroy_fence(self.fence, None);
-            device.destroy_command_pool(self.pool, None);
-        }
-    }
-}
-
-/// A semaphore operation attached to a submission.
-#[derive(Clone, Copy, Debug)]
-pub struct SemaphoreSubmit {
-    semaphore: vk::Semaphore,
-    value: u64,
-}
-
-impl SemaphoreSubmit {
-    /// Wait for / signal a binary semaphore.
-    pub fn binary(semaphore: &Semaphore<Binary>) -> SemaphoreSubmit {
-        SemaphoreSubmit {
-            semaphore: semaphore.raw(),
-            value: 0,
-        }
-    }
-    /// Wait for / signal a timeline semaphore at `value`.
-    pub fn timeline(semaphore: &Semaphore<Timeline>, value: u64) -> SemaphoreSubmit {
-        SemaphoreSubmit {
-            semaphore: semaphore.raw(),
-            value,
-        }
-    }
-}
-
-/// Semaphores a helper's submission waits for and signals.
-#[derive(Clone, Copy, Debug, Default)]
+/// Semaphores a helper's submission waits for and signals, and how long the
+/// helper waits for the submission. Borrows every semaphore it names.
+///
+/// ```no_run
+/// # use vk_export::*;
+/// # fn f(ctx: &Context, image: &ExportableImage<format::Rgba8Unorm>, t: &TimelineSemaphore) -> Result<()> {
+/// // Wait for CUDA's value 1, clear, then tell CUDA with value 2.
+/// let sync = SubmitSync::new().wait_timeline(t, 1).signal_timeline(t, 2);
+/// ctx.clear_image(image, ash::vk::ClearColorValue::default(), sync)?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
 pub struct SubmitSync<'a> {
-    /// Waited for before the commands run (at all stages).
-    pub waits: &'a [SemaphoreSubmit],
-    /// Signalled when the commands complete.
-    pub signals: &'a [SemaphoreSubmit],
+    waits: Vec<Wait<'a>>,
+    signals: Vec<(&'a Semaphore<Timeline>, u64)>,
+    timeout: Duration,
 }
 
-fn full_barrier_image(
-    device: &ash::Device,
-    cmd: vk::CommandBuffer,
-    image: &ImageInner,
-    old: vk::ImageLayout,
-    new: vk::ImageLayout,
-    src_family: u32,
-    dst_family: u32,
-) {
-    let barrier = vk::ImageMemoryBarrier::default()
-        .src_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)
-        .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)
-        .old_layout(old)
-        .new_layout(new)
-        .src_queue_family_index(src_family)
-        .dst_queue_family_index(dst_family)
-        .image(image.image)
-        .subresource_range(vk::ImageSubresourceRange {
-            aspect_mask: vk::ImageAspectFlags::COLOR,
-            base_mip_level: 0,
-            level_count: vk::REMAINING_MIP_LEVELS,
-            base_array_layer: 0,
-            layer_count: vk::REMAINING_ARRAY_LAYERS,
-        });
-    // SAFETY: recording into a command buffer in the recording state.
-    unsafe {
-        device.cmd_pipeline_barrier(
-            cmd,
-            vk::PipelineStageFlags::ALL_COMMANDS,
-            vk::PipelineStageFlags::ALL_COMMANDS,
-            vk::DependencyFlags::empty(),
-            &[],
-            &[],
-            &[barrier],
-        )
-    };
-}
-
-/// Records the transition of `image` into `new` for use by this queue family,
-/// acquiring it from `VK_QUEUE_FAMILY_EXTERNAL` if it was released.
-fn take_image(ctx: &Context, cmd: vk::CommandBuffer, image: &ImageInner, new: vk::ImageLayout) {
-    let mut owner = image.owner.lock().unwrap_or_else(|p| p.into_inner());
-    let family = ctx.inner.queue_family;
-    match *owner {
-        Owner::Vulkan(old) => full_barrier_image(
-            &ctx.inner.device,
-            cmd,
-            image,
-            old,
-            new,
-            vk::QUEUE_FAMILY_IGNORED,
-            vk::QUEUE_FAMILY_IGNORED,
-        ),
-        Owner::External(old) => full_barrier_image(
-            &ctx.inner.device,
-            cmd,
-            image,
-            old,
-            new,
-            vk::QUEUE_FAMILY_EXTERNAL,
-            family,
-        ),
+impl Default for SubmitSync<'_> {
+    fn default() -> Self {
+        SubmitSync::new()
     }
-    *owner = Owner::Vulkan(new);
 }
 
-fn buffer_barrier(ctx: &Context, cmd: vk::CommandBuffer, buffer: vk::Buffer, src: u32, dst: u32) {
-    let barrier = vk::BufferMemoryBarrier::default()
-        .src_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)
-        .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)
-        .src_queue_family_index(src)
-        .dst_queue_family_index(dst)
-        .buffer(buffer)
-        .offset(0)
-        .size(vk::WHOLE_SIZE);
-    // SAFETY: recording into a command buffer in the recording state.
-    unsafe {
-        ctx.inner.device.cmd_pipeline_barrier(
-            cmd,
-            vk::PipelineStageFlags::ALL_COMMANDS,
-            vk::PipelineStageFlags::ALL_COMMANDS,
-            vk::DependencyFlags::empty(),
-            &[],
-            &[barrier],
-            &[],
-        )
-    };
+impl<'a> SubmitSync<'a> {
+    /// How long a helper waits for its submission unless told otherwise.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// No semaphores, [`SubmitSync::DEFAULT_TIMEOUT`].
+    pub fn new() -> Self {
+        SubmitSync {
+            waits: Vec::new(),
+            signals: Vec::new(),
+            timeout: Self::DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// Waits (at all stages) until `semaphore` reaches `value`.
+    pub fn wait_timeline(mut self, semaphore: &'a Semaphore<Timeline>, value: u64) -> Self {
+        self.waits.push(Wait::Timeline(semaphore, value));
+        self
+    }
+
+    /// Waits for the binary signal `signal` of `semaphore` and consumes it.
+    pub fn wait_binary(mut self, semaphore: &'a Semaphore<Binary>, signal: BinarySignal) -> Self {
+        self.waits.push(Wait::Binary(semaphore, signal));
+        self
+    }
+
+    /// Signals `value` on `semaphore` when the commands complete.
+    pub fn signal_timeline(mut self, semaphore: &'a Semaphore<Timeline>, value: u64) -> Self {
+        self.signals.push((semaphore, value));
+        self
+    }
+
+    /// Waits at most `timeout` for the submission.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Checks identity and tokens, and lays out the raw arrays.
+    fn raw(&self, ctx: &Context) -> Result<RawSync> {
+        let mut raw = RawSync::default();
+        for wait in &self.waits {
+            let (semaphore, value) = match wait {
+                Wait::Timeline(s, v) => (s.raw(), *v),
+                Wait::Binary(s, signal) => {
+                    ctx.check_owns(s.context(), "a binary semaphore to wait for")?;
+                    s.payload().check(signal)?;
+                    (s.raw(), 0)
+                }
+            };
+            if let Wait::Timeline(s, _) = wait {
+                ctx.check_owns(s.context(), "a timeline semaphore to wait for")?;
+            }
+            raw.wait_semaphores.push(semaphore);
+            raw.wait_values.push(value);
+        }
+        for (s, value) in &self.signals {
+            ctx.check_owns(s.context(), "a timeline semaphore to signal")?;
+            raw.signal_semaphores.push(s.raw());
+            raw.signal_values.push(*value);
+        }
+        Ok(raw)
+    }
+
+    /// After a successful submission: every semaphore records it, and binary
+    /// tokens are consumed (their waits are now submitted).
+    fn submitted(self, value: u64) {
+        for wait in self.waits {
+            match wait {
+                Wait::Timeline(s, _) => note_use(&s.last_use, value),
+                Wait::Binary(s, signal) => {
+                    note_use(&s.last_use, value);
+                    // SAFETY: the submission that waits for this signal was
+                    // just submitted successfully. `raw` checked the token.
+                    let _ = unsafe { s.payload().consume(signal) };
+                }
+            }
+        }
+        for (s, _) in self.signals {
+            note_use(&s.last_use, value);
+        }
+    }
 }
 
-fn take_buffer<M>(ctx: &Context, cmd: vk::CommandBuffer, buffer: &ExportableBuffer<M>) {
-    let mut owner = buffer.inner.owner.lock().unwrap_or_else(|p| p.into_inner());
-    let (src, dst) = match *owner {
-        Owner::External(_) => (vk::QUEUE_FAMILY_EXTERNAL, ctx.inner.queue_family),
-        Owner::Vulkan(_) => (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED),
-    };
-    buffer_barrier(ctx, cmd, buffer.inner.buffer, src, dst);
-    *owner = Owner::Vulkan(vk::ImageLayout::UNDEFINED);
+fn note_use(last_use: &AtomicU64, value: u64) {
+    last_use.fetch_max(value, Ordering::AcqRel);
+}
+
+/// Where a helper's bytes go or come from.
+enum Staged<'d> {
+    None,
+    Upload(&'d [u8]),
+    Download(u64),
 }
 
 impl Context {
-    /// Runs `f` with the context's transfer state, locked, created on first use.
-    fn with_transfer<R>(&self, f: impl FnOnce(&mut TransferState) -> Result<R>) -> Result<R> {
-        let mut guard = self
-            .inner
-            .transfer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if guard.is_none() {
-            let device = &self.inner.device;
-            let pool_info = vk::CommandPoolCreateInfo::default()
-                .queue_family_index(self.inner.queue_family)
-                .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
-            // SAFETY: plain object creation on a live device.
-            let pool = unsafe { device.create_command_pool(&pool_info, None) }
-                .map_err(Error::vk("vkCreateCommandPool", "out of memory"))?;
-            let alloc = vk::CommandBufferAllocateInfo::default()
-                .command_pool(pool)
-                .level(vk::CommandBufferLevel::PRIMARY)
-                .command_buffer_count(1);
-            // SAFETY: allocating from the pool just created.
-            let cmd = match unsafe { device.allocate_command_buffers(&alloc) } {
-                Ok(c) => c[0],
-                Err(e) => {
-                    // SAFETY: unused pool.
-                    unsafe { device.destroy_command_pool(pool, None) };
-                    return Err(Error::Vulkan {
-                        call: "vkAllocateCommandBuffers",
-                        result: e,
-                        hint: "out of memory",
-                    });
+    /// The one path every helper takes: checks, records, submits, tracks and
+    /// waits; returns the downloaded bytes, if any.
+    fn submit_tracked(
+        &self,
+        sync: SubmitSync<'_>,
+        used: &[&AtomicU64],
+        staged: Staged<'_>,
+        record: impl FnOnce(vk::CommandBuffer, vk::Buffer),
+    ) -> Result<Vec<u8>> {
+        let raw = sync.raw(self)?;
+        let timeout = sync.timeout;
+        let inner = &self.inner;
+        let mut engine = inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = engine.slot(&inner.device, inner.queue_family)?;
+        let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+        let find = |bits| self.memory_type(bits, host, vk::MemoryPropertyFlags::empty());
+        let (staging, ptr) = match staged {
+            Staged::None => (vk::Buffer::null(), std::ptr::null_mut()),
+            Staged::Upload(data) => {
+                let (buffer, ptr) = slot.ensure_staging(&inner.device, data.len() as u64, find)?;
+                // SAFETY: the staging mapping holds at least data.len() bytes
+                // and the slot is idle (its last submission completed).
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
+                (buffer, ptr)
+            }
+            Staged::Download(len) => slot.ensure_staging(&inner.device, len, find)?,
+        };
+        let mut sync = Some(sync);
+        engine.run(
+            &inner.device,
+            inner.queue_family,
+            &inner.queue,
+            inner.progress,
+            &raw,
+            timeout,
+            |cmd| record(cmd, staging),
+            |value| {
+                for u in used {
+                    note_use(u, value);
                 }
-            };
-            // SAFETY: plain object creation.
-            let fence = match unsafe { device.create_fence(&vk::FenceCreateInfo::default(), None) }
-            {
-                Ok(f) => f,
-                Err(e) => {
-                    // SAFETY: unused pool.
-                    unsafe { device.destroy_command_pool(pool, None) };
-                    return Err(Error::Vulkan {
-                        call: "vkCreateFence",
-                        result: e,
-                        hint: "out of memory",
-                    });
+                if let Some(s) = sync.take() {
+                    s.submitted(value);
                 }
-            };
-            *guard = Some(TransferState {
-                pool,
-                cmd,
-                fence,
-                staging: None,
-            });
+            },
+        )?;
+        match staged {
+            Staged::Download(len) => {
+                let len = usize::try_from(len)
+                    .map_err(|_| Error::InvalidArgument(format!("{len} bytes")))?;
+                let mut out = vec![0u8; len];
+                // SAFETY: the copy completed (fence waited); coherent memory
+                // of at least `len` bytes, not written by anything now.
+                unsafe { std::ptr::copy_nonoverlapping(ptr, out.as_mut_ptr(), len) };
+                Ok(out)
+            }
+            _ => Ok(Vec::new()),
         }
-        f(guard.as_mut().expect("created above"))
     }
 
-    /// A host-visible staging buffer of at least `size` bytes, and its mapping.
-    fn ensure_staging(
+    fn check_image<F, T, M, U>(&self, image: &ExportableImage<F, T, M, U>) -> Result<()> {
+        self.check_owns(&image.inner.ctx, "the image")
+    }
+
+    fn check_buffer<M>(&self, buffer: &ExportableBuffer<M>) -> Result<()> {
+        self.check_owns(&buffer.inner.ctx, "the buffer")
+    }
+
+    /// Records the acquisition of `image` into `new` for this queue family.
+    fn take_image<F, T, M, U>(
         &self,
-        state: &mut TransferState,
-        size: u64,
-    ) -> Result<(vk::Buffer, *mut u8)> {
-        if let Some(s) = state.staging.as_ref().filter(|s| s.size >= size) {
-            return Ok((s.buffer, s.ptr));
-        }
-        let device = &self.inner.device;
-        if let Some(old) = state.staging.take() {
-            // SAFETY: no submission is in flight (every helper waits for its fence).
-            unsafe {
-                device.destroy_buffer(old.buffer, None);
-                device.free_memory(old.memory, None);
-            }
-        }
-        let size = size.next_power_of_two().max(1 << 16);
-        let info = vk::BufferCreateInfo::default()
-            .size(size)
-            .usage(vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST);
-        // SAFETY: plain creation.
-        let buffer = unsafe { device.create_buffer(&info, None) }
-            .map_err(Error::vk("vkCreateBuffer (staging)", "out of memory"))?;
-        // SAFETY: the buffer was just created.
-        let reqs = unsafe { device.get_buffer_memory_requirements(buffer) };
-        let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
-        let Some(index) = self.memory_type(
-            reqs.memory_type_bits,
-            host,
-            vk::MemoryPropertyFlags::empty(),
-        ) else {
-            // SAFETY: unused.
-            unsafe { device.destroy_buffer(buffer, None) };
-            return Err(Error::unsupported(
-                "a staging buffer",
-                "no host-visible coherent memory",
-            ));
-        };
-        let alloc = vk::MemoryAllocateInfo::default()
-            .allocation_size(reqs.size)
-            .memory_type_index(index);
-        // SAFETY: plain allocation; bind and map a fresh allocation at offset 0.
-        let result = unsafe {
-            device.allocate_memory(&alloc, None).and_then(|memory| {
-                device
-                    .bind_buffer_memory(buffer, memory, 0)
-                    .and_then(|()| {
-                        device.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
-                    })
-                    .map(|ptr| (memory, ptr))
-                    .inspect_err(|_| device.free_memory(memory, None))
-            })
-        };
-        match result {
-            Ok((memory, ptr)) => {
-                state.staging = Some(Staging {
-                    buffer,
-                    memory,
-                    ptr: ptr.cast(),
-                    size,
-                });
-                Ok((buffer, ptr.cast()))
-            }
-            Err(e) => {
-                // SAFETY: unused.
-                unsafe { device.destroy_buffer(buffer, None) };
-                Err(Error::Vulkan {
-                    call: "vkAllocateMemory (staging)",
-                    result: e,
-                    hint: "out of host-visible memory",
-                })
-            }
-        }
+        cmd: vk::CommandBuffer,
+        image: &ExportableImage<F, T, M, U>,
+        new: vk::ImageLayout,
+    ) {
+        let mut owner = image.inner.owner.lock().unwrap_or_else(|p| p.into_inner());
+        image_barrier(
+            &self.inner.device,
+            cmd,
+            image.inner.image,
+            owner.layout(),
+            new,
+            acquire_families(*owner, self.inner.queue_family),
+        );
+        *owner = Owner::Vulkan(new);
+    }
+
+    fn take_buffer<M>(&self, cmd: vk::CommandBuffer, buffer: &ExportableBuffer<M>) {
+        let mut owner = buffer.inner.owner.lock().unwrap_or_else(|p| p.into_inner());
+        buffer_barrier(
+            &self.inner.device,
+            cmd,
+            buffer.inner.buffer,
+            acquire_families(*owner, self.inner.queue_family),
+        );
+        *owner = Owner::Vulkan(vk::ImageLayout::UNDEFINED);
     }
 
     /// Records commands with `record`, submits them with `sync`, and waits
-    /// until they complete. The closure gets the device and a command buffer
-    /// in the recording state.
+    /// (bounded) until they complete. The closure gets the device and a
+    /// command buffer in the recording state.
+    ///
+    /// Resources the closure's commands use are not tracked by this crate:
+    /// on [`Error::Timeout`] the commands may still run, so whatever they use
+    /// must stay alive until they complete (the `unsafe` recording calls in
+    /// the closure are where the caller promises that).
     pub fn submit_and_wait(
         &self,
         sync: SubmitSync<'_>,
         record: impl FnOnce(&ash::Device, vk::CommandBuffer),
     ) -> Result<()> {
-        self.with_transfer(|state| self.run(state, sync, |cmd| record(&self.inner.device, cmd)))
-    }
-
-    /// Copies `data` into the staging buffer, then submits `record` (given
-    /// the staging buffer) and waits.
-    fn upload(
-        &self,
-        data: &[u8],
-        sync: SubmitSync<'_>,
-        record: impl FnOnce(vk::CommandBuffer, vk::Buffer),
-    ) -> Result<()> {
-        self.with_transfer(|state| {
-            let (staging, ptr) = self.ensure_staging(state, data.len() as u64)?;
-            // SAFETY: the staging mapping holds at least data.len() bytes and no
-            // submission is using it (the last one was waited for).
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
-            self.run(state, sync, |cmd| record(cmd, staging))
+        self.submit_tracked(sync, &[], Staged::None, |cmd, _| {
+            record(&self.inner.device, cmd)
         })
-    }
-
-    /// Submits `record` (given the staging buffer), waits, and returns the
-    /// first `len` bytes of the staging buffer.
-    fn download(
-        &self,
-        len: u64,
-        sync: SubmitSync<'_>,
-        record: impl FnOnce(vk::CommandBuffer, vk::Buffer),
-    ) -> Result<Vec<u8>> {
-        self.with_transfer(|state| {
-            let (staging, ptr) = self.ensure_staging(state, len)?;
-            self.run(state, sync, |cmd| record(cmd, staging))?;
-            let mut out = vec![0u8; len as usize];
-            // SAFETY: the copy completed (fence waited); coherent memory.
-            unsafe { std::ptr::copy_nonoverlapping(ptr, out.as_mut_ptr(), out.len()) };
-            Ok(out)
-        })
-    }
-
-    fn run(
-        &self,
-        state: &TransferState,
-        sync: SubmitSync<'_>,
-        record: impl FnOnce(vk::CommandBuffer),
-    ) -> Result<()> {
-        let device = &self.inner.device;
-        let cmd = state.cmd;
-        // SAFETY: the command buffer is idle (every run waits for its fence)
-        // and only used under the transfer lock.
-        unsafe {
-            device
-                .reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty())
-                .map_err(Error::vk("vkResetCommandBuffer", "out of memory"))?;
-            device
-                .begin_command_buffer(
-                    cmd,
-                    &vk::CommandBufferBeginInfo::default()
-                        .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
-                )
-                .map_err(Error::vk("vkBeginCommandBuffer", "out of memory"))?;
-        }
-        record(cmd);
-        // SAFETY: recording state.
-        unsafe { device.end_command_buffer(cmd) }
-            .map_err(Error::vk("vkEndCommandBuffer", "out of memory"))?;
-        let wait_semaphores: Vec<_> = sync.waits.iter().map(|s| s.semaphore).collect();
-        let wait_values: Vec<_> = sync.waits.iter().map(|s| s.value).collect();
-        let wait_stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; sync.waits.len()];
-        let signal_semaphores: Vec<_> = sync.signals.iter().map(|s| s.semaphore).collect();
-        let signal_values: Vec<_> = sync.signals.iter().map(|s| s.value).collect();
-        let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()
-            .wait_semaphore_values(&wait_values)
-            .signal_semaphore_values(&signal_values);
-        let cmds = [cmd];
-        let submit = vk::SubmitInfo::default()
-            .wait_semaphores(&wait_semaphores)
-            .wait_dst_stage_mask(&wait_stages)
-            .command_buffers(&cmds)
-            .signal_semaphores(&signal_semaphores)
-            .push_next(&mut timeline);
-        self.with_queue(|queue| {
-            // SAFETY: the queue is locked; everything the submit refers to lives
-            // until the fence wait below returns.
-            unsafe { device.queue_submit(queue, &[submit], state.fence) }
-        })
-        .map_err(Error::vk(
-            "vkQueueSubmit",
-            "the device was lost, or a waited semaphore has no pending signal",
-        ))?;
-        // SAFETY: the fence belongs to this submission.
-        unsafe {
-            let waited = device
-                .wait_for_fences(&[state.fence], true, u64::MAX)
-                .map_err(Error::vk("vkWaitForFences", "the device was lost"));
-            let reset = device
-                .reset_fences(&[state.fence])
-                .map_err(Error::vk("vkResetFences", "out of memory"));
-            waited.and(reset)
-        }
-    }
-
-    fn level_bytes(info: &crate::ImageInfo, level: u32, layer: u32) -> Result<(u64, [u32; 3])> {
-        let out_of_range = || {
-            Error::InvalidArgument(format!(
-                "level {level} layer {layer} of an image with {} levels and {} layers",
-                info.mip_levels(),
-                info.array_layers()
-            ))
-        };
-        if layer >= info.array_layers() {
-            return Err(out_of_range());
-        }
-        let extent = info.level_extent(level).ok_or_else(out_of_range)?;
-        let bytes = info.level_bytes(level).ok_or_else(out_of_range)?;
-        Ok((bytes, extent))
+        .map(drop)
     }
 
     fn copy_region(level: u32, layer: u32, extent: [u32; 3]) -> vk::BufferImageCopy {
@@ -459,6 +297,22 @@ impl Context {
         }
     }
 
+    fn level_bytes(info: &crate::ImageInfo, level: u32, layer: u32) -> Result<(u64, [u32; 3])> {
+        let out_of_range = || {
+            Error::InvalidArgument(format!(
+                "level {level} layer {layer} of an image with {} levels and {} layers",
+                info.mip_levels(),
+                info.array_layers()
+            ))
+        };
+        if layer >= info.array_layers() {
+            return Err(out_of_range());
+        }
+        let extent = info.level_extent(level).ok_or_else(out_of_range)?;
+        let bytes = info.level_bytes(level).ok_or_else(out_of_range)?;
+        Ok((bytes, extent))
+    }
+
     /// Uploads tightly packed texels into one level and layer of `image`.
     pub fn write_image<F, T: Tiling, M: MemoryLocation, U: Usage>(
         &self,
@@ -468,6 +322,7 @@ impl Context {
         data: &[u8],
         sync: SubmitSync<'_>,
     ) -> Result<()> {
+        self.check_image(image)?;
         let (bytes, extent) = Self::level_bytes(&image.inner.info, level, layer)?;
         if data.len() as u64 != bytes {
             return Err(Error::InvalidArgument(format!(
@@ -475,25 +330,23 @@ impl Context {
                 data.len()
             )));
         }
-        self.upload(data, sync, |cmd, staging_buffer| {
-            take_image(
-                self,
-                cmd,
-                &image.inner,
-                vk::ImageLayout::TRANSFER_DST_OPTIMAL,
-            );
-            // SAFETY: recording; the image is in TRANSFER_DST_OPTIMAL.
+        let used = [&image.inner.last_use];
+        self.submit_tracked(sync, &used, Staged::Upload(data), |cmd, staging| {
+            self.take_image(cmd, image, vk::ImageLayout::TRANSFER_DST_OPTIMAL);
+            // SAFETY: recording; the image is in TRANSFER_DST_OPTIMAL and the
+            // staging buffer holds the bytes.
             unsafe {
                 self.inner.device.cmd_copy_buffer_to_image(
                     cmd,
-                    staging_buffer,
+                    staging,
                     image.inner.image,
                     vk::ImageLayout::TRANSFER_DST_OPTIMAL,
                     &[Self::copy_region(level, layer, extent)],
                 )
             };
-            take_image(self, cmd, &image.inner, vk::ImageLayout::GENERAL);
+            self.take_image(cmd, image, vk::ImageLayout::GENERAL);
         })
+        .map(drop)
     }
 
     /// Reads one level and layer of `image` back as tightly packed texels.
@@ -504,25 +357,23 @@ impl Context {
         layer: u32,
         sync: SubmitSync<'_>,
     ) -> Result<Vec<u8>> {
+        self.check_image(image)?;
         let (bytes, extent) = Self::level_bytes(&image.inner.info, level, layer)?;
-        self.download(bytes, sync, |cmd, staging_buffer| {
-            take_image(
-                self,
-                cmd,
-                &image.inner,
-                vk::ImageLayout::TRANSFER_SRC_OPTIMAL,
-            );
-            // SAFETY: recording; the image is in TRANSFER_SRC_OPTIMAL.
+        let used = [&image.inner.last_use];
+        self.submit_tracked(sync, &used, Staged::Download(bytes), |cmd, staging| {
+            self.take_image(cmd, image, vk::ImageLayout::TRANSFER_SRC_OPTIMAL);
+            // SAFETY: recording; the image is in TRANSFER_SRC_OPTIMAL and the
+            // staging buffer has room for the bytes.
             unsafe {
                 self.inner.device.cmd_copy_image_to_buffer(
                     cmd,
                     image.inner.image,
                     vk::ImageLayout::TRANSFER_SRC_OPTIMAL,
-                    staging_buffer,
+                    staging,
                     &[Self::copy_region(level, layer, extent)],
                 )
             };
-            take_image(self, cmd, &image.inner, vk::ImageLayout::GENERAL);
+            self.take_image(cmd, image, vk::ImageLayout::GENERAL);
         })
     }
 
@@ -533,13 +384,10 @@ impl Context {
         color: vk::ClearColorValue,
         sync: SubmitSync<'_>,
     ) -> Result<()> {
-        self.submit_and_wait(sync, |_, cmd| {
-            take_image(
-                self,
-                cmd,
-                &image.inner,
-                vk::ImageLayout::TRANSFER_DST_OPTIMAL,
-            );
+        self.check_image(image)?;
+        let used = [&image.inner.last_use];
+        self.submit_tracked(sync, &used, Staged::None, |cmd, _| {
+            self.take_image(cmd, image, vk::ImageLayout::TRANSFER_DST_OPTIMAL);
             let range = vk::ImageSubresourceRange {
                 aspect_mask: vk::ImageAspectFlags::COLOR,
                 base_mip_level: 0,
@@ -557,45 +405,53 @@ impl Context {
                     &[range],
                 )
             };
-            take_image(self, cmd, &image.inner, vk::ImageLayout::GENERAL);
+            self.take_image(cmd, image, vk::ImageLayout::GENERAL);
         })
+        .map(drop)
     }
 
     /// Releases `image` to `VK_QUEUE_FAMILY_EXTERNAL` in `GENERAL` layout, so
     /// CUDA or another process may use it. The next helper that touches it
-    /// acquires it back. `sync.signals` tell the other side when it may start.
+    /// acquires it back. `sync`'s signals tell the other side when it may start.
     pub fn release_image<F, T: Tiling, M: MemoryLocation, U: Usage>(
         &self,
         image: &ExportableImage<F, T, M, U>,
         sync: SubmitSync<'_>,
     ) -> Result<()> {
-        self.submit_and_wait(sync, |_, cmd| {
+        self.check_image(image)?;
+        let used = [&image.inner.last_use];
+        self.submit_tracked(sync, &used, Staged::None, |cmd, _| {
             let mut owner = image.inner.owner.lock().unwrap_or_else(|p| p.into_inner());
-            let old = match *owner {
-                Owner::Vulkan(l) => l,
-                Owner::External(l) => l,
-            };
-            full_barrier_image(
+            image_barrier(
                 &self.inner.device,
                 cmd,
-                &image.inner,
-                old,
+                image.inner.image,
+                owner.layout(),
                 vk::ImageLayout::GENERAL,
-                self.inner.queue_family,
-                vk::QUEUE_FAMILY_EXTERNAL,
+                (self.inner.queue_family, vk::QUEUE_FAMILY_EXTERNAL),
             );
             *owner = Owner::External(vk::ImageLayout::GENERAL);
         })
+        .map(drop)
     }
 
     /// Marks `image` as owned by `VK_QUEUE_FAMILY_EXTERNAL` in `layout`
     /// without a barrier: for an importer whose exporter released it.
-    pub fn assume_image_released<F, T, M, U>(
+    ///
+    /// # Safety
+    /// The image's memory was released to `VK_QUEUE_FAMILY_EXTERNAL` in
+    /// exactly `layout` by its last user (the exporter's
+    /// [`Context::release_image`] uses [`SharedLayout::General`]), and that
+    /// release happens before this context's next use of the image (a
+    /// semaphore orders them). A wrong layout makes later barriers invalid.
+    pub unsafe fn assume_image_released<F, T, M, U>(
         &self,
         image: &ExportableImage<F, T, M, U>,
-        layout: vk::ImageLayout,
-    ) {
-        *image.inner.owner.lock().unwrap_or_else(|p| p.into_inner()) = Owner::External(layout);
+        layout: SharedLayout,
+    ) -> Result<()> {
+        self.check_image(image)?;
+        *image.inner.owner.lock().unwrap_or_else(|p| p.into_inner()) = Owner::External(layout.vk());
+        Ok(())
     }
 
     /// Uploads `data` at the start of `buffer`.
@@ -605,6 +461,7 @@ impl Context {
         data: &[u8],
         sync: SubmitSync<'_>,
     ) -> Result<()> {
+        self.check_buffer(buffer)?;
         if data.len() as u64 > buffer.size() || data.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "{} bytes into a buffer of {}",
@@ -612,8 +469,9 @@ impl Context {
                 buffer.size()
             )));
         }
-        self.upload(data, sync, |cmd, src| {
-            take_buffer(self, cmd, buffer);
+        let used = [&buffer.inner.last_use];
+        self.submit_tracked(sync, &used, Staged::Upload(data), |cmd, src| {
+            self.take_buffer(cmd, buffer);
             let region = vk::BufferCopy {
                 src_offset: 0,
                 dst_offset: 0,
@@ -626,13 +484,13 @@ impl Context {
                     .cmd_copy_buffer(cmd, src, buffer.raw(), &[region])
             };
             buffer_barrier(
-                self,
+                &self.inner.device,
                 cmd,
                 buffer.raw(),
-                vk::QUEUE_FAMILY_IGNORED,
-                vk::QUEUE_FAMILY_IGNORED,
+                (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED),
             );
         })
+        .map(drop)
     }
 
     /// Reads the first `len` bytes of `buffer`.
@@ -642,14 +500,16 @@ impl Context {
         len: u64,
         sync: SubmitSync<'_>,
     ) -> Result<Vec<u8>> {
+        self.check_buffer(buffer)?;
         if len > buffer.size() || len == 0 {
             return Err(Error::InvalidArgument(format!(
                 "{len} bytes from a buffer of {}",
                 buffer.size()
             )));
         }
-        self.download(len, sync, |cmd, dst| {
-            take_buffer(self, cmd, buffer);
+        let used = [&buffer.inner.last_use];
+        self.submit_tracked(sync, &used, Staged::Download(len), |cmd, dst| {
+            self.take_buffer(cmd, buffer);
             let region = vk::BufferCopy {
                 src_offset: 0,
                 dst_offset: 0,
@@ -670,16 +530,63 @@ impl Context {
         buffer: &ExportableBuffer<M>,
         sync: SubmitSync<'_>,
     ) -> Result<()> {
-        self.submit_and_wait(sync, |_, cmd| {
+        self.check_buffer(buffer)?;
+        let used = [&buffer.inner.last_use];
+        self.submit_tracked(sync, &used, Staged::None, |cmd, _| {
             buffer_barrier(
-                self,
+                &self.inner.device,
                 cmd,
                 buffer.raw(),
-                self.inner.queue_family,
-                vk::QUEUE_FAMILY_EXTERNAL,
+                (self.inner.queue_family, vk::QUEUE_FAMILY_EXTERNAL),
             );
             *buffer.inner.owner.lock().unwrap_or_else(|p| p.into_inner()) =
                 Owner::External(vk::ImageLayout::UNDEFINED);
         })
+        .map(drop)
+    }
+
+    /// Signals the binary `semaphore` after everything submitted to this
+    /// queue before (and after `sync`'s waits), and returns the token that
+    /// one wait (CUDA's or a submission's) must consume. A second signal
+    /// while one is pending is [`Error::BinarySemaphore`].
+    pub fn signal_binary(
+        &self,
+        semaphore: &Semaphore<Binary>,
+        sync: SubmitSync<'_>,
+    ) -> Result<BinarySignal> {
+        self.check_owns(semaphore.context(), "the binary semaphore to signal")?;
+        let reservation = semaphore.payload().reserve_signal()?;
+        let raw = sync.raw(self)?;
+        let timeout = sync.timeout;
+        let inner = &self.inner;
+        let mut engine = inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+        let mut raw = raw;
+        raw.signal_semaphores.push(semaphore.raw());
+        raw.signal_values.push(0);
+        let mut sync = Some(sync);
+        let mut submitted = false;
+        let result = engine.run(
+            &inner.device,
+            inner.queue_family,
+            &inner.queue,
+            inner.progress,
+            &raw,
+            timeout,
+            |_| {},
+            |value| {
+                submitted = true;
+                note_use(&semaphore.last_use, value);
+                if let Some(s) = sync.take() {
+                    s.submitted(value);
+                }
+            },
+        );
+        match (result, submitted) {
+            // SAFETY: the submission that signals the payload was submitted
+            // successfully (a timeout only means it has not completed yet).
+            (Ok(()) | Err(Error::Timeout(_)), true) => Ok(unsafe { reservation.submitted() }),
+            (Err(e), _) => Err(e),
+            (Ok(()), false) => unreachable!("a successful run has submitted"),
+        }
     }
 }

@@ -20,9 +20,8 @@ use ash::vk;
 use crate::error::Error;
 use crate::format::Format;
 use crate::markers::{MemoryLocation, Tiling, Usage};
-use crate::record::{
-    BufferInfo, BufferRecord, ImageInfo, ImageRecord, SemaphoreInfo, SemaphoreRecord,
-};
+use crate::received::{PeerCredentials, ReceivedBuffer, ReceivedImage, ReceivedSemaphore};
+use crate::record::{BufferInfo, ImageInfo, SemaphoreInfo};
 use crate::semaphore::SemaphoreKind;
 
 /// First four bytes of every message.
@@ -393,18 +392,24 @@ fn decode_semaphore(r: &mut Reader<'_>) -> Result<SemaphoreInfo, WireError> {
     Ok(info)
 }
 
-/// A validated message with its fds, one per resource. Fds not taken are
-/// closed when this is dropped.
+/// A validated message with its fds, one per resource, from a checked peer.
+/// Made only by the receive path; fds not taken are closed when this is
+/// dropped.
 #[derive(Debug)]
 pub struct Received {
     /// The decoded message.
     pub message: Message,
     fds: Vec<Option<OwnedFd>>,
+    peer: PeerCredentials,
 }
 
 impl Received {
     /// Pairs a message with the fds that came with it; checks the count.
-    pub fn new(message: Message, fds: Vec<OwnedFd>) -> Result<Received, WireError> {
+    pub(crate) fn new(
+        message: Message,
+        fds: Vec<OwnedFd>,
+        peer: PeerCredentials,
+    ) -> Result<Received, WireError> {
         if fds.len() != message.resources.len() {
             return Err(WireError::FdCount {
                 expected: message.resources.len(),
@@ -414,7 +419,13 @@ impl Received {
         Ok(Received {
             message,
             fds: fds.into_iter().map(Some).collect(),
+            peer,
         })
+    }
+
+    /// Who sent it.
+    pub fn peer(&self) -> PeerCredentials {
+        self.peer
     }
 
     fn take(&mut self, index: usize, expected: &'static str) -> Result<(Resource, OwnedFd), Error> {
@@ -463,41 +474,43 @@ impl Received {
         Err(refused)
     }
 
-    /// Resource `index` as an image of these types, with its fd. On a type
-    /// mismatch the fd stays in `self` (and is closed with it).
-    #[allow(
-        clippy::type_complexity,
-        reason = "a record and its fd, spelled out for the reader"
-    )]
+    /// Resource `index` as an image of these types, bound to its fd. On a
+    /// type mismatch the fd stays in `self` (and is closed with it).
     pub fn take_image<F: Format, T: Tiling, M: MemoryLocation, U: Usage>(
         &mut self,
         index: usize,
-    ) -> Result<(ImageRecord<F, T, M, U>, OwnedFd), Error> {
+    ) -> Result<ReceivedImage<F, T, M, U>, Error> {
+        let peer = self.peer;
         self.take_typed(index, "an image", |r| match r {
             Resource::Image(info) => Ok(info.typed()),
             other => Err(other.kind_name()),
         })
+        .map(|(record, fd)| ReceivedImage::new(record, fd, peer))
     }
 
-    /// Resource `index` as a buffer in memory `M`, with its fd.
+    /// Resource `index` as a buffer in memory `M`, bound to its fd.
     pub fn take_buffer<M: MemoryLocation>(
         &mut self,
         index: usize,
-    ) -> Result<(BufferRecord<M>, OwnedFd), Error> {
+    ) -> Result<ReceivedBuffer<M>, Error> {
+        let peer = self.peer;
         self.take_typed(index, "a buffer", |r| match r {
             Resource::Buffer(info) => Ok(info.typed()),
             other => Err(other.kind_name()),
         })
+        .map(|(record, fd)| ReceivedBuffer::new(record, fd, peer))
     }
 
-    /// Resource `index` as a semaphore of kind `K`, with its fd.
+    /// Resource `index` as a semaphore of kind `K`, bound to its fd.
     pub fn take_semaphore<K: SemaphoreKind>(
         &mut self,
         index: usize,
-    ) -> Result<(SemaphoreRecord<K>, OwnedFd), Error> {
+    ) -> Result<ReceivedSemaphore<K>, Error> {
+        let peer = self.peer;
         self.take_typed(index, "a semaphore", |r| match r {
             Resource::Semaphore(info) => Ok(info.typed()),
             other => Err(other.kind_name()),
         })
+        .map(|(record, fd)| ReceivedSemaphore::new(record, fd, peer))
     }
 }

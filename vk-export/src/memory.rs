@@ -1,0 +1,247 @@
+//! Memory plumbing shared by images and buffers: exporting an allocation as
+//! an fd, importing one, and the checks a record must pass on this device.
+//!
+//! # Contract
+//!
+//! * **An import never hands the driver the caller's only fd.** The driver
+//!   gets a duplicate. On success the driver owns the duplicate and the
+//!   caller's fd is closed here, once. On failure the caller's fd comes back,
+//!   open and unchanged, inside [`ImportError`]; the duplicate is closed here
+//!   if (and only if) the driver left it open (Mesa closes it itself when
+//!   `vkAllocateMemory` fails, which the spec does not allow), so no fd is
+//!   ever closed twice.
+//! * Cheap checks on the fd come first: a pipe, socket or directory is not a
+//!   memory export and never reaches the driver.
+//! * [`check_same_device`] and [`check_memory_type`] hold for every import.
+
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::sync::Arc;
+
+use ash::vk;
+
+use crate::context::{format_uuid, Context};
+use crate::error::{Error, Result};
+use crate::MEMORY_HANDLE_TYPE;
+
+/// Keeps a Vulkan resource (and its device) alive; the CUDA side holds one per
+/// import so the exporter cannot be destroyed first by accident.
+#[derive(Clone)]
+pub struct KeepAlive(
+    #[allow(dead_code, reason = "held only for its Drop")] Arc<dyn std::any::Any + Send + Sync>,
+);
+
+impl fmt::Debug for KeepAlive {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeepAlive")
+    }
+}
+
+impl KeepAlive {
+    pub(crate) fn new<T: std::any::Any + Send + Sync>(value: Arc<T>) -> KeepAlive {
+        KeepAlive(value)
+    }
+}
+
+/// A failed import: why, and the caller's fd, open and unchanged (a failed
+/// import never consumes or closes it), to retry, send elsewhere or drop.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct ImportError {
+    /// Why the import failed.
+    #[source]
+    pub error: Error,
+    /// The fd that was passed in.
+    pub fd: OwnedFd,
+}
+
+impl ImportError {
+    /// Drops (closes) the fd and keeps the error.
+    pub fn into_error(self) -> Error {
+        self.error
+    }
+}
+
+/// The file type of an fd, if it can be read.
+fn file_type(fd: &OwnedFd) -> Option<rustix::fs::FileType> {
+    rustix::fs::fstat(fd)
+        .ok()
+        .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode))
+}
+
+/// Refuses fds that cannot be a memory or semaphore export before any driver
+/// sees them.
+pub(crate) fn check_export_fd(fd: &OwnedFd, what: &str) -> Result<()> {
+    use rustix::fs::FileType;
+    match file_type(fd) {
+        Some(FileType::Fifo | FileType::Socket | FileType::Directory | FileType::Symlink) => {
+            Err(Error::Record(format!(
+                "fd {} is a {:?}, not an exported {what}",
+                fd.as_raw_fd(),
+                file_type(fd).unwrap_or(FileType::Unknown)
+            )))
+        }
+        None => Err(Error::Record(format!(
+            "fd {} cannot be inspected (fstat failed): not an exported {what}",
+            fd.as_raw_fd()
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Why an import through [`import_with_duplicate`] failed, and whether the
+/// driver had already taken the duplicate (a step after a successful import
+/// failed, and undoing it released the driver's fd).
+pub(crate) struct ImportFailure {
+    pub(crate) error: Error,
+    pub(crate) driver_took_fd: bool,
+}
+
+impl From<Error> for ImportFailure {
+    /// A failure of the import call itself: the duplicate is not the driver's.
+    fn from(error: Error) -> ImportFailure {
+        ImportFailure {
+            error,
+            driver_took_fd: false,
+        }
+    }
+}
+
+/// Hands `import` a duplicate of `fd` and settles ownership as the module
+/// contract says: `Ok` consumes `fd`, `Err` returns it.
+pub(crate) fn import_with_duplicate<T>(
+    fd: OwnedFd,
+    import: impl FnOnce(i32) -> Result<T, ImportFailure>,
+) -> Result<T, ImportError> {
+    let duplicate = match fd.try_clone() {
+        Ok(d) => d,
+        Err(e) => {
+            return Err(ImportError {
+                error: Error::Socket {
+                    call: "fcntl(F_DUPFD_CLOEXEC)",
+                    source: e,
+                },
+                fd,
+            })
+        }
+    };
+    let identity = rustix::fs::fstat(&duplicate)
+        .ok()
+        .map(|s| (s.st_dev, s.st_ino));
+    let raw = duplicate.into_raw_fd();
+    match import(raw) {
+        Ok(value) => {
+            // The driver owns `raw` now; ours is no longer needed.
+            drop(fd);
+            Ok(value)
+        }
+        Err(failure) => {
+            if !failure.driver_took_fd {
+                close_if_still_ours(raw, &fd, identity);
+            }
+            Err(ImportError {
+                error: failure.error,
+                fd,
+            })
+        }
+    }
+}
+
+/// Closes `raw` after a failed import unless the driver already did: it is
+/// still ours if it is open and refers to the same file as `original`.
+fn close_if_still_ours(raw: i32, original: &OwnedFd, identity: Option<(u64, u64)>) {
+    // SAFETY: `raw` is only borrowed for the fstat below, never closed
+    // through this borrow; if the driver closed it the call fails with EBADF.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
+    let now = rustix::fs::fstat(borrowed)
+        .ok()
+        .map(|s| (s.st_dev, s.st_ino));
+    let same_open_file = now.is_some() && now == identity && raw != original.as_fd().as_raw_fd();
+    if same_open_file {
+        // SAFETY: the duplicate is still open and still refers to the file we
+        // duplicated: the failed import left it with us (as the spec says),
+        // and nothing else owns this number.
+        drop(unsafe { OwnedFd::from_raw_fd(raw) });
+    }
+}
+
+/// Allocates memory that imports `raw` (a duplicate, see
+/// [`import_with_duplicate`]).
+pub(crate) fn allocate_imported(
+    ctx: &Context,
+    raw: i32,
+    size: u64,
+    memory_type_index: u32,
+    dedicated_to: Option<vk::MemoryDedicatedAllocateInfo<'static>>,
+) -> Result<vk::DeviceMemory> {
+    let mut import = vk::ImportMemoryFdInfoKHR::default()
+        .handle_type(MEMORY_HANDLE_TYPE)
+        .fd(raw);
+    let mut dedicated_info = dedicated_to.unwrap_or_default();
+    let mut alloc = vk::MemoryAllocateInfo::default()
+        .allocation_size(size)
+        .memory_type_index(memory_type_index)
+        .push_next(&mut import);
+    if dedicated_to.is_some() {
+        alloc = alloc.push_next(&mut dedicated_info);
+    }
+    // SAFETY: the chain lives across the call; `raw` is an fd this crate
+    // owns (a duplicate) and gives to the driver on success.
+    unsafe { ctx.inner.device.allocate_memory(&alloc, None) }.map_err(|e| Error::Vulkan {
+        call: "vkAllocateMemory (import)",
+        result: e,
+        hint: "the fd is not an OPAQUE_FD export from this device, or the record does not match it",
+    })
+}
+
+pub(crate) fn export_memory_fd(ctx: &Context, memory: vk::DeviceMemory) -> Result<OwnedFd> {
+    let info = vk::MemoryGetFdInfoKHR::default()
+        .memory(memory)
+        .handle_type(MEMORY_HANDLE_TYPE);
+    // SAFETY: the memory was allocated with OPAQUE_FD export info.
+    let fd = unsafe { ctx.inner.memory_fd.get_memory_fd(&info) }.map_err(Error::vk(
+        "vkGetMemoryFdKHR",
+        "too many open files, or out of memory",
+    ))?;
+    // SAFETY: vkGetMemoryFdKHR returns a new fd whose ownership passes to us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Both UUIDs of a record must be this device's: OPAQUE_FD handles only work
+/// on the same device and driver.
+pub(crate) fn check_same_device(
+    ctx: &Context,
+    device_uuid: &[u8; 16],
+    driver_uuid: &[u8; 16],
+) -> Result<()> {
+    let me = &ctx.inner.identity;
+    if &me.device_uuid != device_uuid || &me.driver_uuid != driver_uuid {
+        return Err(Error::Record(format!(
+            "exported on device {} / driver {}, but this is device {} / driver {} ({}): OPAQUE_FD handles \
+             only work on the same device and driver",
+            format_uuid(device_uuid),
+            format_uuid(driver_uuid),
+            me.device_uuid_string(),
+            format_uuid(&me.driver_uuid),
+            me.name
+        )));
+    }
+    Ok(())
+}
+
+/// The record's memory type must exist here with exactly the record's flags.
+pub(crate) fn check_memory_type(
+    ctx: &Context,
+    index: u32,
+    flags: vk::MemoryPropertyFlags,
+) -> Result<()> {
+    match ctx.memory_type_flags(index) {
+        Some(f) if f == flags => Ok(()),
+        Some(f) => Err(Error::Record(format!(
+            "memory type {index} has flags {f:?} here, but {flags:?} in the record"
+        ))),
+        None => Err(Error::Record(format!(
+            "memory type {index} does not exist on this device"
+        ))),
+    }
+}

@@ -1,0 +1,72 @@
+//! Records bound to the fds they arrived with.
+//!
+//! # Contract
+//!
+//! * A `Received*` value is a record and its fd that travelled together in
+//!   one `SCM_RIGHTS` message from a peer whose credentials were checked
+//!   ([`crate::socket`]). Only the receive path makes them.
+//! * Importing one is safe: the importer still verifies the record against
+//!   its own device before any driver sees the fd (see the README's "Trust
+//!   boundary" for what can and cannot be verified).
+//! * [`ReceivedImage::into_parts`] and friends separate record and fd; the
+//!   bare pair can then only be imported through an `unsafe` entry point.
+
+use std::os::fd::OwnedFd;
+
+use crate::record::{BufferRecord, ImageRecord, SemaphoreRecord};
+
+/// Who is on the other end of a connection (`SO_PEERCRED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCredentials {
+    /// Peer's process id; `None` when the kernel reports 0 (the peer is in
+    /// another pid namespace, e.g. a container).
+    pub pid: Option<i32>,
+    /// Peer's user id.
+    pub uid: u32,
+    /// Peer's group id.
+    pub gid: u32,
+}
+
+macro_rules! received {
+    ($(#[$doc:meta])* $name:ident<$($p:ident),*> => $record:ident) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $name<$($p),*> {
+            record: $record<$($p),*>,
+            fd: OwnedFd,
+            peer: PeerCredentials,
+        }
+
+        impl<$($p),*> $name<$($p),*> {
+            pub(crate) fn new(record: $record<$($p),*>, fd: OwnedFd, peer: PeerCredentials) -> Self {
+                $name { record, fd, peer }
+            }
+            /// The record.
+            pub fn record(&self) -> &$record<$($p),*> {
+                &self.record
+            }
+            /// Who sent it.
+            pub fn peer(&self) -> PeerCredentials {
+                self.peer
+            }
+            /// Record, fd and sender, separated (importing the bare pair
+            /// needs the `unsafe` `import_fd` entry points).
+            pub fn into_parts(self) -> ($record<$($p),*>, OwnedFd, PeerCredentials) {
+                (self.record, self.fd, self.peer)
+            }
+        }
+    };
+}
+
+received! {
+    /// An image record and its memory fd, received together.
+    ReceivedImage<F, T, M, U> => ImageRecord
+}
+received! {
+    /// A buffer record and its memory fd, received together.
+    ReceivedBuffer<M> => BufferRecord
+}
+received! {
+    /// A semaphore record and its fd, received together.
+    ReceivedSemaphore<K> => SemaphoreRecord
+}

@@ -1,0 +1,360 @@
+//! The submission engine: one-shot command buffers submitted to one queue,
+//! each signalling the next value of a private "progress" timeline, waited
+//! for with a bound.
+//!
+//! # Contract
+//!
+//! * **Values are the completion record.** Every submission signals the
+//!   progress timeline with a value one above the last, under the queue lock,
+//!   so submission order and value order agree. A resource remembers the
+//!   value of the last submission that used it, and its `Drop` waits for that
+//!   value (bounded) instead of idling the device.
+//! * **Every wait is bounded.** A submission whose fence does not signal in
+//!   time is *retired*: its command buffer, fence and staging buffer are kept
+//!   (never freed while the GPU may use them) and reclaimed once their fence
+//!   signals; the next submission gets a fresh slot, so the engine stays
+//!   usable.
+//! * The queue is used only under [`QueueState`]'s lock.
+//!
+//! This module knows devices, queues and handles, not `Context`.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ash::vk;
+
+use crate::error::{Error, Result};
+
+/// The queue, and the last progress value a submission to it signals.
+#[derive(Debug)]
+pub(crate) struct QueueState {
+    pub(crate) queue: vk::Queue,
+    pub(crate) last_value: u64,
+}
+
+/// A host-visible buffer a submission copies through.
+pub(crate) struct Staging {
+    pub(crate) buffer: vk::Buffer,
+    memory: vk::DeviceMemory,
+    pub(crate) ptr: *mut u8,
+    size: u64,
+}
+
+/// What one submission needs: a command buffer, its fence and staging memory.
+pub(crate) struct Slot {
+    pool: vk::CommandPool,
+    pub(crate) cmd: vk::CommandBuffer,
+    fence: vk::Fence,
+    pub(crate) staging: Option<Staging>,
+}
+
+/// Idle slot and retired ones.
+#[derive(Default)]
+pub(crate) struct Engine {
+    idle: Option<Slot>,
+    retired: Vec<Slot>,
+}
+
+// SAFETY: the staging pointer is only dereferenced by the thread holding the
+// engine's lock, and the handles are plain values.
+unsafe impl Send for Engine {}
+
+/// Semaphore operations of one submission, as raw arrays.
+#[derive(Default)]
+pub(crate) struct RawSync {
+    pub(crate) wait_semaphores: Vec<vk::Semaphore>,
+    pub(crate) wait_values: Vec<u64>,
+    pub(crate) signal_semaphores: Vec<vk::Semaphore>,
+    pub(crate) signal_values: Vec<u64>,
+}
+
+impl Slot {
+    fn new(device: &ash::Device, queue_family: u32) -> Result<Slot> {
+        let pool_info = vk::CommandPoolCreateInfo::default()
+            .queue_family_index(queue_family)
+            .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
+        // SAFETY: plain object creation on a live device.
+        let pool = unsafe { device.create_command_pool(&pool_info, None) }
+            .map_err(Error::vk("vkCreateCommandPool", "out of memory"))?;
+        let alloc = vk::CommandBufferAllocateInfo::default()
+            .command_pool(pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        // SAFETY: allocating from the pool just created; plain fence creation.
+        let made = unsafe {
+            device.allocate_command_buffers(&alloc).and_then(|c| {
+                device
+                    .create_fence(&vk::FenceCreateInfo::default(), None)
+                    .map(|f| (c[0], f))
+            })
+        };
+        match made {
+            Ok((cmd, fence)) => Ok(Slot {
+                pool,
+                cmd,
+                fence,
+                staging: None,
+            }),
+            Err(e) => {
+                // SAFETY: the pool is unused; destroying it frees its buffers.
+                unsafe { device.destroy_command_pool(pool, None) };
+                Err(Error::Vulkan {
+                    call: "vkAllocateCommandBuffers / vkCreateFence",
+                    result: e,
+                    hint: "out of memory",
+                })
+            }
+        }
+    }
+
+    /// # Safety
+    /// The slot's last submission has completed (its fence signalled) or it
+    /// was never submitted.
+    unsafe fn destroy(self, device: &ash::Device) {
+        // SAFETY: forwarded from the caller: nothing of this slot is in use.
+        unsafe {
+            if let Some(s) = self.staging {
+                device.destroy_buffer(s.buffer, None);
+                device.free_memory(s.memory, None);
+            }
+            device.destroy_fence(self.fence, None);
+            device.destroy_command_pool(self.pool, None);
+        }
+    }
+
+    fn completed(&self, device: &ash::Device) -> bool {
+        // SAFETY: a live fence of this device.
+        matches!(unsafe { device.get_fence_status(self.fence) }, Ok(true))
+    }
+
+    /// A staging buffer of at least `size` bytes in a memory type `find_type`
+    /// picks, mapped.
+    pub(crate) fn ensure_staging(
+        &mut self,
+        device: &ash::Device,
+        size: u64,
+        find_type: impl Fn(u32) -> Option<u32>,
+    ) -> Result<(vk::Buffer, *mut u8)> {
+        if let Some(s) = self.staging.as_ref().filter(|s| s.size >= size) {
+            return Ok((s.buffer, s.ptr));
+        }
+        if let Some(old) = self.staging.take() {
+            // SAFETY: the slot is idle (its last submission completed).
+            unsafe {
+                device.destroy_buffer(old.buffer, None);
+                device.free_memory(old.memory, None);
+            }
+        }
+        let size = size
+            .checked_next_power_of_two()
+            .ok_or_else(|| Error::InvalidArgument(format!("a staging buffer of {size} bytes")))?
+            .max(1 << 16);
+        let info = vk::BufferCreateInfo::default()
+            .size(size)
+            .usage(vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST);
+        // SAFETY: plain creation.
+        let buffer = unsafe { device.create_buffer(&info, None) }
+            .map_err(Error::vk("vkCreateBuffer (staging)", "out of memory"))?;
+        // SAFETY: the buffer was just created.
+        let reqs = unsafe { device.get_buffer_memory_requirements(buffer) };
+        let Some(index) = find_type(reqs.memory_type_bits) else {
+            // SAFETY: unused.
+            unsafe { device.destroy_buffer(buffer, None) };
+            return Err(Error::unsupported(
+                "a staging buffer",
+                "no host-visible coherent memory",
+            ));
+        };
+        let alloc = vk::MemoryAllocateInfo::default()
+            .allocation_size(reqs.size)
+            .memory_type_index(index);
+        // SAFETY: plain allocation; bind and map a fresh allocation at offset 0.
+        let result = unsafe {
+            device.allocate_memory(&alloc, None).and_then(|memory| {
+                device
+                    .bind_buffer_memory(buffer, memory, 0)
+                    .and_then(|()| {
+                        device.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+                    })
+                    .map(|ptr| (memory, ptr))
+                    .inspect_err(|_| device.free_memory(memory, None))
+            })
+        };
+        match result {
+            Ok((memory, ptr)) => {
+                self.staging = Some(Staging {
+                    buffer,
+                    memory,
+                    ptr: ptr.cast(),
+                    size,
+                });
+                Ok((buffer, ptr.cast()))
+            }
+            Err(e) => {
+                // SAFETY: unused.
+                unsafe { device.destroy_buffer(buffer, None) };
+                Err(Error::Vulkan {
+                    call: "vkAllocateMemory (staging)",
+                    result: e,
+                    hint: "out of host-visible memory",
+                })
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// Frees retired slots whose submissions have completed.
+    pub(crate) fn reap(&mut self, device: &ash::Device) {
+        let mut i = 0;
+        while i < self.retired.len() {
+            if self.retired[i].completed(device) {
+                let slot = self.retired.swap_remove(i);
+                // SAFETY: its fence signalled: the GPU is done with it.
+                unsafe { slot.destroy(device) };
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// The idle slot, created on first use.
+    pub(crate) fn slot(&mut self, device: &ash::Device, queue_family: u32) -> Result<&mut Slot> {
+        self.reap(device);
+        if self.idle.is_none() {
+            self.idle = Some(Slot::new(device, queue_family)?);
+        }
+        Ok(self.idle.as_mut().expect("created above"))
+    }
+
+    /// Records with `record`, submits with `sync` plus the progress signal,
+    /// and waits for completion up to `timeout`. Returns the progress value
+    /// the submission signals (also on `Timeout`, through `on_submitted`,
+    /// which runs right after a successful `vkQueueSubmit`).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the engine's one entry point; each argument is a distinct fact"
+    )]
+    pub(crate) fn run(
+        &mut self,
+        device: &ash::Device,
+        queue_family: u32,
+        queue: &Mutex<QueueState>,
+        progress: vk::Semaphore,
+        sync: &RawSync,
+        timeout: Duration,
+        record: impl FnOnce(vk::CommandBuffer),
+        on_submitted: impl FnOnce(u64),
+    ) -> Result<()> {
+        let slot = self.slot(device, queue_family)?;
+        let cmd = slot.cmd;
+        let fence = slot.fence;
+        // SAFETY: the slot is idle (its last submission completed) and only
+        // used by the holder of the engine's lock.
+        unsafe {
+            device
+                .reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty())
+                .map_err(Error::vk("vkResetCommandBuffer", "out of memory"))?;
+            device
+                .begin_command_buffer(
+                    cmd,
+                    &vk::CommandBufferBeginInfo::default()
+                        .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+                )
+                .map_err(Error::vk("vkBeginCommandBuffer", "out of memory"))?;
+        }
+        record(cmd);
+        // SAFETY: recording state.
+        unsafe { device.end_command_buffer(cmd) }
+            .map_err(Error::vk("vkEndCommandBuffer", "out of memory"))?;
+        let wait_stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; sync.wait_semaphores.len()];
+        let value = {
+            let mut q = queue.lock().unwrap_or_else(|p| p.into_inner());
+            let value = q.last_value + 1;
+            let mut signal_semaphores = sync.signal_semaphores.clone();
+            let mut signal_values = sync.signal_values.clone();
+            signal_semaphores.push(progress);
+            signal_values.push(value);
+            let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()
+                .wait_semaphore_values(&sync.wait_values)
+                .signal_semaphore_values(&signal_values);
+            let cmds = [cmd];
+            let submit = vk::SubmitInfo::default()
+                .wait_semaphores(&sync.wait_semaphores)
+                .wait_dst_stage_mask(&wait_stages)
+                .command_buffers(&cmds)
+                .signal_semaphores(&signal_semaphores)
+                .push_next(&mut timeline);
+            // SAFETY: the queue is locked; everything the submit refers to
+            // lives until its fence signals (a timed-out slot is retired, not
+            // freed); the callers checked that every semaphore belongs to
+            // this device and is alive (borrowed) for the call.
+            unsafe { device.queue_submit(q.queue, &[submit], fence) }.map_err(Error::vk(
+                "vkQueueSubmit",
+                "the device was lost, or out of memory",
+            ))?;
+            q.last_value = value;
+            value
+        };
+        on_submitted(value);
+        let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+        // SAFETY: the fence belongs to this submission.
+        match unsafe { device.wait_for_fences(&[fence], true, nanos) } {
+            Ok(()) => {
+                // SAFETY: the fence signalled; nothing waits on it.
+                unsafe { device.reset_fences(&[fence]) }
+                    .map_err(Error::vk("vkResetFences", "out of memory"))
+            }
+            Err(vk::Result::TIMEOUT) => {
+                let slot = self.idle.take().expect("the slot in use");
+                self.retired.push(slot);
+                Err(Error::Timeout(timeout))
+            }
+            Err(e) => Err(Error::Vulkan {
+                call: "vkWaitForFences",
+                result: e,
+                hint: "the device was lost",
+            }),
+        }
+    }
+
+    /// Destroys every slot.
+    ///
+    /// # Safety
+    /// No slot's submission may still be executing (the caller waited for
+    /// every progress value it submitted).
+    pub(crate) unsafe fn destroy(self, device: &ash::Device) {
+        for slot in self.idle.into_iter().chain(self.retired) {
+            // SAFETY: forwarded from the caller.
+            unsafe { slot.destroy(device) };
+        }
+    }
+}
+
+/// Waits until `progress` reaches `value`, up to `timeout`.
+pub(crate) fn wait_progress(
+    device: &ash::Device,
+    progress: vk::Semaphore,
+    value: u64,
+    timeout: Duration,
+) -> Result<()> {
+    if value == 0 {
+        return Ok(());
+    }
+    let semaphores = [progress];
+    let values = [value];
+    let info = vk::SemaphoreWaitInfo::default()
+        .semaphores(&semaphores)
+        .values(&values);
+    let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+    // SAFETY: a live timeline semaphore of this device; arrays live across the call.
+    match unsafe { device.wait_semaphores(&info, nanos) } {
+        Ok(()) => Ok(()),
+        Err(vk::Result::TIMEOUT) => Err(Error::Timeout(timeout)),
+        Err(e) => Err(Error::Vulkan {
+            call: "vkWaitSemaphores (progress)",
+            result: e,
+            hint: "the device was lost",
+        }),
+    }
+}
