@@ -44,14 +44,17 @@ mod device;
 mod driver;
 mod error;
 pub mod kernels;
+mod last_use;
 pub mod markers;
 mod memory;
 mod semaphore;
 mod stream;
+mod wait;
 
 pub use device::{list_devices, ContextGuard, CudaDevice, DeviceListing};
 pub use driver::{driver_version, drop_errors};
 pub use error::{DriverError, Error, ImportError, Result};
+pub use last_use::DROP_WAIT_LIMIT;
 pub use memory::{
     array_descriptor, DeviceSlice, ExternalMemory, ImportedBuffer, ImportedImage, LevelArray,
     MappedArray, MappedBuffer, Surface, Texture,

@@ -157,7 +157,7 @@ fn vulkan_writes_cuda_reads<F: Format>(ctx: &Context, cuda: &CudaDevice) {
     let array = imported.map_array().unwrap();
     let level = array.level(0).unwrap();
     let stream = Stream::new(cuda).unwrap();
-    let mut out = vec![0u8; level.byte_len()];
+    let mut out = vec![0u8; level.byte_len().unwrap()];
     level.copy_to_host(&stream, &mut out).unwrap();
     assert!(
         out == data,
@@ -208,7 +208,7 @@ fn cuda_writes_vulkan_reads<F: Format>(ctx: &Context, cuda: &CudaDevice, module:
             (&mut sd as *mut u32).cast(),
         ],
     );
-    stream.synchronize().unwrap();
+    stream.synchronize(TIMEOUT).unwrap();
     let got = ctx.read_image(&image, 0, 0, SubmitSync::default()).unwrap();
     let expected: Vec<u8> = (0..h)
         .flat_map(|y| {
@@ -271,7 +271,7 @@ fn buffers_both_ways() {
         )
     }
     .unwrap();
-    stream.synchronize().unwrap();
+    stream.synchronize(TIMEOUT).unwrap();
     let back = ctx
         .read_buffer(&buffer, len, SubmitSync::default())
         .unwrap();
@@ -367,7 +367,7 @@ fn mip_levels_and_array_layers_map_exactly() {
     let stream = Stream::new(&cuda).unwrap();
     for (level, expected) in expected_levels.iter().enumerate() {
         let l = array.level(level as u32).unwrap();
-        let mut out = vec![0u8; l.byte_len()];
+        let mut out = vec![0u8; l.byte_len().unwrap()];
         l.copy_to_host(&stream, &mut out).unwrap();
         assert!(&out == expected, "level {level} (4 layers) differs");
     }
@@ -488,7 +488,7 @@ fn semaphores_order_gpu_work_both_ways() {
     timeline.wait(3, TIMEOUT, WaitStrategy::ADAPTIVE).unwrap();
     cuda_timeline.signal(&stream, 4).unwrap();
     timeline.wait(4, TIMEOUT, WaitStrategy::Block).unwrap();
-    stream.synchronize().unwrap();
+    stream.synchronize(TIMEOUT).unwrap();
     println!("timeline and binary semaphores ordered Vulkan -> CUDA -> Vulkan; host waits ok");
     assert_no_validation_errors(&ctx);
 }
@@ -583,14 +583,14 @@ fn child_cuda_importer() {
     semaphore.wait(&stream, 1).unwrap();
     let array = imported.map_array().unwrap();
     let level = array.level(0).unwrap();
-    let mut out = vec![0u8; level.byte_len()];
+    let mut out = vec![0u8; level.byte_len().unwrap()];
     level.copy_to_host(&stream, &mut out).unwrap();
     assert!(
         out == pattern((w * h * 4) as usize, 1234),
         "the child read different pixels"
     );
     semaphore.signal(&stream, 2).unwrap();
-    stream.synchronize().unwrap();
+    stream.synchronize(TIMEOUT).unwrap();
     println!(
         "child {}: imported {w}x{h} RGBA8 into CUDA from another process, exact",
         std::process::id()
@@ -696,7 +696,7 @@ fn child_poisoned() {
         )
     }
     .unwrap();
-    let err = stream.synchronize().unwrap_err();
+    let err = stream.synchronize(TIMEOUT).unwrap_err();
     println!("fault: {err}");
     assert!(
         err.to_string().contains("CUDA_ERROR_ILLEGAL_ADDRESS"),
