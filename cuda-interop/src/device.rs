@@ -271,9 +271,14 @@ impl Drop for DeviceInner {
 #[derive(Debug)]
 pub struct ContextGuard<'a> {
     device: &'a CudaDevice,
-    /// A raw pointer is neither `Send` nor `Sync`, and so is the guard.
-    _stays_on_its_thread: PhantomData<*const ()>,
+    /// A raw pointer is neither `Send` nor `Sync`, and so is the guard; the
+    /// pointee's name is what the compiler's error shows.
+    _stays_on_its_thread: PhantomData<*const ThisThreadsContextStack>,
 }
+
+/// Names, in compiler errors, why a [`ContextGuard`] cannot leave its thread.
+#[derive(Debug)]
+enum ThisThreadsContextStack {}
 
 impl Drop for ContextGuard<'_> {
     fn drop(&mut self) {
