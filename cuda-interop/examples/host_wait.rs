@@ -82,7 +82,10 @@ fn main() -> Res<()> {
         Ok(t)
     };
 
-    let mut baseline = measure(&mut |_| Ok(stream.synchronize(stream.timeout())?), &mut enqueue)?;
+    let mut baseline = measure(
+        &mut |_| Ok(stream.synchronize(stream.timeout())?),
+        &mut enqueue,
+    )?;
     let timeout = Duration::from_secs(10);
     let mut block = measure(
         &mut |v| Ok(timeline.wait(v, timeout, WaitStrategy::Block)?),

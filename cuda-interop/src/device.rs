@@ -308,6 +308,13 @@ impl Drop for ContextGuard<'_> {
         };
         let top = match pop_one() {
             Ok(top) if top == own => return,
+            Ok(top) if top.is_null() => {
+                return record_drop_error(Err(Error::Cleanup(format!(
+                    "the context stack was unbalanced: the ContextGuard for {own:?} ({}) found no \
+                     context to pop; code inside its scope popped it",
+                    self.device.name()
+                ))));
+            }
             Ok(top) => top,
             Err(error) => return record_drop_error(Err(error)),
         };
@@ -316,17 +323,22 @@ impl Drop for ContextGuard<'_> {
             Ok(below) if below == own => {
                 push_back(top);
                 record_drop_error(Err(Error::Cleanup(format!(
-                    "the context stack was unbalanced: context {top:?} was pushed inside the scope of                      the ContextGuard for {own:?} ({}) and not popped; the guard removed its own                      context from under it and left {top:?} current",
+                    "the context stack was unbalanced: context {top:?} was pushed inside the scope of \
+                     the ContextGuard for {own:?} ({}) and not popped; the guard removed its own \
+                     context from under it and left {top:?} current",
                     self.device.name()
                 ))));
             }
             below => {
-                if let Ok(below) = below {
-                    push_back(below);
+                match below {
+                    Ok(below) if !below.is_null() => push_back(below),
+                    _ => {}
                 }
                 push_back(top);
                 record_drop_error(Err(Error::Cleanup(format!(
-                    "the context stack was unbalanced: the ContextGuard for {own:?} ({}) found                      {top:?} on top and not its own context beneath it; it left the stack as it                      found it",
+                    "the context stack was unbalanced: the ContextGuard for {own:?} ({}) found \
+                     {top:?} on top and not its own context beneath it; it left the stack as it \
+                     found it",
                     self.device.name()
                 ))));
             }
