@@ -1,5 +1,14 @@
 //! Opening `libcuda` and filling [`DriverFns`].
 //!
+//! # Contract
+//!
+//! * [`Driver::load`] opens the NVIDIA driver by the sonames it installs and
+//!   is safe to call. [`Driver::load_from`] opens any path, runs that
+//!   library's initialisers and calls its `cuDriverGetVersion` with an
+//!   assumed ABI, so it is `unsafe`: its caller vouches for the library.
+//! * Neither panics: a library that cannot be opened or is not a driver is a
+//!   [`LoadError`], a missing function a [`MissingFunction`].
+//!
 //! # Why `dlsym` of the versioned names, not `cuGetProcAddress`
 //!
 //! Each field of [`DriverFns`] has the signature bindgen read from the pinned
@@ -153,7 +162,10 @@ impl Driver {
     pub fn load() -> Result<Driver, LoadError> {
         let mut tried = Vec::new();
         for name in LIBRARY_CANDIDATES {
-            match Self::open(OsStr::new(name), name) {
+            // SAFETY: the candidates are the sonames the NVIDIA driver installs
+            // for its own libcuda, whose initialisers and exports are the
+            // driver's, with the ABI of the pinned cuda.h for each symbol.
+            match unsafe { Self::open(OsStr::new(name), name) } {
                 Ok(driver) => return Ok(driver),
                 Err(LoadError::Library { tried: t }) => tried.extend(t),
                 Err(e) => return Err(e),
@@ -163,9 +175,22 @@ impl Driver {
     }
 
     /// Opens the driver at an explicit path (tests, unusual installs).
-    pub fn load_from(path: impl AsRef<Path>) -> Result<Driver, LoadError> {
+    ///
+    /// # Safety
+    ///
+    /// Loading runs the library's initialisers, and then calls its
+    /// `cuDriverGetVersion`, if it exports one, with the ABI that `cuda.h`
+    /// declares (`CUresult cuDriverGetVersion(int *)`); every function later
+    /// taken from [`Driver::fns`] is called with the ABI the pinned header
+    /// declares for its symbol. So the file at `path` must be an NVIDIA
+    /// driver library (or a library whose exported `cu*` symbols have exactly
+    /// those signatures and behave as documented), and its initialisers must
+    /// be sound to run in this process. Nothing here can check either.
+    pub unsafe fn load_from(path: impl AsRef<Path>) -> Result<Driver, LoadError> {
         let path: PathBuf = path.as_ref().to_path_buf();
-        Self::open(path.as_os_str(), &path.display().to_string())
+        // SAFETY: the caller vouches for the library at `path`, as this
+        // function's contract requires.
+        unsafe { Self::open(path.as_os_str(), &path.display().to_string()) }
     }
 
     /// The process-wide driver, opened on first use with [`Driver::load`] and
@@ -175,9 +200,16 @@ impl Driver {
         GLOBAL.get_or_init(Driver::load).as_ref()
     }
 
-    fn open(file: &OsStr, shown: &str) -> Result<Driver, LoadError> {
-        // SAFETY: opening a shared library runs its initialisers. libcuda's are
-        // the driver's own; for an arbitrary path the caller chose the library.
+    /// Opens `file` (named `shown` in messages) and fills the table.
+    ///
+    /// # Safety
+    ///
+    /// As [`Driver::load_from`]: `file` must be a CUDA driver library whose
+    /// initialisers are sound to run and whose `cu*` exports have the pinned
+    /// header's ABI (`cuDriverGetVersion` is called here).
+    unsafe fn open(file: &OsStr, shown: &str) -> Result<Driver, LoadError> {
+        // SAFETY: opening a shared library runs its initialisers; the caller
+        // vouches for them (this function's contract).
         let library =
             unsafe { libloading::Library::new(file) }.map_err(|e| LoadError::Library {
                 tried: vec![(shown.to_string(), e.to_string())],
@@ -199,7 +231,8 @@ impl Driver {
         }
         let version = fns.cuDriverGetVersion.and_then(|get_version| {
             let mut v: c_int = 0;
-            // SAFETY: cuDriverGetVersion writes one int and needs no cuInit.
+            // SAFETY: the caller vouches that this export has cuda.h's ABI
+            // (this function's contract): it writes one int and needs no cuInit.
             let status = unsafe { get_version(&mut v) };
             (status == crate::types::CUresult::CUDA_SUCCESS).then_some(DriverVersion(v))
         });

@@ -3,7 +3,8 @@
 //!
 //! Each iteration enqueues a short kernel and a timeline signal on a CUDA
 //! stream, then waits on the host. Measured in the same run:
-//! * baseline: `cuStreamSynchronize` (CUDA's own host wait on the same work);
+//! * baseline: `Stream::synchronize`, CUDA's own view of the same work (it
+//!   polls `cuStreamQuery`: spin, yield, then short sleeps);
 //! * `WaitStrategy::Block`: `vkWaitSemaphores`;
 //! * `WaitStrategy::ADAPTIVE`: spin, yield, then poll `vkGetSemaphoreCounterValue`.
 //!
@@ -81,7 +82,10 @@ fn main() -> Res<()> {
         Ok(t)
     };
 
-    let mut baseline = measure(&mut |_| Ok(stream.synchronize()?), &mut enqueue)?;
+    let mut baseline = measure(
+        &mut |_| Ok(stream.synchronize(stream.timeout())?),
+        &mut enqueue,
+    )?;
     let timeout = Duration::from_secs(10);
     let mut block = measure(
         &mut |v| Ok(timeline.wait(v, timeout, WaitStrategy::Block)?),
@@ -91,7 +95,7 @@ fn main() -> Res<()> {
         &mut |v| Ok(timeline.wait(v, timeout, WaitStrategy::ADAPTIVE)?),
         &mut enqueue,
     )?;
-    stream.synchronize()?;
+    stream.synchronize(stream.timeout())?;
 
     let med = |t: &mut Vec<Duration>| {
         t.sort();
@@ -100,7 +104,7 @@ fn main() -> Res<()> {
     let (b0, b1, b2) = (med(&mut baseline), med(&mut block), med(&mut poll));
     println!("host wake-up after a CUDA signal, {iterations} iterations after 30 warm-up (1 MiB kernel + signal each):");
     for (name, t) in [
-        ("cuStreamSynchronize (baseline)", &mut baseline),
+        ("Stream::synchronize (baseline)", &mut baseline),
         ("vkWaitSemaphores (Block)", &mut block),
         ("counter poll (ADAPTIVE)", &mut poll),
     ] {

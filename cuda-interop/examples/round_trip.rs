@@ -209,7 +209,7 @@ fn run(frames: u32, bench: bool, device_uuid: Option<[u8; 16]>) -> Res<()> {
             .into());
         }
     }
-    stream.synchronize()?;
+    stream.synchronize(stream.timeout())?;
     println!(
         "verified {frames} frames x {} pixels: Vulkan clear -> CUDA invert (surface, in place) -> Vulkan readback, exact",
         WIDTH * HEIGHT
@@ -243,7 +243,7 @@ fn run(frames: u32, bench: bool, device_uuid: Option<[u8; 16]>) -> Res<()> {
         };
         let mut block = host_round_trip(WaitStrategy::Block, &mut value)?;
         let mut poll = host_round_trip(WaitStrategy::ADAPTIVE, &mut value)?;
-        stream.synchronize()?;
+        stream.synchronize(stream.timeout())?;
         let mut staging = staging_round_trip(&ctx, &image, &cuda, &module, &stream, frames)?;
         let (b, p, s) = (median(&mut block), median(&mut poll), median(&mut staging));
         println!("host-visible round trip per frame, {frames} frames after 20 warm-up, same run:");

@@ -1,10 +1,26 @@
+//! The CUDA device paired with a Vulkan device, and its primary context.
+//!
+//! # Contract
+//!
+//! * A [`CudaDevice`] is found by UUID only and retains the device's
+//!   **primary** context (released with the last clone, never reset).
+//! * Every call makes that context current for its own duration with a
+//!   [`ContextGuard`]: pushed on the calling thread's context stack, popped
+//!   when the guard drops. The guard is `!Send` and `!Sync`, because the
+//!   stack it pops belongs to the thread that pushed.
+//! * A guard's pop checks that it removes its own context. Code that pushed
+//!   another context inside the guard's scope and left it there is reported
+//!   (through [`drop_errors`](crate::drop_errors)); that context is left
+//!   current and the guard's own is removed beneath it.
+
 use std::ffi::{c_char, CStr};
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cuda_interop_sys::{self as sys, CUcontext, CUdevice, CUdevice_attribute, CUuuid};
 
-use crate::driver::cu;
+use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, Result};
 use vk_export::format_uuid;
 
@@ -64,33 +80,42 @@ pub struct DeviceListing {
 /// Every CUDA device the driver shows this process.
 pub fn list_devices() -> Result<Vec<DeviceListing>> {
     let mut count = 0;
-    // SAFETY: writes one int.
-    cu!(cuDeviceGetCount(&mut count))?;
+    // SAFETY: writes one int; needs no context.
+    unsafe { cu!(cuDeviceGetCount(&mut count)) }?;
     let mut out = Vec::new();
     for ordinal in 0..count {
         let mut device: CUdevice = 0;
-        // SAFETY: ordinal < count.
-        cu!(cuDeviceGet(&mut device, ordinal))?;
+        // SAFETY: writes one device handle; 0 <= ordinal < count.
+        unsafe { cu!(cuDeviceGet(&mut device, ordinal)) }?;
         let mut name = [0 as c_char; 256];
-        // SAFETY: the buffer holds 256 chars; the driver NUL-terminates.
-        cu!(cuDeviceGetName(
-            name.as_mut_ptr(),
-            name.len() as i32,
-            device
-        ))?;
+        // SAFETY: the driver writes at most the given length (the buffer's
+        // 256 chars), NUL-terminated, for a device handle it returned.
+        unsafe {
+            cu!(cuDeviceGetName(
+                name.as_mut_ptr(),
+                name.len() as i32,
+                device
+            ))
+        }?;
         let mut uuid = CUuuid::default();
-        // SAFETY: writes 16 bytes.
-        cu!(cuDeviceGetUuid_v2(&mut uuid, device))?;
+        // SAFETY: writes one 16-byte CUuuid for a device handle it returned.
+        unsafe { cu!(cuDeviceGetUuid_v2(&mut uuid, device)) }?;
         out.push(DeviceListing {
             ordinal,
-            // SAFETY: NUL-terminated by the driver.
-            name: unsafe { CStr::from_ptr(name.as_ptr()) }
-                .to_string_lossy()
-                .into_owned(),
+            name: name_from_c_chars(&name),
             uuid: uuid.bytes.map(|b| b as u8),
         });
     }
     Ok(out)
+}
+
+/// The text before the first NUL (all of it if there is none).
+fn name_from_c_chars(chars: &[c_char]) -> String {
+    let bytes: Vec<u8> = chars.iter().map(|&c| c as u8).collect();
+    match CStr::from_bytes_until_nul(&bytes) {
+        Ok(name) => name.to_string_lossy().into_owned(),
+        Err(_) => String::from_utf8_lossy(&bytes).into_owned(),
+    }
 }
 
 impl CudaDevice {
@@ -118,15 +143,17 @@ impl CudaDevice {
             });
         };
         let mut device: CUdevice = 0;
-        // SAFETY: the ordinal was listed just now.
-        cu!(cuDeviceGet(&mut device, found.ordinal))?;
+        // SAFETY: writes one device handle; the ordinal was listed just now.
+        unsafe { cu!(cuDeviceGet(&mut device, found.ordinal)) }?;
         let mut mode = 0;
-        // SAFETY: writes one int.
-        cu!(cuDeviceGetAttribute(
-            &mut mode,
-            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE,
-            device
-        ))?;
+        // SAFETY: writes one int for a device handle the driver returned.
+        unsafe {
+            cu!(cuDeviceGetAttribute(
+                &mut mode,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE,
+                device
+            ))
+        }?;
         if mode == sys::CUcomputemode::CU_COMPUTEMODE_PROHIBITED.0 as i32 {
             return Err(Error::Unsupported(format!(
                 "{} is in compute mode PROHIBITED",
@@ -134,8 +161,9 @@ impl CudaDevice {
             )));
         }
         let mut context: CUcontext = std::ptr::null_mut();
-        // SAFETY: a valid device; writes the primary context handle.
-        cu!(cuDevicePrimaryCtxRetain(&mut context, device))?;
+        // SAFETY: a device handle the driver returned; writes one context
+        // handle. Balanced by the release in `DeviceInner::drop`.
+        unsafe { cu!(cuDevicePrimaryCtxRetain(&mut context, device)) }?;
         Ok(CudaDevice {
             inner: Arc::new(DeviceInner {
                 device,
@@ -168,34 +196,33 @@ impl CudaDevice {
         self.inner.device
     }
 
-    /// Makes the primary context current on this thread until the guard drops.
+    /// Makes the primary context current on this thread until the guard
+    /// drops. The guard stays on this thread (`!Send`).
     pub fn enter(&self) -> Result<ContextGuard<'_>> {
-        // SAFETY: a retained primary context.
-        cu!(cuCtxPushCurrent(self.inner.context))?;
-        Ok(ContextGuard { _device: self })
-    }
-
-    /// Waits until all work in the primary context is done.
-    pub fn synchronize(&self) -> Result<()> {
-        let _guard = self.enter()?;
-        // SAFETY: the context is current.
-        cu!(cuCtxSynchronize())
+        // SAFETY: a primary context this device retained (alive while `self`
+        // is); pushed on the calling thread's stack, popped by the guard.
+        unsafe { cu!(cuCtxPushCurrent(self.inner.context)) }?;
+        Ok(ContextGuard {
+            device: self,
+            _stays_on_its_thread: PhantomData,
+        })
     }
 
     /// `(free, total)` device memory in bytes.
     pub fn memory_info(&self) -> Result<(usize, usize)> {
         let _guard = self.enter()?;
         let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: writes two size_t; the context is current.
-        cu!(cuMemGetInfo(&mut free, &mut total))?;
+        // SAFETY: the device's context is current; writes two size_t.
+        unsafe { cu!(cuMemGetInfo(&mut free, &mut total)) }?;
         Ok((free, total))
     }
 
     /// A device attribute.
     pub fn attribute(&self, attribute: CUdevice_attribute) -> Result<i32> {
         let mut v = 0;
-        // SAFETY: writes one int.
-        cu!(cuDeviceGetAttribute(&mut v, attribute, self.inner.device))?;
+        // SAFETY: writes one int for this device's handle, with an attribute
+        // of the header's enum (the driver rejects one it does not know).
+        unsafe { cu!(cuDeviceGetAttribute(&mut v, attribute, self.inner.device)) }?;
         Ok(v)
     }
 
@@ -216,8 +243,14 @@ impl Drop for DeviceInner {
         // (the runtime, PyTorch) keep their allocations.
         if let Ok(driver) = crate::driver::api() {
             if let Some(release) = driver.fns().cuDevicePrimaryCtxRelease {
-                // SAFETY: balances the retain in for_uuid.
-                unsafe { release(self.device) };
+                // SAFETY: balances the retain in `for_uuid`; no clone of the
+                // device is left, so nothing of this crate uses the context.
+                let status = unsafe { release(self.device) };
+                record_drop_error(crate::driver::check(
+                    driver,
+                    "cuDevicePrimaryCtxRelease",
+                    status,
+                ));
             }
         }
     }
@@ -225,18 +258,89 @@ impl Drop for DeviceInner {
 
 /// The primary context is current on this thread while this lives; dropping
 /// it pops the context, restoring what was current before.
+///
+/// Neither `Send` nor `Sync`: a context stack belongs to one thread, so the
+/// guard must be dropped on the thread that made it.
+///
+/// If code inside the guard's scope pushed another context and left it on
+/// the stack, the drop does not pop that one in place of its own: it takes its
+/// own context out from under it, leaves the other one current, and reports
+/// the unbalanced stack through [`drop_errors`](crate::drop_errors). If its
+/// own context is not found right beneath either, it leaves the stack as it
+/// found it and reports that.
 #[derive(Debug)]
 pub struct ContextGuard<'a> {
-    _device: &'a CudaDevice,
+    device: &'a CudaDevice,
+    /// A raw pointer is neither `Send` nor `Sync`, and so is the guard; the
+    /// pointee's name is what the compiler's error shows.
+    _stays_on_its_thread: PhantomData<*const ThisThreadsContextStack>,
 }
+
+/// Names, in compiler errors, why a [`ContextGuard`] cannot leave its thread.
+#[derive(Debug)]
+enum ThisThreadsContextStack {}
 
 impl Drop for ContextGuard<'_> {
     fn drop(&mut self) {
-        if let Ok(driver) = crate::driver::api() {
-            if let Some(pop) = driver.fns().cuCtxPopCurrent {
-                let mut popped: CUcontext = std::ptr::null_mut();
-                // SAFETY: balances the push in `enter`.
-                unsafe { pop(&mut popped) };
+        // Pops even in a poisoned process: the push happened, and leaving the
+        // context on the thread's stack would change what later code (the
+        // CUDA runtime, other libraries) finds current.
+        let Some(driver) = crate::driver::loaded_for_cleanup() else {
+            return;
+        };
+        let fns = driver.fns();
+        let (Some(pop), Some(push)) = (fns.cuCtxPopCurrent, fns.cuCtxPushCurrent) else {
+            return;
+        };
+        let own = self.device.inner.context;
+        let pop_one = || -> Result<CUcontext> {
+            let mut popped: CUcontext = std::ptr::null_mut();
+            // SAFETY: cuCtxPopCurrent writes one context handle; it pops this
+            // thread's stack, on which `enter` pushed (the guard is !Send).
+            let status = unsafe { pop(&mut popped) };
+            crate::driver::check(driver, "cuCtxPopCurrent", status).map(|()| popped)
+        };
+        let push_back = |context: CUcontext| {
+            // SAFETY: a context this thread's stack held a moment ago, popped
+            // by this drop and pushed back unchanged.
+            let status = unsafe { push(context) };
+            record_drop_error(crate::driver::check(driver, "cuCtxPushCurrent", status));
+        };
+        let top = match pop_one() {
+            Ok(top) if top == own => return,
+            Ok(top) if top.is_null() => {
+                return record_drop_error(Err(Error::Cleanup(format!(
+                    "the context stack was unbalanced: the ContextGuard for {own:?} ({}) found no \
+                     context to pop; code inside its scope popped it",
+                    self.device.name()
+                ))));
+            }
+            Ok(top) => top,
+            Err(error) => return record_drop_error(Err(error)),
+        };
+        // Another context sits on top of ours: look one deeper.
+        match pop_one() {
+            Ok(below) if below == own => {
+                push_back(top);
+                record_drop_error(Err(Error::Cleanup(format!(
+                    "the context stack was unbalanced: context {top:?} was pushed inside the scope of \
+                     the ContextGuard for {own:?} ({}) and not popped; the guard removed its own \
+                     context from under it and left {top:?} current",
+                    self.device.name()
+                ))));
+            }
+            below => {
+                match below {
+                    Ok(below) if !below.is_null() => push_back(below),
+                    _ => {}
+                }
+                push_back(top);
+                record_drop_error(Err(Error::Cleanup(format!(
+                    "the context stack was unbalanced: the ContextGuard for {own:?} ({}) found \
+                     {top:?} on top and not its own context beneath it; it left the stack as it \
+                     found it",
+                    self.device.name()
+                ))));
             }
         }
     }

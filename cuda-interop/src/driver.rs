@@ -1,11 +1,22 @@
 //! The one place that turns driver calls into `Result`s: loading, `cuInit`
 //! once, the fork check, error names and hints, and the poisoned state.
+//!
+//! # Contract
+//!
+//! * Every driver call of the crate goes through [`cu!`] or [`cu_query!`]
+//!   inside the caller's own `unsafe { }` block with a `// SAFETY:` comment;
+//!   the macros hold no `unsafe` of their own.
+//! * [`api`] refuses calls in a poisoned process or a forked child;
+//!   [`loaded_for_cleanup`] skips those checks and is used only to undo what
+//!   this process already did (popping a pushed context).
+//! * Destructors cannot return errors: they report them through
+//!   [`record_drop_error`], counted by [`drop_errors`].
 
 use std::ffi::{c_char, CStr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
-use cuda_interop_sys::{CUresult, Driver};
+use cuda_interop_sys::{CUresult, Driver, DriverFns};
 
 use crate::error::{DriverError, Error, Result};
 
@@ -136,22 +147,73 @@ pub(crate) fn check(driver: &Driver, call: &'static str, code: CUresult) -> Resu
     Err(Error::Driver(error_for(driver, call, code)))
 }
 
-/// Calls a driver function by its API name and checks the result:
-/// `cu!(cuMemAlloc(&mut ptr, size))`.
+/// Looks `function` up in the driver's table, calls it through `invoke`, and
+/// turns its status into a `Result` (what [`cu!`] expands to).
+pub(crate) fn call<F>(
+    function: &'static str,
+    pick: impl FnOnce(&DriverFns) -> Option<F>,
+    invoke: impl FnOnce(F) -> CUresult,
+) -> Result<()> {
+    let driver = api()?;
+    let pointer = driver.get(pick, function)?;
+    check(driver, function, invoke(pointer))
+}
+
+/// As [`call`], for a query that answers `CUDA_SUCCESS` (done, `true`) or
+/// `CUDA_ERROR_NOT_READY` (not yet, `false`); anything else is an error.
+pub(crate) fn call_query<F>(
+    function: &'static str,
+    pick: impl FnOnce(&DriverFns) -> Option<F>,
+    invoke: impl FnOnce(F) -> CUresult,
+) -> Result<bool> {
+    let driver = api()?;
+    let pointer = driver.get(pick, function)?;
+    match invoke(pointer) {
+        CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        status => check(driver, function, status).map(|()| true),
+    }
+}
+
+/// Calls a driver function by its API name and checks the result, as a
+/// `Result<()>`: `unsafe { cu!(cuMemAlloc(&mut ptr, size)) }?`.
 ///
-/// The `unsafe` call lives here, in one place. Every use site states, in a
-/// `// SAFETY:` comment above it, why its arguments meet the function's
-/// contract (valid pointers, live handles, the right context current).
+/// The macro contains no `unsafe`: the call of the driver function is only
+/// allowed inside the caller's `unsafe { }` block, whose `// SAFETY:` comment
+/// states why the arguments meet the function's contract (valid pointers,
+/// live handles, the right context current). Without that block it does not
+/// compile.
 macro_rules! cu {
-    ($name:ident ( $($arg:expr),* $(,)? )) => {{
-        let driver = $crate::driver::api()?;
-        let function = driver.get(|table| table.$name, stringify!($name))?;
-        // SAFETY: the use site documents that the arguments meet the contract.
-        let status = unsafe { function($($arg),*) };
-        $crate::driver::check(driver, stringify!($name), status)
-    }};
+    ($name:ident ( $($arg:expr),* $(,)? )) => {
+        $crate::driver::call(
+            stringify!($name),
+            |table| table.$name,
+            |function| function($($arg),*),
+        )
+    };
 }
 pub(crate) use cu;
+
+/// As [`cu!`], for `cuStreamQuery` and `cuEventQuery`: `Ok(true)` when the
+/// work is done, `Ok(false)` while it is not (`CUDA_ERROR_NOT_READY`). Needs
+/// the caller's `unsafe { }` block in the same way.
+macro_rules! cu_query {
+    ($name:ident ( $($arg:expr),* $(,)? )) => {
+        $crate::driver::call_query(
+            stringify!($name),
+            |table| table.$name,
+            |function| function($($arg),*),
+        )
+    };
+}
+pub(crate) use cu_query;
+
+/// The loaded driver, without the poisoned and forked-child checks of
+/// [`api`]: **for cleanup only** (a `ContextGuard` popping what it pushed
+/// must still pop after a sticky error poisoned the process). `None` when no
+/// driver was ever loaded.
+pub(crate) fn loaded_for_cleanup() -> Option<&'static Driver> {
+    Driver::global().ok()
+}
 
 static DROP_ERRORS: AtomicU32 = AtomicU32::new(0);
 

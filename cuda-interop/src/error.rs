@@ -1,3 +1,7 @@
+//! The crate's errors: one [`Error`] for every call, [`DriverError`] naming
+//! the failed driver call, and [`ImportError`], which hands a failed import's
+//! fd back to the caller.
+
 use std::fmt;
 use std::os::fd::OwnedFd;
 
@@ -92,6 +96,12 @@ pub enum Error {
     /// A host wait ran out of time.
     #[error("timed out after {0:?}")]
     Timeout(std::time::Duration),
+    /// A destructor could not clean up as it should and did something safe
+    /// instead (leaked a resource, left the context stack as it found it).
+    /// Destructors only report this, through [`drop_errors`](crate::drop_errors)
+    /// and stderr; no call returns it.
+    #[error("{0}")]
+    Cleanup(String),
 }
 
 /// A failed import: the error, and the fd, still owned by the caller (a

@@ -15,7 +15,8 @@
 //!   a Vulkan device's `deviceUUID` ([`CudaDevice::for_vulkan`]); it retains
 //!   the **primary** context, shared with the CUDA runtime, cudarc and
 //!   PyTorch in the same process. Every call pushes that context and pops it
-//!   afterwards, so values can be used and dropped on any thread.
+//!   afterwards, so values can be used and dropped on any thread (the
+//!   [`ContextGuard`] that does it stays on its own thread).
 //! * **Imports take their facts from the record.** Size
 //!   (`VkMemoryRequirements.size`), dedicated flag and handle type come from
 //!   `vk-export`'s record, never from the caller. The fd is consumed only on
@@ -28,6 +29,21 @@
 //! * **Borrows give the destruction order:** surfaces and textures, then the
 //!   mipmapped array or mapped buffer, then the external memory, then the
 //!   Vulkan resource (kept alive by the import), then the context.
+//! * **The GPU's last use, not a borrow, decides when memory is freed.**
+//!   Every stream-ordered operation on imported memory, an imported
+//!   semaphore or a [`DeviceBuffer`] records an event on that resource; its
+//!   destructor waits for those events (at most [`DROP_WAIT_LIMIT`]) before
+//!   it frees anything, so `mem::forget` of a mapping cannot free memory under
+//!   a pending copy. Past the limit the resource is leaked (an import together
+//!   with its Vulkan memory) and the leak is reported through
+//!   [`drop_errors`]. Kernel launches are not tracked: [`Stream::launch`] is
+//!   `unsafe` for that reason.
+//! * **Every host wait is bounded.** [`Stream::synchronize`] and
+//!   [`Event::synchronize`] take a timeout and return [`Error::Timeout`];
+//!   helpers that block use their stream's [`Stream::timeout`]. Copies to or
+//!   from host memory first wait for their stream to drain, so a copy queued
+//!   behind a semaphore wait nobody signals is refused instead of blocking
+//!   inside the driver.
 //! * **Errors** name the driver call with the CUDA error name and string and,
 //!   where a cause is known, the invariant to check. A sticky error (illegal
 //!   address) poisons the process: later calls return [`Error::Poisoned`].
@@ -44,14 +60,17 @@ mod device;
 mod driver;
 mod error;
 pub mod kernels;
+mod last_use;
 pub mod markers;
 mod memory;
 mod semaphore;
 mod stream;
+mod wait;
 
 pub use device::{list_devices, ContextGuard, CudaDevice, DeviceListing};
 pub use driver::{driver_version, drop_errors};
 pub use error::{DriverError, Error, ImportError, Result};
+pub use last_use::DROP_WAIT_LIMIT;
 pub use memory::{
     array_descriptor, DeviceSlice, ExternalMemory, ImportedBuffer, ImportedImage, LevelArray,
     MappedArray, MappedBuffer, Surface, Texture,

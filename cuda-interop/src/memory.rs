@@ -12,6 +12,24 @@
 //! mapped buffer (`cuMemFree`), then the external memory
 //! (`cuDestroyExternalMemory`), then the Vulkan image (kept alive by the
 //! import), then the device.
+//!
+//! # Contract
+//!
+//! * **Last use, not borrows, decides when the GPU is done.** Every copy
+//!   through a [`MappedBuffer`], a [`DeviceSlice`] or a [`LevelArray`] is
+//!   recorded as a use of the [`ExternalMemory`] behind it. The mapped
+//!   buffer's, the mipmapped array's and the import's destructors wait for
+//!   those uses (at most [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT)) before
+//!   they free anything, so `mem::forget` of a mapping cannot let the import
+//!   be destroyed under a pending copy. If the uses do not complete in time,
+//!   the import is leaked and its Vulkan resource with it (Vulkan never frees
+//!   memory the GPU may still read), and the leak is reported through
+//!   [`drop_errors`](crate::drop_errors).
+//! * Copies to or from host memory wait for the stream to drain first
+//!   (bounded by the stream's timeout), as [`Stream`] documents.
+//! * Sizes from records are checked, never truncated: byte counts are
+//!   computed with checked arithmetic and refused with
+//!   [`Error::InvalidArgument`] when they overflow.
 
 use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
@@ -30,33 +48,66 @@ use vk_export::{
 };
 
 use crate::device::CudaDevice;
-use crate::driver::cu;
+use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, ImportError, Result};
+use crate::last_use::{report_leak, LastUse, DROP_WAIT_LIMIT};
 use crate::markers::{ArrayMemory, ArrayTiling, BufferTiling, SurfaceUsage};
 use crate::stream::{DeviceBuffer, Stream};
 
-/// One `cuImportExternalMemory` import; destroyed when dropped.
+// Every size below is a u32 from a record widened to usize with `as`, which
+// is lossless on every target with at least 32-bit pointers; refuse others.
+const _: () = assert!(
+    usize::BITS >= u32::BITS,
+    "cuda-interop needs 32-bit or wider usize"
+);
+
+/// A record's u32 (an extent, a layer count) as a `usize`: lossless, see the
+/// assertion above.
+fn widen(value: u32) -> usize {
+    value as usize
+}
+
+/// One `cuImportExternalMemory` import; destroyed when dropped, after the
+/// GPU's last recorded use of it has completed (or leaked, with its Vulkan
+/// resource, if that does not happen within
+/// [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT)).
 #[derive(Debug)]
 pub struct ExternalMemory {
     device: CudaDevice,
     handle: CUexternalMemory,
     size: u64,
-    _vulkan: Option<KeepAlive>,
+    last_use: LastUse,
+    vulkan: Option<KeepAlive>,
 }
 
-// SAFETY: the handle is usable from any thread with the context current.
+// SAFETY: the handle is usable from any thread with the context current
+// (every use enters it); the last-use record is Send and Sync.
 unsafe impl Send for ExternalMemory {}
-// SAFETY: mapping calls are thread-safe in the driver.
+// SAFETY: mapping calls are thread-safe in the driver; shared access records
+// uses under the record's mutex.
 unsafe impl Sync for ExternalMemory {}
 
 impl Drop for ExternalMemory {
     fn drop(&mut self) {
+        if let Err(why) = self.last_use.wait_before_release(DROP_WAIT_LIMIT) {
+            // Vulkan must not free the memory either while the GPU may still
+            // use it: its keep-alive is leaked with the import.
+            std::mem::forget(self.vulkan.take());
+            report_leak(
+                &format!(
+                    "an import of {} bytes of Vulkan memory (and the Vulkan resource it keeps alive)",
+                    self.size
+                ),
+                &why,
+            );
+            return;
+        }
         if let Ok(_guard) = self.device.enter() {
-            // SAFETY: every mapping borrowed `self` and was freed before this
-            // runs; destroyed once.
-            crate::driver::record_drop_error((|| -> Result<()> {
-                cu!(cuDestroyExternalMemory(self.handle))
-            })());
+            // SAFETY: a live import of the current context, destroyed once.
+            // Every mapping borrowed it and was freed before this runs (or was
+            // forgotten and is never freed), and every copy recorded on it has
+            // completed (waited for above).
+            record_drop_error(unsafe { cu!(cuDestroyExternalMemory(self.handle)) });
         }
     }
 }
@@ -69,6 +120,12 @@ impl ExternalMemory {
     /// The raw handle.
     pub fn raw(&self) -> CUexternalMemory {
         self.handle
+    }
+    pub(crate) fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+    pub(crate) fn last_use(&self) -> &LastUse {
+        &self.last_use
     }
 }
 
@@ -101,10 +158,10 @@ fn import_memory(
     };
     desc.handle.fd = fd.as_raw_fd();
     let mut handle: CUexternalMemory = std::ptr::null_mut();
-    let result = (|| -> Result<()> {
-        // SAFETY: a zeroed descriptor with an fd we own; the context is current.
-        cu!(cuImportExternalMemory(&mut handle, &desc))
-    })();
+    // SAFETY: a zeroed descriptor (reserved fields 0) naming an open fd we own,
+    // with the size and dedicated flag of the exporter's record; the device's
+    // context is current; writes one handle.
+    let result = unsafe { cu!(cuImportExternalMemory(&mut handle, &desc)) };
     drop(guard);
     match result {
         Ok(()) => {
@@ -114,7 +171,8 @@ fn import_memory(
                 device: device.clone(),
                 handle,
                 size,
-                _vulkan: vulkan,
+                last_use: LastUse::new(device),
+                vulkan,
             })
         }
         Err(error) => Err(ImportError { error, fd }),
@@ -125,12 +183,8 @@ fn import_memory(
 #[derive(Debug)]
 pub struct ImportedImage<F, T, M, U> {
     memory: ExternalMemory,
-    info: ImageInfo,
-    _types: ImageMarkers<F, T, M, U>,
+    record: ImageRecord<F, T, M, U>,
 }
-
-/// Carries an image's type parameters without owning any of them.
-type ImageMarkers<F, T, M, U> = PhantomData<fn() -> (F, T, M, U)>;
 
 /// A Vulkan buffer imported into CUDA.
 #[derive(Debug)]
@@ -170,16 +224,12 @@ impl CudaDevice {
         fd: OwnedFd,
         keep: Option<KeepAlive>,
     ) -> Result<ImportedImage<F, T, M, U>, ImportError> {
-        let info = record.into_info();
+        let info = record.info();
         if let Err(error) = self.check_resource_device(&info.device_uuid()) {
             return Err(ImportError { error, fd });
         }
         let memory = import_memory(self, fd, info.allocation_size(), info.dedicated(), keep)?;
-        Ok(ImportedImage {
-            memory,
-            info,
-            _types: PhantomData,
-        })
+        Ok(ImportedImage { memory, record })
     }
 
     /// Imports a buffer of this process; keeps the Vulkan buffer alive.
@@ -236,13 +286,16 @@ fn map_buffer(
         ..Default::default()
     };
     let mut ptr: CUdeviceptr = 0;
-    // SAFETY: a zeroed descriptor within the import (checked by callers); the
-    // context is current.
-    cu!(cuExternalMemoryGetMappedBuffer(
-        &mut ptr,
-        memory.handle,
-        &desc
-    ))?;
+    // SAFETY: a zeroed descriptor (flags 0) whose range lies within the live
+    // import (callers pass the record's sizes); the context is current;
+    // writes one device address, freed by MappedBuffer::drop.
+    unsafe {
+        cu!(cuExternalMemoryGetMappedBuffer(
+            &mut ptr,
+            memory.handle,
+            &desc
+        ))
+    }?;
     Ok(MappedBuffer {
         memory,
         ptr,
@@ -284,8 +337,14 @@ fn cuda_format(channel: ChannelType) -> CUarray_format {
     }
 }
 
-/// The CUDA array descriptor for an image, derived only from its record.
-pub fn array_descriptor<F: Format>(info: &ImageInfo) -> sys::CUDA_ARRAY3D_DESCRIPTOR {
+/// The CUDA array descriptor for an image, derived only from its typed
+/// record: the format (channel type and count) from the record's `F`, which
+/// `ImageInfo::typed` checked against the record's `VkFormat`; extent, layers,
+/// cube and the surface/colour-attachment flags from the record's fields.
+pub fn array_descriptor<F: Format, T, M, U>(
+    record: &ImageRecord<F, T, M, U>,
+) -> sys::CUDA_ARRAY3D_DESCRIPTOR {
+    let info = record.info();
     let cube = info.is_cube();
     let three_d = info.image_type() == vk::ImageType::TYPE_3D;
     let layered = !three_d && (info.array_layers() > 1 && !(cube && info.array_layers() == 6));
@@ -310,9 +369,9 @@ pub fn array_descriptor<F: Format>(info: &ImageInfo) -> sys::CUDA_ARRAY3D_DESCRI
         0
     };
     sys::CUDA_ARRAY3D_DESCRIPTOR {
-        Width: info.extent()[0] as usize,
-        Height: info.extent()[1] as usize,
-        Depth: depth as usize,
+        Width: widen(info.extent()[0]),
+        Height: widen(info.extent()[1]),
+        Depth: widen(depth),
         Format: cuda_format(F::CHANNEL),
         NumChannels: F::CHANNELS,
         Flags: flags,
@@ -322,7 +381,7 @@ pub fn array_descriptor<F: Format>(info: &ImageInfo) -> sys::CUDA_ARRAY3D_DESCRI
 impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ImportedImage<F, T, M, U> {
     /// The image's record.
     pub fn info(&self) -> &ImageInfo {
-        &self.info
+        self.record.info()
     }
     /// The import.
     pub fn external_memory(&self) -> &ExternalMemory {
@@ -337,8 +396,8 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ImportedImage<F, T, M, U
         T: ArrayTiling,
         M: ArrayMemory,
     {
-        let info = &self.info;
-        let desc = array_descriptor::<F>(info);
+        let info = self.record.info();
+        let desc = array_descriptor(&self.record);
         let surface = desc.Flags & CUDA_ARRAY3D_SURFACE_LDST != 0;
         let (w_attr, h_attr) = if surface {
             (
@@ -353,7 +412,9 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ImportedImage<F, T, M, U
         };
         let device = &self.memory.device;
         let (max_w, max_h) = (device.attribute(w_attr)?, device.attribute(h_attr)?);
-        if info.extent()[0] as i64 > max_w as i64 || info.extent()[1] as i64 > max_h as i64 {
+        if i64::from(info.extent()[0]) > i64::from(max_w)
+            || i64::from(info.extent()[1]) > i64::from(max_h)
+        {
             return Err(Error::Unsupported(format!(
                 "a {}x{} array: this device allows at most {max_w}x{max_h}{}",
                 info.extent()[0],
@@ -369,12 +430,17 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ImportedImage<F, T, M, U
         };
         let _guard = device.enter()?;
         let mut handle: CUmipmappedArray = std::ptr::null_mut();
-        // SAFETY: a zeroed descriptor derived from the image; the context is current.
-        cu!(cuExternalMemoryGetMappedMipmappedArray(
-            &mut handle,
-            self.memory.handle,
-            &mipmapped
-        ))?;
+        // SAFETY: a zeroed descriptor (flags 0) derived from the typed record
+        // of the image this live import holds, within the device's limits
+        // (checked above); the context is current; writes one handle,
+        // destroyed by MappedArray::drop.
+        unsafe {
+            cu!(cuExternalMemoryGetMappedMipmappedArray(
+                &mut handle,
+                self.memory.handle,
+                &mipmapped
+            ))
+        }?;
         Ok(MappedArray {
             memory: &self.memory,
             handle,
@@ -389,17 +455,15 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ImportedImage<F, T, M, U
     where
         T: BufferTiling,
     {
-        map_buffer(
-            &self.memory,
-            0,
-            self.info.allocation_size(),
-            Some(self.info.row_pitch()),
-        )
+        let info = self.record.info();
+        let (size, row_pitch) = (info.allocation_size(), info.row_pitch());
+        map_buffer(&self.memory, 0, size, Some(row_pitch))
     }
 }
 
 /// A mapped range of imported memory: ordinary device memory; freed with
-/// `cuMemFree` before the import is destroyed (it borrows the import).
+/// `cuMemFree` before the import is destroyed (it borrows the import), after
+/// the copies recorded on the import have completed.
 #[derive(Debug)]
 pub struct MappedBuffer<'i> {
     memory: &'i ExternalMemory,
@@ -410,27 +474,38 @@ pub struct MappedBuffer<'i> {
 
 // SAFETY: a device address; usable from any thread with the context current.
 unsafe impl Send for MappedBuffer<'_> {}
-// SAFETY: shared access only reads the handle.
+// SAFETY: shared access only reads the address, or records uses on the
+// import (under the record's mutex).
 unsafe impl Sync for MappedBuffer<'_> {}
 
 impl Drop for MappedBuffer<'_> {
     fn drop(&mut self) {
+        if let Err(why) = self.memory.last_use.wait_before_release(DROP_WAIT_LIMIT) {
+            report_leak(
+                &format!("a mapping of {} bytes of imported memory", self.len),
+                &why,
+            );
+            return;
+        }
         if let Ok(_guard) = self.memory.device.enter() {
-            // SAFETY: the mapped pointer is freed once, before the import (borrow).
-            crate::driver::record_drop_error((|| -> Result<()> { cu!(cuMemFree(self.ptr)) })());
+            // SAFETY: the address cuExternalMemoryGetMappedBuffer returned in
+            // the current context, freed once, before the import (which this
+            // borrows) and after every copy recorded on the import completed.
+            record_drop_error(unsafe { cu!(cuMemFree(self.ptr)) });
         }
     }
 }
 
-/// A bounds-checked range of a [`MappedBuffer`].
+/// A bounds-checked range of a [`MappedBuffer`]; copies through it are
+/// recorded as uses of the import behind it.
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceSlice<'b> {
+    memory: &'b ExternalMemory,
     ptr: CUdeviceptr,
     len: u64,
-    _buffer: PhantomData<&'b ()>,
 }
 
-impl DeviceSlice<'_> {
+impl<'b> DeviceSlice<'b> {
     /// The device address.
     pub fn device_ptr(&self) -> CUdeviceptr {
         self.ptr
@@ -442,6 +517,10 @@ impl DeviceSlice<'_> {
     /// Whether the slice is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+    /// The import the slice's mapping belongs to.
+    pub fn external_memory(&self) -> &'b ExternalMemory {
+        self.memory
     }
 }
 
@@ -466,9 +545,9 @@ impl MappedBuffer<'_> {
     pub fn slice(&self, offset: u64, len: u64) -> Result<DeviceSlice<'_>> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(DeviceSlice {
+                memory: self.memory,
                 ptr: self.ptr + offset,
                 len,
-                _buffer: PhantomData,
             }),
             _ => Err(Error::InvalidArgument(format!(
                 "{len} bytes at offset {offset} of a {}-byte mapping",
@@ -476,36 +555,74 @@ impl MappedBuffer<'_> {
             ))),
         }
     }
-    /// Copies the first `dst.len()` bytes to the host (waits for the copy).
-    pub fn copy_to_host(&self, stream: &Stream, dst: &mut [u8]) -> Result<()> {
-        let s = self.slice(0, dst.len() as u64)?;
-        let _guard = self.memory.device.enter()?;
-        // SAFETY: both ranges hold dst.len() bytes; synchronised below.
-        cu!(cuMemcpyDtoHAsync(
-            dst.as_mut_ptr().cast(),
-            s.ptr,
-            dst.len(),
-            stream.raw()
-        ))?;
-        stream.synchronize()
+
+    fn host_range(&self, len: usize) -> Result<DeviceSlice<'_>> {
+        let len = u64::try_from(len)
+            .map_err(|_| Error::InvalidArgument(format!("a host range of {len} bytes")))?;
+        self.slice(0, len)
     }
-    /// Copies `src` to the start of the mapping (waits for the copy).
+
+    /// Copies the first `dst.len()` bytes of the mapping to the host and
+    /// waits for the copy.
+    ///
+    /// First waits, bounded by the stream's [timeout](Stream::timeout), for
+    /// the work already on the stream: a copy into pageable memory blocks
+    /// inside the driver until it is done, so one queued behind a semaphore
+    /// wait nobody signals would never return. If the stream does not drain
+    /// in time this returns [`Error::Timeout`] and enqueues nothing. Then it
+    /// enqueues the copy, records it as a use of the import, and waits for
+    /// it until it is done (it has nothing ahead of it; `dst` is not handed
+    /// back while the copy may still write it).
+    pub fn copy_to_host(&self, stream: &Stream, dst: &mut [u8]) -> Result<()> {
+        let source = self.host_range(dst.len())?;
+        stream.check_device(&self.memory.device)?;
+        stream.copy_with_host_memory(&[&self.memory.last_use], || {
+            let _guard = self.memory.device.enter()?;
+            // SAFETY: the mapped range holds dst.len() bytes (checked against
+            // the mapping) and `dst` is a writable host range of that length,
+            // kept borrowed until the copy is done; the stream and the mapping
+            // belong to the current context.
+            unsafe {
+                cu!(cuMemcpyDtoHAsync(
+                    dst.as_mut_ptr().cast(),
+                    source.ptr,
+                    dst.len(),
+                    stream.raw()
+                ))
+            }
+        })
+    }
+
+    /// Copies `src` to the start of the mapping and waits for the copy.
+    ///
+    /// Waits for the stream to drain first, bounded by its
+    /// [timeout](Stream::timeout) ([`Error::Timeout`], nothing enqueued), as
+    /// [`MappedBuffer::copy_to_host`] does; then enqueues the copy, records
+    /// it as a use of the import, and waits for it.
     pub fn copy_from_host(&self, stream: &Stream, src: &[u8]) -> Result<()> {
-        let s = self.slice(0, src.len() as u64)?;
-        let _guard = self.memory.device.enter()?;
-        // SAFETY: both ranges hold src.len() bytes; synchronised below.
-        cu!(cuMemcpyHtoDAsync(
-            s.ptr,
-            src.as_ptr().cast(),
-            src.len(),
-            stream.raw()
-        ))?;
-        stream.synchronize()
+        let destination = self.host_range(src.len())?;
+        stream.check_device(&self.memory.device)?;
+        stream.copy_with_host_memory(&[&self.memory.last_use], || {
+            let _guard = self.memory.device.enter()?;
+            // SAFETY: the mapped range holds src.len() bytes (checked against
+            // the mapping) and `src` is a readable host range of that length,
+            // kept borrowed until the copy is done; the stream and the mapping
+            // belong to the current context.
+            unsafe {
+                cu!(cuMemcpyHtoDAsync(
+                    destination.ptr,
+                    src.as_ptr().cast(),
+                    src.len(),
+                    stream.raw()
+                ))
+            }
+        })
     }
 }
 
 /// An imported image mapped as a CUDA mipmapped array; destroyed
-/// (`cuMipmappedArrayDestroy`) before the import, which it borrows.
+/// (`cuMipmappedArrayDestroy`) before the import, which it borrows, after the
+/// copies recorded on the import have completed.
 #[derive(Debug)]
 pub struct MappedArray<'i, F, U> {
     memory: &'i ExternalMemory,
@@ -521,12 +638,16 @@ unsafe impl<F, U> Sync for MappedArray<'_, F, U> {}
 
 impl<F, U> Drop for MappedArray<'_, F, U> {
     fn drop(&mut self) {
+        if let Err(why) = self.memory.last_use.wait_before_release(DROP_WAIT_LIMIT) {
+            report_leak("a mipmapped array mapped from imported memory", &why);
+            return;
+        }
         if let Ok(_guard) = self.memory.device.enter() {
-            // SAFETY: level arrays and their objects borrowed `self` and are
-            // gone; the mipmapped array owns the levels and is destroyed once.
-            crate::driver::record_drop_error((|| -> Result<()> {
-                cu!(cuMipmappedArrayDestroy(self.handle))
-            })());
+            // SAFETY: the handle cuExternalMemoryGetMappedMipmappedArray
+            // returned in the current context, destroyed once: its level
+            // arrays and their surface and texture objects borrowed `self`
+            // and are gone, and every copy recorded on the import completed.
+            record_drop_error(unsafe { cu!(cuMipmappedArrayDestroy(self.handle)) });
         }
     }
 }
@@ -542,15 +663,16 @@ impl<F: Format, U: Usage> MappedArray<'_, F, U> {
         };
         let _guard = self.memory.device.enter()?;
         let mut array: CUarray = std::ptr::null_mut();
-        // SAFETY: a live mipmapped array; level is in range.
-        cu!(cuMipmappedArrayGetLevel(&mut array, self.handle, level))?;
+        // SAFETY: a live mipmapped array of the current context and a level
+        // below its level count (level_extent checked it); writes one handle.
+        unsafe { cu!(cuMipmappedArrayGetLevel(&mut array, self.handle, level)) }?;
         let depth = if self.info.image_type() == vk::ImageType::TYPE_3D {
             e[2]
         } else {
             self.info.array_layers()
         };
         Ok(LevelArray {
-            device: &self.memory.device,
+            memory: self.memory,
             array,
             extent: [e[0], e[1], depth],
             _types: PhantomData,
@@ -563,13 +685,27 @@ impl<F: Format, U: Usage> MappedArray<'_, F, U> {
 }
 
 /// One mip level of a [`MappedArray`]; borrows it and is never destroyed on
-/// its own.
+/// its own. Copies to and from it are recorded as uses of the import.
 #[derive(Debug)]
 pub struct LevelArray<'m, F, U> {
-    device: &'m CudaDevice,
+    memory: &'m ExternalMemory,
     array: CUarray,
     extent: [u32; 3],
     _types: PhantomData<fn() -> (F, U)>,
+}
+
+/// Which way a copy between a level and linear memory goes.
+#[derive(Clone, Copy)]
+enum Direction {
+    IntoLevel,
+    OutOfLevel,
+}
+
+/// The linear side of a copy with a level, tightly packed.
+#[derive(Clone, Copy)]
+enum Linear {
+    Host(*mut std::ffi::c_void),
+    Device(CUdeviceptr),
 }
 
 impl<F: Format, U: Usage> LevelArray<'_, F, U> {
@@ -581,98 +717,196 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
     pub fn extent(&self) -> [u32; 3] {
         self.extent
     }
-    /// Bytes of the whole level, tightly packed (all layers).
-    pub fn byte_len(&self) -> usize {
-        self.extent.iter().map(|&e| e as usize).product::<usize>() * F::TEXEL_BYTES as usize
+
+    fn too_large(&self) -> Error {
+        Error::InvalidArgument(format!(
+            "level {:?} of {} has more bytes than this platform can address",
+            self.extent,
+            F::NAME
+        ))
     }
 
-    fn copy(
-        &self,
-        stream: &Stream,
-        to_array: bool,
-        host: *mut u8,
-        device: CUdeviceptr,
-    ) -> Result<()> {
-        let row = self.extent[0] as usize * F::TEXEL_BYTES as usize;
+    /// Bytes of the whole level, tightly packed (all layers); computed with
+    /// checked arithmetic, [`Error::InvalidArgument`] if it overflows.
+    pub fn byte_len(&self) -> Result<usize> {
+        let bytes = self
+            .extent
+            .iter()
+            .try_fold(u64::from(F::TEXEL_BYTES), |acc, &e| {
+                acc.checked_mul(u64::from(e))
+            });
+        bytes
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(|| self.too_large())
+    }
+
+    /// Bytes of one tightly packed row.
+    fn row_bytes(&self) -> Result<usize> {
+        u64::from(self.extent[0])
+            .checked_mul(u64::from(F::TEXEL_BYTES))
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(|| self.too_large())
+    }
+
+    /// The parameters of a copy of the whole level to or from `linear`,
+    /// which must hold [`LevelArray::byte_len`] bytes.
+    fn copy_params(&self, direction: Direction, linear: Linear) -> Result<sys::CUDA_MEMCPY3D> {
+        let row = self.row_bytes()?;
+        let height = widen(self.extent[1]);
         let mut p = sys::CUDA_MEMCPY3D {
             WidthInBytes: row,
-            Height: self.extent[1] as usize,
-            Depth: self.extent[2] as usize,
+            Height: height,
+            Depth: widen(self.extent[2]),
             ..Default::default()
         };
-        let linear_type = if host.is_null() {
-            CUmemorytype::CU_MEMORYTYPE_DEVICE
-        } else {
-            CUmemorytype::CU_MEMORYTYPE_HOST
+        let (linear_type, host, device) = match linear {
+            Linear::Host(ptr) => (CUmemorytype::CU_MEMORYTYPE_HOST, ptr, 0),
+            Linear::Device(ptr) => (
+                CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                std::ptr::null_mut(),
+                ptr,
+            ),
         };
-        if to_array {
-            p.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_ARRAY;
-            p.dstArray = self.array;
-            p.srcMemoryType = linear_type;
-            p.srcHost = host.cast_const().cast();
-            p.srcDevice = device;
-            p.srcPitch = row;
-            p.srcHeight = self.extent[1] as usize;
-        } else {
-            p.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_ARRAY;
-            p.srcArray = self.array;
-            p.dstMemoryType = linear_type;
-            p.dstHost = host.cast();
-            p.dstDevice = device;
-            p.dstPitch = row;
-            p.dstHeight = self.extent[1] as usize;
+        match direction {
+            Direction::IntoLevel => {
+                p.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_ARRAY;
+                p.dstArray = self.array;
+                p.srcMemoryType = linear_type;
+                p.srcHost = host.cast_const();
+                p.srcDevice = device;
+                p.srcPitch = row;
+                p.srcHeight = height;
+            }
+            Direction::OutOfLevel => {
+                p.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_ARRAY;
+                p.srcArray = self.array;
+                p.dstMemoryType = linear_type;
+                p.dstHost = host;
+                p.dstDevice = device;
+                p.dstPitch = row;
+                p.dstHeight = height;
+            }
         }
-        let _guard = self.device.enter()?;
-        // SAFETY: the linear side holds byte_len() bytes (checked by callers);
-        // the array is a live level; synchronised by callers when host memory is used.
-        cu!(cuMemcpy3DAsync(&p, stream.raw()))
+        Ok(p)
     }
 
-    /// Copies the level to the host, tightly packed (waits for the copy).
+    /// Copies the level to the host, tightly packed, and waits for the copy.
+    ///
+    /// First waits, bounded by the stream's [timeout](Stream::timeout), for
+    /// the work already on the stream: a copy into pageable memory blocks
+    /// inside the driver until it is done, so one queued behind a semaphore
+    /// wait nobody signals would never return. If the stream does not drain
+    /// in time this returns [`Error::Timeout`] and enqueues nothing. Then it
+    /// enqueues the copy, records it as a use of the import, and waits for
+    /// it until it is done (`dst` is not handed back while the copy may still
+    /// write it).
     pub fn copy_to_host(&self, stream: &Stream, dst: &mut [u8]) -> Result<()> {
         self.check_len(dst.len())?;
-        self.copy(stream, false, dst.as_mut_ptr(), 0)?;
-        stream.synchronize()
+        stream.check_device(&self.memory.device)?;
+        let params =
+            self.copy_params(Direction::OutOfLevel, Linear::Host(dst.as_mut_ptr().cast()))?;
+        stream.copy_with_host_memory(&[&self.memory.last_use], || {
+            let _guard = self.memory.device.enter()?;
+            // SAFETY: `params` copies the whole live level into `dst`, a
+            // writable host range of exactly byte_len() bytes (check_len),
+            // kept borrowed until the copy is done; the stream and the level
+            // belong to the current context.
+            unsafe { cu!(cuMemcpy3DAsync(&params, stream.raw())) }
+        })
     }
-    /// Copies tightly packed texels from the host into the level (waits).
+
+    /// Copies tightly packed texels from the host into the level and waits
+    /// for the copy.
+    ///
+    /// Waits for the stream to drain first, bounded by its
+    /// [timeout](Stream::timeout) ([`Error::Timeout`], nothing enqueued), as
+    /// [`LevelArray::copy_to_host`] does; then enqueues the copy, records it
+    /// as a use of the import, and waits for it.
     pub fn copy_from_host(&self, stream: &Stream, src: &[u8]) -> Result<()> {
         self.check_len(src.len())?;
-        self.copy(stream, true, src.as_ptr().cast_mut(), 0)?;
-        stream.synchronize()
+        stream.check_device(&self.memory.device)?;
+        // The driver only reads through the host pointer of a copy into the
+        // level; the parameter block's field is `const`.
+        let params = self.copy_params(
+            Direction::IntoLevel,
+            Linear::Host(src.as_ptr().cast_mut().cast()),
+        )?;
+        stream.copy_with_host_memory(&[&self.memory.last_use], || {
+            let _guard = self.memory.device.enter()?;
+            // SAFETY: `params` copies `src`, a readable host range of exactly
+            // byte_len() bytes (check_len) kept borrowed until the copy is
+            // done, into the whole live level; the stream and the level
+            // belong to the current context.
+            unsafe { cu!(cuMemcpy3DAsync(&params, stream.raw())) }
+        })
     }
-    /// Copies the level into linear device memory, tightly packed (waits, so
-    /// neither side can be freed while the copy runs).
+
+    /// Copies the level into the start of linear device memory, tightly
+    /// packed, and waits for it, bounded by the stream's
+    /// [timeout](Stream::timeout). On [`Error::Timeout`] the copy stays
+    /// enqueued; it is recorded as a use of the import and of `dst`, so
+    /// neither is freed before it completes.
     pub fn copy_to_device(&self, stream: &Stream, dst: &mut DeviceBuffer) -> Result<()> {
-        if dst.len() < self.byte_len() {
+        let needed = self.byte_len()?;
+        if dst.len() < needed {
             return Err(Error::InvalidArgument(format!(
-                "{} bytes for a {}-byte level",
-                dst.len(),
-                self.byte_len()
+                "{} bytes for a {needed}-byte level",
+                dst.len()
             )));
         }
-        self.copy(stream, false, std::ptr::null_mut(), dst.device_ptr())?;
-        stream.synchronize()
+        stream.check_device(&self.memory.device)?;
+        stream.check_device(dst.device())?;
+        let params = self.copy_params(Direction::OutOfLevel, Linear::Device(dst.device_ptr()))?;
+        {
+            let _guard = self.memory.device.enter()?;
+            // SAFETY: `params` copies the whole live level into `dst`, which
+            // holds at least byte_len() bytes (checked above); both are freed
+            // only after the uses recorded below complete; the stream, level
+            // and buffer belong to the current context.
+            unsafe { cu!(cuMemcpy3DAsync(&params, stream.raw())) }?;
+        }
+        let recorded_level = self.memory.last_use.record(stream);
+        let recorded_buffer = dst.last_use().record(stream);
+        recorded_level.and(recorded_buffer)?;
+        stream.synchronize(stream.timeout())
     }
-    /// Copies tightly packed linear device memory into the level (waits).
+
+    /// Copies tightly packed linear device memory into the level and waits
+    /// for it, bounded by the stream's [timeout](Stream::timeout); on
+    /// [`Error::Timeout`] the copy stays enqueued and recorded as a use of
+    /// both sides, as in [`LevelArray::copy_to_device`].
     pub fn copy_from_device(&self, stream: &Stream, src: &DeviceBuffer) -> Result<()> {
-        if src.len() < self.byte_len() {
+        let needed = self.byte_len()?;
+        if src.len() < needed {
             return Err(Error::InvalidArgument(format!(
-                "{} bytes for a {}-byte level",
-                src.len(),
-                self.byte_len()
+                "{} bytes for a {needed}-byte level",
+                src.len()
             )));
         }
-        self.copy(stream, true, std::ptr::null_mut(), src.device_ptr())?;
-        stream.synchronize()
+        stream.check_device(&self.memory.device)?;
+        stream.check_device(src.device())?;
+        let params = self.copy_params(Direction::IntoLevel, Linear::Device(src.device_ptr()))?;
+        {
+            let _guard = self.memory.device.enter()?;
+            // SAFETY: `params` copies byte_len() bytes of `src`, which holds at
+            // least that many (checked above), into the whole live level; both
+            // are freed only after the uses recorded below complete; the
+            // stream, level and buffer belong to the current context.
+            unsafe { cu!(cuMemcpy3DAsync(&params, stream.raw())) }?;
+        }
+        let recorded_level = self.memory.last_use.record(stream);
+        let recorded_buffer = src.last_use().record(stream);
+        recorded_level.and(recorded_buffer)?;
+        stream.synchronize(stream.timeout())
     }
 
     fn check_len(&self, len: usize) -> Result<()> {
-        if len != self.byte_len() {
+        let needed = self.byte_len()?;
+        if len != needed {
             return Err(Error::InvalidArgument(format!(
-                "level {:?} of {} needs {} bytes, got {len}",
+                "level {:?} of {} needs {needed} bytes, got {len}",
                 self.extent,
                 F::NAME,
-                self.byte_len()
             )));
         }
         Ok(())
@@ -694,12 +928,15 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
         U: SurfaceUsage,
     {
         let res = self.resource();
-        let _guard = self.device.enter()?;
+        let device = &self.memory.device;
+        let _guard = device.enter()?;
         let mut handle: CUsurfObject = 0;
-        // SAFETY: a zeroed resource naming a live level mapped with SURFACE_LDST.
-        cu!(cuSurfObjectCreate(&mut handle, &res))?;
+        // SAFETY: a zeroed resource descriptor naming a live level of the
+        // current context, mapped with SURFACE_LDST (U: SurfaceUsage); writes
+        // one handle, destroyed by Surface::drop.
+        unsafe { cu!(cuSurfObjectCreate(&mut handle, &res)) }?;
         Ok(Surface {
-            device: self.device,
+            device,
             handle,
             _level: PhantomData,
         })
@@ -715,12 +952,15 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
             flags: sys::CU_TRSF_READ_AS_INTEGER,
             ..Default::default()
         };
-        let _guard = self.device.enter()?;
+        let device = &self.memory.device;
+        let _guard = device.enter()?;
         let mut handle: CUtexObject = 0;
-        // SAFETY: zeroed descriptors naming a live level.
-        cu!(cuTexObjectCreate(&mut handle, &res, &tex, std::ptr::null()))?;
+        // SAFETY: zeroed resource and texture descriptors naming a live level
+        // of the current context, no view descriptor (null is allowed);
+        // writes one handle, destroyed by Texture::drop.
+        unsafe { cu!(cuTexObjectCreate(&mut handle, &res, &tex, std::ptr::null())) }?;
         Ok(Texture {
-            device: self.device,
+            device,
             handle,
             _level: PhantomData,
         })
@@ -745,10 +985,10 @@ impl Surface<'_> {
 impl Drop for Surface<'_> {
     fn drop(&mut self) {
         if let Ok(_guard) = self.device.enter() {
-            // SAFETY: created here, destroyed once.
-            crate::driver::record_drop_error((|| -> Result<()> {
-                cu!(cuSurfObjectDestroy(self.handle))
-            })());
+            // SAFETY: a surface object created in the current context,
+            // destroyed once (kernels using it are the launcher's concern,
+            // see Stream::launch).
+            record_drop_error(unsafe { cu!(cuSurfObjectDestroy(self.handle)) });
         }
     }
 }
@@ -771,10 +1011,10 @@ impl Texture<'_> {
 impl Drop for Texture<'_> {
     fn drop(&mut self) {
         if let Ok(_guard) = self.device.enter() {
-            // SAFETY: created here, destroyed once.
-            crate::driver::record_drop_error((|| -> Result<()> {
-                cu!(cuTexObjectDestroy(self.handle))
-            })());
+            // SAFETY: a texture object created in the current context,
+            // destroyed once (kernels using it are the launcher's concern,
+            // see Stream::launch).
+            record_drop_error(unsafe { cu!(cuTexObjectDestroy(self.handle)) });
         }
     }
 }

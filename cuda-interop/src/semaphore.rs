@@ -1,21 +1,36 @@
 //! Vulkan semaphores imported into CUDA.
 //!
-//! Binary and timeline are distinct types. A binary signal returns a
-//! [`BinarySignal`] token that exactly one wait consumes, so "wait without a
-//! signal" and "wait twice" do not compile. A timeline signal must be above
-//! every value this handle signalled before (checked before enqueueing).
+//! # Contract
+//!
+//! * Binary and timeline are distinct types. A binary signal returns a
+//!   [`BinarySignal`] token that exactly one wait consumes, so "wait without a
+//!   signal" and "wait twice" do not compile.
+//! * A timeline signal must be above every value this handle signalled
+//!   before. Check, enqueue and update happen under one lock, and the stored
+//!   value changes only after the signal was enqueued, so two threads cannot
+//!   both pass the check with the same value, and a failed enqueue leaves no
+//!   trace. A handle may also carry a largest step between two signals
+//!   (`maxTimelineSemaphoreValueDifference`); a signal further above the last
+//!   one is refused.
+//! * Every signal and wait is recorded as a use of the semaphore; `Drop`
+//!   waits for those uses (at most [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT),
+//!   never `cuCtxSynchronize`) before `cuDestroyExternalSemaphore`, which
+//!   requires every outstanding signal and wait to have completed. If they
+//!   do not complete in time (a wait nobody signals), the handle is leaked
+//!   and the leak reported through [`drop_errors`](crate::drop_errors).
 
 use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use cuda_interop_sys::{self as sys, CUexternalSemaphore, CUexternalSemaphoreHandleType};
 use vk_export::semaphore_kinds::{Binary, Timeline};
 use vk_export::{SemaphoreKind, SemaphoreRecord};
 
 use crate::device::CudaDevice;
-use crate::driver::cu;
+use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, ImportError, Result};
+use crate::last_use::{report_leak, LastUse, DROP_WAIT_LIMIT};
 use crate::stream::Stream;
 
 /// A Vulkan semaphore imported into CUDA.
@@ -23,26 +38,35 @@ use crate::stream::Stream;
 pub struct ExternalSemaphore<K> {
     device: CudaDevice,
     handle: CUexternalSemaphore,
-    last_signalled: AtomicU64,
+    /// The last value signalled through this handle (timeline only); held
+    /// locked across a signal's check, enqueue and update.
+    last_signalled: Mutex<u64>,
+    /// The largest step from the last signalled value to the next one, if
+    /// the Vulkan device bounds it.
+    max_difference: Option<u64>,
+    last_use: LastUse,
     _kind: PhantomData<fn() -> K>,
 }
 
-// SAFETY: usable from any thread with the context current.
+// SAFETY: the handle is usable from any thread with the context current
+// (every use enters it); the counter is behind a mutex and the last-use
+// record is Send and Sync.
 unsafe impl<K> Send for ExternalSemaphore<K> {}
-// SAFETY: signal/wait enqueue on a stream the caller owns; the counter is atomic.
+// SAFETY: signal and wait enqueue on a stream the caller owns; the counter
+// and the last-use record are behind mutexes.
 unsafe impl<K> Sync for ExternalSemaphore<K> {}
 
 impl<K> Drop for ExternalSemaphore<K> {
     fn drop(&mut self) {
+        if let Err(why) = self.last_use.wait_before_release(DROP_WAIT_LIMIT) {
+            report_leak("an imported semaphore", &why);
+            return;
+        }
         if let Ok(_guard) = self.device.enter() {
-            // Outstanding signals and waits must complete before the semaphore
-            // is destroyed: wait for the context's work first.
-            crate::driver::record_drop_error((|| -> Result<()> {
-                // SAFETY: the context is current.
-                cu!(cuCtxSynchronize())?;
-                // SAFETY: destroyed once, after its operations completed.
-                cu!(cuDestroyExternalSemaphore(self.handle))
-            })());
+            // SAFETY: a live semaphore of the current context, destroyed once,
+            // after every signal and wait enqueued on it has completed (each
+            // was recorded as a use, and all completed above).
+            record_drop_error(unsafe { cu!(cuDestroyExternalSemaphore(self.handle)) });
         }
     }
 }
@@ -87,6 +111,18 @@ impl CudaDevice {
         record: SemaphoreRecord<K>,
         fd: OwnedFd,
     ) -> Result<ExternalSemaphore<K>, ImportError> {
+        self.import_semaphore_with_max_difference(record, fd, None)
+    }
+
+    /// Imports a semaphore whose timeline signals may step at most
+    /// `max_difference` above the last value signalled (the Vulkan device's
+    /// `maxTimelineSemaphoreValueDifference`), or without a bound (`None`).
+    pub(crate) fn import_semaphore_with_max_difference<K: SemaphoreKind>(
+        &self,
+        record: SemaphoreRecord<K>,
+        fd: OwnedFd,
+        max_difference: Option<u64>,
+    ) -> Result<ExternalSemaphore<K>, ImportError> {
         if let Err(error) = self.check_resource_device(&record.info().device_uuid()) {
             return Err(ImportError { error, fd });
         }
@@ -100,10 +136,10 @@ impl CudaDevice {
         };
         desc.handle.fd = fd.as_raw_fd();
         let mut handle: CUexternalSemaphore = std::ptr::null_mut();
-        let result = (|| -> Result<()> {
-            // SAFETY: a zeroed descriptor with an fd we own; the context is current.
-            cu!(cuImportExternalSemaphore(&mut handle, &desc))
-        })();
+        // SAFETY: a zeroed descriptor (flags 0) naming an open fd we own, with
+        // the handle type of the record's semaphore kind; the device's context
+        // is current; writes one handle.
+        let result = unsafe { cu!(cuImportExternalSemaphore(&mut handle, &desc)) };
         drop(guard);
         match result {
             Ok(()) => {
@@ -112,7 +148,9 @@ impl CudaDevice {
                 Ok(ExternalSemaphore {
                     device: self.clone(),
                     handle,
-                    last_signalled: AtomicU64::new(0),
+                    last_signalled: Mutex::new(0),
+                    max_difference,
+                    last_use: LastUse::new(self),
                     _kind: PhantomData,
                 })
             }
@@ -122,38 +160,56 @@ impl CudaDevice {
 }
 
 impl<K> ExternalSemaphore<K> {
-    fn signal_raw(&self, stream: &Stream, value: u64) -> Result<()> {
+    /// Enqueues a signal of `value` (0 for binary) on `stream`; records
+    /// nothing.
+    fn enqueue_signal(&self, stream: &Stream, value: u64) -> Result<()> {
+        stream.check_device(&self.device)?;
         let mut params = sys::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS::default();
         params.params.fence.value = value;
         let _guard = self.device.enter()?;
-        // SAFETY: one zeroed parameter block for one live semaphore, on a
-        // stream of this context.
-        cu!(cuSignalExternalSemaphoresAsync(
-            &self.handle,
-            &params,
-            1,
-            stream.raw()
-        ))
+        // SAFETY: one zeroed parameter block (flags 0) for one live semaphore,
+        // on a live stream, both of the current context; the semaphore is
+        // destroyed only after this signal completes (recorded by callers).
+        unsafe {
+            cu!(cuSignalExternalSemaphoresAsync(
+                &self.handle,
+                &params,
+                1,
+                stream.raw()
+            ))
+        }
     }
 
+    /// Enqueues a wait for `value` (0 for binary) on `stream` and records it
+    /// as a use.
     fn wait_raw(&self, stream: &Stream, value: u64) -> Result<()> {
+        stream.check_device(&self.device)?;
         let mut params = sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS::default();
         params.params.fence.value = value;
-        let _guard = self.device.enter()?;
-        // SAFETY: as in signal_raw.
-        cu!(cuWaitExternalSemaphoresAsync(
-            &self.handle,
-            &params,
-            1,
-            stream.raw()
-        ))
+        {
+            let _guard = self.device.enter()?;
+            // SAFETY: one zeroed parameter block (flags 0) for one live
+            // semaphore, on a live stream, both of the current context; the
+            // semaphore is destroyed only after this wait completes (recorded
+            // below).
+            unsafe {
+                cu!(cuWaitExternalSemaphoresAsync(
+                    &self.handle,
+                    &params,
+                    1,
+                    stream.raw()
+                ))
+            }?;
+        }
+        self.last_use.record(stream)
     }
 }
 
 impl ExternalSemaphore<Binary> {
     /// Enqueues a signal; the token must be consumed by exactly one wait.
     pub fn signal(&self, stream: &Stream) -> Result<BinarySignal<'_>> {
-        self.signal_raw(stream, 0)?;
+        self.enqueue_signal(stream, 0)?;
+        self.last_use.record(stream)?;
         Ok(BinarySignal {
             _semaphore: PhantomData,
         })
@@ -176,15 +232,36 @@ impl ExternalSemaphore<Binary> {
 
 impl ExternalSemaphore<Timeline> {
     /// Enqueues a signal of `value`, which must be above every value this
-    /// handle signalled before.
+    /// handle signalled before (and, where the handle has a largest step, at
+    /// most that step above the last one); otherwise
+    /// [`Error::InvalidArgument`] and nothing is enqueued.
+    ///
+    /// The check, the enqueue and the update of the last value happen under
+    /// one lock, and the last value changes only when the enqueue succeeded.
     pub fn signal(&self, stream: &Stream, value: u64) -> Result<()> {
-        let previous = self.last_signalled.fetch_max(value, Ordering::AcqRel);
+        let mut last = self
+            .last_signalled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let previous = *last;
         if value <= previous {
             return Err(Error::InvalidArgument(format!(
                 "timeline signal {value} is not above the last value signalled ({previous}): values only go up"
             )));
         }
-        self.signal_raw(stream, value)
+        if let Some(max) = self.max_difference {
+            if value - previous > max {
+                return Err(Error::InvalidArgument(format!(
+                    "timeline signal {value} is {} above the last value signalled ({previous}); \
+                     the device allows at most {max} (maxTimelineSemaphoreValueDifference)",
+                    value - previous
+                )));
+            }
+        }
+        self.enqueue_signal(stream, value)?;
+        *last = value;
+        drop(last);
+        self.last_use.record(stream)
     }
 
     /// Enqueues a wait until the value is at least `value`.
@@ -194,6 +271,15 @@ impl ExternalSemaphore<Timeline> {
 
     /// The highest value this handle has signalled.
     pub fn last_signalled(&self) -> u64 {
-        self.last_signalled.load(Ordering::Acquire)
+        *self
+            .last_signalled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The largest step from the last signalled value to the next signal, if
+    /// this handle has one.
+    pub fn max_difference(&self) -> Option<u64> {
+        self.max_difference
     }
 }

@@ -1,24 +1,57 @@
+//! Streams, device buffers, events and PTX modules: the stream-ordered side
+//! of the crate.
+//!
+//! # Contract
+//!
+//! * **Every host wait is bounded.** [`Stream::synchronize`] and
+//!   [`Event::synchronize`] take a timeout and poll; a [`Stream`]'s blocking
+//!   helpers use the stream's own [`Stream::timeout`]. Nothing here calls
+//!   `cuCtxSynchronize`, `cuStreamSynchronize` or `cuEventSynchronize`.
+//! * **Copies to or from host memory drain the stream first.** For pageable
+//!   host memory, `cuMemcpyDtoHAsync` blocks inside the driver until the copy
+//!   is done, so a copy queued behind a semaphore wait nobody signals would
+//!   block forever. Every synchronous helper that copies host memory first
+//!   waits (bounded by the stream's timeout) for the stream's earlier work,
+//!   returns [`Error::Timeout`] with nothing enqueued if it does not drain,
+//!   and only then enqueues the copy and waits for it.
+//! * **Device-side operations are tracked, not waited for.** Each operation
+//!   on imported memory, a semaphore or a [`DeviceBuffer`] records its last
+//!   use on that resource, whose destructor waits for it (see the crate's
+//!   last-use rule), so a stream-ordered copy cannot outlive its memory.
+//!   Kernel launches are the exception: [`Stream::launch`] is `unsafe`, and
+//!   its caller keeps what the kernel uses alive.
+//! * A stream is used only with resources of its own device; another
+//!   device's is refused with [`Error::DeviceMismatch`] before any call.
+
 use std::cell::Cell;
 use std::ffi::{c_void, CString};
 use std::marker::PhantomData;
+use std::time::Duration;
 
 use cuda_interop_sys::{
     CUdeviceptr, CUevent, CUevent_flags, CUfunction, CUmodule, CUstream, CUstream_flags,
 };
 
 use crate::device::CudaDevice;
-use crate::driver::cu;
+use crate::driver::{cu, cu_query, record_drop_error};
 use crate::error::{Error, Result};
+use crate::last_use::{report_leak, LastUse, DROP_WAIT_LIMIT};
 use crate::memory::DeviceSlice;
+use crate::wait::poll_until;
 
 /// A CUDA stream in the paired device's primary context.
 ///
 /// `Send` but not `Sync`: work enqueued from two threads at once would have no
 /// defined order, so enqueueing needs the one owner (or a lock).
+///
+/// It carries a [`timeout`](Stream::timeout) ([`Stream::DEFAULT_TIMEOUT`]
+/// unless [set](Stream::set_timeout)) that bounds every wait its blocking
+/// helpers make.
 #[derive(Debug)]
 pub struct Stream {
     device: CudaDevice,
     stream: CUstream,
+    timeout: Duration,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -27,18 +60,24 @@ pub struct Stream {
 unsafe impl Send for Stream {}
 
 impl Stream {
-    /// A new non-blocking stream.
+    /// The timeout of a new stream's blocking helpers.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// A new non-blocking stream, with [`Stream::DEFAULT_TIMEOUT`].
     pub fn new(device: &CudaDevice) -> Result<Stream> {
         let _guard = device.enter()?;
         let mut stream: CUstream = std::ptr::null_mut();
-        // SAFETY: the context is current; writes the handle.
-        cu!(cuStreamCreate(
-            &mut stream,
-            CUstream_flags::CU_STREAM_NON_BLOCKING.0
-        ))?;
+        // SAFETY: the device's context is current; writes one stream handle.
+        unsafe {
+            cu!(cuStreamCreate(
+                &mut stream,
+                CUstream_flags::CU_STREAM_NON_BLOCKING.0
+            ))
+        }?;
         Ok(Stream {
             device: device.clone(),
             stream,
+            timeout: Stream::DEFAULT_TIMEOUT,
             _not_sync: PhantomData,
         })
     }
@@ -53,11 +92,65 @@ impl Stream {
         self.stream
     }
 
-    /// Blocks until all work enqueued so far is done.
-    pub fn synchronize(&self) -> Result<()> {
+    /// The bound on every wait this stream's blocking helpers make (host
+    /// copies, level copies).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sets the bound on the waits of this stream's blocking helpers.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Whether all work enqueued so far is done (`cuStreamQuery`); never blocks.
+    pub fn query(&self) -> Result<bool> {
         let _guard = self.device.enter()?;
         // SAFETY: a live stream of the current context.
-        cu!(cuStreamSynchronize(self.stream))
+        unsafe { cu_query!(cuStreamQuery(self.stream)) }
+    }
+
+    /// Waits until all work enqueued so far is done, at most `timeout`
+    /// ([`Error::Timeout`]; the work stays enqueued). Polls `cuStreamQuery`:
+    /// spins about 20 µs, then yields, then sleeps in short steps.
+    pub fn synchronize(&self, timeout: Duration) -> Result<()> {
+        let _guard = self.device.enter()?;
+        poll_until(timeout, || {
+            // SAFETY: a live stream of the current context (the guard above
+            // lives across the whole wait, on this thread).
+            unsafe { cu_query!(cuStreamQuery(self.stream)) }
+        })
+    }
+
+    /// Refuses resources of another device.
+    pub(crate) fn check_device(&self, device: &CudaDevice) -> Result<()> {
+        device.check_resource_device(&self.device.uuid())
+    }
+
+    /// How every synchronous copy to or from host memory runs: wait (bounded
+    /// by the stream's timeout) for the stream to drain, so that the copy
+    /// waits for nothing else (a pageable copy blocks inside the driver until
+    /// it is done); then `enqueue` the copy, record it as a use of each of
+    /// `used`, and wait for the copy.
+    ///
+    /// The wait for the copy itself is not cut short at the timeout: the
+    /// host memory is the caller's borrow, and a copy from or to page-locked
+    /// memory runs asynchronously and may still access it, so this returns
+    /// only when the copy is done or the driver reports an error. With the
+    /// stream drained first, that wait is the copy's own time.
+    pub(crate) fn copy_with_host_memory(
+        &self,
+        used: &[&LastUse],
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.synchronize(self.timeout)?;
+        enqueue()?;
+        let recorded = used.iter().try_for_each(|last_use| last_use.record(self));
+        let copied = match self.synchronize(self.timeout) {
+            Err(Error::Timeout(_)) => self.synchronize(Duration::MAX),
+            other => other,
+        };
+        copied.and(recorded)
     }
 
     /// Launches a kernel.
@@ -65,8 +158,10 @@ impl Stream {
     /// # Safety
     /// `args` must point to one value per kernel parameter, of exactly the
     /// parameter's type, and the kernel must only access memory that stays
-    /// valid until the stream reaches it (mapped imports and buffers outlive
-    /// the launch when they are borrowed until a `synchronize`).
+    /// valid until the kernel has run: launches are not tracked as last uses,
+    /// so keep every mapping, buffer, surface or texture the kernel uses, and
+    /// the kernel's [`Module`], alive until a [`Stream::synchronize`] or an
+    /// event says the kernel is done.
     pub unsafe fn launch(
         &self,
         function: &Function<'_>,
@@ -76,24 +171,36 @@ impl Stream {
         args: &mut [*mut c_void],
     ) -> Result<()> {
         let _guard = self.device.enter()?;
-        // SAFETY: the caller guarantees the arguments; the function belongs to
-        // a module loaded in this context.
-        cu!(cuLaunchKernel(
-            function.function,
-            grid[0],
-            grid[1],
-            grid[2],
-            block[0],
-            block[1],
-            block[2],
-            shared_bytes,
-            self.stream,
-            args.as_mut_ptr(),
-            std::ptr::null_mut()
-        ))
+        // SAFETY: the caller guarantees the arguments and the lifetime of the
+        // memory the kernel uses; the function belongs to a module loaded in
+        // this context, which is current; the stream is live.
+        unsafe {
+            cu!(cuLaunchKernel(
+                function.function,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared_bytes,
+                self.stream,
+                args.as_mut_ptr(),
+                std::ptr::null_mut()
+            ))
+        }
     }
 
-    /// Copies device memory to the host, synchronously.
+    /// Copies the first `dst.len()` bytes of `src` to the host and waits for
+    /// the copy.
+    ///
+    /// First waits, bounded by the stream's [timeout](Stream::timeout), for
+    /// the work already on the stream: a copy into pageable memory blocks
+    /// inside the driver until it is done, so one queued behind a semaphore
+    /// wait nobody signals would never return. If the stream does not drain
+    /// in time this returns [`Error::Timeout`] and enqueues nothing. The
+    /// copy itself is then waited for until it is done (it has nothing ahead
+    /// of it; `dst` is not handed back while the copy may still write it).
     pub fn copy_to_host(&self, src: &DeviceBuffer, dst: &mut [u8]) -> Result<()> {
         if dst.len() > src.len {
             return Err(Error::InvalidArgument(format!(
@@ -102,19 +209,29 @@ impl Stream {
                 src.len
             )));
         }
-        let _guard = self.device.enter()?;
-        // SAFETY: both ranges are valid for dst.len() bytes; synchronised below.
-        cu!(cuMemcpyDtoHAsync(
-            dst.as_mut_ptr().cast(),
-            src.ptr,
-            dst.len(),
-            self.stream
-        ))?;
-        // SAFETY: a live stream.
-        cu!(cuStreamSynchronize(self.stream))
+        self.check_device(&src.device)?;
+        self.copy_with_host_memory(&[&src.last_use], || {
+            let _guard = self.device.enter()?;
+            // SAFETY: `src` holds at least dst.len() bytes (checked above) and
+            // `dst` is a live, writable host range of dst.len() bytes, which
+            // copy_with_host_memory keeps borrowed until the copy is done; the
+            // stream and the buffer belong to the current context.
+            unsafe {
+                cu!(cuMemcpyDtoHAsync(
+                    dst.as_mut_ptr().cast(),
+                    src.ptr,
+                    dst.len(),
+                    self.stream
+                ))
+            }
+        })
     }
 
-    /// Copies host memory to the device, synchronously.
+    /// Copies `src` to the start of `dst` and waits for the copy.
+    ///
+    /// Waits for the stream to drain first, bounded by its
+    /// [timeout](Stream::timeout) ([`Error::Timeout`], nothing enqueued), as
+    /// [`Stream::copy_to_host`] does, then for the copy itself.
     pub fn copy_from_host(&self, src: &[u8], dst: &mut DeviceBuffer) -> Result<()> {
         if src.len() > dst.len {
             return Err(Error::InvalidArgument(format!(
@@ -123,70 +240,101 @@ impl Stream {
                 dst.len
             )));
         }
-        let _guard = self.device.enter()?;
-        // SAFETY: both ranges are valid for src.len() bytes; synchronised below.
-        cu!(cuMemcpyHtoDAsync(
-            dst.ptr,
-            src.as_ptr().cast(),
-            src.len(),
-            self.stream
-        ))?;
-        // SAFETY: a live stream.
-        cu!(cuStreamSynchronize(self.stream))
+        self.check_device(&dst.device)?;
+        self.copy_with_host_memory(&[&dst.last_use], || {
+            let _guard = self.device.enter()?;
+            // SAFETY: `dst` holds at least src.len() bytes (checked above) and
+            // `src` is a live host range of src.len() bytes, kept borrowed
+            // until the copy is done; the stream and the buffer belong to the
+            // current context.
+            unsafe {
+                cu!(cuMemcpyHtoDAsync(
+                    dst.ptr,
+                    src.as_ptr().cast(),
+                    src.len(),
+                    self.stream
+                ))
+            }
+        })
     }
 
-    /// Copies a mapped range into `dst` on this stream and waits for it (so
-    /// the mapping cannot be unmapped while the copy reads it).
+    /// Enqueues a copy of a mapped range into the start of `dst`, and returns
+    /// without waiting for it.
+    ///
+    /// Both sides stay alive until the copy has completed, by the last-use
+    /// rule: the copy is recorded as a use of the import behind `src` and of
+    /// `dst`, and their destructors wait for it (bounded by
+    /// [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT); past that they leak
+    /// rather than free memory the copy may still touch), even when the
+    /// mapping itself is dropped or forgotten first. To see the result on the
+    /// host, wait on the stream ([`Stream::synchronize`]) or copy on it.
     pub fn copy_device(&self, src: &DeviceSlice<'_>, dst: &mut DeviceBuffer) -> Result<()> {
-        let len = src.len() as usize;
+        let len = usize::try_from(src.len())
+            .map_err(|_| Error::InvalidArgument(format!("a slice of {} bytes", src.len())))?;
         if len > dst.len {
             return Err(Error::InvalidArgument(format!(
                 "{len} bytes into a buffer of {}",
                 dst.len
             )));
         }
-        let _guard = self.device.enter()?;
-        // SAFETY: dst holds len bytes; the slice was bounds-checked against the
-        // mapping it borrows, and unmapping (cuMemFree) waits for this copy.
-        cu!(cuMemcpyDtoDAsync(
-            dst.ptr,
-            src.device_ptr(),
-            len,
-            self.stream
-        ))
+        let memory = src.external_memory();
+        self.check_device(memory.device())?;
+        self.check_device(&dst.device)?;
+        {
+            let _guard = self.device.enter()?;
+            // SAFETY: `dst` holds at least len bytes (checked above) and the
+            // slice was bounds-checked against its mapping; both are freed only
+            // after the uses recorded below have completed; the stream and
+            // both ranges belong to the current context.
+            unsafe {
+                cu!(cuMemcpyDtoDAsync(
+                    dst.ptr,
+                    src.device_ptr(),
+                    len,
+                    self.stream
+                ))
+            }?;
+        }
+        let recorded_source = memory.last_use().record(self);
+        let recorded_destination = dst.last_use.record(self);
+        recorded_source.and(recorded_destination)
     }
 
-    /// Records an event (for timing and host waits).
+    /// Records `event` on this stream (for timing and host waits).
     pub fn record(&self, event: &Event) -> Result<()> {
+        self.check_device(&event.device)?;
         let _guard = self.device.enter()?;
-        // SAFETY: both live in the current context.
-        cu!(cuEventRecord(event.event, self.stream))
+        // SAFETY: a live event and a live stream, both of the current context.
+        unsafe { cu!(cuEventRecord(event.event, self.stream)) }
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
         if let Ok(_guard) = self.device.enter() {
-            // Streams are destroyed asynchronously; pending work still completes.
-            crate::driver::record_drop_error((|| -> Result<()> {
-                // SAFETY: a live stream, not used again.
-                cu!(cuStreamDestroy(self.stream))
-            })());
+            // SAFETY: a live stream of the current context, destroyed once.
+            // Destruction does not wait: pending work still completes, and the
+            // driver releases the stream afterwards.
+            record_drop_error(unsafe { cu!(cuStreamDestroy(self.stream)) });
         }
     }
 }
 
-/// Device memory from `cuMemAlloc`, freed on drop.
+/// Device memory from `cuMemAlloc`, freed on drop after its last recorded use
+/// (copies through [`Stream`] and level arrays) has completed.
 #[derive(Debug)]
 pub struct DeviceBuffer {
     device: CudaDevice,
     ptr: CUdeviceptr,
     len: usize,
+    last_use: LastUse,
 }
 
-// SAFETY: a device address, usable from any thread with the context current.
+// SAFETY: a device address, usable from any thread with the context current;
+// the last-use record is Send.
 unsafe impl Send for DeviceBuffer {}
-// SAFETY: shared access only reads the handle.
+// SAFETY: shared access only reads the address and length, or records a use
+// (under the record's mutex).
 unsafe impl Sync for DeviceBuffer {}
 
 impl DeviceBuffer {
@@ -197,12 +345,13 @@ impl DeviceBuffer {
         }
         let _guard = device.enter()?;
         let mut ptr: CUdeviceptr = 0;
-        // SAFETY: the context is current; writes the address.
-        cu!(cuMemAlloc(&mut ptr, len))?;
+        // SAFETY: the device's context is current; writes one device address.
+        unsafe { cu!(cuMemAlloc(&mut ptr, len)) }?;
         Ok(DeviceBuffer {
             device: device.clone(),
             ptr,
             len,
+            last_use: LastUse::new(device),
         })
     }
     /// The device address.
@@ -217,13 +366,24 @@ impl DeviceBuffer {
     pub fn is_empty(&self) -> bool {
         false
     }
+    pub(crate) fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+    pub(crate) fn last_use(&self) -> &LastUse {
+        &self.last_use
+    }
 }
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
+        if let Err(why) = self.last_use.wait_before_release(DROP_WAIT_LIMIT) {
+            report_leak(&format!("a device buffer of {} bytes", self.len), &why);
+            return;
+        }
         if let Ok(_guard) = self.device.enter() {
-            // SAFETY: allocated by cuMemAlloc in this context, freed once.
-            crate::driver::record_drop_error((|| -> Result<()> { cu!(cuMemFree(self.ptr)) })());
+            // SAFETY: allocated by cuMemAlloc in the current context, freed
+            // once, after every recorded use of it has completed.
+            record_drop_error(unsafe { cu!(cuMemFree(self.ptr)) });
         }
     }
 }
@@ -233,37 +393,79 @@ impl Drop for DeviceBuffer {
 pub struct Event {
     device: CudaDevice,
     event: CUevent,
+    timing: bool,
 }
 
 // SAFETY: an event handle is usable from any thread with the context current.
 unsafe impl Send for Event {}
-// SAFETY: queries and waits are thread-safe in the driver.
+// SAFETY: queries and records are thread-safe in the driver.
 unsafe impl Sync for Event {}
 
 impl Event {
-    /// A new timing event.
-    pub fn new(device: &CudaDevice) -> Result<Event> {
+    fn create(device: &CudaDevice, flags: u32, timing: bool) -> Result<Event> {
         let _guard = device.enter()?;
         let mut event: CUevent = std::ptr::null_mut();
-        // SAFETY: the context is current.
-        cu!(cuEventCreate(&mut event, CUevent_flags::CU_EVENT_DEFAULT.0))?;
+        // SAFETY: the device's context is current; writes one event handle.
+        unsafe { cu!(cuEventCreate(&mut event, flags)) }?;
         Ok(Event {
             device: device.clone(),
             event,
+            timing,
         })
     }
-    /// Blocks until the event completes.
-    pub fn synchronize(&self) -> Result<()> {
-        let _guard = self.device.enter()?;
-        // SAFETY: a live event.
-        cu!(cuEventSynchronize(self.event))
+
+    /// A new timing event (for [`Event::elapsed_ms_since`]).
+    pub fn new(device: &CudaDevice) -> Result<Event> {
+        Event::create(device, CUevent_flags::CU_EVENT_DEFAULT.0, true)
     }
-    /// Milliseconds between `start` and this event (both recorded and complete).
+
+    /// A new event without timing, created with `CU_EVENT_BLOCKING_SYNC`, for
+    /// handing to other CUDA code that waits on it with
+    /// `cuEventSynchronize` (which then sleeps instead of spinning). This
+    /// crate's [`Event::synchronize`] polls either way.
+    pub fn new_blocking_sync(device: &CudaDevice) -> Result<Event> {
+        let flags =
+            CUevent_flags::CU_EVENT_BLOCKING_SYNC.0 | CUevent_flags::CU_EVENT_DISABLE_TIMING.0;
+        Event::create(device, flags, false)
+    }
+
+    /// The `CUevent`.
+    pub fn raw(&self) -> CUevent {
+        self.event
+    }
+
+    /// Whether the work before the event's last record is done (also `true`
+    /// for an event never recorded); never blocks.
+    pub fn query(&self) -> Result<bool> {
+        let _guard = self.device.enter()?;
+        // SAFETY: a live event of the current context.
+        unsafe { cu_query!(cuEventQuery(self.event)) }
+    }
+
+    /// Waits until the event completes, at most `timeout` ([`Error::Timeout`]).
+    /// Polls `cuEventQuery` as [`Stream::synchronize`] polls its stream.
+    pub fn synchronize(&self, timeout: Duration) -> Result<()> {
+        let _guard = self.device.enter()?;
+        poll_until(timeout, || {
+            // SAFETY: a live event of the current context (the guard above
+            // lives across the whole wait, on this thread).
+            unsafe { cu_query!(cuEventQuery(self.event)) }
+        })
+    }
+
+    /// Milliseconds between `start` and this event (both timing events,
+    /// recorded and complete).
     pub fn elapsed_ms_since(&self, start: &Event) -> Result<f32> {
+        if !(self.timing && start.timing) {
+            return Err(Error::InvalidArgument(
+                "elapsed time needs two timing events (Event::new)".into(),
+            ));
+        }
+        self.device.check_resource_device(&start.device.uuid())?;
         let _guard = self.device.enter()?;
         let mut ms = 0f32;
-        // SAFETY: two live events of this context.
-        cu!(cuEventElapsedTime(&mut ms, start.event, self.event))?;
+        // SAFETY: two live events of the current context; writes one float.
+        unsafe { cu!(cuEventElapsedTime(&mut ms, start.event, self.event)) }?;
         Ok(ms)
     }
 }
@@ -271,10 +473,9 @@ impl Event {
 impl Drop for Event {
     fn drop(&mut self) {
         if let Ok(_guard) = self.device.enter() {
-            // SAFETY: a live event, destroyed once.
-            crate::driver::record_drop_error((|| -> Result<()> {
-                cu!(cuEventDestroy(self.event))
-            })());
+            // SAFETY: a live event of the current context, destroyed once; a
+            // pending one is released by the driver when it completes.
+            record_drop_error(unsafe { cu!(cuEventDestroy(self.event)) });
         }
     }
 }
@@ -298,8 +499,9 @@ impl Module {
             .map_err(|_| Error::InvalidArgument("PTX contains a NUL byte".into()))?;
         let _guard = device.enter()?;
         let mut module: CUmodule = std::ptr::null_mut();
-        // SAFETY: a NUL-terminated image; the context is current.
-        cu!(cuModuleLoadData(&mut module, source.as_ptr().cast()))?;
+        // SAFETY: `source` is a NUL-terminated PTX image that outlives the
+        // call; the device's context is current; writes one module handle.
+        unsafe { cu!(cuModuleLoadData(&mut module, source.as_ptr().cast())) }?;
         Ok(Module {
             device: device.clone(),
             module,
@@ -312,12 +514,15 @@ impl Module {
             .map_err(|_| Error::InvalidArgument("kernel name contains NUL".into()))?;
         let _guard = self.device.enter()?;
         let mut function: CUfunction = std::ptr::null_mut();
-        // SAFETY: a live module and a NUL-terminated name.
-        cu!(cuModuleGetFunction(
-            &mut function,
-            self.module,
-            name_c.as_ptr()
-        ))?;
+        // SAFETY: a live module of the current context and a NUL-terminated
+        // name that outlives the call; writes one function handle.
+        unsafe {
+            cu!(cuModuleGetFunction(
+                &mut function,
+                self.module,
+                name_c.as_ptr()
+            ))
+        }?;
         Ok(Function {
             function,
             _module: PhantomData,
@@ -328,10 +533,9 @@ impl Module {
 impl Drop for Module {
     fn drop(&mut self) {
         if let Ok(_guard) = self.device.enter() {
-            // SAFETY: a live module, unloaded once; functions borrow it.
-            crate::driver::record_drop_error((|| -> Result<()> {
-                cu!(cuModuleUnload(self.module))
-            })());
+            // SAFETY: a live module of the current context, unloaded once;
+            // its functions borrow it, so none is left to launch.
+            record_drop_error(unsafe { cu!(cuModuleUnload(self.module)) });
         }
     }
 }

@@ -1,5 +1,7 @@
-//! The CUDA array descriptor is derived from the Vulkan image alone; these
-//! pin the derivation (no GPU needed), and the no-driver error path.
+//! The CUDA array descriptor is derived from the image's typed record alone
+//! (the format from the record's type, checked against its `VkFormat` by
+//! `typed`); these pin the derivation (no GPU needed), and the no-driver
+//! error path.
 
 use ash::vk;
 use cuda_interop::sys::{
@@ -9,10 +11,17 @@ use cuda_interop::sys::{
 use cuda_interop::{array_descriptor, CudaDevice, Error};
 use cuda_interop_tests::sample::ImageFields;
 use vk_export::format::{Format, R32Sfloat, Rgba16Sfloat, Rgba8Unorm};
-use vk_export::markers::{usage, Usage};
-use vk_export::ImageInfo;
+use vk_export::markers::{usage, DeviceLocal, Optimal, Usage};
+use vk_export::ImageRecord;
 
-fn info<F: Format, U: Usage>(extent: [u32; 3], levels: u32, layers: u32, cube: bool) -> ImageInfo {
+/// An optimal, device-local image record of format `F` and usage `U`, made
+/// by the decoder and typed the way a receiver types it.
+fn record<F: Format, U: Usage>(
+    extent: [u32; 3],
+    levels: u32,
+    layers: u32,
+    cube: bool,
+) -> ImageRecord<F, Optimal, DeviceLocal, U> {
     ImageFields {
         format: F::VK.as_raw() as u32,
         image_type: if extent[2] > 1 { 2 } else { 1 },
@@ -31,11 +40,13 @@ fn info<F: Format, U: Usage>(extent: [u32; 3], levels: u32, layers: u32, cube: b
         memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL.as_raw(),
     }
     .decode()
+    .typed::<F, Optimal, DeviceLocal, U>()
+    .expect("the record has the types it was made with")
 }
 
 #[test]
 fn rgba8_storage_2d() {
-    let d = array_descriptor::<Rgba8Unorm>(&info::<Rgba8Unorm, usage::Storage>(
+    let d = array_descriptor(&record::<Rgba8Unorm, usage::Storage>(
         [1920, 1080, 1],
         1,
         1,
@@ -49,7 +60,7 @@ fn rgba8_storage_2d() {
 
 #[test]
 fn half_float_layered_colour_attachment() {
-    let d = array_descriptor::<Rgba16Sfloat>(&info::<Rgba16Sfloat, usage::ColorAttachment>(
+    let d = array_descriptor(&record::<Rgba16Sfloat, usage::ColorAttachment>(
         [64, 64, 1],
         3,
         4,
@@ -66,7 +77,7 @@ fn half_float_layered_colour_attachment() {
 
 #[test]
 fn float_cube_and_3d() {
-    let d = array_descriptor::<R32Sfloat>(&info::<R32Sfloat, usage::StorageColorAttachment>(
+    let d = array_descriptor(&record::<R32Sfloat, usage::StorageColorAttachment>(
         [32, 32, 1],
         1,
         6,
@@ -80,11 +91,14 @@ fn float_cube_and_3d() {
         d.Flags,
         CUDA_ARRAY3D_CUBEMAP | CUDA_ARRAY3D_SURFACE_LDST | CUDA_ARRAY3D_COLOR_ATTACHMENT
     );
-    let d =
-        array_descriptor::<R32Sfloat>(&info::<R32Sfloat, usage::Sampled>([16, 16, 8], 1, 1, false));
+    let d = array_descriptor(&record::<R32Sfloat, usage::Sampled>(
+        [16, 16, 8],
+        1,
+        1,
+        false,
+    ));
     assert_eq!((d.Width, d.Height, d.Depth, d.Flags), (16, 16, 8, 0));
-    let cubes =
-        array_descriptor::<R32Sfloat>(&info::<R32Sfloat, usage::Sampled>([8, 8, 1], 1, 12, true));
+    let cubes = array_descriptor(&record::<R32Sfloat, usage::Sampled>([8, 8, 1], 1, 12, true));
     assert_eq!(cubes.Flags, CUDA_ARRAY3D_CUBEMAP | CUDA_ARRAY3D_LAYERED);
 }
 

@@ -2,16 +2,24 @@
 //! validation layer on. Every test checks exact data.
 //!
 //! They are `#[ignore]`d where there is no GPU (CI). To run them on a machine
-//! with an NVIDIA driver: `cargo test -p cuda-interop-tests --test gpu -- --ignored`,
+//! with an NVIDIA driver: `cargo test -p cuda-interop-tests --test gpu -- --ignored --skip child_`,
 //! or build here with `scripts/gpu-bundle.sh` and run `.gpu/bundle/run.sh` there.
+//!
+//! Tests that leave the process changed on purpose (a sticky fault, a
+//! semaphore leaked by design, drop errors counted process-wide, an extra
+//! context) run their body in a child process: a `child_*` test of this
+//! binary, started by the parent test with an environment variable.
 
-use std::ffi::c_void;
+use std::ffi::{c_uint, c_void, CStr};
 use std::os::fd::OwnedFd;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use ash::vk;
 use cuda_interop::sys;
-use cuda_interop::{kernels, CudaDevice, Error, Module, Stream};
+use cuda_interop::{
+    drop_errors, kernels, CudaDevice, DeviceBuffer, Error, Event, Module, Stream, DROP_WAIT_LIMIT,
+};
 use cuda_interop_tests::{assert_no_validation_errors, open_fd_count, pattern, vulkan, TIMEOUT};
 use vk_export::format::{Format, R32Sfloat, Rgba16Sfloat, Rgba32Sfloat, Rgba8Unorm};
 use vk_export::markers::{usage, DeviceLocal, Optimal};
@@ -41,6 +49,39 @@ fn launch_2d(
     // SAFETY: the kernels in `kernels::PTX` take exactly the arguments passed
     // by each caller, and the surfaces outlive the stream synchronisation.
     unsafe { stream.launch(&f, grid, [16, 16, 1], 0, args) }.unwrap();
+}
+
+/// Runs the `child_*` test `name` of this binary in a process of its own,
+/// with `marker` set in its environment, prints what it printed, asserts
+/// that it passed, and returns its stdout.
+fn run_child(name: &str, marker: &str) -> String {
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            name,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(marker, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("--- {name} stdout:\n{stdout}--- {name} stderr:\n{stderr}---");
+    assert!(output.status.success(), "{name} failed: {}", output.status);
+    assert!(
+        stdout.contains("1 passed"),
+        "{name} did not run (is it still called that?)"
+    );
+    stdout
+}
+
+/// How long `f` takes.
+fn time(f: impl FnOnce()) -> Duration {
+    let start = Instant::now();
+    f();
+    start.elapsed()
 }
 
 #[test]
@@ -157,7 +198,7 @@ fn vulkan_writes_cuda_reads<F: Format>(ctx: &Context, cuda: &CudaDevice) {
     let array = imported.map_array().unwrap();
     let level = array.level(0).unwrap();
     let stream = Stream::new(cuda).unwrap();
-    let mut out = vec![0u8; level.byte_len()];
+    let mut out = vec![0u8; level.byte_len().unwrap()];
     level.copy_to_host(&stream, &mut out).unwrap();
     assert!(
         out == data,
@@ -208,7 +249,7 @@ fn cuda_writes_vulkan_reads<F: Format>(ctx: &Context, cuda: &CudaDevice, module:
             (&mut sd as *mut u32).cast(),
         ],
     );
-    stream.synchronize().unwrap();
+    stream.synchronize(TIMEOUT).unwrap();
     let got = ctx.read_image(&image, 0, 0, SubmitSync::default()).unwrap();
     let expected: Vec<u8> = (0..h)
         .flat_map(|y| {
@@ -271,7 +312,7 @@ fn buffers_both_ways() {
         )
     }
     .unwrap();
-    stream.synchronize().unwrap();
+    stream.synchronize(TIMEOUT).unwrap();
     let back = ctx
         .read_buffer(&buffer, len, SubmitSync::default())
         .unwrap();
@@ -367,7 +408,7 @@ fn mip_levels_and_array_layers_map_exactly() {
     let stream = Stream::new(&cuda).unwrap();
     for (level, expected) in expected_levels.iter().enumerate() {
         let l = array.level(level as u32).unwrap();
-        let mut out = vec![0u8; l.byte_len()];
+        let mut out = vec![0u8; l.byte_len().unwrap()];
         l.copy_to_host(&stream, &mut out).unwrap();
         assert!(&out == expected, "level {level} (4 layers) differs");
     }
@@ -488,7 +529,7 @@ fn semaphores_order_gpu_work_both_ways() {
     timeline.wait(3, TIMEOUT, WaitStrategy::ADAPTIVE).unwrap();
     cuda_timeline.signal(&stream, 4).unwrap();
     timeline.wait(4, TIMEOUT, WaitStrategy::Block).unwrap();
-    stream.synchronize().unwrap();
+    stream.synchronize(TIMEOUT).unwrap();
     println!("timeline and binary semaphores ordered Vulkan -> CUDA -> Vulkan; host waits ok");
     assert_no_validation_errors(&ctx);
 }
@@ -583,14 +624,14 @@ fn child_cuda_importer() {
     semaphore.wait(&stream, 1).unwrap();
     let array = imported.map_array().unwrap();
     let level = array.level(0).unwrap();
-    let mut out = vec![0u8; level.byte_len()];
+    let mut out = vec![0u8; level.byte_len().unwrap()];
     level.copy_to_host(&stream, &mut out).unwrap();
     assert!(
         out == pattern((w * h * 4) as usize, 1234),
         "the child read different pixels"
     );
     semaphore.signal(&stream, 2).unwrap();
-    stream.synchronize().unwrap();
+    stream.synchronize(TIMEOUT).unwrap();
     println!(
         "child {}: imported {w}x{h} RGBA8 into CUDA from another process, exact",
         std::process::id()
@@ -622,6 +663,7 @@ fn repeated_import_map_destroy_leaks_no_fd_and_no_gpu_memory() {
     for _ in 0..20 {
         cycle();
     }
+    let errors = drop_errors();
     let (fds, (free, _)) = (open_fd_count(), cuda.memory_info().unwrap());
     let start = std::time::Instant::now();
     let cycles = 1000;
@@ -635,7 +677,7 @@ fn repeated_import_map_destroy_leaks_no_fd_and_no_gpu_memory() {
          fds {fds} -> {fds_after}; free GPU memory {free} -> {free_after} bytes"
     );
     assert_eq!(fds_after, fds, "fd count is flat");
-    assert_eq!(cuda_interop::drop_errors(), 0, "no destroy or free failed");
+    assert_eq!(drop_errors(), errors, "no destroy or free failed");
     assert!(
         free_after + (2 << 20) >= free,
         "GPU free memory is flat (within 2 MiB)"
@@ -648,24 +690,7 @@ fn repeated_import_map_destroy_leaks_no_fd_and_no_gpu_memory() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
 fn a_sticky_fault_poisons_the_process_and_later_calls_say_so() {
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_poisoned",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("CUDA_INTEROP_POISON_CHILD", "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    println!("{stdout}");
-    assert!(
-        output.status.success(),
-        "child failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = run_child("child_poisoned", "CUDA_INTEROP_POISON_CHILD");
     assert!(stdout.contains("poisoned:"), "{stdout}");
 }
 
@@ -696,7 +721,7 @@ fn child_poisoned() {
         )
     }
     .unwrap();
-    let err = stream.synchronize().unwrap_err();
+    let err = stream.synchronize(TIMEOUT).unwrap_err();
     println!("fault: {err}");
     assert!(
         err.to_string().contains("CUDA_ERROR_ILLEGAL_ADDRESS"),
@@ -705,4 +730,338 @@ fn child_poisoned() {
     let later = cuda.memory_info().unwrap_err();
     assert!(matches!(later, Error::Poisoned(_)), "{later}");
     println!("poisoned: {later}");
+}
+
+/// A stream waits on a timeline value nobody signals: every bounded wait
+/// returns `Timeout` within about twice its bound, a host copy on the stream
+/// refuses instead of blocking in the driver, and the semaphore, the stream
+/// and the import all drop within their bounds. Only the semaphore, whose
+/// wait is still pending, may be leaked, and only if its drop reported it.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+fn a_wait_nobody_signals_times_out_and_every_drop_returns_within_its_bound() {
+    run_child("child_wait_nobody_signals", "CUDA_INTEROP_STUCK_CHILD");
+}
+
+#[test]
+#[ignore = "entry point of the child process of a_wait_nobody_signals_times_out_and_every_drop_returns_within_its_bound"]
+fn child_wait_nobody_signals() {
+    assert!(
+        std::env::var_os("CUDA_INTEROP_STUCK_CHILD").is_some(),
+        "started by the parent test"
+    );
+    let (ctx, cuda) = pair();
+    let bound = Duration::from_millis(200);
+    // Warm up, so that the baseline includes what the context allocates on
+    // its first stream and event.
+    {
+        let warm = Stream::new(&cuda).unwrap();
+        let event = Event::new_blocking_sync(&cuda).unwrap();
+        warm.record(&event).unwrap();
+        event.synchronize(TIMEOUT).unwrap();
+        warm.synchronize(TIMEOUT).unwrap();
+    }
+    let errors_before = drop_errors();
+    let fds_before = open_fd_count();
+    let (free_before, total) = cuda.memory_info().unwrap();
+    println!("baseline: {fds_before} fds, {free_before} of {total} bytes free, {errors_before} drop errors");
+
+    let timeline = TimelineSemaphore::new(&ctx).unwrap();
+    let buffer = ExportableBuffer::<DeviceLocal>::new(&ctx, 1 << 20).unwrap();
+    let mut imported = cuda.import_buffer(&buffer).unwrap();
+    let semaphore = cuda.import_semaphore(&timeline).unwrap();
+    let mut stream = Stream::new(&cuda).unwrap();
+    stream.set_timeout(bound);
+    assert_eq!(stream.timeout(), bound);
+    semaphore.wait(&stream, 1).unwrap(); // nobody signals 1
+    let event = Event::new_blocking_sync(&cuda).unwrap();
+    stream.record(&event).unwrap();
+
+    let start = Instant::now();
+    let err = stream.synchronize(bound).unwrap_err();
+    let took = start.elapsed();
+    println!("Stream::synchronize({bound:?}): {err} after {took:?}");
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+    assert!(took >= bound && took < 2 * bound, "took {took:?}");
+    assert!(!stream.query().unwrap(), "the stream is still waiting");
+    assert!(!event.query().unwrap(), "so is the event recorded after it");
+
+    let start = Instant::now();
+    let err = event.synchronize(bound).unwrap_err();
+    let took = start.elapsed();
+    println!("Event::synchronize({bound:?}): {err} after {took:?}");
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+    assert!(took >= bound && took < 2 * bound, "took {took:?}");
+
+    // A host copy behind the wait would block inside the driver for ever: it
+    // waits for the stream to drain first, bounded by the stream's timeout,
+    // and enqueues nothing.
+    {
+        let mapped = imported.map().unwrap();
+        let mut out = vec![0u8; 4096];
+        let start = Instant::now();
+        let err = mapped.copy_to_host(&stream, &mut out).unwrap_err();
+        let took = start.elapsed();
+        println!("MappedBuffer::copy_to_host on the stuck stream: {err} after {took:?}");
+        assert!(matches!(err, Error::Timeout(_)), "{err}");
+        assert!(took < 2 * bound, "took {took:?}");
+        let took = time(|| drop(mapped));
+        println!("mapping dropped in {took:?} (nothing was enqueued on it)");
+        assert!(took < Duration::from_secs(1), "took {took:?}");
+    }
+
+    let drop_bound = DROP_WAIT_LIMIT + Duration::from_secs(1);
+    let took_semaphore = time(|| drop(semaphore));
+    let errors_after_semaphore = drop_errors();
+    let semaphore_leak_reported = errors_after_semaphore > errors_before;
+    println!(
+        "semaphore with a pending wait dropped in {took_semaphore:?} (limit {DROP_WAIT_LIMIT:?}); \
+         drop errors {errors_before} -> {errors_after_semaphore}"
+    );
+    assert!(took_semaphore < drop_bound, "took {took_semaphore:?}");
+    assert_eq!(
+        errors_after_semaphore,
+        errors_before + 1,
+        "the semaphore's wait never completes: its drop gives up after the limit, leaks it, and says so"
+    );
+    let took_event = time(|| drop(event));
+    let took_stream = time(|| drop(stream));
+    let took_import = time(|| drop(imported));
+    println!(
+        "event dropped in {took_event:?}, stream in {took_stream:?}, import in {took_import:?}"
+    );
+    for (what, took) in [
+        ("event", took_event),
+        ("stream", took_stream),
+        ("import", took_import),
+    ] {
+        assert!(took < Duration::from_secs(1), "{what}: took {took:?}");
+    }
+    assert_eq!(
+        drop_errors(),
+        errors_after_semaphore,
+        "only the semaphore was leaked"
+    );
+
+    // Let the stuck work finish (the leaked handle stays), then free the
+    // Vulkan side, and let the driver release the destroyed stream.
+    timeline.signal(1).unwrap();
+    drop(buffer);
+    drop(timeline);
+    let mut free_after = 0;
+    for _ in 0..20 {
+        free_after = cuda.memory_info().unwrap().0;
+        if free_after + (2 << 20) >= free_before {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let fds_after = open_fd_count();
+    let allowed_fds = fds_before + usize::from(semaphore_leak_reported);
+    println!(
+        "after: {fds_after} fds (baseline {fds_before}, allowed {allowed_fds} with the reported semaphore leak), \
+         {free_after} bytes free (baseline {free_before}), {} drop errors",
+        drop_errors()
+    );
+    assert!(fds_after <= allowed_fds, "fds {fds_before} -> {fds_after}");
+    assert!(
+        free_after + (2 << 20) >= free_before,
+        "free GPU memory {free_before} -> {free_after} (2 MiB allowed)"
+    );
+    assert_no_validation_errors(&ctx);
+}
+
+/// A device copy is only enqueued: the mapping it reads is forgotten, the
+/// import and the Vulkan buffer are dropped while it is still pending, and
+/// the import's drop waits for it (its last use), so nothing is freed under
+/// the copy (compute-sanitizer memcheck reports no fault) and the
+/// destination is exact.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+fn a_pending_copy_keeps_a_forgotten_mapping_its_import_and_the_vulkan_buffer_alive() {
+    let (ctx, cuda) = pair();
+    let len: u64 = 256 << 20;
+    let data = pattern(len as usize, 256);
+    let buffer = ExportableBuffer::<DeviceLocal>::new(&ctx, len).unwrap();
+    ctx.write_buffer(&buffer, &data, SubmitSync::default())
+        .unwrap();
+    ctx.release_buffer(&buffer, SubmitSync::default()).unwrap();
+    let timeline = TimelineSemaphore::new(&ctx).unwrap();
+    let gate = cuda.import_semaphore(&timeline).unwrap();
+    let stream = Stream::new(&cuda).unwrap();
+    let mut destination = DeviceBuffer::new(&cuda, len as usize).unwrap();
+    let errors_before = drop_errors();
+
+    let mut imported = cuda.import_buffer(&buffer).unwrap();
+    let mapping = imported.map().unwrap();
+    // The copy waits behind a gate the host opens later, so it is still
+    // pending when everything it reads is dropped.
+    gate.wait(&stream, 1).unwrap();
+    stream
+        .copy_device(&mapping.slice(0, len).unwrap(), &mut destination)
+        .unwrap();
+    std::mem::forget(mapping);
+    let hold = Duration::from_millis(300);
+    let (import_drop, still_waiting) = std::thread::scope(|scope| {
+        let dropper = scope.spawn(move || time(|| drop(imported)));
+        std::thread::sleep(hold);
+        let still_waiting = !dropper.is_finished();
+        timeline.signal(1).unwrap();
+        (dropper.join().unwrap(), still_waiting)
+    });
+    println!(
+        "import dropped in {import_drop:?} with its copy gated for {hold:?}; still waiting at the gate: {still_waiting}"
+    );
+    assert!(
+        still_waiting,
+        "the import's drop waited for the pending copy"
+    );
+    assert!(
+        import_drop >= hold && import_drop < DROP_WAIT_LIMIT,
+        "took {import_drop:?}"
+    );
+    let buffer_drop = time(|| drop(buffer));
+    println!("Vulkan buffer dropped in {buffer_drop:?}");
+
+    stream.synchronize(TIMEOUT).unwrap();
+    let mut out = vec![0u8; len as usize];
+    stream.copy_to_host(&destination, &mut out).unwrap();
+    assert!(
+        out == data,
+        "the copy's destination differs from the source"
+    );
+    assert_eq!(drop_errors(), errors_before, "nothing was leaked or failed");
+    drop(gate);
+    println!("256 MiB copied from a forgotten mapping of an import dropped mid-copy: exact");
+    assert_no_validation_errors(&ctx);
+}
+
+/// `cuCtxCreate` and `cuCtxDestroy` (not in the bindings' table), looked up
+/// with the driver's `cuGetProcAddress` for the CUDA 12.0 ABI.
+fn driver_function(name: &CStr) -> *mut c_void {
+    let driver = sys::Driver::global().unwrap();
+    let get_proc_address = driver.fns().cuGetProcAddress.unwrap();
+    let mut pointer: *mut c_void = std::ptr::null_mut();
+    let mut found = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS;
+    // SAFETY: a NUL-terminated name; writes one pointer and one status; flags
+    // 0 is CU_GET_PROC_ADDRESS_DEFAULT.
+    let status = unsafe { get_proc_address(name.as_ptr(), &mut pointer, 12000, 0, &mut found) };
+    assert_eq!(status, sys::CUresult::CUDA_SUCCESS, "{name:?}");
+    assert_eq!(
+        found,
+        sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS,
+        "{name:?}"
+    );
+    assert!(!pointer.is_null(), "{name:?}");
+    pointer
+}
+
+/// Code inside a guard's scope creates (and so pushes) another context and
+/// leaves it current: the guard's drop reports the unbalanced stack, leaves
+/// that context current, and removes its own from beneath it, so once the
+/// other context is popped the previous context is current again.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+fn a_context_guard_restores_the_previous_context_after_a_pop_mismatch() {
+    run_child("child_context_pop_mismatch", "CUDA_INTEROP_CONTEXT_CHILD");
+}
+
+#[test]
+#[ignore = "entry point of the child process of a_context_guard_restores_the_previous_context_after_a_pop_mismatch"]
+fn child_context_pop_mismatch() {
+    assert!(
+        std::env::var_os("CUDA_INTEROP_CONTEXT_CHILD").is_some(),
+        "started by the parent test"
+    );
+    type CtxCreate =
+        unsafe extern "C" fn(*mut sys::CUcontext, c_uint, sys::CUdevice) -> sys::CUresult;
+    type CtxDestroy = unsafe extern "C" fn(sys::CUcontext) -> sys::CUresult;
+    let (_ctx, cuda) = pair();
+    // SAFETY: cuGetProcAddress for CUDA 12.0 returns cuCtxCreate_v2, whose C
+    // signature is CUresult (CUcontext *, unsigned int, CUdevice).
+    let create =
+        unsafe { std::mem::transmute::<*mut c_void, CtxCreate>(driver_function(c"cuCtxCreate")) };
+    // SAFETY: cuCtxDestroy_v2, CUresult (CUcontext).
+    let destroy =
+        unsafe { std::mem::transmute::<*mut c_void, CtxDestroy>(driver_function(c"cuCtxDestroy")) };
+    let driver = sys::Driver::global().unwrap();
+    let get_current = driver.fns().cuCtxGetCurrent.unwrap();
+    let pop = driver.fns().cuCtxPopCurrent.unwrap();
+    let current = || {
+        let mut context: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one context handle.
+        let status = unsafe { get_current(&mut context) };
+        assert_eq!(status, sys::CUresult::CUDA_SUCCESS);
+        context
+    };
+    let before = current();
+    assert!(
+        before.is_null(),
+        "a fresh test thread has no current context"
+    );
+    let errors_before = drop_errors();
+
+    let mut intruder: sys::CUcontext = std::ptr::null_mut();
+    {
+        let guard = cuda.enter().unwrap();
+        assert_eq!(current(), cuda.raw_context());
+        // SAFETY: writes one context handle; cuCtxCreate pushes the new
+        // context on this thread's stack, above the guard's.
+        let status = unsafe { create(&mut intruder, 0, cuda.raw_device()) };
+        assert_eq!(status, sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(current(), intruder);
+        drop(guard);
+    }
+    let errors_after = drop_errors();
+    println!(
+        "primary {:?}, intruder {intruder:?}; drop errors {errors_before} -> {errors_after}",
+        cuda.raw_context()
+    );
+    assert_eq!(
+        errors_after,
+        errors_before + 1,
+        "the guard reported the unbalanced stack"
+    );
+    assert_eq!(current(), intruder, "the intruder was pushed back, current");
+    let mut popped: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: pops this thread's stack; writes one handle.
+    let status = unsafe { pop(&mut popped) };
+    assert_eq!(status, sys::CUresult::CUDA_SUCCESS);
+    assert_eq!(popped, intruder);
+    assert_eq!(
+        current(),
+        before,
+        "beneath the intruder, the previous context: the guard removed its own"
+    );
+    // SAFETY: the context this test created, popped, used by nothing else.
+    let status = unsafe { destroy(intruder) };
+    assert_eq!(status, sys::CUresult::CUDA_SUCCESS);
+
+    // Balanced use afterwards: nothing reported, the previous context restored.
+    {
+        let _guard = cuda.enter().unwrap();
+        assert_eq!(current(), cuda.raw_context());
+        let (free, total) = cuda.memory_info().unwrap();
+        assert!(free > 0 && free <= total);
+    }
+    assert_eq!(current(), before);
+    assert_eq!(drop_errors(), errors_after);
+
+    // Code inside the scope pops the guard's own context: the guard finds
+    // nothing to pop, reports it, and pushes nothing.
+    {
+        let guard = cuda.enter().unwrap();
+        // SAFETY: pops this thread's stack; writes one handle.
+        let status = unsafe { pop(&mut popped) };
+        assert_eq!(status, sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(popped, cuda.raw_context());
+        drop(guard);
+    }
+    println!(
+        "after an inner pop of the guard's context: {} drop errors",
+        drop_errors()
+    );
+    assert!(drop_errors() > errors_after, "the empty stack was reported");
+    assert_eq!(current(), before);
+    println!("the guard restored the previous context after a pop mismatch");
 }

@@ -5,7 +5,8 @@ use cuda_interop_sys::{CUresult, Driver, LoadError};
 
 #[test]
 fn missing_library_is_an_error_naming_what_was_tried() {
-    let err = Driver::load_from("/nonexistent/libcuda.so.1").unwrap_err();
+    // SAFETY: the path does not exist, so no library is opened and nothing is called.
+    let err = unsafe { Driver::load_from("/nonexistent/libcuda.so.1") }.unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, LoadError::Library { .. }), "{err:?}");
     assert!(text.contains("/nonexistent/libcuda.so.1"), "{text}");
@@ -14,14 +15,20 @@ fn missing_library_is_an_error_naming_what_was_tried() {
 
 #[test]
 fn a_library_without_cuda_symbols_is_not_a_driver() {
-    let err = Driver::load_from(env!("FIXTURE_NOT_A_DRIVER")).unwrap_err();
+    // SAFETY: the fixture (fixtures/not_a_driver.c) has no initialisers and
+    // exports no CUDA symbol, so the loader calls nothing in it.
+    let err = unsafe { Driver::load_from(env!("FIXTURE_NOT_A_DRIVER")) }.unwrap_err();
     assert!(matches!(err, LoadError::NotADriver { .. }), "{err:?}");
     assert!(err.to_string().contains("not the NVIDIA driver library"));
 }
 
 #[test]
 fn missing_functions_are_errors_and_present_ones_work() {
-    let driver = Driver::load_from(env!("FIXTURE_PARTIAL_DRIVER")).expect("fixture loads");
+    // SAFETY: the fixture (fixtures/partial_driver.c) has no initialisers and
+    // exports cuDriverGetVersion, cuInit and cuDeviceGetCount with cuda.h's
+    // signatures; the loader calls only cuDriverGetVersion, which writes one int.
+    let driver =
+        unsafe { Driver::load_from(env!("FIXTURE_PARTIAL_DRIVER")) }.expect("fixture loads");
     assert_eq!(driver.version().map(|v| v.0), Some(11020));
 
     // Present: callable and returns what the library returns.

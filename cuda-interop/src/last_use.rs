@@ -1,0 +1,200 @@
+//! Last-use tracking: a resource is destroyed only after the GPU work that
+//! uses it has completed, however its borrows ended.
+//!
+//! # Contract
+//!
+//! * Each resource whose destruction could race the GPU (imported memory and
+//!   its mappings, an imported semaphore, a [`DeviceBuffer`](crate::DeviceBuffer))
+//!   owns a [`LastUse`]. Every stream-ordered operation on it records a fresh
+//!   event on the operation's stream right after enqueueing
+//!   ([`LastUse::record`]), so the event completes when that operation does.
+//! * The resource's `Drop` calls [`LastUse::wait_before_release`], bounded by
+//!   [`DROP_WAIT_LIMIT`], before it frees or destroys anything. If the work
+//!   does not complete in time (a stream stuck behind a semaphore wait nobody
+//!   signals), the destructor leaks the resource instead of freeing memory
+//!   the GPU may still use, and reports that through
+//!   [`drop_errors`](crate::drop_errors).
+//! * The record lives in the resource, not in a borrow or a guard, so
+//!   `mem::forget` of a mapping cannot skip it: the import's own `Drop` still
+//!   waits for the copies made through the forgotten mapping.
+//! * Once a wait has given up, or a use could not be recorded, the resource
+//!   can never be shown idle: every later wait on it gives up at once, and
+//!   the whole resource is leaked.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use cuda_interop_sys::{CUevent, CUevent_flags};
+
+use crate::device::CudaDevice;
+use crate::driver::{cu, cu_query, record_drop_error};
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+use crate::wait::poll_until;
+
+/// How long a destructor waits for the GPU's last use of a resource (an
+/// import, a mapping, a semaphore, a device buffer) before it gives up and
+/// leaks the resource, reporting it through [`drop_errors`](crate::drop_errors).
+pub const DROP_WAIT_LIMIT: Duration = Duration::from_secs(5);
+
+/// The events recorded after the operations on one resource that may not
+/// have completed yet.
+pub(crate) struct LastUse {
+    device: CudaDevice,
+    /// Events (`DISABLE_TIMING`) of the current context, each recorded on a
+    /// stream after an operation on the resource.
+    pending: Mutex<Vec<CUevent>>,
+    /// Set when a wait gave up or a use could not be recorded.
+    gave_up: AtomicBool,
+}
+
+// SAFETY: the events are driver handles, usable from any thread with their
+// context current (every use enters the device first); the list is only read
+// or changed under its mutex.
+unsafe impl Send for LastUse {}
+// SAFETY: as above; every method takes the mutex before touching the list.
+unsafe impl Sync for LastUse {}
+
+impl fmt::Debug for LastUse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LastUse")
+            .field("pending", &self.lock().len())
+            .field("gave_up", &self.gave_up.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl LastUse {
+    /// No use yet, on `device`.
+    pub(crate) fn new(device: &CudaDevice) -> LastUse {
+        LastUse {
+            device: device.clone(),
+            pending: Mutex::new(Vec::new()),
+            gave_up: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<CUevent>> {
+        // The list stays consistent whatever panicked while holding it: an
+        // event is pushed whole or not at all.
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records that the work enqueued on `stream` so far uses the resource:
+    /// call it right after enqueueing the operation. Also forgets the events
+    /// of earlier uses that have completed. The caller has checked that the
+    /// stream belongs to this device.
+    ///
+    /// If this fails, the use is untracked and the resource will be leaked
+    /// by its destructor rather than freed under the GPU.
+    pub(crate) fn record(&self, stream: &Stream) -> Result<()> {
+        let recorded = self.record_event(stream);
+        if recorded.is_err() {
+            self.gave_up.store(true, Ordering::Release);
+        }
+        recorded
+    }
+
+    fn record_event(&self, stream: &Stream) -> Result<()> {
+        let _guard = self.device.enter()?;
+        let mut pending = self.lock();
+        // An event whose query fails stays pending, and the destructor's
+        // wait reports the error: this use is recorded either way.
+        let _ = forget_completed(&mut pending);
+        let mut event: CUevent = std::ptr::null_mut();
+        // SAFETY: the device's context is current; writes one event handle.
+        unsafe {
+            cu!(cuEventCreate(
+                &mut event,
+                CUevent_flags::CU_EVENT_DISABLE_TIMING.0
+            ))
+        }?;
+        // Kept before it is recorded, so that it is destroyed either way.
+        pending.push(event);
+        // SAFETY: a live event and a live stream, both of the current context
+        // (the caller checked the stream's device).
+        unsafe { cu!(cuEventRecord(event, stream.raw())) }
+    }
+
+    /// Waits until every recorded use has completed, at most `limit`
+    /// ([`Error::Timeout`]). For destructors: a failure means the resource
+    /// must be leaked, and every later call fails at once.
+    pub(crate) fn wait_before_release(&self, limit: Duration) -> Result<()> {
+        if self.gave_up.load(Ordering::Acquire) {
+            return Err(Error::Cleanup(
+                "an earlier wait for its last use gave up, or a use could not be recorded".into(),
+            ));
+        }
+        if self.lock().is_empty() {
+            return Ok(());
+        }
+        let waited = poll_until(limit, || {
+            let _guard = self.device.enter()?;
+            let mut pending = self.lock();
+            forget_completed(&mut pending)?;
+            Ok(pending.is_empty())
+        });
+        if waited.is_err() {
+            self.gave_up.store(true, Ordering::Release);
+        }
+        waited
+    }
+}
+
+/// Destroys the events that have completed and drops them from the list;
+/// the first failed query is returned (its event stays in the list). The
+/// events' context must be current.
+fn forget_completed(pending: &mut Vec<CUevent>) -> Result<()> {
+    let mut first_error = Ok(());
+    pending.retain(|&event| {
+        // SAFETY: a live event of the current context, made by `record_event`.
+        match unsafe { cu_query!(cuEventQuery(event)) } {
+            Ok(true) => {
+                // SAFETY: a live event, complete, destroyed once and dropped
+                // from the list.
+                record_drop_error(unsafe { cu!(cuEventDestroy(event)) });
+                false
+            }
+            Ok(false) => true,
+            Err(error) => {
+                if first_error.is_ok() {
+                    first_error = Err(error);
+                }
+                true
+            }
+        }
+    });
+    first_error
+}
+
+impl Drop for LastUse {
+    fn drop(&mut self) {
+        let pending = std::mem::take(
+            self.pending
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        if pending.is_empty() {
+            return;
+        }
+        if let Ok(_guard) = self.device.enter() {
+            for event in pending {
+                // SAFETY: a live event of this context, destroyed once. One
+                // still pending (its owner leaked the resource) is released
+                // by the driver when it completes, as cuEventDestroy documents.
+                record_drop_error(unsafe { cu!(cuEventDestroy(event)) });
+            }
+        }
+    }
+}
+
+/// Reports through [`drop_errors`](crate::drop_errors) that a destructor
+/// leaked `resource` because [`LastUse::wait_before_release`] failed with `why`.
+pub(crate) fn report_leak(resource: &str, why: &Error) {
+    record_drop_error(Err(Error::Cleanup(format!(
+        "{resource} leaked, not destroyed: the GPU work using it was not seen to complete ({why}), \
+         and destroying it could let the GPU use freed memory"
+    ))));
+}
