@@ -26,8 +26,9 @@ use std::time::{Duration, Instant};
 use cuda_interop::{kernels, CudaDevice, DeviceBuffer, Module, Stream};
 use vk_export::ash::vk;
 use vk_export::format::Rgba8Unorm;
+use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation, Optimal};
 use vk_export::{
-    Context, ExportableImage, HeadlessOptions, ImageDesc, SemaphoreSubmit, SubmitSync,
+    Context, ExportableImage, HeadlessOptions, ImageDesc, SharedLayout, SubmitSync,
     TimelineSemaphore, WaitStrategy,
 };
 
@@ -180,23 +181,17 @@ fn run(frames: u32, bench: bool, device_uuid: Option<[u8; 16]>) -> Res<()> {
     for frame in 0..frames {
         let start = Instant::now();
         let c = color(frame);
-        ctx.clear_image(&image, clear_value(c), SubmitSync::default())?;
+        ctx.clear_image(&image, clear_value(c), SubmitSync::new())?;
         ctx.release_image(
             &image,
-            SubmitSync {
-                waits: &[],
-                signals: &[SemaphoreSubmit::timeline(&timeline, value + 1)],
-            },
+            SubmitSync::new().signal_timeline(&timeline, value + 1),
         )?;
         cuda_invert(value + 1, value + 2)?;
         let pixels = ctx.read_image(
             &image,
             0,
             0,
-            SubmitSync {
-                waits: &[SemaphoreSubmit::timeline(&timeline, value + 2)],
-                signals: &[],
-            },
+            SubmitSync::new().wait_timeline(&timeline, value + 2),
         )?;
         value += 2;
         times.push(start.elapsed());
@@ -224,13 +219,10 @@ fn run(frames: u32, bench: bool, device_uuid: Option<[u8; 16]>) -> Res<()> {
             let mut t = Vec::new();
             for frame in 0..frames + 20 {
                 let start = Instant::now();
-                ctx.clear_image(&image, clear_value(color(frame)), SubmitSync::default())?;
+                ctx.clear_image(&image, clear_value(color(frame)), SubmitSync::new())?;
                 ctx.release_image(
                     &image,
-                    SubmitSync {
-                        waits: &[],
-                        signals: &[SemaphoreSubmit::timeline(&timeline, *value + 1)],
-                    },
+                    SubmitSync::new().signal_timeline(&timeline, *value + 1),
                 )?;
                 cuda_invert(*value + 1, *value + 2)?;
                 timeline.wait(*value + 2, Duration::from_secs(10), strategy)?;
@@ -293,8 +285,8 @@ fn staging_round_trip(
     let mut times = Vec::new();
     for frame in 0..frames + 20 {
         let start = Instant::now();
-        ctx.clear_image(image, clear_value(color(frame)), SubmitSync::default())?;
-        let pixels = ctx.read_image(image, 0, 0, SubmitSync::default())?;
+        ctx.clear_image(image, clear_value(color(frame)), SubmitSync::new())?;
+        let pixels = ctx.read_image(image, 0, 0, SubmitSync::new())?;
         stream.copy_from_host(&pixels, &mut device)?;
         let (mut ptr, mut n, mut key) = (device.device_ptr(), len as u64, 0xffu32);
         let mut args: [*mut c_void; 3] = [
@@ -313,7 +305,7 @@ fn staging_round_trip(
             )
         }?;
         stream.copy_to_host(&device, &mut back)?;
-        ctx.write_image(image, 0, 0, &back, SubmitSync::default())?;
+        ctx.write_image(image, 0, 0, &back, SubmitSync::new())?;
         if frame >= 20 {
             times.push(start.elapsed());
         }
@@ -338,23 +330,21 @@ fn summary(t: &mut [Duration]) -> String {
 }
 
 /// What runs without CUDA: export an image, import it into a second Vulkan
-/// device, and check the pixels.
+/// device, and check the pixels. Device-local memory where the driver has a
+/// memory type of that class, host-visible memory elsewhere (lavapipe).
 fn vulkan_only(ctx: &Context) -> Res<()> {
     let second = Context::headless(&HeadlessOptions {
         device_uuid: Some(ctx.identity().device_uuid),
         ..Default::default()
     })?;
-    let image = ExportableImage::<Rgba8Unorm>::new(ctx, ImageDesc::new_2d(256, 256))?;
-    let c = [10, 20, 30, 255];
-    ctx.clear_image(&image, clear_value(c), SubmitSync::default())?;
-    ctx.release_image(&image, SubmitSync::default())?;
-    let imported = ExportableImage::import(&second, &image.record(), image.export_fd()?)?;
-    second.assume_image_released(&imported, vk::ImageLayout::GENERAL);
-    let pixels = second.read_image(&imported, 0, 0, SubmitSync::default())?;
-    if pixels.chunks_exact(4).any(|p| p != c) {
-        return Err("the second Vulkan device read different pixels".into());
-    }
-    println!("Vulkan-only: 256x256 RGBA8 exported as OPAQUE_FD and imported into a second VkDevice: pixels exact");
+    let class = match share_with_second_device::<DeviceLocal>(ctx, &second) {
+        Err(e) if matches!(e.downcast_ref(), Some(vk_export::Error::Unsupported { .. })) => {
+            share_with_second_device::<HostVisible>(ctx, &second)?;
+            "host-visible (this driver has no device-local-only memory type)"
+        }
+        other => other.map(|()| "device-local")?,
+    };
+    println!("Vulkan-only: 256x256 RGBA8 in {class} memory exported as OPAQUE_FD and imported into a second VkDevice: pixels exact");
     println!(
         "semaphore fds: {}",
         if ctx.supports_semaphore_fds() {
@@ -363,5 +353,21 @@ fn vulkan_only(ctx: &Context) -> Res<()> {
             "not supported by this driver"
         }
     );
+    Ok(())
+}
+
+fn share_with_second_device<M: MemoryLocation>(ctx: &Context, second: &Context) -> Res<()> {
+    let image = ExportableImage::<Rgba8Unorm, Optimal, M>::new(ctx, ImageDesc::new_2d(256, 256))?;
+    let c = [10, 20, 30, 255];
+    ctx.clear_image(&image, clear_value(c), SubmitSync::new())?;
+    ctx.release_image(&image, SubmitSync::new())?;
+    let imported = ExportableImage::import_from(second, &image)?;
+    // SAFETY: `ctx` released the image in GENERAL and that submission
+    // completed (the helper waited for it).
+    unsafe { second.assume_image_released(&imported, SharedLayout::General) }?;
+    let pixels = second.read_image(&imported, 0, 0, SubmitSync::new())?;
+    if pixels.chunks_exact(4).any(|p| p != c) {
+        return Err("the second Vulkan device read different pixels".into());
+    }
     Ok(())
 }

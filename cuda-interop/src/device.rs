@@ -47,6 +47,9 @@ pub(crate) struct DeviceInner {
     pub(crate) ordinal: i32,
     pub(crate) uuid: [u8; 16],
     pub(crate) name: String,
+    /// The Vulkan device this CUDA device was paired with, if any: received
+    /// records are verified on it before CUDA sees their fds.
+    pub(crate) vulkan: Option<vk_export::Context>,
 }
 
 // SAFETY: CUdevice is an integer; the primary context is a process-wide
@@ -120,12 +123,44 @@ fn name_from_c_chars(chars: &[c_char]) -> String {
 
 impl CudaDevice {
     /// The CUDA device whose UUID equals the Vulkan physical device's `deviceUUID`.
+    ///
+    /// The device keeps a clone of `vulkan`: records received from other
+    /// processes are verified on it before CUDA imports them
+    /// ([`CudaDevice::import_received_image`]).
     pub fn for_vulkan(vulkan: &vk_export::Context) -> Result<CudaDevice> {
-        CudaDevice::for_uuid(vulkan.identity().device_uuid)
+        CudaDevice::find(vulkan.identity().device_uuid, Some(vulkan.clone()))
     }
 
     /// The CUDA device with this UUID; the error lists every device seen.
+    /// Without a paired Vulkan device it cannot verify received records, so
+    /// it imports only resources of this process and, `unsafe`, bare fds.
     pub fn for_uuid(uuid: [u8; 16]) -> Result<CudaDevice> {
+        CudaDevice::find(uuid, None)
+    }
+
+    /// The Vulkan device this CUDA device was paired with
+    /// ([`CudaDevice::for_vulkan`]), if any.
+    pub fn vulkan(&self) -> Option<&vk_export::Context> {
+        self.inner.vulkan.as_ref()
+    }
+
+    /// Runs `verify` on the paired Vulkan device, or says why it cannot.
+    pub(crate) fn verify_with_vulkan(
+        &self,
+        verify: impl FnOnce(&vk_export::Context) -> vk_export::Result<()>,
+    ) -> Result<()> {
+        let ctx = self.inner.vulkan.as_ref().ok_or_else(|| {
+            Error::Unsupported(
+                "a received record is verified on the Vulkan device of the same GPU before CUDA sees its fd: \
+                 make this CudaDevice with CudaDevice::for_vulkan (or, if the record is known good, use the \
+                 unsafe import_*_fd)"
+                    .into(),
+            )
+        })?;
+        verify(ctx).map_err(Error::Vulkan)
+    }
+
+    fn find(uuid: [u8; 16], vulkan: Option<vk_export::Context>) -> Result<CudaDevice> {
         let devices = list_devices()?;
         let Some(found) = devices.iter().find(|d| d.uuid == uuid) else {
             let cuda = if devices.is_empty() {
@@ -171,6 +206,7 @@ impl CudaDevice {
                 ordinal: found.ordinal,
                 uuid,
                 name: found.name.clone(),
+                vulkan,
             }),
         })
     }

@@ -75,8 +75,9 @@ pub use memory::{
     array_descriptor, DeviceSlice, ExternalMemory, ImportedBuffer, ImportedImage, LevelArray,
     MappedArray, MappedBuffer, Surface, Texture,
 };
-pub use semaphore::{BinarySignal, ExternalSemaphore};
+pub use semaphore::ExternalSemaphore;
 pub use stream::{DeviceBuffer, Event, Function, Module, Stream};
+pub use vk_export::BinarySignal;
 
 pub use cuda_interop_sys as sys;
 pub use vk_export;

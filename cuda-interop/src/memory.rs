@@ -32,7 +32,7 @@
 //!   [`Error::InvalidArgument`] when they overflow.
 
 use std::marker::PhantomData;
-use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use cuda_interop_sys::{
     self as sys, CUarray, CUarray_format, CUdevice_attribute, CUdeviceptr, CUexternalMemory,
@@ -45,6 +45,7 @@ use vk_export::format::{ChannelType, Format};
 use vk_export::markers::{MemoryLocation, Tiling, Usage};
 use vk_export::{
     BufferRecord, ExportableBuffer, ExportableImage, ImageInfo, ImageRecord, KeepAlive,
+    ReceivedBuffer, ReceivedImage,
 };
 
 use crate::device::CudaDevice;
@@ -156,26 +157,30 @@ fn import_memory(
         },
         ..Default::default()
     };
-    desc.handle.fd = fd.as_raw_fd();
     let mut handle: CUexternalMemory = std::ptr::null_mut();
-    // SAFETY: a zeroed descriptor (reserved fields 0) naming an open fd we own,
-    // with the size and dedicated flag of the exporter's record; the device's
-    // context is current; writes one handle.
-    let result = unsafe { cu!(cuImportExternalMemory(&mut handle, &desc)) };
+    let import = |raw| {
+        desc.handle.fd = raw;
+        // SAFETY: a zeroed descriptor (reserved fields 0) naming an open fd
+        // this crate owns, with the size and dedicated flag of a verified
+        // record; the device's context is current; writes one handle.
+        unsafe { cu!(cuImportExternalMemory(&mut handle, &desc)) }
+            .map_err(vk_export::ImportFailure::from)
+    };
+    let dup_failed = |e| Error::InvalidArgument(format!("the fd cannot be duplicated: {e}"));
+    // SAFETY: `import` gives the duplicate to exactly one cuImportExternalMemory
+    // call, which owns it on success only (CUDA-DRV: ownership transfers
+    // "when the handle is imported successfully").
+    let imported = unsafe { vk_export::import_with_duplicate(fd, dup_failed, import) };
     drop(guard);
-    match result {
-        Ok(()) => {
-            // The driver owns the fd now: give up ours without closing it.
-            let _ = fd.into_raw_fd();
-            Ok(ExternalMemory {
-                device: device.clone(),
-                handle,
-                size,
-                last_use: LastUse::new(device),
-                vulkan,
-            })
-        }
-        Err(error) => Err(ImportError { error, fd }),
+    match imported {
+        Ok(()) => Ok(ExternalMemory {
+            device: device.clone(),
+            handle,
+            size,
+            last_use: LastUse::new(device),
+            vulkan,
+        }),
+        Err((error, fd)) => Err(ImportError { error, fd }),
     }
 }
 
@@ -208,9 +213,35 @@ impl CudaDevice {
             .map_err(ImportError::into_error)
     }
 
-    /// Imports an image from a record and fd received from another process.
-    /// On failure the fd comes back in the error.
-    pub fn import_image_fd<F: Format, T: Tiling, M: MemoryLocation, U: Usage>(
+    /// Imports an image received over a socket (record and fd arrived
+    /// together from a checked peer). Before the driver sees the fd, the
+    /// record is verified on the Vulkan device this CUDA device was paired
+    /// with ([`ImageRecord::verify_on`]: both UUIDs, memory type, and the
+    /// size, alignment, dedicated flag and pitches that device derives), so
+    /// the device must come from [`CudaDevice::for_vulkan`]. On failure the fd
+    /// comes back in the error.
+    pub fn import_received_image<F: Format, T: Tiling, M: MemoryLocation, U: Usage>(
+        &self,
+        received: ReceivedImage<F, T, M, U>,
+    ) -> Result<ImportedImage<F, T, M, U>, ImportError> {
+        let (record, fd, _peer) = received.into_parts();
+        if let Err(error) = self.verify_with_vulkan(|ctx| record.verify_on(ctx)) {
+            return Err(ImportError { error, fd });
+        }
+        self.import_image_inner(record, fd, None)
+    }
+
+    /// Imports an image from a record and an fd that did not travel together
+    /// through this crate. Only the device UUID is checked; nothing else of
+    /// the record can be.
+    ///
+    /// # Safety
+    /// `fd` is an OPAQUE_FD export of the memory of the image `record`
+    /// describes, and `record` is that image's own, unmodified record (a
+    /// record that misstates size, dedicated flag or shape makes CUDA read
+    /// and write memory laid out for another image). On success the fd is
+    /// consumed; on failure it comes back in the error.
+    pub unsafe fn import_image_fd<F: Format, T: Tiling, M: MemoryLocation, U: Usage>(
         &self,
         record: ImageRecord<F, T, M, U>,
         fd: OwnedFd,
@@ -243,9 +274,27 @@ impl CudaDevice {
             .map_err(ImportError::into_error)
     }
 
-    /// Imports a buffer from a received record and fd. On failure the fd
-    /// comes back in the error.
-    pub fn import_buffer_fd<M: MemoryLocation>(
+    /// Imports a buffer received over a socket, verified first on the
+    /// paired Vulkan device like [`CudaDevice::import_received_image`].
+    pub fn import_received_buffer<M: MemoryLocation>(
+        &self,
+        received: ReceivedBuffer<M>,
+    ) -> Result<ImportedBuffer<M>, ImportError> {
+        let (record, fd, _peer) = received.into_parts();
+        if let Err(error) = self.verify_with_vulkan(|ctx| record.verify_on(ctx)) {
+            return Err(ImportError { error, fd });
+        }
+        self.import_buffer_inner(record, fd, None)
+    }
+
+    /// Imports a buffer from a record and an fd that did not travel together
+    /// through this crate.
+    ///
+    /// # Safety
+    /// `fd` is an OPAQUE_FD export of the memory of the buffer `record`
+    /// describes, and `record` is that buffer's own, unmodified record. On
+    /// success the fd is consumed; on failure it comes back in the error.
+    pub unsafe fn import_buffer_fd<M: MemoryLocation>(
         &self,
         record: BufferRecord<M>,
         fd: OwnedFd,

@@ -3,8 +3,13 @@
 //! # Contract
 //!
 //! * Binary and timeline are distinct types. A binary signal returns a
-//!   [`BinarySignal`] token that exactly one wait consumes, so "wait without a
-//!   signal" and "wait twice" do not compile.
+//!   [`BinarySignal`] token (`vk-export`'s, so Vulkan and CUDA share one
+//!   rule set, see [`vk_export::token`]) that exactly one wait consumes:
+//!   "wait without a signal" and "wait twice" do not compile; a token of
+//!   another semaphore and a second signal while one is pending are typed
+//!   errors (also after `mem::forget` of a token). An import of a Vulkan
+//!   semaphore of this process shares its payload state, so a CUDA signal's
+//!   token pays for a Vulkan wait and the other way round.
 //! * A timeline signal must be above every value this handle signalled
 //!   before. Check, enqueue and update happen under one lock, and the stored
 //!   value changes only after the signal was enqueued, so two threads cannot
@@ -20,12 +25,12 @@
 //!   and the leak reported through [`drop_errors`](crate::drop_errors).
 
 use std::marker::PhantomData;
-use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::{Mutex, PoisonError};
 
 use cuda_interop_sys::{self as sys, CUexternalSemaphore, CUexternalSemaphoreHandleType};
 use vk_export::semaphore_kinds::{Binary, Timeline};
-use vk_export::{SemaphoreKind, SemaphoreRecord};
+use vk_export::{BinaryPayload, BinarySignal, ReceivedSemaphore, SemaphoreKind, SemaphoreRecord};
 
 use crate::device::CudaDevice;
 use crate::driver::{cu, record_drop_error};
@@ -44,6 +49,9 @@ pub struct ExternalSemaphore<K> {
     /// The largest step from the last signalled value to the next one, if
     /// the Vulkan device bounds it.
     max_difference: Option<u64>,
+    /// Binary payload state, shared with the Vulkan semaphore when imported
+    /// from this process (unused for timelines).
+    payload: BinaryPayload,
     last_use: LastUse,
     _kind: PhantomData<fn() -> K>,
 }
@@ -71,19 +79,6 @@ impl<K> Drop for ExternalSemaphore<K> {
     }
 }
 
-/// A pending binary signal; a wait (CUDA's or Vulkan's) must consume it.
-#[must_use = "a binary signal must be waited on exactly once"]
-#[derive(Debug)]
-pub struct BinarySignal<'s> {
-    _semaphore: PhantomData<&'s ExternalSemaphore<Binary>>,
-}
-
-impl BinarySignal<'_> {
-    /// Says that a Vulkan queue submission waits for this signal (submitted
-    /// after the CUDA signal was enqueued).
-    pub fn waited_by_vulkan(self) {}
-}
-
 fn cuda_handle_type(kind: vk_export::ash::vk::SemaphoreType) -> CUexternalSemaphoreHandleType {
     if kind == vk_export::ash::vk::SemaphoreType::TIMELINE {
         CUexternalSemaphoreHandleType::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD
@@ -94,69 +89,113 @@ fn cuda_handle_type(kind: vk_export::ash::vk::SemaphoreType) -> CUexternalSemaph
 
 impl CudaDevice {
     /// Imports a semaphore of this process (the CUDA handle type follows the
-    /// semaphore's kind).
+    /// semaphore's kind). A binary semaphore's tokens are shared with it;
+    /// timeline signals are bounded by its device's
+    /// `maxTimelineSemaphoreValueDifference`.
     pub fn import_semaphore<K: SemaphoreKind>(
         &self,
         semaphore: &vk_export::Semaphore<K>,
     ) -> Result<ExternalSemaphore<K>> {
+        self.check_resource_device(&semaphore.record().info().device_uuid())?;
         let fd = semaphore.export_fd()?;
-        self.import_semaphore_fd(semaphore.record(), fd)
+        let payload = shared_payload(semaphore);
+        let max = Some(semaphore.context().max_timeline_difference());
+        self.import_semaphore_with(fd, K::VK, payload, max)
             .map_err(ImportError::into_error)
     }
 
-    /// Imports a semaphore from a received record and fd; on failure the fd
-    /// comes back in the error.
-    pub fn import_semaphore_fd<K: SemaphoreKind>(
+    /// Imports a semaphore received over a socket, verified first on the
+    /// paired Vulkan device (both UUIDs, the kind's exportability), like
+    /// [`CudaDevice::import_received_image`]. A binary semaphore starts with
+    /// no known pending signal ([`ExternalSemaphore::assume_signalled`]).
+    pub fn import_received_semaphore<K: SemaphoreKind>(
         &self,
-        record: SemaphoreRecord<K>,
-        fd: OwnedFd,
+        received: ReceivedSemaphore<K>,
     ) -> Result<ExternalSemaphore<K>, ImportError> {
-        self.import_semaphore_with_max_difference(record, fd, None)
+        let (record, fd, _peer) = received.into_parts();
+        let max = self
+            .vulkan()
+            .map(vk_export::Context::max_timeline_difference);
+        if let Err(error) = self
+            .check_resource_device(&record.info().device_uuid())
+            .and_then(|()| self.verify_with_vulkan(|ctx| record.verify_on(ctx)))
+        {
+            return Err(ImportError { error, fd });
+        }
+        self.import_semaphore_with(fd, K::VK, BinaryPayload::new(), max)
     }
 
-    /// Imports a semaphore whose timeline signals may step at most
-    /// `max_difference` above the last value signalled (the Vulkan device's
-    /// `maxTimelineSemaphoreValueDifference`), or without a bound (`None`).
-    pub(crate) fn import_semaphore_with_max_difference<K: SemaphoreKind>(
+    /// Imports a semaphore from a record and an fd that did not travel
+    /// together through this crate.
+    ///
+    /// # Safety
+    /// `fd` is an OPAQUE_FD export of a semaphore of kind `K` whose own,
+    /// unmodified record is `record`. On success the fd is consumed; on
+    /// failure it comes back in the error.
+    pub unsafe fn import_semaphore_fd<K: SemaphoreKind>(
         &self,
         record: SemaphoreRecord<K>,
         fd: OwnedFd,
-        max_difference: Option<u64>,
     ) -> Result<ExternalSemaphore<K>, ImportError> {
         if let Err(error) = self.check_resource_device(&record.info().device_uuid()) {
             return Err(ImportError { error, fd });
         }
+        let max = self
+            .vulkan()
+            .map(vk_export::Context::max_timeline_difference);
+        self.import_semaphore_with(fd, K::VK, BinaryPayload::new(), max)
+    }
+
+    fn import_semaphore_with<K>(
+        &self,
+        fd: OwnedFd,
+        kind: vk_export::ash::vk::SemaphoreType,
+        payload: BinaryPayload,
+        max_difference: Option<u64>,
+    ) -> Result<ExternalSemaphore<K>, ImportError> {
         let guard = match self.enter() {
             Ok(g) => g,
             Err(error) => return Err(ImportError { error, fd }),
         };
         let mut desc = sys::CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC {
-            type_: cuda_handle_type(K::VK),
+            type_: cuda_handle_type(kind),
             ..Default::default()
         };
-        desc.handle.fd = fd.as_raw_fd();
         let mut handle: CUexternalSemaphore = std::ptr::null_mut();
-        // SAFETY: a zeroed descriptor (flags 0) naming an open fd we own, with
-        // the handle type of the record's semaphore kind; the device's context
-        // is current; writes one handle.
-        let result = unsafe { cu!(cuImportExternalSemaphore(&mut handle, &desc)) };
+        let import = |raw| {
+            desc.handle.fd = raw;
+            // SAFETY: a zeroed descriptor (flags 0) naming an open fd this
+            // crate owns, with the handle type of the record's semaphore
+            // kind; the device's context is current; writes one handle.
+            unsafe { cu!(cuImportExternalSemaphore(&mut handle, &desc)) }
+                .map_err(vk_export::ImportFailure::from)
+        };
+        let dup_failed = |e| Error::InvalidArgument(format!("the fd cannot be duplicated: {e}"));
+        // SAFETY: `import` gives the duplicate to exactly one
+        // cuImportExternalSemaphore call, which owns it on success only.
+        let imported = unsafe { vk_export::import_with_duplicate(fd, dup_failed, import) };
         drop(guard);
-        match result {
-            Ok(()) => {
-                // The driver owns the fd now.
-                let _ = fd.into_raw_fd();
-                Ok(ExternalSemaphore {
-                    device: self.clone(),
-                    handle,
-                    last_signalled: Mutex::new(0),
-                    max_difference,
-                    last_use: LastUse::new(self),
-                    _kind: PhantomData,
-                })
-            }
-            Err(error) => Err(ImportError { error, fd }),
+        match imported {
+            Ok(()) => Ok(ExternalSemaphore {
+                device: self.clone(),
+                handle,
+                last_signalled: Mutex::new(0),
+                max_difference,
+                payload,
+                last_use: LastUse::new(self),
+                _kind: PhantomData,
+            }),
+            Err((error, fd)) => Err(ImportError { error, fd }),
         }
     }
+}
+
+/// The payload state to share with an in-process import: a binary
+/// semaphore's own, a fresh one for timelines (unused there).
+fn shared_payload<K: SemaphoreKind>(semaphore: &vk_export::Semaphore<K>) -> BinaryPayload {
+    let any: &dyn std::any::Any = semaphore;
+    any.downcast_ref::<vk_export::Semaphore<Binary>>()
+        .map_or_else(BinaryPayload::new, |b| b.payload().clone())
 }
 
 impl<K> ExternalSemaphore<K> {
@@ -206,27 +245,45 @@ impl<K> ExternalSemaphore<K> {
 }
 
 impl ExternalSemaphore<Binary> {
-    /// Enqueues a signal; the token must be consumed by exactly one wait.
-    pub fn signal(&self, stream: &Stream) -> Result<BinarySignal<'_>> {
+    /// Enqueues a signal and returns its token, which exactly one wait (this
+    /// semaphore's, or a Vulkan submission's on the same payload) must
+    /// consume. A signal already pending is [`Error::Vulkan`] with
+    /// `BinarySemaphore`, and nothing is enqueued.
+    pub fn signal(&self, stream: &Stream) -> Result<BinarySignal> {
+        let reservation = self.payload.reserve_signal()?;
         self.enqueue_signal(stream, 0)?;
+        // SAFETY: the signal of this payload was just enqueued successfully.
+        let token = unsafe { reservation.submitted() };
         self.last_use.record(stream)?;
-        Ok(BinarySignal {
-            _semaphore: PhantomData,
-        })
+        Ok(token)
     }
 
-    /// Enqueues a wait for a signal (consumes its token).
-    pub fn wait(&self, stream: &Stream, signal: BinarySignal<'_>) -> Result<()> {
-        let _ = signal;
-        self.wait_raw(stream, 0)
+    /// Enqueues a wait for `signal` and consumes it. A token of another
+    /// payload is refused before anything is enqueued.
+    pub fn wait(&self, stream: &Stream, signal: BinarySignal) -> Result<()> {
+        self.payload.check(&signal)?;
+        self.wait_raw(stream, 0)?;
+        // SAFETY: the wait for this signal was just enqueued successfully.
+        unsafe { self.payload.consume(signal) }?;
+        Ok(())
     }
 
-    /// The token for a signal that a Vulkan queue submission already made
-    /// (submitted before the CUDA wait is enqueued, as Vulkan and CUDA require).
-    pub fn signalled_by_vulkan(&self) -> BinarySignal<'_> {
-        BinarySignal {
-            _semaphore: PhantomData,
-        }
+    /// This semaphore's payload state.
+    pub fn payload(&self) -> &BinaryPayload {
+        &self.payload
+    }
+
+    /// The token of a signal this crate did not see: one the peer process
+    /// submitted, or the application's own `vkQueueSubmit`.
+    ///
+    /// # Safety
+    /// A signal operation on this semaphore's payload has been submitted
+    /// (and not yet waited for), before the wait that uses the token is
+    /// enqueued.
+    pub unsafe fn assume_signalled(&self) -> Result<BinarySignal> {
+        let reservation = self.payload.reserve_signal()?;
+        // SAFETY: forwarded from the caller.
+        Ok(unsafe { reservation.submitted() })
     }
 }
 

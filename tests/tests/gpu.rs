@@ -26,8 +26,8 @@ use vk_export::markers::{usage, DeviceLocal, Optimal};
 use vk_export::socket::Connection;
 use vk_export::wire::{Message, Resource};
 use vk_export::{
-    BinarySemaphore, Context, ExportableBuffer, ExportableImage, ImageDesc, SemaphoreSubmit,
-    SubmitSync, TimelineSemaphore, WaitStrategy,
+    BinarySemaphore, Context, ExportableBuffer, ExportableImage, ImageDesc, SubmitSync,
+    TimelineSemaphore, WaitStrategy,
 };
 
 fn pair() -> (Context, CudaDevice) {
@@ -154,7 +154,9 @@ fn a_foreign_uuid_is_refused_before_any_driver_call_and_the_fd_comes_back() {
         .typed::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>()
         .unwrap();
     let fd = image.export_fd().unwrap();
-    let err = cuda.import_image_fd(record, fd).unwrap_err();
+    // SAFETY: the record is the image's own but for its device UUID, which is
+    // what is under test: the import is refused before the driver sees it.
+    let err = unsafe { cuda.import_image_fd(record, fd) }.unwrap_err();
     assert!(
         matches!(err.error, Error::DeviceMismatch { .. }),
         "{}",
@@ -172,7 +174,24 @@ fn a_bad_fd_is_a_clear_error_and_stays_with_the_caller() {
     let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(32, 32)).unwrap();
     let baseline = open_fd_count();
     let not_gpu: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
-    let err = cuda.import_image_fd(image.record(), not_gpu).unwrap_err();
+    // A peer sends /dev/null with a valid record: the safe receive path.
+    let (tx, rx) = Connection::pair().unwrap();
+    let message = Message {
+        tag: 0,
+        resources: vec![Resource::Image(image.info().clone())],
+    };
+    tx.send(&message, vec![not_gpu]).unwrap();
+    let bundle = rx
+        .recv(TIMEOUT)
+        .unwrap()
+        .take_image::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(0)
+        .unwrap();
+    drop((tx, rx));
+    let err = cuda.import_received_image(bundle).unwrap_err();
+    assert!(
+        rustix::io::fcntl_getfd(&err.fd).is_ok(),
+        "the fd came back open"
+    );
     println!("/dev/null import: {}", err.error);
     assert!(
         err.error.to_string().contains("cuImportExternalMemory"),
@@ -191,9 +210,9 @@ fn vulkan_writes_cuda_reads<F: Format>(ctx: &Context, cuda: &CudaDevice) {
     let (w, h) = (64u32, 32u32);
     let image = ExportableImage::<F>::new(ctx, ImageDesc::new_2d(w, h)).unwrap();
     let data = pattern((w * h * F::TEXEL_BYTES) as usize, F::VK.as_raw() as u32);
-    ctx.write_image(&image, 0, 0, &data, SubmitSync::default())
+    ctx.write_image(&image, 0, 0, &data, SubmitSync::new())
         .unwrap();
-    ctx.release_image(&image, SubmitSync::default()).unwrap();
+    ctx.release_image(&image, SubmitSync::new()).unwrap();
     let imported = cuda.import_image(&image).unwrap();
     let array = imported.map_array().unwrap();
     let level = array.level(0).unwrap();
@@ -229,7 +248,7 @@ fn cuda_writes_vulkan_reads<F: Format>(ctx: &Context, cuda: &CudaDevice, module:
     assert_eq!(F::TEXEL_BYTES, 4);
     let (w, h, seed) = (100u32, 60u32, 0x5a5a_0000u32);
     let image = ExportableImage::<F>::new(ctx, ImageDesc::new_2d(w, h)).unwrap();
-    ctx.release_image(&image, SubmitSync::default()).unwrap();
+    ctx.release_image(&image, SubmitSync::new()).unwrap();
     let imported = cuda.import_image(&image).unwrap();
     let array = imported.map_array().unwrap();
     let level = array.level(0).unwrap();
@@ -250,7 +269,7 @@ fn cuda_writes_vulkan_reads<F: Format>(ctx: &Context, cuda: &CudaDevice, module:
         ],
     );
     stream.synchronize(TIMEOUT).unwrap();
-    let got = ctx.read_image(&image, 0, 0, SubmitSync::default()).unwrap();
+    let got = ctx.read_image(&image, 0, 0, SubmitSync::new()).unwrap();
     let expected: Vec<u8> = (0..h)
         .flat_map(|y| {
             (0..w).flat_map(move |x| kernels::fill_b32_value(x, y, w, seed).to_le_bytes())
@@ -285,9 +304,8 @@ fn buffers_both_ways() {
     let len = 1 << 20;
     let buffer = ExportableBuffer::<DeviceLocal>::new(&ctx, len).unwrap();
     let data = pattern(len as usize, 3);
-    ctx.write_buffer(&buffer, &data, SubmitSync::default())
-        .unwrap();
-    ctx.release_buffer(&buffer, SubmitSync::default()).unwrap();
+    ctx.write_buffer(&buffer, &data, SubmitSync::new()).unwrap();
+    ctx.release_buffer(&buffer, SubmitSync::new()).unwrap();
     let mut imported = cuda.import_buffer(&buffer).unwrap();
     let mapped = imported.map().unwrap();
     let stream = Stream::new(&cuda).unwrap();
@@ -313,9 +331,7 @@ fn buffers_both_ways() {
     }
     .unwrap();
     stream.synchronize(TIMEOUT).unwrap();
-    let back = ctx
-        .read_buffer(&buffer, len, SubmitSync::default())
-        .unwrap();
+    let back = ctx.read_buffer(&buffer, len, SubmitSync::new()).unwrap();
     assert!(
         back.iter().zip(&data).all(|(b, d)| *b == d ^ 0xa5),
         "Vulkan read different bytes than CUDA wrote"
@@ -336,9 +352,9 @@ fn linear_images_map_as_buffers_with_their_row_pitch_and_textures_exist() {
     )
     .unwrap();
     let data = pattern((w * h * 4) as usize, 61);
-    ctx.write_image(&image, 0, 0, &data, SubmitSync::default())
+    ctx.write_image(&image, 0, 0, &data, SubmitSync::new())
         .unwrap();
-    ctx.release_image(&image, SubmitSync::default()).unwrap();
+    ctx.release_image(&image, SubmitSync::new()).unwrap();
     let mut imported = cuda.import_image(&image).unwrap();
     let mapped = imported.map_buffer().unwrap();
     let pitch = mapped.row_pitch().unwrap() as usize;
@@ -395,13 +411,13 @@ fn mip_levels_and_array_layers_map_exactly() {
         let mut all_layers = Vec::new();
         for layer in 0..4 {
             let data = pattern((e[0] * e[1] * 4) as usize, level * 100 + layer);
-            ctx.write_image(&image, level, layer, &data, SubmitSync::default())
+            ctx.write_image(&image, level, layer, &data, SubmitSync::new())
                 .unwrap();
             all_layers.extend(data);
         }
         expected_levels.push(all_layers);
     }
-    ctx.release_image(&image, SubmitSync::default()).unwrap();
+    ctx.release_image(&image, SubmitSync::new()).unwrap();
     let imported = cuda.import_image(&image).unwrap();
     let array = imported.map_array().unwrap();
     assert_eq!(array.levels(), 3);
@@ -461,16 +477,9 @@ fn semaphores_order_gpu_work_both_ways() {
     // Vulkan waits 2 on the GPU and reads back.
     let timeline = TimelineSemaphore::new(&ctx).unwrap();
     let cuda_timeline = cuda.import_semaphore(&timeline).unwrap();
-    ctx.clear_image(&image, color, SubmitSync::default())
+    ctx.clear_image(&image, color, SubmitSync::new()).unwrap();
+    ctx.release_image(&image, SubmitSync::new().signal_timeline(&timeline, 1))
         .unwrap();
-    ctx.release_image(
-        &image,
-        SubmitSync {
-            waits: &[],
-            signals: &[SemaphoreSubmit::timeline(&timeline, 1)],
-        },
-    )
-    .unwrap();
     cuda_timeline.wait(&stream, 1).unwrap();
     invert(&stream);
     cuda_timeline.signal(&stream, 2).unwrap();
@@ -479,15 +488,7 @@ fn semaphores_order_gpu_work_both_ways() {
         "timeline values only go up"
     );
     let pixels = ctx
-        .read_image(
-            &image,
-            0,
-            0,
-            SubmitSync {
-                waits: &[SemaphoreSubmit::timeline(&timeline, 2)],
-                signals: &[],
-            },
-        )
+        .read_image(&image, 0, 0, SubmitSync::new().wait_timeline(&timeline, 2))
         .unwrap();
     check(&pixels, "timeline");
 
@@ -496,30 +497,22 @@ fn semaphores_order_gpu_work_both_ways() {
     let to_vulkan = BinarySemaphore::new(&ctx).unwrap();
     let cuda_in = cuda.import_semaphore(&to_cuda).unwrap();
     let cuda_out = cuda.import_semaphore(&to_vulkan).unwrap();
-    ctx.clear_image(&image, color, SubmitSync::default())
-        .unwrap();
-    ctx.release_image(
-        &image,
-        SubmitSync {
-            waits: &[],
-            signals: &[SemaphoreSubmit::binary(&to_cuda)],
-        },
-    )
-    .unwrap();
-    cuda_in
-        .wait(&stream, cuda_in.signalled_by_vulkan())
-        .unwrap();
+    ctx.clear_image(&image, color, SubmitSync::new()).unwrap();
+    ctx.release_image(&image, SubmitSync::new()).unwrap();
+    let token = ctx.signal_binary(&to_cuda, SubmitSync::new()).unwrap();
+    cuda_in.wait(&stream, token).unwrap();
     invert(&stream);
-    cuda_out.signal(&stream).unwrap().waited_by_vulkan();
+    let token = cuda_out.signal(&stream).unwrap();
+    assert!(
+        cuda_out.signal(&stream).is_err(),
+        "a second binary signal while one is pending is refused"
+    );
     let pixels = ctx
         .read_image(
             &image,
             0,
             0,
-            SubmitSync {
-                waits: &[SemaphoreSubmit::binary(&to_vulkan)],
-                signals: &[],
-            },
+            SubmitSync::new().wait_binary(&to_vulkan, token),
         )
         .unwrap();
     check(&pixels, "binary");
@@ -545,18 +538,12 @@ fn two_processes_export_and_import_into_cuda() {
         0,
         0,
         &pattern((w * h * 4) as usize, 1234),
-        SubmitSync::default(),
+        SubmitSync::new(),
     )
     .unwrap();
     let timeline = TimelineSemaphore::new(&ctx).unwrap();
-    ctx.release_image(
-        &image,
-        SubmitSync {
-            waits: &[],
-            signals: &[SemaphoreSubmit::timeline(&timeline, 1)],
-        },
-    )
-    .unwrap();
+    ctx.release_image(&image, SubmitSync::new().signal_timeline(&timeline, 1))
+        .unwrap();
     let (parent, child_end) = Connection::pair().unwrap();
     // The child inherits its end of the socket: clear close-on-exec on it only.
     let child_fd = child_end.into_fd();
@@ -602,22 +589,26 @@ fn child_cuda_importer() {
         .parse()
         .unwrap();
     // SAFETY: the parent passed this connected socket's number; nothing else here owns it.
-    let connection = Connection::from_fd(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) });
-    let mut received = connection.recv().unwrap();
-    let (record, image_fd) = received
+    let connection =
+        Connection::from_fd(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }).unwrap();
+    let mut received = connection.recv(TIMEOUT).unwrap();
+    let image_bundle = received
         .take_image::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(0)
         .unwrap();
-    let (sem_record, sem_fd) = received
+    let semaphore_bundle = received
         .take_semaphore::<vk_export::semaphore_kinds::Timeline>(1)
         .unwrap();
-    let cuda = CudaDevice::for_uuid(record.info().device_uuid()).unwrap();
-    let (w, h) = (record.info().extent()[0], record.info().extent()[1]);
+    let record = image_bundle.record().info().clone();
+    // The receiver's own Vulkan device on the same GPU verifies the records.
+    let ctx = vulkan(Some(record.device_uuid()));
+    let cuda = CudaDevice::for_vulkan(&ctx).unwrap();
+    let (w, h) = (record.extent()[0], record.extent()[1]);
     let imported = cuda
-        .import_image_fd(record, image_fd)
+        .import_received_image(image_bundle)
         .map_err(|e| e.error)
         .unwrap();
     let semaphore = cuda
-        .import_semaphore_fd(sem_record, sem_fd)
+        .import_received_semaphore(semaphore_bundle)
         .map_err(|e| e.error)
         .unwrap();
     let stream = Stream::new(&cuda).unwrap();
@@ -883,9 +874,8 @@ fn a_pending_copy_keeps_a_forgotten_mapping_its_import_and_the_vulkan_buffer_ali
     let len: u64 = 256 << 20;
     let data = pattern(len as usize, 256);
     let buffer = ExportableBuffer::<DeviceLocal>::new(&ctx, len).unwrap();
-    ctx.write_buffer(&buffer, &data, SubmitSync::default())
-        .unwrap();
-    ctx.release_buffer(&buffer, SubmitSync::default()).unwrap();
+    ctx.write_buffer(&buffer, &data, SubmitSync::new()).unwrap();
+    ctx.release_buffer(&buffer, SubmitSync::new()).unwrap();
     let timeline = TimelineSemaphore::new(&ctx).unwrap();
     let gate = cuda.import_semaphore(&timeline).unwrap();
     let stream = Stream::new(&cuda).unwrap();

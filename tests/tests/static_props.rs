@@ -28,7 +28,15 @@ assert_not_impl_any!(Stream: Sync, Clone);
 assert_not_impl_any!(ExternalMemory: Clone, Copy);
 assert_not_impl_any!(ImportedImage<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>: Clone);
 assert_not_impl_any!(ExternalSemaphore<Binary>: Clone);
-assert_not_impl_any!(BinarySignal<'static>: Clone, Copy);
+assert_not_impl_any!(BinarySignal: Clone, Copy);
+
+// A context guard belongs to the thread whose context stack it pushed.
+assert_not_impl_any!(ContextGuard<'static>: Send, Sync);
+
+// Records and received bundles are made only by the crate, never cloned
+// into a second fd owner.
+assert_not_impl_any!(vk_export::ReceivedImage<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>: Clone);
+assert_not_impl_any!(vk_export::SubmitSync<'static>: Clone);
 assert_not_impl_any!(vk_export::ExportableImage<Rgba8Unorm>: Clone);
 
 #[test]
@@ -37,5 +45,6 @@ fn error_types_are_reportable() {
     is_error::<Error>();
     is_error::<ImportError>();
     is_error::<vk_export::Error>();
+    is_error::<vk_export::ImportError>();
     is_error::<cuda_interop_sys::LoadError>();
 }

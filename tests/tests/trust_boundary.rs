@@ -18,6 +18,8 @@ use vk_export::{
 /// Memory every driver has (lavapipe has no `DeviceLocal` class).
 type Mem = HostVisible;
 type Image = ExportableImage<Rgba8Unorm, Optimal, Mem>;
+/// One edit of a wire field's bytes.
+type Edit = Box<dyn Fn(&mut [u8])>;
 
 /// Whether `ctx` has a device-local, not host-visible memory type for images.
 fn has_device_local(ctx: &Context) -> bool {
@@ -144,7 +146,7 @@ fn received_records_and_fds_at_the_trust_boundary() {
 /// semaphores where the driver exports them), on every memory class the
 /// driver has.
 fn every_single_field_tamper_of_a_received_record_is_a_typed_error(ctx: &Context) {
-    let image_edits: Vec<(&str, Box<dyn Fn(&mut [u8])>)> = vec![
+    let image_edits: Vec<(&str, Edit)> = vec![
         ("format", Box::new(|b: &mut [u8]| tamper::set(100)(b))), // R32_SFLOAT: same texel size
         (
             "usage",
@@ -175,7 +177,7 @@ fn every_single_field_tamper_of_a_received_record_is_a_typed_error(ctx: &Context
             Box::new(|b: &mut [u8]| tamper::set(1 << 20)(b)),
         ),
     ];
-    let buffer_edits: Vec<(&str, Box<dyn Fn(&mut [u8])>)> = vec![
+    let buffer_edits: Vec<(&str, Edit)> = vec![
         ("usage", Box::new(|b: &mut [u8]| tamper::set(0x20)(b))),
         ("device_uuid", Box::new(|b: &mut [u8]| tamper::flip()(b))),
         ("driver_uuid", Box::new(|b: &mut [u8]| tamper::flip()(b))),

@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::markers::{DeviceLocal, MemoryLocation};
 use crate::memory::{
     allocate_imported, check_export_fd, check_memory_type, check_same_device, export_memory_fd,
-    import_with_duplicate, ImportError, ImportFailure, KeepAlive,
+    import_dup, ImportError, ImportFailure, KeepAlive,
 };
 use crate::ownership::Owner;
 use crate::received::ReceivedBuffer;
@@ -342,7 +342,7 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
         let dedicated_to = info
             .dedicated
             .then(|| vk::MemoryDedicatedAllocateInfo::default().buffer(buffer));
-        import_with_duplicate(fd, |raw| {
+        import_dup(fd, |raw| {
             let memory = allocate_imported(
                 ctx,
                 raw,

@@ -34,7 +34,7 @@ use crate::format::Format;
 use crate::markers::{usage, DeviceLocal, MemoryLocation, Optimal, Tiling, Usage};
 use crate::memory::{
     allocate_imported, check_export_fd, check_memory_type, check_same_device, export_memory_fd,
-    import_with_duplicate, ImportError, ImportFailure, KeepAlive,
+    import_dup, ImportError, ImportFailure, KeepAlive,
 };
 use crate::ownership::Owner;
 use crate::received::ReceivedImage;
@@ -589,8 +589,8 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
                 "this driver produced a record outside the wire rules: {e}"
             ))
         });
-        // SAFETY: image and memory are fresh; offset 0 satisfies any alignment.
         let bound = valid.and_then(|()| {
+            // SAFETY: image and memory are fresh; offset 0 satisfies any alignment.
             unsafe { device.bind_image_memory(image, memory, 0) }.map_err(Error::vk(
                 "vkBindImageMemory",
                 "the memory does not fit the image",
@@ -666,7 +666,7 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
         let dedicated_to = info
             .dedicated
             .then(|| vk::MemoryDedicatedAllocateInfo::default().image(image));
-        import_with_duplicate(fd, |raw| {
+        import_dup(fd, |raw| {
             let memory = allocate_imported(
                 ctx,
                 raw,

@@ -92,14 +92,17 @@ pub(crate) fn check_export_fd(fd: &OwnedFd, what: &str) -> Result<()> {
 /// Why an import through [`import_with_duplicate`] failed, and whether the
 /// driver had already taken the duplicate (a step after a successful import
 /// failed, and undoing it released the driver's fd).
-pub(crate) struct ImportFailure {
-    pub(crate) error: Error,
-    pub(crate) driver_took_fd: bool,
+#[derive(Debug)]
+pub struct ImportFailure<E> {
+    /// Why.
+    pub error: E,
+    /// The driver owned the duplicate when the failure happened.
+    pub driver_took_fd: bool,
 }
 
-impl From<Error> for ImportFailure {
+impl<E> From<E> for ImportFailure<E> {
     /// A failure of the import call itself: the duplicate is not the driver's.
-    fn from(error: Error) -> ImportFailure {
+    fn from(error: E) -> ImportFailure<E> {
         ImportFailure {
             error,
             driver_took_fd: false,
@@ -107,23 +110,23 @@ impl From<Error> for ImportFailure {
     }
 }
 
-/// Hands `import` a duplicate of `fd` and settles ownership as the module
-/// contract says: `Ok` consumes `fd`, `Err` returns it.
-pub(crate) fn import_with_duplicate<T>(
+/// Hands `import` a duplicate of `fd` and settles ownership as this module's
+/// contract says: `Ok` consumes `fd`; `Err` returns it, open and unchanged,
+/// with the error (`dup_failed` makes the error when `fd` cannot be
+/// duplicated). The CUDA side imports through this too.
+///
+/// # Safety
+/// `import` passes the raw fd it gets to at most one driver import call
+/// (which owns it on success), never closes or keeps it otherwise, and sets
+/// [`ImportFailure::driver_took_fd`] truthfully.
+pub unsafe fn import_with_duplicate<T, E>(
     fd: OwnedFd,
-    import: impl FnOnce(i32) -> Result<T, ImportFailure>,
-) -> Result<T, ImportError> {
+    dup_failed: impl FnOnce(std::io::Error) -> E,
+    import: impl FnOnce(i32) -> Result<T, ImportFailure<E>>,
+) -> Result<T, (E, OwnedFd)> {
     let duplicate = match fd.try_clone() {
         Ok(d) => d,
-        Err(e) => {
-            return Err(ImportError {
-                error: Error::Socket {
-                    call: "fcntl(F_DUPFD_CLOEXEC)",
-                    source: e,
-                },
-                fd,
-            })
-        }
+        Err(e) => return Err((dup_failed(e), fd)),
     };
     let identity = rustix::fs::fstat(&duplicate)
         .ok()
@@ -139,12 +142,30 @@ pub(crate) fn import_with_duplicate<T>(
             if !failure.driver_took_fd {
                 close_if_still_ours(raw, &fd, identity);
             }
-            Err(ImportError {
-                error: failure.error,
-                fd,
-            })
+            Err((failure.error, fd))
         }
     }
+}
+
+/// [`import_with_duplicate`] with this crate's error types.
+pub(crate) fn import_dup<T>(
+    fd: OwnedFd,
+    import: impl FnOnce(i32) -> Result<T, ImportFailure<Error>>,
+) -> Result<T, ImportError> {
+    // SAFETY: every caller in this crate gives the raw fd to exactly one
+    // vkAllocateMemory / vkImportSemaphoreFdKHR call and reports a failure
+    // after a successful import (a failed bind) as `driver_took_fd`.
+    unsafe {
+        import_with_duplicate(
+            fd,
+            |source| Error::Socket {
+                call: "fcntl(F_DUPFD_CLOEXEC)",
+                source,
+            },
+            import,
+        )
+    }
+    .map_err(|(error, fd)| ImportError { error, fd })
 }
 
 /// Closes `raw` after a failed import unless the driver already did: it is

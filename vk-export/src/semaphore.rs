@@ -27,9 +27,7 @@ use ash::vk;
 
 use crate::context::{record_drop_error, Context, DROP_WAIT};
 use crate::error::{Error, Result};
-use crate::memory::{
-    check_export_fd, check_same_device, import_with_duplicate, ImportError, ImportFailure,
-};
+use crate::memory::{check_export_fd, check_same_device, import_dup, ImportError, ImportFailure};
 use crate::received::ReceivedSemaphore;
 use crate::record::{SemaphoreInfo, SemaphoreRecord};
 use crate::token::{BinaryPayload, BinarySignal};
@@ -307,7 +305,7 @@ impl<K: SemaphoreKind> Semaphore<K> {
             Ok(s) => s,
             Err(error) => return Err(ImportError { error, fd }),
         };
-        import_with_duplicate(fd, |raw| {
+        import_dup(fd, |raw| {
             this.import_raw(
                 raw,
                 vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD,
@@ -392,6 +390,15 @@ impl<K: SemaphoreKind> Semaphore<K> {
     }
 }
 
+impl<K: SemaphoreKind> SemaphoreRecord<K> {
+    /// Checks the record against `ctx`'s device as an import would: both
+    /// UUIDs, and that this device can import such semaphores.
+    pub fn verify_on(&self, ctx: &Context) -> Result<()> {
+        check_same_device(ctx, &self.info.device_uuid, &self.info.driver_uuid)?;
+        Semaphore::<K>::preflight(ctx)
+    }
+}
+
 impl Semaphore<Binary> {
     /// This semaphore's payload state, shared with its imports (CUDA's too).
     pub fn payload(&self) -> &BinaryPayload {
@@ -450,7 +457,7 @@ impl Semaphore<Binary> {
             SyncFd::AlreadySignaled => self
                 .import_raw(-1, handle, flags)
                 .map_err(|e| (e, SyncFd::AlreadySignaled)),
-            SyncFd::Fd(fd) => import_with_duplicate(fd, |raw| {
+            SyncFd::Fd(fd) => import_dup(fd, |raw| {
                 self.import_raw(raw, handle, flags)
                     .map_err(ImportFailure::from)
             })

@@ -8,7 +8,8 @@ use vk_export::semaphore_kinds::*;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 fn check(device: &CudaDevice, record: vk_export::ImageRecord<Rgba8Unorm>, fd: OwnedFd) {
-    let _ = device.import_image_fd(record, fd);
+    // SAFETY: (in a real program) `fd` exports the image `record` describes.
+    let _ = unsafe { device.import_image_fd(record, fd) };
     let _ = fd.as_raw_fd();
 }
 

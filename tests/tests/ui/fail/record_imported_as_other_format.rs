@@ -7,9 +7,9 @@ use vk_export::semaphore_kinds::*;
 #[allow(unused_imports)]
 use std::os::fd::{AsRawFd, OwnedFd};
 
-fn check(device: &CudaDevice, record: vk_export::ImageRecord<Rgba8Unorm>, fd: OwnedFd) {
+fn check(device: &CudaDevice, received: vk_export::ReceivedImage<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>) {
     let _image: std::result::Result<ImportedImage<R32Sfloat, Optimal, DeviceLocal, usage::Storage>, ImportError> =
-        device.import_image_fd(record, fd);
+        device.import_received_image(received);
 }
 
 fn main() {}

@@ -10,7 +10,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 #[allow(dead_code)]
 fn check(device: &CudaDevice, record: vk_export::ImageRecord<Rgba8Unorm>, fd: OwnedFd) -> std::io::Result<()> {
     let copy = fd.try_clone()?;
-    match device.import_image_fd(record, fd) {
+    // SAFETY: (in a real program) `fd` exports the image `record` describes.
+    match unsafe { device.import_image_fd(record, fd) } {
         Ok(_image) => {}
         Err(failed) => drop(failed.fd),
     }

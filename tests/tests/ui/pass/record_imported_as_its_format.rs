@@ -1,4 +1,4 @@
-// Twin of fail/record_imported_as_other_format.rs; a received untyped record is checked at run time with ImageInfo::typed.
+// Twin of fail/record_imported_as_other_format.rs; a received record is typed at run time when it is taken from the message.
 use cuda_interop::*;
 use vk_export::format::*;
 use vk_export::markers::*;
@@ -8,10 +8,10 @@ use vk_export::semaphore_kinds::*;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 #[allow(dead_code)]
-fn check(device: &CudaDevice, info: vk_export::ImageInfo, fd: OwnedFd) -> Result<()> {
-    let record = info.typed::<R32Sfloat, Optimal, DeviceLocal, usage::Storage>()?;
+fn check(device: &CudaDevice, received: &mut vk_export::wire::Received) -> Result<()> {
+    let bundle = received.take_image::<R32Sfloat, Optimal, DeviceLocal, usage::Storage>(0)?;
     let _image: ImportedImage<R32Sfloat, Optimal, DeviceLocal, usage::Storage> =
-        device.import_image_fd(record, fd).map_err(ImportError::into_error)?;
+        device.import_received_image(bundle).map_err(ImportError::into_error)?;
     Ok(())
 }
 
