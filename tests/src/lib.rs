@@ -133,7 +133,7 @@ pub mod tamper {
     }
 
     /// Adds `delta` to a little-endian integer field of 1, 4 or 8 bytes.
-    pub fn add(delta: i64) -> impl FnOnce(&mut [u8]) {
+    pub fn add(delta: i64) -> impl Fn(&mut [u8]) {
         move |b: &mut [u8]| {
             let mut v = [0u8; 8];
             v[..b.len()].copy_from_slice(b);
@@ -143,7 +143,7 @@ pub mod tamper {
     }
 
     /// Sets a little-endian integer field to `value`.
-    pub fn set(value: u64) -> impl FnOnce(&mut [u8]) {
+    pub fn set(value: u64) -> impl Fn(&mut [u8]) {
         move |b: &mut [u8]| {
             let n = b.len();
             b.copy_from_slice(&value.to_le_bytes()[..n]);
@@ -151,7 +151,7 @@ pub mod tamper {
     }
 
     /// Flips every bit of the field's first byte.
-    pub fn flip() -> impl FnOnce(&mut [u8]) {
+    pub fn flip() -> impl Fn(&mut [u8]) {
         |b: &mut [u8]| b[0] ^= 0xff
     }
 
