@@ -1,8 +1,12 @@
-//! Shared helpers for the integration tests.
+//! Shared helpers for the integration tests: Vulkan contexts with validation,
+//! fd counting, records made on the wire ([`sample`], [`tamper`]) and
+//! structure-aware wire inputs for the fuzzer and its replay ([`wire_gen`]).
 
 use std::time::Duration;
 
 use vk_export::{Context, HeadlessOptions, Validation};
+
+pub mod wire_gen;
 
 /// A headless context with the validation layer required, unless
 /// `CUDA_INTEROP_VALIDATION=off` (for machines without the layer: never CI).

@@ -38,18 +38,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
             other => return Err(format!("codegen: unknown argument `{other}`")),
         }
     }
-    let root = workspace_root();
+    let root = crate::workspace_root();
     let lock = read_lock(&root.join("xtask/cuda-header.lock"))?;
     let header = find_header(&root, &lock, include_dir)?;
     let files = generate(&header, &lock)?;
     ensure_files(&root.join(GENERATED_DIR), &files, check)
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives one level below the workspace root")
-        .to_path_buf()
 }
 
 fn read_lock(path: &Path) -> Result<Lock, String> {

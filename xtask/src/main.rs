@@ -1,20 +1,36 @@
 //! Developer tasks for the cuda-interop workspace.
 //!
 //! ```text
+//! cargo xtask demo [ARGS]                              system packages, then the main job (round_trip)
+//! cargo xtask test [ARGS]                              system packages, then cargo test --workspace
 //! cargo xtask codegen [--check] [--cuda-include DIR]   regenerate (or check) the driver bindings
 //! ```
 //!
-//! Only `codegen` needs libclang; nothing else in the workspace does.
+//! Only `codegen` needs libclang; nothing else in the workspace does. `demo`
+//! and `test` are the commands for a fresh Debian/Ubuntu machine (see
+//! `fresh.rs` for what they check and install, and when they stop instead).
 
 mod codegen;
+mod fresh;
 mod functions;
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+/// The workspace root (xtask lives one level below it).
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("codegen") => codegen::run(&args[1..]),
+        Some("test") => fresh::test(&args[1..]),
+        Some("demo") => fresh::demo(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{}", USAGE);
             Ok(())
@@ -34,6 +50,19 @@ const USAGE: &str = "\
 usage: cargo xtask <task>
 
 tasks:
+  demo [ARGS]
+      The main job: checks the system packages it needs (libvulkan1,
+      mesa-vulkan-drivers, vulkan-validationlayers), installs the missing
+      ones with apt-get when root or `sudo -n` can, otherwise stops and
+      prints the command to run; then
+      cargo run --release -p cuda-interop --example round_trip -- ARGS
+      (e.g. `cargo xtask demo 120 --bench`).
+  test [ARGS]
+      The tests: the same check for their packages (those above and gcc),
+      then cargo test --workspace ARGS (e.g. `cargo xtask test --locked`,
+      `cargo xtask test -p cuda-interop-tests --test wire -- --nocapture`).
+      CUDA_INTEROP_XTASK_ASSUME_MISSING=PKG[,PKG] (demo and test): a dry
+      run that treats those packages as missing and installs nothing.
   codegen [--check] [--cuda-include DIR]
       Regenerate cuda-interop-sys/src/generated/ from the pinned cuda.h.
       --check writes nothing and fails, showing the difference, if the

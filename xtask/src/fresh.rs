@@ -1,0 +1,245 @@
+//! `cargo xtask test` and `cargo xtask demo`: the system packages first, then
+//! the tests or the main job.
+//!
+//! # Contract
+//!
+//! * Each task needs a fixed list of Debian/Ubuntu packages ([`TEST_PACKAGES`],
+//!   [`DEMO_PACKAGES`]). Detection needs no privileges: `dpkg-query -W
+//!   -f='${Status}\n' PKG`; a package is present when a line of that reads
+//!   `install ok installed`.
+//! * Missing packages are installed with `apt-get update` and `apt-get install
+//!   -y --no-install-recommends` only when that can run unattended: as root,
+//!   or through `sudo -n` when `sudo -n true` succeeds. Otherwise the task
+//!   stops at once, before building anything, printing the exact command to
+//!   run.
+//! * `CUDA_INTEROP_XTASK_ASSUME_MISSING=PKG[,PKG...]` is a diagnostic dry run:
+//!   those packages count as missing whatever dpkg says, nothing is installed,
+//!   and the task stops after printing what it would run (with root or sudo)
+//!   or the command to run (without). Only xtask reads it.
+//! * Without `dpkg-query` (not Debian or Ubuntu) nothing is checked: the task
+//!   names the packages and goes on; the tests and the demo say themselves
+//!   what is missing.
+//! * Then, in the workspace root, `test` runs `cargo test --workspace ARGS`
+//!   and `demo` runs `cargo run --release -p cuda-interop --example
+//!   round_trip -- ARGS`, with ARGS passed through unchanged (a leading `--`
+//!   for `demo` is dropped), and fail when that command fails.
+
+use std::process::{Command, Stdio};
+
+/// What `cargo test --workspace` needs: the Vulkan loader, lavapipe, the
+/// Khronos validation layer (every Vulkan test runs with it), and a C
+/// compiler for the loader tests' fixture libraries.
+pub const TEST_PACKAGES: &[&str] = &[
+    "libvulkan1",
+    "mesa-vulkan-drivers",
+    "vulkan-validationlayers",
+    "gcc",
+];
+
+/// What the round-trip example needs: the loader, lavapipe (where there is no
+/// GPU driver) and the validation layer (it runs with it when present).
+pub const DEMO_PACKAGES: &[&str] = &[
+    "libvulkan1",
+    "mesa-vulkan-drivers",
+    "vulkan-validationlayers",
+];
+
+const ASSUME_MISSING: &str = "CUDA_INTEROP_XTASK_ASSUME_MISSING";
+
+/// `cargo xtask test [ARGS]`.
+pub fn test(args: &[String]) -> Result<(), String> {
+    ensure_packages("test", TEST_PACKAGES)?;
+    let mut cargo = cargo();
+    cargo.args(["test", "--workspace"]).args(args);
+    run(cargo)
+}
+
+/// `cargo xtask demo [ARGS]`.
+pub fn demo(args: &[String]) -> Result<(), String> {
+    ensure_packages("demo", DEMO_PACKAGES)?;
+    let args = match args.first().map(String::as_str) {
+        Some("--") => &args[1..],
+        _ => args,
+    };
+    let mut cargo = cargo();
+    cargo
+        .args([
+            "run",
+            "--release",
+            "-p",
+            "cuda-interop",
+            "--example",
+            "round_trip",
+            "--",
+        ])
+        .args(args);
+    run(cargo)
+}
+
+fn cargo() -> Command {
+    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cargo.current_dir(crate::workspace_root());
+    cargo
+}
+
+fn run(mut command: Command) -> Result<(), String> {
+    let shown = format!("{command:?}");
+    let status = command
+        .status()
+        .map_err(|e| format!("could not run {shown}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{shown} failed ({status})"))
+    }
+}
+
+/// How packages could be installed from here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Installer {
+    Root,
+    Sudo,
+    /// Neither; whether there is a `sudo` to suggest.
+    None {
+        sudo: bool,
+    },
+}
+
+impl Installer {
+    fn detect() -> Installer {
+        if effective_uid() == Some(0) {
+            Installer::Root
+        } else {
+            match Command::new("sudo")
+                .args(["-n", "true"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+            {
+                Ok(s) if s.success() => Installer::Sudo,
+                Ok(_) => Installer::None { sudo: true },
+                Err(_) => Installer::None { sudo: false },
+            }
+        }
+    }
+
+    /// The two commands that install `packages`.
+    fn commands(self, packages: &[&str]) -> [Vec<String>; 2] {
+        let prefix: &[&str] = match self {
+            Installer::Root => &["apt-get"],
+            Installer::Sudo => &[
+                "sudo",
+                "-n",
+                "env",
+                "DEBIAN_FRONTEND=noninteractive",
+                "apt-get",
+            ],
+            Installer::None { sudo: true } => &["sudo", "apt-get"],
+            Installer::None { sudo: false } => &["apt-get"],
+        };
+        let with = |rest: &[&str]| -> Vec<String> {
+            prefix.iter().chain(rest).map(|s| s.to_string()).collect()
+        };
+        let mut install = with(&["install", "-y", "--no-install-recommends"]);
+        install.extend(packages.iter().map(|p| p.to_string()));
+        [with(&["update", "-qq"]), install]
+    }
+}
+
+/// The effective user id, from `/proc/self/status` (no libc needed).
+fn effective_uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// `Some(true)` if dpkg knows `package` as installed, `Some(false)` if not,
+/// `None` without `dpkg-query`.
+fn installed(package: &str) -> Option<bool> {
+    let output = Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}\n", package])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    let status = String::from_utf8_lossy(&output.stdout);
+    Some(output.status.success() && status.lines().any(|l| l.trim() == "install ok installed"))
+}
+
+fn ensure_packages(task: &str, needed: &[&str]) -> Result<(), String> {
+    let assumed: Vec<String> = std::env::var(ASSUME_MISSING)
+        .unwrap_or_default()
+        .split([',', ' '])
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect();
+    for unknown in assumed.iter().filter(|p| !needed.contains(&p.as_str())) {
+        eprintln!(
+            "xtask: {ASSUME_MISSING} names `{unknown}`, which `{task}` does not need; ignored"
+        );
+    }
+    let mut missing = Vec::new();
+    for &package in needed {
+        if assumed.iter().any(|p| p == package) {
+            missing.push(package);
+            continue;
+        }
+        match installed(package) {
+            Some(true) => {}
+            Some(false) => missing.push(package),
+            None => {
+                eprintln!(
+                    "xtask: no dpkg-query (not Debian/Ubuntu?): not checking system packages; \
+                     `{task}` needs the equivalents of: {}",
+                    needed.join(" ")
+                );
+                return Ok(());
+            }
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let installer = Installer::detect();
+    let commands = installer.commands(&missing);
+    let shell = |c: &[String]| c.join(" ");
+    let dry_run = !assumed.is_empty();
+    eprintln!(
+        "xtask: `{task}` needs these missing system packages: {}",
+        missing.join(" ")
+    );
+    if let Installer::None { sudo } = installer {
+        return Err(format!(
+            "installing them needs root ({}); run{}:\n\n    {} && {}\n\nthen `cargo xtask {task}` again{}",
+            if sudo {
+                "not root, and `sudo -n` needs a password"
+            } else {
+                "not root, and no sudo"
+            },
+            if sudo { "" } else { " as root" },
+            shell(&commands[0]),
+            shell(&commands[1]),
+            if dry_run {
+                format!(" ({ASSUME_MISSING} is set: it made them count as missing)")
+            } else {
+                String::new()
+            }
+        ));
+    }
+    if dry_run {
+        return Err(format!(
+            "dry run ({ASSUME_MISSING} is set): would run\n\n    {}\n    {}\n\nand install nothing",
+            shell(&commands[0]),
+            shell(&commands[1])
+        ));
+    }
+    for command in commands {
+        eprintln!("xtask: {}", shell(&command));
+        let mut c = Command::new(&command[0]);
+        c.args(&command[1..])
+            .env("DEBIAN_FRONTEND", "noninteractive");
+        run(c)?;
+    }
+    Ok(())
+}
