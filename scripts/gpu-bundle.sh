@@ -49,8 +49,8 @@ tests() {
 # fd-heavy ones, and the examples.
 cargo build --profile gpu -p cuda-interop --examples
 cargo build --profile gpu -p cuda-interop-sys --example driver_info
-tests gpu "" gpu vulkan wire
-tests gpu-debug -debug vulkan wire
+tests gpu "" gpu vulkan wire trust_boundary
+tests gpu-debug -debug vulkan wire trust_boundary
 for e in round_trip host_wait; do cp "target/gpu/examples/$e" "$out/"; done
 cp target/gpu/examples/driver_info "$out/"
 cp scripts/gpu-run.sh "$out/run.sh"

@@ -26,7 +26,7 @@ run() { echo; echo "=== $*"; "$@" || { status=1; echo "=== FAILED: $*"; }; }
 # child process by exact name (tests/tests/vulkan.rs, gpu.rs). Run on their
 # own they fail, so they are skipped, exactly, and nothing else is.
 vulkan_children=(child_process_importer)
-gpu_children=(child_cuda_importer child_poisoned)
+gpu_children=(child_cuda_importer child_poisoned child_producer_that_dies child_wait_nobody_signals child_context_pop_mismatch)
 # The tests that fault on purpose (an illegal address, in a child process):
 # not run under compute-sanitizer, which would rightly report the fault.
 faulting=(a_sticky_fault_poisons_the_process_and_later_calls_say_so child_poisoned)
@@ -52,10 +52,12 @@ nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,mig.mode.current --fo
 run $b/driver_info
 run $b/test-vulkan --test-threads=1 --exact "${vulkan_skip[@]}"
 run $b/test-wire --test-threads=1
+run $b/test-trust_boundary --nocapture
 echo; echo "=== debug assertions and overflow checks on (profile gpu-debug)"
 run $b/test-vulkan-debug --test-threads=1 --exact "${vulkan_skip[@]}"
 run $b/test-wire-debug --test-threads=1
-run $b/test-gpu --ignored --test-threads=1 --exact "${gpu_skip[@]}"
+run $b/test-trust_boundary-debug
+run $b/test-gpu --ignored --test-threads=1 --nocapture --exact "${gpu_skip[@]}"
 
 # compute-sanitizer: the bundle's, else the machine's.
 san=

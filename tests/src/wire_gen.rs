@@ -741,7 +741,7 @@ impl fmt::Display for Reach {
 /// Receives one message: the only call of `Connection::recv` in the fuzz
 /// harness and the replay test (the one line to change when its signature does).
 pub fn receive(connection: &Connection) -> vk_export::Result<Received> {
-    connection.recv()
+    connection.recv(std::time::Duration::from_secs(5))
 }
 
 /// An fd to send with a message.
@@ -870,11 +870,13 @@ fn receive_and_take(case: &ReceiveCase) -> vk_export::Result<Message> {
                 .take_image::<vk_export::format::Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(
                     index,
                 )
-                .map(|(_, fd)| fd),
-            Take::Buffer => received.take_buffer::<DeviceLocal>(index).map(|(_, fd)| fd),
+                .map(|bundle| bundle.into_parts().1),
+            Take::Buffer => received
+                .take_buffer::<DeviceLocal>(index)
+                .map(|bundle| bundle.into_parts().1),
             Take::Semaphore => received
                 .take_semaphore::<vk_export::semaphore_kinds::Timeline>(index)
-                .map(|(_, fd)| fd),
+                .map(|bundle| bundle.into_parts().1),
             Take::Leave => continue,
         };
     }
