@@ -59,6 +59,14 @@ run $b/test-wire-debug --test-threads=1
 run $b/test-trust_boundary-debug
 run $b/test-gpu --ignored --test-threads=1 --nocapture --exact "${gpu_skip[@]}"
 
+run $b/round_trip 120 --bench
+uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
+run $b/round_trip 30 --device "$uuid"
+echo; echo "=== CUDA_VISIBLE_DEVICES= (CUDA hides the GPU; pairing must report it, not pick another)"
+CUDA_VISIBLE_DEVICES= $b/round_trip 5 || status=1
+run $b/host_wait 300
+
+# Last, as the slowest part: the GPU tests again under compute-sanitizer.
 # compute-sanitizer: the bundle's, else the machine's.
 san=
 for c in .gpu/compute-sanitizer/compute-sanitizer "$(command -v compute-sanitizer || true)" \
@@ -93,11 +101,5 @@ else
   echo; echo "=== FAILED: no compute-sanitizer (bundle, PATH, \$CUDA_HOME, /usr/local/cuda*): memcheck and synccheck NOT RUN"
 fi
 
-run $b/round_trip 120 --bench
-uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
-run $b/round_trip 30 --device "$uuid"
-echo; echo "=== CUDA_VISIBLE_DEVICES= (CUDA hides the GPU; pairing must report it, not pick another)"
-CUDA_VISIBLE_DEVICES= $b/round_trip 5 || status=1
-run $b/host_wait 300
 echo; echo "gpu-run: $([ $status = 0 ] && echo all passed || echo FAILURES) ($(head -1 $b/BUILD))"
 exit $status
