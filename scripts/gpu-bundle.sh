@@ -37,7 +37,7 @@ tests() {
   local profile=$1 suffix=$2 args=() json path t
   shift 2
   for t in "$@"; do args+=(--test "$t"); done
-  json=$(cargo test --profile "$profile" -p cuda-interop-tests "${args[@]}" --no-run --message-format=json)
+  json=$(cargo test --profile "$profile" -p cuda-interop-tests --features device-local "${args[@]}" --no-run --message-format=json)
   for t in "$@"; do
     path=$(printf '%s\n' "$json" | grep -o "\"executable\":\"[^\"]*/deps/$t-[^\"]*\"" | tail -1 | cut -d'"' -f4)
     [ -n "$path" ] || { echo "gpu-bundle: no $profile test binary for $t" >&2; exit 1; }

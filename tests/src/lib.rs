@@ -149,8 +149,13 @@ pub mod tamper {
     /// Sets a little-endian integer field to `value`.
     pub fn set(value: u64) -> impl Fn(&mut [u8]) {
         move |b: &mut [u8]| {
-            let n = b.len();
-            b.copy_from_slice(&value.to_le_bytes()[..n]);
+            if b.len() > 8 {
+                // A UUID: every byte the value's low byte.
+                b.fill(value as u8);
+            } else {
+                let n = b.len();
+                b.copy_from_slice(&value.to_le_bytes()[..n]);
+            }
         }
     }
 

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use cuda_interop_tests::{assert_no_validation_errors, open_fd_count, tamper, vulkan, TIMEOUT};
 use vk_export::format::Rgba8Unorm;
-use vk_export::markers::{usage, DeviceLocal, HostVisible, MemoryLocation, Optimal};
+use vk_export::markers::{usage, DeviceLocal, MemoryLocation, Optimal};
 use vk_export::socket::Connection;
 use vk_export::wire::{Message, Resource};
 use vk_export::{
@@ -15,8 +15,12 @@ use vk_export::{
     TimelineSemaphore,
 };
 
-/// Memory every driver has (lavapipe has no `DeviceLocal` class).
-type Mem = HostVisible;
+/// Lavapipe has no `DeviceLocal` class and NVIDIA puts optimal images only
+/// in device-local memory: the GPU bundle builds with `device-local`.
+#[cfg(not(feature = "device-local"))]
+type Mem = vk_export::markers::HostVisible;
+#[cfg(feature = "device-local")]
+type Mem = DeviceLocal;
 type Image = ExportableImage<Rgba8Unorm, Optimal, Mem>;
 /// One edit of a wire field's bytes.
 type Edit = Box<dyn Fn(&mut [u8])>;
