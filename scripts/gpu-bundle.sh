@@ -22,7 +22,7 @@ commit=$(git rev-parse HEAD)
 changes=$(git status --porcelain)
 {
   if [ -n "$changes" ]; then
-    echo "commit $commit DIRTY: built with uncommitted changes:"
+    echo "commit $commit DIRTY (built with the uncommitted changes listed below)"
     printf '%s\n' "$changes" | sed 's/^/    /'
   else
     echo "commit $commit (clean tree)"

@@ -303,6 +303,22 @@ fn fresh_structured_messages_reach_every_decoder_and_round_trip() {
                 spec
             );
             reach.lock().unwrap().add(&decoded);
+            // The fuzzer's seeds are made by the inverse of its input reader:
+            // every spec without lengths drawn from the input's end has one.
+            let lengths_from_end = matches!(spec.framing, Framing::Trailing(_))
+                || spec
+                    .resources
+                    .iter()
+                    .any(|r| matches!(r, ResourceSpec::Raw { .. }));
+            let flag_bytes_readable = spec.resources.iter().all(|r| match r {
+                ResourceSpec::Image(i) => matches!(i.dedicated, 0 | 1 | 0xf0..),
+                ResourceSpec::Buffer(b) => matches!(b.dedicated, 0 | 1 | 0xf0..),
+                _ => true,
+            });
+            if !lengths_from_end && flag_bytes_readable {
+                let input = spec.to_fuzz_bytes();
+                prop_assert!(input.is_some(), "no fuzzer input reads back as {:?}", spec);
+            }
             Ok(())
         })
         .unwrap();

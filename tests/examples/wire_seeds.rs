@@ -1,0 +1,83 @@
+//! Writes seed inputs for the fuzz targets: valid messages (the tests'
+//! sample image, buffer and semaphore, alone and together, and 16 resources),
+//! encoded as the inputs the targets read back as those messages, so that
+//! the fuzzer starts from records every validator accepts.
+//!
+//! ```text
+//! cargo run -p cuda-interop-tests --example wire_seeds -- fuzz/corpus
+//! ```
+//!
+//! Writes `seed-*` files into `DIR/wire_decode/` and `DIR/receive/`.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use cuda_interop_tests::sample;
+use cuda_interop_tests::wire_gen::{FdKind, Framing, ReceiveCase, Take, WireSpec};
+
+fn main() -> ExitCode {
+    let Some(dir) = std::env::args().nth(1) else {
+        eprintln!("usage: wire_seeds DIR");
+        return ExitCode::FAILURE;
+    };
+    let all = WireSpec::from(&sample::message());
+    let one = |i: usize| WireSpec {
+        resources: vec![all.resources[i].clone()],
+        ..all.clone()
+    };
+    let sixteen = WireSpec {
+        resources: all.resources.iter().cycle().take(16).cloned().collect(),
+        ..all.clone()
+    };
+    let mut miscounted = all.clone();
+    miscounted.framing = Framing::Count(2);
+    let decode = [
+        ("all", all.clone()),
+        ("image", one(0)),
+        ("buffer", one(1)),
+        ("semaphore", one(2)),
+        ("sixteen", sixteen),
+        ("miscounted", miscounted),
+    ];
+    let receive = [
+        (
+            "all",
+            vec![FdKind::DevNull, FdKind::Memfd, FdKind::PipeRead],
+            vec![Take::Image, Take::Buffer, Take::Semaphore],
+            all.clone(),
+        ),
+        ("image", vec![FdKind::Memfd], vec![Take::Image], one(0)),
+        (
+            "buffer",
+            vec![FdKind::PipeWrite],
+            vec![Take::Buffer],
+            one(1),
+        ),
+        (
+            "semaphore",
+            vec![FdKind::DevNull],
+            vec![Take::Semaphore],
+            one(2),
+        ),
+        (
+            "wrong-take",
+            vec![FdKind::Memfd],
+            vec![Take::Buffer],
+            one(0),
+        ),
+    ];
+    let write = |target: &str, name: &str, bytes: Option<Vec<u8>>| {
+        let bytes = bytes.unwrap_or_else(|| panic!("{target}/{name} has no input form"));
+        let path = Path::new(&dir).join(target).join(format!("seed-{name}"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        println!("{}", path.display());
+    };
+    for (name, spec) in &decode {
+        write("wire_decode", name, spec.to_fuzz_bytes());
+    }
+    for (name, fds, takes, spec) in &receive {
+        write("receive", name, ReceiveCase::seed(fds, takes, spec));
+    }
+    ExitCode::SUCCESS
+}
