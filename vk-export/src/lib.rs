@@ -19,11 +19,13 @@
 //!   dedicated allocation where the driver requires or prefers one, and it
 //!   records what an importer needs ([`ImageInfo`]). [`ExportableBuffer`] and
 //!   [`Semaphore`] (binary and timeline) likewise.
-//! * **Fds are `OwnedFd`.** Each export is a new fd that the caller owns; an
-//!   import consumes its fd. Nothing here keeps a raw copy.
-//! * **Import only from a record.** [`ExportableImage::import`] creates the
-//!   image from the exporter's [`ImageRecord`], so its create parameters are
-//!   identical by construction (the validation layers no longer check this).
+//! * **Fds are `OwnedFd`.** Each export is a new fd that the caller owns; a
+//!   successful import consumes its fd, a failed one hands it back in
+//!   [`ImportError`]. The driver only ever gets a duplicate.
+//! * **Import only from a record, verified.** [`ExportableImage::import_received`]
+//!   creates the image from the exporter's [`ImageRecord`] and checks what this
+//!   device derives for it against the record before the driver sees the fd;
+//!   bare fds need the `unsafe` [`ExportableImage::import_fd`].
 //! * **Cross-process.** [`wire`] defines a versioned, checksummed record of the
 //!   resources and [`socket`] sends it with its fds over a Unix socket
 //!   (`SCM_RIGHTS`), validating everything before anything is imported.
