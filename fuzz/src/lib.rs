@@ -34,7 +34,7 @@ pub fn sample(data: &[u8]) {
     });
     let Some(sampler) = sampler else { return };
     let n = SEEN.fetch_add(1, Ordering::Relaxed);
-    if n % sampler.every == 0 {
+    if n.is_multiple_of(sampler.every) {
         let name = format!("{}-{n:012}", std::process::id());
         let _ = std::fs::write(sampler.dir.join(name), data);
     }

@@ -243,3 +243,39 @@ fn ensure_packages(task: &str, needed: &[&str]) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_printed_commands_are_the_ones_that_would_run() {
+        let pkgs = ["gcc", "libvulkan1"];
+        let [update, install] = Installer::None { sudo: true }.commands(&pkgs);
+        assert_eq!(update.join(" "), "sudo apt-get update -qq");
+        assert_eq!(
+            install.join(" "),
+            "sudo apt-get install -y --no-install-recommends gcc libvulkan1"
+        );
+        let [_, install] = Installer::Root.commands(&pkgs);
+        assert_eq!(
+            install.join(" "),
+            "apt-get install -y --no-install-recommends gcc libvulkan1"
+        );
+        let [_, install] = Installer::Sudo.commands(&pkgs);
+        assert_eq!(
+            install[..5].join(" "),
+            "sudo -n env DEBIAN_FRONTEND=noninteractive apt-get"
+        );
+    }
+
+    #[test]
+    fn detection_reads_this_process() {
+        assert!(
+            effective_uid().is_some(),
+            "/proc/self/status has a Uid line"
+        );
+        // dpkg-query answers for a package that cannot exist (where there is one).
+        assert_ne!(installed("cuda-interop-no-such-package"), Some(true));
+    }
+}
