@@ -57,7 +57,7 @@ echo; echo "=== debug assertions and overflow checks on (profile gpu-debug)"
 run $b/test-vulkan-debug --test-threads=1 --exact "${vulkan_skip[@]}"
 run $b/test-wire-debug --test-threads=1
 run $b/test-trust_boundary-debug
-run $b/test-gpu --ignored --test-threads=1 --nocapture --exact "${gpu_skip[@]}"
+run timeout 300 $b/test-gpu --ignored --test-threads=1 --nocapture --exact "${gpu_skip[@]}"
 
 run $b/round_trip 120 --bench
 uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
@@ -81,7 +81,7 @@ sanitize() {
   local tool=$1 log="$out/sanitizer-$1.log" rc
   shift
   echo; echo "=== compute-sanitizer --tool $tool $*"
-  "$san" --tool "$tool" --error-exitcode 1 --target-processes all --report-api-errors no "$@" \
+  timeout "${SANITIZER_TIMEOUT:-240}" "$san" --tool "$tool" --error-exitcode 1 --target-processes all --report-api-errors no "$@" \
     $b/test-gpu --ignored --test-threads=1 --exact "${san_skip[@]}" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   local summaries errors

@@ -22,6 +22,7 @@ use cuda_interop_sys::{self as sys, CUcontext, CUdevice, CUdevice_attribute, CUu
 
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, Result};
+use crate::last_use::ExternalWaits;
 use vk_export::format_uuid;
 
 /// The CUDA device that *is* a given Vulkan physical device, with its primary
@@ -50,6 +51,9 @@ pub(crate) struct DeviceInner {
     /// The Vulkan device this CUDA device was paired with, if any: received
     /// records are verified on it before CUDA sees their fds.
     pub(crate) vulkan: Option<vk_export::Context>,
+    /// External-semaphore waits enqueued through this crate that may still
+    /// be pending (see [`ExternalWaits`]).
+    pub(crate) external_waits: ExternalWaits,
 }
 
 // SAFETY: CUdevice is an integer; the primary context is a process-wide
@@ -207,6 +211,7 @@ impl CudaDevice {
                 uuid,
                 name: found.name.clone(),
                 vulkan,
+                external_waits: ExternalWaits::default(),
             }),
         })
     }
@@ -278,6 +283,19 @@ impl Drop for DeviceInner {
         // Never cuDevicePrimaryCtxReset: other users of the primary context
         // (the runtime, PyTorch) keep their allocations.
         if let Ok(driver) = crate::driver::api() {
+            if let (Some(push), Some(pop)) =
+                (driver.fns().cuCtxPushCurrent, driver.fns().cuCtxPopCurrent)
+            {
+                // SAFETY: the retained primary context, pushed and popped
+                // around the destruction of this device's own events.
+                unsafe {
+                    if push(self.context) == cuda_interop_sys::CUresult::CUDA_SUCCESS {
+                        self.external_waits.destroy_all();
+                        let mut popped: CUcontext = std::ptr::null_mut();
+                        pop(&mut popped);
+                    }
+                }
+            }
             if let Some(release) = driver.fns().cuDevicePrimaryCtxRelease {
                 // SAFETY: balances the retain in `for_uuid`; no clone of the
                 // device is left, so nothing of this crate uses the context.

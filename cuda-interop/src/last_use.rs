@@ -190,6 +190,13 @@ impl Drop for LastUse {
     }
 }
 
+/// `Ok` when a destroy that may wait for the whole device (`cuMemFree`,
+/// `cuDestroyExternalMemory`, `cuMipmappedArrayDestroy`) cannot block on a
+/// stream stuck behind an external-semaphore wait of this crate.
+pub(crate) fn device_settled(device: &CudaDevice) -> Result<()> {
+    device.inner.external_waits.settled(device, DROP_WAIT_LIMIT)
+}
+
 /// Reports through [`drop_errors`](crate::drop_errors) that a destructor
 /// leaked `resource` because [`LastUse::wait_before_release`] failed with `why`.
 pub(crate) fn report_leak(resource: &str, why: &Error) {
@@ -198,3 +205,95 @@ pub(crate) fn report_leak(resource: &str, why: &Error) {
          and destroying it could let the GPU use freed memory"
     ))));
 }
+
+/// The stream waits on external semaphores of one device that may not have
+/// completed yet.
+///
+/// Some driver calls wait for the whole device (`cuMemFree` synchronizes),
+/// so one stream stuck on a semaphore wait that nobody signals (a dead
+/// producer) would make them block for ever. Destructors that make such a
+/// call first check, bounded, that every external wait enqueued through this
+/// crate on the device has completed ([`ExternalWaits::settled`]); if not,
+/// they leak instead of blocking. Waits the application enqueues itself, on
+/// raw streams, are not seen here.
+#[derive(Default)]
+pub(crate) struct ExternalWaits {
+    pending: Mutex<Vec<CUevent>>,
+    /// A settle check gave up: later checks only look, without waiting.
+    stuck: AtomicBool,
+}
+
+impl fmt::Debug for ExternalWaits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExternalWaits")
+            .field("stuck", &self.stuck.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl ExternalWaits {
+    fn lock(&self) -> MutexGuard<'_, Vec<CUevent>> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records the external wait just enqueued on `stream`. The device's
+    /// context must be current.
+    pub(crate) fn record(&self, stream: &Stream) -> Result<()> {
+        let mut pending = self.lock();
+        let _ = forget_completed(&mut pending);
+        let mut event: CUevent = std::ptr::null_mut();
+        // SAFETY: the device's context is current (the caller's contract);
+        // writes one event handle.
+        unsafe {
+            cu!(cuEventCreate(
+                &mut event,
+                CUevent_flags::CU_EVENT_DISABLE_TIMING.0
+            ))
+        }?;
+        pending.push(event);
+        // SAFETY: a live event and a live stream of the current context.
+        unsafe { cu!(cuEventRecord(event, stream.raw())) }
+    }
+
+    /// `Ok` once every recorded external wait of `device` has completed,
+    /// waiting at most `limit` (no wait at all once a check has given up and
+    /// a wait is still pending).
+    pub(crate) fn settled(&self, device: &CudaDevice, limit: Duration) -> Result<()> {
+        if self.lock().is_empty() {
+            return Ok(());
+        }
+        let limit = if self.stuck.load(Ordering::Acquire) {
+            Duration::ZERO
+        } else {
+            limit
+        };
+        let waited = poll_until(limit, || {
+            let _guard = device.enter()?;
+            let mut pending = self.lock();
+            forget_completed(&mut pending)?;
+            Ok(pending.is_empty())
+        });
+        self.stuck.store(waited.is_err(), Ordering::Release);
+        waited.map_err(|e| {
+            Error::Cleanup(format!(
+                "a stream of this device is still waiting on an external semaphore ({e}), and this \
+                 destroy would wait for the whole device"
+            ))
+        })
+    }
+
+    /// Destroys the events left (the context must be current).
+    pub(crate) fn destroy_all(&self) {
+        for event in std::mem::take(&mut *self.lock()) {
+            // SAFETY: a live event of the current context, destroyed once;
+            // one still pending is released by the driver when it completes.
+            record_drop_error(unsafe { cu!(cuEventDestroy(event)) });
+        }
+    }
+}
+
+// SAFETY: as for LastUse: driver handles under a mutex, used with their
+// context current.
+unsafe impl Send for ExternalWaits {}
+// SAFETY: as above.
+unsafe impl Sync for ExternalWaits {}

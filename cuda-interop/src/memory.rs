@@ -51,7 +51,7 @@ use vk_export::{
 use crate::device::CudaDevice;
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, ImportError, Result};
-use crate::last_use::{report_leak, LastUse, DROP_WAIT_LIMIT};
+use crate::last_use::{device_settled, report_leak, LastUse, DROP_WAIT_LIMIT};
 use crate::markers::{ArrayMemory, ArrayTiling, BufferTiling, SurfaceUsage};
 use crate::stream::{DeviceBuffer, Stream};
 
@@ -90,7 +90,11 @@ unsafe impl Sync for ExternalMemory {}
 
 impl Drop for ExternalMemory {
     fn drop(&mut self) {
-        if let Err(why) = self.last_use.wait_before_release(DROP_WAIT_LIMIT) {
+        let idle = self
+            .last_use
+            .wait_before_release(DROP_WAIT_LIMIT)
+            .and_then(|()| device_settled(&self.device));
+        if let Err(why) = idle {
             // Vulkan must not free the memory either while the GPU may still
             // use it: its keep-alive is leaked with the import.
             std::mem::forget(self.vulkan.take());
@@ -529,7 +533,12 @@ unsafe impl Sync for MappedBuffer<'_> {}
 
 impl Drop for MappedBuffer<'_> {
     fn drop(&mut self) {
-        if let Err(why) = self.memory.last_use.wait_before_release(DROP_WAIT_LIMIT) {
+        let idle = self
+            .memory
+            .last_use
+            .wait_before_release(DROP_WAIT_LIMIT)
+            .and_then(|()| device_settled(&self.memory.device));
+        if let Err(why) = idle {
             report_leak(
                 &format!("a mapping of {} bytes of imported memory", self.len),
                 &why,
@@ -687,7 +696,12 @@ unsafe impl<F, U> Sync for MappedArray<'_, F, U> {}
 
 impl<F, U> Drop for MappedArray<'_, F, U> {
     fn drop(&mut self) {
-        if let Err(why) = self.memory.last_use.wait_before_release(DROP_WAIT_LIMIT) {
+        let idle = self
+            .memory
+            .last_use
+            .wait_before_release(DROP_WAIT_LIMIT)
+            .and_then(|()| device_settled(&self.memory.device));
+        if let Err(why) = idle {
             report_leak("a mipmapped array mapped from imported memory", &why);
             return;
         }

@@ -239,6 +239,8 @@ impl<K> ExternalSemaphore<K> {
                     stream.raw()
                 ))
             }?;
+            // Device-wide destroys check this before they could block on it.
+            self.device.inner.external_waits.record(stream)?;
         }
         self.last_use.record(stream)
     }

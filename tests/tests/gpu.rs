@@ -20,7 +20,10 @@ use cuda_interop::sys;
 use cuda_interop::{
     drop_errors, kernels, CudaDevice, DeviceBuffer, Error, Event, Module, Stream, DROP_WAIT_LIMIT,
 };
-use cuda_interop_tests::{assert_no_validation_errors, open_fd_count, pattern, vulkan, TIMEOUT};
+use cuda_interop_tests::{
+    assert_no_validation_errors, assert_no_validation_errors_except, open_fd_count, pattern,
+    vulkan, IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE, TIMEOUT,
+};
 use vk_export::format::{Format, R32Sfloat, Rgba16Sfloat, Rgba32Sfloat, Rgba8Unorm};
 use vk_export::markers::{usage, DeviceLocal, Optimal};
 use vk_export::socket::Connection;
@@ -55,7 +58,12 @@ fn launch_2d(
 /// with `marker` set in its environment, prints what it printed, asserts
 /// that it passed, and returns its stdout.
 fn run_child(name: &str, marker: &str) -> String {
-    let output = Command::new(std::env::current_exe().unwrap())
+    // Output to files, and a bounded wait: a child that hangs is killed and
+    // reported, never waited for for ever.
+    let dir = std::env::temp_dir().join(format!("gpu-child-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (out_path, err_path) = (dir.join("stdout"), dir.join("stderr"));
+    let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
             name,
@@ -64,12 +72,28 @@ fn run_child(name: &str, marker: &str) -> String {
             "--test-threads=1",
         ])
         .env(marker, "1")
-        .output()
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    std::fs::remove_dir_all(&dir).ok();
     println!("--- {name} stdout:\n{stdout}--- {name} stderr:\n{stderr}---");
-    assert!(output.status.success(), "{name} failed: {}", output.status);
+    let status = status.unwrap_or_else(|| panic!("{name} hung for 120 s and was killed"));
+    assert!(status.success(), "{name} failed: {status}");
     assert!(
         stdout.contains("1 passed"),
         "{name} did not run (is it still called that?)"
@@ -796,30 +820,42 @@ fn child_wait_nobody_signals() {
         println!("MappedBuffer::copy_to_host on the stuck stream: {err} after {took:?}");
         assert!(matches!(err, Error::Timeout(_)), "{err}");
         assert!(took < 2 * bound, "took {took:?}");
+        // Freeing the mapping (cuMemFree) would wait for the whole device,
+        // and so for the stuck stream, for ever: the drop sees the pending
+        // external wait, gives up after its bound and leaks the mapping.
+        let before = drop_errors();
         let took = time(|| drop(mapped));
-        println!("mapping dropped in {took:?} (nothing was enqueued on it)");
-        assert!(took < Duration::from_secs(1), "took {took:?}");
+        println!(
+            "mapping dropped in {took:?} behind the stuck stream; drop errors {before} -> {}",
+            drop_errors()
+        );
+        assert!(
+            took < DROP_WAIT_LIMIT + Duration::from_secs(1),
+            "took {took:?}"
+        );
+        assert_eq!(drop_errors(), before + 1, "the leaked mapping is reported");
     }
 
     let drop_bound = DROP_WAIT_LIMIT + Duration::from_secs(1);
+    let errors_before_semaphore = drop_errors();
     let took_semaphore = time(|| drop(semaphore));
-    let errors_after_semaphore = drop_errors();
-    let semaphore_leak_reported = errors_after_semaphore > errors_before;
     println!(
-        "semaphore with a pending wait dropped in {took_semaphore:?} (limit {DROP_WAIT_LIMIT:?}); \
-         drop errors {errors_before} -> {errors_after_semaphore}"
+        "semaphore with a pending wait dropped in {took_semaphore:?} (limit {DROP_WAIT_LIMIT:?})"
     );
     assert!(took_semaphore < drop_bound, "took {took_semaphore:?}");
     assert_eq!(
-        errors_after_semaphore,
-        errors_before + 1,
+        drop_errors(),
+        errors_before_semaphore + 1,
         "the semaphore's wait never completes: its drop gives up after the limit, leaks it, and says so"
     );
+    let errors_before_rest = drop_errors();
     let took_event = time(|| drop(event));
     let took_stream = time(|| drop(stream));
     let took_import = time(|| drop(imported));
     println!(
-        "event dropped in {took_event:?}, stream in {took_stream:?}, import in {took_import:?}"
+        "event dropped in {took_event:?}, stream in {took_stream:?}, import in {took_import:?}; \
+         drop errors {errors_before_rest} -> {}",
+        drop_errors()
     );
     for (what, took) in [
         ("event", took_event),
@@ -830,36 +866,44 @@ fn child_wait_nobody_signals() {
     }
     assert_eq!(
         drop_errors(),
-        errors_after_semaphore,
-        "only the semaphore was leaked"
+        errors_before_rest + 1,
+        "the import is leaked too (its destroy would wait for the device), and reported"
     );
+    let leaks = drop_errors() - errors_before;
 
-    // Let the stuck work finish (the leaked handle stays), then free the
-    // Vulkan side, and let the driver release the destroyed stream.
+    // The stuck wait completes once its value comes: the device settles, and
+    // what is created and dropped afterwards is freed again.
     timeline.signal(1).unwrap();
+    {
+        let again = ExportableBuffer::<DeviceLocal>::new(&ctx, 1 << 20).unwrap();
+        let mut imported = cuda.import_buffer(&again).unwrap();
+        let mapped = imported.map().unwrap();
+        let took = time(|| drop(mapped));
+        assert!(took < Duration::from_secs(1), "took {took:?}");
+    }
+    assert_eq!(
+        drop_errors(),
+        errors_before + leaks,
+        "nothing more leaked once settled"
+    );
     drop(buffer);
     drop(timeline);
-    let mut free_after = 0;
-    for _ in 0..20 {
-        free_after = cuda.memory_info().unwrap().0;
-        if free_after + (2 << 20) >= free_before {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (free_after, _) = cuda.memory_info().unwrap();
     let fds_after = open_fd_count();
-    let allowed_fds = fds_before + usize::from(semaphore_leak_reported);
     println!(
-        "after: {fds_after} fds (baseline {fds_before}, allowed {allowed_fds} with the reported semaphore leak), \
-         {free_after} bytes free (baseline {free_before}), {} drop errors",
-        drop_errors()
+        "after: {fds_after} fds (baseline {fds_before}), {free_after} bytes free (baseline {free_before}), \
+         {leaks} reported leaks (a mapping, a semaphore, a 1 MiB import)"
     );
-    assert!(fds_after <= allowed_fds, "fds {fds_before} -> {fds_after}");
+    // The leaked import keeps its 1 MiB (and the fd the driver may hold for it).
     assert!(
-        free_after + (2 << 20) >= free_before,
-        "free GPU memory {free_before} -> {free_after} (2 MiB allowed)"
+        fds_after <= fds_before + leaks as usize,
+        "fds {fds_before} -> {fds_after}"
     );
-    assert_no_validation_errors(&ctx);
+    assert!(
+        free_after + (4 << 20) >= free_before,
+        "free GPU memory {free_before} -> {free_after} (the leaked 1 MiB import and 2 MiB slack allowed)"
+    );
+    assert_no_validation_errors_except(&ctx, &[IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE]);
 }
 
 /// A device copy is only enqueued: the mapping it reads is forgotten, the
@@ -923,25 +967,23 @@ fn a_pending_copy_keeps_a_forgotten_mapping_its_import_and_the_vulkan_buffer_ali
     assert_eq!(drop_errors(), errors_before, "nothing was leaked or failed");
     drop(gate);
     println!("256 MiB copied from a forgotten mapping of an import dropped mid-copy: exact");
-    assert_no_validation_errors(&ctx);
+    assert_no_validation_errors_except(&ctx, &[IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE]);
 }
 
-/// `cuCtxCreate` and `cuCtxDestroy` (not in the bindings' table), looked up
-/// with the driver's `cuGetProcAddress` for the CUDA 12.0 ABI.
+/// A versioned driver symbol (not in the bindings' table) by its exact
+/// exported name, so that the ABI is the one the name fixes (`cuCtxCreate`
+/// through `cuGetProcAddress` resolves to another ABI on CUDA 13 drivers).
 fn driver_function(name: &CStr) -> *mut c_void {
-    let driver = sys::Driver::global().unwrap();
-    let get_proc_address = driver.fns().cuGetProcAddress.unwrap();
-    let mut pointer: *mut c_void = std::ptr::null_mut();
-    let mut found = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS;
-    // SAFETY: a NUL-terminated name; writes one pointer and one status; flags
-    // 0 is CU_GET_PROC_ADDRESS_DEFAULT.
-    let status = unsafe { get_proc_address(name.as_ptr(), &mut pointer, 12000, 0, &mut found) };
-    assert_eq!(status, sys::CUresult::CUDA_SUCCESS, "{name:?}");
-    assert_eq!(
-        found,
-        sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS,
-        "{name:?}"
-    );
+    static LIBRARY: std::sync::OnceLock<libloading::Library> = std::sync::OnceLock::new();
+    // SAFETY: libcuda is already loaded by this process (the driver table);
+    // loading it again runs no initialisers twice.
+    let library =
+        LIBRARY.get_or_init(|| unsafe { libloading::Library::new("libcuda.so.1") }.unwrap());
+    // SAFETY: only the address is read here; the caller transmutes it to the
+    // symbol's documented signature.
+    let symbol = unsafe { library.get::<*mut c_void>(name.to_bytes_with_nul()) }
+        .unwrap_or_else(|e| panic!("{name:?}: {e}"));
+    let pointer = *symbol;
     assert!(!pointer.is_null(), "{name:?}");
     pointer
 }
@@ -967,13 +1009,15 @@ fn child_context_pop_mismatch() {
         unsafe extern "C" fn(*mut sys::CUcontext, c_uint, sys::CUdevice) -> sys::CUresult;
     type CtxDestroy = unsafe extern "C" fn(sys::CUcontext) -> sys::CUresult;
     let (_ctx, cuda) = pair();
-    // SAFETY: cuGetProcAddress for CUDA 12.0 returns cuCtxCreate_v2, whose C
-    // signature is CUresult (CUcontext *, unsigned int, CUdevice).
-    let create =
-        unsafe { std::mem::transmute::<*mut c_void, CtxCreate>(driver_function(c"cuCtxCreate")) };
+    // SAFETY: cuCtxCreate_v2's C signature is CUresult (CUcontext *,
+    // unsigned int, CUdevice).
+    let create = unsafe {
+        std::mem::transmute::<*mut c_void, CtxCreate>(driver_function(c"cuCtxCreate_v2"))
+    };
     // SAFETY: cuCtxDestroy_v2, CUresult (CUcontext).
-    let destroy =
-        unsafe { std::mem::transmute::<*mut c_void, CtxDestroy>(driver_function(c"cuCtxDestroy")) };
+    let destroy = unsafe {
+        std::mem::transmute::<*mut c_void, CtxDestroy>(driver_function(c"cuCtxDestroy_v2"))
+    };
     let driver = sys::Driver::global().unwrap();
     let get_current = driver.fns().cuCtxGetCurrent.unwrap();
     let pop = driver.fns().cuCtxPopCurrent.unwrap();
@@ -1297,7 +1341,7 @@ fn a_killed_producer_leaves_the_consumer_with_bounded_waits_and_no_leak() {
         free_after + (2 << 20) >= free_before,
         "free GPU memory back within 2 MiB: {free_before} -> {free_after}"
     );
-    assert_no_validation_errors(&ctx);
+    assert_no_validation_errors_except(&ctx, &[IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE]);
 }
 
 /// Entry point of the producer process above: exports an image and a
@@ -1367,6 +1411,6 @@ fn ten_thousand_timeline_export_import_cycles_without_validation_errors() {
         open_fd_count()
     );
     assert_eq!(open_fd_count(), fds);
-    assert_no_validation_errors(&a);
+    assert_no_validation_errors_except(&a, &[IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE]);
     assert_no_validation_errors(&b);
 }

@@ -126,10 +126,18 @@ pub(crate) struct ContextInner {
     debug: Option<DebugMessenger>,
 }
 
+/// What the validation callback writes: the error count and each error's
+/// message id (its VUID, where the layer names one).
+#[derive(Default)]
+struct MessengerState {
+    errors: AtomicU32,
+    error_ids: Mutex<Vec<String>>,
+}
+
 struct DebugMessenger {
     loader: ash::ext::debug_utils::Instance,
     messenger: vk::DebugUtilsMessengerEXT,
-    errors: Box<AtomicU32>,
+    state: Box<MessengerState>,
 }
 
 impl fmt::Debug for Context {
@@ -474,12 +482,24 @@ impl Context {
     pub fn max_timeline_difference(&self) -> u64 {
         self.inner.max_timeline_difference
     }
+    /// The message ids (VUIDs) of the validation errors reported so far, in
+    /// order: for a test that allows one known false positive by its exact id.
+    pub fn validation_error_ids(&self) -> Vec<String> {
+        self.inner.debug.as_ref().map_or_else(Vec::new, |d| {
+            d.state
+                .error_ids
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        })
+    }
+
     /// Validation errors the layer reported so far (0 without the layer).
     pub fn validation_errors(&self) -> u32 {
         self.inner
             .debug
             .as_ref()
-            .map_or(0, |d| d.errors.load(Ordering::SeqCst))
+            .map_or(0, |d| d.state.errors.load(Ordering::SeqCst))
     }
     /// Whether the validation layer is on for this context.
     pub fn validation_enabled(&self) -> bool {
@@ -622,7 +642,7 @@ fn compute_queue_family(instance: &ash::Instance, physical: vk::PhysicalDevice) 
 
 fn create_messenger(entry: &ash::Entry, instance: &ash::Instance) -> Result<DebugMessenger> {
     let loader = ash::ext::debug_utils::Instance::new(entry, instance);
-    let errors = Box::new(AtomicU32::new(0));
+    let state = Box::<MessengerState>::default();
     let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
         .message_severity(
             vk::DebugUtilsMessageSeverityFlagsEXT::ERROR
@@ -634,7 +654,7 @@ fn create_messenger(entry: &ash::Entry, instance: &ash::Instance) -> Result<Debu
                 | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
         )
         .pfn_user_callback(Some(on_validation_message))
-        .user_data(&*errors as *const AtomicU32 as *mut c_void);
+        .user_data(&*state as *const MessengerState as *mut c_void);
     // SAFETY: the callback and the counter it points to outlive the messenger
     // (the box is dropped after the messenger is destroyed).
     let messenger =
@@ -645,7 +665,7 @@ fn create_messenger(entry: &ash::Entry, instance: &ash::Instance) -> Result<Debu
     Ok(DebugMessenger {
         loader,
         messenger,
-        errors,
+        state,
     })
 }
 
@@ -655,17 +675,28 @@ unsafe extern "system" fn on_validation_message(
     data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
     user: *mut c_void,
 ) -> vk::Bool32 {
-    // SAFETY: the layer passes valid callback data; `user` is the context's counter.
-    let message = unsafe {
-        data.as_ref()
-            .and_then(|d| d.message_as_c_str())
-            .map(|m| m.to_string_lossy().into_owned())
-            .unwrap_or_default()
+    // SAFETY: the layer passes valid callback data for the call.
+    let (message, id) = unsafe {
+        let d = data.as_ref();
+        (
+            d.and_then(|d| d.message_as_c_str())
+                .map(|m| m.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            d.and_then(|d| d.message_id_name_as_c_str())
+                .map(|m| m.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "(no id)".into()),
+        )
     };
     if severity.contains(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR) {
-        // SAFETY: see above.
-        if let Some(counter) = unsafe { (user as *const AtomicU32).as_ref() } {
-            counter.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: `user` is the context's MessengerState, which outlives the
+        // messenger (dropped after it is destroyed).
+        if let Some(state) = unsafe { (user as *const MessengerState).as_ref() } {
+            state.errors.fetch_add(1, Ordering::SeqCst);
+            state
+                .error_ids
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(id);
         }
         eprintln!("[vulkan validation error] {message}");
     } else {
