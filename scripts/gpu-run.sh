@@ -62,6 +62,7 @@ echo; echo "=== debug assertions and overflow checks on (profile gpu-debug)"
 run $b/test-vulkan-debug --test-threads=1 --exact "${vulkan_skip[@]}"
 run $b/test-wire-debug --test-threads=1
 run $b/test-trust_boundary-debug
+run timeout 240 $b/test-soak --include-ignored --test-threads=1 --nocapture
 run timeout 300 $b/test-gpu --ignored --test-threads=1 --nocapture --exact "${gpu_skip[@]}"
 
 run $b/round_trip 120 --bench

@@ -88,8 +88,11 @@ pub struct HeadlessOptions {
 
 /// Device extensions every context needs.
 pub const REQUIRED_DEVICE_EXTENSIONS: &[&CStr] = &[ash::khr::external_memory_fd::NAME];
-/// Device extensions used when present (semaphore sharing).
-pub const OPTIONAL_DEVICE_EXTENSIONS: &[&CStr] = &[ash::khr::external_semaphore_fd::NAME];
+/// Device extensions used when present (semaphore sharing, memory budget).
+pub const OPTIONAL_DEVICE_EXTENSIONS: &[&CStr] = &[
+    ash::khr::external_semaphore_fd::NAME,
+    ash::ext::memory_budget::NAME,
+];
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
 
@@ -121,6 +124,8 @@ pub(crate) struct ContextInner {
     pub(crate) identity: DeviceIdentity,
     pub(crate) memory_properties: vk::PhysicalDeviceMemoryProperties,
     pub(crate) max_timeline_difference: u64,
+    /// `VK_EXT_memory_budget` is enabled (headless contexts, where offered).
+    pub(crate) memory_budget: bool,
     pub(crate) engine: Mutex<Engine>,
     owned: bool,
     debug: Option<DebugMessenger>,
@@ -447,6 +452,10 @@ impl Context {
                 identity,
                 memory_properties,
                 max_timeline_difference,
+                memory_budget: owned
+                    && extensions
+                        .iter()
+                        .any(|e| e.as_c_str() == ash::ext::memory_budget::NAME),
                 engine: Mutex::new(Engine::default()),
                 owned,
                 debug,
@@ -478,6 +487,30 @@ impl Context {
     pub fn supports_semaphore_fds(&self) -> bool {
         self.inner.semaphore_fd.is_some()
     }
+    /// `(budget, usage)` in bytes of each memory heap, from
+    /// `VK_EXT_memory_budget`; `None` where the extension is not enabled (it
+    /// is on contexts made by [`Context::headless`] whose driver offers it).
+    pub fn memory_budget(&self) -> Option<Vec<(u64, u64)>> {
+        if !self.inner.memory_budget {
+            return None;
+        }
+        let mut budget = vk::PhysicalDeviceMemoryBudgetPropertiesEXT::default();
+        let mut props = vk::PhysicalDeviceMemoryProperties2::default().push_next(&mut budget);
+        // SAFETY: plain query; the extension is enabled on this device and the
+        // chain lives across the call.
+        unsafe {
+            self.inner
+                .instance
+                .get_physical_device_memory_properties2(self.inner.physical, &mut props)
+        };
+        let heaps = props.memory_properties.memory_heap_count as usize;
+        Some(
+            (0..heaps)
+                .map(|i| (budget.heap_budget[i], budget.heap_usage[i]))
+                .collect(),
+        )
+    }
+
     /// `maxTimelineSemaphoreValueDifference`.
     pub fn max_timeline_difference(&self) -> u64 {
         self.inner.max_timeline_difference
