@@ -1024,11 +1024,11 @@ fn receive_and_take(case: &ReceiveCase) -> vk_export::Result<Message> {
         }
     };
     assert_eq!(
-        Ok(&received.message),
+        Ok(received.message()),
         expected.as_ref(),
         "recv and decode disagree"
     );
-    assert_eq!(received.message.resources.len(), case.fds.len());
+    assert_eq!(received.message().resources.len(), case.fds.len());
     for (index, take) in case.takes.iter().enumerate() {
         // Each take hands over an fd (closed here) or leaves it in `received`.
         let _ = match take {
@@ -1046,5 +1046,5 @@ fn receive_and_take(case: &ReceiveCase) -> vk_export::Result<Message> {
             Take::Leave => continue,
         };
     }
-    Ok(received.message.clone())
+    Ok(received.message().clone())
 }

@@ -462,7 +462,7 @@ fn child_process_importer() {
     let ctx = vulkan(None);
     let connection = Connection::connect(path).unwrap();
     let mut received = connection.recv(TIMEOUT).unwrap();
-    assert_eq!(received.message.tag, 42);
+    assert_eq!(received.message().tag, 42);
     let bundle = received
         .take_image::<Rgba8Unorm, Optimal, Mem, usage::Storage>(0)
         .unwrap();

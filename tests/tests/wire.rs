@@ -149,7 +149,7 @@ fn hostile_socket_input_is_rejected_and_no_fd_leaks() {
         // 1. A valid message with the right fds arrives, fds owned by the receiver.
         tx.send(&good, some_fds(3)).unwrap();
         let received = rx.recv(TIMEOUT).unwrap();
-        assert_eq!(received.message, good);
+        assert_eq!(received.message(), &good);
         drop(received);
 
         // 2. Fewer fds than resources.

@@ -397,8 +397,9 @@ fn decode_semaphore(r: &mut Reader<'_>) -> Result<SemaphoreInfo, WireError> {
 /// dropped.
 #[derive(Debug)]
 pub struct Received {
-    /// The decoded message.
-    pub message: Message,
+    /// The decoded message: private, so that no record can be swapped
+    /// between receipt and the take that binds it to its fd.
+    message: Message,
     fds: Vec<Option<OwnedFd>>,
     peer: PeerCredentials,
 }
@@ -426,6 +427,11 @@ impl Received {
     /// Who sent it.
     pub fn peer(&self) -> PeerCredentials {
         self.peer
+    }
+
+    /// The decoded message (read only).
+    pub fn message(&self) -> &Message {
+        &self.message
     }
 
     fn take(&mut self, index: usize, expected: &'static str) -> Result<(Resource, OwnedFd), Error> {
