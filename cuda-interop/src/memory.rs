@@ -174,7 +174,7 @@ fn import_memory(
     // SAFETY: `import` gives the duplicate to exactly one cuImportExternalMemory
     // call, which owns it on success only (CUDA-DRV: ownership transfers
     // "when the handle is imported successfully").
-    let imported = unsafe { vk_export::import_with_duplicate(fd, dup_failed, import) };
+    let imported = unsafe { vk_export::import_with_duplicate(fd, false, dup_failed, import) };
     drop(guard);
     match imported {
         Ok(()) => Ok(ExternalMemory {

@@ -173,7 +173,7 @@ impl CudaDevice {
         let dup_failed = |e| Error::InvalidArgument(format!("the fd cannot be duplicated: {e}"));
         // SAFETY: `import` gives the duplicate to exactly one
         // cuImportExternalSemaphore call, which owns it on success only.
-        let imported = unsafe { vk_export::import_with_duplicate(fd, dup_failed, import) };
+        let imported = unsafe { vk_export::import_with_duplicate(fd, false, dup_failed, import) };
         drop(guard);
         match imported {
             Ok(()) => Ok(ExternalSemaphore {
@@ -222,23 +222,36 @@ impl<K> ExternalSemaphore<K> {
     /// Enqueues a wait for `value` (0 for binary) on `stream` and records it
     /// as a use.
     fn wait_raw(&self, stream: &Stream, value: u64) -> Result<()> {
+        self.enqueue_wait(stream, value)?;
+        self.track_wait(stream)
+    }
+
+    /// Enqueues a wait for `value` (0 for binary) on `stream`; `Ok` means
+    /// the wait is enqueued (and must be tracked with [`Self::track_wait`]).
+    fn enqueue_wait(&self, stream: &Stream, value: u64) -> Result<()> {
         stream.check_device(&self.device)?;
         let mut params = sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS::default();
         params.params.fence.value = value;
+        let _guard = self.device.enter()?;
+        // SAFETY: one zeroed parameter block (flags 0) for one live
+        // semaphore, on a live stream, both of the current context; the
+        // semaphore is destroyed only after this wait completes (tracked by
+        // the caller).
+        unsafe {
+            cu!(cuWaitExternalSemaphoresAsync(
+                &self.handle,
+                &params,
+                1,
+                stream.raw()
+            ))
+        }
+    }
+
+    /// Records an enqueued wait as a use of the semaphore and as a pending
+    /// external wait of the device.
+    fn track_wait(&self, stream: &Stream) -> Result<()> {
         {
             let _guard = self.device.enter()?;
-            // SAFETY: one zeroed parameter block (flags 0) for one live
-            // semaphore, on a live stream, both of the current context; the
-            // semaphore is destroyed only after this wait completes (recorded
-            // below).
-            unsafe {
-                cu!(cuWaitExternalSemaphoresAsync(
-                    &self.handle,
-                    &params,
-                    1,
-                    stream.raw()
-                ))
-            }?;
             // Device-wide destroys check this before they could block on it.
             self.device.inner.external_waits.record(stream)?;
         }
@@ -264,15 +277,23 @@ impl ExternalSemaphore<Binary> {
     /// payload is refused before anything is enqueued.
     pub fn wait(&self, stream: &Stream, signal: BinarySignal) -> Result<()> {
         self.payload.check(&signal)?;
-        self.wait_raw(stream, 0)?;
-        // SAFETY: the wait for this signal was just enqueued successfully.
+        self.enqueue_wait(stream, 0)?;
+        // SAFETY: the wait for this signal was just enqueued successfully
+        // (consumed before anything else can fail: the token is spent).
         unsafe { self.payload.consume(signal) }?;
-        Ok(())
+        self.track_wait(stream)
     }
 
     /// This semaphore's payload state.
     pub fn payload(&self) -> &BinaryPayload {
         &self.payload
+    }
+
+    /// The replacement token of a pending signal whose token was dropped
+    /// unused (a wait that failed before it was enqueued); see
+    /// [`BinaryPayload::reclaim`].
+    pub fn reclaim_signal(&self) -> Option<BinarySignal> {
+        self.payload.reclaim()
     }
 
     /// The token of a signal this crate did not see: one the peer process

@@ -204,7 +204,9 @@ fn a_bad_fd_is_a_clear_error_and_stays_with_the_caller() {
         tag: 0,
         resources: vec![Resource::Image(image.info().clone())],
     };
-    tx.send(&message, vec![not_gpu]).unwrap();
+    // SAFETY: a test of the receiver's refusals: /dev/null under a genuine
+    // record, and the test asserts the import is refused.
+    unsafe { tx.send(&message, vec![not_gpu]) }.unwrap();
     let bundle = rx
         .recv(TIMEOUT)
         .unwrap()
@@ -585,19 +587,7 @@ fn two_processes_export_and_import_into_cuda() {
         .spawn()
         .unwrap();
     drop(child_fd);
-    let message = Message {
-        tag: 1,
-        resources: vec![
-            Resource::Image(image.info().clone()),
-            Resource::Semaphore(timeline.record().into_info()),
-        ],
-    };
-    parent
-        .send(
-            &message,
-            vec![image.export_fd().unwrap(), timeline.export_fd().unwrap()],
-        )
-        .unwrap();
+    parent.send_exported(1, &[&image, &timeline]).unwrap();
     let status = child.wait().unwrap();
     assert!(status.success(), "the importing child failed: {status}");
     // The child signalled 2 after it read the image.
@@ -1148,8 +1138,9 @@ fn every_single_field_tamper_is_refused_by_the_cuda_receive_path() {
             Err(e) => format!("rejected by the decoder: {e}"),
             Ok(_) => {
                 let (tx, rx) = Connection::pair().unwrap();
-                tx.send_raw(&bytes, &[std::os::fd::AsFd::as_fd(&fd)])
-                    .unwrap();
+                // SAFETY: a test of the receiver's refusals: the record is
+                // tampered on purpose and the test asserts its import is refused.
+                unsafe { tx.send_raw(&bytes, &[std::os::fd::AsFd::as_fd(&fd)]) }.unwrap();
                 let mut received = rx.recv(TIMEOUT).unwrap();
                 match received.take_image::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(0) {
                     Err(e) => format!("rejected when typed: {e}"),
@@ -1186,8 +1177,9 @@ fn every_single_field_tamper_is_refused_by_the_cuda_receive_path() {
             Err(e) => format!("rejected by the decoder: {e}"),
             Ok(_) => {
                 let (tx, rx) = Connection::pair().unwrap();
-                tx.send_raw(&bytes, &[std::os::fd::AsFd::as_fd(&fd)])
-                    .unwrap();
+                // SAFETY: a test of the receiver's refusals: the record is
+                // tampered on purpose and the test asserts its import is refused.
+                unsafe { tx.send_raw(&bytes, &[std::os::fd::AsFd::as_fd(&fd)]) }.unwrap();
                 let mut received = rx.recv(TIMEOUT).unwrap();
                 match received.take_buffer::<DeviceLocal>(0) {
                     Err(e) => format!("rejected when typed: {e}"),
@@ -1211,14 +1203,7 @@ fn every_single_field_tamper_is_refused_by_the_cuda_receive_path() {
         .unwrap();
     ctx.release_image(&image, SubmitSync::new()).unwrap();
     let (tx, rx) = Connection::pair().unwrap();
-    tx.send(
-        &Message {
-            tag: 1,
-            resources: vec![Resource::Image(image.info().clone())],
-        },
-        vec![image.export_fd().unwrap()],
-    )
-    .unwrap();
+    tx.send_exported(1, &[&image]).unwrap();
     let bundle = rx
         .recv(TIMEOUT)
         .unwrap()
@@ -1365,23 +1350,8 @@ fn child_producer_that_dies() {
     let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(640, 480)).unwrap();
     ctx.release_image(&image, SubmitSync::new()).unwrap();
     let timeline = TimelineSemaphore::new(&ctx).unwrap();
-    let message = Message {
-        tag: 9,
-        resources: vec![
-            Resource::Image(image.info().clone()),
-            Resource::Semaphore(timeline.record().into_info()),
-            Resource::Semaphore(timeline.record().into_info()),
-        ],
-    };
     connection
-        .send(
-            &message,
-            vec![
-                image.export_fd().unwrap(),
-                timeline.export_fd().unwrap(),
-                timeline.export_fd().unwrap(),
-            ],
-        )
+        .send_exported(9, &[&image, &timeline, &timeline])
         .unwrap();
     std::thread::sleep(Duration::from_secs(60));
 }

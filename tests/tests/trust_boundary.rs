@@ -39,7 +39,9 @@ fn round_trip_socket(
     fds: &[std::os::fd::BorrowedFd<'_>],
 ) -> vk_export::Result<vk_export::wire::Received> {
     let (tx, rx) = Connection::pair().unwrap();
-    tx.send_raw(bytes, fds).unwrap();
+    // SAFETY: a test of the receiver's refusals: the record is tampered on
+    // purpose and the test asserts that its import is refused.
+    unsafe { tx.send_raw(bytes, fds) }.unwrap();
     rx.recv(TIMEOUT)
 }
 

@@ -10,7 +10,7 @@ use cuda_interop_tests::{assert_no_validation_errors, pattern, vulkan, TIMEOUT};
 use vk_export::format::{R32Sfloat, Rgba16Sfloat, Rgba8Unorm};
 use vk_export::markers::{usage, DeviceLocal, MemoryLocation, Optimal};
 use vk_export::socket::{Connection, Listener};
-use vk_export::wire::{Message, Resource};
+
 use vk_export::{
     BinarySemaphore, Error, ExportableBuffer, ExportableImage, ImageDesc, SharedLayout, SubmitSync,
     TimelineSemaphore, WaitStrategy,
@@ -360,12 +360,12 @@ fn semaphores_export_where_supported_and_say_why_not_elsewhere() {
     // Binary via SYNC_FD (copy transference).
     let sync_source = BinarySemaphore::new(&a).unwrap();
     let token = a.signal_binary(&sync_source, SubmitSync::new()).unwrap();
-    match sync_source.export_sync_fd() {
+    match sync_source.export_sync_fd(token) {
         Ok(sync_fd) => {
+            // The export was the wait for the source's signal: it is free again.
+            assert!(!sync_source.payload().is_signal_pending());
             let mut target = BinarySemaphore::new(&b).unwrap();
-            target.import_sync_fd(sync_fd).map_err(|e| e.0).unwrap();
-            // SAFETY: the imported sync fd carries a submitted signal.
-            let target_token = unsafe { target.assume_signalled() }.unwrap();
+            let target_token = target.import_sync_fd(sync_fd).map_err(|e| e.0).unwrap();
             b.submit_and_wait(
                 SubmitSync::new().wait_binary(&target, target_token),
                 |_, _| {},
@@ -373,14 +373,16 @@ fn semaphores_export_where_supported_and_say_why_not_elsewhere() {
             .unwrap();
             println!("SYNC_FD export and import: ok");
         }
-        Err(e) => println!("SYNC_FD export not available: {e}"),
+        Err((e, token)) => {
+            println!("SYNC_FD export not available: {e}");
+            // The source's own signal is still pending: wait for it on A.
+            a.submit_and_wait(
+                SubmitSync::new().wait_binary(&sync_source, token),
+                |_, _| {},
+            )
+            .unwrap();
+        }
     }
-    // The source's own signal is still pending: wait for it on A.
-    a.submit_and_wait(
-        SubmitSync::new().wait_binary(&sync_source, token),
-        |_, _| {},
-    )
-    .unwrap();
     println!(
         "timeline and binary OPAQUE_FD semaphores shared on {}",
         a.identity().name
@@ -435,19 +437,7 @@ fn image_and_buffer_shared_with_a_child_process_over_a_socket() {
             );
         }
     };
-    let message = Message {
-        tag: 42,
-        resources: vec![
-            Resource::Image(image.info().clone()),
-            Resource::Buffer(buffer.info().clone()),
-        ],
-    };
-    connection
-        .send(
-            &message,
-            vec![image.export_fd().unwrap(), buffer.export_fd().unwrap()],
-        )
-        .unwrap();
+    connection.send_exported(42, &[&image, &buffer]).unwrap();
     let status = child.wait().unwrap();
     std::fs::remove_dir_all(&dir).ok();
     assert!(status.success(), "the child process failed: {status}");
@@ -482,4 +472,114 @@ fn child_process_importer() {
     );
     assert_no_validation_errors(&ctx);
     println!("child {}: image and buffer verified", std::process::id());
+}
+
+/// Findings of the adversarial review (safe programs that broke a claimed
+/// invariant), each now refused with a typed error.
+#[test]
+fn submitted_timeline_signals_are_checked_like_host_signals() {
+    let ctx = vulkan(None);
+    let t = TimelineSemaphore::new_local(&ctx).unwrap();
+    // A submitted signal of 0 (or of the current value) would lose the device.
+    let err = ctx
+        .submit_and_wait(SubmitSync::new().signal_timeline(&t, 0), |_, _| {})
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    // A host signal may not pass a value a pending submission will signal.
+    let gate = TimelineSemaphore::new_local(&ctx).unwrap();
+    let err = ctx
+        .submit_and_wait(
+            SubmitSync::new()
+                .wait_timeline(&gate, 1)
+                .signal_timeline(&t, 5)
+                .timeout(Duration::from_millis(100)),
+            |_, _| {},
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+    for value in [3, 6] {
+        let err = t.signal(value).unwrap_err();
+        assert!(err.to_string().contains("pending"), "{err}");
+    }
+    gate.signal(1).unwrap();
+    t.wait(5, TIMEOUT, WaitStrategy::ADAPTIVE).unwrap();
+    t.signal(6).unwrap();
+    assert_eq!(t.value().unwrap(), 6);
+    assert_no_validation_errors(&ctx);
+}
+
+#[test]
+fn a_helper_called_from_inside_the_queue_lock_is_refused_not_deadlocked() {
+    let ctx = vulkan(None);
+    let image = Image::new(&ctx, ImageDesc::new_2d(8, 8)).unwrap();
+    let inner = ctx
+        .with_queue(|_| ctx.clear_image(&image, vk::ClearColorValue::default(), SubmitSync::new()))
+        .unwrap();
+    assert!(matches!(inner, Err(Error::InvalidArgument(_))), "{inner:?}");
+    let mut nested = None;
+    ctx.submit_and_wait(SubmitSync::new(), |_, _| {
+        nested = Some(ctx.with_queue(|_| ()));
+    })
+    .unwrap();
+    assert!(matches!(nested, Some(Err(Error::InvalidArgument(_)))));
+    // The context is still usable afterwards.
+    ctx.clear_image(&image, vk::ClearColorValue::default(), SubmitSync::new())
+        .unwrap();
+    assert_no_validation_errors(&ctx);
+}
+
+#[test]
+fn a_token_dropped_by_a_failed_helper_can_be_reclaimed_once() {
+    let ctx = vulkan(None);
+    let sem = BinarySemaphore::new_local(&ctx).unwrap();
+    let image = Image::new(&ctx, ImageDesc::new_2d(8, 8)).unwrap();
+    let token = ctx.signal_binary(&sem, SubmitSync::new()).unwrap();
+    assert!(sem.reclaim_signal().is_none(), "the token is alive");
+    // Fails before submitting (wrong byte count): the token goes with it.
+    let err = ctx
+        .write_image(
+            &image,
+            0,
+            0,
+            &[0; 3],
+            SubmitSync::new().wait_binary(&sem, token),
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    let token = sem
+        .reclaim_signal()
+        .expect("the orphaned signal's replacement");
+    assert!(sem.reclaim_signal().is_none(), "only one replacement");
+    ctx.submit_and_wait(SubmitSync::new().wait_binary(&sem, token), |_, _| {})
+        .unwrap();
+    assert!(!sem.payload().is_signal_pending());
+    assert!(sem.reclaim_signal().is_none());
+    assert_no_validation_errors(&ctx);
+}
+
+#[test]
+fn socket_edge_cases_are_bounded_and_typed() {
+    let (a, b) = Connection::pair().unwrap();
+    // An unbounded timeout does not overflow.
+    // SAFETY: nothing is imported; the message is decoded and dropped.
+    unsafe { b.send_raw(&[], &[]) }.unwrap();
+    // An empty message is not the end of the connection.
+    let err = a.recv(Duration::MAX).unwrap_err();
+    assert!(
+        matches!(err, Error::Wire(vk_export::wire::WireError::TooShort(0))),
+        "{err}"
+    );
+    // A peer that does not read: the send gives up after its bound.
+    b.set_send_timeout(Duration::from_millis(100)).unwrap();
+    let start = Instant::now();
+    let err = loop {
+        // SAFETY: nothing is ever received, let alone imported.
+        if let Err(e) = unsafe { b.send_raw(&[0u8; 4096], &[]) } {
+            break e;
+        }
+        assert!(start.elapsed() < TIMEOUT, "the socket never filled up");
+    };
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+    drop(b);
+    assert!(matches!(a.recv(Duration::MAX), Ok(_) | Err(Error::Wire(_))));
 }

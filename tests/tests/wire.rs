@@ -147,7 +147,8 @@ fn hostile_socket_input_is_rejected_and_no_fd_leaks() {
         let good = sample_message();
 
         // 1. A valid message with the right fds arrives, fds owned by the receiver.
-        tx.send(&good, some_fds(3)).unwrap();
+        // SAFETY: the receiver validates and drops what arrives; nothing is imported.
+        unsafe { tx.send(&good, some_fds(3)) }.unwrap();
         let received = rx.recv(TIMEOUT).unwrap();
         assert_eq!(received.message(), &good);
         drop(received);
@@ -155,7 +156,8 @@ fn hostile_socket_input_is_rejected_and_no_fd_leaks() {
         // 2. Fewer fds than resources.
         let fds = some_fds(2);
         let borrowed: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
-        tx.send_raw(&good.encode().unwrap(), &borrowed).unwrap();
+        // SAFETY: the receiver validates and drops what arrives; nothing is imported.
+        unsafe { tx.send_raw(&good.encode().unwrap(), &borrowed) }.unwrap();
         drop(fds);
         let err = rx.recv(TIMEOUT).unwrap_err();
         assert!(
@@ -173,7 +175,8 @@ fn hostile_socket_input_is_rejected_and_no_fd_leaks() {
         //    the control data and closes the excess; we report it.
         let fds = some_fds(12);
         let borrowed: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
-        tx.send_raw(&good.encode().unwrap(), &borrowed).unwrap();
+        // SAFETY: the receiver validates and drops what arrives; nothing is imported.
+        unsafe { tx.send_raw(&good.encode().unwrap(), &borrowed) }.unwrap();
         drop(fds);
         let err = rx.recv_with_fd_capacity(1, TIMEOUT).unwrap_err();
         assert!(
@@ -184,7 +187,8 @@ fn hostile_socket_input_is_rejected_and_no_fd_leaks() {
         // 4. Garbage with fds attached.
         let fds = some_fds(4);
         let borrowed: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
-        tx.send_raw(b"definitely not a record", &borrowed).unwrap();
+        // SAFETY: the receiver validates and drops what arrives; nothing is imported.
+        unsafe { tx.send_raw(b"definitely not a record", &borrowed) }.unwrap();
         drop(fds);
         let err = rx.recv(TIMEOUT).unwrap_err();
         assert!(matches!(err, Error::Wire(WireError::BadMagic)), "{err}");
@@ -194,7 +198,8 @@ fn hostile_socket_input_is_rejected_and_no_fd_leaks() {
         bytes[HEADER_LEN + 20] ^= 0x40;
         let fds = some_fds(3);
         let borrowed: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
-        tx.send_raw(&bytes, &borrowed).unwrap();
+        // SAFETY: the receiver validates and drops what arrives; nothing is imported.
+        unsafe { tx.send_raw(&bytes, &borrowed) }.unwrap();
         drop(fds);
         assert!(matches!(
             rx.recv(TIMEOUT).unwrap_err(),
@@ -202,7 +207,8 @@ fn hostile_socket_input_is_rejected_and_no_fd_leaks() {
         ));
 
         // 6. Asking for the wrong kind leaves the fd to be closed with the message.
-        tx.send(&good, some_fds(3)).unwrap();
+        // SAFETY: the receiver validates and drops what arrives; nothing is imported.
+        unsafe { tx.send(&good, some_fds(3)) }.unwrap();
         let mut received = rx.recv(TIMEOUT).unwrap();
         let err = received
             .take_buffer::<vk_export::markers::DeviceLocal>(0)

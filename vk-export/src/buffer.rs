@@ -342,7 +342,7 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
         let dedicated_to = info
             .dedicated
             .then(|| vk::MemoryDedicatedAllocateInfo::default().buffer(buffer));
-        import_dup(fd, |raw| {
+        import_dup(ctx, fd, |raw| {
             let memory = allocate_imported(
                 ctx,
                 raw,

@@ -8,6 +8,22 @@ use ash::vk;
 use crate::error::{Error, Result};
 use crate::submit::{wait_progress, Engine, QueueState};
 
+thread_local! {
+    /// Contexts whose queue or submission lock this thread holds.
+    static HELD: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Removes its context from this thread's [`HELD`] list when dropped.
+pub(crate) struct HeldLock {
+    key: usize,
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        let _ = HELD.try_with(|held| held.borrow_mut().retain(|&k| k != self.key));
+    }
+}
+
 /// How long a `Drop` waits for the GPU work that last used a resource before
 /// it gives up, leaks the resource (never frees memory the GPU may still
 /// use) and reports it ([`drop_errors`]).
@@ -542,9 +558,30 @@ impl Context {
     /// Runs `f` with the queue locked. Every submission of the application
     /// to this queue must happen inside `f` (Vulkan requires external
     /// synchronisation per queue, and this crate submits under the same lock).
-    pub fn with_queue<R>(&self, f: impl FnOnce(vk::Queue) -> R) -> R {
+    /// Calling `with_queue` or a helper of this context from inside `f` is
+    /// an [`Error::InvalidArgument`] (it would wait for itself).
+    pub fn with_queue<R>(&self, f: impl FnOnce(vk::Queue) -> R) -> Result<R> {
+        let _held = self.hold("with_queue")?;
         let state = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
-        f(state.queue)
+        Ok(f(state.queue))
+    }
+
+    /// Marks this thread as inside a call that holds this context's queue
+    /// or submission lock; a nested call on the same thread is refused
+    /// instead of deadlocking.
+    pub(crate) fn hold(&self, call: &'static str) -> Result<HeldLock> {
+        let key = Arc::as_ptr(&self.inner) as usize;
+        HELD.with(|held| {
+            let mut held = held.borrow_mut();
+            if held.contains(&key) {
+                return Err(Error::InvalidArgument(format!(
+                    "{call} called from inside with_queue or a submit_and_wait recording closure of the same \
+                     Context: it would wait for the lock its caller holds"
+                )));
+            }
+            held.push(key);
+            Ok(HeldLock { key })
+        })
     }
 
     /// Whether `other` is this context (a clone of it), not merely one on

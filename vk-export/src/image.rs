@@ -666,7 +666,7 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
         let dedicated_to = info
             .dedicated
             .then(|| vk::MemoryDedicatedAllocateInfo::default().image(image));
-        import_dup(fd, |raw| {
+        import_dup(ctx, fd, |raw| {
             let memory = allocate_imported(
                 ctx,
                 raw,

@@ -7,15 +7,15 @@
 //!   gets a duplicate. On success the driver owns the duplicate and the
 //!   caller's fd is closed here, once. On failure the caller's fd comes back,
 //!   open and unchanged, inside [`ImportError`]; the duplicate is closed here
-//!   if (and only if) the driver left it open (Mesa closes it itself when
-//!   `vkAllocateMemory` fails, which the spec does not allow), so no fd is
-//!   ever closed twice.
+//!   unless the driver is one known to close it itself on failure (Mesa's
+//!   lavapipe, against the spec). The decision never looks at the fd number
+//!   again (another thread may own it by then), so no fd is closed twice.
 //! * Cheap checks on the fd come first: a pipe, socket or directory is not a
 //!   memory export and never reaches the driver.
 //! * [`check_same_device`] and [`check_memory_type`] hold for every import.
 
 use std::fmt;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 
 use ash::vk;
@@ -113,14 +113,21 @@ impl<E> From<E> for ImportFailure<E> {
 /// Hands `import` a duplicate of `fd` and settles ownership as this module's
 /// contract says: `Ok` consumes `fd`; `Err` returns it, open and unchanged,
 /// with the error (`dup_failed` makes the error when `fd` cannot be
-/// duplicated). The CUDA side imports through this too.
+/// duplicated). After a failed import the duplicate is closed here unless
+/// `driver_closes_on_failure` says the driver already closed it (Mesa's
+/// lavapipe does, against the spec): it is never inspected by number, since
+/// a closed number may already belong to another thread's new fd. The CUDA
+/// side imports through this too (CUDA leaves the fd with the caller on
+/// failure, as the spec says).
 ///
 /// # Safety
 /// `import` passes the raw fd it gets to at most one driver import call
 /// (which owns it on success), never closes or keeps it otherwise, and sets
-/// [`ImportFailure::driver_took_fd`] truthfully.
+/// [`ImportFailure::driver_took_fd`] truthfully; `driver_closes_on_failure`
+/// is true exactly for drivers that close the fd of a failed import.
 pub unsafe fn import_with_duplicate<T, E>(
     fd: OwnedFd,
+    driver_closes_on_failure: bool,
     dup_failed: impl FnOnce(std::io::Error) -> E,
     import: impl FnOnce(i32) -> Result<T, ImportFailure<E>>,
 ) -> Result<T, (E, OwnedFd)> {
@@ -128,9 +135,6 @@ pub unsafe fn import_with_duplicate<T, E>(
         Ok(d) => d,
         Err(e) => return Err((dup_failed(e), fd)),
     };
-    let identity = rustix::fs::fstat(&duplicate)
-        .ok()
-        .map(|s| (s.st_dev, s.st_ino));
     let raw = duplicate.into_raw_fd();
     match import(raw) {
         Ok(value) => {
@@ -139,8 +143,11 @@ pub unsafe fn import_with_duplicate<T, E>(
             Ok(value)
         }
         Err(failure) => {
-            if !failure.driver_took_fd {
-                close_if_still_ours(raw, &fd, identity);
+            if !failure.driver_took_fd && !driver_closes_on_failure {
+                // SAFETY: the failed import left `raw` with us (the driver
+                // neither took it nor closes it on failure), and nothing
+                // else refers to this number.
+                drop(unsafe { OwnedFd::from_raw_fd(raw) });
             }
             Err((failure.error, fd))
         }
@@ -149,15 +156,21 @@ pub unsafe fn import_with_duplicate<T, E>(
 
 /// [`import_with_duplicate`] with this crate's error types.
 pub(crate) fn import_dup<T>(
+    ctx: &Context,
     fd: OwnedFd,
     import: impl FnOnce(i32) -> Result<T, ImportFailure<Error>>,
 ) -> Result<T, ImportError> {
+    // Mesa's lavapipe closes the fd of a failed import itself (seen: the
+    // debug build's IO-safety abort on the second close).
+    let closes = ctx.identity().driver_id == vk::DriverId::MESA_LLVMPIPE;
     // SAFETY: every caller in this crate gives the raw fd to exactly one
     // vkAllocateMemory / vkImportSemaphoreFdKHR call and reports a failure
-    // after a successful import (a failed bind) as `driver_took_fd`.
+    // after a successful import (a failed bind) as `driver_took_fd`; the
+    // driver rule is the one observed above.
     unsafe {
         import_with_duplicate(
             fd,
+            closes,
             |source| Error::Socket {
                 call: "fcntl(F_DUPFD_CLOEXEC)",
                 source,
@@ -166,24 +179,6 @@ pub(crate) fn import_dup<T>(
         )
     }
     .map_err(|(error, fd)| ImportError { error, fd })
-}
-
-/// Closes `raw` after a failed import unless the driver already did: it is
-/// still ours if it is open and refers to the same file as `original`.
-fn close_if_still_ours(raw: i32, original: &OwnedFd, identity: Option<(u64, u64)>) {
-    // SAFETY: `raw` is only borrowed for the fstat below, never closed
-    // through this borrow; if the driver closed it the call fails with EBADF.
-    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
-    let now = rustix::fs::fstat(borrowed)
-        .ok()
-        .map(|s| (s.st_dev, s.st_ino));
-    let same_open_file = now.is_some() && now == identity && raw != original.as_fd().as_raw_fd();
-    if same_open_file {
-        // SAFETY: the duplicate is still open and still refers to the file we
-        // duplicated: the failed import left it with us (as the spec says),
-        // and nothing else owns this number.
-        drop(unsafe { OwnedFd::from_raw_fd(raw) });
-    }
 }
 
 /// Allocates memory that imports `raw` (a duplicate, see

@@ -119,8 +119,10 @@ pub struct Semaphore<K> {
     pub(crate) last_use: AtomicU64,
     /// Binary payload state (unused for timelines).
     payload: BinaryPayload,
-    /// Makes a timeline host signal's check and signal one step.
-    signal_lock: Mutex<()>,
+    /// Makes a timeline signal's check and signal (host or submitted) one step.
+    pub(crate) signal_lock: Mutex<()>,
+    /// The highest timeline value a submission of this crate signals.
+    pub(crate) last_submitted_signal: AtomicU64,
     _kind: PhantomData<fn() -> K>,
 }
 
@@ -231,6 +233,7 @@ impl<K: SemaphoreKind> Semaphore<K> {
             last_use: AtomicU64::new(0),
             payload,
             signal_lock: Mutex::new(()),
+            last_submitted_signal: AtomicU64::new(0),
             _kind: PhantomData,
         })
     }
@@ -305,7 +308,7 @@ impl<K: SemaphoreKind> Semaphore<K> {
             Ok(s) => s,
             Err(error) => return Err(ImportError { error, fd }),
         };
-        import_dup(fd, |raw| {
+        import_dup(ctx, fd, |raw| {
             this.import_raw(
                 raw,
                 vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD,
@@ -405,6 +408,13 @@ impl Semaphore<Binary> {
         &self.payload
     }
 
+    /// The replacement token of a pending signal whose token was dropped
+    /// unused (a helper that failed before submitting); see
+    /// [`BinaryPayload::reclaim`].
+    pub fn reclaim_signal(&self) -> Option<BinarySignal> {
+        self.payload.reclaim()
+    }
+
     /// The token of a signal that this crate did not see submitted: one the
     /// peer process submitted, or the application's own `vkQueueSubmit`.
     /// `Err` if a signal is already pending here.
@@ -418,24 +428,47 @@ impl Semaphore<Binary> {
         Ok(unsafe { reservation.submitted() })
     }
 
-    /// Exports the payload as a SYNC_FD (copy transference). A signal must
-    /// have been submitted and no wait on it be pending (Vulkan's rules for
-    /// copy-transference exports); the driver reports a violation as an error.
-    pub fn export_sync_fd(&self) -> Result<SyncFd> {
+    /// Exports the payload as a SYNC_FD (copy transference). The export
+    /// acts as the wait for the pending signal, so it consumes that signal's
+    /// token; on failure the token comes back with the error.
+    pub fn export_sync_fd(&self, signal: BinarySignal) -> Result<SyncFd, (Error, BinarySignal)> {
+        if let Err(e) = self.payload.check(&signal) {
+            return Err((e, signal));
+        }
         if !self.sync_fd_exportable {
-            return Err(Error::unsupported(
-                "SYNC_FD export",
-                "the driver cannot export this semaphore as a SYNC_FD",
+            return Err((
+                Error::unsupported(
+                    "SYNC_FD export",
+                    "the driver cannot export this semaphore as a SYNC_FD",
+                ),
+                signal,
             ));
         }
         let info = vk::SemaphoreGetFdInfoKHR::default()
             .semaphore(self.semaphore)
             .handle_type(vk::ExternalSemaphoreHandleTypeFlags::SYNC_FD);
-        // SAFETY: created with SYNC_FD export info.
-        let fd = unsafe { self.loader()?.get_semaphore_fd(&info) }.map_err(Error::vk(
-            "vkGetSemaphoreFdKHR (SYNC_FD)",
-            "a SYNC_FD export needs a submitted signal and no pending wait",
-        ))?;
+        let loader = match self.loader() {
+            Ok(l) => l,
+            Err(e) => return Err((e, signal)),
+        };
+        // SAFETY: created with SYNC_FD export info; the token shows a signal
+        // was submitted and no wait consumed it.
+        let fd = match unsafe { loader.get_semaphore_fd(&info) } {
+            Ok(fd) => fd,
+            Err(e) => {
+                return Err((
+                    Error::Vulkan {
+                        call: "vkGetSemaphoreFdKHR (SYNC_FD)",
+                        result: e,
+                        hint: "a SYNC_FD export needs a submitted signal and no pending wait",
+                    },
+                    signal,
+                ))
+            }
+        };
+        // SAFETY: the copy-transference export unsignalled the payload (it is
+        // the wait for this signal).
+        let _ = unsafe { self.payload.consume(signal) };
         if fd < 0 {
             return Ok(SyncFd::AlreadySignaled);
         }
@@ -444,25 +477,35 @@ impl Semaphore<Binary> {
     }
 
     /// Imports a SYNC_FD temporarily (the only permanence SYNC_FD allows):
-    /// the next wait on this semaphore waits for it. `&mut self`: no other
-    /// thread can have an operation of this crate pending on it meanwhile.
-    /// On failure the sync fd comes back with the error, open.
-    pub fn import_sync_fd(&mut self, fd: SyncFd) -> Result<(), (Error, SyncFd)> {
+    /// the semaphore is then signalled, and the returned token pays for the
+    /// wait. `&mut self`: no other thread can have an operation of this crate
+    /// pending on it meanwhile. A signal already pending, or a failed import,
+    /// gives the sync fd back with the error, open.
+    pub fn import_sync_fd(&mut self, fd: SyncFd) -> Result<BinarySignal, (Error, SyncFd)> {
+        let reservation = match self.payload.reserve_signal() {
+            Ok(r) => r,
+            Err(e) => return Err((e, fd)),
+        };
         let (handle, flags) = (
             vk::ExternalSemaphoreHandleTypeFlags::SYNC_FD,
             vk::SemaphoreImportFlags::TEMPORARY,
         );
-        match fd {
+        let ctx = self.ctx.clone();
+        let imported = match fd {
             // -1 is SYNC_FD's "already signalled"; no fd changes hands.
             SyncFd::AlreadySignaled => self
                 .import_raw(-1, handle, flags)
                 .map_err(|e| (e, SyncFd::AlreadySignaled)),
-            SyncFd::Fd(fd) => import_dup(fd, |raw| {
+            SyncFd::Fd(fd) => import_dup(&ctx, fd, |raw| {
                 self.import_raw(raw, handle, flags)
                     .map_err(ImportFailure::from)
             })
             .map_err(|e| (e.error, SyncFd::Fd(e.fd))),
-        }
+        };
+        imported?;
+        // SAFETY: the imported payload is a signal (a sync file or "already
+        // signalled"), pending for the next wait on this semaphore.
+        Ok(unsafe { reservation.submitted() })
     }
 }
 
@@ -488,19 +531,39 @@ impl Semaphore<Timeline> {
     /// higher value racing with it is the application's to order.
     pub fn signal(&self, value: u64) -> Result<()> {
         let _one_at_a_time = self.signal_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let current = self.value()?;
-        let max = self.ctx.max_timeline_difference();
-        if value <= current || value - current > max {
-            return Err(Error::InvalidArgument(format!(
-                "timeline signal {value}: must be above the current value {current} and at most {max} above it"
-            )));
-        }
+        self.check_signal_value(value, true)?;
         let info = vk::SemaphoreSignalInfo::default()
             .semaphore(self.semaphore)
             .value(value);
         // SAFETY: value checked above, under the lock.
         unsafe { self.ctx.inner.device.signal_semaphore(&info) }
             .map_err(Error::vk("vkSignalSemaphore", "the device was lost"))
+    }
+
+    /// Checks a new signal value: above the current value and within
+    /// `maxTimelineSemaphoreValueDifference` of it; a submitted one also
+    /// above every value a submission of this crate signals (VUID 03242),
+    /// and a host one only while no such submitted signal is pending (a host
+    /// value must stay below every pending signal, VUID 03259, and this
+    /// crate knows only the highest it submitted). The caller holds
+    /// `signal_lock`.
+    pub(crate) fn check_signal_value(&self, value: u64, host: bool) -> Result<()> {
+        let current = self.value()?;
+        let submitted = self.last_submitted_signal.load(Ordering::Acquire);
+        let max = self.ctx.max_timeline_difference();
+        if host && submitted > current {
+            return Err(Error::InvalidArgument(format!(
+                "timeline host signal {value}: a submitted signal of {submitted} is still pending (the \
+                 value is {current}); wait for it first"
+            )));
+        }
+        if value <= current.max(submitted) || value - current > max {
+            return Err(Error::InvalidArgument(format!(
+                "timeline signal {value}: must be above the current value {current} and every value already \
+                 submitted ({submitted}), and at most {max} above the current value"
+            )));
+        }
+        Ok(())
     }
 
     /// Waits on the host until the value is at least `value`, or `timeout`.

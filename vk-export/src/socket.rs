@@ -16,7 +16,15 @@
 //! namespace) is reported as an unknown pid.
 //!
 //! Every wait is bounded: [`Listener::accept`] and [`Connection::recv`] take
-//! a timeout, and both types are [`AsFd`] for an event loop.
+//! a timeout, sends and connects are bounded by `SO_SNDTIMEO`
+//! ([`DEFAULT_SEND_TIMEOUT`], [`Connection::set_send_timeout`]), and both
+//! types are [`AsFd`] for an event loop.
+//!
+//! What travels is honest only as far as the sender: the safe
+//! [`Connection::send_exported`] sends each resource's own record with a
+//! fresh export of its own fd; [`Connection::send`] and
+//! [`Connection::send_raw`], which take records and fds separately, are
+//! `unsafe`.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -77,11 +85,11 @@ fn peer_credentials(fd: BorrowedFd<'_>) -> Result<PeerCredentials> {
 
 /// Waits until `fd` is readable, up to `timeout`.
 fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration, what: &'static str) -> Result<()> {
-    let deadline = Instant::now() + timeout;
+    let deadline = Deadline::after(timeout);
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.left();
         let ts = rustix::event::Timespec {
-            tv_sec: left.as_secs() as i64,
+            tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
             tv_nsec: i64::from(left.subsec_nanos()),
         };
         let mut fds = [PollFd::new(&fd, PollFlags::IN)];
@@ -94,12 +102,42 @@ fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration, what: &'static str) -> R
     }
 }
 
+/// A point in time a wait ends at; `None` when the bound is too large to
+/// add to now (`Duration::MAX`): that wait ends only when its event comes.
+#[derive(Clone, Copy)]
+struct Deadline(Option<Instant>);
+
+impl Deadline {
+    fn after(timeout: Duration) -> Deadline {
+        Deadline(Instant::now().checked_add(timeout))
+    }
+    fn left(self) -> Duration {
+        self.0.map_or(Duration::MAX, |d| {
+            d.saturating_duration_since(Instant::now())
+        })
+    }
+}
+
+/// The default bound of a send (and of a connect while the listener's
+/// backlog is full), set as `SO_SNDTIMEO` on every connection.
+pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Reports a timeout with the caller's whole bound, not what was left of it.
 fn timeout_of(e: Error, timeout: Duration) -> Error {
     match e {
         Error::Timeout(_) => Error::Timeout(timeout),
         other => other,
     }
+}
+
+/// Sets `SO_SNDTIMEO` (a zero timeout would mean "none": at least 1 µs).
+fn set_send_timeout(fd: &OwnedFd, timeout: Duration) -> Result<()> {
+    rustix::net::sockopt::set_socket_timeout(
+        fd,
+        rustix::net::sockopt::Timeout::Send,
+        Some(timeout.max(Duration::from_micros(1))),
+    )
+    .map_err(Error::socket("setsockopt(SO_SNDTIMEO)"))
 }
 
 fn check_same_user(peer: PeerCredentials, allowed: &[u32]) -> Result<()> {
@@ -159,9 +197,9 @@ impl Listener {
     /// came); a peer whose user is not allowed is disconnected and reported
     /// as [`Error::PeerRefused`].
     pub fn accept(&self, timeout: Duration) -> Result<Connection> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         let fd = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.left();
             wait_readable(self.fd.as_fd(), left, "poll (accept)")
                 .map_err(|e| timeout_of(e, timeout))?;
             match net::accept_with(&self.fd, SocketFlags::CLOEXEC) {
@@ -172,6 +210,7 @@ impl Listener {
         };
         let peer = peer_credentials(fd.as_fd())?;
         check_same_user(peer, &self.allowed_uids)?;
+        set_send_timeout(&fd, DEFAULT_SEND_TIMEOUT)?;
         Ok(Connection { fd, peer })
     }
 }
@@ -211,7 +250,14 @@ impl Connection {
         .map_err(Error::socket("socket(AF_UNIX, SOCK_SEQPACKET)"))?;
         let addr =
             SocketAddrUnix::new(path.as_ref()).map_err(Error::socket("a Unix socket path"))?;
-        net::connect(&fd, &addr).map_err(Error::socket("connect"))?;
+        // A full backlog makes connect wait: bounded by the send timeout.
+        set_send_timeout(&fd, DEFAULT_SEND_TIMEOUT)?;
+        net::connect(&fd, &addr).map_err(|e| match e {
+            rustix::io::Errno::AGAIN | rustix::io::Errno::INPROGRESS => {
+                Error::Timeout(DEFAULT_SEND_TIMEOUT)
+            }
+            e => Error::socket("connect")(e),
+        })?;
         Connection::from_fd(fd)
     }
 
@@ -232,7 +278,14 @@ impl Connection {
     pub fn from_fd(fd: OwnedFd) -> Result<Connection> {
         let peer = peer_credentials(fd.as_fd())?;
         check_same_user(peer, &[rustix::process::getuid().as_raw()])?;
+        set_send_timeout(&fd, DEFAULT_SEND_TIMEOUT)?;
         Ok(Connection { fd, peer })
+    }
+
+    /// How long a send may wait for room in the socket (a peer that does not
+    /// read): [`Error::Timeout`] after it. [`DEFAULT_SEND_TIMEOUT`] unless set.
+    pub fn set_send_timeout(&self, timeout: Duration) -> Result<()> {
+        set_send_timeout(&self.fd, timeout)
     }
 
     /// The socket.
@@ -245,9 +298,32 @@ impl Connection {
         self.peer
     }
 
+    /// Sends `resources` of this process, each record with a fresh export
+    /// of its own fd, in one message tagged `tag`: what the receiver takes as
+    /// a bundle is, by construction, a record with the fd it describes.
+    pub fn send_exported(&self, tag: u64, resources: &[&dyn Exported]) -> Result<()> {
+        let mut message = Message {
+            tag,
+            resources: Vec::with_capacity(resources.len()),
+        };
+        let mut fds = Vec::with_capacity(resources.len());
+        for r in resources {
+            message.resources.push(r.resource());
+            fds.push(r.export_fd()?);
+        }
+        // SAFETY: fd `i` is a fresh export of the resource whose own record is
+        // resource `i`.
+        unsafe { self.send(&message, fds) }
+    }
+
     /// Sends `message` with `fds` (fd `i` belongs to resource `i`). The fds
     /// are closed here once the kernel has duplicated them into the message.
-    pub fn send(&self, message: &Message, fds: Vec<OwnedFd>) -> Result<()> {
+    ///
+    /// # Safety
+    /// Fd `i` exports exactly what resource `i`'s record describes: the
+    /// receiver imports the pair as a bundle, which is only as honest as its
+    /// sender ([`Connection::send_exported`] makes the pairs itself).
+    pub unsafe fn send(&self, message: &Message, fds: Vec<OwnedFd>) -> Result<()> {
         if fds.len() != message.resources.len() {
             return Err(WireError::FdCount {
                 expected: message.resources.len(),
@@ -257,11 +333,17 @@ impl Connection {
         }
         let bytes = message.encode()?;
         let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
-        self.send_raw(&bytes, &borrowed)
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.send_raw(&bytes, &borrowed) }
     }
 
-    /// Sends arbitrary bytes and fds: for testing peers against malformed input.
-    pub fn send_raw(&self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+    /// Sends arbitrary bytes and fds (a peer's view of malformed input).
+    ///
+    /// # Safety
+    /// As for [`Connection::send`]: every record the bytes decode to is
+    /// honest about the fd sent with it, or the receiver is known not to
+    /// import what it receives (a test of the receiver's refusals).
+    pub unsafe fn send_raw(&self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
         let mut space =
             vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(fds.len().max(1)))];
         let mut control = SendAncillaryBuffer::new(&mut space);
@@ -277,7 +359,15 @@ impl Connection {
             &mut control,
             SendFlags::NOSIGNAL,
         )
-        .map_err(Error::socket("sendmsg"))?;
+        .map_err(|e| match e {
+            rustix::io::Errno::AGAIN => Error::Timeout(
+                rustix::net::sockopt::socket_timeout(&self.fd, rustix::net::sockopt::Timeout::Send)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(DEFAULT_SEND_TIMEOUT),
+            ),
+            e => Error::socket("sendmsg")(e),
+        })?;
         if sent != bytes.len() {
             return Err(Error::Socket {
                 call: "sendmsg",
@@ -298,12 +388,12 @@ impl Connection {
     /// which is an error.
     pub fn recv_with_fd_capacity(&self, max_fds: usize, timeout: Duration) -> Result<Received> {
         let max_fds = max_fds.clamp(1, MAX_RESOURCES);
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         let mut buf = vec![0u8; MAX_MESSAGE_LEN + 1];
         let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(max_fds))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let msg = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.left();
             wait_readable(self.fd.as_fd(), left, "poll (recv)")
                 .map_err(|e| timeout_of(e, timeout))?;
             // DONTWAIT: another thread may have taken the message after the poll.
@@ -334,7 +424,22 @@ impl Connection {
             return Err(WireError::MessageTruncated.into());
         }
         if msg.bytes == 0 && fds.is_empty() {
-            return Err(WireError::Closed.into());
+            // End of stream, or an empty message from a peer still there.
+            let mut poll = [PollFd::new(&self.fd, PollFlags::IN | PollFlags::RDHUP)];
+            let zero = rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            let _ = rustix::event::poll(&mut poll, Some(&zero));
+            let hung_up = poll[0]
+                .revents()
+                .intersects(PollFlags::HUP | PollFlags::RDHUP);
+            return Err(if hung_up {
+                WireError::Closed
+            } else {
+                WireError::TooShort(0)
+            }
+            .into());
         }
         let message = Message::decode(&buf[..msg.bytes])?;
         Ok(Received::new(message, fds, self.peer)?)
@@ -346,5 +451,54 @@ impl AsFd for Connection {
     /// waiting) with epoll, mio or tokio.
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A resource of this process that [`Connection::send_exported`] can send:
+/// its own record and a fresh export of its fd, always together. Sealed.
+pub trait Exported: sealed::Sealed {
+    /// The resource's own record.
+    fn resource(&self) -> crate::wire::Resource;
+    /// A fresh export of its fd.
+    fn export_fd(&self) -> Result<OwnedFd>;
+}
+
+impl<F, T, M, U> sealed::Sealed for crate::ExportableImage<F, T, M, U> {}
+impl<F, T, M, U> Exported for crate::ExportableImage<F, T, M, U>
+where
+    F: crate::format::Format,
+    T: crate::markers::Tiling,
+    M: crate::markers::MemoryLocation,
+    U: crate::markers::Usage,
+{
+    fn resource(&self) -> crate::wire::Resource {
+        crate::wire::Resource::Image(self.info().clone())
+    }
+    fn export_fd(&self) -> Result<OwnedFd> {
+        crate::ExportableImage::export_fd(self)
+    }
+}
+
+impl<M> sealed::Sealed for crate::ExportableBuffer<M> {}
+impl<M: crate::markers::MemoryLocation> Exported for crate::ExportableBuffer<M> {
+    fn resource(&self) -> crate::wire::Resource {
+        crate::wire::Resource::Buffer(self.info().clone())
+    }
+    fn export_fd(&self) -> Result<OwnedFd> {
+        crate::ExportableBuffer::export_fd(self)
+    }
+}
+
+impl<K> sealed::Sealed for crate::Semaphore<K> {}
+impl<K: crate::SemaphoreKind> Exported for crate::Semaphore<K> {
+    fn resource(&self) -> crate::wire::Resource {
+        crate::wire::Resource::Semaphore(self.record().into_info())
+    }
+    fn export_fd(&self) -> Result<OwnedFd> {
+        crate::Semaphore::export_fd(self)
     }
 }

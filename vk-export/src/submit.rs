@@ -263,6 +263,25 @@ impl Engine {
                 )
                 .map_err(Error::vk("vkBeginCommandBuffer", "out of memory"))?;
         }
+        // Every batch holds at least one command: a later batch's progress
+        // signal covers "all commands earlier in submission order", so this
+        // barrier (which runs after this batch's semaphore waits) keeps a
+        // later progress value from completing before this batch's waits.
+        let barrier = vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+            .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE);
+        // SAFETY: recording state; a plain global memory barrier.
+        unsafe {
+            device.cmd_pipeline_barrier(
+                cmd,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::DependencyFlags::empty(),
+                &[barrier],
+                &[],
+                &[],
+            )
+        };
         record(cmd);
         // SAFETY: recording state.
         unsafe { device.end_command_buffer(cmd) }

@@ -19,8 +19,11 @@
 //!   ([`BinaryPayload::consume`], `unsafe` for the same reason), which makes the payload unsignalled again.
 //!   No token, no wait: "wait without a signal" and "wait twice" do not
 //!   compile; a token of another semaphore is a typed error.
-//! * A token that is dropped unused leaves its payload *signal pending*: the
-//!   signal still exists, and nobody can wait for it without `unsafe`.
+//! * A token that is dropped unused leaves its payload *signal pending* and
+//!   the signal orphaned: [`BinaryPayload::reclaim`] mints its one
+//!   replacement (a helper that failed before submitting drops its tokens).
+//!   A token that is `mem::forget`-ten leaves the payload pending for good:
+//!   nobody can wait for that signal without `unsafe`.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,6 +34,9 @@ use crate::error::{Error, Result};
 #[derive(Default)]
 struct PayloadState {
     signal_pending: AtomicBool,
+    /// The pending signal's token was dropped unused: a new one may be
+    /// minted for it ([`BinaryPayload::reclaim`]).
+    orphaned: AtomicBool,
 }
 
 /// The state of one binary semaphore payload in this process.
@@ -56,7 +62,19 @@ pub struct SignalReservation {
 /// stream wait or a Vulkan submission's wait).
 #[must_use = "a binary signal must be waited on exactly once; dropping it leaves the semaphore signalled"]
 pub struct BinarySignal {
-    payload: BinaryPayload,
+    /// `None` once consumed.
+    payload: Option<BinaryPayload>,
+}
+
+impl Drop for BinarySignal {
+    /// A token dropped unused leaves its signal pending and orphaned, so
+    /// that [`BinaryPayload::reclaim`] can hand out its one replacement.
+    /// (`mem::forget` skips this: the signal then stays pending for good.)
+    fn drop(&mut self) {
+        if let Some(p) = self.payload.take() {
+            p.0.orphaned.store(true, Ordering::Release);
+        }
+    }
 }
 
 impl fmt::Debug for BinarySignal {
@@ -97,7 +115,7 @@ impl BinaryPayload {
 
     /// `Ok` if `signal` was minted for this payload.
     pub fn check(&self, signal: &BinarySignal) -> Result<()> {
-        if Arc::ptr_eq(&self.0, &signal.payload.0) {
+        if signal.is_for(self) {
             Ok(())
         } else {
             Err(Error::BinarySemaphore(
@@ -115,10 +133,26 @@ impl BinaryPayload {
     /// A wait for this signal was successfully submitted to a Vulkan queue
     /// or enqueued on a CUDA stream (otherwise a later signal would be a
     /// second signal of a signalled binary semaphore).
-    pub unsafe fn consume(&self, signal: BinarySignal) -> Result<()> {
+    pub unsafe fn consume(&self, mut signal: BinarySignal) -> Result<()> {
         self.check(&signal)?;
+        signal.payload = None;
         self.0.signal_pending.store(false, Ordering::Release);
         Ok(())
+    }
+
+    /// The replacement token for a pending signal whose token was dropped
+    /// unused (a helper that failed before submitting, say): `Some` at most
+    /// once per such drop, `None` if no signal is pending or its token is
+    /// still alive (or was `mem::forget`-ten).
+    pub fn reclaim(&self) -> Option<BinarySignal> {
+        self.0
+            .orphaned
+            .compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .filter(|_| self.is_signal_pending())
+            .map(|_| BinarySignal {
+                payload: Some(self.clone()),
+            })
     }
 }
 
@@ -130,8 +164,10 @@ impl SignalReservation {
     /// Vulkan queue or enqueued on a CUDA stream after the reservation was
     /// made, and no wait has consumed it.
     pub unsafe fn submitted(mut self) -> BinarySignal {
+        let payload = self.payload.take().expect("a reservation is used once");
+        payload.0.orphaned.store(false, Ordering::Release);
         BinarySignal {
-            payload: self.payload.take().expect("a reservation is used once"),
+            payload: Some(payload),
         }
     }
 }
@@ -147,6 +183,8 @@ impl Drop for SignalReservation {
 impl BinarySignal {
     /// Whether this token belongs to `payload`.
     pub fn is_for(&self, payload: &BinaryPayload) -> bool {
-        Arc::ptr_eq(&self.payload.0, &payload.0)
+        self.payload
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(&p.0, &payload.0))
     }
 }

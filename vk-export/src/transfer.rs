@@ -129,6 +129,26 @@ impl<'a> SubmitSync<'a> {
         Ok(raw)
     }
 
+    /// Locks every semaphore this submission signals (each once) and checks
+    /// its value, so that no other signal of this process can slip between
+    /// the check and the submission.
+    fn lock_signals(&self) -> Result<Vec<std::sync::MutexGuard<'a, ()>>> {
+        let mut guards = Vec::new();
+        let mut seen: Vec<*const Semaphore<Timeline>> = Vec::new();
+        for (s, value) in &self.signals {
+            let key: *const Semaphore<Timeline> = *s;
+            if seen.contains(&key) {
+                return Err(Error::InvalidArgument(
+                    "one timeline semaphore signalled twice by one submission".into(),
+                ));
+            }
+            seen.push(key);
+            guards.push(s.signal_lock.lock().unwrap_or_else(|p| p.into_inner()));
+            s.check_signal_value(*value, false)?;
+        }
+        Ok(guards)
+    }
+
     /// After a successful submission: every semaphore records it, and binary
     /// tokens are consumed (their waits are now submitted).
     fn submitted(self, value: u64) {
@@ -143,8 +163,10 @@ impl<'a> SubmitSync<'a> {
                 }
             }
         }
-        for (s, _) in self.signals {
+        for (s, signalled) in self.signals {
             note_use(&s.last_use, value);
+            s.last_submitted_signal
+                .fetch_max(signalled, Ordering::AcqRel);
         }
     }
 }
@@ -170,10 +192,12 @@ impl Context {
         staged: Staged<'_>,
         record: impl FnOnce(vk::CommandBuffer, vk::Buffer),
     ) -> Result<Vec<u8>> {
+        let _held = self.hold("a helper")?;
         let raw = sync.raw(self)?;
         let timeout = sync.timeout;
         let inner = &self.inner;
         let mut engine = inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+        let _signals = sync.lock_signals()?;
         let slot = engine.slot(&inner.device, inner.queue_family)?;
         let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
         let find = |bits| self.memory_type(bits, host, vk::MemoryPropertyFlags::empty());
@@ -554,12 +578,14 @@ impl Context {
         semaphore: &Semaphore<Binary>,
         sync: SubmitSync<'_>,
     ) -> Result<BinarySignal> {
+        let _held = self.hold("signal_binary")?;
         self.check_owns(semaphore.context(), "the binary semaphore to signal")?;
         let reservation = semaphore.payload().reserve_signal()?;
         let raw = sync.raw(self)?;
         let timeout = sync.timeout;
         let inner = &self.inner;
         let mut engine = inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+        let _signals = sync.lock_signals()?;
         let mut raw = raw;
         raw.signal_semaphores.push(semaphore.raw());
         raw.signal_values.push(0);
