@@ -24,6 +24,10 @@
 //!   replacement (a helper that failed before submitting drops its tokens).
 //!   A token that is `mem::forget`-ten leaves the payload pending for good:
 //!   nobody can wait for that signal without `unsafe`.
+//! * The state is per process: a payload that arrived from another process
+//!   (`import_received`) starts unsignalled here, and signals or waits of
+//!   the peer are invisible to it. A binary semaphore shared between
+//!   processes needs one signalling side (or a timeline).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -12,7 +12,14 @@
 //! * **Bounded.** Each helper waits for its submission at most
 //!   [`SubmitSync::timeout`]; on [`Error::Timeout`] the submission may still
 //!   run later, the resources it uses stay alive until it does (their `Drop`
-//!   waits for it), and the context stays usable.
+//!   waits for it), and the context stays usable, though later submissions
+//!   queue behind the stuck one until what it waits for arrives.
+//! * **No self-deadlock.** A helper or [`Context::with_queue`] called from
+//!   inside `with_queue` or a `submit_and_wait` recording closure of the same
+//!   context is refused ([`Error::InvalidArgument`]).
+//! * **Timeline values.** A submitted signal must be above the current value
+//!   and every value this crate submitted before; a host signal is refused
+//!   while a signal this crate submitted is pending.
 //! * **Tracked.** Every resource and semaphore a helper uses records the
 //!   submission's progress value (see [`crate::submit`]).
 //!
