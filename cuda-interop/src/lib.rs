@@ -57,6 +57,7 @@
 //! polling the counter sees them within microseconds.
 
 mod device;
+pub mod dlpack;
 mod driver;
 mod error;
 pub mod kernels;
