@@ -49,6 +49,7 @@ use vk_export::{
 };
 
 use crate::device::CudaDevice;
+use crate::dlpack::{DLDataType, DLDevice, ManagedTensor, DL_CUDA};
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, ImportError, Result};
 use crate::last_use::{device_settled, report_leak, LastUse, DROP_WAIT_LIMIT};
@@ -533,23 +534,91 @@ unsafe impl Sync for MappedBuffer<'_> {}
 
 impl Drop for MappedBuffer<'_> {
     fn drop(&mut self) {
-        let idle = self
-            .memory
-            .last_use
-            .wait_before_release(DROP_WAIT_LIMIT)
-            .and_then(|()| device_settled(&self.memory.device));
-        if let Err(why) = idle {
-            report_leak(
-                &format!("a mapping of {} bytes of imported memory", self.len),
-                &why,
-            );
-            return;
-        }
-        if let Ok(_guard) = self.memory.device.enter() {
-            // SAFETY: the address cuExternalMemoryGetMappedBuffer returned in
-            // the current context, freed once, before the import (which this
-            // borrows) and after every copy recorded on the import completed.
-            record_drop_error(unsafe { cu!(cuMemFree(self.ptr)) });
+        free_mapping(self.memory, self.ptr, self.len);
+    }
+}
+
+/// Frees a mapping of `memory` (`cuMemFree`) once every recorded use of the
+/// import has completed and no external wait could make the free block;
+/// otherwise leaks it and reports the leak.
+fn free_mapping(memory: &ExternalMemory, ptr: CUdeviceptr, len: u64) {
+    let idle = memory
+        .last_use
+        .wait_before_release(DROP_WAIT_LIMIT)
+        .and_then(|()| device_settled(&memory.device));
+    if let Err(why) = idle {
+        report_leak(
+            &format!("a mapping of {len} bytes of imported memory"),
+            &why,
+        );
+        return;
+    }
+    if let Ok(_guard) = memory.device.enter() {
+        // SAFETY: the address cuExternalMemoryGetMappedBuffer returned in
+        // the current context, freed once, before the import is destroyed
+        // (the mapping borrows it, or owns it and drops it afterwards) and
+        // after every copy recorded on the import completed.
+        record_drop_error(unsafe { cu!(cuMemFree(ptr)) });
+    }
+}
+
+/// A whole-buffer mapping that owns its import: what a DLPack tensor keeps
+/// alive. Drops the mapping, then the import (and the Vulkan buffer it keeps).
+struct OwnedMapping {
+    memory: ExternalMemory,
+    ptr: CUdeviceptr,
+    len: u64,
+}
+
+impl Drop for OwnedMapping {
+    fn drop(&mut self) {
+        free_mapping(&self.memory, self.ptr, self.len);
+    }
+}
+
+impl<M: MemoryLocation> ImportedBuffer<M> {
+    /// Maps the whole buffer and hands it to a DLPack consumer as a tensor
+    /// of `dtype` with `shape` and element `strides` (row-major when `None`),
+    /// on the CUDA device of this import. The tensor keeps the mapping, the
+    /// import and the Vulkan buffer alive until the consumer's deleter runs.
+    /// Work the consumer enqueues is its own to order (see the DLPack
+    /// protocol's `stream` argument).
+    pub fn into_dlpack(
+        self,
+        dtype: DLDataType,
+        shape: &[i64],
+        strides: Option<&[i64]>,
+        read_only: bool,
+    ) -> Result<ManagedTensor> {
+        let ptr = map_buffer(&self.memory, 0, self.size, None).map(|m| {
+            let ptr = m.ptr;
+            // The mapping's ownership moves to the OwnedMapping below.
+            std::mem::forget(m);
+            ptr
+        })?;
+        let device = DLDevice {
+            device_type: DL_CUDA,
+            device_id: self.memory.device.ordinal(),
+        };
+        let len = self.size;
+        let owner = OwnedMapping {
+            memory: self.memory,
+            ptr,
+            len,
+        };
+        // SAFETY: `ptr` maps the whole `len`-byte buffer on this CUDA device
+        // and stays valid while `owner` (which frees it last) lives.
+        unsafe {
+            ManagedTensor::new(
+                Box::new(owner),
+                ptr,
+                len,
+                device,
+                dtype,
+                shape,
+                strides,
+                read_only,
+            )
         }
     }
 }

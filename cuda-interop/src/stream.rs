@@ -382,6 +382,41 @@ impl DeviceBuffer {
     }
 }
 
+impl DeviceBuffer {
+    /// Hands the buffer to a DLPack consumer as a tensor of `dtype` with
+    /// `shape` and element `strides` (row-major when `None`); the tensor keeps
+    /// the buffer until the consumer's deleter runs. For an image level,
+    /// copy it here first ([`LevelArray::copy_to_device`](crate::LevelArray::copy_to_device)):
+    /// a block-linear CUDA array is not a strided tensor.
+    pub fn into_dlpack(
+        self,
+        dtype: crate::dlpack::DLDataType,
+        shape: &[i64],
+        strides: Option<&[i64]>,
+        read_only: bool,
+    ) -> Result<crate::dlpack::ManagedTensor> {
+        let device = crate::dlpack::DLDevice {
+            device_type: crate::dlpack::DL_CUDA,
+            device_id: self.device.ordinal(),
+        };
+        let (ptr, len) = (self.ptr, self.len as u64);
+        // SAFETY: `ptr` is this buffer's `len` bytes on this CUDA device,
+        // valid while the buffer (the owner handed over) lives.
+        unsafe {
+            crate::dlpack::ManagedTensor::new(
+                Box::new(self),
+                ptr,
+                len,
+                device,
+                dtype,
+                shape,
+                strides,
+                read_only,
+            )
+        }
+    }
+}
+
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         let idle = self

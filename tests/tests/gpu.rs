@@ -1396,3 +1396,51 @@ fn ten_thousand_timeline_export_import_cycles_without_validation_errors() {
     assert_no_validation_errors_except(&a, &[IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE]);
     assert_no_validation_errors(&b);
 }
+
+/// A mapped Vulkan buffer handed out as a DLPack tensor: the tensor's data
+/// pointer reads the buffer's bytes, the import outlives every other handle
+/// until the consumer's deleter runs, and the deleter frees it once.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+fn a_mapped_buffer_handed_out_as_dlpack_reads_back_and_is_freed_by_its_deleter() {
+    use cuda_interop::dlpack::{DLDataType, DLDataTypeCode, DL_CUDA};
+    let (ctx, cuda) = pair();
+    let len = 1usize << 20;
+    let data = pattern(len, 4242);
+    let buffer = ExportableBuffer::<DeviceLocal>::new(&ctx, len as u64).unwrap();
+    ctx.write_buffer(&buffer, &data, SubmitSync::new()).unwrap();
+    ctx.release_buffer(&buffer, SubmitSync::new()).unwrap();
+    let (free_before, _) = cuda.memory_info().unwrap();
+    let imported = cuda.import_buffer(&buffer).unwrap();
+    drop(buffer); // the import keeps the Vulkan buffer alive
+    let tensor = imported
+        .into_dlpack(
+            DLDataType::scalar(DLDataTypeCode::UInt, 8),
+            &[(len / 1024) as i64, 1024],
+            None,
+            true,
+        )
+        .unwrap();
+    let managed = tensor.into_versioned();
+    // SAFETY: `managed` came from into_versioned; its data pointer maps
+    // `len` bytes on this device, read here once, then deleted once.
+    unsafe {
+        let dl = &(*managed).dl_tensor;
+        assert_eq!(dl.device.device_type, DL_CUDA);
+        assert_eq!(dl.device.device_id, cuda.ordinal());
+        let mut out = vec![0u8; len];
+        let _guard = cuda.enter().unwrap();
+        let copy = sys::Driver::global().unwrap().fns().cuMemcpyDtoH.unwrap();
+        assert_eq!(
+            copy(out.as_mut_ptr().cast(), dl.data as u64, len),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        drop(_guard);
+        assert!(out == data, "the tensor reads the Vulkan buffer's bytes");
+        ((*managed).deleter.unwrap())(managed);
+    }
+    let (free_after, _) = cuda.memory_info().unwrap();
+    println!("DLPack tensor over a 1 MiB mapped buffer: exact; free GPU memory {free_before} -> {free_after}");
+    assert_eq!(cuda_interop::drop_errors(), 0);
+    assert_no_validation_errors(&ctx);
+}
