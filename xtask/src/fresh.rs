@@ -23,6 +23,13 @@
 //!   and `demo` runs `cargo run --release -p cuda-interop --example
 //!   round_trip -- ARGS`, with ARGS passed through unchanged (a leading `--`
 //!   for `demo` is dropped), and fail when that command fails.
+//! * After the cargo tests, `test` runs the Python module's tests: it builds
+//!   `cuda-interop-py` with the same profile, copies the library to
+//!   `target/python/cuda_interop.abi3.so`, installs pytest with `python3 -m
+//!   pip install --quiet pytest` if `python3 -m pytest --version` fails (or
+//!   stops, printing the command), and runs `python3 -m pytest -q
+//!   python/tests` with `PYTHONPATH=target/python`. Any non-zero pytest
+//!   status fails the task, 5 (no tests collected) included.
 
 use std::process::{Command, Stdio};
 
@@ -51,7 +58,137 @@ pub fn test(args: &[String]) -> Result<(), String> {
     ensure_packages("test", TEST_PACKAGES)?;
     let mut cargo = cargo();
     cargo.args(["test", "--workspace"]).args(args);
-    run(cargo)
+    run(cargo)?;
+    python_tests(args)
+}
+
+/// The Python module's tests: builds `cuda-interop-py` with the profile (and
+/// `--locked`/`--frozen`/`--offline`) of `args`, copies the library to
+/// `target/python/cuda_interop.abi3.so`, makes sure pytest is there, and runs
+/// `python3 -m pytest -q python/tests` with that directory on `PYTHONPATH`.
+/// Any non-zero pytest status fails, including 5 (no tests collected).
+fn python_tests(args: &[String]) -> Result<(), String> {
+    let build = BuildFlags::of(args);
+    let mut cargo = cargo();
+    cargo
+        .args(["build", "-p", "cuda-interop-py"])
+        .args(&build.flags);
+    run(cargo)?;
+    let root = crate::workspace_root();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .map(|t| if t.is_absolute() { t } else { root.join(t) })
+        .unwrap_or_else(|| root.join("target"));
+    let built = target.join(&build.dir).join("libcuda_interop_py.so");
+    let module_dir = target.join("python");
+    let module = module_dir.join("cuda_interop.abi3.so");
+    std::fs::create_dir_all(&module_dir)
+        .map_err(|e| format!("cannot create {}: {e}", module_dir.display()))?;
+    // Replace rather than overwrite: a running interpreter may map the old file.
+    let _ = std::fs::remove_file(&module);
+    std::fs::copy(&built, &module).map_err(|e| {
+        format!(
+            "cannot copy {} to {}: {e}",
+            built.display(),
+            module.display()
+        )
+    })?;
+    ensure_pytest()?;
+    let mut pytest = Command::new("python3");
+    pytest
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "python/tests",
+        ])
+        .current_dir(&root)
+        .env("PYTHONPATH", &module_dir)
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    run(pytest)
+}
+
+/// `python3 -m pytest` works, or is made to with pip, or the error says how.
+fn ensure_pytest() -> Result<(), String> {
+    let quiet = |args: &[&str]| {
+        Command::new("python3")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+    };
+    match quiet(&["-m", "pytest", "--version"]) {
+        Ok(true) => return Ok(()),
+        Ok(false) => {}
+        Err(e) => {
+            return Err(format!(
+                "the Python tests need python3, which could not run ({e}); install python3 \
+                 and pytest (Debian/Ubuntu: apt-get install python3 python3-pytest)"
+            ))
+        }
+    }
+    eprintln!("xtask: pytest is missing; running `python3 -m pip install --quiet pytest`");
+    let status = Command::new("python3")
+        .args(["-m", "pip", "install", "--quiet", "pytest"])
+        .status();
+    if matches!(status, Ok(s) if s.success())
+        && matches!(quiet(&["-m", "pytest", "--version"]), Ok(true))
+    {
+        return Ok(());
+    }
+    Err(
+        "the Python tests need pytest, and pip could not install it; run\n\n    \
+         python3 -m pip install pytest\n\n(or, for Debian's python3: apt-get install \
+         python3-pytest), then `cargo xtask test` again"
+            .to_string(),
+    )
+}
+
+/// The profile flags of a `cargo test` command line, and the directory
+/// under the target directory its artifacts go to.
+#[derive(Debug, PartialEq, Eq)]
+struct BuildFlags {
+    flags: Vec<String>,
+    dir: String,
+}
+
+impl BuildFlags {
+    fn of(args: &[String]) -> BuildFlags {
+        let mut flags = Vec::new();
+        let mut dir = "debug".to_string();
+        let mut it = args.iter().take_while(|a| a.as_str() != "--");
+        while let Some(arg) = it.next() {
+            match arg.as_str() {
+                "--release" | "-r" => {
+                    flags.push("--release".to_string());
+                    dir = "release".into();
+                }
+                "--locked" | "--frozen" | "--offline" => flags.push(arg.clone()),
+                "--profile" => {
+                    if let Some(name) = it.next() {
+                        flags.extend(["--profile".to_string(), name.clone()]);
+                        dir = name.clone();
+                    }
+                }
+                other => {
+                    if let Some(name) = other.strip_prefix("--profile=") {
+                        flags.push(other.to_string());
+                        dir = name.to_string();
+                    }
+                }
+            }
+        }
+        if dir == "dev" || dir == "test" {
+            dir = "debug".into();
+        } else if dir == "bench" {
+            dir = "release".into();
+        }
+        BuildFlags { flags, dir }
+    }
 }
 
 /// `cargo xtask demo [ARGS]`.
@@ -247,6 +384,30 @@ fn ensure_packages(task: &str, needed: &[&str]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_python_module_is_built_with_the_tests_profile() {
+        let of = |args: &[&str]| {
+            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            let b = BuildFlags::of(&args);
+            (b.flags.join(" "), b.dir)
+        };
+        assert_eq!(of(&[]), (String::new(), "debug".into()));
+        assert_eq!(
+            of(&["--locked", "--release"]),
+            ("--locked --release".into(), "release".into())
+        );
+        assert_eq!(
+            of(&["--profile", "gpu", "-p", "x"]),
+            ("--profile gpu".into(), "gpu".into())
+        );
+        assert_eq!(
+            of(&["--profile=dev"]),
+            ("--profile=dev".into(), "debug".into())
+        );
+        // After `--` the arguments are the test binaries', not cargo's.
+        assert_eq!(of(&["--", "--release"]), (String::new(), "debug".into()));
+    }
 
     #[test]
     fn the_printed_commands_are_the_ones_that_would_run() {

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo xtask demo [ARGS]                              system packages, then the main job (round_trip)
-//! cargo xtask test [ARGS]                              system packages, then cargo test --workspace
+//! cargo xtask test [ARGS]                              system packages, cargo test --workspace, pytest
 //! cargo xtask codegen [--check] [--cuda-include DIR]   regenerate (or check) the driver bindings
 //! ```
 //!
@@ -60,7 +60,11 @@ tasks:
   test [ARGS]
       The tests: the same check for their packages (those above and gcc),
       then cargo test --workspace ARGS (e.g. `cargo xtask test --locked`,
-      `cargo xtask test -p cuda-interop-tests --test wire -- --nocapture`).
+      `cargo xtask test -p cuda-interop-tests --test wire -- --nocapture`);
+      then the Python module's tests: cuda-interop-py built with the same
+      profile, copied to target/python/cuda_interop.abi3.so, and
+      `python3 -m pytest -q python/tests` (pytest installed with pip if
+      missing; any pytest failure, or no tests collected, fails the task).
       CUDA_INTEROP_XTASK_ASSUME_MISSING=PKG[,PKG] (demo and test): a dry
       run that treats those packages as missing and installs nothing.
   codegen [--check] [--cuda-include DIR]
