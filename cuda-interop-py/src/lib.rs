@@ -35,19 +35,18 @@
 //!   refused, `ValueError` for a malformed message or record and for bad
 //!   arguments, `RuntimeError` for CUDA and Vulkan errors (no CUDA driver, no
 //!   matching device). No call waits without a bound.
-//! * `_host_frame(n)` and `_host_frames_alive()` are test hooks: a frame over
-//!   `n` bytes of host memory (`kDLCPU`), to test the capsule protocol
-//!   without a GPU.
+//! * Built with the `test-hooks` feature (only `cargo xtask test` does, for
+//!   pytest), the module also has `_host_frame(n)` and `_host_frames_alive()`:
+//!   a frame over `n` bytes of host memory (`kDLCPU`), to test the capsule
+//!   protocol without a GPU. The wheel (`maturin build`) has no such hooks.
 
 use std::ffi::{c_void, CStr};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use cuda_interop::dlpack::{
-    DLDataType, DLDataTypeCode, DLDevice, DLManagedTensor, DLManagedTensorVersioned, ManagedTensor,
-    DL_CPU, DL_CUDA,
+    DLDataType, DLDataTypeCode, DLManagedTensor, DLManagedTensorVersioned, ManagedTensor, DL_CUDA,
 };
 use cuda_interop::{CudaDevice, ImportedBuffer};
 use pyo3::exceptions::{
@@ -224,19 +223,23 @@ impl Receiver {
 }
 
 /// Counts the live host buffers of `_host_frame`.
-static HOST_ALIVE: AtomicUsize = AtomicUsize::new(0);
+#[cfg(feature = "test-hooks")]
+static HOST_ALIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Host memory for the `_host_frame` test hook.
+#[cfg(feature = "test-hooks")]
 struct HostBytes(Vec<u8>);
 
+#[cfg(feature = "test-hooks")]
 impl Drop for HostBytes {
     fn drop(&mut self) {
-        HOST_ALIVE.fetch_sub(1, Ordering::SeqCst);
+        HOST_ALIVE.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
 enum Payload {
     Imported(ImportedBuffer<DeviceLocal>),
+    #[cfg(feature = "test-hooks")]
     Host(HostBytes),
 }
 
@@ -262,10 +265,11 @@ impl Frame {
             Payload::Imported(buffer) => buffer
                 .into_dlpack(dtype, &[len], None, false)
                 .map_err(cuda_error),
+            #[cfg(feature = "test-hooks")]
             Payload::Host(mut bytes) => {
                 let data = bytes.0.as_mut_ptr() as u64;
-                let device = DLDevice {
-                    device_type: DL_CPU,
+                let device = cuda_interop::dlpack::DLDevice {
+                    device_type: cuda_interop::dlpack::DL_CPU,
                     device_id: 0,
                 };
                 // SAFETY: `data` is the start of the `size` bytes of the Vec
@@ -465,31 +469,36 @@ unsafe extern "C" fn delete_legacy_capsule(capsule: *mut ffi::PyObject) {
 
 /// Test hook: a frame over `nbytes` bytes of host memory (`kDLCPU`), each
 /// byte its index modulo 256.
+#[cfg(feature = "test-hooks")]
 #[pyfunction]
 fn _host_frame(nbytes: u64) -> PyResult<Frame> {
     let len = usize::try_from(nbytes).map_err(|_| PyValueError::new_err("too large"))?;
     let bytes: Vec<u8> = (0..len).map(|i| i as u8).collect();
-    HOST_ALIVE.fetch_add(1, Ordering::SeqCst);
+    HOST_ALIVE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     Ok(Frame {
         tag: 0,
         size: nbytes,
-        device: (DL_CPU, 0),
+        device: (cuda_interop::dlpack::DL_CPU, 0),
         payload: Some(Payload::Host(HostBytes(bytes))),
     })
 }
 
 /// Test hook: how many `_host_frame` buffers are not yet freed.
+#[cfg(feature = "test-hooks")]
 #[pyfunction]
 fn _host_frames_alive() -> usize {
-    HOST_ALIVE.load(Ordering::SeqCst)
+    HOST_ALIVE.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 /// The `cuda_interop` module.
 #[pymodule(name = "cuda_interop")]
 fn cuda_interop_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(connect, m)?)?;
-    m.add_function(wrap_pyfunction!(_host_frame, m)?)?;
-    m.add_function(wrap_pyfunction!(_host_frames_alive, m)?)?;
+    #[cfg(feature = "test-hooks")]
+    {
+        m.add_function(wrap_pyfunction!(_host_frame, m)?)?;
+        m.add_function(wrap_pyfunction!(_host_frames_alive, m)?)?;
+    }
     m.add_class::<Receiver>()?;
     m.add_class::<Frame>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

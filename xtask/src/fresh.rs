@@ -71,7 +71,7 @@ fn python_tests(args: &[String]) -> Result<(), String> {
     let build = BuildFlags::of(args);
     let mut cargo = cargo();
     cargo
-        .args(["build", "-p", "cuda-interop-py"])
+        .args(["build", "-p", "cuda-interop-py", "--features", "test-hooks"])
         .args(&build.flags);
     run(cargo)?;
     let root = crate::workspace_root();
