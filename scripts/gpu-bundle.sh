@@ -49,7 +49,7 @@ tests() {
 # fd-heavy ones, and the examples.
 cargo build --profile gpu -p cuda-interop --examples
 cargo build --profile gpu -p cuda-interop-sys --example driver_info
-tests gpu "" gpu vulkan wire trust_boundary soak
+tests gpu "" gpu gpu_faults vulkan wire trust_boundary soak
 tests gpu-debug -debug vulkan wire trust_boundary
 for e in round_trip host_wait; do cp "target/gpu/examples/$e" "$out/"; done
 cp target/gpu/examples/driver_info "$out/"

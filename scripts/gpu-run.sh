@@ -27,12 +27,14 @@ run() { echo; echo "=== $*"; "$@" || { status=1; echo "=== FAILED: $*"; }; }
 # own they fail, so they are skipped, exactly, and nothing else is.
 vulkan_children=(child_process_importer)
 gpu_children=(child_cuda_importer child_poisoned child_producer_that_dies child_wait_nobody_signals child_context_pop_mismatch)
+gpu_faults_children=(child_cuda_importer_that_is_killed child_binary_wait_without_a_signal child_threads_and_contexts child_out_of_bounds_store)
 # The tests that fault on purpose (an illegal address, in a child process):
 # not run under compute-sanitizer, which would rightly report the fault.
 faulting=(a_sticky_fault_poisons_the_process_and_later_calls_say_so child_poisoned)
 skips() { local n; for n in "$@"; do printf -- '--skip\n%s\n' "$n"; done; }
 mapfile -t vulkan_skip < <(skips "${vulkan_children[@]}")
 mapfile -t gpu_skip < <(skips "${gpu_children[@]}")
+mapfile -t gpu_faults_skip < <(skips "${gpu_faults_children[@]}")
 # Vulkan-only soak: no CUDA work for the sanitizer to check, and slow under it.
 vulkan_only=(ten_thousand_timeline_export_import_cycles_without_validation_errors)
 mapfile -t san_skip < <(skips "${gpu_children[@]}" "${faulting[@]}" "${vulkan_only[@]}")
@@ -49,6 +51,7 @@ expect_ignored() {
 }
 expect_ignored $b/test-vulkan "${vulkan_children[@]}"
 expect_ignored $b/test-gpu "${gpu_children[@]}" a_sticky_fault_poisons_the_process_and_later_calls_say_so
+expect_ignored $b/test-gpu_faults "${gpu_faults_children[@]}"
 
 nvidia-smi -L
 # GPU_RUN_ONLY=sanitizer runs only the compute-sanitizer passes (to repeat them).
@@ -64,6 +67,9 @@ run $b/test-wire-debug --test-threads=1
 run $b/test-trust_boundary-debug
 run timeout 240 $b/test-soak --include-ignored --test-threads=1 --nocapture
 run timeout 300 $b/test-gpu --ignored --test-threads=1 --nocapture --exact "${gpu_skip[@]}"
+# The fault cases of docs/fault-cases.md that need the driver (not run under
+# compute-sanitizer: one faults on purpose, others provoke driver errors).
+run timeout 300 $b/test-gpu_faults --ignored --test-threads=1 --nocapture --exact "${gpu_faults_skip[@]}"
 
 run $b/round_trip 120 --bench
 uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)

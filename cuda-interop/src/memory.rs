@@ -148,6 +148,13 @@ fn import_memory(
             fd,
         });
     }
+    // Pipes, sockets, eventfds and the like never reach the driver.
+    if let Err(e) = vk_export::check_export_fd(&fd, "memory") {
+        return Err(ImportError {
+            error: e.into(),
+            fd,
+        });
+    }
     let guard = match device.enter() {
         Ok(g) => g,
         Err(error) => return Err(ImportError { error, fd }),

@@ -153,6 +153,13 @@ impl CudaDevice {
         payload: BinaryPayload,
         max_difference: Option<u64>,
     ) -> Result<ExternalSemaphore<K>, ImportError> {
+        // Pipes, sockets, eventfds and the like never reach the driver.
+        if let Err(e) = vk_export::check_export_fd(&fd, "semaphore") {
+            return Err(ImportError {
+                error: e.into(),
+                fd,
+            });
+        }
         let guard = match self.enter() {
             Ok(g) => g,
             Err(error) => return Err(ImportError { error, fd }),

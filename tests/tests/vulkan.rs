@@ -583,3 +583,24 @@ fn socket_edge_cases_are_bounded_and_typed() {
     drop(b);
     assert!(matches!(a.recv(Duration::MAX), Ok(_) | Err(Error::Wire(_))));
 }
+
+/// An eventfd whose counter is 0 (a driver that reads it would block for
+/// ever) is refused before the driver, and comes back open.
+#[test]
+fn an_eventfd_is_refused_before_the_driver() {
+    let ctx = vulkan(None);
+    let image = Image::new(&ctx, ImageDesc::new_2d(16, 16)).unwrap();
+    let eventfd = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+    let record = image.record();
+    let start = Instant::now();
+    // SAFETY: deliberately not: the fd is no export; the import must refuse
+    // it before any driver call (the fault under test).
+    let err = unsafe { Image::import_fd(&ctx, &record, eventfd) }.unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert!(err.error.to_string().contains("eventfd"), "{}", err.error);
+    assert!(
+        rustix::io::fcntl_getfd(&err.fd).is_ok(),
+        "the fd came back open"
+    );
+    assert_no_validation_errors(&ctx);
+}

@@ -63,7 +63,7 @@ pub use context::{
 };
 pub use error::{Error, Result};
 pub use image::{ExportableImage, ImageCapability, ImageDesc};
-pub use memory::{import_with_duplicate, ImportError, ImportFailure, KeepAlive};
+pub use memory::{check_export_fd, import_with_duplicate, ImportError, ImportFailure, KeepAlive};
 pub use ownership::SharedLayout;
 pub use received::{PeerCredentials, ReceivedBuffer, ReceivedImage, ReceivedSemaphore};
 pub use record::{

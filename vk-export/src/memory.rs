@@ -69,24 +69,43 @@ fn file_type(fd: &OwnedFd) -> Option<rustix::fs::FileType> {
         .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode))
 }
 
+/// Anonymous-inode kinds that are never a GPU export; a driver may even
+/// block reading one (lavapipe on an eventfd whose counter is 0).
+const NOT_EXPORTS: &[&str] = &[
+    "anon_inode:[eventfd]",
+    "anon_inode:[signalfd]",
+    "anon_inode:[timerfd]",
+    "anon_inode:[eventpoll]",
+    "anon_inode:[pidfd]",
+    "anon_inode:inotify",
+    "anon_inode:[fanotify]",
+];
+
 /// Refuses fds that cannot be a memory or semaphore export before any driver
-/// sees them.
-pub(crate) fn check_export_fd(fd: &OwnedFd, what: &str) -> Result<()> {
+/// sees them: pipes, sockets, directories, and event, signal, timer, epoll,
+/// pid and notify fds. Used by the CUDA imports too.
+pub fn check_export_fd(fd: &OwnedFd, what: &str) -> Result<()> {
     use rustix::fs::FileType;
-    match file_type(fd) {
-        Some(FileType::Fifo | FileType::Socket | FileType::Directory | FileType::Symlink) => {
-            Err(Error::Record(format!(
-                "fd {} is a {:?}, not an exported {what}",
-                fd.as_raw_fd(),
-                file_type(fd).unwrap_or(FileType::Unknown)
-            )))
-        }
-        None => Err(Error::Record(format!(
-            "fd {} cannot be inspected (fstat failed): not an exported {what}",
+    let refuse = |kind: String| {
+        Err(Error::Record(format!(
+            "fd {} is {kind}, not an exported {what}",
             fd.as_raw_fd()
-        ))),
-        Some(_) => Ok(()),
+        )))
+    };
+    match file_type(fd) {
+        Some(t @ (FileType::Fifo | FileType::Socket | FileType::Directory | FileType::Symlink)) => {
+            return refuse(format!("a {t:?}"))
+        }
+        None => return refuse("not inspectable (fstat failed)".into()),
+        Some(_) => {}
     }
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if NOT_EXPORTS.iter().any(|k| link.starts_with(k)) {
+        return refuse(format!("an {link}"));
+    }
+    Ok(())
 }
 
 /// Why an import through [`import_with_duplicate`] failed, and whether the
