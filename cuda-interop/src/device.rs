@@ -16,12 +16,13 @@
 use std::ffi::{c_char, CStr};
 use std::fmt;
 use std::marker::PhantomData;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use cuda_interop_sys::{self as sys, CUcontext, CUdevice, CUdevice_attribute, CUuuid};
 
 use crate::driver::{cu, record_drop_error};
-use crate::error::{Error, Result};
+use crate::error::{Error, ImportError, Result};
 use crate::last_use::ExternalWaits;
 use vk_export::format_uuid;
 
@@ -265,6 +266,38 @@ impl CudaDevice {
         // of the header's enum (the driver rejects one it does not know).
         unsafe { cu!(cuDeviceGetAttribute(&mut v, attribute, self.inner.device)) }?;
         Ok(v)
+    }
+
+    /// The fd handling every CUDA import shares: refuses fds that are no
+    /// export (pipes, sockets, eventfds...), makes the context current, and
+    /// gives `import` a duplicate, so that a failed import hands the
+    /// caller's fd back open (CUDA keeps the fd with the caller on failure).
+    ///
+    /// # Safety
+    /// `import` gives the raw fd it gets to exactly one CUDA import call
+    /// (which owns it on success only) and does nothing else with it.
+    pub(crate) unsafe fn import_fd_with(
+        &self,
+        fd: OwnedFd,
+        what: &str,
+        import: impl FnOnce(i32) -> Result<()>,
+    ) -> Result<(), ImportError> {
+        if let Err(e) = vk_export::check_export_fd(&fd, what) {
+            return Err(ImportError {
+                error: e.into(),
+                fd,
+            });
+        }
+        let _guard = match self.enter() {
+            Ok(g) => g,
+            Err(error) => return Err(ImportError { error, fd }),
+        };
+        let dup_failed = |e| Error::InvalidArgument(format!("the fd cannot be duplicated: {e}"));
+        let import = |raw| import(raw).map_err(vk_export::ImportFailure::from);
+        // SAFETY: forwarded from the caller; CUDA never closes the fd of a
+        // failed import.
+        unsafe { vk_export::import_with_duplicate(fd, false, dup_failed, import) }
+            .map_err(|(error, fd)| ImportError { error, fd })
     }
 
     pub(crate) fn check_resource_device(&self, resource_uuid: &[u8; 16]) -> Result<()> {

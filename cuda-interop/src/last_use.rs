@@ -143,6 +143,17 @@ impl LastUse {
     }
 }
 
+impl LastUse {
+    /// For destructors whose call may wait for the whole device (`cuMemFree`,
+    /// `cuDestroyExternalMemory`, `cuMipmappedArrayDestroy`): every recorded
+    /// use has completed, and no external wait of this crate could make the
+    /// call block ([`device_settled`]); both bounded by [`DROP_WAIT_LIMIT`].
+    pub(crate) fn settle_before_device_wide_release(&self) -> Result<()> {
+        self.wait_before_release(DROP_WAIT_LIMIT)
+            .and_then(|()| device_settled(&self.device))
+    }
+}
+
 /// Destroys the events that have completed and drops them from the list;
 /// the first failed query is returned (its event stays in the list). The
 /// events' context must be current.

@@ -52,7 +52,7 @@ use crate::device::CudaDevice;
 use crate::dlpack::{DLDataType, DLDevice, ManagedTensor, DL_CUDA};
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, ImportError, Result};
-use crate::last_use::{device_settled, report_leak, LastUse, DROP_WAIT_LIMIT};
+use crate::last_use::{report_leak, LastUse};
 use crate::markers::{ArrayMemory, ArrayTiling, BufferTiling, SurfaceUsage};
 use crate::stream::{DeviceBuffer, Stream};
 
@@ -91,10 +91,7 @@ unsafe impl Sync for ExternalMemory {}
 
 impl Drop for ExternalMemory {
     fn drop(&mut self) {
-        let idle = self
-            .last_use
-            .wait_before_release(DROP_WAIT_LIMIT)
-            .and_then(|()| device_settled(&self.device));
+        let idle = self.last_use.settle_before_device_wide_release();
         if let Err(why) = idle {
             // Vulkan must not free the memory either while the GPU may still
             // use it: its keep-alive is leaked with the import.
@@ -148,17 +145,6 @@ fn import_memory(
             fd,
         });
     }
-    // Pipes, sockets, eventfds and the like never reach the driver.
-    if let Err(e) = vk_export::check_export_fd(&fd, "memory") {
-        return Err(ImportError {
-            error: e.into(),
-            fd,
-        });
-    }
-    let guard = match device.enter() {
-        Ok(g) => g,
-        Err(error) => return Err(ImportError { error, fd }),
-    };
     let mut desc = sys::CUDA_EXTERNAL_MEMORY_HANDLE_DESC {
         type_: CUexternalMemoryHandleType::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
         size,
@@ -176,24 +162,17 @@ fn import_memory(
         // this crate owns, with the size and dedicated flag of a verified
         // record; the device's context is current; writes one handle.
         unsafe { cu!(cuImportExternalMemory(&mut handle, &desc)) }
-            .map_err(vk_export::ImportFailure::from)
     };
-    let dup_failed = |e| Error::InvalidArgument(format!("the fd cannot be duplicated: {e}"));
-    // SAFETY: `import` gives the duplicate to exactly one cuImportExternalMemory
-    // call, which owns it on success only (CUDA-DRV: ownership transfers
-    // "when the handle is imported successfully").
-    let imported = unsafe { vk_export::import_with_duplicate(fd, false, dup_failed, import) };
-    drop(guard);
-    match imported {
-        Ok(()) => Ok(ExternalMemory {
-            device: device.clone(),
-            handle,
-            size,
-            last_use: LastUse::new(device),
-            vulkan,
-        }),
-        Err((error, fd)) => Err(ImportError { error, fd }),
-    }
+    // SAFETY: `import` gives the duplicate to exactly one
+    // cuImportExternalMemory call.
+    unsafe { device.import_fd_with(fd, "memory", import) }?;
+    Ok(ExternalMemory {
+        device: device.clone(),
+        handle,
+        size,
+        last_use: LastUse::new(device),
+        vulkan,
+    })
 }
 
 /// A Vulkan image imported into CUDA, typed like the image.
@@ -549,10 +528,7 @@ impl Drop for MappedBuffer<'_> {
 /// import has completed and no external wait could make the free block;
 /// otherwise leaks it and reports the leak.
 fn free_mapping(memory: &ExternalMemory, ptr: CUdeviceptr, len: u64) {
-    let idle = memory
-        .last_use
-        .wait_before_release(DROP_WAIT_LIMIT)
-        .and_then(|()| device_settled(&memory.device));
+    let idle = memory.last_use.settle_before_device_wide_release();
     if let Err(why) = idle {
         report_leak(
             &format!("a mapping of {len} bytes of imported memory"),
@@ -772,11 +748,7 @@ unsafe impl<F, U> Sync for MappedArray<'_, F, U> {}
 
 impl<F, U> Drop for MappedArray<'_, F, U> {
     fn drop(&mut self) {
-        let idle = self
-            .memory
-            .last_use
-            .wait_before_release(DROP_WAIT_LIMIT)
-            .and_then(|()| device_settled(&self.memory.device));
+        let idle = self.memory.last_use.settle_before_device_wide_release();
         if let Err(why) = idle {
             report_leak("a mipmapped array mapped from imported memory", &why);
             return;

@@ -153,17 +153,6 @@ impl CudaDevice {
         payload: BinaryPayload,
         max_difference: Option<u64>,
     ) -> Result<ExternalSemaphore<K>, ImportError> {
-        // Pipes, sockets, eventfds and the like never reach the driver.
-        if let Err(e) = vk_export::check_export_fd(&fd, "semaphore") {
-            return Err(ImportError {
-                error: e.into(),
-                fd,
-            });
-        }
-        let guard = match self.enter() {
-            Ok(g) => g,
-            Err(error) => return Err(ImportError { error, fd }),
-        };
         let mut desc = sys::CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC {
             type_: cuda_handle_type(kind),
             ..Default::default()
@@ -175,25 +164,19 @@ impl CudaDevice {
             // crate owns, with the handle type of the record's semaphore
             // kind; the device's context is current; writes one handle.
             unsafe { cu!(cuImportExternalSemaphore(&mut handle, &desc)) }
-                .map_err(vk_export::ImportFailure::from)
         };
-        let dup_failed = |e| Error::InvalidArgument(format!("the fd cannot be duplicated: {e}"));
         // SAFETY: `import` gives the duplicate to exactly one
-        // cuImportExternalSemaphore call, which owns it on success only.
-        let imported = unsafe { vk_export::import_with_duplicate(fd, false, dup_failed, import) };
-        drop(guard);
-        match imported {
-            Ok(()) => Ok(ExternalSemaphore {
-                device: self.clone(),
-                handle,
-                last_signalled: Mutex::new(0),
-                max_difference,
-                payload,
-                last_use: LastUse::new(self),
-                _kind: PhantomData,
-            }),
-            Err((error, fd)) => Err(ImportError { error, fd }),
-        }
+        // cuImportExternalSemaphore call.
+        unsafe { self.import_fd_with(fd, "semaphore", import) }?;
+        Ok(ExternalSemaphore {
+            device: self.clone(),
+            handle,
+            last_signalled: Mutex::new(0),
+            max_difference,
+            payload,
+            last_use: LastUse::new(self),
+            _kind: PhantomData,
+        })
     }
 }
 

@@ -35,7 +35,7 @@ use cuda_interop_sys::{
 use crate::device::CudaDevice;
 use crate::driver::{cu, cu_query, record_drop_error};
 use crate::error::{Error, Result};
-use crate::last_use::{device_settled, report_leak, LastUse, DROP_WAIT_LIMIT};
+use crate::last_use::{device_settled, report_leak, LastUse};
 use crate::memory::DeviceSlice;
 use crate::wait::poll_until;
 
@@ -419,10 +419,7 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        let idle = self
-            .last_use
-            .wait_before_release(DROP_WAIT_LIMIT)
-            .and_then(|()| device_settled(&self.device));
+        let idle = self.last_use.settle_before_device_wide_release();
         if let Err(why) = idle {
             report_leak(&format!("a device buffer of {} bytes", self.len), &why);
             return;

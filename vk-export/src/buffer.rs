@@ -21,8 +21,8 @@ use crate::context::{record_drop_error, Context, DROP_WAIT};
 use crate::error::{Error, Result};
 use crate::markers::{DeviceLocal, MemoryLocation};
 use crate::memory::{
-    allocate_imported, check_export_fd, check_memory_type, check_same_device, export_memory_fd,
-    import_dup, ImportError, ImportFailure, KeepAlive,
+    allocate_imported, allocation_differences, check_export_fd, check_memory_type,
+    check_same_device, export_memory_fd, import_dup, ImportError, ImportFailure, KeepAlive,
 };
 use crate::ownership::Owner;
 use crate::received::ReceivedBuffer;
@@ -153,31 +153,14 @@ fn verified_buffer(ctx: &Context, info: &BufferInfo) -> Result<vk::Buffer> {
     }
     let dedicated_only = preflight(ctx, info.size)?;
     let (buffer, reqs, dedicated) = create_buffer(ctx, info.size, dedicated_only)?;
-    let mut differences = Vec::new();
-    if reqs.size != info.allocation_size {
-        differences.push(format!(
-            "size {} (record: {})",
-            reqs.size, info.allocation_size
-        ));
-    }
-    if reqs.memory_type_bits & (1 << info.memory_type_index) == 0 {
-        differences.push(format!(
-            "memory types {:#b} (record: type {})",
-            reqs.memory_type_bits, info.memory_type_index
-        ));
-    }
-    if reqs.alignment != info.alignment {
-        differences.push(format!(
-            "alignment {} (record: {})",
-            reqs.alignment, info.alignment
-        ));
-    }
-    if dedicated != info.dedicated {
-        differences.push(format!(
-            "dedicated allocation {dedicated} (record: {})",
-            info.dedicated
-        ));
-    }
+    let differences = allocation_differences(
+        &reqs,
+        dedicated,
+        info.allocation_size,
+        info.memory_type_index,
+        info.alignment,
+        info.dedicated,
+    );
     if differences.is_empty() {
         return Ok(buffer);
     }

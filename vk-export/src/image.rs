@@ -33,8 +33,8 @@ use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::markers::{usage, DeviceLocal, MemoryLocation, Optimal, Tiling, Usage};
 use crate::memory::{
-    allocate_imported, check_export_fd, check_memory_type, check_same_device, export_memory_fd,
-    import_dup, ImportError, ImportFailure, KeepAlive,
+    allocate_imported, allocation_differences, check_export_fd, check_memory_type,
+    check_same_device, export_memory_fd, import_dup, ImportError, ImportFailure, KeepAlive,
 };
 use crate::ownership::Owner;
 use crate::received::ReceivedImage;
@@ -417,32 +417,14 @@ fn params_from_info(info: &ImageInfo) -> CreateParams {
 
 /// Compares what this device derives for the record's image with the record.
 fn check_derived(ctx: &Context, info: &ImageInfo, derived: &Derived) -> Result<()> {
-    let reqs = &derived.requirements;
-    let mut differences = Vec::new();
-    if reqs.size != info.allocation_size {
-        differences.push(format!(
-            "size {} (record: {})",
-            reqs.size, info.allocation_size
-        ));
-    }
-    if reqs.memory_type_bits & (1 << info.memory_type_index) == 0 {
-        differences.push(format!(
-            "memory types {:#b} (record: type {})",
-            reqs.memory_type_bits, info.memory_type_index
-        ));
-    }
-    if reqs.alignment != info.alignment {
-        differences.push(format!(
-            "alignment {} (record: {})",
-            reqs.alignment, info.alignment
-        ));
-    }
-    if derived.dedicated != info.dedicated {
-        differences.push(format!(
-            "dedicated allocation {} (record: {})",
-            derived.dedicated, info.dedicated
-        ));
-    }
+    let mut differences = allocation_differences(
+        &derived.requirements,
+        derived.dedicated,
+        info.allocation_size,
+        info.memory_type_index,
+        info.alignment,
+        info.dedicated,
+    );
     if derived.pitches != (info.row_pitch, info.array_pitch) {
         differences.push(format!(
             "row/array pitch {:?} (record: {:?})",

@@ -264,6 +264,41 @@ pub(crate) fn check_same_device(
     Ok(())
 }
 
+/// What the allocation facts this device derived (`reqs`, `dedicated`)
+/// differ in from a record's (size, memory type, alignment, dedicated), one
+/// phrase each: empty when they agree. Images and buffers verify with it.
+pub(crate) fn allocation_differences(
+    reqs: &vk::MemoryRequirements,
+    dedicated: bool,
+    allocation_size: u64,
+    memory_type_index: u32,
+    alignment: u64,
+    record_dedicated: bool,
+) -> Vec<String> {
+    let mut differences = Vec::new();
+    if reqs.size != allocation_size {
+        differences.push(format!("size {} (record: {allocation_size})", reqs.size));
+    }
+    if reqs.memory_type_bits & (1 << memory_type_index) == 0 {
+        differences.push(format!(
+            "memory types {:#b} (record: type {memory_type_index})",
+            reqs.memory_type_bits
+        ));
+    }
+    if reqs.alignment != alignment {
+        differences.push(format!(
+            "alignment {} (record: {alignment})",
+            reqs.alignment
+        ));
+    }
+    if dedicated != record_dedicated {
+        differences.push(format!(
+            "dedicated allocation {dedicated} (record: {record_dedicated})"
+        ));
+    }
+    differences
+}
+
 /// The record's memory type must exist here with exactly the record's flags.
 pub(crate) fn check_memory_type(
     ctx: &Context,
