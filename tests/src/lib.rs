@@ -397,3 +397,57 @@ impl sample::ImageFields {
         }
     }
 }
+
+/// Runs the ignored test `name` of the calling test binary in a child
+/// process with `envs`, bounded (a child that hangs for 120 s is killed and
+/// reported, never waited for for ever); `keep` (a socket end the child
+/// inherits) is closed here once the child runs. Prints the child's output,
+/// asserts that it passed, and returns its stdout.
+pub fn run_child_test(
+    name: &str,
+    envs: &[(&str, &std::ffi::OsStr)],
+    keep: Option<std::os::fd::OwnedFd>,
+) -> String {
+    let dir = std::env::temp_dir().join(format!("test-child-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (out_path, err_path) = (dir.join("stdout"), dir.join("stderr"));
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "--exact",
+            name,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap());
+    for (k, v) in envs {
+        command.env(k, v);
+    }
+    let mut child = command.spawn().unwrap();
+    drop(keep); // the child's copy of an inherited socket is its own now
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    std::fs::remove_dir_all(&dir).ok();
+    println!("--- {name} stdout:\n{stdout}--- {name} stderr:\n{stderr}---");
+    let status = status.unwrap_or_else(|| panic!("{name} hung for 120 s and was killed"));
+    assert!(status.success(), "{name} failed: {status}");
+    assert!(
+        stdout.contains("1 passed"),
+        "{name} did not run (is it still called that?)"
+    );
+    stdout
+}

@@ -639,48 +639,9 @@ fn an_import_outlives_the_exporting_image_and_device() {
 /// `envs`, bounded (a hang is killed and reported); prints its output,
 /// asserts that it passed, and returns its stdout.
 fn run_child(name: &str, envs: &[(&str, OsString)], keep: Option<OwnedFd>) -> String {
-    let dir = std::env::temp_dir().join(format!("faults-child-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (out_path, err_path) = (dir.join("stdout"), dir.join("stderr"));
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command
-        .args([
-            "--exact",
-            name,
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap());
-    for (k, v) in envs {
-        command.env(k, v);
-    }
-    let mut child = command.spawn().unwrap();
-    drop(keep); // the child's copy of an inherited socket is its own now
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
-    std::fs::remove_dir_all(&dir).ok();
-    println!("--- {name} stdout:\n{stdout}--- {name} stderr:\n{stderr}---");
-    let status = status.unwrap_or_else(|| panic!("{name} hung for 120 s and was killed"));
-    assert!(status.success(), "{name} failed: {status}");
-    assert!(
-        stdout.contains("1 passed"),
-        "{name} did not run (is it still called that?)"
-    );
-    stdout
+    let envs: Vec<(&str, &std::ffi::OsStr)> =
+        envs.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+    cuda_interop_tests::run_child_test(name, &envs, keep)
 }
 
 /// A connected pair whose second end a child process inherits: the fd

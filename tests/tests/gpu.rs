@@ -58,47 +58,7 @@ fn launch_2d(
 /// with `marker` set in its environment, prints what it printed, asserts
 /// that it passed, and returns its stdout.
 fn run_child(name: &str, marker: &str) -> String {
-    // Output to files, and a bounded wait: a child that hangs is killed and
-    // reported, never waited for for ever.
-    let dir = std::env::temp_dir().join(format!("gpu-child-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (out_path, err_path) = (dir.join("stdout"), dir.join("stderr"));
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            name,
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(marker, "1")
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
-    std::fs::remove_dir_all(&dir).ok();
-    println!("--- {name} stdout:\n{stdout}--- {name} stderr:\n{stderr}---");
-    let status = status.unwrap_or_else(|| panic!("{name} hung for 120 s and was killed"));
-    assert!(status.success(), "{name} failed: {status}");
-    assert!(
-        stdout.contains("1 passed"),
-        "{name} did not run (is it still called that?)"
-    );
-    stdout
+    cuda_interop_tests::run_child_test(name, &[(marker, "1".as_ref())], None)
 }
 
 /// How long `f` takes.
