@@ -451,3 +451,34 @@ pub fn run_child_test(
     );
     stdout
 }
+
+/// The environment variable that names the socket a child test inherits.
+pub const CHILD_SOCKET_ENV: &str = "CUDA_INTEROP_CHILD_FD";
+
+/// A connected pair whose second end a child process inherits: this
+/// process's end, the child's (close-on-exec cleared: drop it once the child
+/// runs), and its number for [`CHILD_SOCKET_ENV`].
+pub fn socket_for_child() -> (
+    vk_export::socket::Connection,
+    std::os::fd::OwnedFd,
+    std::ffi::OsString,
+) {
+    let (mine, theirs) = vk_export::socket::Connection::pair().unwrap();
+    let theirs = theirs.into_fd();
+    rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty()).unwrap();
+    let number = std::os::fd::AsRawFd::as_raw_fd(&theirs).to_string().into();
+    (mine, theirs, number)
+}
+
+/// In a child test: the connection its parent handed over with
+/// [`socket_for_child`].
+pub fn inherited_connection() -> vk_export::socket::Connection {
+    let fd: i32 = std::env::var(CHILD_SOCKET_ENV)
+        .expect("started by the parent test")
+        .parse()
+        .unwrap();
+    // SAFETY: the parent passed this connected socket's number, open and
+    // inherited by this process; nothing else here owns it.
+    let fd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+    vk_export::socket::Connection::from_fd(fd).unwrap()
+}

@@ -647,25 +647,8 @@ fn run_child(name: &str, envs: &[(&str, OsString)], keep: Option<OwnedFd>) -> St
 /// A connected pair whose second end a child process inherits: the fd
 /// (close-on-exec cleared) and the environment entry naming it.
 fn socket_for_child() -> (Connection, OwnedFd, (&'static str, OsString)) {
-    let (mine, theirs) = Connection::pair().unwrap();
-    let theirs = theirs.into_fd();
-    rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty()).unwrap();
-    let env = (
-        "CUDA_INTEROP_FAULTS_FD",
-        OsString::from(theirs.as_raw_fd().to_string()),
-    );
-    (mine, theirs, env)
-}
-
-/// The connection a child process inherited from its parent test.
-fn inherited_connection() -> Connection {
-    let fd: i32 = std::env::var("CUDA_INTEROP_FAULTS_FD")
-        .expect("started by the parent test")
-        .parse()
-        .unwrap();
-    // SAFETY: the parent passed this connected socket's number, open and
-    // inherited by this process; nothing else here owns it.
-    Connection::from_fd(unsafe { OwnedFd::from_raw_fd(fd) }).unwrap()
+    let (mine, theirs, number) = cuda_interop_tests::socket_for_child();
+    (mine, theirs, (cuda_interop_tests::CHILD_SOCKET_ENV, number))
 }
 
 /// Case 25 (two processes): the exporting process sends its image and
@@ -709,7 +692,7 @@ fn an_exporter_process_that_exits_first_leaves_its_payload_readable() {
 #[test]
 #[ignore = "entry point of a child process of faults.rs: run by an_exporter_process_that_exits_first_leaves_its_payload_readable"]
 fn child_exporter_that_exits_after_sending() {
-    let connection = inherited_connection();
+    let connection = cuda_interop_tests::inherited_connection();
     let ctx = vulkan(None);
     let image = Image::new(&ctx, ImageDesc::new_2d(30, 20)).unwrap();
     ctx.write_image(&image, 0, 0, &pattern(30 * 20 * 4, 250), SubmitSync::new())
@@ -807,7 +790,7 @@ fn a_killed_importer_process_leaves_the_exporter_working() {
 #[test]
 #[ignore = "entry point of a child process of faults.rs: run by a_killed_importer_process_leaves_the_exporter_working"]
 fn child_importer_that_is_killed() {
-    let connection = inherited_connection();
+    let connection = cuda_interop_tests::inherited_connection();
     let ctx = vulkan(None);
     let mut received = connection.recv(TIMEOUT).unwrap();
     let image = Image::import_received(

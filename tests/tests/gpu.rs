@@ -530,11 +530,8 @@ fn two_processes_export_and_import_into_cuda() {
     let timeline = TimelineSemaphore::new(&ctx).unwrap();
     ctx.release_image(&image, SubmitSync::new().signal_timeline(&timeline, 1))
         .unwrap();
-    let (parent, child_end) = Connection::pair().unwrap();
-    // The child inherits its end of the socket: clear close-on-exec on it only.
-    let child_fd = child_end.into_fd();
-    rustix::io::fcntl_setfd(&child_fd, rustix::io::FdFlags::empty()).unwrap();
-    let raw = std::os::fd::AsRawFd::as_raw_fd(&child_fd);
+    // The child inherits its end of the socket.
+    let (parent, child_fd, number) = cuda_interop_tests::socket_for_child();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -543,7 +540,7 @@ fn two_processes_export_and_import_into_cuda() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("CUDA_INTEROP_CHILD_FD", raw.to_string())
+        .env(cuda_interop_tests::CHILD_SOCKET_ENV, &number)
         .spawn()
         .unwrap();
     drop(child_fd);
@@ -558,13 +555,7 @@ fn two_processes_export_and_import_into_cuda() {
 #[test]
 #[ignore = "entry point of the child process of two_processes_export_and_import_into_cuda"]
 fn child_cuda_importer() {
-    let fd: i32 = std::env::var("CUDA_INTEROP_CHILD_FD")
-        .expect("started by the parent test")
-        .parse()
-        .unwrap();
-    // SAFETY: the parent passed this connected socket's number; nothing else here owns it.
-    let connection =
-        Connection::from_fd(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }).unwrap();
+    let connection = cuda_interop_tests::inherited_connection();
     let mut received = connection.recv(TIMEOUT).unwrap();
     let image_bundle = received
         .take_image::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(0)
@@ -1205,10 +1196,7 @@ fn a_killed_producer_leaves_the_consumer_with_bounded_waits_and_no_leak() {
     drop(stream_warmup);
     let fds_before = open_fd_count();
     let (free_before, _) = cuda.memory_info().unwrap();
-    let (consumer, producer_end) = Connection::pair().unwrap();
-    let producer_fd = producer_end.into_fd();
-    rustix::io::fcntl_setfd(&producer_fd, rustix::io::FdFlags::empty()).unwrap();
-    let raw = std::os::fd::AsRawFd::as_raw_fd(&producer_fd);
+    let (consumer, producer_fd, number) = cuda_interop_tests::socket_for_child();
     let mut producer = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -1217,7 +1205,7 @@ fn a_killed_producer_leaves_the_consumer_with_bounded_waits_and_no_leak() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("CUDA_INTEROP_CHILD_FD", raw.to_string())
+        .env(cuda_interop_tests::CHILD_SOCKET_ENV, &number)
         .spawn()
         .unwrap();
     drop(producer_fd);
@@ -1299,13 +1287,7 @@ fn a_killed_producer_leaves_the_consumer_with_bounded_waits_and_no_leak() {
 #[test]
 #[ignore = "entry point of the child process of a_killed_producer_leaves_the_consumer_with_bounded_waits_and_no_leak"]
 fn child_producer_that_dies() {
-    let fd: i32 = std::env::var("CUDA_INTEROP_CHILD_FD")
-        .expect("started by the parent test")
-        .parse()
-        .unwrap();
-    // SAFETY: the parent passed this connected socket's number; nothing else here owns it.
-    let connection =
-        Connection::from_fd(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }).unwrap();
+    let connection = cuda_interop_tests::inherited_connection();
     let ctx = vulkan(None);
     let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(640, 480)).unwrap();
     ctx.release_image(&image, SubmitSync::new()).unwrap();

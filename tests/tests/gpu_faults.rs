@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::ffi::{c_uint, c_void, CStr};
 use std::io::{BufRead, BufReader};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -578,9 +578,7 @@ fn a_killed_importer_frees_its_share_and_leaves_the_exporter_working() {
     ctx.write_buffer(&buffer, &head, SubmitSync::new()).unwrap();
     ctx.release_buffer(&buffer, SubmitSync::new()).unwrap();
     let free_with = free();
-    let (mine, theirs) = Connection::pair().unwrap();
-    let theirs = theirs.into_fd();
-    rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty()).unwrap();
+    let (mine, theirs, number) = cuda_interop_tests::socket_for_child();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -589,7 +587,7 @@ fn a_killed_importer_frees_its_share_and_leaves_the_exporter_working() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("CUDA_INTEROP_CHILD_FD", theirs.as_raw_fd().to_string())
+        .env(cuda_interop_tests::CHILD_SOCKET_ENV, number)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -663,12 +661,7 @@ fn a_killed_importer_frees_its_share_and_leaves_the_exporter_working() {
 #[test]
 #[ignore = "entry point of the child process of a_killed_importer_frees_its_share_and_leaves_the_exporter_working"]
 fn child_cuda_importer_that_is_killed() {
-    let fd: i32 = std::env::var("CUDA_INTEROP_CHILD_FD")
-        .expect("started by the parent test")
-        .parse()
-        .unwrap();
-    // SAFETY: the parent passed this connected socket's number; nothing else here owns it.
-    let connection = Connection::from_fd(unsafe { OwnedFd::from_raw_fd(fd) }).unwrap();
+    let connection = cuda_interop_tests::inherited_connection();
     let mut received = connection.recv(TIMEOUT).unwrap();
     let bundle = received.take_buffer::<DeviceLocal>(0).unwrap();
     let ctx = vulkan(Some(bundle.record().info().device_uuid()));
