@@ -45,6 +45,28 @@ fn round_trip_socket(
     rx.recv(TIMEOUT)
 }
 
+/// One single-field tamper of the record of `resource` (exported as `fd`):
+/// sent with the real fd, received, and handed to `take_and_import`, which
+/// must refuse it (and returns how); `fd` is closed afterwards (the callers
+/// check the fd count). Prints the outcome under `label`.
+fn tamper_is_refused(
+    label: &str,
+    resource: Resource,
+    fields: &[(&str, usize, usize)],
+    fd: OwnedFd,
+    field: &str,
+    edit: impl FnOnce(&mut [u8]),
+    take_and_import: impl FnOnce(&mut vk_export::wire::Received) -> String,
+) {
+    let (bytes, decoded) = tamper::edit(resource, fields, field, edit);
+    let outcome = match decoded {
+        Err(e) => format!("rejected by the decoder: {e}"),
+        Ok(_) => take_and_import(&mut round_trip_socket(&bytes, &[fd.as_fd()]).unwrap()),
+    };
+    drop(fd);
+    println!("{label} {field:>18}: {outcome}");
+}
+
 /// One single-field tamper of a received image record: the import is a
 /// typed error, the fd comes back open, and the fd count is unchanged.
 fn image_tamper_is_refused<M: MemoryLocation>(
@@ -55,46 +77,42 @@ fn image_tamper_is_refused<M: MemoryLocation>(
     let image =
         ExportableImage::<Rgba8Unorm, Optimal, M>::new(ctx, ImageDesc::new_2d(256, 128)).unwrap();
     let baseline = open_fd_count();
+    let resource = Resource::Image(image.info().clone());
     let fd = image.export_fd().unwrap();
-    let (bytes, decoded) = tamper::edit(
-        Resource::Image(image.info().clone()),
+    tamper_is_refused(
+        "image",
+        resource,
         tamper::IMAGE_FIELDS,
+        fd,
         field,
         edit,
+        |received| match received.take_image::<Rgba8Unorm, Optimal, M, usage::Storage>(0) {
+            Err(e) => format!("rejected when typed: {e}"),
+            Ok(bundle) => match ExportableImage::import_received(ctx, bundle) {
+                Ok(_) => panic!("a record with a tampered {field} was imported"),
+                Err(e) => {
+                    assert!(
+                        rustix::io::fcntl_getfd(&e.fd).is_ok(),
+                        "the fd came back open"
+                    );
+                    assert!(
+                        matches!(e.error, Error::Record(_) | Error::Unsupported { .. }),
+                        "{}",
+                        e.error
+                    );
+                    format!("refused at import: {}", e.error)
+                }
+            },
+        },
     );
-    let outcome = match decoded {
-        Err(e) => format!("rejected by the decoder: {e}"),
-        Ok(_) => {
-            let mut received = round_trip_socket(&bytes, &[fd.as_fd()]).unwrap();
-            match received.take_image::<Rgba8Unorm, Optimal, M, usage::Storage>(0) {
-                Err(e) => format!("rejected when typed: {e}"),
-                Ok(bundle) => match ExportableImage::import_received(ctx, bundle) {
-                    Ok(_) => panic!("a record with a tampered {field} was imported"),
-                    Err(e) => {
-                        assert!(
-                            rustix::io::fcntl_getfd(&e.fd).is_ok(),
-                            "the fd came back open"
-                        );
-                        assert!(
-                            matches!(e.error, Error::Record(_) | Error::Unsupported { .. }),
-                            "{}",
-                            e.error
-                        );
-                        format!("refused at import: {}", e.error)
-                    }
-                },
-            }
-        }
-    };
-    drop(fd);
     assert_eq!(
         open_fd_count(),
         baseline,
         "fd count after tampering {field}"
     );
-    println!("image {field:>18}: {outcome}");
 }
 
+/// As [`image_tamper_is_refused`], for a buffer record.
 fn buffer_tamper_is_refused<M: MemoryLocation>(
     ctx: &Context,
     field: &str,
@@ -102,36 +120,31 @@ fn buffer_tamper_is_refused<M: MemoryLocation>(
 ) {
     let buffer = ExportableBuffer::<M>::new(ctx, 100_000).unwrap();
     let baseline = open_fd_count();
+    let resource = Resource::Buffer(buffer.info().clone());
     let fd = buffer.export_fd().unwrap();
-    let (bytes, decoded) = tamper::edit(
-        Resource::Buffer(buffer.info().clone()),
+    tamper_is_refused(
+        "buffer",
+        resource,
         tamper::BUFFER_FIELDS,
+        fd,
         field,
         edit,
+        |received| match received.take_buffer::<M>(0) {
+            Err(e) => format!("rejected when typed: {e}"),
+            Ok(bundle) => match ExportableBuffer::import_received(ctx, bundle) {
+                Ok(_) => panic!("a record with a tampered {field} was imported"),
+                Err(e) => {
+                    assert!(rustix::io::fcntl_getfd(&e.fd).is_ok());
+                    format!("refused at import: {}", e.error)
+                }
+            },
+        },
     );
-    let outcome = match decoded {
-        Err(e) => format!("rejected by the decoder: {e}"),
-        Ok(_) => {
-            let mut received = round_trip_socket(&bytes, &[fd.as_fd()]).unwrap();
-            match received.take_buffer::<M>(0) {
-                Err(e) => format!("rejected when typed: {e}"),
-                Ok(bundle) => match ExportableBuffer::import_received(ctx, bundle) {
-                    Ok(_) => panic!("a record with a tampered {field} was imported"),
-                    Err(e) => {
-                        assert!(rustix::io::fcntl_getfd(&e.fd).is_ok());
-                        format!("refused at import: {}", e.error)
-                    }
-                },
-            }
-        }
-    };
-    drop(fd);
     assert_eq!(
         open_fd_count(),
         baseline,
         "fd count after tampering {field}"
     );
-    println!("buffer {field:>17}: {outcome}");
 }
 
 /// Both cases count open fds, so they run in one test, in order, in a test
