@@ -378,7 +378,18 @@ fn closed_and_non_gpu_fds_come_back_from_every_cuda_import() {
             let sent = identity(&fd);
             let err = import(fd).expect_err(what);
             println!("{kind} from {what}: {}", err.error);
-            assert!(matches!(err.error, Error::Driver(_)), "{}", err.error);
+            // An eventfd is refused by the crate's fd check before any
+            // driver call (its kind can never be an export); the others
+            // pass that check and the driver refuses them.
+            if what == "an eventfd" {
+                assert!(
+                    matches!(err.error, Error::Vulkan(vk_export::Error::Record(_))),
+                    "{}",
+                    err.error
+                );
+            } else {
+                assert!(matches!(err.error, Error::Driver(_)), "{}", err.error);
+            }
             assert_eq!(identity(&err.fd), sent, "{what}: the same file came back");
         }
     }
@@ -479,12 +490,16 @@ fn colour_attachment_images_map_and_read_back_exactly() {
     assert_no_validation_errors(&ctx);
 }
 
-/// Case 21 (the raw driver): a surface object on a level of an array mapped
-/// without SURFACE_LDST (a sampled image, for which `surface()` does not
-/// compile) is refused by `cuSurfObjectCreate`.
+/// Case 21 (the raw driver): INTEROP-RULES expects `cuSurfObjectCreate` to
+/// refuse a surface on a level of an array mapped without SURFACE_LDST (a
+/// sampled image, for which `surface()` does not compile). Driver 580 on the
+/// H200 does not: it makes the surface (first seen in the run of
+/// `ce18733`). So the type-level refusal is the only guard; this test pins
+/// the driver's answer, and fails (to update the fault table) if a driver
+/// starts refusing.
 #[test]
 #[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu_faults -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
-fn a_raw_surface_on_an_array_without_surface_ldst_is_refused() {
+fn the_driver_makes_a_raw_surface_on_an_array_without_surface_ldst() {
     let (ctx, cuda) = pair();
     let image = ExportableImage::<Rgba8Unorm, Optimal, DeviceLocal, usage::Sampled>::new(
         &ctx,
@@ -509,11 +524,13 @@ fn a_raw_surface_on_an_array_without_surface_ldst_is_refused() {
     // writes one handle.
     let status = unsafe { create(&mut surface, &res) };
     println!("cuSurfObjectCreate on an array without SURFACE_LDST: {status:?}");
-    if status == sys::CUresult::CUDA_SUCCESS {
-        // SAFETY: the surface just made, unused, destroyed once.
-        unsafe { destroy(surface) };
-        panic!("the driver made a surface on an array without SURFACE_LDST");
-    }
+    assert_eq!(
+        status,
+        sys::CUresult::CUDA_SUCCESS,
+        "this driver refuses the surface: case 21's raw half now holds, update docs/fault-cases.md"
+    );
+    // SAFETY: the surface just made, unused, destroyed once.
+    assert_eq!(unsafe { destroy(surface) }, sys::CUresult::CUDA_SUCCESS);
     assert!(level.texture().is_ok(), "a texture reads it");
     assert_no_validation_errors(&ctx);
 }
