@@ -189,6 +189,13 @@ fn shared_payload<K: SemaphoreKind>(semaphore: &vk_export::Semaphore<K>) -> Bina
 }
 
 impl<K> ExternalSemaphore<K> {
+    /// The driver handle, for calls the crate does not wrap (batched waits,
+    /// a C frame loop). Using it is `unsafe` at the call site; it is valid
+    /// while `self` lives, and work using it is not tracked as a last use.
+    pub fn raw(&self) -> CUexternalSemaphore {
+        self.handle
+    }
+
     /// Enqueues a signal of `value` (0 for binary) on `stream`; records
     /// nothing.
     fn enqueue_signal(&self, stream: &Stream, value: u64) -> Result<()> {

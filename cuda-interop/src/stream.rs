@@ -598,3 +598,10 @@ pub struct Function<'m> {
     function: CUfunction,
     _module: PhantomData<&'m Module>,
 }
+
+impl Function<'_> {
+    /// The driver handle (`CUfunction`), valid while its [`Module`] lives.
+    pub fn raw(&self) -> CUfunction {
+        self.function
+    }
+}
