@@ -56,6 +56,7 @@
 //! Linux driver `vkWaitSemaphores` wakes ~10 ms late for CUDA signals, while
 //! polling the counter sees them within microseconds.
 
+mod copy_ptx;
 mod device;
 pub mod dlpack;
 mod driver;

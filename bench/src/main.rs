@@ -1,0 +1,57 @@
+//! The performance suite (issue 11; the scenarios of INTEROP-RULES B.3).
+//!
+//! ```text
+//! bench [--quick] [--json PATH]
+//! ```
+//!
+//! Every figure is printed with its baseline from the same run:
+//!
+//! * **S1** one-time costs: export, import, map (one level and a full mip
+//!   chain), semaphore export and import, destroy; the first call and the
+//!   median of later ones.
+//! * **S2** hand-off latency: Vulkan signals, CUDA waits, a trivial kernel,
+//!   CUDA signals, the host sees it; against the CUDA-only floor (kernel,
+//!   event record, event query until done, on one stream).
+//! * **S3** frame throughput at 1080p, 4K, 8K (RGBA8, RGBA16F), Vulkan
+//!   produces (clear + release, own command buffers), CUDA waits and copies
+//!   the frame into pitched linear memory, signals back; 1 and 3 frames in
+//!   flight. Against the producer alone (so the hand-off cost is the
+//!   difference) and host staging through pinned memory; and the same loop
+//!   written with raw driver calls in C (`src/frame_loop.c`).
+//! * **S4** kernel read cost by layout: the same 4K RGBA8 frame read (and
+//!   written to linear memory) from cudaMalloc memory, a mapped Vulkan
+//!   buffer, a mapped Vulkan image through a surface, and a native CUDA
+//!   array through a surface.
+//! * **S6** semaphore batching: 1, 4 and 16 timeline signals and waits per
+//!   frame, one crate call each against one batched raw call.
+//!
+//! S5 (array <-> linear copies) is `cuda-interop/examples/array_copy.rs`.
+//! S7 (two processes) is not measured yet.
+//!
+//! Needs an NVIDIA GPU whose Vulkan driver offers device-local exportable
+//! memory; elsewhere it says so and exits 0. Run it without the validation
+//! layer: it measures.
+
+mod producer;
+mod report;
+mod scenarios;
+
+use std::process::ExitCode;
+
+pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let json = args
+        .iter()
+        .position(|a| a == "--json")
+        .and_then(|i| args.get(i + 1).cloned());
+    match scenarios::run(quick, json.as_deref()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,1097 @@
+//! The scenarios. Raw driver calls appear only where a scenario measures
+//! them (baselines, the C loop's handles, a native CUDA array); each sits
+//! in an `unsafe` block with its reason.
+
+use std::ffi::{c_uint, c_void};
+use std::time::{Duration, Instant};
+
+use cuda_interop::{kernels, sys, CudaDevice, DeviceBuffer, Event, Function, Module, Stream};
+use vk_export::ash::vk;
+use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
+use vk_export::markers::{usage, DeviceLocal, Optimal};
+use vk_export::{
+    Context, ExportableBuffer, ExportableImage, HeadlessOptions, ImageDesc, TimelineSemaphore,
+    WaitStrategy,
+};
+
+use crate::producer::{After, HostBuffer, Producer};
+use crate::report::{quantile, us, Report};
+use crate::Res;
+
+/// The images every scenario uses: what a CUDA array copy needs (optimal,
+/// device-local, storage usage for a surface).
+type Img<F> = ExportableImage<F, Optimal, DeviceLocal, usage::Storage>;
+
+/// A host wait that spins on the counter: the same policy as the C loop.
+const SPIN: WaitStrategy = WaitStrategy::Poll {
+    spin: Duration::from_secs(5),
+    yield_until: Duration::from_secs(5),
+    sleep: Duration::from_micros(50),
+};
+const WAIT_LIMIT: Duration = Duration::from_secs(5);
+
+/// A linear copy kernel for S4: `copy_b128(src, dst, n)` copies `n` 16-byte
+/// words, one per thread.
+const COPY_B128_PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry copy_b128(.param .u64 src, .param .u64 dst, .param .u64 n)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<10>;
+    ld.param.u64 %rd1, [src];
+    ld.param.u64 %rd2, [dst];
+    ld.param.u64 %rd3, [n];
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r3, %tid.x;
+    mul.wide.u32 %rd4, %r1, %r2;
+    cvt.u64.u32 %rd5, %r3;
+    add.u64 %rd4, %rd4, %rd5;
+    setp.ge.u64 %p1, %rd4, %rd3;
+    @%p1 bra DONE;
+    shl.b64 %rd6, %rd4, 4;
+    add.u64 %rd7, %rd1, %rd6;
+    ld.global.nc.v4.u32 {%r4, %r5, %r6, %r7}, [%rd7];
+    add.u64 %rd8, %rd2, %rd6;
+    st.global.v4.u32 [%rd8], {%r4, %r5, %r6, %r7};
+DONE:
+    ret;
+}
+"#;
+
+pub fn run(quick: bool, json: Option<&str>) -> Res<()> {
+    let ctx = match Context::headless(&HeadlessOptions::default()) {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            println!("bench: no Vulkan device with external memory ({e}); nothing measured");
+            return Ok(());
+        }
+    };
+    let cuda = match CudaDevice::for_vulkan(&ctx) {
+        Ok(cuda) => cuda,
+        Err(e) => {
+            println!("bench: no CUDA device for this Vulkan device ({e}); nothing measured");
+            return Ok(());
+        }
+    };
+    if let Err(e) = Img::<Rgba8Unorm>::preflight(&ctx, &ImageDesc::new_2d(64, 64)) {
+        println!("bench: no device-local exportable storage image here ({e}); nothing measured");
+        return Ok(());
+    }
+    let header = vec![
+        ("commit", env!("BENCH_COMMIT").to_string()),
+        ("gpu", cuda.name().to_string()),
+        (
+            "cuda_driver",
+            cuda_interop::driver_version().map_or("?".into(), |v| v.to_string()),
+        ),
+        ("vulkan_device", ctx.identity().name.clone()),
+        ("validation", ctx.validation_enabled().to_string()),
+    ];
+    for (k, v) in &header {
+        println!("{k}: {v}");
+    }
+    if ctx.validation_enabled() {
+        println!("warning: the validation layer is on: figures include its cost");
+    }
+    let mut report = Report::default();
+    let copy_module = Module::load_ptx(&cuda, kernels::COPY_PTX)?;
+    let tools = Module::load_ptx(&cuda, kernels::PTX)?;
+    let linear = Module::load_ptx(&cuda, COPY_B128_PTX)?;
+
+    s1_one_time_costs(&ctx, &cuda, &mut report, if quick { 4 } else { 11 })?;
+    s2_hand_off_latency(
+        &ctx,
+        &cuda,
+        &tools,
+        &mut report,
+        if quick { 200 } else { 2000 },
+    )?;
+    let sizes: &[(u32, u32, &str, u32)] = if quick {
+        &[(1920, 1080, "1080p", 60), (3840, 2160, "4K", 40)]
+    } else {
+        &[
+            (1920, 1080, "1080p", 400),
+            (3840, 2160, "4K", 200),
+            (7680, 4320, "8K", 60),
+        ]
+    };
+    let mut frame = 0u64;
+    for &(w, h, name, frames) in sizes {
+        s3_frames::<Rgba8Unorm>(
+            &ctx,
+            &cuda,
+            &copy_module,
+            &mut report,
+            w,
+            h,
+            name,
+            "RGBA8",
+            frames,
+            &mut frame,
+        )?;
+    }
+    for &(w, h, name, frames) in sizes {
+        s3_frames::<Rgba16Sfloat>(
+            &ctx,
+            &cuda,
+            &copy_module,
+            &mut report,
+            w,
+            h,
+            name,
+            "RGBA16F",
+            frames,
+            &mut frame,
+        )?;
+    }
+    s4_read_cost_by_layout(&ctx, &cuda, &copy_module, &linear, &mut report)?;
+    s6_semaphore_batching(&ctx, &cuda, &mut report, if quick { 100 } else { 1000 })?;
+    report.note("S5 (array <-> linear copies): see cuda-interop/examples/array_copy.rs");
+    report.note("S7 (the S3 hand-off between two processes): not measured yet");
+    report.print();
+    if let Some(path) = json {
+        std::fs::write(path, report.json(&header))?;
+        println!("wrote {path}");
+    }
+    if ctx.validation_errors() > 0 {
+        return Err(format!("{} validation errors", ctx.validation_errors()).into());
+    }
+    Ok(())
+}
+
+/// Times `f`.
+fn time<T>(f: impl FnOnce() -> Res<T>) -> Res<(T, Duration)> {
+    let start = Instant::now();
+    let value = f()?;
+    Ok((value, start.elapsed()))
+}
+
+/// S1: the first call and the median of the later ones.
+fn s1_one_time_costs(
+    ctx: &Context,
+    cuda: &CudaDevice,
+    report: &mut Report,
+    rounds: usize,
+) -> Res<()> {
+    let names = [
+        "export 4K RGBA8 image",
+        "import into CUDA",
+        "map as array (1 level)",
+        "get level 0",
+        "export 4K image, full mip chain (12 levels)",
+        "import it",
+        "map it and get all 12 levels",
+        "export timeline semaphore",
+        "import it into CUDA",
+        "destroy mapping (array + level)",
+        "destroy CUDA import",
+        "destroy Vulkan image",
+        "destroy both semaphores",
+        "destroy mip-chain image (maps, import, image)",
+    ];
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
+    let desc = ImageDesc::new_2d(3840, 2160);
+    for _ in 0..rounds {
+        let mut t = Vec::new();
+        let (image, d) = time(|| Ok(Img::<Rgba8Unorm>::new(ctx, desc)?))?;
+        t.push(d);
+        let (imported, d) = time(|| Ok(cuda.import_image(&image)?))?;
+        t.push(d);
+        let (array, d) = time(|| Ok(imported.map_array()?))?;
+        t.push(d);
+        let (level, d) = time(|| Ok(array.level(0)?))?;
+        t.push(d);
+        let (mip_image, d) = time(|| Ok(Img::<Rgba8Unorm>::new(ctx, desc.mip_levels(12))?))?;
+        t.push(d);
+        let (mip_import, d) = time(|| Ok(cuda.import_image(&mip_image)?))?;
+        t.push(d);
+        let (mip_array, d) = time(|| Ok(mip_import.map_array()?))?;
+        let (mip_levels, d2) = time(|| {
+            (0..12)
+                .map(|l| Ok(mip_array.level(l)?))
+                .collect::<Res<Vec<_>>>()
+        })?;
+        t.push(d + d2);
+        let (semaphore, d) = time(|| Ok(TimelineSemaphore::new(ctx)?))?;
+        t.push(d);
+        let (cu_semaphore, d) = time(|| Ok(cuda.import_semaphore(&semaphore)?))?;
+        t.push(d);
+        let start = Instant::now();
+        let _ = level;
+        drop(array);
+        t.push(start.elapsed());
+        let start = Instant::now();
+        drop(imported);
+        t.push(start.elapsed());
+        let start = Instant::now();
+        drop(image);
+        t.push(start.elapsed());
+        let start = Instant::now();
+        drop(cu_semaphore);
+        drop(semaphore);
+        t.push(start.elapsed());
+        let start = Instant::now();
+        drop(mip_levels);
+        drop(mip_array);
+        drop(mip_import);
+        drop(mip_image);
+        t.push(start.elapsed());
+        for (s, d) in samples.iter_mut().zip(t) {
+            s.push(d);
+        }
+    }
+    for (name, mut s) in names.iter().zip(samples) {
+        let first = s[0];
+        let later = quantile(&mut s[1..], 0.5);
+        report.add_vs(
+            "S1",
+            format!("{name}: first call"),
+            us(first),
+            "us",
+            ("later calls, median", us(later)),
+        );
+    }
+    Ok(())
+}
+
+/// Launches `store_u32(ptr, value)` on one thread.
+fn launch_store(
+    stream: &Stream,
+    store: &Function<'_>,
+    target: &DeviceBuffer,
+    value: u32,
+) -> Res<()> {
+    let (mut ptr, mut value) = (target.device_ptr(), value);
+    let mut args: [*mut c_void; 2] = [
+        (&mut ptr as *mut u64).cast(),
+        (&mut value as *mut u32).cast(),
+    ];
+    // SAFETY: store_u32(u64 ptr, u32 value) writes 4 bytes at `ptr`, the
+    // start of `target` (4 bytes or more); the caller keeps `target` and the
+    // module alive until the stream is synchronized.
+    unsafe { stream.launch(store, [1, 1, 1], [1, 1, 1], 0, &mut args) }?;
+    Ok(())
+}
+
+/// Submits nothing but a timeline signal of `semaphore` to `value`.
+fn vk_signal(ctx: &Context, semaphore: vk::Semaphore, value: u64) -> Res<()> {
+    let values = [value];
+    let semaphores = [semaphore];
+    let mut timeline = vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
+    let info = vk::SubmitInfo::default()
+        .signal_semaphores(&semaphores)
+        .push_next(&mut timeline);
+    // SAFETY: a live timeline semaphore of this device, a value above every
+    // earlier one (the callers count up), arrays alive across the call; the
+    // queue under the context's lock.
+    ctx.with_queue(|queue| unsafe {
+        ctx.device().queue_submit(queue, &[info], vk::Fence::null())
+    })??;
+    Ok(())
+}
+
+/// S2: Vulkan signals, CUDA waits, a trivial kernel, CUDA signals, the host
+/// sees it; against kernel + event record + event query on one stream.
+fn s2_hand_off_latency(
+    ctx: &Context,
+    cuda: &CudaDevice,
+    tools: &Module,
+    report: &mut Report,
+    iterations: usize,
+) -> Res<()> {
+    let stream = Stream::new(cuda)?;
+    let store = tools.function("store_u32")?;
+    let target = DeviceBuffer::new(cuda, 4)?;
+    let event = Event::new(cuda)?;
+    let mut floor = Vec::new();
+    for i in 0..iterations + 50 {
+        let start = Instant::now();
+        launch_store(&stream, &store, &target, i as u32)?;
+        stream.record(&event)?;
+        while !event.query()? {
+            std::hint::spin_loop();
+        }
+        if i >= 50 {
+            floor.push(start.elapsed());
+        }
+    }
+    let floor_p50 = us(quantile(&mut floor, 0.5));
+    let floor_p99 = us(quantile(&mut floor, 0.99));
+    report.add(
+        "S2",
+        "CUDA-only floor: kernel, event record, event query until done: p50",
+        floor_p50,
+        "us",
+    );
+    report.add("S2", "CUDA-only floor: p99", floor_p99, "us");
+
+    let produced = TimelineSemaphore::new(ctx)?;
+    let consumed = TimelineSemaphore::new(ctx)?;
+    let cu_produced = cuda.import_semaphore(&produced)?;
+    let cu_consumed = cuda.import_semaphore(&consumed)?;
+    let mut value = 0u64;
+    let strategies: [(&str, WaitStrategy, usize); 3] = [
+        ("host spins on the Vulkan counter", SPIN, iterations),
+        (
+            "host waits with WaitStrategy::ADAPTIVE (default)",
+            WaitStrategy::ADAPTIVE,
+            iterations,
+        ),
+        (
+            "host waits with vkWaitSemaphores (Block)",
+            WaitStrategy::Block,
+            iterations.min(100),
+        ),
+    ];
+    for (name, strategy, n) in strategies {
+        let mut t = Vec::new();
+        for i in 0..n + 20 {
+            value += 1;
+            let start = Instant::now();
+            vk_signal(ctx, produced.raw(), value)?;
+            cu_produced.wait(&stream, value)?;
+            launch_store(&stream, &store, &target, i as u32)?;
+            cu_consumed.signal(&stream, value)?;
+            consumed.wait(value, WAIT_LIMIT, strategy)?;
+            if i >= 20 {
+                t.push(start.elapsed());
+            }
+        }
+        let p50 = us(quantile(&mut t, 0.5));
+        let p99 = us(quantile(&mut t, 0.99));
+        report.add_vs(
+            "S2",
+            format!("hand-off, {name}: p50"),
+            p50,
+            "us",
+            ("floor p50", floor_p50),
+        );
+        report.goal("<= 2x the floor", p50 <= 2.0 * floor_p50);
+        report.add_vs(
+            "S2",
+            format!("hand-off, {name}: p99"),
+            p99,
+            "us",
+            ("floor p99", floor_p99),
+        );
+    }
+    stream.synchronize(WAIT_LIMIT)?;
+    Ok(())
+}
+
+/// The copy kernel's parameters for one slot, and the argument array
+/// pointing at them (boxed: the pointers must stay valid).
+struct CopyArgs {
+    surface: u64,
+    dst: u64,
+    pitch: u64,
+    width: u32,
+    height: u32,
+}
+
+fn copy_args(params: &mut CopyArgs) -> [*mut c_void; 5] {
+    [
+        (&mut params.surface as *mut u64).cast(),
+        (&mut params.dst as *mut u64).cast(),
+        (&mut params.pitch as *mut u64).cast(),
+        (&mut params.width as *mut u32).cast(),
+        (&mut params.height as *mut u32).cast(),
+    ]
+}
+
+/// Mirrors `struct frame_loop` in `frame_loop.c`.
+#[repr(C)]
+struct FrameLoop {
+    vk_device: vk::Device,
+    vk_queue: vk::Queue,
+    vk_queue_submit: vk::PFN_vkQueueSubmit,
+    vk_get_counter: vk::PFN_vkGetSemaphoreCounterValue,
+    vk_consumed: vk::Semaphore,
+    slots: u32,
+    in_flight: u32,
+    submit_infos: *const *const c_void,
+    submit_wait_values: *mut u64,
+    submit_signal_values: *mut u64,
+    cu_wait: *const c_void,
+    cu_signal: *const c_void,
+    cu_launch: *const c_void,
+    cu_produced: sys::CUexternalSemaphore,
+    cu_consumed: sys::CUexternalSemaphore,
+    cu_wait_params: *mut sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS,
+    cu_signal_params: *mut sys::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS,
+    cu_stream: sys::CUstream,
+    kernel: sys::CUfunction,
+    kernel_args: *const *mut *mut c_void,
+    grid: [u32; 3],
+    block: [u32; 3],
+    spin_limit_ns: u64,
+}
+
+extern "C" {
+    fn frame_loop_run(frame_loop: *const FrameLoop, first_frame: u64, frames: u32) -> i32;
+}
+
+/// S3 for one size and format: producer alone, zero-copy through the safe
+/// API with 1 and 3 frames in flight, the same loop in C, host staging.
+#[allow(clippy::too_many_arguments)]
+fn s3_frames<F: Format>(
+    ctx: &Context,
+    cuda: &CudaDevice,
+    copy_module: &Module,
+    report: &mut Report,
+    width: u32,
+    height: u32,
+    size: &str,
+    format: &str,
+    frames: u32,
+    frame: &mut u64,
+) -> Res<()> {
+    const SLOTS: usize = 3;
+    let texel = u64::from(F::TEXEL_BYTES);
+    let pitch = u64::from(width) * texel;
+    let bytes = pitch * u64::from(height);
+    let kernel_name = format!("array_to_linear_{texel}b_r4");
+    let copy = copy_module.function(&kernel_name)?;
+    let grid = [width.div_ceil(16), height.div_ceil(64), 1];
+    let block = [16, 16, 1];
+    let label = format!("{size} {format}");
+    println!("S3 {label}: {frames} frames per run");
+
+    let images = (0..SLOTS)
+        .map(|_| Img::<F>::new(ctx, ImageDesc::new_2d(width, height)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let imports = images
+        .iter()
+        .map(|i| cuda.import_image(i))
+        .collect::<Result<Vec<_>, _>>()?;
+    let arrays = imports
+        .iter()
+        .map(|i| i.map_array())
+        .collect::<Result<Vec<_>, _>>()?;
+    let levels = arrays
+        .iter()
+        .map(|a| a.level(0))
+        .collect::<Result<Vec<_>, _>>()?;
+    let surfaces = levels
+        .iter()
+        .map(|l| l.surface())
+        .collect::<Result<Vec<_>, _>>()?;
+    let dsts = (0..SLOTS)
+        .map(|_| DeviceBuffer::new(cuda, bytes as usize))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut params: Vec<Box<CopyArgs>> = (0..SLOTS)
+        .map(|s| {
+            Box::new(CopyArgs {
+                surface: surfaces[s].raw(),
+                dst: dsts[s].device_ptr(),
+                pitch,
+                width,
+                height,
+            })
+        })
+        .collect();
+    let mut args: Vec<Box<[*mut c_void; 5]>> =
+        params.iter_mut().map(|p| Box::new(copy_args(p))).collect();
+    let extent = vk::Extent2D { width, height };
+    let raw_images: Vec<_> = images.iter().map(|i| (i.raw(), extent)).collect();
+    let release: Vec<_> = (0..SLOTS).map(|_| After::Release).collect();
+    let stream = Stream::new(cuda)?;
+
+    // The producer alone: the same command buffers, no consumer.
+    let alone = TimelineSemaphore::new(ctx)?;
+    let mut producer_alone = Producer::new(ctx, &raw_images, &release, None, alone.raw())?;
+    let mut alone_value = 0u64;
+    let mut producer_only = [0.0f64; 2];
+    for (k, in_flight) in [1u64, 3].into_iter().enumerate() {
+        let mut run = |n_frames: u32| -> Res<Duration> {
+            let start = Instant::now();
+            for _ in 0..n_frames {
+                let n = alone_value;
+                if n + 1 > in_flight {
+                    alone.wait(n + 1 - in_flight, WAIT_LIMIT, SPIN)?;
+                }
+                producer_alone.submit((n % SLOTS as u64) as usize, 0, n + 1)?;
+                alone_value += 1;
+            }
+            alone.wait(alone_value, WAIT_LIMIT, SPIN)?;
+            Ok(start.elapsed())
+        };
+        run(10)?;
+        let t = run(frames)?;
+        producer_only[k] = t.as_secs_f64() * 1e3 / f64::from(frames);
+        report.add(
+            "S3",
+            format!("{label}, {in_flight} in flight: Vulkan producer alone, per frame"),
+            producer_only[k],
+            "ms",
+        );
+    }
+
+    // Zero-copy through the safe API.
+    let produced = TimelineSemaphore::new(ctx)?;
+    let consumed = TimelineSemaphore::new(ctx)?;
+    let cu_produced = cuda.import_semaphore(&produced)?;
+    let cu_consumed = cuda.import_semaphore(&consumed)?;
+    let mut producer = Producer::new(
+        ctx,
+        &raw_images,
+        &release,
+        Some(consumed.raw()),
+        produced.raw(),
+    )?;
+    let mut zero_copy = [0.0f64; 2];
+    let mut c_loop = [0.0f64; 2];
+    for (k, in_flight) in [1u64, 3].into_iter().enumerate() {
+        let mut run_safe = |n_frames: u32| -> Res<Duration> {
+            let start = Instant::now();
+            for _ in 0..n_frames {
+                let n = *frame;
+                let s = (n % SLOTS as u64) as usize;
+                if n + 1 > in_flight {
+                    consumed.wait(n + 1 - in_flight, WAIT_LIMIT, SPIN)?;
+                }
+                producer.submit(s, (n + 1).saturating_sub(SLOTS as u64), n + 1)?;
+                cu_produced.wait(&stream, n + 1)?;
+                copy_level(&stream, &copy, grid, block, &mut args[s])?;
+                cu_consumed.signal(&stream, n + 1)?;
+                *frame += 1;
+            }
+            consumed.wait(*frame, WAIT_LIMIT, SPIN)?;
+            Ok(start.elapsed())
+        };
+        run_safe(10)?;
+        let t = run_safe(frames)?;
+        zero_copy[k] = t.as_secs_f64() * 1e3 / f64::from(frames);
+
+        // The same loop in C: the submit infos and values are the producer's.
+        let driver = sys::Driver::global().map_err(|e| e.to_string())?;
+        let fns = driver.fns();
+        let mut wait_params = sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS::default();
+        let mut signal_params = sys::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS::default();
+        let infos: Vec<*const c_void> = producer
+            .submit_infos
+            .iter()
+            .map(|i| (i as *const vk::SubmitInfo).cast())
+            .collect();
+        let arg_ptrs: Vec<*mut *mut c_void> = args.iter_mut().map(|a| a.as_mut_ptr()).collect();
+        let device = ctx.device();
+        let mut c_frames =
+            |first: u64, n_frames: u32, producer: &mut Producer<'_>| -> Res<Duration> {
+                ctx.with_queue(|queue| -> Res<Duration> {
+                    let frame_loop = FrameLoop {
+                        vk_device: device.handle(),
+                        vk_queue: queue,
+                        vk_queue_submit: device.fp_v1_0().queue_submit,
+                        vk_get_counter: device.fp_v1_2().get_semaphore_counter_value,
+                        vk_consumed: consumed.raw(),
+                        slots: SLOTS as u32,
+                        in_flight: in_flight as u32,
+                        submit_infos: infos.as_ptr(),
+                        submit_wait_values: producer.wait_values.as_mut_ptr(),
+                        submit_signal_values: producer.signal_values.as_mut_ptr(),
+                        cu_wait: fns
+                            .cuWaitExternalSemaphoresAsync
+                            .ok_or("no cuWaitExternalSemaphoresAsync")?
+                            as *const c_void,
+                        cu_signal: fns
+                            .cuSignalExternalSemaphoresAsync
+                            .ok_or("no cuSignalExternalSemaphoresAsync")?
+                            as *const c_void,
+                        cu_launch: fns.cuLaunchKernel.ok_or("no cuLaunchKernel")? as *const c_void,
+                        cu_produced: cu_produced.raw(),
+                        cu_consumed: cu_consumed.raw(),
+                        cu_wait_params: &mut wait_params,
+                        cu_signal_params: &mut signal_params,
+                        cu_stream: stream.raw(),
+                        kernel: copy.raw(),
+                        kernel_args: arg_ptrs.as_ptr(),
+                        grid,
+                        block,
+                        spin_limit_ns: WAIT_LIMIT.as_nanos() as u64,
+                    };
+                    let _context = cuda.enter()?;
+                    let start = Instant::now();
+                    // SAFETY: every handle in `frame_loop` is live for the call
+                    // (images, surfaces, buffers, semaphores, the stream and the
+                    // module outlive it), the submit infos point into the
+                    // producer's boxes, the queue is held under the context's
+                    // lock, the CUDA context is current; the C loop signals each
+                    // timeline with increasing values above every earlier one
+                    // and waits until its last frame is consumed before it
+                    // returns (or returns an error code).
+                    let code = unsafe { frame_loop_run(&frame_loop, first, n_frames) };
+                    if code != 0 {
+                        return Err(format!("C frame loop failed with code {code}").into());
+                    }
+                    Ok(start.elapsed())
+                })?
+            };
+        c_frames(*frame, 10, &mut producer)?;
+        *frame += 10;
+        let t = c_frames(*frame, frames, &mut producer)?;
+        *frame += u64::from(frames);
+        c_loop[k] = t.as_secs_f64() * 1e3 / f64::from(frames);
+        report.add_vs(
+            "S3",
+            format!("{label}, {in_flight} in flight: zero-copy through the safe API, per frame"),
+            zero_copy[k],
+            "ms",
+            ("producer alone", producer_only[k]),
+        );
+        report.add_vs(
+            "S3",
+            format!("{label}, {in_flight} in flight: safe API vs the same loop in C"),
+            zero_copy[k],
+            "ms",
+            ("C loop", c_loop[k]),
+        );
+        report.goal("<= 1.05x", zero_copy[k] <= 1.05 * c_loop[k]);
+    }
+
+    // Host staging through pinned memory (1 in flight): clear, copy to a
+    // host-visible buffer, wait, memcpy into pinned memory, copy to the
+    // device, wait.
+    let host = HostBuffer::new(ctx, bytes as usize)?;
+    let staged = TimelineSemaphore::new(ctx)?;
+    let mut staging_producer = Producer::new(
+        ctx,
+        &raw_images[..1],
+        &[After::CopyTo(host.buffer)],
+        None,
+        staged.raw(),
+    )?;
+    let pinned = PinnedHost::new(cuda, bytes as usize)?;
+    let driver = sys::Driver::global().map_err(|e| e.to_string())?;
+    let htod = driver
+        .fns()
+        .cuMemcpyHtoDAsync
+        .ok_or("no cuMemcpyHtoDAsync")?;
+    let mut staged_value = 0u64;
+    let mut run_staging = |n_frames: u32| -> Res<Duration> {
+        let start = Instant::now();
+        for _ in 0..n_frames {
+            staged_value += 1;
+            staging_producer.submit(0, 0, staged_value)?;
+            staged.wait(staged_value, WAIT_LIMIT, SPIN)?;
+            // SAFETY: the copy into `host` completed (its timeline value was
+            // reached, and the command buffer made it host-visible); both
+            // ranges hold `bytes` bytes and do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(host.mapped, pinned.ptr, bytes as usize) };
+            {
+                let _context = cuda.enter()?;
+                // SAFETY: `dsts[0]` holds `bytes` bytes, `pinned` is
+                // page-locked host memory of `bytes` bytes, both alive until
+                // the stream is drained below; the context is current.
+                let r = unsafe {
+                    htod(
+                        dsts[0].device_ptr(),
+                        pinned.ptr.cast(),
+                        bytes as usize,
+                        stream.raw(),
+                    )
+                };
+                if r != sys::CUresult::CUDA_SUCCESS {
+                    return Err(format!("cuMemcpyHtoDAsync: {r:?}").into());
+                }
+            }
+            while !stream.query()? {
+                std::hint::spin_loop();
+            }
+        }
+        Ok(start.elapsed())
+    };
+    run_staging(3)?;
+    let staging_frames = frames.min(60);
+    let t = run_staging(staging_frames)?;
+    let staging = t.as_secs_f64() * 1e3 / f64::from(staging_frames);
+    report.add_vs(
+        "S3",
+        format!("{label}, 1 in flight: host staging through pinned memory, per frame"),
+        staging,
+        "ms",
+        ("producer alone", producer_only[0]),
+    );
+    let zero_copy_cost = (zero_copy[0] - producer_only[0]).max(1e-6);
+    let staging_cost = staging - producer_only[0];
+    report.add_vs(
+        "S3",
+        format!("{label}, 1 in flight: hand-off cost, staging (frame time minus producer alone)"),
+        staging_cost,
+        "ms",
+        ("zero-copy hand-off cost", zero_copy_cost),
+    );
+    if size == "4K" {
+        report.goal(
+            "staging cost >= 20x zero-copy's",
+            staging_cost >= 20.0 * zero_copy_cost,
+        );
+    }
+    stream.synchronize(WAIT_LIMIT)?;
+    drop(staging_producer);
+    drop(producer);
+    drop(producer_alone);
+    drop(surfaces);
+    Ok(())
+}
+
+/// The crate's copy of one level into pitched linear memory, enqueued
+/// without a synchronize.
+fn copy_level(
+    stream: &Stream,
+    copy: &Function<'_>,
+    grid: [u32; 3],
+    block: [u32; 3],
+    args: &mut [*mut c_void; 5],
+) -> Res<()> {
+    // SAFETY: array_to_linear_*b_r4(u64 surface, u64 dst, u64 pitch, u32 w,
+    // u32 h) with a live surface of the level and a destination of pitch *
+    // height bytes; both outlive the stream's work (the caller drains it
+    // before dropping them).
+    unsafe { stream.launch(copy, grid, block, 0, args) }?;
+    Ok(())
+}
+
+/// Page-locked host memory (`cuMemAllocHost`).
+struct PinnedHost {
+    device: CudaDevice,
+    ptr: *mut u8,
+}
+
+impl PinnedHost {
+    fn new(device: &CudaDevice, len: usize) -> Res<Self> {
+        let driver = sys::Driver::global().map_err(|e| e.to_string())?;
+        let alloc = driver.fns().cuMemAllocHost.ok_or("no cuMemAllocHost")?;
+        let _context = device.enter()?;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the context is current; writes one pointer.
+        let r = unsafe { alloc(&mut ptr, len) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(format!("cuMemAllocHost: {r:?}").into());
+        }
+        Ok(PinnedHost {
+            device: device.clone(),
+            ptr: ptr.cast(),
+        })
+    }
+}
+
+impl Drop for PinnedHost {
+    fn drop(&mut self) {
+        if let (Ok(driver), Ok(_context)) = (sys::Driver::global(), self.device.enter()) {
+            if let Some(free) = driver.fns().cuMemFreeHost {
+                // SAFETY: allocated by cuMemAllocHost in this context, freed
+                // once; the copies reading it completed (streams drained).
+                unsafe { free(self.ptr.cast()) };
+            }
+        }
+    }
+}
+
+/// Times `launch` with events: the mean of `n` launches, in µs.
+fn event_time(
+    cuda: &CudaDevice,
+    stream: &Stream,
+    n: u32,
+    mut launch: impl FnMut() -> Res<()>,
+) -> Res<f64> {
+    launch()?;
+    let (start, end) = (Event::new(cuda)?, Event::new(cuda)?);
+    stream.record(&start)?;
+    for _ in 0..n {
+        launch()?;
+    }
+    stream.record(&end)?;
+    stream.synchronize(WAIT_LIMIT)?;
+    Ok(f64::from(end.elapsed_ms_since(&start)?) * 1e3 / f64::from(n))
+}
+
+/// S4: a 4K RGBA8 frame read by a kernel (and written to linear memory),
+/// by where it lives.
+fn s4_read_cost_by_layout(
+    ctx: &Context,
+    cuda: &CudaDevice,
+    copy_module: &Module,
+    linear: &Module,
+    report: &mut Report,
+) -> Res<()> {
+    let (width, height) = (3840u32, 2160u32);
+    let bytes = u64::from(width) * u64::from(height) * 4;
+    let stream = Stream::new(cuda)?;
+    let dst = DeviceBuffer::new(cuda, bytes as usize)?;
+    let copy_b128 = linear.function("copy_b128")?;
+    let words = bytes / 16;
+    let linear_copy = |src: u64| -> Res<()> {
+        let (mut s, mut d, mut n) = (src, dst.device_ptr(), words);
+        let mut args: [*mut c_void; 3] = [
+            (&mut s as *mut u64).cast(),
+            (&mut d as *mut u64).cast(),
+            (&mut n as *mut u64).cast(),
+        ];
+        // SAFETY: copy_b128(u64 src, u64 dst, u64 n) copies n 16-byte words;
+        // both ranges hold `bytes` bytes and outlive the stream's work.
+        unsafe {
+            stream.launch(
+                &copy_b128,
+                [(words as u32).div_ceil(256), 1, 1],
+                [256, 1, 1],
+                0,
+                &mut args,
+            )
+        }?;
+        Ok(())
+    };
+    let gb = |t_us: f64| bytes as f64 / t_us / 1e3;
+
+    let malloc = DeviceBuffer::new(cuda, bytes as usize)?;
+    let t_malloc = event_time(cuda, &stream, 100, || linear_copy(malloc.device_ptr()))?;
+    report.add(
+        "S4",
+        "4K RGBA8 read by a kernel from cuMemAlloc memory (linear)",
+        gb(t_malloc),
+        "GB/s",
+    );
+
+    let buffer = ExportableBuffer::<DeviceLocal>::new(ctx, bytes)?;
+    let mut imported = cuda.import_buffer(&buffer)?;
+    let mapped = imported.map()?;
+    let t_buffer = event_time(cuda, &stream, 100, || linear_copy(mapped.device_ptr()))?;
+    report.add_vs(
+        "S4",
+        "from a mapped Vulkan buffer",
+        gb(t_buffer),
+        "GB/s",
+        ("cuMemAlloc", gb(t_malloc)),
+    );
+
+    let copy = copy_module.function("array_to_linear_4b_r4")?;
+    let grid = [width.div_ceil(16), height.div_ceil(64), 1];
+    let image = Img::<Rgba8Unorm>::new(ctx, ImageDesc::new_2d(width, height))?;
+    let image_import = cuda.import_image(&image)?;
+    let array = image_import.map_array()?;
+    let level = array.level(0)?;
+    let surface = level.surface()?;
+    let mut params = CopyArgs {
+        surface: surface.raw(),
+        dst: dst.device_ptr(),
+        pitch: u64::from(width) * 4,
+        width,
+        height,
+    };
+    let mut args = copy_args(&mut params);
+    let t_array = event_time(cuda, &stream, 100, || {
+        copy_level(&stream, &copy, grid, [16, 16, 1], &mut args)
+    })?;
+    report.add_vs(
+        "S4",
+        "from a mapped Vulkan image (CUDA array), surface reads",
+        gb(t_array),
+        "GB/s",
+        ("cuMemAlloc", gb(t_malloc)),
+    );
+
+    let native = NativeArray::new(cuda, width, height)?;
+    let mut native_params = CopyArgs {
+        surface: native.surface,
+        dst: dst.device_ptr(),
+        pitch: u64::from(width) * 4,
+        width,
+        height,
+    };
+    let mut native_args = copy_args(&mut native_params);
+    let t_native = event_time(cuda, &stream, 100, || {
+        copy_level(&stream, &copy, grid, [16, 16, 1], &mut native_args)
+    })?;
+    report.add_vs(
+        "S4",
+        "from a native CUDA array (cuArray3DCreate), surface reads",
+        gb(t_native),
+        "GB/s",
+        ("cuMemAlloc", gb(t_malloc)),
+    );
+    report.add_vs(
+        "S4",
+        "mapped Vulkan image vs native CUDA array",
+        gb(t_array),
+        "GB/s",
+        ("native array", gb(t_native)),
+    );
+    report.note(
+        "S4: texture reads are not measured (the crate's kernels read arrays through surfaces)",
+    );
+    stream.synchronize(WAIT_LIMIT)?;
+    drop(native);
+    Ok(())
+}
+
+/// A 2D RGBA8 CUDA array with a surface, made by CUDA itself.
+struct NativeArray {
+    device: CudaDevice,
+    array: sys::CUarray,
+    surface: sys::CUsurfObject,
+}
+
+impl NativeArray {
+    fn new(device: &CudaDevice, width: u32, height: u32) -> Res<Self> {
+        let driver = sys::Driver::global().map_err(|e| e.to_string())?;
+        let fns = driver.fns();
+        let create = fns.cuArray3DCreate.ok_or("no cuArray3DCreate")?;
+        let surface_create = fns.cuSurfObjectCreate.ok_or("no cuSurfObjectCreate")?;
+        let _context = device.enter()?;
+        let desc = sys::CUDA_ARRAY3D_DESCRIPTOR {
+            Width: width as usize,
+            Height: height as usize,
+            Depth: 0,
+            Format: sys::CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8,
+            NumChannels: 4,
+            Flags: sys::CUDA_ARRAY3D_SURFACE_LDST,
+        };
+        let mut array: sys::CUarray = std::ptr::null_mut();
+        // SAFETY: the context is current; a valid 2D descriptor; writes one handle.
+        let r = unsafe { create(&mut array, &desc) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(format!("cuArray3DCreate: {r:?}").into());
+        }
+        let mut res = sys::CUDA_RESOURCE_DESC {
+            resType: sys::CUresourcetype::CU_RESOURCE_TYPE_ARRAY,
+            ..Default::default()
+        };
+        res.res.array.hArray = array;
+        let mut surface: sys::CUsurfObject = 0;
+        // SAFETY: a resource descriptor naming the live array just made
+        // (with SURFACE_LDST); writes one handle.
+        let r = unsafe { surface_create(&mut surface, &res) };
+        let native = NativeArray {
+            device: device.clone(),
+            array,
+            surface,
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(format!("cuSurfObjectCreate: {r:?}").into());
+        }
+        Ok(native)
+    }
+}
+
+impl Drop for NativeArray {
+    fn drop(&mut self) {
+        if let (Ok(driver), Ok(_context)) = (sys::Driver::global(), self.device.enter()) {
+            let fns = driver.fns();
+            // SAFETY: made in this context, destroyed once, after the streams
+            // that used them were drained.
+            unsafe {
+                if self.surface != 0 {
+                    if let Some(destroy) = fns.cuSurfObjectDestroy {
+                        destroy(self.surface);
+                    }
+                }
+                if let Some(destroy) = fns.cuArrayDestroy {
+                    destroy(self.array);
+                }
+            }
+        }
+    }
+}
+
+/// S6: `count` timeline signals and waits per frame: one safe call per
+/// semaphore against one batched raw call for all of them.
+fn s6_semaphore_batching(
+    ctx: &Context,
+    cuda: &CudaDevice,
+    report: &mut Report,
+    frames: u32,
+) -> Res<()> {
+    let stream = Stream::new(cuda)?;
+    let driver = sys::Driver::global().map_err(|e| e.to_string())?;
+    let fns = driver.fns();
+    let signal = fns
+        .cuSignalExternalSemaphoresAsync
+        .ok_or("no cuSignalExternalSemaphoresAsync")?;
+    let wait = fns
+        .cuWaitExternalSemaphoresAsync
+        .ok_or("no cuWaitExternalSemaphoresAsync")?;
+    for count in [1usize, 4, 16] {
+        let safe_set = (0..count)
+            .map(|_| TimelineSemaphore::new(ctx))
+            .collect::<Result<Vec<_>, _>>()?;
+        let safe_imports = safe_set
+            .iter()
+            .map(|s| cuda.import_semaphore(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let raw_set = (0..count)
+            .map(|_| TimelineSemaphore::new(ctx))
+            .collect::<Result<Vec<_>, _>>()?;
+        let raw_imports = raw_set
+            .iter()
+            .map(|s| cuda.import_semaphore(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let start = Instant::now();
+        for f in 1..=u64::from(frames) {
+            for s in &safe_imports {
+                s.signal(&stream, f)?;
+            }
+            for s in &safe_imports {
+                s.wait(&stream, f)?;
+            }
+        }
+        stream.synchronize(WAIT_LIMIT)?;
+        let safe = us(start.elapsed()) / f64::from(frames);
+
+        let handles: Vec<sys::CUexternalSemaphore> = raw_imports.iter().map(|s| s.raw()).collect();
+        let mut signal_params = vec![sys::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS::default(); count];
+        let mut wait_params = vec![sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS::default(); count];
+        let start = Instant::now();
+        {
+            let _context = cuda.enter()?;
+            for f in 1..=u64::from(frames) {
+                for p in &mut signal_params {
+                    p.params.fence.value = f;
+                }
+                for p in &mut wait_params {
+                    p.params.fence.value = f;
+                }
+                // SAFETY: `count` live imported timeline semaphores of the
+                // current context, as many zeroed parameter blocks with
+                // increasing values, a live stream; the imports outlive the
+                // work (the stream is drained below, before they drop).
+                let r = unsafe {
+                    signal(
+                        handles.as_ptr(),
+                        signal_params.as_ptr(),
+                        count as c_uint,
+                        stream.raw(),
+                    )
+                };
+                if r != sys::CUresult::CUDA_SUCCESS {
+                    return Err(format!("cuSignalExternalSemaphoresAsync: {r:?}").into());
+                }
+                // SAFETY: as above.
+                let r = unsafe {
+                    wait(
+                        handles.as_ptr(),
+                        wait_params.as_ptr(),
+                        count as c_uint,
+                        stream.raw(),
+                    )
+                };
+                if r != sys::CUresult::CUDA_SUCCESS {
+                    return Err(format!("cuWaitExternalSemaphoresAsync: {r:?}").into());
+                }
+            }
+        }
+        stream.synchronize(WAIT_LIMIT)?;
+        let raw = us(start.elapsed()) / f64::from(frames);
+        report.add_vs(
+            "S6",
+            format!("{count} timeline signal(s) + wait(s) per frame: safe API, one call each"),
+            safe,
+            "us",
+            ("one batched raw call each", raw),
+        );
+    }
+    Ok(())
+}
