@@ -32,7 +32,7 @@ impl Report {
     ) {
         self.rows.push(Row {
             scenario,
-            case: case.into(),
+            case,
             value,
             unit,
             baseline: None,
@@ -49,12 +49,21 @@ impl Report {
         unit: &'static str,
         baseline: (impl Into<String>, f64),
     ) {
+        let case = case.into();
+        let baseline: (String, f64) = (baseline.0.into(), baseline.1);
+        println!(
+            "{scenario} | {case} | {} | {}: {} | {:.2}x",
+            fmt_value(value, unit),
+            baseline.0,
+            fmt_value(baseline.1, unit),
+            value / baseline.1
+        );
         self.rows.push(Row {
             scenario,
-            case: case.into(),
+            case,
             value,
             unit,
-            baseline: Some((baseline.0.into(), baseline.1)),
+            baseline: Some(baseline),
             goal: None,
         });
     }

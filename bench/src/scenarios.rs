@@ -449,9 +449,11 @@ fn s3_frames<F: Format>(
     size: &str,
     format: &str,
     frames: u32,
-    frame: &mut u64,
 ) -> Res<()> {
     const SLOTS: usize = 3;
+    // Frame numbers of this size's own timelines (which start at 0).
+    let mut frame_number = 0u64;
+    let frame = &mut frame_number;
     let texel = u64::from(F::TEXEL_BYTES);
     let pitch = u64::from(width) * texel;
     let bytes = pitch * u64::from(height);
