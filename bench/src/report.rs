@@ -30,6 +30,8 @@ impl Report {
         value: f64,
         unit: &'static str,
     ) {
+        let case = case.into();
+        println!("{scenario} | {case} | {}", fmt_value(value, unit));
         self.rows.push(Row {
             scenario,
             case,

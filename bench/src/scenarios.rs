@@ -120,7 +120,6 @@ pub fn run(quick: bool, json: Option<&str>) -> Res<()> {
             (7680, 4320, "8K", 60),
         ]
     };
-    let mut frame = 0u64;
     for &(w, h, name, frames) in sizes {
         s3_frames::<Rgba8Unorm>(
             &ctx,
@@ -132,7 +131,6 @@ pub fn run(quick: bool, json: Option<&str>) -> Res<()> {
             name,
             "RGBA8",
             frames,
-            &mut frame,
         )?;
     }
     for &(w, h, name, frames) in sizes {
@@ -146,7 +144,6 @@ pub fn run(quick: bool, json: Option<&str>) -> Res<()> {
             name,
             "RGBA16F",
             frames,
-            &mut frame,
         )?;
     }
     s4_read_cost_by_layout(&ctx, &cuda, &copy_module, &linear, &mut report)?;
