@@ -377,6 +377,64 @@ fn s2_hand_off_latency(
             ("floor p99", floor_p99),
         );
     }
+    // The legs, to see what limits the hand-off.
+    let legs: [(&str, usize); 4] = [
+        ("leg: Vulkan queue signal -> host sees the counter", 0),
+        (
+            "leg: host vkSignalSemaphore -> CUDA wait + kernel -> host sees a CUDA event",
+            1,
+        ),
+        (
+            "leg: Vulkan queue signal -> CUDA wait + kernel -> host sees a CUDA event",
+            2,
+        ),
+        (
+            "leg: CUDA kernel + signal -> host sees the Vulkan counter",
+            3,
+        ),
+    ];
+    for (name, leg) in legs {
+        let mut t = Vec::new();
+        for i in 0..iterations + 20 {
+            value += 1;
+            let start = Instant::now();
+            match leg {
+                0 => {
+                    vk_signal(ctx, produced.raw(), value)?;
+                    produced.wait(value, WAIT_LIMIT, SPIN)?;
+                }
+                1 | 2 => {
+                    if leg == 1 {
+                        produced.signal(value)?;
+                    } else {
+                        vk_signal(ctx, produced.raw(), value)?;
+                    }
+                    cu_produced.wait(&stream, value)?;
+                    launch_store(&stream, &store, &target, i as u32)?;
+                    stream.record(&event)?;
+                    while !event.query()? {
+                        std::hint::spin_loop();
+                    }
+                }
+                _ => {
+                    launch_store(&stream, &store, &target, i as u32)?;
+                    cu_consumed.signal(&stream, value)?;
+                    consumed.wait(value, WAIT_LIMIT, SPIN)?;
+                }
+            }
+            if i >= 20 {
+                t.push(start.elapsed());
+            }
+        }
+        let p50 = us(quantile(&mut t, 0.5));
+        report.add_vs(
+            "S2",
+            format!("{name}: p50"),
+            p50,
+            "us",
+            ("floor p50", floor_p50),
+        );
+    }
     stream.synchronize(WAIT_LIMIT)?;
     Ok(())
 }
