@@ -45,7 +45,7 @@ pub(crate) struct LastUse {
     device: CudaDevice,
     /// Events (`DISABLE_TIMING`) of the current context, each recorded on a
     /// stream after an operation on the resource.
-    pending: Mutex<Vec<CUevent>>,
+    pending: Mutex<Events>,
     /// Set when a wait gave up or a use could not be recorded.
     gave_up: AtomicBool,
 }
@@ -60,7 +60,7 @@ unsafe impl Sync for LastUse {}
 impl fmt::Debug for LastUse {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LastUse")
-            .field("pending", &self.lock().len())
+            .field("pending", &self.lock().pending.len())
             .field("gave_up", &self.gave_up.load(Ordering::Relaxed))
             .finish()
     }
@@ -71,12 +71,12 @@ impl LastUse {
     pub(crate) fn new(device: &CudaDevice) -> LastUse {
         LastUse {
             device: device.clone(),
-            pending: Mutex::new(Vec::new()),
+            pending: Mutex::new(Events::default()),
             gave_up: AtomicBool::new(false),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<CUevent>> {
+    fn lock(&self) -> MutexGuard<'_, Events> {
         // The list stays consistent whatever panicked while holding it: an
         // event is pushed whole or not at all.
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
@@ -99,23 +99,9 @@ impl LastUse {
 
     fn record_event(&self, stream: &Stream) -> Result<()> {
         let _guard = self.device.enter()?;
-        let mut pending = self.lock();
         // An event whose query fails stays pending, and the destructor's
         // wait reports the error: this use is recorded either way.
-        let _ = forget_completed(&mut pending);
-        let mut event: CUevent = std::ptr::null_mut();
-        // SAFETY: the device's context is current; writes one event handle.
-        unsafe {
-            cu!(cuEventCreate(
-                &mut event,
-                CUevent_flags::CU_EVENT_DISABLE_TIMING.0
-            ))
-        }?;
-        // Kept before it is recorded, so that it is destroyed either way.
-        pending.push(event);
-        // SAFETY: a live event and a live stream, both of the current context
-        // (the caller checked the stream's device).
-        unsafe { cu!(cuEventRecord(event, stream.raw())) }
+        self.lock().record(stream)
     }
 
     /// Waits until every recorded use has completed, at most `limit`
@@ -127,14 +113,14 @@ impl LastUse {
                 "an earlier wait for its last use gave up, or a use could not be recorded".into(),
             ));
         }
-        if self.lock().is_empty() {
+        if self.lock().pending.is_empty() {
             return Ok(());
         }
         let waited = poll_until(limit, || {
             let _guard = self.device.enter()?;
-            let mut pending = self.lock();
-            forget_completed(&mut pending)?;
-            Ok(pending.is_empty())
+            let mut events = self.lock();
+            events.forget_completed()?;
+            Ok(events.pending.is_empty())
         });
         if waited.is_err() {
             self.gave_up.store(true, Ordering::Release);
@@ -154,49 +140,103 @@ impl LastUse {
     }
 }
 
-/// Destroys the events that have completed and drops them from the list;
-/// the first failed query is returned (its event stays in the list). The
-/// events' context must be current.
-fn forget_completed(pending: &mut Vec<CUevent>) -> Result<()> {
-    let mut first_error = Ok(());
-    pending.retain(|&event| {
-        // SAFETY: a live event of the current context, made by `record_event`.
-        match unsafe { cu_query!(cuEventQuery(event)) } {
-            Ok(true) => {
-                // SAFETY: a live event, complete, destroyed once and dropped
-                // from the list.
-                record_drop_error(unsafe { cu!(cuEventDestroy(event)) });
-                false
+/// How many completed events a list keeps for reuse: enough for the few
+/// streams a resource is used on at once; the rest are destroyed.
+const SPARE_EVENTS: usize = 4;
+
+/// The events of one resource (or one device's external waits): those
+/// recorded after work that may not have completed, and completed ones kept
+/// for the next record, so that a steady frame loop creates no events.
+#[derive(Default)]
+pub(crate) struct Events {
+    pending: Vec<CUevent>,
+    spare: Vec<CUevent>,
+}
+
+impl Events {
+    /// Records a spare (or new) event on `stream` and keeps it pending; first
+    /// moves the completed ones to the spares. An earlier event whose query
+    /// fails stays pending (the wait for it reports the error). The events'
+    /// context must be current, and `stream` must belong to it.
+    fn record(&mut self, stream: &Stream) -> Result<()> {
+        let _ = self.forget_completed();
+        let event = match self.spare.pop() {
+            Some(event) => event,
+            None => {
+                let mut event: CUevent = std::ptr::null_mut();
+                // SAFETY: the context is current (the caller's contract);
+                // writes one event handle.
+                unsafe {
+                    cu!(cuEventCreate(
+                        &mut event,
+                        CUevent_flags::CU_EVENT_DISABLE_TIMING.0
+                    ))
+                }?;
+                event
             }
-            Ok(false) => true,
-            Err(error) => {
-                if first_error.is_ok() {
-                    first_error = Err(error);
+        };
+        // Kept before it is recorded, so that it is destroyed either way.
+        self.pending.push(event);
+        // SAFETY: a live event and a live stream, both of the current context
+        // (the caller's contract). A spare has completed, so re-recording it
+        // loses no work anybody waits for.
+        unsafe { cu!(cuEventRecord(event, stream.raw())) }
+    }
+
+    /// Moves the events that have completed from the pending list to the
+    /// spares (destroying those beyond [`SPARE_EVENTS`]); the first failed
+    /// query is returned (its event stays pending). The context must be
+    /// current.
+    fn forget_completed(&mut self) -> Result<()> {
+        let mut first_error = Ok(());
+        let spare = &mut self.spare;
+        self.pending.retain(|&event| {
+            // SAFETY: a live event of the current context, made by `record`.
+            match unsafe { cu_query!(cuEventQuery(event)) } {
+                Ok(true) => {
+                    if spare.len() < SPARE_EVENTS {
+                        spare.push(event);
+                    } else {
+                        // SAFETY: a live event, complete, destroyed once and
+                        // dropped from the list.
+                        record_drop_error(unsafe { cu!(cuEventDestroy(event)) });
+                    }
+                    false
                 }
-                true
+                Ok(false) => true,
+                Err(error) => {
+                    if first_error.is_ok() {
+                        first_error = Err(error);
+                    }
+                    true
+                }
             }
+        });
+        first_error
+    }
+
+    /// Destroys every event, pending or spare. The context must be current.
+    fn destroy_all(&mut self) {
+        for event in self.pending.drain(..).chain(self.spare.drain(..)) {
+            // SAFETY: a live event of the current context, destroyed once. One
+            // still pending (its owner leaked the resource) is released by the
+            // driver when it completes, as cuEventDestroy documents.
+            record_drop_error(unsafe { cu!(cuEventDestroy(event)) });
         }
-    });
-    first_error
+    }
 }
 
 impl Drop for LastUse {
     fn drop(&mut self) {
-        let pending = std::mem::take(
-            self.pending
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
-        if pending.is_empty() {
+        let events = self
+            .pending
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        if events.pending.is_empty() && events.spare.is_empty() {
             return;
         }
         if let Ok(_guard) = self.device.enter() {
-            for event in pending {
-                // SAFETY: a live event of this context, destroyed once. One
-                // still pending (its owner leaked the resource) is released
-                // by the driver when it completes, as cuEventDestroy documents.
-                record_drop_error(unsafe { cu!(cuEventDestroy(event)) });
-            }
+            events.destroy_all();
         }
     }
 }
@@ -229,7 +269,7 @@ pub(crate) fn report_leak(resource: &str, why: &Error) {
 /// raw streams, are not seen here.
 #[derive(Default)]
 pub(crate) struct ExternalWaits {
-    pending: Mutex<Vec<CUevent>>,
+    pending: Mutex<Events>,
     /// A settle check gave up: later checks only look, without waiting.
     stuck: AtomicBool,
 }
@@ -243,34 +283,21 @@ impl fmt::Debug for ExternalWaits {
 }
 
 impl ExternalWaits {
-    fn lock(&self) -> MutexGuard<'_, Vec<CUevent>> {
+    fn lock(&self) -> MutexGuard<'_, Events> {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Records the external wait just enqueued on `stream`. The device's
     /// context must be current.
     pub(crate) fn record(&self, stream: &Stream) -> Result<()> {
-        let mut pending = self.lock();
-        let _ = forget_completed(&mut pending);
-        let mut event: CUevent = std::ptr::null_mut();
-        // SAFETY: the device's context is current (the caller's contract);
-        // writes one event handle.
-        unsafe {
-            cu!(cuEventCreate(
-                &mut event,
-                CUevent_flags::CU_EVENT_DISABLE_TIMING.0
-            ))
-        }?;
-        pending.push(event);
-        // SAFETY: a live event and a live stream of the current context.
-        unsafe { cu!(cuEventRecord(event, stream.raw())) }
+        self.lock().record(stream)
     }
 
     /// `Ok` once every recorded external wait of `device` has completed,
     /// waiting at most `limit` (no wait at all once a check has given up and
     /// a wait is still pending).
     pub(crate) fn settled(&self, device: &CudaDevice, limit: Duration) -> Result<()> {
-        if self.lock().is_empty() {
+        if self.lock().pending.is_empty() {
             return Ok(());
         }
         let limit = if self.stuck.load(Ordering::Acquire) {
@@ -280,9 +307,9 @@ impl ExternalWaits {
         };
         let waited = poll_until(limit, || {
             let _guard = device.enter()?;
-            let mut pending = self.lock();
-            forget_completed(&mut pending)?;
-            Ok(pending.is_empty())
+            let mut events = self.lock();
+            events.forget_completed()?;
+            Ok(events.pending.is_empty())
         });
         self.stuck.store(waited.is_err(), Ordering::Release);
         waited.map_err(|e| {
@@ -295,11 +322,7 @@ impl ExternalWaits {
 
     /// Destroys the events left (the context must be current).
     pub(crate) fn destroy_all(&self) {
-        for event in std::mem::take(&mut *self.lock()) {
-            // SAFETY: a live event of the current context, destroyed once;
-            // one still pending is released by the driver when it completes.
-            record_drop_error(unsafe { cu!(cuEventDestroy(event)) });
-        }
+        self.lock().destroy_all();
     }
 }
 
