@@ -212,11 +212,12 @@ impl Completion {
                 let start = Instant::now();
                 match spin_until(spin.min(timeout), query) {
                     Err(Error::Timeout(_)) => {
-                        block_until(fd, timeout.saturating_sub(start.elapsed()), query)
-                            .map_err(|e| match e {
+                        block_until(fd, timeout.saturating_sub(start.elapsed()), query).map_err(
+                            |e| match e {
                                 Error::Timeout(_) => Error::Timeout(timeout),
                                 other => other,
-                            })
+                            },
+                        )
                     }
                     other => other,
                 }

@@ -80,8 +80,8 @@ pub use memory::{
 };
 pub use semaphore::ExternalSemaphore;
 pub use stream::{DeviceBuffer, Event, Function, Module, Stream};
-pub use wait::HostWait;
 pub use vk_export::BinarySignal;
+pub use wait::HostWait;
 
 pub use cuda_interop_sys as sys;
 pub use vk_export;
