@@ -595,7 +595,9 @@ impl Event {
     }
 
     /// Waits until the event completes, at most `timeout` ([`Error::Timeout`]).
-    /// Polls `cuEventQuery` as [`Stream::synchronize`] polls its stream.
+    /// Polls `cuEventQuery` the [`HostWait::Poll`] way (spin, yield, then
+    /// sleeps of up to 1 ms); for a wait that sleeps until the work is done,
+    /// take a [`Stream::completion`] where the event is recorded.
     pub fn synchronize(&self, timeout: Duration) -> Result<()> {
         let _guard = self.device.enter()?;
         poll_until(timeout, || {
