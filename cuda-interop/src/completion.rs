@@ -14,7 +14,8 @@
 //!   still open. If the stream never reaches the host function (it is stuck
 //!   behind a semaphore wait nobody signals), that reference, the eventfd and
 //!   one small allocation are leaked: one fd per such completion, never a
-//!   use after free.
+//!   use after free. The same holds when `cuLaunchHostFunc` itself fails
+//!   (the driver may still hold the function): the reference is left to it.
 //! * The host function calls no CUDA function (the driver forbids it): it
 //!   only writes the eventfd and drops its reference (closing the fd when it
 //!   is the last one).
