@@ -1,37 +1,161 @@
-//! Benchmark: how fast does a host thread see a value that a CUDA stream
-//! signals on a Vulkan timeline semaphore?
+//! Benchmark: how soon, and at what CPU cost, does a host thread learn that
+//! GPU work has finished, for each way of waiting?
 //!
-//! Each iteration enqueues a short kernel and a timeline signal on a CUDA
-//! stream, then waits on the host. Measured in the same run:
-//! * baseline: `Stream::synchronize`, CUDA's own view of the same work (it
-//!   polls `cuStreamQuery`: spin, yield, then short sleeps);
-//! * `WaitStrategy::Block`: `vkWaitSemaphores`;
-//! * `WaitStrategy::ADAPTIVE`: spin, yield, then poll `vkGetSemaphoreCounterValue`.
+//! For GPU work of 20 µs, 200 µs and 2 ms (the `spin_ns` kernel of
+//! [`kernels`], one thread spinning on `%globaltimer`), each iteration
+//! launches the kernel and waits for it on the host, with:
+//!
+//! * `Spin`: [`HostWait::Spin`], a `cuStreamQuery` loop (the floor);
+//! * `cuEventSynchronize (raw)`: a `CU_EVENT_BLOCKING_SYNC` event recorded
+//!   after the kernel and `cuEventSynchronize` called directly. **A
+//!   benchmark baseline only**: it is unbounded, which the crate's contract
+//!   forbids (work behind a semaphore wait nobody signals never completes);
+//! * `Block`: [`HostWait::Block`], a host function (`cuLaunchHostFunc`)
+//!   writing an eventfd, and `poll()`;
+//! * `Adaptive (default)`: [`HostWait::ADAPTIVE`], spin 50 µs then block;
+//! * `Poll (old)`: [`HostWait::Poll`], the crate's earlier spin/yield/sleep;
+//! * `Vulkan counter poll`: the kernel is followed by a CUDA signal of a
+//!   Vulkan timeline semaphore, waited for with `WaitStrategy::ADAPTIVE`.
+//!
+//! The crate's strategies are measured through
+//! [`Stream::synchronize_with`], so what they enqueue (a completion) is in
+//! the measurement.
+//!
+//! **Latency after the kernel's end** = (host time from just before the
+//! launch to the wait's return) − (the kernel's own duration, measured on
+//! the device from `%globaltimer` at its start and end). It therefore also
+//! holds the launch latency (enqueue to kernel start), the same for every
+//! method: the `Spin` row is the floor, and the ratios compare against it.
+//! **CPU** is `getrusage(RUSAGE_SELF)` user + system time over the same
+//! windows (so driver threads count) divided by their wall time, in % of one
+//! core.
+//!
+//! Goals checked at the end: work ≤ 50 µs (the 20 µs case): `Adaptive` p50
+//! within 1.5x of `Spin`'s; work ≥ 1 ms (the 2 ms case): `Adaptive` at most
+//! 5 % of a core; and no `Adaptive` wait ends 10 ms or more late.
 //!
 //! ```text
-//! cargo run --release -p cuda-interop --example host_wait -- [ITERATIONS]
+//! cargo run --release -p cuda-interop --example host_wait -- [ITERATIONS] [--json PATH]
 //! ```
+//!
+//! The JSON goes to `--json PATH`, else `$HOST_WAIT_JSON`, else
+//! `$OUT/host_wait.json` when `$OUT` is set.
 
 use std::ffi::c_void;
+use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use cuda_interop::{kernels, CudaDevice, DeviceBuffer, Module, Stream};
+use cuda_interop::sys::{CUresult, Driver};
+use cuda_interop::{kernels, CudaDevice, DeviceBuffer, Event, HostWait, Module, Stream};
 use vk_export::{Context, HeadlessOptions, TimelineSemaphore, Validation, WaitStrategy};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
+/// Warm-up iterations per (work, method), not measured.
+const WARM_UP: usize = 20;
+/// The bound on every bounded wait here.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Method {
+    Spin,
+    EventSynchronize,
+    Block,
+    Adaptive,
+    Poll,
+    VulkanCounter,
+}
+
+impl Method {
+    const ALL: [Method; 6] = [
+        Method::Spin,
+        Method::EventSynchronize,
+        Method::Block,
+        Method::Adaptive,
+        Method::Poll,
+        Method::VulkanCounter,
+    ];
+    fn name(self) -> &'static str {
+        match self {
+            Method::Spin => "Spin (cuStreamQuery loop)",
+            Method::EventSynchronize => "cuEventSynchronize (raw, unbounded)",
+            Method::Block => "Block (hostfunc + eventfd)",
+            Method::Adaptive => "Adaptive (default, 50 us spin)",
+            Method::Poll => "Poll (old spin/yield/sleep)",
+            Method::VulkanCounter => "Vulkan counter poll (ADAPTIVE)",
+        }
+    }
+    fn key(self) -> &'static str {
+        match self {
+            Method::Spin => "spin",
+            Method::EventSynchronize => "cu_event_synchronize_raw",
+            Method::Block => "block",
+            Method::Adaptive => "adaptive_default",
+            Method::Poll => "poll_old",
+            Method::VulkanCounter => "vulkan_counter_poll",
+        }
+    }
+}
+
+/// One (work, method) cell.
+struct Row {
+    work: Duration,
+    method: Method,
+    /// Latency after the kernel's end, per iteration, sorted.
+    latency: Vec<Duration>,
+    /// CPU time / wall time over the wait windows, in % of one core.
+    cpu_percent: f64,
+}
+
+impl Row {
+    fn quantile(&self, q: f64) -> Duration {
+        self.latency[((self.latency.len() as f64 - 1.0) * q).round() as usize]
+    }
+    fn max(&self) -> Duration {
+        *self.latency.last().unwrap()
+    }
+}
+
+/// User + system CPU time of the whole process (every thread, the driver's
+/// included).
+fn cpu_time() -> Duration {
+    // SAFETY: an all-zero `rusage` is a valid value of the plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a live, writable rusage; RUSAGE_SELF is valid.
+    let status = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    assert_eq!(status, 0, "getrusage failed");
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
 fn main() -> Res<()> {
-    let iterations: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(300);
+    let mut args = std::env::args().skip(1);
+    let mut iterations = 300usize;
+    let mut json_path = std::env::var_os("HOST_WAIT_JSON").map(std::path::PathBuf::from);
+    while let Some(arg) = args.next() {
+        if arg == "--json" {
+            json_path = Some(args.next().ok_or("--json needs a path")?.into());
+        } else {
+            iterations = arg.parse()?;
+        }
+    }
+    if json_path.is_none() {
+        json_path =
+            std::env::var_os("OUT").map(|d| std::path::Path::new(&d).join("host_wait.json"));
+    }
+
     let ctx = Context::headless(&HeadlessOptions {
         validation: Validation::Off, // measure the driver, not the layer
         ..Default::default()
     })?;
     let cuda = CudaDevice::for_vulkan(&ctx)?;
+    let driver = cuda_interop::driver_version()?;
     println!(
-        "{} / CUDA [{}] {}",
+        "{} / CUDA [{}] {} / driver {driver:?}",
         ctx.identity().name,
         cuda.ordinal(),
         cuda.name()
@@ -39,88 +163,201 @@ fn main() -> Res<()> {
     let timeline = TimelineSemaphore::new(&ctx)?;
     let cuda_timeline = cuda.import_semaphore(&timeline)?;
     let module = Module::load_ptx(&cuda, kernels::PTX)?;
-    let xor = module.function("xor_bytes")?;
+    let spin = module.function("spin_ns")?;
     let stream = Stream::new(&cuda)?;
-    let len = 1usize << 20;
-    let buffer = DeviceBuffer::new(&cuda, len)?;
+    let blocking_event = Event::new_blocking_sync(&cuda)?;
+    let event_synchronize = Driver::global()
+        .map_err(|e| e.to_string())?
+        .fns()
+        .cuEventSynchronize
+        .ok_or("the driver has no cuEventSynchronize")?;
+    let slots = iterations + WARM_UP;
+    let stamps = DeviceBuffer::new(&cuda, slots * 16)?;
     let mut value = 0u64;
 
-    let mut enqueue = || -> Res<u64> {
-        let (mut ptr, mut n, mut key) = (buffer.device_ptr(), len as u64, 1u32);
-        let mut args: [*mut c_void; 3] = [
-            (&mut ptr as *mut u64).cast(),
-            (&mut n as *mut u64).cast(),
-            (&mut key as *mut u32).cast(),
-        ];
-        // SAFETY: xor_bytes(u64, u64, u32) over the buffer's `len` bytes.
-        unsafe {
-            stream.launch(
-                &xor,
-                [(len as u32).div_ceil(256), 1, 1],
-                [256, 1, 1],
-                0,
-                &mut args,
-            )
-        }?;
-        value += 1;
-        cuda_timeline.signal(&stream, value)?;
-        Ok(value)
-    };
-
-    let measure = |wait: &mut dyn FnMut(u64) -> Res<()>,
-                   enqueue: &mut dyn FnMut() -> Res<u64>|
-     -> Res<Vec<Duration>> {
-        let mut t = Vec::with_capacity(iterations);
-        for i in 0..iterations + 30 {
-            let v = enqueue()?;
-            let start = Instant::now();
-            wait(v)?;
-            if i >= 30 {
-                t.push(start.elapsed());
+    let works = [
+        Duration::from_micros(20),
+        Duration::from_micros(200),
+        Duration::from_millis(2),
+    ];
+    let mut rows = Vec::new();
+    let run_start = Instant::now();
+    for work in works {
+        for method in Method::ALL {
+            let mut windows = Vec::with_capacity(iterations);
+            let mut cpu = Duration::ZERO;
+            let mut wall = Duration::ZERO;
+            for i in 0..slots {
+                let (mut ns, mut out) =
+                    (work.as_nanos() as u64, stamps.device_ptr() + 16 * i as u64);
+                let mut kernel_args: [*mut c_void; 2] =
+                    [(&mut ns as *mut u64).cast(), (&mut out as *mut u64).cast()];
+                let cpu0 = cpu_time();
+                let start = Instant::now();
+                // SAFETY: spin_ns(u64 ns, u64 out) writes two u64 at `out`,
+                // slot i of `stamps`, which lives until the end of main, after
+                // the last synchronize.
+                unsafe { stream.launch(&spin, [1, 1, 1], [1, 1, 1], 0, &mut kernel_args) }?;
+                match method {
+                    Method::Spin => stream.synchronize_with(HostWait::Spin, TIMEOUT)?,
+                    Method::Block => stream.synchronize_with(HostWait::Block, TIMEOUT)?,
+                    Method::Adaptive => stream.synchronize_with(HostWait::ADAPTIVE, TIMEOUT)?,
+                    Method::Poll => stream.synchronize_with(HostWait::Poll, TIMEOUT)?,
+                    Method::EventSynchronize => {
+                        stream.record(&blocking_event)?;
+                        let _guard = cuda.enter()?;
+                        // SAFETY: a live event of the device's context, which
+                        // the guard keeps current; recorded just after a
+                        // kernel that always ends (benchmark only: unbounded).
+                        let status = unsafe { event_synchronize(blocking_event.raw()) };
+                        if status != CUresult::CUDA_SUCCESS {
+                            return Err(format!("cuEventSynchronize: {status:?}").into());
+                        }
+                    }
+                    Method::VulkanCounter => {
+                        value += 1;
+                        cuda_timeline.signal(&stream, value)?;
+                        timeline.wait(value, TIMEOUT, WaitStrategy::ADAPTIVE)?;
+                    }
+                }
+                let window = start.elapsed();
+                let used = cpu_time() - cpu0;
+                if i >= WARM_UP {
+                    windows.push(window);
+                    cpu += used;
+                    wall += window;
+                }
             }
+            stream.synchronize(TIMEOUT)?;
+            let mut raw = vec![0u8; slots * 16];
+            stream.copy_to_host(&stamps, &mut raw)?;
+            let word = |at: usize| u64::from_ne_bytes(raw[at..at + 8].try_into().unwrap());
+            let mut latency: Vec<Duration> = windows
+                .iter()
+                .enumerate()
+                .map(|(n, window)| {
+                    let slot = (n + WARM_UP) * 16;
+                    let kernel = Duration::from_nanos(word(slot + 8).saturating_sub(word(slot)));
+                    window.saturating_sub(kernel)
+                })
+                .collect();
+            latency.sort();
+            rows.push(Row {
+                work,
+                method,
+                latency,
+                cpu_percent: 100.0 * cpu.as_secs_f64() / wall.as_secs_f64(),
+            });
         }
-        Ok(t)
-    };
+    }
+    let took = run_start.elapsed();
 
-    let mut baseline = measure(
-        &mut |_| Ok(stream.synchronize(stream.timeout())?),
-        &mut enqueue,
-    )?;
-    let timeout = Duration::from_secs(10);
-    let mut block = measure(
-        &mut |v| Ok(timeline.wait(v, timeout, WaitStrategy::Block)?),
-        &mut enqueue,
-    )?;
-    let mut poll = measure(
-        &mut |v| Ok(timeline.wait(v, timeout, WaitStrategy::ADAPTIVE)?),
-        &mut enqueue,
-    )?;
-    stream.synchronize(stream.timeout())?;
-
-    let med = |t: &mut Vec<Duration>| {
-        t.sort();
-        t[t.len() / 2].as_secs_f64()
+    // The table.
+    println!(
+        "\nhost wake-up after GPU work ends: {iterations} iterations per cell after {WARM_UP} warm-up, {took:.1?} in all"
+    );
+    println!("latency = host wait window (launch -> wait returns) - kernel duration (device %globaltimer); includes launch latency, as the Spin floor does");
+    println!(
+        "{:>7}  {:36} {:>9} {:>9} {:>9} {:>7} {:>9}",
+        "work", "method", "p50 us", "p99 us", "max us", "CPU %", "p50/spin"
+    );
+    let floor = |work: Duration| {
+        rows.iter()
+            .find(|r| r.work == work && r.method == Method::Spin)
+            .map(|r| r.quantile(0.5))
+            .unwrap()
     };
-    let (b0, b1, b2) = (med(&mut baseline), med(&mut block), med(&mut poll));
-    println!("host wake-up after a CUDA signal, {iterations} iterations after 30 warm-up (1 MiB kernel + signal each):");
-    for (name, t) in [
-        ("Stream::synchronize (baseline)", &mut baseline),
-        ("vkWaitSemaphores (Block)", &mut block),
-        ("counter poll (ADAPTIVE)", &mut poll),
-    ] {
-        let q = |f: f64| t[((t.len() as f64 - 1.0) * f) as usize].as_secs_f64() * 1e6;
+    for row in &rows {
         println!(
-            "  {name:32} p50 {:9.1} us  p90 {:9.1} us  p99 {:9.1} us",
-            q(0.5),
-            q(0.9),
-            q(0.99)
+            "{:>7}  {:36} {:9.1} {:9.1} {:9.1} {:7.1} {:9.2}",
+            format!("{:?}", row.work),
+            row.method.name(),
+            us(row.quantile(0.5)),
+            us(row.quantile(0.99)),
+            us(row.max()),
+            row.cpu_percent,
+            row.quantile(0.5).as_secs_f64() / floor(row.work).as_secs_f64()
         );
     }
-    println!(
-        "ratios (median): Block / baseline = {:.2}, ADAPTIVE / baseline = {:.2}, Block / ADAPTIVE = {:.1}",
-        b1 / b0,
-        b2 / b0,
-        b1 / b2
-    );
+
+    // The goals, for the default strategy.
+    let cell = |work: Duration, method: Method| {
+        rows.iter()
+            .find(|r| r.work == work && r.method == method)
+            .unwrap()
+    };
+    let short = cell(works[0], Method::Adaptive);
+    let short_ratio = short.quantile(0.5).as_secs_f64() / floor(works[0]).as_secs_f64();
+    let long = cell(works[2], Method::Adaptive);
+    let worst = rows
+        .iter()
+        .filter(|r| r.method == Method::Adaptive)
+        .map(Row::max)
+        .max()
+        .unwrap();
+    let goals = [
+        (
+            "work <= 50 us: Adaptive p50 within 1.5x of the spin floor",
+            short_ratio <= 1.5,
+            format!("{short_ratio:.2}x"),
+        ),
+        (
+            "work >= 1 ms: Adaptive at most 5% of a core",
+            long.cpu_percent <= 5.0,
+            format!("{:.1}%", long.cpu_percent),
+        ),
+        (
+            "never a 10 ms path: every Adaptive wait under 10 ms late",
+            worst < Duration::from_millis(10),
+            format!("max {:.1} us", us(worst)),
+        ),
+    ];
+    println!("\ngoals (Adaptive, the default):");
+    for (goal, held, measured) in &goals {
+        println!(
+            "  [{}] {goal} ({measured})",
+            if *held { "holds" } else { "MISSED" }
+        );
+    }
+
+    if let Some(path) = json_path {
+        let mut json = String::new();
+        write!(
+            json,
+            "{{\"device\":{:?},\"driver\":{:?},\"iterations\":{iterations},\"warm_up\":{WARM_UP},\
+             \"latency\":\"host window (launch to return) minus device-measured kernel duration\",\
+             \"cpu\":\"getrusage(RUSAGE_SELF) user+sys over the windows / their wall time, % of one core\",\
+             \"seconds\":{:.3},\"rows\":[",
+            cuda.name(),
+            format!("{driver:?}"),
+            took.as_secs_f64()
+        )?;
+        for (n, row) in rows.iter().enumerate() {
+            write!(
+                json,
+                "{}{{\"work_us\":{},\"method\":\"{}\",\"p50_us\":{:.2},\"p99_us\":{:.2},\"max_us\":{:.2},\
+                 \"cpu_percent\":{:.2},\"p50_over_spin\":{:.3}}}",
+                if n == 0 { "" } else { "," },
+                row.work.as_micros(),
+                row.method.key(),
+                us(row.quantile(0.5)),
+                us(row.quantile(0.99)),
+                us(row.max()),
+                row.cpu_percent,
+                row.quantile(0.5).as_secs_f64() / floor(row.work).as_secs_f64()
+            )?;
+        }
+        json.push_str("],\"goals\":[");
+        for (n, (goal, held, measured)) in goals.iter().enumerate() {
+            write!(
+                json,
+                "{}{{\"goal\":{goal:?},\"holds\":{held},\"measured\":{measured:?}}}",
+                if n == 0 { "" } else { "," }
+            )?;
+        }
+        json.push_str("]}\n");
+        std::fs::write(&path, json)?;
+        println!("JSON written to {}", path.display());
+    }
     Ok(())
 }

@@ -10,6 +10,10 @@
 //!   Launch with 256-thread blocks covering `len`.
 //! * `store_u32(ptr: u64, value: u32)`: one thread stores `value` at `ptr`
 //!   (used by the tests to inject an illegal-address fault).
+//! * `spin_ns(ns: u64, out: u64)`: spins on `%globaltimer` until `ns`
+//!   nanoseconds have passed (GPU work of a known length, for host-wait
+//!   tests and benchmarks); if `out` is not 0, stores the start and end
+//!   `%globaltimer` values (two `u64`, nanoseconds) there. Launch one thread.
 
 /// The PTX of the crate's array <-> linear copy kernels
 /// (`array_to_linear_{4,8,16}b_r{1,4,8}`, `linear_to_array_…`), generated
@@ -116,6 +120,26 @@ DONE:
     ld.param.u64 %rd1, [ptr];
     ld.param.u32 %r1, [value];
     st.global.u32 [%rd1], %r1;
+    ret;
+}
+
+.visible .entry spin_ns(.param .u64 ns, .param .u64 out)
+{
+    .reg .pred %p<3>;
+    .reg .b64 %rd<6>;
+    ld.param.u64 %rd1, [ns];
+    ld.param.u64 %rd2, [out];
+    mov.u64 %rd3, %globaltimer;
+    add.u64 %rd4, %rd3, %rd1;
+SPIN:
+    mov.u64 %rd5, %globaltimer;
+    setp.lt.u64 %p1, %rd5, %rd4;
+    @%p1 bra SPIN;
+    setp.eq.u64 %p2, %rd2, 0;
+    @%p2 bra DONE;
+    st.global.u64 [%rd2], %rd3;
+    st.global.u64 [%rd2+8], %rd5;
+DONE:
     ret;
 }
 "#;

@@ -56,6 +56,7 @@
 //! Linux driver `vkWaitSemaphores` wakes ~10 ms late for CUDA signals, while
 //! polling the counter sees them within microseconds.
 
+mod completion;
 mod copy_ptx;
 mod device;
 pub mod dlpack;
@@ -69,6 +70,7 @@ mod semaphore;
 mod stream;
 mod wait;
 
+pub use completion::Completion;
 pub use device::{list_devices, ContextGuard, CudaDevice, DeviceListing};
 pub use driver::{driver_version, drop_errors};
 pub use error::{DriverError, Error, ImportError, Result};
@@ -80,6 +82,7 @@ pub use memory::{
 pub use semaphore::ExternalSemaphore;
 pub use stream::{DeviceBuffer, Event, Function, Module, Stream};
 pub use vk_export::BinarySignal;
+pub use wait::HostWait;
 
 pub use cuda_interop_sys as sys;
 pub use vk_export;

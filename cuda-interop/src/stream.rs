@@ -4,9 +4,15 @@
 //! # Contract
 //!
 //! * **Every host wait is bounded.** [`Stream::synchronize`] and
-//!   [`Event::synchronize`] take a timeout and poll; a [`Stream`]'s blocking
-//!   helpers use the stream's own [`Stream::timeout`]. Nothing here calls
+//!   [`Event::synchronize`] take a timeout; a [`Stream`]'s blocking helpers
+//!   use the stream's own [`Stream::timeout`]. Nothing here calls
 //!   `cuCtxSynchronize`, `cuStreamSynchronize` or `cuEventSynchronize`.
+//! * **Stream waits use a [`HostWait`]**, [`HostWait::ADAPTIVE`] unless told
+//!   ([`Stream::synchronize_with`]): spin 50 µs on `cuStreamQuery`, then
+//!   sleep on the eventfd of a [`Completion`] enqueued behind the work. A
+//!   stream keeps its last such completion while it is pending and waits on
+//!   it again rather than enqueueing another, so repeated timed-out waits
+//!   on a stuck stream hold one eventfd, not one each.
 //! * **Copies to or from host memory drain the stream first.** For pageable
 //!   host memory, `cuMemcpyDtoHAsync` blocks inside the driver until the copy
 //!   is done, so a copy queued behind a semaphore wait nobody signals would
@@ -23,21 +29,22 @@
 //! * A stream is used only with resources of its own device; another
 //!   device's is refused with [`Error::DeviceMismatch`] before any call.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_void, CString};
 use std::marker::PhantomData;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cuda_interop_sys::{
     CUdeviceptr, CUevent, CUevent_flags, CUfunction, CUmodule, CUstream, CUstream_flags,
 };
 
+use crate::completion::Completion;
 use crate::device::CudaDevice;
 use crate::driver::{cu, cu_query, record_drop_error};
 use crate::error::{Error, Result};
 use crate::last_use::{device_settled, report_leak, LastUse};
 use crate::memory::DeviceSlice;
-use crate::wait::poll_until;
+use crate::wait::{poll_until, spin_until, HostWait};
 
 /// A CUDA stream in the paired device's primary context.
 ///
@@ -52,6 +59,9 @@ pub struct Stream {
     device: CudaDevice,
     stream: CUstream,
     timeout: Duration,
+    /// The completion the last blocked wait enqueued, while it may be
+    /// pending: the next wait waits on it before enqueueing another.
+    marker: RefCell<Option<Completion>>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -78,6 +88,7 @@ impl Stream {
             device: device.clone(),
             stream,
             timeout: Stream::DEFAULT_TIMEOUT,
+            marker: RefCell::new(None),
             _not_sync: PhantomData,
         })
     }
@@ -111,15 +122,112 @@ impl Stream {
     }
 
     /// Waits until all work enqueued so far is done, at most `timeout`
-    /// ([`Error::Timeout`]; the work stays enqueued). Polls `cuStreamQuery`:
-    /// spins about 20 µs, then yields, then sleeps in short steps.
+    /// ([`Error::Timeout`]; the work stays enqueued), with the default
+    /// strategy [`HostWait::ADAPTIVE`]: spins 50 µs on `cuStreamQuery`, then
+    /// enqueues a [`Completion`] and sleeps in `poll()` on its eventfd
+    /// (waking every 100 ms to query the driver). See
+    /// [`Stream::synchronize_with`].
     pub fn synchronize(&self, timeout: Duration) -> Result<()> {
+        self.synchronize_with(HostWait::default(), timeout)
+    }
+
+    /// Waits until all work enqueued so far is done, at most `timeout`
+    /// ([`Error::Timeout`]; the work stays enqueued), the way `strategy`
+    /// says.
+    ///
+    /// Work that is already done returns at once, with nothing enqueued.
+    /// [`HostWait::Block`] (and [`HostWait::Adaptive`] once its spin is
+    /// over) enqueues a [`Completion`] behind the work and sleeps on its
+    /// eventfd; if that one is still pending when the wait times out, the
+    /// stream keeps it and the next wait sleeps on it again, so a stuck
+    /// stream holds one eventfd however often it is waited for. If no
+    /// eventfd can be made (the fd limit), a blocking wait falls back to
+    /// [`HostWait::Poll`].
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use cuda_interop::{CudaDevice, HostWait, Stream};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let ctx = vk_export::Context::headless(&Default::default())?;
+    /// let stream = Stream::new(&CudaDevice::for_vulkan(&ctx)?)?;
+    /// // ... enqueue a long kernel ...
+    /// stream.synchronize_with(HostWait::Block, Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn synchronize_with(&self, strategy: HostWait, timeout: Duration) -> Result<()> {
         let _guard = self.device.enter()?;
-        poll_until(timeout, || {
+        let start = Instant::now();
+        let query = || {
             // SAFETY: a live stream of the current context (the guard above
             // lives across the whole wait, on this thread).
             unsafe { cu_query!(cuStreamQuery(self.stream)) }
-        })
+        };
+        match strategy {
+            HostWait::Spin => spin_until(timeout, query),
+            HostWait::Poll => poll_until(timeout, query),
+            HostWait::Block => self.block(start, timeout, query),
+            HostWait::Adaptive { spin } => match spin_until(spin.min(timeout), query) {
+                Err(Error::Timeout(_)) => self.block(start, timeout, query),
+                other => other,
+            },
+        }
+    }
+
+    /// The blocking part of a stream wait that began at `start`: sleep on a
+    /// completion behind the stream's work (the pending one kept from an
+    /// earlier wait, else a new one) until the stream is idle.
+    fn block(
+        &self,
+        start: Instant,
+        timeout: Duration,
+        mut query: impl FnMut() -> Result<bool>,
+    ) -> Result<()> {
+        loop {
+            if query()? {
+                return Ok(());
+            }
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Err(Error::Timeout(timeout));
+            }
+            let kept = self.marker.take();
+            let marker = match kept {
+                // Still pending, so it is not behind anything newer than the
+                // stream's current work: a lower bound worth waiting for.
+                Some(marker) if !marker.is_signalled()? => marker,
+                _ => match Completion::new(self) {
+                    Ok(marker) => marker,
+                    Err(Error::Unsupported(_) | Error::MissingFunction(_)) => {
+                        return poll_until(left, query).map_err(|e| match e {
+                            Error::Timeout(_) => Error::Timeout(timeout),
+                            other => other,
+                        })
+                    }
+                    Err(e) => return Err(e),
+                },
+            };
+            match marker.wait_with(HostWait::Block, left) {
+                // The stream may hold work enqueued after the marker: query again.
+                Ok(()) => continue,
+                Err(Error::Timeout(_)) => {
+                    self.marker.replace(Some(marker));
+                    return Err(Error::Timeout(timeout));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Marks the work enqueued on this stream so far: a [`Completion`] to
+    /// query, wait for (bounded, with any [`HostWait`]) or watch as an fd,
+    /// on any thread.
+    ///
+    /// Enqueues an event record and a host function (`cuLaunchHostFunc`)
+    /// that writes the completion's eventfd. If the stream never gets there
+    /// (stuck behind a semaphore wait nobody signals), the host function's
+    /// eventfd is leaked: one fd per such completion.
+    pub fn completion(&self) -> Result<Completion> {
+        Completion::new(self)
     }
 
     /// Refuses resources of another device.
@@ -487,7 +595,9 @@ impl Event {
     }
 
     /// Waits until the event completes, at most `timeout` ([`Error::Timeout`]).
-    /// Polls `cuEventQuery` as [`Stream::synchronize`] polls its stream.
+    /// Polls `cuEventQuery` the [`HostWait::Poll`] way (spin, yield, then
+    /// sleeps of up to 1 ms); for a wait that sleeps until the work is done,
+    /// take a [`Stream::completion`] where the event is recorded.
     pub fn synchronize(&self, timeout: Duration) -> Result<()> {
         let _guard = self.device.enter()?;
         poll_until(timeout, || {

@@ -32,7 +32,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use ash::vk;
-use cuda_interop::{sys, CudaDevice, DeviceBuffer, Error as CudaError, Stream, DROP_WAIT_LIMIT};
+use cuda_interop::{
+    sys, CudaDevice, DeviceBuffer, Error as CudaError, HostWait, Stream, DROP_WAIT_LIMIT,
+};
 use cuda_interop_tests::sample::ImageFields;
 use cuda_interop_tests::{
     assert_no_validation_errors, open_fd_count, pattern, sample, tamper, vulkan, TIMEOUT,
@@ -1125,6 +1127,7 @@ mod fake {
  * imports fail, make enqueued work take time, lower device limits, and
  * choose the devices and their UUIDs (fake_cuda_set*). No GPU is touched:
  * mapped "device" memory is host memory. */
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -1150,6 +1153,7 @@ enum {
     INVALID_CONTEXT = 201,
     INVALID_HANDLE = 400,
     NOT_READY = 600,
+    NOT_PERMITTED = 800,
     NOT_SUPPORTED = 801,
     UNKNOWN = 999,
 };
@@ -1265,6 +1269,8 @@ static int retained[4];
 
 static __thread CUcontext stack[64];
 static __thread int depth;
+/* Set while a host function (cuLaunchHostFunc) runs on this thread: CUDA calls are refused. */
+static __thread int in_host_function;
 
 static long long now_ns(void) {
     struct timespec t;
@@ -1336,6 +1342,10 @@ static int all_zero(const unsigned int *words, int n) {
 
 /* A call that needs a current context, on an object of `kind` (or none). */
 static CUresult need(Obj *o, int kind, const char *call) {
+    if (in_host_function) {
+        say("%s error=cuda-call-in-host-function", call);
+        return NOT_PERMITTED;
+    }
     if (!current()) {
         say("%s error=no-current-context", call);
         return INVALID_CONTEXT;
@@ -1448,6 +1458,7 @@ static const char *name_of(CUresult r) {
     case INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
     case INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
     case NOT_READY: return "CUDA_ERROR_NOT_READY";
+    case NOT_PERMITTED: return "CUDA_ERROR_NOT_PERMITTED";
     case NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
     case UNKNOWN: return "CUDA_ERROR_UNKNOWN";
     default: return NULL;
@@ -1828,6 +1839,51 @@ CUresult cuEventDestroy_v2(void *e) {
     CUresult r = need(ev, K_EVENT, "cuEventDestroy");
     if (r) return r;
     unmake(ev);
+    return OK;
+}
+
+/* Host functions: each runs on a thread of its own once the stream's work
+ * enqueued before it has completed (its busy_until at the launch), with no
+ * context current and CUDA calls refused; one behind work that never
+ * completes is never called. */
+typedef void (*HostFn)(void *);
+typedef struct { HostFn fn; void *data; long long at; } HostCall;
+
+static void *run_host_function(void *p) {
+    HostCall *c = p;
+    struct timespec at = { (time_t)(c->at / 1000000000LL), (long)(c->at % 1000000000LL) };
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL) == EINTR) {}
+    say("host_function_ran late_us=%lld", (now_ns() - c->at) / 1000);
+    in_host_function = 1;
+    c->fn(c->data);
+    in_host_function = 0;
+    say("host_function_returned");
+    free(c);
+    return NULL;
+}
+
+CUresult cuLaunchHostFunc(void *stream, HostFn fn, void *data) {
+    Obj *s = stream;
+    CUresult r = need(s, K_STREAM, "cuLaunchHostFunc");
+    if (r) return r;
+    if (!fn) return INVALID_VALUE;
+    long long at = s->busy_until;
+    say("cuLaunchHostFunc ctx=%p never=%d", current(), at == INT64_MAX);
+    if (at == INT64_MAX) return OK;
+    HostCall *c = malloc(sizeof *c);
+    c->fn = fn;
+    c->data = data;
+    c->at = at;
+    pthread_attr_t attr;
+    pthread_t thread;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int failed = pthread_create(&thread, &attr, run_host_function, c);
+    pthread_attr_destroy(&attr);
+    if (failed) {
+        free(c);
+        return UNKNOWN;
+    }
     return OK;
 }
 
@@ -3043,6 +3099,263 @@ fn child_fake_pending_work() {
     // The stream stays stuck for ever; its drop would leak it as well
     // (gpu.rs shows that on the GPU).
     std::mem::forget(stuck);
+}
+
+/// How many eventfds this process has open (completions' signals).
+fn eventfds() -> usize {
+    fd_table()
+        .values()
+        .filter(|target| target.to_string_lossy() == "anon_inode:[eventfd]")
+        .count()
+}
+
+/// Whether `fd` is readable within `within`.
+fn readable_within(fd: impl AsFd, within: Duration) -> bool {
+    let timeout = rustix::event::Timespec {
+        tv_sec: within.as_secs() as i64,
+        tv_nsec: within.subsec_nanos().into(),
+    };
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    rustix::event::poll(&mut fds, Some(&timeout)).unwrap() == 1
+}
+
+/// Waits (bounded) until the fake has returned from `n` host functions.
+fn host_functions_returned(fake: &fake::Fake, n: usize) {
+    let start = Instant::now();
+    while fake.calls("host_function_returned").len() < n {
+        assert!(start.elapsed() < TIMEOUT, "{}", fake.log());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Every host-wait strategy, the default first.
+const STRATEGIES: [HostWait; 5] = [
+    HostWait::ADAPTIVE,
+    HostWait::Spin,
+    HostWait::Block,
+    HostWait::Adaptive {
+        spin: Duration::from_millis(20),
+    },
+    HostWait::Poll,
+];
+
+/// Host waits against the fake driver, whose host functions
+/// (`cuLaunchHostFunc`) run on a thread of their own when the stream's
+/// earlier work completes, with CUDA calls refused: a completion's fd
+/// becomes readable when its work completes and not before, `is_done`
+/// agrees, every strategy returns `Ok` on completed work and waits for
+/// pending work, from another thread too, and the eventfd is closed once
+/// both the completion and its host function are done with it.
+#[test]
+fn a_completion_becomes_readable_when_its_work_completes_and_every_strategy_sees_it() {
+    let _serial = serial();
+    fake::run("child_fake_completions", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of faults.rs, with a fake libcuda: run by a_completion_becomes_readable_when_its_work_completes_and_every_strategy_sees_it"]
+fn child_fake_completions() {
+    let fake = fake::Fake::open();
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let errors = cuda_interop::drop_errors();
+    let stream = Stream::new(&cuda).unwrap();
+    // SAFETY: the driver is the fake: it records, holds the fd, reads nothing.
+    let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    let mut value = 0;
+    let mut enqueue = |latency: Duration| {
+        fake.set("latency_ms", latency.as_millis() as i64);
+        value += 1;
+        semaphore.signal(&stream, value).unwrap();
+    };
+    let before = eventfds();
+
+    // Readable when the work completes, and not before.
+    let work = Duration::from_millis(300);
+    let start = Instant::now();
+    enqueue(work);
+    let done = stream.completion().unwrap();
+    assert_eq!(eventfds(), before + 1, "one eventfd per completion");
+    assert!(!done.is_done().unwrap());
+    assert!(!readable_within(&done, Duration::from_millis(150)));
+    assert!(
+        !done.is_done().unwrap(),
+        "still pending at {:?}",
+        start.elapsed()
+    );
+    assert!(readable_within(&done, TIMEOUT));
+    let seen = start.elapsed();
+    println!("a completion behind {work:?} of work became readable after {seen:?}");
+    assert!(seen >= work - Duration::from_millis(10), "{seen:?}");
+    assert!(done.is_done().unwrap());
+    assert!(readable_within(&done, Duration::ZERO), "it stays readable");
+
+    // Every strategy returns Ok at once on completed work.
+    for strategy in STRATEGIES {
+        let start = Instant::now();
+        done.wait_with(strategy, Duration::from_millis(100))
+            .unwrap();
+        stream
+            .synchronize_with(strategy, Duration::from_millis(100))
+            .unwrap();
+        assert!(
+            start.elapsed() < Duration::from_millis(50),
+            "{strategy:?}: {:?}",
+            start.elapsed()
+        );
+    }
+
+    // Every strategy waits for pending work, on the stream or a completion,
+    // and a completion can be waited for on another thread.
+    let work = Duration::from_millis(100);
+    for strategy in STRATEGIES {
+        enqueue(work);
+        let start = Instant::now();
+        stream.synchronize_with(strategy, TIMEOUT).unwrap();
+        let waited = start.elapsed();
+        assert!(stream.query().unwrap());
+        enqueue(work);
+        let start = Instant::now();
+        let completion = stream.completion().unwrap();
+        let on_thread = std::thread::spawn(move || {
+            completion.wait_with(strategy, TIMEOUT).unwrap();
+            assert!(completion.is_done().unwrap());
+        });
+        on_thread.join().unwrap();
+        let waited_elsewhere = start.elapsed();
+        println!("{strategy:?}: {waited:?} on the stream, {waited_elsewhere:?} on another thread");
+        for took in [waited, waited_elsewhere] {
+            assert!(
+                took >= work - Duration::from_millis(10) && took < work * 5,
+                "{strategy:?}: {took:?}"
+            );
+        }
+    }
+
+    drop(done);
+    let launched = fake.calls("cuLaunchHostFunc").len();
+    assert!(launched >= 2, "{}", fake.log());
+    host_functions_returned(&fake, launched);
+    drop(stream);
+    assert_eq!(eventfds(), before, "every eventfd is closed");
+    let log = fake.log();
+    assert!(
+        !log.contains("error="),
+        "no CUDA call in a host function:\n{log}"
+    );
+    assert_eq!(cuda_interop::drop_errors(), errors);
+    drop(semaphore);
+    assert_eq!(fake.all_live(), []);
+}
+
+/// Bounded waits against the fake driver: a wait on work that does not
+/// complete in time returns `Error::Timeout` with every strategy; dropping a
+/// completion before its host function runs is safe (the host function runs
+/// later, writes the eventfd it owns, and closes it); repeated timed-out
+/// stream waits share one pending completion; and a host function that never
+/// runs (work behind a wait nobody signals) leaks exactly its one eventfd,
+/// while the completion's event is destroyed.
+#[test]
+fn completion_waits_time_out_and_drops_before_the_host_function_are_safe() {
+    let _serial = serial();
+    fake::run("child_fake_completion_timeouts", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of faults.rs, with a fake libcuda: run by completion_waits_time_out_and_drops_before_the_host_function_are_safe"]
+fn child_fake_completion_timeouts() {
+    let fake = fake::Fake::open();
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let errors = cuda_interop::drop_errors();
+    let stream = Stream::new(&cuda).unwrap();
+    // SAFETY: as in child_fake_completions.
+    let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    let before = eventfds();
+
+    // Work that completes late: every strategy times out, within its bound.
+    fake.set("latency_ms", 400);
+    semaphore.signal(&stream, 1).unwrap();
+    // With the event of the signal's last use, which the semaphore keeps.
+    let events = fake.live("event");
+    let done = stream.completion().unwrap();
+    let bound = Duration::from_millis(30);
+    for strategy in STRATEGIES {
+        let start = Instant::now();
+        let waited = done.wait_with(strategy, bound);
+        assert!(
+            matches!(waited, Err(CudaError::Timeout(t)) if t == bound),
+            "{strategy:?}: {waited:?}"
+        );
+        let took = start.elapsed();
+        assert!(took >= bound && took < bound * 4, "{strategy:?}: {took:?}");
+    }
+    // Two timed-out stream waits enqueue one host function between them.
+    let launched = fake.calls("cuLaunchHostFunc").len();
+    for _ in 0..2 {
+        assert!(matches!(
+            stream.synchronize_with(HostWait::Block, bound),
+            Err(CudaError::Timeout(_))
+        ));
+    }
+    assert_eq!(fake.calls("cuLaunchHostFunc").len(), launched + 1);
+    assert!(!done.is_done().unwrap());
+    // Dropped before its host function runs: the host function still runs,
+    // later, on the eventfd it owns, and closes it.
+    drop(done);
+    assert_eq!(eventfds(), before + 2, "the host functions hold theirs");
+    assert_eq!(fake.calls("host_function_returned").len(), 0);
+    host_functions_returned(&fake, 2);
+    assert_eq!(
+        eventfds(),
+        before + 1,
+        "the stream keeps its last completion"
+    );
+    stream.synchronize(TIMEOUT).unwrap();
+    drop(stream);
+    assert_eq!(eventfds(), before);
+    assert_eq!(fake.live("event"), events, "events destroyed");
+    let log = fake.log();
+    assert!(!log.contains("error="), "{log}");
+
+    // Work that never completes: the host function is never called; the
+    // completion's event is destroyed and its eventfd leaked, one per
+    // completion.
+    fake.set("latency_ms", -1);
+    let stuck = Stream::new(&cuda).unwrap();
+    semaphore.signal(&stuck, 2).unwrap();
+    let done = stuck.completion().unwrap();
+    assert_eq!(fake.last("cuLaunchHostFunc").get("never"), "1");
+    let start = Instant::now();
+    assert!(matches!(done.wait(bound), Err(CudaError::Timeout(_))));
+    assert!(start.elapsed() < bound * 4);
+    assert!(matches!(
+        stuck.synchronize(bound),
+        Err(CudaError::Timeout(_))
+    ));
+    drop(done);
+    assert_eq!(
+        fake.live("event"),
+        events + 1,
+        "the stream's kept completion"
+    );
+    assert_eq!(
+        eventfds(),
+        before + 2,
+        "leaked: the host functions own them"
+    );
+    assert_eq!(cuda_interop::drop_errors(), errors);
+    // The semaphore's last use never completes (its drop would leak it
+    // after DROP_WAIT_LIMIT); the stream is destroyed (no external wait).
+    std::mem::forget(semaphore);
+    drop(stuck);
+    assert_eq!(fake.live("event"), events);
+    assert_eq!(eventfds(), before + 2);
 }
 
 /// Case 48 (the crate's bookkeeping), against the fake driver: 10,000

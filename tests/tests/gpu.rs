@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use ash::vk;
 use cuda_interop::sys;
 use cuda_interop::{
-    drop_errors, kernels, CudaDevice, DeviceBuffer, Error, Event, Module, Stream, DROP_WAIT_LIMIT,
+    drop_errors, kernels, CudaDevice, DeviceBuffer, Error, Event, HostWait, Module, Stream,
+    DROP_WAIT_LIMIT,
 };
 use cuda_interop_tests::{
     assert_no_validation_errors, assert_no_validation_errors_except, open_fd_count, pattern,
@@ -1384,5 +1385,104 @@ fn a_mapped_buffer_handed_out_as_dlpack_reads_back_and_is_freed_by_its_deleter()
     let (free_after, _) = cuda.memory_info().unwrap();
     println!("DLPack tensor over a 1 MiB mapped buffer: exact; free GPU memory {free_before} -> {free_after}");
     assert_eq!(cuda_interop::drop_errors(), 0);
+    assert_no_validation_errors(&ctx);
+}
+
+/// Launches `spin_ns` (one thread) for `ns` nanoseconds of GPU time.
+fn launch_spin(stream: &Stream, module: &Module, ns: u64) {
+    let f = module.function("spin_ns").unwrap();
+    let (mut ns, mut out) = (ns, 0u64);
+    let mut args: [*mut c_void; 2] = [(&mut ns as *mut u64).cast(), (&mut out as *mut u64).cast()];
+    // SAFETY: spin_ns(u64 ns, u64 out) with out = 0 touches no memory.
+    unsafe { stream.launch(&f, [1, 1, 1], [1, 1, 1], 0, &mut args) }.unwrap();
+}
+
+/// Whether `fd` is readable within `within`.
+fn readable_within(fd: impl std::os::fd::AsFd, within: Duration) -> bool {
+    let timeout = rustix::event::Timespec {
+        tv_sec: within.as_secs() as i64,
+        tv_nsec: within.subsec_nanos().into(),
+    };
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    rustix::event::poll(&mut fds, Some(&timeout)).unwrap() == 1
+}
+
+/// Every host-wait strategy waits for a real kernel (on the stream and on a
+/// completion, which is waited for on another thread), none returns before
+/// the kernel's end, a short bound on a long kernel is `Error::Timeout`, and
+/// a completion's eventfd becomes readable through `poll()` when the kernel
+/// ends and not before.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+fn every_host_wait_strategy_waits_for_a_real_kernel_and_the_completion_fd_polls() {
+    let (ctx, cuda) = pair();
+    let module = Module::load_ptx(&cuda, kernels::PTX).unwrap();
+    let stream = Stream::new(&cuda).unwrap();
+    launch_spin(&stream, &module, 1000);
+    stream.synchronize(TIMEOUT).unwrap(); // warm up
+    let fds = open_fd_count();
+    let kernel = Duration::from_millis(2);
+    for strategy in [
+        HostWait::ADAPTIVE,
+        HostWait::Spin,
+        HostWait::Block,
+        HostWait::Adaptive {
+            spin: Duration::from_millis(5),
+        },
+        HostWait::Poll,
+    ] {
+        let start = Instant::now();
+        launch_spin(&stream, &module, kernel.as_nanos() as u64);
+        stream.synchronize_with(strategy, TIMEOUT).unwrap();
+        let on_stream = start.elapsed();
+        assert!(stream.query().unwrap());
+
+        let start = Instant::now();
+        launch_spin(&stream, &module, kernel.as_nanos() as u64);
+        let done = stream.completion().unwrap();
+        let waiter = std::thread::spawn(move || {
+            done.wait_with(strategy, TIMEOUT).unwrap();
+            done
+        });
+        let done = waiter.join().unwrap();
+        let on_completion = start.elapsed();
+        assert!(done.is_done().unwrap());
+        assert!(readable_within(&done, Duration::ZERO));
+        println!("{strategy:?}: a {kernel:?} kernel seen after {on_stream:?} on the stream, {on_completion:?} on a completion");
+        for took in [on_stream, on_completion] {
+            assert!(
+                took >= kernel && took < kernel + Duration::from_millis(50),
+                "{strategy:?}: {took:?}"
+            );
+        }
+    }
+
+    // A bound shorter than the kernel: a timeout, then the real wait.
+    launch_spin(&stream, &module, 200_000_000);
+    let done = stream.completion().unwrap();
+    let start = Instant::now();
+    let err = done.wait(Duration::from_millis(20)).unwrap_err();
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+    assert!(start.elapsed() < Duration::from_millis(100));
+    let err = stream
+        .synchronize_with(HostWait::Block, Duration::from_millis(20))
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+    // The fd: not readable while the kernel runs, readable when it ends.
+    assert!(!readable_within(&done, Duration::from_millis(50)));
+    assert!(!done.is_done().unwrap());
+    assert!(readable_within(&done, TIMEOUT));
+    let took = start.elapsed();
+    println!("a 200 ms kernel's completion fd became readable after {took:?}");
+    assert!(took >= Duration::from_millis(190), "{took:?}");
+    assert!(done.is_done().unwrap());
+    done.wait(Duration::ZERO).unwrap();
+    stream.synchronize(TIMEOUT).unwrap();
+    drop(done);
+    drop(stream);
+    assert_eq!(open_fd_count(), fds, "every eventfd is closed");
     assert_no_validation_errors(&ctx);
 }

@@ -20,6 +20,13 @@ assert_impl_all!(vk_export::Context: Send, Sync, Clone);
 assert_impl_all!(vk_export::ExportableImage<Rgba8Unorm>: Send, Sync);
 assert_impl_all!(vk_export::TimelineSemaphore: Send, Sync);
 
+// A completion holds the device, an event and its eventfd, not the stream:
+// it may be waited for, polled and dropped on any thread. Strategies are
+// plain values.
+assert_impl_all!(Completion: Send, Sync, std::os::fd::AsFd, std::fmt::Debug);
+assert_not_impl_any!(Completion: Clone);
+assert_impl_all!(HostWait: Send, Sync, Copy, Default, std::fmt::Debug);
+
 // Streams order work: one owner enqueues.
 assert_impl_all!(Stream: Send);
 assert_not_impl_any!(Stream: Sync, Clone);

@@ -1,0 +1,259 @@
+//! [`Completion`]: a mark behind the work enqueued on a stream so far, that
+//! the host can query, wait for with any [`HostWait`], or watch as an fd.
+//!
+//! # Contract
+//!
+//! * [`Stream::completion`](crate::Stream::completion) records an event
+//!   (`DISABLE_TIMING`) on the stream and enqueues a host function
+//!   (`cuLaunchHostFunc`) behind it that writes 1 to an eventfd. The event
+//!   answers queries and spins; the eventfd wakes sleepers and event loops.
+//! * **The host function's data is owned by the host function.** It gets one
+//!   strong reference of an `Arc` holding the eventfd ([`Arc::into_raw`]) and
+//!   takes it back when it runs ([`Arc::from_raw`]), so however and whenever
+//!   the [`Completion`] is dropped, the callback writes to an fd that is
+//!   still open. If the stream never reaches the host function (it is stuck
+//!   behind a semaphore wait nobody signals), that reference, the eventfd and
+//!   one small allocation are leaked: one fd per such completion, never a
+//!   use after free. The same holds when `cuLaunchHostFunc` itself fails
+//!   (the driver may still hold the function): the reference is left to it.
+//! * The host function calls no CUDA function (the driver forbids it): it
+//!   only writes the eventfd and drops its reference (closing the fd when it
+//!   is the last one).
+//! * Every wait is bounded by its timeout ([`Error::Timeout`]); none calls
+//!   `cuEventSynchronize`. Dropping a [`Completion`] never waits: a pending
+//!   event is released by the driver once it completes.
+//! * The fd becomes readable once the work is done and stays readable (the
+//!   crate never reads it): level-triggered `poll`/`epoll` report it every
+//!   time, edge-triggered ones once. Do not read from it.
+
+use std::ffi::c_void;
+use std::fmt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cuda_interop_sys::{CUevent, CUevent_flags};
+use rustix::event::{eventfd, EventfdFlags};
+
+use crate::device::CudaDevice;
+use crate::driver::{cu, cu_query, record_drop_error};
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+use crate::wait::{block_until, poll_until, readable, spin_until, HostWait};
+
+/// The work enqueued on a [`Stream`] up to the moment
+/// [`Stream::completion`] was called: query it, wait for it, or watch its fd.
+///
+/// * [`is_done`](Completion::is_done) never blocks;
+/// * [`wait`](Completion::wait) waits with [`HostWait::default()`] (spin
+///   50 µs, then sleep on the fd), [`wait_with`](Completion::wait_with) with
+///   any strategy, both bounded ([`Error::Timeout`]);
+/// * it is [`AsFd`]: the eventfd becomes readable when the work is done, so
+///   it can join a `poll`/`epoll` set, a `mio` registry or a tokio `AsyncFd`
+///   (do not read from it: it stays readable once done).
+///
+/// `Send + Sync` and `'static`: it holds a clone of the device, not the
+/// stream, and may be waited for or dropped on any thread, before or after
+/// the stream. Dropping it never waits.
+///
+/// ```no_run
+/// use std::os::fd::AsFd;
+/// use std::time::Duration;
+/// use cuda_interop::{CudaDevice, HostWait, Stream};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let ctx = vk_export::Context::headless(&Default::default())?;
+/// let cuda = CudaDevice::for_vulkan(&ctx)?;
+/// let stream = Stream::new(&cuda)?;
+/// // ... enqueue work on `stream` ...
+/// let done = stream.completion()?;
+/// // Wait the default way (spin 50 µs, then sleep on the eventfd) ...
+/// done.wait(Duration::from_secs(1))?;
+/// // ... or another way, or hand `done.as_fd()` to an event loop.
+/// done.wait_with(HostWait::Block, Duration::from_secs(1))?;
+/// assert!(done.is_done()?);
+/// # Ok(()) }
+/// ```
+pub struct Completion {
+    device: CudaDevice,
+    /// Recorded on the stream just before the host function was enqueued.
+    event: CUevent,
+    /// The eventfd; the host function holds another reference until it runs.
+    signal: Arc<Signal>,
+}
+
+/// What the host function writes: the eventfd, closed with the last reference.
+struct Signal {
+    fd: OwnedFd,
+}
+
+// SAFETY: the event is a driver handle, usable from any thread with its
+// context current (every use enters the device first); the eventfd and the
+// device are Send.
+unsafe impl Send for Completion {}
+// SAFETY: `&self` methods only query the event (thread-safe in the driver)
+// and poll the eventfd; nothing is mutated after construction.
+unsafe impl Sync for Completion {}
+
+/// The host function: signals the eventfd and drops its reference.
+///
+/// # Safety
+/// `data` must come from `Arc::<Signal>::into_raw` and carry one strong
+/// reference that this call owns (each pointer is handed to the driver once,
+/// which calls this once).
+unsafe extern "C" fn signal_done(data: *mut c_void) {
+    // SAFETY: by this function's contract, `data` is one strong reference of
+    // an `Arc<Signal>` that nothing else will take back.
+    let signal = unsafe { Arc::from_raw(data.cast_const().cast::<Signal>()) };
+    // An eventfd's counter cannot overflow from one write of 1, and the fd is
+    // non-blocking: the write cannot fail or block. No CUDA call here.
+    let _ = rustix::io::write(&signal.fd, &1u64.to_ne_bytes());
+}
+
+impl Completion {
+    /// Marks the work enqueued on `stream` so far (see
+    /// [`Stream::completion`]).
+    pub(crate) fn new(stream: &Stream) -> Result<Completion> {
+        let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(|e| {
+            Error::Unsupported(format!(
+                "could not create an eventfd for a completion ({e}): close fds or raise the \
+                 limit (ulimit -n), or wait with HostWait::Spin or HostWait::Poll"
+            ))
+        })?;
+        let signal = Arc::new(Signal { fd });
+        let device = stream.device();
+        let _guard = device.enter()?;
+        let mut event: CUevent = std::ptr::null_mut();
+        // SAFETY: the device's context is current; writes one event handle.
+        unsafe {
+            cu!(cuEventCreate(
+                &mut event,
+                CUevent_flags::CU_EVENT_DISABLE_TIMING.0
+            ))
+        }?;
+        // From here the event is destroyed by the Completion's drop.
+        let completion = Completion {
+            device: device.clone(),
+            event,
+            signal,
+        };
+        // SAFETY: a live event and a live stream, both of the current context.
+        unsafe { cu!(cuEventRecord(event, stream.raw())) }?;
+        let data = Arc::into_raw(Arc::clone(&completion.signal))
+            .cast_mut()
+            .cast::<c_void>();
+        // SAFETY: a live stream of the current context; `signal_done` calls
+        // no CUDA function, and `data` is one strong reference of the Arc,
+        // owned by the host function from now on (signal_done's contract).
+        let launched = unsafe { cu!(cuLaunchHostFunc(stream.raw(), Some(signal_done), data)) };
+        match launched {
+            Ok(()) => Ok(completion),
+            // The driver was called and failed: it may have kept the host
+            // function (an error of earlier asynchronous work is reported
+            // here too), so its reference is left to it: leaked if it never
+            // runs, never freed under it.
+            Err(e @ Error::Driver(_)) => Err(e),
+            // Refused before the driver was called (poisoned, forked child,
+            // no cuLaunchHostFunc): the reference is still ours.
+            Err(e) => {
+                // SAFETY: `data` came from Arc::into_raw above and the driver
+                // never saw it: this takes back the one reference it carries.
+                drop(unsafe { Arc::from_raw(data.cast_const().cast::<Signal>()) });
+                Err(e)
+            }
+        }
+    }
+
+    /// The device.
+    pub fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+
+    /// Whether the marked work is done; never blocks. `true` once the fd is
+    /// readable, else asks the driver (`cuEventQuery`), which may know a few
+    /// µs before the host function has run.
+    pub fn is_done(&self) -> Result<bool> {
+        if self.is_signalled()? {
+            return Ok(true);
+        }
+        let _guard = self.device.enter()?;
+        self.query()
+    }
+
+    /// Whether the host function has written the eventfd (no driver call).
+    pub(crate) fn is_signalled(&self) -> Result<bool> {
+        readable(self.signal.fd.as_fd(), Duration::ZERO)
+    }
+
+    /// `cuEventQuery`; the device's context must be current.
+    fn query(&self) -> Result<bool> {
+        // SAFETY: a live event of the current context (the caller's contract).
+        unsafe { cu_query!(cuEventQuery(self.event)) }
+    }
+
+    /// Waits until the marked work is done, at most `timeout`
+    /// ([`Error::Timeout`]; the work stays enqueued), with the default
+    /// strategy, [`HostWait::ADAPTIVE`]: spin 50 µs on `cuEventQuery`, then
+    /// sleep in `poll()` on the eventfd.
+    pub fn wait(&self, timeout: Duration) -> Result<()> {
+        self.wait_with(HostWait::default(), timeout)
+    }
+
+    /// Waits until the marked work is done, at most `timeout`
+    /// ([`Error::Timeout`]), the way `strategy` says. A driver error
+    /// (`cuEventQuery`) ends the wait with that error.
+    pub fn wait_with(&self, strategy: HostWait, timeout: Duration) -> Result<()> {
+        let _guard = self.device.enter()?;
+        let fd = self.signal.fd.as_fd();
+        let query = || self.query();
+        match strategy {
+            HostWait::Spin => spin_until(timeout, query),
+            HostWait::Poll => poll_until(timeout, query),
+            HostWait::Block => block_until(fd, timeout, query),
+            HostWait::Adaptive { spin } => {
+                let start = Instant::now();
+                match spin_until(spin.min(timeout), query) {
+                    Err(Error::Timeout(_)) => {
+                        block_until(fd, timeout.saturating_sub(start.elapsed()), query).map_err(
+                            |e| match e {
+                                Error::Timeout(_) => Error::Timeout(timeout),
+                                other => other,
+                            },
+                        )
+                    }
+                    other => other,
+                }
+            }
+        }
+    }
+}
+
+impl AsFd for Completion {
+    /// The eventfd: readable once the marked work is done (and for ever
+    /// after). Do not read from it.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.signal.fd.as_fd()
+    }
+}
+
+impl fmt::Debug for Completion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Completion")
+            .field("device", &self.device)
+            .field("event", &self.event)
+            .field("fd", &self.signal.fd)
+            .finish()
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if let Ok(_guard) = self.device.enter() {
+            // SAFETY: a live event of the current context, destroyed once; a
+            // pending one is released by the driver when it completes, as
+            // cuEventDestroy documents. The host function does not use it.
+            record_drop_error(unsafe { cu!(cuEventDestroy(self.event)) });
+        }
+        // `signal` drops here; if the host function has not run, its own
+        // reference keeps the eventfd open until it has.
+    }
+}
