@@ -56,6 +56,8 @@
 //! Linux driver `vkWaitSemaphores` wakes ~10 ms late for CUDA signals, while
 //! polling the counter sees them within microseconds.
 
+mod copy;
+mod copy_ptx;
 mod device;
 pub mod dlpack;
 mod driver;
@@ -68,6 +70,7 @@ mod semaphore;
 mod stream;
 mod wait;
 
+pub use copy::{CopyEngine, Pitched};
 pub use device::{list_devices, ContextGuard, CudaDevice, DeviceListing};
 pub use driver::{driver_version, drop_errors};
 pub use error::{DriverError, Error, ImportError, Result};
