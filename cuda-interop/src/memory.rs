@@ -33,7 +33,7 @@
 
 use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use cuda_interop_sys::{
     self as sys, CUarray, CUarray_format, CUdevice_attribute, CUdeviceptr, CUexternalMemory,
@@ -53,7 +53,7 @@ use crate::device::CudaDevice;
 use crate::dlpack::{DLDataType, DLDevice, ManagedTensor, DL_CUDA};
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, ImportError, Result};
-use crate::last_use::{report_leak, LastUse, DROP_WAIT_LIMIT};
+use crate::last_use::{report_leak, LastUse};
 use crate::markers::{ArrayMemory, ArrayTiling, BufferTiling, SurfaceUsage};
 use crate::stream::Stream;
 
@@ -489,6 +489,7 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ImportedImage<F, T, M, U
             handle,
             info,
             surface_ldst: surface,
+            copy_surfaces: CopySurfaces::default(),
             _types: PhantomData,
         })
     }
@@ -748,7 +749,22 @@ pub struct MappedArray<'i, F, U> {
     info: &'i ImageInfo,
     /// Mapped with `CUDA_ARRAY3D_SURFACE_LDST`.
     surface_ldst: bool,
+    /// Surface objects of its levels for kernel copies ([`crate::copy`]),
+    /// made on a level's first one and destroyed with the array.
+    copy_surfaces: CopySurfaces,
     _types: PhantomData<fn() -> (F, U)>,
+}
+
+/// The surface objects kernel copies use, one per level array, made on
+/// first use; destroyed by [`MappedArray`]'s drop after the import's recorded
+/// uses (every kernel copy among them) have completed, or leaked with it.
+#[derive(Debug, Default)]
+struct CopySurfaces(Mutex<Vec<(CUarray, CUsurfObject)>>);
+
+impl CopySurfaces {
+    fn lock(&self) -> MutexGuard<'_, Vec<(CUarray, CUsurfObject)>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 // SAFETY: usable from any thread with the context current.
@@ -764,6 +780,13 @@ impl<F, U> Drop for MappedArray<'_, F, U> {
             return;
         }
         if let Ok(_guard) = self.memory.device.enter() {
+            for (_, surface) in std::mem::take(&mut *self.copy_surfaces.lock()) {
+                // SAFETY: a surface object LevelArray::copy_surface created
+                // on a level of this array in the current context, destroyed
+                // once, after every kernel copy using it (each recorded as a
+                // use of the import) has completed (waited for above).
+                record_drop_error(unsafe { cu!(cuSurfObjectDestroy(surface)) });
+            }
             // SAFETY: the handle cuExternalMemoryGetMappedMipmappedArray
             // returned in the current context, destroyed once: its level
             // arrays and their surface and texture objects borrowed `self`
@@ -797,7 +820,7 @@ impl<F: Format, U: Usage> MappedArray<'_, F, U> {
             array,
             extent: [e[0], e[1], depth],
             surface_ldst: self.surface_ldst,
-            copy_surface: OnceLock::new(),
+            copy_surfaces: &self.copy_surfaces,
             _types: PhantomData,
         })
     }
@@ -816,30 +839,9 @@ pub struct LevelArray<'m, F, U> {
     extent: [u32; 3],
     /// Whether the array was mapped with `CUDA_ARRAY3D_SURFACE_LDST`.
     surface_ldst: bool,
-    /// The surface object of kernel copies ([`crate::copy`]), made on the
-    /// first one; destroyed by `Drop` after the import's recorded uses.
-    copy_surface: OnceLock<CUsurfObject>,
+    /// The mipmapped array's surface objects for kernel copies.
+    copy_surfaces: &'m CopySurfaces,
     _types: PhantomData<fn() -> (F, U)>,
-}
-
-impl<F, U> Drop for LevelArray<'_, F, U> {
-    fn drop(&mut self) {
-        let Some(&surface) = self.copy_surface.get() else {
-            return;
-        };
-        // Kernel copies through the surface are recorded as uses of the
-        // import: wait for them before the surface goes.
-        if let Err(why) = self.memory.last_use.wait_before_release(DROP_WAIT_LIMIT) {
-            report_leak("the surface object of a level's copies", &why);
-            return;
-        }
-        if let Ok(_guard) = self.memory.device.enter() {
-            // SAFETY: the surface object copy_surface created in the current
-            // context, destroyed once, after every kernel copy using it (each
-            // recorded as a use of the import) has completed.
-            record_drop_error(unsafe { cu!(cuSurfObjectDestroy(surface)) });
-        }
-    }
 }
 
 /// Which way a copy between a level and linear memory goes.
@@ -876,9 +878,10 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
     }
 
     /// The level's surface object for kernel copies, made on first use and
-    /// destroyed with the level (after the import's recorded uses).
+    /// destroyed with the mipmapped array (after the import's recorded uses).
     pub(crate) fn copy_surface(&self) -> Result<CUsurfObject> {
-        if let Some(&surface) = self.copy_surface.get() {
+        let mut surfaces = self.copy_surfaces.lock();
+        if let Some(&(_, surface)) = surfaces.iter().find(|(array, _)| *array == self.array) {
             return Ok(surface);
         }
         if !self.surface_ldst {
@@ -891,18 +894,10 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
         let mut handle: CUsurfObject = 0;
         // SAFETY: a zeroed resource descriptor naming a live level of the
         // current context, mapped with SURFACE_LDST (checked above); writes
-        // one handle, destroyed by LevelArray::drop (or just below, if
-        // another thread's got there first).
+        // one handle, destroyed by MappedArray::drop.
         unsafe { cu!(cuSurfObjectCreate(&mut handle, &res)) }?;
-        if let Err(ours) = self.copy_surface.set(handle) {
-            // SAFETY: the object created just above in the current context,
-            // never used, destroyed once.
-            record_drop_error(unsafe { cu!(cuSurfObjectDestroy(ours)) });
-        }
-        self.copy_surface
-            .get()
-            .copied()
-            .ok_or_else(|| Error::Cleanup("the level's copy surface vanished".into()))
+        surfaces.push((self.array, handle));
+        Ok(handle)
     }
 
     fn too_large(&self) -> Error {
