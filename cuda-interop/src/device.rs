@@ -55,6 +55,8 @@ pub(crate) struct DeviceInner {
     /// External-semaphore waits enqueued through this crate that may still
     /// be pending (see [`ExternalWaits`]).
     pub(crate) external_waits: ExternalWaits,
+    /// The array <-> linear copy kernels, loaded on first use.
+    pub(crate) copy_kernels: crate::copy::CopyKernels,
 }
 
 // SAFETY: CUdevice is an integer; the primary context is a process-wide
@@ -213,6 +215,7 @@ impl CudaDevice {
                 name: found.name.clone(),
                 vulkan,
                 external_waits: ExternalWaits::default(),
+                copy_kernels: Default::default(),
             }),
         })
     }
@@ -324,6 +327,7 @@ impl Drop for DeviceInner {
                 unsafe {
                     if push(self.context) == cuda_interop_sys::CUresult::CUDA_SUCCESS {
                         self.external_waits.destroy_all();
+                        self.copy_kernels.unload();
                         let mut popped: CUcontext = std::ptr::null_mut();
                         pop(&mut popped);
                     }

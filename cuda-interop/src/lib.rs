@@ -57,6 +57,7 @@
 //! polling the counter sees them within microseconds.
 
 mod completion;
+mod copy;
 mod copy_ptx;
 mod device;
 pub mod dlpack;
@@ -71,6 +72,7 @@ mod stream;
 mod wait;
 
 pub use completion::Completion;
+pub use copy::{CopyEngine, Pitched};
 pub use device::{list_devices, ContextGuard, CudaDevice, DeviceListing};
 pub use driver::{driver_version, drop_errors};
 pub use error::{DriverError, Error, ImportError, Result};

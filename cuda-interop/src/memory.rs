@@ -33,6 +33,7 @@
 
 use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use cuda_interop_sys::{
     self as sys, CUarray, CUarray_format, CUdevice_attribute, CUdeviceptr, CUexternalMemory,
@@ -54,7 +55,7 @@ use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, ImportError, Result};
 use crate::last_use::{report_leak, LastUse};
 use crate::markers::{ArrayMemory, ArrayTiling, BufferTiling, SurfaceUsage};
-use crate::stream::{DeviceBuffer, Stream};
+use crate::stream::Stream;
 
 // Every size below is a u32 from a record widened to usize with `as`, which
 // is lossless on every target with at least 32-bit pointers; refuse others.
@@ -96,6 +97,8 @@ impl Drop for ExternalMemory {
             // Vulkan must not free the memory either while the GPU may still
             // use it: its keep-alive is leaked with the import.
             std::mem::forget(self.vulkan.take());
+            // A copy kernel may still run: its module must stay loaded.
+            self.device.inner.copy_kernels.keep_loaded();
             report_leak(
                 &format!(
                     "an import of {} bytes of Vulkan memory (and the Vulkan resource it keeps alive)",
@@ -485,6 +488,8 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ImportedImage<F, T, M, U
             memory: &self.memory,
             handle,
             info,
+            surface_ldst: surface,
+            copy_surfaces: CopySurfaces::default(),
             _types: PhantomData,
         })
     }
@@ -651,6 +656,10 @@ impl MappedBuffer<'_> {
     pub fn row_pitch(&self) -> Option<u64> {
         self.row_pitch
     }
+    /// The import the mapping belongs to.
+    pub(crate) fn external(&self) -> &ExternalMemory {
+        self.memory
+    }
     /// `len` bytes at `offset`, checked against the mapping.
     pub fn slice(&self, offset: u64, len: u64) -> Result<DeviceSlice<'_>> {
         match offset.checked_add(len) {
@@ -738,7 +747,24 @@ pub struct MappedArray<'i, F, U> {
     memory: &'i ExternalMemory,
     handle: CUmipmappedArray,
     info: &'i ImageInfo,
+    /// Mapped with `CUDA_ARRAY3D_SURFACE_LDST`.
+    surface_ldst: bool,
+    /// Surface objects of its levels for kernel copies ([`crate::copy`]),
+    /// made on a level's first one and destroyed with the array.
+    copy_surfaces: CopySurfaces,
     _types: PhantomData<fn() -> (F, U)>,
+}
+
+/// The surface objects kernel copies use, one per level array, made on
+/// first use; destroyed by [`MappedArray`]'s drop after the import's recorded
+/// uses (every kernel copy among them) have completed, or leaked with it.
+#[derive(Debug, Default)]
+struct CopySurfaces(Mutex<Vec<(CUarray, CUsurfObject)>>);
+
+impl CopySurfaces {
+    fn lock(&self) -> MutexGuard<'_, Vec<(CUarray, CUsurfObject)>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 // SAFETY: usable from any thread with the context current.
@@ -754,6 +780,13 @@ impl<F, U> Drop for MappedArray<'_, F, U> {
             return;
         }
         if let Ok(_guard) = self.memory.device.enter() {
+            for (_, surface) in std::mem::take(&mut *self.copy_surfaces.lock()) {
+                // SAFETY: a surface object LevelArray::copy_surface created
+                // on a level of this array in the current context, destroyed
+                // once, after every kernel copy using it (each recorded as a
+                // use of the import) has completed (waited for above).
+                record_drop_error(unsafe { cu!(cuSurfObjectDestroy(surface)) });
+            }
             // SAFETY: the handle cuExternalMemoryGetMappedMipmappedArray
             // returned in the current context, destroyed once: its level
             // arrays and their surface and texture objects borrowed `self`
@@ -786,6 +819,8 @@ impl<F: Format, U: Usage> MappedArray<'_, F, U> {
             memory: self.memory,
             array,
             extent: [e[0], e[1], depth],
+            surface_ldst: self.surface_ldst,
+            copy_surfaces: &self.copy_surfaces,
             _types: PhantomData,
         })
     }
@@ -802,19 +837,23 @@ pub struct LevelArray<'m, F, U> {
     memory: &'m ExternalMemory,
     array: CUarray,
     extent: [u32; 3],
+    /// Whether the array was mapped with `CUDA_ARRAY3D_SURFACE_LDST`.
+    surface_ldst: bool,
+    /// The mipmapped array's surface objects for kernel copies.
+    copy_surfaces: &'m CopySurfaces,
     _types: PhantomData<fn() -> (F, U)>,
 }
 
 /// Which way a copy between a level and linear memory goes.
 #[derive(Clone, Copy)]
-enum Direction {
+pub(crate) enum Direction {
     IntoLevel,
     OutOfLevel,
 }
 
-/// The linear side of a copy with a level, tightly packed.
+/// The linear side of a copy with a level.
 #[derive(Clone, Copy)]
-enum Linear {
+pub(crate) enum Linear {
     Host(*mut std::ffi::c_void),
     Device(CUdeviceptr),
 }
@@ -827,6 +866,38 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
     /// Width, height, and depth or layers.
     pub fn extent(&self) -> [u32; 3] {
         self.extent
+    }
+    /// The import the level belongs to.
+    pub(crate) fn external(&self) -> &ExternalMemory {
+        self.memory
+    }
+    /// Whether the array was mapped with `CUDA_ARRAY3D_SURFACE_LDST`
+    /// (storage usage), so that a surface object can be made on it.
+    pub(crate) fn surface_ldst(&self) -> bool {
+        self.surface_ldst
+    }
+
+    /// The level's surface object for kernel copies, made on first use and
+    /// destroyed with the mipmapped array (after the import's recorded uses).
+    pub(crate) fn copy_surface(&self) -> Result<CUsurfObject> {
+        let mut surfaces = self.copy_surfaces.lock();
+        if let Some(&(_, surface)) = surfaces.iter().find(|(array, _)| *array == self.array) {
+            return Ok(surface);
+        }
+        if !self.surface_ldst {
+            return Err(Error::Unsupported(
+                "a surface object needs an image with storage usage".into(),
+            ));
+        }
+        let res = self.resource();
+        let _guard = self.memory.device.enter()?;
+        let mut handle: CUsurfObject = 0;
+        // SAFETY: a zeroed resource descriptor naming a live level of the
+        // current context, mapped with SURFACE_LDST (checked above); writes
+        // one handle, destroyed by MappedArray::drop.
+        unsafe { cu!(cuSurfObjectCreate(&mut handle, &res)) }?;
+        surfaces.push((self.array, handle));
+        Ok(handle)
     }
 
     fn too_large(&self) -> Error {
@@ -860,8 +931,14 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
     }
 
     /// The parameters of a copy of the whole level to or from `linear`,
-    /// which must hold [`LevelArray::byte_len`] bytes.
-    fn copy_params(&self, direction: Direction, linear: Linear) -> Result<sys::CUDA_MEMCPY3D> {
+    /// whose rows are `pitch` bytes apart (at least a row) and which must
+    /// hold every row (`pitch * (rows - 1) + row` bytes).
+    pub(crate) fn copy_params(
+        &self,
+        direction: Direction,
+        linear: Linear,
+        pitch: usize,
+    ) -> Result<sys::CUDA_MEMCPY3D> {
         let row = self.row_bytes()?;
         let height = widen(self.extent[1]);
         let mut p = sys::CUDA_MEMCPY3D {
@@ -885,7 +962,7 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
                 p.srcMemoryType = linear_type;
                 p.srcHost = host.cast_const();
                 p.srcDevice = device;
-                p.srcPitch = row;
+                p.srcPitch = pitch;
                 p.srcHeight = height;
             }
             Direction::OutOfLevel => {
@@ -894,7 +971,7 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
                 p.dstMemoryType = linear_type;
                 p.dstHost = host;
                 p.dstDevice = device;
-                p.dstPitch = row;
+                p.dstPitch = pitch;
                 p.dstHeight = height;
             }
         }
@@ -914,8 +991,11 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
     pub fn copy_to_host(&self, stream: &Stream, dst: &mut [u8]) -> Result<()> {
         self.check_len(dst.len())?;
         stream.check_device(&self.memory.device)?;
-        let params =
-            self.copy_params(Direction::OutOfLevel, Linear::Host(dst.as_mut_ptr().cast()))?;
+        let params = self.copy_params(
+            Direction::OutOfLevel,
+            Linear::Host(dst.as_mut_ptr().cast()),
+            self.row_bytes()?,
+        )?;
         stream.copy_with_host_memory(&[&self.memory.last_use], || {
             let _guard = self.memory.device.enter()?;
             // SAFETY: `params` copies the whole live level into `dst`, a
@@ -941,6 +1021,7 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
         let params = self.copy_params(
             Direction::IntoLevel,
             Linear::Host(src.as_ptr().cast_mut().cast()),
+            self.row_bytes()?,
         )?;
         stream.copy_with_host_memory(&[&self.memory.last_use], || {
             let _guard = self.memory.device.enter()?;
@@ -950,65 +1031,6 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
             // belong to the current context.
             unsafe { cu!(cuMemcpy3DAsync(&params, stream.raw())) }
         })
-    }
-
-    /// Copies the level into the start of linear device memory, tightly
-    /// packed, and waits for it, bounded by the stream's
-    /// [timeout](Stream::timeout). On [`Error::Timeout`] the copy stays
-    /// enqueued; it is recorded as a use of the import and of `dst`, so
-    /// neither is freed before it completes.
-    pub fn copy_to_device(&self, stream: &Stream, dst: &mut DeviceBuffer) -> Result<()> {
-        let needed = self.byte_len()?;
-        if dst.len() < needed {
-            return Err(Error::InvalidArgument(format!(
-                "{} bytes for a {needed}-byte level",
-                dst.len()
-            )));
-        }
-        stream.check_device(&self.memory.device)?;
-        stream.check_device(dst.device())?;
-        let params = self.copy_params(Direction::OutOfLevel, Linear::Device(dst.device_ptr()))?;
-        {
-            let _guard = self.memory.device.enter()?;
-            // SAFETY: `params` copies the whole live level into `dst`, which
-            // holds at least byte_len() bytes (checked above); both are freed
-            // only after the uses recorded below complete; the stream, level
-            // and buffer belong to the current context.
-            unsafe { cu!(cuMemcpy3DAsync(&params, stream.raw())) }?;
-        }
-        let recorded_level = self.memory.last_use.record(stream);
-        let recorded_buffer = dst.last_use().record(stream);
-        recorded_level.and(recorded_buffer)?;
-        stream.synchronize(stream.timeout())
-    }
-
-    /// Copies tightly packed linear device memory into the level and waits
-    /// for it, bounded by the stream's [timeout](Stream::timeout); on
-    /// [`Error::Timeout`] the copy stays enqueued and recorded as a use of
-    /// both sides, as in [`LevelArray::copy_to_device`].
-    pub fn copy_from_device(&self, stream: &Stream, src: &DeviceBuffer) -> Result<()> {
-        let needed = self.byte_len()?;
-        if src.len() < needed {
-            return Err(Error::InvalidArgument(format!(
-                "{} bytes for a {needed}-byte level",
-                src.len()
-            )));
-        }
-        stream.check_device(&self.memory.device)?;
-        stream.check_device(src.device())?;
-        let params = self.copy_params(Direction::IntoLevel, Linear::Device(src.device_ptr()))?;
-        {
-            let _guard = self.memory.device.enter()?;
-            // SAFETY: `params` copies byte_len() bytes of `src`, which holds at
-            // least that many (checked above), into the whole live level; both
-            // are freed only after the uses recorded below complete; the
-            // stream, level and buffer belong to the current context.
-            unsafe { cu!(cuMemcpy3DAsync(&params, stream.raw())) }?;
-        }
-        let recorded_level = self.memory.last_use.record(stream);
-        let recorded_buffer = src.last_use().record(stream);
-        recorded_level.and(recorded_buffer)?;
-        stream.synchronize(stream.timeout())
     }
 
     fn check_len(&self, len: usize) -> Result<()> {

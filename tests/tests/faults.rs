@@ -1913,6 +1913,108 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *
     enqueue(stream);
     return OK;
 }
+
+/* ---- modules, kernel launches, 3D copies (the level copies of copy.rs) ----
+ * Modules and functions are not counted among the kinds: the log says what
+ * was loaded, launched and unloaded. A launch logs its grid, block and its
+ * first five parameters read as the copy kernels declare them (u64 x 3,
+ * u32 x 2), and whether the surface parameter is a live surface of the
+ * current context; nothing is copied. */
+typedef struct {
+    size_t srcXInBytes, srcY, srcZ, srcLOD;
+    int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray;
+    void *reserved0;
+    size_t srcPitch, srcHeight;
+    size_t dstXInBytes, dstY, dstZ, dstLOD;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray;
+    void *reserved1;
+    size_t dstPitch, dstHeight;
+    size_t WidthInBytes, Height, Depth;
+} Memcpy3D;
+_Static_assert(sizeof(Memcpy3D) == 200, "CUDA_MEMCPY3D");
+
+#define MODULE_MAGIC 0x4d6f64756c65ULL
+#define FUNCTION_MAGIC 0x46756e6374ULL
+typedef struct { unsigned long long magic; CUcontext ctx; } FakeModule;
+typedef struct { unsigned long long magic; CUcontext ctx; FakeModule *module; char name[64]; } FakeFunction;
+
+CUresult cuModuleLoadData(void **out, const void *image) {
+    CUresult r = need(NULL, 0, "cuModuleLoadData");
+    if (r) return r;
+    const char *text = image;
+    int copy_kernels = strstr(text, ".entry array_to_linear_4b_r4") && strstr(text, ".entry linear_to_array_16b_r4");
+    say("cuModuleLoadData ctx=%p copy_kernels=%d", current(), copy_kernels);
+    FakeModule *m = calloc(1, sizeof *m);
+    m->magic = MODULE_MAGIC;
+    m->ctx = current();
+    *out = m;
+    return OK;
+}
+
+CUresult cuModuleGetFunction(void **out, void *module, const char *name) {
+    FakeModule *m = module;
+    CUresult r = need(NULL, 0, "cuModuleGetFunction");
+    if (r) return r;
+    if (!m || m->magic != MODULE_MAGIC || m->ctx != current()) return INVALID_HANDLE;
+    FakeFunction *f = calloc(1, sizeof *f);
+    f->magic = FUNCTION_MAGIC;
+    f->ctx = current();
+    f->module = m;
+    snprintf(f->name, sizeof f->name, "%s", name);
+    *out = f; /* never freed: a handful per module */
+    return OK;
+}
+
+CUresult cuModuleUnload(void *module) {
+    FakeModule *m = module;
+    CUresult r = need(NULL, 0, "cuModuleUnload");
+    if (r) return r;
+    if (!m || m->magic != MODULE_MAGIC || m->ctx != current()) return INVALID_HANDLE;
+    say("cuModuleUnload ctx=%p busy_streams=%d", current(), busy_streams());
+    m->magic = 0;
+    free(m);
+    return OK;
+}
+
+CUresult cuLaunchKernel(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                        unsigned bz, unsigned shared, void *stream, void **params, void **extra) {
+    FakeFunction *f = function;
+    CUresult r = need(stream, K_STREAM, "cuLaunchKernel");
+    if (r) return r;
+    if (!f || f->magic != FUNCTION_MAGIC || f->ctx != current() || f->module->magic != MODULE_MAGIC) {
+        say("cuLaunchKernel error=bad-function");
+        return INVALID_HANDLE;
+    }
+    unsigned long long a[3];
+    for (int i = 0; i < 3; i++) a[i] = *(const unsigned long long *)params[i];
+    unsigned w = *(const unsigned *)params[3], h = *(const unsigned *)params[4];
+    int to_linear = !strncmp(f->name, "array_to_linear", 15);
+    Obj *surface = (Obj *)(uintptr_t)(to_linear ? a[0] : a[2]);
+    int surface_ok = surface && surface->kind == K_SURFACE && surface->ctx == current();
+    say("cuLaunchKernel ctx=%p kernel=%s grid=%u,%u,%u block=%u,%u,%u shared=%u extra_null=%d "
+        "a0=%llu a1=%llu a2=%llu width=%u height=%u surface_ok=%d",
+        current(), f->name, gx, gy, gz, bx, by, bz, shared, extra == NULL, a[0], a[1], a[2], w, h, surface_ok);
+    enqueue(stream);
+    return OK;
+}
+
+CUresult cuMemcpy3DAsync_v2(const Memcpy3D *p, void *stream) {
+    CUresult r = need(stream, K_STREAM, "cuMemcpy3DAsync");
+    if (r) return r;
+    say("cuMemcpy3DAsync ctx=%p src_type=%d dst_type=%d src_device=%llu dst_device=%llu src_pitch=%zu "
+        "dst_pitch=%zu src_height=%zu dst_height=%zu width_bytes=%zu height=%zu depth=%zu array_is_level=%d",
+        current(), p->srcMemoryType, p->dstMemoryType, p->srcDevice, p->dstDevice, p->srcPitch, p->dstPitch,
+        p->srcHeight, p->dstHeight, p->WidthInBytes, p->Height, p->Depth,
+        ((Obj *)(p->srcMemoryType == 3 ? p->srcArray : p->dstArray))->kind == K_LEVEL);
+    enqueue(stream);
+    return OK;
+}
 "##;
 
     /// Which fake: the whole API the crate uses, or one without a function.
@@ -3435,4 +3537,314 @@ fn assert_no_drift(windows: &[Duration]) {
         median(last) <= median(first) * 2 + Duration::from_micros(50),
         "time per cycle drifts: {windows:?}"
     );
+}
+
+// ---- Level <-> linear copies (cuda-interop/src/copy.rs), against the fake ----
+
+/// Stream-ordered level copies, against the fake driver: layouts the level
+/// cannot have (a pitch under one row, a range too short for the last row, a
+/// buffer or stream of another device) are refused before any driver call;
+/// a storage level with 4-, 8- or 16-byte texels is copied by the copy
+/// kernel with the parameters, grid and block of `copy.cu` (module loaded
+/// and surface made once); other levels, misaligned pitches and
+/// `CopyEngine::Driver` go to `cuMemcpy3DAsync` with the pitch given; the
+/// copies return before the work completes, and the buffer's, level's and
+/// import's drops wait for it; the module is unloaded with the device.
+#[test]
+fn level_copies_are_checked_stream_ordered_and_tracked() {
+    let _serial = serial();
+    fake::run("child_fake_level_copies", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of faults.rs, with a fake libcuda: run by level_copies_are_checked_stream_ordered_and_tracked"]
+fn child_fake_level_copies() {
+    use cuda_interop::{CopyEngine, Pitched};
+    use vk_export::format::{R16Sfloat, Rgba32Sfloat};
+    let fake = fake::Fake::open();
+    let other_uuid = [8; 16];
+    fake.set_devices(&[fake::UUID, other_uuid]);
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let other = CudaDevice::for_uuid(other_uuid).unwrap();
+    let errors = cuda_interop::drop_errors();
+    let stream = Stream::new(&cuda).unwrap();
+    let storage = fake::image::<Rgba8Unorm, usage::Storage>([64, 32, 1], 1, 1, false);
+    // SAFETY: the driver is the fake: it records, holds the fd, and nothing
+    // reads or writes memory through the import.
+    let imported = unsafe { cuda.import_image_fd(storage, fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    let array = imported.map_array().unwrap();
+    let level = array.level(0).unwrap();
+    let (row, rows) = (64 * 4u64, 32u64);
+    let tight = DeviceBuffer::new(&cuda, (row * rows) as usize).unwrap();
+    let pitched = DeviceBuffer::new(&cuda, (512 * (rows - 1) + row) as usize).unwrap();
+    let short = DeviceBuffer::new(&cuda, (row * rows - 1) as usize).unwrap();
+    let elsewhere = DeviceBuffer::new(&other, (row * rows) as usize).unwrap();
+    let stream_elsewhere = Stream::new(&other).unwrap();
+
+    // Refused before the driver.
+    let before = fake.log().len();
+    let invalid = [
+        (
+            "pitch under a row",
+            level.enqueue_copy_to(&stream, Pitched::buffer(&tight).with_row_pitch(row - 4)),
+        ),
+        (
+            "last row one byte past the end",
+            level.enqueue_copy_to(&stream, Pitched::buffer(&pitched).with_row_pitch(513)),
+        ),
+        (
+            "tight source one byte short",
+            level.enqueue_copy_from(&stream, Pitched::buffer(&short)),
+        ),
+        (
+            "kernel with a pitch that is no multiple of the texel",
+            level.enqueue_copy_to_with(
+                &stream,
+                Pitched::buffer(&pitched).with_row_pitch(row + 2),
+                CopyEngine::Kernel,
+            ),
+        ),
+    ];
+    for (what, result) in invalid {
+        let err = result.unwrap_err();
+        assert!(
+            matches!(err, CudaError::InvalidArgument(_)),
+            "{what}: {err}"
+        );
+        println!("{what}: {err}");
+    }
+    let mut synchronous_short = DeviceBuffer::new(&cuda, 100).unwrap();
+    let err = level
+        .copy_to_device(&stream, &mut synchronous_short)
+        .unwrap_err();
+    assert!(matches!(err, CudaError::InvalidArgument(_)), "{err}");
+    for (what, result) in [
+        (
+            "a buffer of another device",
+            level.enqueue_copy_to(&stream, Pitched::buffer(&elsewhere)),
+        ),
+        (
+            "a stream of another device",
+            level.enqueue_copy_to(&stream_elsewhere, Pitched::buffer(&tight)),
+        ),
+    ] {
+        let err = result.unwrap_err();
+        assert!(
+            matches!(err, CudaError::DeviceMismatch { .. }),
+            "{what}: {err}"
+        );
+    }
+    assert_eq!(fake.log().len(), before, "no driver call for a refusal");
+
+    // The kernel: both directions, the grid and block of copy.cu (16 x 16
+    // threads, 4 rows each), parameters in the kernel's order.
+    let surfaces = fake.live("surface");
+    let used = level
+        .enqueue_copy_to(&stream, Pitched::buffer(&pitched).with_row_pitch(512))
+        .unwrap();
+    assert_eq!(used, CopyEngine::Kernel);
+    let call = fake.last("cuLaunchKernel");
+    assert_eq!(call.get("kernel"), "array_to_linear_4b_r4");
+    assert_eq!(
+        (call.get("grid"), call.get("block"), call.num("shared")),
+        ("4,1,1", "16,16,1", 0)
+    );
+    assert_eq!(
+        (call.num("a1"), call.num("a2")),
+        (pitched.device_ptr(), 512)
+    );
+    assert_eq!((call.num("width"), call.num("height")), (64, 32));
+    assert_eq!((call.get("surface_ok"), call.get("extra_null")), ("1", "1"));
+    let surface = call.num("a0");
+    let used = level
+        .enqueue_copy_from(&stream, Pitched::buffer(&tight))
+        .unwrap();
+    assert_eq!(used, CopyEngine::Kernel);
+    let call = fake.last("cuLaunchKernel");
+    assert_eq!(call.get("kernel"), "linear_to_array_4b_r4");
+    assert_eq!(
+        (call.num("a0"), call.num("a1"), call.num("a2")),
+        (tight.device_ptr(), row, surface),
+        "src, pitch, the same surface"
+    );
+    assert_eq!(call.get("surface_ok"), "1");
+    // Foreign memory goes the same way.
+    // SAFETY: the fake copies nothing; the buffer outlives the copy anyway.
+    let foreign = unsafe { Pitched::foreign(tight.device_ptr(), tight.len() as u64) };
+    level.enqueue_copy_to(&stream, foreign).unwrap();
+    assert_eq!(fake.last("cuLaunchKernel").num("a1"), tight.device_ptr());
+    assert_eq!(fake.calls("cuModuleLoadData").len(), 1, "loaded once");
+    assert_eq!(fake.last("cuModuleLoadData").get("copy_kernels"), "1");
+    assert_eq!(
+        fake.live("surface"),
+        surfaces + 1,
+        "one surface for all copies"
+    );
+
+    // The driver: on request, and for a misaligned pitch under Auto.
+    let used = level
+        .enqueue_copy_to_with(
+            &stream,
+            Pitched::buffer(&pitched).with_row_pitch(512),
+            CopyEngine::Driver,
+        )
+        .unwrap();
+    assert_eq!(used, CopyEngine::Driver);
+    let call = fake.last("cuMemcpy3DAsync");
+    assert_eq!(
+        (call.num("src_type"), call.num("dst_type")),
+        (3, 2),
+        "array to device"
+    );
+    assert_eq!(
+        (
+            call.num("dst_device"),
+            call.num("dst_pitch"),
+            call.num("dst_height")
+        ),
+        (pitched.device_ptr(), 512, 32)
+    );
+    assert_eq!(
+        (
+            call.num("width_bytes"),
+            call.num("height"),
+            call.num("depth")
+        ),
+        (row, 32, 1)
+    );
+    assert_eq!(call.get("array_is_level"), "1");
+    let used = level
+        .enqueue_copy_from(&stream, Pitched::buffer(&pitched).with_row_pitch(row + 2))
+        .unwrap();
+    assert_eq!(used, CopyEngine::Driver, "misaligned pitch: not the kernel");
+    let call = fake.last("cuMemcpy3DAsync");
+    assert_eq!((call.num("src_type"), call.num("dst_type")), (2, 3));
+    assert_eq!(call.num("src_pitch"), row + 2);
+
+    // 16-byte texels at an odd size: the 16-byte kernel, grid rounded up.
+    let wide = fake::image::<Rgba32Sfloat, usage::Storage>([1000, 37, 1], 1, 1, false);
+    // SAFETY: as for the first import.
+    let imported_wide = unsafe { cuda.import_image_fd(wide, fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    let array_wide = imported_wide.map_array().unwrap();
+    let level_wide = array_wide.level(0).unwrap();
+    let wide_buffer = DeviceBuffer::new(&cuda, 16_384 * 37).unwrap();
+    level_wide
+        .enqueue_copy_to(
+            &stream,
+            Pitched::buffer(&wide_buffer).with_row_pitch(16_384),
+        )
+        .unwrap();
+    let call = fake.last("cuLaunchKernel");
+    assert_eq!(
+        (call.get("kernel"), call.get("grid")),
+        ("array_to_linear_16b_r4", "63,1,1")
+    );
+    assert_eq!(
+        (call.num("a2"), call.num("width"), call.num("height")),
+        (16_384, 1000, 37)
+    );
+
+    // Without storage usage (no SURFACE_LDST), or with 2-byte texels: the
+    // driver under Auto, Unsupported for the kernel; no surface is made.
+    let surfaces = fake.live("surface");
+    let sampled = fake::image::<Rgba8Unorm, usage::Sampled>([64, 32, 1], 1, 1, false);
+    // SAFETY: as for the first import.
+    let imported_sampled = unsafe { cuda.import_image_fd(sampled, fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    let array_sampled = imported_sampled.map_array().unwrap();
+    let level_sampled = array_sampled.level(0).unwrap();
+    let launches = fake.calls("cuLaunchKernel").len();
+    let used = level_sampled
+        .enqueue_copy_to(&stream, Pitched::buffer(&tight))
+        .unwrap();
+    assert_eq!(used, CopyEngine::Driver);
+    assert_eq!(fake.last("cuMemcpy3DAsync").num("dst_pitch"), row);
+    let err = level_sampled
+        .enqueue_copy_to_with(&stream, Pitched::buffer(&tight), CopyEngine::Kernel)
+        .unwrap_err();
+    assert!(matches!(err, CudaError::Unsupported(_)), "{err}");
+    println!("kernel on a sampled image: {err}");
+    let half = fake::image::<R16Sfloat, usage::Storage>([64, 32, 1], 1, 1, false);
+    // SAFETY: as for the first import.
+    let imported_half = unsafe { cuda.import_image_fd(half, fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    let array_half = imported_half.map_array().unwrap();
+    let level_half = array_half.level(0).unwrap();
+    let used = level_half
+        .enqueue_copy_from(&stream, Pitched::buffer(&tight))
+        .unwrap();
+    assert_eq!(used, CopyEngine::Driver, "2-byte texels");
+    assert_eq!(fake.last("cuMemcpy3DAsync").num("width_bytes"), 128);
+    assert_eq!(fake.calls("cuLaunchKernel").len(), launches);
+    assert_eq!(fake.live("surface"), surfaces);
+    drop(array_half);
+    drop(imported_half);
+    drop(array_sampled);
+    drop(imported_sampled);
+    drop(array_wide);
+    drop((imported_wide, wide_buffer));
+    stream.synchronize(TIMEOUT).unwrap();
+
+    // Nothing waits for the copy; the destination's drop does.
+    let pending = Duration::from_millis(300);
+    fake.set("latency_ms", pending.as_millis() as i64);
+    let destination = DeviceBuffer::new(&cuda, (row * rows) as usize).unwrap();
+    let start = Instant::now();
+    level
+        .enqueue_copy_to(&stream, Pitched::buffer(&destination))
+        .unwrap();
+    let enqueued = start.elapsed();
+    assert!(enqueued < Duration::from_millis(100), "{enqueued:?}");
+    assert!(!stream.query().unwrap(), "the copy is still pending");
+    let start = Instant::now();
+    drop(destination);
+    let took = start.elapsed();
+    println!("copy enqueued in {enqueued:?}; its destination dropped in {took:?}");
+    assert!(took >= pending - Duration::from_millis(50), "{took:?}");
+    assert_eq!(fake.last("cuMemFree").get("busy_streams"), "0");
+    // The blocking wrapper waits for its copy.
+    let mut back = DeviceBuffer::new(&cuda, (row * rows) as usize).unwrap();
+    let start = Instant::now();
+    level.copy_to_device(&stream, &mut back).unwrap();
+    assert!(start.elapsed() >= pending - Duration::from_millis(50));
+    assert!(stream.query().unwrap());
+    // The array's drop waits for the copies through its levels' surfaces
+    // before it destroys them.
+    level
+        .enqueue_copy_from(&stream, Pitched::buffer(&back))
+        .unwrap();
+    let surfaces = fake.live("surface");
+    let start = Instant::now();
+    drop(array);
+    let took = start.elapsed();
+    assert!(took >= pending - Duration::from_millis(50), "{took:?}");
+    assert_eq!(
+        fake.live("surface"),
+        surfaces - 1,
+        "destroyed after the copy"
+    );
+    assert_eq!(
+        fake.last("cuMipmappedArrayDestroy").get("busy_streams"),
+        "0"
+    );
+    fake.set("latency_ms", 0);
+
+    drop((imported, tight, pitched, short, back, synchronous_short));
+    drop((elsewhere, stream_elsewhere, other, stream));
+    assert!(fake.calls("cuModuleUnload").is_empty(), "the device lives");
+    drop(cuda);
+    assert_eq!(
+        fake.calls("cuModuleUnload").len(),
+        1,
+        "unloaded with the device"
+    );
+    assert_eq!(cuda_interop::drop_errors(), errors, "no destroy failed");
+    assert!(!fake.log().contains("error="), "{}", fake.log());
+    assert_eq!(fake.all_live(), []);
 }

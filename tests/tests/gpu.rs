@@ -1486,3 +1486,210 @@ fn every_host_wait_strategy_waits_for_a_real_kernel_and_the_completion_fd_polls(
     assert_eq!(open_fd_count(), fds, "every eventfd is closed");
     assert_no_validation_errors(&ctx);
 }
+
+// ---- Level <-> pitched linear copies (cuda-interop/src/copy.rs) ----
+
+/// `rows` rows of `row` bytes from `tight`, laid out `pitch` bytes apart,
+/// the gaps filled with `gap`; exactly `pitch * (rows - 1) + row` bytes.
+fn pitched_layout(tight: &[u8], row: usize, pitch: usize, gap: u8) -> Vec<u8> {
+    let rows = tight.len() / row;
+    let mut out = vec![gap; pitch * (rows - 1) + row];
+    for (y, src) in tight.chunks_exact(row).enumerate() {
+        out[y * pitch..y * pitch + row].copy_from_slice(src);
+    }
+    out
+}
+
+/// Vulkan writes a pattern into a `w x h` storage image of `F`; CUDA copies
+/// the level into linear memory with a pitch that is not tight (gaps keep
+/// their bytes), with the kernel, then with the driver, both exact; then a
+/// second pattern goes from pitched linear memory into the level with the
+/// kernel, and Vulkan and CUDA (a driver copy) read it back exactly.
+fn level_copies_round_trip<F: Format>(ctx: &Context, cuda: &CudaDevice, w: u32, h: u32) {
+    use cuda_interop::{CopyEngine, Pitched};
+    let image = ExportableImage::<F>::new(ctx, ImageDesc::new_2d(w, h)).unwrap();
+    let row = w as usize * F::TEXEL_BYTES as usize;
+    let pitch = (row + 1).next_multiple_of(256);
+    let seed = F::VK.as_raw() as u32 ^ w;
+    let data = pattern(row * h as usize, seed);
+    ctx.write_image(&image, 0, 0, &data, SubmitSync::new())
+        .unwrap();
+    ctx.release_image(&image, SubmitSync::new()).unwrap();
+    let imported = cuda.import_image(&image).unwrap();
+    let array = imported.map_array().unwrap();
+    let level = array.level(0).unwrap();
+    let stream = Stream::new(cuda).unwrap();
+    let expected = pitched_layout(&data, row, pitch, 0xab);
+    let mut linear = DeviceBuffer::new(cuda, expected.len()).unwrap();
+    for engine in [CopyEngine::Kernel, CopyEngine::Driver] {
+        stream
+            .copy_from_host(&vec![0xab; expected.len()], &mut linear)
+            .unwrap();
+        let used = level
+            .enqueue_copy_to_with(
+                &stream,
+                Pitched::buffer(&linear).with_row_pitch(pitch as u64),
+                engine,
+            )
+            .unwrap();
+        assert_eq!(used, engine);
+        let mut got = vec![0u8; expected.len()];
+        stream.copy_to_host(&linear, &mut got).unwrap();
+        if let Some(i) = got.iter().zip(&expected).position(|(a, b)| a != b) {
+            panic!(
+                "{} {w}x{h} array->linear ({engine:?}, pitch {pitch}): byte {i} (row {}, column byte {}) is {:#x}, expected {:#x}",
+                F::NAME,
+                i / pitch,
+                i % pitch,
+                got[i],
+                expected[i]
+            );
+        }
+    }
+    // Linear -> array with the kernel (Auto picks it), read back by Vulkan
+    // and by CUDA.
+    let back = pattern(row * h as usize, seed ^ 0xffff);
+    stream
+        .copy_from_host(&pitched_layout(&back, row, pitch, 0xcd), &mut linear)
+        .unwrap();
+    let used = level
+        .enqueue_copy_from(
+            &stream,
+            Pitched::buffer(&linear).with_row_pitch(pitch as u64),
+        )
+        .unwrap();
+    assert_eq!(used, CopyEngine::Kernel);
+    stream.synchronize(TIMEOUT).unwrap();
+    let mut by_cuda = vec![0u8; back.len()];
+    level.copy_to_host(&stream, &mut by_cuda).unwrap();
+    assert!(
+        by_cuda == back,
+        "{} {w}x{h} linear->array: CUDA reads other bytes",
+        F::NAME
+    );
+    let by_vulkan = ctx.read_image(&image, 0, 0, SubmitSync::new()).unwrap();
+    assert!(
+        by_vulkan == back,
+        "{} {w}x{h} linear->array: Vulkan reads other bytes",
+        F::NAME
+    );
+    // The blocking wrappers, tightly packed, through the kernel.
+    let mut tight = DeviceBuffer::new(cuda, back.len()).unwrap();
+    level.copy_to_device(&stream, &mut tight).unwrap();
+    let mut got = vec![0u8; back.len()];
+    stream.copy_to_host(&tight, &mut got).unwrap();
+    assert!(got == back, "{} {w}x{h} copy_to_device", F::NAME);
+    println!(
+        "{} {w}x{h}: array->linear (pitch {pitch}, kernel and driver), linear->array (kernel), exact",
+        F::NAME
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+fn level_copies_with_pitched_linear_memory_are_exact_for_4_8_and_16_byte_texels() {
+    let (ctx, cuda) = pair();
+    for (w, h) in [(1000, 37), (3840, 2160)] {
+        level_copies_round_trip::<Rgba8Unorm>(&ctx, &cuda, w, h);
+        level_copies_round_trip::<Rgba16Sfloat>(&ctx, &cuda, w, h);
+        level_copies_round_trip::<Rgba32Sfloat>(&ctx, &cuda, w, h);
+    }
+    level_copies_round_trip::<R32Sfloat>(&ctx, &cuda, 17, 3);
+    assert_no_validation_errors(&ctx);
+}
+
+/// Without storage usage there is no surface: `Auto` copies with the driver
+/// (`cuMemcpy3DAsync`), exactly, with the pitch given, and the kernel is
+/// refused.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+fn level_copies_without_storage_usage_fall_back_to_the_driver() {
+    use cuda_interop::{CopyEngine, Pitched};
+    let (ctx, cuda) = pair();
+    let (w, h) = (1000u32, 37u32);
+    let image = ExportableImage::<Rgba8Unorm, Optimal, DeviceLocal, usage::Sampled>::new(
+        &ctx,
+        ImageDesc::new_2d(w, h),
+    )
+    .unwrap();
+    let row = w as usize * 4;
+    let pitch = 4096;
+    let data = pattern(row * h as usize, 77);
+    ctx.write_image(&image, 0, 0, &data, SubmitSync::new())
+        .unwrap();
+    ctx.release_image(&image, SubmitSync::new()).unwrap();
+    let imported = cuda.import_image(&image).unwrap();
+    let array = imported.map_array().unwrap();
+    let level = array.level(0).unwrap();
+    let stream = Stream::new(&cuda).unwrap();
+    let expected = pitched_layout(&data, row, pitch, 0x11);
+    let mut linear = DeviceBuffer::new(&cuda, expected.len()).unwrap();
+    stream
+        .copy_from_host(&vec![0x11; expected.len()], &mut linear)
+        .unwrap();
+    let err = level
+        .enqueue_copy_to_with(&stream, Pitched::buffer(&linear), CopyEngine::Kernel)
+        .unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    let used = level
+        .enqueue_copy_to(
+            &stream,
+            Pitched::buffer(&linear).with_row_pitch(pitch as u64),
+        )
+        .unwrap();
+    assert_eq!(used, CopyEngine::Driver);
+    let mut got = vec![0u8; expected.len()];
+    stream.copy_to_host(&linear, &mut got).unwrap();
+    assert!(got == expected, "driver copy with pitch {pitch}");
+    assert_no_validation_errors(&ctx);
+}
+
+/// Nothing waits for a copy until the caller does: a copy enqueued behind a
+/// CUDA wait on a timeline value nobody has signalled yet returns at once
+/// and stays pending; once Vulkan signals, it completes, exact; the
+/// destination's drop would have waited for it.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+fn level_copies_are_stream_ordered_and_never_wait_on_the_host() {
+    use cuda_interop::{CopyEngine, Pitched};
+    let (ctx, cuda) = pair();
+    let (w, h) = (3840u32, 2160u32);
+    let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(w, h)).unwrap();
+    let data = pattern((w * h * 4) as usize, 5);
+    ctx.write_image(&image, 0, 0, &data, SubmitSync::new())
+        .unwrap();
+    ctx.release_image(&image, SubmitSync::new()).unwrap();
+    let timeline = TimelineSemaphore::new(&ctx).unwrap();
+    let cuda_timeline = cuda.import_semaphore(&timeline).unwrap();
+    let imported = cuda.import_image(&image).unwrap();
+    let array = imported.map_array().unwrap();
+    let level = array.level(0).unwrap();
+    let stream = Stream::new(&cuda).unwrap();
+    let linear = DeviceBuffer::new(&cuda, data.len()).unwrap();
+    // Warm up: the module loads and the surface is made on the first copy.
+    level
+        .enqueue_copy_to(&stream, Pitched::buffer(&linear))
+        .unwrap();
+    stream.synchronize(TIMEOUT).unwrap();
+
+    cuda_timeline.wait(&stream, 1).unwrap();
+    let mut used = CopyEngine::Auto;
+    let took = time(|| {
+        used = level
+            .enqueue_copy_to(&stream, Pitched::buffer(&linear))
+            .unwrap();
+    });
+    assert_eq!(used, CopyEngine::Kernel);
+    println!("copy behind an unsignalled wait enqueued in {took:?}");
+    assert!(took < Duration::from_millis(50), "{took:?}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!stream.query().unwrap(), "the copy waits on the GPU");
+    timeline.signal(1).unwrap();
+    stream.synchronize(TIMEOUT).unwrap();
+    let mut got = vec![0u8; data.len()];
+    stream.copy_to_host(&linear, &mut got).unwrap();
+    assert!(got == data, "the gated copy is exact");
+    drop(linear);
+    drop(cuda_timeline);
+    assert_no_validation_errors_except(&ctx, &[IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE]);
+}
