@@ -51,7 +51,7 @@ cargo build --profile gpu -p cuda-interop --examples
 cargo build --profile gpu -p cuda-interop-sys --example driver_info
 tests gpu "" gpu gpu_faults vulkan wire trust_boundary soak
 tests gpu-debug -debug vulkan wire trust_boundary
-for e in round_trip host_wait; do cp "target/gpu/examples/$e" "$out/"; done
+for e in round_trip host_wait array_copy; do cp "target/gpu/examples/$e" "$out/"; done
 cp target/gpu/examples/driver_info "$out/"
 # The performance suite (issue 11): run it on its own, without the layer.
 cargo build --profile gpu -p cuda-interop-bench
