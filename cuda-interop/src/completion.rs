@@ -22,9 +22,12 @@
 //! * Every wait is bounded by its timeout ([`Error::Timeout`]); none calls
 //!   `cuEventSynchronize`. Dropping a [`Completion`] never waits: a pending
 //!   event is released by the driver once it completes.
-//! * The fd becomes readable once the work is done and stays readable (the
-//!   crate never reads it): level-triggered `poll`/`epoll` report it every
-//!   time, edge-triggered ones once. Do not read from it.
+//! * The fd becomes readable once the work is done and the driver has run
+//!   the host function behind it (on the H200, tens of µs after the event
+//!   completes: a wait that spins on the event can return before the fd is
+//!   readable), and stays readable (the crate never reads it):
+//!   level-triggered `poll`/`epoll` report it every time, edge-triggered
+//!   ones once. Do not read from it.
 
 use std::ffi::c_void;
 use std::fmt;
@@ -48,7 +51,9 @@ use crate::wait::{block_until, poll_until, readable, spin_until, HostWait};
 /// * [`wait`](Completion::wait) waits with [`HostWait::default()`] (spin
 ///   50 µs, then sleep on the fd), [`wait_with`](Completion::wait_with) with
 ///   any strategy, both bounded ([`Error::Timeout`]);
-/// * it is [`AsFd`]: the eventfd becomes readable when the work is done, so
+/// * it is [`AsFd`]: the eventfd becomes readable when the work is done
+///   (once the driver's host function behind it has run, a little after
+///   [`is_done`](Completion::is_done) turns true), so
 ///   it can join a `poll`/`epoll` set, a `mio` registry or a tokio `AsyncFd`
 ///   (do not read from it: it stays readable once done).
 ///
@@ -228,8 +233,8 @@ impl Completion {
 }
 
 impl AsFd for Completion {
-    /// The eventfd: readable once the marked work is done (and for ever
-    /// after). Do not read from it.
+    /// The eventfd: readable once the marked work is done and the host
+    /// function behind it has run (and for ever after). Do not read from it.
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.signal.fd.as_fd()
     }

@@ -1450,7 +1450,10 @@ fn every_host_wait_strategy_waits_for_a_real_kernel_and_the_completion_fd_polls(
         let done = waiter.join().unwrap();
         let on_completion = start.elapsed();
         assert!(done.is_done().unwrap());
-        assert!(readable_within(&done, Duration::ZERO));
+        // A wait that spun on the event can return before the driver has
+        // run the host function that makes the fd readable (run 8 on the
+        // H200: not yet readable at once after an Adaptive wait).
+        assert!(readable_within(&done, Duration::from_millis(100)));
         println!("{strategy:?}: a {kernel:?} kernel seen after {on_stream:?} on the stream, {on_completion:?} on a completion");
         for took in [on_stream, on_completion] {
             assert!(
