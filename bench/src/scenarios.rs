@@ -421,7 +421,7 @@ fn s2_hand_off_latency(
     }
 
     // The legs, to see what limits the hand-off.
-    let legs: [(&str, usize); 4] = [
+    let legs: [(&str, usize); 5] = [
         ("leg: Vulkan queue signal -> host sees the counter", 0),
         (
             "leg: host vkSignalSemaphore -> CUDA wait + kernel -> host sees a CUDA event",
@@ -435,6 +435,10 @@ fn s2_hand_off_latency(
             "leg: CUDA kernel + signal -> host sees the Vulkan counter",
             3,
         ),
+        (
+            "relay: host spins until the Vulkan signal landed, then CUDA wait (already met) + kernel -> host sees a CUDA event",
+            4,
+        ),
     ];
     for (name, leg) in legs {
         let mut t = Vec::new();
@@ -446,11 +450,14 @@ fn s2_hand_off_latency(
                     vk_signal(ctx, produced.raw(), value)?;
                     produced.wait(value, WAIT_LIMIT, SPIN)?;
                 }
-                1 | 2 => {
+                1 | 2 | 4 => {
                     if leg == 1 {
                         produced.signal(value)?;
                     } else {
                         vk_signal(ctx, produced.raw(), value)?;
+                    }
+                    if leg == 4 {
+                        produced.wait(value, WAIT_LIMIT, SPIN)?;
                     }
                     cu_produced.wait(&stream, value)?;
                     launch_store(&stream, &store, &target, i as u32)?;
