@@ -35,6 +35,7 @@ def bench_tables(bench):
         "S3": "S3: frame throughput (Vulkan produces, CUDA copies the frame to linear memory)",
         "S4": "S4: a kernel reading a 4K RGBA8 frame, by layout",
         "S6": "S6: semaphore operations per frame",
+        "S7": "S7: the S3 hand-off with the producer in another process",
     }
     for key, title in scenarios.items():
         rows = [r for r in bench["rows"] if r["scenario"] == key]

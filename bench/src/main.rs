@@ -25,8 +25,10 @@
 //! * **S6** semaphore batching: 1, 4 and 16 timeline signals and waits per
 //!   frame, one crate call each against one batched raw call.
 //!
+//! * **S7** the S3 hand-off at 4K RGBA8 with the producer in another
+//!   process (this binary, `--s7-producer`), against S3's same-process rows.
+//!
 //! S5 (array <-> linear copies) is `cuda-interop/examples/array_copy.rs`.
-//! S7 (two processes) is not measured yet.
 //!
 //! Needs an NVIDIA GPU whose Vulkan driver offers device-local exportable
 //! memory; elsewhere it says so and exits 0. Run it without the validation
@@ -35,6 +37,7 @@
 mod producer;
 mod report;
 mod scenarios;
+mod two_process;
 
 use std::process::ExitCode;
 
@@ -42,6 +45,15 @@ pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--s7-producer") {
+        return match two_process::producer_main() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench S7 producer: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let json = args
         .iter()

@@ -23,15 +23,15 @@ use crate::Res;
 
 /// The images every scenario uses: what a CUDA array copy needs (optimal,
 /// device-local, storage usage for a surface).
-type Img<F> = ExportableImage<F, Optimal, DeviceLocal, usage::Storage>;
+pub(crate) type Img<F> = ExportableImage<F, Optimal, DeviceLocal, usage::Storage>;
 
 /// A host wait that spins on the counter: the same policy as the C loop.
-const SPIN: WaitStrategy = WaitStrategy::Poll {
+pub(crate) const SPIN: WaitStrategy = WaitStrategy::Poll {
     spin: Duration::from_secs(5),
     yield_until: Duration::from_secs(5),
     sleep: Duration::from_micros(50),
 };
-const WAIT_LIMIT: Duration = Duration::from_secs(5);
+pub(crate) const WAIT_LIMIT: Duration = Duration::from_secs(5);
 
 /// A linear copy kernel for S4: `copy_b128(src, dst, n)` copies `n` 16-byte
 /// words, one per thread.
@@ -150,9 +150,9 @@ pub fn run(quick: bool, json: Option<&str>) -> Res<()> {
         )?;
     }
     s4_read_cost_by_layout(&ctx, &cuda, &copy_module, &linear, &mut report)?;
+    crate::two_process::s7(&cuda, &mut report, if quick { 40 } else { 200 })?;
     s6_semaphore_batching(&ctx, &cuda, &mut report, if quick { 100 } else { 1000 })?;
     report.note("S5 (array <-> linear copies): see cuda-interop/examples/array_copy.rs");
-    report.note("S7 (the S3 hand-off between two processes): not measured yet");
     report.print();
     if let Some(path) = json {
         std::fs::write(path, report.json(&header))?;
