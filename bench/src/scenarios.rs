@@ -6,8 +6,8 @@ use std::ffi::{c_uint, c_void};
 use std::time::{Duration, Instant};
 
 use cuda_interop::{
-    kernels, sys, CopyEngine, CudaDevice, DeviceBuffer, Event, Function, HostWait, Module, Pitched,
-    Stream,
+    kernels, sys, CopyEngine, CudaDevice, DeviceBuffer, Event, Function, HostWait, Module,
+    PitchedMut, Stream,
 };
 use vk_export::ash::vk;
 use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
@@ -588,7 +588,7 @@ fn s3_frames<F: Format>(
         .iter()
         .map(|l| l.surface())
         .collect::<Result<Vec<_>, _>>()?;
-    let dsts = (0..SLOTS)
+    let mut dsts = (0..SLOTS)
         .map(|_| DeviceBuffer::new(cuda, bytes as usize))
         .collect::<Result<Vec<_>, _>>()?;
     let mut params: Vec<Box<CopyArgs>> = (0..SLOTS)
@@ -673,7 +673,7 @@ fn s3_frames<F: Format>(
                 cu_produced.wait(&stream, n + 1)?;
                 levels[s].enqueue_copy_to_with(
                     &stream,
-                    Pitched::buffer(&dsts[s]),
+                    PitchedMut::buffer(&mut dsts[s]),
                     CopyEngine::Kernel,
                 )?;
                 cu_consumed.signal(&stream, n + 1)?;

@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use cuda_interop::{CopyEngine, CudaDevice, Event, Pitched, Stream};
+use cuda_interop::{CopyEngine, CudaDevice, Event, PitchedMut, Stream};
 use vk_export::ash::vk;
 use vk_export::format::Rgba8Unorm;
 use vk_export::markers::{usage, DeviceLocal, Optimal};
@@ -136,7 +136,7 @@ pub fn s7(cuda: &CudaDevice, report: &mut Report, frames: u32) -> Res<()> {
         .map(|a| a.level(0))
         .collect::<Result<Vec<_>, _>>()?;
     let bytes = (WIDTH * HEIGHT * 4) as usize;
-    let dsts = (0..SLOTS)
+    let mut dsts = (0..SLOTS)
         .map(|_| cuda_interop::DeviceBuffer::new(cuda, bytes))
         .collect::<Result<Vec<_>, _>>()?;
     let stream = Stream::new(cuda)?;
@@ -157,7 +157,7 @@ pub fn s7(cuda: &CudaDevice, report: &mut Report, frames: u32) -> Res<()> {
                 cu_produced.wait(&stream, n + 1)?;
                 levels[s].enqueue_copy_to_with(
                     &stream,
-                    Pitched::buffer(&dsts[s]),
+                    PitchedMut::buffer(&mut dsts[s]),
                     CopyEngine::Kernel,
                 )?;
                 cu_consumed.signal(&stream, n + 1)?;

@@ -23,7 +23,9 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use cuda_interop::sys::{self, CUdeviceptr, CUmemorytype, CUresult};
-use cuda_interop::{CopyEngine, CudaDevice, DeviceBuffer, Event, LevelArray, Pitched, Stream};
+use cuda_interop::{
+    CopyEngine, CudaDevice, DeviceBuffer, Event, LevelArray, Pitched, PitchedMut, Stream,
+};
 use vk_export::format::{Format, Rgba16Sfloat, Rgba32Sfloat, Rgba8Unorm};
 use vk_export::markers::usage;
 use vk_export::{
@@ -154,39 +156,25 @@ fn measure<F: Format>(bench: &mut Bench, size: &'static str, w: u32, h: u32) -> 
     let array = imported.map_array()?;
     let level = array.level(0)?;
     let bytes = level.byte_len()?;
-    let linear = DeviceBuffer::new(&bench.cuda, bytes)?;
+    let mut linear = DeviceBuffer::new(&bench.cuda, bytes)?;
     let other = DeviceBuffer::new(&bench.cuda, bytes)?;
     let cuda = bench.cuda.clone();
-    let with = |engine: CopyEngine, to: bool| {
-        let (level, linear) = (&level, &linear);
-        move |stream: &Stream| -> Res<()> {
-            let used = if to {
-                level.enqueue_copy_to_with(stream, Pitched::buffer(linear), engine)?
-            } else {
-                level.enqueue_copy_from_with(stream, Pitched::buffer(linear), engine)?
-            };
-            if used != engine {
-                return Err(format!("asked for {engine:?}, got {used:?}").into());
-            }
-            Ok(())
-        }
-    };
     let methods: [(&'static str, f64); 7] = [
         (
             "kernel array->linear",
-            bench.time(with(CopyEngine::Kernel, true))?,
+            bench.time(copy_with(&level, &mut linear, CopyEngine::Kernel, true))?,
         ),
         (
             "kernel linear->array",
-            bench.time(with(CopyEngine::Kernel, false))?,
+            bench.time(copy_with(&level, &mut linear, CopyEngine::Kernel, false))?,
         ),
         (
             "cuMemcpy3D array->linear",
-            bench.time(with(CopyEngine::Driver, true))?,
+            bench.time(copy_with(&level, &mut linear, CopyEngine::Driver, true))?,
         ),
         (
             "cuMemcpy3D linear->array",
-            bench.time(with(CopyEngine::Driver, false))?,
+            bench.time(copy_with(&level, &mut linear, CopyEngine::Driver, false))?,
         ),
         (
             "cuMemcpy2D array->linear",
@@ -212,6 +200,27 @@ fn measure<F: Format>(bench: &mut Bench, size: &'static str, w: u32, h: u32) -> 
             micros,
         })
         .collect())
+}
+
+/// One crate copy between the level and `linear` with `engine`, `to` the
+/// linear side or from it, as a closure to time.
+fn copy_with<'a, F: Format>(
+    level: &'a LevelArray<'_, F, usage::Storage>,
+    linear: &'a mut DeviceBuffer,
+    engine: CopyEngine,
+    to: bool,
+) -> impl FnMut(&Stream) -> Res<()> + 'a {
+    move |stream: &Stream| -> Res<()> {
+        let used = if to {
+            level.enqueue_copy_to_with(stream, PitchedMut::buffer(&mut *linear), engine)?
+        } else {
+            level.enqueue_copy_from_with(stream, Pitched::buffer(linear), engine)?
+        };
+        if used != engine {
+            return Err(format!("asked for {engine:?}, got {used:?}").into());
+        }
+        Ok(())
+    }
 }
 
 /// `cuMemcpy2DAsync` of the whole level to or from `linear` (tightly

@@ -8,14 +8,16 @@
 //!   (`cuLaunchHostFunc`) behind it that writes 1 to an eventfd. The event
 //!   answers queries and spins; the eventfd wakes sleepers and event loops.
 //! * **The host function's data is owned by the host function.** It gets one
-//!   strong reference of an `Arc` holding the eventfd ([`Arc::into_raw`]) and
-//!   takes it back when it runs ([`Arc::from_raw`]), so however and whenever
-//!   the [`Completion`] is dropped, the callback writes to an fd that is
-//!   still open. If the stream never reaches the host function (it is stuck
-//!   behind a semaphore wait nobody signals), that reference, the eventfd and
-//!   one small allocation are leaked: one fd per such completion, never a
-//!   use after free. The same holds when `cuLaunchHostFunc` itself fails
-//!   (the driver may still hold the function): the reference is left to it.
+//!   strong reference of an `Arc` ([`Arc::into_raw`]) and takes it back when
+//!   it runs ([`Arc::from_raw`]), so however and whenever the [`Completion`]
+//!   is dropped, the callback touches live memory. The `Arc` holds a
+//!   duplicate of the eventfd under a mutex: the callback writes through it
+//!   if it is still there; dropping the [`Completion`] (or a failed
+//!   `cuLaunchHostFunc`) closes it under the same mutex. So no fd outlives
+//!   its [`Completion`]: if the stream never reaches the host function
+//!   (stuck behind a semaphore wait nobody signals), or the driver failed
+//!   the launch but may still hold the function, only the `Arc`'s small
+//!   allocation is leaked, never an fd, and never a use after free.
 //! * The host function calls no CUDA function (the driver forbids it): it
 //!   only writes the eventfd and drops its reference (closing the fd when it
 //!   is the last one).
@@ -32,7 +34,7 @@
 use std::ffi::c_void;
 use std::fmt;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use cuda_interop_sys::{CUevent, CUevent_flags};
@@ -82,13 +84,23 @@ pub struct Completion {
     device: CudaDevice,
     /// Recorded on the stream just before the host function was enqueued.
     event: CUevent,
-    /// The eventfd; the host function holds another reference until it runs.
+    /// The eventfd, read (polled) here.
+    fd: OwnedFd,
+    /// The host function holds another reference until it runs.
     signal: Arc<Signal>,
 }
 
-/// What the host function writes: the eventfd, closed with the last reference.
+/// What the host function writes: a duplicate of the eventfd, closed (taken
+/// out) when the [`Completion`] drops or its launch failed.
 struct Signal {
-    fd: OwnedFd,
+    writer: Mutex<Option<OwnedFd>>,
+}
+
+impl Signal {
+    fn writer(&self) -> MutexGuard<'_, Option<OwnedFd>> {
+        // Whatever panicked while holding it, the Option is whole.
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 // SAFETY: the event is a driver handle, usable from any thread with its
@@ -110,8 +122,13 @@ unsafe extern "C" fn signal_done(data: *mut c_void) {
     // an `Arc<Signal>` that nothing else will take back.
     let signal = unsafe { Arc::from_raw(data.cast_const().cast::<Signal>()) };
     // An eventfd's counter cannot overflow from one write of 1, and the fd is
-    // non-blocking: the write cannot fail or block. No CUDA call here.
-    let _ = rustix::io::write(&signal.fd, &1u64.to_ne_bytes());
+    // non-blocking: the write cannot fail or block. No CUDA call here. The
+    // lock keeps the fd open for the write; gone means nobody listens.
+    let writer = signal.writer();
+    if let Some(fd) = writer.as_ref() {
+        let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+    }
+    drop(writer);
 }
 
 impl Completion {
@@ -124,7 +141,15 @@ impl Completion {
                  limit (ulimit -n), or wait with HostWait::Spin or HostWait::Poll"
             ))
         })?;
-        let signal = Arc::new(Signal { fd });
+        let writer = fd.try_clone().map_err(|e| {
+            Error::Unsupported(format!(
+                "could not duplicate a completion's eventfd ({e}): close fds or raise the limit \
+                 (ulimit -n), or wait with HostWait::Spin or HostWait::Poll"
+            ))
+        })?;
+        let signal = Arc::new(Signal {
+            writer: Mutex::new(Some(writer)),
+        });
         let device = stream.device();
         let _guard = device.enter()?;
         let mut event: CUevent = std::ptr::null_mut();
@@ -139,6 +164,7 @@ impl Completion {
         let completion = Completion {
             device: device.clone(),
             event,
+            fd,
             signal,
         };
         // SAFETY: a live event and a live stream, both of the current context.
@@ -155,7 +181,8 @@ impl Completion {
             // The driver was called and failed: it may have kept the host
             // function (an error of earlier asynchronous work is reported
             // here too), so its reference is left to it: leaked if it never
-            // runs, never freed under it.
+            // runs, never freed under it. The duplicate fd is closed when
+            // `completion` drops here, so only the allocation can leak.
             Err(e @ Error::Driver(_)) => Err(e),
             // Refused before the driver was called (poisoned, forked child,
             // no cuLaunchHostFunc): the reference is still ours.
@@ -186,7 +213,7 @@ impl Completion {
 
     /// Whether the host function has written the eventfd (no driver call).
     pub(crate) fn is_signalled(&self) -> Result<bool> {
-        readable(self.signal.fd.as_fd(), Duration::ZERO)
+        readable(self.fd.as_fd(), Duration::ZERO)
     }
 
     /// `cuEventQuery`; the device's context must be current.
@@ -208,7 +235,7 @@ impl Completion {
     /// (`cuEventQuery`) ends the wait with that error.
     pub fn wait_with(&self, strategy: HostWait, timeout: Duration) -> Result<()> {
         let _guard = self.device.enter()?;
-        let fd = self.signal.fd.as_fd();
+        let fd = self.fd.as_fd();
         let query = || self.query();
         match strategy {
             HostWait::Spin => spin_until(timeout, query),
@@ -236,7 +263,7 @@ impl AsFd for Completion {
     /// The eventfd: readable once the marked work is done and the host
     /// function behind it has run (and for ever after). Do not read from it.
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.signal.fd.as_fd()
+        self.fd.as_fd()
     }
 }
 
@@ -245,7 +272,7 @@ impl fmt::Debug for Completion {
         f.debug_struct("Completion")
             .field("device", &self.device)
             .field("event", &self.event)
-            .field("fd", &self.signal.fd)
+            .field("fd", &self.fd)
             .finish()
     }
 }
@@ -258,7 +285,9 @@ impl Drop for Completion {
             // cuEventDestroy documents. The host function does not use it.
             record_drop_error(unsafe { cu!(cuEventDestroy(self.event)) });
         }
-        // `signal` drops here; if the host function has not run, its own
-        // reference keeps the eventfd open until it has.
+        // Closes the host function's duplicate under the lock it writes
+        // under: if it has not run, it will find nothing to write to, and
+        // only its `Arc` (no fd) waits for it.
+        drop(self.signal.writer().take());
     }
 }

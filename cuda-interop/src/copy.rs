@@ -84,7 +84,9 @@ enum Owner<'a> {
 }
 
 /// Linear device memory seen as the rows of a level: an address range, the
-/// row pitch, and what keeps the range alive while a copy uses it.
+/// row pitch, and what keeps the range alive while a copy uses it. This is a
+/// copy's *source* (a shared borrow is enough to be read); a destination is
+/// a [`PitchedMut`], made from an exclusive borrow.
 ///
 /// Tightly packed unless [`Pitched::with_row_pitch`] says otherwise. The
 /// layout is checked against the level when a copy is enqueued: the pitch is
@@ -96,9 +98,9 @@ enum Owner<'a> {
 /// # fn demo(level: &cuda_interop::LevelArray<'_, vk_export::format::Rgba8Unorm, vk_export::markers::usage::Storage>,
 /// #         stream: &cuda_interop::Stream, buffer: &cuda_interop::DeviceBuffer) -> cuda_interop::Result<()> {
 /// use cuda_interop::Pitched;
-/// // Rows 256-byte aligned, as many consumers want them.
+/// // Rows 256-byte aligned, as many producers write them.
 /// let pitch = (u64::from(level.extent()[0]) * 4).next_multiple_of(256);
-/// level.enqueue_copy_to(stream, Pitched::buffer(buffer).with_row_pitch(pitch))?;
+/// level.enqueue_copy_from(stream, Pitched::buffer(buffer).with_row_pitch(pitch))?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Copy, Debug)]
@@ -208,6 +210,68 @@ impl<'a> Pitched<'a> {
     /// The row pitch given, if any (`None`: tightly packed).
     pub fn row_pitch(&self) -> Option<u64> {
         self.row_pitch
+    }
+}
+
+/// The linear side of a copy *into* linear memory: like [`Pitched`], but
+/// made from an exclusive borrow, so that safe code cannot have two copies
+/// write the same crate-owned memory at once, nor write memory that someone
+/// else holds as `&`.
+///
+/// ```no_run
+/// # fn demo(level: &cuda_interop::LevelArray<'_, vk_export::format::Rgba8Unorm, vk_export::markers::usage::Storage>,
+/// #         stream: &cuda_interop::Stream, buffer: &mut cuda_interop::DeviceBuffer) -> cuda_interop::Result<()> {
+/// use cuda_interop::PitchedMut;
+/// let pitch = (u64::from(level.extent()[0]) * 4).next_multiple_of(256);
+/// level.enqueue_copy_to(stream, PitchedMut::buffer(buffer).with_row_pitch(pitch))?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct PitchedMut<'a>(Pitched<'a>);
+
+impl<'a> PitchedMut<'a> {
+    /// A crate-owned device buffer, tightly packed.
+    pub fn buffer(buffer: &'a mut DeviceBuffer) -> PitchedMut<'a> {
+        PitchedMut(Pitched::buffer(buffer))
+    }
+
+    /// A whole mapping of imported memory; for a linear image's mapping, its
+    /// [row pitch](MappedBuffer::row_pitch), else tightly packed.
+    pub fn mapped(mapping: &'a mut MappedBuffer<'_>) -> PitchedMut<'a> {
+        PitchedMut(Pitched::mapped(mapping))
+    }
+
+    /// Device memory this crate does not own, as [`Pitched::foreign`].
+    ///
+    /// # Safety
+    /// As for [`Pitched::foreign`]: `len` bytes at `ptr` are device memory
+    /// the stream's context can access, kept valid and unaliased (nothing
+    /// else reads or writes them) until every copy into them has completed.
+    pub unsafe fn foreign(ptr: CUdeviceptr, len: u64) -> PitchedMut<'a> {
+        // SAFETY: the caller's contract is the same.
+        PitchedMut(unsafe { Pitched::foreign(ptr, len) })
+    }
+
+    /// The same memory with rows `bytes` apart.
+    pub fn with_row_pitch(self, bytes: u64) -> PitchedMut<'a> {
+        PitchedMut(self.0.with_row_pitch(bytes))
+    }
+
+    /// The device address.
+    pub fn device_ptr(&self) -> CUdeviceptr {
+        self.0.ptr
+    }
+    /// The length in bytes.
+    pub fn len(&self) -> u64 {
+        self.0.len
+    }
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.len == 0
+    }
+    /// The row pitch given, if any (`None`: tightly packed).
+    pub fn row_pitch(&self) -> Option<u64> {
+        self.0.row_pitch
     }
 }
 
@@ -393,18 +457,18 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
     /// stream.
     ///
     /// ```no_run
-    /// # use cuda_interop::{CudaDevice, DeviceBuffer, Pitched, Stream};
+    /// # use cuda_interop::{CudaDevice, DeviceBuffer, PitchedMut, Stream};
     /// # fn demo(cuda: &CudaDevice, level: &cuda_interop::LevelArray<'_, vk_export::format::Rgba8Unorm, vk_export::markers::usage::Storage>)
     /// #     -> cuda_interop::Result<()> {
     /// let stream = Stream::new(cuda)?;
-    /// let frame = DeviceBuffer::new(cuda, level.byte_len()?)?;
-    /// level.enqueue_copy_to(&stream, Pitched::buffer(&frame))?;
+    /// let mut frame = DeviceBuffer::new(cuda, level.byte_len()?)?;
+    /// level.enqueue_copy_to(&stream, PitchedMut::buffer(&mut frame))?;
     /// // ... enqueue kernels reading `frame` on the same stream ...
     /// stream.synchronize(stream.timeout())?;
     /// # Ok(()) }
     /// ```
-    pub fn enqueue_copy_to(&self, stream: &Stream, dst: Pitched<'_>) -> Result<CopyEngine> {
-        self.enqueue_copy(stream, Direction::OutOfLevel, dst, CopyEngine::Auto)
+    pub fn enqueue_copy_to(&self, stream: &Stream, dst: PitchedMut<'_>) -> Result<CopyEngine> {
+        self.enqueue_copy(stream, Direction::OutOfLevel, dst.0, CopyEngine::Auto)
     }
 
     /// Enqueues a copy of `src` into the whole level and returns without
@@ -427,19 +491,19 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
     /// them, or to insist on one).
     ///
     /// ```no_run
-    /// # use cuda_interop::{CopyEngine, Pitched, Stream};
+    /// # use cuda_interop::{CopyEngine, PitchedMut, Stream};
     /// # fn demo(level: &cuda_interop::LevelArray<'_, vk_export::format::Rgba8Unorm, vk_export::markers::usage::Storage>,
-    /// #         stream: &Stream, buffer: &cuda_interop::DeviceBuffer) -> cuda_interop::Result<()> {
-    /// level.enqueue_copy_to_with(stream, Pitched::buffer(buffer), CopyEngine::Driver)?;
+    /// #         stream: &Stream, buffer: &mut cuda_interop::DeviceBuffer) -> cuda_interop::Result<()> {
+    /// level.enqueue_copy_to_with(stream, PitchedMut::buffer(buffer), CopyEngine::Driver)?;
     /// # Ok(()) }
     /// ```
     pub fn enqueue_copy_to_with(
         &self,
         stream: &Stream,
-        dst: Pitched<'_>,
+        dst: PitchedMut<'_>,
         engine: CopyEngine,
     ) -> Result<CopyEngine> {
-        self.enqueue_copy(stream, Direction::OutOfLevel, dst, engine)
+        self.enqueue_copy(stream, Direction::OutOfLevel, dst.0, engine)
     }
 
     /// [`LevelArray::enqueue_copy_from`] with the engine chosen.
@@ -458,7 +522,7 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
     /// [`Error::Timeout`] the copy stays enqueued; it is recorded as a use of
     /// the import and of `dst`, so neither is freed before it completes.
     pub fn copy_to_device(&self, stream: &Stream, dst: &mut DeviceBuffer) -> Result<()> {
-        self.enqueue_copy_to(stream, Pitched::buffer(dst))?;
+        self.enqueue_copy_to(stream, PitchedMut::buffer(dst))?;
         stream.synchronize(stream.timeout())
     }
 
@@ -488,10 +552,11 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
                 F::NAME
             )));
         }
-        if self.extent()[2] != 1 {
+        if !self.is_plain_2d() {
             return Some(Error::Unsupported(format!(
-                "the copy kernel copies one layer, not {}",
-                self.extent()[2]
+                "the copy kernel addresses a plain 2-D array (a 2-D image of one layer), not a \
+                 level of a 3-D, layered or cube image (extent {:?})",
+                self.extent()
             )));
         }
         let align = u64::from(texel);

@@ -272,6 +272,9 @@ pub(crate) struct ExternalWaits {
     pending: Mutex<Events>,
     /// A settle check gave up: later checks only look, without waiting.
     stuck: AtomicBool,
+    /// A wait could not be recorded: the list can no longer show that every
+    /// external wait completed, so every later settle check fails.
+    untracked: AtomicBool,
 }
 
 impl fmt::Debug for ExternalWaits {
@@ -290,13 +293,29 @@ impl ExternalWaits {
     /// Records the external wait just enqueued on `stream`. The device's
     /// context must be current.
     pub(crate) fn record(&self, stream: &Stream) -> Result<()> {
-        self.lock().record(stream)
+        let recorded = self.lock().record(stream);
+        if recorded.is_err() {
+            self.untracked.store(true, Ordering::Release);
+        }
+        recorded
+    }
+
+    /// Marks the list unreliable: a wait was enqueued but not recorded.
+    pub(crate) fn mark_untracked(&self) {
+        self.untracked.store(true, Ordering::Release);
     }
 
     /// `Ok` once every recorded external wait of `device` has completed,
     /// waiting at most `limit` (no wait at all once a check has given up and
     /// a wait is still pending).
     pub(crate) fn settled(&self, device: &CudaDevice, limit: Duration) -> Result<()> {
+        if self.untracked.load(Ordering::Acquire) {
+            return Err(Error::Cleanup(
+                "an external-semaphore wait of this device could not be recorded, so no destroy \
+                 can be shown not to wait for it"
+                    .into(),
+            ));
+        }
         if self.lock().pending.is_empty() {
             return Ok(());
         }

@@ -72,7 +72,7 @@ mod stream;
 mod wait;
 
 pub use completion::Completion;
-pub use copy::{CopyEngine, Pitched};
+pub use copy::{CopyEngine, Pitched, PitchedMut};
 pub use device::{list_devices, ContextGuard, CudaDevice, DeviceListing};
 pub use driver::{driver_version, drop_errors};
 pub use error::{DriverError, Error, ImportError, Result};

@@ -820,6 +820,8 @@ impl<F: Format, U: Usage> MappedArray<'_, F, U> {
             array,
             extent: [e[0], e[1], depth],
             surface_ldst: self.surface_ldst,
+            plain_2d: self.info.image_type() == vk::ImageType::TYPE_2D
+                && self.info.array_layers() == 1,
             copy_surfaces: &self.copy_surfaces,
             _types: PhantomData,
         })
@@ -839,6 +841,9 @@ pub struct LevelArray<'m, F, U> {
     extent: [u32; 3],
     /// Whether the array was mapped with `CUDA_ARRAY3D_SURFACE_LDST`.
     surface_ldst: bool,
+    /// Whether the level is a plain 2-D CUDA array (a 2-D image of one
+    /// layer), the only kind the copy kernels' 2-D surface accesses address.
+    plain_2d: bool,
     /// The mipmapped array's surface objects for kernel copies.
     copy_surfaces: &'m CopySurfaces,
     _types: PhantomData<fn() -> (F, U)>,
@@ -875,6 +880,11 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
     /// (storage usage), so that a surface object can be made on it.
     pub(crate) fn surface_ldst(&self) -> bool {
         self.surface_ldst
+    }
+
+    /// Whether the level is a plain 2-D CUDA array (a 2-D image of one layer).
+    pub(crate) fn is_plain_2d(&self) -> bool {
+        self.plain_2d
     }
 
     /// The level's surface object for kernel copies, made on first use and

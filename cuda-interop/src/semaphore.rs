@@ -247,12 +247,20 @@ impl<K> ExternalSemaphore<K> {
     /// Records an enqueued wait as a use of the semaphore and as a pending
     /// external wait of the device.
     fn track_wait(&self, stream: &Stream) -> Result<()> {
-        {
-            let _guard = self.device.enter()?;
+        // Both records are made whatever the other's outcome: a failed one
+        // marks its list as unreliable (its owner then leaks instead of
+        // trusting it), and must not keep the other from recording.
+        let waits = &self.device.inner.external_waits;
+        let device_wide = match self.device.enter() {
             // Device-wide destroys check this before they could block on it.
-            self.device.inner.external_waits.record(stream)?;
-        }
-        self.last_use.record(stream)
+            Ok(_guard) => waits.record(stream),
+            Err(e) => {
+                waits.mark_untracked();
+                Err(e)
+            }
+        };
+        let own = self.last_use.record(stream);
+        device_wide.and(own)
     }
 }
 

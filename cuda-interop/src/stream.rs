@@ -190,20 +190,24 @@ impl Stream {
             if left.is_zero() {
                 return Err(Error::Timeout(timeout));
             }
+            // Only the stream's own query may end this wait with an error: a
+            // marker that cannot be made or waited on (no eventfd, a failed
+            // cuLaunchHostFunc, a poll error) says nothing about the work, so
+            // the wait goes on by polling the stream.
+            let poll_rest = |query| {
+                poll_until(left, query).map_err(|e| match e {
+                    Error::Timeout(_) => Error::Timeout(timeout),
+                    other => other,
+                })
+            };
             let kept = self.marker.take();
             let marker = match kept {
                 // Still pending, so it is not behind anything newer than the
                 // stream's current work: a lower bound worth waiting for.
-                Some(marker) if !marker.is_signalled()? => marker,
+                Some(marker) if matches!(marker.is_signalled(), Ok(false)) => marker,
                 _ => match Completion::new(self) {
                     Ok(marker) => marker,
-                    Err(Error::Unsupported(_) | Error::MissingFunction(_)) => {
-                        return poll_until(left, query).map_err(|e| match e {
-                            Error::Timeout(_) => Error::Timeout(timeout),
-                            other => other,
-                        })
-                    }
-                    Err(e) => return Err(e),
+                    Err(_) => return poll_rest(&mut query),
                 },
             };
             match marker.wait_with(HostWait::Block, left) {
@@ -213,7 +217,7 @@ impl Stream {
                     self.marker.replace(Some(marker));
                     return Err(Error::Timeout(timeout));
                 }
-                Err(e) => return Err(e),
+                Err(_) => return poll_rest(&mut query),
             }
         }
     }
@@ -225,7 +229,8 @@ impl Stream {
     /// Enqueues an event record and a host function (`cuLaunchHostFunc`)
     /// that writes the completion's eventfd. If the stream never gets there
     /// (stuck behind a semaphore wait nobody signals), the host function's
-    /// eventfd is leaked: one fd per such completion.
+    /// small shared allocation is leaked; its fd is closed with the
+    /// completion.
     pub fn completion(&self) -> Result<Completion> {
         Completion::new(self)
     }
@@ -254,9 +259,13 @@ impl Stream {
         self.synchronize(self.timeout)?;
         enqueue()?;
         let recorded = used.iter().try_for_each(|last_use| last_use.record(self));
+        // Whatever ends the first wait early (its timeout, or a failure of
+        // its wake-up machinery), the copy may still be running on the
+        // caller's memory: only the stream's own query (done, or a sticky
+        // driver error) may end the wait for it.
         let copied = match self.synchronize(self.timeout) {
-            Err(Error::Timeout(_)) => self.synchronize(Duration::MAX),
-            other => other,
+            Ok(()) => Ok(()),
+            Err(_) => self.synchronize_with(HostWait::Poll, Duration::MAX),
         };
         copied.and(recorded)
     }

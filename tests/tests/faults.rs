@@ -3281,7 +3281,11 @@ fn child_fake_completions() {
     let start = Instant::now();
     enqueue(work);
     let done = stream.completion().unwrap();
-    assert_eq!(eventfds(), before + 1, "one eventfd per completion");
+    assert_eq!(
+        eventfds(),
+        before + 2,
+        "per completion: its eventfd and the host function's duplicate"
+    );
     assert!(!done.is_done().unwrap());
     assert!(!readable_within(&done, Duration::from_millis(150)));
     assert!(
@@ -3356,11 +3360,11 @@ fn child_fake_completions() {
 
 /// Bounded waits against the fake driver: a wait on work that does not
 /// complete in time returns `Error::Timeout` with every strategy; dropping a
-/// completion before its host function runs is safe (the host function runs
-/// later, writes the eventfd it owns, and closes it); repeated timed-out
-/// stream waits share one pending completion; and a host function that never
-/// runs (work behind a wait nobody signals) leaks exactly its one eventfd,
-/// while the completion's event is destroyed.
+/// completion before its host function runs is safe and closes both its fds
+/// at once (the host function runs later and finds nothing to write to);
+/// repeated timed-out stream waits share one pending completion; and a host
+/// function that never runs (work behind a wait nobody signals) leaks no fd:
+/// the completion's event and fds go with it.
 #[test]
 fn completion_waits_time_out_and_drops_before_the_host_function_are_safe() {
     let _serial = serial();
@@ -3407,15 +3411,19 @@ fn child_fake_completion_timeouts() {
     }
     assert_eq!(fake.calls("cuLaunchHostFunc").len(), launched + 1);
     assert!(!done.is_done().unwrap());
-    // Dropped before its host function runs: the host function still runs,
-    // later, on the eventfd it owns, and closes it.
+    // Dropped before its host function runs: both its fds close at once;
+    // the host function still runs, later, and finds nothing to write to.
     drop(done);
-    assert_eq!(eventfds(), before + 2, "the host functions hold theirs");
+    assert_eq!(
+        eventfds(),
+        before + 2,
+        "only the stream's kept completion (its eventfd and duplicate)"
+    );
     assert_eq!(fake.calls("host_function_returned").len(), 0);
     host_functions_returned(&fake, 2);
     assert_eq!(
         eventfds(),
-        before + 1,
+        before + 2,
         "the stream keeps its last completion"
     );
     stream.synchronize(TIMEOUT).unwrap();
@@ -3426,8 +3434,7 @@ fn child_fake_completion_timeouts() {
     assert!(!log.contains("error="), "{log}");
 
     // Work that never completes: the host function is never called; the
-    // completion's event is destroyed and its eventfd leaked, one per
-    // completion.
+    // completion's event is destroyed and its fds closed: no fd leaks.
     fake.set("latency_ms", -1);
     let stuck = Stream::new(&cuda).unwrap();
     semaphore.signal(&stuck, 2).unwrap();
@@ -3449,7 +3456,7 @@ fn child_fake_completion_timeouts() {
     assert_eq!(
         eventfds(),
         before + 2,
-        "leaked: the host functions own them"
+        "the stuck stream's kept completion, nothing of the dropped one"
     );
     assert_eq!(cuda_interop::drop_errors(), errors);
     // The semaphore's last use never completes (its drop would leak it
@@ -3457,7 +3464,7 @@ fn child_fake_completion_timeouts() {
     std::mem::forget(semaphore);
     drop(stuck);
     assert_eq!(fake.live("event"), events);
-    assert_eq!(eventfds(), before + 2);
+    assert_eq!(eventfds(), before, "no fd outlives its completion");
 }
 
 /// Case 48 (the crate's bookkeeping), against the fake driver: 10,000
@@ -3559,7 +3566,7 @@ fn level_copies_are_checked_stream_ordered_and_tracked() {
 #[test]
 #[ignore = "entry point of a child process of faults.rs, with a fake libcuda: run by level_copies_are_checked_stream_ordered_and_tracked"]
 fn child_fake_level_copies() {
-    use cuda_interop::{CopyEngine, Pitched};
+    use cuda_interop::{CopyEngine, Pitched, PitchedMut};
     use vk_export::format::{R16Sfloat, Rgba32Sfloat};
     let fake = fake::Fake::open();
     let other_uuid = [8; 16];
@@ -3577,10 +3584,10 @@ fn child_fake_level_copies() {
     let array = imported.map_array().unwrap();
     let level = array.level(0).unwrap();
     let (row, rows) = (64 * 4u64, 32u64);
-    let tight = DeviceBuffer::new(&cuda, (row * rows) as usize).unwrap();
-    let pitched = DeviceBuffer::new(&cuda, (512 * (rows - 1) + row) as usize).unwrap();
+    let mut tight = DeviceBuffer::new(&cuda, (row * rows) as usize).unwrap();
+    let mut pitched = DeviceBuffer::new(&cuda, (512 * (rows - 1) + row) as usize).unwrap();
     let short = DeviceBuffer::new(&cuda, (row * rows - 1) as usize).unwrap();
-    let elsewhere = DeviceBuffer::new(&other, (row * rows) as usize).unwrap();
+    let mut elsewhere = DeviceBuffer::new(&other, (row * rows) as usize).unwrap();
     let stream_elsewhere = Stream::new(&other).unwrap();
 
     // Refused before the driver.
@@ -3588,11 +3595,17 @@ fn child_fake_level_copies() {
     let invalid = [
         (
             "pitch under a row",
-            level.enqueue_copy_to(&stream, Pitched::buffer(&tight).with_row_pitch(row - 4)),
+            level.enqueue_copy_to(
+                &stream,
+                PitchedMut::buffer(&mut tight).with_row_pitch(row - 4),
+            ),
         ),
         (
             "last row one byte past the end",
-            level.enqueue_copy_to(&stream, Pitched::buffer(&pitched).with_row_pitch(513)),
+            level.enqueue_copy_to(
+                &stream,
+                PitchedMut::buffer(&mut pitched).with_row_pitch(513),
+            ),
         ),
         (
             "tight source one byte short",
@@ -3602,7 +3615,7 @@ fn child_fake_level_copies() {
             "kernel with a pitch that is no multiple of the texel",
             level.enqueue_copy_to_with(
                 &stream,
-                Pitched::buffer(&pitched).with_row_pitch(row + 2),
+                PitchedMut::buffer(&mut pitched).with_row_pitch(row + 2),
                 CopyEngine::Kernel,
             ),
         ),
@@ -3623,11 +3636,11 @@ fn child_fake_level_copies() {
     for (what, result) in [
         (
             "a buffer of another device",
-            level.enqueue_copy_to(&stream, Pitched::buffer(&elsewhere)),
+            level.enqueue_copy_to(&stream, PitchedMut::buffer(&mut elsewhere)),
         ),
         (
             "a stream of another device",
-            level.enqueue_copy_to(&stream_elsewhere, Pitched::buffer(&tight)),
+            level.enqueue_copy_to(&stream_elsewhere, PitchedMut::buffer(&mut tight)),
         ),
     ] {
         let err = result.unwrap_err();
@@ -3642,7 +3655,10 @@ fn child_fake_level_copies() {
     // threads, 4 rows each), parameters in the kernel's order.
     let surfaces = fake.live("surface");
     let used = level
-        .enqueue_copy_to(&stream, Pitched::buffer(&pitched).with_row_pitch(512))
+        .enqueue_copy_to(
+            &stream,
+            PitchedMut::buffer(&mut pitched).with_row_pitch(512),
+        )
         .unwrap();
     assert_eq!(used, CopyEngine::Kernel);
     let call = fake.last("cuLaunchKernel");
@@ -3672,7 +3688,7 @@ fn child_fake_level_copies() {
     assert_eq!(call.get("surface_ok"), "1");
     // Foreign memory goes the same way.
     // SAFETY: the fake copies nothing; the buffer outlives the copy anyway.
-    let foreign = unsafe { Pitched::foreign(tight.device_ptr(), tight.len() as u64) };
+    let foreign = unsafe { PitchedMut::foreign(tight.device_ptr(), tight.len() as u64) };
     level.enqueue_copy_to(&stream, foreign).unwrap();
     assert_eq!(fake.last("cuLaunchKernel").num("a1"), tight.device_ptr());
     assert_eq!(fake.calls("cuModuleLoadData").len(), 1, "loaded once");
@@ -3687,7 +3703,7 @@ fn child_fake_level_copies() {
     let used = level
         .enqueue_copy_to_with(
             &stream,
-            Pitched::buffer(&pitched).with_row_pitch(512),
+            PitchedMut::buffer(&mut pitched).with_row_pitch(512),
             CopyEngine::Driver,
         )
         .unwrap();
@@ -3731,11 +3747,11 @@ fn child_fake_level_copies() {
         .unwrap();
     let array_wide = imported_wide.map_array().unwrap();
     let level_wide = array_wide.level(0).unwrap();
-    let wide_buffer = DeviceBuffer::new(&cuda, 16_384 * 37).unwrap();
+    let mut wide_buffer = DeviceBuffer::new(&cuda, 16_384 * 37).unwrap();
     level_wide
         .enqueue_copy_to(
             &stream,
-            Pitched::buffer(&wide_buffer).with_row_pitch(16_384),
+            PitchedMut::buffer(&mut wide_buffer).with_row_pitch(16_384),
         )
         .unwrap();
     let call = fake.last("cuLaunchKernel");
@@ -3760,12 +3776,12 @@ fn child_fake_level_copies() {
     let level_sampled = array_sampled.level(0).unwrap();
     let launches = fake.calls("cuLaunchKernel").len();
     let used = level_sampled
-        .enqueue_copy_to(&stream, Pitched::buffer(&tight))
+        .enqueue_copy_to(&stream, PitchedMut::buffer(&mut tight))
         .unwrap();
     assert_eq!(used, CopyEngine::Driver);
     assert_eq!(fake.last("cuMemcpy3DAsync").num("dst_pitch"), row);
     let err = level_sampled
-        .enqueue_copy_to_with(&stream, Pitched::buffer(&tight), CopyEngine::Kernel)
+        .enqueue_copy_to_with(&stream, PitchedMut::buffer(&mut tight), CopyEngine::Kernel)
         .unwrap_err();
     assert!(matches!(err, CudaError::Unsupported(_)), "{err}");
     println!("kernel on a sampled image: {err}");
@@ -3794,10 +3810,10 @@ fn child_fake_level_copies() {
     // Nothing waits for the copy; the destination's drop does.
     let pending = Duration::from_millis(300);
     fake.set("latency_ms", pending.as_millis() as i64);
-    let destination = DeviceBuffer::new(&cuda, (row * rows) as usize).unwrap();
+    let mut destination = DeviceBuffer::new(&cuda, (row * rows) as usize).unwrap();
     let start = Instant::now();
     level
-        .enqueue_copy_to(&stream, Pitched::buffer(&destination))
+        .enqueue_copy_to(&stream, PitchedMut::buffer(&mut destination))
         .unwrap();
     let enqueued = start.elapsed();
     assert!(enqueued < Duration::from_millis(100), "{enqueued:?}");

@@ -1509,7 +1509,7 @@ fn pitched_layout(tight: &[u8], row: usize, pitch: usize, gap: u8) -> Vec<u8> {
 /// second pattern goes from pitched linear memory into the level with the
 /// kernel, and Vulkan and CUDA (a driver copy) read it back exactly.
 fn level_copies_round_trip<F: Format>(ctx: &Context, cuda: &CudaDevice, w: u32, h: u32) {
-    use cuda_interop::{CopyEngine, Pitched};
+    use cuda_interop::{CopyEngine, Pitched, PitchedMut};
     let image = ExportableImage::<F>::new(ctx, ImageDesc::new_2d(w, h)).unwrap();
     let row = w as usize * F::TEXEL_BYTES as usize;
     let pitch = (row + 1).next_multiple_of(256);
@@ -1531,7 +1531,7 @@ fn level_copies_round_trip<F: Format>(ctx: &Context, cuda: &CudaDevice, w: u32, 
         let used = level
             .enqueue_copy_to_with(
                 &stream,
-                Pitched::buffer(&linear).with_row_pitch(pitch as u64),
+                PitchedMut::buffer(&mut linear).with_row_pitch(pitch as u64),
                 engine,
             )
             .unwrap();
@@ -1607,7 +1607,7 @@ fn level_copies_with_pitched_linear_memory_are_exact_for_4_8_and_16_byte_texels(
 #[test]
 #[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
 fn level_copies_without_storage_usage_fall_back_to_the_driver() {
-    use cuda_interop::{CopyEngine, Pitched};
+    use cuda_interop::{CopyEngine, PitchedMut};
     let (ctx, cuda) = pair();
     let (w, h) = (1000u32, 37u32);
     let image = ExportableImage::<Rgba8Unorm, Optimal, DeviceLocal, usage::Sampled>::new(
@@ -1631,13 +1631,13 @@ fn level_copies_without_storage_usage_fall_back_to_the_driver() {
         .copy_from_host(&vec![0x11; expected.len()], &mut linear)
         .unwrap();
     let err = level
-        .enqueue_copy_to_with(&stream, Pitched::buffer(&linear), CopyEngine::Kernel)
+        .enqueue_copy_to_with(&stream, PitchedMut::buffer(&mut linear), CopyEngine::Kernel)
         .unwrap_err();
     assert!(matches!(err, Error::Unsupported(_)), "{err}");
     let used = level
         .enqueue_copy_to(
             &stream,
-            Pitched::buffer(&linear).with_row_pitch(pitch as u64),
+            PitchedMut::buffer(&mut linear).with_row_pitch(pitch as u64),
         )
         .unwrap();
     assert_eq!(used, CopyEngine::Driver);
@@ -1654,7 +1654,7 @@ fn level_copies_without_storage_usage_fall_back_to_the_driver() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
 fn level_copies_are_stream_ordered_and_never_wait_on_the_host() {
-    use cuda_interop::{CopyEngine, Pitched};
+    use cuda_interop::{CopyEngine, PitchedMut};
     let (ctx, cuda) = pair();
     let (w, h) = (3840u32, 2160u32);
     let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(w, h)).unwrap();
@@ -1668,10 +1668,10 @@ fn level_copies_are_stream_ordered_and_never_wait_on_the_host() {
     let array = imported.map_array().unwrap();
     let level = array.level(0).unwrap();
     let stream = Stream::new(&cuda).unwrap();
-    let linear = DeviceBuffer::new(&cuda, data.len()).unwrap();
+    let mut linear = DeviceBuffer::new(&cuda, data.len()).unwrap();
     // Warm up: the module loads and the surface is made on the first copy.
     level
-        .enqueue_copy_to(&stream, Pitched::buffer(&linear))
+        .enqueue_copy_to(&stream, PitchedMut::buffer(&mut linear))
         .unwrap();
     stream.synchronize(TIMEOUT).unwrap();
 
@@ -1679,7 +1679,7 @@ fn level_copies_are_stream_ordered_and_never_wait_on_the_host() {
     let mut used = CopyEngine::Auto;
     let took = time(|| {
         used = level
-            .enqueue_copy_to(&stream, Pitched::buffer(&linear))
+            .enqueue_copy_to(&stream, PitchedMut::buffer(&mut linear))
             .unwrap();
     });
     assert_eq!(used, CopyEngine::Kernel);
