@@ -3798,6 +3798,30 @@ fn child_fake_level_copies() {
     assert_eq!(used, CopyEngine::Driver, "2-byte texels");
     assert_eq!(fake.last("cuMemcpy3DAsync").num("width_bytes"), 128);
     assert_eq!(fake.calls("cuLaunchKernel").len(), launches);
+    // A level of a 3-D image whose depth has shrunk to 1 (64x64x2, level 1:
+    // 32x32x1) is still a level of a 3-D CUDA array, which the kernels' 2-D
+    // surface accesses do not address: the driver under Auto, Unsupported
+    // for the kernel (found by review: it launched the 2-D kernel).
+    let volume = fake::image::<Rgba8Unorm, usage::Storage>([64, 64, 2], 2, 1, false);
+    // SAFETY: as for the first import.
+    let imported_volume = unsafe { cuda.import_image_fd(volume, fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    let array_volume = imported_volume.map_array().unwrap();
+    let level_volume = array_volume.level(1).unwrap();
+    assert_eq!(level_volume.extent(), [32, 32, 1]);
+    let mut small = DeviceBuffer::new(&cuda, 32 * 32 * 4).unwrap();
+    let err = level_volume
+        .enqueue_copy_to_with(&stream, PitchedMut::buffer(&mut small), CopyEngine::Kernel)
+        .unwrap_err();
+    assert!(matches!(err, CudaError::Unsupported(_)), "{err}");
+    let used = level_volume
+        .enqueue_copy_to(&stream, PitchedMut::buffer(&mut small))
+        .unwrap();
+    assert_eq!(used, CopyEngine::Driver, "a 3-D image's level");
+    assert_eq!(fake.calls("cuLaunchKernel").len(), launches);
+    drop((array_volume, small));
+    drop(imported_volume);
     assert_eq!(fake.live("surface"), surfaces);
     drop(array_half);
     drop(imported_half);
