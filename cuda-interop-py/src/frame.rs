@@ -109,9 +109,14 @@ fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<StreamArg> {
     let value: i128 = match obj.extract() {
         Ok(v) => v,
         Err(_) => {
-            let attr = ["cuda_stream", "ptr"]
-                .iter()
-                .find_map(|name| obj.getattr(*name).ok().and_then(|a| a.extract().ok()));
+            // A stream object's handle 0 is the CUDA runtime's null stream:
+            // the legacy default stream (CuPy's and PyTorch's default).
+            let attr = ["cuda_stream", "ptr"].iter().find_map(|name| {
+                obj.getattr(*name)
+                    .ok()
+                    .and_then(|a| a.extract::<i128>().ok())
+                    .map(|h| if h == 0 { LEGACY_DEFAULT_STREAM as i128 } else { h })
+            });
             attr.ok_or_else(|| {
                 PyTypeError::new_err(format!(
                     "stream must be None, -1 or a CUDA stream handle (int), or have an int \
