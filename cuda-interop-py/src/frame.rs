@@ -115,7 +115,13 @@ fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<StreamArg> {
                 obj.getattr(*name)
                     .ok()
                     .and_then(|a| a.extract::<i128>().ok())
-                    .map(|h| if h == 0 { LEGACY_DEFAULT_STREAM as i128 } else { h })
+                    .map(|h| {
+                        if h == 0 {
+                            LEGACY_DEFAULT_STREAM as i128
+                        } else {
+                            h
+                        }
+                    })
             });
             attr.ok_or_else(|| {
                 PyTypeError::new_err(format!(

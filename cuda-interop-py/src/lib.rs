@@ -284,8 +284,9 @@ impl Receiver {
                 }
                 Mode::Unknown => match peek(&self.connection, deadline, timeout)? {
                     NextMessage::Packet => {
-                        let hello = recv_packet(&self.connection, deadline, timeout)?;
-                        match self.setup_ring(hello, deadline) {
+                        let ring = recv_packet(&self.connection, deadline, timeout)
+                            .and_then(|hello| self.setup_ring(hello, deadline));
+                        match ring {
                             Ok(ring) => *mode = Mode::Ring(Arc::new(ring)),
                             Err(e) => {
                                 *mode = Mode::Broken(e.to_string());

@@ -13,7 +13,10 @@
 //! any) and the milliseconds per frame. Every wait is bounded by `--timeout`.
 
 #[path = "../../cuda-interop-py/src/protocol.rs"]
-#[allow(dead_code, reason = "shared with the Python module, which uses all of it")]
+#[allow(
+    dead_code,
+    reason = "shared with the Python module, which uses all of it"
+)]
 mod protocol;
 
 use std::io::{Read, Write};
@@ -40,7 +43,9 @@ fn main() -> ExitCode {
             .cloned()
     };
     let socket = value("--socket").unwrap_or_else(|| "/tmp/cuda-interop-frames.sock".into());
-    let frames: u64 = value("--frames").and_then(|v| v.parse().ok()).unwrap_or(300);
+    let frames: u64 = value("--frames")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
     let timeout = Duration::from_secs_f64(
         value("--timeout")
             .and_then(|v| v.parse().ok())

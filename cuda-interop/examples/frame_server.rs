@@ -266,6 +266,9 @@ fn read_releases(id: u64, mut stream: UnixStream, events: Sender<Event>, stop: A
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                break "disconnected (connection reset: it died with data unread)".to_string()
+            }
             Err(e) => break format!("read failed: {e}"),
         }
     };

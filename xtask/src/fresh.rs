@@ -116,7 +116,10 @@ fn python_tests(args: &[String]) -> Result<(), String> {
         .env("PYTHONPATH", &module_dir)
         .env(
             "CUDA_INTEROP_FRAME_SERVER",
-            target.join(&build.dir).join("examples").join("frame_server"),
+            target
+                .join(&build.dir)
+                .join("examples")
+                .join("frame_server"),
         )
         .env("PYTHONDONTWRITEBYTECODE", "1");
     run(pytest)
