@@ -9,36 +9,62 @@
 //!   `vk_export::socket::Listener` (a `SOCK_SEQPACKET` Unix socket whose
 //!   listening process runs as this user). A full backlog is waited on for at
 //!   most `timeout` seconds.
-//! * `Receiver.next(timeout) -> Frame` waits at most `timeout` seconds for one
-//!   message, with the GIL released for the whole call (receive, Vulkan and
-//!   CUDA set-up, import). Resource 0 must be a device-local buffer; the other
-//!   resources of the message are dropped (their fds closed). The first frame
-//!   creates one headless Vulkan context on the device whose `deviceUUID` the
-//!   record names, and the CUDA device paired with it by UUID; later frames of
-//!   the same device reuse them. The record is verified on that Vulkan device
-//!   before CUDA imports it.
+//! * `Receiver.next(timeout) -> Frame` waits at most `timeout` seconds, with
+//!   the GIL released for the whole call. The producer's first message
+//!   decides what it speaks:
+//!   - **a frame ring** ([`protocol`], served by the `frame_server` example):
+//!     a hello packet and one setup message; the first call imports the
+//!     ring's buffers (mapped once) and semaphores into CUDA, and every call
+//!     returns the next frame: a `(height, width, 4)` `uint8` tensor with
+//!     strides `(row_pitch, 4, 1)` elements, `tag` = the frame number.
+//!   - **one buffer per message** (anything else): resource 0 must be a
+//!     device-local buffer, handed out whole as a 1-D `uint8` tensor; the
+//!     other resources are dropped (their fds closed).
+//!
+//!   The first frame creates one headless Vulkan context on the device whose
+//!   `deviceUUID` the record names, and the CUDA device paired with it by
+//!   UUID; records are verified on that Vulkan device before CUDA imports.
 //! * `Frame.__dlpack__(stream=None, max_version=None, dl_device=None,
-//!   copy=None)` hands the whole buffer out once, as a 1-D `uint8` tensor on
-//!   `(kDLCUDA, ordinal)` (`Frame.__dlpack_device__()`). With `max_version`
-//!   of major 1 or more the capsule is a DLPack 1.0 `"dltensor_versioned"`;
-//!   with `None` (a consumer that predates DLPack 1.0) it is a legacy
-//!   `"dltensor"`, as the protocol requires. The capsule's destructor calls
-//!   the tensor's deleter only if no consumer took it (a consumer renames it
-//!   `"used_dltensor_versioned"` / `"used_dltensor"` and calls the deleter
-//!   itself), so the mapping, the CUDA import and the memory are freed exactly
-//!   once. No stream ordering is done: the contents are what the producer
-//!   wrote before it sent the message (semaphores come later).
-//! * `Frame.release()` (and leaving `with frame:`) frees a frame that was not
-//!   handed out; handing out after that, or twice, raises `BufferError`.
+//!   copy=None)` hands the frame out once, on `(kDLCUDA, ordinal)`
+//!   (`Frame.__dlpack_device__()`). With `max_version` of major 1 or more the
+//!   capsule is a DLPack 1.0 `"dltensor_versioned"`, with `None` a legacy
+//!   `"dltensor"`. The capsule's destructor calls the deleter only if no
+//!   consumer took it (`"used_dltensor_versioned"` / `"used_dltensor"`), so
+//!   what it keeps alive (a ring slot's mapping, or an import) is freed
+//!   exactly once. **Stream ordering** (ring frames): the consumer's `stream`
+//!   (a `CUstream` handle; `1` legacy default, `2` per-thread default, `None`
+//!   the legacy default as the DLPack protocol says for CUDA, `-1` no
+//!   ordering, `0` refused) waits on the GPU for the "produced" timeline at
+//!   the frame's number before anything enqueued on it later.
+//! * `Frame.__cuda_array_interface__` (ring frames on CUDA): version 3,
+//!   `data`, `shape`, `strides` in bytes, `typestr` `"|u1"`, and `stream`: a
+//!   stream of this module on which the "produced" wait is enqueued, which
+//!   the consumer must order its work after (CuPy does).
+//! * `Frame.release(stream=None)` (and leaving `with frame:`) gives a ring
+//!   slot back: with a CUDA stream (default: the one given to `__dlpack__`;
+//!   `-1` none) the slot's "released" timeline is signalled with the frame
+//!   number after the work enqueued on it so far, and the producer's next
+//!   write to the slot waits for it; then the release message is sent.
+//!   Without a stream the caller's reads must have completed. Idempotent; a
+//!   ring frame dropped unreleased is released the same way. Tensors handed
+//!   out keep the memory mapped after a release, but its contents are the
+//!   producer's again. Handing out after a release, or twice, raises
+//!   `BufferError`. A consumer holding every slot stalls the producer (which
+//!   drops it after its hold timeout): hold at most `slots - 1` frames.
+//! * `Receiver.close()` (and leaving `with receiver:`) shuts the connection
+//!   down: the producer takes back the slots this consumer held.
 //! * Errors carry the crates' messages: `TimeoutError` for a timeout,
 //!   `ConnectionError` for socket errors and a peer that closed or was
-//!   refused, `ValueError` for a malformed message or record and for bad
-//!   arguments, `RuntimeError` for CUDA and Vulkan errors (no CUDA driver, no
-//!   matching device). No call waits without a bound.
+//!   refused, `ValueError` for a malformed message, record or packet and for
+//!   bad arguments, `RuntimeError` for CUDA and Vulkan errors (no CUDA
+//!   driver, no matching device). No call waits without a bound (packet
+//!   sends: the socket's 10 s send timeout).
 //! * Built with the `test-hooks` feature (only `cargo xtask test` does, for
-//!   pytest), the module also has `_host_frame(n)` and `_host_frames_alive()`:
-//!   a frame over `n` bytes of host memory (`kDLCPU`), to test the capsule
-//!   protocol without a GPU. The wheel (`maturin build`) has no such hooks.
+//!   pytest), the module also has `_host_frame(n)`, `_host_frames_alive()`,
+//!   `_connect_host_ring(path, timeout)` (ring frames over host memory,
+//!   `kDLCPU`, no CUDA; a real producer's setup message is dropped) and
+//!   `_interface_dict(frame)`, to test the protocols without a GPU. The
+//!   wheel (`cargo xtask wheel`) has no such hooks.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
