@@ -9,61 +9,83 @@
 //!   `vk_export::socket::Listener` (a `SOCK_SEQPACKET` Unix socket whose
 //!   listening process runs as this user). A full backlog is waited on for at
 //!   most `timeout` seconds.
-//! * `Receiver.next(timeout) -> Frame` waits at most `timeout` seconds for one
-//!   message, with the GIL released for the whole call (receive, Vulkan and
-//!   CUDA set-up, import). Resource 0 must be a device-local buffer; the other
-//!   resources of the message are dropped (their fds closed). The first frame
-//!   creates one headless Vulkan context on the device whose `deviceUUID` the
-//!   record names, and the CUDA device paired with it by UUID; later frames of
-//!   the same device reuse them. The record is verified on that Vulkan device
-//!   before CUDA imports it.
+//! * `Receiver.next(timeout) -> Frame` waits at most `timeout` seconds, with
+//!   the GIL released for the whole call. The producer's first message
+//!   decides what it speaks:
+//!   - **a frame ring** ([`protocol`], served by the `frame_server` example):
+//!     a hello packet and one setup message; the first call imports the
+//!     ring's buffers (mapped once) and semaphores into CUDA, and every call
+//!     returns the next frame: a `(height, width, 4)` `uint8` tensor with
+//!     strides `(row_pitch, 4, 1)` elements, `tag` = the frame number.
+//!   - **one buffer per message** (anything else): resource 0 must be a
+//!     device-local buffer, handed out whole as a 1-D `uint8` tensor; the
+//!     other resources are dropped (their fds closed).
+//!
+//!   The first frame creates one headless Vulkan context on the device whose
+//!   `deviceUUID` the record names, and the CUDA device paired with it by
+//!   UUID; records are verified on that Vulkan device before CUDA imports.
 //! * `Frame.__dlpack__(stream=None, max_version=None, dl_device=None,
-//!   copy=None)` hands the whole buffer out once, as a 1-D `uint8` tensor on
-//!   `(kDLCUDA, ordinal)` (`Frame.__dlpack_device__()`). With `max_version`
-//!   of major 1 or more the capsule is a DLPack 1.0 `"dltensor_versioned"`;
-//!   with `None` (a consumer that predates DLPack 1.0) it is a legacy
-//!   `"dltensor"`, as the protocol requires. The capsule's destructor calls
-//!   the tensor's deleter only if no consumer took it (a consumer renames it
-//!   `"used_dltensor_versioned"` / `"used_dltensor"` and calls the deleter
-//!   itself), so the mapping, the CUDA import and the memory are freed exactly
-//!   once. No stream ordering is done: the contents are what the producer
-//!   wrote before it sent the message (semaphores come later).
-//! * `Frame.release()` (and leaving `with frame:`) frees a frame that was not
-//!   handed out; handing out after that, or twice, raises `BufferError`.
+//!   copy=None)` hands the frame out once, on `(kDLCUDA, ordinal)`
+//!   (`Frame.__dlpack_device__()`). With `max_version` of major 1 or more the
+//!   capsule is a DLPack 1.0 `"dltensor_versioned"`, with `None` a legacy
+//!   `"dltensor"`. The capsule's destructor calls the deleter only if no
+//!   consumer took it (`"used_dltensor_versioned"` / `"used_dltensor"`), so
+//!   what it keeps alive (a ring slot's mapping, or an import) is freed
+//!   exactly once. **Stream ordering** (ring frames): the consumer's `stream`
+//!   (a `CUstream` handle; `1` legacy default, `2` per-thread default, `None`
+//!   the legacy default as the DLPack protocol says for CUDA, `-1` no
+//!   ordering, `0` refused) waits on the GPU for the "produced" timeline at
+//!   the frame's number before anything enqueued on it later.
+//! * `Frame.__cuda_array_interface__` (ring frames on CUDA): version 3,
+//!   `data`, `shape`, `strides` in bytes, `typestr` `"|u1"`, and `stream`: a
+//!   stream of this module on which the "produced" wait is enqueued, which
+//!   the consumer must order its work after (CuPy does).
+//! * `Frame.release(stream=None)` (and leaving `with frame:`) gives a ring
+//!   slot back: with a CUDA stream (default: the one given to `__dlpack__`;
+//!   `-1` none) the slot's "released" timeline is signalled with the frame
+//!   number after the work enqueued on it so far, and the producer's next
+//!   write to the slot waits for it; then the release message is sent.
+//!   Without a stream the caller's reads must have completed. Idempotent; a
+//!   ring frame dropped unreleased is released the same way. Tensors handed
+//!   out keep the memory mapped after a release, but its contents are the
+//!   producer's again. Handing out after a release, or twice, raises
+//!   `BufferError`. A consumer holding every slot stalls the producer (which
+//!   drops it after its hold timeout): hold at most `slots - 1` frames.
+//! * `Receiver.close()` (and leaving `with receiver:`) shuts the connection
+//!   down: the producer takes back the slots this consumer held.
 //! * Errors carry the crates' messages: `TimeoutError` for a timeout,
 //!   `ConnectionError` for socket errors and a peer that closed or was
-//!   refused, `ValueError` for a malformed message or record and for bad
-//!   arguments, `RuntimeError` for CUDA and Vulkan errors (no CUDA driver, no
-//!   matching device). No call waits without a bound.
+//!   refused, `ValueError` for a malformed message, record or packet and for
+//!   bad arguments, `RuntimeError` for CUDA and Vulkan errors (no CUDA
+//!   driver, no matching device). No call waits without a bound (packet
+//!   sends: the socket's 10 s send timeout).
 //! * Built with the `test-hooks` feature (only `cargo xtask test` does, for
-//!   pytest), the module also has `_host_frame(n)` and `_host_frames_alive()`:
-//!   a frame over `n` bytes of host memory (`kDLCPU`), to test the capsule
-//!   protocol without a GPU. The wheel (`maturin build`) has no such hooks.
+//!   pytest), the module also has `_host_frame(n)`, `_host_frames_alive()`,
+//!   `_connect_host_ring(path, timeout)` (ring frames over host memory,
+//!   `kDLCPU`, no CUDA; a real producer's setup message is dropped) and
+//!   `_interface_dict(frame)`, to test the protocols without a GPU. The
+//!   wheel (`cargo xtask wheel`) has no such hooks.
 
-use std::ffi::{c_void, CStr};
-use std::ptr::NonNull;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use cuda_interop::dlpack::{
-    DLDataType, DLDataTypeCode, DLManagedTensor, DLManagedTensorVersioned, ManagedTensor, DL_CUDA,
-};
-use cuda_interop::{CudaDevice, ImportedBuffer};
-use pyo3::exceptions::{
-    PyBufferError, PyConnectionError, PyRuntimeError, PyTimeoutError, PyValueError,
-};
-use pyo3::ffi;
+use cuda_interop::dlpack::DL_CUDA;
+use cuda_interop::CudaDevice;
+use pyo3::exceptions::{PyConnectionError, PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyCapsule;
 use vk_export::markers::DeviceLocal;
 use vk_export::socket::Connection;
 use vk_export::wire::WireError;
 use vk_export::{Context, HeadlessOptions};
 
-const VERSIONED: &CStr = c"dltensor_versioned";
-const USED_VERSIONED: &CStr = c"used_dltensor_versioned";
-const LEGACY: &CStr = c"dltensor";
-const USED_LEGACY: &CStr = c"used_dltensor";
+mod frame;
+pub mod protocol;
+mod ring;
+
+use frame::{Frame, Payload};
+use protocol::Kind;
+use ring::{left, peek, recv_packet, NextMessage, Ring};
 
 /// A Vulkan-side error as the Python exception its kind calls for.
 fn vk_error(error: vk_export::Error) -> PyErr {
@@ -84,6 +106,7 @@ fn cuda_error(error: cuda_interop::Error) -> PyErr {
     match error {
         cuda_interop::Error::Vulkan(e) => vk_error(e),
         cuda_interop::Error::Timeout(_) => PyTimeoutError::new_err(error.to_string()),
+        cuda_interop::Error::InvalidArgument(m) => PyValueError::new_err(m),
         e => PyRuntimeError::new_err(e.to_string()),
     }
 }
@@ -137,14 +160,7 @@ fn connect_with_timeout(path: &str, timeout: Duration) -> PyResult<Connection> {
 /// `timeout` seconds for room in its backlog.
 #[pyfunction]
 fn connect(py: Python<'_>, socket_path: &str, timeout: f64) -> PyResult<Receiver> {
-    let timeout = seconds("timeout", timeout)?;
-    let path = socket_path.to_owned();
-    let connection = py.detach(|| connect_with_timeout(&path, timeout))?;
-    Ok(Receiver {
-        connection,
-        path,
-        devices: Mutex::new(None),
-    })
+    Receiver::connect(py, socket_path, timeout, false)
 }
 
 /// The Vulkan context and the CUDA device paired with it, for one `deviceUUID`.
@@ -153,21 +169,55 @@ struct Devices {
     cuda: CudaDevice,
 }
 
+/// What the producer speaks, learnt from its first message.
+enum Mode {
+    /// Nothing received yet.
+    Unknown,
+    /// One buffer per wire message.
+    Single,
+    /// The frame-ring protocol.
+    Ring(Arc<Ring>),
+    /// The ring could not be set up: every later call says why.
+    Broken(String),
+}
+
 /// A connection to a producer; `next()` receives frames.
 #[pyclass(frozen, module = "cuda_interop")]
 struct Receiver {
-    connection: Connection,
+    connection: Arc<Connection>,
     path: String,
     devices: Mutex<Option<Devices>>,
+    mode: Mutex<Mode>,
+    closed: AtomicBool,
+    /// Test hook: a hello makes a ring over host memory, with no setup message.
+    #[cfg(feature = "test-hooks")]
+    host_ring: bool,
 }
 
 impl Receiver {
+    fn connect(
+        py: Python<'_>,
+        socket_path: &str,
+        timeout: f64,
+        #[cfg_attr(not(feature = "test-hooks"), allow(unused_variables))] host_ring: bool,
+    ) -> PyResult<Self> {
+        let timeout = seconds("timeout", timeout)?;
+        let path = socket_path.to_owned();
+        let connection = py.detach(|| connect_with_timeout(&path, timeout))?;
+        Ok(Receiver {
+            connection: Arc::new(connection),
+            path,
+            devices: Mutex::new(None),
+            mode: Mutex::new(Mode::Unknown),
+            closed: AtomicBool::new(false),
+            #[cfg(feature = "test-hooks")]
+            host_ring,
+        })
+    }
+
     /// The CUDA device for `uuid`, made with its Vulkan context on first use.
     fn cuda_for(&self, uuid: [u8; 16]) -> PyResult<CudaDevice> {
-        let mut devices = self
-            .devices
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut devices = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(d) = devices.as_ref().filter(|d| d.uuid == uuid) {
             return Ok(d.cuda.clone());
         }
@@ -185,7 +235,8 @@ impl Receiver {
         Ok(cuda)
     }
 
-    fn receive(&self, timeout: Duration) -> PyResult<Frame> {
+    /// One wire message whose resource 0 is a device-local buffer.
+    fn receive_single(&self, timeout: Duration) -> PyResult<Frame> {
         let mut received = self.connection.recv(timeout).map_err(vk_error)?;
         let tag = received.message().tag;
         let buffer = received.take_buffer::<DeviceLocal>(0).map_err(vk_error)?;
@@ -193,22 +244,143 @@ impl Receiver {
         let imported = cuda
             .import_received_buffer(buffer)
             .map_err(|e| cuda_error(e.into_error()))?;
-        Ok(Frame {
+        Ok(Frame::single(
             tag,
-            size: imported.size(),
-            device: (DL_CUDA, cuda.ordinal()),
-            payload: Some(Payload::Imported(imported)),
+            imported.size(),
+            (DL_CUDA, cuda.ordinal()),
+            Payload::Imported(imported),
+        ))
+    }
+
+    /// The ring announced by `hello` (already received).
+    fn setup_ring(&self, hello: protocol::Packet, deadline: Instant) -> PyResult<Ring> {
+        if hello.kind != Kind::Hello {
+            return Err(PyValueError::new_err(format!(
+                "the producer's first packet must be a hello, not {:?}",
+                hello.kind
+            )));
+        }
+        #[cfg(feature = "test-hooks")]
+        if self.host_ring {
+            return Ok(Ring::host(self.connection.clone(), hello));
+        }
+        let setup = self.connection.recv(left(deadline)).map_err(vk_error)?;
+        Ring::import(self.connection.clone(), hello, setup, |uuid| {
+            self.cuda_for(uuid)
         })
+    }
+
+    fn receive(&self, timeout: Duration) -> PyResult<Frame> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(PyConnectionError::new_err(format!(
+                "this receiver of {} was closed; connect again",
+                self.path
+            )));
+        }
+        // `Duration::MAX`-like bounds cannot be added to now: a year is "no bound" enough.
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 24 * 3600));
+        let mut mode = self.mode.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            match &*mode {
+                Mode::Ring(ring) => {
+                    let ring = ring.clone();
+                    drop(mode);
+                    // A host ring (test hook) does not import the ring: the
+                    // setup message of a real producer is received and dropped.
+                    #[cfg(feature = "test-hooks")]
+                    while self.host_ring
+                        && matches!(
+                            peek(&self.connection, deadline, timeout)?,
+                            NextMessage::Other
+                        )
+                    {
+                        drop(self.connection.recv(left(deadline)).map_err(vk_error)?);
+                    }
+                    let packet = recv_packet(&self.connection, deadline, timeout)?;
+                    ring.accept_frame(&packet)?;
+                    return Ok(Frame::of_ring(ring, &packet));
+                }
+                Mode::Single => return self.receive_single(left(deadline)),
+                Mode::Broken(why) => {
+                    return Err(PyConnectionError::new_err(format!(
+                        "the producer's frame ring could not be set up ({why}); connect again"
+                    )))
+                }
+                Mode::Unknown => match peek(&self.connection, deadline, timeout)? {
+                    NextMessage::Packet => {
+                        let ring = recv_packet(&self.connection, deadline, timeout)
+                            .and_then(|hello| self.setup_ring(hello, deadline));
+                        match ring {
+                            Ok(ring) => *mode = Mode::Ring(Arc::new(ring)),
+                            Err(e) => {
+                                *mode = Mode::Broken(e.to_string());
+                                return Err(e);
+                            }
+                        }
+                    }
+                    NextMessage::Other => {
+                        let frame = self.receive_single(left(deadline))?;
+                        *mode = Mode::Single;
+                        return Ok(frame);
+                    }
+                },
+            }
+        }
     }
 }
 
 #[pymethods]
 impl Receiver {
-    /// Waits at most `timeout` seconds for the next message and imports its
-    /// buffer (resource 0) into CUDA.
+    /// Waits at most `timeout` seconds for the next frame: a frame of the
+    /// producer's ring (the first call also imports the ring), or the buffer
+    /// (resource 0) of a one-buffer message.
     fn next(&self, py: Python<'_>, timeout: f64) -> PyResult<Frame> {
         let timeout = seconds("timeout", timeout)?;
         py.detach(|| self.receive(timeout))
+    }
+
+    /// The ring's layout once known: `(slots, width, height, row_pitch)`,
+    /// else `None`.
+    #[getter]
+    fn layout(&self) -> Option<(u32, u32, u32, u64)> {
+        match &*self.mode.lock().unwrap_or_else(PoisonError::into_inner) {
+            Mode::Ring(r) => Some((
+                r.layout.slot,
+                r.layout.width,
+                r.layout.height,
+                r.layout.row_pitch,
+            )),
+            _ => None,
+        }
+    }
+
+    /// How many ring slots this consumer holds (frames received and not
+    /// yet released).
+    #[getter]
+    fn held(&self) -> usize {
+        match &*self.mode.lock().unwrap_or_else(PoisonError::into_inner) {
+            Mode::Ring(r) => r.held_count(),
+            _ => 0,
+        }
+    }
+
+    /// Shuts the connection down now: the producer sees this consumer leave
+    /// (and takes back the slots it held). Later calls raise `ConnectionError`.
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let _ = rustix::net::shutdown(&*self.connection, rustix::net::Shutdown::Both);
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close();
+        false
     }
 
     /// The socket path this receiver connected to.
@@ -222,272 +394,19 @@ impl Receiver {
     }
 }
 
-/// Counts the live host buffers of `_host_frame`.
-#[cfg(feature = "test-hooks")]
-static HOST_ALIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// Host memory for the `_host_frame` test hook.
-#[cfg(feature = "test-hooks")]
-struct HostBytes(Vec<u8>);
-
-#[cfg(feature = "test-hooks")]
-impl Drop for HostBytes {
-    fn drop(&mut self) {
-        HOST_ALIVE.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-enum Payload {
-    Imported(ImportedBuffer<DeviceLocal>),
-    #[cfg(feature = "test-hooks")]
-    Host(HostBytes),
-}
-
-/// One received buffer: hand it to a DLPack consumer once
-/// (`torch.from_dlpack(frame)`), or `release()` it.
-#[pyclass(module = "cuda_interop")]
-struct Frame {
-    tag: u64,
-    size: u64,
-    device: (i32, i32),
-    payload: Option<Payload>,
-}
-
-impl Frame {
-    fn tensor(&mut self) -> PyResult<ManagedTensor> {
-        let payload = self.payload.take().ok_or_else(|| {
-            PyBufferError::new_err("the frame was already handed out or released")
-        })?;
-        let dtype = DLDataType::scalar(DLDataTypeCode::UInt, 8);
-        let len = i64::try_from(self.size)
-            .map_err(|_| PyValueError::new_err(format!("{} bytes", self.size)))?;
-        match payload {
-            Payload::Imported(buffer) => buffer
-                .into_dlpack(dtype, &[len], None, false)
-                .map_err(cuda_error),
-            #[cfg(feature = "test-hooks")]
-            Payload::Host(mut bytes) => {
-                let data = bytes.0.as_mut_ptr() as u64;
-                let device = cuda_interop::dlpack::DLDevice {
-                    device_type: cuda_interop::dlpack::DL_CPU,
-                    device_id: 0,
-                };
-                // SAFETY: `data` is the start of the `size` bytes of the Vec
-                // that `owner` holds; moving the Vec into the box does not
-                // move its heap allocation, which lives as long as the owner.
-                unsafe {
-                    ManagedTensor::new(
-                        Box::new(bytes),
-                        data,
-                        self.size,
-                        device,
-                        dtype,
-                        &[len],
-                        None,
-                        false,
-                    )
-                }
-                .map_err(cuda_error)
-            }
-        }
-    }
-}
-
-#[pymethods]
-impl Frame {
-    /// The DLPack protocol: the buffer as a 1-D `uint8` tensor, in a capsule
-    /// a consumer takes once.
-    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
-    fn __dlpack__<'py>(
-        &mut self,
-        py: Python<'py>,
-        stream: Option<Bound<'py, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(i32, i32)>,
-        copy: Option<bool>,
-    ) -> PyResult<Bound<'py, PyCapsule>> {
-        // Any stream is accepted: nothing is pending on this side to order.
-        let _ = stream;
-        if copy == Some(true) {
-            return Err(PyBufferError::new_err(
-                "cuda_interop frames are shared memory; they cannot be exported as a copy",
-            ));
-        }
-        if let Some(wanted) = dl_device.filter(|&d| d != self.device) {
-            return Err(PyBufferError::new_err(format!(
-                "the frame is on DLPack device {:?}, not {wanted:?}",
-                self.device
-            )));
-        }
-        let tensor = self.tensor()?;
-        if max_version.is_some_and(|(major, _)| major >= 1) {
-            let managed = tensor.into_versioned();
-            let pointer = NonNull::new(managed.cast::<c_void>()).expect("a Box is not null");
-            // SAFETY: `pointer` is a DLManagedTensorVersioned this capsule
-            // now owns; its destructor frees it unless a consumer took it.
-            let capsule = unsafe {
-                PyCapsule::new_with_pointer_and_destructor(
-                    py,
-                    pointer,
-                    VERSIONED,
-                    Some(delete_versioned_capsule),
-                )
-            };
-            if capsule.is_err() {
-                // SAFETY: no capsule took `managed`; its deleter runs once, here.
-                unsafe { call_versioned_deleter(managed) };
-            }
-            capsule
-        } else {
-            let managed = tensor.into_legacy().map_err(cuda_error)?;
-            let pointer = NonNull::new(managed.cast::<c_void>()).expect("a Box is not null");
-            // SAFETY: as above, for the legacy structure.
-            let capsule = unsafe {
-                PyCapsule::new_with_pointer_and_destructor(
-                    py,
-                    pointer,
-                    LEGACY,
-                    Some(delete_legacy_capsule),
-                )
-            };
-            if capsule.is_err() {
-                // SAFETY: no capsule took `managed`; its deleter runs once, here.
-                unsafe { call_legacy_deleter(managed) };
-            }
-            capsule
-        }
-    }
-
-    /// `(device_type, device_id)`: `(2, ordinal)` (kDLCUDA) for a received frame.
-    fn __dlpack_device__(&self) -> (i32, i32) {
-        self.device
-    }
-
-    /// The producer's tag for this message (a frame number, a stream id).
-    #[getter]
-    fn tag(&self) -> u64 {
-        self.tag
-    }
-
-    /// Bytes in the buffer.
-    #[getter]
-    fn nbytes(&self) -> u64 {
-        self.size
-    }
-
-    /// Whether the frame can still be handed out.
-    #[getter]
-    fn available(&self) -> bool {
-        self.payload.is_some()
-    }
-
-    /// Frees the import now, if it was not handed out (idempotent).
-    fn release(&mut self, py: Python<'_>) {
-        if let Some(payload) = self.payload.take() {
-            // Dropping an import may wait (bounded) for the GPU's last use.
-            py.detach(move || drop(payload));
-        }
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    #[pyo3(signature = (*_exc))]
-    fn __exit__(&mut self, py: Python<'_>, _exc: Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.release(py);
-        false
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "<cuda_interop.Frame tag={} nbytes={} device={:?}{}>",
-            self.tag,
-            self.size,
-            self.device,
-            if self.payload.is_some() {
-                ""
-            } else {
-                " (handed out or released)"
-            }
-        )
-    }
-}
-
-/// # Safety
-/// `managed` came from `ManagedTensor::into_versioned` and its deleter has
-/// not run.
-unsafe fn call_versioned_deleter(managed: *mut DLManagedTensorVersioned) {
-    // SAFETY: the caller's guarantee: a live tensor whose deleter runs once.
-    unsafe {
-        if let Some(deleter) = (*managed).deleter {
-            deleter(managed);
-        }
-    }
-}
-
-/// # Safety
-/// `managed` came from `ManagedTensor::into_legacy` and its deleter has not run.
-unsafe fn call_legacy_deleter(managed: *mut DLManagedTensor) {
-    // SAFETY: the caller's guarantee: a live tensor whose deleter runs once.
-    unsafe {
-        if let Some(deleter) = (*managed).deleter {
-            deleter(managed);
-        }
-    }
-}
-
-/// The capsule destructor: frees the tensor unless a consumer renamed the
-/// capsule (took ownership, and calls the deleter itself).
-unsafe extern "C" fn delete_versioned_capsule(capsule: *mut ffi::PyObject) {
-    // SAFETY: Python calls this with the capsule being destroyed, holding the
-    // GIL. `PyCapsule_IsValid` sets no exception; when the name is still
-    // ours, nobody took the pointer, which is the tensor `__dlpack__` put
-    // there, and this is its only destructor call.
-    unsafe {
-        if ffi::PyCapsule_IsValid(capsule, USED_VERSIONED.as_ptr()) == 0
-            && ffi::PyCapsule_IsValid(capsule, VERSIONED.as_ptr()) == 1
-        {
-            let managed = ffi::PyCapsule_GetPointer(capsule, VERSIONED.as_ptr());
-            call_versioned_deleter(managed.cast());
-        }
-    }
-}
-
-/// As [`delete_versioned_capsule`], for the legacy `"dltensor"` capsule.
-unsafe extern "C" fn delete_legacy_capsule(capsule: *mut ffi::PyObject) {
-    // SAFETY: as in `delete_versioned_capsule`.
-    unsafe {
-        if ffi::PyCapsule_IsValid(capsule, USED_LEGACY.as_ptr()) == 0
-            && ffi::PyCapsule_IsValid(capsule, LEGACY.as_ptr()) == 1
-        {
-            let managed = ffi::PyCapsule_GetPointer(capsule, LEGACY.as_ptr());
-            call_legacy_deleter(managed.cast());
-        }
-    }
-}
-
-/// Test hook: a frame over `nbytes` bytes of host memory (`kDLCPU`), each
-/// byte its index modulo 256.
-#[cfg(feature = "test-hooks")]
-#[pyfunction]
-fn _host_frame(nbytes: u64) -> PyResult<Frame> {
-    let len = usize::try_from(nbytes).map_err(|_| PyValueError::new_err("too large"))?;
-    let bytes: Vec<u8> = (0..len).map(|i| i as u8).collect();
-    HOST_ALIVE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    Ok(Frame {
-        tag: 0,
-        size: nbytes,
-        device: (cuda_interop::dlpack::DL_CPU, 0),
-        payload: Some(Payload::Host(HostBytes(bytes))),
-    })
-}
-
-/// Test hook: how many `_host_frame` buffers are not yet freed.
+/// Test hook: how many test-hook host buffers are not yet freed.
 #[cfg(feature = "test-hooks")]
 #[pyfunction]
 fn _host_frames_alive() -> usize {
-    HOST_ALIVE.load(std::sync::atomic::Ordering::SeqCst)
+    frame::HOST_ALIVE.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Test hook: `connect`, but a hello makes a ring over host memory
+/// (`kDLCPU` frames, no setup message, no CUDA).
+#[cfg(feature = "test-hooks")]
+#[pyfunction]
+fn _connect_host_ring(py: Python<'_>, socket_path: &str, timeout: f64) -> PyResult<Receiver> {
+    Receiver::connect(py, socket_path, timeout, true)
 }
 
 /// The `cuda_interop` module.
@@ -496,11 +415,14 @@ fn cuda_interop_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(connect, m)?)?;
     #[cfg(feature = "test-hooks")]
     {
-        m.add_function(wrap_pyfunction!(_host_frame, m)?)?;
+        m.add_function(wrap_pyfunction!(frame::_host_frame, m)?)?;
         m.add_function(wrap_pyfunction!(_host_frames_alive, m)?)?;
+        m.add_function(wrap_pyfunction!(_connect_host_ring, m)?)?;
+        m.add_function(wrap_pyfunction!(frame::_interface_dict, m)?)?;
     }
     m.add_class::<Receiver>()?;
     m.add_class::<Frame>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("PROTOCOL_VERSION", protocol::VERSION)?;
     Ok(())
 }

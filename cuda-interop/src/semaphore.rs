@@ -368,3 +368,70 @@ impl ExternalSemaphore<Timeline> {
         self.max_difference
     }
 }
+
+/// Ordering with CUDA streams this crate does not own: a PyTorch or CuPy
+/// stream handed over as a raw handle (the DLPack and CUDA Array Interface
+/// `stream` arguments). The semaphore operation itself is enqueued on a
+/// [`Stream`] of this crate and tracked as a use there, like [`Self::wait`]
+/// and [`Self::signal`]; the foreign stream is joined to it with an event.
+impl ExternalSemaphore<Timeline> {
+    /// Makes the foreign `stream` wait until the value is at least `value`:
+    /// the wait is enqueued on `via` (a tracked use), an event is recorded on
+    /// `via` after it, and `stream` waits for that event
+    /// (`cuStreamWaitEvent`). Work the caller enqueues on `stream` afterwards
+    /// runs after the value is reached.
+    ///
+    /// # Safety
+    /// `stream` is `CU_STREAM_LEGACY` (`1`), `CU_STREAM_PER_THREAD` (`2`), or
+    /// a live stream of this semaphore's device that stays alive for the
+    /// duration of this call.
+    pub unsafe fn wait_raw_stream(
+        &self,
+        stream: sys::CUstream,
+        value: u64,
+        via: &Stream,
+    ) -> Result<()> {
+        self.wait(via, value)?;
+        let event = crate::stream::Event::new_blocking_sync(&self.device)?;
+        via.record(&event)?;
+        let _guard = self.device.enter()?;
+        // SAFETY: a live event of the current context, just recorded; the
+        // caller vouches for `stream`. The wait captures the event's record
+        // now, so dropping the event afterwards is allowed.
+        unsafe { cu!(cuStreamWaitEvent(stream, event.raw(), 0)) }
+    }
+
+    /// Signals `value` once the work enqueued so far on the foreign `stream`
+    /// has completed: an event is recorded on `stream`, `via` waits for it,
+    /// and [`Self::signal`] enqueues the signal on `via` (same checks, a
+    /// tracked use). A value not above the last one signalled is refused
+    /// before anything is enqueued.
+    ///
+    /// # Safety
+    /// As for [`Self::wait_raw_stream`].
+    pub unsafe fn signal_raw_stream(
+        &self,
+        stream: sys::CUstream,
+        value: u64,
+        via: &Stream,
+    ) -> Result<()> {
+        let last = self.last_signalled();
+        if value <= last {
+            return Err(Error::InvalidArgument(format!(
+                "timeline signal {value} is not above the last value signalled ({last}): values only go up"
+            )));
+        }
+        via.check_device(&self.device)?;
+        let event = crate::stream::Event::new_blocking_sync(&self.device)?;
+        {
+            let _guard = self.device.enter()?;
+            // SAFETY: a live event of the current context; the caller vouches
+            // for `stream`.
+            unsafe { cu!(cuEventRecord(event.raw(), stream)) }?;
+            // SAFETY: a live stream and a live event of the current context;
+            // the wait captures the record made just now.
+            unsafe { cu!(cuStreamWaitEvent(via.raw(), event.raw(), 0)) }?;
+        }
+        self.signal(via, value)
+    }
+}

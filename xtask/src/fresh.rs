@@ -28,7 +28,9 @@
 //!   `target/python/cuda_interop.abi3.so`, installs pytest with `python3 -m
 //!   pip install --quiet pytest` if `python3 -m pytest --version` fails (or
 //!   stops, printing the command), and runs `python3 -m pytest -q
-//!   python/tests` with `PYTHONPATH=target/python`. Any non-zero pytest
+//!   python/tests` with `PYTHONPATH=target/python` (and
+//!   `CUDA_INTEROP_FRAME_SERVER` naming the `frame_server` example, built
+//!   with the same profile, for the protocol tests). Any non-zero pytest
 //!   status fails the task, 5 (no tests collected) included.
 
 use std::process::{Command, Stdio};
@@ -74,6 +76,12 @@ fn python_tests(args: &[String]) -> Result<(), String> {
         .args(["build", "-p", "cuda-interop-py", "--features", "test-hooks"])
         .args(&build.flags);
     run(cargo)?;
+    // The frame producer, for the protocol tests against the real server.
+    let mut server = self::cargo();
+    server
+        .args(["build", "-p", "cuda-interop", "--example", "frame_server"])
+        .args(&build.flags);
+    run(server)?;
     let root = crate::workspace_root();
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
@@ -106,6 +114,13 @@ fn python_tests(args: &[String]) -> Result<(), String> {
         ])
         .current_dir(&root)
         .env("PYTHONPATH", &module_dir)
+        .env(
+            "CUDA_INTEROP_FRAME_SERVER",
+            target
+                .join(&build.dir)
+                .join("examples")
+                .join("frame_server"),
+        )
         .env("PYTHONDONTWRITEBYTECODE", "1");
     run(pytest)
 }
@@ -213,13 +228,13 @@ pub fn demo(args: &[String]) -> Result<(), String> {
     run(cargo)
 }
 
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cargo.current_dir(crate::workspace_root());
     cargo
 }
 
-fn run(mut command: Command) -> Result<(), String> {
+pub(crate) fn run(mut command: Command) -> Result<(), String> {
     let shown = format!("{command:?}");
     let status = command
         .status()

@@ -4,6 +4,7 @@
 //! cargo xtask demo [ARGS]                              system packages, then the main job (round_trip)
 //! cargo xtask test [ARGS]                              system packages, cargo test --workspace, pytest
 //! cargo xtask codegen [--check] [--cuda-include DIR]   regenerate (or check) the driver bindings
+//! cargo xtask wheel [--out DIR]                        the Python wheel and the GPU demo folder
 //! ```
 //!
 //! Only `codegen` needs libclang; nothing else in the workspace does. `demo`
@@ -13,6 +14,7 @@
 mod codegen;
 mod fresh;
 mod functions;
+mod wheel;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
         Some("codegen") => codegen::run(&args[1..]),
         Some("test") => fresh::test(&args[1..]),
         Some("demo") => fresh::demo(&args[1..]),
+        Some("wheel") => wheel::wheel(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{}", USAGE);
             Ok(())
@@ -74,5 +77,12 @@ tasks:
       $CUDA_PATH/include, pkg-config (cuda-12.9), /usr/local/cuda/include,
       or fetched from PyPI (see xtask/cuda-header.lock); its sha256 must
       match the lock.
+  wheel [--out DIR]
+      The Python module in release (abi3, CPython >= 3.9, no test hooks)
+      as target/gpu-demo/cuda_interop.abi3.so and a wheel next to it
+      (written with python3's zipfile, no maturin or network), with the
+      frame_server and frame_client examples (release), gpu_consumer.py
+      and gpu_demo.sh: the folder the GPU demo runs from
+      (`bash target/gpu-demo/gpu_demo.sh`).
 
 The GPU tests are built and packaged by scripts/gpu-bundle.sh.";

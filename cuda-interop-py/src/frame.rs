@@ -1,0 +1,670 @@
+//! `Frame`: one received buffer or ring slot, handed to DLPack and CUDA Array
+//! Interface consumers, and released back to the producer.
+//!
+//! See the crate's contract (`lib.rs`) for the Python-visible behaviour; the
+//! capsule destructors and the deleter ownership rules live here.
+
+use std::ffi::{c_void, CStr};
+use std::ptr::NonNull;
+use std::sync::{Arc, PoisonError};
+
+use cuda_interop::dlpack::{
+    DLDataType, DLDataTypeCode, DLDevice, DLManagedTensor, DLManagedTensorVersioned, ManagedTensor,
+    DL_CPU, DL_CUDA,
+};
+use cuda_interop::ImportedBuffer;
+use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyDict, PyTuple};
+use vk_export::markers::DeviceLocal;
+
+use crate::cuda_error;
+use crate::protocol::Packet;
+use crate::ring::{send_packet, Ring, SlotMemory};
+
+const VERSIONED: &CStr = c"dltensor_versioned";
+const USED_VERSIONED: &CStr = c"used_dltensor_versioned";
+const LEGACY: &CStr = c"dltensor";
+const USED_LEGACY: &CStr = c"used_dltensor";
+
+/// `CU_STREAM_LEGACY`: what a `None` stream means for a CUDA frame (the
+/// DLPack protocol's default).
+const LEGACY_DEFAULT_STREAM: usize = 1;
+
+/// Counts the live host buffers of the test hooks.
+#[cfg(feature = "test-hooks")]
+pub(crate) static HOST_ALIVE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// Host memory for the test hooks, counted in [`HOST_ALIVE`].
+#[cfg(feature = "test-hooks")]
+pub(crate) struct HostBytes(Box<[u8]>);
+
+#[cfg(feature = "test-hooks")]
+impl HostBytes {
+    pub(crate) fn new(bytes: Vec<u8>) -> HostBytes {
+        HOST_ALIVE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        HostBytes(bytes.into_boxed_slice())
+    }
+    /// The first byte's address (stable: the box never moves its heap memory).
+    pub(crate) fn data(&self) -> u64 {
+        self.0.as_ptr() as u64
+    }
+}
+
+#[cfg(feature = "test-hooks")]
+impl Drop for HostBytes {
+    fn drop(&mut self) {
+        HOST_ALIVE.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// What a one-message frame hands out once.
+pub(crate) enum Payload {
+    Imported(ImportedBuffer<DeviceLocal>),
+    #[cfg(feature = "test-hooks")]
+    Host(HostBytes),
+}
+
+/// A frame of a ring: a slot this consumer holds until it releases it.
+pub(crate) struct RingFrame {
+    ring: Arc<Ring>,
+    slot: u32,
+    frame: u64,
+    handed_out: bool,
+    released: bool,
+    /// The consumer stream `__dlpack__` ordered after "produced": the
+    /// default stream of `release()`.
+    consumer_stream: Option<usize>,
+    /// Whether "produced" was waited for on the ring's stream for
+    /// `__cuda_array_interface__`.
+    interface_waited: bool,
+}
+
+enum Source {
+    /// One message, one buffer (no semaphores): handed out or released once.
+    Single(Option<Payload>),
+    /// A slot of a ring.
+    Ring(RingFrame),
+}
+
+/// A stream argument of the DLPack and release calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StreamArg {
+    /// `None`.
+    Unspecified,
+    /// `-1`: no ordering.
+    NoSync,
+    /// A `CUstream` handle (1 and 2 are the legacy and per-thread defaults).
+    Handle(usize),
+}
+
+/// Reads a stream argument: `None`, an int, or an object with an int
+/// `cuda_stream` (torch) or `ptr` (CuPy) attribute.
+fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<StreamArg> {
+    let Some(obj) = stream.filter(|s| !s.is_none()) else {
+        return Ok(StreamArg::Unspecified);
+    };
+    let value: i128 = match obj.extract() {
+        Ok(v) => v,
+        Err(_) => {
+            // A stream object's handle 0 is the CUDA runtime's null stream:
+            // the legacy default stream (CuPy's and PyTorch's default).
+            let attr = ["cuda_stream", "ptr"].iter().find_map(|name| {
+                obj.getattr(*name)
+                    .ok()
+                    .and_then(|a| a.extract::<i128>().ok())
+                    .map(|h| {
+                        if h == 0 {
+                            LEGACY_DEFAULT_STREAM as i128
+                        } else {
+                            h
+                        }
+                    })
+            });
+            attr.ok_or_else(|| {
+                PyTypeError::new_err(format!(
+                    "stream must be None, -1 or a CUDA stream handle (int), or have an int \
+                     `cuda_stream` or `ptr` attribute; got {}",
+                    obj.get_type()
+                        .name()
+                        .map_or_else(|_| "?".to_string(), |n| n.to_string())
+                ))
+            })?
+        }
+    };
+    match value {
+        -1 => Ok(StreamArg::NoSync),
+        0 => Err(PyValueError::new_err(
+            "stream 0 is ambiguous and not allowed (DLPack, CUDA Array Interface): pass 1 for \
+             the legacy default stream, 2 for the per-thread default stream, or a stream handle",
+        )),
+        v if v > 0 && v <= usize::MAX as i128 => Ok(StreamArg::Handle(v as usize)),
+        v => Err(PyValueError::new_err(format!(
+            "stream {v} is not a CUDA stream handle (None, -1, or a positive handle)"
+        ))),
+    }
+}
+
+/// One received buffer or ring slot: hand it to a DLPack consumer
+/// (`torch.from_dlpack(frame)`) or a CUDA Array Interface consumer
+/// (`cupy.asarray(frame)`), then `release()` it.
+#[pyclass(module = "cuda_interop")]
+pub(crate) struct Frame {
+    tag: u64,
+    size: u64,
+    device: (i32, i32),
+    shape: Vec<i64>,
+    /// In elements (bytes: the elements are `uint8`).
+    strides: Vec<i64>,
+    source: Source,
+}
+
+impl Frame {
+    /// A one-message frame: the whole buffer as a 1-D `uint8` tensor.
+    pub(crate) fn single(tag: u64, size: u64, device: (i32, i32), payload: Payload) -> Frame {
+        Frame {
+            tag,
+            size,
+            device,
+            shape: vec![size as i64],
+            strides: vec![1],
+            source: Source::Single(Some(payload)),
+        }
+    }
+
+    /// Frame `packet.frame` in slot `packet.slot` of `ring` (already marked
+    /// held), as a `(height, width, 4)` `uint8` tensor with pitched rows.
+    pub(crate) fn of_ring(ring: Arc<Ring>, packet: &Packet) -> Frame {
+        let layout = ring.layout;
+        let slot = &ring.slots[packet.slot as usize];
+        let device = match &ring.gpu {
+            Some(gpu) => (DL_CUDA, gpu.cuda.ordinal()),
+            None => (DL_CPU, 0),
+        };
+        Frame {
+            tag: packet.frame,
+            size: slot.len,
+            device,
+            shape: vec![i64::from(layout.height), i64::from(layout.width), 4],
+            strides: vec![layout.row_pitch as i64, 4, 1],
+            source: Source::Ring(RingFrame {
+                ring,
+                slot: packet.slot,
+                frame: packet.frame,
+                handed_out: false,
+                released: false,
+                consumer_stream: None,
+                interface_waited: false,
+            }),
+        }
+    }
+
+    /// Hands the memory out once as a DLPack tensor, ordering `stream` after
+    /// the producer's write where the frame has a "produced" timeline.
+    fn tensor(&mut self, py: Python<'_>, stream: StreamArg) -> PyResult<ManagedTensor> {
+        let dtype = DLDataType::scalar(DLDataTypeCode::UInt, 8);
+        let (shape, strides) = (self.shape.clone(), self.strides.clone());
+        let device = DLDevice {
+            device_type: self.device.0,
+            device_id: self.device.1,
+        };
+        if device.device_type == DL_CPU && matches!(stream, StreamArg::Handle(_)) {
+            return Err(PyValueError::new_err(
+                "a host (kDLCPU) frame takes no stream: pass stream=None",
+            ));
+        }
+        match &mut self.source {
+            Source::Single(payload) => {
+                let payload = payload.take().ok_or_else(|| {
+                    PyBufferError::new_err("the frame was already handed out or released")
+                })?;
+                match payload {
+                    Payload::Imported(buffer) => py
+                        .detach(|| buffer.into_dlpack(dtype, &shape, Some(&strides), false))
+                        .map_err(cuda_error),
+                    #[cfg(feature = "test-hooks")]
+                    Payload::Host(bytes) => {
+                        let data = bytes.data();
+                        // SAFETY: `data` is the start of the `size` bytes
+                        // `bytes` owns; moving it into the box does not move
+                        // its heap memory, which lives as long as the owner.
+                        unsafe {
+                            ManagedTensor::new(
+                                Box::new(bytes),
+                                data,
+                                self.size,
+                                device,
+                                dtype,
+                                &shape,
+                                Some(&strides),
+                                false,
+                            )
+                        }
+                        .map_err(cuda_error)
+                    }
+                }
+            }
+            Source::Ring(rf) => {
+                if rf.released || rf.handed_out {
+                    return Err(PyBufferError::new_err(
+                        "the frame was already handed out or released",
+                    ));
+                }
+                if let Some(gpu) = &rf.ring.gpu {
+                    let handle = match stream {
+                        StreamArg::Unspecified => Some(LEGACY_DEFAULT_STREAM),
+                        StreamArg::NoSync => None,
+                        StreamArg::Handle(h) => Some(h),
+                    };
+                    if let Some(h) = handle {
+                        let frame = rf.frame;
+                        py.detach(|| {
+                            let via = gpu
+                                .wait_stream
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner);
+                            // SAFETY: `h` is the consumer's stream handle
+                            // (1, 2, or a stream of its device), which the
+                            // DLPack protocol has the consumer keep alive for
+                            // the call; the ring's semaphore is of that device.
+                            unsafe { gpu.produced.wait_raw_stream(h as _, frame, &via) }
+                        })
+                        .map_err(cuda_error)?;
+                        rf.consumer_stream = Some(h);
+                    }
+                }
+                let slot = &rf.ring.slots[rf.slot as usize];
+                let owner: Box<SlotMemory> = Box::new(slot.memory.clone());
+                // SAFETY: `slot.data` is the address of the slot's `len`
+                // bytes (a CUDA mapping, or host memory for the test hook),
+                // which stay mapped while any clone of its SlotMemory lives.
+                let tensor = unsafe {
+                    ManagedTensor::new(
+                        owner,
+                        slot.data,
+                        slot.len,
+                        device,
+                        dtype,
+                        &shape,
+                        Some(&strides),
+                        false,
+                    )
+                }
+                .map_err(cuda_error)?;
+                rf.handed_out = true;
+                Ok(tensor)
+            }
+        }
+    }
+
+    /// The CUDA Array Interface (or, with `stream` `None`, the array
+    /// interface) dictionary of this frame; `stream` is the value of its
+    /// `stream` key.
+    pub(crate) fn interface<'py>(
+        &self,
+        py: Python<'py>,
+        data: u64,
+        stream: Option<Option<usize>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("shape", PyTuple::new(py, &self.shape)?)?;
+        d.set_item("typestr", "|u1")?;
+        d.set_item("descr", vec![("", "|u1")])?;
+        d.set_item("data", (data, false))?;
+        d.set_item("strides", PyTuple::new(py, &self.strides)?)?;
+        d.set_item("version", 3)?;
+        if let Some(stream) = stream {
+            d.set_item("stream", stream)?;
+        }
+        Ok(d)
+    }
+
+    /// The address of a ring frame's memory.
+    pub(crate) fn ring_data(&self) -> PyResult<u64> {
+        match &self.source {
+            Source::Ring(rf) if !rf.released => Ok(rf.ring.slots[rf.slot as usize].data),
+            Source::Ring(_) => Err(PyBufferError::new_err("the frame was released")),
+            Source::Single(_) => Err(PyAttributeError::new_err(
+                "only frames of a frame ring (frame_server's protocol) have a \
+                 __cuda_array_interface__; use __dlpack__ for this one",
+            )),
+        }
+    }
+
+    /// Releases a ring frame: signals its "released" timeline on `stream`
+    /// (when it is a CUDA stream and the ring has semaphores), then tells
+    /// the producer. Idempotent; a one-message frame just drops its payload.
+    fn release_with(&mut self, py: Python<'_>, stream: StreamArg) -> PyResult<()> {
+        match &mut self.source {
+            Source::Single(payload) => {
+                if let Some(payload) = payload.take() {
+                    // Dropping an import may wait (bounded) for the GPU's last use.
+                    py.detach(move || drop(payload));
+                }
+                Ok(())
+            }
+            Source::Ring(rf) => {
+                if rf.released {
+                    return Ok(());
+                }
+                let handle = match stream {
+                    StreamArg::Unspecified => rf.consumer_stream,
+                    StreamArg::NoSync => None,
+                    StreamArg::Handle(h) => Some(h),
+                };
+                let (ring, slot, frame) = (rf.ring.clone(), rf.slot, rf.frame);
+                py.detach(|| release_ring_slot(&ring, slot, frame, handle))?;
+                rf.released = true;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Signals slot `slot`'s "released" timeline with `frame` after the work on
+/// `stream` (if any, and if the ring has CUDA semaphores), then sends the
+/// release and marks the slot free.
+fn release_ring_slot(ring: &Ring, slot: u32, frame: u64, stream: Option<usize>) -> PyResult<()> {
+    let mut gpu_signalled = false;
+    if let (Some(gpu), Some(h)) = (&ring.gpu, stream) {
+        let via = gpu
+            .release_stream
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: `h` is a stream handle the consumer passed (1, 2, or a live
+        // stream of the ring's device, which it keeps alive for the call).
+        unsafe { gpu.released[slot as usize].signal_raw_stream(h as _, frame, &via) }
+            .map_err(cuda_error)?;
+        gpu_signalled = true;
+    }
+    send_packet(&ring.conn, &Packet::release(slot, frame, gpu_signalled))?;
+    ring.mark_released(slot, frame);
+    Ok(())
+}
+
+impl Drop for Frame {
+    fn drop(&mut self) {
+        // A ring frame dropped unreleased still gives its slot back (after
+        // the stream it was handed out on, if any), or the producer would
+        // wait for it; errors cannot be reported here.
+        if let Source::Ring(rf) = &mut self.source {
+            if !rf.released {
+                rf.released = true;
+                let _ = release_ring_slot(&rf.ring, rf.slot, rf.frame, rf.consumer_stream);
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl Frame {
+    /// The DLPack protocol: the frame as a tensor (`(height, width, 4)`
+    /// `uint8` with pitched rows for a ring frame, 1-D `uint8` otherwise) in
+    /// a capsule a consumer takes once. `stream` (a CUDA stream handle; `1`
+    /// legacy default, `2` per-thread default, `None` legacy default, `-1`
+    /// none) is made to wait for the producer's write.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &mut self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let stream = stream_arg(stream.as_ref())?;
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err(
+                "cuda_interop frames are shared memory; they cannot be exported as a copy",
+            ));
+        }
+        if let Some(wanted) = dl_device.filter(|&d| d != self.device) {
+            return Err(PyBufferError::new_err(format!(
+                "the frame is on DLPack device {:?}, not {wanted:?}",
+                self.device
+            )));
+        }
+        let tensor = self.tensor(py, stream)?;
+        if max_version.is_some_and(|(major, _)| major >= 1) {
+            let managed = tensor.into_versioned();
+            let pointer = NonNull::new(managed.cast::<c_void>()).expect("a Box is not null");
+            // SAFETY: `pointer` is a DLManagedTensorVersioned this capsule
+            // now owns; its destructor frees it unless a consumer took it.
+            let capsule = unsafe {
+                PyCapsule::new_with_pointer_and_destructor(
+                    py,
+                    pointer,
+                    VERSIONED,
+                    Some(delete_versioned_capsule),
+                )
+            };
+            if capsule.is_err() {
+                // SAFETY: no capsule took `managed`; its deleter runs once, here.
+                unsafe { call_versioned_deleter(managed) };
+            }
+            capsule
+        } else {
+            let managed = tensor.into_legacy().map_err(cuda_error)?;
+            let pointer = NonNull::new(managed.cast::<c_void>()).expect("a Box is not null");
+            // SAFETY: as above, for the legacy structure.
+            let capsule = unsafe {
+                PyCapsule::new_with_pointer_and_destructor(
+                    py,
+                    pointer,
+                    LEGACY,
+                    Some(delete_legacy_capsule),
+                )
+            };
+            if capsule.is_err() {
+                // SAFETY: no capsule took `managed`; its deleter runs once, here.
+                unsafe { call_legacy_deleter(managed) };
+            }
+            capsule
+        }
+    }
+
+    /// `(device_type, device_id)`: `(2, ordinal)` (kDLCUDA) for a received frame.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        self.device
+    }
+
+    /// The CUDA Array Interface (version 3) of a ring frame: `data`,
+    /// `shape` `(height, width, 4)`, `strides` in bytes `(row_pitch, 4, 1)`,
+    /// `typestr` `"|u1"`, and `stream`: a stream of this module on which the
+    /// producer's write is waited for; the consumer must order its work
+    /// after it (CuPy does).
+    #[getter]
+    fn __cuda_array_interface__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if self.device.0 != DL_CUDA {
+            return Err(PyAttributeError::new_err(
+                "a host (kDLCPU) frame has no __cuda_array_interface__",
+            ));
+        }
+        let data = self.ring_data()?;
+        let mut stream = None;
+        if let Source::Ring(rf) = &mut self.source {
+            if let Some(gpu) = &rf.ring.gpu {
+                let (frame, wait) = (rf.frame, !rf.interface_waited);
+                let raw = py
+                    .detach(|| {
+                        let via = gpu
+                            .wait_stream
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner);
+                        if wait {
+                            gpu.produced.wait(&via, frame)?;
+                        }
+                        Ok(via.raw() as usize)
+                    })
+                    .map_err(cuda_error)?;
+                rf.interface_waited = true;
+                stream = Some(raw);
+            }
+        }
+        self.interface(py, data, Some(stream))
+    }
+
+    /// The producer's tag: the frame number for a ring frame.
+    #[getter]
+    fn tag(&self) -> u64 {
+        self.tag
+    }
+
+    /// The ring slot of a ring frame, else `None`.
+    #[getter]
+    fn slot(&self) -> Option<u32> {
+        match &self.source {
+            Source::Ring(rf) => Some(rf.slot),
+            Source::Single(_) => None,
+        }
+    }
+
+    /// The tensor's shape.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.shape)
+    }
+
+    /// The tensor's strides in elements (= bytes: `uint8`), as in DLPack.
+    #[getter]
+    fn strides<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.strides)
+    }
+
+    /// Bytes the frame's memory spans.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether the frame can still be handed out.
+    #[getter]
+    fn available(&self) -> bool {
+        match &self.source {
+            Source::Single(payload) => payload.is_some(),
+            Source::Ring(rf) => !rf.released && !rf.handed_out,
+        }
+    }
+
+    /// Gives the frame back (idempotent). A ring frame's slot goes back to
+    /// the producer: with a CUDA `stream` (default: the one passed to
+    /// `__dlpack__`; `-1`: none) the producer's next write to the slot waits
+    /// for the work enqueued on it so far; without one, the caller's reads
+    /// must have completed. Tensors already handed out keep the memory
+    /// mapped, but its contents belong to the producer again.
+    #[pyo3(signature = (stream=None))]
+    fn release(&mut self, py: Python<'_>, stream: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+        let stream = stream_arg(stream.as_ref())?;
+        self.release_with(py, stream)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&mut self, py: Python<'_>, _exc: Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.release_with(py, StreamArg::Unspecified)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.available() {
+            ""
+        } else {
+            " (handed out or released)"
+        };
+        match self.slot() {
+            Some(slot) => format!(
+                "<cuda_interop.Frame {} slot={slot} shape={:?} device={:?}{state}>",
+                self.tag, self.shape, self.device
+            ),
+            None => format!(
+                "<cuda_interop.Frame tag={} nbytes={} device={:?}{state}>",
+                self.tag, self.size, self.device
+            ),
+        }
+    }
+}
+
+/// # Safety
+/// `managed` came from `ManagedTensor::into_versioned` and its deleter has
+/// not run.
+unsafe fn call_versioned_deleter(managed: *mut DLManagedTensorVersioned) {
+    // SAFETY: the caller's guarantee: a live tensor whose deleter runs once.
+    unsafe {
+        if let Some(deleter) = (*managed).deleter {
+            deleter(managed);
+        }
+    }
+}
+
+/// # Safety
+/// `managed` came from `ManagedTensor::into_legacy` and its deleter has not run.
+unsafe fn call_legacy_deleter(managed: *mut DLManagedTensor) {
+    // SAFETY: the caller's guarantee: a live tensor whose deleter runs once.
+    unsafe {
+        if let Some(deleter) = (*managed).deleter {
+            deleter(managed);
+        }
+    }
+}
+
+/// The capsule destructor: frees the tensor unless a consumer renamed the
+/// capsule (took ownership, and calls the deleter itself).
+unsafe extern "C" fn delete_versioned_capsule(capsule: *mut ffi::PyObject) {
+    // SAFETY: Python calls this with the capsule being destroyed, holding the
+    // GIL. `PyCapsule_IsValid` sets no exception; when the name is still
+    // ours, nobody took the pointer, which is the tensor `__dlpack__` put
+    // there, and this is its only destructor call.
+    unsafe {
+        if ffi::PyCapsule_IsValid(capsule, USED_VERSIONED.as_ptr()) == 0
+            && ffi::PyCapsule_IsValid(capsule, VERSIONED.as_ptr()) == 1
+        {
+            let managed = ffi::PyCapsule_GetPointer(capsule, VERSIONED.as_ptr());
+            call_versioned_deleter(managed.cast());
+        }
+    }
+}
+
+/// As [`delete_versioned_capsule`], for the legacy `"dltensor"` capsule.
+unsafe extern "C" fn delete_legacy_capsule(capsule: *mut ffi::PyObject) {
+    // SAFETY: as in `delete_versioned_capsule`.
+    unsafe {
+        if ffi::PyCapsule_IsValid(capsule, USED_LEGACY.as_ptr()) == 0
+            && ffi::PyCapsule_IsValid(capsule, LEGACY.as_ptr()) == 1
+        {
+            let managed = ffi::PyCapsule_GetPointer(capsule, LEGACY.as_ptr());
+            call_legacy_deleter(managed.cast());
+        }
+    }
+}
+
+/// Test hook: a one-message frame over `nbytes` bytes of host memory
+/// (`kDLCPU`), each byte its index modulo 256.
+#[cfg(feature = "test-hooks")]
+#[pyfunction]
+pub(crate) fn _host_frame(nbytes: u64) -> PyResult<Frame> {
+    let len = usize::try_from(nbytes).map_err(|_| PyValueError::new_err("too large"))?;
+    let bytes: Vec<u8> = (0..len).map(|i| i as u8).collect();
+    Ok(Frame::single(
+        0,
+        nbytes,
+        (DL_CPU, 0),
+        Payload::Host(HostBytes::new(bytes)),
+    ))
+}
+
+/// Test hook: the `__cuda_array_interface__` dictionary a CUDA ring frame
+/// with this frame's layout would have (its `stream` key `None`).
+#[cfg(feature = "test-hooks")]
+#[pyfunction]
+pub(crate) fn _interface_dict<'py>(
+    py: Python<'py>,
+    frame: PyRef<'py, Frame>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let data = frame.ring_data()?;
+    frame.interface(py, data, Some(None))
+}

@@ -1,0 +1,304 @@
+//! The frame-ring protocol: the small fixed-size packets a frame producer
+//! (`cuda-interop/examples/frame_server.rs`) and its consumers (the Python
+//! module, `frame_client.rs`) exchange on the same `SOCK_SEQPACKET` socket as
+//! the `vk-export` wire message that shares the ring.
+//!
+//! # Contract
+//!
+//! * One conversation: the producer sends a [`Kind::Hello`] packet (the
+//!   ring's layout), then one `vk-export` wire message tagged [`SETUP_TAG`]
+//!   whose resources are the `slots` device-local buffers, the "produced"
+//!   timeline and `slots` "released" timelines (resource `slots + 1 + i`
+//!   belongs to slot `i`); then, per frame, a [`Kind::Frame`] packet naming
+//!   the slot and the frame number. The consumer answers each frame with one
+//!   [`Kind::Release`] packet.
+//! * GPU order: the producer signals "produced" with the frame number when
+//!   the frame is written; a consumer waits for that value before it reads.
+//!   A release with [`RELEASE_GPU_SIGNALLED`] promises that the consumer
+//!   signals slot `i`'s "released" timeline with the frame number once its
+//!   GPU work on the frame is done; the producer's next write to the slot
+//!   waits for that value. A release without it means the consumer's reads
+//!   have completed already.
+//! * The producer never writes a slot a consumer holds (sent, not yet
+//!   released); a consumer that closes its socket releases everything it
+//!   held.
+//! * Packets are [`PACKET_LEN`] bytes, little-endian, magic [`MAGIC`],
+//!   version [`VERSION`]; anything else is refused whole by
+//!   [`Packet::decode`]. A wire message (magic `"CIVX"`) is told apart by its
+//!   first four bytes.
+//!
+//! This file is std-only: the examples include it with `#[path]`.
+
+/// First four bytes of every packet.
+pub const MAGIC: [u8; 4] = *b"CIFR";
+/// The one version this build reads and writes.
+pub const VERSION: u16 = 1;
+/// Bytes in every packet.
+pub const PACKET_LEN: usize = 48;
+/// The tag of the wire message that shares the ring (`"CIFRRING"`).
+pub const SETUP_TAG: u64 = u64::from_le_bytes(*b"CIFRRING");
+/// Most slots a ring may have: `2 * slots + 1` resources fit one wire message.
+pub const MAX_SLOTS: u32 = 7;
+/// [`Packet::format`] of 8-bit RGBA, 4 bytes per pixel.
+pub const FORMAT_RGBA8: u32 = 1;
+/// [`Packet::flags`] of a release: the consumer signals the slot's "released"
+/// timeline with the frame number when its GPU work is done.
+pub const RELEASE_GPU_SIGNALLED: u32 = 1;
+
+/// What a packet says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Producer to consumer, once: the ring's layout.
+    Hello = 1,
+    /// Producer to consumer: frame `frame` is in slot `slot`.
+    Frame = 2,
+    /// Consumer to producer: done with frame `frame` in slot `slot`.
+    Release = 3,
+}
+
+/// One packet; fields a kind does not use are 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packet {
+    /// What it says.
+    pub kind: Kind,
+    /// The slot (hello: the number of slots).
+    pub slot: u32,
+    /// Release: [`RELEASE_GPU_SIGNALLED`] or 0.
+    pub flags: u32,
+    /// The frame number (from 1; hello: 0).
+    pub frame: u64,
+    /// Hello: pixels per row.
+    pub width: u32,
+    /// Hello: rows.
+    pub height: u32,
+    /// Hello: bytes from one row to the next.
+    pub row_pitch: u64,
+    /// Hello: [`FORMAT_RGBA8`].
+    pub format: u32,
+}
+
+/// Why a packet was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PacketError {
+    /// Not [`PACKET_LEN`] bytes.
+    Length(usize),
+    /// Does not start with [`MAGIC`].
+    Magic([u8; 4]),
+    /// Another [`VERSION`].
+    Version(u16),
+    /// An unknown kind.
+    Kind(u16),
+    /// A hello whose layout cannot be a ring of RGBA8 frames.
+    Layout(String),
+}
+
+impl std::fmt::Display for PacketError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PacketError::Length(n) => write!(
+                f,
+                "frame packet of {n} bytes (expected {PACKET_LEN}): not a cuda-interop frame producer"
+            ),
+            PacketError::Magic(m) => write!(
+                f,
+                "frame packet with magic {m:02x?} (expected \"CIFR\"): not a cuda-interop frame producer"
+            ),
+            PacketError::Version(v) => write!(
+                f,
+                "frame protocol version {v} is not supported (this build speaks {VERSION}); update both sides"
+            ),
+            PacketError::Kind(k) => write!(f, "unknown frame packet kind {k}"),
+            PacketError::Layout(why) => write!(f, "bad ring layout: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for PacketError {}
+
+impl Packet {
+    /// A hello for a ring of `slots` RGBA8 frames.
+    pub fn hello(slots: u32, width: u32, height: u32, row_pitch: u64) -> Packet {
+        Packet {
+            kind: Kind::Hello,
+            slot: slots,
+            flags: 0,
+            frame: 0,
+            width,
+            height,
+            row_pitch,
+            format: FORMAT_RGBA8,
+        }
+    }
+
+    /// Frame `frame` is in `slot`.
+    pub fn frame(slot: u32, frame: u64) -> Packet {
+        Packet {
+            kind: Kind::Frame,
+            slot,
+            frame,
+            ..Packet::hello(0, 0, 0, 0)
+        }
+    }
+
+    /// The consumer is done with `frame` in `slot`.
+    pub fn release(slot: u32, frame: u64, gpu_signalled: bool) -> Packet {
+        Packet {
+            kind: Kind::Release,
+            slot,
+            frame,
+            flags: if gpu_signalled {
+                RELEASE_GPU_SIGNALLED
+            } else {
+                0
+            },
+            ..Packet::hello(0, 0, 0, 0)
+        }
+    }
+
+    /// The packet's bytes.
+    pub fn encode(&self) -> [u8; PACKET_LEN] {
+        let mut b = [0u8; PACKET_LEN];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        b[6..8].copy_from_slice(&(self.kind as u16).to_le_bytes());
+        b[8..12].copy_from_slice(&self.slot.to_le_bytes());
+        b[12..16].copy_from_slice(&self.flags.to_le_bytes());
+        b[16..24].copy_from_slice(&self.frame.to_le_bytes());
+        b[24..28].copy_from_slice(&self.width.to_le_bytes());
+        b[28..32].copy_from_slice(&self.height.to_le_bytes());
+        b[32..40].copy_from_slice(&self.row_pitch.to_le_bytes());
+        b[40..44].copy_from_slice(&self.format.to_le_bytes());
+        b
+    }
+
+    /// Parses one packet; a hello's layout is checked too
+    /// ([`Packet::check_layout`]).
+    pub fn decode(bytes: &[u8]) -> Result<Packet, PacketError> {
+        if bytes.len() != PACKET_LEN {
+            return Err(PacketError::Length(bytes.len()));
+        }
+        let u16_at = |i: usize| u16::from_le_bytes([bytes[i], bytes[i + 1]]);
+        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        let magic: [u8; 4] = bytes[0..4].try_into().expect("4 bytes");
+        if magic != MAGIC {
+            return Err(PacketError::Magic(magic));
+        }
+        if u16_at(4) != VERSION {
+            return Err(PacketError::Version(u16_at(4)));
+        }
+        let kind = match u16_at(6) {
+            1 => Kind::Hello,
+            2 => Kind::Frame,
+            3 => Kind::Release,
+            k => return Err(PacketError::Kind(k)),
+        };
+        let packet = Packet {
+            kind,
+            slot: u32_at(8),
+            flags: u32_at(12),
+            frame: u64_at(16),
+            width: u32_at(24),
+            height: u32_at(28),
+            row_pitch: u64_at(32),
+            format: u32_at(40),
+        };
+        if kind == Kind::Hello {
+            packet.check_layout()?;
+        }
+        Ok(packet)
+    }
+
+    /// A hello's layout: 1 to [`MAX_SLOTS`] slots, RGBA8, a non-empty image
+    /// whose rows fit the pitch (a multiple of 4), at most 2^31 bytes a frame.
+    pub fn check_layout(&self) -> Result<(), PacketError> {
+        let bad = |why: String| Err(PacketError::Layout(why));
+        if self.slot == 0 || self.slot > MAX_SLOTS {
+            return bad(format!("{} slots (1 to {MAX_SLOTS})", self.slot));
+        }
+        if self.format != FORMAT_RGBA8 {
+            return bad(format!("format {} (only RGBA8, 1, is known)", self.format));
+        }
+        if self.width == 0 || self.height == 0 {
+            return bad(format!("{}x{} pixels", self.width, self.height));
+        }
+        let row = u64::from(self.width) * 4;
+        if self.row_pitch < row || self.row_pitch % 4 != 0 {
+            return bad(format!(
+                "row pitch {} for rows of {row} bytes (at least a row, a multiple of 4)",
+                self.row_pitch
+            ));
+        }
+        match self.frame_bytes() {
+            Some(n) if n <= 1 << 31 => Ok(()),
+            _ => bad(format!(
+                "{}x{} with pitch {} is larger than 2 GiB",
+                self.width, self.height, self.row_pitch
+            )),
+        }
+    }
+
+    /// Bytes a frame of a hello's layout spans: all rows but the last at
+    /// the pitch, the last one only as wide as the image.
+    pub fn frame_bytes(&self) -> Option<u64> {
+        u64::from(self.height)
+            .checked_sub(1)?
+            .checked_mul(self.row_pitch)?
+            .checked_add(u64::from(self.width) * 4)
+    }
+}
+
+/// The pixel value (read as a little-endian `u32`) of the background of frame
+/// `frame` of the demo pattern: the frame number itself.
+pub fn background(frame: u64) -> u32 {
+    frame as u32
+}
+
+/// The pixel value of the moving band of frame `frame`: every bit of the
+/// background flipped.
+pub fn band_value(frame: u64) -> u32 {
+    !background(frame)
+}
+
+/// The rows `[start, end)` of the moving band of frame `frame` in an image of
+/// `height` rows: `height / 16` rows (at least 1) moving down 8 rows a frame.
+pub fn band_rows(frame: u64, height: u32) -> (u32, u32) {
+    let rows = (height / 16).max(1);
+    let span = u64::from(height - rows + 1);
+    let start = (frame.wrapping_mul(8) % span) as u32;
+    (start, start + rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        for p in [
+            Packet::hello(4, 1920, 1080, 7680),
+            Packet::frame(3, 99),
+            Packet::release(1, 7, true),
+        ] {
+            assert_eq!(Packet::decode(&p.encode()), Ok(p));
+        }
+    }
+
+    #[test]
+    fn bad_layouts() {
+        assert!(Packet::decode(&Packet::hello(0, 4, 4, 16).encode()).is_err());
+        assert!(Packet::decode(&Packet::hello(8, 4, 4, 16).encode()).is_err());
+        assert!(Packet::decode(&Packet::hello(2, 4, 4, 15).encode()).is_err());
+        assert!(Packet::decode(&Packet::hello(2, 4, 4, 12).encode()).is_err());
+        assert!(Packet::decode(&Packet::hello(2, 65535, 65535, 1 << 20).encode()).is_err());
+    }
+
+    #[test]
+    fn band_stays_inside() {
+        for f in 0..2000 {
+            let (a, b) = band_rows(f, 1080);
+            assert!(a < b && b <= 1080);
+        }
+        assert_eq!(band_rows(5, 1), (0, 1));
+    }
+}

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""A GPU consumer of `frame_server` (NEEDS A GPU): receives frames, checks each
+one ON THE GPU against its frame number, and prints milliseconds per frame.
+
+    python3 gpu_consumer.py SOCKET [--lib torch|cupy] [--frames 300] [--timeout 10]
+
+torch: `torch.from_dlpack(frame)` (DLPack, the current stream made to wait for
+the producer's write), `frame.release()` signals back on that stream.
+cupy: `cupy.asarray(frame)` (`__cuda_array_interface__`), `frame.release(stream=
+the current CuPy stream)`.
+
+The frame pattern (cuda-interop-py/src/protocol.rs): every pixel, read as a
+little-endian u32, is the frame number, except a band of height // 16 rows
+starting at row (8 * frame) % (height - rows + 1), which is its bitwise NOT.
+Bad frames are counted on the GPU and read once at the end; the exit status is
+non-zero if any frame was bad or not all frames came.
+"""
+
+import argparse
+import sys
+import time
+
+import cuda_interop
+
+
+def s32(x):
+    """A u32 pixel value as the int32 torch and CuPy compare with."""
+    x &= 0xFFFFFFFF
+    return x - (1 << 32) if x >= 1 << 31 else x
+
+
+def band_rows(frame, height):
+    rows = max(height // 16, 1)
+    start = (frame * 8) % (height - rows + 1)
+    return start, start + rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("socket")
+    ap.add_argument("--lib", choices=("torch", "cupy"), default="torch")
+    ap.add_argument("--frames", type=int, default=300)
+    ap.add_argument("--timeout", type=float, default=10.0)
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args()
+
+    if args.lib == "torch":
+        import torch
+
+        def check(frame):
+            t = torch.from_dlpack(frame)  # (height, width, 4) uint8, pitched rows
+            h = t.shape[0]
+            px = t.view(torch.int32)[..., 0]  # (height, width) pixels
+            start, end = band_rows(frame.tag, h)
+            want = torch.full((h, 1), s32(frame.tag), dtype=torch.int32, device=t.device)
+            want[start:end] = s32(~frame.tag)
+            wrong = (px != want).any()
+            frame.release()  # on the stream from_dlpack ordered after the write
+            return wrong
+
+        def zero():
+            return torch.zeros((), dtype=torch.int64, device="cuda")
+
+        def sync():
+            torch.cuda.synchronize()
+
+        def layout(frame):
+            t = torch.from_dlpack(frame)
+            return tuple(t.shape), tuple(t.stride()), str(t.device)
+
+    else:
+        import cupy
+
+        def current_stream():
+            return cupy.cuda.get_current_stream()  # .ptr 0: the legacy default stream
+
+        def check(frame):
+            a = cupy.asarray(frame)  # __cuda_array_interface__, synced on its stream
+            h = a.shape[0]
+            px = a.view(cupy.int32)[..., 0]
+            start, end = band_rows(frame.tag, h)
+            want = cupy.full((h, 1), s32(frame.tag), dtype=cupy.int32)
+            want[start:end] = s32(~frame.tag)
+            wrong = (px != want).any()
+            frame.release(stream=current_stream())
+            return wrong
+
+        def zero():
+            return cupy.zeros((), dtype=cupy.int64)
+
+        def sync():
+            cupy.cuda.runtime.deviceSynchronize()
+
+        def layout(frame):
+            a = cupy.asarray(frame)
+            return a.shape, a.strides, "cuda:%d" % a.device.id
+
+    receiver = cuda_interop.connect(args.socket, timeout=args.timeout)
+    first = receiver.next(args.timeout)
+    slots, width, height, pitch = receiver.layout
+    print(
+        f"[{args.lib}] ring of {slots} slots, {width}x{height}, row pitch {pitch}; "
+        f"first frame {first.tag} on DLPack device {first.__dlpack_device__()}, "
+        f"{args.lib} sees shape/strides/device {layout(first)}",
+        flush=True,
+    )
+    first.release()
+    bad = zero()
+    received = 1
+    start = time.perf_counter()
+    last = first.tag
+    skipped = 0
+    for _ in range(args.frames - 1):
+        frame = receiver.next(args.timeout)
+        skipped += frame.tag - last - 1
+        last = frame.tag
+        bad += check(frame)
+        received += 1
+        if not args.quiet and received % 100 == 0:
+            print(f"[{args.lib}] {received} frames", flush=True)
+    sync()
+    elapsed = time.perf_counter() - start
+    bad = int(bad.item())
+    ms = elapsed * 1e3 / max(received - 1, 1)
+    print(
+        f"[{args.lib}] {received} frames, {bad} bad, {ms:.3f} ms/frame "
+        f"(checked on the GPU; {skipped} frame numbers skipped)",
+        flush=True,
+    )
+    receiver.close()
+    return 0 if bad == 0 and received == args.frames else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

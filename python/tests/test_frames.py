@@ -1,0 +1,364 @@
+"""CPU tests of the frame-ring protocol (no GPU): ring frames over host memory
+(the `_connect_host_ring` test hook), against a fake producer written here and
+against the real `frame_server` example on lavapipe (host-visible memory, no
+semaphores), whose path `cargo xtask test` passes in CUDA_INTEROP_FRAME_SERVER.
+"""
+
+import ctypes
+import gc
+import os
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+import cuda_interop
+
+from test_module import DLManagedTensorVersioned, PyCapsule_GetPointer
+
+MAGIC = b"CIFR"
+HELLO, FRAME, RELEASE = 1, 2, 3
+
+
+def packet(kind, slot=0, flags=0, frame=0, width=0, height=0, pitch=0, fmt=0, version=1):
+    return struct.pack(
+        "<4sHHIIQIIQII", MAGIC, version, kind, slot, flags, frame, width, height, pitch, fmt, 0
+    )
+
+
+def parse(data):
+    assert len(data) == 48, len(data)
+    magic, version, kind, slot, flags, frame = struct.unpack_from("<4sHHIIQ", data)
+    assert (magic, version) == (MAGIC, 1)
+    return kind, slot, flags, frame
+
+
+@pytest.fixture
+def producer():
+    """A fake producer: a listener; yields (path, accept())."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "frames.sock")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.bind(path)
+        s.listen(1)
+        s.settimeout(5.0)
+        try:
+            yield path, s
+        finally:
+            s.close()
+
+
+def ring(producer, slots=3, width=5, height=4, pitch=32):
+    path, s = producer
+    receiver = cuda_interop._connect_host_ring(path, 1.0)
+    peer, _ = s.accept()
+    peer.settimeout(5.0)
+    peer.send(packet(HELLO, slot=slots, width=width, height=height, pitch=pitch, fmt=1))
+    return receiver, peer
+
+
+def test_layout_shape_and_strides(producer):
+    receiver, peer = ring(producer, width=5, height=4, pitch=32)
+    with peer:
+        assert receiver.layout is None
+        peer.send(packet(FRAME, slot=1, frame=7))
+        frame = receiver.next(1.0)
+        assert receiver.layout == (3, 5, 4, 32)
+        assert (frame.tag, frame.slot) == (7, 1)
+        assert frame.shape == (4, 5, 4)
+        assert frame.strides == (32, 4, 1)
+        assert frame.nbytes == 3 * 32 + 5 * 4
+        assert frame.__dlpack_device__() == (1, 0)
+        assert receiver.held == 1
+        capsule = frame.__dlpack__(max_version=(1, 0))
+        m = DLManagedTensorVersioned.from_address(
+            PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        )
+        t = m.dl_tensor
+        assert (t.ndim, t.code, t.bits, t.lanes, t.byte_offset) == (3, 1, 8, 1, 0)
+        assert [t.shape[i] for i in range(3)] == [4, 5, 4]
+        assert [t.strides[i] for i in range(3)] == [32, 4, 1]
+        # Slot 1's host bytes are (index + 1) mod 256: row 2, pixel 3, channel 1.
+        assert ctypes.string_at(t.data + 2 * 32 + 3 * 4 + 1, 1)[0] == (2 * 32 + 13 + 1) % 256
+        with pytest.raises(BufferError):
+            frame.__dlpack__(max_version=(1, 0))  # handed out once
+        del capsule, m, t
+        frame.release()
+        assert parse(peer.recv(64)) == (RELEASE, 1, 0, 7)
+        assert receiver.held == 0
+
+
+def test_interface_dict(producer):
+    receiver, peer = ring(producer, width=6, height=3, pitch=64)
+    with peer:
+        peer.send(packet(FRAME, slot=0, frame=1))
+        frame = receiver.next(1.0)
+        d = cuda_interop._interface_dict(frame)
+        assert d["shape"] == (3, 6, 4)
+        assert d["strides"] == (64, 4, 1)
+        assert d["typestr"] == "|u1"
+        assert d["descr"] == [("", "|u1")]
+        assert d["version"] == 3
+        assert d["stream"] is None
+        data, read_only = d["data"]
+        assert data != 0 and read_only is False
+        # A host frame has no CUDA Array Interface.
+        assert not hasattr(frame, "__cuda_array_interface__")
+        frame.release()
+        with pytest.raises(BufferError):
+            cuda_interop._interface_dict(frame)
+
+
+def test_release_is_sent_once_and_by_drop_and_with(producer):
+    receiver, peer = ring(producer)
+    with peer:
+        for n in (1, 2, 3):
+            peer.send(packet(FRAME, slot=n - 1, frame=n))
+        a, b, c = (receiver.next(1.0) for _ in range(3))
+        assert receiver.held == 3
+        a.release()
+        a.release()  # idempotent: one packet
+        assert parse(peer.recv(64)) == (RELEASE, 0, 0, 1)
+        with b:
+            pass
+        assert parse(peer.recv(64)) == (RELEASE, 1, 0, 2)
+        assert not b.available
+        del c  # dropped unreleased: released by its destructor
+        gc.collect()
+        assert parse(peer.recv(64)) == (RELEASE, 2, 0, 3)
+        peer.settimeout(0.2)
+        with pytest.raises(socket.timeout):
+            peer.recv(64)
+        assert receiver.held == 0
+
+
+def test_tensor_outlives_release(producer):
+    before = cuda_interop._host_frames_alive()
+    receiver, peer = ring(producer)
+    with peer:
+        peer.send(packet(FRAME, slot=0, frame=1))
+        frame = receiver.next(1.0)
+        capsule = frame.__dlpack__(max_version=(1, 0))
+        frame.release()
+        del frame, receiver
+        gc.collect()
+        # The capsule still owns its slot's memory.
+        assert cuda_interop._host_frames_alive() == before + 1
+        del capsule
+        gc.collect()
+        assert cuda_interop._host_frames_alive() == before
+
+
+def test_stream_arguments(producer):
+    receiver, peer = ring(producer)
+    with peer:
+        peer.send(packet(FRAME, slot=0, frame=1))
+        frame = receiver.next(1.0)
+        with pytest.raises(ValueError, match="ambiguous"):
+            frame.__dlpack__(stream=0)
+        with pytest.raises(ValueError, match="no stream"):
+            frame.__dlpack__(stream=5)  # a host frame takes no stream
+        with pytest.raises(TypeError):
+            frame.release(stream="fast")
+        with pytest.raises(ValueError):
+            frame.release(stream=-7)
+        assert frame.available
+        frame.release(stream=-1)
+        assert parse(peer.recv(64)) == (RELEASE, 0, 0, 1)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (packet(FRAME, slot=3, frame=1), "slot 3 of a ring of 3"),
+        (packet(HELLO, slot=3, width=5, height=4, pitch=32, fmt=1), "expected a frame packet"),
+        (packet(FRAME, slot=0, frame=1, version=2), "version 2"),
+        (packet(9, slot=0, frame=1), "kind 9"),
+        (b"CIFR" + b"\0" * 10, "14 bytes"),
+    ],
+)
+def test_bad_packets(producer, bad, message):
+    receiver, peer = ring(producer)
+    with peer:
+        peer.send(bad)
+        with pytest.raises(ValueError, match=message):
+            receiver.next(1.0)
+
+
+def test_bad_hello_and_ring_errors(producer):
+    path, s = producer
+    receiver = cuda_interop._connect_host_ring(path, 1.0)
+    peer, _ = s.accept()
+    with peer:
+        peer.send(packet(HELLO, slot=9, width=5, height=4, pitch=32, fmt=1))
+        with pytest.raises(ValueError, match="9 slots"):
+            receiver.next(1.0)
+        # A ring that could not be set up says so from then on.
+        with pytest.raises(ConnectionError, match="could not be set up"):
+            receiver.next(0.1)
+
+
+def test_protocol_violations(producer):
+    receiver, peer = ring(producer)
+    with peer:
+        peer.send(packet(FRAME, slot=0, frame=5))
+        held = receiver.next(1.0)
+        peer.send(packet(FRAME, slot=1, frame=5))
+        with pytest.raises(ValueError, match="must go up"):
+            receiver.next(1.0)
+        peer.send(packet(FRAME, slot=0, frame=6))
+        with pytest.raises(ValueError, match="still holds frame 5"):
+            receiver.next(1.0)
+        held.release()
+
+
+def test_timeout_close_and_peer_gone(producer):
+    receiver, peer = ring(producer)
+    peer.send(packet(FRAME, slot=0, frame=1))
+    frame = receiver.next(1.0)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        receiver.next(0.2)
+    assert 0.15 <= time.monotonic() - start < 1.0
+    peer.close()
+    with pytest.raises(ConnectionError, match="closed"):
+        receiver.next(1.0)
+    # The release cannot reach a producer that left: an error, not a hang.
+    with pytest.raises(ConnectionError):
+        frame.release()
+    receiver.close()
+    with pytest.raises(ConnectionError, match="was closed"):
+        receiver.next(1.0)
+
+
+def test_no_cuda_is_a_runtime_error(producer):
+    """The real `connect` imports the ring into CUDA: without a driver that
+    is a RuntimeError naming what is missing (here the setup message is not
+    even valid: a ValueError or RuntimeError, never a hang)."""
+    path, s = producer
+    receiver = cuda_interop.connect(path, 1.0)
+    peer, _ = s.accept()
+    with peer:
+        peer.send(packet(HELLO, slot=2, width=4, height=4, pitch=16, fmt=1))
+        peer.send(b"\xde\xad\xbe\xef" * 4)
+        with pytest.raises((ValueError, RuntimeError)):
+            receiver.next(1.0)
+
+
+SERVER = os.environ.get("CUDA_INTEROP_FRAME_SERVER")
+
+
+@pytest.fixture
+def frame_server():
+    if not SERVER or not os.path.exists(SERVER):
+        pytest.skip("CUDA_INTEROP_FRAME_SERVER (set by cargo xtask test) names no binary")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "frames.sock")
+        log = open(os.path.join(d, "server.log"), "w+")
+        p = subprocess.Popen(
+            [SERVER, "--socket", path, "--width", "64", "--height", "32",
+             "--row-pitch", "320", "--slots", "3", "--seconds", "60",
+             "--hold-timeout", "2", "--host-visible", "--no-semaphores"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            for _ in range(200):
+                if os.path.exists(path) or p.poll() is not None:
+                    break
+                time.sleep(0.05)
+            if not os.path.exists(path):
+                log.seek(0)
+                pytest.skip("frame_server did not start (no Vulkan?): " + log.read())
+            yield path, p, log
+        finally:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def server_log(log):
+    log.flush()
+    log.seek(0)
+    return log.read()
+
+
+def test_real_server_two_consumers_and_a_killed_one(frame_server):
+    path, _, log = frame_server
+    # A consumer in another process, killed (SIGKILL) mid-stream.
+    victim = subprocess.Popen(
+        ["python3", "-c",
+         "import sys, time, cuda_interop\n"
+         f"r = cuda_interop._connect_host_ring({path!r}, 2.0)\n"
+         "f = r.next(5.0)\n"
+         "print('running', f.tag, flush=True)\n"
+         "f.release()\n"
+         "while True:\n"
+         "    r.next(5.0).release()\n"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert victim.stdout.readline().startswith("running")
+        a = cuda_interop._connect_host_ring(path, 2.0)
+        seen = []
+        for _ in range(20):
+            frame = a.next(5.0)
+            assert frame.shape == (32, 64, 4) and frame.strides == (320, 4, 1)
+            seen.append(frame.tag)
+            frame.release()
+        victim.kill()
+        victim.wait(5)
+        # The producer gives the victim's slots back and keeps serving `a`.
+        for _ in range(50):
+            frame = a.next(5.0)
+            assert frame.tag > seen[-1]
+            seen.append(frame.tag)
+            frame.release()
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait(5)
+    assert seen == sorted(seen)
+    a.close()
+    del a, frame
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and "consumers=0" not in server_log(log).split("left after")[-1]:
+        time.sleep(0.1)
+    text = server_log(log)
+    assert text.count("left after") == 2, text
+    assert "(disconnected" in text, text
+    # fds back at the value before any consumer.
+    last = [l for l in text.splitlines() if "left after" in l][-1]
+    fds = last.split(" fds=")[1].split()[0]
+    before = last.split("before any consumer: fds=")[1].split()[0]
+    assert fds == before, last
+
+
+def test_real_server_drops_a_consumer_that_holds_too_long(frame_server):
+    path, _, log = frame_server
+    slow = cuda_interop._connect_host_ring(path, 2.0)
+    kept = [slow.next(5.0)]  # held past --hold-timeout 2
+    fast = cuda_interop._connect_host_ring(path, 2.0)
+    got = 0
+    deadline = time.monotonic() + 15
+    while got < 10 and time.monotonic() < deadline:
+        try:
+            f = fast.next(5.0)
+        except TimeoutError:
+            continue
+        got += 1
+        f.release()
+    assert got == 10, server_log(log)
+    assert "longer than" in server_log(log)
+    with pytest.raises(ConnectionError):
+        while True:
+            slow.next(1.0).release()
+    del kept, slow, fast, f
+    gc.collect()

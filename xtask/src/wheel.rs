@@ -1,0 +1,120 @@
+//! `cargo xtask wheel`: the Python extension as an abi3 wheel, and the folder
+//! the GPU demo runs from.
+//!
+//! # Contract
+//!
+//! * Builds `cuda-interop-py` in release (abi3, CPython 3.9 and later; no
+//!   test hooks) and the `frame_server` and `frame_client` examples in
+//!   release, then fills `OUT` (default `target/gpu-demo`, emptied first)
+//!   with `cuda_interop.abi3.so`, a wheel
+//!   `cuda_interop-VERSION-cp39-abi3-linux_ARCH.whl` holding it, the two
+//!   binaries, `python/examples/gpu_consumer.py` and `gpu_demo.sh`.
+//! * The wheel is written without maturin: a zip with the module and
+//!   `cuda_interop-VERSION.dist-info/{METADATA,WHEEL,RECORD}` (RECORD with
+//!   each file's urlsafe-base64 SHA-256 and size), made by `python3`'s
+//!   `zipfile`. `pip install` accepts it on Linux of this architecture with
+//!   a glibc at least as new as this machine's.
+//! * Nothing needs the network.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::fresh::{cargo, run};
+
+/// The Python script that writes the wheel: argv = wheel path, module path,
+/// version, tag.
+const MAKE_WHEEL: &str = r#"
+import base64, hashlib, sys, zipfile
+wheel, module, version, tag = sys.argv[1:5]
+dist = f"cuda_interop-{version}.dist-info"
+files = {
+    "cuda_interop.abi3.so": open(module, "rb").read(),
+    f"{dist}/METADATA": (
+        "Metadata-Version: 2.1\nName: cuda-interop\nVersion: " + version + "\n"
+        "Summary: Receive Vulkan buffers shared by another process into CUDA, as DLPack tensors\n"
+        "License: MIT OR Apache-2.0\nRequires-Python: >=3.9\n"
+    ).encode(),
+    f"{dist}/WHEEL": (
+        "Wheel-Version: 1.0\nGenerator: cargo-xtask-wheel\nRoot-Is-Purelib: false\nTag: " + tag + "\n"
+    ).encode(),
+}
+def digest(data):
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+record = "".join(f"{name},{digest(data)},{len(data)}\n" for name, data in files.items())
+record += f"{dist}/RECORD,,\n"
+files[f"{dist}/RECORD"] = record.encode()
+with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+    for name, data in files.items():
+        info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+        info.external_attr = (0o755 if name.endswith(".so") else 0o644) << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
+        z.writestr(info, data)
+"#;
+
+fn copy(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::copy(from, to)
+        .map(drop)
+        .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))
+}
+
+/// `cargo xtask wheel [--out DIR]`.
+pub fn wheel(args: &[String]) -> Result<(), String> {
+    let root = crate::workspace_root();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|t| if t.is_absolute() { t } else { root.join(t) })
+        .unwrap_or_else(|| root.join("target"));
+    let out = match args {
+        [] => target.join("gpu-demo"),
+        [flag, dir] if flag == "--out" => PathBuf::from(dir),
+        _ => return Err("usage: cargo xtask wheel [--out DIR]".into()),
+    };
+    let mut build = cargo();
+    build.args(["build", "--release", "-p", "cuda-interop-py"]);
+    run(build)?;
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "cuda-interop",
+        "--example",
+        "frame_server",
+        "--example",
+        "frame_client",
+    ]);
+    run(build)?;
+
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let release = target.join("release");
+    let module = out.join("cuda_interop.abi3.so");
+    copy(&release.join("libcuda_interop_py.so"), &module)?;
+    for example in ["frame_server", "frame_client"] {
+        copy(&release.join("examples").join(example), &out.join(example))?;
+    }
+    for script in ["gpu_consumer.py", "gpu_demo.sh"] {
+        copy(
+            &root.join("python").join("examples").join(script),
+            &out.join(script),
+        )?;
+    }
+    let version = env!("CARGO_PKG_VERSION");
+    let tag = format!("cp39-abi3-linux_{}", std::env::consts::ARCH);
+    let wheel = out.join(format!("cuda_interop-{version}-{tag}.whl"));
+    let mut python = Command::new("python3");
+    python
+        .args(["-c", MAKE_WHEEL])
+        .arg(&wheel)
+        .arg(&module)
+        .args([version, tag.as_str()]);
+    run(python)?;
+    println!(
+        "xtask: {} is ready; on the GPU machine: bash {}/gpu_demo.sh \
+         (or pip install {})",
+        out.display(),
+        out.display(),
+        wheel.display()
+    );
+    Ok(())
+}
