@@ -54,7 +54,9 @@ if [ -f "$DEMO_DIR/cuda_interop.abi3.so" ]; then
 else
   WHEEL=$(ls "$DEMO_DIR"/cuda_interop-*.whl 2>/dev/null | head -n1)
   [ -n "$WHEEL" ] || { echo "no cuda_interop.abi3.so or wheel in $DEMO_DIR"; exit 2; }
-  "$PYTHON" -m zipfile -e "$WHEEL" "$PYDIR" || exit 2
+  # As a user would install it on a machine without network.
+  "$PYTHON" -m pip install -q --no-index --no-deps --target "$PYDIR" "$WHEEL" \
+    || "$PYTHON" -m zipfile -e "$WHEEL" "$PYDIR" || exit 2
 fi
 export PYTHONPATH=$PYDIR${PYTHONPATH:+:$PYTHONPATH}
 "$PYTHON" -c "import cuda_interop; print('cuda_interop', cuda_interop.__version__, 'from', cuda_interop.__file__)" || exit 2
