@@ -6,8 +6,14 @@
 //! and releases it to `VK_QUEUE_FAMILY_EXTERNAL` in `GENERAL` layout; the
 //! staging variant also copies the image into a host-visible buffer.
 //! Submissions wait for `consumed >= wait_value[slot]` and signal
-//! `produced = signal_value[slot]`; the values live in boxed arrays that the
-//! submit infos point into, so a frame loop (Rust or C) only writes them.
+//! `produced = signal_value[slot]`; the values live in boxed arrays of
+//! `Cell`s that the submit infos point into (interior mutability: writing
+//! them through those pointers, or through `Cell::set`, is allowed), so a
+//! frame loop (Rust or C) only writes them. A producer's drop waits, bounded,
+//! for its last signalled value, and leaks its command pool if that does not
+//! come.
+
+use std::cell::Cell;
 
 use vk_export::ash::vk;
 use vk_export::Context;
@@ -25,8 +31,11 @@ pub struct Producer<'c> {
     _signal_semaphores: Box<[vk::Semaphore]>,
     _stages: Box<[vk::PipelineStageFlags]>,
     _timeline_infos: Box<[vk::TimelineSemaphoreSubmitInfo<'static>]>,
-    pub wait_values: Box<[u64]>,
-    pub signal_values: Box<[u64]>,
+    pub wait_values: Box<[Cell<u64>]>,
+    pub signal_values: Box<[Cell<u64>]>,
+    /// The semaphore the submissions signal, and the highest value signalled.
+    produced: vk::Semaphore,
+    last_signalled: u64,
     pub submit_infos: Box<[vk::SubmitInfo<'static>]>,
 }
 
@@ -181,8 +190,8 @@ impl<'c> Producer<'c> {
                 device.end_command_buffer(cmd)?;
             }
         }
-        let wait_values: Box<[u64]> = vec![0; slots].into();
-        let signal_values: Box<[u64]> = vec![0; slots].into();
+        let wait_values: Box<[Cell<u64>]> = (0..slots).map(|_| Cell::new(0)).collect();
+        let signal_values: Box<[Cell<u64>]> = (0..slots).map(|_| Cell::new(0)).collect();
         let wait_semaphores: Box<[vk::Semaphore]> =
             vec![consumed.unwrap_or_default(); slots].into();
         let signal_semaphores: Box<[vk::Semaphore]> = vec![produced; slots].into();
@@ -192,9 +201,9 @@ impl<'c> Producer<'c> {
         let timeline_infos: Box<[vk::TimelineSemaphoreSubmitInfo<'static>]> = (0..slots)
             .map(|s| vk::TimelineSemaphoreSubmitInfo {
                 wait_semaphore_value_count: waits,
-                p_wait_semaphore_values: &wait_values[s],
+                p_wait_semaphore_values: wait_values[s].as_ptr(),
                 signal_semaphore_value_count: 1,
-                p_signal_semaphore_values: &signal_values[s],
+                p_signal_semaphore_values: signal_values[s].as_ptr(),
                 ..Default::default()
             })
             .collect();
@@ -221,6 +230,8 @@ impl<'c> Producer<'c> {
             _timeline_infos: timeline_infos,
             wait_values,
             signal_values,
+            produced,
+            last_signalled: 0,
             submit_infos,
         })
     }
@@ -228,8 +239,9 @@ impl<'c> Producer<'c> {
     /// Submits slot `slot`'s command buffer, waiting for `consumed >= wait`
     /// and signalling `produced = signal`.
     pub fn submit(&mut self, slot: usize, wait: u64, signal: u64) -> Res<()> {
-        self.wait_values[slot] = wait;
-        self.signal_values[slot] = signal;
+        self.wait_values[slot].set(wait);
+        self.signal_values[slot].set(signal);
+        self.last_signalled = self.last_signalled.max(signal);
         let info = self.submit_infos[slot];
         let device = self.ctx.device();
         // SAFETY: the submit info points into boxes this producer owns,
@@ -242,16 +254,32 @@ impl<'c> Producer<'c> {
     }
 }
 
+impl Producer<'_> {
+    /// Records that a frame loop outside [`Producer::submit`] (the C loop)
+    /// signalled up to `value`, so that the drop waits for it.
+    pub fn signalled_up_to(&mut self, value: u64) {
+        self.last_signalled = self.last_signalled.max(value);
+    }
+}
+
 impl Drop for Producer<'_> {
     fn drop(&mut self) {
-        // SAFETY: the queue is idle first (the benchmark drops producers
-        // only after waiting for their last frame; this makes sure), then
-        // the pool and its command buffers are freed once.
-        unsafe {
-            let _ = self
-                .ctx
-                .with_queue(|queue| self.ctx.device().queue_wait_idle(queue));
-            self.ctx.device().destroy_command_pool(self.pool, None);
+        let semaphores = [self.produced];
+        let values = [self.last_signalled];
+        let info = vk::SemaphoreWaitInfo::default()
+            .semaphores(&semaphores)
+            .values(&values);
+        // SAFETY: a live timeline semaphore; arrays live across the call;
+        // bounded (5 s).
+        let idle = unsafe { self.ctx.device().wait_semaphores(&info, 5_000_000_000) };
+        match idle {
+            // SAFETY: every submission of this producer signalled at most
+            // `last_signalled` and that value was reached, so no command
+            // buffer of the pool is pending; destroyed once.
+            Ok(()) => unsafe { self.ctx.device().destroy_command_pool(self.pool, None) },
+            Err(e) => eprintln!(
+                "bench: a producer's last frame did not complete ({e}): its command pool is leaked"
+            ),
         }
     }
 }
@@ -268,70 +296,75 @@ pub struct HostBuffer<'c> {
 impl<'c> HostBuffer<'c> {
     pub fn new(ctx: &'c Context, len: usize) -> Res<Self> {
         let device = ctx.device();
-        // SAFETY: plain buffer and memory creation on a live device; every
-        // handle is destroyed in Drop; the mapping covers the allocation.
-        unsafe {
-            let buffer = device.create_buffer(
+        // SAFETY: plain buffer creation on a live device; from here the
+        // value's Drop destroys what was made, also on an early return.
+        let buffer = unsafe {
+            device.create_buffer(
                 &vk::BufferCreateInfo::default()
                     .size(len as u64)
                     .usage(vk::BufferUsageFlags::TRANSFER_DST),
                 None,
-            )?;
-            let req = device.get_buffer_memory_requirements(buffer);
-            let props = ctx
-                .instance()
-                .get_physical_device_memory_properties(ctx.physical_device());
-            let want = vk::MemoryPropertyFlags::HOST_VISIBLE
-                | vk::MemoryPropertyFlags::HOST_COHERENT
-                | vk::MemoryPropertyFlags::HOST_CACHED;
-            let pick = |flags: vk::MemoryPropertyFlags| {
-                (0..props.memory_type_count).find(|&i| {
-                    req.memory_type_bits & (1 << i) != 0
-                        && props.memory_types[i as usize]
-                            .property_flags
-                            .contains(flags)
-                })
-            };
-            let index = pick(want)
-                .or_else(|| {
-                    pick(
-                        vk::MemoryPropertyFlags::HOST_VISIBLE
-                            | vk::MemoryPropertyFlags::HOST_COHERENT,
-                    )
-                })
-                .ok_or("no host-visible coherent memory type")?;
-            let memory = device.allocate_memory(
+            )
+        }?;
+        let mut host = HostBuffer {
+            ctx,
+            buffer,
+            memory: vk::DeviceMemory::null(),
+            mapped: std::ptr::null(),
+        };
+        // SAFETY: queries of live handles.
+        let (req, props) = unsafe {
+            (
+                device.get_buffer_memory_requirements(buffer),
+                ctx.instance()
+                    .get_physical_device_memory_properties(ctx.physical_device()),
+            )
+        };
+        let pick = |flags: vk::MemoryPropertyFlags| {
+            (0..props.memory_type_count).find(|&i| {
+                req.memory_type_bits & (1 << i) != 0
+                    && props.memory_types[i as usize]
+                        .property_flags
+                        .contains(flags)
+            })
+        };
+        let coherent =
+            vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+        let index = pick(coherent | vk::MemoryPropertyFlags::HOST_CACHED)
+            .or_else(|| pick(coherent))
+            .ok_or("no host-visible coherent memory type")?;
+        // SAFETY: allocation, binding and mapping of the buffer's memory on
+        // a live device; each handle is stored at once, for Drop.
+        unsafe {
+            host.memory = device.allocate_memory(
                 &vk::MemoryAllocateInfo::default()
                     .allocation_size(req.size)
                     .memory_type_index(index),
                 None,
             )?;
-            device.bind_buffer_memory(buffer, memory, 0)?;
-            let mapped = device
-                .map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())?
+            device.bind_buffer_memory(buffer, host.memory, 0)?;
+            host.mapped = device
+                .map_memory(host.memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())?
                 .cast::<u8>()
                 .cast_const();
-            Ok(HostBuffer {
-                ctx,
-                buffer,
-                memory,
-                mapped,
-            })
         }
+        Ok(host)
     }
 }
 
 impl Drop for HostBuffer<'_> {
     fn drop(&mut self) {
-        // SAFETY: the queue is idle (as in Producer::drop), so no copy uses
-        // the buffer; each handle is destroyed once.
+        // SAFETY: the producer that copies into the buffer is dropped
+        // first (it is declared after it) and waited for its last frame, so
+        // no copy uses the buffer; each handle made is destroyed once.
         unsafe {
-            let _ = self
-                .ctx
-                .with_queue(|queue| self.ctx.device().queue_wait_idle(queue));
-            self.ctx.device().unmap_memory(self.memory);
+            if self.memory != vk::DeviceMemory::null() {
+                if !self.mapped.is_null() {
+                    self.ctx.device().unmap_memory(self.memory);
+                }
+                self.ctx.device().free_memory(self.memory, None);
+            }
             self.ctx.device().destroy_buffer(self.buffer, None);
-            self.ctx.device().free_memory(self.memory, None);
         }
     }
 }

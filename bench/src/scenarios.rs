@@ -164,6 +164,21 @@ pub fn run(quick: bool, json: Option<&str>) -> Res<()> {
     Ok(())
 }
 
+/// Drains a stream when dropped: declared after the resources that raw
+/// (untracked) work on the stream uses, it runs before they drop, also on
+/// an early return. If the stream does not drain in time, the process exits
+/// rather than free memory the GPU may still use.
+struct Drain<'s>(&'s Stream);
+
+impl Drop for Drain<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.synchronize(WAIT_LIMIT) {
+            eprintln!("bench: a stream did not drain ({e}); exiting without freeing its resources");
+            std::process::exit(1);
+        }
+    }
+}
+
 /// Times `f`.
 fn time<T>(f: impl FnOnce() -> Res<T>) -> Res<(T, Duration)> {
     let start = Instant::now();
@@ -334,6 +349,7 @@ fn s2_hand_off_latency(
     let consumed = TimelineSemaphore::new(ctx)?;
     let cu_produced = cuda.import_semaphore(&produced)?;
     let cu_consumed = cuda.import_semaphore(&consumed)?;
+    let _drain = Drain(&stream);
     let mut value = 0u64;
     let strategies: [(&str, WaitStrategy, usize); 3] = [
         ("host spins on the Vulkan counter", SPIN, iterations),
@@ -644,6 +660,7 @@ fn s3_frames<F: Format>(
     let consumed = TimelineSemaphore::new(ctx)?;
     let cu_produced = cuda.import_semaphore(&produced)?;
     let cu_consumed = cuda.import_semaphore(&consumed)?;
+    let _drain = Drain(&stream);
     let mut producer = Producer::new(
         ctx,
         &raw_images,
@@ -702,60 +719,64 @@ fn s3_frames<F: Format>(
             .collect();
         let arg_ptrs: Vec<*mut *mut c_void> = args.iter_mut().map(|a| a.as_mut_ptr()).collect();
         let device = ctx.device();
-        let mut c_frames =
-            |first: u64, n_frames: u32, producer: &mut Producer<'_>| -> Res<Duration> {
-                ctx.with_queue(|queue| -> Res<Duration> {
-                    let frame_loop = FrameLoop {
-                        vk_device: device.handle(),
-                        vk_queue: queue,
-                        vk_queue_submit: device.fp_v1_0().queue_submit,
-                        vk_get_counter: device.fp_v1_2().get_semaphore_counter_value,
-                        vk_consumed: consumed.raw(),
-                        slots: SLOTS as u32,
-                        in_flight: in_flight as u32,
-                        submit_infos: infos.as_ptr(),
-                        submit_wait_values: producer.wait_values.as_mut_ptr(),
-                        submit_signal_values: producer.signal_values.as_mut_ptr(),
-                        cu_wait: fns
-                            .cuWaitExternalSemaphoresAsync
-                            .ok_or("no cuWaitExternalSemaphoresAsync")?
-                            as *const c_void,
-                        cu_signal: fns
-                            .cuSignalExternalSemaphoresAsync
-                            .ok_or("no cuSignalExternalSemaphoresAsync")?
-                            as *const c_void,
-                        cu_launch: fns.cuLaunchKernel.ok_or("no cuLaunchKernel")? as *const c_void,
-                        cu_produced: cu_produced.raw(),
-                        cu_consumed: cu_consumed.raw(),
-                        cu_wait_params: &mut wait_params,
-                        cu_signal_params: &mut signal_params,
-                        cu_stream: stream.raw(),
-                        kernel: copy.raw(),
-                        kernel_args: arg_ptrs.as_ptr(),
-                        grid,
-                        block,
-                        spin_limit_ns: WAIT_LIMIT.as_nanos() as u64,
-                    };
-                    let _context = cuda.enter()?;
-                    let start = Instant::now();
-                    // SAFETY: every handle in `frame_loop` is live for the call
-                    // (images, surfaces, buffers, semaphores, the stream and the
-                    // module outlive it), the submit infos point into the
-                    // producer's boxes, the queue is held under the context's
-                    // lock, the CUDA context is current; the C loop signals each
-                    // timeline with increasing values above every earlier one
-                    // and waits until its last frame is consumed before it
-                    // returns (or returns an error code).
-                    let code = unsafe { frame_loop_run(&frame_loop, first, n_frames) };
-                    if code != 0 {
-                        return Err(format!("C frame loop failed with code {code}").into());
-                    }
-                    Ok(start.elapsed())
-                })?
-            };
+        let mut c_frames = |first: u64,
+                            n_frames: u32,
+                            producer: &mut Producer<'_>|
+         -> Res<Duration> {
+            ctx.with_queue(|queue| -> Res<Duration> {
+                let frame_loop = FrameLoop {
+                    vk_device: device.handle(),
+                    vk_queue: queue,
+                    vk_queue_submit: device.fp_v1_0().queue_submit,
+                    vk_get_counter: device.fp_v1_2().get_semaphore_counter_value,
+                    vk_consumed: consumed.raw(),
+                    slots: SLOTS as u32,
+                    in_flight: in_flight as u32,
+                    submit_infos: infos.as_ptr(),
+                    submit_wait_values: producer.wait_values.as_ptr().cast::<u64>().cast_mut(),
+                    submit_signal_values: producer.signal_values.as_ptr().cast::<u64>().cast_mut(),
+                    cu_wait: fns
+                        .cuWaitExternalSemaphoresAsync
+                        .ok_or("no cuWaitExternalSemaphoresAsync")?
+                        as *const c_void,
+                    cu_signal: fns
+                        .cuSignalExternalSemaphoresAsync
+                        .ok_or("no cuSignalExternalSemaphoresAsync")?
+                        as *const c_void,
+                    cu_launch: fns.cuLaunchKernel.ok_or("no cuLaunchKernel")? as *const c_void,
+                    cu_produced: cu_produced.raw(),
+                    cu_consumed: cu_consumed.raw(),
+                    cu_wait_params: &mut wait_params,
+                    cu_signal_params: &mut signal_params,
+                    cu_stream: stream.raw(),
+                    kernel: copy.raw(),
+                    kernel_args: arg_ptrs.as_ptr(),
+                    grid,
+                    block,
+                    spin_limit_ns: WAIT_LIMIT.as_nanos() as u64,
+                };
+                let _context = cuda.enter()?;
+                let start = Instant::now();
+                // SAFETY: every handle in `frame_loop` is live for the call
+                // (images, surfaces, buffers, semaphores, the stream and the
+                // module outlive it), the submit infos point into the
+                // producer's boxes, the queue is held under the context's
+                // lock, the CUDA context is current; the C loop signals each
+                // timeline with increasing values above every earlier one
+                // and waits until its last frame is consumed before it
+                // returns (or returns an error code).
+                let code = unsafe { frame_loop_run(&frame_loop, first, n_frames) };
+                if code != 0 {
+                    return Err(format!("C frame loop failed with code {code}").into());
+                }
+                Ok(start.elapsed())
+            })?
+        };
         c_frames(*frame, 10, &mut producer)?;
+        producer.signalled_up_to(*frame + 10);
         *frame += 10;
         let t = c_frames(*frame, frames, &mut producer)?;
+        producer.signalled_up_to(*frame + u64::from(frames));
         *frame += u64::from(frames);
         c_loop[k] = t.as_secs_f64() * 1e3 / f64::from(frames);
         report.add_vs(
@@ -788,6 +809,7 @@ fn s3_frames<F: Format>(
         staged.raw(),
     )?;
     let pinned = PinnedHost::new(cuda, bytes as usize)?;
+    let _drain_staging = Drain(&stream);
     let driver = sys::Driver::global().map_err(|e| e.to_string())?;
     let htod = driver
         .fns()
@@ -1033,6 +1055,7 @@ fn s4_read_cost_by_layout(
     );
 
     let native = NativeArray::new(cuda, width, height)?;
+    let _drain = Drain(&stream);
     let mut native_params = CopyArgs {
         surface: native.surface,
         dst: dst.device_ptr(),
@@ -1167,6 +1190,7 @@ fn s6_semaphore_batching(
             .iter()
             .map(|s| cuda.import_semaphore(s))
             .collect::<Result<Vec<_>, _>>()?;
+        let _drain = Drain(&stream);
         let start = Instant::now();
         for f in 1..=u64::from(frames) {
             for s in &safe_imports {
