@@ -65,6 +65,7 @@ mod driver;
 mod error;
 pub mod kernels;
 mod last_use;
+mod launch;
 pub mod markers;
 mod memory;
 mod semaphore;
@@ -77,6 +78,7 @@ pub use device::{list_devices, ContextGuard, CudaDevice, DeviceListing};
 pub use driver::{driver_version, drop_errors};
 pub use error::{DriverError, Error, ImportError, Result};
 pub use last_use::DROP_WAIT_LIMIT;
+pub use launch::KernelUses;
 pub use memory::{
     array_descriptor, DeviceSlice, ExternalMemory, ImportedBuffer, ImportedImage, LevelArray,
     MappedArray, MappedBuffer, Surface, Texture,

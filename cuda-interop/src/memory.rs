@@ -53,7 +53,7 @@ use crate::device::CudaDevice;
 use crate::dlpack::{DLDataType, DLDevice, ManagedTensor, DL_CUDA};
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, ImportError, Result};
-use crate::last_use::{report_leak, LastUse};
+use crate::last_use::{report_leak, LastUse, DROP_WAIT_LIMIT};
 use crate::markers::{ArrayMemory, ArrayTiling, BufferTiling, SurfaceUsage};
 use crate::stream::Stream;
 
@@ -1079,9 +1079,9 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
         // one handle, destroyed by Surface::drop.
         unsafe { cu!(cuSurfObjectCreate(&mut handle, &res)) }?;
         Ok(Surface {
-            device,
+            memory: self.memory,
             handle,
-            _level: PhantomData,
+            last_use: LastUse::new(device),
         })
     }
 
@@ -1103,19 +1103,22 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
         // writes one handle, destroyed by Texture::drop.
         unsafe { cu!(cuTexObjectCreate(&mut handle, &res, &tex, std::ptr::null())) }?;
         Ok(Texture {
-            device,
+            memory: self.memory,
             handle,
-            _level: PhantomData,
+            last_use: LastUse::new(device),
         })
     }
 }
 
-/// A surface object on a level; destroyed before the level's array.
+/// A surface object on a level; destroyed before the level's array, and
+/// after the kernels launched with it through
+/// [`Stream::launch_tracked`](crate::Stream::launch_tracked) have completed.
 #[derive(Debug)]
 pub struct Surface<'l> {
-    device: &'l CudaDevice,
+    memory: &'l ExternalMemory,
     handle: CUsurfObject,
-    _level: PhantomData<&'l ()>,
+    /// Tracked launches that use the surface.
+    last_use: LastUse,
 }
 
 impl Surface<'_> {
@@ -1125,23 +1128,37 @@ impl Surface<'_> {
     }
 }
 
+impl Surface<'_> {
+    /// The import behind the level, and the surface's own tracked uses.
+    pub(crate) fn tracking(&self) -> (&ExternalMemory, &LastUse) {
+        (self.memory, &self.last_use)
+    }
+}
+
 impl Drop for Surface<'_> {
     fn drop(&mut self) {
-        if let Ok(_guard) = self.device.enter() {
+        if let Err(why) = self.last_use.wait_before_release(DROP_WAIT_LIMIT) {
+            report_leak("a surface object", &why);
+            return;
+        }
+        if let Ok(_guard) = self.memory.device.enter() {
             // SAFETY: a surface object created in the current context,
-            // destroyed once (kernels using it are the launcher's concern,
-            // see Stream::launch).
+            // destroyed once, after its tracked launches completed (an
+            // untracked one, Stream::launch, is its launcher's concern).
             record_drop_error(unsafe { cu!(cuSurfObjectDestroy(self.handle)) });
         }
     }
 }
 
-/// A texture object on a level; destroyed before the level's array.
+/// A texture object on a level; destroyed before the level's array, and
+/// after the kernels launched with it through
+/// [`Stream::launch_tracked`](crate::Stream::launch_tracked) have completed.
 #[derive(Debug)]
 pub struct Texture<'l> {
-    device: &'l CudaDevice,
+    memory: &'l ExternalMemory,
     handle: CUtexObject,
-    _level: PhantomData<&'l ()>,
+    /// Tracked launches that use the texture.
+    last_use: LastUse,
 }
 
 impl Texture<'_> {
@@ -1151,12 +1168,23 @@ impl Texture<'_> {
     }
 }
 
+impl Texture<'_> {
+    /// The import behind the level, and the texture's own tracked uses.
+    pub(crate) fn tracking(&self) -> (&ExternalMemory, &LastUse) {
+        (self.memory, &self.last_use)
+    }
+}
+
 impl Drop for Texture<'_> {
     fn drop(&mut self) {
-        if let Ok(_guard) = self.device.enter() {
+        if let Err(why) = self.last_use.wait_before_release(DROP_WAIT_LIMIT) {
+            report_leak("a texture object", &why);
+            return;
+        }
+        if let Ok(_guard) = self.memory.device.enter() {
             // SAFETY: a texture object created in the current context,
-            // destroyed once (kernels using it are the launcher's concern,
-            // see Stream::launch).
+            // destroyed once, after its tracked launches completed (an
+            // untracked one, Stream::launch, is its launcher's concern).
             record_drop_error(unsafe { cu!(cuTexObjectDestroy(self.handle)) });
         }
     }

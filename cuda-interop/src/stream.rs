@@ -24,8 +24,10 @@
 //!   on imported memory, a semaphore or a [`DeviceBuffer`] records its last
 //!   use on that resource, whose destructor waits for it (see the crate's
 //!   last-use rule), so a stream-ordered copy cannot outlive its memory.
-//!   Kernel launches are the exception: [`Stream::launch`] is `unsafe`, and
-//!   its caller keeps what the kernel uses alive.
+//!   Kernel launches are tracked the same way through
+//!   [`Stream::launch_tracked`] and the resources it lists
+//!   ([`KernelUses`](crate::KernelUses)); the bare [`Stream::launch`]
+//!   leaves what the kernel uses to its caller.
 //! * A stream is used only with resources of its own device; another
 //!   device's is refused with [`Error::DeviceMismatch`] before any call.
 
@@ -42,7 +44,7 @@ use crate::completion::Completion;
 use crate::device::CudaDevice;
 use crate::driver::{cu, cu_query, record_drop_error};
 use crate::error::{Error, Result};
-use crate::last_use::{device_settled, report_leak, LastUse};
+use crate::last_use::{device_settled, report_leak, LastUse, DROP_WAIT_LIMIT};
 use crate::memory::DeviceSlice;
 use crate::wait::{poll_until, spin_until, HostWait};
 
@@ -270,7 +272,8 @@ impl Stream {
         copied.and(recorded)
     }
 
-    /// Launches a kernel.
+    /// Launches a kernel, untracked: prefer [`Stream::launch_tracked`],
+    /// which keeps what the kernel uses alive until it completes.
     ///
     /// # Safety
     /// `args` must point to one value per kernel parameter, of exactly the
@@ -656,6 +659,9 @@ impl Drop for Event {
 pub struct Module {
     device: CudaDevice,
     module: CUmodule,
+    /// Launches made through [`Stream::launch_tracked`]: the module is
+    /// unloaded only after they completed.
+    last_use: LastUse,
 }
 
 // SAFETY: a module handle is usable from any thread with the context current.
@@ -676,6 +682,7 @@ impl Module {
         Ok(Module {
             device: device.clone(),
             module,
+            last_use: LastUse::new(device),
         })
     }
 
@@ -696,18 +703,37 @@ impl Module {
         }?;
         Ok(Function {
             function,
-            _module: PhantomData,
+            module: self,
         })
     }
 }
 
 impl Drop for Module {
     fn drop(&mut self) {
+        // Tracked launches of its kernels must have completed first; an
+        // untracked one (`Stream::launch`) is its launcher's concern.
+        if let Err(why) = self.last_use.wait_before_release(DROP_WAIT_LIMIT) {
+            report_leak("a module with kernels in flight", &why);
+            return;
+        }
         if let Ok(_guard) = self.device.enter() {
             // SAFETY: a live module of the current context, unloaded once;
-            // its functions borrow it, so none is left to launch.
+            // its functions borrow it, so none is left to launch, and its
+            // tracked launches have completed.
             record_drop_error(unsafe { cu!(cuModuleUnload(self.module)) });
         }
+    }
+}
+
+impl Module {
+    /// The device the module is loaded on.
+    pub(crate) fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+
+    /// Its tracked launches.
+    pub(crate) fn last_use(&self) -> &LastUse {
+        &self.last_use
     }
 }
 
@@ -715,12 +741,17 @@ impl Drop for Module {
 #[derive(Debug)]
 pub struct Function<'m> {
     function: CUfunction,
-    _module: PhantomData<&'m Module>,
+    module: &'m Module,
 }
 
-impl Function<'_> {
+impl<'m> Function<'m> {
     /// The driver handle (`CUfunction`), valid while its [`Module`] lives.
     pub fn raw(&self) -> CUfunction {
         self.function
+    }
+
+    /// The module the kernel belongs to.
+    pub(crate) fn module(&self) -> &'m Module {
+        self.module
     }
 }

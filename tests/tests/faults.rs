@@ -3548,6 +3548,121 @@ fn assert_no_drift(windows: &[Duration]) {
 
 // ---- Level <-> linear copies (cuda-interop/src/copy.rs), against the fake ----
 
+/// Case 24, against the fake driver: a kernel launched with
+/// `Stream::launch_tracked` keeps every resource it lists (device buffer,
+/// level, surface) and its module alive: each drop waits for the pending
+/// kernel before it destroys anything; a resource of another device is
+/// refused before anything is enqueued; no destroy fails.
+#[test]
+fn tracked_kernel_launches_keep_their_resources_alive() {
+    let _serial = serial();
+    fake::run("child_fake_tracked_launches", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of faults.rs, with a fake libcuda: run by tracked_kernel_launches_keep_their_resources_alive"]
+fn child_fake_tracked_launches() {
+    use cuda_interop::{KernelUses, Module};
+    let fake = fake::Fake::open();
+    let other_uuid = [8; 16];
+    fake.set_devices(&[fake::UUID, other_uuid]);
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let other = CudaDevice::for_uuid(other_uuid).unwrap();
+    let errors = cuda_interop::drop_errors();
+    let stream = Stream::new(&cuda).unwrap();
+    let storage = fake::image::<Rgba8Unorm, usage::Storage>([64, 32, 1], 1, 1, false);
+    // SAFETY: the driver is the fake: it records, holds the fd, and nothing
+    // reads or writes memory through the import.
+    let imported = unsafe { cuda.import_image_fd(storage, fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    let array = imported.map_array().unwrap();
+    let level = array.level(0).unwrap();
+    let module = Module::load_ptx(&cuda, cuda_interop::kernels::COPY_PTX).unwrap();
+    let kernel = module.function("array_to_linear_4b_r4").unwrap();
+    let pending = Duration::from_millis(300);
+    let launch =
+        |surface: &cuda_interop::Surface<'_>, buffer: &DeviceBuffer, uses: KernelUses<'_>| {
+            let (mut s, mut d, mut p, mut w, mut h) =
+                (surface.raw(), buffer.device_ptr(), 256u64, 64u32, 32u32);
+            let mut args: [*mut c_void; 5] = [
+                (&mut s as *mut u64).cast(),
+                (&mut d as *mut u64).cast(),
+                (&mut p as *mut u64).cast(),
+                (&mut w as *mut u32).cast(),
+                (&mut h as *mut u32).cast(),
+            ];
+            // SAFETY: the fake reads the five parameters of the copy kernel's
+            // signature and runs nothing.
+            unsafe { stream.launch_tracked(&kernel, [4, 1, 1], [16, 16, 1], 0, &mut args, uses) }
+        };
+
+    // Another device's buffer: refused before anything is enqueued.
+    let surface = level.surface().unwrap();
+    let elsewhere = DeviceBuffer::new(&other, 64 * 32 * 4).unwrap();
+    let launches = fake.calls("cuLaunchKernel").len();
+    let err = launch(&surface, &elsewhere, KernelUses::new().buffer(&elsewhere)).unwrap_err();
+    assert!(matches!(err, CudaError::DeviceMismatch { .. }), "{err}");
+    assert_eq!(
+        fake.calls("cuLaunchKernel").len(),
+        launches,
+        "nothing enqueued"
+    );
+
+    // Each listed resource's drop waits for the pending kernel.
+    fake.set("latency_ms", pending.as_millis() as i64);
+    let buffer = DeviceBuffer::new(&cuda, 64 * 32 * 4).unwrap();
+    let start = Instant::now();
+    launch(
+        &surface,
+        &buffer,
+        KernelUses::new()
+            .buffer(&buffer)
+            .level(&level)
+            .surface(&surface),
+    )
+    .unwrap();
+    assert!(
+        start.elapsed() < Duration::from_millis(100),
+        "the launch does not wait"
+    );
+    let start = Instant::now();
+    drop(surface);
+    let took = start.elapsed();
+    println!("surface dropped {took:?} after a tracked launch of {pending:?} of work");
+    assert!(took >= pending - Duration::from_millis(50), "{took:?}");
+    let surface = level.surface().unwrap();
+    launch(
+        &surface,
+        &buffer,
+        KernelUses::new().buffer(&buffer).surface(&surface),
+    )
+    .unwrap();
+    let start = Instant::now();
+    drop(buffer);
+    assert!(start.elapsed() >= pending - Duration::from_millis(50));
+    assert_eq!(fake.last("cuMemFree").get("busy_streams"), "0");
+    let spare = DeviceBuffer::new(&cuda, 64 * 32 * 4).unwrap();
+    launch(
+        &surface,
+        &spare,
+        KernelUses::new().buffer(&spare).surface(&surface),
+    )
+    .unwrap();
+    let start = Instant::now();
+    drop(module);
+    assert!(
+        start.elapsed() >= pending - Duration::from_millis(50),
+        "the module is unloaded after its tracked kernel"
+    );
+    fake.set("latency_ms", 0);
+    drop((surface, spare));
+    drop(array);
+    drop(imported);
+    drop((elsewhere, stream, other));
+    assert_eq!(cuda_interop::drop_errors(), errors, "no destroy failed");
+}
+
 /// Stream-ordered level copies, against the fake driver: layouts the level
 /// cannot have (a pitch under one row, a range too short for the last row, a
 /// buffer or stream of another device) are refused before any driver call;

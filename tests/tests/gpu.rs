@@ -1696,3 +1696,53 @@ fn level_copies_are_stream_ordered_and_never_wait_on_the_host() {
     drop(cuda_timeline);
     assert_no_validation_errors_except(&ctx, &[IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE]);
 }
+
+/// Case 24 on the GPU: a kernel launched with `Stream::launch_tracked`
+/// writes through a mapping for 200 ms; the mapping, its import and the
+/// Vulkan buffer are dropped right after the launch. The import's drop
+/// waits for the kernel (it cannot free memory the kernel still writes:
+/// compute-sanitizer memcheck runs this test too), then the kernel's
+/// timestamps were written where they belong and nothing failed.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+fn a_tracked_kernel_keeps_a_dropped_mapping_and_its_import_alive() {
+    use cuda_interop::KernelUses;
+    let (ctx, cuda) = pair();
+    let errors = cuda_interop::drop_errors();
+    let module = Module::load_ptx(&cuda, kernels::PTX).unwrap();
+    let spin = module.function("spin_ns").unwrap();
+    let stream = Stream::new(&cuda).unwrap();
+    let buffer = ExportableBuffer::<DeviceLocal>::new(&ctx, 1 << 20).unwrap();
+    let mut imported = cuda.import_buffer(&buffer).unwrap();
+    let mapped = imported.map().unwrap();
+    let work = Duration::from_millis(200);
+    let (mut ns, mut out) = (work.as_nanos() as u64, mapped.device_ptr());
+    let mut args: [*mut c_void; 2] = [(&mut ns as *mut u64).cast(), (&mut out as *mut u64).cast()];
+    // SAFETY: spin_ns(u64 ns, u64 out) writes 16 bytes at `out`, the start
+    // of the 1 MiB mapping, which is listed in the uses.
+    unsafe {
+        stream.launch_tracked(
+            &spin,
+            [1, 1, 1],
+            [1, 1, 1],
+            0,
+            &mut args,
+            KernelUses::new().mapped(&mapped),
+        )
+    }
+    .unwrap();
+    let launched = Instant::now();
+    drop(mapped);
+    drop(imported);
+    let waited = launched.elapsed();
+    drop(buffer);
+    println!("mapping and import dropped {waited:?} after the launch of a {work:?} kernel writing through them");
+    assert!(waited >= work - Duration::from_millis(20), "{waited:?}");
+    assert!(stream.query().unwrap(), "the kernel had completed");
+    assert_eq!(
+        cuda_interop::drop_errors(),
+        errors,
+        "nothing leaked or failed"
+    );
+    assert_no_validation_errors(&ctx);
+}
