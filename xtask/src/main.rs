@@ -3,7 +3,7 @@
 //! ```text
 //! cargo xtask demo [ARGS]                              system packages, then the main job (round_trip)
 //! cargo xtask test [ARGS]                              system packages, cargo test --workspace, pytest
-//! cargo xtask codegen [--check] [--cuda-include DIR]   regenerate (or check) the driver bindings
+//! cargo xtask codegen [--check] [--cuda-include DIR]   regenerate (or check) the driver bindings (and check the copy kernels' PTX against its source)
 //! cargo xtask wheel [--out DIR]                        the Python wheel and the GPU demo folder
 //! ```
 //!
