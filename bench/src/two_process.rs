@@ -2,14 +2,18 @@
 //!
 //! The producer is this binary started again with `--s7-producer`; it gets
 //! one end of a socket pair (its number in `BENCH_S7_FD`), creates the three
-//! slot images and the two timelines, sends them with `send_exported`, and
-//! then runs the same Vulkan loop as S3 for each "run" message (tag =
-//! `frames << 8 | in_flight`), answering "done" (tag 1) once its last frame
-//! was consumed. Tag 0 ends it. The consumer (this process) imports what it
+//! slot images and the two timelines and sends them with `send_exported`.
+//! Control words (u64, little-endian) travel on a second socket pair
+//! (`BENCH_S7_CONTROL_FD`; the crate's wire format carries resources, not
+//! bare words): for each run word (`frames << 8 | in_flight`) it runs the
+//! same Vulkan loop as S3 and answers 1 once its last frame was consumed.
+//! Word 0 ends it. The consumer (this process) imports what it
 //! received through the checked receive path and runs the CUDA side of S3.
 //! Every receive has a timeout; the child is killed if it outlives the run.
 
+use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -27,6 +31,20 @@ use crate::scenarios::{Img, SPIN, WAIT_LIMIT};
 use crate::Res;
 
 const ENV: &str = "BENCH_S7_FD";
+const CONTROL_ENV: &str = "BENCH_S7_CONTROL_FD";
+
+/// Sends one control word.
+fn send_word(control: &mut UnixStream, word: u64) -> Res<()> {
+    control.write_all(&word.to_le_bytes())?;
+    Ok(())
+}
+
+/// Receives one control word (bounded by the stream's read timeout).
+fn recv_word(control: &mut UnixStream) -> Res<u64> {
+    let mut bytes = [0u8; 8];
+    control.read_exact(&mut bytes)?;
+    Ok(u64::from_le_bytes(bytes))
+}
 const SLOTS: usize = 3;
 const WIDTH: u32 = 3840;
 const HEIGHT: u32 = 2160;
@@ -38,6 +56,10 @@ pub fn producer_main() -> Res<()> {
     // SAFETY: the parent passed this connected socket's number, inherited
     // open by this process; nothing else here owns it.
     let socket = Connection::from_fd(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })?;
+    let control_fd: i32 = std::env::var(CONTROL_ENV)?.parse()?;
+    // SAFETY: as above, the control socket's number, inherited open.
+    let mut control = unsafe { <UnixStream as std::os::fd::FromRawFd>::from_raw_fd(control_fd) };
+    control.set_read_timeout(Some(RECV))?;
     let ctx = Context::headless(&HeadlessOptions::default())?;
     let images = (0..SLOTS)
         .map(|_| Img::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(WIDTH, HEIGHT)))
@@ -57,7 +79,7 @@ pub fn producer_main() -> Res<()> {
     let mut producer = Producer::new(&ctx, &raw, &release, Some(consumed.raw()), produced.raw())?;
     let mut n = 0u64;
     loop {
-        let tag = socket.recv(RECV)?.message().tag;
+        let tag = recv_word(&mut control)?;
         if tag == 0 {
             return Ok(());
         }
@@ -74,7 +96,7 @@ pub fn producer_main() -> Res<()> {
             n += 1;
         }
         consumed.wait(n, WAIT_LIMIT, SPIN)?;
-        socket.send_exported(1, &[])?;
+        send_word(&mut control, 1)?;
     }
 }
 
@@ -99,17 +121,23 @@ impl Drop for Reaped {
 pub fn s7(cuda: &CudaDevice, report: &mut Report, frames: u32) -> Res<()> {
     let (mine, theirs) = Connection::pair()?;
     let theirs = theirs.into_fd();
-    // SAFETY: clears FD_CLOEXEC on an fd this function owns, so the child
-    // inherits it; no other thread relies on that flag.
-    if unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_SETFD, 0) } != 0 {
-        return Err("fcntl(F_SETFD) on the child's socket failed".into());
+    let (mut control, control_theirs) = UnixStream::pair()?;
+    control.set_read_timeout(Some(RECV))?;
+    for fd in [theirs.as_raw_fd(), control_theirs.as_raw_fd()] {
+        // SAFETY: clears FD_CLOEXEC on an fd this function owns, so the
+        // child inherits it; no other thread relies on that flag.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } != 0 {
+            return Err("fcntl(F_SETFD) on the child's socket failed".into());
+        }
     }
     let child = Command::new(std::env::current_exe()?)
         .arg("--s7-producer")
         .env(ENV, theirs.as_raw_fd().to_string())
+        .env(CONTROL_ENV, control_theirs.as_raw_fd().to_string())
         .spawn()?;
     let _child = Reaped(child);
     drop(theirs);
+    drop(control_theirs);
 
     let mut received = mine.recv(RECV)?;
     let received_images = (0..SLOTS)
@@ -146,7 +174,7 @@ pub fn s7(cuda: &CudaDevice, report: &mut Report, frames: u32) -> Res<()> {
     let mut n = 0u64;
     for in_flight in [1u64, 3] {
         let mut run = |count: u32| -> Res<Duration> {
-            mine.send_exported((u64::from(count) << 8) | in_flight, &[])?;
+            send_word(&mut control, (u64::from(count) << 8) | in_flight)?;
             let start = Instant::now();
             for _ in 0..count {
                 // At most `in_flight` frames enqueued ahead of the GPU.
@@ -164,7 +192,7 @@ pub fn s7(cuda: &CudaDevice, report: &mut Report, frames: u32) -> Res<()> {
                 stream.record(&events[(n % 4) as usize])?;
                 n += 1;
             }
-            let done = mine.recv(RECV)?.message().tag;
+            let done = recv_word(&mut control)?;
             if done != 1 {
                 return Err(format!("the producer answered {done}, not 1").into());
             }
@@ -187,7 +215,7 @@ pub fn s7(cuda: &CudaDevice, report: &mut Report, frames: u32) -> Res<()> {
             None => report.add("S7", case, per_frame, "ms"),
         }
     }
-    mine.send_exported(0, &[])?;
+    send_word(&mut control, 0)?;
     stream.synchronize(WAIT_LIMIT)?;
     Ok(())
 }

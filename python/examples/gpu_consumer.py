@@ -95,6 +95,15 @@ def main():
             a = cupy.asarray(frame)
             return a.shape, a.strides, "cuda:%d" % a.device.id
 
+    if args.lib == "cupy":
+        # CuPy compiles its elementwise kernels on first use (seconds): do it
+        # before connecting, so that the first frame is not held that long.
+        d = cupy.zeros((8, 8, 4), dtype=cupy.uint8).view(cupy.int32)[..., 0]
+        w = cupy.full((8, 1), 1, dtype=cupy.int32)
+        w[2:4] = 2
+        bool((d != w).any())
+        zero()
+        sync()
     receiver = cuda_interop.connect(args.socket, timeout=args.timeout)
     first = receiver.next(args.timeout)
     slots, width, height, pitch = receiver.layout
