@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turns one GPU run's benchmark JSON into the README's performance tables.
 
-    python3 scripts/perf-table.py RUN_PREFIX [--update README.md]
+    python3 scripts/perf-table.py RUN_PREFIX [--note TEXT] [--update README.md]
 
 RUN_PREFIX names the run's files: RUN_PREFIX-bench.json (bench --json),
 RUN_PREFIX-host_wait.json (examples/host_wait.rs) and
@@ -108,11 +108,13 @@ def main():
     waits = json.load(open(f"{prefix}-host_wait.json"))
     copies = json.load(open(f"{prefix}-array_copy.json"))
     lines = [
-        f"From one run: commit `{bench.get('commit', '?')}`, {bench.get('gpu', '?')}, "
+        f"On the {bench.get('gpu', '?')}: bench from commit `{bench.get('commit', '?')}`, "
         f"{bench.get('cuda_driver', '?')}, validation layer {'on' if bench.get('validation') == 'true' else 'off'}. "
         f"Raw files: `{prefix}-*.json` (and `.txt`, as printed).",
         "",
     ]
+    if "--note" in args:
+        lines += [args[args.index("--note") + 1], ""]
     lines += bench_tables(bench)
     lines += copy_table(copies)
     lines += wait_table(waits)
