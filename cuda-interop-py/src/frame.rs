@@ -74,12 +74,58 @@ pub(crate) struct RingFrame {
     frame: u64,
     handed_out: bool,
     released: bool,
+    /// Whether the slot's "released" timeline was signalled for this frame
+    /// (a release whose message then failed to send is retried without a
+    /// second signal, which the timeline would refuse).
+    signalled: bool,
     /// The consumer stream `__dlpack__` ordered after "produced": the
     /// default stream of `release()`.
-    consumer_stream: Option<usize>,
+    consumer_stream: Option<ConsumerStream>,
     /// Whether "produced" was waited for on the ring's stream for
     /// `__cuda_array_interface__`.
     interface_waited: bool,
+}
+
+/// The stream a ring frame was handed out on, as far as it can be used
+/// again after `__dlpack__` returned.
+enum ConsumerStream {
+    /// `CU_STREAM_LEGACY`, valid for the life of the process.
+    Legacy,
+    /// A stream object (`torch.cuda.Stream`, `cupy.cuda.Stream`) and its
+    /// handle: the frame's reference keeps the object, and so its stream,
+    /// alive.
+    Object { _keep: Py<PyAny>, handle: usize },
+    /// A bare handle: the DLPack protocol has the consumer keep it alive
+    /// only for the `__dlpack__` call, and `2` (per-thread default) names
+    /// another stream on another thread, so it is never used again.
+    Bare(usize),
+}
+
+impl ConsumerStream {
+    fn of(stream: &StreamArg) -> Option<ConsumerStream> {
+        match stream {
+            StreamArg::Unspecified | StreamArg::Handle(LEGACY_DEFAULT_STREAM) => {
+                Some(ConsumerStream::Legacy)
+            }
+            StreamArg::NoSync => None,
+            StreamArg::Handle(h) => Some(ConsumerStream::Bare(*h)),
+            StreamArg::Object(object, h) => Python::attach(|py| {
+                Some(ConsumerStream::Object {
+                    _keep: object.clone_ref(py),
+                    handle: *h,
+                })
+            }),
+        }
+    }
+
+    /// The handle to signal on later, unless it is a bare one.
+    fn reusable(&self) -> Result<usize, usize> {
+        match self {
+            ConsumerStream::Legacy => Ok(LEGACY_DEFAULT_STREAM),
+            ConsumerStream::Object { handle, .. } => Ok(*handle),
+            ConsumerStream::Bare(h) => Err(*h),
+        }
+    }
 }
 
 enum Source {
@@ -90,14 +136,28 @@ enum Source {
 }
 
 /// A stream argument of the DLPack and release calls.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum StreamArg {
     /// `None`.
     Unspecified,
     /// `-1`: no ordering.
     NoSync,
-    /// A `CUstream` handle (1 and 2 are the legacy and per-thread defaults).
+    /// A `CUstream` handle given as an int (1 and 2 are the legacy and
+    /// per-thread defaults), or a stream object whose handle is 0 (the
+    /// legacy default).
     Handle(usize),
+    /// A stream object and its (non-zero) handle.
+    Object(Py<PyAny>, usize),
+}
+
+impl StreamArg {
+    /// The `CUstream` handle to order on, if any.
+    fn handle(&self) -> Option<usize> {
+        match self {
+            StreamArg::Unspecified => Some(LEGACY_DEFAULT_STREAM),
+            StreamArg::NoSync => None,
+            StreamArg::Handle(h) | StreamArg::Object(_, h) => Some(*h),
+        }
+    }
 }
 
 /// Reads a stream argument: `None`, an int, or an object with an int
@@ -106,43 +166,43 @@ fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<StreamArg> {
     let Some(obj) = stream.filter(|s| !s.is_none()) else {
         return Ok(StreamArg::Unspecified);
     };
-    let value: i128 = match obj.extract() {
-        Ok(v) => v,
-        Err(_) => {
-            // A stream object's handle 0 is the CUDA runtime's null stream:
-            // the legacy default stream (CuPy's and PyTorch's default).
-            let attr = ["cuda_stream", "ptr"].iter().find_map(|name| {
-                obj.getattr(*name)
-                    .ok()
-                    .and_then(|a| a.extract::<i128>().ok())
-                    .map(|h| {
-                        if h == 0 {
-                            LEGACY_DEFAULT_STREAM as i128
-                        } else {
-                            h
-                        }
-                    })
-            });
-            attr.ok_or_else(|| {
-                PyTypeError::new_err(format!(
-                    "stream must be None, -1 or a CUDA stream handle (int), or have an int \
-                     `cuda_stream` or `ptr` attribute; got {}",
-                    obj.get_type()
-                        .name()
-                        .map_or_else(|_| "?".to_string(), |n| n.to_string())
-                ))
-            })?
-        }
-    };
-    match value {
-        -1 => Ok(StreamArg::NoSync),
-        0 => Err(PyValueError::new_err(
-            "stream 0 is ambiguous and not allowed (DLPack, CUDA Array Interface): pass 1 for \
-             the legacy default stream, 2 for the per-thread default stream, or a stream handle",
-        )),
-        v if v > 0 && v <= usize::MAX as i128 => Ok(StreamArg::Handle(v as usize)),
-        v => Err(PyValueError::new_err(format!(
-            "stream {v} is not a CUDA stream handle (None, -1, or a positive handle)"
+    if let Ok(value) = obj.extract::<i128>() {
+        return match value {
+            -1 => Ok(StreamArg::NoSync),
+            0 => Err(PyValueError::new_err(
+                "stream 0 is ambiguous and not allowed (DLPack, CUDA Array Interface): pass 1 \
+                 for the legacy default stream, 2 for the per-thread default stream, or a \
+                 stream handle",
+            )),
+            v => Ok(StreamArg::Handle(positive_handle(v)?)),
+        };
+    }
+    let attr = ["cuda_stream", "ptr"].iter().find_map(|name| {
+        obj.getattr(*name)
+            .ok()
+            .and_then(|a| a.extract::<i128>().ok())
+    });
+    match attr {
+        // A stream object's handle 0 is the CUDA runtime's null stream: the
+        // legacy default stream (CuPy's and PyTorch's default).
+        Some(0) => Ok(StreamArg::Handle(LEGACY_DEFAULT_STREAM)),
+        Some(v) => Ok(StreamArg::Object(obj.clone().unbind(), positive_handle(v)?)),
+        None => Err(PyTypeError::new_err(format!(
+            "stream must be None, -1 or a CUDA stream handle (int), or have an int \
+             `cuda_stream` or `ptr` attribute; got {}",
+            obj.get_type()
+                .name()
+                .map_or_else(|_| "?".to_string(), |n| n.to_string())
+        ))),
+    }
+}
+
+/// A stream handle from Python: positive and pointer-sized.
+fn positive_handle(value: i128) -> PyResult<usize> {
+    match usize::try_from(value) {
+        Ok(h) if h > 0 => Ok(h),
+        _ => Err(PyValueError::new_err(format!(
+            "stream {value} is not a CUDA stream handle (None, -1, or a positive handle)"
         ))),
     }
 }
@@ -195,6 +255,7 @@ impl Frame {
                 frame: packet.frame,
                 handed_out: false,
                 released: false,
+                signalled: false,
                 consumer_stream: None,
                 interface_waited: false,
             }),
@@ -210,7 +271,9 @@ impl Frame {
             device_type: self.device.0,
             device_id: self.device.1,
         };
-        if device.device_type == DL_CPU && matches!(stream, StreamArg::Handle(_)) {
+        if device.device_type == DL_CPU
+            && matches!(stream, StreamArg::Handle(_) | StreamArg::Object(..))
+        {
             return Err(PyValueError::new_err(
                 "a host (kDLCPU) frame takes no stream: pass stream=None",
             ));
@@ -253,12 +316,7 @@ impl Frame {
                     ));
                 }
                 if let Some(gpu) = &rf.ring.gpu {
-                    let handle = match stream {
-                        StreamArg::Unspecified => Some(LEGACY_DEFAULT_STREAM),
-                        StreamArg::NoSync => None,
-                        StreamArg::Handle(h) => Some(h),
-                    };
-                    if let Some(h) = handle {
+                    if let Some(h) = stream.handle() {
                         let frame = rf.frame;
                         py.detach(|| {
                             let via = gpu
@@ -272,8 +330,8 @@ impl Frame {
                             unsafe { gpu.produced.wait_raw_stream(h as _, frame, &via) }
                         })
                         .map_err(cuda_error)?;
-                        rf.consumer_stream = Some(h);
                     }
+                    rf.consumer_stream = ConsumerStream::of(&stream);
                 }
                 let slot = &rf.ring.slots[rf.slot as usize];
                 let owner: Box<SlotMemory> = Box::new(slot.memory.clone());
@@ -349,13 +407,31 @@ impl Frame {
                 if rf.released {
                     return Ok(());
                 }
-                let handle = match stream {
-                    StreamArg::Unspecified => rf.consumer_stream,
-                    StreamArg::NoSync => None,
-                    StreamArg::Handle(h) => Some(h),
+                let handle = match (&stream, &rf.consumer_stream) {
+                    (StreamArg::Unspecified, None) => None,
+                    (StreamArg::Unspecified, Some(remembered)) => match remembered.reusable() {
+                        Ok(h) => Some(h),
+                        // Signalled already: the retry only sends.
+                        Err(_) if rf.signalled => None,
+                        Err(h) => {
+                            return Err(PyValueError::new_err(format!(
+                            "frame {} was handed out on stream {h:#x}, given as a bare handle, \
+                             which may not exist any more: name the stream whose work reads \
+                             the frame, release(stream=torch.cuda.current_stream()) or \
+                             release(stream=s) (an object keeps its stream alive), or \
+                             release(stream=-1) once those reads have completed",
+                            rf.frame
+                        )))
+                        }
+                    },
+                    (explicit, _) => explicit.handle(),
                 };
                 let (ring, slot, frame) = (rf.ring.clone(), rf.slot, rf.frame);
-                py.detach(|| release_ring_slot(&ring, slot, frame, handle))?;
+                let mut signalled = rf.signalled;
+                let sent =
+                    py.detach(|| release_ring_slot(&ring, slot, frame, handle, &mut signalled));
+                rf.signalled = signalled;
+                sent?;
                 rf.released = true;
                 Ok(())
             }
@@ -364,37 +440,104 @@ impl Frame {
 }
 
 /// Signals slot `slot`'s "released" timeline with `frame` after the work on
-/// `stream` (if any, and if the ring has CUDA semaphores), then sends the
-/// release and marks the slot free.
-fn release_ring_slot(ring: &Ring, slot: u32, frame: u64, stream: Option<usize>) -> PyResult<()> {
-    let mut gpu_signalled = false;
-    if let (Some(gpu), Some(h)) = (&ring.gpu, stream) {
+/// `stream` (if any, if the ring has CUDA semaphores, and unless `signalled`
+/// says an earlier attempt did), then sends the release and marks the slot
+/// free. `signalled` is set once the signal is enqueued.
+fn release_ring_slot(
+    ring: &Ring,
+    slot: u32,
+    frame: u64,
+    stream: Option<usize>,
+    signalled: &mut bool,
+) -> PyResult<()> {
+    if let (Some(gpu), Some(h), false) = (&ring.gpu, stream, *signalled) {
         let via = gpu
             .release_stream
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        // SAFETY: `h` is a stream handle the consumer passed (1, 2, or a live
-        // stream of the ring's device, which it keeps alive for the call).
+        // SAFETY: `h` is 1 (the legacy default stream), the handle of a
+        // stream object the frame or the caller holds, or a handle the
+        // consumer passed to this very call: a live stream of the ring's
+        // device (or a default one) for the call.
         unsafe { gpu.released[slot as usize].signal_raw_stream(h as _, frame, &via) }
             .map_err(cuda_error)?;
-        gpu_signalled = true;
+        *signalled = true;
     }
-    send_packet(&ring.conn, &Packet::release(slot, frame, gpu_signalled))?;
+    send_packet(&ring.conn, &Packet::release(slot, frame, *signalled))?;
     ring.mark_released(slot, frame);
     Ok(())
 }
 
 impl Drop for Frame {
     fn drop(&mut self) {
-        // A ring frame dropped unreleased still gives its slot back (after
-        // the stream it was handed out on, if any), or the producer would
-        // wait for it; errors cannot be reported here.
-        if let Source::Ring(rf) = &mut self.source {
-            if !rf.released {
-                rf.released = true;
-                let _ = release_ring_slot(&rf.ring, rf.slot, rf.frame, rf.consumer_stream);
+        // Everything the frame owns is dropped with the GIL released: an
+        // import's or the ring's last drop waits (bounded) for the GPU, and a
+        // release sends a packet (bounded by the send timeout).
+        let source = std::mem::replace(&mut self.source, Source::Single(None));
+        Python::attach(|py| match source {
+            Source::Single(payload) => py.detach(move || drop(payload)),
+            Source::Ring(mut rf) => {
+                // The stream object is released here, with the GIL.
+                let remembered = rf.consumer_stream.take();
+                if rf.released {
+                    py.detach(move || drop(rf));
+                    return;
+                }
+                // A ring frame dropped unreleased still gives its slot back
+                // (after the stream it was handed out on, where that stream
+                // can still be named), or the producer would wait for it.
+                let stream = match remembered.as_ref().map(ConsumerStream::reusable) {
+                    None => None,
+                    Some(Ok(h)) => Some(h),
+                    Some(Err(h)) => {
+                        if !rf.signalled {
+                            warn_unordered_release(py, rf.frame, h);
+                        }
+                        None
+                    }
+                };
+                drop(remembered);
+                let failed = py.detach(move || {
+                    let mut signalled = rf.signalled;
+                    let sent =
+                        release_ring_slot(&rf.ring, rf.slot, rf.frame, stream, &mut signalled);
+                    let failed = sent.err().map(|e| (rf.ring.clone(), rf.frame, e));
+                    drop(rf);
+                    failed
+                });
+                // No caller to tell: the connection is given up, so the
+                // producer takes the slot back and the next call on the
+                // receiver raises ConnectionError with the reason.
+                if let Some((ring, frame, error)) = failed {
+                    let why = format!("the release of dropped frame {frame} failed: {error}");
+                    py.detach(move || {
+                        ring.break_off(why);
+                        drop(ring);
+                    });
+                }
             }
-        }
+        });
+    }
+}
+
+/// Warns that a frame handed out on a bare stream handle was dropped
+/// unreleased: its slot goes back to the producer without waiting for work
+/// on that stream.
+fn warn_unordered_release(py: Python<'_>, frame: u64, stream: usize) {
+    let message = format!(
+        "cuda_interop: frame {frame} was dropped unreleased after __dlpack__(stream={stream:#x}); \
+         a bare stream handle is not used after that call, so the producer may overwrite the \
+         slot while work on that stream still reads it. Release frames explicitly: \
+         frame.release(stream=...) or `with receiver.next(...) as frame:`"
+    );
+    if let Ok(message) = std::ffi::CString::new(message) {
+        // A warning filter that turns it into an error has nobody to raise to.
+        let _ = PyErr::warn(
+            py,
+            &py.get_type::<pyo3::exceptions::PyRuntimeWarning>(),
+            &message,
+            1,
+        );
     }
 }
 
@@ -549,10 +692,12 @@ impl Frame {
     }
 
     /// Gives the frame back (idempotent). A ring frame's slot goes back to
-    /// the producer: with a CUDA `stream` (default: the one passed to
-    /// `__dlpack__`; `-1`: none) the producer's next write to the slot waits
-    /// for the work enqueued on it so far; without one, the caller's reads
-    /// must have completed. Tensors already handed out keep the memory
+    /// the producer: with a CUDA `stream` (`-1`: none) the producer's next
+    /// write to the slot waits for the work enqueued on it so far; without
+    /// one, the caller's reads must have completed. The default is the
+    /// stream passed to `__dlpack__` if it was the legacy default or a
+    /// stream object; after a bare handle (which may be gone by now) the
+    /// stream must be named, else `ValueError`. Tensors already handed out keep the memory
     /// mapped, but its contents belong to the producer again.
     #[pyo3(signature = (stream=None))]
     fn release(&mut self, py: Python<'_>, stream: Option<Bound<'_, PyAny>>) -> PyResult<()> {

@@ -41,13 +41,23 @@
 //!   stream of this module on which the "produced" wait is enqueued, which
 //!   the consumer must order its work after (CuPy does).
 //! * `Frame.release(stream=None)` (and leaving `with frame:`) gives a ring
-//!   slot back: with a CUDA stream (default: the one given to `__dlpack__`;
-//!   `-1` none) the slot's "released" timeline is signalled with the frame
-//!   number after the work enqueued on it so far, and the producer's next
-//!   write to the slot waits for it; then the release message is sent.
-//!   Without a stream the caller's reads must have completed. Idempotent; a
-//!   ring frame dropped unreleased is released the same way. Tensors handed
-//!   out keep the memory mapped after a release, but its contents are the
+//!   slot back: with a CUDA stream (`-1` none) the slot's "released"
+//!   timeline is signalled with the frame number after the work enqueued on
+//!   it so far, and the producer's next write to the slot waits for it; then
+//!   the release message is sent. Without a stream the caller's reads must
+//!   have completed. The default is the stream given to `__dlpack__` where
+//!   it can still be named: the legacy default (`None` or `1`) or a stream
+//!   object, which the frame keeps a reference to (so its stream lives). A
+//!   bare handle is the consumer's to keep alive only during `__dlpack__`
+//!   (and `2` names the calling thread's stream), so it is never used again:
+//!   `release()` then raises `ValueError` asking for the stream. A release
+//!   whose signal was enqueued but whose message failed can be retried (the
+//!   signal is not repeated). Idempotent; a ring frame dropped unreleased is
+//!   released the same way, with the GIL released (after a bare handle:
+//!   without ordering, and a `RuntimeWarning`); if that release fails, the
+//!   connection is given up (the producer takes the slots back) and the
+//!   next call raises `ConnectionError` with the reason. Tensors handed out
+//!   keep the memory mapped after a release, but its contents are the
 //!   producer's again. Handing out after a release, or twice, raises
 //!   `BufferError`. A consumer holding every slot stalls the producer (which
 //!   drops it after its hold timeout): hold at most `slots - 1` frames.
@@ -287,6 +297,12 @@ impl Receiver {
                 Mode::Ring(ring) => {
                     let ring = ring.clone();
                     drop(mode);
+                    if let Some(why) = ring.broken() {
+                        return Err(PyConnectionError::new_err(format!(
+                            "the connection to {} was given up ({why}); connect again",
+                            self.path
+                        )));
+                    }
                     // A host ring (test hook) does not import the ring: the
                     // setup message of a real producer is received and dropped.
                     #[cfg(feature = "test-hooks")]
@@ -344,26 +360,33 @@ impl Receiver {
     /// The ring's layout once known: `(slots, width, height, row_pitch)`,
     /// else `None`.
     #[getter]
-    fn layout(&self) -> Option<(u32, u32, u32, u64)> {
-        match &*self.mode.lock().unwrap_or_else(PoisonError::into_inner) {
-            Mode::Ring(r) => Some((
-                r.layout.slot,
-                r.layout.width,
-                r.layout.height,
-                r.layout.row_pitch,
-            )),
-            _ => None,
-        }
+    fn layout(&self, py: Python<'_>) -> Option<(u32, u32, u32, u64)> {
+        // A first `next()` holds the lock while it sets the ring up (bounded
+        // by its timeout): wait for it without the GIL.
+        py.detach(
+            || match &*self.mode.lock().unwrap_or_else(PoisonError::into_inner) {
+                Mode::Ring(r) => Some((
+                    r.layout.slot,
+                    r.layout.width,
+                    r.layout.height,
+                    r.layout.row_pitch,
+                )),
+                _ => None,
+            },
+        )
     }
 
     /// How many ring slots this consumer holds (frames received and not
     /// yet released).
     #[getter]
-    fn held(&self) -> usize {
-        match &*self.mode.lock().unwrap_or_else(PoisonError::into_inner) {
-            Mode::Ring(r) => r.held_count(),
-            _ => 0,
-        }
+    fn held(&self, py: Python<'_>) -> usize {
+        // As for `layout`.
+        py.detach(
+            || match &*self.mode.lock().unwrap_or_else(PoisonError::into_inner) {
+                Mode::Ring(r) => r.held_count(),
+                _ => 0,
+            },
+        )
     }
 
     /// Shuts the connection down now: the producer sees this consumer leave

@@ -223,9 +223,12 @@ impl Packet {
             return bad(format!("{}x{} pixels", self.width, self.height));
         }
         let row = u64::from(self.width) * 4;
-        if self.row_pitch < row || self.row_pitch % 4 != 0 {
+        // The pitch becomes a tensor stride (an i64) and is bounded like the
+        // frame: a one-row frame would otherwise leave it unchecked.
+        if self.row_pitch < row || self.row_pitch % 4 != 0 || self.row_pitch > 1 << 31 {
             return bad(format!(
-                "row pitch {} for rows of {row} bytes (at least a row, a multiple of 4)",
+                "row pitch {} for rows of {row} bytes (at least a row, a multiple of 4, \
+                 at most 2 GiB)",
                 self.row_pitch
             ));
         }
@@ -291,6 +294,11 @@ mod tests {
         assert!(Packet::decode(&Packet::hello(2, 4, 4, 15).encode()).is_err());
         assert!(Packet::decode(&Packet::hello(2, 4, 4, 12).encode()).is_err());
         assert!(Packet::decode(&Packet::hello(2, 65535, 65535, 1 << 20).encode()).is_err());
+        // One row: the frame is small whatever the pitch, which becomes an
+        // i64 stride, so the pitch is bounded on its own.
+        assert!(Packet::decode(&Packet::hello(2, 4, 1, 1 << 31).encode()).is_ok());
+        assert!(Packet::decode(&Packet::hello(2, 4, 1, (1 << 31) + 4).encode()).is_err());
+        assert!(Packet::decode(&Packet::hello(2, 4, 1, u64::MAX - 3).encode()).is_err());
     }
 
     #[test]

@@ -195,6 +195,9 @@ pub(crate) struct Ring {
     held: Mutex<Vec<Option<u64>>>,
     /// The last frame number received.
     last_frame: Mutex<u64>,
+    /// Why this consumer gave the connection up (a dropped frame's release
+    /// failed), if it did.
+    broken: Mutex<Option<String>>,
 }
 
 impl Ring {
@@ -305,7 +308,28 @@ impl Ring {
             slots,
             gpu,
             last_frame: Mutex::new(0),
+            broken: Mutex::new(None),
         }
+    }
+
+    /// Gives the connection up after a failure nobody can be told of (a
+    /// dropped frame's release): shuts the socket down, so the producer
+    /// takes back every slot this consumer holds, and keeps `why` for the
+    /// next call on the receiver.
+    pub(crate) fn break_off(&self, why: String) {
+        self.broken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(why);
+        let _ = rustix::net::shutdown(&*self.conn, rustix::net::Shutdown::Both);
+    }
+
+    /// Why the connection was given up, if it was.
+    pub(crate) fn broken(&self) -> Option<String> {
+        self.broken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Checks a frame packet against what this consumer holds, and marks

@@ -214,9 +214,21 @@ impl<'a> Pitched<'a> {
 }
 
 /// The linear side of a copy *into* linear memory: like [`Pitched`], but
-/// made from an exclusive borrow, so that safe code cannot have two copies
-/// write the same crate-owned memory at once, nor write memory that someone
-/// else holds as `&`.
+/// made from an exclusive borrow, so that safe code cannot name memory as a
+/// copy's destination while it is borrowed elsewhere (a shared
+/// [`DeviceSlice`] of the same buffer, say) *at the time the copy is
+/// enqueued*.
+///
+/// That is all the borrow covers. The copy is stream-ordered: the borrow
+/// ends when `enqueue_copy_to` returns, while the GPU may write until the
+/// copy completes, so a later copy, a kernel or a read of the same memory
+/// on another stream is ordered (or not) by the caller, as for any GPU
+/// work. The lifetime side needs no borrow: the memory cannot be freed
+/// before the copy completes (its last use is recorded). And it is about
+/// the linear side only: a level is written through `&self`
+/// ([`LevelArray::enqueue_copy_from`]), because an image is GPU memory that
+/// Vulkan may use at the same time too; ordering those writes is the
+/// semaphores' job.
 ///
 /// ```no_run
 /// # fn demo(level: &cuda_interop::LevelArray<'_, vk_export::format::Rgba8Unorm, vk_export::markers::usage::Storage>,

@@ -13,6 +13,7 @@
 //!   [`record_drop_error`], counted by [`drop_errors`].
 
 use std::ffi::{c_char, CStr};
+use std::io::Write;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
@@ -223,7 +224,9 @@ static DROP_ERRORS: AtomicU32 = AtomicU32::new(0);
 pub(crate) fn record_drop_error(result: Result<()>) {
     if let Err(e) = result {
         DROP_ERRORS.fetch_add(1, Ordering::Relaxed);
-        eprintln!("cuda-interop: a destructor failed: {e}");
+        // Not `eprintln!`, which panics when stderr is gone (EPIPE): this
+        // runs in destructors, DLPack deleters (extern "C") among them.
+        let _ = writeln!(std::io::stderr(), "cuda-interop: a destructor failed: {e}");
     }
 }
 

@@ -13,6 +13,10 @@
 //!   the surface or the module right after the launch.
 //! * Resources of another device are refused before anything is enqueued
 //!   ([`Error::DeviceMismatch`](crate::Error::DeviceMismatch)).
+//! * A launch the driver refuses records nothing: it was not enqueued. (A
+//!   sticky fault of an earlier kernel fails every later call of the
+//!   context, so the destructors' bounded waits fail too, and they leak
+//!   rather than free.)
 //! * What stays `unsafe` is what no type can check: that `args` match the
 //!   kernel's parameters, and that the kernel touches only memory listed in
 //!   its uses (or memory the caller keeps alive itself).
@@ -161,6 +165,10 @@ impl Stream {
         // the kernel touches; what it uses is recorded below, so none of it
         // is freed before the kernel completes.
         unsafe { self.launch(function, grid, block, shared_bytes, args) }?;
+        // An error above returned before recording: a launch the driver
+        // refuses is not enqueued (and after a sticky fault the context is
+        // lost, so every later call, the destructors' waits included,
+        // fails and leaks rather than frees). The same holds for copies.
         // Every record is made even if one fails (a failed one makes its
         // resource leak rather than trust an incomplete record).
         let mut recorded = module.last_use().record(self);

@@ -36,7 +36,7 @@ use crate::device::CudaDevice;
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, ImportError, Result};
 use crate::last_use::{report_leak, LastUse, DROP_WAIT_LIMIT};
-use crate::stream::Stream;
+use crate::stream::{order_streams, Stream};
 
 /// A Vulkan semaphore imported into CUDA.
 #[derive(Debug)]
@@ -392,13 +392,9 @@ impl ExternalSemaphore<Timeline> {
         via: &Stream,
     ) -> Result<()> {
         self.wait(via, value)?;
-        let event = crate::stream::Event::new_blocking_sync(&self.device)?;
-        via.record(&event)?;
-        let _guard = self.device.enter()?;
-        // SAFETY: a live event of the current context, just recorded; the
-        // caller vouches for `stream`. The wait captures the event's record
-        // now, so dropping the event afterwards is allowed.
-        unsafe { cu!(cuStreamWaitEvent(stream, event.raw(), 0)) }
+        // SAFETY: `via` is a live stream of this device (checked by the
+        // wait); the caller vouches for `stream`.
+        unsafe { order_streams(&self.device, via.raw(), stream) }
     }
 
     /// Signals `value` once the work enqueued so far on the foreign `stream`
@@ -422,16 +418,9 @@ impl ExternalSemaphore<Timeline> {
             )));
         }
         via.check_device(&self.device)?;
-        let event = crate::stream::Event::new_blocking_sync(&self.device)?;
-        {
-            let _guard = self.device.enter()?;
-            // SAFETY: a live event of the current context; the caller vouches
-            // for `stream`.
-            unsafe { cu!(cuEventRecord(event.raw(), stream)) }?;
-            // SAFETY: a live stream and a live event of the current context;
-            // the wait captures the record made just now.
-            unsafe { cu!(cuStreamWaitEvent(via.raw(), event.raw(), 0)) }?;
-        }
+        // SAFETY: `via` is a live stream of this device (checked above); the
+        // caller vouches for `stream`.
+        unsafe { order_streams(&self.device, stream, via.raw()) }?;
         self.signal(via, value)
     }
 }

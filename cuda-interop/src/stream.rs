@@ -19,7 +19,12 @@
 //!   block forever. Every synchronous helper that copies host memory first
 //!   waits (bounded by the stream's timeout) for the stream's earlier work,
 //!   returns [`Error::Timeout`] with nothing enqueued if it does not drain,
-//!   and only then enqueues the copy and waits for it.
+//!   and only then enqueues the copy and waits for it. **The one wait
+//!   without a bound** is this last one, past the timeout: the copy reads or
+//!   writes the caller's borrowed host memory, so returning before it is
+//!   done would let the GPU touch memory the caller may free. The stream was
+//!   drained first, so nothing but the copy itself (or a driver fault, which
+//!   ends the wait with an error) stands before it.
 //! * **Device-side operations are tracked, not waited for.** Each operation
 //!   on imported memory, a semaphore or a [`DeviceBuffer`] records its last
 //!   use on that resource, whose destructor waits for it (see the crate's
@@ -652,6 +657,48 @@ impl Drop for Event {
             record_drop_error(unsafe { cu!(cuEventDestroy(self.event)) });
         }
     }
+}
+
+/// Makes `later` wait for the work enqueued so far on `earlier`, through an
+/// event made for this one join and destroyed at once.
+///
+/// The event is destroyed with `cuEventDestroy` while it may be pending,
+/// which the driver allows (it releases the event when it completes, and
+/// the wait has captured its record already). An [`Event`] would instead
+/// wait in its `Drop` for the device to settle, which can take up to
+/// [`DROP_WAIT_LIMIT`] behind an external wait and is no place for a join
+/// that must not block.
+///
+/// # Safety
+/// `earlier` and `later` are each `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`
+/// or a live stream of `device`'s context, alive for the duration of the
+/// call.
+pub(crate) unsafe fn order_streams(
+    device: &CudaDevice,
+    earlier: CUstream,
+    later: CUstream,
+) -> Result<()> {
+    let _guard = device.enter()?;
+    let mut event: CUevent = std::ptr::null_mut();
+    // SAFETY: the device's context is current; writes one event handle.
+    unsafe {
+        cu!(cuEventCreate(
+            &mut event,
+            CUevent_flags::CU_EVENT_DISABLE_TIMING.0
+        ))
+    }?;
+    // SAFETY: a live event of the current context; the caller vouches for
+    // `earlier`.
+    let mut joined = unsafe { cu!(cuEventRecord(event, earlier)) };
+    if joined.is_ok() {
+        // SAFETY: a live event of the current context, just recorded; the
+        // caller vouches for `later`. The wait captures that record now.
+        joined = unsafe { cu!(cuStreamWaitEvent(later, event, 0)) };
+    }
+    // SAFETY: a live event of the current context, destroyed once, after
+    // its last use; pending, it is released by the driver when it completes.
+    let destroyed = unsafe { cu!(cuEventDestroy(event)) };
+    joined.and(destroyed)
 }
 
 /// A loaded module (PTX, JIT-compiled by the driver).

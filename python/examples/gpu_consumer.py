@@ -5,7 +5,9 @@ one ON THE GPU against its frame number, and prints milliseconds per frame.
     python3 gpu_consumer.py SOCKET [--lib torch|cupy] [--frames 300] [--timeout 10]
 
 torch: `torch.from_dlpack(frame)` (DLPack, the current stream made to wait for
-the producer's write), `frame.release()` signals back on that stream.
+the producer's write), `frame.release()` signals back on that stream; then two
+frames on a side stream check the release rules for bare handles and stream
+objects.
 cupy: `cupy.asarray(frame)` (`__cuda_array_interface__`), `frame.release(stream=
 the current CuPy stream)`.
 
@@ -47,16 +49,46 @@ def main():
     if args.lib == "torch":
         import torch
 
-        def check(frame):
-            t = torch.from_dlpack(frame)  # (height, width, 4) uint8, pitched rows
+        def verify(t, tag):
             h = t.shape[0]
             px = t.view(torch.int32)[..., 0]  # (height, width) pixels
-            start, end = band_rows(frame.tag, h)
-            want = torch.full((h, 1), s32(frame.tag), dtype=torch.int32, device=t.device)
-            want[start:end] = s32(~frame.tag)
-            wrong = (px != want).any()
+            start, end = band_rows(tag, h)
+            want = torch.full((h, 1), s32(tag), dtype=torch.int32, device=t.device)
+            want[start:end] = s32(~tag)
+            return (px != want).any()
+
+        def check(frame):
+            t = torch.from_dlpack(frame)  # (height, width, 4) uint8, pitched rows
+            wrong = verify(t, frame.tag)
             frame.release()  # on the stream from_dlpack ordered after the write
             return wrong
+
+        def stream_rules(receiver):
+            """Frames read on a side stream: handed out on a bare handle
+            (torch passes an int), release() must ask for the stream; handed
+            out on a stream object, release() uses it. Returns (bad, notes)."""
+            side = torch.cuda.Stream()
+            notes = []
+            frame = receiver.next(args.timeout)
+            with torch.cuda.stream(side):
+                wrong = verify(torch.from_dlpack(frame), frame.tag)
+            try:
+                frame.release()
+                notes.append("bare handle: release() did NOT refuse")
+            except ValueError:
+                notes.append("bare handle: release() -> ValueError")
+            frame.release(stream=side)
+            notes.append("release(stream=side) ok")
+            frame = receiver.next(args.timeout)
+            with torch.cuda.stream(side):
+                # The legacy capsule: torch.from_dlpack takes it as is.
+                capsule = frame.__dlpack__(stream=side)
+                wrong = wrong | verify(torch.from_dlpack(capsule), frame.tag)
+            frame.release()  # after `side`: the frame kept the object
+            notes.append("stream object: release() ok")
+            side.synchronize()
+            ok = notes[0].endswith("ValueError")
+            return int(wrong.item()), ok, "; ".join(notes)
 
         def zero():
             return torch.zeros((), dtype=torch.int64, device="cuda")
@@ -136,8 +168,13 @@ def main():
         f"(checked on the GPU; {skipped} frame numbers skipped)",
         flush=True,
     )
+    rules_ok = True
+    if args.lib == "torch":
+        rules_bad, rules_ok, notes = stream_rules(receiver)
+        rules_ok = rules_ok and rules_bad == 0
+        print(f"[torch] stream rules on a side stream: {notes}; {rules_bad} bad", flush=True)
     receiver.close()
-    return 0 if bad == 0 and received == args.frames else 1
+    return 0 if bad == 0 and received == args.frames and rules_ok else 1
 
 
 if __name__ == "__main__":

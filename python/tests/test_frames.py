@@ -235,6 +235,71 @@ def test_timeout_close_and_peer_gone(producer):
         receiver.next(1.0)
 
 
+def test_a_dropped_frame_whose_release_fails_gives_the_connection_up(producer):
+    """A release from a destructor has nobody to raise to: when it fails, the
+    consumer shuts the connection down (the producer takes its slots back)
+    and the next call says why."""
+    receiver, peer = ring(producer)
+    with peer:
+        peer.send(packet(FRAME, slot=0, frame=1))
+        peer.send(packet(FRAME, slot=1, frame=2))
+        frame = receiver.next(1.0)
+        # The producer stops reading: a send to it fails (EPIPE).
+        peer.shutdown(socket.SHUT_RD)
+        start = time.monotonic()
+        del frame
+        gc.collect()
+        assert time.monotonic() - start < 1.0
+        with pytest.raises(ConnectionError, match="release of dropped frame 1 failed"):
+            receiver.next(1.0)
+        # The producer sees the consumer leave.
+        peer.settimeout(1.0)
+        assert peer.recv(64) == b""
+
+
+def test_getters_do_not_hold_the_gil_while_a_first_next_waits(producer):
+    """A first `next()` holds the receiver's state while it waits for the
+    producer's first message (with the GIL released); `layout` and `held`
+    wait for it without the GIL, so other Python threads keep running."""
+    import threading
+
+    receiver, peer = ring(producer)
+    path, s = producer
+    # A second receiver whose producer says nothing yet.
+    quiet = cuda_interop._connect_host_ring(path, 1.0)
+    quiet_peer, _ = s.accept()
+    with peer, quiet_peer:
+        outcome = []
+        waiter = threading.Thread(
+            target=lambda: outcome.append(pytest.raises(TimeoutError, quiet.next, 0.6))
+        )
+        ticks = []
+        stop = threading.Event()
+
+        def ticker():
+            while not stop.is_set():
+                ticks.append(time.monotonic())
+                time.sleep(0.005)
+
+        waiter.start()
+        time.sleep(0.1)  # the waiter holds the state now
+        t = threading.Thread(target=ticker)
+        t.start()
+        start = time.monotonic()
+        assert quiet.layout is None  # waits for the first next() to give up
+        waited = time.monotonic() - start
+        assert quiet.held == 0
+        stop.set()
+        t.join()
+        waiter.join()
+        assert waited > 0.3, waited
+        during = [x for x in ticks if start <= x <= start + waited]
+        # Roughly one tick per 5 ms while the getter waited; with the GIL
+        # held, none.
+        assert len(during) > 20, (len(during), waited)
+        assert len(outcome) == 1
+
+
 def test_no_cuda_is_a_runtime_error(producer):
     """The real `connect` imports the ring into CUDA: without a driver that
     is a RuntimeError naming what is missing (here the setup message is not

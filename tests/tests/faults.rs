@@ -1838,7 +1838,19 @@ CUresult cuEventDestroy_v2(void *e) {
     Obj *ev = e;
     CUresult r = need(ev, K_EVENT, "cuEventDestroy");
     if (r) return r;
+    say("cuEventDestroy ctx=%p pending=%d", current(), now_ns() < ev->busy_until);
     unmake(ev);
+    return OK;
+}
+
+/* The stream waits for the event's record: its work completes no earlier. */
+CUresult cuStreamWaitEvent(void *stream, void *e, unsigned int flags) {
+    Obj *s = stream, *ev = e;
+    CUresult r = need(s, K_STREAM, "cuStreamWaitEvent");
+    if (r || (r = need(ev, K_EVENT, "cuStreamWaitEvent"))) return r;
+    if (flags) return INVALID_VALUE;
+    if (ev->busy_until > s->busy_until) s->busy_until = ev->busy_until;
+    say("cuStreamWaitEvent ctx=%p", current());
     return OK;
 }
 
@@ -3201,6 +3213,84 @@ fn child_fake_pending_work() {
     // The stream stays stuck for ever; its drop would leak it as well
     // (gpu.rs shows that on the GPU).
     std::mem::forget(stuck);
+}
+
+/// Joining a foreign stream (a PyTorch or CuPy stream handed over as a raw
+/// handle) to a semaphore wait or signal never blocks the host, whatever the
+/// GPU is doing: the join's event is destroyed at once, pending or not, so a
+/// wait nobody signals costs neither a bounded drop wait nor a leak. The
+/// foreign stream really is ordered after the wait, and the signal after the
+/// foreign stream's work.
+#[test]
+fn foreign_stream_joins_never_block_and_leak_nothing() {
+    let _serial = serial();
+    fake::run("child_fake_foreign_streams", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of faults.rs, with a fake libcuda: run by foreign_stream_joins_never_block_and_leak_nothing"]
+fn child_fake_foreign_streams() {
+    let fake = fake::Fake::open();
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let errors = cuda_interop::drop_errors();
+    let pending = Duration::from_millis(300);
+    let (via, foreign) = (Stream::new(&cuda).unwrap(), Stream::new(&cuda).unwrap());
+    // SAFETY: the driver is the fake: it records, holds the fd, reads nothing.
+    let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    // Each join destroys its own event before it returns, pending or not.
+    let destroyed = || fake.calls("cuEventDestroy");
+    let before = destroyed().len();
+
+    fake.set("latency_ms", pending.as_millis() as i64);
+    let start = Instant::now();
+    // SAFETY: `foreign` is a live stream of this device for the whole call.
+    unsafe { semaphore.wait_raw_stream(foreign.raw(), 1, &via) }.unwrap();
+    let took = start.elapsed();
+    println!("wait joined to a foreign stream in {took:?}, the wait pending");
+    assert!(took < Duration::from_millis(100), "{took:?}");
+    assert!(!foreign.query().unwrap(), "the foreign stream waits too");
+    assert_eq!(destroyed().len(), before + 1, "the join's event is gone");
+    assert_eq!(destroyed()[before].get("pending"), "1");
+    foreign.synchronize_with(HostWait::Poll, TIMEOUT).unwrap();
+    assert!(start.elapsed() >= pending - Duration::from_millis(50));
+
+    // The foreign stream's work orders the signal: a wait enqueued on it
+    // keeps it busy, and the signal's stream must wait for that.
+    semaphore.wait(&foreign, 1).unwrap();
+    let start = Instant::now();
+    // SAFETY: as above.
+    unsafe { semaphore.signal_raw_stream(foreign.raw(), 2, &via) }.unwrap();
+    let took = start.elapsed();
+    println!("signal joined to a busy foreign stream in {took:?}");
+    assert!(took < Duration::from_millis(100), "{took:?}");
+    assert_eq!(fake.last("cuSignalExternalSemaphoresAsync").num("value"), 2);
+    assert!(
+        !via.query().unwrap(),
+        "the signal waits for the foreign work"
+    );
+    assert_eq!(destroyed().len(), before + 2);
+    via.synchronize_with(HostWait::Poll, TIMEOUT).unwrap();
+    assert!(start.elapsed() >= pending - Duration::from_millis(100));
+
+    // A wait that never completes: the join still returns at once, and
+    // nothing is reported leaked (an `Event` dropped pending would wait up
+    // to DROP_WAIT_LIMIT for the device, then leak).
+    fake.set("latency_ms", -1);
+    let (stuck_via, stuck_foreign) = (Stream::new(&cuda).unwrap(), Stream::new(&cuda).unwrap());
+    let start = Instant::now();
+    // SAFETY: as above.
+    unsafe { semaphore.wait_raw_stream(stuck_foreign.raw(), 3, &stuck_via) }.unwrap();
+    let took = start.elapsed();
+    println!("wait joined behind a wait nobody signals in {took:?}");
+    assert!(took < Duration::from_millis(100), "{took:?}");
+    assert_eq!(destroyed().len(), before + 3);
+    assert_eq!(destroyed()[before + 2].get("pending"), "1");
+    assert_eq!(cuda_interop::drop_errors(), errors, "nothing leaked");
+    // The semaphore and both streams stay stuck for ever (their drops would
+    // leak them, after DROP_WAIT_LIMIT); the process ends here.
+    std::mem::forget((semaphore, stuck_via, stuck_foreign, via, foreign));
 }
 
 /// How many eventfds this process has open (completions' signals).

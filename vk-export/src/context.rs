@@ -1,5 +1,22 @@
+//! [`Context`]: the application's (or a headless) Vulkan instance and
+//! device, wrapped once, with what every resource needs from them.
+//!
+//! # Contract
+//!
+//! * A context made by [`Context::from_raw`] never destroys what the
+//!   application owns; one made by [`Context::headless`] destroys its device
+//!   and instance when the last clone goes, after every resource (each holds
+//!   a clone).
+//! * Every submission of this crate goes through one lock per queue and
+//!   signals a private timeline, the completion record resources wait for
+//!   (bounded) in `Drop`.
+//! * Destructor failures and validation messages never panic: they are
+//!   counted ([`drop_errors`], the validation error count) and written to
+//!   stderr, where a closed stderr is ignored.
+
 use std::ffi::{c_void, CStr};
 use std::fmt;
+use std::io::Write;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -40,7 +57,9 @@ pub fn drop_errors() -> u32 {
 
 pub(crate) fn record_drop_error(what: std::fmt::Arguments<'_>) {
     DROP_ERRORS.fetch_add(1, Ordering::Relaxed);
-    eprintln!("vk-export: {what}");
+    // Not `eprintln!`, which panics when stderr is gone (EPIPE): this runs in
+    // destructors, where a panic may abort the process.
+    let _ = writeln!(std::io::stderr(), "vk-export: {what}");
 }
 
 /// Who a physical device is: what an importer compares before it imports.
@@ -768,9 +787,11 @@ unsafe extern "system" fn on_validation_message(
                 .unwrap_or_else(|p| p.into_inner())
                 .push(id);
         }
-        eprintln!("[vulkan validation error] {message}");
+        // Not `eprintln!`: a panic (stderr gone) cannot unwind out of this
+        // callback, which the loader calls through extern "system".
+        let _ = writeln!(std::io::stderr(), "[vulkan validation error] {message}");
     } else {
-        eprintln!("[vulkan validation warning] {message}");
+        let _ = writeln!(std::io::stderr(), "[vulkan validation warning] {message}");
     }
     vk::FALSE
 }

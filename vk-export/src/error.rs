@@ -1,3 +1,7 @@
+//! [`Error`]: every Vulkan-side failure, each naming the call, its
+//! `VkResult` and what to do; [`ImportError`](crate::ImportError) hands a
+//! failed import's fd back to the caller.
+
 use ash::vk;
 
 /// `Result` with this crate's [`Error`].
