@@ -474,49 +474,63 @@ impl Drop for Frame {
         // import's or the ring's last drop waits (bounded) for the GPU, and a
         // release sends a packet (bounded by the send timeout).
         let source = std::mem::replace(&mut self.source, Source::Single(None));
-        Python::attach(|py| match source {
-            Source::Single(payload) => py.detach(move || drop(payload)),
-            Source::Ring(mut rf) => {
-                // The stream object is released here, with the GIL.
-                let remembered = rf.consumer_stream.take();
-                if rf.released {
-                    py.detach(move || drop(rf));
-                    return;
-                }
-                // A ring frame dropped unreleased still gives its slot back
-                // (after the stream it was handed out on, where that stream
-                // can still be named), or the producer would wait for it.
-                let stream = match remembered.as_ref().map(ConsumerStream::reusable) {
-                    None => None,
-                    Some(Ok(h)) => Some(h),
-                    Some(Err(h)) => {
-                        if !rf.signalled {
-                            warn_unordered_release(py, rf.frame, h);
-                        }
-                        None
-                    }
-                };
-                drop(remembered);
-                let failed = py.detach(move || {
-                    let mut signalled = rf.signalled;
-                    let sent =
-                        release_ring_slot(&rf.ring, rf.slot, rf.frame, stream, &mut signalled);
-                    let failed = sent.err().map(|e| (rf.ring.clone(), rf.frame, e));
-                    drop(rf);
-                    failed
-                });
-                // No caller to tell: the connection is given up, so the
-                // producer takes the slot back and the next call on the
-                // receiver raises ConnectionError with the reason.
-                if let Some((ring, frame, error)) = failed {
-                    let why = format!("the release of dropped frame {frame} failed: {error}");
-                    py.detach(move || {
-                        ring.break_off(why);
-                        drop(ring);
-                    });
-                }
+        Python::attach(|py| {
+            // A frame may be dropped while an exception propagates (a
+            // temporary whose `release()` raised): warning about, or
+            // formatting, an error of our own would replace that exception,
+            // so it is set aside and restored.
+            let pending = PyErr::take(py);
+            drop_source(py, source);
+            if let Some(pending) = pending {
+                pending.restore(py);
             }
         });
+    }
+}
+
+/// What [`Frame`]'s `Drop` does with what the frame owned, the GIL held.
+fn drop_source(py: Python<'_>, source: Source) {
+    match source {
+        Source::Single(payload) => py.detach(move || drop(payload)),
+        Source::Ring(mut rf) => {
+            // The stream object is released here, with the GIL.
+            let remembered = rf.consumer_stream.take();
+            if rf.released {
+                py.detach(move || drop(rf));
+                return;
+            }
+            // A ring frame dropped unreleased still gives its slot back
+            // (after the stream it was handed out on, where that stream
+            // can still be named), or the producer would wait for it.
+            let stream = match remembered.as_ref().map(ConsumerStream::reusable) {
+                None => None,
+                Some(Ok(h)) => Some(h),
+                Some(Err(h)) => {
+                    if !rf.signalled {
+                        warn_unordered_release(py, rf.frame, h);
+                    }
+                    None
+                }
+            };
+            drop(remembered);
+            let failed = py.detach(move || {
+                let mut signalled = rf.signalled;
+                let sent = release_ring_slot(&rf.ring, rf.slot, rf.frame, stream, &mut signalled);
+                let failed = sent.err().map(|e| (rf.ring.clone(), rf.frame, e));
+                drop(rf);
+                failed
+            });
+            // No caller to tell: the connection is given up, so the
+            // producer takes the slot back and the next call on the
+            // receiver raises ConnectionError with the reason.
+            if let Some((ring, frame, error)) = failed {
+                let why = format!("the release of dropped frame {frame} failed: {error}");
+                py.detach(move || {
+                    ring.break_off(why);
+                    drop(ring);
+                });
+            }
+        }
     }
 }
 

@@ -133,6 +133,7 @@ DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 def test_versioned_capsule_not_consumed_frees_once():
+    gc.collect()  # what earlier tests left for the collector
     before = cuda_interop._host_frames_alive()
     frame = cuda_interop._host_frame(64)
     assert frame.__dlpack_device__() == (1, 0)
@@ -156,6 +157,7 @@ def test_versioned_capsule_not_consumed_frees_once():
 
 
 def test_consumed_capsule_is_left_to_the_consumer():
+    gc.collect()  # what earlier tests left for the collector
     before = cuda_interop._host_frames_alive()
     capsule = cuda_interop._host_frame(8).__dlpack__(max_version=(1, 0))
     pointer = PyCapsule_GetPointer(capsule, b"dltensor_versioned")
@@ -171,6 +173,7 @@ def test_consumed_capsule_is_left_to_the_consumer():
 
 
 def test_legacy_capsule_without_max_version():
+    gc.collect()  # what earlier tests left for the collector
     before = cuda_interop._host_frames_alive()
     capsule = cuda_interop._host_frame(8).__dlpack__()
     assert PyCapsule_IsValid(capsule, b"dltensor") == 1
@@ -180,6 +183,7 @@ def test_legacy_capsule_without_max_version():
 
 
 def test_release_and_context_manager():
+    gc.collect()  # what earlier tests left for the collector
     before = cuda_interop._host_frames_alive()
     with cuda_interop._host_frame(8) as frame:
         assert frame.available
