@@ -21,7 +21,7 @@ use vk_export::markers::DeviceLocal;
 
 use crate::cuda_error;
 use crate::protocol::Packet;
-use crate::ring::{send_packet, Ring, SlotMemory};
+use crate::ring::{send_packet, Ring, SendError, SlotMemory};
 
 const VERSIONED: &CStr = c"dltensor_versioned";
 const USED_VERSIONED: &CStr = c"used_dltensor_versioned";
@@ -31,6 +31,8 @@ const USED_LEGACY: &CStr = c"used_dltensor";
 /// `CU_STREAM_LEGACY`: what a `None` stream means for a CUDA frame (the
 /// DLPack protocol's default).
 const LEGACY_DEFAULT_STREAM: usize = 1;
+/// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
+const PER_THREAD_DEFAULT_STREAM: usize = 2;
 
 /// Counts the live host buffers of the test hooks.
 #[cfg(feature = "test-hooks")]
@@ -93,11 +95,20 @@ enum ConsumerStream {
     Legacy,
     /// A stream object (`torch.cuda.Stream`, `cupy.cuda.Stream`) and its
     /// handle: the frame's reference keeps the object, and so its stream,
-    /// alive.
+    /// alive until the release (for the streams torch and CuPy create; an
+    /// `ExternalStream` wraps a stream its owner destroys when it likes).
+    ///
+    /// The frame does not show this reference to the garbage collector, on
+    /// purpose: in a cycle the collector runs every `__del__` first, and
+    /// CuPy's stream destroys its CUDA stream there, before the frame's
+    /// release could order after it. A cycle through a frame and its stream
+    /// object is therefore never collected (its slot stays held until the
+    /// cycle is broken or the connection closes).
     Object { _keep: Py<PyAny>, handle: usize },
     /// A bare handle: the DLPack protocol has the consumer keep it alive
-    /// only for the `__dlpack__` call, and `2` (per-thread default) names
-    /// another stream on another thread, so it is never used again.
+    /// only for the `__dlpack__` call; and `2` (the per-thread default
+    /// stream, also as CuPy's `Stream.ptds` object) names another stream on
+    /// another thread. Never used again.
     Bare(usize),
 }
 
@@ -108,7 +119,9 @@ impl ConsumerStream {
                 Some(ConsumerStream::Legacy)
             }
             StreamArg::NoSync => None,
-            StreamArg::Handle(h) => Some(ConsumerStream::Bare(*h)),
+            StreamArg::Handle(h) | StreamArg::Object(_, h @ PER_THREAD_DEFAULT_STREAM) => {
+                Some(ConsumerStream::Bare(*h))
+            }
             StreamArg::Object(object, h) => Python::attach(|py| {
                 Some(ConsumerStream::Object {
                     _keep: object.clone_ref(py),
@@ -271,9 +284,11 @@ impl Frame {
             device_type: self.device.0,
             device_id: self.device.1,
         };
-        if device.device_type == DL_CPU
-            && matches!(stream, StreamArg::Handle(_) | StreamArg::Object(..))
-        {
+        let takes_streams = match &self.source {
+            Source::Ring(rf) => rf.ring.orders_streams(),
+            Source::Single(_) => device.device_type != DL_CPU,
+        };
+        if !takes_streams && matches!(stream, StreamArg::Handle(_) | StreamArg::Object(..)) {
             return Err(PyValueError::new_err(
                 "a host (kDLCPU) frame takes no stream: pass stream=None",
             ));
@@ -331,6 +346,8 @@ impl Frame {
                         })
                         .map_err(cuda_error)?;
                     }
+                }
+                if rf.ring.orders_streams() {
                     rf.consumer_stream = ConsumerStream::of(&stream);
                 }
                 let slot = &rf.ring.slots[rf.slot as usize];
@@ -431,75 +448,164 @@ impl Frame {
                 let sent =
                     py.detach(|| release_ring_slot(&ring, slot, frame, handle, &mut signalled));
                 rf.signalled = signalled;
-                sent?;
+                sent.map_err(ReleaseError::into_py)?;
                 rf.released = true;
+                // The stream object is not needed any more.
+                rf.consumer_stream = None;
                 Ok(())
             }
+        }
+    }
+
+    /// Gives everything the frame owns back now, as its `Drop` would: the
+    /// slot's release (after the remembered stream, where it can be named;
+    /// unordered, with a warning, after a bare handle), then the memory.
+    ///
+    /// A frame may be given back while an exception propagates (a temporary
+    /// whose `release()` raised, dropped on the way out): a warning or an
+    /// error of our own would replace it, so it is set aside and restored.
+    fn give_back(&mut self, py: Python<'_>) {
+        let pending = PendingException::take(py);
+        let source = std::mem::replace(&mut self.source, Source::Single(None));
+        drop_source(py, source);
+        pending.restore(py);
+    }
+}
+
+/// Why a ring slot's release failed. Plain Rust values, so that a
+/// destructor can format them without calling into Python.
+enum ReleaseError {
+    /// The "released" signal could not be enqueued.
+    Signal(cuda_interop::Error),
+    /// The release message could not be sent.
+    Send(SendError),
+}
+
+impl std::fmt::Display for ReleaseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReleaseError::Signal(e) => write!(f, "the release signal failed: {e}"),
+            ReleaseError::Send(e) => e.fmt(f),
+        }
+    }
+}
+
+impl ReleaseError {
+    fn into_py(self) -> PyErr {
+        match self {
+            ReleaseError::Signal(e) => cuda_error(e),
+            ReleaseError::Send(e) => e.into_py(),
         }
     }
 }
 
 /// Signals slot `slot`'s "released" timeline with `frame` after the work on
-/// `stream` (if any, if the ring has CUDA semaphores, and unless `signalled`
-/// says an earlier attempt did), then sends the release and marks the slot
-/// free. `signalled` is set once the signal is enqueued.
+/// `stream` (if any, if the ring has CUDA semaphores, and unless the slot's
+/// timeline already reached `frame`: an earlier attempt signalled), then
+/// sends the release and marks the slot free. `signalled` says, on return,
+/// whether the timeline was signalled for this frame.
 fn release_ring_slot(
     ring: &Ring,
     slot: u32,
     frame: u64,
     stream: Option<usize>,
     signalled: &mut bool,
-) -> PyResult<()> {
-    if let (Some(gpu), Some(h), false) = (&ring.gpu, stream, *signalled) {
-        let via = gpu
-            .release_stream
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        // SAFETY: `h` is 1 (the legacy default stream), the handle of a
-        // stream object the frame or the caller holds, or a handle the
-        // consumer passed to this very call: a live stream of the ring's
-        // device (or a default one) for the call.
-        unsafe { gpu.released[slot as usize].signal_raw_stream(h as _, frame, &via) }
-            .map_err(cuda_error)?;
+) -> Result<(), ReleaseError> {
+    if let Some(gpu) = &ring.gpu {
+        // An attempt whose signal was enqueued but failed afterwards (its
+        // last-use record, or the send) raised the timeline's last value
+        // already: a second signal of `frame` would be refused.
+        let released = &gpu.released[slot as usize];
+        *signalled |= released.last_signalled() >= frame;
+        if let (Some(h), false) = (stream, *signalled) {
+            let via = gpu
+                .release_stream
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            // SAFETY: `h` is 1 (the legacy default stream), the handle of a
+            // stream object the frame or the caller holds across this call,
+            // or a handle the consumer passed to this very call: a live
+            // stream of the ring's device (or a default one) for the call.
+            let result = unsafe { released.signal_raw_stream(h as _, frame, &via) };
+            *signalled = released.last_signalled() >= frame;
+            result.map_err(ReleaseError::Signal)?;
+        }
+    }
+    #[cfg(feature = "test-hooks")]
+    if let (Some(log), Some(h), false) = (&ring.signal_log, stream, *signalled) {
+        log.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((slot, frame, h));
         *signalled = true;
     }
-    send_packet(&ring.conn, &Packet::release(slot, frame, *signalled))?;
+    send_packet(&ring.conn, &Packet::release(slot, frame, *signalled))
+        .map_err(ReleaseError::Send)?;
     ring.mark_released(slot, frame);
     Ok(())
 }
 
 impl Drop for Frame {
     fn drop(&mut self) {
-        // Everything the frame owns is dropped with the GIL released: an
-        // import's or the ring's last drop waits (bounded) for the GPU, and a
-        // release sends a packet (bounded by the send timeout).
-        let source = std::mem::replace(&mut self.source, Source::Single(None));
-        Python::attach(|py| {
-            // A frame may be dropped while an exception propagates (a
-            // temporary whose `release()` raised): warning about, or
-            // formatting, an error of our own would replace that exception,
-            // so it is set aside and restored.
-            let pending = PyErr::take(py);
-            drop_source(py, source);
-            if let Some(pending) = pending {
-                pending.restore(py);
-            }
-        });
+        Python::attach(|py| self.give_back(py));
     }
 }
 
-/// What [`Frame`]'s `Drop` does with what the frame owned, the GIL held.
+/// The exception set in the interpreter, if any, held aside (raw, so that
+/// not even a `PanicException` is resumed or normalized on the way).
+struct PendingException {
+    kind: *mut ffi::PyObject,
+    value: *mut ffi::PyObject,
+    traceback: *mut ffi::PyObject,
+}
+
+impl PendingException {
+    fn take(_py: Python<'_>) -> PendingException {
+        let mut pending = PendingException {
+            kind: std::ptr::null_mut(),
+            value: std::ptr::null_mut(),
+            traceback: std::ptr::null_mut(),
+        };
+        // SAFETY: the GIL is held (`_py`); PyErr_Fetch moves the error
+        // indicator (possibly empty: three nulls) into the three pointers,
+        // with their references, and clears it.
+        unsafe {
+            ffi::PyErr_Fetch(
+                &mut pending.kind,
+                &mut pending.value,
+                &mut pending.traceback,
+            )
+        };
+        pending
+    }
+
+    fn restore(self, _py: Python<'_>) {
+        if self.kind.is_null() {
+            return;
+        }
+        // SAFETY: the GIL is held; the three references PyErr_Fetch gave
+        // are handed back to the error indicator (which steals them), which
+        // replaces whatever was set meanwhile (nothing: every error of the
+        // release is handled before this).
+        unsafe { ffi::PyErr_Restore(self.kind, self.value, self.traceback) };
+    }
+}
+
+/// What a frame owned, given back with the GIL held: a ring slot's release
+/// and the memory are handled with the GIL released (an import's or the
+/// ring's last drop waits, bounded, for the GPU; a release sends a packet,
+/// bounded by the send timeout).
 fn drop_source(py: Python<'_>, source: Source) {
     match source {
         Source::Single(payload) => py.detach(move || drop(payload)),
         Source::Ring(mut rf) => {
-            // The stream object is released here, with the GIL.
+            // The stream object stays referenced until the release that
+            // may order after its stream is done, and is let go with the GIL.
             let remembered = rf.consumer_stream.take();
             if rf.released {
                 py.detach(move || drop(rf));
                 return;
             }
-            // A ring frame dropped unreleased still gives its slot back
+            // A ring frame given back unreleased still gives its slot back
             // (after the stream it was handed out on, where that stream
             // can still be named), or the producer would wait for it.
             let stream = match remembered.as_ref().map(ConsumerStream::reusable) {
@@ -512,7 +618,6 @@ fn drop_source(py: Python<'_>, source: Source) {
                     None
                 }
             };
-            drop(remembered);
             let failed = py.detach(move || {
                 let mut signalled = rf.signalled;
                 let sent = release_ring_slot(&rf.ring, rf.slot, rf.frame, stream, &mut signalled);
@@ -520,6 +625,7 @@ fn drop_source(py: Python<'_>, source: Source) {
                 drop(rf);
                 failed
             });
+            drop(remembered);
             // No caller to tell: the connection is given up, so the
             // producer takes the slot back and the next call on the
             // receiver raises ConnectionError with the reason.
@@ -539,10 +645,11 @@ fn drop_source(py: Python<'_>, source: Source) {
 /// on that stream.
 fn warn_unordered_release(py: Python<'_>, frame: u64, stream: usize) {
     let message = format!(
-        "cuda_interop: frame {frame} was dropped unreleased after __dlpack__(stream={stream:#x}); \
+        "cuda_interop: frame {frame} was given back unreleased after __dlpack__(stream={stream:#x}); \
          a bare stream handle is not used after that call, so the producer may overwrite the \
-         slot while work on that stream still reads it. Release frames explicitly: \
-         frame.release(stream=...) or `with receiver.next(...) as frame:`"
+         slot while work on that stream still reads it. Name the stream: \
+         frame.release(stream=s) before the frame goes (inside `with frame:`, before the \
+         block ends), or hand the frame out with __dlpack__(stream=s) on the stream object"
     );
     if let Ok(message) = std::ffi::CString::new(message) {
         // A warning filter that turns it into an error has nobody to raise to.
@@ -723,10 +830,26 @@ impl Frame {
         slf
     }
 
-    #[pyo3(signature = (*_exc))]
-    fn __exit__(&mut self, py: Python<'_>, _exc: Bound<'_, PyTuple>) -> PyResult<bool> {
-        self.release_with(py, StreamArg::Unspecified)?;
-        Ok(false)
+    /// Releases the frame as `release()` does. If the block raised, its
+    /// exception wins: a release that fails then gives the frame back as
+    /// its drop would (unordered after a bare handle, with a warning) and
+    /// raises nothing of its own.
+    #[pyo3(signature = (exc_type, _exc_value, _traceback))]
+    fn __exit__(
+        &mut self,
+        py: Python<'_>,
+        exc_type: Option<Bound<'_, PyAny>>,
+        _exc_value: Option<Bound<'_, PyAny>>,
+        _traceback: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        match self.release_with(py, StreamArg::Unspecified) {
+            Ok(()) => Ok(false),
+            Err(_) if exc_type.is_some_and(|t| !t.is_none()) => {
+                self.give_back(py);
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn __repr__(&self) -> String {

@@ -47,16 +47,25 @@
 //!   the release message is sent. Without a stream the caller's reads must
 //!   have completed. The default is the stream given to `__dlpack__` where
 //!   it can still be named: the legacy default (`None` or `1`) or a stream
-//!   object, which the frame keeps a reference to (so its stream lives). A
-//!   bare handle is the consumer's to keep alive only during `__dlpack__`
-//!   (and `2` names the calling thread's stream), so it is never used again:
-//!   `release()` then raises `ValueError` asking for the stream. A release
-//!   whose signal was enqueued but whose message failed can be retried (the
-//!   signal is not repeated). Idempotent; a ring frame dropped unreleased is
-//!   released the same way, with the GIL released (after a bare handle:
-//!   without ordering, and a `RuntimeWarning`); if that release fails, the
+//!   object, which the frame keeps a reference to until the release (so its
+//!   stream lives; not so for an `ExternalStream`, whose owner destroys the
+//!   stream). A bare handle is the consumer's to keep alive only during
+//!   `__dlpack__`, and `2` (also as an object, CuPy's `Stream.ptds`) names
+//!   the calling thread's stream, so neither is used again: `release()`
+//!   then raises `ValueError` asking for the stream, and so does leaving
+//!   `with frame:` (unless the block raised: its exception wins, and the
+//!   frame is given back as a drop would). A release whose signal was
+//!   enqueued but whose message failed can be retried (the signal is not
+//!   repeated). Idempotent; a ring frame dropped unreleased is released the
+//!   same way, with the GIL released (after a bare handle: without
+//!   ordering, and a `RuntimeWarning`); if that release fails, the
 //!   connection is given up (the producer takes the slots back) and the
-//!   next call raises `ConnectionError` with the reason. Tensors handed out
+//!   next call raises `ConnectionError` with the reason. A reference cycle
+//!   through a frame and its stream object is not collected (the collector
+//!   would run the stream's `__del__`, which destroys it, first). A frame is
+//!   used by one thread at a time: a call while another thread's call on
+//!   the same frame runs raises `RuntimeError` (nothing is released twice).
+//!   Tensors handed out
 //!   keep the memory mapped after a release, but its contents are the
 //!   producer's again. Handing out after a release, or twice, raises
 //!   `BufferError`. A consumer holding every slot stalls the producer (which
@@ -71,10 +80,12 @@
 //!   sends: the socket's 10 s send timeout).
 //! * Built with the `test-hooks` feature (only `cargo xtask test` does, for
 //!   pytest), the module also has `_host_frame(n)`, `_host_frames_alive()`,
-//!   `_connect_host_ring(path, timeout)` (ring frames over host memory,
-//!   `kDLCPU`, no CUDA; a real producer's setup message is dropped) and
-//!   `_interface_dict(frame)`, to test the protocols without a GPU. The
-//!   wheel (`cargo xtask wheel`) has no such hooks.
+//!   `_connect_host_ring(path, timeout, record_signals=False)` (ring frames
+//!   over host memory, `kDLCPU`, no CUDA; a real producer's setup message is
+//!   dropped; with `record_signals` the frames take streams as CUDA frames
+//!   do, and `_signals(receiver)` lists the "released" signals that would
+//!   have been enqueued) and `_interface_dict(frame)`, to test the protocols
+//!   without a GPU. The wheel (`cargo xtask wheel`) has no such hooks.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -170,7 +181,7 @@ fn connect_with_timeout(path: &str, timeout: Duration) -> PyResult<Connection> {
 /// `timeout` seconds for room in its backlog.
 #[pyfunction]
 fn connect(py: Python<'_>, socket_path: &str, timeout: f64) -> PyResult<Receiver> {
-    Receiver::connect(py, socket_path, timeout, false)
+    Receiver::connect(py, socket_path, timeout, None)
 }
 
 /// The Vulkan context and the CUDA device paired with it, for one `deviceUUID`.
@@ -199,9 +210,10 @@ struct Receiver {
     devices: Mutex<Option<Devices>>,
     mode: Mutex<Mode>,
     closed: AtomicBool,
-    /// Test hook: a hello makes a ring over host memory, with no setup message.
+    /// Test hook: a hello makes a ring over host memory, with no setup
+    /// message; `Some(true)`: one that records its "released" signals.
     #[cfg(feature = "test-hooks")]
-    host_ring: bool,
+    host_ring: Option<bool>,
 }
 
 impl Receiver {
@@ -209,7 +221,7 @@ impl Receiver {
         py: Python<'_>,
         socket_path: &str,
         timeout: f64,
-        #[cfg_attr(not(feature = "test-hooks"), allow(unused_variables))] host_ring: bool,
+        #[cfg_attr(not(feature = "test-hooks"), allow(unused_variables))] host_ring: Option<bool>,
     ) -> PyResult<Self> {
         let timeout = seconds("timeout", timeout)?;
         let path = socket_path.to_owned();
@@ -271,8 +283,8 @@ impl Receiver {
             )));
         }
         #[cfg(feature = "test-hooks")]
-        if self.host_ring {
-            return Ok(Ring::host(self.connection.clone(), hello));
+        if let Some(record_signals) = self.host_ring {
+            return Ok(Ring::host(self.connection.clone(), hello, record_signals));
         }
         let setup = self.connection.recv(left(deadline)).map_err(vk_error)?;
         Ring::import(self.connection.clone(), hello, setup, |uuid| {
@@ -306,7 +318,7 @@ impl Receiver {
                     // A host ring (test hook) does not import the ring: the
                     // setup message of a real producer is received and dropped.
                     #[cfg(feature = "test-hooks")]
-                    while self.host_ring
+                    while self.host_ring.is_some()
                         && matches!(
                             peek(&self.connection, deadline, timeout)?,
                             NextMessage::Other
@@ -425,11 +437,32 @@ fn _host_frames_alive() -> usize {
 }
 
 /// Test hook: `connect`, but a hello makes a ring over host memory
-/// (`kDLCPU` frames, no setup message, no CUDA).
+/// (`kDLCPU` frames, no setup message, no CUDA). With `record_signals`, its
+/// frames take stream arguments as a CUDA ring's do, and each "released"
+/// signal is recorded ([`_signals`]) instead of enqueued.
 #[cfg(feature = "test-hooks")]
 #[pyfunction]
-fn _connect_host_ring(py: Python<'_>, socket_path: &str, timeout: f64) -> PyResult<Receiver> {
-    Receiver::connect(py, socket_path, timeout, true)
+#[pyo3(signature = (socket_path, timeout, record_signals=false))]
+fn _connect_host_ring(
+    py: Python<'_>,
+    socket_path: &str,
+    timeout: f64,
+    record_signals: bool,
+) -> PyResult<Receiver> {
+    Receiver::connect(py, socket_path, timeout, Some(record_signals))
+}
+
+/// Test hook: the "released" signals a recording host ring made so far, as
+/// `(slot, frame, stream)`.
+#[cfg(feature = "test-hooks")]
+#[pyfunction]
+fn _signals(receiver: &Receiver) -> Vec<(u32, u64, usize)> {
+    match &*receiver.mode.lock().unwrap_or_else(PoisonError::into_inner) {
+        Mode::Ring(ring) => ring.signal_log.as_ref().map_or_else(Vec::new, |log| {
+            log.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        }),
+        _ => Vec::new(),
+    }
 }
 
 /// The `cuda_interop` module.
@@ -441,6 +474,7 @@ fn cuda_interop_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_function(wrap_pyfunction!(frame::_host_frame, m)?)?;
         m.add_function(wrap_pyfunction!(_host_frames_alive, m)?)?;
         m.add_function(wrap_pyfunction!(_connect_host_ring, m)?)?;
+        m.add_function(wrap_pyfunction!(_signals, m)?)?;
         m.add_function(wrap_pyfunction!(frame::_interface_dict, m)?)?;
     }
     m.add_class::<Receiver>()?;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use cuda_interop::dlpack::{DLDataType, DLDataTypeCode, ManagedTensor};
 use cuda_interop::{CudaDevice, ExternalSemaphore, Stream};
 use pyo3::exceptions::{PyConnectionError, PyTimeoutError, PyValueError};
-use pyo3::PyResult;
+use pyo3::{PyErr, PyResult};
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::{RecvFlags, SendFlags};
 use vk_export::markers::DeviceLocal;
@@ -132,22 +132,53 @@ pub(crate) fn recv_packet(
     }
 }
 
+/// Why a packet could not be sent. A plain Rust value (not a `PyErr`), so
+/// that a destructor can format it without calling into Python.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// The send timeout passed with the socket still full.
+    Timeout,
+    /// Only part of the packet went.
+    Short { sent: usize, len: usize },
+    /// The socket refused it (the producer left: `EPIPE`, `ECONNRESET`).
+    Failed(std::io::Error),
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Timeout => f.write_str(
+                "the producer did not take a release message within the send timeout (10 s)",
+            ),
+            SendError::Short { sent, len } => {
+                write!(f, "sent {sent} of {len} bytes of a release to the producer")
+            }
+            SendError::Failed(e) => write!(f, "cannot send a release to the producer: {e}"),
+        }
+    }
+}
+
+impl SendError {
+    /// The Python exception for it.
+    pub(crate) fn into_py(self) -> PyErr {
+        match self {
+            SendError::Timeout => PyTimeoutError::new_err(self.to_string()),
+            _ => PyConnectionError::new_err(self.to_string()),
+        }
+    }
+}
+
 /// Sends one packet (bounded by the connection's send timeout).
-pub(crate) fn send_packet(conn: &Connection, packet: &Packet) -> PyResult<()> {
+pub(crate) fn send_packet(conn: &Connection, packet: &Packet) -> Result<(), SendError> {
     let bytes = packet.encode();
     match rustix::net::send(conn.as_fd(), &bytes, SendFlags::NOSIGNAL) {
         Ok(n) if n == bytes.len() => Ok(()),
-        Ok(n) => Err(PyConnectionError::new_err(format!(
-            "sent {n} of {} bytes of a release to the producer",
-            bytes.len()
-        ))),
-        Err(rustix::io::Errno::AGAIN) => Err(PyTimeoutError::new_err(
-            "the producer did not take a release message within the send timeout (10 s)",
-        )),
-        Err(e) => Err(PyConnectionError::new_err(format!(
-            "cannot send a release to the producer: {}",
-            std::io::Error::from(e)
-        ))),
+        Ok(n) => Err(SendError::Short {
+            sent: n,
+            len: bytes.len(),
+        }),
+        Err(rustix::io::Errno::AGAIN) => Err(SendError::Timeout),
+        Err(e) => Err(SendError::Failed(std::io::Error::from(e))),
     }
 }
 
@@ -198,6 +229,10 @@ pub(crate) struct Ring {
     /// Why this consumer gave the connection up (a dropped frame's release
     /// failed), if it did.
     broken: Mutex<Option<String>>,
+    /// Test hook: a host ring that takes stream arguments and records, in
+    /// place of each "released" signal, `(slot, frame, stream)`.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) signal_log: Option<Mutex<Vec<(u32, u64, usize)>>>,
 }
 
 impl Ring {
@@ -280,7 +315,7 @@ impl Ring {
 
     /// A ring over host memory (test hook): no CUDA, no setup message.
     #[cfg(feature = "test-hooks")]
-    pub(crate) fn host(conn: Arc<Connection>, hello: Packet) -> Ring {
+    pub(crate) fn host(conn: Arc<Connection>, hello: Packet, record_signals: bool) -> Ring {
         let len = hello.frame_bytes().expect("a checked layout");
         let slots = (0..hello.slot)
             .map(|i| {
@@ -297,7 +332,9 @@ impl Ring {
                 }
             })
             .collect();
-        Ring::new(conn, hello, slots, None)
+        let mut ring = Ring::new(conn, hello, slots, None);
+        ring.signal_log = record_signals.then(|| Mutex::new(Vec::new()));
+        ring
     }
 
     fn new(conn: Arc<Connection>, layout: Packet, slots: Vec<Slot>, gpu: Option<GpuSync>) -> Ring {
@@ -309,7 +346,20 @@ impl Ring {
             gpu,
             last_frame: Mutex::new(0),
             broken: Mutex::new(None),
+            #[cfg(feature = "test-hooks")]
+            signal_log: None,
         }
+    }
+
+    /// Whether frames of this ring take a CUDA stream to order on (and
+    /// remember it for their release): rings with semaphores, and the
+    /// test hook's recording host ring.
+    pub(crate) fn orders_streams(&self) -> bool {
+        #[cfg(feature = "test-hooks")]
+        if self.signal_log.is_some() {
+            return true;
+        }
+        self.gpu.is_some()
     }
 
     /// Gives the connection up after a failure nobody can be told of (a
