@@ -110,6 +110,31 @@ enum ConsumerStream {
     /// stream, also as CuPy's `Stream.ptds` object) names another stream on
     /// another thread. Never used again.
     Bare(usize),
+    /// Read through `__cuda_array_interface__`, which names the producer's
+    /// stream to the consumer but not the consumer's: nothing to order on.
+    Interface,
+}
+
+/// Why a remembered stream cannot be used for a release.
+enum Unnamed {
+    /// A bare handle, maybe gone.
+    Bare(usize),
+    /// A `__cuda_array_interface__` consumer: its stream is unknown.
+    Interface,
+}
+
+impl Unnamed {
+    /// How the frame was handed out, for messages.
+    fn how(&self) -> String {
+        match self {
+            Unnamed::Bare(h) => {
+                format!("__dlpack__(stream={h:#x}), a bare handle that may be gone")
+            }
+            Unnamed::Interface => {
+                "__cuda_array_interface__, which does not say the consumer's stream".to_string()
+            }
+        }
+    }
 }
 
 impl ConsumerStream {
@@ -131,12 +156,13 @@ impl ConsumerStream {
         }
     }
 
-    /// The handle to signal on later, unless it is a bare one.
-    fn reusable(&self) -> Result<usize, usize> {
+    /// The handle to signal on later, unless it cannot be named safely.
+    fn reusable(&self) -> Result<usize, Unnamed> {
         match self {
             ConsumerStream::Legacy => Ok(LEGACY_DEFAULT_STREAM),
             ConsumerStream::Object { handle, .. } => Ok(*handle),
-            ConsumerStream::Bare(h) => Err(*h),
+            ConsumerStream::Bare(h) => Err(Unnamed::Bare(*h)),
+            ConsumerStream::Interface => Err(Unnamed::Interface),
         }
     }
 }
@@ -430,15 +456,16 @@ impl Frame {
                         Ok(h) => Some(h),
                         // Signalled already: the retry only sends.
                         Err(_) if rf.signalled => None,
-                        Err(h) => {
+                        Err(unnamed) => {
                             return Err(PyValueError::new_err(format!(
-                            "frame {} was handed out on stream {h:#x}, given as a bare handle, \
-                             which may not exist any more: name the stream whose work reads \
-                             the frame, release(stream=torch.cuda.current_stream()) or \
-                             release(stream=s) (an object keeps its stream alive), or \
-                             release(stream=-1) once those reads have completed",
-                            rf.frame
-                        )))
+                                "frame {} was handed out through {}: name the stream whose \
+                                 work reads the frame, release(stream=torch.cuda.\
+                                 current_stream()), release(stream=cupy.cuda.\
+                                 get_current_stream()) or release(stream=s), or \
+                                 release(stream=-1) once those reads have completed",
+                                rf.frame,
+                                unnamed.how()
+                            )))
                         }
                     },
                     (explicit, _) => explicit.handle(),
@@ -457,17 +484,23 @@ impl Frame {
         }
     }
 
-    /// Gives everything the frame owns back now, as its `Drop` would: the
-    /// slot's release (after the remembered stream, where it can be named;
-    /// unordered, with a warning, after a bare handle), then the memory.
+    /// Gives the frame back now, as its `Drop` would, without raising: a
+    /// ring slot's release (after the remembered stream where it can be
+    /// named; unordered, with a warning, otherwise), a one-message frame's
+    /// import. The frame stays a released frame.
     ///
     /// A frame may be given back while an exception propagates (a temporary
     /// whose `release()` raised, dropped on the way out): a warning or an
     /// error of our own would replace it, so it is set aside and restored.
     fn give_back(&mut self, py: Python<'_>) {
         let pending = PendingException::take(py);
-        let source = std::mem::replace(&mut self.source, Source::Single(None));
-        drop_source(py, source);
+        match &mut self.source {
+            Source::Single(payload) => {
+                let payload = payload.take();
+                py.detach(move || drop(payload));
+            }
+            Source::Ring(rf) => give_back_ring(py, rf),
+        }
         pending.restore(py);
     }
 }
@@ -511,6 +544,11 @@ fn release_ring_slot(
     stream: Option<usize>,
     signalled: &mut bool,
 ) -> Result<(), ReleaseError> {
+    // After `Receiver.close()` or a connection given up, the producer has
+    // taken the slot back: nothing to signal or send.
+    if ring.is_gone() {
+        return Ok(());
+    }
     if let Some(gpu) = &ring.gpu {
         // An attempt whose signal was enqueued but failed afterwards (its
         // last-use record, or the send) raised the timeline's last value
@@ -538,15 +576,22 @@ fn release_ring_slot(
             .push((slot, frame, h));
         *signalled = true;
     }
-    send_packet(&ring.conn, &Packet::release(slot, frame, *signalled))
-        .map_err(ReleaseError::Send)?;
     ring.mark_released(slot, frame);
-    Ok(())
+    send_packet(&ring.conn, &Packet::release(slot, frame, *signalled)).map_err(|e| {
+        ring.mark_held(slot, frame);
+        ReleaseError::Send(e)
+    })
 }
 
 impl Drop for Frame {
     fn drop(&mut self) {
-        Python::attach(|py| self.give_back(py));
+        Python::attach(|py| {
+            self.give_back(py);
+            // What is left (the ring, the slot memory) goes without the GIL:
+            // the ring's last drop waits (bounded) for the GPU.
+            let source = std::mem::replace(&mut self.source, Source::Single(None));
+            py.detach(move || drop(source));
+        });
     }
 }
 
@@ -590,75 +635,60 @@ impl PendingException {
     }
 }
 
-/// What a frame owned, given back with the GIL held: a ring slot's release
-/// and the memory are handled with the GIL released (an import's or the
-/// ring's last drop waits, bounded, for the GPU; a release sends a packet,
-/// bounded by the send timeout).
-fn drop_source(py: Python<'_>, source: Source) {
-    match source {
-        Source::Single(payload) => py.detach(move || drop(payload)),
-        Source::Ring(mut rf) => {
-            // The stream object stays referenced until the release that
-            // may order after its stream is done, and is let go with the GIL.
-            let remembered = rf.consumer_stream.take();
-            if rf.released {
-                py.detach(move || drop(rf));
-                return;
-            }
-            // A ring frame given back unreleased still gives its slot back
-            // (after the stream it was handed out on, where that stream
-            // can still be named), or the producer would wait for it.
-            let stream = match remembered.as_ref().map(ConsumerStream::reusable) {
-                None => None,
-                Some(Ok(h)) => Some(h),
-                Some(Err(h)) => {
-                    if !rf.signalled {
-                        warn_unordered_release(py, rf.frame, h);
-                    }
-                    None
-                }
-            };
-            let failed = py.detach(move || {
-                let mut signalled = rf.signalled;
-                let sent = release_ring_slot(&rf.ring, rf.slot, rf.frame, stream, &mut signalled);
-                let failed = sent.err().map(|e| (rf.ring.clone(), rf.frame, e));
-                drop(rf);
-                failed
-            });
-            drop(remembered);
-            // No caller to tell: the connection is given up, so the
-            // producer takes the slot back and the next call on the
-            // receiver raises ConnectionError with the reason.
-            if let Some((ring, frame, error)) = failed {
-                let why = format!("the release of dropped frame {frame} failed: {error}");
-                py.detach(move || {
-                    ring.break_off(why);
-                    drop(ring);
-                });
-            }
-        }
+/// Releases a ring frame that nobody can be told about (a drop, or leaving
+/// `with` while the block's exception propagates), the GIL held: after its
+/// remembered stream where that can be named, else unordered with a
+/// warning. The release itself runs with the GIL released; if it fails,
+/// the connection is given up (the producer takes the slots back) and the
+/// next call on the receiver raises `ConnectionError` with the reason. The
+/// frame is released afterwards either way.
+fn give_back_ring(py: Python<'_>, rf: &mut RingFrame) {
+    // The stream object stays referenced until the release that may order
+    // after its stream is done, and is let go with the GIL.
+    let remembered = rf.consumer_stream.take();
+    if rf.released {
+        return;
     }
+    rf.released = true;
+    let stream = match remembered.as_ref().map(ConsumerStream::reusable) {
+        None => None,
+        Some(Ok(h)) => Some(h),
+        Some(Err(unnamed)) => {
+            if !rf.signalled && !rf.ring.is_gone() {
+                warn_unordered_release(py, rf.frame, &unnamed);
+            }
+            None
+        }
+    };
+    let (ring, slot, frame, mut signalled) = (rf.ring.clone(), rf.slot, rf.frame, rf.signalled);
+    py.detach(move || {
+        if let Err(error) = release_ring_slot(&ring, slot, frame, stream, &mut signalled) {
+            ring.break_off(format!(
+                "the release of dropped frame {frame} failed: {error}"
+            ));
+        }
+    });
+    drop(remembered);
 }
 
-/// Warns that a frame handed out on a bare stream handle was dropped
-/// unreleased: its slot goes back to the producer without waiting for work
-/// on that stream.
-fn warn_unordered_release(py: Python<'_>, frame: u64, stream: usize) {
+/// Warns that a frame handed out on a stream that cannot be named again
+/// was given back unreleased: its slot goes back to the producer without
+/// waiting for work on that stream. A warning filter that makes it an error
+/// has nobody to raise to: the error goes to `sys.unraisablehook`.
+fn warn_unordered_release(py: Python<'_>, frame: u64, unnamed: &Unnamed) {
     let message = format!(
-        "cuda_interop: frame {frame} was given back unreleased after __dlpack__(stream={stream:#x}); \
-         a bare stream handle is not used after that call, so the producer may overwrite the \
-         slot while work on that stream still reads it. Name the stream: \
-         frame.release(stream=s) before the frame goes (inside `with frame:`, before the \
-         block ends), or hand the frame out with __dlpack__(stream=s) on the stream object"
+        "cuda_interop: frame {frame} was given back unreleased after it was handed out through \
+         {}; the producer may overwrite the slot while work on the consumer's stream still \
+         reads it. Name the stream: frame.release(stream=s) before the frame goes (inside \
+         `with frame:`, before the block ends), or hand the frame out with \
+         __dlpack__(stream=s) on the stream object",
+        unnamed.how()
     );
     if let Ok(message) = std::ffi::CString::new(message) {
-        // A warning filter that turns it into an error has nobody to raise to.
-        let _ = PyErr::warn(
-            py,
-            &py.get_type::<pyo3::exceptions::PyRuntimeWarning>(),
-            &message,
-            1,
-        );
+        let category = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
+        if let Err(error) = PyErr::warn(py, &category, &message, 1) {
+            error.write_unraisable(py, None);
+        }
     }
 }
 
@@ -741,7 +771,8 @@ impl Frame {
     /// after it (CuPy does).
     #[getter]
     fn __cuda_array_interface__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        if self.device.0 != DL_CUDA {
+        let recording = matches!(&self.source, Source::Ring(rf) if rf.ring.orders_streams());
+        if self.device.0 != DL_CUDA && !recording {
             return Err(PyAttributeError::new_err(
                 "a host (kDLCPU) frame has no __cuda_array_interface__",
             ));
@@ -765,6 +796,10 @@ impl Frame {
                     .map_err(cuda_error)?;
                 rf.interface_waited = true;
                 stream = Some(raw);
+            }
+            // The consumer's stream is not known: a release must name it.
+            if rf.ring.orders_streams() && rf.consumer_stream.is_none() {
+                rf.consumer_stream = Some(ConsumerStream::Interface);
             }
         }
         self.interface(py, data, Some(stream))
@@ -817,8 +852,10 @@ impl Frame {
     /// write to the slot waits for the work enqueued on it so far; without
     /// one, the caller's reads must have completed. The default is the
     /// stream passed to `__dlpack__` if it was the legacy default or a
-    /// stream object; after a bare handle (which may be gone by now) the
-    /// stream must be named, else `ValueError`. Tensors already handed out keep the memory
+    /// stream object; after a bare handle (which may be gone by now) or
+    /// `__cuda_array_interface__` (which does not say the consumer's
+    /// stream) the stream must be named, else `ValueError`. After
+    /// `Receiver.close()` it does nothing: the producer took the slot back. Tensors already handed out keep the memory
     /// mapped, but its contents belong to the producer again.
     #[pyo3(signature = (stream=None))]
     fn release(&mut self, py: Python<'_>, stream: Option<Bound<'_, PyAny>>) -> PyResult<()> {
@@ -894,34 +931,67 @@ unsafe fn call_legacy_deleter(managed: *mut DLManagedTensor) {
     }
 }
 
+/// A tensor of this module whose deleter runs with the GIL released.
+struct Unconsumed<T>(*mut T);
+
+// SAFETY: the tensors this module makes own only `Send` values (the owner
+// `ManagedTensor::new` takes is `Box<dyn Any + Send>`; shape and strides are
+// boxed slices), and the pointer goes to exactly one thread, which calls
+// the deleter once.
+unsafe impl<T> Send for Unconsumed<T> {}
+
+impl<T> Unconsumed<T> {
+    fn into_raw(self) -> *mut T {
+        self.0
+    }
+}
+
 /// The capsule destructor: frees the tensor unless a consumer renamed the
-/// capsule (took ownership, and calls the deleter itself).
+/// capsule (took ownership, and calls the deleter itself). The deleter runs
+/// with the GIL released: dropping an import waits (bounded) for the GPU.
 unsafe extern "C" fn delete_versioned_capsule(capsule: *mut ffi::PyObject) {
     // SAFETY: Python calls this with the capsule being destroyed, holding the
     // GIL. `PyCapsule_IsValid` sets no exception; when the name is still
     // ours, nobody took the pointer, which is the tensor `__dlpack__` put
     // there, and this is its only destructor call.
-    unsafe {
+    let managed = unsafe {
         if ffi::PyCapsule_IsValid(capsule, USED_VERSIONED.as_ptr()) == 0
             && ffi::PyCapsule_IsValid(capsule, VERSIONED.as_ptr()) == 1
         {
-            let managed = ffi::PyCapsule_GetPointer(capsule, VERSIONED.as_ptr());
-            call_versioned_deleter(managed.cast());
+            ffi::PyCapsule_GetPointer(capsule, VERSIONED.as_ptr())
+        } else {
+            return;
         }
-    }
+    };
+    let tensor = Unconsumed(managed.cast::<DLManagedTensorVersioned>());
+    Python::attach(|py| {
+        py.detach(move || {
+            // SAFETY: the tensor `__dlpack__` made, whose deleter has not
+            // run (nobody took the capsule); it runs once, here.
+            unsafe { call_versioned_deleter(tensor.into_raw()) }
+        })
+    });
 }
 
 /// As [`delete_versioned_capsule`], for the legacy `"dltensor"` capsule.
 unsafe extern "C" fn delete_legacy_capsule(capsule: *mut ffi::PyObject) {
     // SAFETY: as in `delete_versioned_capsule`.
-    unsafe {
+    let managed = unsafe {
         if ffi::PyCapsule_IsValid(capsule, USED_LEGACY.as_ptr()) == 0
             && ffi::PyCapsule_IsValid(capsule, LEGACY.as_ptr()) == 1
         {
-            let managed = ffi::PyCapsule_GetPointer(capsule, LEGACY.as_ptr());
-            call_legacy_deleter(managed.cast());
+            ffi::PyCapsule_GetPointer(capsule, LEGACY.as_ptr())
+        } else {
+            return;
         }
-    }
+    };
+    let tensor = Unconsumed(managed.cast::<DLManagedTensor>());
+    Python::attach(|py| {
+        py.detach(move || {
+            // SAFETY: as in `delete_versioned_capsule`.
+            unsafe { call_legacy_deleter(tensor.into_raw()) }
+        })
+    });
 }
 
 /// Test hook: a one-message frame over `nbytes` bytes of host memory

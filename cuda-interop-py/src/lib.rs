@@ -39,7 +39,9 @@
 //! * `Frame.__cuda_array_interface__` (ring frames on CUDA): version 3,
 //!   `data`, `shape`, `strides` in bytes, `typestr` `"|u1"`, and `stream`: a
 //!   stream of this module on which the "produced" wait is enqueued, which
-//!   the consumer must order its work after (CuPy does).
+//!   the consumer must order its work after (CuPy does). It does not say the
+//!   consumer's stream, so such a frame's release must name it (as after a
+//!   bare handle, below).
 //! * `Frame.release(stream=None)` (and leaving `with frame:`) gives a ring
 //!   slot back: with a CUDA stream (`-1` none) the slot's "released"
 //!   timeline is signalled with the frame number after the work enqueued on
@@ -71,7 +73,13 @@
 //!   `BufferError`. A consumer holding every slot stalls the producer (which
 //!   drops it after its hold timeout): hold at most `slots - 1` frames.
 //! * `Receiver.close()` (and leaving `with receiver:`) shuts the connection
-//!   down: the producer takes back the slots this consumer held.
+//!   down: the producer takes back the slots this consumer held, so the
+//!   releases of frames still out do nothing (no signal, no message, no
+//!   error). `next()` on several threads at once is allowed: frames are
+//!   accepted in the order they arrive; a release on one thread and `next()`
+//!   on another do not race (the slot is free before its release is sent).
+//!   A receiver, a frame and an unconsumed capsule let go of the GIL while
+//!   their CUDA resources are torn down (bounded waits for the GPU).
 //! * Errors carry the crates' messages: `TimeoutError` for a timeout,
 //!   `ConnectionError` for socket errors and a peer that closed or was
 //!   refused, `ValueError` for a malformed message, record or packet and for
@@ -84,7 +92,8 @@
 //!   over host memory, `kDLCPU`, no CUDA; a real producer's setup message is
 //!   dropped; with `record_signals` the frames take streams as CUDA frames
 //!   do, and `_signals(receiver)` lists the "released" signals that would
-//!   have been enqueued) and `_interface_dict(frame)`, to test the protocols
+//!   have been enqueued; `accept_delay` pauses between receiving a frame
+//!   packet and accepting it) and `_interface_dict(frame)`, to test the protocols
 //!   without a GPU. The wheel (`cargo xtask wheel`) has no such hooks.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -214,6 +223,10 @@ struct Receiver {
     /// message; `Some(true)`: one that records its "released" signals.
     #[cfg(feature = "test-hooks")]
     host_ring: Option<bool>,
+    /// Test hook: a pause between receiving a frame packet and accepting
+    /// it, to widen the window two threads' next() calls race in.
+    #[cfg(feature = "test-hooks")]
+    accept_delay: Duration,
 }
 
 impl Receiver {
@@ -234,6 +247,8 @@ impl Receiver {
             closed: AtomicBool::new(false),
             #[cfg(feature = "test-hooks")]
             host_ring,
+            #[cfg(feature = "test-hooks")]
+            accept_delay: Duration::ZERO,
         })
     }
 
@@ -292,12 +307,19 @@ impl Receiver {
         })
     }
 
-    fn receive(&self, timeout: Duration) -> PyResult<Frame> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(PyConnectionError::new_err(format!(
+    /// The error of a call on a closed receiver, if it was closed.
+    fn closed_error(&self) -> Option<PyErr> {
+        self.closed.load(Ordering::Acquire).then(|| {
+            PyConnectionError::new_err(format!(
                 "this receiver of {} was closed; connect again",
                 self.path
-            )));
+            ))
+        })
+    }
+
+    fn receive(&self, timeout: Duration) -> PyResult<Frame> {
+        if let Some(closed) = self.closed_error() {
+            return Err(closed);
         }
         // `Duration::MAX`-like bounds cannot be added to now: a year is "no bound" enough.
         let deadline = Instant::now()
@@ -326,8 +348,18 @@ impl Receiver {
                     {
                         drop(self.connection.recv(left(deadline)).map_err(vk_error)?);
                     }
-                    let packet = recv_packet(&self.connection, deadline, timeout)?;
+                    // Receive and accept as one step: two threads' next()
+                    // calls accept frames in the order they arrived.
+                    let receiving = ring
+                        .receiving
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    let packet = recv_packet(&self.connection, deadline, timeout)
+                        .map_err(|e| self.closed_error().unwrap_or(e))?;
+                    #[cfg(feature = "test-hooks")]
+                    std::thread::sleep(self.accept_delay);
                     ring.accept_frame(&packet)?;
+                    drop(receiving);
                     return Ok(Frame::of_ring(ring, &packet));
                 }
                 Mode::Single => return self.receive_single(left(deadline)),
@@ -356,6 +388,23 @@ impl Receiver {
                 },
             }
         }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        // The last owner of a ring tears its CUDA imports down, which waits
+        // (bounded) for the GPU: not with the GIL held.
+        let mode = std::mem::replace(
+            self.mode.get_mut().unwrap_or_else(PoisonError::into_inner),
+            Mode::Unknown,
+        );
+        let devices = self
+            .devices
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        Python::attach(|py| py.detach(move || drop((mode, devices))));
     }
 }
 
@@ -406,6 +455,14 @@ impl Receiver {
     fn close(&self) {
         self.closed.store(true, Ordering::Release);
         let _ = rustix::net::shutdown(&*self.connection, rustix::net::Shutdown::Both);
+        // Frames still out are the producer's again: their releases become
+        // no-ops. (A first next() holding the state is failing on the shut
+        // socket and makes no ring.)
+        if let Ok(mode) = self.mode.try_lock() {
+            if let Mode::Ring(ring) = &*mode {
+                ring.break_off("the receiver was closed".to_string());
+            }
+        }
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -442,14 +499,17 @@ fn _host_frames_alive() -> usize {
 /// signal is recorded ([`_signals`]) instead of enqueued.
 #[cfg(feature = "test-hooks")]
 #[pyfunction]
-#[pyo3(signature = (socket_path, timeout, record_signals=false))]
+#[pyo3(signature = (socket_path, timeout, record_signals=false, accept_delay=0.0))]
 fn _connect_host_ring(
     py: Python<'_>,
     socket_path: &str,
     timeout: f64,
     record_signals: bool,
+    accept_delay: f64,
 ) -> PyResult<Receiver> {
-    Receiver::connect(py, socket_path, timeout, Some(record_signals))
+    let mut receiver = Receiver::connect(py, socket_path, timeout, Some(record_signals))?;
+    receiver.accept_delay = seconds("accept_delay", accept_delay)?;
+    Ok(receiver)
 }
 
 /// Test hook: the "released" signals a recording host ring made so far, as

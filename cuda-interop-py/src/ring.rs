@@ -227,8 +227,11 @@ pub(crate) struct Ring {
     /// The last frame number received.
     last_frame: Mutex<u64>,
     /// Why this consumer gave the connection up (a dropped frame's release
-    /// failed), if it did.
+    /// failed, or `Receiver.close()`), if it did.
     broken: Mutex<Option<String>>,
+    /// Held across receiving a frame packet and accepting it, so that two
+    /// threads' `next()` calls accept frames in the order they arrived.
+    pub(crate) receiving: Mutex<()>,
     /// Test hook: a host ring that takes stream arguments and records, in
     /// place of each "released" signal, `(slot, frame, stream)`.
     #[cfg(feature = "test-hooks")]
@@ -346,6 +349,7 @@ impl Ring {
             gpu,
             last_frame: Mutex::new(0),
             broken: Mutex::new(None),
+            receiving: Mutex::new(()),
             #[cfg(feature = "test-hooks")]
             signal_log: None,
         }
@@ -366,12 +370,30 @@ impl Ring {
     /// dropped frame's release): shuts the socket down, so the producer
     /// takes back every slot this consumer holds, and keeps `why` for the
     /// next call on the receiver.
+    ///
+    /// Also what `Receiver.close()` does to its ring. From then on this
+    /// consumer holds nothing: the producer has taken every slot back, so
+    /// later releases are done without a signal or a message.
     pub(crate) fn break_off(&self, why: String) {
         self.broken
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get_or_insert(why);
         let _ = rustix::net::shutdown(&*self.conn, rustix::net::Shutdown::Both);
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter_mut()
+            .for_each(|h| *h = None);
+    }
+
+    /// Whether the connection is gone for this consumer (given up or
+    /// closed): the producer has taken its slots back.
+    pub(crate) fn is_gone(&self) -> bool {
+        self.broken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
     }
 
     /// Why the connection was given up, if it was.
@@ -422,13 +444,26 @@ impl Ring {
         Ok(())
     }
 
-    /// Marks `slot` free after the release of `frame` was sent.
+    /// Marks `slot` free, just before the release of `frame` is sent (the
+    /// producer cannot send a new frame for it before it gets the release,
+    /// so a `next()` on another thread never finds it still held).
     pub(crate) fn mark_released(&self, slot: u32, frame: u64) {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(h) = held.get_mut(slot as usize) {
             if *h == Some(frame) {
                 *h = None;
             }
+        }
+    }
+
+    /// Marks `slot` held by `frame` again: its release could not be sent.
+    pub(crate) fn mark_held(&self, slot: u32, frame: u64) {
+        if self.is_gone() {
+            return;
+        }
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(h @ None) = held.get_mut(slot as usize) {
+            *h = Some(frame);
         }
     }
 

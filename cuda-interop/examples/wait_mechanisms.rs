@@ -97,10 +97,16 @@ enum Method {
 
 const METHODS: [(Method, &str); 5] = [
     (Method::Sleep, "sleep (no wait mechanism)"),
-    (Method::EventSynchronize, "cuEventSynchronize (raw, unbounded)"),
+    (
+        Method::EventSynchronize,
+        "cuEventSynchronize (raw, unbounded)",
+    ),
     (Method::Block, "HostWait::Block (crate)"),
     (Method::HostFuncOneFd, "hostfunc + one eventfd + poll"),
-    (Method::Helper, "helper thread: cuEventSynchronize + eventfd"),
+    (
+        Method::Helper,
+        "helper thread: cuEventSynchronize + eventfd",
+    ),
 ];
 
 fn main() -> Res<()> {

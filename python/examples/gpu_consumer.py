@@ -59,6 +59,9 @@ def main():
             want[start:end] = s32(~tag)
             return (px != want).any()
 
+        def release(frame):
+            frame.release()  # on the stream torch.from_dlpack named
+
         def check(frame):
             t = torch.from_dlpack(frame)  # (height, width, 4) uint8, pitched rows
             wrong = verify(t, frame.tag)
@@ -116,6 +119,11 @@ def main():
         def current_stream():
             return cupy.cuda.get_current_stream()  # .ptr 0: the legacy default stream
 
+        def release(frame):
+            # __cuda_array_interface__ does not tell the consumer's stream:
+            # name it (release() alone raises ValueError).
+            frame.release(stream=current_stream())
+
         def check(frame):
             a = cupy.asarray(frame)  # __cuda_array_interface__, synced on its stream
             h = a.shape[0]
@@ -159,7 +167,7 @@ def main():
         f"{args.lib} sees shape/strides/device {layout(first)}",
         flush=True,
     )
-    first.release()
+    release(first)
     bad = zero()
     received = 1
     start = time.perf_counter()

@@ -439,6 +439,171 @@ def test_a_frame_alive_at_exit_whose_release_fails_exits_quietly(producer):
     assert "panicked" not in err and "Traceback" not in err, err
 
 
+def test_release_on_one_thread_and_next_on_another_lose_no_frame(producer):
+    """The slot is marked free before its release is sent: the producer's
+    next frame for it, received at once by a next() on another thread, is
+    never taken for a frame into a slot still held."""
+    import queue
+    import threading
+
+    path, s = producer
+    n_frames = 20000
+    # One CPU for both processes: the release and the next() interleave at
+    # every preemption (how the race was found).
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    pid = os.fork()
+    if pid == 0:  # the producer: one slot, a new frame for each release
+        try:
+            peer, _ = s.accept()
+            peer.settimeout(5.0)
+            peer.send(packet(HELLO, slot=1, width=5, height=4, pitch=32, fmt=1))
+            n = 1
+            peer.send(packet(FRAME, slot=0, frame=n))
+            while peer.recv(64) and n < n_frames:  # each release: a new frame
+                n += 1
+                peer.send(packet(FRAME, slot=0, frame=n))
+        finally:
+            os._exit(0)
+    try:
+        receiver = cuda_interop._connect_host_ring(path, 1.0)
+        frames, errors = queue.Queue(), []
+
+        def receive():
+            try:
+                for _ in range(n_frames):
+                    frames.put(receiver.next(5.0))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+            frames.put(None)
+
+        def release():
+            while (frame := frames.get()) is not None:
+                frame.release()
+
+        threads = [threading.Thread(target=receive), threading.Thread(target=release)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert errors == [] and receiver.held == 0
+    finally:
+        os.sched_setaffinity(0, cpus)
+        os.waitpid(pid, 0)
+
+
+def test_two_threads_calling_next_accept_frames_in_order(producer):
+    """Receiving a packet and accepting it are one step: two threads' next()
+    calls never accept frame 7 before frame 5 (which would refuse 5)."""
+    path, s = producer
+    for _ in range(20):
+        two_threads_take_six_frames(path, s)
+
+
+def two_threads_take_six_frames(path, s):
+    import threading
+
+    # A pause between receiving a packet and accepting it widens the window
+    # (without the lock around both, this fails most rounds).
+    receiver = cuda_interop._connect_host_ring(path, 1.0, accept_delay=0.002)
+    peer, _ = s.accept()
+    with peer:
+        peer.send(packet(HELLO, slot=7, width=5, height=4, pitch=32, fmt=1))
+        for n in range(1, 8):
+            peer.send(packet(FRAME, slot=n - 1, frame=n))
+        frames, errors = [receiver.next(1.0)], []
+
+        def take():
+            for _ in range(3):
+                try:
+                    frames.append(receiver.next(1.0))
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(repr(e))
+
+        threads = [threading.Thread(target=take) for _ in range(2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert errors == [] and sorted(f.tag for f in frames) == list(range(1, 8))
+        receiver.close()
+
+
+def test_frames_after_close_are_the_producers_again(producer):
+    """After Receiver.close() the producer has taken every slot back:
+    releases (and leaving `with`) are no-ops, nothing is signalled or sent,
+    and the receiver holds nothing."""
+    receiver, peer = recording_ring(producer)
+    with peer:
+        for n in (1, 2):
+            peer.send(packet(FRAME, slot=n - 1, frame=n))
+        a, b = receiver.next(1.0), receiver.next(1.0)
+        a.__dlpack__()
+        receiver.close()
+        assert receiver.held == 0
+        a.release()
+        with b:
+            pass
+        assert cuda_interop._signals(receiver) == []
+        with pytest.raises(ConnectionError, match="was closed"):
+            receiver.next(1.0)
+
+
+def test_a_frame_read_through_the_array_interface_must_name_its_stream(producer):
+    """`__cuda_array_interface__` does not tell the consumer's stream: a
+    release must name it (or -1); a drop gives the slot back unordered, with
+    a RuntimeWarning, which a filter that makes warnings errors sends to
+    sys.unraisablehook instead of losing it."""
+    import sys
+
+    receiver, peer = recording_ring(producer)
+    with peer:
+        for n in (1, 2):
+            peer.send(packet(FRAME, slot=n - 1, frame=n))
+        frame = receiver.next(1.0)
+        assert frame.__cuda_array_interface__["shape"] == (4, 5, 4)
+        with pytest.raises(ValueError, match="__cuda_array_interface__"):
+            frame.release()
+        frame.release(stream=0x77)
+        assert parse(peer.recv(64)) == (RELEASE, 0, 1, 1)
+        frame = receiver.next(1.0)
+        frame.__cuda_array_interface__
+        seen = []
+        hook, sys.unraisablehook = sys.unraisablehook, seen.append
+        try:
+            with warnings_as_errors():
+                del frame
+                gc.collect()
+        finally:
+            sys.unraisablehook = hook
+        assert parse(peer.recv(64)) == (RELEASE, 1, 0, 2)
+        assert len(seen) == 1 and isinstance(seen[0].exc_value, RuntimeWarning)
+        assert cuda_interop._signals(receiver) == [(0, 1, 0x77)]
+
+
+class warnings_as_errors:
+    def __enter__(self):
+        import warnings
+
+        self.catch = warnings.catch_warnings()
+        self.catch.__enter__()
+        warnings.simplefilter("error")
+
+    def __exit__(self, *exc):
+        return self.catch.__exit__(*exc)
+
+
+def test_a_frame_given_back_in_with_stays_a_ring_frame(producer):
+    receiver, peer = recording_ring(producer)
+    with peer:
+        peer.send(packet(FRAME, slot=2, frame=1))
+        with pytest.warns(RuntimeWarning):
+            with pytest.raises(KeyError):
+                with receiver.next(1.0) as frame:
+                    frame.__dlpack__(stream=0x5000)
+                    raise KeyError("the body's own")
+        assert parse(peer.recv(64)) == (RELEASE, 2, 0, 1)
+        assert frame.slot == 2 and not frame.available
+        with pytest.raises(BufferError, match="released"):
+            frame.__cuda_array_interface__
+
+
 def timed_out(receiver, seconds):
     try:
         receiver.next(seconds)
