@@ -46,6 +46,8 @@ result() { # name status
   if [ "$2" -eq 0 ]; then echo "PASS: $1"; else echo "FAIL: $1 (status $2)"; FAILED=1; fi
 }
 
+[ -f "$DEMO_DIR/BUILD" ] && { echo "=== demo folder built from:"; cat "$DEMO_DIR/BUILD"; }
+
 # The Python module: the .so as is, or unpacked from the wheel.
 PYDIR=$WORK/py
 mkdir -p "$PYDIR"

@@ -8,7 +8,9 @@
 //!   release, then fills `OUT` (default `target/gpu-demo`, emptied first)
 //!   with `cuda_interop.abi3.so`, a wheel
 //!   `cuda_interop-VERSION-cp39-abi3-linux_ARCH.whl` holding it, the two
-//!   binaries, `python/examples/gpu_consumer.py` and `gpu_demo.sh`.
+//!   binaries, `python/examples/gpu_consumer.py`, `gpu_demo.sh` and `BUILD`
+//!   (the commit it was built from, and whether the tree was dirty, which
+//!   `gpu_demo.sh` prints first).
 //! * The wheel is written without maturin: a zip with the module and
 //!   `cuda_interop-VERSION.dist-info/{METADATA,WHEEL,RECORD}` (RECORD with
 //!   each file's urlsafe-base64 SHA-256 and size), made by `python3`'s
@@ -99,6 +101,8 @@ pub fn wheel(args: &[String]) -> Result<(), String> {
             &out.join(script),
         )?;
     }
+    std::fs::write(out.join("BUILD"), build_stamp(&root))
+        .map_err(|e| format!("cannot write {}: {e}", out.join("BUILD").display()))?;
     let version = env!("CARGO_PKG_VERSION");
     let tag = format!("cp39-abi3-linux_{}", std::env::consts::ARCH);
     let wheel = out.join(format!("cuda_interop-{version}-{tag}.whl"));
@@ -117,4 +121,27 @@ pub fn wheel(args: &[String]) -> Result<(), String> {
         wheel.display()
     );
     Ok(())
+}
+
+/// What the demo folder was built from: the commit, and the changes not
+/// committed (or why that is unknown).
+fn build_stamp(root: &Path) -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match (git(&["rev-parse", "HEAD"]), git(&["status", "--porcelain"])) {
+        (Some(commit), Some(changes)) if changes.is_empty() => {
+            format!("commit {commit} (clean tree)\n")
+        }
+        (Some(commit), Some(changes)) => {
+            format!("commit {commit} DIRTY (built with these uncommitted changes)\n{changes}\n")
+        }
+        _ => "commit unknown (no git here)\n".to_string(),
+    }
 }
