@@ -86,6 +86,10 @@ pub(crate) struct RingFrame {
     /// Whether "produced" was waited for on the ring's stream for
     /// `__cuda_array_interface__`.
     interface_waited: bool,
+    /// Whether `__cuda_array_interface__` was read: the frame then has that
+    /// consumer, and `__dlpack__` refuses (one protocol per frame, so that
+    /// the release knows which stream it cannot name).
+    interface_read: bool,
 }
 
 /// The stream a ring frame was handed out on, as far as it can be used
@@ -297,6 +301,7 @@ impl Frame {
                 signalled: false,
                 consumer_stream: None,
                 interface_waited: false,
+                interface_read: false,
             }),
         }
     }
@@ -354,6 +359,12 @@ impl Frame {
                 if rf.released || rf.handed_out {
                     return Err(PyBufferError::new_err(
                         "the frame was already handed out or released",
+                    ));
+                }
+                if rf.interface_read {
+                    return Err(PyBufferError::new_err(
+                        "the frame was read through __cuda_array_interface__; a frame has one \
+                         consumer protocol (its release orders after one consumer's stream)",
                     ));
                 }
                 if let Some(gpu) = &rf.ring.gpu {
@@ -577,10 +588,15 @@ fn release_ring_slot(
         *signalled = true;
     }
     ring.mark_released(slot, frame);
-    send_packet(&ring.conn, &Packet::release(slot, frame, *signalled)).map_err(|e| {
-        ring.mark_held(slot, frame);
-        ReleaseError::Send(e)
-    })
+    match send_packet(&ring.conn, &Packet::release(slot, frame, *signalled)) {
+        Ok(()) => Ok(()),
+        // Closed meanwhile: the producer took the slot back.
+        Err(_) if ring.is_gone() => Ok(()),
+        Err(e) => {
+            ring.mark_held(slot, frame);
+            Err(ReleaseError::Send(e))
+        }
+    }
 }
 
 impl Drop for Frame {
@@ -778,6 +794,12 @@ impl Frame {
             ));
         }
         let data = self.ring_data()?;
+        if matches!(&self.source, Source::Ring(rf) if rf.handed_out) {
+            return Err(PyBufferError::new_err(
+                "the frame was handed out through __dlpack__; a frame has one consumer \
+                 protocol (its release orders after one consumer's stream)",
+            ));
+        }
         let mut stream = None;
         if let Source::Ring(rf) = &mut self.source {
             if let Some(gpu) = &rf.ring.gpu {
@@ -798,9 +820,10 @@ impl Frame {
                 stream = Some(raw);
             }
             // The consumer's stream is not known: a release must name it.
-            if rf.ring.orders_streams() && rf.consumer_stream.is_none() {
+            if rf.ring.orders_streams() {
                 rf.consumer_stream = Some(ConsumerStream::Interface);
             }
+            rf.interface_read = true;
         }
         self.interface(py, data, Some(stream))
     }
@@ -843,7 +866,7 @@ impl Frame {
     fn available(&self) -> bool {
         match &self.source {
             Source::Single(payload) => payload.is_some(),
-            Source::Ring(rf) => !rf.released && !rf.handed_out,
+            Source::Ring(rf) => !rf.released && !rf.handed_out && !rf.interface_read,
         }
     }
 
@@ -938,11 +961,31 @@ struct Unconsumed<T>(*mut T);
 // `ManagedTensor::new` takes is `Box<dyn Any + Send>`; shape and strides are
 // boxed slices), and the pointer goes to exactly one thread, which calls
 // the deleter once.
-unsafe impl<T> Send for Unconsumed<T> {}
+unsafe impl Send for Unconsumed<DLManagedTensorVersioned> {}
+// SAFETY: as above, for the legacy structure.
+unsafe impl Send for Unconsumed<DLManagedTensor> {}
 
 impl<T> Unconsumed<T> {
     fn into_raw(self) -> *mut T {
         self.0
+    }
+}
+
+/// Runs `delete` on `tensor` with the GIL released where that is possible;
+/// while the interpreter shuts down (a capsule left in a global), where
+/// nothing may attach, in place.
+fn delete_unconsumed<T>(tensor: Unconsumed<T>, delete: fn(Unconsumed<T>))
+where
+    Unconsumed<T>: Send,
+{
+    let mut tensor = Some(tensor);
+    Python::try_attach(|py| {
+        if let Some(tensor) = tensor.take() {
+            py.detach(move || delete(tensor));
+        }
+    });
+    if let Some(tensor) = tensor {
+        delete(tensor);
     }
 }
 
@@ -963,13 +1006,10 @@ unsafe extern "C" fn delete_versioned_capsule(capsule: *mut ffi::PyObject) {
             return;
         }
     };
-    let tensor = Unconsumed(managed.cast::<DLManagedTensorVersioned>());
-    Python::attach(|py| {
-        py.detach(move || {
-            // SAFETY: the tensor `__dlpack__` made, whose deleter has not
-            // run (nobody took the capsule); it runs once, here.
-            unsafe { call_versioned_deleter(tensor.into_raw()) }
-        })
+    delete_unconsumed(Unconsumed(managed.cast()), |tensor| {
+        // SAFETY: the tensor `__dlpack__` made, whose deleter has not run
+        // (nobody took the capsule); it runs once, here.
+        unsafe { call_versioned_deleter(tensor.into_raw()) }
     });
 }
 
@@ -985,12 +1025,9 @@ unsafe extern "C" fn delete_legacy_capsule(capsule: *mut ffi::PyObject) {
             return;
         }
     };
-    let tensor = Unconsumed(managed.cast::<DLManagedTensor>());
-    Python::attach(|py| {
-        py.detach(move || {
-            // SAFETY: as in `delete_versioned_capsule`.
-            unsafe { call_legacy_deleter(tensor.into_raw()) }
-        })
+    delete_unconsumed(Unconsumed(managed.cast()), |tensor| {
+        // SAFETY: as in `delete_versioned_capsule`.
+        unsafe { call_legacy_deleter(tensor.into_raw()) }
     });
 }
 

@@ -41,7 +41,9 @@
 //!   stream of this module on which the "produced" wait is enqueued, which
 //!   the consumer must order its work after (CuPy does). It does not say the
 //!   consumer's stream, so such a frame's release must name it (as after a
-//!   bare handle, below).
+//!   bare handle, below). A frame has one consumer protocol: after
+//!   `__dlpack__` the interface raises `BufferError`, and the other way
+//!   round.
 //! * `Frame.release(stream=None)` (and leaving `with frame:`) gives a ring
 //!   slot back: with a CUDA stream (`-1` none) the slot's "released"
 //!   timeline is signalled with the frame number after the work enqueued on
@@ -75,11 +77,14 @@
 //! * `Receiver.close()` (and leaving `with receiver:`) shuts the connection
 //!   down: the producer takes back the slots this consumer held, so the
 //!   releases of frames still out do nothing (no signal, no message, no
-//!   error). `next()` on several threads at once is allowed: frames are
-//!   accepted in the order they arrive; a release on one thread and `next()`
+//!   error), and a frame received but not yet handed out when it closes is
+//!   not handed out. `next()` on several threads at once is allowed: frames
+//!   are accepted in the order they arrive, and each call keeps its own
+//!   timeout while another receives; a release on one thread and `next()`
 //!   on another do not race (the slot is free before its release is sent).
 //!   A receiver, a frame and an unconsumed capsule let go of the GIL while
-//!   their CUDA resources are torn down (bounded waits for the GPU).
+//!   their CUDA resources are torn down (bounded waits for the GPU); a
+//!   capsule destroyed while the interpreter shuts down is freed in place.
 //! * Errors carry the crates' messages: `TimeoutError` for a timeout,
 //!   `ConnectionError` for socket errors and a peer that closed or was
 //!   refused, `ValueError` for a malformed message, record or packet and for
@@ -350,15 +355,13 @@ impl Receiver {
                     }
                     // Receive and accept as one step: two threads' next()
                     // calls accept frames in the order they arrived.
-                    let receiving = ring
-                        .receiving
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner);
+                    let receiving = lock_until(&ring.receiving, deadline, timeout)?;
                     let packet = recv_packet(&self.connection, deadline, timeout)
                         .map_err(|e| self.closed_error().unwrap_or(e))?;
                     #[cfg(feature = "test-hooks")]
                     std::thread::sleep(self.accept_delay);
-                    ring.accept_frame(&packet)?;
+                    ring.accept_frame(&packet)
+                        .map_err(|e| self.closed_error().unwrap_or(e))?;
                     drop(receiving);
                     return Ok(Frame::of_ring(ring, &packet));
                 }
@@ -373,7 +376,15 @@ impl Receiver {
                         let ring = recv_packet(&self.connection, deadline, timeout)
                             .and_then(|hello| self.setup_ring(hello, deadline));
                         match ring {
-                            Ok(ring) => *mode = Mode::Ring(Arc::new(ring)),
+                            Ok(ring) => {
+                                // A close() that could not see this ring
+                                // (it was being made) gives it up now; the
+                                // loop then reports the close.
+                                if self.closed.load(Ordering::Acquire) {
+                                    ring.break_off("the receiver was closed".to_string());
+                                }
+                                *mode = Mode::Ring(Arc::new(ring));
+                            }
                             Err(e) => {
                                 *mode = Mode::Broken(e.to_string());
                                 return Err(e);
@@ -454,15 +465,15 @@ impl Receiver {
     /// (and takes back the slots it held). Later calls raise `ConnectionError`.
     fn close(&self) {
         self.closed.store(true, Ordering::Release);
-        let _ = rustix::net::shutdown(&*self.connection, rustix::net::Shutdown::Both);
         // Frames still out are the producer's again: their releases become
-        // no-ops. (A first next() holding the state is failing on the shut
-        // socket and makes no ring.)
+        // no-ops, before the socket goes (break_off shuts it). A first
+        // next() holding the state gives up the ring it makes itself.
         if let Ok(mode) = self.mode.try_lock() {
             if let Mode::Ring(ring) = &*mode {
                 ring.break_off("the receiver was closed".to_string());
             }
         }
+        let _ = rustix::net::shutdown(&*self.connection, rustix::net::Shutdown::Both);
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -522,6 +533,29 @@ fn _signals(receiver: &Receiver) -> Vec<(u32, u64, usize)> {
             log.lock().unwrap_or_else(PoisonError::into_inner).clone()
         }),
         _ => Vec::new(),
+    }
+}
+
+/// Takes `lock`, waiting at most until `deadline` (another thread's
+/// `next()` holds it while it waits for a packet): `TimeoutError` after.
+fn lock_until<'a>(
+    lock: &'a Mutex<()>,
+    deadline: Instant,
+    timeout: Duration,
+) -> PyResult<std::sync::MutexGuard<'a, ()>> {
+    loop {
+        match lock.try_lock() {
+            Ok(guard) => return Ok(guard),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Err(PyTimeoutError::new_err(format!(
+                    "no frame within {timeout:?}: another thread's next() was receiving"
+                )))
+            }
+        }
     }
 }
 

@@ -432,6 +432,13 @@ impl Ring {
             )));
         }
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(why) = self.broken() {
+            // Received before the connection was given up or closed: the
+            // producer has taken the slot back already.
+            return Err(PyConnectionError::new_err(format!(
+                "the connection to the producer was given up ({why}); connect again"
+            )));
+        }
         if let Some(old) = held[slot] {
             return Err(PyValueError::new_err(format!(
                 "the producer sent frame {} into slot {slot}, which still holds frame {old} \
@@ -458,10 +465,12 @@ impl Ring {
 
     /// Marks `slot` held by `frame` again: its release could not be sent.
     pub(crate) fn mark_held(&self, slot: u32, frame: u64) {
+        // Checked under the `held` lock: a break_off clears `held` after
+        // marking the ring gone, so either it sees this mark or this sees it.
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         if self.is_gone() {
             return;
         }
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(h @ None) = held.get_mut(slot as usize) {
             *h = Some(frame);
         }

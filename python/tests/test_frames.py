@@ -604,6 +604,100 @@ def test_a_frame_given_back_in_with_stays_a_ring_frame(producer):
             frame.__cuda_array_interface__
 
 
+def test_a_capsule_alive_at_exit_is_freed_without_a_crash(producer):
+    """An unconsumed capsule in a global is destroyed while the interpreter
+    shuts down, when nothing may attach to it: its deleter runs in place."""
+    path, s = producer
+    child = subprocess.Popen(
+        ["python3", "-c",
+         "import sys, cuda_interop\n"
+         f"r = cuda_interop._connect_host_ring({path!r}, 2.0)\n"
+         "f = r.next(5.0)\n"
+         "cap = f.__dlpack__(max_version=(1, 0))\n"
+         "legacy = cuda_interop._host_frame(16).__dlpack__()\n"
+         "print('holding', flush=True)\n"
+         "sys.stdin.readline()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    peer, _ = s.accept()
+    with peer:
+        peer.send(packet(HELLO, slot=2, width=5, height=4, pitch=32, fmt=1))
+        peer.send(packet(FRAME, slot=0, frame=1))
+        assert child.stdout.readline().strip() == "holding"
+        out, err = child.communicate("\n", timeout=10)
+    assert child.returncode == 0, err
+    assert "panicked" not in err, err
+
+
+def test_close_while_next_waits_gives_no_frame_and_holds_nothing(producer):
+    """A frame received but not yet accepted when close() runs is not
+    handed out: the producer has taken its slot back."""
+    import threading
+
+    path, s = producer
+    receiver = cuda_interop._connect_host_ring(path, 1.0, accept_delay=0.5)
+    peer, _ = s.accept()
+    with peer:
+        peer.send(packet(HELLO, slot=3, width=5, height=4, pitch=32, fmt=1))
+        peer.send(packet(FRAME, slot=0, frame=1))
+        receiver.next(2.0)  # sets the ring up
+        peer.send(packet(FRAME, slot=1, frame=2))
+        outcome = []
+
+        def take():
+            try:
+                outcome.append(receiver.next(2.0))
+            except ConnectionError as e:
+                outcome.append(e)
+
+        t = threading.Thread(target=take)
+        t.start()
+        time.sleep(0.2)  # the packet is received, its accept pending
+        receiver.close()
+        t.join()
+        assert isinstance(outcome[0], ConnectionError), outcome
+        assert "closed" in str(outcome[0])
+        assert receiver.held == 0
+
+
+def test_next_keeps_its_timeout_while_another_thread_receives(producer):
+    import threading
+
+    path, s = producer
+    receiver = cuda_interop._connect_host_ring(path, 1.0, accept_delay=1.0)
+    peer, _ = s.accept()
+    with peer:
+        peer.send(packet(HELLO, slot=3, width=5, height=4, pitch=32, fmt=1))
+        peer.send(packet(FRAME, slot=0, frame=1))
+        peer.send(packet(FRAME, slot=1, frame=2))
+        first = threading.Thread(target=receiver.next, args=(5.0,))
+        first.start()
+        time.sleep(0.2)  # it holds the receive step for about a second
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="another thread"):
+            receiver.next(0.1)
+        assert time.monotonic() - start < 0.5
+        first.join()
+
+
+def test_one_consumer_protocol_per_frame(producer):
+    receiver, peer = recording_ring(producer)
+    with peer:
+        for n in (1, 2):
+            peer.send(packet(FRAME, slot=n - 1, frame=n))
+        a, b = receiver.next(1.0), receiver.next(1.0)
+        a.__cuda_array_interface__
+        a.__cuda_array_interface__  # again: the same consumer
+        with pytest.raises(BufferError, match="__cuda_array_interface__"):
+            a.__dlpack__(stream=0x5000)
+        b.__dlpack__(stream=0x5000)
+        with pytest.raises(BufferError, match="__dlpack__"):
+            b.__cuda_array_interface__
+        a.release(stream=-1)
+        b.release(stream=0x6000)
+        assert cuda_interop._signals(receiver) == [(1, 2, 0x6000)]
+
+
 def timed_out(receiver, seconds):
     try:
         receiver.next(seconds)
