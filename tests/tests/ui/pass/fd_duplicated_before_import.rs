@@ -1,7 +1,6 @@
 // Twin of fail/fd_used_after_import.rs: dup before import to keep a handle; a failed import gives the fd back.
 use cuda_interop::*;
 use vk_export::format::*;
-use vk_export::markers::*;
 #[allow(unused_imports)]
 use vk_export::semaphore_kinds::*;
 #[allow(unused_imports)]

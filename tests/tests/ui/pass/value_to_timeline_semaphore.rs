@@ -1,7 +1,5 @@
 // Twin of fail/value_to_binary_semaphore.rs.
 use cuda_interop::*;
-use vk_export::format::*;
-use vk_export::markers::*;
 #[allow(unused_imports)]
 use vk_export::semaphore_kinds::*;
 #[allow(unused_imports)]
