@@ -37,11 +37,11 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use cuda_interop_sys::{CUevent, CUevent_flags};
+use cuda_interop_sys::CUevent;
 use rustix::event::{eventfd, EventfdFlags};
 
 use crate::device::CudaDevice;
-use crate::driver::{cu, cu_query, record_drop_error};
+use crate::driver::{create_untimed_event, cu, cu_query, record_drop_error};
 use crate::error::{Error, Result};
 use crate::stream::Stream;
 use crate::wait::{block_until, poll_until, readable, spin_until, HostWait};
@@ -152,14 +152,7 @@ impl Completion {
         });
         let device = stream.device();
         let _guard = device.enter()?;
-        let mut event: CUevent = std::ptr::null_mut();
-        // SAFETY: the device's context is current; writes one event handle.
-        unsafe {
-            cu!(cuEventCreate(
-                &mut event,
-                CUevent_flags::CU_EVENT_DISABLE_TIMING.0
-            ))
-        }?;
+        let event = create_untimed_event()?;
         // From here the event is destroyed by the Completion's drop.
         let completion = Completion {
             device: device.clone(),

@@ -11,13 +11,15 @@
 //!   this process already did (popping a pushed context).
 //! * Destructors cannot return errors: they report them through
 //!   [`record_drop_error`], counted by [`drop_errors`].
+//! * [`create_event`] is the crate's one `cuEventCreate`: events, last-use
+//!   records, completions and stream joins all make theirs through it.
 
 use std::ffi::{c_char, CStr};
 use std::io::Write;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
-use cuda_interop_sys::{CUresult, Driver, DriverFns};
+use cuda_interop_sys::{CUevent, CUevent_flags, CUresult, Driver, DriverFns};
 
 use crate::error::{DriverError, Error, Result};
 
@@ -228,6 +230,22 @@ pub(crate) fn record_drop_error(result: Result<()>) {
         // runs in destructors, DLPack deleters (extern "C") among them.
         let _ = writeln!(std::io::stderr(), "cuda-interop: a destructor failed: {e}");
     }
+}
+
+/// A new event with `flags` in the current context; the caller destroys it
+/// (`cuEventDestroy`). Without a current context the driver refuses it
+/// (`CUDA_ERROR_INVALID_CONTEXT`).
+pub(crate) fn create_event(flags: u32) -> Result<CUevent> {
+    let mut event: CUevent = std::ptr::null_mut();
+    // SAFETY: writes one event handle into a live local; the driver checks
+    // the current context and the flags.
+    unsafe { cu!(cuEventCreate(&mut event, flags)) }?;
+    Ok(event)
+}
+
+/// [`create_event`] without timing, for events only waited on or queried.
+pub(crate) fn create_untimed_event() -> Result<CUevent> {
+    create_event(CUevent_flags::CU_EVENT_DISABLE_TIMING.0)
 }
 
 /// How many destroy or free calls made by `Drop` implementations have failed

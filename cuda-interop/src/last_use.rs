@@ -26,10 +26,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use cuda_interop_sys::{CUevent, CUevent_flags};
+use cuda_interop_sys::CUevent;
 
 use crate::device::CudaDevice;
-use crate::driver::{cu, cu_query, record_drop_error};
+use crate::driver::{create_untimed_event, cu, cu_query, record_drop_error};
 use crate::error::{Error, Result};
 use crate::stream::Stream;
 use crate::wait::poll_until;
@@ -162,18 +162,8 @@ impl Events {
         let _ = self.forget_completed();
         let event = match self.spare.pop() {
             Some(event) => event,
-            None => {
-                let mut event: CUevent = std::ptr::null_mut();
-                // SAFETY: the context is current (the caller's contract);
-                // writes one event handle.
-                unsafe {
-                    cu!(cuEventCreate(
-                        &mut event,
-                        CUevent_flags::CU_EVENT_DISABLE_TIMING.0
-                    ))
-                }?;
-                event
-            }
+            // The context is current (the caller's contract).
+            None => create_untimed_event()?,
         };
         // Kept before it is recorded, so that it is destroyed either way.
         self.pending.push(event);

@@ -47,7 +47,7 @@ use cuda_interop_sys::{
 
 use crate::completion::Completion;
 use crate::device::CudaDevice;
-use crate::driver::{cu, cu_query, record_drop_error};
+use crate::driver::{create_event, create_untimed_event, cu, cu_query, record_drop_error};
 use crate::error::{Error, Result};
 use crate::last_use::{device_settled, report_leak, LastUse, DROP_WAIT_LIMIT};
 use crate::memory::DeviceSlice;
@@ -573,9 +573,7 @@ unsafe impl Sync for Event {}
 impl Event {
     fn create(device: &CudaDevice, flags: u32, timing: bool) -> Result<Event> {
         let _guard = device.enter()?;
-        let mut event: CUevent = std::ptr::null_mut();
-        // SAFETY: the device's context is current; writes one event handle.
-        unsafe { cu!(cuEventCreate(&mut event, flags)) }?;
+        let event = create_event(flags)?;
         Ok(Event {
             device: device.clone(),
             event,
@@ -679,14 +677,7 @@ pub(crate) unsafe fn order_streams(
     later: CUstream,
 ) -> Result<()> {
     let _guard = device.enter()?;
-    let mut event: CUevent = std::ptr::null_mut();
-    // SAFETY: the device's context is current; writes one event handle.
-    unsafe {
-        cu!(cuEventCreate(
-            &mut event,
-            CUevent_flags::CU_EVENT_DISABLE_TIMING.0
-        ))
-    }?;
+    let event = create_untimed_event()?;
     // SAFETY: a live event of the current context; the caller vouches for
     // `earlier`.
     let mut joined = unsafe { cu!(cuEventRecord(event, earlier)) };
