@@ -49,6 +49,10 @@ use cuda_interop::sys::{CUresult, Driver};
 use cuda_interop::{kernels, CudaDevice, DeviceBuffer, Event, HostWait, Module, Stream};
 use vk_export::{Context, HeadlessOptions, TimelineSemaphore, Validation, WaitStrategy};
 
+#[path = "common/wait_timing.rs"]
+mod wait_timing;
+use wait_timing::{cpu_time, late_after_kernel};
+
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// Warm-up iterations per (work, method), not measured.
@@ -114,18 +118,6 @@ impl Row {
     fn max(&self) -> Duration {
         *self.latency.last().unwrap()
     }
-}
-
-/// User + system CPU time of the whole process (every thread, the driver's
-/// included).
-fn cpu_time() -> Duration {
-    // SAFETY: an all-zero `rusage` is a valid value of the plain C struct.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `usage` is a live, writable rusage; RUSAGE_SELF is valid.
-    let status = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    assert_eq!(status, 0, "getrusage failed");
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
 fn us(d: Duration) -> f64 {
@@ -228,20 +220,7 @@ fn main() -> Res<()> {
                     wall += window;
                 }
             }
-            stream.synchronize(TIMEOUT)?;
-            let mut raw = vec![0u8; slots * 16];
-            stream.copy_to_host(&stamps, &mut raw)?;
-            let word = |at: usize| u64::from_ne_bytes(raw[at..at + 8].try_into().unwrap());
-            let mut latency: Vec<Duration> = windows
-                .iter()
-                .enumerate()
-                .map(|(n, window)| {
-                    let slot = (n + WARM_UP) * 16;
-                    let kernel = Duration::from_nanos(word(slot + 8).saturating_sub(word(slot)));
-                    window.saturating_sub(kernel)
-                })
-                .collect();
-            latency.sort();
+            let latency = late_after_kernel(&stream, &stamps, &windows, WARM_UP, TIMEOUT)?;
             rows.push(Row {
                 work,
                 method,

@@ -35,20 +35,14 @@ use cuda_interop::sys::{CUevent, CUresult, CUstream, Driver};
 use cuda_interop::{kernels, CudaDevice, DeviceBuffer, Event, HostWait, Module, Stream};
 use vk_export::{Context, HeadlessOptions, Validation};
 
+#[path = "common/wait_timing.rs"]
+mod wait_timing;
+use wait_timing::{cpu_time, late_after_kernel};
+
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 const WARM_UP: usize = 20;
 const TIMEOUT: Duration = Duration::from_secs(10);
-
-fn cpu_time() -> Duration {
-    // SAFETY: an all-zero `rusage` is a valid value of the plain C struct.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `usage` is a live, writable rusage; RUSAGE_SELF is valid.
-    let status = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    assert_eq!(status, 0, "getrusage failed");
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
-}
 
 fn eventfd() -> Res<OwnedFd> {
     Ok(rustix::event::eventfd(
@@ -222,21 +216,7 @@ fn main() -> Res<()> {
                     wall += window;
                 }
             }
-            stream.synchronize(TIMEOUT)?;
-            let mut raw = vec![0u8; slots * 16];
-            stream.copy_to_host(&stamps, &mut raw)?;
-            let word = |at: usize| u64::from_ne_bytes(raw[at..at + 8].try_into().unwrap());
-            let mut late: Vec<Duration> = windows
-                .iter()
-                .enumerate()
-                .map(|(n, w)| {
-                    let slot = (n + WARM_UP) * 16;
-                    w.saturating_sub(Duration::from_nanos(
-                        word(slot + 8).saturating_sub(word(slot)),
-                    ))
-                })
-                .collect();
-            late.sort();
+            let late = late_after_kernel(&stream, &stamps, &windows, WARM_UP, TIMEOUT)?;
             let q = |p: f64| late[((late.len() as f64 - 1.0) * p).round() as usize];
             println!(
                 "{:>7}  {:46} {:9.1} {:9.1} {:7.1}",
