@@ -142,7 +142,7 @@ impl Unnamed {
 }
 
 impl ConsumerStream {
-    fn of(stream: &StreamArg) -> Option<ConsumerStream> {
+    fn of(py: Python<'_>, stream: &StreamArg) -> Option<ConsumerStream> {
         match stream {
             StreamArg::Unspecified | StreamArg::Handle(LEGACY_DEFAULT_STREAM) => {
                 Some(ConsumerStream::Legacy)
@@ -151,11 +151,9 @@ impl ConsumerStream {
             StreamArg::Handle(h) | StreamArg::Object(_, h @ PER_THREAD_DEFAULT_STREAM) => {
                 Some(ConsumerStream::Bare(*h))
             }
-            StreamArg::Object(object, h) => Python::attach(|py| {
-                Some(ConsumerStream::Object {
-                    _keep: object.clone_ref(py),
-                    handle: *h,
-                })
+            StreamArg::Object(object, h) => Some(ConsumerStream::Object {
+                _keep: object.clone_ref(py),
+                handle: *h,
             }),
         }
     }
@@ -385,7 +383,7 @@ impl Frame {
                     }
                 }
                 if rf.ring.orders_streams() {
-                    rf.consumer_stream = ConsumerStream::of(&stream);
+                    rf.consumer_stream = ConsumerStream::of(py, &stream);
                 }
                 let slot = &rf.ring.slots[rf.slot as usize];
                 let owner: Box<SlotMemory> = Box::new(slot.memory.clone());
