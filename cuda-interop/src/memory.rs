@@ -210,7 +210,7 @@ impl CudaDevice {
     /// Imports an image received over a socket (record and fd arrived
     /// together from a checked peer). Before the driver sees the fd, the
     /// record is verified on the Vulkan device this CUDA device was paired
-    /// with ([`ImageRecord::verify_on`]: both UUIDs, memory type, and the
+    /// with ([`Context::verify_image`](vk_export::Context::verify_image): both UUIDs, memory type, and the
     /// size, alignment, dedicated flag and pitches that device derives), so
     /// the device must come from [`CudaDevice::for_vulkan`]. On failure the fd
     /// comes back in the error.
@@ -219,7 +219,7 @@ impl CudaDevice {
         received: ReceivedImage<F, T, M, U>,
     ) -> Result<ImportedImage<F, T, M, U>, ImportError> {
         let (record, fd, _peer) = received.into_parts();
-        if let Err(error) = self.verify_with_vulkan(|ctx| record.verify_on(ctx)) {
+        if let Err(error) = self.verify_with_vulkan(|ctx| ctx.verify_image(&record)) {
             return Err(ImportError { error, fd });
         }
         self.import_image_inner(record, fd, None)
@@ -275,7 +275,7 @@ impl CudaDevice {
         received: ReceivedBuffer<M>,
     ) -> Result<ImportedBuffer<M>, ImportError> {
         let (record, fd, _peer) = received.into_parts();
-        if let Err(error) = self.verify_with_vulkan(|ctx| record.verify_on(ctx)) {
+        if let Err(error) = self.verify_with_vulkan(|ctx| ctx.verify_buffer(&record)) {
             return Err(ImportError { error, fd });
         }
         self.import_buffer_inner(record, fd, None)

@@ -118,7 +118,7 @@ impl CudaDevice {
             .map(vk_export::Context::max_timeline_difference);
         if let Err(error) = self
             .check_resource_device(&record.info().device_uuid())
-            .and_then(|()| self.verify_with_vulkan(|ctx| record.verify_on(ctx)))
+            .and_then(|()| self.verify_with_vulkan(|ctx| ctx.verify_semaphore(&record)))
         {
             return Err(ImportError { error, fd });
         }

@@ -10,7 +10,6 @@
 //! `Drop` that leaks rather than frees memory the GPU may still use.
 
 use std::fmt;
-use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,23 +17,19 @@ use std::sync::{Arc, Mutex};
 use ash::vk;
 
 use crate::context::{record_drop_error, Context, DROP_WAIT};
-use crate::error::{Error, Result};
-use crate::markers::{DeviceLocal, MemoryLocation};
+use crate::error::{unsupported, vk_error, Error, Result};
 use crate::memory::{
-    allocate_imported, allocation_differences, check_export_fd, check_memory_type,
-    check_same_device, export_memory_fd, import_dup, ImportError, ImportFailure, KeepAlive,
+    allocate_imported, allocation_differences, check_memory_type, check_same_device,
+    export_memory_fd, import_dup,
 };
 use crate::ownership::Owner;
-use crate::received::ReceivedBuffer;
-use crate::record::{BufferInfo, BufferRecord};
 use crate::MEMORY_HANDLE_TYPE;
+use interop_share::fd::{check_export_fd, ImportError, ImportFailure, KeepAlive};
+use interop_share::markers::{DeviceLocal, MemoryLocation};
+use interop_share::received::ReceivedBuffer;
+use interop_share::record::{BufferFields, BufferInfo, BufferRecord};
 
-/// Usage of every exportable buffer: storage (shader access) and transfers.
-pub const BUFFER_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
-    vk::BufferUsageFlags::STORAGE_BUFFER.as_raw()
-        | vk::BufferUsageFlags::TRANSFER_SRC.as_raw()
-        | vk::BufferUsageFlags::TRANSFER_DST.as_raw(),
-);
+pub use interop_share::record::BUFFER_USAGE;
 
 pub(crate) struct BufferInner {
     pub(crate) ctx: Context,
@@ -68,14 +63,15 @@ impl Drop for BufferInner {
 /// A buffer whose memory can be exported as an OPAQUE_FD.
 pub struct ExportableBuffer<M = DeviceLocal> {
     pub(crate) inner: Arc<BufferInner>,
-    _types: PhantomData<fn() -> M>,
+    /// The typed record, checked once when the buffer was made.
+    record: BufferRecord<M>,
 }
 
 impl<M> fmt::Debug for ExportableBuffer<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ExportableBuffer")
-            .field("size", &self.inner.info.size)
-            .field("allocation_size", &self.inner.info.allocation_size)
+            .field("size", &self.inner.info.size())
+            .field("allocation_size", &self.inner.info.allocation_size())
             .finish()
     }
 }
@@ -98,7 +94,7 @@ fn preflight(ctx: &Context, size: u64) -> Result<bool> {
     let need =
         vk::ExternalMemoryFeatureFlags::EXPORTABLE | vk::ExternalMemoryFeatureFlags::IMPORTABLE;
     if !features.contains(need) {
-        return Err(Error::unsupported(
+        return Err(unsupported(
             "an exportable storage buffer (OPAQUE_FD)",
             format!("the driver reports external memory features {features:?}"),
         ));
@@ -123,7 +119,7 @@ fn create_buffer(
         .push_next(&mut external);
     // SAFETY: the create info lives across the call.
     let buffer = unsafe { device.create_buffer(&info, None) }
-        .map_err(Error::vk("vkCreateBuffer", "out of memory"))?;
+        .map_err(vk_error("vkCreateBuffer", "out of memory"))?;
     let mut dedicated = vk::MemoryDedicatedRequirements::default();
     let mut reqs = vk::MemoryRequirements2::default().push_next(&mut dedicated);
     // SAFETY: the buffer was just created.
@@ -143,23 +139,23 @@ fn create_buffer(
 /// The checks a received buffer record must pass on `ctx`, leaving the
 /// buffer created from it.
 fn verified_buffer(ctx: &Context, info: &BufferInfo) -> Result<vk::Buffer> {
-    check_same_device(ctx, &info.device_uuid, &info.driver_uuid)?;
-    check_memory_type(ctx, info.memory_type_index, info.memory_flags)?;
-    if info.usage != BUFFER_USAGE {
+    check_same_device(ctx, &info.device_uuid(), &info.driver_uuid())?;
+    check_memory_type(ctx, info.memory_type_index(), info.memory_flags())?;
+    if info.usage() != BUFFER_USAGE {
         return Err(Error::Record(format!(
             "buffer usage {:?}: this crate exports {BUFFER_USAGE:?}",
-            info.usage
+            info.usage()
         )));
     }
-    let dedicated_only = preflight(ctx, info.size)?;
-    let (buffer, reqs, dedicated) = create_buffer(ctx, info.size, dedicated_only)?;
+    let dedicated_only = preflight(ctx, info.size())?;
+    let (buffer, reqs, dedicated) = create_buffer(ctx, info.size(), dedicated_only)?;
     let differences = allocation_differences(
         &reqs,
         dedicated,
-        info.allocation_size,
-        info.memory_type_index,
-        info.alignment,
-        info.dedicated,
+        info.allocation_size(),
+        info.memory_type_index(),
+        info.alignment(),
+        info.dedicated(),
     );
     if differences.is_empty() {
         return Ok(buffer);
@@ -169,21 +165,21 @@ fn verified_buffer(ctx: &Context, info: &BufferInfo) -> Result<vk::Buffer> {
     Err(Error::Record(format!(
         "the record does not describe the buffer it claims: for {} bytes, {} derives {}; not the same buffer \
          (or another driver)",
-        info.size,
+        info.size(),
         ctx.identity().name,
         differences.join(", ")
     )))
 }
 
-impl<M> BufferRecord<M> {
-    /// Checks the record against `ctx`'s device as an import would (both
+impl Context {
+    /// Checks a buffer record against this device as an import would (both
     /// UUIDs, memory type and flags, and the size, memory type bits,
     /// alignment and dedicated requirement this device derives), creating
     /// nothing that outlives the call.
-    pub fn verify_on(&self, ctx: &Context) -> Result<()> {
-        let buffer = verified_buffer(ctx, &self.info)?;
+    pub fn verify_buffer<M>(&self, record: &BufferRecord<M>) -> Result<()> {
+        let buffer = verified_buffer(self, record.info())?;
         // SAFETY: created for this check and unused.
-        unsafe { ctx.inner.device.destroy_buffer(buffer, None) };
+        unsafe { self.inner.device.destroy_buffer(buffer, None) };
         Ok(())
     }
 }
@@ -200,7 +196,7 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
         else {
             // SAFETY: unused buffer.
             unsafe { device.destroy_buffer(buffer, None) };
-            return Err(Error::unsupported(
+            return Err(unsupported(
                 "an exportable buffer",
                 format!(
                     "no memory type of the class {} among the allowed types {:#b}",
@@ -229,7 +225,7 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
             }
         })?;
         let identity = &ctx.inner.identity;
-        let info = BufferInfo {
+        let info = BufferInfo::from_fields(BufferFields {
             size,
             usage: BUFFER_USAGE,
             allocation_size: reqs.size,
@@ -239,7 +235,12 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
             alignment: reqs.alignment,
             device_uuid: identity.device_uuid,
             driver_uuid: identity.driver_uuid,
-        };
+        })
+        .map_err(|e| {
+            Error::Record(format!(
+                "this driver produced a record outside the wire rules: {e}"
+            ))
+        });
         Self::bind(ctx, buffer, memory, info)
     }
 
@@ -248,39 +249,39 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
         ctx: &Context,
         buffer: vk::Buffer,
         memory: vk::DeviceMemory,
-        info: BufferInfo,
+        info: Result<BufferInfo>,
     ) -> Result<Self> {
         let device = &ctx.inner.device;
-        let valid = info.validate().map_err(|e| {
-            Error::Record(format!(
-                "this driver produced a record outside the wire rules: {e}"
-            ))
-        });
-        let bound = valid.and_then(|()| {
+        let bound = info.and_then(|info| {
+            let record = info.typed::<M>()?;
             // SAFETY: fresh objects; offset 0.
-            unsafe { device.bind_buffer_memory(buffer, memory, 0) }.map_err(Error::vk(
+            unsafe { device.bind_buffer_memory(buffer, memory, 0) }.map_err(vk_error(
                 "vkBindBufferMemory",
                 "the memory does not fit the buffer",
-            ))
+            ))?;
+            Ok(record)
         });
-        if let Err(e) = bound {
-            // SAFETY: neither is in use.
-            unsafe {
-                device.destroy_buffer(buffer, None);
-                device.free_memory(memory, None);
+        let record = match bound {
+            Ok(record) => record,
+            Err(e) => {
+                // SAFETY: neither is in use.
+                unsafe {
+                    device.destroy_buffer(buffer, None);
+                    device.free_memory(memory, None);
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         Ok(ExportableBuffer {
             inner: Arc::new(BufferInner {
                 ctx: ctx.clone(),
                 buffer,
                 memory,
-                info,
+                info: record.info().clone(),
                 owner: Mutex::new(Owner::Vulkan(vk::ImageLayout::UNDEFINED)),
                 last_use: AtomicU64::new(0),
             }),
-            _types: PhantomData,
+            record,
         })
     }
 
@@ -305,7 +306,7 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
     }
 
     /// Imports a buffer from a record and an fd that did not travel together
-    /// through this crate, verified like [`BufferRecord::verify_on`]. `fd`
+    /// through this crate, verified like [`Context::verify_buffer`]. `fd`
     /// is consumed on success and comes back in the error on failure.
     ///
     /// # Safety
@@ -316,28 +317,28 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
         record: &BufferRecord<M>,
         fd: OwnedFd,
     ) -> Result<Self, ImportError> {
-        let info = &record.info;
+        let info = record.info();
         let buffer = match check_export_fd(&fd, "memory").and_then(|()| verified_buffer(ctx, info))
         {
             Ok(b) => b,
             Err(error) => return Err(ImportError { error, fd }),
         };
         let dedicated_to = info
-            .dedicated
+            .dedicated()
             .then(|| vk::MemoryDedicatedAllocateInfo::default().buffer(buffer));
         import_dup(ctx, fd, |raw| {
             let memory = allocate_imported(
                 ctx,
                 raw,
-                info.allocation_size,
-                info.memory_type_index,
+                info.allocation_size(),
+                info.memory_type_index(),
                 dedicated_to,
             )
             .inspect_err(|_| {
                 // SAFETY: the buffer was created above and is unused.
                 unsafe { ctx.inner.device.destroy_buffer(buffer, None) }
             })?;
-            Self::bind(ctx, buffer, memory, info.clone()).map_err(|error| ImportFailure {
+            Self::bind(ctx, buffer, memory, Ok(info.clone())).map_err(|error| ImportFailure {
                 error,
                 driver_took_fd: true,
             })
@@ -351,10 +352,7 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
 
     /// What an importer needs, typed.
     pub fn record(&self) -> BufferRecord<M> {
-        BufferRecord {
-            info: self.inner.info.clone(),
-            _types: PhantomData,
-        }
+        self.record.clone()
     }
 
     /// The plain record.
@@ -364,7 +362,7 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
 
     /// The size in bytes.
     pub fn size(&self) -> u64 {
-        self.inner.info.size
+        self.inner.info.size()
     }
 
     /// The context this buffer belongs to.

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use ash::vk;
 
-use crate::error::{Error, Result};
+use crate::error::{unsupported, vk_error, Error, Result};
 use crate::submit::{wait_progress, Engine, QueueState};
 
 thread_local! {
@@ -199,7 +199,7 @@ impl Context {
         // SAFETY: loading libvulkan runs its initialisers; it is the system loader.
         let entry = unsafe { ash::Entry::load() }.map_err(|e| Error::Loader(e.to_string()))?;
         // SAFETY: plain enumeration.
-        let layers = unsafe { entry.enumerate_instance_layer_properties() }.map_err(Error::vk(
+        let layers = unsafe { entry.enumerate_instance_layer_properties() }.map_err(vk_error(
             "vkEnumerateInstanceLayerProperties",
             "check the Vulkan loader",
         ))?;
@@ -210,7 +210,7 @@ impl Context {
             (Validation::Off, _) => false,
             (Validation::IfAvailable, have) => have,
             (Validation::Required, true) => true,
-            (Validation::Required, false) => return Err(Error::unsupported(
+            (Validation::Required, false) => return Err(unsupported(
                 "the Khronos validation layer",
                 "VK_LAYER_KHRONOS_validation is not installed (Debian: vulkan-validationlayers; \
                      or set VK_LAYER_PATH)",
@@ -247,7 +247,7 @@ impl Context {
             }
         }
         // SAFETY: the create info and everything it points to live across the call.
-        let instance = unsafe { entry.create_instance(&info, None) }.map_err(Error::vk(
+        let instance = unsafe { entry.create_instance(&info, None) }.map_err(vk_error(
             "vkCreateInstance",
             "is a Vulkan 1.2 driver installed (VK_DRIVER_FILES / VK_ICD_FILENAMES)?",
         ))?;
@@ -298,7 +298,7 @@ impl Context {
         options: &HeadlessOptions,
     ) -> Result<(vk::PhysicalDevice, ash::Device, u32)> {
         // SAFETY: plain enumeration on a live instance.
-        let physicals = unsafe { instance.enumerate_physical_devices() }.map_err(Error::vk(
+        let physicals = unsafe { instance.enumerate_physical_devices() }.map_err(vk_error(
             "vkEnumeratePhysicalDevices",
             "is a Vulkan driver installed?",
         ))?;
@@ -371,11 +371,10 @@ impl Context {
             .enabled_extension_names(&enabled)
             .push_next(&mut features12);
         // SAFETY: the create info and its chain live across the call.
-        let device =
-            unsafe { instance.create_device(physical, &info, None) }.map_err(Error::vk(
-                "vkCreateDevice",
-                "the device must support timeline semaphores",
-            ))?;
+        let device = unsafe { instance.create_device(physical, &info, None) }.map_err(vk_error(
+            "vkCreateDevice",
+            "the device must support timeline semaphores",
+        ))?;
         Ok((physical, device, family))
     }
 
@@ -466,7 +465,7 @@ impl Context {
                 None,
             )
         }
-        .map_err(Error::vk(
+        .map_err(vk_error(
             "vkCreateSemaphore (timeline)",
             "the device must have the timelineSemaphore feature enabled",
         ))?;
@@ -747,7 +746,7 @@ fn create_messenger(entry: &ash::Entry, instance: &ash::Instance) -> Result<Debu
     // SAFETY: the callback and the counter it points to outlive the messenger
     // (the box is dropped after the messenger is destroyed).
     let messenger =
-        unsafe { loader.create_debug_utils_messenger(&info, None) }.map_err(Error::vk(
+        unsafe { loader.create_debug_utils_messenger(&info, None) }.map_err(vk_error(
             "vkCreateDebugUtilsMessengerEXT",
             "the validation layer failed to start",
         ))?;

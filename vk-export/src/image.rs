@@ -21,7 +21,6 @@
 //!   than freed under the GPU.
 
 use std::fmt;
-use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,16 +28,18 @@ use std::sync::{Arc, Mutex};
 use ash::vk;
 
 use crate::context::{record_drop_error, Context, DROP_WAIT};
-use crate::error::{Error, Result};
-use crate::format::Format;
-use crate::markers::{usage, DeviceLocal, MemoryLocation, Optimal, Tiling, Usage};
+use crate::error::{unsupported, vk_error, Error, Result};
 use crate::memory::{
-    allocate_imported, allocation_differences, check_export_fd, check_memory_type,
-    check_same_device, export_memory_fd, import_dup, ImportError, ImportFailure, KeepAlive,
+    allocate_imported, allocation_differences, check_memory_type, check_same_device,
+    export_memory_fd, import_dup,
 };
 use crate::ownership::Owner;
-use crate::received::ReceivedImage;
-use crate::record::{ImageInfo, ImageRecord, TypeMarkers};
+use interop_share::fd::{check_export_fd, ImportError, ImportFailure, KeepAlive};
+use interop_share::format::Format;
+use interop_share::markers::{usage, DeviceLocal, MemoryLocation, Optimal, Tiling, Usage};
+use interop_share::received::ReceivedImage;
+use interop_share::record::{ImageFields, ImageInfo, ImageRecord};
+
 use crate::MEMORY_HANDLE_TYPE;
 
 /// The shape of an image to create.
@@ -176,17 +177,18 @@ impl Drop for ImageInner {
 /// ```
 pub struct ExportableImage<F, T = Optimal, M = DeviceLocal, U = usage::Storage> {
     pub(crate) inner: Arc<ImageInner>,
-    _types: TypeMarkers<F, T, M, U>,
+    /// The typed record, checked once when the image was made.
+    record: ImageRecord<F, T, M, U>,
 }
 
 impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> fmt::Debug for ExportableImage<F, T, M, U> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ExportableImage")
             .field("format", &F::NAME)
-            .field("extent", &self.inner.info.extent)
+            .field("extent", &self.inner.info.extent())
             .field("tiling", &T::VK)
-            .field("allocation_size", &self.inner.info.allocation_size)
-            .field("dedicated", &self.inner.info.dedicated)
+            .field("allocation_size", &self.inner.info.allocation_size())
+            .field("dedicated", &self.inner.info.dedicated())
             .finish()
     }
 }
@@ -252,7 +254,7 @@ fn preflight(ctx: &Context, p: &CreateParams) -> Result<ImageCapability> {
     };
     match result {
         Ok(()) => {}
-        Err(vk::Result::ERROR_FORMAT_NOT_SUPPORTED) => return Err(Error::unsupported(
+        Err(vk::Result::ERROR_FORMAT_NOT_SUPPORTED) => return Err(unsupported(
             p.what(),
             "vkGetPhysicalDeviceImageFormatProperties2 returned VK_ERROR_FORMAT_NOT_SUPPORTED for \
                  OPAQUE_FD; try optimal tiling, another format or fewer usage flags",
@@ -272,7 +274,7 @@ fn preflight(ctx: &Context, p: &CreateParams) -> Result<ImageCapability> {
     let need =
         vk::ExternalMemoryFeatureFlags::EXPORTABLE | vk::ExternalMemoryFeatureFlags::IMPORTABLE;
     if !features.contains(need) {
-        return Err(Error::unsupported(
+        return Err(unsupported(
             p.what(),
             format!("the driver reports external memory features {features:?}; exportable and importable are both needed"),
         ));
@@ -286,7 +288,7 @@ fn preflight(ctx: &Context, p: &CreateParams) -> Result<ImageCapability> {
         || p.mip_levels > limits.max_mip_levels
         || p.array_layers > limits.max_array_layers
     {
-        return Err(Error::unsupported(
+        return Err(unsupported(
             p.what(),
             format!(
                 "the driver's limits for it are extent {max_extent:?}, {} levels, {} layers",
@@ -340,7 +342,7 @@ fn create_image(
         .initial_layout(vk::ImageLayout::UNDEFINED)
         .push_next(&mut external);
     // SAFETY: the create info and its chain live across the call; parameters were preflighted.
-    let image = unsafe { device.create_image(&info, None) }.map_err(Error::vk(
+    let image = unsafe { device.create_image(&info, None) }.map_err(vk_error(
         "vkCreateImage",
         "out of memory, or parameters the preflight did not cover",
     ))?;
@@ -404,14 +406,14 @@ fn params_from_desc<F: Format, T: Tiling, U: Usage>(desc: &ImageDesc) -> CreateP
 
 fn params_from_info(info: &ImageInfo) -> CreateParams {
     CreateParams {
-        format: info.format,
-        image_type: info.image_type,
-        extent: info.extent,
-        mip_levels: info.mip_levels,
-        array_layers: info.array_layers,
-        flags: info.flags,
-        tiling: info.tiling,
-        usage: info.usage,
+        format: info.format(),
+        image_type: info.image_type(),
+        extent: info.extent(),
+        mip_levels: info.mip_levels(),
+        array_layers: info.array_layers(),
+        flags: info.flags(),
+        tiling: info.tiling(),
+        usage: info.usage(),
     }
 }
 
@@ -420,16 +422,16 @@ fn check_derived(ctx: &Context, info: &ImageInfo, derived: &Derived) -> Result<(
     let mut differences = allocation_differences(
         &derived.requirements,
         derived.dedicated,
-        info.allocation_size,
-        info.memory_type_index,
-        info.alignment,
-        info.dedicated,
+        info.allocation_size(),
+        info.memory_type_index(),
+        info.alignment(),
+        info.dedicated(),
     );
-    if derived.pitches != (info.row_pitch, info.array_pitch) {
+    if derived.pitches != (info.row_pitch(), info.array_pitch()) {
         differences.push(format!(
             "row/array pitch {:?} (record: {:?})",
             derived.pitches,
-            (info.row_pitch, info.array_pitch)
+            (info.row_pitch(), info.array_pitch())
         ));
     }
     if differences.is_empty() {
@@ -438,12 +440,12 @@ fn check_derived(ctx: &Context, info: &ImageInfo, derived: &Derived) -> Result<(
     Err(Error::Record(format!(
         "the record does not describe the image it claims: for {}x{}x{} {:?}, {} levels, {} layers, {} derives {}; \
          not the same image (or another driver)",
-        info.extent[0],
-        info.extent[1],
-        info.extent[2],
-        info.format,
-        info.mip_levels,
-        info.array_layers,
+        info.extent()[0],
+        info.extent()[1],
+        info.extent()[2],
+        info.format(),
+        info.mip_levels(),
+        info.array_layers(),
         ctx.identity().name,
         differences.join(", ")
     )))
@@ -452,8 +454,8 @@ fn check_derived(ctx: &Context, info: &ImageInfo, derived: &Derived) -> Result<(
 /// The checks a received image record must pass on `ctx`, leaving the image
 /// created from it (for an import) or destroying it (for a check alone).
 fn verified_image(ctx: &Context, info: &ImageInfo) -> Result<(vk::Image, Derived)> {
-    check_same_device(ctx, &info.device_uuid, &info.driver_uuid)?;
-    check_memory_type(ctx, info.memory_type_index, info.memory_flags)?;
+    check_same_device(ctx, &info.device_uuid(), &info.driver_uuid())?;
+    check_memory_type(ctx, info.memory_type_index(), info.memory_flags())?;
     let params = params_from_info(info);
     let capability = preflight(ctx, &params)?;
     let (image, derived) = create_image(ctx, &params, &capability)?;
@@ -465,16 +467,16 @@ fn verified_image(ctx: &Context, info: &ImageInfo) -> Result<(vk::Image, Derived
     Ok((image, derived))
 }
 
-impl<F, T, M, U> ImageRecord<F, T, M, U> {
-    /// Checks the record against `ctx`'s device as an import would, creating
-    /// nothing that outlives the call: both UUIDs, the memory type and its
-    /// flags, and the size, memory type bits, alignment, dedicated
+impl Context {
+    /// Checks an image record against this device as an import would,
+    /// creating nothing that outlives the call: both UUIDs, the memory type
+    /// and its flags, and the size, memory type bits, alignment, dedicated
     /// requirement and pitches that this device derives for the described
     /// image. The CUDA side runs this before `cuImportExternalMemory`.
-    pub fn verify_on(&self, ctx: &Context) -> Result<()> {
-        let (image, _) = verified_image(ctx, &self.info)?;
+    pub fn verify_image<F, T, M, U>(&self, record: &ImageRecord<F, T, M, U>) -> Result<()> {
+        let (image, _) = verified_image(self, record.info())?;
         // SAFETY: created by verified_image for this check and unused.
-        unsafe { ctx.inner.device.destroy_image(image, None) };
+        unsafe { self.inner.device.destroy_image(image, None) };
         Ok(())
     }
 }
@@ -504,7 +506,7 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
             ctx.memory_type(reqs.memory_type_bits, M::REQUIRED, M::EXCLUDED)
         else {
             destroy_image();
-            return Err(Error::unsupported(
+            return Err(unsupported(
                 params.what(),
                 format!(
                     "no memory type of the class {} among the allowed types {:#b}",
@@ -535,7 +537,7 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
             }
         };
         let identity = &ctx.inner.identity;
-        let info = ImageInfo {
+        let info = ImageInfo::from_fields(ImageFields {
             format: params.format,
             image_type: params.image_type,
             extent: params.extent,
@@ -554,7 +556,12 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
             array_pitch: derived.pitches.1,
             device_uuid: identity.device_uuid,
             driver_uuid: identity.driver_uuid,
-        };
+        })
+        .map_err(|e| {
+            Error::Record(format!(
+                "this driver produced a record outside the wire rules: {e}"
+            ))
+        });
         Self::bind(ctx, image, memory, info)
     }
 
@@ -563,39 +570,39 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
         ctx: &Context,
         image: vk::Image,
         memory: vk::DeviceMemory,
-        info: ImageInfo,
+        info: Result<ImageInfo>,
     ) -> Result<Self> {
         let device = &ctx.inner.device;
-        let valid = info.validate().map_err(|e| {
-            Error::Record(format!(
-                "this driver produced a record outside the wire rules: {e}"
-            ))
-        });
-        let bound = valid.and_then(|()| {
+        let bound = info.and_then(|info| {
+            let record = info.typed::<F, T, M, U>()?;
             // SAFETY: image and memory are fresh; offset 0 satisfies any alignment.
-            unsafe { device.bind_image_memory(image, memory, 0) }.map_err(Error::vk(
+            unsafe { device.bind_image_memory(image, memory, 0) }.map_err(vk_error(
                 "vkBindImageMemory",
                 "the memory does not fit the image",
-            ))
+            ))?;
+            Ok(record)
         });
-        if let Err(e) = bound {
-            // SAFETY: neither is in use.
-            unsafe {
-                device.destroy_image(image, None);
-                device.free_memory(memory, None);
+        let record = match bound {
+            Ok(record) => record,
+            Err(e) => {
+                // SAFETY: neither is in use.
+                unsafe {
+                    device.destroy_image(image, None);
+                    device.free_memory(memory, None);
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         Ok(ExportableImage {
             inner: Arc::new(ImageInner {
                 ctx: ctx.clone(),
                 image,
                 memory,
-                info,
+                info: record.info().clone(),
                 owner: Mutex::new(Owner::Vulkan(vk::ImageLayout::UNDEFINED)),
                 last_use: AtomicU64::new(0),
             }),
-            _types: PhantomData,
+            record,
         })
     }
 
@@ -626,7 +633,7 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
 
     /// Imports an exported image from a record and an fd that did not travel
     /// together through this crate. The image is created from the record and
-    /// verified against this device like [`ImageRecord::verify_on`]; `fd` is
+    /// verified against this device like [`Context::verify_image`]; `fd` is
     /// consumed on success and comes back in the error on failure.
     ///
     /// # Safety
@@ -639,21 +646,21 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
         record: &ImageRecord<F, T, M, U>,
         fd: OwnedFd,
     ) -> Result<Self, ImportError> {
-        let info = &record.info;
+        let info = record.info();
         let (image, _) =
             match check_export_fd(&fd, "memory").and_then(|()| verified_image(ctx, info)) {
                 Ok(v) => v,
                 Err(error) => return Err(ImportError { error, fd }),
             };
         let dedicated_to = info
-            .dedicated
+            .dedicated()
             .then(|| vk::MemoryDedicatedAllocateInfo::default().image(image));
         import_dup(ctx, fd, |raw| {
             let memory = allocate_imported(
                 ctx,
                 raw,
-                info.allocation_size,
-                info.memory_type_index,
+                info.allocation_size(),
+                info.memory_type_index(),
                 dedicated_to,
             )
             .inspect_err(|_| {
@@ -662,7 +669,7 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
             })?;
             // `bind` destroys the image and frees the memory (and with it the
             // driver's fd) on failure.
-            Self::bind(ctx, image, memory, info.clone()).map_err(|error| ImportFailure {
+            Self::bind(ctx, image, memory, Ok(info.clone())).map_err(|error| ImportFailure {
                 error,
                 driver_took_fd: true,
             })
@@ -676,10 +683,7 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
 
     /// What an importer needs, typed.
     pub fn record(&self) -> ImageRecord<F, T, M, U> {
-        ImageRecord {
-            info: self.inner.info.clone(),
-            _types: PhantomData,
-        }
+        self.record.clone()
     }
 
     /// The plain record.

@@ -38,23 +38,21 @@
 mod buffer;
 mod context;
 mod error;
-pub mod format;
+mod exported;
 mod image;
-pub mod markers;
 mod memory;
 mod ownership;
-mod received;
-mod record;
 mod semaphore;
+mod submit;
+mod transfer;
+
+// What two processes agree on lives in `interop-share`; these are its
+// modules under their old paths here.
+pub use interop_share::{format, markers, socket, token, wire};
 /// Semaphore kinds ([`Binary`], [`Timeline`]) as a module, for paths.
 pub mod semaphore_kinds {
-    pub use crate::semaphore::{Binary, SemaphoreKind, Timeline};
+    pub use interop_share::markers::{Binary, SemaphoreKind, Timeline};
 }
-pub mod socket;
-mod submit;
-pub mod token;
-mod transfer;
-pub mod wire;
 
 pub use buffer::{ExportableBuffer, BUFFER_USAGE};
 pub use context::{
@@ -63,20 +61,26 @@ pub use context::{
 };
 pub use error::{Error, Result};
 pub use image::{ExportableImage, ImageCapability, ImageDesc};
-pub use memory::{check_export_fd, import_with_duplicate, ImportError, ImportFailure, KeepAlive};
-pub use ownership::SharedLayout;
-pub use received::{PeerCredentials, ReceivedBuffer, ReceivedImage, ReceivedSemaphore};
-pub use record::{
-    BufferInfo, BufferRecord, ImageInfo, ImageRecord, SemaphoreInfo, SemaphoreRecord,
+pub use interop_share::fd::{
+    check_export_fd, import_with_duplicate, ImportError, ImportFailure, KeepAlive,
 };
+pub use interop_share::received::{
+    PeerCredentials, ReceivedBuffer, ReceivedImage, ReceivedSemaphore,
+};
+pub use interop_share::record::{
+    BufferFields, BufferInfo, BufferRecord, ImageFields, ImageInfo, ImageRecord, SemaphoreInfo,
+    SemaphoreRecord,
+};
+pub use interop_share::token::{BinaryPayload, BinarySignal, SignalReservation};
+pub use ownership::SharedLayout;
 pub use semaphore::{
     Binary, BinarySemaphore, Semaphore, SemaphoreKind, SyncFd, Timeline, TimelineSemaphore,
     WaitStrategy,
 };
-pub use token::{BinaryPayload, BinarySignal, SignalReservation};
 pub use transfer::SubmitSync;
 
 pub use ash;
+pub use interop_share;
 
 /// `VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT`: the one memory handle type
 /// this crate exports and imports (the one CUDA imports on Linux).

@@ -17,7 +17,6 @@
 //!   destroyed under a pending operation.
 
 use std::fmt;
-use std::marker::PhantomData;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -26,35 +25,14 @@ use std::time::{Duration, Instant};
 use ash::vk;
 
 use crate::context::{record_drop_error, Context, DROP_WAIT};
-use crate::error::{Error, Result};
-use crate::memory::{check_export_fd, check_same_device, import_dup, ImportError, ImportFailure};
-use crate::received::ReceivedSemaphore;
-use crate::record::{SemaphoreInfo, SemaphoreRecord};
-use crate::token::{BinaryPayload, BinarySignal};
+use crate::error::{unsupported, vk_error, Error, Result};
+use crate::memory::{check_same_device, import_dup};
+use interop_share::fd::{check_export_fd, ImportError, ImportFailure};
+use interop_share::received::ReceivedSemaphore;
+use interop_share::record::SemaphoreRecord;
+use interop_share::token::{BinaryPayload, BinarySignal};
 
-mod sealed {
-    pub trait Sealed {}
-}
-
-/// Binary or timeline (type-level `VkSemaphoreType`). Sealed.
-pub trait SemaphoreKind: sealed::Sealed + Send + Sync + 'static {
-    /// The Vulkan value.
-    const VK: vk::SemaphoreType;
-}
-/// `VK_SEMAPHORE_TYPE_BINARY`.
-#[derive(Debug)]
-pub enum Binary {}
-/// `VK_SEMAPHORE_TYPE_TIMELINE`.
-#[derive(Debug)]
-pub enum Timeline {}
-impl sealed::Sealed for Binary {}
-impl sealed::Sealed for Timeline {}
-impl SemaphoreKind for Binary {
-    const VK: vk::SemaphoreType = vk::SemaphoreType::BINARY;
-}
-impl SemaphoreKind for Timeline {
-    const VK: vk::SemaphoreType = vk::SemaphoreType::TIMELINE;
-}
+pub use interop_share::markers::{Binary, SemaphoreKind, Timeline};
 
 /// A binary semaphore that can be exported.
 pub type BinarySemaphore = Semaphore<Binary>;
@@ -123,7 +101,8 @@ pub struct Semaphore<K> {
     pub(crate) signal_lock: Mutex<()>,
     /// The highest timeline value a submission of this crate signals.
     pub(crate) last_submitted_signal: AtomicU64,
-    _kind: PhantomData<fn() -> K>,
+    /// This semaphore's record (its kind and device).
+    record: SemaphoreRecord<K>,
 }
 
 impl<K: SemaphoreKind> fmt::Debug for Semaphore<K> {
@@ -184,7 +163,7 @@ impl<K: SemaphoreKind> Semaphore<K> {
     pub fn preflight(ctx: &Context) -> Result<()> {
         let what = || format!("exporting a {:?} semaphore as an OPAQUE_FD", K::VK);
         if ctx.inner.semaphore_fd.is_none() {
-            return Err(Error::unsupported(
+            return Err(unsupported(
                 what(),
                 format!(
                     "{} does not offer VK_KHR_external_semaphore_fd",
@@ -197,7 +176,7 @@ impl<K: SemaphoreKind> Semaphore<K> {
         let features =
             semaphore_features(ctx, K::VK, vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD);
         if !features.contains(need) {
-            return Err(Error::unsupported(
+            return Err(unsupported(
                 what(),
                 format!("the driver reports features {features:?}"),
             ));
@@ -224,7 +203,7 @@ impl<K: SemaphoreKind> Semaphore<K> {
         }
         // SAFETY: the chain lives across the call.
         let semaphore = unsafe { ctx.inner.device.create_semaphore(&info, None) }
-            .map_err(Error::vk("vkCreateSemaphore", "out of memory"))?;
+            .map_err(vk_error("vkCreateSemaphore", "out of memory"))?;
         Ok(Semaphore {
             ctx: ctx.clone(),
             semaphore,
@@ -234,7 +213,10 @@ impl<K: SemaphoreKind> Semaphore<K> {
             payload,
             signal_lock: Mutex::new(()),
             last_submitted_signal: AtomicU64::new(0),
-            _kind: PhantomData,
+            record: SemaphoreRecord::of_kind(
+                ctx.inner.identity.device_uuid,
+                ctx.inner.identity.driver_uuid,
+            ),
         })
     }
 
@@ -300,10 +282,14 @@ impl<K: SemaphoreKind> Semaphore<K> {
         fd: OwnedFd,
         payload: BinaryPayload,
     ) -> Result<Self, ImportError> {
-        let checks = check_same_device(ctx, &record.info.device_uuid, &record.info.driver_uuid)
-            .and_then(|()| check_export_fd(&fd, "semaphore"))
-            .and_then(|()| Self::preflight(ctx))
-            .and_then(|()| Self::create(ctx, false, payload));
+        let checks = check_same_device(
+            ctx,
+            &record.info().device_uuid(),
+            &record.info().driver_uuid(),
+        )
+        .and_then(|()| check_export_fd(&fd, "semaphore"))
+        .and_then(|()| Self::preflight(ctx))
+        .and_then(|()| Self::create(ctx, false, payload));
         let this = match checks {
             Ok(s) => s,
             Err(error) => return Err(ImportError { error, fd }),
@@ -343,7 +329,7 @@ impl<K: SemaphoreKind> Semaphore<K> {
 
     fn loader(&self) -> Result<&ash::khr::external_semaphore_fd::Device> {
         self.ctx.inner.semaphore_fd.as_ref().ok_or_else(|| {
-            Error::unsupported(
+            unsupported(
                 "semaphore fds",
                 "VK_KHR_external_semaphore_fd is not enabled",
             )
@@ -353,7 +339,7 @@ impl<K: SemaphoreKind> Semaphore<K> {
     /// Exports the semaphore as a new OPAQUE_FD, owned by the caller.
     pub fn export_fd(&self) -> Result<OwnedFd> {
         if !self.exportable {
-            return Err(Error::unsupported(
+            return Err(unsupported(
                 "exporting this semaphore",
                 "it was created with new_local, or imported: export the original",
             ));
@@ -363,22 +349,14 @@ impl<K: SemaphoreKind> Semaphore<K> {
             .handle_type(vk::ExternalSemaphoreHandleTypeFlags::OPAQUE_FD);
         // SAFETY: created with OPAQUE_FD export info.
         let fd = unsafe { self.loader()?.get_semaphore_fd(&info) }
-            .map_err(Error::vk("vkGetSemaphoreFdKHR", "too many open files"))?;
+            .map_err(vk_error("vkGetSemaphoreFdKHR", "too many open files"))?;
         // SAFETY: a new fd owned by the caller.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
     /// What an importer needs, typed.
     pub fn record(&self) -> SemaphoreRecord<K> {
-        let id = &self.ctx.inner.identity;
-        SemaphoreRecord {
-            info: SemaphoreInfo {
-                semaphore_type: K::VK,
-                device_uuid: id.device_uuid,
-                driver_uuid: id.driver_uuid,
-            },
-            _kind: PhantomData,
-        }
+        self.record.clone()
     }
 
     /// The `VkSemaphore`, for the application's own submissions (see
@@ -393,12 +371,13 @@ impl<K: SemaphoreKind> Semaphore<K> {
     }
 }
 
-impl<K: SemaphoreKind> SemaphoreRecord<K> {
-    /// Checks the record against `ctx`'s device as an import would: both
-    /// UUIDs, and that this device can import such semaphores.
-    pub fn verify_on(&self, ctx: &Context) -> Result<()> {
-        check_same_device(ctx, &self.info.device_uuid, &self.info.driver_uuid)?;
-        Semaphore::<K>::preflight(ctx)
+impl Context {
+    /// Checks a semaphore record against this device as an import would:
+    /// both UUIDs, and that this device can import such semaphores.
+    pub fn verify_semaphore<K: SemaphoreKind>(&self, record: &SemaphoreRecord<K>) -> Result<()> {
+        let info = record.info();
+        check_same_device(self, &info.device_uuid(), &info.driver_uuid())?;
+        Semaphore::<K>::preflight(self)
     }
 }
 
@@ -437,7 +416,7 @@ impl Semaphore<Binary> {
         }
         if !self.sync_fd_exportable {
             return Err((
-                Error::unsupported(
+                unsupported(
                     "SYNC_FD export",
                     "the driver cannot export this semaphore as a SYNC_FD",
                 ),
@@ -519,7 +498,7 @@ impl Semaphore<Timeline> {
                 .device
                 .get_semaphore_counter_value(self.semaphore)
         }
-        .map_err(Error::vk(
+        .map_err(vk_error(
             "vkGetSemaphoreCounterValue",
             "the device was lost",
         ))
@@ -537,7 +516,7 @@ impl Semaphore<Timeline> {
             .value(value);
         // SAFETY: value checked above, under the lock.
         unsafe { self.ctx.inner.device.signal_semaphore(&info) }
-            .map_err(Error::vk("vkSignalSemaphore", "the device was lost"))
+            .map_err(vk_error("vkSignalSemaphore", "the device was lost"))
     }
 
     /// Checks a new signal value: above the current value and within

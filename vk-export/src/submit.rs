@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use ash::vk;
 
-use crate::error::{Error, Result};
+use crate::error::{unsupported, vk_error, Error, Result};
 
 /// The queue, and the last progress value a submission to it signals.
 #[derive(Debug)]
@@ -75,7 +75,7 @@ impl Slot {
             .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
         // SAFETY: plain object creation on a live device.
         let pool = unsafe { device.create_command_pool(&pool_info, None) }
-            .map_err(Error::vk("vkCreateCommandPool", "out of memory"))?;
+            .map_err(vk_error("vkCreateCommandPool", "out of memory"))?;
         let alloc = vk::CommandBufferAllocateInfo::default()
             .command_pool(pool)
             .level(vk::CommandBufferLevel::PRIMARY)
@@ -154,13 +154,13 @@ impl Slot {
             .usage(vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST);
         // SAFETY: plain creation.
         let buffer = unsafe { device.create_buffer(&info, None) }
-            .map_err(Error::vk("vkCreateBuffer (staging)", "out of memory"))?;
+            .map_err(vk_error("vkCreateBuffer (staging)", "out of memory"))?;
         // SAFETY: the buffer was just created.
         let reqs = unsafe { device.get_buffer_memory_requirements(buffer) };
         let Some(index) = find_type(reqs.memory_type_bits) else {
             // SAFETY: unused.
             unsafe { device.destroy_buffer(buffer, None) };
-            return Err(Error::unsupported(
+            return Err(unsupported(
                 "a staging buffer",
                 "no host-visible coherent memory",
             ));
@@ -254,14 +254,14 @@ impl Engine {
         unsafe {
             device
                 .reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty())
-                .map_err(Error::vk("vkResetCommandBuffer", "out of memory"))?;
+                .map_err(vk_error("vkResetCommandBuffer", "out of memory"))?;
             device
                 .begin_command_buffer(
                     cmd,
                     &vk::CommandBufferBeginInfo::default()
                         .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
                 )
-                .map_err(Error::vk("vkBeginCommandBuffer", "out of memory"))?;
+                .map_err(vk_error("vkBeginCommandBuffer", "out of memory"))?;
         }
         // Every batch holds at least one command: a later batch's progress
         // signal covers "all commands earlier in submission order", so this
@@ -285,7 +285,7 @@ impl Engine {
         record(cmd);
         // SAFETY: recording state.
         unsafe { device.end_command_buffer(cmd) }
-            .map_err(Error::vk("vkEndCommandBuffer", "out of memory"))?;
+            .map_err(vk_error("vkEndCommandBuffer", "out of memory"))?;
         let wait_stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; sync.wait_semaphores.len()];
         let value = {
             let mut q = queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -308,7 +308,7 @@ impl Engine {
             // lives until its fence signals (a timed-out slot is retired, not
             // freed); the callers checked that every semaphore belongs to
             // this device and is alive (borrowed) for the call.
-            unsafe { device.queue_submit(q.queue, &[submit], fence) }.map_err(Error::vk(
+            unsafe { device.queue_submit(q.queue, &[submit], fence) }.map_err(vk_error(
                 "vkQueueSubmit",
                 "the device was lost, or out of memory",
             ))?;
@@ -322,7 +322,7 @@ impl Engine {
             Ok(()) => {
                 // SAFETY: the fence signalled; nothing waits on it.
                 unsafe { device.reset_fences(&[fence]) }
-                    .map_err(Error::vk("vkResetFences", "out of memory"))
+                    .map_err(vk_error("vkResetFences", "out of memory"))
             }
             Err(vk::Result::TIMEOUT) => {
                 let slot = self.idle.take().expect("the slot in use");

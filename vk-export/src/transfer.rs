@@ -36,11 +36,11 @@ use crate::buffer::ExportableBuffer;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::image::ExportableImage;
-use crate::markers::{MemoryLocation, Tiling, Usage};
 use crate::ownership::{acquire_families, buffer_barrier, image_barrier, Owner, SharedLayout};
 use crate::semaphore::{Binary, Semaphore, Timeline};
 use crate::submit::RawSync;
-use crate::token::BinarySignal;
+use interop_share::markers::{MemoryLocation, Tiling, Usage};
+use interop_share::token::BinarySignal;
 
 /// A semaphore wait of a submission.
 #[derive(Debug)]

@@ -2,17 +2,17 @@
 //!
 //! # Contract
 //!
-//! * A record is a value **only this crate makes**: by an export
-//!   ([`ExportableImage::info`](crate::ExportableImage::info) and friends) or
-//!   by the wire decoder ([`crate::wire::Message::decode`]). Fields are
-//!   private; there is no constructor and no setter.
-//! * Every record satisfies [`ImageInfo::validate`]'s rules (and the buffer and
-//!   semaphore ones), whatever path made it: known format, ranges, row pitch
-//!   against tiling, offset 0, levels against extent, cube shape, allocation
-//!   size against the texels it must hold.
+//! * A record is made by an export (`vk_export::ExportableImage::info` and
+//!   friends, through [`ImageInfo::from_fields`]) or by the wire decoder
+//!   ([`crate::wire::Message::decode`]). Fields are private; the one
+//!   constructor validates, so there is no setter and no way around the rules.
+//! * Every record satisfies the shape rules, whatever path made it: known
+//!   format, ranges, row pitch against tiling, offset 0, levels against
+//!   extent, cube shape, allocation size against the texels it must hold.
+//!   This module is their only home.
 //! * A record does not prove that an fd holds the memory it describes: that is
-//!   what import-time verification ([`ImageRecord::verify_on`]) and the peer
-//!   model (see the README's "Trust boundary") are for.
+//!   what import-time verification (`vk_export::Context::verify_image` and
+//!   friends) and the peer model (see the guide's "Trust boundary") are for.
 //! * Typed records ([`ImageRecord`], [`BufferRecord`], [`SemaphoreRecord`])
 //!   add the type-level facts, checked exactly: a memory class states both
 //!   what it requires and what it excludes.
@@ -22,14 +22,19 @@ use std::marker::PhantomData;
 
 use ash::vk;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, WireError};
 use crate::format::{self, Format};
-use crate::markers::{usage, DeviceLocal, MemoryLocation, Optimal, Tiling, Usage};
-use crate::semaphore::SemaphoreKind;
-use crate::wire::WireError;
+use crate::markers::{usage, DeviceLocal, MemoryLocation, Optimal, SemaphoreKind, Tiling, Usage};
+
+/// Usage of every exportable buffer: storage (shader access) and transfers.
+pub const BUFFER_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
+    vk::BufferUsageFlags::STORAGE_BUFFER.as_raw()
+        | vk::BufferUsageFlags::TRANSFER_SRC.as_raw()
+        | vk::BufferUsageFlags::TRANSFER_DST.as_raw(),
+);
 
 /// Largest allocation a record may describe (1 TiB).
-pub(crate) const MAX_ALLOCATION: u64 = 1 << 40;
+pub const MAX_ALLOCATION: u64 = 1 << 40;
 /// Image usage bits a record may carry (`TRANSFER_SRC` .. `INPUT_ATTACHMENT`).
 const KNOWN_IMAGE_USAGE: u32 = 0xff;
 /// Buffer usage bits a record may carry.
@@ -74,7 +79,63 @@ pub struct ImageInfo {
     pub(crate) driver_uuid: [u8; 16],
 }
 
+/// The fields of an [`ImageInfo`], for [`ImageInfo::from_fields`]: what an
+/// exporter read from its own `VkImageCreateInfo`, `VkMemoryRequirements`
+/// and `VkPhysicalDeviceIDProperties`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(
+    missing_docs,
+    reason = "each field is the ImageInfo accessor of the same name"
+)]
+pub struct ImageFields {
+    pub format: vk::Format,
+    pub image_type: vk::ImageType,
+    pub extent: [u32; 3],
+    pub mip_levels: u32,
+    pub array_layers: u32,
+    pub flags: vk::ImageCreateFlags,
+    pub tiling: vk::ImageTiling,
+    pub usage: vk::ImageUsageFlags,
+    pub allocation_size: u64,
+    pub memory_type_index: u32,
+    pub memory_flags: vk::MemoryPropertyFlags,
+    pub dedicated: bool,
+    pub alignment: u64,
+    pub offset: u64,
+    pub row_pitch: u64,
+    pub array_pitch: u64,
+    pub device_uuid: [u8; 16],
+    pub driver_uuid: [u8; 16],
+}
+
 impl ImageInfo {
+    /// A record from its fields, if they satisfy every shape rule (the same
+    /// check the wire decoder ends with).
+    pub fn from_fields(f: ImageFields) -> Result<ImageInfo, WireError> {
+        let info = ImageInfo {
+            format: f.format,
+            image_type: f.image_type,
+            extent: f.extent,
+            mip_levels: f.mip_levels,
+            array_layers: f.array_layers,
+            flags: f.flags,
+            tiling: f.tiling,
+            usage: f.usage,
+            allocation_size: f.allocation_size,
+            memory_type_index: f.memory_type_index,
+            memory_flags: f.memory_flags,
+            dedicated: f.dedicated,
+            alignment: f.alignment,
+            offset: f.offset,
+            row_pitch: f.row_pitch,
+            array_pitch: f.array_pitch,
+            device_uuid: f.device_uuid,
+            driver_uuid: f.driver_uuid,
+        };
+        info.validate()?;
+        Ok(info)
+    }
+
     /// `VkImageCreateInfo::format`.
     pub fn format(&self) -> vk::Format {
         self.format
@@ -377,7 +438,42 @@ pub struct BufferInfo {
     pub(crate) driver_uuid: [u8; 16],
 }
 
+/// The fields of a [`BufferInfo`], for [`BufferInfo::from_fields`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(
+    missing_docs,
+    reason = "each field is the BufferInfo accessor of the same name"
+)]
+pub struct BufferFields {
+    pub size: u64,
+    pub usage: vk::BufferUsageFlags,
+    pub allocation_size: u64,
+    pub memory_type_index: u32,
+    pub memory_flags: vk::MemoryPropertyFlags,
+    pub dedicated: bool,
+    pub alignment: u64,
+    pub device_uuid: [u8; 16],
+    pub driver_uuid: [u8; 16],
+}
+
 impl BufferInfo {
+    /// A record from its fields, if they satisfy every rule.
+    pub fn from_fields(f: BufferFields) -> Result<BufferInfo, WireError> {
+        let info = BufferInfo {
+            size: f.size,
+            usage: f.usage,
+            allocation_size: f.allocation_size,
+            memory_type_index: f.memory_type_index,
+            memory_flags: f.memory_flags,
+            dedicated: f.dedicated,
+            alignment: f.alignment,
+            device_uuid: f.device_uuid,
+            driver_uuid: f.driver_uuid,
+        };
+        info.validate()?;
+        Ok(info)
+    }
+
     /// `VkBufferCreateInfo::size`: the bytes the buffer covers.
     pub fn size(&self) -> u64 {
         self.size
@@ -453,13 +549,13 @@ impl BufferInfo {
 
     /// Checks usage and the memory class exactly, and returns the record typed.
     pub fn typed<M: MemoryLocation>(self) -> Result<BufferRecord<M>> {
-        if !M::admits(self.memory_flags) || self.usage != crate::BUFFER_USAGE {
+        if !M::admits(self.memory_flags) || self.usage != BUFFER_USAGE {
             return Err(Error::Record(format!(
                 "the record describes a buffer with usage {:?} in {:?} memory; the receiver expects usage {:?} \
                  in {}",
                 self.usage,
                 self.memory_flags,
-                crate::BUFFER_USAGE,
+                BUFFER_USAGE,
                 M::describe()
             )));
         }
@@ -512,6 +608,22 @@ pub struct SemaphoreInfo {
 }
 
 impl SemaphoreInfo {
+    /// A record of a semaphore of `semaphore_type` on the given device and
+    /// driver, if the type is binary or timeline.
+    pub fn new(
+        semaphore_type: vk::SemaphoreType,
+        device_uuid: [u8; 16],
+        driver_uuid: [u8; 16],
+    ) -> Result<SemaphoreInfo, WireError> {
+        let info = SemaphoreInfo {
+            semaphore_type,
+            device_uuid,
+            driver_uuid,
+        };
+        info.validate()?;
+        Ok(info)
+    }
+
     /// Binary or timeline: decides the CUDA handle type.
     pub fn semaphore_type(&self) -> vk::SemaphoreType {
         self.semaphore_type
@@ -565,6 +677,21 @@ impl<K> Clone for SemaphoreRecord<K> {
 impl<K> fmt::Debug for SemaphoreRecord<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.info.fmt(f)
+    }
+}
+
+impl<K: SemaphoreKind> SemaphoreRecord<K> {
+    /// The record of a semaphore of kind `K` on the given device and driver
+    /// (every kind is a valid record, so this cannot fail).
+    pub fn of_kind(device_uuid: [u8; 16], driver_uuid: [u8; 16]) -> SemaphoreRecord<K> {
+        SemaphoreRecord {
+            info: SemaphoreInfo {
+                semaphore_type: K::VK,
+                device_uuid,
+                driver_uuid,
+            },
+            _kind: PhantomData,
+        }
     }
 }
 

@@ -1,5 +1,5 @@
-//! Type-level facts about an exportable image: its tiling, where its memory
-//! lives, and what it may be used for.
+//! Type-level facts about an exportable resource: an image's tiling, where
+//! its memory lives, what it may be used for, and a semaphore's kind.
 //!
 //! Each axis is a sealed trait with uninhabited marker types, named after the
 //! Vulkan value they stand for. The CUDA side puts its rules on these types
@@ -41,7 +41,7 @@ impl Tiling for Linear {
 /// A class is exact: it names the properties a memory type must have *and*
 /// those it must not have. A driver with no memory type of the class (every
 /// type host-visible, as on lavapipe and many integrated GPUs, has no
-/// [`DeviceLocal`] type) reports [`crate::Error::Unsupported`].
+/// [`DeviceLocal`] type) reports [`crate::error::Error::Unsupported`].
 pub trait MemoryLocation: sealed::Sealed + Send + Sync + 'static {
     /// Properties the memory type must have.
     const REQUIRED: vk::MemoryPropertyFlags;
@@ -119,4 +119,24 @@ pub mod usage {
         /// Transfer only.
         Transfer = ;
     }
+}
+
+/// Binary or timeline (type-level `VkSemaphoreType`). Sealed.
+pub trait SemaphoreKind: sealed::Sealed + Send + Sync + 'static {
+    /// The Vulkan value.
+    const VK: vk::SemaphoreType;
+}
+/// `VK_SEMAPHORE_TYPE_BINARY`.
+#[derive(Debug)]
+pub enum Binary {}
+/// `VK_SEMAPHORE_TYPE_TIMELINE`.
+#[derive(Debug)]
+pub enum Timeline {}
+impl sealed::Sealed for Binary {}
+impl sealed::Sealed for Timeline {}
+impl SemaphoreKind for Binary {
+    const VK: vk::SemaphoreType = vk::SemaphoreType::BINARY;
+}
+impl SemaphoreKind for Timeline {
+    const VK: vk::SemaphoreType = vk::SemaphoreType::TIMELINE;
 }

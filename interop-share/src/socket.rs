@@ -312,7 +312,7 @@ impl Connection {
             fds.push(r.export_fd()?);
         }
         // SAFETY: fd `i` is a fresh export of the resource whose own record is
-        // resource `i`.
+        // resource `i` (the contract of the `unsafe trait Exported`).
         unsafe { self.send(&message, fds) }
     }
 
@@ -454,51 +454,18 @@ impl AsFd for Connection {
     }
 }
 
-mod sealed {
-    pub trait Sealed {}
-}
-
-/// A resource of this process that [`Connection::send_exported`] can send:
-/// its own record and a fresh export of its fd, always together. Sealed.
-pub trait Exported: sealed::Sealed {
+/// A resource that [`Connection::send_exported`] can send: its own record
+/// and a fresh export of its fd, always together. `vk-export`'s exportable
+/// images, buffers and semaphores implement it.
+///
+/// # Safety
+/// [`Exported::export_fd`] returns a new fd that exports exactly the
+/// resource [`Exported::resource`] describes (the same allocation or
+/// semaphore, of the recorded size and kind): a receiver imports the pair
+/// as a bundle.
+pub unsafe trait Exported {
     /// The resource's own record.
     fn resource(&self) -> crate::wire::Resource;
     /// A fresh export of its fd.
     fn export_fd(&self) -> Result<OwnedFd>;
-}
-
-impl<F, T, M, U> sealed::Sealed for crate::ExportableImage<F, T, M, U> {}
-impl<F, T, M, U> Exported for crate::ExportableImage<F, T, M, U>
-where
-    F: crate::format::Format,
-    T: crate::markers::Tiling,
-    M: crate::markers::MemoryLocation,
-    U: crate::markers::Usage,
-{
-    fn resource(&self) -> crate::wire::Resource {
-        crate::wire::Resource::Image(self.info().clone())
-    }
-    fn export_fd(&self) -> Result<OwnedFd> {
-        crate::ExportableImage::export_fd(self)
-    }
-}
-
-impl<M> sealed::Sealed for crate::ExportableBuffer<M> {}
-impl<M: crate::markers::MemoryLocation> Exported for crate::ExportableBuffer<M> {
-    fn resource(&self) -> crate::wire::Resource {
-        crate::wire::Resource::Buffer(self.info().clone())
-    }
-    fn export_fd(&self) -> Result<OwnedFd> {
-        crate::ExportableBuffer::export_fd(self)
-    }
-}
-
-impl<K> sealed::Sealed for crate::Semaphore<K> {}
-impl<K: crate::SemaphoreKind> Exported for crate::Semaphore<K> {
-    fn resource(&self) -> crate::wire::Resource {
-        crate::wire::Resource::Semaphore(self.record().into_info())
-    }
-    fn export_fd(&self) -> Result<OwnedFd> {
-        crate::Semaphore::export_fd(self)
-    }
 }

@@ -18,113 +18,18 @@ use std::os::fd::OwnedFd;
 use ash::vk;
 
 use crate::error::Error;
+pub use crate::error::WireError;
 use crate::format::Format;
+use crate::markers::SemaphoreKind;
 use crate::markers::{MemoryLocation, Tiling, Usage};
 use crate::received::{PeerCredentials, ReceivedBuffer, ReceivedImage, ReceivedSemaphore};
 use crate::record::{BufferInfo, ImageInfo, SemaphoreInfo};
-use crate::semaphore::SemaphoreKind;
 
-/// First four bytes of every message.
-pub const MAGIC: [u8; 4] = *b"CIVX";
-/// The one version this build reads and writes.
-pub const VERSION: u16 = 1;
-/// Header size in bytes.
-pub const HEADER_LEN: usize = 16;
-/// Most resources (and so fds) in one message: far below the kernel's
-/// `SCM_MAX_FD` (253).
-pub const MAX_RESOURCES: usize = 16;
-/// Largest message accepted.
-pub const MAX_MESSAGE_LEN: usize = 16 * 1024;
+pub use crate::limits::{HEADER_LEN, MAGIC, MAX_MESSAGE_LEN, MAX_RESOURCES, VERSION};
 
 const KIND_IMAGE: u8 = 1;
 const KIND_BUFFER: u8 = 2;
 const KIND_SEMAPHORE: u8 = 3;
-
-/// Why a message was rejected.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum WireError {
-    /// The peer closed the connection.
-    #[error("the peer closed the connection")]
-    Closed,
-    /// Shorter than the header.
-    #[error("message of {0} bytes is shorter than the {HEADER_LEN}-byte header")]
-    TooShort(usize),
-    /// Does not start with [`MAGIC`].
-    #[error("not a cuda-interop message (bad magic)")]
-    BadMagic,
-    /// A version this build does not read.
-    #[error("wire version {found} is not supported (this build reads version {supported}); update both sides")]
-    UnsupportedVersion {
-        /// The message's version.
-        found: u16,
-        /// [`VERSION`].
-        supported: u16,
-    },
-    /// The header's length disagrees with the bytes received.
-    #[error("header declares {declared} payload bytes, {actual} arrived")]
-    LengthMismatch {
-        /// Declared.
-        declared: usize,
-        /// Received.
-        actual: usize,
-    },
-    /// Larger than [`MAX_MESSAGE_LEN`].
-    #[error("message too large ({0} bytes)")]
-    TooLarge(usize),
-    /// The payload's CRC does not match: corrupted in transit or forged.
-    #[error("checksum mismatch (header {expected:#010x}, payload {computed:#010x}): the record is corrupted")]
-    Checksum {
-        /// From the header.
-        expected: u32,
-        /// Computed over the payload.
-        computed: u32,
-    },
-    /// The payload ended inside a field.
-    #[error("record truncated inside `{0}`")]
-    Truncated(&'static str),
-    /// Bytes after the last resource.
-    #[error("{0} unexpected bytes after the last resource")]
-    TrailingBytes(usize),
-    /// A resource kind this version does not know.
-    #[error("unknown resource kind {0}")]
-    UnknownKind(u8),
-    /// A field outside its valid range.
-    #[error("field `{field}` has invalid value {value:#x}")]
-    InvalidValue {
-        /// Which field.
-        field: &'static str,
-        /// Its value.
-        value: u64,
-    },
-    /// More than [`MAX_RESOURCES`] resources, or none.
-    #[error("{0} resources in one message (1 to {MAX_RESOURCES} allowed)")]
-    ResourceCount(usize),
-    /// The fds received do not match the resources.
-    #[error("{received} fds arrived for {expected} resources")]
-    FdCount {
-        /// Resources in the message.
-        expected: usize,
-        /// Fds in the control message.
-        received: usize,
-    },
-    /// The kernel truncated the payload (`MSG_TRUNC`).
-    #[error("the message was truncated by the kernel (larger than {MAX_MESSAGE_LEN} bytes)")]
-    MessageTruncated,
-    /// The kernel truncated the control data (`MSG_CTRUNC`); excess fds were closed.
-    #[error("the control message was truncated (more fds than expected); the excess fds were closed by the kernel")]
-    ControlTruncated,
-    /// The receiver asked for a resource of another kind or index.
-    #[error("resource {index} is {found}, not {expected}")]
-    WrongResource {
-        /// Index asked for.
-        index: usize,
-        /// What it is.
-        found: &'static str,
-        /// What was asked for.
-        expected: &'static str,
-    },
-}
 
 /// One shared resource.
 #[derive(Clone, Debug, PartialEq, Eq)]
