@@ -14,6 +14,8 @@
 //!   run later, the resources it uses stay alive until it does (their `Drop`
 //!   waits for it), and the context stays usable, though later submissions
 //!   queue behind the stuck one until what it waits for arrives.
+//!   [`Context::signal_binary`] submits nothing until its timeline waits are
+//!   reached, so no binary wait can ever depend on a signal nobody submitted.
 //! * **No self-deadlock.** A helper or [`Context::with_queue`] called from
 //!   inside `with_queue` or a `submit_and_wait` recording closure of the same
 //!   context is refused ([`Error::InvalidArgument`]).
@@ -28,7 +30,7 @@
 //! ([`ExportableImage::raw`] gives the handle).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ash::vk;
 
@@ -37,7 +39,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::image::ExportableImage;
 use crate::ownership::{acquire_families, buffer_barrier, image_barrier, Owner, SharedLayout};
-use crate::semaphore::{Binary, Semaphore, Timeline};
+use crate::semaphore::{Binary, Semaphore, Timeline, WaitStrategy};
 use crate::submit::RawSync;
 use interop_share::markers::{MemoryLocation, Tiling, Usage};
 use interop_share::token::BinarySignal;
@@ -134,6 +136,23 @@ impl<'a> SubmitSync<'a> {
             raw.signal_values.push(*value);
         }
         Ok(raw)
+    }
+
+    /// Waits on the host, within the timeout (all of it, not each), until
+    /// every timeline value this submission waits for has been reached.
+    fn wait_timelines_on_host(&self) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        for wait in &self.waits {
+            if let Wait::Timeline(s, value) = wait {
+                let left = deadline.saturating_duration_since(Instant::now());
+                s.wait(*value, left, WaitStrategy::default())
+                    .map_err(|e| match e {
+                        Error::Timeout(_) => Error::Timeout(self.timeout),
+                        e => e,
+                    })?;
+            }
+        }
+        Ok(())
     }
 
     /// Locks every semaphore this submission signals (each once) and checks
@@ -580,6 +599,17 @@ impl Context {
     /// queue before (and after `sync`'s waits), and returns the token that
     /// one wait (CUDA's or a submission's) must consume. A second signal
     /// while one is pending is [`Error::BinarySemaphore`].
+    ///
+    /// `sync`'s timeline waits are waited for **on the host first**, within
+    /// `sync`'s timeout, and nothing is submitted until every one of them has
+    /// been reached ([`Error::Timeout`] otherwise, with nothing submitted and
+    /// the semaphore still unsignalled). A binary wait may only be submitted
+    /// once every signal its signal depends on has been submitted
+    /// (VUID-vkQueueSubmit-pWaitSemaphores-03238), and this crate cannot know
+    /// whether CUDA, another process or the host will ever signal a timeline
+    /// value it has not seen: so every token it mints stands for a signal
+    /// that depends on nothing unsubmitted, and a wait on it cannot block the
+    /// queue (or, on some drivers, `vkQueueSubmit` itself) for ever.
     pub fn signal_binary(
         &self,
         semaphore: &Semaphore<Binary>,
@@ -587,8 +617,9 @@ impl Context {
     ) -> Result<BinarySignal> {
         let _held = self.hold("signal_binary")?;
         self.check_owns(semaphore.context(), "the binary semaphore to signal")?;
-        let reservation = semaphore.payload().reserve_signal()?;
         let raw = sync.raw(self)?;
+        sync.wait_timelines_on_host()?;
+        let reservation = semaphore.payload().reserve_signal()?;
         let timeout = sync.timeout;
         let inner = &self.inner;
         let mut engine = inner.engine.lock().unwrap_or_else(|p| p.into_inner());
