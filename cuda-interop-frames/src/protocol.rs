@@ -1,6 +1,7 @@
 //! The frame-ring protocol: the small fixed-size packets a frame producer
-//! (`cuda-interop/examples/frame_server.rs`) and its consumers (the Python
-//! module, `frame_client.rs`) exchange on the same `SOCK_SEQPACKET` socket as
+//! ([`crate::producer`], the `frame_server` example) and its consumers
+//! ([`crate::consumer`]: the Python module, the `frame_client` example)
+//! exchange on the same `SOCK_SEQPACKET` socket as
 //! the `vk-export` wire message that shares the ring.
 //!
 //! # Contract
@@ -27,7 +28,8 @@
 //!   [`Packet::decode`]. A wire message (magic `"CIVX"`) is told apart by its
 //!   first four bytes.
 //!
-//! This file is std-only: the examples include it with `#[path]`.
+//! This module is std-only (and [`thiserror`]): it uses nothing else of the
+//! crate.
 
 /// First four bytes of every packet.
 pub const MAGIC: [u8; 4] = *b"CIFR";
@@ -78,42 +80,28 @@ pub struct Packet {
 }
 
 /// Why a packet was refused.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PacketError {
     /// Not [`PACKET_LEN`] bytes.
+    #[error(
+        "frame packet of {0} bytes (expected {PACKET_LEN}): not a cuda-interop frame producer"
+    )]
     Length(usize),
     /// Does not start with [`MAGIC`].
+    #[error(
+        "frame packet with magic {0:02x?} (expected \"CIFR\"): not a cuda-interop frame producer"
+    )]
     Magic([u8; 4]),
     /// Another [`VERSION`].
+    #[error("frame protocol version {0} is not supported (this build speaks {VERSION}); update both sides")]
     Version(u16),
     /// An unknown kind.
+    #[error("unknown frame packet kind {0}")]
     Kind(u16),
     /// A hello whose layout cannot be a ring of RGBA8 frames.
+    #[error("bad ring layout: {0}")]
     Layout(String),
 }
-
-impl std::fmt::Display for PacketError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PacketError::Length(n) => write!(
-                f,
-                "frame packet of {n} bytes (expected {PACKET_LEN}): not a cuda-interop frame producer"
-            ),
-            PacketError::Magic(m) => write!(
-                f,
-                "frame packet with magic {m:02x?} (expected \"CIFR\"): not a cuda-interop frame producer"
-            ),
-            PacketError::Version(v) => write!(
-                f,
-                "frame protocol version {v} is not supported (this build speaks {VERSION}); update both sides"
-            ),
-            PacketError::Kind(k) => write!(f, "unknown frame packet kind {k}"),
-            PacketError::Layout(why) => write!(f, "bad ring layout: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for PacketError {}
 
 impl Packet {
     /// A hello for a ring of `slots` RGBA8 frames.
