@@ -676,3 +676,178 @@ impl Ring {
             .count()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (Arc<Connection>, Connection) {
+        let (a, b) = Connection::pair().expect("socketpair");
+        (Arc::new(a), b)
+    }
+
+    fn soon() -> (Instant, Duration) {
+        let timeout = Duration::from_secs(5);
+        (deadline_after(timeout), timeout)
+    }
+
+    /// A ring of `n` slots over host memory (nothing reads it).
+    fn host_ring(conn: Arc<Connection>, n: u32) -> Ring {
+        let hello = Packet::hello(n, 4, 4, 16);
+        let slots = (0..n)
+            .map(|_| Slot {
+                memory: SlotMemory::new(Arc::new(vec![0u8; 64])),
+                data: 0,
+                len: 64,
+            })
+            .collect();
+        Ring::from_parts(conn, hello, slots, None)
+    }
+
+    #[test]
+    fn packets_round_trip_over_a_socket() {
+        let (a, b) = pair();
+        send_packet(&b, &Packet::frame(2, 9)).expect("send");
+        let (deadline, timeout) = soon();
+        assert_eq!(
+            peek(&a, deadline, timeout).expect("peek"),
+            NextMessage::Packet
+        );
+        assert_eq!(
+            recv_packet(&a, deadline, timeout).expect("recv"),
+            Packet::frame(2, 9)
+        );
+    }
+
+    #[test]
+    fn recv_is_bounded_and_typed() {
+        let (a, b) = pair();
+        let timeout = Duration::from_millis(20);
+        assert!(matches!(
+            recv_packet(&a, deadline_after(timeout), timeout),
+            Err(ConsumerError::Timeout(t)) if t == timeout
+        ));
+        rustix::net::send(b.as_fd(), b"CIFRshort", SendFlags::empty()).expect("send");
+        let (deadline, timeout) = soon();
+        assert!(matches!(
+            recv_packet(&a, deadline, timeout),
+            Err(ConsumerError::Packet(PacketError::Length(9)))
+        ));
+        rustix::net::send(b.as_fd(), b"CIVX", SendFlags::empty()).expect("send");
+        assert_eq!(
+            peek(&a, deadline, timeout).expect("peek"),
+            NextMessage::Other
+        );
+        drop(b);
+        // The wire message is still queued; past it, the end of the stream.
+        let _ = rustix::net::recv(a.as_fd(), &mut [0u8; 8], RecvFlags::empty());
+        assert!(matches!(
+            recv_packet(&a, deadline, timeout),
+            Err(ConsumerError::Closed)
+        ));
+    }
+
+    #[test]
+    fn frames_are_checked_and_held_until_released() {
+        let (a, b) = pair();
+        let ring = host_ring(a, 2);
+        ring.accept_frame(&Packet::frame(0, 1)).expect("frame 1");
+        assert_eq!(ring.held_count(), 1);
+        // Frame numbers go up; a held slot is not sent again; slots in range.
+        assert!(matches!(
+            ring.accept_frame(&Packet::frame(1, 1)),
+            Err(ConsumerError::Protocol(_))
+        ));
+        assert!(matches!(
+            ring.accept_frame(&Packet::frame(0, 2)),
+            Err(ConsumerError::Protocol(m)) if m.contains("still holds frame 1")
+        ));
+        assert!(matches!(
+            ring.accept_frame(&Packet::frame(2, 3)),
+            Err(ConsumerError::Protocol(_))
+        ));
+        assert!(matches!(
+            ring.accept_frame(&Packet::hello(2, 4, 4, 16)),
+            Err(ConsumerError::Protocol(_))
+        ));
+        ring.send_release(0, 1, false).expect("release");
+        assert_eq!(ring.held_count(), 0);
+        let (deadline, timeout) = soon();
+        assert_eq!(
+            recv_packet(&b, deadline, timeout).expect("the release"),
+            Packet::release(0, 1, false)
+        );
+        // Without semaphores a signal does nothing.
+        let mut signalled = false;
+        // SAFETY: no stream is named.
+        unsafe { ring.signal_released(0, 1, None, &mut signalled) }.expect("no-op");
+        assert!(!signalled);
+    }
+
+    #[test]
+    fn a_failed_release_holds_the_slot_again() {
+        let (a, b) = pair();
+        let ring = host_ring(a, 2);
+        ring.accept_frame(&Packet::frame(1, 1)).expect("frame");
+        drop(b);
+        assert!(matches!(
+            ring.send_release(1, 1, false),
+            Err(SendError::Failed(_))
+        ));
+        assert_eq!(ring.held_count(), 1);
+    }
+
+    #[test]
+    fn break_off_gives_everything_back() {
+        let (a, _b) = pair();
+        let ring = host_ring(a, 3);
+        ring.accept_frame(&Packet::frame(0, 1)).expect("frame");
+        ring.accept_frame(&Packet::frame(1, 2)).expect("frame");
+        assert!(!ring.is_gone());
+        ring.break_off("first".into());
+        ring.break_off("second".into());
+        assert!(ring.is_gone());
+        assert_eq!(ring.broken().as_deref(), Some("first"));
+        assert_eq!(ring.held_count(), 0);
+        // Releases after it do nothing (the producer took the slots back).
+        ring.send_release(0, 1, false).expect("a no-op");
+        assert!(matches!(
+            ring.accept_frame(&Packet::frame(2, 3)),
+            Err(ConsumerError::GivenUp(why)) if why == "first"
+        ));
+    }
+
+    #[test]
+    fn receiving_lock_is_bounded() {
+        let (a, _b) = pair();
+        let ring = host_ring(a, 2);
+        let guard = ring
+            .lock_receiving(deadline_after(Duration::ZERO), Duration::ZERO)
+            .expect("free");
+        let timeout = Duration::from_millis(5);
+        assert!(matches!(
+            ring.lock_receiving(deadline_after(timeout), timeout),
+            Err(ConsumerError::Busy(_))
+        ));
+        drop(guard);
+    }
+
+    #[test]
+    fn connect_errors_are_typed() {
+        let error = connect(
+            "/nonexistent/cuda-interop-frames-test.sock",
+            Duration::from_secs(1),
+        )
+        .expect_err("no such socket");
+        assert!(matches!(
+            error,
+            ConsumerError::Connect {
+                call: "connect",
+                ..
+            }
+        ));
+        assert!(error.to_string().starts_with(
+            "cannot connect to /nonexistent/cuda-interop-frames-test.sock: connect failed:"
+        ));
+    }
+}
