@@ -1,7 +1,7 @@
 //! The frame-ring protocol: the small fixed-size packets a frame producer
-//! ([`crate::producer`], the `frame_server` example) and its consumers
-//! ([`crate::consumer`]: the Python module, the `frame_client` example)
-//! exchange on the same `SOCK_SEQPACKET` socket as
+//! (this crate's `producer` module, the `frame_server` example) and its
+//! consumers (the `consumer` module: the Python module, the `frame_client`
+//! example) exchange on the same `SOCK_SEQPACKET` socket as
 //! the `vk-export` wire message that shares the ring.
 //!
 //! # Contract
