@@ -3,6 +3,15 @@
 //!
 //! See the crate's contract (`lib.rs`) for the Python-visible behaviour; the
 //! capsule destructors and the deleter ownership rules live here.
+//!
+//! # Contract
+//!
+//! * A capsule's destructor calls the tensor's deleter only if no consumer
+//!   took it; the deleter runs once, with the GIL released where possible.
+//! * A ring frame's slot goes back exactly once, through
+//!   `ring::release_ring_slot`: by `release()`, leaving `with`, or the drop.
+//! * Uses `errors`, `ring` and (feature `test-hooks`) `host` of this crate;
+//!   none of them uses this module.
 
 use std::ffi::{c_void, CStr};
 use std::ptr::NonNull;
@@ -19,9 +28,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 use vk_export::markers::DeviceLocal;
 
-use crate::cuda_error;
-use crate::protocol::Packet;
-use crate::ring::{send_packet, Ring, SendError, SlotMemory};
+use cuda_interop_frames::consumer::SlotMemory;
+use cuda_interop_frames::protocol::Packet;
+
+use crate::errors::cuda_error;
+#[cfg(feature = "test-hooks")]
+use crate::host::HostBytes;
+use crate::ring::{release_ring_slot, ReleaseError, SharedRing};
 
 const VERSIONED: &CStr = c"dltensor_versioned";
 const USED_VERSIONED: &CStr = c"used_dltensor_versioned";
@@ -34,34 +47,6 @@ const LEGACY_DEFAULT_STREAM: usize = 1;
 /// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
 const PER_THREAD_DEFAULT_STREAM: usize = 2;
 
-/// Counts the live host buffers of the test hooks.
-#[cfg(feature = "test-hooks")]
-pub(crate) static HOST_ALIVE: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(0);
-
-/// Host memory for the test hooks, counted in [`HOST_ALIVE`].
-#[cfg(feature = "test-hooks")]
-pub(crate) struct HostBytes(Box<[u8]>);
-
-#[cfg(feature = "test-hooks")]
-impl HostBytes {
-    pub(crate) fn new(bytes: Vec<u8>) -> HostBytes {
-        HOST_ALIVE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        HostBytes(bytes.into_boxed_slice())
-    }
-    /// The first byte's address (stable: the box never moves its heap memory).
-    pub(crate) fn data(&self) -> u64 {
-        self.0.as_ptr() as u64
-    }
-}
-
-#[cfg(feature = "test-hooks")]
-impl Drop for HostBytes {
-    fn drop(&mut self) {
-        HOST_ALIVE.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
 /// What a one-message frame hands out once.
 pub(crate) enum Payload {
     Imported(ImportedBuffer<DeviceLocal>),
@@ -71,7 +56,7 @@ pub(crate) enum Payload {
 
 /// A frame of a ring: a slot this consumer holds until it releases it.
 pub(crate) struct RingFrame {
-    ring: Arc<Ring>,
+    ring: Arc<SharedRing>,
     slot: u32,
     frame: u64,
     handed_out: bool,
@@ -277,10 +262,10 @@ impl Frame {
 
     /// Frame `packet.frame` in slot `packet.slot` of `ring` (already marked
     /// held), as a `(height, width, 4)` `uint8` tensor with pitched rows.
-    pub(crate) fn of_ring(ring: Arc<Ring>, packet: &Packet) -> Frame {
-        let layout = ring.layout;
-        let slot = &ring.slots[packet.slot as usize];
-        let device = match &ring.gpu {
+    pub(crate) fn of_ring(ring: Arc<SharedRing>, packet: &Packet) -> Frame {
+        let layout = *ring.layout();
+        let slot = &ring.slots()[packet.slot as usize];
+        let device = match ring.gpu() {
             Some(gpu) => (DL_CUDA, gpu.cuda.ordinal()),
             None => (DL_CPU, 0),
         };
@@ -365,7 +350,7 @@ impl Frame {
                          consumer protocol (its release orders after one consumer's stream)",
                     ));
                 }
-                if let Some(gpu) = &rf.ring.gpu {
+                if let Some(gpu) = rf.ring.gpu() {
                     if let Some(h) = stream.handle() {
                         let frame = rf.frame;
                         py.detach(|| {
@@ -385,7 +370,7 @@ impl Frame {
                 if rf.ring.orders_streams() {
                     rf.consumer_stream = ConsumerStream::of(py, &stream);
                 }
-                let slot = &rf.ring.slots[rf.slot as usize];
+                let slot = &rf.ring.slots()[rf.slot as usize];
                 let owner: Box<SlotMemory> = Box::new(slot.memory.clone());
                 // SAFETY: `slot.data` is the address of the slot's `len`
                 // bytes (a CUDA mapping, or host memory for the test hook),
@@ -434,7 +419,7 @@ impl Frame {
     /// The address of a ring frame's memory.
     pub(crate) fn ring_data(&self) -> PyResult<u64> {
         match &self.source {
-            Source::Ring(rf) if !rf.released => Ok(rf.ring.slots[rf.slot as usize].data),
+            Source::Ring(rf) if !rf.released => Ok(rf.ring.slots()[rf.slot as usize].data),
             Source::Ring(_) => Err(PyBufferError::new_err("the frame was released")),
             Source::Single(_) => Err(PyAttributeError::new_err(
                 "only frames of a frame ring (frame_server's protocol) have a \
@@ -481,8 +466,15 @@ impl Frame {
                 };
                 let (ring, slot, frame) = (rf.ring.clone(), rf.slot, rf.frame);
                 let mut signalled = rf.signalled;
-                let sent =
-                    py.detach(|| release_ring_slot(&ring, slot, frame, handle, &mut signalled));
+                let sent = py.detach(|| {
+                    // SAFETY: `handle` is 1 (the legacy default stream), the
+                    // handle of a stream object this frame keeps referenced
+                    // (its remembered stream) or the caller holds across
+                    // this call (an explicit argument), or a bare handle the
+                    // consumer passed to this very call: a live stream for
+                    // the call.
+                    unsafe { release_ring_slot(&ring, slot, frame, handle, &mut signalled) }
+                });
                 rf.signalled = signalled;
                 sent.map_err(ReleaseError::into_py)?;
                 rf.released = true;
@@ -511,89 +503,6 @@ impl Frame {
             Source::Ring(rf) => give_back_ring(py, rf),
         }
         pending.restore(py);
-    }
-}
-
-/// Why a ring slot's release failed. Plain Rust values, so that a
-/// destructor can format them without calling into Python.
-enum ReleaseError {
-    /// The "released" signal could not be enqueued.
-    Signal(cuda_interop::Error),
-    /// The release message could not be sent.
-    Send(SendError),
-}
-
-impl std::fmt::Display for ReleaseError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ReleaseError::Signal(e) => write!(f, "the release signal failed: {e}"),
-            ReleaseError::Send(e) => e.fmt(f),
-        }
-    }
-}
-
-impl ReleaseError {
-    fn into_py(self) -> PyErr {
-        match self {
-            ReleaseError::Signal(e) => cuda_error(e),
-            ReleaseError::Send(e) => e.into_py(),
-        }
-    }
-}
-
-/// Signals slot `slot`'s "released" timeline with `frame` after the work on
-/// `stream` (if any, if the ring has CUDA semaphores, and unless the slot's
-/// timeline already reached `frame`: an earlier attempt signalled), then
-/// sends the release and marks the slot free. `signalled` says, on return,
-/// whether the timeline was signalled for this frame.
-fn release_ring_slot(
-    ring: &Ring,
-    slot: u32,
-    frame: u64,
-    stream: Option<usize>,
-    signalled: &mut bool,
-) -> Result<(), ReleaseError> {
-    // After `Receiver.close()` or a connection given up, the producer has
-    // taken the slot back: nothing to signal or send.
-    if ring.is_gone() {
-        return Ok(());
-    }
-    if let Some(gpu) = &ring.gpu {
-        // An attempt whose signal was enqueued but failed afterwards (its
-        // last-use record, or the send) raised the timeline's last value
-        // already: a second signal of `frame` would be refused.
-        let released = &gpu.released[slot as usize];
-        *signalled |= released.last_signalled() >= frame;
-        if let (Some(h), false) = (stream, *signalled) {
-            let via = gpu
-                .release_stream
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            // SAFETY: `h` is 1 (the legacy default stream), the handle of a
-            // stream object the frame or the caller holds across this call,
-            // or a handle the consumer passed to this very call: a live
-            // stream of the ring's device (or a default one) for the call.
-            let result = unsafe { released.signal_raw_stream(h as _, frame, &via) };
-            *signalled = released.last_signalled() >= frame;
-            result.map_err(ReleaseError::Signal)?;
-        }
-    }
-    #[cfg(feature = "test-hooks")]
-    if let (Some(log), Some(h), false) = (&ring.signal_log, stream, *signalled) {
-        log.lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((slot, frame, h));
-        *signalled = true;
-    }
-    ring.mark_released(slot, frame);
-    match send_packet(&ring.conn, &Packet::release(slot, frame, *signalled)) {
-        Ok(()) => Ok(()),
-        // Closed meanwhile: the producer took the slot back.
-        Err(_) if ring.is_gone() => Ok(()),
-        Err(e) => {
-            ring.mark_held(slot, frame);
-            Err(ReleaseError::Send(e))
-        }
     }
 }
 
@@ -676,7 +585,11 @@ fn give_back_ring(py: Python<'_>, rf: &mut RingFrame) {
     };
     let (ring, slot, frame, mut signalled) = (rf.ring.clone(), rf.slot, rf.frame, rf.signalled);
     py.detach(move || {
-        if let Err(error) = release_ring_slot(&ring, slot, frame, stream, &mut signalled) {
+        // SAFETY: `stream` is the remembered stream where it can still be
+        // named: 1 (the legacy default stream) or the handle of the stream
+        // object `remembered` keeps referenced until after this call.
+        let result = unsafe { release_ring_slot(&ring, slot, frame, stream, &mut signalled) };
+        if let Err(error) = result {
             ring.break_off(format!(
                 "the release of dropped frame {frame} failed: {error}"
             ));
@@ -800,7 +713,7 @@ impl Frame {
         }
         let mut stream = None;
         if let Source::Ring(rf) = &mut self.source {
-            if let Some(gpu) = &rf.ring.gpu {
+            if let Some(gpu) = rf.ring.gpu() {
                 let (frame, wait) = (rf.frame, !rf.interface_waited);
                 let raw = py
                     .detach(|| {
@@ -1027,31 +940,4 @@ unsafe extern "C" fn delete_legacy_capsule(capsule: *mut ffi::PyObject) {
         // SAFETY: as in `delete_versioned_capsule`.
         unsafe { call_legacy_deleter(tensor.into_raw()) }
     });
-}
-
-/// Test hook: a one-message frame over `nbytes` bytes of host memory
-/// (`kDLCPU`), each byte its index modulo 256.
-#[cfg(feature = "test-hooks")]
-#[pyfunction]
-pub(crate) fn _host_frame(nbytes: u64) -> PyResult<Frame> {
-    let len = usize::try_from(nbytes).map_err(|_| PyValueError::new_err("too large"))?;
-    let bytes: Vec<u8> = (0..len).map(|i| i as u8).collect();
-    Ok(Frame::single(
-        0,
-        nbytes,
-        (DL_CPU, 0),
-        Payload::Host(HostBytes::new(bytes)),
-    ))
-}
-
-/// Test hook: the `__cuda_array_interface__` dictionary a CUDA ring frame
-/// with this frame's layout would have (its `stream` key `None`).
-#[cfg(feature = "test-hooks")]
-#[pyfunction]
-pub(crate) fn _interface_dict<'py>(
-    py: Python<'py>,
-    frame: PyRef<'py, Frame>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let data = frame.ring_data()?;
-    frame.interface(py, data, Some(None))
 }

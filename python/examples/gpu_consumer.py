@@ -11,7 +11,7 @@ objects.
 cupy: `cupy.asarray(frame)` (`__cuda_array_interface__`), `frame.release(stream=
 the current CuPy stream)`.
 
-The frame pattern (cuda-interop-py/src/protocol.rs): every pixel, read as a
+The frame pattern (cuda-interop-frames/src/protocol.rs): every pixel, read as a
 little-endian u32, is the frame number, except a band of height // 16 rows
 starting at row (8 * frame) % (height - rows + 1), which is its bitwise NOT.
 Bad frames are counted on the GPU and read once at the end; the exit status is

@@ -79,7 +79,7 @@ pub fn wheel(args: &[String]) -> Result<(), String> {
         "build",
         "--release",
         "-p",
-        "cuda-interop",
+        "cuda-interop-frames",
         "--example",
         "frame_server",
         "--example",

@@ -1,19 +1,15 @@
-//! A frame producer for Python and Rust consumers: Vulkan writes frames into a
-//! small ring of exportable device-local buffers and serves them over a Unix
-//! socket with the frame-ring protocol (`cuda-interop-py/src/protocol.rs`).
+//! The frame producer: Vulkan writes frames into a small ring of exportable
+//! buffers and serves them to any number of consumers over a Unix socket
+//! with the frame-ring protocol ([`crate::protocol`]). The `frame_server`
+//! example is its command line; [`run`] is the whole server.
 //!
-//! ```text
-//! cargo run --release -p cuda-interop --example frame_server -- [--socket PATH]
-//!     [--width 1920] [--height 1080] [--row-pitch BYTES] [--slots 4]
-//!     [--seconds 300] [--frames N] [--fps F] [--hold-timeout 5] [--device UUID]
-//!     [--host-visible] [--no-semaphores]
-//! ```
+//! # Contract
 //!
 //! * Each frame `f` (from 1) is written with transfer commands only: the whole
 //!   buffer filled with the `u32` `f` (little-endian RGBA bytes), then a band
 //!   of `height / 16` rows at a row moving 8 rows a frame filled with `!f`
-//!   (`protocol::band_rows`). Rows are `--row-pitch` bytes apart (default
-//!   `width * 4`).
+//!   ([`protocol::band_rows`]). Rows are [`ProducerOptions::row_pitch`] bytes
+//!   apart.
 //! * Each consumer that connects gets a hello (the layout), then one message
 //!   with the ring's buffers, the "produced" timeline (signalled with `f`
 //!   when frame `f` is written) and one "released" timeline per slot of its
@@ -24,39 +20,34 @@
 //!   of the slot when its release said its GPU signals it, and the
 //!   submission waits for the same values on the GPU.
 //! * A consumer that disconnects or dies gives its slots back; one that holds
-//!   a slot longer than `--hold-timeout` seconds, or whose GPU release does
-//!   not arrive within it, is disconnected. The others keep being served.
+//!   a slot longer than [`ProducerOptions::hold_timeout`], or whose GPU
+//!   release does not arrive within it, is disconnected. The others keep
+//!   being served.
 //! * Bounded: accepts, reads and writes have timeouts, and the whole run
-//!   ends after `--seconds` (or `--frames`). Every change in the number of
-//!   consumers prints the process's fd count and, when a CUDA driver is
-//!   there, `cuMemGetInfo`'s free memory, next to the values before the first
+//!   ends after [`ProducerOptions::seconds`] (or
+//!   [`ProducerOptions::frames`]). Progress goes to stdout, each line
+//!   starting `[frame_server]`: every change in the number of consumers
+//!   prints the process's fd count and, when a CUDA driver is there,
+//!   `cuMemGetInfo`'s free memory, next to the values before the first
 //!   consumer.
-//! * `--host-visible` puts the ring in host-visible memory instead, for
-//!   Vulkan drivers without device-local-only memory (lavapipe: the CPU
-//!   tests); CUDA consumers need the default, device-local.
-//!   `--no-semaphores` (also for lavapipe, which exports none) shares only
-//!   the buffers: frames are announced after their writes completed, and a
-//!   release with a GPU signal is a protocol error. CUDA consumers refuse
-//!   such a ring.
-
-#[path = "../../cuda-interop-py/src/protocol.rs"]
-#[allow(
-    dead_code,
-    reason = "shared with the Python module, which uses all of it"
-)]
-mod protocol;
+//! * [`ProducerOptions::host_visible`] puts the ring in host-visible memory
+//!   instead, for Vulkan drivers without device-local-only memory (lavapipe:
+//!   the CPU tests); CUDA consumers need the default, device-local.
+//!   [`ProducerOptions::no_semaphores`] (also for lavapipe, which exports
+//!   none) shares only the buffers: frames are announced after their writes
+//!   completed, and a release with a GPU signal is a protocol error. CUDA
+//!   consumers refuse such a ring.
 
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use protocol::{Kind, Packet, PACKET_LEN, SETUP_TAG};
+use crate::protocol::{self, Kind, Packet, PacketError, PACKET_LEN, SETUP_TAG};
 use vk_export::ash::vk;
 use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
 use vk_export::socket::{Connection, Exported, Listener};
@@ -64,110 +55,102 @@ use vk_export::{
     Context, ExportableBuffer, HeadlessOptions, SubmitSync, TimelineSemaphore, WaitStrategy,
 };
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+type Res<T> = Result<T, ProducerError>;
 
 /// How long socket reads wait before checking whether to stop.
 const POLL: Duration = Duration::from_millis(200);
 /// Bound on writing one packet to a consumer.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 
-#[derive(Clone)]
-struct Options {
-    socket: String,
-    width: u32,
-    height: u32,
-    row_pitch: u64,
-    slots: u32,
-    seconds: f64,
-    frames: Option<u64>,
-    fps: f64,
-    hold_timeout: Duration,
-    device: Option<[u8; 16]>,
-    host_visible: bool,
-    no_semaphores: bool,
+/// What to serve, and for how long.
+#[derive(Clone, Debug)]
+pub struct ProducerOptions {
+    /// The socket path (an existing file there is removed first).
+    pub socket: String,
+    /// Pixels per row.
+    pub width: u32,
+    /// Rows.
+    pub height: u32,
+    /// Bytes from one row to the next (at least `width * 4`, a multiple of 4).
+    pub row_pitch: u64,
+    /// Slots in the ring (2 to [`protocol::MAX_SLOTS`]).
+    pub slots: u32,
+    /// How long the whole run lasts.
+    pub seconds: f64,
+    /// Stop after this many frames, if given.
+    pub frames: Option<u64>,
+    /// Frames a second at most (0: as fast as the consumers release).
+    pub fps: f64,
+    /// How long a consumer may hold a slot (or keep its GPU release waiting).
+    pub hold_timeout: Duration,
+    /// The Vulkan device's `deviceUUID` (default: the first device).
+    pub device: Option<[u8; 16]>,
+    /// Host-visible ring memory instead of device-local.
+    pub host_visible: bool,
+    /// Share only the buffers, no timelines.
+    pub no_semaphores: bool,
 }
 
-fn parse_uuid(s: &str) -> Option<[u8; 16]> {
-    let hex: String = s
-        .trim_start_matches("GPU-")
-        .chars()
-        .filter(|c| *c != '-')
-        .collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
-}
-
-fn options() -> Result<Options, String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let value = |name: &str| -> Option<&String> {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-    };
-    fn num<T: std::str::FromStr>(name: &str, v: Option<&String>, default: T) -> Result<T, String> {
-        v.map_or(Ok(default), |s| {
-            s.parse()
-                .map_err(|_| format!("{name} needs a number, not {s:?}"))
-        })
-    }
-    let width = num("--width", value("--width"), 1920u32)?;
-    let height = num("--height", value("--height"), 1080u32)?;
-    let opts = Options {
-        socket: value("--socket")
-            .cloned()
-            .unwrap_or_else(|| "/tmp/cuda-interop-frames.sock".into()),
-        width,
-        height,
-        row_pitch: num("--row-pitch", value("--row-pitch"), u64::from(width) * 4)?,
-        slots: num("--slots", value("--slots"), 4u32)?,
-        seconds: num("--seconds", value("--seconds"), 300.0f64)?,
-        frames: value("--frames")
-            .map(|s| {
-                s.parse()
-                    .map_err(|_| format!("--frames needs a number, not {s:?}"))
-            })
-            .transpose()?,
-        fps: num("--fps", value("--fps"), 0.0f64)?,
-        hold_timeout: Duration::from_secs_f64(num("--hold-timeout", value("--hold-timeout"), 5.0)?),
-        device: value("--device")
-            .map(|u| parse_uuid(u).ok_or(format!("--device needs a GPU UUID, not {u:?}")))
-            .transpose()?,
-        host_visible: args.iter().any(|a| a == "--host-visible"),
-        no_semaphores: args.iter().any(|a| a == "--no-semaphores"),
-    };
-    if opts.slots < 2 {
-        return Err("--slots must be at least 2".into());
-    }
-    Packet::hello(opts.slots, opts.width, opts.height, opts.row_pitch)
-        .check_layout()
-        .map_err(|e| e.to_string())?;
-    if !(opts.seconds > 0.0 && opts.seconds.is_finite()) {
-        return Err("--seconds must be a positive number".into());
-    }
-    Ok(opts)
-}
-
-fn main() -> ExitCode {
-    let opts = match options() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("frame_server: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match run(&opts) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("frame_server FAILED: {e}");
-            ExitCode::FAILURE
+impl Default for ProducerOptions {
+    /// The `frame_server` defaults: `/tmp/cuda-interop-frames.sock`, 4 slots
+    /// of 1920x1080 with unpadded rows, 300 s, no frame limit, no rate
+    /// limit, a 5 s hold timeout, the first device, device-local memory,
+    /// with semaphores.
+    fn default() -> ProducerOptions {
+        ProducerOptions {
+            socket: "/tmp/cuda-interop-frames.sock".into(),
+            width: 1920,
+            height: 1080,
+            row_pitch: 1920 * 4,
+            slots: 4,
+            seconds: 300.0,
+            frames: None,
+            fps: 0.0,
+            hold_timeout: Duration::from_secs(5),
+            device: None,
+            host_visible: false,
+            no_semaphores: false,
         }
     }
+}
+
+impl ProducerOptions {
+    /// Checks the options [`run`] needs: at least 2 slots, a valid ring
+    /// layout, a positive finite run time.
+    pub fn validate(&self) -> Result<(), ProducerError> {
+        if self.slots < 2 {
+            return Err(ProducerError::Options("at least 2 slots are needed".into()));
+        }
+        self.hello().check_layout()?;
+        if !(self.seconds > 0.0 && self.seconds.is_finite()) {
+            return Err(ProducerError::Options(
+                "the run time must be a positive number of seconds".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The hello every consumer gets.
+    pub fn hello(&self) -> Packet {
+        Packet::hello(self.slots, self.width, self.height, self.row_pitch)
+    }
+}
+
+/// Why the producer stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ProducerError {
+    /// [`ProducerOptions::validate`] refused the options.
+    #[error("bad options: {0}")]
+    Options(String),
+    /// The ring layout is not a valid one.
+    #[error(transparent)]
+    Layout(#[from] PacketError),
+    /// A Vulkan call failed (setup, a submission, the socket).
+    #[error(transparent)]
+    Vulkan(#[from] vk_export::Error),
+    /// A socket call of a consumer's setup failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
 }
 
 /// Open fds of this process.
@@ -277,7 +260,7 @@ fn read_releases(id: u64, mut stream: UnixStream, events: Sender<Event>, stop: A
 
 struct Server<M> {
     ctx: Context,
-    opts: Options,
+    opts: ProducerOptions,
     buffers: Vec<ExportableBuffer<M>>,
     /// `None` with `--no-semaphores`.
     produced: Option<TimelineSemaphore>,
@@ -568,7 +551,12 @@ impl<M: MemoryLocation> Server<M> {
     }
 }
 
-fn run(opts: &Options) -> Res<()> {
+/// Serves frames as the module contract says until the run time or the
+/// frame count is reached: binds `opts.socket`, renders into the ring while
+/// consumers are connected, and stops cleanly (every consumer disconnected,
+/// the socket file removed by the listener).
+pub fn run(opts: &ProducerOptions) -> Result<(), ProducerError> {
+    opts.validate()?;
     let ctx = Context::headless(&HeadlessOptions {
         device_uuid: opts.device,
         ..HeadlessOptions::default()
@@ -580,7 +568,7 @@ fn run(opts: &Options) -> Res<()> {
     }
 }
 
-fn run_with<M: MemoryLocation>(ctx: Context, opts: &Options) -> Res<()> {
+fn run_with<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<()> {
     println!(
         "[frame_server] {} ({}), {} slots of {}x{} RGBA8, row pitch {} bytes",
         ctx.identity().name,

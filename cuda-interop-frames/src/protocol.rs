@@ -1,6 +1,7 @@
 //! The frame-ring protocol: the small fixed-size packets a frame producer
-//! (`cuda-interop/examples/frame_server.rs`) and its consumers (the Python
-//! module, `frame_client.rs`) exchange on the same `SOCK_SEQPACKET` socket as
+//! (this crate's `producer` module, the `frame_server` example) and its
+//! consumers (the `consumer` module: the Python module, the `frame_client`
+//! example) exchange on the same `SOCK_SEQPACKET` socket as
 //! the `vk-export` wire message that shares the ring.
 //!
 //! # Contract
@@ -27,7 +28,8 @@
 //!   [`Packet::decode`]. A wire message (magic `"CIVX"`) is told apart by its
 //!   first four bytes.
 //!
-//! This file is std-only: the examples include it with `#[path]`.
+//! This module is std-only (and [`thiserror`]): it uses nothing else of the
+//! crate.
 
 /// First four bytes of every packet.
 pub const MAGIC: [u8; 4] = *b"CIFR";
@@ -78,42 +80,28 @@ pub struct Packet {
 }
 
 /// Why a packet was refused.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PacketError {
     /// Not [`PACKET_LEN`] bytes.
+    #[error(
+        "frame packet of {0} bytes (expected {PACKET_LEN}): not a cuda-interop frame producer"
+    )]
     Length(usize),
     /// Does not start with [`MAGIC`].
+    #[error(
+        "frame packet with magic {0:02x?} (expected \"CIFR\"): not a cuda-interop frame producer"
+    )]
     Magic([u8; 4]),
     /// Another [`VERSION`].
+    #[error("frame protocol version {0} is not supported (this build speaks {VERSION}); update both sides")]
     Version(u16),
     /// An unknown kind.
+    #[error("unknown frame packet kind {0}")]
     Kind(u16),
     /// A hello whose layout cannot be a ring of RGBA8 frames.
+    #[error("bad ring layout: {0}")]
     Layout(String),
 }
-
-impl std::fmt::Display for PacketError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PacketError::Length(n) => write!(
-                f,
-                "frame packet of {n} bytes (expected {PACKET_LEN}): not a cuda-interop frame producer"
-            ),
-            PacketError::Magic(m) => write!(
-                f,
-                "frame packet with magic {m:02x?} (expected \"CIFR\"): not a cuda-interop frame producer"
-            ),
-            PacketError::Version(v) => write!(
-                f,
-                "frame protocol version {v} is not supported (this build speaks {VERSION}); update both sides"
-            ),
-            PacketError::Kind(k) => write!(f, "unknown frame packet kind {k}"),
-            PacketError::Layout(why) => write!(f, "bad ring layout: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for PacketError {}
 
 impl Packet {
     /// A hello for a ring of `slots` RGBA8 frames.
@@ -299,6 +287,99 @@ mod tests {
         assert!(Packet::decode(&Packet::hello(2, 4, 1, 1 << 31).encode()).is_ok());
         assert!(Packet::decode(&Packet::hello(2, 4, 1, (1 << 31) + 4).encode()).is_err());
         assert!(Packet::decode(&Packet::hello(2, 4, 1, u64::MAX - 3).encode()).is_err());
+    }
+
+    #[test]
+    fn encoding_is_little_endian_at_fixed_offsets() {
+        let b = Packet::release(3, 0x0102_0304_0506_0708, true).encode();
+        assert_eq!(b.len(), PACKET_LEN);
+        assert_eq!(&b[0..4], b"CIFR");
+        assert_eq!(&b[4..6], &VERSION.to_le_bytes());
+        assert_eq!(&b[6..8], &3u16.to_le_bytes()); // Kind::Release
+        assert_eq!(&b[8..12], &3u32.to_le_bytes());
+        assert_eq!(&b[12..16], &RELEASE_GPU_SIGNALLED.to_le_bytes());
+        assert_eq!(&b[16..24], &0x0102_0304_0506_0708u64.to_le_bytes());
+        // Unused fields are 0, but every packet carries the format (1).
+        assert!(b[24..40].iter().all(|&x| x == 0));
+        assert_eq!(&b[40..44], &FORMAT_RGBA8.to_le_bytes());
+        assert!(b[44..].iter().all(|&x| x == 0));
+        let h = Packet::hello(2, 640, 480, 2560).encode();
+        assert_eq!(&h[24..28], &640u32.to_le_bytes());
+        assert_eq!(&h[28..32], &480u32.to_le_bytes());
+        assert_eq!(&h[32..40], &2560u64.to_le_bytes());
+        assert_eq!(&h[40..44], &FORMAT_RGBA8.to_le_bytes());
+        assert_eq!(Packet::release(0, 1, false).flags, 0);
+    }
+
+    #[test]
+    fn refused_whole() {
+        let good = Packet::frame(1, 2).encode();
+        assert_eq!(Packet::decode(&good[..47]), Err(PacketError::Length(47)));
+        assert_eq!(Packet::decode(&[]), Err(PacketError::Length(0)));
+        let mut b = good;
+        b[0] = b'X';
+        assert_eq!(Packet::decode(&b), Err(PacketError::Magic(*b"XIFR")));
+        let mut b = good;
+        b[4..6].copy_from_slice(&2u16.to_le_bytes());
+        assert_eq!(Packet::decode(&b), Err(PacketError::Version(2)));
+        for kind in [0u16, 4, u16::MAX] {
+            let mut b = good;
+            b[6..8].copy_from_slice(&kind.to_le_bytes());
+            assert_eq!(Packet::decode(&b), Err(PacketError::Kind(kind)));
+        }
+        // Only a hello's layout is checked: a frame packet's zero layout is fine.
+        assert!(Packet::decode(&good).is_ok());
+        let mut b = Packet::hello(2, 4, 4, 16).encode();
+        b[40..44].copy_from_slice(&2u32.to_le_bytes());
+        assert!(matches!(Packet::decode(&b), Err(PacketError::Layout(_))));
+    }
+
+    #[test]
+    fn error_messages() {
+        assert_eq!(
+            PacketError::Length(3).to_string(),
+            "frame packet of 3 bytes (expected 48): not a cuda-interop frame producer"
+        );
+        assert_eq!(
+            PacketError::Magic(*b"CIVX").to_string(),
+            "frame packet with magic [43, 49, 56, 58] (expected \"CIFR\"): not a cuda-interop \
+             frame producer"
+        );
+        assert_eq!(
+            PacketError::Version(9).to_string(),
+            "frame protocol version 9 is not supported (this build speaks 1); update both sides"
+        );
+        assert_eq!(
+            PacketError::Kind(7).to_string(),
+            "unknown frame packet kind 7"
+        );
+        assert_eq!(
+            PacketError::Layout("x".into()).to_string(),
+            "bad ring layout: x"
+        );
+    }
+
+    #[test]
+    fn frame_bytes_spans_the_last_row_unpadded() {
+        assert_eq!(Packet::hello(2, 4, 3, 32).frame_bytes(), Some(2 * 32 + 16));
+        assert_eq!(Packet::hello(2, 4, 0, 32).frame_bytes(), None);
+        assert_eq!(Packet::hello(2, 1, 1, 4).frame_bytes(), Some(4));
+        assert!(Packet::hello(MAX_SLOTS, 4, 4, 16).check_layout().is_ok());
+        assert!(Packet::hello(2, 0, 4, 16).check_layout().is_err());
+    }
+
+    #[test]
+    fn pattern() {
+        assert_eq!(background(5), 5);
+        assert_eq!(band_value(5), !5u32);
+        assert_eq!(background((1 << 32) + 7), 7);
+        assert_eq!(band_rows(0, 1080), (0, 67));
+        assert_eq!(band_rows(1, 1080), (8, 75));
+    }
+
+    #[test]
+    fn setup_tag_is_cifrring() {
+        assert_eq!(&SETUP_TAG.to_le_bytes(), b"CIFRRING");
     }
 
     #[test]

@@ -6,31 +6,25 @@
 //! a GPU signal of its "released" timeline.
 //!
 //! ```text
-//! cargo run --release -p cuda-interop --example frame_client -- [--socket PATH] [--frames 300] [--timeout 10]
+//! cargo run --release -p cuda-interop-frames --example frame_client -- [--socket PATH] [--frames 300] [--timeout 10]
 //! ```
+//!
+//! Packets go through `cuda_interop_frames::consumer` (bounded reads and
+//! sends); the ring is imported here with `ImportedBuffer::map`, whose
+//! slices the row copies take.
 //!
 //! Prints the frames checked, the bad ones (the exit status is non-zero if
 //! any) and the milliseconds per frame. Every wait is bounded by `--timeout`.
 
-#[path = "../../cuda-interop-py/src/protocol.rs"]
-#[allow(
-    dead_code,
-    reason = "shared with the Python module, which uses all of it"
-)]
-mod protocol;
-
-use std::io::{Read, Write};
-use std::os::fd::AsFd;
-use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use cuda_interop::{CudaDevice, DeviceBuffer, Stream};
-use protocol::{Kind, Packet, PACKET_LEN, SETUP_TAG};
+use cuda_interop::{DeviceBuffer, Stream};
+use cuda_interop_frames::consumer::{self, deadline_after};
+use cuda_interop_frames::protocol::{self, Kind, Packet};
 use vk_export::markers::DeviceLocal;
 use vk_export::semaphore_kinds::Timeline;
 use vk_export::socket::Connection;
-use vk_export::{Context, HeadlessOptions};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -64,40 +58,28 @@ fn main() -> ExitCode {
     }
 }
 
-/// Reads one packet, waiting at most the stream's read timeout.
-fn read_packet(stream: &mut UnixStream) -> Res<Packet> {
-    let mut buf = [0u8; PACKET_LEN + 16];
-    let n = stream.read(&mut buf).map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            "no packet from the producer within the timeout".to_string()
-        }
-        _ => format!("read from the producer failed: {e}"),
-    })?;
-    if n == 0 {
-        return Err("the producer closed the connection".into());
-    }
-    Ok(Packet::decode(&buf[..n])?)
+/// Reads one packet, waiting at most `timeout`.
+fn read_packet(conn: &Connection, timeout: Duration) -> Res<Packet> {
+    Ok(consumer::recv_packet(
+        conn,
+        deadline_after(timeout),
+        timeout,
+    )?)
 }
 
 fn run(socket: &str, frames: u64, timeout: Duration) -> Res<u64> {
     let conn = Connection::connect(socket)?;
-    let mut packets = UnixStream::from(conn.as_fd().try_clone_to_owned()?);
-    packets.set_read_timeout(Some(timeout))?;
-    let hello = read_packet(&mut packets)?;
+    let hello = read_packet(&conn, timeout)?;
     if hello.kind != Kind::Hello {
         return Err(format!("expected a hello, got {:?}", hello.kind).into());
     }
     let n = hello.slot as usize;
     let mut setup = conn.recv(timeout)?;
-    if setup.message().tag != SETUP_TAG || setup.message().resources.len() != 2 * n + 1 {
+    if consumer::check_setup(&hello, &setup).is_err() {
         return Err("the setup message is not a ring with semaphores (is the server running with --no-semaphores?)".into());
     }
     let first = setup.take_buffer::<DeviceLocal>(0)?;
-    let vulkan = Context::headless(&HeadlessOptions {
-        device_uuid: Some(first.record().info().device_uuid()),
-        ..HeadlessOptions::default()
-    })?;
-    let cuda = CudaDevice::for_vulkan(&vulkan)?;
+    let cuda = consumer::cuda_device_for(first.record().info().device_uuid())?;
     let mut imports = vec![cuda
         .import_received_buffer(first)
         .map_err(|e| e.into_error())?];
@@ -141,7 +123,7 @@ fn run(socket: &str, frames: u64, timeout: Duration) -> Res<u64> {
     let mut bad = 0u64;
     let mut start = None;
     for i in 0..frames {
-        let packet = read_packet(&mut packets)?;
+        let packet = read_packet(&conn, timeout)?;
         if packet.kind != Kind::Frame || packet.slot as usize >= n {
             return Err(format!("unexpected packet {packet:?}").into());
         }
@@ -177,7 +159,7 @@ fn run(socket: &str, frames: u64, timeout: Duration) -> Res<u64> {
             }
         }
         released[slot].signal(&stream, f)?;
-        packets.write_all(&Packet::release(packet.slot, f, true).encode())?;
+        consumer::send_packet(&conn, &Packet::release(packet.slot, f, true))?;
     }
     stream.synchronize(timeout)?;
     if let Some(start) = start.filter(|_| frames > 1) {

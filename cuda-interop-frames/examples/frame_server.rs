@@ -1,0 +1,130 @@
+//! A frame producer for Python and Rust consumers: the command line of
+//! `cuda_interop_frames::producer` (Vulkan writes frames into a small ring of
+//! exportable device-local buffers and serves them over a Unix socket with
+//! the frame-ring protocol, `cuda_interop_frames::protocol`).
+//!
+//! ```text
+//! cargo run --release -p cuda-interop-frames --example frame_server -- [--socket PATH]
+//!     [--width 1920] [--height 1080] [--row-pitch BYTES] [--slots 4]
+//!     [--seconds 300] [--frames N] [--fps F] [--hold-timeout 5] [--device UUID]
+//!     [--host-visible] [--no-semaphores]
+//! ```
+//!
+//! * Each frame `f` (from 1) is written with transfer commands only: the whole
+//!   buffer filled with the `u32` `f` (little-endian RGBA bytes), then a band
+//!   of `height / 16` rows at a row moving 8 rows a frame filled with `!f`
+//!   (`protocol::band_rows`). Rows are `--row-pitch` bytes apart (default
+//!   `width * 4`).
+//! * Each consumer that connects gets a hello (the layout), then one message
+//!   with the ring's buffers, the "produced" timeline (signalled with `f`
+//!   when frame `f` is written) and one "released" timeline per slot of its
+//!   own. Then every frame: a frame packet (slot, `f`), sent after the
+//!   submission that writes it and signals "produced".
+//! * A slot is written again only when no consumer holds it; before writing
+//!   it, the producer waits (bounded) for each consumer's "released" value
+//!   of the slot when its release said its GPU signals it, and the
+//!   submission waits for the same values on the GPU.
+//! * A consumer that disconnects or dies gives its slots back; one that holds
+//!   a slot longer than `--hold-timeout` seconds, or whose GPU release does
+//!   not arrive within it, is disconnected. The others keep being served.
+//! * Bounded: accepts, reads and writes have timeouts, and the whole run
+//!   ends after `--seconds` (or `--frames`). Every change in the number of
+//!   consumers prints the process's fd count and, when a CUDA driver is
+//!   there, `cuMemGetInfo`'s free memory, next to the values before the first
+//!   consumer.
+//! * `--host-visible` puts the ring in host-visible memory instead, for
+//!   Vulkan drivers without device-local-only memory (lavapipe: the CPU
+//!   tests); CUDA consumers need the default, device-local.
+//!   `--no-semaphores` (also for lavapipe, which exports none) shares only
+//!   the buffers: frames are announced after their writes completed, and a
+//!   release with a GPU signal is a protocol error. CUDA consumers refuse
+//!   such a ring.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use cuda_interop_frames::producer::{self, ProducerOptions};
+use cuda_interop_frames::protocol::Packet;
+
+fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let hex: String = s
+        .trim_start_matches("GPU-")
+        .chars()
+        .filter(|c| *c != '-')
+        .collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+fn options() -> Result<ProducerOptions, String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let value = |name: &str| -> Option<&String> {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+    };
+    fn num<T: std::str::FromStr>(name: &str, v: Option<&String>, default: T) -> Result<T, String> {
+        v.map_or(Ok(default), |s| {
+            s.parse()
+                .map_err(|_| format!("{name} needs a number, not {s:?}"))
+        })
+    }
+    let width = num("--width", value("--width"), 1920u32)?;
+    let height = num("--height", value("--height"), 1080u32)?;
+    let opts = ProducerOptions {
+        socket: value("--socket")
+            .cloned()
+            .unwrap_or_else(|| "/tmp/cuda-interop-frames.sock".into()),
+        width,
+        height,
+        row_pitch: num("--row-pitch", value("--row-pitch"), u64::from(width) * 4)?,
+        slots: num("--slots", value("--slots"), 4u32)?,
+        seconds: num("--seconds", value("--seconds"), 300.0f64)?,
+        frames: value("--frames")
+            .map(|s| {
+                s.parse()
+                    .map_err(|_| format!("--frames needs a number, not {s:?}"))
+            })
+            .transpose()?,
+        fps: num("--fps", value("--fps"), 0.0f64)?,
+        hold_timeout: Duration::from_secs_f64(num("--hold-timeout", value("--hold-timeout"), 5.0)?),
+        device: value("--device")
+            .map(|u| parse_uuid(u).ok_or(format!("--device needs a GPU UUID, not {u:?}")))
+            .transpose()?,
+        host_visible: args.iter().any(|a| a == "--host-visible"),
+        no_semaphores: args.iter().any(|a| a == "--no-semaphores"),
+    };
+    if opts.slots < 2 {
+        return Err("--slots must be at least 2".into());
+    }
+    Packet::hello(opts.slots, opts.width, opts.height, opts.row_pitch)
+        .check_layout()
+        .map_err(|e| e.to_string())?;
+    if !(opts.seconds > 0.0 && opts.seconds.is_finite()) {
+        return Err("--seconds must be a positive number".into());
+    }
+    Ok(opts)
+}
+
+fn main() -> ExitCode {
+    let opts = match options() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("frame_server: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match producer::run(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("frame_server FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! `Receiver`: a connection to a producer, and `connect`.
+//!
+//! # Contract
+//!
+//! * The producer's first message decides what it speaks (a frame ring, or
+//!   one buffer per message); see the crate's contract (`lib.rs`).
+//! * The protocol itself (packets, the ring's import, which slots are held)
+//!   is `cuda_interop_frames::consumer`'s; this module turns it into Python
+//!   calls, with the GIL released while it waits.
+//! * Uses `errors`, `frame`, `ring` and (feature `test-hooks`) `host` of this
+//!   crate; none of them uses this module.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use cuda_interop::dlpack::DL_CUDA;
+use cuda_interop::CudaDevice;
+use cuda_interop_frames::consumer::{
+    self, deadline_after, left, peek, recv_packet, NextMessage, Ring,
+};
+use cuda_interop_frames::protocol::{self, Kind};
+use pyo3::exceptions::{PyConnectionError, PyValueError};
+use pyo3::prelude::*;
+use vk_export::markers::DeviceLocal;
+use vk_export::socket::Connection;
+
+use crate::errors::{consumer_error, cuda_error, seconds, vk_error};
+use crate::frame::{Frame, Payload};
+use crate::ring::SharedRing;
+
+/// Connects to the producer's socket at `socket_path`, waiting at most
+/// `timeout` seconds for room in its backlog.
+#[pyfunction]
+pub(crate) fn connect(py: Python<'_>, socket_path: &str, timeout: f64) -> PyResult<Receiver> {
+    Receiver::connect(py, socket_path, timeout, None)
+}
+
+/// The Vulkan context and the CUDA device paired with it, for one `deviceUUID`.
+struct Devices {
+    uuid: [u8; 16],
+    cuda: CudaDevice,
+}
+
+/// What the producer speaks, learnt from its first message.
+enum Mode {
+    /// Nothing received yet.
+    Unknown,
+    /// One buffer per wire message.
+    Single,
+    /// The frame-ring protocol.
+    Ring(Arc<SharedRing>),
+    /// The ring could not be set up: every later call says why.
+    Broken(String),
+}
+
+/// A connection to a producer; `next()` receives frames.
+#[pyclass(frozen, module = "cuda_interop")]
+pub(crate) struct Receiver {
+    connection: Arc<Connection>,
+    path: String,
+    devices: Mutex<Option<Devices>>,
+    mode: Mutex<Mode>,
+    closed: AtomicBool,
+    /// Test hook: a hello makes a ring over host memory, with no setup
+    /// message; `Some(true)`: one that records its "released" signals.
+    #[cfg(feature = "test-hooks")]
+    host_ring: Option<bool>,
+    /// Test hook: a pause between receiving a frame packet and accepting
+    /// it, to widen the window two threads' next() calls race in.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) accept_delay: Duration,
+}
+
+impl Receiver {
+    pub(crate) fn connect(
+        py: Python<'_>,
+        socket_path: &str,
+        timeout: f64,
+        #[cfg_attr(not(feature = "test-hooks"), allow(unused_variables))] host_ring: Option<bool>,
+    ) -> PyResult<Self> {
+        let timeout = seconds("timeout", timeout)?;
+        let path = socket_path.to_owned();
+        let connection = py
+            .detach(|| consumer::connect(&path, timeout))
+            .map_err(consumer_error)?;
+        Ok(Receiver {
+            connection: Arc::new(connection),
+            path,
+            devices: Mutex::new(None),
+            mode: Mutex::new(Mode::Unknown),
+            closed: AtomicBool::new(false),
+            #[cfg(feature = "test-hooks")]
+            host_ring,
+            #[cfg(feature = "test-hooks")]
+            accept_delay: Duration::ZERO,
+        })
+    }
+
+    /// The CUDA device for `uuid`, made with its Vulkan context on first use.
+    fn cuda_for(&self, uuid: [u8; 16]) -> Result<CudaDevice, consumer::ConsumerError> {
+        let mut devices = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(d) = devices.as_ref().filter(|d| d.uuid == uuid) {
+            return Ok(d.cuda.clone());
+        }
+        let cuda = consumer::cuda_device_for(uuid)?;
+        *devices = Some(Devices {
+            uuid,
+            cuda: cuda.clone(),
+        });
+        Ok(cuda)
+    }
+
+    /// One wire message whose resource 0 is a device-local buffer.
+    fn receive_single(&self, timeout: Duration) -> PyResult<Frame> {
+        let mut received = self.connection.recv(timeout).map_err(vk_error)?;
+        let tag = received.message().tag;
+        let buffer = received.take_buffer::<DeviceLocal>(0).map_err(vk_error)?;
+        let cuda = self
+            .cuda_for(buffer.record().info().device_uuid())
+            .map_err(consumer_error)?;
+        let imported = cuda
+            .import_received_buffer(buffer)
+            .map_err(|e| cuda_error(e.into_error()))?;
+        Ok(Frame::single(
+            tag,
+            imported.size(),
+            (DL_CUDA, cuda.ordinal()),
+            Payload::Imported(imported),
+        ))
+    }
+
+    /// The ring announced by `hello` (already received).
+    fn setup_ring(&self, hello: protocol::Packet, deadline: Instant) -> PyResult<SharedRing> {
+        if hello.kind != Kind::Hello {
+            return Err(PyValueError::new_err(format!(
+                "the producer's first packet must be a hello, not {:?}",
+                hello.kind
+            )));
+        }
+        #[cfg(feature = "test-hooks")]
+        if let Some(record_signals) = self.host_ring {
+            let ring = crate::host::host_ring(self.connection.clone(), hello);
+            return Ok(SharedRing::recording(ring, record_signals));
+        }
+        let setup = self.connection.recv(left(deadline)).map_err(vk_error)?;
+        Ring::import(self.connection.clone(), hello, setup, |uuid| {
+            self.cuda_for(uuid)
+        })
+        .map(SharedRing::new)
+        .map_err(consumer_error)
+    }
+
+    /// The error of a call on a closed receiver, if it was closed.
+    fn closed_error(&self) -> Option<PyErr> {
+        self.closed.load(Ordering::Acquire).then(|| {
+            PyConnectionError::new_err(format!(
+                "this receiver of {} was closed; connect again",
+                self.path
+            ))
+        })
+    }
+
+    fn receive(&self, timeout: Duration) -> PyResult<Frame> {
+        if let Some(closed) = self.closed_error() {
+            return Err(closed);
+        }
+        let deadline = deadline_after(timeout);
+        let mut mode = self.mode.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            match &*mode {
+                Mode::Ring(ring) => {
+                    let ring = ring.clone();
+                    drop(mode);
+                    if let Some(why) = ring.broken() {
+                        return Err(PyConnectionError::new_err(format!(
+                            "the connection to {} was given up ({why}); connect again",
+                            self.path
+                        )));
+                    }
+                    // A host ring (test hook) does not import the ring: the
+                    // setup message of a real producer is received and dropped.
+                    #[cfg(feature = "test-hooks")]
+                    while self.host_ring.is_some()
+                        && matches!(
+                            peek(&self.connection, deadline, timeout).map_err(consumer_error)?,
+                            NextMessage::Other
+                        )
+                    {
+                        drop(self.connection.recv(left(deadline)).map_err(vk_error)?);
+                    }
+                    // Receive and accept as one step: two threads' next()
+                    // calls accept frames in the order they arrived.
+                    let receiving = ring
+                        .lock_receiving(deadline, timeout)
+                        .map_err(consumer_error)?;
+                    let packet = recv_packet(&self.connection, deadline, timeout)
+                        .map_err(|e| self.closed_error().unwrap_or_else(|| consumer_error(e)))?;
+                    #[cfg(feature = "test-hooks")]
+                    std::thread::sleep(self.accept_delay);
+                    ring.accept_frame(&packet)
+                        .map_err(|e| self.closed_error().unwrap_or_else(|| consumer_error(e)))?;
+                    drop(receiving);
+                    return Ok(Frame::of_ring(ring, &packet));
+                }
+                Mode::Single => return self.receive_single(left(deadline)),
+                Mode::Broken(why) => {
+                    return Err(PyConnectionError::new_err(format!(
+                        "the producer's frame ring could not be set up ({why}); connect again"
+                    )))
+                }
+                Mode::Unknown => {
+                    match peek(&self.connection, deadline, timeout).map_err(consumer_error)? {
+                        NextMessage::Packet => {
+                            let ring = recv_packet(&self.connection, deadline, timeout)
+                                .map_err(consumer_error)
+                                .and_then(|hello| self.setup_ring(hello, deadline));
+                            match ring {
+                                Ok(ring) => {
+                                    // A close() that could not see this ring
+                                    // (it was being made) gives it up now; the
+                                    // loop then reports the close.
+                                    if self.closed.load(Ordering::Acquire) {
+                                        ring.break_off("the receiver was closed".to_string());
+                                    }
+                                    *mode = Mode::Ring(Arc::new(ring));
+                                }
+                                Err(e) => {
+                                    *mode = Mode::Broken(e.to_string());
+                                    return Err(e);
+                                }
+                            }
+                        }
+                        NextMessage::Other => {
+                            let frame = self.receive_single(left(deadline))?;
+                            *mode = Mode::Single;
+                            return Ok(frame);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        // The last owner of a ring tears its CUDA imports down, which waits
+        // (bounded) for the GPU: not with the GIL held.
+        let mode = std::mem::replace(
+            self.mode.get_mut().unwrap_or_else(PoisonError::into_inner),
+            Mode::Unknown,
+        );
+        let devices = self
+            .devices
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        Python::attach(|py| py.detach(move || drop((mode, devices))));
+    }
+}
+
+#[pymethods]
+impl Receiver {
+    /// Waits at most `timeout` seconds for the next frame: a frame of the
+    /// producer's ring (the first call also imports the ring), or the buffer
+    /// (resource 0) of a one-buffer message.
+    fn next(&self, py: Python<'_>, timeout: f64) -> PyResult<Frame> {
+        let timeout = seconds("timeout", timeout)?;
+        py.detach(|| self.receive(timeout))
+    }
+
+    /// The ring's layout once known: `(slots, width, height, row_pitch)`,
+    /// else `None`.
+    #[getter]
+    fn layout(&self, py: Python<'_>) -> Option<(u32, u32, u32, u64)> {
+        // A first `next()` holds the lock while it sets the ring up (bounded
+        // by its timeout): wait for it without the GIL.
+        py.detach(
+            || match &*self.mode.lock().unwrap_or_else(PoisonError::into_inner) {
+                Mode::Ring(r) => Some((
+                    r.layout().slot,
+                    r.layout().width,
+                    r.layout().height,
+                    r.layout().row_pitch,
+                )),
+                _ => None,
+            },
+        )
+    }
+
+    /// How many ring slots this consumer holds (frames received and not
+    /// yet released).
+    #[getter]
+    fn held(&self, py: Python<'_>) -> usize {
+        // As for `layout`.
+        py.detach(
+            || match &*self.mode.lock().unwrap_or_else(PoisonError::into_inner) {
+                Mode::Ring(r) => r.held_count(),
+                _ => 0,
+            },
+        )
+    }
+
+    /// Shuts the connection down now: the producer sees this consumer leave
+    /// (and takes back the slots it held). Later calls raise `ConnectionError`.
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        // Frames still out are the producer's again: their releases become
+        // no-ops, before the socket goes (break_off shuts it). A first
+        // next() holding the state gives up the ring it makes itself.
+        if let Ok(mode) = self.mode.try_lock() {
+            if let Mode::Ring(ring) = &*mode {
+                ring.break_off("the receiver was closed".to_string());
+            }
+        }
+        let _ = rustix::net::shutdown(&*self.connection, rustix::net::Shutdown::Both);
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close();
+        false
+    }
+
+    /// The socket path this receiver connected to.
+    #[getter]
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<cuda_interop.Receiver {}>", self.path)
+    }
+}
+
+#[cfg(feature = "test-hooks")]
+impl Receiver {
+    /// Test hook: the "released" signals a recording host ring made so far,
+    /// as `(slot, frame, stream)`.
+    pub(crate) fn signals(&self) -> Vec<(u32, u64, usize)> {
+        match &*self.mode.lock().unwrap_or_else(PoisonError::into_inner) {
+            Mode::Ring(ring) => ring.signal_log.as_ref().map_or_else(Vec::new, |log| {
+                log.lock().unwrap_or_else(PoisonError::into_inner).clone()
+            }),
+            _ => Vec::new(),
+        }
+    }
+}
