@@ -1,0 +1,57 @@
+//! Issue 18 item 2: a bundle is only as honest as its sender, and a receiver
+//! cannot know who sent it (any process of an allowed user can `sendmsg` any
+//! record with any fd). What the importing side's Vulkan driver checks, on
+//! the machine this runs on: a record that claims more memory than the fd
+//! holds is refused by the import, and the caller keeps its fd.
+//!
+//! This is a run-time test on purpose: only the driver knows the real size
+//! of the allocation behind an fd. The GPU bundle runs it on the H200.
+
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use cuda_interop_tests::{assert_no_validation_errors, vulkan};
+use vk_export::socket::Connection;
+use vk_export::wire::{Message, Resource};
+use vk_export::{Error, ExportableBuffer};
+
+#[cfg(not(feature = "device-local"))]
+type Mem = vk_export::markers::HostVisible;
+#[cfg(feature = "device-local")]
+type Mem = vk_export::markers::DeviceLocal;
+
+#[test]
+fn a_record_larger_than_its_memory_is_refused_by_the_importing_driver() {
+    let ctx = vulkan(None);
+    let small = ExportableBuffer::<Mem>::new(&ctx, 4096).unwrap();
+    let large = ExportableBuffer::<Mem>::new(&ctx, 64 << 20).unwrap();
+    let (tx, rx) = Connection::pair().unwrap();
+    let message = Message {
+        tag: 0,
+        resources: vec![Resource::Buffer(large.info().clone())],
+    };
+    // SAFETY: deliberately dishonest (the point of the test): the receiver
+    // below only imports into Vulkan, whose driver is what is under test,
+    // and nothing reads or writes the import.
+    unsafe { tx.send(&message, vec![small.export_fd().unwrap()]) }.unwrap();
+    let mut received = rx.recv(Duration::from_secs(5)).unwrap();
+    let bundle = received.take_buffer::<Mem>(0).unwrap();
+    let refused = ExportableBuffer::import_received(&ctx, bundle);
+    let e = match refused {
+        Ok(_) => panic!(
+            "{}: a 64 MiB record over a 4 KiB allocation was imported",
+            ctx.identity().name
+        ),
+        Err(e) => e,
+    };
+    println!("{}: refused: {}", ctx.identity().name, e.error);
+    assert!(matches!(e.error, Error::Vulkan { .. }), "{}", e.error);
+    // The caller's fd came back open.
+    assert!(rustix::io::fcntl_getfd(e.fd.as_fd()).is_ok());
+    // The honest pair imports.
+    let (tx, rx) = Connection::pair().unwrap();
+    tx.send_exported(1, &[&small]).unwrap();
+    let mut received = rx.recv(Duration::from_secs(5)).unwrap();
+    ExportableBuffer::import_received(&ctx, received.take_buffer::<Mem>(0).unwrap()).unwrap();
+    assert_no_validation_errors(&ctx);
+}
