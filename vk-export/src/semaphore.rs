@@ -19,7 +19,7 @@
 use std::fmt;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ash::vk;
@@ -97,10 +97,14 @@ pub struct Semaphore<K> {
     pub(crate) last_use: AtomicU64,
     /// Binary payload state (unused for timelines).
     payload: BinaryPayload,
-    /// Makes a timeline signal's check and signal (host or submitted) one step.
-    pub(crate) signal_lock: Mutex<()>,
-    /// The highest timeline value a submission of this crate signals.
-    pub(crate) last_submitted_signal: AtomicU64,
+    /// Makes a timeline signal's check and signal (host or submitted) one
+    /// step; shared by every handle of this payload that this process made
+    /// with [`Semaphore::import_from`], so the step is one per semaphore,
+    /// not per handle.
+    pub(crate) signal_lock: Arc<Mutex<()>>,
+    /// The highest timeline value a submission of this crate signals, shared
+    /// like `signal_lock`.
+    pub(crate) last_submitted_signal: Arc<AtomicU64>,
     /// This semaphore's record (its kind and device).
     record: SemaphoreRecord<K>,
 }
@@ -185,6 +189,17 @@ impl<K: SemaphoreKind> Semaphore<K> {
     }
 
     fn create(ctx: &Context, export: bool, payload: BinaryPayload) -> Result<Self> {
+        Self::create_sharing(ctx, export, payload, None)
+    }
+
+    /// As `create`; `same_payload` is an existing handle of the payload this
+    /// one will import, whose signal bookkeeping it shares.
+    fn create_sharing(
+        ctx: &Context,
+        export: bool,
+        payload: BinaryPayload,
+        same_payload: Option<&Semaphore<K>>,
+    ) -> Result<Self> {
         let sync_fd = export
             && K::VK == vk::SemaphoreType::BINARY
             && semaphore_features(ctx, K::VK, vk::ExternalSemaphoreHandleTypeFlags::SYNC_FD)
@@ -211,8 +226,9 @@ impl<K: SemaphoreKind> Semaphore<K> {
             sync_fd_exportable: sync_fd,
             last_use: AtomicU64::new(0),
             payload,
-            signal_lock: Mutex::new(()),
-            last_submitted_signal: AtomicU64::new(0),
+            signal_lock: same_payload.map_or_else(Default::default, |s| s.signal_lock.clone()),
+            last_submitted_signal: same_payload
+                .map_or_else(Default::default, |s| s.last_submitted_signal.clone()),
             record: SemaphoreRecord::of_kind(
                 ctx.inner.identity.device_uuid,
                 ctx.inner.identity.driver_uuid,
@@ -238,7 +254,7 @@ impl<K: SemaphoreKind> Semaphore<K> {
         let fd = exporter.export_fd()?;
         // SAFETY: `fd` is a fresh OPAQUE_FD export of `exporter`, whose record
         // this is.
-        unsafe { Self::import_with(ctx, &exporter.record(), fd, exporter.payload.clone()) }
+        unsafe { Self::import_with(ctx, &exporter.record(), fd, Some(exporter)) }
             .map_err(ImportError::into_error)
     }
 
@@ -255,7 +271,7 @@ impl<K: SemaphoreKind> Semaphore<K> {
         // peer whose credentials the connection checked; the record is
         // verified against this device below, and whatever else it could
         // misstate only affects the peer's own semaphore.
-        unsafe { Self::import_with(ctx, &record, fd, BinaryPayload::new()) }
+        unsafe { Self::import_with(ctx, &record, fd, None) }
     }
 
     /// Imports a semaphore from a record and an fd that did not travel
@@ -271,17 +287,22 @@ impl<K: SemaphoreKind> Semaphore<K> {
         fd: OwnedFd,
     ) -> Result<Self, ImportError> {
         // SAFETY: forwarded from the caller.
-        unsafe { Self::import_with(ctx, record, fd, BinaryPayload::new()) }
+        unsafe { Self::import_with(ctx, record, fd, None) }
     }
 
+    /// `same_payload`: the handle of this process that `fd` was exported
+    /// from, if any; the import then shares its payload state and its signal
+    /// bookkeeping.
+    ///
     /// # Safety
     /// As [`Semaphore::import_fd`].
     unsafe fn import_with(
         ctx: &Context,
         record: &SemaphoreRecord<K>,
         fd: OwnedFd,
-        payload: BinaryPayload,
+        same_payload: Option<&Semaphore<K>>,
     ) -> Result<Self, ImportError> {
+        let payload = same_payload.map_or_else(BinaryPayload::new, |s| s.payload.clone());
         let checks = check_same_device(
             ctx,
             &record.info().device_uuid(),
@@ -289,7 +310,7 @@ impl<K: SemaphoreKind> Semaphore<K> {
         )
         .and_then(|()| check_export_fd(&fd, "semaphore"))
         .and_then(|()| Self::preflight(ctx))
-        .and_then(|()| Self::create(ctx, false, payload));
+        .and_then(|()| Self::create_sharing(ctx, false, payload, same_payload));
         let this = match checks {
             Ok(s) => s,
             Err(error) => return Err(ImportError { error, fd }),

@@ -160,9 +160,11 @@ impl<'a> SubmitSync<'a> {
     /// the check and the submission.
     fn lock_signals(&self) -> Result<Vec<std::sync::MutexGuard<'a, ()>>> {
         let mut guards = Vec::new();
-        let mut seen: Vec<*const Semaphore<Timeline>> = Vec::new();
+        // Keyed by the shared lock, not the handle: two handles of one
+        // payload are one semaphore (and one lock, taken once).
+        let mut seen: Vec<*const std::sync::Mutex<()>> = Vec::new();
         for (s, value) in &self.signals {
-            let key: *const Semaphore<Timeline> = *s;
+            let key = std::sync::Arc::as_ptr(&s.signal_lock);
             if seen.contains(&key) {
                 return Err(Error::InvalidArgument(
                     "one timeline semaphore signalled twice by one submission".into(),
