@@ -107,6 +107,27 @@ pub fn check_export_fd(fd: &OwnedFd, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Refuses an fd that is not a sync file (`anon_inode:sync_file`, what a
+/// SYNC_FD export and the kernel's dma-fence exports are) before any driver
+/// sees it: `/dev/null`, a pipe or an eventfd is no fence.
+pub fn check_sync_file(fd: &OwnedFd) -> Result<()> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if link == "anon_inode:sync_file" {
+        return Ok(());
+    }
+    let what = if link.is_empty() {
+        "not inspectable (readlink failed)".to_string()
+    } else {
+        link
+    };
+    Err(Error::Record(format!(
+        "fd {} is {what}, not a sync file (a SYNC_FD export)",
+        fd.as_raw_fd()
+    )))
+}
+
 /// Why an import through [`import_with_duplicate`] failed, and whether the
 /// driver had already taken the duplicate (a step after a successful import
 /// failed, and undoing it released the driver's fd).

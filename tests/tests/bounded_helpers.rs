@@ -45,3 +45,54 @@ fn a_binary_signal_behind_an_unreached_timeline_value_is_not_submitted() {
         .unwrap();
     assert_no_validation_errors(&ctx);
 }
+
+/// Issue 18 item 9: a temporary SYNC_FD import checks what it can before the
+/// driver: the fd is a sync file, and no submission of this crate still uses
+/// the semaphore. Without the checks lavapipe answers `Unsupported` (it has
+/// no semaphore fds), later than the refusals asserted here.
+#[test]
+fn a_sync_fd_import_refuses_fds_that_are_not_sync_files_and_semaphores_in_use() {
+    use std::os::fd::AsFd;
+    use vk_export::SyncFd;
+    let ctx = vulkan(None);
+    let mut binary = BinarySemaphore::new_local(&ctx).unwrap();
+    let identity = |fd: std::os::fd::BorrowedFd<'_>| {
+        let st = rustix::fs::fstat(fd).unwrap();
+        (st.st_dev, st.st_ino)
+    };
+    let (read, _write) = rustix::pipe::pipe().unwrap();
+    let before = identity(read.as_fd());
+    let (e, back) = binary.import_sync_fd(SyncFd::Fd(read)).unwrap_err();
+    assert!(
+        matches!(&e, Error::Record(m) if m.contains("not a sync file")),
+        "{e}"
+    );
+    match back {
+        SyncFd::Fd(fd) => assert_eq!(identity(fd.as_fd()), before, "the same fd, open"),
+        SyncFd::AlreadySignaled => panic!("the fd was not handed back"),
+    }
+    // A wait on the semaphore left queued by a helper that timed out.
+    let timeline = TimelineSemaphore::new_local(&ctx).unwrap();
+    let token = ctx.signal_binary(&binary, SubmitSync::new()).unwrap();
+    let stuck = ctx.submit_and_wait(
+        SubmitSync::new()
+            .wait_timeline(&timeline, 1)
+            .wait_binary(&binary, token)
+            .timeout(Duration::from_millis(50)),
+        |_, _| {},
+    );
+    assert!(matches!(stuck, Err(Error::Timeout(_))), "{stuck:?}");
+    let (e, _) = binary.import_sync_fd(SyncFd::AlreadySignaled).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("has not completed")),
+        "{e}"
+    );
+    println!("{e}");
+    // Once the queued wait has run, the import gets past these checks.
+    timeline.signal(1).unwrap();
+    ctx.submit_and_wait(SubmitSync::new(), |_, _| {}).unwrap();
+    if let Err((e, _)) = binary.import_sync_fd(SyncFd::AlreadySignaled) {
+        assert!(!matches!(&e, Error::InvalidArgument(_)), "{e}");
+    }
+    assert_no_validation_errors(&ctx);
+}

@@ -27,7 +27,7 @@ use ash::vk;
 use crate::context::{record_drop_error, Context, DROP_WAIT};
 use crate::error::{unsupported, vk_error, Error, Result};
 use crate::memory::{check_same_device, import_dup};
-use interop_share::fd::{check_export_fd, ImportError, ImportFailure};
+use interop_share::fd::{check_export_fd, check_sync_file, ImportError, ImportFailure};
 use interop_share::received::ReceivedSemaphore;
 use interop_share::record::SemaphoreRecord;
 use interop_share::token::{BinaryPayload, BinarySignal};
@@ -481,7 +481,28 @@ impl Semaphore<Binary> {
     /// wait. `&mut self`: no other thread can have an operation of this crate
     /// pending on it meanwhile. A signal already pending, or a failed import,
     /// gives the sync fd back with the error, open.
+    ///
+    /// Refused before the driver sees anything: an fd that is not a sync
+    /// file, and a semaphore that a submission of this crate still uses (a
+    /// helper that returned [`Error::Timeout`] with its wait queued: `&mut`
+    /// proves no borrow, not that the GPU is done with it).
     pub fn import_sync_fd(&mut self, fd: SyncFd) -> Result<BinarySignal, (Error, SyncFd)> {
+        if let SyncFd::Fd(f) = &fd {
+            if let Err(e) = check_sync_file(f) {
+                return Err((e, fd));
+            }
+        }
+        let last = self.last_use.load(Ordering::Acquire);
+        if let Err(e) = self.ctx.wait_progress(last, Duration::ZERO) {
+            let e = match e {
+                Error::Timeout(_) => Error::InvalidArgument(format!(
+                    "a submission of this crate that uses the semaphore (progress {last}) has not \
+                     completed: wait for it before a temporary SYNC_FD import"
+                )),
+                e => e,
+            };
+            return Err((e, fd));
+        }
         let reservation = match self.payload.reserve_signal() {
             Ok(r) => r,
             Err(e) => return Err((e, fd)),

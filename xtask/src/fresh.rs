@@ -79,7 +79,13 @@ fn python_tests(args: &[String]) -> Result<(), String> {
     // The frame producer, for the protocol tests against the real server.
     let mut server = self::cargo();
     server
-        .args(["build", "-p", "cuda-interop-frames", "--example", "frame_server"])
+        .args([
+            "build",
+            "-p",
+            "cuda-interop-frames",
+            "--example",
+            "frame_server",
+        ])
         .args(&build.flags);
     run(server)?;
     let root = crate::workspace_root();
