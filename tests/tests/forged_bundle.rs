@@ -36,6 +36,20 @@ fn a_record_larger_than_its_memory_is_refused_by_the_importing_driver() {
     unsafe { tx.send(&message, vec![small.export_fd().unwrap()]) }.unwrap();
     let mut received = rx.recv(Duration::from_secs(5)).unwrap();
     let bundle = received.take_buffer::<Mem>(0).unwrap();
+    // The check the CUDA side runs before `cuImportExternalMemory`.
+    let (record, fd, peer) = bundle.into_parts();
+    let checked = ctx.check_buffer_memory(&record, &fd);
+    assert!(matches!(checked, Err(Error::Vulkan { .. })), "{checked:?}");
+    println!("check_buffer_memory: {}", checked.unwrap_err());
+    let honest = small.record();
+    ctx.check_buffer_memory(&honest, &small.export_fd().unwrap())
+        .unwrap();
+    drop((record, fd, peer));
+    let (tx, rx) = Connection::pair().unwrap();
+    // SAFETY: as above.
+    unsafe { tx.send(&message, vec![small.export_fd().unwrap()]) }.unwrap();
+    let mut received = rx.recv(Duration::from_secs(5)).unwrap();
+    let bundle = received.take_buffer::<Mem>(0).unwrap();
     let refused = ExportableBuffer::import_received(&ctx, bundle);
     let e = match refused {
         Ok(_) => panic!(
