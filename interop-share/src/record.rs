@@ -705,3 +705,317 @@ impl<K> SemaphoreRecord<K> {
         self.info
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! One case per shape rule, each breaking only that rule, so that a rule
+    //! deleted from `validate` fails its own case (issue 18 item 6).
+    use super::*;
+
+    fn image() -> ImageFields {
+        ImageFields {
+            format: vk::Format::R8G8B8A8_UNORM,
+            image_type: vk::ImageType::TYPE_2D,
+            extent: [64, 64, 1],
+            mip_levels: 1,
+            array_layers: 1,
+            flags: vk::ImageCreateFlags::empty(),
+            tiling: vk::ImageTiling::OPTIMAL,
+            usage: vk::ImageUsageFlags::STORAGE,
+            allocation_size: 64 * 64 * 4,
+            memory_type_index: 0,
+            memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL,
+            dedicated: true,
+            alignment: 256,
+            offset: 0,
+            row_pitch: 0,
+            array_pitch: 0,
+            device_uuid: [1; 16],
+            driver_uuid: [2; 16],
+        }
+    }
+
+    fn refused_field(f: ImageFields) -> &'static str {
+        match ImageInfo::from_fields(f) {
+            Err(WireError::InvalidValue { field, .. }) => field,
+            other => panic!("expected an InvalidValue, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_sample_is_valid() {
+        ImageInfo::from_fields(image()).unwrap();
+        let cube = ImageFields {
+            flags: vk::ImageCreateFlags::CUBE_COMPATIBLE,
+            array_layers: 6,
+            allocation_size: 6 * 64 * 64 * 4,
+            ..image()
+        };
+        ImageInfo::from_fields(cube).unwrap();
+    }
+
+    #[test]
+    fn each_image_rule_refuses_its_own_case() {
+        let linear = |f: ImageFields| ImageFields {
+            tiling: vk::ImageTiling::LINEAR,
+            row_pitch: 256,
+            ..f
+        };
+        let cases: Vec<(&str, ImageFields, &str)> = vec![
+            (
+                "a format outside the whitelist",
+                ImageFields {
+                    format: vk::Format::R8G8B8_UNORM,
+                    ..image()
+                },
+                "image.format",
+            ),
+            (
+                "a 1D image",
+                ImageFields {
+                    image_type: vk::ImageType::TYPE_1D,
+                    ..image()
+                },
+                "image.image_type",
+            ),
+            (
+                "a zero width",
+                ImageFields {
+                    extent: [0, 64, 1],
+                    ..image()
+                },
+                "image.width",
+            ),
+            (
+                "more levels than the extent has",
+                ImageFields {
+                    mip_levels: 8,
+                    ..image()
+                },
+                "image.mip_levels",
+            ),
+            (
+                "too many layers",
+                ImageFields {
+                    array_layers: MAX_LAYERS + 1,
+                    allocation_size: MAX_ALLOCATION,
+                    ..image()
+                },
+                "image.array_layers",
+            ),
+            (
+                "an unknown create flag",
+                ImageFields {
+                    flags: vk::ImageCreateFlags::MUTABLE_FORMAT,
+                    ..image()
+                },
+                "image.flags",
+            ),
+            (
+                "an unknown tiling",
+                ImageFields {
+                    tiling: vk::ImageTiling::DRM_FORMAT_MODIFIER_EXT,
+                    ..image()
+                },
+                "image.tiling",
+            ),
+            (
+                "no usage",
+                ImageFields {
+                    usage: vk::ImageUsageFlags::empty(),
+                    ..image()
+                },
+                "image.usage",
+            ),
+            (
+                "an allocation over 1 TiB",
+                ImageFields {
+                    allocation_size: MAX_ALLOCATION + 1,
+                    ..image()
+                },
+                "image.allocation_size",
+            ),
+            (
+                "a memory type index past the last",
+                ImageFields {
+                    memory_type_index: vk::MAX_MEMORY_TYPES as u32,
+                    ..image()
+                },
+                "image.memory_type_index",
+            ),
+            (
+                "an unknown memory flag",
+                ImageFields {
+                    memory_flags: vk::MemoryPropertyFlags::from_raw(1 << 12),
+                    ..image()
+                },
+                "image.memory_flags",
+            ),
+            (
+                "an alignment that is not a power of two",
+                ImageFields {
+                    alignment: 3,
+                    ..image()
+                },
+                "image.alignment",
+            ),
+            (
+                "a non-zero offset",
+                ImageFields {
+                    offset: 4096,
+                    ..image()
+                },
+                "image.offset",
+            ),
+            (
+                "an optimal image with a row pitch",
+                ImageFields {
+                    row_pitch: 256,
+                    ..image()
+                },
+                "image.row_pitch",
+            ),
+            (
+                "a linear row pitch below the row",
+                ImageFields {
+                    row_pitch: 255,
+                    ..linear(image())
+                },
+                "image.row_pitch",
+            ),
+            (
+                "an optimal image with a layer pitch",
+                ImageFields {
+                    array_pitch: 4096,
+                    ..image()
+                },
+                "image.array_pitch",
+            ),
+            (
+                "a cube that is not square",
+                ImageFields {
+                    flags: vk::ImageCreateFlags::CUBE_COMPATIBLE,
+                    extent: [64, 32, 1],
+                    array_layers: 6,
+                    allocation_size: 6 * 64 * 32 * 4,
+                    ..image()
+                },
+                "image.array_layers",
+            ),
+            (
+                "a cube of 5 layers",
+                ImageFields {
+                    flags: vk::ImageCreateFlags::CUBE_COMPATIBLE,
+                    array_layers: 5,
+                    allocation_size: 6 * 64 * 64 * 4,
+                    ..image()
+                },
+                "image.array_layers",
+            ),
+            (
+                "a 2D image with depth",
+                ImageFields {
+                    extent: [64, 64, 2],
+                    allocation_size: 2 * 64 * 64 * 4,
+                    ..image()
+                },
+                "image.depth",
+            ),
+            (
+                "a 3D image with layers",
+                ImageFields {
+                    image_type: vk::ImageType::TYPE_3D,
+                    extent: [64, 64, 2],
+                    array_layers: 2,
+                    allocation_size: 4 * 64 * 64 * 4,
+                    ..image()
+                },
+                "image.array_layers",
+            ),
+            (
+                "an allocation smaller than its texels",
+                ImageFields {
+                    allocation_size: 64 * 64 * 4 - 1,
+                    ..image()
+                },
+                "image.allocation_size",
+            ),
+        ];
+        for (what, fields, expected) in cases {
+            assert_eq!(refused_field(fields), expected, "{what}");
+        }
+    }
+
+    #[test]
+    fn each_buffer_and_semaphore_rule_refuses_its_own_case() {
+        let buffer = || BufferFields {
+            size: 4096,
+            usage: BUFFER_USAGE,
+            allocation_size: 4096,
+            memory_type_index: 0,
+            memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL,
+            dedicated: false,
+            alignment: 256,
+            device_uuid: [1; 16],
+            driver_uuid: [2; 16],
+        };
+        BufferInfo::from_fields(buffer()).unwrap();
+        let cases: Vec<(BufferFields, &str)> = vec![
+            (
+                BufferFields {
+                    size: 0,
+                    ..buffer()
+                },
+                "buffer.size",
+            ),
+            (
+                BufferFields {
+                    usage: vk::BufferUsageFlags::from_raw(1 << 20),
+                    ..buffer()
+                },
+                "buffer.usage",
+            ),
+            (
+                BufferFields {
+                    allocation_size: 4095,
+                    ..buffer()
+                },
+                "buffer.allocation_size",
+            ),
+            (
+                BufferFields {
+                    memory_type_index: 32,
+                    ..buffer()
+                },
+                "buffer.memory_type_index",
+            ),
+            (
+                BufferFields {
+                    memory_flags: vk::MemoryPropertyFlags::from_raw(1 << 12),
+                    ..buffer()
+                },
+                "buffer.memory_flags",
+            ),
+            (
+                BufferFields {
+                    alignment: 0,
+                    ..buffer()
+                },
+                "buffer.alignment",
+            ),
+        ];
+        for (fields, expected) in cases {
+            match BufferInfo::from_fields(fields) {
+                Err(WireError::InvalidValue { field, .. }) => assert_eq!(field, expected),
+                other => panic!("{expected}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            SemaphoreInfo::new(vk::SemaphoreType::from_raw(2), [1; 16], [2; 16]),
+            Err(WireError::InvalidValue {
+                field: "semaphore.type",
+                ..
+            })
+        ));
+    }
+}
