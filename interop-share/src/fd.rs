@@ -192,3 +192,103 @@ pub unsafe fn import_with_duplicate<T, E>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The fd rules observed directly, not through a driver that would
+    //! refuse the same fds anyway (issue 18 item 6).
+    use std::os::fd::AsFd;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    /// What `/proc/self/fd/N` names: a number may be reused by another test
+    /// thread, the name of a memfd made by [`memfd`] may not.
+    fn link(raw: i32) -> String {
+        std::fs::read_link(format!("/proc/self/fd/{raw}"))
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// A memfd with a name no other fd of this process has.
+    fn memfd() -> OwnedFd {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "interop-share-test-{}",
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC).unwrap()
+    }
+
+    #[test]
+    fn fds_that_cannot_be_exports_are_refused_by_kind() {
+        let (pipe, _w) = rustix::pipe::pipe().unwrap();
+        let (socket, _peer) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let dir = rustix::fs::open(
+            "/",
+            rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        let event = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+        for (what, fd) in [
+            ("a Fifo", pipe),
+            ("a Socket", socket),
+            ("a Directory", dir),
+            ("an anon_inode:[eventfd]", event),
+        ] {
+            match check_export_fd(&fd, "memory") {
+                Err(Error::Record(m)) => assert!(m.contains(what), "{what}: {m}"),
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+        check_export_fd(&memfd(), "memory").unwrap();
+        let (pipe, _w) = rustix::pipe::pipe().unwrap();
+        assert!(check_sync_file(&pipe).is_err());
+    }
+
+    #[test]
+    fn a_failed_import_closes_the_duplicate_unless_the_driver_did() {
+        for driver_closes in [false, true] {
+            let fd = memfd();
+            let mine = link(fd.as_raw_fd());
+            let mut duplicate = -1;
+            let failed: std::result::Result<(), _> =
+                // SAFETY: the closure gives the raw fd to no driver; it
+                // closes it itself exactly when it says the driver does.
+                unsafe {
+                    import_with_duplicate(
+                        fd,
+                        driver_closes,
+                        |e| e.to_string(),
+                        |raw| {
+                            duplicate = raw;
+                            if driver_closes {
+                                drop(OwnedFd::from_raw_fd(raw));
+                            }
+                            Err(ImportFailure::from("refused".to_string()))
+                        },
+                    )
+                };
+            let (error, back) = failed.unwrap_err();
+            assert_eq!(error, "refused");
+            assert_eq!(
+                link(back.as_fd().as_raw_fd()),
+                mine,
+                "the caller's fd comes back"
+            );
+            // The duplicate's number is closed now (or another thread's fd).
+            assert_ne!(
+                link(duplicate),
+                mine,
+                "driver_closes={driver_closes}: the duplicate was leaked"
+            );
+        }
+    }
+}

@@ -159,3 +159,45 @@ pub(crate) fn check_memory_type(
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each allocation fact a record states is compared on its own: the
+    /// memory type bits too, which an import's other checks would otherwise
+    /// refuse first (issue 18 item 6).
+    #[test]
+    fn each_allocation_fact_is_compared() {
+        let reqs = vk::MemoryRequirements {
+            size: 4096,
+            alignment: 256,
+            memory_type_bits: 0b0110,
+        };
+        assert!(allocation_differences(&reqs, true, 4096, 1, 256, true).is_empty());
+        let one = |d: Vec<String>, what: &str| {
+            assert_eq!(d.len(), 1, "{d:?}");
+            assert!(d[0].starts_with(what), "{d:?}");
+        };
+        one(
+            allocation_differences(&reqs, true, 8192, 1, 256, true),
+            "size",
+        );
+        one(
+            allocation_differences(&reqs, true, 4096, 0, 256, true),
+            "memory types",
+        );
+        one(
+            allocation_differences(&reqs, true, 4096, 3, 256, true),
+            "memory types",
+        );
+        one(
+            allocation_differences(&reqs, true, 4096, 1, 512, true),
+            "alignment",
+        );
+        one(
+            allocation_differences(&reqs, true, 4096, 1, 256, false),
+            "dedicated",
+        );
+    }
+}
