@@ -9,7 +9,7 @@ use cuda_interop::sys::{
     CUDA_ARRAY3D_SURFACE_LDST,
 };
 use cuda_interop::{array_descriptor, CudaDevice, Error};
-use cuda_interop_tests::sample::ImageFields;
+use cuda_interop_testkit::sample::ImageFields;
 use vk_export::format::{Format, R32Sfloat, Rgba16Sfloat, Rgba8Unorm};
 use vk_export::markers::{usage, DeviceLocal, Optimal, Usage};
 use vk_export::ImageRecord;

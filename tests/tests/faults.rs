@@ -35,8 +35,8 @@ use ash::vk;
 use cuda_interop::{
     sys, CudaDevice, DeviceBuffer, Error as CudaError, HostWait, Stream, DROP_WAIT_LIMIT,
 };
-use cuda_interop_tests::sample::ImageFields;
-use cuda_interop_tests::{
+use cuda_interop_testkit::sample::ImageFields;
+use cuda_interop_testkit::{
     assert_no_validation_errors, open_fd_count, pattern, sample, tamper, vulkan, TIMEOUT,
 };
 use vk_export::format::{Format, R32Sfloat, Rgba16Sfloat, Rgba8Unorm};
@@ -643,14 +643,14 @@ fn an_import_outlives_the_exporting_image_and_device() {
 fn run_child(name: &str, envs: &[(&str, OsString)], keep: Option<OwnedFd>) -> String {
     let envs: Vec<(&str, &std::ffi::OsStr)> =
         envs.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
-    cuda_interop_tests::run_child_test(name, &envs, keep)
+    cuda_interop_testkit::child::run_child_test(name, &envs, keep)
 }
 
 /// A connected pair whose second end a child process inherits: the fd
 /// (close-on-exec cleared) and the environment entry naming it.
 fn socket_for_child() -> (Connection, OwnedFd, (&'static str, OsString)) {
-    let (mine, theirs, number) = cuda_interop_tests::socket_for_child();
-    (mine, theirs, (cuda_interop_tests::CHILD_SOCKET_ENV, number))
+    let (mine, theirs, number) = cuda_interop_testkit::child::socket_for_child();
+    (mine, theirs, (cuda_interop_testkit::child::CHILD_SOCKET_ENV, number))
 }
 
 /// Case 25 (two processes): the exporting process sends its image and
@@ -694,7 +694,7 @@ fn an_exporter_process_that_exits_first_leaves_its_payload_readable() {
 #[test]
 #[ignore = "entry point of a child process of faults.rs: run by an_exporter_process_that_exits_first_leaves_its_payload_readable"]
 fn child_exporter_that_exits_after_sending() {
-    let connection = cuda_interop_tests::inherited_connection();
+    let connection = cuda_interop_testkit::child::inherited_connection();
     let ctx = vulkan(None);
     let image = Image::new(&ctx, ImageDesc::new_2d(30, 20)).unwrap();
     ctx.write_image(&image, 0, 0, &pattern(30 * 20 * 4, 250), SubmitSync::new())
@@ -792,7 +792,7 @@ fn a_killed_importer_process_leaves_the_exporter_working() {
 #[test]
 #[ignore = "entry point of a child process of faults.rs: run by a_killed_importer_process_leaves_the_exporter_working"]
 fn child_importer_that_is_killed() {
-    let connection = cuda_interop_tests::inherited_connection();
+    let connection = cuda_interop_testkit::child::inherited_connection();
     let ctx = vulkan(None);
     let mut received = connection.recv(TIMEOUT).unwrap();
     let image = Image::import_received(

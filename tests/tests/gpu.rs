@@ -21,7 +21,7 @@ use cuda_interop::{
     drop_errors, kernels, CudaDevice, DeviceBuffer, Error, Event, HostWait, Module, Stream,
     DROP_WAIT_LIMIT,
 };
-use cuda_interop_tests::{
+use cuda_interop_testkit::{
     assert_no_validation_errors, assert_no_validation_errors_except, open_fd_count, pattern,
     vulkan, IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE, TIMEOUT,
 };
@@ -59,7 +59,7 @@ fn launch_2d(
 /// with `marker` set in its environment, prints what it printed, asserts
 /// that it passed, and returns its stdout.
 fn run_child(name: &str, marker: &str) -> String {
-    cuda_interop_tests::run_child_test(name, &[(marker, "1".as_ref())], None)
+    cuda_interop_testkit::child::run_child_test(name, &[(marker, "1".as_ref())], None)
 }
 
 /// How long `f` takes.
@@ -130,10 +130,10 @@ fn a_foreign_uuid_is_refused_before_any_driver_call_and_the_fd_comes_back() {
     );
     let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(32, 32)).unwrap();
     let baseline = open_fd_count();
-    let info = cuda_interop_tests::tamper::image(
+    let info = cuda_interop_testkit::tamper::image(
         image.info(),
         "device_uuid",
-        cuda_interop_tests::tamper::set(0xab),
+        cuda_interop_testkit::tamper::set(0xab),
     );
     let record = info
         .typed::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>()
@@ -532,7 +532,7 @@ fn two_processes_export_and_import_into_cuda() {
     ctx.release_image(&image, SubmitSync::new().signal_timeline(&timeline, 1))
         .unwrap();
     // The child inherits its end of the socket.
-    let (parent, child_fd, number) = cuda_interop_tests::socket_for_child();
+    let (parent, child_fd, number) = cuda_interop_testkit::child::socket_for_child();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -541,7 +541,7 @@ fn two_processes_export_and_import_into_cuda() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(cuda_interop_tests::CHILD_SOCKET_ENV, &number)
+        .env(cuda_interop_testkit::child::CHILD_SOCKET_ENV, &number)
         .spawn()
         .unwrap();
     drop(child_fd);
@@ -556,7 +556,7 @@ fn two_processes_export_and_import_into_cuda() {
 #[test]
 #[ignore = "entry point of the child process of two_processes_export_and_import_into_cuda"]
 fn child_cuda_importer() {
-    let connection = cuda_interop_tests::inherited_connection();
+    let connection = cuda_interop_testkit::child::inherited_connection();
     let mut received = connection.recv(TIMEOUT).unwrap();
     let image_bundle = received
         .take_image::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(0)
@@ -1056,7 +1056,7 @@ type Edit = Box<dyn Fn(&mut [u8])>;
 #[test]
 #[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test gpu -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
 fn every_single_field_tamper_is_refused_by_the_cuda_receive_path() {
-    use cuda_interop_tests::tamper;
+    use cuda_interop_testkit::tamper;
     let (ctx, cuda) = pair();
     let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(1920, 1080)).unwrap();
     let buffer = ExportableBuffer::<DeviceLocal>::new(&ctx, 1 << 20).unwrap();
@@ -1197,7 +1197,7 @@ fn a_killed_producer_leaves_the_consumer_with_bounded_waits_and_no_leak() {
     drop(stream_warmup);
     let fds_before = open_fd_count();
     let (free_before, _) = cuda.memory_info().unwrap();
-    let (consumer, producer_fd, number) = cuda_interop_tests::socket_for_child();
+    let (consumer, producer_fd, number) = cuda_interop_testkit::child::socket_for_child();
     let mut producer = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -1206,7 +1206,7 @@ fn a_killed_producer_leaves_the_consumer_with_bounded_waits_and_no_leak() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(cuda_interop_tests::CHILD_SOCKET_ENV, &number)
+        .env(cuda_interop_testkit::child::CHILD_SOCKET_ENV, &number)
         .spawn()
         .unwrap();
     drop(producer_fd);
@@ -1288,7 +1288,7 @@ fn a_killed_producer_leaves_the_consumer_with_bounded_waits_and_no_leak() {
 #[test]
 #[ignore = "entry point of the child process of a_killed_producer_leaves_the_consumer_with_bounded_waits_and_no_leak"]
 fn child_producer_that_dies() {
-    let connection = cuda_interop_tests::inherited_connection();
+    let connection = cuda_interop_testkit::child::inherited_connection();
     let ctx = vulkan(None);
     let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(640, 480)).unwrap();
     ctx.release_image(&image, SubmitSync::new()).unwrap();

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use ash::vk;
 use cuda_interop::sys;
 use cuda_interop::{drop_errors, kernels, CudaDevice, Error, Module, Stream, DROP_WAIT_LIMIT};
-use cuda_interop_tests::{
+use cuda_interop_testkit::{
     assert_no_validation_errors, assert_no_validation_errors_except, open_fd_count, pattern,
     vulkan, IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE, TIMEOUT,
 };
@@ -104,7 +104,7 @@ fn closed_fd_number() -> i32 {
 /// asserts that it passed, and returns its stdout.
 fn run_child(name: &str, envs: &[(&str, &str)]) -> String {
     let envs: Vec<(&str, &std::ffi::OsStr)> = envs.iter().map(|(k, v)| (*k, v.as_ref())).collect();
-    cuda_interop_tests::run_child_test(name, &envs, None)
+    cuda_interop_testkit::child::run_child_test(name, &envs, None)
 }
 
 /// Whether the process was started by a parent test with `marker` set.
@@ -596,7 +596,7 @@ fn a_killed_importer_frees_its_share_and_leaves_the_exporter_working() {
     ctx.write_buffer(&buffer, &head, SubmitSync::new()).unwrap();
     ctx.release_buffer(&buffer, SubmitSync::new()).unwrap();
     let free_with = free();
-    let (mine, theirs, number) = cuda_interop_tests::socket_for_child();
+    let (mine, theirs, number) = cuda_interop_testkit::child::socket_for_child();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -605,7 +605,7 @@ fn a_killed_importer_frees_its_share_and_leaves_the_exporter_working() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(cuda_interop_tests::CHILD_SOCKET_ENV, number)
+        .env(cuda_interop_testkit::child::CHILD_SOCKET_ENV, number)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -679,7 +679,7 @@ fn a_killed_importer_frees_its_share_and_leaves_the_exporter_working() {
 #[test]
 #[ignore = "entry point of the child process of a_killed_importer_frees_its_share_and_leaves_the_exporter_working"]
 fn child_cuda_importer_that_is_killed() {
-    let connection = cuda_interop_tests::inherited_connection();
+    let connection = cuda_interop_testkit::child::inherited_connection();
     let mut received = connection.recv(TIMEOUT).unwrap();
     let bundle = received.take_buffer::<DeviceLocal>(0).unwrap();
     let ctx = vulkan(Some(bundle.record().info().device_uuid()));

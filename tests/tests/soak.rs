@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use cuda_interop::CudaDevice;
-use cuda_interop_tests::{assert_no_validation_errors, open_fd_count, vulkan};
+use cuda_interop_testkit::{assert_no_validation_errors, open_fd_count, vulkan};
 use vk_export::format::Rgba8Unorm;
 use vk_export::markers::{MemoryLocation, Optimal};
 use vk_export::{

@@ -5,7 +5,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
-use cuda_interop_tests::{assert_no_validation_errors, open_fd_count, tamper, vulkan, TIMEOUT};
+use cuda_interop_testkit::{assert_no_validation_errors, open_fd_count, tamper, vulkan, TIMEOUT};
 use vk_export::format::Rgba8Unorm;
 use vk_export::markers::{usage, DeviceLocal, MemoryLocation, Optimal};
 use vk_export::socket::Connection;

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ash::vk;
-use cuda_interop_tests::{assert_no_validation_errors, pattern, vulkan, TIMEOUT};
+use cuda_interop_testkit::{assert_no_validation_errors, pattern, vulkan, TIMEOUT};
 use vk_export::format::{R32Sfloat, Rgba16Sfloat, Rgba8Unorm};
 use vk_export::markers::{usage, DeviceLocal, MemoryLocation, Optimal};
 use vk_export::socket::{Connection, Listener};

@@ -8,7 +8,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 
 use ash::vk;
-use cuda_interop_tests::{open_fd_count, sample, tamper, TIMEOUT};
+use cuda_interop_testkit::{open_fd_count, sample, tamper, TIMEOUT};
 use proptest::prelude::*;
 use vk_export::socket::{Connection, Listener};
 use vk_export::wire::{Message, Resource, WireError, HEADER_LEN, MAGIC};
