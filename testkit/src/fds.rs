@@ -144,6 +144,14 @@ pub fn not_exports(file: &Path) -> Vec<(&'static str, OwnedFd)> {
     ]
 }
 
+/// [`not_exports`] less the directory (the CUDA-side cases).
+pub fn not_exports_but_a_directory(file: &Path) -> Vec<(&'static str, OwnedFd)> {
+    not_exports(file)
+        .into_iter()
+        .filter(|(what, _)| *what != "a directory")
+        .collect()
+}
+
 /// Whether `fd` is readable within `within`.
 pub fn readable_within(fd: impl AsFd, within: Duration) -> bool {
     let timeout = rustix::event::Timespec {

@@ -43,6 +43,10 @@ pub type Mem = vk_export::markers::HostVisible;
 #[cfg(feature = "device-local")]
 pub type Mem = vk_export::markers::DeviceLocal;
 
+/// The image type the Vulkan-only tests export: RGBA8, optimal, in [`Mem`].
+pub type Image =
+    vk_export::ExportableImage<vk_export::format::Rgba8Unorm, vk_export::markers::Optimal, Mem>;
+
 /// A headless context with the validation layer required, unless
 /// `CUDA_INTEROP_VALIDATION=off` (for machines without the layer: never CI).
 pub fn vulkan(device_uuid: Option<[u8; 16]>) -> Context {
