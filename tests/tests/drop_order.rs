@@ -130,8 +130,9 @@ fn child_fake_pending_work() {
         destroyed,
         "not destroyed under its pending wait"
     );
-    // The stream stays stuck for ever; its drop would leak it as well
-    // (gpu.rs shows that on the GPU).
+    // The stream stays stuck for ever; its drop would leak it as well (on
+    // the GPU: semaphore.rs,
+    // a_wait_nobody_signals_times_out_and_every_drop_returns_within_its_bound).
     std::mem::forget(stuck);
 }
 

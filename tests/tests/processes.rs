@@ -101,7 +101,8 @@ fn child_exporter_that_exits_after_sending() {
 /// holds imports of this process's image and buffer; the exporter keeps
 /// using both (writes and reads back exactly), drops them cleanly, and its
 /// fd count is back at its baseline. (That the GPU memory is freed when the
-/// last reference dies is `gpu_faults.rs`.)
+/// last reference dies is
+/// [`a_killed_importer_frees_its_share_and_leaves_the_exporter_working`].)
 #[test]
 fn a_killed_importer_process_leaves_the_exporter_working() {
     let _fds = fds::lock();
