@@ -15,14 +15,15 @@
 //! * [`run`] runs a `child_*` test of the calling binary with the variant's
 //!   directory first on `LD_LIBRARY_PATH` and `CUDA_INTEROP_FAKE_CUDA=1`;
 //!   in that child, [`Fake::open`] loads the same `libcuda.so.1` the crate
-//!   loads, and panics unless it is the fake.
+//!   loads, and panics unless it is the fake. [`library`] is the build's
+//!   `OUT_DIR` copy unless `CUDA_INTEROP_FAKE_CUDA_DIR` names another.
 //! * The record makers ([`image`], [`buffer`], [`timeline`], [`binary`]) are
 //!   made by the crate's decoder, on the fake's device ([`UUID`]).
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_long, c_longlong, c_void, CString, OsString};
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ash::vk;
 use cuda_interop::sys;
@@ -46,19 +47,31 @@ pub enum Variant {
     WithoutMipmappedArrays,
 }
 
-/// The directory holding `variant`'s `libcuda.so.1`, built by this
-/// crate's `build.rs` from `fake_cuda/fake_cuda.c`.
-pub fn library(variant: Variant) -> &'static Path {
-    Path::new(match variant {
+/// The directory holding `variant`'s `libcuda.so.1`: the one this crate's
+/// `build.rs` built from `fake_cuda/fake_cuda.c`, or, when
+/// `CUDA_INTEROP_FAKE_CUDA_DIR` is set (test binaries copied to another
+/// machine, with the `fake-libcuda-*` directories of the build's `OUT_DIR`),
+/// the directory of the same name under it.
+pub fn library(variant: Variant) -> PathBuf {
+    let built = Path::new(match variant {
         Variant::Full => env!("FAKE_CUDA_DIR_FULL"),
         Variant::WithoutUuidV2 => env!("FAKE_CUDA_DIR_WITHOUT_UUID_V2"),
         Variant::WithoutMipmappedArrays => env!("FAKE_CUDA_DIR_WITHOUT_MIPMAPPED"),
-    })
+    });
+    match std::env::var_os("CUDA_INTEROP_FAKE_CUDA_DIR") {
+        Some(dir) => Path::new(&dir).join(built.file_name().expect("a directory name")),
+        None => built.to_path_buf(),
+    }
 }
 
 /// Runs the child test `name` with the fake `variant` as its libcuda.
 pub fn run(name: &str, variant: Variant) -> String {
     let dir = library(variant);
+    assert!(
+        dir.join("libcuda.so.1").is_file(),
+        "no fake libcuda.so.1 in {dir:?} (binaries copied from their build? \
+         set CUDA_INTEROP_FAKE_CUDA_DIR to the copied fake-libcuda-* directories' parent)"
+    );
     crate::child::run_with_os(
         name,
         &[
