@@ -25,8 +25,7 @@ use std::ffi::{c_uint, c_void};
 
 use cuda_interop::{drop_errors, kernels, sys, CudaDevice, Error as CudaError, Module, Stream};
 use cuda_interop_testkit::gpu::{current, driver_function, pair};
-use cuda_interop_testkit::{assert_no_validation_errors, pattern, TIMEOUT};
-use cuda_interop_testkit::{child, fake, fds};
+use cuda_interop_testkit::{assert_no_validation_errors, child, fake, fds, pattern, TIMEOUT};
 use vk_export::format::Rgba8Unorm;
 use vk_export::markers::{usage, DeviceLocal};
 use vk_export::{ExportableBuffer, ExportableImage, ImageDesc, SubmitSync, TimelineSemaphore};

@@ -25,10 +25,9 @@ use std::time::{Duration, Instant};
 use cuda_interop::{CudaDevice, DeviceBuffer, Error as CudaError, Stream};
 use cuda_interop_testkit::gpu::{pair, time};
 use cuda_interop_testkit::{
-    assert_no_validation_errors, assert_no_validation_errors_except, pattern,
+    assert_no_validation_errors, assert_no_validation_errors_except, fake, fds, pattern,
     IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE, TIMEOUT,
 };
-use cuda_interop_testkit::{fake, fds};
 use vk_export::format::{Format, R32Sfloat, Rgba16Sfloat, Rgba32Sfloat, Rgba8Unorm};
 use vk_export::markers::{usage, DeviceLocal, Optimal};
 use vk_export::{Context, ExportableImage, ImageDesc, SubmitSync, TimelineSemaphore};

@@ -26,10 +26,9 @@ use std::time::{Duration, Instant};
 use cuda_interop::{drop_errors, CudaDevice, DeviceBuffer, HostWait, Stream, DROP_WAIT_LIMIT};
 use cuda_interop_testkit::gpu::{pair, time};
 use cuda_interop_testkit::{
-    assert_no_validation_errors_except, pattern, IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE,
-    TIMEOUT,
+    assert_no_validation_errors_except, fake, fds, pattern,
+    IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE, TIMEOUT,
 };
-use cuda_interop_testkit::{fake, fds};
 use vk_export::markers::DeviceLocal;
 use vk_export::{ExportableBuffer, SubmitSync, TimelineSemaphore};
 

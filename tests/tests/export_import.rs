@@ -22,8 +22,9 @@ use ash::vk;
 use cuda_interop_testkit::fds::{
     closed_fd_number, fd_table, identity, not_exports, owned_closed_fd,
 };
-use cuda_interop_testkit::{assert_no_validation_errors, open_fd_count, pattern, vulkan, TIMEOUT};
-use cuda_interop_testkit::{child, fds, Image, Mem};
+use cuda_interop_testkit::{
+    assert_no_validation_errors, child, fds, open_fd_count, pattern, vulkan, Image, Mem, TIMEOUT,
+};
 use vk_export::format::{Rgba16Sfloat, Rgba8Unorm};
 use vk_export::markers::{usage, Optimal};
 use vk_export::socket::Connection;

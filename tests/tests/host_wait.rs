@@ -26,8 +26,7 @@ use std::time::{Duration, Instant};
 use cuda_interop::{kernels, CudaDevice, Error as CudaError, HostWait, Module, Stream};
 use cuda_interop_testkit::fds::{eventfds, readable_within};
 use cuda_interop_testkit::gpu::pair;
-use cuda_interop_testkit::{assert_no_validation_errors, open_fd_count, TIMEOUT};
-use cuda_interop_testkit::{fake, fds};
+use cuda_interop_testkit::{assert_no_validation_errors, fake, fds, open_fd_count, TIMEOUT};
 
 /// Waits (bounded) until the fake has returned from `n` host functions.
 fn host_functions_returned(fake: &fake::Fake, n: usize) {

@@ -29,8 +29,9 @@ use cuda_interop_testkit::fds::{
     close_if_still, closed_fd_number, fd_table, identity, owned_closed_fd,
 };
 use cuda_interop_testkit::gpu::{driver, pair};
-use cuda_interop_testkit::{assert_no_validation_errors, open_fd_count, pattern, vulkan, TIMEOUT};
-use cuda_interop_testkit::{fake, fds, Image};
+use cuda_interop_testkit::{
+    assert_no_validation_errors, fake, fds, open_fd_count, pattern, vulkan, Image, TIMEOUT,
+};
 use vk_export::format::{R32Sfloat, Rgba16Sfloat, Rgba8Unorm};
 use vk_export::markers::{usage, DeviceLocal, Optimal};
 use vk_export::socket::Connection;

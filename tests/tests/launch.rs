@@ -23,9 +23,8 @@ use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 use cuda_interop::{kernels, CudaDevice, DeviceBuffer, Error as CudaError, Module, Stream};
-use cuda_interop_testkit::assert_no_validation_errors;
 use cuda_interop_testkit::gpu::pair;
-use cuda_interop_testkit::{fake, fds};
+use cuda_interop_testkit::{assert_no_validation_errors, fake, fds};
 use vk_export::format::Rgba8Unorm;
 use vk_export::markers::{usage, DeviceLocal};
 use vk_export::ExportableBuffer;

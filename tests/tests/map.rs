@@ -20,8 +20,7 @@ use std::ffi::c_void;
 
 use cuda_interop::{kernels, sys, CudaDevice, Error as CudaError, Module, Stream};
 use cuda_interop_testkit::gpu::{driver, pair};
-use cuda_interop_testkit::{assert_no_validation_errors, pattern, TIMEOUT};
-use cuda_interop_testkit::{child, fds};
+use cuda_interop_testkit::{assert_no_validation_errors, child, fds, pattern, TIMEOUT};
 use vk_export::format::{Format, R32Sfloat, Rgba16Sfloat, Rgba32Sfloat, Rgba8Unorm};
 use vk_export::markers::{usage, DeviceLocal, Optimal, Usage};
 use vk_export::{Context, ExportableBuffer, ExportableImage, ImageDesc, SubmitSync};

@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 use cuda_interop::{CudaDevice, Error as CudaError, Stream};
 use cuda_interop_testkit::gpu::{pair, time};
 use cuda_interop_testkit::{
-    assert_no_validation_errors, assert_no_validation_errors_except, open_fd_count, pattern,
-    vulkan, IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE, TIMEOUT,
+    assert_no_validation_errors, assert_no_validation_errors_except, child, fake, fds,
+    open_fd_count, pattern, vulkan, Image, Mem, IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE,
+    TIMEOUT,
 };
-use cuda_interop_testkit::{child, fake, fds, Image, Mem};
 use vk_export::format::Rgba8Unorm;
 use vk_export::markers::{usage, DeviceLocal, Optimal};
 use vk_export::socket::Connection;

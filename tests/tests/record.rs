@@ -9,8 +9,7 @@
 
 use ash::vk;
 use cuda_interop_testkit::sample::ImageFields;
-use cuda_interop_testkit::{assert_no_validation_errors, vulkan};
-use cuda_interop_testkit::{fds, sample, tamper, Image, Mem};
+use cuda_interop_testkit::{assert_no_validation_errors, fds, sample, tamper, vulkan, Image, Mem};
 use vk_export::format::{R32Sfloat, Rgba8Unorm};
 use vk_export::markers::{usage, DeviceLocal, MemoryLocation, Optimal};
 use vk_export::wire::{Resource, WireError};

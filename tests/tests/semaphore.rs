@@ -33,10 +33,9 @@ use cuda_interop::{
 use cuda_interop_testkit::fds::{close_if_still, identity};
 use cuda_interop_testkit::gpu::{driver, pair, time};
 use cuda_interop_testkit::{
-    assert_no_validation_errors, assert_no_validation_errors_except, open_fd_count, vulkan,
-    IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE, TIMEOUT,
+    assert_no_validation_errors, assert_no_validation_errors_except, child, fake, fds,
+    open_fd_count, vulkan, Image, IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE, TIMEOUT,
 };
-use cuda_interop_testkit::{child, fake, fds, Image};
 use vk_export::format::Rgba8Unorm;
 use vk_export::markers::DeviceLocal;
 use vk_export::{

@@ -27,10 +27,9 @@ use std::time::Instant;
 use cuda_interop::{drop_errors, CudaDevice};
 use cuda_interop_testkit::gpu::pair;
 use cuda_interop_testkit::{
-    assert_no_validation_errors, assert_no_validation_errors_except, open_fd_count, vulkan,
-    IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE, TIMEOUT,
+    assert_no_validation_errors, assert_no_validation_errors_except, fake, fds, open_fd_count,
+    vulkan, Image, Mem, IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE, TIMEOUT,
 };
-use cuda_interop_testkit::{fake, fds, Image, Mem};
 use vk_export::format::Rgba8Unorm;
 use vk_export::markers::{usage, DeviceLocal, MemoryLocation, Optimal};
 use vk_export::{

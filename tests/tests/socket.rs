@@ -10,8 +10,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use cuda_interop_testkit::{fds, sample};
-use cuda_interop_testkit::{open_fd_count, TIMEOUT};
+use cuda_interop_testkit::{fds, open_fd_count, sample, TIMEOUT};
 use vk_export::socket::{Connection, Listener};
 use vk_export::wire::{WireError, HEADER_LEN, MAGIC};
 use vk_export::Error;

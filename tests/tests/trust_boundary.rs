@@ -17,8 +17,9 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use cuda_interop::Stream;
 use cuda_interop_testkit::gpu::pair;
-use cuda_interop_testkit::{assert_no_validation_errors, open_fd_count, pattern, vulkan, TIMEOUT};
-use cuda_interop_testkit::{fds, tamper, Image, Mem};
+use cuda_interop_testkit::{
+    assert_no_validation_errors, fds, open_fd_count, pattern, tamper, vulkan, Image, Mem, TIMEOUT,
+};
 use vk_export::format::Rgba8Unorm;
 use vk_export::markers::{usage, DeviceLocal, MemoryLocation, Optimal};
 use vk_export::socket::Connection;
