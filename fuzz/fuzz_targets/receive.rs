@@ -2,12 +2,12 @@
 //! structure-aware (or raw) message with 0 to 3 fds (pipe ends, `/dev/null`,
 //! a memfd), `recv`, typed takes, drop.
 //!
-//! Properties (`cuda_interop_tests::wire_gen::receive_case`): nothing panics;
+//! Properties (`cuda_interop_testkit::wire_gen::receive_case`): nothing panics;
 //! `recv` agrees with `Message::decode` and the fd count; the process's open
 //! fds (`/proc/self/fd`) are the same after everything is dropped.
 #![no_main]
 
-use cuda_interop_tests::wire_gen::{receive_case, ReceiveCase};
+use cuda_interop_testkit::wire_gen::{receive_case, ReceiveCase};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

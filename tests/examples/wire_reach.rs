@@ -18,8 +18,8 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use cuda_interop_tests::wire_gen::{from_fuzz_bytes, Reach, ReceiveCase};
-use cuda_interop_tests::{pattern, wire_gen};
+use cuda_interop_testkit::wire_gen::{from_fuzz_bytes, Reach, ReceiveCase};
+use cuda_interop_testkit::{pattern, wire_gen};
 
 fn files(path: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     if path.is_dir() {

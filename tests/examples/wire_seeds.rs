@@ -12,8 +12,8 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use cuda_interop_tests::sample;
-use cuda_interop_tests::wire_gen::{FdKind, Framing, ReceiveCase, Take, WireSpec};
+use cuda_interop_testkit::sample;
+use cuda_interop_testkit::wire_gen::{FdKind, Framing, ReceiveCase, Take, WireSpec};
 
 fn main() -> ExitCode {
     let Some(dir) = std::env::args().nth(1) else {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use cuda_interop_tests::{assert_no_validation_errors, vulkan};
+use cuda_interop_testkit::{assert_no_validation_errors, vulkan};
 use vk_export::{BinarySemaphore, Error, SubmitSync, TimelineSemaphore};
 
 /// Issue 18 item 1: a binary signal behind a timeline value nobody has

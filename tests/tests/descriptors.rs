@@ -9,7 +9,7 @@ use cuda_interop::sys::{
     CUDA_ARRAY3D_SURFACE_LDST,
 };
 use cuda_interop::{array_descriptor, CudaDevice, Error};
-use cuda_interop_tests::sample::ImageFields;
+use cuda_interop_testkit::sample::ImageFields;
 use vk_export::format::{Format, R32Sfloat, Rgba16Sfloat, Rgba8Unorm};
 use vk_export::markers::{usage, DeviceLocal, Optimal, Usage};
 use vk_export::ImageRecord;
@@ -105,7 +105,8 @@ fn float_cube_and_3d() {
 #[test]
 fn without_a_driver_pairing_says_what_is_missing() {
     if cuda_interop::sys::Driver::global().is_ok() {
-        // On a GPU machine this path is covered by tests/gpu.rs.
+        // On a GPU machine this path is covered by import.rs
+        // (a_foreign_uuid_is_refused_before_any_driver_call_and_the_fd_comes_back).
         let err = CudaDevice::for_uuid([0xab; 16]).unwrap_err();
         assert!(matches!(err, Error::NoMatchingDevice { .. }), "{err}");
         return;

@@ -10,7 +10,7 @@
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use cuda_interop_tests::vulkan;
+use cuda_interop_testkit::vulkan;
 use vk_export::socket::Connection;
 use vk_export::wire::{Message, Resource};
 use vk_export::{Error, ExportableBuffer};

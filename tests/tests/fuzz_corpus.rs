@@ -14,11 +14,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use cuda_interop_tests::wire_gen::{
+use cuda_interop_testkit::wire_gen::{
     check_decode, decode_case, receive_case, BufferSpec, Decoder, Framing, ImageSpec, Reach,
     ReceiveCase, ResourceSpec, SemaphoreSpec, WireSpec,
 };
-use cuda_interop_tests::{open_fd_count, sample};
+use cuda_interop_testkit::{open_fd_count, sample};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use vk_export::format::SUPPORTED;

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Barrier};
 use std::thread;
 
-use cuda_interop_tests::vulkan;
+use cuda_interop_testkit::vulkan;
 use vk_export::{SubmitSync, TimelineSemaphore};
 
 #[test]

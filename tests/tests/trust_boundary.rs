@@ -1,29 +1,171 @@
-//! The trust boundary on a real Vulkan driver (lavapipe in CI, NVIDIA on the
-//! GPU machine): records received from a peer that lies in one field, and
-//! fds that are not GPU exports. Every case is a typed error, the caller's fd
-//! comes back open, and the process's fd count returns to its baseline.
+//! The trust boundary (lavapipe in CI, NVIDIA on the GPU machine): records
+//! received from a peer that lies in one field, and fds that are not GPU
+//! exports, on the Vulkan and the CUDA receive path. Every case is a typed
+//! error, the caller's fd comes back open, and the process's fd count
+//! returns to its baseline.
+//!
+//! The tests ignored as "needs an NVIDIA GPU" need the real CUDA driver; on the
+//! GPU machine: `cargo test -p cuda-interop-tests --test trust_boundary --
+//! --ignored --skip child_`. The others run everywhere (lavapipe).
+//!
+//! Fd checks: some tests compare the fd table or count open fds, which are
+//! process-wide, so every test of this binary that is not a `child_*` entry
+//! point holds `fds::lock()` for its whole run (a `child_*` test runs alone in
+//! a process of its own).
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
-use cuda_interop_tests::{assert_no_validation_errors, open_fd_count, tamper, vulkan, TIMEOUT};
+use cuda_interop::Stream;
+use cuda_interop_testkit::gpu::pair;
+use cuda_interop_testkit::{
+    assert_no_validation_errors, fds, open_fd_count, pattern, tamper, vulkan, Image, Mem, TIMEOUT,
+};
 use vk_export::format::Rgba8Unorm;
 use vk_export::markers::{usage, DeviceLocal, MemoryLocation, Optimal};
 use vk_export::socket::Connection;
 use vk_export::wire::{Message, Resource};
 use vk_export::{
-    BinarySemaphore, Context, Error, ExportableBuffer, ExportableImage, ImageDesc,
+    BinarySemaphore, Context, Error, ExportableBuffer, ExportableImage, ImageDesc, SubmitSync,
     TimelineSemaphore,
 };
 
-/// Lavapipe has no `DeviceLocal` class and NVIDIA puts optimal images only
-/// in device-local memory: the GPU bundle builds with `device-local`.
-#[cfg(not(feature = "device-local"))]
-type Mem = vk_export::markers::HostVisible;
-#[cfg(feature = "device-local")]
-type Mem = DeviceLocal;
-type Image = ExportableImage<Rgba8Unorm, Optimal, Mem>;
 /// One edit of a wire field's bytes.
 type Edit = Box<dyn Fn(&mut [u8])>;
+
+/// The trust-boundary tamper list through the CUDA receive path: every
+/// single-field lie in a received image or buffer record is a typed error
+/// before the driver sees the fd (or at it), the fd comes back open, and an
+/// honest record still round-trips exactly.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test trust_boundary -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+fn every_single_field_tamper_is_refused_by_the_cuda_receive_path() {
+    let _fds = fds::lock();
+    use cuda_interop_testkit::tamper;
+    let (ctx, cuda) = pair();
+    let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(1920, 1080)).unwrap();
+    let buffer = ExportableBuffer::<DeviceLocal>::new(&ctx, 1 << 20).unwrap();
+    let image_edits: Vec<(&str, Edit)> = vec![
+        ("format", Box::new(tamper::set(100))),
+        ("usage", Box::new(tamper::set(0x1 | 0x2 | 0x4))),
+        ("tiling", Box::new(tamper::set(1))),
+        ("device_uuid", Box::new(tamper::flip())),
+        ("driver_uuid", Box::new(tamper::flip())),
+        ("allocation_size", Box::new(tamper::add(65536))),
+        ("allocation_size", Box::new(tamper::add(-65536))),
+        ("dedicated", Box::new(|b: &mut [u8]| b[0] ^= 1)),
+        ("width", Box::new(tamper::set(960))),
+        ("height", Box::new(tamper::set(540))),
+        ("mip_levels", Box::new(tamper::set(2))),
+        ("array_layers", Box::new(tamper::set(2))),
+        ("memory_type_index", Box::new(tamper::add(1))),
+        ("memory_flags", Box::new(tamper::set(0))),
+    ];
+    let baseline = open_fd_count();
+    let (free_before, _) = cuda.memory_info().unwrap();
+    for (field, edit) in &image_edits {
+        let fd = image.export_fd().unwrap();
+        let (bytes, decoded) = tamper::edit(
+            Resource::Image(image.info().clone()),
+            tamper::IMAGE_FIELDS,
+            field,
+            edit,
+        );
+        let outcome = match decoded {
+            Err(e) => format!("rejected by the decoder: {e}"),
+            Ok(_) => {
+                let (tx, rx) = Connection::pair().unwrap();
+                // SAFETY: a test of the receiver's refusals: the record is
+                // tampered on purpose and the test asserts its import is refused.
+                unsafe { tx.send_raw(&bytes, &[std::os::fd::AsFd::as_fd(&fd)]) }.unwrap();
+                let mut received = rx.recv(TIMEOUT).unwrap();
+                match received.take_image::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(0) {
+                    Err(e) => format!("rejected when typed: {e}"),
+                    Ok(bundle) => match cuda.import_received_image(bundle) {
+                        Ok(_) => panic!("CUDA imported a record with a tampered {field}"),
+                        Err(e) => {
+                            assert!(rustix::io::fcntl_getfd(&e.fd).is_ok());
+                            format!("refused: {}", e.error)
+                        }
+                    },
+                }
+            }
+        };
+        drop(fd);
+        println!("image {field:>17}: {outcome}");
+    }
+    let buffer_edits: Vec<(&str, Edit)> = vec![
+        ("device_uuid", Box::new(tamper::flip())),
+        ("driver_uuid", Box::new(tamper::flip())),
+        ("allocation_size", Box::new(tamper::add(1 << 20))),
+        ("size", Box::new(tamper::add(4096))),
+        ("dedicated", Box::new(|b: &mut [u8]| b[0] ^= 1)),
+        ("memory_type_index", Box::new(tamper::add(1))),
+    ];
+    for (field, edit) in &buffer_edits {
+        let fd = buffer.export_fd().unwrap();
+        let (bytes, decoded) = tamper::edit(
+            Resource::Buffer(buffer.info().clone()),
+            tamper::BUFFER_FIELDS,
+            field,
+            edit,
+        );
+        let outcome = match decoded {
+            Err(e) => format!("rejected by the decoder: {e}"),
+            Ok(_) => {
+                let (tx, rx) = Connection::pair().unwrap();
+                // SAFETY: a test of the receiver's refusals: the record is
+                // tampered on purpose and the test asserts its import is refused.
+                unsafe { tx.send_raw(&bytes, &[std::os::fd::AsFd::as_fd(&fd)]) }.unwrap();
+                let mut received = rx.recv(TIMEOUT).unwrap();
+                match received.take_buffer::<DeviceLocal>(0) {
+                    Err(e) => format!("rejected when typed: {e}"),
+                    Ok(bundle) => match cuda.import_received_buffer(bundle) {
+                        Ok(_) => panic!("CUDA imported a buffer record with a tampered {field}"),
+                        Err(e) => {
+                            assert!(rustix::io::fcntl_getfd(&e.fd).is_ok());
+                            format!("refused: {}", e.error)
+                        }
+                    },
+                }
+            }
+        };
+        drop(fd);
+        println!("buffer {field:>16}: {outcome}");
+    }
+    assert_eq!(open_fd_count(), baseline, "no fd lost or left open");
+    // The honest record still round-trips exactly through the same path.
+    let data = pattern(1920 * 1080 * 4, 77);
+    ctx.write_image(&image, 0, 0, &data, SubmitSync::new())
+        .unwrap();
+    ctx.release_image(&image, SubmitSync::new()).unwrap();
+    let (tx, rx) = Connection::pair().unwrap();
+    tx.send_exported(1, &[&image]).unwrap();
+    let bundle = rx
+        .recv(TIMEOUT)
+        .unwrap()
+        .take_image::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(0)
+        .unwrap();
+    let imported = cuda
+        .import_received_image(bundle)
+        .map_err(|e| e.error)
+        .unwrap();
+    let array = imported.map_array().unwrap();
+    let level = array.level(0).unwrap();
+    let stream = Stream::new(&cuda).unwrap();
+    let mut out = vec![0u8; level.byte_len().unwrap()];
+    level.copy_to_host(&stream, &mut out).unwrap();
+    assert!(out == data, "the honest record's round trip differs");
+    let _ = level;
+    drop(array);
+    drop(imported);
+    drop((stream, tx, rx));
+    let (free_after, _) = cuda.memory_info().unwrap();
+    println!(
+        "honest record: exact; fds {baseline} -> {}; free GPU memory {free_before} -> {free_after}",
+        open_fd_count()
+    );
+    assert_no_validation_errors(&ctx);
+}
 
 /// Whether `ctx` has a device-local, not host-visible memory type for images.
 fn has_device_local(ctx: &Context) -> bool {
@@ -151,6 +293,7 @@ fn buffer_tamper_is_refused<M: MemoryLocation>(
 /// binary of their own (a parallel test would move the count).
 #[test]
 fn received_records_and_fds_at_the_trust_boundary() {
+    let _fds = fds::lock();
     let ctx = vulkan(None);
     every_single_field_tamper_of_a_received_record_is_a_typed_error(&ctx);
     assert_no_validation_errors(&ctx);

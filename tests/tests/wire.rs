@@ -2,13 +2,14 @@
 //! hostile input: every case is a typed error, no panic, and the process's
 //! open fd count returns to its baseline.
 //!
-//! One `#[test]` runs the fd-counting cases in order, since other tests in the
-//! same process would move the count.
+//! One `#[test]` runs the fd-counting cases in order, and it and every other
+//! test here that opens fds hold `fds::lock()`: the count is process-wide, so
+//! another test thread opening a socket in between would move it.
 
 use std::os::fd::{AsFd, OwnedFd};
 
 use ash::vk;
-use cuda_interop_tests::{open_fd_count, sample, tamper, TIMEOUT};
+use cuda_interop_testkit::{fds, open_fd_count, sample, tamper, TIMEOUT};
 use proptest::prelude::*;
 use vk_export::socket::{Connection, Listener};
 use vk_export::wire::{Message, Resource, WireError, HEADER_LEN, MAGIC};
@@ -141,6 +142,7 @@ fn some_fds(n: usize) -> Vec<OwnedFd> {
 
 #[test]
 fn hostile_socket_input_is_rejected_and_no_fd_leaks() {
+    let _fds = fds::lock();
     let baseline = open_fd_count();
     {
         let (tx, rx) = Connection::pair().unwrap();
@@ -237,6 +239,7 @@ fn hostile_socket_input_is_rejected_and_no_fd_leaks() {
 
 #[test]
 fn a_peer_the_credential_check_refuses_is_dropped() {
+    let _fds = fds::lock();
     let dir = std::env::temp_dir().join(format!("vk-export-peer-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("socket");

@@ -994,9 +994,9 @@ impl ReceiveCase {
 /// has as many open fds as before (`/proc/self/fd`). Nothing else in the
 /// process may open or close fds meanwhile.
 pub fn receive_case(case: &ReceiveCase) -> vk_export::Result<Message> {
-    let before = crate::open_fd_count();
+    let before = crate::fds::open_fd_count();
     let result = receive_and_take(case);
-    let after = crate::open_fd_count();
+    let after = crate::fds::open_fd_count();
     assert_eq!(after, before, "open fds changed: {case:?} -> {result:?}");
     result
 }

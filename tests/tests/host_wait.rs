@@ -1,0 +1,362 @@
+//! Host waits: completions whose fd becomes readable when the work
+//! completes, every `HostWait` strategy, timeouts, and drops before the host
+//! function has run; against the fake driver and a real kernel.
+//!
+//! The tests ignored as "needs an NVIDIA GPU" need the real CUDA driver; on the
+//! GPU machine: `cargo test -p cuda-interop-tests --test host_wait -- --ignored
+//! --skip child_`. The others run everywhere (lavapipe, the fake driver).
+//!
+//! The fake-driver tests run their body in a `child_fake_*` process whose
+//! `libcuda.so.1` is the testkit's fake (`cuda_interop_testkit::fake`): what
+//! they show is what the crate does before and around the driver, never the
+//! real driver's answer (that is the GPU tests').
+//!
+//! `child_*` tests are entry points of child processes, run by their parent
+//! test of this binary by exact name (`cuda_interop_testkit::child`); they fail
+//! when run by hand.
+//!
+//! Fd checks: some tests compare the fd table or count open fds, which are
+//! process-wide, so every test of this binary that is not a `child_*` entry
+//! point holds `fds::lock()` for its whole run (a `child_*` test runs alone in
+//! a process of its own).
+
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+use cuda_interop::{kernels, CudaDevice, Error as CudaError, HostWait, Module, Stream};
+use cuda_interop_testkit::fds::{eventfds, readable_within};
+use cuda_interop_testkit::gpu::pair;
+use cuda_interop_testkit::{assert_no_validation_errors, fake, fds, open_fd_count, TIMEOUT};
+
+/// Waits (bounded) until the fake has returned from `n` host functions.
+fn host_functions_returned(fake: &fake::Fake, n: usize) {
+    let start = Instant::now();
+    while fake.calls("host_function_returned").len() < n {
+        assert!(start.elapsed() < TIMEOUT, "{}", fake.log());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Every host-wait strategy, the default first.
+const STRATEGIES: [HostWait; 5] = [
+    HostWait::ADAPTIVE,
+    HostWait::Spin,
+    HostWait::Block,
+    HostWait::Adaptive {
+        spin: Duration::from_millis(20),
+    },
+    HostWait::Poll,
+];
+
+/// Host waits against the fake driver, whose host functions
+/// (`cuLaunchHostFunc`) run on a thread of their own when the stream's
+/// earlier work completes, with CUDA calls refused: a completion's fd
+/// becomes readable when its work completes and not before, `is_done`
+/// agrees, every strategy returns `Ok` on completed work and waits for
+/// pending work, from another thread too, and the eventfd is closed once
+/// both the completion and its host function are done with it.
+#[test]
+fn a_completion_becomes_readable_when_its_work_completes_and_every_strategy_sees_it() {
+    let _fds = fds::lock();
+    fake::run("child_fake_completions", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of host_wait.rs, with a fake libcuda: run by a_completion_becomes_readable_when_its_work_completes_and_every_strategy_sees_it"]
+fn child_fake_completions() {
+    let fake = fake::Fake::open();
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let errors = cuda_interop::drop_errors();
+    let stream = Stream::new(&cuda).unwrap();
+    // SAFETY: the driver is the fake: it records, holds the fd, reads nothing.
+    let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    let mut value = 0;
+    let mut enqueue = |latency: Duration| {
+        fake.set("latency_ms", latency.as_millis() as i64);
+        value += 1;
+        semaphore.signal(&stream, value).unwrap();
+    };
+    let before = eventfds();
+
+    // Readable when the work completes, and not before.
+    let work = Duration::from_millis(300);
+    let start = Instant::now();
+    enqueue(work);
+    let done = stream.completion().unwrap();
+    assert_eq!(
+        eventfds(),
+        before + 2,
+        "per completion: its eventfd and the host function's duplicate"
+    );
+    assert!(!done.is_done().unwrap());
+    assert!(!readable_within(&done, Duration::from_millis(150)));
+    assert!(
+        !done.is_done().unwrap(),
+        "still pending at {:?}",
+        start.elapsed()
+    );
+    assert!(readable_within(&done, TIMEOUT));
+    let seen = start.elapsed();
+    println!("a completion behind {work:?} of work became readable after {seen:?}");
+    assert!(seen >= work - Duration::from_millis(10), "{seen:?}");
+    assert!(done.is_done().unwrap());
+    assert!(readable_within(&done, Duration::ZERO), "it stays readable");
+
+    // Every strategy returns Ok at once on completed work.
+    for strategy in STRATEGIES {
+        let start = Instant::now();
+        done.wait_with(strategy, Duration::from_millis(100))
+            .unwrap();
+        stream
+            .synchronize_with(strategy, Duration::from_millis(100))
+            .unwrap();
+        assert!(
+            start.elapsed() < Duration::from_millis(50),
+            "{strategy:?}: {:?}",
+            start.elapsed()
+        );
+    }
+
+    // Every strategy waits for pending work, on the stream or a completion,
+    // and a completion can be waited for on another thread.
+    let work = Duration::from_millis(100);
+    for strategy in STRATEGIES {
+        enqueue(work);
+        let start = Instant::now();
+        stream.synchronize_with(strategy, TIMEOUT).unwrap();
+        let waited = start.elapsed();
+        assert!(stream.query().unwrap());
+        enqueue(work);
+        let start = Instant::now();
+        let completion = stream.completion().unwrap();
+        let on_thread = std::thread::spawn(move || {
+            completion.wait_with(strategy, TIMEOUT).unwrap();
+            assert!(completion.is_done().unwrap());
+        });
+        on_thread.join().unwrap();
+        let waited_elsewhere = start.elapsed();
+        println!("{strategy:?}: {waited:?} on the stream, {waited_elsewhere:?} on another thread");
+        for took in [waited, waited_elsewhere] {
+            assert!(
+                took >= work - Duration::from_millis(10) && took < work * 5,
+                "{strategy:?}: {took:?}"
+            );
+        }
+    }
+
+    drop(done);
+    let launched = fake.calls("cuLaunchHostFunc").len();
+    assert!(launched >= 2, "{}", fake.log());
+    host_functions_returned(&fake, launched);
+    drop(stream);
+    assert_eq!(eventfds(), before, "every eventfd is closed");
+    let log = fake.log();
+    assert!(
+        !log.contains("error="),
+        "no CUDA call in a host function:\n{log}"
+    );
+    assert_eq!(cuda_interop::drop_errors(), errors);
+    drop(semaphore);
+    assert_eq!(fake.all_live(), []);
+}
+
+/// Bounded waits against the fake driver: a wait on work that does not
+/// complete in time returns `Error::Timeout` with every strategy; dropping a
+/// completion before its host function runs is safe and closes both its fds
+/// at once (the host function runs later and finds nothing to write to);
+/// repeated timed-out stream waits share one pending completion; and a host
+/// function that never runs (work behind a wait nobody signals) leaks no fd:
+/// the completion's event and fds go with it.
+#[test]
+fn completion_waits_time_out_and_drops_before_the_host_function_are_safe() {
+    let _fds = fds::lock();
+    fake::run("child_fake_completion_timeouts", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of host_wait.rs, with a fake libcuda: run by completion_waits_time_out_and_drops_before_the_host_function_are_safe"]
+fn child_fake_completion_timeouts() {
+    let fake = fake::Fake::open();
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let errors = cuda_interop::drop_errors();
+    let stream = Stream::new(&cuda).unwrap();
+    // SAFETY: as in child_fake_completions.
+    let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    let before = eventfds();
+
+    // Work that completes late: every strategy times out, within its bound.
+    fake.set("latency_ms", 400);
+    semaphore.signal(&stream, 1).unwrap();
+    // With the event of the signal's last use, which the semaphore keeps.
+    let events = fake.live("event");
+    let done = stream.completion().unwrap();
+    let bound = Duration::from_millis(30);
+    for strategy in STRATEGIES {
+        let start = Instant::now();
+        let waited = done.wait_with(strategy, bound);
+        assert!(
+            matches!(waited, Err(CudaError::Timeout(t)) if t == bound),
+            "{strategy:?}: {waited:?}"
+        );
+        let took = start.elapsed();
+        assert!(took >= bound && took < bound * 4, "{strategy:?}: {took:?}");
+    }
+    // Two timed-out stream waits enqueue one host function between them.
+    let launched = fake.calls("cuLaunchHostFunc").len();
+    for _ in 0..2 {
+        assert!(matches!(
+            stream.synchronize_with(HostWait::Block, bound),
+            Err(CudaError::Timeout(_))
+        ));
+    }
+    assert_eq!(fake.calls("cuLaunchHostFunc").len(), launched + 1);
+    assert!(!done.is_done().unwrap());
+    // Dropped before its host function runs: both its fds close at once;
+    // the host function still runs, later, and finds nothing to write to.
+    drop(done);
+    assert_eq!(
+        eventfds(),
+        before + 2,
+        "only the stream's kept completion (its eventfd and duplicate)"
+    );
+    assert_eq!(fake.calls("host_function_returned").len(), 0);
+    host_functions_returned(&fake, 2);
+    assert_eq!(
+        eventfds(),
+        before + 2,
+        "the stream keeps its last completion"
+    );
+    stream.synchronize(TIMEOUT).unwrap();
+    drop(stream);
+    assert_eq!(eventfds(), before);
+    assert_eq!(fake.live("event"), events, "events destroyed");
+    let log = fake.log();
+    assert!(!log.contains("error="), "{log}");
+
+    // Work that never completes: the host function is never called; the
+    // completion's event is destroyed and its fds closed: no fd leaks.
+    fake.set("latency_ms", -1);
+    let stuck = Stream::new(&cuda).unwrap();
+    semaphore.signal(&stuck, 2).unwrap();
+    let done = stuck.completion().unwrap();
+    assert_eq!(fake.last("cuLaunchHostFunc").get("never"), "1");
+    let start = Instant::now();
+    assert!(matches!(done.wait(bound), Err(CudaError::Timeout(_))));
+    assert!(start.elapsed() < bound * 4);
+    assert!(matches!(
+        stuck.synchronize(bound),
+        Err(CudaError::Timeout(_))
+    ));
+    drop(done);
+    assert_eq!(
+        fake.live("event"),
+        events + 1,
+        "the stream's kept completion"
+    );
+    assert_eq!(
+        eventfds(),
+        before + 2,
+        "the stuck stream's kept completion, nothing of the dropped one"
+    );
+    assert_eq!(cuda_interop::drop_errors(), errors);
+    // The semaphore's last use never completes (its drop would leak it
+    // after DROP_WAIT_LIMIT); the stream is destroyed (no external wait).
+    std::mem::forget(semaphore);
+    drop(stuck);
+    assert_eq!(fake.live("event"), events);
+    assert_eq!(eventfds(), before, "no fd outlives its completion");
+}
+
+/// Launches `spin_ns` (one thread) for `ns` nanoseconds of GPU time.
+fn launch_spin(stream: &Stream, module: &Module, ns: u64) {
+    let f = module.function("spin_ns").unwrap();
+    let (mut ns, mut out) = (ns, 0u64);
+    let mut args: [*mut c_void; 2] = [(&mut ns as *mut u64).cast(), (&mut out as *mut u64).cast()];
+    // SAFETY: spin_ns(u64 ns, u64 out) with out = 0 touches no memory.
+    unsafe { stream.launch(&f, [1, 1, 1], [1, 1, 1], 0, &mut args) }.unwrap();
+}
+
+/// Every host-wait strategy waits for a real kernel (on the stream and on a
+/// completion, which is waited for on another thread), none returns before
+/// the kernel's end, a short bound on a long kernel is `CudaError::Timeout`, and
+/// a completion's eventfd becomes readable through `poll()` when the kernel
+/// ends and not before.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test host_wait -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+fn every_host_wait_strategy_waits_for_a_real_kernel_and_the_completion_fd_polls() {
+    let _fds = fds::lock();
+    let (ctx, cuda) = pair();
+    let module = Module::load_ptx(&cuda, kernels::PTX).unwrap();
+    let stream = Stream::new(&cuda).unwrap();
+    launch_spin(&stream, &module, 1000);
+    stream.synchronize(TIMEOUT).unwrap(); // warm up
+    let fds = open_fd_count();
+    let kernel = Duration::from_millis(2);
+    for strategy in [
+        HostWait::ADAPTIVE,
+        HostWait::Spin,
+        HostWait::Block,
+        HostWait::Adaptive {
+            spin: Duration::from_millis(5),
+        },
+        HostWait::Poll,
+    ] {
+        let start = Instant::now();
+        launch_spin(&stream, &module, kernel.as_nanos() as u64);
+        stream.synchronize_with(strategy, TIMEOUT).unwrap();
+        let on_stream = start.elapsed();
+        assert!(stream.query().unwrap());
+
+        let start = Instant::now();
+        launch_spin(&stream, &module, kernel.as_nanos() as u64);
+        let done = stream.completion().unwrap();
+        let waiter = std::thread::spawn(move || {
+            done.wait_with(strategy, TIMEOUT).unwrap();
+            done
+        });
+        let done = waiter.join().unwrap();
+        let on_completion = start.elapsed();
+        assert!(done.is_done().unwrap());
+        // A wait that spun on the event can return before the driver has
+        // run the host function that makes the fd readable (run 8 on the
+        // H200: not yet readable at once after an Adaptive wait).
+        assert!(readable_within(&done, Duration::from_millis(100)));
+        println!("{strategy:?}: a {kernel:?} kernel seen after {on_stream:?} on the stream, {on_completion:?} on a completion");
+        for took in [on_stream, on_completion] {
+            assert!(
+                took >= kernel && took < kernel + Duration::from_millis(50),
+                "{strategy:?}: {took:?}"
+            );
+        }
+    }
+
+    // A bound shorter than the kernel: a timeout, then the real wait.
+    launch_spin(&stream, &module, 200_000_000);
+    let done = stream.completion().unwrap();
+    let start = Instant::now();
+    let err = done.wait(Duration::from_millis(20)).unwrap_err();
+    assert!(matches!(err, CudaError::Timeout(_)), "{err}");
+    assert!(start.elapsed() < Duration::from_millis(100));
+    let err = stream
+        .synchronize_with(HostWait::Block, Duration::from_millis(20))
+        .unwrap_err();
+    assert!(matches!(err, CudaError::Timeout(_)), "{err}");
+    // The fd: not readable while the kernel runs, readable when it ends.
+    assert!(!readable_within(&done, Duration::from_millis(50)));
+    assert!(!done.is_done().unwrap());
+    assert!(readable_within(&done, TIMEOUT));
+    let took = start.elapsed();
+    println!("a 200 ms kernel's completion fd became readable after {took:?}");
+    assert!(took >= Duration::from_millis(190), "{took:?}");
+    assert!(done.is_done().unwrap());
+    done.wait(Duration::ZERO).unwrap();
+    stream.synchronize(TIMEOUT).unwrap();
+    drop(done);
+    drop(stream);
+    assert_eq!(open_fd_count(), fds, "every eventfd is closed");
+    assert_no_validation_errors(&ctx);
+}
