@@ -14,8 +14,12 @@
 //!   on their own), then the import. Copies through a level and kernels
 //!   launched with a surface or texture are recorded as uses, which the
 //!   destructors wait for (the last-use rule).
+//! * Sizes from records are checked, never truncated: byte counts are
+//!   computed with checked arithmetic and refused with
+//!   [`Error::InvalidArgument`] when they overflow.
 //! * Copies to or from host memory wait for the stream to drain first
-//!   (bounded by the stream's timeout), as [`Stream`] documents.
+//!   (bounded by the stream's timeout), by the rule of the `last_use`
+//!   module (`Stream::copy_with_host_memory`).
 
 use std::marker::PhantomData;
 use std::sync::{Mutex, MutexGuard, PoisonError};

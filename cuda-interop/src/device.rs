@@ -9,6 +9,7 @@
 //!   reset; see the `context` module).
 
 use std::ffi::{c_char, CStr};
+use std::sync::Arc;
 
 use cuda_interop_sys::{self as sys, CUcontext, CUdevice, CUdevice_attribute, CUuuid};
 
@@ -16,7 +17,6 @@ use crate::context::{CudaDevice, DeviceInner};
 use crate::driver::cu;
 use crate::error::{Error, Result};
 use crate::events::ExternalWaits;
-use std::sync::Arc;
 use vk_export::format_uuid;
 
 /// A CUDA device as the driver lists it.

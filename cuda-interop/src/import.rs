@@ -18,7 +18,7 @@
 //! # Contract
 //!
 //! * **Last use, not borrows, decides when the GPU is done.** Every copy
-//!   through a [`MappedBuffer`], a [`DeviceSlice`] or a [`LevelArray`] is
+//!   through a [`MappedBuffer`](crate::MappedBuffer), a [`DeviceSlice`](crate::DeviceSlice) or a [`LevelArray`](crate::LevelArray) is
 //!   recorded as a use of the [`ExternalMemory`] behind it. The mapped
 //!   buffer's, the mipmapped array's and the import's destructors wait for
 //!   those uses (at most [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT)) before
@@ -27,9 +27,6 @@
 //!   the import is leaked and its Vulkan resource with it (Vulkan never frees
 //!   memory the GPU may still read), and the leak is reported through
 //!   [`drop_errors`](crate::drop_errors).
-//! * Sizes from records are checked, never truncated: byte counts are
-//!   computed with checked arithmetic and refused with
-//!   [`Error::InvalidArgument`] when they overflow.
 
 use std::marker::PhantomData;
 use std::os::fd::OwnedFd;

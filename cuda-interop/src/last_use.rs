@@ -1,5 +1,7 @@
 //! Last-use tracking: a resource is destroyed only after the GPU work that
-//! uses it has completed, however its borrows ended.
+//! uses it has completed, however its borrows ended. Also the one way a
+//! synchronous copy with host memory runs (`Stream::copy_with_host_memory`),
+//! which drains the stream, enqueues, records the uses and waits.
 //!
 //! # Contract
 //!
@@ -33,7 +35,7 @@
 //!   drained first, so nothing but the copy itself (or a driver fault, which
 //!   ends the wait with an error) stands before it.
 //! * **Device-side operations are tracked, not waited for.** Each operation
-//!   on imported memory, a semaphore or a [`DeviceBuffer`] records its last
+//!   on imported memory, a semaphore or a [`DeviceBuffer`](crate::DeviceBuffer) records its last
 //!   use on that resource, whose destructor waits for it (see the crate's
 //!   last-use rule), so a stream-ordered copy cannot outlive its memory.
 //!   Kernel launches are tracked the same way through

@@ -10,7 +10,8 @@
 //!   [`DeviceBuffer`] as a use of the buffer; their destructors wait for
 //!   those uses (the last-use rule) before `cuMemFree`.
 //! * Copies to or from host memory wait for the stream to drain first
-//!   (bounded by the stream's timeout), as [`Stream`] documents.
+//!   (bounded by the stream's timeout), by the rule of the `last_use`
+//!   module (`Stream::copy_with_host_memory`).
 
 use cuda_interop_sys::{self as sys, CUdeviceptr};
 use vk_export::format::Format;

@@ -1,5 +1,11 @@
-//! Streams, device buffers, events and PTX modules: the stream-ordered side
-//! of the crate.
+//! Streams and events: the queue of the crate's stream-ordered work, its
+//! bounded host waits, and the joins between streams.
+//!
+//! What is enqueued lives with what it works on: the host and device copies
+//! of linear memory in the `linear` module (device buffers too), of arrays
+//! in `array` and `copy`, kernel launches in `launch`, PTX modules in
+//! `module`; the rule that a copy with host memory drains the stream first,
+//! and the last-use records every operation takes, in `last_use`.
 //!
 //! # Contract
 //!
