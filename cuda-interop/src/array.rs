@@ -5,7 +5,8 @@
 //!
 //! # Contract
 //!
-//! * Only the working recipe compiles: [`ImportedImage::map_array`] exists
+//! * Only the working recipe compiles:
+//!   [`ImportedImage::map_array`](crate::ImportedImage::map_array) exists
 //!   for optimal-tiled, device-local images; format, channels, extent,
 //!   levels, layers, cube and the surface/colour-attachment flags all come
 //!   from the image (see [`markers`](crate::markers)).
@@ -25,21 +26,21 @@ use std::marker::PhantomData;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use cuda_interop_sys::{
-    self as sys, CUarray, CUarray_format, CUdevice_attribute, CUdeviceptr, CUmemorytype,
-    CUmipmappedArray, CUresourcetype, CUsurfObject, CUtexObject, CUDA_ARRAY3D_COLOR_ATTACHMENT,
-    CUDA_ARRAY3D_CUBEMAP, CUDA_ARRAY3D_LAYERED, CUDA_ARRAY3D_SURFACE_LDST,
+    self as sys, CUarray, CUarray_format, CUdeviceptr, CUmemorytype, CUmipmappedArray,
+    CUresourcetype, CUsurfObject, CUtexObject, CUDA_ARRAY3D_COLOR_ATTACHMENT, CUDA_ARRAY3D_CUBEMAP,
+    CUDA_ARRAY3D_LAYERED, CUDA_ARRAY3D_SURFACE_LDST,
 };
 use vk_export::ash::vk;
 use vk_export::format::{ChannelType, Format};
-use vk_export::markers::{MemoryLocation, Tiling, Usage};
+use vk_export::markers::Usage;
 use vk_export::{ImageInfo, ImageRecord};
 
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, Result};
 use crate::events::{report_leak, DROP_WAIT_LIMIT};
-use crate::import::{ExternalMemory, ImportedImage};
+use crate::external::ExternalMemory;
 use crate::last_use::LastUse;
-use crate::markers::{ArrayMemory, ArrayTiling, SurfaceUsage};
+use crate::markers::SurfaceUsage;
 use crate::stream::Stream;
 
 // Every size below is a u32 from a record widened to usize with `as`, which
@@ -109,92 +110,27 @@ pub fn array_descriptor<F: Format, T, M, U>(
     }
 }
 
-impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ImportedImage<F, T, M, U> {
-    /// Maps the image as a CUDA mipmapped array. Only optimal-tiled,
-    /// device-local images compile; format, channels, extent, levels, layers,
-    /// cube and the surface/colour-attachment flags all come from the image.
-    pub fn map_array(&self) -> Result<MappedArray<'_, F, U>>
-    where
-        T: ArrayTiling,
-        M: ArrayMemory,
-    {
-        let info = self.record.info();
-        let desc = array_descriptor(&self.record);
-        let surface = desc.Flags & CUDA_ARRAY3D_SURFACE_LDST != 0;
-        let (w_attr, h_attr) = if surface {
-            (
-                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_WIDTH,
-                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_HEIGHT,
-            )
-        } else {
-            (
-                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH,
-                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT,
-            )
-        };
-        let device = &self.memory.device;
-        let (max_w, max_h) = (device.attribute(w_attr)?, device.attribute(h_attr)?);
-        if i64::from(info.extent()[0]) > i64::from(max_w)
-            || i64::from(info.extent()[1]) > i64::from(max_h)
-        {
-            return Err(Error::Unsupported(format!(
-                "a {}x{} array: this device allows at most {max_w}x{max_h}{}",
-                info.extent()[0],
-                info.extent()[1],
-                if surface { " with surface access" } else { "" }
-            )));
-        }
-        let mipmapped = sys::CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC {
-            offset: info.offset(),
-            arrayDesc: desc,
-            numLevels: info.mip_levels(),
-            ..Default::default()
-        };
-        let _guard = device.enter()?;
-        let mut handle: CUmipmappedArray = std::ptr::null_mut();
-        // SAFETY: a zeroed descriptor (flags 0) derived from the typed record
-        // of the image this live import holds, within the device's limits
-        // (checked above); the context is current; writes one handle,
-        // destroyed by MappedArray::drop.
-        unsafe {
-            cu!(cuExternalMemoryGetMappedMipmappedArray(
-                &mut handle,
-                self.memory.handle,
-                &mipmapped
-            ))
-        }?;
-        Ok(MappedArray {
-            memory: &self.memory,
-            handle,
-            info,
-            surface_ldst: surface,
-            copy_surfaces: CopySurfaces::default(),
-            _types: PhantomData,
-        })
-    }
-}
-
 /// An imported image mapped as a CUDA mipmapped array; destroyed
 /// (`cuMipmappedArrayDestroy`) before the import, which it borrows, after the
 /// copies recorded on the import have completed.
 #[derive(Debug)]
 pub struct MappedArray<'i, F, U> {
-    memory: &'i ExternalMemory,
-    handle: CUmipmappedArray,
-    info: &'i ImageInfo,
+    pub(crate) memory: &'i ExternalMemory,
+    pub(crate) handle: CUmipmappedArray,
+    pub(crate) info: &'i ImageInfo,
     /// Mapped with `CUDA_ARRAY3D_SURFACE_LDST`.
-    surface_ldst: bool,
+    pub(crate) surface_ldst: bool,
     /// Surface objects of its levels for kernel copies ([`crate::copy`]),
     /// made on a level's first one and destroyed with the array.
-    copy_surfaces: CopySurfaces,
-    _types: PhantomData<fn() -> (F, U)>,
+    pub(crate) copy_surfaces: CopySurfaces,
+    pub(crate) _types: PhantomData<fn() -> (F, U)>,
 }
 
 /// The surface objects kernel copies use, one per level array, made on
 /// first use; destroyed by [`MappedArray`]'s drop after the import's recorded
 /// uses (every kernel copy among them) have completed, or leaked with it.
 #[derive(Debug, Default)]
-struct CopySurfaces(Mutex<Vec<(CUarray, CUsurfObject)>>);
+pub(crate) struct CopySurfaces(Mutex<Vec<(CUarray, CUsurfObject)>>);
 
 impl CopySurfaces {
     fn lock(&self) -> MutexGuard<'_, Vec<(CUarray, CUsurfObject)>> {

@@ -48,7 +48,8 @@ use crate::error::{Error, Result};
 use crate::wait::{block_until, poll_until, readable, spin_until, HostWait};
 
 /// The work enqueued on a [`Stream`](crate::Stream) up to the moment
-/// [`Stream::completion`](crate::Stream::completion) was called: query it, wait for it, or watch its fd.
+/// [`Stream::completion`](crate::Stream::completion) was called: query it,
+/// wait for it, or watch its fd.
 ///
 /// * [`is_done`](Completion::is_done) never blocks;
 /// * [`wait`](Completion::wait) waits with [`HostWait::default()`] (spin

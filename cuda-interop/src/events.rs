@@ -110,7 +110,9 @@ impl Events {
 }
 
 /// Reports through [`drop_errors`](crate::drop_errors) that a destructor
-/// leaked `resource` because [`LastUse::wait_before_release`](crate::last_use::LastUse::wait_before_release) failed with `why`.
+/// leaked `resource` because
+/// [`LastUse::wait_before_release`](crate::last_use::LastUse::wait_before_release)
+/// failed with `why`.
 pub(crate) fn report_leak(resource: &str, why: &Error) {
     record_drop_error(Err(Error::Cleanup(format!(
         "{resource} leaked, not destroyed: the GPU work using it was not seen to complete ({why}), \

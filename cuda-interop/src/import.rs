@@ -1,6 +1,9 @@
-//! Imports: Vulkan memory brought into CUDA as an [`ExternalMemory`], typed
-//! as the [`ImportedImage`] or [`ImportedBuffer`] it came from; what is
-//! mapped from them is the `linear` and `array` modules'.
+//! Imports: Vulkan memory brought into CUDA as an [`ExternalMemory`] (the
+//! `external` module), typed as the [`ImportedImage`] or [`ImportedBuffer`]
+//! it came from, and the mappings each type offers (`map`, `map_buffer`, `map_array`,
+//! `into_dlpack`), made of the `linear` and `array` modules' pieces. The
+//! typed methods stay with their types, so a recipe that does not compile
+//! is reported on `ImportedImage::map_array` itself.
 //!
 //! ```text
 //! CudaDevice ─┬─ ImportedImage ── MappedArray<'i> ── LevelArray<'m> ─┬─ Surface<'l>
@@ -18,10 +21,10 @@
 //! # Contract
 //!
 //! * **Last use, not borrows, decides when the GPU is done.** Every copy
-//!   through a [`MappedBuffer`](crate::MappedBuffer), a [`DeviceSlice`](crate::DeviceSlice) or a [`LevelArray`](crate::LevelArray) is
-//!   recorded as a use of the [`ExternalMemory`] behind it. The mapped
-//!   buffer's, the mipmapped array's and the import's destructors wait for
-//!   those uses (at most [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT)) before
+//!   through a [`MappedBuffer`], a [`DeviceSlice`](crate::DeviceSlice) or a
+//!   [`LevelArray`](crate::LevelArray) is recorded as a use of the
+//!   [`ExternalMemory`] behind it. The mapped buffer's, the mipmapped
+//!   array's and the import's destructors wait for those uses (at most [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT)) before
 //!   they free anything, so `mem::forget` of a mapping cannot let the import
 //!   be destroyed under a pending copy. If the uses do not complete in time,
 //!   the import is leaked and its Vulkan resource with it (Vulkan never frees
@@ -32,7 +35,7 @@ use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
 
 use cuda_interop_sys::{
-    self as sys, CUexternalMemory, CUexternalMemoryHandleType, CUDA_EXTERNAL_MEMORY_DEDICATED,
+    self as sys, CUdevice_attribute, CUdeviceptr, CUmipmappedArray, CUDA_ARRAY3D_SURFACE_LDST,
 };
 use vk_export::format::Format;
 use vk_export::markers::{MemoryLocation, Tiling, Usage};
@@ -41,119 +44,14 @@ use vk_export::{
     ReceivedBuffer, ReceivedImage,
 };
 
+use crate::array::{array_descriptor, CopySurfaces, MappedArray};
 use crate::context::CudaDevice;
-use crate::driver::{cu, record_drop_error};
+use crate::dlpack::{DLDataType, DLDevice, ManagedTensor, DL_CUDA};
+use crate::driver::cu;
 use crate::error::{Error, ImportError, Result};
-use crate::events::report_leak;
-use crate::last_use::LastUse;
-
-/// One `cuImportExternalMemory` import; destroyed when dropped, after the
-/// GPU's last recorded use of it has completed (or leaked, with its Vulkan
-/// resource, if that does not happen within
-/// [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT)).
-#[derive(Debug)]
-pub struct ExternalMemory {
-    pub(crate) device: CudaDevice,
-    pub(crate) handle: CUexternalMemory,
-    pub(crate) size: u64,
-    pub(crate) last_use: LastUse,
-    pub(crate) vulkan: Option<KeepAlive>,
-}
-
-// SAFETY: the handle is usable from any thread with the context current
-// (every use enters it); the last-use record is Send and Sync.
-unsafe impl Send for ExternalMemory {}
-// SAFETY: mapping calls are thread-safe in the driver; shared access records
-// uses under the record's mutex.
-unsafe impl Sync for ExternalMemory {}
-
-impl Drop for ExternalMemory {
-    fn drop(&mut self) {
-        let idle = self.last_use.settle_before_device_wide_release();
-        if let Err(why) = idle {
-            // Vulkan must not free the memory either while the GPU may still
-            // use it: its keep-alive is leaked with the import.
-            std::mem::forget(self.vulkan.take());
-            // A copy kernel may still run: its module must stay loaded.
-            self.device.inner.copy_kernels.keep_loaded();
-            report_leak(
-                &format!(
-                    "an import of {} bytes of Vulkan memory (and the Vulkan resource it keeps alive)",
-                    self.size
-                ),
-                &why,
-            );
-            return;
-        }
-        if let Ok(_guard) = self.device.enter() {
-            // SAFETY: a live import of the current context, destroyed once.
-            // Every mapping borrowed it and was freed before this runs (or was
-            // forgotten and is never freed), and every copy recorded on it has
-            // completed (waited for above).
-            record_drop_error(unsafe { cu!(cuDestroyExternalMemory(self.handle)) });
-        }
-    }
-}
-
-impl ExternalMemory {
-    /// The imported size (`VkMemoryRequirements.size`).
-    pub fn size(&self) -> u64 {
-        self.size
-    }
-    /// The raw handle.
-    pub fn raw(&self) -> CUexternalMemory {
-        self.handle
-    }
-    pub(crate) fn device(&self) -> &CudaDevice {
-        &self.device
-    }
-    pub(crate) fn last_use(&self) -> &LastUse {
-        &self.last_use
-    }
-}
-
-fn import_memory(
-    device: &CudaDevice,
-    fd: OwnedFd,
-    size: u64,
-    dedicated: bool,
-    vulkan: Option<KeepAlive>,
-) -> Result<ExternalMemory, ImportError> {
-    if size == 0 {
-        return Err(ImportError {
-            error: Error::InvalidArgument("an import of 0 bytes".into()),
-            fd,
-        });
-    }
-    let mut desc = sys::CUDA_EXTERNAL_MEMORY_HANDLE_DESC {
-        type_: CUexternalMemoryHandleType::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
-        size,
-        flags: if dedicated {
-            CUDA_EXTERNAL_MEMORY_DEDICATED
-        } else {
-            0
-        },
-        ..Default::default()
-    };
-    let mut handle: CUexternalMemory = std::ptr::null_mut();
-    let import = |raw| {
-        desc.handle.fd = raw;
-        // SAFETY: a zeroed descriptor (reserved fields 0) naming an open fd
-        // this crate owns, with the size and dedicated flag of a verified
-        // record; the device's context is current; writes one handle.
-        unsafe { cu!(cuImportExternalMemory(&mut handle, &desc)) }
-    };
-    // SAFETY: `import` gives the duplicate to exactly one
-    // cuImportExternalMemory call.
-    unsafe { device.import_fd_with(fd, "memory", import) }?;
-    Ok(ExternalMemory {
-        device: device.clone(),
-        handle,
-        size,
-        last_use: LastUse::new(device),
-        vulkan,
-    })
-}
+use crate::external::{import_memory, ExternalMemory};
+use crate::linear::{free_mapping, map_buffer, MappedBuffer};
+use crate::markers::{ArrayMemory, ArrayTiling, BufferTiling};
 
 /// A Vulkan image imported into CUDA, typed like the image.
 #[derive(Debug)]
@@ -293,51 +191,20 @@ impl CudaDevice {
     }
 }
 
-impl CudaDevice {
-    /// The fd handling every CUDA import shares: refuses fds that are no
-    /// export (pipes, sockets, eventfds...), makes the context current, and
-    /// gives `import` a duplicate, so that a failed import hands the
-    /// caller's fd back open (CUDA keeps the fd with the caller on failure).
-    ///
-    /// # Safety
-    /// `import` gives the raw fd it gets to exactly one CUDA import call
-    /// (which owns it on success only) and does nothing else with it.
-    pub(crate) unsafe fn import_fd_with(
-        &self,
-        fd: OwnedFd,
-        what: &str,
-        import: impl FnOnce(i32) -> Result<()>,
-    ) -> Result<(), ImportError> {
-        if let Err(e) = vk_export::check_export_fd(&fd, what) {
-            return Err(ImportError {
-                error: e.into(),
-                fd,
-            });
-        }
-        let _guard = match self.enter() {
-            Ok(g) => g,
-            Err(error) => return Err(ImportError { error, fd }),
-        };
-        let dup_failed = |e| Error::InvalidArgument(format!("the fd cannot be duplicated: {e}"));
-        let import = |raw| import(raw).map_err(vk_export::ImportFailure::from);
-        // SAFETY: forwarded from the caller; CUDA never closes the fd of a
-        // failed import.
-        unsafe { vk_export::import_with_duplicate(fd, false, dup_failed, import) }
-            .map_err(|(error, fd)| ImportError { error, fd })
-    }
-}
-
 impl<M: MemoryLocation> ImportedBuffer<M> {
+    /// Maps the whole buffer. `&mut self` makes a second, overlapping mapping
+    /// impossible while this one lives (overlapping mappings may not alias).
+    pub fn map(&mut self) -> Result<MappedBuffer<'_>> {
+        map_buffer(&self.memory, 0, self.size, None)
+    }
     /// The buffer's size in bytes.
     pub fn size(&self) -> u64 {
         self.size
     }
-
     /// `VkMemoryRequirements::alignment`.
     pub fn alignment(&self) -> u64 {
         self.alignment
     }
-
     /// The import.
     pub fn external_memory(&self) -> &ExternalMemory {
         &self.memory
@@ -349,9 +216,143 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ImportedImage<F, T, M, U
     pub fn info(&self) -> &ImageInfo {
         self.record.info()
     }
-
     /// The import.
     pub fn external_memory(&self) -> &ExternalMemory {
         &self.memory
+    }
+
+    /// Maps the image as a CUDA mipmapped array. Only optimal-tiled,
+    /// device-local images compile; format, channels, extent, levels, layers,
+    /// cube and the surface/colour-attachment flags all come from the image.
+    pub fn map_array(&self) -> Result<MappedArray<'_, F, U>>
+    where
+        T: ArrayTiling,
+        M: ArrayMemory,
+    {
+        let info = self.record.info();
+        let desc = array_descriptor(&self.record);
+        let surface = desc.Flags & CUDA_ARRAY3D_SURFACE_LDST != 0;
+        let (w_attr, h_attr) = if surface {
+            (
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_WIDTH,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_HEIGHT,
+            )
+        } else {
+            (
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT,
+            )
+        };
+        let device = &self.memory.device;
+        let (max_w, max_h) = (device.attribute(w_attr)?, device.attribute(h_attr)?);
+        if i64::from(info.extent()[0]) > i64::from(max_w)
+            || i64::from(info.extent()[1]) > i64::from(max_h)
+        {
+            return Err(Error::Unsupported(format!(
+                "a {}x{} array: this device allows at most {max_w}x{max_h}{}",
+                info.extent()[0],
+                info.extent()[1],
+                if surface { " with surface access" } else { "" }
+            )));
+        }
+        let mipmapped = sys::CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC {
+            offset: info.offset(),
+            arrayDesc: desc,
+            numLevels: info.mip_levels(),
+            ..Default::default()
+        };
+        let _guard = device.enter()?;
+        let mut handle: CUmipmappedArray = std::ptr::null_mut();
+        // SAFETY: a zeroed descriptor (flags 0) derived from the typed record
+        // of the image this live import holds, within the device's limits
+        // (checked above); the context is current; writes one handle,
+        // destroyed by MappedArray::drop.
+        unsafe {
+            cu!(cuExternalMemoryGetMappedMipmappedArray(
+                &mut handle,
+                self.memory.handle,
+                &mipmapped
+            ))
+        }?;
+        Ok(MappedArray {
+            memory: &self.memory,
+            handle,
+            info,
+            surface_ldst: surface,
+            copy_surfaces: CopySurfaces::default(),
+            _types: PhantomData,
+        })
+    }
+
+    /// Maps a linear image as a buffer; [`MappedBuffer::row_pitch`] gives the
+    /// row pitch Vulkan reported. Only linear images compile.
+    pub fn map_buffer(&mut self) -> Result<MappedBuffer<'_>>
+    where
+        T: BufferTiling,
+    {
+        let info = self.record.info();
+        let (size, row_pitch) = (info.allocation_size(), info.row_pitch());
+        map_buffer(&self.memory, 0, size, Some(row_pitch))
+    }
+}
+
+/// A whole-buffer mapping that owns its import: what a DLPack tensor keeps
+/// alive. Drops the mapping, then the import (and the Vulkan buffer it keeps).
+struct OwnedMapping {
+    memory: ExternalMemory,
+    ptr: CUdeviceptr,
+    len: u64,
+}
+
+impl Drop for OwnedMapping {
+    fn drop(&mut self) {
+        free_mapping(&self.memory, self.ptr, self.len);
+    }
+}
+
+impl<M: MemoryLocation> ImportedBuffer<M> {
+    /// Maps the whole buffer and hands it to a DLPack consumer as a tensor
+    /// of `dtype` with `shape` and element `strides` (row-major when `None`),
+    /// on the CUDA device of this import. The tensor keeps the mapping, the
+    /// import and the Vulkan buffer alive until the consumer's deleter runs.
+    /// Work the consumer enqueues is its own to order (see the DLPack
+    /// protocol's `stream` argument).
+    pub fn into_dlpack(
+        self,
+        dtype: DLDataType,
+        shape: &[i64],
+        strides: Option<&[i64]>,
+        read_only: bool,
+    ) -> Result<ManagedTensor> {
+        let ptr = map_buffer(&self.memory, 0, self.size, None).map(|m| {
+            let ptr = m.ptr;
+            // The mapping's ownership moves to the OwnedMapping below.
+            std::mem::forget(m);
+            ptr
+        })?;
+        let device = DLDevice {
+            device_type: DL_CUDA,
+            device_id: self.memory.device.ordinal(),
+        };
+        let len = self.size;
+        let owner = OwnedMapping {
+            memory: self.memory,
+            ptr,
+            len,
+        };
+        // SAFETY: `ptr` maps the whole `len`-byte buffer on this CUDA device
+        // and stays valid while `owner` (which frees it last) lives.
+        unsafe {
+            ManagedTensor::new(
+                Box::new(owner),
+                ptr,
+                len,
+                device,
+                dtype,
+                shape,
+                strides,
+                read_only,
+            )
+        }
     }
 }

@@ -35,7 +35,8 @@
 //!   drained first, so nothing but the copy itself (or a driver fault, which
 //!   ends the wait with an error) stands before it.
 //! * **Device-side operations are tracked, not waited for.** Each operation
-//!   on imported memory, a semaphore or a [`DeviceBuffer`](crate::DeviceBuffer) records its last
+//!   on imported memory, a semaphore or a
+//!   [`DeviceBuffer`](crate::DeviceBuffer) records its last
 //!   use on that resource, whose destructor waits for it (see the crate's
 //!   last-use rule), so a stream-ordered copy cannot outlive its memory.
 //!   Kernel launches are tracked the same way through

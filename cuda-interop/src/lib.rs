@@ -86,14 +86,15 @@ mod stream;
 // Last-use records, taken on streams.
 mod last_use;
 
-// Resources: PTX modules; imports of Vulkan memory.
-mod import;
+// Resources: PTX modules; the import handle of Vulkan memory.
+mod external;
 mod module;
-
 // What is mapped from an import: linear memory ...
 mod linear;
 // ... and arrays.
 mod array;
+// The typed imports, and the mappings each offers.
+mod import;
 
 // Operations on the resources.
 mod copy;
@@ -108,7 +109,8 @@ pub use device::{list_devices, DeviceListing};
 pub use driver::{driver_version, drop_errors};
 pub use error::{DriverError, Error, ImportError, Result};
 pub use events::DROP_WAIT_LIMIT;
-pub use import::{ExternalMemory, ImportedBuffer, ImportedImage};
+pub use external::ExternalMemory;
+pub use import::{ImportedBuffer, ImportedImage};
 pub use launch::KernelUses;
 pub use linear::{DeviceBuffer, DeviceSlice, MappedBuffer};
 pub use module::{Function, Module};

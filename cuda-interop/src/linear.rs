@@ -14,20 +14,16 @@
 //!   module (`Stream::copy_with_host_memory`).
 
 use cuda_interop_sys::{self as sys, CUdeviceptr};
-use vk_export::format::Format;
-use vk_export::markers::{MemoryLocation, Tiling, Usage};
 
 use crate::context::CudaDevice;
-use crate::dlpack::{DLDataType, DLDevice, ManagedTensor, DL_CUDA};
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, Result};
 use crate::events::report_leak;
-use crate::import::{ExternalMemory, ImportedBuffer, ImportedImage};
+use crate::external::ExternalMemory;
 use crate::last_use::LastUse;
-use crate::markers::BufferTiling;
 use crate::stream::Stream;
 
-fn map_buffer(
+pub(crate) fn map_buffer(
     memory: &ExternalMemory,
     offset: u64,
     size: u64,
@@ -58,34 +54,13 @@ fn map_buffer(
     })
 }
 
-impl<M: MemoryLocation> ImportedBuffer<M> {
-    /// Maps the whole buffer. `&mut self` makes a second, overlapping mapping
-    /// impossible while this one lives (overlapping mappings may not alias).
-    pub fn map(&mut self) -> Result<MappedBuffer<'_>> {
-        map_buffer(&self.memory, 0, self.size, None)
-    }
-}
-
-impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ImportedImage<F, T, M, U> {
-    /// Maps a linear image as a buffer; [`MappedBuffer::row_pitch`] gives the
-    /// row pitch Vulkan reported. Only linear images compile.
-    pub fn map_buffer(&mut self) -> Result<MappedBuffer<'_>>
-    where
-        T: BufferTiling,
-    {
-        let info = self.record.info();
-        let (size, row_pitch) = (info.allocation_size(), info.row_pitch());
-        map_buffer(&self.memory, 0, size, Some(row_pitch))
-    }
-}
-
 /// A mapped range of imported memory: ordinary device memory; freed with
 /// `cuMemFree` before the import is destroyed (it borrows the import), after
 /// the copies recorded on the import have completed.
 #[derive(Debug)]
 pub struct MappedBuffer<'i> {
     memory: &'i ExternalMemory,
-    ptr: CUdeviceptr,
+    pub(crate) ptr: CUdeviceptr,
     len: u64,
     row_pitch: Option<u64>,
 }
@@ -105,7 +80,7 @@ impl Drop for MappedBuffer<'_> {
 /// Frees a mapping of `memory` (`cuMemFree`) once every recorded use of the
 /// import has completed and no external wait could make the free block;
 /// otherwise leaks it and reports the leak.
-fn free_mapping(memory: &ExternalMemory, ptr: CUdeviceptr, len: u64) {
+pub(crate) fn free_mapping(memory: &ExternalMemory, ptr: CUdeviceptr, len: u64) {
     let idle = memory.last_use.settle_before_device_wide_release();
     if let Err(why) = idle {
         report_leak(
@@ -120,67 +95,6 @@ fn free_mapping(memory: &ExternalMemory, ptr: CUdeviceptr, len: u64) {
         // (the mapping borrows it, or owns it and drops it afterwards) and
         // after every copy recorded on the import completed.
         record_drop_error(unsafe { cu!(cuMemFree(ptr)) });
-    }
-}
-
-/// A whole-buffer mapping that owns its import: what a DLPack tensor keeps
-/// alive. Drops the mapping, then the import (and the Vulkan buffer it keeps).
-struct OwnedMapping {
-    memory: ExternalMemory,
-    ptr: CUdeviceptr,
-    len: u64,
-}
-
-impl Drop for OwnedMapping {
-    fn drop(&mut self) {
-        free_mapping(&self.memory, self.ptr, self.len);
-    }
-}
-
-impl<M: MemoryLocation> ImportedBuffer<M> {
-    /// Maps the whole buffer and hands it to a DLPack consumer as a tensor
-    /// of `dtype` with `shape` and element `strides` (row-major when `None`),
-    /// on the CUDA device of this import. The tensor keeps the mapping, the
-    /// import and the Vulkan buffer alive until the consumer's deleter runs.
-    /// Work the consumer enqueues is its own to order (see the DLPack
-    /// protocol's `stream` argument).
-    pub fn into_dlpack(
-        self,
-        dtype: DLDataType,
-        shape: &[i64],
-        strides: Option<&[i64]>,
-        read_only: bool,
-    ) -> Result<ManagedTensor> {
-        let ptr = map_buffer(&self.memory, 0, self.size, None).map(|m| {
-            let ptr = m.ptr;
-            // The mapping's ownership moves to the OwnedMapping below.
-            std::mem::forget(m);
-            ptr
-        })?;
-        let device = DLDevice {
-            device_type: DL_CUDA,
-            device_id: self.memory.device.ordinal(),
-        };
-        let len = self.size;
-        let owner = OwnedMapping {
-            memory: self.memory,
-            ptr,
-            len,
-        };
-        // SAFETY: `ptr` maps the whole `len`-byte buffer on this CUDA device
-        // and stays valid while `owner` (which frees it last) lives.
-        unsafe {
-            ManagedTensor::new(
-                Box::new(owner),
-                ptr,
-                len,
-                device,
-                dtype,
-                shape,
-                strides,
-                read_only,
-            )
-        }
     }
 }
 

@@ -27,7 +27,8 @@ use crate::last_use::LastUse;
 pub struct Module {
     device: CudaDevice,
     module: CUmodule,
-    /// Launches made through [`Stream::launch_tracked`](crate::Stream::launch_tracked): the module is
+    /// Launches made through
+    /// [`Stream::launch_tracked`](crate::Stream::launch_tracked): the module is
     /// unloaded only after they completed.
     last_use: LastUse,
 }

@@ -367,8 +367,8 @@ impl Drop for Event {
 /// which the driver allows (it releases the event when it completes, and
 /// the wait has captured its record already). An [`Event`] would instead
 /// wait in its `Drop` for the device to settle, which can take up to
-/// [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT) behind an external wait and is no place for a join
-/// that must not block.
+/// [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT) behind an external wait and is
+/// no place for a join that must not block.
 ///
 /// # Safety
 /// `earlier` and `later` are each `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`
