@@ -56,14 +56,15 @@
 //! Linux driver `vkWaitSemaphores` wakes ~10 ms late for CUDA signals, while
 //! polling the counter sees them within microseconds.
 
-// Modules, in layers: each module uses only modules of the layers above
-// its own (`crate::x` paths point up this list, never down), so the module
-// graph is a DAG. The ground first, then the device, the queue, the
-// resources, and the operations on them.
+// Modules, in layers: each module uses only modules listed before it
+// (`crate::x` paths point up this list, never down), so the module graph is
+// a DAG. The ground first, then the device, the queue, the resources, and
+// the operations on them.
 
-// Ground: driver calls and errors, bounded host waits.
-mod driver;
+// Ground: errors, ...
 mod error;
+// ... driver calls and bounded host waits, which report them.
+mod driver;
 mod wait;
 
 // Leaves on the ground: the fenced generated code, kernels, marker traits,
