@@ -40,14 +40,16 @@ use std::time::{Duration, Instant};
 use cuda_interop_sys::CUevent;
 use rustix::event::{eventfd, EventfdFlags};
 
-use crate::device::CudaDevice;
+use cuda_interop_sys::CUstream;
+
+use crate::context::CudaDevice;
 use crate::driver::{create_untimed_event, cu, cu_query, record_drop_error};
 use crate::error::{Error, Result};
-use crate::stream::Stream;
 use crate::wait::{block_until, poll_until, readable, spin_until, HostWait};
 
-/// The work enqueued on a [`Stream`] up to the moment
-/// [`Stream::completion`] was called: query it, wait for it, or watch its fd.
+/// The work enqueued on a [`Stream`](crate::Stream) up to the moment
+/// [`Stream::completion`](crate::Stream::completion) was called: query it,
+/// wait for it, or watch its fd.
 ///
 /// * [`is_done`](Completion::is_done) never blocks;
 /// * [`wait`](Completion::wait) waits with [`HostWait::default()`] (spin
@@ -133,8 +135,12 @@ unsafe extern "C" fn signal_done(data: *mut c_void) {
 
 impl Completion {
     /// Marks the work enqueued on `stream` so far (see
-    /// [`Stream::completion`]).
-    pub(crate) fn new(stream: &Stream) -> Result<Completion> {
+    /// [`Stream::completion`](crate::Stream::completion)).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of `device`'s context, alive for the
+    /// duration of the call.
+    pub(crate) unsafe fn new(device: &CudaDevice, stream: CUstream) -> Result<Completion> {
         let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(|e| {
             Error::Unsupported(format!(
                 "could not create an eventfd for a completion ({e}): close fds or raise the \
@@ -150,7 +156,6 @@ impl Completion {
         let signal = Arc::new(Signal {
             writer: Mutex::new(Some(writer)),
         });
-        let device = stream.device();
         let _guard = device.enter()?;
         let event = create_untimed_event()?;
         // From here the event is destroyed by the Completion's drop.
@@ -161,14 +166,14 @@ impl Completion {
             signal,
         };
         // SAFETY: a live event and a live stream, both of the current context.
-        unsafe { cu!(cuEventRecord(event, stream.raw())) }?;
+        unsafe { cu!(cuEventRecord(event, stream)) }?;
         let data = Arc::into_raw(Arc::clone(&completion.signal))
             .cast_mut()
             .cast::<c_void>();
         // SAFETY: a live stream of the current context; `signal_done` calls
         // no CUDA function, and `data` is one strong reference of the Arc,
         // owned by the host function from now on (signal_done's contract).
-        let launched = unsafe { cu!(cuLaunchHostFunc(stream.raw(), Some(signal_done), data)) };
+        let launched = unsafe { cu!(cuLaunchHostFunc(stream, Some(signal_done), data)) };
         match launched {
             Ok(()) => Ok(completion),
             // The driver was called and failed: it may have kept the host

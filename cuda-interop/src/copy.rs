@@ -41,20 +41,20 @@
 //!   wait gave up keeps the module loaded for good.
 
 use std::ffi::{c_void, CString};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::PoisonError;
 
-use cuda_interop_sys::{CUdeviceptr, CUfunction, CUmodule, CUsurfObject};
+use cuda_interop_sys::{CUdeviceptr, CUmodule, CUsurfObject};
 use vk_export::format::Format;
 use vk_export::markers::Usage;
 
-use crate::copy_ptx::COPY_PTX;
-use crate::device::CudaDevice;
+use crate::array::{Direction, LevelArray, Linear};
+use crate::context::{CopyKernels, CudaDevice, Kernels, Loaded};
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, Result};
+use crate::generated::copy_ptx::COPY_PTX;
 use crate::last_use::LastUse;
-use crate::memory::{DeviceSlice, Direction, LevelArray, Linear, MappedBuffer};
-use crate::stream::{DeviceBuffer, Stream};
+use crate::linear::{DeviceBuffer, DeviceSlice, MappedBuffer};
+use crate::stream::Stream;
 
 /// Which implementation copies between a level and linear memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -346,42 +346,6 @@ const ROWS_PER_THREAD: u32 = 4;
 /// The texel sizes the kernels move, in the order of [`Kernels::functions`].
 const TEXEL_SIZES: [u32; 3] = [4, 8, 16];
 
-/// The copy kernels of one device: raw handles of a module loaded in its
-/// primary context.
-#[derive(Clone, Copy, Debug)]
-struct Kernels {
-    module: CUmodule,
-    /// `[direction][texel size]`: out of the level, then into it; 4, 8, 16 bytes.
-    functions: [[CUfunction; 3]; 2],
-}
-
-#[derive(Debug)]
-enum Loaded {
-    NotYet,
-    Ready(Kernels),
-    /// Loading failed once (a driver that cannot JIT the PTX): not retried.
-    Failed(String),
-}
-
-/// Per-device storage of the copy kernels (in the device's shared state):
-/// loaded on first use, unloaded when the device's last clone drops.
-#[derive(Debug)]
-pub(crate) struct CopyKernels {
-    loaded: Mutex<Loaded>,
-    /// Set when a kernel copy may still run when the device drops (an
-    /// import's wait for its uses gave up): the module is never unloaded.
-    keep_loaded: AtomicBool,
-}
-
-impl Default for CopyKernels {
-    fn default() -> CopyKernels {
-        CopyKernels {
-            loaded: Mutex::new(Loaded::NotYet),
-            keep_loaded: AtomicBool::new(false),
-        }
-    }
-}
-
 impl CopyKernels {
     /// The kernels, loading the module on first use; `Ok(Err(why))` when the
     /// driver could not load them (cached: not retried).
@@ -434,28 +398,6 @@ impl CopyKernels {
         let kernels = Kernels { module, functions };
         *loaded = Loaded::Ready(kernels);
         Ok(Ok(kernels))
-    }
-
-    /// A kernel copy may outlive the device: never unload the module.
-    pub(crate) fn keep_loaded(&self) {
-        self.keep_loaded.store(true, Ordering::Release);
-    }
-
-    /// Unloads the module, if loaded and not kept. For the device's drop, with
-    /// its context current.
-    pub(crate) fn unload(&self) {
-        let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Loaded::Ready(kernels) = std::mem::replace(&mut *loaded, Loaded::NotYet) {
-            if self.keep_loaded.load(Ordering::Acquire) {
-                return;
-            }
-            // SAFETY: the module `get` loaded in this context (current, the
-            // caller's contract), unloaded once. Every kernel of it was
-            // launched by a copy recorded as a use of an import, and every
-            // import (each holds a clone of the device) has been dropped
-            // after waiting for its uses, or marked the module kept.
-            record_drop_error(unsafe { cu!(cuModuleUnload(kernels.module)) });
-        }
     }
 }
 

@@ -1,80 +1,23 @@
-//! The CUDA device paired with a Vulkan device, and its primary context.
+//! Pairing: the CUDA device that *is* a given Vulkan physical device, found
+//! by UUID, and what the driver says about it.
 //!
 //! # Contract
 //!
-//! * A [`CudaDevice`] is found by UUID only and retains the device's
-//!   **primary** context (released with the last clone, never reset).
-//! * Every call makes that context current for its own duration with a
-//!   [`ContextGuard`]: pushed on the calling thread's context stack, popped
-//!   when the guard drops. The guard is `!Send` and `!Sync`, because the
-//!   stack it pops belongs to the thread that pushed.
-//! * A guard's pop checks that it removes its own context. Code that pushed
-//!   another context inside the guard's scope and left it there is reported
-//!   (through [`drop_errors`](crate::drop_errors)); that context is left
-//!   current and the guard's own is removed beneath it.
+//! * A [`CudaDevice`] is found by UUID only ([`CudaDevice::for_vulkan`],
+//!   [`CudaDevice::for_uuid`]), never from an ordinal, and retains the
+//!   device's **primary** context (released with the last clone, never
+//!   reset; see the `context` module).
 
 use std::ffi::{c_char, CStr};
-use std::fmt;
-use std::marker::PhantomData;
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use cuda_interop_sys::{self as sys, CUcontext, CUdevice, CUdevice_attribute, CUuuid};
 
-use crate::driver::{cu, record_drop_error};
-use crate::error::{Error, ImportError, Result};
-use crate::last_use::ExternalWaits;
+use crate::context::{CudaDevice, DeviceInner};
+use crate::driver::cu;
+use crate::error::{Error, Result};
+use crate::events::ExternalWaits;
 use vk_export::format_uuid;
-
-/// The CUDA device that *is* a given Vulkan physical device, with its primary
-/// context retained.
-///
-/// It can only be made by matching UUIDs ([`CudaDevice::for_vulkan`],
-/// [`CudaDevice::for_uuid`]), never from an ordinal, so it stays right when
-/// `CUDA_VISIBLE_DEVICES` reorders devices. It uses the **primary** context, the
-/// one the CUDA runtime, cudarc and PyTorch use, so memory and streams are
-/// shared with them; it is released when the last clone is dropped.
-///
-/// `Send + Sync`: every call pushes the primary context on the calling
-/// thread's stack and pops it afterwards (restoring whatever was current),
-/// so any thread may use or drop it.
-#[derive(Clone)]
-pub struct CudaDevice {
-    pub(crate) inner: Arc<DeviceInner>,
-}
-
-pub(crate) struct DeviceInner {
-    pub(crate) device: CUdevice,
-    pub(crate) context: CUcontext,
-    pub(crate) ordinal: i32,
-    pub(crate) uuid: [u8; 16],
-    pub(crate) name: String,
-    /// The Vulkan device this CUDA device was paired with, if any: received
-    /// records are verified on it before CUDA sees their fds.
-    pub(crate) vulkan: Option<vk_export::Context>,
-    /// External-semaphore waits enqueued through this crate that may still
-    /// be pending (see [`ExternalWaits`]).
-    pub(crate) external_waits: ExternalWaits,
-    /// The array <-> linear copy kernels, loaded on first use.
-    pub(crate) copy_kernels: crate::copy::CopyKernels,
-}
-
-// SAFETY: CUdevice is an integer; the primary context is a process-wide
-// handle valid on every thread; the driver API is thread-safe, and every use
-// makes the context current on the calling thread first (ContextGuard).
-unsafe impl Send for DeviceInner {}
-// SAFETY: as above; nothing in DeviceInner is mutated after construction.
-unsafe impl Sync for DeviceInner {}
-
-impl fmt::Debug for CudaDevice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaDevice")
-            .field("ordinal", &self.inner.ordinal)
-            .field("name", &self.inner.name)
-            .field("uuid", &format_uuid(&self.inner.uuid))
-            .finish()
-    }
-}
 
 /// A CUDA device as the driver lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -220,39 +163,6 @@ impl CudaDevice {
         })
     }
 
-    /// The device's UUID.
-    pub fn uuid(&self) -> [u8; 16] {
-        self.inner.uuid
-    }
-    /// The device's name.
-    pub fn name(&self) -> &str {
-        &self.inner.name
-    }
-    /// The ordinal under this process's `CUDA_VISIBLE_DEVICES` (for display only).
-    pub fn ordinal(&self) -> i32 {
-        self.inner.ordinal
-    }
-    /// The primary context handle (for interoperating with other CUDA code).
-    pub fn raw_context(&self) -> CUcontext {
-        self.inner.context
-    }
-    /// The `CUdevice`.
-    pub fn raw_device(&self) -> CUdevice {
-        self.inner.device
-    }
-
-    /// Makes the primary context current on this thread until the guard
-    /// drops. The guard stays on this thread (`!Send`).
-    pub fn enter(&self) -> Result<ContextGuard<'_>> {
-        // SAFETY: a primary context this device retained (alive while `self`
-        // is); pushed on the calling thread's stack, popped by the guard.
-        unsafe { cu!(cuCtxPushCurrent(self.inner.context)) }?;
-        Ok(ContextGuard {
-            device: self,
-            _stays_on_its_thread: PhantomData,
-        })
-    }
-
     /// `(free, total)` device memory in bytes.
     pub fn memory_info(&self) -> Result<(usize, usize)> {
         let _guard = self.enter()?;
@@ -269,170 +179,5 @@ impl CudaDevice {
         // of the header's enum (the driver rejects one it does not know).
         unsafe { cu!(cuDeviceGetAttribute(&mut v, attribute, self.inner.device)) }?;
         Ok(v)
-    }
-
-    /// The fd handling every CUDA import shares: refuses fds that are no
-    /// export (pipes, sockets, eventfds...), makes the context current, and
-    /// gives `import` a duplicate, so that a failed import hands the
-    /// caller's fd back open (CUDA keeps the fd with the caller on failure).
-    ///
-    /// # Safety
-    /// `import` gives the raw fd it gets to exactly one CUDA import call
-    /// (which owns it on success only) and does nothing else with it.
-    pub(crate) unsafe fn import_fd_with(
-        &self,
-        fd: OwnedFd,
-        what: &str,
-        import: impl FnOnce(i32) -> Result<()>,
-    ) -> Result<(), ImportError> {
-        if let Err(e) = vk_export::check_export_fd(&fd, what) {
-            return Err(ImportError {
-                error: e.into(),
-                fd,
-            });
-        }
-        let _guard = match self.enter() {
-            Ok(g) => g,
-            Err(error) => return Err(ImportError { error, fd }),
-        };
-        let dup_failed = |e| Error::InvalidArgument(format!("the fd cannot be duplicated: {e}"));
-        let import = |raw| import(raw).map_err(vk_export::ImportFailure::from);
-        // SAFETY: forwarded from the caller; CUDA never closes the fd of a
-        // failed import.
-        unsafe { vk_export::import_with_duplicate(fd, false, dup_failed, import) }
-            .map_err(|(error, fd)| ImportError { error, fd })
-    }
-
-    pub(crate) fn check_resource_device(&self, resource_uuid: &[u8; 16]) -> Result<()> {
-        if resource_uuid != &self.inner.uuid {
-            return Err(Error::DeviceMismatch {
-                resource: format_uuid(resource_uuid),
-                device: format_uuid(&self.inner.uuid),
-            });
-        }
-        Ok(())
-    }
-}
-
-impl Drop for DeviceInner {
-    fn drop(&mut self) {
-        // Never cuDevicePrimaryCtxReset: other users of the primary context
-        // (the runtime, PyTorch) keep their allocations.
-        if let Ok(driver) = crate::driver::api() {
-            if let (Some(push), Some(pop)) =
-                (driver.fns().cuCtxPushCurrent, driver.fns().cuCtxPopCurrent)
-            {
-                // SAFETY: the retained primary context, pushed and popped
-                // around the destruction of this device's own events.
-                unsafe {
-                    if push(self.context) == cuda_interop_sys::CUresult::CUDA_SUCCESS {
-                        self.external_waits.destroy_all();
-                        self.copy_kernels.unload();
-                        let mut popped: CUcontext = std::ptr::null_mut();
-                        pop(&mut popped);
-                    }
-                }
-            }
-            if let Some(release) = driver.fns().cuDevicePrimaryCtxRelease {
-                // SAFETY: balances the retain in `for_uuid`; no clone of the
-                // device is left, so nothing of this crate uses the context.
-                let status = unsafe { release(self.device) };
-                record_drop_error(crate::driver::check(
-                    driver,
-                    "cuDevicePrimaryCtxRelease",
-                    status,
-                ));
-            }
-        }
-    }
-}
-
-/// The primary context is current on this thread while this lives; dropping
-/// it pops the context, restoring what was current before.
-///
-/// Neither `Send` nor `Sync`: a context stack belongs to one thread, so the
-/// guard must be dropped on the thread that made it.
-///
-/// If code inside the guard's scope pushed another context and left it on
-/// the stack, the drop does not pop that one in place of its own: it takes its
-/// own context out from under it, leaves the other one current, and reports
-/// the unbalanced stack through [`drop_errors`](crate::drop_errors). If its
-/// own context is not found right beneath either, it leaves the stack as it
-/// found it and reports that.
-#[derive(Debug)]
-pub struct ContextGuard<'a> {
-    device: &'a CudaDevice,
-    /// A raw pointer is neither `Send` nor `Sync`, and so is the guard; the
-    /// pointee's name is what the compiler's error shows.
-    _stays_on_its_thread: PhantomData<*const ThisThreadsContextStack>,
-}
-
-/// Names, in compiler errors, why a [`ContextGuard`] cannot leave its thread.
-#[derive(Debug)]
-enum ThisThreadsContextStack {}
-
-impl Drop for ContextGuard<'_> {
-    fn drop(&mut self) {
-        // Pops even in a poisoned process: the push happened, and leaving the
-        // context on the thread's stack would change what later code (the
-        // CUDA runtime, other libraries) finds current.
-        let Some(driver) = crate::driver::loaded_for_cleanup() else {
-            return;
-        };
-        let fns = driver.fns();
-        let (Some(pop), Some(push)) = (fns.cuCtxPopCurrent, fns.cuCtxPushCurrent) else {
-            return;
-        };
-        let own = self.device.inner.context;
-        let pop_one = || -> Result<CUcontext> {
-            let mut popped: CUcontext = std::ptr::null_mut();
-            // SAFETY: cuCtxPopCurrent writes one context handle; it pops this
-            // thread's stack, on which `enter` pushed (the guard is !Send).
-            let status = unsafe { pop(&mut popped) };
-            crate::driver::check(driver, "cuCtxPopCurrent", status).map(|()| popped)
-        };
-        let push_back = |context: CUcontext| {
-            // SAFETY: a context this thread's stack held a moment ago, popped
-            // by this drop and pushed back unchanged.
-            let status = unsafe { push(context) };
-            record_drop_error(crate::driver::check(driver, "cuCtxPushCurrent", status));
-        };
-        let top = match pop_one() {
-            Ok(top) if top == own => return,
-            Ok(top) if top.is_null() => {
-                return record_drop_error(Err(Error::Cleanup(format!(
-                    "the context stack was unbalanced: the ContextGuard for {own:?} ({}) found no \
-                     context to pop; code inside its scope popped it",
-                    self.device.name()
-                ))));
-            }
-            Ok(top) => top,
-            Err(error) => return record_drop_error(Err(error)),
-        };
-        // Another context sits on top of ours: look one deeper.
-        match pop_one() {
-            Ok(below) if below == own => {
-                push_back(top);
-                record_drop_error(Err(Error::Cleanup(format!(
-                    "the context stack was unbalanced: context {top:?} was pushed inside the scope of \
-                     the ContextGuard for {own:?} ({}) and not popped; the guard removed its own \
-                     context from under it and left {top:?} current",
-                    self.device.name()
-                ))));
-            }
-            below => {
-                match below {
-                    Ok(below) if !below.is_null() => push_back(below),
-                    _ => {}
-                }
-                push_back(top);
-                record_drop_error(Err(Error::Cleanup(format!(
-                    "the context stack was unbalanced: the ContextGuard for {own:?} ({}) found \
-                     {top:?} on top and not its own context beneath it; it left the stack as it \
-                     found it",
-                    self.device.name()
-                ))));
-            }
-        }
     }
 }

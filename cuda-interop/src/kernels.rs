@@ -19,7 +19,7 @@
 /// (`array_to_linear_{4,8,16}b_r{1,4,8}`, `linear_to_array_…`), generated
 /// from `kernels/copy.cu` by `scripts/gen-ptx.sh`; for code that launches
 /// them itself (a benchmark's C loop).
-pub const COPY_PTX: &str = crate::copy_ptx::COPY_PTX;
+pub const COPY_PTX: &str = crate::generated::copy_ptx::COPY_PTX;
 
 /// The PTX module holding the kernels above.
 pub const PTX: &str = r#"

@@ -1,5 +1,7 @@
 //! Last-use tracking: a resource is destroyed only after the GPU work that
-//! uses it has completed, however its borrows ended.
+//! uses it has completed, however its borrows ended. Also the one way a
+//! synchronous copy with host memory runs (`Stream::copy_with_host_memory`),
+//! which drains the stream, enqueues, records the uses and waits.
 //!
 //! # Contract
 //!
@@ -20,24 +22,38 @@
 //! * Once a wait has given up, or a use could not be recorded, the resource
 //!   can never be shown idle: every later wait on it gives up at once, and
 //!   the whole resource is leaked.
+//! * **Copies to or from host memory drain the stream first.** For pageable
+//!   host memory, `cuMemcpyDtoHAsync` blocks inside the driver until the copy
+//!   is done, so a copy queued behind a semaphore wait nobody signals would
+//!   block forever. Every synchronous helper that copies host memory first
+//!   waits (bounded by the stream's timeout) for the stream's earlier work,
+//!   returns [`Error::Timeout`] with nothing enqueued if it does not drain,
+//!   and only then enqueues the copy and waits for it. **The one wait
+//!   without a bound** is this last one, past the timeout: the copy reads or
+//!   writes the caller's borrowed host memory, so returning before it is
+//!   done would let the GPU touch memory the caller may free. The stream was
+//!   drained first, so nothing but the copy itself (or a driver fault, which
+//!   ends the wait with an error) stands before it.
+//! * **Device-side operations are tracked, not waited for.** Each operation
+//!   on imported memory, a semaphore or a
+//!   [`DeviceBuffer`](crate::DeviceBuffer) records its last
+//!   use on that resource, whose destructor waits for it (see the crate's
+//!   last-use rule), so a stream-ordered copy cannot outlive its memory.
+//!   Kernel launches are tracked the same way through
+//!   [`Stream::launch_tracked`] and the resources it lists
+//!   ([`KernelUses`](crate::KernelUses)); the bare [`Stream::launch`]
+//!   leaves what the kernel uses to its caller.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use cuda_interop_sys::CUevent;
-
-use crate::device::CudaDevice;
-use crate::driver::{create_untimed_event, cu, cu_query, record_drop_error};
+use crate::context::{device_settled, CudaDevice};
 use crate::error::{Error, Result};
+use crate::events::{Events, DROP_WAIT_LIMIT};
 use crate::stream::Stream;
-use crate::wait::poll_until;
-
-/// How long a destructor waits for the GPU's last use of a resource (an
-/// import, a mapping, a semaphore, a device buffer) before it gives up and
-/// leaks the resource, reporting it through [`drop_errors`](crate::drop_errors).
-pub const DROP_WAIT_LIMIT: Duration = Duration::from_secs(5);
+use crate::wait::{poll_until, HostWait};
 
 /// The events recorded after the operations on one resource that may not
 /// have completed yet.
@@ -101,7 +117,9 @@ impl LastUse {
         let _guard = self.device.enter()?;
         // An event whose query fails stays pending, and the destructor's
         // wait reports the error: this use is recorded either way.
-        self.lock().record(stream)
+        // SAFETY: a live stream (borrowed) of this resource's device (the
+        // caller checked), whose context the guard made current.
+        unsafe { self.lock().record(stream.raw()) }
     }
 
     /// Waits until every recorded use has completed, at most `limit`
@@ -140,82 +158,6 @@ impl LastUse {
     }
 }
 
-/// How many completed events a list keeps for reuse: enough for the few
-/// streams a resource is used on at once; the rest are destroyed.
-const SPARE_EVENTS: usize = 4;
-
-/// The events of one resource (or one device's external waits): those
-/// recorded after work that may not have completed, and completed ones kept
-/// for the next record, so that a steady frame loop creates no events.
-#[derive(Default)]
-pub(crate) struct Events {
-    pending: Vec<CUevent>,
-    spare: Vec<CUevent>,
-}
-
-impl Events {
-    /// Records a spare (or new) event on `stream` and keeps it pending; first
-    /// moves the completed ones to the spares. An earlier event whose query
-    /// fails stays pending (the wait for it reports the error). The events'
-    /// context must be current, and `stream` must belong to it.
-    fn record(&mut self, stream: &Stream) -> Result<()> {
-        let _ = self.forget_completed();
-        let event = match self.spare.pop() {
-            Some(event) => event,
-            // The context is current (the caller's contract).
-            None => create_untimed_event()?,
-        };
-        // Kept before it is recorded, so that it is destroyed either way.
-        self.pending.push(event);
-        // SAFETY: a live event and a live stream, both of the current context
-        // (the caller's contract). A spare has completed, so re-recording it
-        // loses no work anybody waits for.
-        unsafe { cu!(cuEventRecord(event, stream.raw())) }
-    }
-
-    /// Moves the events that have completed from the pending list to the
-    /// spares (destroying those beyond [`SPARE_EVENTS`]); the first failed
-    /// query is returned (its event stays pending). The context must be
-    /// current.
-    fn forget_completed(&mut self) -> Result<()> {
-        let mut first_error = Ok(());
-        let spare = &mut self.spare;
-        self.pending.retain(|&event| {
-            // SAFETY: a live event of the current context, made by `record`.
-            match unsafe { cu_query!(cuEventQuery(event)) } {
-                Ok(true) => {
-                    if spare.len() < SPARE_EVENTS {
-                        spare.push(event);
-                    } else {
-                        // SAFETY: a live event, complete, destroyed once and
-                        // dropped from the list.
-                        record_drop_error(unsafe { cu!(cuEventDestroy(event)) });
-                    }
-                    false
-                }
-                Ok(false) => true,
-                Err(error) => {
-                    if first_error.is_ok() {
-                        first_error = Err(error);
-                    }
-                    true
-                }
-            }
-        });
-        first_error
-    }
-
-    /// Destroys every event, pending or spare. The context must be current.
-    fn destroy_all(&mut self) {
-        for event in self.pending.drain(..).chain(self.spare.drain(..)) {
-            // SAFETY: a live event of the current context, destroyed once. One
-            // still pending (its owner leaked the resource) is released by the
-            // driver when it completes, as cuEventDestroy documents.
-            record_drop_error(unsafe { cu!(cuEventDestroy(event)) });
-        }
-    }
-}
-
 impl Drop for LastUse {
     fn drop(&mut self) {
         let events = self
@@ -231,112 +173,34 @@ impl Drop for LastUse {
     }
 }
 
-/// `Ok` when a destroy that may wait for the whole device (`cuMemFree`,
-/// `cuDestroyExternalMemory`, `cuMipmappedArrayDestroy`) cannot block on a
-/// stream stuck behind an external-semaphore wait of this crate.
-pub(crate) fn device_settled(device: &CudaDevice) -> Result<()> {
-    device.inner.external_waits.settled(device, DROP_WAIT_LIMIT)
-}
-
-/// Reports through [`drop_errors`](crate::drop_errors) that a destructor
-/// leaked `resource` because [`LastUse::wait_before_release`] failed with `why`.
-pub(crate) fn report_leak(resource: &str, why: &Error) {
-    record_drop_error(Err(Error::Cleanup(format!(
-        "{resource} leaked, not destroyed: the GPU work using it was not seen to complete ({why}), \
-         and destroying it could let the GPU use freed memory"
-    ))));
-}
-
-/// The stream waits on external semaphores of one device that may not have
-/// completed yet.
-///
-/// Some driver calls wait for the whole device (`cuMemFree` synchronizes),
-/// so one stream stuck on a semaphore wait that nobody signals (a dead
-/// producer) would make them block for ever. Destructors that make such a
-/// call first check, bounded, that every external wait enqueued through this
-/// crate on the device has completed ([`ExternalWaits::settled`]); if not,
-/// they leak instead of blocking. Waits the application enqueues itself, on
-/// raw streams, are not seen here.
-#[derive(Default)]
-pub(crate) struct ExternalWaits {
-    pending: Mutex<Events>,
-    /// A settle check gave up: later checks only look, without waiting.
-    stuck: AtomicBool,
-    /// A wait could not be recorded: the list can no longer show that every
-    /// external wait completed, so every later settle check fails.
-    untracked: AtomicBool,
-}
-
-impl fmt::Debug for ExternalWaits {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ExternalWaits")
-            .field("stuck", &self.stuck.load(Ordering::Relaxed))
-            .finish()
-    }
-}
-
-impl ExternalWaits {
-    fn lock(&self) -> MutexGuard<'_, Events> {
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Records the external wait just enqueued on `stream`. The device's
-    /// context must be current.
-    pub(crate) fn record(&self, stream: &Stream) -> Result<()> {
-        let recorded = self.lock().record(stream);
-        if recorded.is_err() {
-            self.untracked.store(true, Ordering::Release);
-        }
-        recorded
-    }
-
-    /// Marks the list unreliable: a wait was enqueued but not recorded.
-    pub(crate) fn mark_untracked(&self) {
-        self.untracked.store(true, Ordering::Release);
-    }
-
-    /// `Ok` once every recorded external wait of `device` has completed,
-    /// waiting at most `limit` (no wait at all once a check has given up and
-    /// a wait is still pending).
-    pub(crate) fn settled(&self, device: &CudaDevice, limit: Duration) -> Result<()> {
-        if self.untracked.load(Ordering::Acquire) {
-            return Err(Error::Cleanup(
-                "an external-semaphore wait of this device could not be recorded, so no destroy \
-                 can be shown not to wait for it"
-                    .into(),
-            ));
-        }
-        if self.lock().pending.is_empty() {
-            return Ok(());
-        }
-        let limit = if self.stuck.load(Ordering::Acquire) {
-            Duration::ZERO
-        } else {
-            limit
+impl Stream {
+    /// How every synchronous copy to or from host memory runs: wait (bounded
+    /// by the stream's timeout) for the stream to drain, so that the copy
+    /// waits for nothing else (a pageable copy blocks inside the driver until
+    /// it is done); then `enqueue` the copy, record it as a use of each of
+    /// `used`, and wait for the copy.
+    ///
+    /// The wait for the copy itself is not cut short at the timeout: the
+    /// host memory is the caller's borrow, and a copy from or to page-locked
+    /// memory runs asynchronously and may still access it, so this returns
+    /// only when the copy is done or the driver reports an error. With the
+    /// stream drained first, that wait is the copy's own time.
+    pub(crate) fn copy_with_host_memory(
+        &self,
+        used: &[&LastUse],
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.synchronize(self.timeout())?;
+        enqueue()?;
+        let recorded = used.iter().try_for_each(|last_use| last_use.record(self));
+        // Whatever ends the first wait early (its timeout, or a failure of
+        // its wake-up machinery), the copy may still be running on the
+        // caller's memory: only the stream's own query (done, or a sticky
+        // driver error) may end the wait for it.
+        let copied = match self.synchronize(self.timeout()) {
+            Ok(()) => Ok(()),
+            Err(_) => self.synchronize_with(HostWait::Poll, Duration::MAX),
         };
-        let waited = poll_until(limit, || {
-            let _guard = device.enter()?;
-            let mut events = self.lock();
-            events.forget_completed()?;
-            Ok(events.pending.is_empty())
-        });
-        self.stuck.store(waited.is_err(), Ordering::Release);
-        waited.map_err(|e| {
-            Error::Cleanup(format!(
-                "a stream of this device is still waiting on an external semaphore ({e}), and this \
-                 destroy would wait for the whole device"
-            ))
-        })
-    }
-
-    /// Destroys the events left (the context must be current).
-    pub(crate) fn destroy_all(&self) {
-        self.lock().destroy_all();
+        copied.and(recorded)
     }
 }
-
-// SAFETY: as for LastUse: driver handles under a mutex, used with their
-// context current.
-unsafe impl Send for ExternalWaits {}
-// SAFETY: as above.
-unsafe impl Sync for ExternalWaits {}

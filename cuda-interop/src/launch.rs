@@ -26,11 +26,14 @@ use std::ffi::c_void;
 use vk_export::format::Format;
 use vk_export::markers::Usage;
 
-use crate::device::CudaDevice;
+use crate::array::{LevelArray, Surface, Texture};
+use crate::context::CudaDevice;
+use crate::driver::cu;
 use crate::error::Result;
 use crate::last_use::LastUse;
-use crate::memory::{DeviceSlice, LevelArray, MappedBuffer, Surface, Texture};
-use crate::stream::{DeviceBuffer, Function, Stream};
+use crate::linear::{DeviceBuffer, DeviceSlice, MappedBuffer};
+use crate::module::Function;
+use crate::stream::Stream;
 
 /// The resources a kernel launched with [`Stream::launch_tracked`] uses:
 /// each is kept alive (its destructor waits) until the kernel completes.
@@ -176,5 +179,46 @@ impl Stream {
             recorded = recorded.and(last_use.record(self));
         }
         recorded
+    }
+}
+
+impl Stream {
+    /// Launches a kernel, untracked: prefer [`Stream::launch_tracked`],
+    /// which keeps what the kernel uses alive until it completes.
+    ///
+    /// # Safety
+    /// `args` must point to one value per kernel parameter, of exactly the
+    /// parameter's type, and the kernel must only access memory that stays
+    /// valid until the kernel has run: launches are not tracked as last uses,
+    /// so keep every mapping, buffer, surface or texture the kernel uses, and
+    /// the kernel's [`Module`](crate::Module), alive until a [`Stream::synchronize`] or an
+    /// event says the kernel is done.
+    pub unsafe fn launch(
+        &self,
+        function: &Function<'_>,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        let _guard = self.device().enter()?;
+        // SAFETY: the caller guarantees the arguments and the lifetime of the
+        // memory the kernel uses; the function belongs to a module loaded in
+        // this context, which is current; the stream is live.
+        unsafe {
+            cu!(cuLaunchKernel(
+                function.raw(),
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared_bytes,
+                self.raw(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut()
+            ))
+        }
     }
 }

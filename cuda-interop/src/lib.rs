@@ -56,35 +56,67 @@
 //! Linux driver `vkWaitSemaphores` wakes ~10 ms late for CUDA signals, while
 //! polling the counter sees them within microseconds.
 
-mod completion;
-mod copy;
-mod copy_ptx;
-mod device;
-pub mod dlpack;
-mod driver;
+// Modules, in layers: each module uses only modules listed before it
+// (`crate::x` paths point up this list, never down), so the module graph is
+// a DAG. The ground first, then the device, the queue, the resources, and
+// the operations on them.
+
+// Ground: errors, ...
 mod error;
-pub mod kernels;
-mod last_use;
-mod launch;
-pub mod markers;
-mod memory;
-mod semaphore;
-mod stream;
+// ... driver calls and bounded host waits, which report them.
+mod driver;
 mod wait;
 
+// Leaves on the ground: the fenced generated code, kernels, marker traits,
+// DLPack structures.
+pub mod dlpack;
+mod generated;
+pub mod kernels;
+pub mod markers;
+
+// Event lists behind stream work (below every owner of one).
+mod events;
+// The device handle, its primary context and its per-device state.
+mod context;
+// Pairing by UUID.
+mod device;
+// A mark behind stream work, on a raw stream.
+mod completion;
+// The queue, and the events recorded on it.
+mod stream;
+// Last-use records, taken on streams.
+mod last_use;
+
+// Resources: PTX modules; the import handle of Vulkan memory.
+mod external;
+mod module;
+// What is mapped from an import: linear memory ...
+mod linear;
+// ... and arrays.
+mod array;
+// The typed imports, and the mappings each offers.
+mod import;
+
+// Operations on the resources.
+mod copy;
+mod launch;
+mod semaphore;
+
+pub use array::{array_descriptor, LevelArray, MappedArray, Surface, Texture};
 pub use completion::Completion;
+pub use context::{ContextGuard, CudaDevice};
 pub use copy::{CopyEngine, Pitched, PitchedMut};
-pub use device::{list_devices, ContextGuard, CudaDevice, DeviceListing};
+pub use device::{list_devices, DeviceListing};
 pub use driver::{driver_version, drop_errors};
 pub use error::{DriverError, Error, ImportError, Result};
-pub use last_use::DROP_WAIT_LIMIT;
+pub use events::DROP_WAIT_LIMIT;
+pub use external::ExternalMemory;
+pub use import::{ImportedBuffer, ImportedImage};
 pub use launch::KernelUses;
-pub use memory::{
-    array_descriptor, DeviceSlice, ExternalMemory, ImportedBuffer, ImportedImage, LevelArray,
-    MappedArray, MappedBuffer, Surface, Texture,
-};
+pub use linear::{DeviceBuffer, DeviceSlice, MappedBuffer};
+pub use module::{Function, Module};
 pub use semaphore::ExternalSemaphore;
-pub use stream::{DeviceBuffer, Event, Function, Module, Stream};
+pub use stream::{Event, Stream};
 pub use vk_export::BinarySignal;
 pub use wait::HostWait;
 

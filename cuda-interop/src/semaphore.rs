@@ -32,10 +32,11 @@ use cuda_interop_sys::{self as sys, CUexternalSemaphore, CUexternalSemaphoreHand
 use vk_export::semaphore_kinds::{Binary, Timeline};
 use vk_export::{BinaryPayload, BinarySignal, ReceivedSemaphore, SemaphoreKind, SemaphoreRecord};
 
-use crate::device::CudaDevice;
+use crate::context::CudaDevice;
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, ImportError, Result};
-use crate::last_use::{report_leak, LastUse, DROP_WAIT_LIMIT};
+use crate::events::{report_leak, DROP_WAIT_LIMIT};
+use crate::last_use::LastUse;
 use crate::stream::{order_streams, Stream};
 
 /// A Vulkan semaphore imported into CUDA.
@@ -253,7 +254,9 @@ impl<K> ExternalSemaphore<K> {
         let waits = &self.device.inner.external_waits;
         let device_wide = match self.device.enter() {
             // Device-wide destroys check this before they could block on it.
-            Ok(_guard) => waits.record(stream),
+            // SAFETY: a live stream (borrowed) of this semaphore's device,
+            // whose context the guard made current.
+            Ok(_guard) => unsafe { waits.record(stream.raw()) },
             Err(e) => {
                 waits.mark_untracked();
                 Err(e)
