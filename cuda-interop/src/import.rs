@@ -83,18 +83,23 @@ impl CudaDevice {
     }
 
     /// Imports an image received over a socket (record and fd arrived
-    /// together from a checked peer). Before the driver sees the fd, the
-    /// record is verified on the Vulkan device this CUDA device was paired
-    /// with ([`Context::verify_image`](vk_export::Context::verify_image): both UUIDs, memory type, and the
-    /// size, alignment, dedicated flag and pitches that device derives), so
-    /// the device must come from [`CudaDevice::for_vulkan`]. On failure the fd
-    /// comes back in the error.
+    /// together from a peer). Before CUDA sees the fd, the Vulkan device this
+    /// CUDA device was paired with checks both the record and the memory
+    /// behind the fd ([`Context::check_image_memory`](vk_export::Context::check_image_memory):
+    /// both UUIDs, memory type, the size, alignment, dedicated flag and
+    /// pitches that device derives for the described image, then an import
+    /// of a duplicate of the fd with the record's size, which the driver
+    /// refuses if the allocation is not that large), so the device must come
+    /// from [`CudaDevice::for_vulkan`]. What stays the peer's word is the
+    /// layout: a peer that describes other memory of the same size as this
+    /// image makes CUDA read garbled texels, within the allocation. On
+    /// failure the fd comes back in the error.
     pub fn import_received_image<F: Format, T: Tiling, M: MemoryLocation, U: Usage>(
         &self,
         received: ReceivedImage<F, T, M, U>,
     ) -> Result<ImportedImage<F, T, M, U>, ImportError> {
         let (record, fd, _peer) = received.into_parts();
-        if let Err(error) = self.verify_with_vulkan(|ctx| ctx.verify_image(&record)) {
+        if let Err(error) = self.verify_with_vulkan(|ctx| ctx.check_image_memory(&record, &fd)) {
             return Err(ImportError { error, fd });
         }
         self.import_image_inner(record, fd, None)
@@ -143,14 +148,15 @@ impl CudaDevice {
             .map_err(ImportError::into_error)
     }
 
-    /// Imports a buffer received over a socket, verified first on the
-    /// paired Vulkan device like [`CudaDevice::import_received_image`].
+    /// Imports a buffer received over a socket, checked first on the paired
+    /// Vulkan device, record and memory, like
+    /// [`CudaDevice::import_received_image`].
     pub fn import_received_buffer<M: MemoryLocation>(
         &self,
         received: ReceivedBuffer<M>,
     ) -> Result<ImportedBuffer<M>, ImportError> {
         let (record, fd, _peer) = received.into_parts();
-        if let Err(error) = self.verify_with_vulkan(|ctx| ctx.verify_buffer(&record)) {
+        if let Err(error) = self.verify_with_vulkan(|ctx| ctx.check_buffer_memory(&record, &fd)) {
             return Err(ImportError { error, fd });
         }
         self.import_buffer_inner(record, fd, None)

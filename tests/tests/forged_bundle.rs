@@ -73,3 +73,43 @@ fn a_record_larger_than_its_memory_is_refused_by_the_importing_driver() {
     ExportableBuffer::import_received(&ctx, received.take_buffer::<Mem>(0).unwrap()).unwrap();
     assert_eq!(ctx.validation_errors(), after_forged);
 }
+
+/// The CUDA receive path with the same forged bundle: the paired Vulkan
+/// device imports a duplicate of the fd first, so `cuImportExternalMemory`
+/// never sees a record larger than its memory (on the H200 at `abff57a`,
+/// CUDA accepted the 64 MiB record over the 4 KiB allocation and only
+/// `cuExternalMemoryGetMappedBuffer` failed, one call late).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run by the GPU bundle"]
+fn a_forged_bundle_never_reaches_cuda() {
+    let (ctx, cuda) = cuda_interop_testkit::gpu::pair();
+    let small = ExportableBuffer::<Mem>::new(&ctx, 4096).unwrap();
+    let large = ExportableBuffer::<Mem>::new(&ctx, 64 << 20).unwrap();
+    let message = Message {
+        tag: 0,
+        resources: vec![Resource::Buffer(large.info().clone())],
+    };
+    let (tx, rx) = Connection::pair().unwrap();
+    // SAFETY: deliberately dishonest: the receive path under test must
+    // refuse it before CUDA imports anything.
+    unsafe { tx.send(&message, vec![small.export_fd().unwrap()]) }.unwrap();
+    let mut received = rx.recv(Duration::from_secs(5)).unwrap();
+    let e = cuda
+        .import_received_buffer(received.take_buffer::<Mem>(0).unwrap())
+        .unwrap_err();
+    println!("CUDA receive path: {}", e.error);
+    assert!(
+        matches!(&e.error, cuda_interop::Error::Vulkan(Error::Vulkan { .. })),
+        "refused by the Vulkan pre-import, not later: {}",
+        e.error
+    );
+    assert!(rustix::io::fcntl_getfd(e.fd.as_fd()).is_ok());
+    // The honest bundle imports and maps.
+    let (tx, rx) = Connection::pair().unwrap();
+    tx.send_exported(1, &[&large]).unwrap();
+    let mut received = rx.recv(Duration::from_secs(5)).unwrap();
+    let mut imported = cuda
+        .import_received_buffer(received.take_buffer::<Mem>(0).unwrap())
+        .unwrap();
+    imported.map().unwrap();
+}
