@@ -201,10 +201,13 @@ impl Stream {
         shared_bytes: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
+        // A function of another device's module is no function of this
+        // context: refused before the driver sees it.
+        self.check_device(function.module().device())?;
         let _guard = self.device().enter()?;
         // SAFETY: the caller guarantees the arguments and the lifetime of the
         // memory the kernel uses; the function belongs to a module loaded in
-        // this context, which is current; the stream is live.
+        // this context (checked above), which is current; the stream is live.
         unsafe {
             cu!(cuLaunchKernel(
                 function.raw(),

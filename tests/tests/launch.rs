@@ -90,6 +90,24 @@ fn child_fake_tracked_launches() {
         "nothing enqueued"
     );
 
+    // A module of another device, launched untracked on this device's
+    // stream: refused before the driver sees it (issue 18 item 3).
+    let foreign_module = Module::load_ptx(&other, cuda_interop::kernels::COPY_PTX).unwrap();
+    let foreign_kernel = foreign_module.function("array_to_linear_4b_r4").unwrap();
+    let mut no_args: [*mut c_void; 0] = [];
+    // SAFETY: refused before anything reaches the (fake) driver, asserted
+    // below; the fake would run nothing anyway.
+    let err = unsafe { stream.launch(&foreign_kernel, [1, 1, 1], [1, 1, 1], 0, &mut no_args) }
+        .unwrap_err();
+    assert!(matches!(err, CudaError::DeviceMismatch { .. }), "{err}");
+    assert_eq!(
+        fake.calls("cuLaunchKernel").len(),
+        launches,
+        "nothing enqueued"
+    );
+    drop(foreign_kernel);
+    drop(foreign_module);
+
     // Each listed resource's drop waits for the pending kernel.
     fake.set("latency_ms", pending.as_millis() as i64);
     let buffer = DeviceBuffer::new(&cuda, 64 * 32 * 4).unwrap();
