@@ -179,6 +179,11 @@ impl Listener {
     }
 
     /// Also accept connections from processes of user `uid`.
+    ///
+    /// Safe: the credential check narrows who can connect, but no import
+    /// relies on the peer being this user (any process of this user can send
+    /// any record with any fd, too); imports rest on their own checks and
+    /// the importing driver's (see the guide's "Trust boundary").
     pub fn allow_uid(&mut self, uid: u32) {
         self.allowed_uids.push(uid);
     }

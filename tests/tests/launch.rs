@@ -105,7 +105,6 @@ fn child_fake_tracked_launches() {
         launches,
         "nothing enqueued"
     );
-    drop(foreign_kernel);
     drop(foreign_module);
 
     // Each listed resource's drop waits for the pending kernel.

@@ -310,15 +310,16 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
     }
 
     /// Imports a buffer received over a socket (record and fd arrived
-    /// together from a checked peer), verified on this device first; on
+    /// together from a peer), verified on this device first; on
     /// failure the fd comes back in the error.
     pub fn import_received(
         ctx: &Context,
         received: ReceivedBuffer<M>,
     ) -> Result<Self, ImportError> {
         let (record, fd, _peer) = received.into_parts();
-        // SAFETY: as for images: record and fd travelled together from a
-        // checked peer, and import_fd verifies what this device can derive.
+        // SAFETY: as for images (not the peer's honesty: the shape rules,
+        // import_fd's checks, and the driver refusing memory smaller than
+        // the record; the contents are the peer's word).
         unsafe { Self::import_fd(ctx, &record, fd) }
     }
 

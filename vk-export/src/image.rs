@@ -638,18 +638,23 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
     }
 
     /// Imports an image received over a socket (record and fd arrived
-    /// together from a checked peer). The record is verified on this device
+    /// together from a peer). The record is verified on this device
     /// first; on failure the fd comes back in the error.
     pub fn import_received(
         ctx: &Context,
         received: ReceivedImage<F, T, M, U>,
     ) -> Result<Self, ImportError> {
         let (record, fd, _peer) = received.into_parts();
-        // SAFETY: the record and fd travelled together from a peer of this
-        // user (the connection checked it); import_fd verifies every fact of
-        // the record this device can derive before the driver sees the fd.
-        // What cannot be verified (that the peer exported this very image) is
-        // the peer model the README's "Trust boundary" states.
+        // SAFETY: not "the peer is honest": any process that can reach the
+        // socket can pair any record with any fd. What holds instead: the
+        // record satisfies the shape rules (decoder), import_fd checks the fd
+        // kind and every fact of the record this device derives before the
+        // driver sees the fd, and the driver's import (vkAllocateMemory with
+        // the record's size and memory type) refuses memory smaller than the
+        // record (tests/tests/forged_bundle.rs shows it on each driver CI and
+        // the GPU bundle run). What stays the peer's word is the layout of
+        // memory that is as large as claimed: garbled texels, no access
+        // outside the allocation (the guide's "Trust boundary").
         unsafe { Self::import_fd(ctx, &record, fd) }
     }
 

@@ -259,7 +259,7 @@ impl<K: SemaphoreKind> Semaphore<K> {
     }
 
     /// Imports a semaphore received over a socket (its record and fd arrived
-    /// together from a checked peer). The record is checked against this
+    /// together from a peer). The record is checked against this
     /// device first. A binary semaphore starts with no known pending signal
     /// (see [`Semaphore::assume_signalled`]).
     pub fn import_received(
@@ -267,10 +267,12 @@ impl<K: SemaphoreKind> Semaphore<K> {
         received: ReceivedSemaphore<K>,
     ) -> Result<Self, ImportError> {
         let (record, fd, _peer) = received.into_parts();
-        // SAFETY: the record and fd travelled together in one message from a
-        // peer whose credentials the connection checked; the record is
-        // verified against this device below, and whatever else it could
-        // misstate only affects the peer's own semaphore.
+        // SAFETY: any process that reaches the socket can pair any record
+        // with any fd, so this rests on checks, not on the peer: the fd kind
+        // and the device are checked below, the driver's import refuses an
+        // fd that is no semaphore of this kind, and a semaphore holds no
+        // memory: whatever else a record could misstate only orders (or
+        // stalls, within every wait's bound) work on that semaphore.
         unsafe { Self::import_with(ctx, &record, fd, None) }
     }
 
