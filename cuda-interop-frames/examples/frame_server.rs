@@ -46,22 +46,6 @@ use std::time::Duration;
 use cuda_interop_frames::producer::{self, ProducerOptions};
 use cuda_interop_frames::protocol::Packet;
 
-fn parse_uuid(s: &str) -> Option<[u8; 16]> {
-    let hex: String = s
-        .trim_start_matches("GPU-")
-        .chars()
-        .filter(|c| *c != '-')
-        .collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
-}
-
 fn options() -> Result<ProducerOptions, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let value = |name: &str| -> Option<&String> {
@@ -95,7 +79,10 @@ fn options() -> Result<ProducerOptions, String> {
         fps: num("--fps", value("--fps"), 0.0f64)?,
         hold_timeout: Duration::from_secs_f64(num("--hold-timeout", value("--hold-timeout"), 5.0)?),
         device: value("--device")
-            .map(|u| parse_uuid(u).ok_or(format!("--device needs a GPU UUID, not {u:?}")))
+            .map(|u| {
+                u.parse::<vk_export::DeviceUuid>()
+                    .map_err(|e| format!("--device: {e}"))
+            })
             .transpose()?,
         host_visible: args.iter().any(|a| a == "--host-visible"),
         no_semaphores: args.iter().any(|a| a == "--no-semaphores"),

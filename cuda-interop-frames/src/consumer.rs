@@ -152,7 +152,7 @@ pub fn connect(path: &str, timeout: Duration) -> Result<Connection, ConsumerErro
 /// The CUDA device paired by UUID with a new headless Vulkan context on the
 /// device whose `deviceUUID` is `uuid` (the CUDA device keeps the context:
 /// records are verified on it).
-pub fn cuda_device_for(uuid: [u8; 16]) -> Result<CudaDevice, ConsumerError> {
+pub fn cuda_device_for(uuid: vk_export::DeviceUuid) -> Result<CudaDevice, ConsumerError> {
     let vulkan = Context::headless(&HeadlessOptions {
         device_uuid: Some(uuid),
         ..HeadlessOptions::default()
@@ -378,7 +378,7 @@ impl Ring {
         conn: Arc<Connection>,
         hello: Packet,
         mut setup: vk_export::wire::Received,
-        cuda_for: impl FnOnce([u8; 16]) -> Result<CudaDevice, ConsumerError>,
+        cuda_for: impl FnOnce(vk_export::DeviceUuid) -> Result<CudaDevice, ConsumerError>,
     ) -> Result<Ring, ConsumerError> {
         check_setup(&hello, &setup)?;
         let n = hello.slot as usize;

@@ -84,7 +84,7 @@ pub struct ProducerOptions {
     /// How long a consumer may hold a slot (or keep its GPU release waiting).
     pub hold_timeout: Duration,
     /// The Vulkan device's `deviceUUID` (default: the first device).
-    pub device: Option<[u8; 16]>,
+    pub device: Option<vk_export::DeviceUuid>,
     /// Host-visible ring memory instead of device-local.
     pub host_visible: bool,
     /// Share only the buffers, no timelines.

@@ -38,7 +38,7 @@ pub(crate) fn connect(py: Python<'_>, socket_path: &str, timeout: f64) -> PyResu
 
 /// The Vulkan context and the CUDA device paired with it, for one `deviceUUID`.
 struct Devices {
-    uuid: [u8; 16],
+    uuid: vk_export::DeviceUuid,
     cuda: CudaDevice,
 }
 
@@ -98,7 +98,7 @@ impl Receiver {
     }
 
     /// The CUDA device for `uuid`, made with its Vulkan context on first use.
-    fn cuda_for(&self, uuid: [u8; 16]) -> Result<CudaDevice, consumer::ConsumerError> {
+    fn cuda_for(&self, uuid: vk_export::DeviceUuid) -> Result<CudaDevice, consumer::ConsumerError> {
         let mut devices = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(d) = devices.as_ref().filter(|d| d.uuid == uuid) {
             return Ok(d.cuda.clone());

@@ -62,20 +62,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn parse_uuid(text: &str) -> Option<[u8; 16]> {
-    let hex: String = text
-        .trim_start_matches("GPU-")
-        .chars()
-        .filter(|c| *c != '-')
-        .collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
+fn parse_uuid(text: &str) -> Option<vk_export::DeviceUuid> {
+    text.parse().ok()
 }
 
 fn color(frame: u32) -> [u8; 4] {
@@ -93,7 +81,7 @@ fn clear_value(c: [u8; 4]) -> vk::ClearColorValue {
     }
 }
 
-fn run(frames: u32, bench: bool, device_uuid: Option<[u8; 16]>) -> Res<()> {
+fn run(frames: u32, bench: bool, device_uuid: Option<vk_export::DeviceUuid>) -> Res<()> {
     let options = HeadlessOptions {
         device_uuid,
         ..Default::default()

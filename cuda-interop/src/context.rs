@@ -29,7 +29,7 @@ use cuda_interop_sys::{CUcontext, CUdevice, CUfunction, CUmodule};
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, Result};
 use crate::events::{ExternalWaits, DROP_WAIT_LIMIT};
-use vk_export::format_uuid;
+use vk_export::DeviceUuid;
 
 /// The CUDA device that *is* a given Vulkan physical device, with its primary
 /// context retained.
@@ -52,7 +52,7 @@ pub(crate) struct DeviceInner {
     pub(crate) device: CUdevice,
     pub(crate) context: CUcontext,
     pub(crate) ordinal: i32,
-    pub(crate) uuid: [u8; 16],
+    pub(crate) uuid: DeviceUuid,
     pub(crate) name: String,
     /// The Vulkan device this CUDA device was paired with, if any: received
     /// records are verified on it before CUDA sees their fds.
@@ -76,14 +76,14 @@ impl fmt::Debug for CudaDevice {
         f.debug_struct("CudaDevice")
             .field("ordinal", &self.inner.ordinal)
             .field("name", &self.inner.name)
-            .field("uuid", &format_uuid(&self.inner.uuid))
+            .field("uuid", &self.inner.uuid.to_string())
             .finish()
     }
 }
 
 impl CudaDevice {
     /// The device's UUID.
-    pub fn uuid(&self) -> [u8; 16] {
+    pub fn uuid(&self) -> DeviceUuid {
         self.inner.uuid
     }
 
@@ -119,11 +119,11 @@ impl CudaDevice {
         })
     }
 
-    pub(crate) fn check_resource_device(&self, resource_uuid: &[u8; 16]) -> Result<()> {
+    pub(crate) fn check_resource_device(&self, resource_uuid: &DeviceUuid) -> Result<()> {
         if resource_uuid != &self.inner.uuid {
             return Err(Error::DeviceMismatch {
-                resource: format_uuid(resource_uuid),
-                device: format_uuid(&self.inner.uuid),
+                resource: resource_uuid.to_string(),
+                device: self.inner.uuid.to_string(),
             });
         }
         Ok(())

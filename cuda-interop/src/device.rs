@@ -17,7 +17,7 @@ use crate::context::{CudaDevice, DeviceInner};
 use crate::driver::cu;
 use crate::error::{Error, Result};
 use crate::events::ExternalWaits;
-use vk_export::format_uuid;
+use vk_export::DeviceUuid;
 
 /// A CUDA device as the driver lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,7 +27,7 @@ pub struct DeviceListing {
     /// `cuDeviceGetName`.
     pub name: String,
     /// `cuDeviceGetUuid_v2` (the MIG instance's UUID in MIG mode).
-    pub uuid: [u8; 16],
+    pub uuid: DeviceUuid,
 }
 
 /// Every CUDA device the driver shows this process.
@@ -56,7 +56,7 @@ pub fn list_devices() -> Result<Vec<DeviceListing>> {
         out.push(DeviceListing {
             ordinal,
             name: name_from_c_chars(&name),
-            uuid: uuid.bytes.map(|b| b as u8),
+            uuid: DeviceUuid::from_bytes(uuid.bytes.map(|b| b as u8)),
         });
     }
     Ok(out)
@@ -84,7 +84,7 @@ impl CudaDevice {
     /// The CUDA device with this UUID; the error lists every device seen.
     /// Without a paired Vulkan device it cannot verify received records, so
     /// it imports only resources of this process and, `unsafe`, bare fds.
-    pub fn for_uuid(uuid: [u8; 16]) -> Result<CudaDevice> {
+    pub fn for_uuid(uuid: DeviceUuid) -> Result<CudaDevice> {
         CudaDevice::find(uuid, None)
     }
 
@@ -110,7 +110,7 @@ impl CudaDevice {
         verify(ctx).map_err(Error::Vulkan)
     }
 
-    fn find(uuid: [u8; 16], vulkan: Option<vk_export::Context>) -> Result<CudaDevice> {
+    fn find(uuid: DeviceUuid, vulkan: Option<vk_export::Context>) -> Result<CudaDevice> {
         let devices = list_devices()?;
         let Some(found) = devices.iter().find(|d| d.uuid == uuid) else {
             let cuda = if devices.is_empty() {
@@ -118,12 +118,12 @@ impl CudaDevice {
             } else {
                 devices
                     .iter()
-                    .map(|d| format!("[{}] {} {}", d.ordinal, d.name, format_uuid(&d.uuid)))
+                    .map(|d| format!("[{}] {} {}", d.ordinal, d.name, d.uuid))
                     .collect::<Vec<_>>()
                     .join(", ")
             };
             return Err(Error::NoMatchingDevice {
-                vulkan: format_uuid(&uuid),
+                vulkan: uuid.to_string(),
                 cuda,
             });
         };

@@ -17,7 +17,7 @@
 //!   [`socket`]); a failed import hands its fd back in [`fd::ImportError`].
 //! * **Every wait is bounded** ([`socket`]).
 //!
-//! Module order, each importing only those before it: [`limits`], [`error`],
+//! Module order, each importing only those before it: [`limits`], [`error`], [`uuid`],
 //! [`format`](mod@format), [`markers`], [`record`], [`received`], [`fd`], [`token`],
 //! [`wire`], [`socket`].
 
@@ -30,8 +30,10 @@ pub mod received;
 pub mod record;
 pub mod socket;
 pub mod token;
+pub mod uuid;
 pub mod wire;
 
 pub use error::{Error, Result, WireError};
+pub use uuid::{DeviceUuid, DriverUuid};
 
 pub use ash;

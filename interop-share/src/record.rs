@@ -25,6 +25,7 @@ use ash::vk;
 use crate::error::{Error, Result, WireError};
 use crate::format::{self, Format};
 use crate::markers::{usage, DeviceLocal, MemoryLocation, Optimal, SemaphoreKind, Tiling, Usage};
+use crate::uuid::{DeviceUuid, DriverUuid};
 
 /// Usage of every exportable buffer: storage (shader access) and transfers.
 pub const BUFFER_USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
@@ -75,8 +76,8 @@ pub struct ImageInfo {
     pub(crate) offset: u64,
     pub(crate) row_pitch: u64,
     pub(crate) array_pitch: u64,
-    pub(crate) device_uuid: [u8; 16],
-    pub(crate) driver_uuid: [u8; 16],
+    pub(crate) device_uuid: DeviceUuid,
+    pub(crate) driver_uuid: DriverUuid,
 }
 
 /// The fields of an [`ImageInfo`], for [`ImageInfo::from_fields`]: what an
@@ -104,8 +105,8 @@ pub struct ImageFields {
     pub offset: u64,
     pub row_pitch: u64,
     pub array_pitch: u64,
-    pub device_uuid: [u8; 16],
-    pub driver_uuid: [u8; 16],
+    pub device_uuid: DeviceUuid,
+    pub driver_uuid: DriverUuid,
 }
 
 impl ImageInfo {
@@ -202,11 +203,11 @@ impl ImageInfo {
         self.array_pitch
     }
     /// The exporter's `deviceUUID`.
-    pub fn device_uuid(&self) -> [u8; 16] {
+    pub fn device_uuid(&self) -> DeviceUuid {
         self.device_uuid
     }
     /// The exporter's `driverUUID`.
-    pub fn driver_uuid(&self) -> [u8; 16] {
+    pub fn driver_uuid(&self) -> DriverUuid {
         self.driver_uuid
     }
     /// Whether the image is cube-compatible.
@@ -434,8 +435,8 @@ pub struct BufferInfo {
     pub(crate) memory_flags: vk::MemoryPropertyFlags,
     pub(crate) dedicated: bool,
     pub(crate) alignment: u64,
-    pub(crate) device_uuid: [u8; 16],
-    pub(crate) driver_uuid: [u8; 16],
+    pub(crate) device_uuid: DeviceUuid,
+    pub(crate) driver_uuid: DriverUuid,
 }
 
 /// The fields of a [`BufferInfo`], for [`BufferInfo::from_fields`].
@@ -452,8 +453,8 @@ pub struct BufferFields {
     pub memory_flags: vk::MemoryPropertyFlags,
     pub dedicated: bool,
     pub alignment: u64,
-    pub device_uuid: [u8; 16],
-    pub driver_uuid: [u8; 16],
+    pub device_uuid: DeviceUuid,
+    pub driver_uuid: DriverUuid,
 }
 
 impl BufferInfo {
@@ -503,11 +504,11 @@ impl BufferInfo {
         self.alignment
     }
     /// The exporter's `deviceUUID`.
-    pub fn device_uuid(&self) -> [u8; 16] {
+    pub fn device_uuid(&self) -> DeviceUuid {
         self.device_uuid
     }
     /// The exporter's `driverUUID`.
-    pub fn driver_uuid(&self) -> [u8; 16] {
+    pub fn driver_uuid(&self) -> DriverUuid {
         self.driver_uuid
     }
 
@@ -603,8 +604,8 @@ impl<M> BufferRecord<M> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SemaphoreInfo {
     pub(crate) semaphore_type: vk::SemaphoreType,
-    pub(crate) device_uuid: [u8; 16],
-    pub(crate) driver_uuid: [u8; 16],
+    pub(crate) device_uuid: DeviceUuid,
+    pub(crate) driver_uuid: DriverUuid,
 }
 
 impl SemaphoreInfo {
@@ -612,8 +613,8 @@ impl SemaphoreInfo {
     /// driver, if the type is binary or timeline.
     pub fn new(
         semaphore_type: vk::SemaphoreType,
-        device_uuid: [u8; 16],
-        driver_uuid: [u8; 16],
+        device_uuid: DeviceUuid,
+        driver_uuid: DriverUuid,
     ) -> Result<SemaphoreInfo, WireError> {
         let info = SemaphoreInfo {
             semaphore_type,
@@ -629,11 +630,11 @@ impl SemaphoreInfo {
         self.semaphore_type
     }
     /// The exporter's `deviceUUID`.
-    pub fn device_uuid(&self) -> [u8; 16] {
+    pub fn device_uuid(&self) -> DeviceUuid {
         self.device_uuid
     }
     /// The exporter's `driverUUID`.
-    pub fn driver_uuid(&self) -> [u8; 16] {
+    pub fn driver_uuid(&self) -> DriverUuid {
         self.driver_uuid
     }
 
@@ -683,7 +684,7 @@ impl<K> fmt::Debug for SemaphoreRecord<K> {
 impl<K: SemaphoreKind> SemaphoreRecord<K> {
     /// The record of a semaphore of kind `K` on the given device and driver
     /// (every kind is a valid record, so this cannot fail).
-    pub fn of_kind(device_uuid: [u8; 16], driver_uuid: [u8; 16]) -> SemaphoreRecord<K> {
+    pub fn of_kind(device_uuid: DeviceUuid, driver_uuid: DriverUuid) -> SemaphoreRecord<K> {
         SemaphoreRecord {
             info: SemaphoreInfo {
                 semaphore_type: K::VK,
@@ -730,8 +731,8 @@ mod tests {
             offset: 0,
             row_pitch: 0,
             array_pitch: 0,
-            device_uuid: [1; 16],
-            driver_uuid: [2; 16],
+            device_uuid: DeviceUuid::from_bytes([1; 16]),
+            driver_uuid: DriverUuid::from_bytes([2; 16]),
         }
     }
 
@@ -956,8 +957,8 @@ mod tests {
             memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL,
             dedicated: false,
             alignment: 256,
-            device_uuid: [1; 16],
-            driver_uuid: [2; 16],
+            device_uuid: DeviceUuid::from_bytes([1; 16]),
+            driver_uuid: DriverUuid::from_bytes([2; 16]),
         };
         BufferInfo::from_fields(buffer()).unwrap();
         let cases: Vec<(BufferFields, &str)> = vec![
@@ -1011,7 +1012,11 @@ mod tests {
             }
         }
         assert!(matches!(
-            SemaphoreInfo::new(vk::SemaphoreType::from_raw(2), [1; 16], [2; 16]),
+            SemaphoreInfo::new(
+                vk::SemaphoreType::from_raw(2),
+                DeviceUuid::from_bytes([1; 16]),
+                DriverUuid::from_bytes([2; 16])
+            ),
             Err(WireError::InvalidValue {
                 field: "semaphore.type",
                 ..

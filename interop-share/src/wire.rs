@@ -92,8 +92,8 @@ impl Message {
                     put64(&mut p, i.offset);
                     put64(&mut p, i.row_pitch);
                     put64(&mut p, i.array_pitch);
-                    p.extend_from_slice(&i.device_uuid);
-                    p.extend_from_slice(&i.driver_uuid);
+                    p.extend_from_slice(i.device_uuid.as_bytes());
+                    p.extend_from_slice(i.driver_uuid.as_bytes());
                 }
                 Resource::Buffer(b) => {
                     p.push(KIND_BUFFER);
@@ -104,14 +104,14 @@ impl Message {
                     put32(&mut p, b.memory_flags.as_raw());
                     p.push(u8::from(b.dedicated));
                     put64(&mut p, b.alignment);
-                    p.extend_from_slice(&b.device_uuid);
-                    p.extend_from_slice(&b.driver_uuid);
+                    p.extend_from_slice(b.device_uuid.as_bytes());
+                    p.extend_from_slice(b.driver_uuid.as_bytes());
                 }
                 Resource::Semaphore(s) => {
                     p.push(KIND_SEMAPHORE);
                     put32(&mut p, s.semaphore_type.as_raw() as u32);
-                    p.extend_from_slice(&s.device_uuid);
-                    p.extend_from_slice(&s.driver_uuid);
+                    p.extend_from_slice(s.device_uuid.as_bytes());
+                    p.extend_from_slice(s.driver_uuid.as_bytes());
                 }
             }
         }
@@ -264,8 +264,8 @@ fn decode_image(r: &mut Reader<'_>) -> Result<ImageInfo, WireError> {
         offset: r.u64("image.offset")?,
         row_pitch: r.u64("image.row_pitch")?,
         array_pitch: r.u64("image.array_pitch")?,
-        device_uuid: r.uuid("image.device_uuid")?,
-        driver_uuid: r.uuid("image.driver_uuid")?,
+        device_uuid: r.uuid("image.device_uuid")?.into(),
+        driver_uuid: r.uuid("image.driver_uuid")?.into(),
     };
     info.validate()?;
     Ok(info)
@@ -280,8 +280,8 @@ fn decode_buffer(r: &mut Reader<'_>) -> Result<BufferInfo, WireError> {
         memory_flags: vk::MemoryPropertyFlags::from_raw(r.u32("buffer.memory_flags")?),
         dedicated: r.bool("buffer.dedicated")?,
         alignment: r.u64("buffer.alignment")?,
-        device_uuid: r.uuid("buffer.device_uuid")?,
-        driver_uuid: r.uuid("buffer.driver_uuid")?,
+        device_uuid: r.uuid("buffer.device_uuid")?.into(),
+        driver_uuid: r.uuid("buffer.driver_uuid")?.into(),
     };
     info.validate()?;
     Ok(info)
@@ -290,8 +290,8 @@ fn decode_buffer(r: &mut Reader<'_>) -> Result<BufferInfo, WireError> {
 fn decode_semaphore(r: &mut Reader<'_>) -> Result<SemaphoreInfo, WireError> {
     let info = SemaphoreInfo {
         semaphore_type: vk::SemaphoreType::from_raw(r.u32("semaphore.type")? as i32),
-        device_uuid: r.uuid("semaphore.device_uuid")?,
-        driver_uuid: r.uuid("semaphore.driver_uuid")?,
+        device_uuid: r.uuid("semaphore.device_uuid")?.into(),
+        driver_uuid: r.uuid("semaphore.driver_uuid")?.into(),
     };
     info.validate()?;
     Ok(info)

@@ -83,7 +83,7 @@ pub fn run(name: &str, variant: Variant) -> String {
 }
 
 /// The UUID of the fake's one device by default, and of the wire samples.
-pub const UUID: [u8; 16] = [7; 16];
+pub const UUID: vk_export::DeviceUuid = vk_export::DeviceUuid::from_bytes([7; 16]);
 
 /// One call the fake logged: its `key=value` fields.
 #[derive(Debug)]
@@ -172,8 +172,8 @@ impl Fake {
     }
 
     /// The devices the fake lists, in ordinal order.
-    pub fn set_devices(&self, uuids: &[[u8; 16]]) {
-        let flat: Vec<u8> = uuids.iter().flatten().copied().collect();
+    pub fn set_devices(&self, uuids: &[vk_export::DeviceUuid]) {
+        let flat: Vec<u8> = uuids.iter().flat_map(|u| *u.as_bytes()).collect();
         // SAFETY: fake_cuda.c defines `int fake_cuda_set_devices(const unsigned
         // char *ids, int count)`, which reads 16 * count bytes (count at
         // most 4); `flat` holds exactly that.

@@ -49,7 +49,7 @@ pub type Image =
 
 /// A headless context with the validation layer required, unless
 /// `CUDA_INTEROP_VALIDATION=off` (for machines without the layer: never CI).
-pub fn vulkan(device_uuid: Option<[u8; 16]>) -> Context {
+pub fn vulkan(device_uuid: Option<vk_export::DeviceUuid>) -> Context {
     let validation = match std::env::var("CUDA_INTEROP_VALIDATION").as_deref() {
         Ok("off") => Validation::Off,
         _ => Validation::Required,

@@ -451,8 +451,8 @@ impl From<&ImageInfo> for ImageSpec {
             offset: i.offset(),
             row_pitch: i.row_pitch(),
             array_pitch: i.array_pitch(),
-            device_uuid: i.device_uuid(),
-            driver_uuid: i.driver_uuid(),
+            device_uuid: i.device_uuid().into(),
+            driver_uuid: i.driver_uuid().into(),
         }
     }
 }
@@ -467,8 +467,8 @@ impl From<&BufferInfo> for BufferSpec {
             memory_flags: b.memory_flags().as_raw(),
             dedicated: u8::from(b.dedicated()),
             alignment: b.alignment(),
-            device_uuid: b.device_uuid(),
-            driver_uuid: b.driver_uuid(),
+            device_uuid: b.device_uuid().into(),
+            driver_uuid: b.driver_uuid().into(),
         }
     }
 }
@@ -477,8 +477,8 @@ impl From<&SemaphoreInfo> for SemaphoreSpec {
     fn from(s: &SemaphoreInfo) -> SemaphoreSpec {
         SemaphoreSpec {
             semaphore_type: s.semaphore_type().as_raw() as u32,
-            device_uuid: s.device_uuid(),
-            driver_uuid: s.driver_uuid(),
+            device_uuid: s.device_uuid().into(),
+            driver_uuid: s.driver_uuid().into(),
         }
     }
 }

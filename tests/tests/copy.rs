@@ -53,7 +53,7 @@ fn child_fake_level_copies() {
     use cuda_interop::{CopyEngine, Pitched, PitchedMut};
     use vk_export::format::{R16Sfloat, Rgba32Sfloat};
     let fake = fake::Fake::open();
-    let other_uuid = [8; 16];
+    let other_uuid = vk_export::DeviceUuid::from_bytes([8; 16]);
     fake.set_devices(&[fake::UUID, other_uuid]);
     let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
     let other = CudaDevice::for_uuid(other_uuid).unwrap();

@@ -107,11 +107,11 @@ fn without_a_driver_pairing_says_what_is_missing() {
     if cuda_interop::sys::Driver::global().is_ok() {
         // On a GPU machine this path is covered by import.rs
         // (a_foreign_uuid_is_refused_before_any_driver_call_and_the_fd_comes_back).
-        let err = CudaDevice::for_uuid([0xab; 16]).unwrap_err();
+        let err = CudaDevice::for_uuid(vk_export::DeviceUuid::from_bytes([0xab; 16])).unwrap_err();
         assert!(matches!(err, Error::NoMatchingDevice { .. }), "{err}");
         return;
     }
-    let err = CudaDevice::for_uuid([0xab; 16]).unwrap_err();
+    let err = CudaDevice::for_uuid(vk_export::DeviceUuid::from_bytes([0xab; 16])).unwrap_err();
     let text = err.to_string();
     assert!(
         text.contains("no CUDA driver") && text.contains("libcuda.so.1"),

@@ -406,7 +406,7 @@ fn two_devices_are_told_apart_by_uuid_and_never_by_ordinal() {
 #[ignore = "entry point of a child process of import.rs, with a fake libcuda: run by two_devices_are_told_apart_by_uuid_and_never_by_ordinal"]
 fn child_fake_two_devices() {
     let fake = fake::Fake::open();
-    let (a_uuid, b_uuid) = (fake::UUID, [8; 16]);
+    let (a_uuid, b_uuid) = (fake::UUID, vk_export::DeviceUuid::from_bytes([8; 16]));
     fake.set_devices(&[b_uuid, a_uuid]);
     let a = CudaDevice::for_uuid(a_uuid).unwrap();
     let b = CudaDevice::for_uuid(b_uuid).unwrap();
@@ -451,7 +451,7 @@ fn child_fake_two_devices() {
     drop((semaphore, stream_b));
 
     // A UUID no device has.
-    let err = CudaDevice::for_uuid([0x4d; 16]).unwrap_err();
+    let err = CudaDevice::for_uuid(vk_export::DeviceUuid::from_bytes([0x4d; 16])).unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, CudaError::NoMatchingDevice { .. }), "{err}");
     for expected in [
@@ -608,7 +608,7 @@ fn pairing_matches_uuid_and_shares_the_primary_context() {
 fn a_foreign_uuid_is_refused_before_any_driver_call_and_the_fd_comes_back() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
-    let err = CudaDevice::for_uuid([0xab; 16]).unwrap_err();
+    let err = CudaDevice::for_uuid(vk_export::DeviceUuid::from_bytes([0xab; 16])).unwrap_err();
     assert!(matches!(err, CudaError::NoMatchingDevice { .. }), "{err}");
     assert!(
         err.to_string().contains(&cuda.name().to_string()),

@@ -45,7 +45,7 @@ fn tracked_kernel_launches_keep_their_resources_alive() {
 fn child_fake_tracked_launches() {
     use cuda_interop::{KernelUses, Module};
     let fake = fake::Fake::open();
-    let other_uuid = [8; 16];
+    let other_uuid = vk_export::DeviceUuid::from_bytes([8; 16]);
     fake.set_devices(&[fake::UUID, other_uuid]);
     let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
     let other = CudaDevice::for_uuid(other_uuid).unwrap();

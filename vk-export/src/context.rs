@@ -22,6 +22,8 @@ use std::sync::{Arc, Mutex};
 
 use ash::vk;
 
+use interop_share::uuid::{DeviceUuid, DriverUuid};
+
 use crate::error::{unsupported, vk_error, Error, Result};
 use crate::submit::{wait_progress, Engine, QueueState};
 
@@ -68,9 +70,9 @@ pub struct DeviceIdentity {
     /// `VkPhysicalDeviceProperties::deviceName`.
     pub name: String,
     /// `VkPhysicalDeviceIDProperties::deviceUUID`; equals CUDA's `cuDeviceGetUuid_v2`.
-    pub device_uuid: [u8; 16],
+    pub device_uuid: DeviceUuid,
     /// `VkPhysicalDeviceIDProperties::driverUUID`; must match too for OPAQUE_FD sharing.
-    pub driver_uuid: [u8; 16],
+    pub driver_uuid: DriverUuid,
     /// `deviceLUID`, where the driver reports one as valid (in practice: Windows).
     pub device_luid: Option<[u8; 8]>,
     /// `VkPhysicalDeviceDriverProperties::driverID`.
@@ -80,23 +82,11 @@ pub struct DeviceIdentity {
 }
 
 impl DeviceIdentity {
-    /// `deviceUUID` in the 8-4-4-4-12 spelling `nvidia-smi -L` uses.
+    /// `deviceUUID` in the 8-4-4-4-12 spelling `nvidia-smi -L` uses (the
+    /// [`DeviceUuid`]'s `Display`).
     pub fn device_uuid_string(&self) -> String {
-        format_uuid(&self.device_uuid)
+        self.device_uuid.to_string()
     }
-}
-
-/// A UUID in the 8-4-4-4-12 spelling `nvidia-smi -L` uses (without `GPU-`).
-pub fn format_uuid(b: &[u8; 16]) -> String {
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
 }
 
 /// Whether [`Context::headless`] enables the Khronos validation layer.
@@ -116,7 +106,7 @@ pub enum Validation {
 pub struct HeadlessOptions {
     /// Pick the physical device with this `deviceUUID` (for instance the one a
     /// CUDA device reports); otherwise the first suitable one, discrete GPUs first.
-    pub device_uuid: Option<[u8; 16]>,
+    pub device_uuid: Option<DeviceUuid>,
     /// Validation layer policy.
     pub validation: Validation,
 }
@@ -343,7 +333,7 @@ impl Context {
             return Err(Error::NoDevice(match options.device_uuid {
                 Some(uuid) => format!(
                     "none with deviceUUID {} and VK_KHR_external_memory_fd (found: {})",
-                    format_uuid(&uuid),
+                    uuid,
                     seen.join(", ")
                 ),
                 None => format!(
@@ -699,8 +689,8 @@ fn query_identity(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Dev
     let driver_version = props.properties.driver_version;
     DeviceIdentity {
         name,
-        device_uuid: id.device_uuid,
-        driver_uuid: id.driver_uuid,
+        device_uuid: DeviceUuid::from_bytes(id.device_uuid),
+        driver_uuid: DriverUuid::from_bytes(id.driver_uuid),
         device_luid: (id.device_luid_valid == vk::TRUE).then_some(id.device_luid),
         driver_id: driver.driver_id,
         driver_version,

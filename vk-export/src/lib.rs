@@ -56,7 +56,7 @@ pub mod semaphore_kinds {
 
 pub use buffer::{ExportableBuffer, BUFFER_USAGE};
 pub use context::{
-    drop_errors, format_uuid, Context, DeviceIdentity, HeadlessOptions, Validation, DROP_WAIT,
+    drop_errors, Context, DeviceIdentity, HeadlessOptions, Validation, DROP_WAIT,
     OPTIONAL_DEVICE_EXTENSIONS, REQUIRED_DEVICE_EXTENSIONS,
 };
 pub use error::{Error, Result};
@@ -72,6 +72,7 @@ pub use interop_share::record::{
     SemaphoreRecord,
 };
 pub use interop_share::token::{BinaryPayload, BinarySignal, SignalReservation};
+pub use interop_share::uuid::{DeviceUuid, DriverUuid, ParseUuidError};
 pub use ownership::SharedLayout;
 pub use semaphore::{
     Binary, BinarySemaphore, Semaphore, SemaphoreKind, SyncFd, Timeline, TimelineSemaphore,

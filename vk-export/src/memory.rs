@@ -13,7 +13,9 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use ash::vk;
 use interop_share::fd::{import_with_duplicate, ImportError, ImportFailure};
 
-use crate::context::{format_uuid, Context};
+use interop_share::uuid::{DeviceUuid, DriverUuid};
+
+use crate::context::Context;
 use crate::error::{vk_error, Error, Result};
 use crate::MEMORY_HANDLE_TYPE;
 
@@ -90,18 +92,18 @@ pub(crate) fn export_memory_fd(ctx: &Context, memory: vk::DeviceMemory) -> Resul
 /// on the same device and driver.
 pub(crate) fn check_same_device(
     ctx: &Context,
-    device_uuid: &[u8; 16],
-    driver_uuid: &[u8; 16],
+    device_uuid: &DeviceUuid,
+    driver_uuid: &DriverUuid,
 ) -> Result<()> {
     let me = &ctx.inner.identity;
     if &me.device_uuid != device_uuid || &me.driver_uuid != driver_uuid {
         return Err(Error::Record(format!(
             "exported on device {} / driver {}, but this is device {} / driver {} ({}): OPAQUE_FD handles \
              only work on the same device and driver",
-            format_uuid(device_uuid),
-            format_uuid(driver_uuid),
-            me.device_uuid_string(),
-            format_uuid(&me.driver_uuid),
+            device_uuid,
+            driver_uuid,
+            me.device_uuid,
+            me.driver_uuid,
             me.name
         )));
     }
