@@ -14,6 +14,7 @@
 mod codegen;
 mod fresh;
 mod functions;
+mod modgraph;
 mod wheel;
 
 use std::path::{Path, PathBuf};
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
         Some("test") => fresh::test(&args[1..]),
         Some("demo") => fresh::demo(&args[1..]),
         Some("wheel") => wheel::wheel(&args[1..]),
+        Some("modgraph") => modgraph::run(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{}", USAGE);
             Ok(())
