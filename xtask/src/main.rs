@@ -15,6 +15,7 @@ mod codegen;
 mod fresh;
 mod functions;
 mod modgraph;
+mod summary;
 mod wheel;
 
 use std::path::{Path, PathBuf};
