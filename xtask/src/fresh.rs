@@ -40,9 +40,10 @@
 //!   `xtask test: N passed, N failed, N ignored, N skipped`. It fails if
 //!   anything failed, crashed, or did not build, after running the rest.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc;
 
 use crate::summary::Summary;
 
@@ -103,54 +104,32 @@ pub fn test(args: &[String]) -> Result<(), String> {
     }
 }
 
-/// Runs `command`, showing its stdout and stderr as they come (each on its
-/// own stream) and handing every line, in arrival order, to `each`.
+/// Runs `command` with its stdout and stderr joined into one stream (so
+/// that cargo's `Running ..` lines and the test binaries' results stay in
+/// the order they were written), shows each line on stdout as it comes and
+/// hands it to `each`.
 fn stream(mut command: Command, mut each: impl FnMut(&str)) -> Result<ExitStatus, String> {
     let shown = format!("{command:?}");
     eprintln!("xtask: running {shown}");
+    let (ours, theirs) =
+        UnixStream::pair().map_err(|e| format!("cannot make a socket pair: {e}"))?;
+    let theirs_too = theirs
+        .try_clone()
+        .map_err(|e| format!("cannot duplicate a socket: {e}"))?;
     let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::from(OwnedFd::from(theirs)))
+        .stderr(Stdio::from(OwnedFd::from(theirs_too)))
         .spawn()
         .map_err(|e| format!("could not run {shown}: {e}"))?;
-    let (send, receive) = mpsc::channel::<(bool, String)>();
-    let readers: Vec<_> = [
-        child
-            .stdout
-            .take()
-            .map(|o| Box::new(o) as Box<dyn Read + Send>),
-        child
-            .stderr
-            .take()
-            .map(|e| Box::new(e) as Box<dyn Read + Send>),
-    ]
-    .into_iter()
-    .enumerate()
-    .filter_map(|(i, pipe)| pipe.map(|p| (i == 1, p)))
-    .map(|(is_err, pipe)| {
-        let send = send.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).split(b'\n') {
-                let Ok(line) = line else { break };
-                let line = String::from_utf8_lossy(&line).into_owned();
-                if send.send((is_err, line)).is_err() {
-                    break;
-                }
-            }
-        })
-    })
-    .collect();
-    drop(send);
-    for (is_err, line) in receive {
-        if is_err {
-            eprintln!("{line}");
-        } else {
-            println!("{line}");
-        }
+    // Our copies of the child's ends: gone, so the read ends when it does.
+    drop(command);
+    let mut out = std::io::stdout();
+    for line in BufReader::new(ours).split(b'\n') {
+        let Ok(line) = line else { break };
+        let line = String::from_utf8_lossy(&line).into_owned();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
         each(&line);
-    }
-    for reader in readers {
-        let _ = reader.join();
     }
     child
         .wait()

@@ -72,46 +72,12 @@ const OUTPUTS: &[&str] = &[
 /// The marker file: this task's, listing what it wrote, one name a line.
 const MARKER: &str = ".xtask-wheel";
 
-/// Makes `out` ready to be written: missing or empty is fine; holding
-/// [`MARKER`], the files it lists are removed (and the marker); anything
-/// else is refused, and nothing is deleted.
 fn clear_previous(out: &Path) -> Result<(), String> {
-    let entries = match std::fs::read_dir(out) {
-        Ok(entries) => entries.count(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(format!("cannot read {}: {e}", out.display())),
-    };
-    if entries == 0 {
-        return Ok(());
-    }
-    let marker = out.join(MARKER);
-    let listed = std::fs::read_to_string(&marker).map_err(|_| {
-        format!(
-            "{} is not empty and is not a folder `cargo xtask wheel` made (no {MARKER} in it); \
-             nothing was deleted: pass an empty or new folder with --out (one made by an \
-             older xtask has no marker: remove it yourself once)",
-            out.display()
-        )
-    })?;
-    for name in listed.lines().filter(|n| !n.is_empty()) {
-        // Only plain names, as this task writes them: never a path.
-        if name.contains('/') || name == ".." || name == "." {
-            return Err(format!("{}: unexpected entry `{name}`", marker.display()));
-        }
-        match std::fs::remove_file(out.join(name)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("cannot remove {}: {e}", out.join(name).display())),
-        }
-    }
-    std::fs::remove_file(&marker).map_err(|e| format!("cannot remove {}: {e}", marker.display()))
+    crate::outdir::clear_previous(out, MARKER, "cargo xtask wheel")
 }
 
-/// Writes [`MARKER`] into `out`, listing `names`.
 fn write_marker(out: &Path, names: &[&str]) -> Result<(), String> {
-    let text: String = names.iter().map(|n| format!("{n}\n")).collect();
-    std::fs::write(out.join(MARKER), text)
-        .map_err(|e| format!("cannot write {}: {e}", out.join(MARKER).display()))
+    crate::outdir::write_marker(out, MARKER, names)
 }
 
 fn copy(from: &Path, to: &Path) -> Result<(), String> {
