@@ -41,7 +41,7 @@ expect_tests() {
   shift 2
   list=$("$bin" --list "$flag" 2>/dev/null)
   for n in "$@"; do
-    grep -qx "$n: test" <<<"$list" || { echo "gpu-run: $bin has no ${flag#--} test $n: update xtask/gpu/tests.txt"; status=1; }
+    grep -qx "$n: test" <<<"$list" || { echo "gpu-run: $bin has no $([ "$flag" = --ignored ] && echo 'ignored ')test $n: update xtask/gpu/tests.txt"; status=1; }
   done
 }
 while read -r kind name _; do

@@ -313,6 +313,7 @@ fn copy_tests(out: &Path, profile: &str, suffix: &str, tests: &[&str]) -> Result
     for t in tests {
         let executable = messages
             .lines()
+            .rev()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .filter(|m| {
                 m["reason"] == "compiler-artifact"
@@ -322,7 +323,7 @@ fn copy_tests(out: &Path, profile: &str, suffix: &str, tests: &[&str]) -> Result
                         .is_some_and(|k| k.iter().any(|k| k == "test"))
             })
             .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
-            .last()
+            .next()
             .ok_or_else(|| format!("gpu-bundle: no {profile} test binary for {t}"))?;
         copy(&executable, &out.join(format!("test-{t}{suffix}")))?;
     }

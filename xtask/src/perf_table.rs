@@ -289,7 +289,7 @@ mod tests {
         assert_eq!(grouped(999.96, 0), "1,000");
         assert_eq!(grouped(12.0, 3), "12.000");
         assert_eq!(fmt(&Value::Null, "us"), "n/a");
-        assert_eq!(fmt(&serde_json::json!(3.14159), "x"), "3.142 x");
+        assert_eq!(fmt(&serde_json::json!(1.23456), "x"), "1.235 x");
         assert_eq!(general(2.0), "2");
         assert_eq!(general(0.5), "0.5");
     }
