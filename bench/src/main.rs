@@ -28,12 +28,15 @@
 //! * **S7** the S3 hand-off at 4K RGBA8 with the producer in another
 //!   process (this binary, `--s7-producer`), against S3's same-process rows.
 //!
-//! S5 (array <-> linear copies) is `cuda-interop/examples/array_copy.rs`.
+//! S5 (array <-> linear copies) is this package's `array_copy` binary
+//! (`src/bin/array_copy.rs`); how soon and at what CPU cost the host learns
+//! that GPU work ended are its `host_wait` and `wait_mechanisms` binaries.
 //!
 //! Needs an NVIDIA GPU whose Vulkan driver offers device-local exportable
 //! memory; elsewhere it says so and exits 0. Run it without the validation
 //! layer: it measures.
 
+mod common;
 mod producer;
 mod report;
 mod scenarios;

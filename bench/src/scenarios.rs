@@ -11,27 +11,15 @@ use cuda_interop::{
 };
 use vk_export::ash::vk;
 use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
-use vk_export::markers::{usage, DeviceLocal, Optimal};
+use vk_export::markers::DeviceLocal;
 use vk_export::{
-    Context, ExportableBuffer, ExportableImage, HeadlessOptions, ImageDesc, TimelineSemaphore,
-    WaitStrategy,
+    Context, ExportableBuffer, HeadlessOptions, ImageDesc, TimelineSemaphore, WaitStrategy,
 };
 
+use crate::common::{Img, SPIN, WAIT_LIMIT};
 use crate::producer::{After, HostBuffer, Producer};
 use crate::report::{quantile, us, Report};
 use crate::Res;
-
-/// The images every scenario uses: what a CUDA array copy needs (optimal,
-/// device-local, storage usage for a surface).
-pub(crate) type Img<F> = ExportableImage<F, Optimal, DeviceLocal, usage::Storage>;
-
-/// A host wait that spins on the counter: the same policy as the C loop.
-pub(crate) const SPIN: WaitStrategy = WaitStrategy::Poll {
-    spin: Duration::from_secs(5),
-    yield_until: Duration::from_secs(5),
-    sleep: Duration::from_micros(50),
-};
-pub(crate) const WAIT_LIMIT: Duration = Duration::from_secs(5);
 
 /// A linear copy kernel for S4: `copy_b128(src, dst, n)` copies `n` 16-byte
 /// words, one per thread.
@@ -152,7 +140,9 @@ pub fn run(quick: bool, json: Option<&str>) -> Res<()> {
     s4_read_cost_by_layout(&ctx, &cuda, &copy_module, &linear, &mut report)?;
     crate::two_process::s7(&cuda, &mut report, if quick { 40 } else { 200 })?;
     s6_semaphore_batching(&ctx, &cuda, &mut report, if quick { 100 } else { 1000 })?;
-    report.note("S5 (array <-> linear copies): see cuda-interop/examples/array_copy.rs");
+    report.note(
+        "S5 (array <-> linear copies): see bench/src/bin/array_copy.rs (the array_copy binary)",
+    );
     report.print();
     if let Some(path) = json {
         std::fs::write(path, report.json(&header))?;

@@ -25,9 +25,9 @@ use vk_export::semaphore_kinds::Timeline;
 use vk_export::socket::Connection;
 use vk_export::{Context, HeadlessOptions, ImageDesc, TimelineSemaphore};
 
+use crate::common::{Img, SPIN, WAIT_LIMIT};
 use crate::producer::{After, Producer};
 use crate::report::Report;
-use crate::scenarios::{Img, SPIN, WAIT_LIMIT};
 use crate::Res;
 
 const ENV: &str = "BENCH_S7_FD";

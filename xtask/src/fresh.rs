@@ -19,10 +19,12 @@
 //! * Without `dpkg-query` (not Debian or Ubuntu) nothing is checked: the task
 //!   names the packages and goes on; the tests and the demo say themselves
 //!   what is missing.
-//! * Then, in the workspace root, `test` runs `cargo test --workspace ARGS`
+//! * Each task first prints what it is about to do (before any build).
+//! * Then, in the workspace root, `test` runs `cargo test --workspace
+//!   --no-fail-fast ARGS` (every test binary runs even when one fails)
 //!   and `demo` runs `cargo run --release -p cuda-interop --example
 //!   round_trip -- ARGS`, with ARGS passed through unchanged (a leading `--`
-//!   for `demo` is dropped), and fail when that command fails.
+//!   for `demo` is dropped); `demo` fails when its command fails.
 //! * After the cargo tests, `test` runs the Python module's tests: it builds
 //!   `cuda-interop-py` with the same profile, copies the library to
 //!   `target/python/cuda_interop.abi3.so`, installs pytest with `python3 -m
@@ -32,8 +34,18 @@
 //!   `CUDA_INTEROP_FRAME_SERVER` naming the `frame_server` example, built
 //!   with the same profile, for the protocol tests). Any non-zero pytest
 //!   status fails the task, 5 (no tests collected) included.
+//! * `test` shows all output as it comes and ends with a summary (see
+//!   `summary.rs`): each binary's passed, failed and ignored counts, the
+//!   failed tests, the ignored and skipped ones by reason, and a last line
+//!   `xtask test: N passed, N failed, N ignored, N skipped`. It fails if
+//!   anything failed, crashed, or did not build, after running the rest.
 
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::process::{Command, ExitStatus, Stdio};
+
+use crate::summary::Summary;
 
 /// What `cargo test --workspace` needs: the Vulkan loader, lavapipe, the
 /// Khronos validation layer (every Vulkan test runs with it), and a C
@@ -57,11 +69,71 @@ const ASSUME_MISSING: &str = "CUDA_INTEROP_XTASK_ASSUME_MISSING";
 
 /// `cargo xtask test [ARGS]`.
 pub fn test(args: &[String]) -> Result<(), String> {
+    println!(
+        "xtask test: system packages ({}), then cargo test --workspace --no-fail-fast {}, \
+         then pytest python/tests; a summary at the end",
+        TEST_PACKAGES.join(", "),
+        args.join(" ")
+    );
     ensure_packages("test", TEST_PACKAGES)?;
+    let mut summary = Summary::default();
     let mut cargo = cargo();
-    cargo.args(["test", "--workspace"]).args(args);
-    run(cargo)?;
-    python_tests(args)
+    cargo.args(["test", "--workspace"]);
+    if !args
+        .iter()
+        .take_while(|a| a.as_str() != "--")
+        .any(|a| a == "--no-fail-fast")
+    {
+        cargo.arg("--no-fail-fast");
+    }
+    cargo.args(args);
+    let status = stream(cargo, |line| summary.cargo_line(line))?;
+    if !status.success() && !summary.failed() {
+        summary
+            .errors
+            .push(format!("cargo test failed ({status}), see above"));
+    }
+    if let Err(e) = python_tests(args, &mut summary) {
+        summary.errors.push(e);
+    }
+    print!("{}", summary.render());
+    if summary.failed() {
+        Err("tests failed (the summary above says which)".into())
+    } else {
+        Ok(())
+    }
+}
+
+/// Runs `command` with its stdout and stderr joined into one stream (so
+/// that cargo's `Running ..` lines and the test binaries' results stay in
+/// the order they were written), shows each line on stdout as it comes and
+/// hands it to `each`.
+fn stream(mut command: Command, mut each: impl FnMut(&str)) -> Result<ExitStatus, String> {
+    let shown = format!("{command:?}");
+    eprintln!("xtask: running {shown}");
+    let (ours, theirs) =
+        UnixStream::pair().map_err(|e| format!("cannot make a socket pair: {e}"))?;
+    let theirs_too = theirs
+        .try_clone()
+        .map_err(|e| format!("cannot duplicate a socket: {e}"))?;
+    let mut child = command
+        .stdout(Stdio::from(OwnedFd::from(theirs)))
+        .stderr(Stdio::from(OwnedFd::from(theirs_too)))
+        .spawn()
+        .map_err(|e| format!("could not run {shown}: {e}"))?;
+    // Our copies of the child's ends: gone, so the read ends when it does.
+    drop(command);
+    let mut out = std::io::stdout();
+    for line in BufReader::new(ours).split(b'\n') {
+        let Ok(line) = line else { break };
+        let line = String::from_utf8_lossy(&line).into_owned();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+        each(&line);
+    }
+    child
+        .wait()
+        .map_err(|e| format!("could not wait for {shown}: {e}"))
 }
 
 /// The Python module's tests: builds `cuda-interop-py` with the profile (and
@@ -69,7 +141,7 @@ pub fn test(args: &[String]) -> Result<(), String> {
 /// `target/python/cuda_interop.abi3.so`, makes sure pytest is there, and runs
 /// `python3 -m pytest -q python/tests` with that directory on `PYTHONPATH`.
 /// Any non-zero pytest status fails, including 5 (no tests collected).
-fn python_tests(args: &[String]) -> Result<(), String> {
+fn python_tests(args: &[String], summary: &mut Summary) -> Result<(), String> {
     let build = BuildFlags::of(args);
     let mut cargo = cargo();
     cargo
@@ -114,6 +186,7 @@ fn python_tests(args: &[String]) -> Result<(), String> {
             "-m",
             "pytest",
             "-q",
+            "-rfEs",
             "-p",
             "no:cacheprovider",
             "python/tests",
@@ -128,7 +201,11 @@ fn python_tests(args: &[String]) -> Result<(), String> {
                 .join("frame_server"),
         )
         .env("PYTHONDONTWRITEBYTECODE", "1");
-    run(pytest)
+    let status = stream(pytest, |line| summary.pytest_line(line))?;
+    if !status.success() && !summary.failed() {
+        return Err(format!("pytest failed ({status}), see above"));
+    }
+    Ok(())
 }
 
 /// `python3 -m pytest` works, or is made to with pip, or the error says how.
@@ -214,6 +291,11 @@ impl BuildFlags {
 
 /// `cargo xtask demo [ARGS]`.
 pub fn demo(args: &[String]) -> Result<(), String> {
+    println!(
+        "xtask demo: system packages ({}), then the round_trip example in release \
+         (the first build takes minutes)",
+        DEMO_PACKAGES.join(", ")
+    );
     ensure_packages("demo", DEMO_PACKAGES)?;
     let args = match args.first().map(String::as_str) {
         Some("--") => &args[1..],
@@ -242,6 +324,7 @@ pub(crate) fn cargo() -> Command {
 
 pub(crate) fn run(mut command: Command) -> Result<(), String> {
     let shown = format!("{command:?}");
+    eprintln!("xtask: running {shown}");
     let status = command
         .status()
         .map_err(|e| format!("could not run {shown}: {e}"))?;

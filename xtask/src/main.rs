@@ -3,10 +3,16 @@
 //! ```text
 //! cargo xtask demo [ARGS]                              system packages, then the main job (round_trip)
 //! cargo xtask test [ARGS]                              system packages, cargo test --workspace, pytest
-//! cargo xtask codegen [--check] [--cuda-include DIR]   regenerate (or check) the driver bindings (and check the copy kernels' PTX against its source)
+//! cargo xtask codegen [--check] [--cuda-include DIR]   regenerate (or check) the driver bindings; check the copy kernels' PTX against its source
+//! cargo xtask codegen ptx [--out FILE] [--ptx FILE]    regenerate the copy kernels' PTX (needs nvcc, or nvcc's output)
 //! cargo xtask wheel [--out DIR]                        the Python wheel and the GPU demo folder
+//! cargo xtask gpu-bundle                               the GPU machine's bundle (.gpu/, .gl/; run there: bash .gpu/bundle/run.sh)
+//! cargo xtask modgraph                                 each crate's module graph; fails on a cycle
+//! cargo xtask perf-table RUN_PREFIX [--note T] [--update FILE]   a GPU run's JSON as the README's tables
 //! ```
 //!
+//! Every task of the workspace is here (there is no `scripts/`); what runs
+//! on the GPU machine, which has no Rust, is the data file `gpu/run.sh`.
 //! Only `codegen` needs libclang; nothing else in the workspace does. `demo`
 //! and `test` are the commands for a fresh Debian/Ubuntu machine (see
 //! `fresh.rs` for what they check and install, and when they stop instead).
@@ -14,6 +20,11 @@
 mod codegen;
 mod fresh;
 mod functions;
+mod gpu_bundle;
+mod modgraph;
+mod outdir;
+mod perf_table;
+mod summary;
 mod wheel;
 
 use std::path::{Path, PathBuf};
@@ -34,6 +45,9 @@ fn main() -> ExitCode {
         Some("test") => fresh::test(&args[1..]),
         Some("demo") => fresh::demo(&args[1..]),
         Some("wheel") => wheel::wheel(&args[1..]),
+        Some("modgraph") => modgraph::run(&args[1..]),
+        Some("gpu-bundle") => gpu_bundle::gpu_bundle(&args[1..]),
+        Some("perf-table") => perf_table::run(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{}", USAGE);
             Ok(())
@@ -62,12 +76,17 @@ tasks:
       (e.g. `cargo xtask demo 120 --bench`).
   test [ARGS]
       The tests: the same check for their packages (those above and gcc),
-      then cargo test --workspace ARGS (e.g. `cargo xtask test --locked`,
+      then cargo test --workspace --no-fail-fast ARGS (e.g.
+      `cargo xtask test --locked`,
       `cargo xtask test -p cuda-interop-tests --test wire -- --nocapture`);
       then the Python module's tests: cuda-interop-py built with the same
       profile, copied to target/python/cuda_interop.abi3.so, and
       `python3 -m pytest -q python/tests` (pytest installed with pip if
       missing; any pytest failure, or no tests collected, fails the task).
+      Every test binary runs even when one fails; the task ends with a
+      summary (each binary's passed/failed/ignored, the failures, the
+      ignored and skipped tests by reason, and `N passed, N failed, ..`)
+      and fails if anything failed.
       CUDA_INTEROP_XTASK_ASSUME_MISSING=PKG[,PKG] (demo and test): a dry
       run that treats those packages as missing and installs nothing.
   codegen [--check] [--cuda-include DIR]
@@ -76,13 +95,33 @@ tasks:
       checked-in files are stale. The header is taken from --cuda-include,
       $CUDA_PATH/include, pkg-config (cuda-12.9), /usr/local/cuda/include,
       or fetched from PyPI (see xtask/cuda-header.lock); its sha256 must
-      match the lock.
+      match the lock. It first checks
+      cuda-interop/src/generated/copy_ptx.rs: its DO NOT EDIT fence, and
+      that its `source sha256` is that of cuda-interop/kernels/copy.cu.
+  codegen ptx [--out FILE] [--ptx FILE]
+      Regenerate cuda-interop/src/generated/copy_ptx.rs from copy.cu with
+      nvcc (lowered to PTX ISA 7.0 / sm_75, checked with ptxas for sm_75
+      and sm_90). Without nvcc it stops and says so; --ptx takes the output
+      of `nvcc -ptx -arch=compute_75 -O3 copy.cu` made elsewhere.
   wheel [--out DIR]
       The Python module in release (abi3, CPython >= 3.9, no test hooks)
       as target/gpu-demo/cuda_interop.abi3.so and a wheel next to it
       (written with python3's zipfile, no maturin or network), with the
       frame_server and frame_client examples (release), gpu_consumer.py
       and gpu_demo.sh: the folder the GPU demo runs from
-      (`bash target/gpu-demo/gpu_demo.sh`).
-
-The GPU tests are built and packaged by scripts/gpu-bundle.sh.";
+      (`bash target/gpu-demo/gpu_demo.sh`). DIR must be new, empty, or
+      one this task made (its .xtask-wheel marker): only the files it
+      wrote there before are removed.
+  gpu-bundle
+      Builds the GPU test binaries of xtask/gpu/tests.txt (profiles gpu and
+      gpu-debug), round_trip, driver_info and the bench binaries, and
+      packs them with xtask/gpu/run.sh, the Vulkan loader packages (.gl/)
+      and the validation layer (.gpu/vvl/), at most 60 MiB; then, on the
+      GPU machine, from the repository root: bash .gpu/bundle/run.sh
+  modgraph
+      Each workspace crate's module graph (references to crate::m,
+      super::m, crate::{a, b}), its cycles, and the crate order; fails,
+      naming the modules, if any crate has a cycle.
+  perf-table RUN_PREFIX [--note TEXT] [--update FILE]
+      The README's performance tables from RUN_PREFIX-{bench,host_wait,
+      array_copy}.json (printed, or put between FILE's perf-table lines).";

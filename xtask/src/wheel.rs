@@ -5,8 +5,8 @@
 //!
 //! * Builds `cuda-interop-py` in release (abi3, CPython 3.9 and later; no
 //!   test hooks) and the `frame_server` and `frame_client` examples in
-//!   release, then fills `OUT` (default `target/gpu-demo`, emptied first)
-//!   with `cuda_interop.abi3.so`, a wheel
+//!   release, then fills `OUT` (default `target/gpu-demo`) with
+//!   `cuda_interop.abi3.so`, a wheel
 //!   `cuda_interop-VERSION-cp39-abi3-linux_ARCH.whl` holding it, the two
 //!   binaries, `python/examples/gpu_consumer.py`, `gpu_demo.sh` and `BUILD`
 //!   (the commit it was built from, and whether the tree was dirty, which
@@ -16,6 +16,11 @@
 //!   each file's urlsafe-base64 SHA-256 and size), made by `python3`'s
 //!   `zipfile`. `pip install` accepts it on Linux of this architecture with
 //!   a glibc at least as new as this machine's.
+//! * Deletes only what it made: `OUT` must be missing, empty, or hold the
+//!   marker file `.xtask-wheel` this task writes there, which lists the
+//!   files it wrote last time; those (and only those) are removed before
+//!   the new ones are written. A non-empty `OUT` without the marker is
+//!   refused, and nothing in it is touched.
 //! * Nothing needs the network.
 
 use std::path::{Path, PathBuf};
@@ -53,6 +58,28 @@ with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr(info, data)
 "#;
 
+/// The files every run writes into `OUT`, besides the wheel (whose name
+/// holds the version) and the marker.
+const OUTPUTS: &[&str] = &[
+    "cuda_interop.abi3.so",
+    "frame_server",
+    "frame_client",
+    "gpu_consumer.py",
+    "gpu_demo.sh",
+    "BUILD",
+];
+
+/// The marker file: this task's, listing what it wrote, one name a line.
+const MARKER: &str = ".xtask-wheel";
+
+fn clear_previous(out: &Path) -> Result<(), String> {
+    crate::outdir::clear_previous(out, MARKER, "cargo xtask wheel")
+}
+
+fn write_marker(out: &Path, names: &[&str]) -> Result<(), String> {
+    crate::outdir::write_marker(out, MARKER, names)
+}
+
 fn copy(from: &Path, to: &Path) -> Result<(), String> {
     std::fs::copy(from, to)
         .map(drop)
@@ -71,6 +98,8 @@ pub fn wheel(args: &[String]) -> Result<(), String> {
         [flag, dir] if flag == "--out" => PathBuf::from(dir),
         _ => return Err("usage: cargo xtask wheel [--out DIR]".into()),
     };
+    // Refuse a folder this task did not make before building anything.
+    clear_previous(&out)?;
     let mut build = cargo();
     build.args(["build", "--release", "-p", "cuda-interop-py"]);
     run(build)?;
@@ -87,8 +116,16 @@ pub fn wheel(args: &[String]) -> Result<(), String> {
     ]);
     run(build)?;
 
-    let _ = std::fs::remove_dir_all(&out);
+    let version = env!("CARGO_PKG_VERSION");
+    let tag = format!("cp39-abi3-linux_{}", std::env::consts::ARCH);
+    let wheel_name = format!("cuda_interop-{version}-{tag}.whl");
+    let wheel = out.join(&wheel_name);
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    // The marker goes first, so a failure below still leaves it listing
+    // everything that may have been written.
+    let mut written = OUTPUTS.to_vec();
+    written.push(&wheel_name);
+    write_marker(&out, &written)?;
     let release = target.join("release");
     let module = out.join("cuda_interop.abi3.so");
     copy(&release.join("libcuda_interop_py.so"), &module)?;
@@ -103,9 +140,6 @@ pub fn wheel(args: &[String]) -> Result<(), String> {
     }
     std::fs::write(out.join("BUILD"), build_stamp(&root))
         .map_err(|e| format!("cannot write {}: {e}", out.join("BUILD").display()))?;
-    let version = env!("CARGO_PKG_VERSION");
-    let tag = format!("cp39-abi3-linux_{}", std::env::consts::ARCH);
-    let wheel = out.join(format!("cuda_interop-{version}-{tag}.whl"));
     let mut python = Command::new("python3");
     python
         .args(["-c", MAKE_WHEEL])
@@ -143,5 +177,64 @@ fn build_stamp(root: &Path) -> String {
             format!("commit {commit} DIRTY (built with these uncommitted changes)\n{changes}\n")
         }
         _ => "commit unknown (no git here)\n".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xtask-wheel-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_folder_it_did_not_make_is_refused_and_kept() {
+        let dir = scratch("foreign");
+        std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+        let err = clear_previous(&dir).unwrap_err();
+        assert!(err.contains("nothing was deleted"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("notes.txt")).unwrap(),
+            "mine"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_previous_output_loses_only_the_files_it_listed() {
+        let dir = scratch("previous");
+        write_marker(&dir, &["BUILD", "cuda_interop-0.0.1-x.whl"]).unwrap();
+        std::fs::write(dir.join("BUILD"), "old").unwrap();
+        std::fs::write(dir.join("cuda_interop-0.0.1-x.whl"), "old").unwrap();
+        std::fs::write(dir.join("added-by-hand.log"), "keep").unwrap();
+        clear_previous(&dir).unwrap();
+        let left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, ["added-by-hand.log"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_missing_or_empty_folder_is_fine() {
+        let dir = scratch("empty");
+        clear_previous(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        clear_previous(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_marker_naming_a_path_is_refused() {
+        let dir = scratch("path");
+        write_marker(&dir, &["../elsewhere"]).unwrap();
+        assert!(clear_previous(&dir)
+            .unwrap_err()
+            .contains("unexpected entry"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

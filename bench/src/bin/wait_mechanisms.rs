@@ -23,7 +23,7 @@
 //! as in `host_wait`.
 //!
 //! ```text
-//! cargo run --release -p cuda-interop --example wait_mechanisms -- [ITERATIONS]
+//! cargo run --release -p cuda-interop-bench --bin wait_mechanisms -- [ITERATIONS]
 //! ```
 
 use std::ffi::c_void;

@@ -35,7 +35,7 @@
 //! 5 % of a core; and no `Adaptive` wait ends 10 ms or more late.
 //!
 //! ```text
-//! cargo run --release -p cuda-interop --example host_wait -- [ITERATIONS] [--json PATH]
+//! cargo run --release -p cuda-interop-bench --bin host_wait -- [ITERATIONS] [--json PATH]
 //! ```
 //!
 //! The JSON goes to `--json PATH`, else `$HOST_WAIT_JSON`, else

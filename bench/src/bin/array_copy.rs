@@ -6,7 +6,7 @@
 //! byte count, all in the same run.
 //!
 //! ```text
-//! cargo run --release -p cuda-interop --example array_copy -- [--iters N] [--json PATH]
+//! cargo run --release -p cuda-interop-bench --bin array_copy -- [--iters N] [--json PATH]
 //! ```
 //!
 //! Each method is timed with CUDA events around `N` back-to-back copies

@@ -1,4 +1,4 @@
-//! What the host-wait examples (`host_wait`, `wait_mechanisms`) measure the
+//! What the host-wait benchmarks (`host_wait`, `wait_mechanisms`) measure the
 //! same way: the process's CPU time, and how late each wait returned after
 //! its kernel ended.
 

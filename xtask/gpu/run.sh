@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (which has no Rust), from the repository root,
+# after `cargo xtask gpu-bundle` built .gpu/ and .gl/ elsewhere and both were
+# carried there:   bash .gpu/bundle/run.sh
+# (This file is xtask/gpu/run.sh, copied into the bundle as run.sh; the
+# tests it runs and skips are in tests.txt beside it, from xtask/gpu/tests.txt.)
+#
+# Hides nothing: prints the commit the bundle was built from first; runs every
+# parent test (only the child-process entry points, by exact name, are
+# skipped: their parents run them); runs the `debug` tests again from the
+# debug-assertion build; runs the `sanitizer` tests under compute-sanitizer
+# memcheck and once under synccheck, requiring 0 errors, skipping only the
+# `no-sanitizer` tests; and fails if any of that could not run.
+set -uo pipefail
+b=.gpu/bundle
+manifest=$b/tests.txt
+out=${OUT:-/tmp}
+status=0
+echo "=== bundle"
+cat "$b/BUILD" || { echo "gpu-run: no $b/BUILD: not a bundle from cargo xtask gpu-bundle"; exit 1; }
+[ -f "$manifest" ] || { echo "gpu-run: no $manifest"; exit 1; }
+
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+export VK_LAYER_PATH=$PWD/.gpu/vvl
+if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+fi
+run() { echo; echo "=== $*"; "$@" || { status=1; echo "=== FAILED: $*"; }; }
+
+# The manifest's lines, without comments and blank lines.
+lines() { grep -v '^[[:space:]]*#' "$manifest" | grep -v '^[[:space:]]*$'; }
+# The words after the `:` of the line `KIND BINARY ...: WORDS` (none if absent).
+words() { lines | awk -v k="$1" -v n="$2" '$1 == k && $2 == n { sub(/^[^:]*:[[:space:]]*/, ""); print }'; }
+skips() { local n; for n in "$@"; do printf -- '--skip\n%s\n' "$n"; done; }
+
+# Every skipped name must be a test of its binary (children: an ignored
+# one): a renamed entry point would otherwise run on its own, or a skip
+# would match nothing.
+expect_tests() {
+  local bin=$1 flag=$2 list n
+  shift 2
+  list=$("$bin" --list "$flag" 2>/dev/null)
+  for n in "$@"; do
+    grep -qx "$n: test" <<<"$list" || { echo "gpu-run: $bin has no $([ "$flag" = --ignored ] && echo 'ignored ')test $n: update xtask/gpu/tests.txt"; status=1; }
+  done
+}
+while read -r kind name _; do
+  case $kind in
+    children) read -ra names <<<"$(words children "$name")"; expect_tests "$b/test-$name" --ignored "${names[@]}" ;;
+    no-sanitizer|leaks-on-purpose) read -ra names <<<"$(words "$kind" "$name")"; expect_tests "$b/test-$name" --include-ignored "${names[@]}" ;;
+  esac
+done < <(lines)
+
+# Runs test binary $1 (test-NAME$2) with the manifest's arguments, timeout
+# and child skips.
+run_test() {
+  local name=$1 suffix=$2 head timeout="" args children skip=() extra=()
+  head=$(lines | awk -v n="$name" '$1 == "test" && $2 == n { sub(/:.*/, ""); print }')
+  read -ra args <<<"$(words test "$name")"
+  read -ra children <<<"$(words children "$name")"
+  if ((${#children[@]})); then mapfile -t skip < <(skips "${children[@]}"); extra=(--exact); fi
+  [[ $head =~ timeout=([0-9]+) ]] && timeout=${BASH_REMATCH[1]}
+  if [ -n "$timeout" ]; then
+    run timeout "$timeout" "$b/test-$name$suffix" "${args[@]}" "${extra[@]}" "${skip[@]}"
+  else
+    run "$b/test-$name$suffix" "${args[@]}" "${extra[@]}" "${skip[@]}"
+  fi
+}
+mapfile -t tests < <(lines | awk '$1 == "test" { print $2 }')
+mapfile -t debug_tests < <(lines | awk '$1 == "test" && / debug[ :]/ { print $2 }')
+
+nvidia-smi -L
+# GPU_RUN_ONLY=sanitizer runs only the compute-sanitizer passes (to repeat them).
+if [ "${GPU_RUN_ONLY:-}" != sanitizer ]; then
+nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,mig.mode.current --format=csv
+run $b/driver_info
+for t in "${tests[@]}"; do run_test "$t" ""; done
+echo; echo "=== debug assertions and overflow checks on (profile gpu-debug)"
+for t in "${debug_tests[@]}"; do run_test "$t" -debug; done
+
+run $b/round_trip 120 --bench
+uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
+run $b/round_trip 30 --device "$uuid"
+echo; echo "=== CUDA_VISIBLE_DEVICES= (CUDA hides the GPU; pairing must report it, not pick another)"
+CUDA_VISIBLE_DEVICES= $b/round_trip 5 || status=1
+run $b/host_wait 300
+fi
+
+# Last, as the slowest part: the `sanitizer` tests again under compute-sanitizer.
+# compute-sanitizer: the bundle's, else the machine's.
+san=
+for c in .gpu/compute-sanitizer/compute-sanitizer "$(command -v compute-sanitizer || true)" \
+  "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" /usr/local/cuda*/bin/compute-sanitizer; do
+  if [ -n "$c" ] && [ -x "$c" ]; then san=$c; break; fi
+done
+# Runs test binary $name under compute-sanitizer --tool $1 (children too) and
+# requires exit 0 and an "ERROR SUMMARY: 0 errors" from every process.
+# API errors are not reported: the tests provoke and check some on purpose
+# (a bad fd, a foreign UUID) and fail on any other.
+sanitize() {
+  local tool=$1 log="$out/sanitizer-$1${log_suffix:-}.log" rc
+  shift
+  echo; echo "=== compute-sanitizer --tool $tool $* ($name)"
+  timeout "${SANITIZER_TIMEOUT:-240}" "$san" --tool "$tool" --error-exitcode 1 --target-processes all --report-api-errors no "$@" \
+    "$b/test-$name" "${san_args[@]}" --exact "${san_skip[@]}" "${test_filter[@]}" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  local summaries errors
+  summaries=$(grep -c 'ERROR SUMMARY:' "$log")
+  errors=$(grep 'ERROR SUMMARY:' "$log" | grep -vc 'ERROR SUMMARY: 0 errors')
+  echo "=== $tool: exit $rc, $summaries process summaries, $errors with errors"
+  if [ "$rc" != 0 ] || [ "$summaries" = 0 ] || [ "$errors" != 0 ]; then
+    status=1; echo "=== FAILED: compute-sanitizer --tool $tool ($name)"
+  fi
+}
+mapfile -t sanitized < <(lines | awk '$1 == "sanitizer" { print $2 }')
+if [ -n "$san" ]; then
+  echo; echo "=== compute-sanitizer: $san ($("$san" --version | tail -1))"
+  for name in "${sanitized[@]}"; do
+    read -ra san_args <<<"$(words sanitizer "$name")"
+    read -ra children <<<"$(words children "$name")"
+    read -ra unsanitized <<<"$(words no-sanitizer "$name")"
+    read -ra leaks <<<"$(words leaks-on-purpose "$name")"
+    mapfile -t san_skip < <(skips "${children[@]}" "${unsanitized[@]}")
+    # The leak check runs without the tests that leak on purpose (they
+    # assert the leak is reported); memcheck runs those alone without it.
+    mapfile -t test_filter < <(skips "${leaks[@]}")
+    log_suffix= sanitize memcheck --leak-check full
+    if ((${#leaks[@]})); then
+      test_filter=("${leaks[@]}")
+      log_suffix=-stuck sanitize memcheck
+    fi
+    test_filter=()
+    log_suffix= sanitize synccheck
+  done
+else
+  status=1
+  echo; echo "=== FAILED: no compute-sanitizer (bundle, PATH, \$CUDA_HOME, /usr/local/cuda*): memcheck and synccheck NOT RUN"
+fi
+
+echo; echo "gpu-run: $([ $status = 0 ] && echo all passed || echo FAILURES) ($(head -1 $b/BUILD))"
+exit $status
