@@ -25,6 +25,8 @@ export VK_LAYER_PATH=$PWD/.gpu/vvl
 if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 fi
+# The fake-driver parents' libcuda variants (see the testkit's fake.rs).
+export CUDA_INTEROP_FAKE_CUDA_DIR=$PWD/$b/fake
 run() { echo; echo "=== $*"; "$@" || { status=1; echo "=== FAILED: $*"; }; }
 
 # The manifest's lines, without comments and blank lines.

@@ -144,7 +144,12 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
     std::fs::create_dir_all(root.join(".gpu/vvl")).map_err(|e| e.to_string())?;
 
     // What this bundle will hold, listed before any of it is written.
-    let mut files: Vec<String> = vec!["BUILD".into(), "run.sh".into(), "tests.txt".into()];
+    let mut files: Vec<String> = vec![
+        "BUILD".into(),
+        "run.sh".into(),
+        "tests.txt".into(),
+        "fake".into(),
+    ];
     for t in &manifest.tests {
         files.push(format!("test-{}", t.name));
         if t.debug {
@@ -327,6 +332,48 @@ fn copy_tests(out: &Path, profile: &str, suffix: &str, tests: &[&str]) -> Result
             .ok_or_else(|| format!("gpu-bundle: no {profile} test binary for {t}"))?;
         copy(&executable, &out.join(format!("test-{t}{suffix}")))?;
     }
+    if suffix.is_empty() {
+        copy_fake_drivers(out, &messages)?;
+    }
+    Ok(())
+}
+
+/// The testkit's fake `libcuda.so.1` variants (built by its build script)
+/// into `OUT/fake/`: the fake-driver parents find them there through
+/// `CUDA_INTEROP_FAKE_CUDA_DIR`, which run.sh sets.
+fn copy_fake_drivers(out: &Path, messages: &str) -> Result<(), String> {
+    let out_dir = messages
+        .lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|m| {
+            m["reason"] == "build-script-executed"
+                && m["package_id"]
+                    .as_str()
+                    .is_some_and(|p| p.contains("cuda-interop-testkit"))
+        })
+        .and_then(|m| m["out_dir"].as_str().map(PathBuf::from))
+        .ok_or("gpu-bundle: cargo reported no build script run of cuda-interop-testkit")?;
+    let fake = out.join("fake");
+    let mut copied = 0;
+    for entry in std::fs::read_dir(&out_dir).map_err(|e| format!("{}: {e}", out_dir.display()))? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("fake-libcuda-") {
+            std::fs::create_dir_all(fake.join(&name)).map_err(|e| e.to_string())?;
+            copy(
+                &entry.path().join("libcuda.so.1"),
+                &fake.join(&name).join("libcuda.so.1"),
+            )?;
+            copied += 1;
+        }
+    }
+    if copied == 0 {
+        return Err(format!(
+            "gpu-bundle: no fake-libcuda-* in {}",
+            out_dir.display()
+        ));
+    }
     Ok(())
 }
 
@@ -505,7 +552,15 @@ mod tests {
     #[test]
     fn the_manifest_parses_and_names_only_its_binaries() {
         let m = parse_manifest(MANIFEST).unwrap();
-        assert!(m.tests.iter().any(|t| t.name == "gpu"), "{m:?}");
+        let tests = crate::workspace_root().join("tests").join("tests");
+        for t in &m.tests {
+            assert!(
+                tests.join(format!("{}.rs", t.name)).is_file(),
+                "tests.txt names test binary {} but tests/tests/{}.rs does not exist",
+                t.name,
+                t.name
+            );
+        }
         assert!(!m.sanitized.is_empty());
         assert!(parse_manifest("children nope : x\n")
             .unwrap_err()

@@ -40,7 +40,14 @@ pub fn clear_previous(out: &Path, marker_name: &str, task: &str) -> Result<(), S
         if name.contains('/') || name == ".." || name == "." {
             return Err(format!("{}: unexpected entry `{name}`", marker.display()));
         }
-        match std::fs::remove_file(out.join(name)) {
+        let path = out.join(name);
+        // A folder it listed is one it made whole (the bundle's `fake/`).
+        let removed = if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        match removed {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("cannot remove {}: {e}", out.join(name).display())),
