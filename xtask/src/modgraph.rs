@@ -37,6 +37,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut failing = Vec::new();
     for krate in &crates {
         let src = krate.dir.join("src");
+        if !src.is_dir() {
+            // A package of test targets only (tests/): no module tree.
+            println!("{} (no src/: test targets only)\n", krate.name);
+            continue;
+        }
         let graph = crate_graph(&src)?;
         println!(
             "\n{} ({}, {} modules)",
