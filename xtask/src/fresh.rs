@@ -70,10 +70,10 @@ const ASSUME_MISSING: &str = "CUDA_INTEROP_XTASK_ASSUME_MISSING";
 /// `cargo xtask test [ARGS]`.
 pub fn test(args: &[String]) -> Result<(), String> {
     println!(
-        "xtask test: system packages ({}), then cargo test --workspace --no-fail-fast {}, \
+        "xtask test: system packages ({}), then cargo test --workspace --no-fail-fast{}, \
          then pytest python/tests; a summary at the end",
         TEST_PACKAGES.join(", "),
-        args.join(" ")
+        args.iter().map(|a| format!(" {a}")).collect::<String>()
     );
     ensure_packages("test", TEST_PACKAGES)?;
     let mut summary = Summary::default();
