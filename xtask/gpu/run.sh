@@ -72,7 +72,8 @@ mapfile -t tests < <(lines | awk '$1 == "test" { print $2 }')
 mapfile -t debug_tests < <(lines | awk '$1 == "test" && / debug[ :]/ { print $2 }')
 
 nvidia-smi -L
-# GPU_RUN_ONLY=sanitizer runs only the compute-sanitizer passes (to repeat them).
+# GPU_RUN_ONLY=sanitizer runs only the compute-sanitizer passes (to repeat
+# them); GPU_RUN_ONLY=tests everything but them.
 if [ "${GPU_RUN_ONLY:-}" != sanitizer ]; then
 nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,mig.mode.current --format=csv
 run $b/driver_info
@@ -86,6 +87,13 @@ run $b/round_trip 30 --device "$uuid"
 echo; echo "=== CUDA_VISIBLE_DEVICES= (CUDA hides the GPU; pairing must report it, not pick another)"
 CUDA_VISIBLE_DEVICES= $b/round_trip 5 || status=1
 run $b/host_wait 300
+fi
+
+# GPU_RUN_ONLY=tests stops here (the sanitizer passes then run in a second
+# command, GPU_RUN_ONLY=sanitizer, when one command's time is limited).
+if [ "${GPU_RUN_ONLY:-}" = tests ]; then
+  echo; echo "gpu-run: $([ $status = 0 ] && echo all passed || echo FAILURES) (tests only, no sanitizer: GPU_RUN_ONLY=tests) ($(head -1 $b/BUILD))"
+  exit $status
 fi
 
 # Last, as the slowest part: the `sanitizer` tests again under compute-sanitizer.
