@@ -3,7 +3,6 @@
 //! fd back to the caller.
 
 use std::fmt;
-use std::os::fd::OwnedFd;
 
 use cuda_interop_sys::{CUresult, LoadError, MissingFunction};
 
@@ -104,21 +103,8 @@ pub enum Error {
     Cleanup(String),
 }
 
-/// A failed import: the error, and the fd, still owned by the caller (a
-/// failed import does not consume it), to retry or drop.
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
-pub struct ImportError {
-    /// Why the import failed.
-    #[source]
-    pub error: Error,
-    /// The fd that was passed in.
-    pub fd: OwnedFd,
-}
-
-impl ImportError {
-    /// Drops (closes) the fd and keeps the error.
-    pub fn into_error(self) -> Error {
-        self.error
-    }
-}
+/// A failed CUDA import: the error, and the fd, still owned by the caller
+/// (a failed import does not consume it), to retry or drop. The one
+/// `ImportError` of the workspace ([`interop_share::fd::ImportError`]), with
+/// this crate's [`Error`].
+pub type ImportError = interop_share::fd::ImportError<Error>;

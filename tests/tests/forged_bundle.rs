@@ -113,3 +113,44 @@ fn a_forged_bundle_never_reaches_cuda() {
         .unwrap();
     imported.map().unwrap();
 }
+
+/// Honest bundles of several sizes, in this process, through the Vulkan and
+/// the CUDA receive paths (the pre-import of a duplicate must not refuse an
+/// honest fd of any size, dedicated or not).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run by the GPU bundle"]
+fn honest_buffers_of_every_size_pass_the_receive_paths() {
+    let (ctx, cuda) = cuda_interop_testkit::gpu::pair();
+    let mut failures = Vec::new();
+    for size in [4096u64, 1 << 20, 16 << 20, 64 << 20] {
+        let buffer = ExportableBuffer::<Mem>::new(&ctx, size).unwrap();
+        let send = || {
+            let (tx, rx) = Connection::pair().unwrap();
+            tx.send_exported(0, &[&buffer]).unwrap();
+            let mut received = rx.recv(Duration::from_secs(5)).unwrap();
+            received.take_buffer::<Mem>(0).unwrap()
+        };
+        let (record, fd, _) = send().into_parts();
+        let check = ctx
+            .check_buffer_memory(&record, &fd)
+            .map_err(|e| e.to_string());
+        let vulkan = ExportableBuffer::import_received(&ctx, send())
+            .map(drop)
+            .map_err(|e| e.error.to_string());
+        let cuda_import = cuda
+            .import_received_buffer(send())
+            .map(drop)
+            .map_err(|e| e.error.to_string());
+        println!(
+            "{size:>9} bytes, dedicated {}: check {check:?}, Vulkan {vulkan:?}, CUDA {cuda_import:?}",
+            buffer.info().dedicated()
+        );
+        if check.is_err() || vulkan.is_err() || cuda_import.is_err() {
+            failures.push(size);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "refused honest buffers of {failures:?} bytes"
+    );
+}
