@@ -90,12 +90,28 @@ impl ExternalMemory {
     }
 }
 
+/// Whether an import checks, with CUDA itself, that the memory behind the
+/// fd is as large as the record says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SizeCheck {
+    /// A resource of this process: its own record.
+    Trusted,
+    /// A received record (a peer's word): right after the import, a mapping
+    /// of `[0, size)` is made and freed. `cuImportExternalMemory` accepts a
+    /// record larger than its allocation (H200, driver 580), the mapping
+    /// does not, so the import is refused before anything can use it.
+    /// (Not a Vulkan import of a duplicate: on that driver, a Vulkan import
+    /// of memory the process has imported into CUDA before fails.)
+    Probe,
+}
+
 pub(crate) fn import_memory(
     device: &CudaDevice,
     fd: OwnedFd,
     size: u64,
     dedicated: bool,
     vulkan: Option<KeepAlive>,
+    check: SizeCheck,
 ) -> Result<ExternalMemory, ImportError> {
     if size == 0 {
         return Err(ImportError {
@@ -120,6 +136,20 @@ pub(crate) fn import_memory(
         // this crate owns, with the size and dedicated flag of a verified
         // record; the device's context is current; writes one handle.
         unsafe { cu!(cuImportExternalMemory(&mut handle, &desc)) }
+            .map_err(vk_export::ImportFailure::from)?;
+        if check == SizeCheck::Probe {
+            if let Err(error) = probe_size(handle, size) {
+                // SAFETY: the import made just above, unused (the probe's
+                // mapping failed, so none exists), destroyed once; the
+                // driver releases its fd with it.
+                record_drop_error(unsafe { cu!(cuDestroyExternalMemory(handle)) });
+                return Err(vk_export::ImportFailure {
+                    error,
+                    driver_took_fd: true,
+                });
+            }
+        }
+        Ok(())
     };
     // SAFETY: `import` gives the duplicate to exactly one
     // cuImportExternalMemory call.
@@ -133,6 +163,29 @@ pub(crate) fn import_memory(
     })
 }
 
+/// Maps `[0, size)` of a fresh import and frees the mapping: the driver
+/// refuses the mapping when the allocation behind the fd is smaller.
+fn probe_size(handle: CUexternalMemory, size: u64) -> Result<()> {
+    let desc = sys::CUDA_EXTERNAL_MEMORY_BUFFER_DESC {
+        offset: 0,
+        size,
+        ..Default::default()
+    };
+    let mut ptr: sys::CUdeviceptr = 0;
+    // SAFETY: a zeroed descriptor (flags 0) over a live import of the
+    // current context; writes one device address, freed below.
+    let mapped = unsafe { cu!(cuExternalMemoryGetMappedBuffer(&mut ptr, handle, &desc)) };
+    if let Err(e) = mapped {
+        return Err(Error::InvalidArgument(format!(
+            "the received record describes {size} bytes, but the memory behind its fd is smaller \
+             (a mapping of the whole range failed: {e}); the sender's record does not match its fd"
+        )));
+    }
+    // SAFETY: the address the mapping above returned, unused, freed once.
+    record_drop_error(unsafe { cu!(cuMemFree(ptr)) });
+    Ok(())
+}
+
 impl CudaDevice {
     /// The fd handling every CUDA import shares: refuses fds that are no
     /// export (pipes, sockets, eventfds...), makes the context current, and
@@ -141,12 +194,14 @@ impl CudaDevice {
     ///
     /// # Safety
     /// `import` gives the raw fd it gets to exactly one CUDA import call
-    /// (which owns it on success only) and does nothing else with it.
+    /// (which owns it on success only), does nothing else with it, and sets
+    /// `driver_took_fd` on a failure after that call succeeded (having
+    /// undone the import, which releases the driver's fd).
     pub(crate) unsafe fn import_fd_with(
         &self,
         fd: OwnedFd,
         what: &str,
-        import: impl FnOnce(i32) -> Result<()>,
+        import: impl FnOnce(i32) -> Result<(), vk_export::ImportFailure<Error>>,
     ) -> Result<(), ImportError> {
         if let Err(e) = vk_export::check_export_fd(&fd, what) {
             return Err(ImportError {
@@ -159,9 +214,9 @@ impl CudaDevice {
             Err(error) => return Err(ImportError { error, fd }),
         };
         let dup_failed = |e| Error::InvalidArgument(format!("the fd cannot be duplicated: {e}"));
-        let import = |raw| import(raw).map_err(vk_export::ImportFailure::from);
-        // SAFETY: forwarded from the caller; CUDA never closes the fd of a
-        // failed import.
+        // SAFETY: forwarded from the caller (who reports a failure after a
+        // successful import as `driver_took_fd`); CUDA never closes the fd
+        // of a failed import.
         unsafe { vk_export::import_with_duplicate(fd, false, dup_failed, import) }
             .map_err(|(error, fd)| ImportError { error, fd })
     }

@@ -49,7 +49,7 @@ use crate::context::CudaDevice;
 use crate::dlpack::{DLDataType, DLDevice, ManagedTensor, DL_CUDA};
 use crate::driver::cu;
 use crate::error::{Error, ImportError, Result};
-use crate::external::{import_memory, ExternalMemory};
+use crate::external::{import_memory, ExternalMemory, SizeCheck};
 use crate::linear::{free_mapping, map_buffer, MappedBuffer};
 use crate::markers::{ArrayMemory, ArrayTiling, BufferTiling};
 
@@ -78,31 +78,37 @@ impl CudaDevice {
     ) -> Result<ImportedImage<F, T, M, U>> {
         self.check_resource_device(&image.info().device_uuid())?;
         let fd = image.export_fd()?;
-        self.import_image_inner(image.record(), fd, Some(image.keep_alive()))
-            .map_err(ImportError::into_error)
+        self.import_image_inner(
+            image.record(),
+            fd,
+            Some(image.keep_alive()),
+            SizeCheck::Trusted,
+        )
+        .map_err(ImportError::into_error)
     }
 
     /// Imports an image received over a socket (record and fd arrived
-    /// together from a peer). Before CUDA sees the fd, the Vulkan device this
-    /// CUDA device was paired with checks both the record and the memory
-    /// behind the fd ([`Context::check_image_memory`](vk_export::Context::check_image_memory):
-    /// both UUIDs, memory type, the size, alignment, dedicated flag and
-    /// pitches that device derives for the described image, then an import
-    /// of a duplicate of the fd with the record's size, which the driver
-    /// refuses if the allocation is not that large), so the device must come
-    /// from [`CudaDevice::for_vulkan`]. What stays the peer's word is the
-    /// layout: a peer that describes other memory of the same size as this
-    /// image makes CUDA read garbled texels, within the allocation. On
-    /// failure the fd comes back in the error.
+    /// together from a peer). Before CUDA sees the fd, the record is verified
+    /// on the Vulkan device this CUDA device was paired with
+    /// ([`Context::verify_image`](vk_export::Context::verify_image): both
+    /// UUIDs, memory type, and the size, alignment, dedicated flag and
+    /// pitches that device derives for the described image), so the device
+    /// must come from [`CudaDevice::for_vulkan`]. Right after
+    /// `cuImportExternalMemory`, a mapping of the record's whole size is
+    /// made and freed: the driver refuses it when the memory behind the fd
+    /// is smaller, and the import is then undone. What stays the peer's word
+    /// is the layout: a peer that describes other memory of the same size
+    /// makes CUDA read garbled texels, within the allocation. On failure the
+    /// fd comes back in the error.
     pub fn import_received_image<F: Format, T: Tiling, M: MemoryLocation, U: Usage>(
         &self,
         received: ReceivedImage<F, T, M, U>,
     ) -> Result<ImportedImage<F, T, M, U>, ImportError> {
         let (record, fd, _peer) = received.into_parts();
-        if let Err(error) = self.verify_with_vulkan(|ctx| ctx.check_image_memory(&record, &fd)) {
+        if let Err(error) = self.verify_with_vulkan(|ctx| ctx.verify_image(&record)) {
             return Err(ImportError { error, fd });
         }
-        self.import_image_inner(record, fd, None)
+        self.import_image_inner(record, fd, None, SizeCheck::Probe)
     }
 
     /// Imports an image from a record and an fd that did not travel together
@@ -120,7 +126,7 @@ impl CudaDevice {
         record: ImageRecord<F, T, M, U>,
         fd: OwnedFd,
     ) -> Result<ImportedImage<F, T, M, U>, ImportError> {
-        self.import_image_inner(record, fd, None)
+        self.import_image_inner(record, fd, None, SizeCheck::Trusted)
     }
 
     fn import_image_inner<F, T, M, U>(
@@ -128,12 +134,20 @@ impl CudaDevice {
         record: ImageRecord<F, T, M, U>,
         fd: OwnedFd,
         keep: Option<KeepAlive>,
+        check: SizeCheck,
     ) -> Result<ImportedImage<F, T, M, U>, ImportError> {
         let info = record.info();
         if let Err(error) = self.check_resource_device(&info.device_uuid()) {
             return Err(ImportError { error, fd });
         }
-        let memory = import_memory(self, fd, info.allocation_size(), info.dedicated(), keep)?;
+        let memory = import_memory(
+            self,
+            fd,
+            info.allocation_size(),
+            info.dedicated(),
+            keep,
+            check,
+        )?;
         Ok(ImportedImage { memory, record })
     }
 
@@ -144,22 +158,27 @@ impl CudaDevice {
     ) -> Result<ImportedBuffer<M>> {
         self.check_resource_device(&buffer.info().device_uuid())?;
         let fd = buffer.export_fd()?;
-        self.import_buffer_inner(buffer.record(), fd, Some(buffer.keep_alive()))
-            .map_err(ImportError::into_error)
+        self.import_buffer_inner(
+            buffer.record(),
+            fd,
+            Some(buffer.keep_alive()),
+            SizeCheck::Trusted,
+        )
+        .map_err(ImportError::into_error)
     }
 
-    /// Imports a buffer received over a socket, checked first on the paired
-    /// Vulkan device, record and memory, like
+    /// Imports a buffer received over a socket, verified on the paired
+    /// Vulkan device and size-checked by CUDA like
     /// [`CudaDevice::import_received_image`].
     pub fn import_received_buffer<M: MemoryLocation>(
         &self,
         received: ReceivedBuffer<M>,
     ) -> Result<ImportedBuffer<M>, ImportError> {
         let (record, fd, _peer) = received.into_parts();
-        if let Err(error) = self.verify_with_vulkan(|ctx| ctx.check_buffer_memory(&record, &fd)) {
+        if let Err(error) = self.verify_with_vulkan(|ctx| ctx.verify_buffer(&record)) {
             return Err(ImportError { error, fd });
         }
-        self.import_buffer_inner(record, fd, None)
+        self.import_buffer_inner(record, fd, None, SizeCheck::Probe)
     }
 
     /// Imports a buffer from a record and an fd that did not travel together
@@ -174,7 +193,7 @@ impl CudaDevice {
         record: BufferRecord<M>,
         fd: OwnedFd,
     ) -> Result<ImportedBuffer<M>, ImportError> {
-        self.import_buffer_inner(record, fd, None)
+        self.import_buffer_inner(record, fd, None, SizeCheck::Trusted)
     }
 
     fn import_buffer_inner<M>(
@@ -182,12 +201,20 @@ impl CudaDevice {
         record: BufferRecord<M>,
         fd: OwnedFd,
         keep: Option<KeepAlive>,
+        check: SizeCheck,
     ) -> Result<ImportedBuffer<M>, ImportError> {
         let info = record.into_info();
         if let Err(error) = self.check_resource_device(&info.device_uuid()) {
             return Err(ImportError { error, fd });
         }
-        let memory = import_memory(self, fd, info.allocation_size(), info.dedicated(), keep)?;
+        let memory = import_memory(
+            self,
+            fd,
+            info.allocation_size(),
+            info.dedicated(),
+            keep,
+            check,
+        )?;
         Ok(ImportedBuffer {
             memory,
             size: info.size(),

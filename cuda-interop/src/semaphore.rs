@@ -165,6 +165,7 @@ impl CudaDevice {
             // crate owns, with the handle type of the record's semaphore
             // kind; the device's context is current; writes one handle.
             unsafe { cu!(cuImportExternalSemaphore(&mut handle, &desc)) }
+                .map_err(vk_export::ImportFailure::from)
         };
         // SAFETY: `import` gives the duplicate to exactly one
         // cuImportExternalSemaphore call.

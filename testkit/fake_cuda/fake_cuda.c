@@ -140,6 +140,7 @@ static size_t loglen, logcap;
 
 static long long import_fail = 0;       /* CUresult the imports return (0: succeed) */
 static long long close_on_fail = 0;     /* a failed import closes its fd (Mesa's habit) */
+static long long alloc_size = 0;        /* the allocation behind every fd (0: as large as imported) */
 static long long latency_ms = 0;        /* enqueued work completes after this (-1: never) */
 static long long max_surface2d = 131072;
 static long long max_tex2d_mipmapped = 32768;
@@ -291,6 +292,7 @@ void fake_cuda_clear_log(void) {
 int fake_cuda_set(const char *key, long long value) {
     if (!strcmp(key, "import_fail")) import_fail = value;
     else if (!strcmp(key, "close_on_fail")) close_on_fail = value;
+    else if (!strcmp(key, "alloc_size")) alloc_size = value;
     else if (!strcmp(key, "latency_ms")) latency_ms = value;
     else if (!strcmp(key, "max_surface2d")) max_surface2d = value;
     else if (!strcmp(key, "max_tex2d_mipmapped")) max_tex2d_mipmapped = value;
@@ -470,6 +472,9 @@ CUresult cuExternalMemoryGetMappedBuffer(CUdeviceptr *ptr, void *h, const Buffer
     say("cuExternalMemoryGetMappedBuffer ctx=%p offset=%llu size=%llu flags=%u reserved_zero=%d import_size=%llu",
         current(), d->offset, d->size, d->flags, all_zero(d->reserved, 16), m->size);
     if (d->flags || !all_zero(d->reserved, 16) || d->size == 0 || d->offset + d->size > m->size) return INVALID_VALUE;
+    /* As the H200's driver: the import takes any size, a mapping past the
+       real allocation does not. */
+    if (alloc_size && d->offset + d->size > (unsigned long long)alloc_size) return INVALID_VALUE;
     Obj *o = make(K_BUFFER);
     o->size = d->size;
     o->bytes = calloc(1, d->size);

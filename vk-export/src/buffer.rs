@@ -182,23 +182,6 @@ impl Context {
         unsafe { self.inner.device.destroy_buffer(buffer, None) };
         Ok(())
     }
-
-    /// [`Context::verify_buffer`], then imports a duplicate of `fd` as that
-    /// buffer and frees it at once, so that the driver checks the real
-    /// allocation against the record (see [`Context::check_image_memory`]).
-    pub fn check_buffer_memory<M: MemoryLocation>(
-        &self,
-        record: &BufferRecord<M>,
-        fd: &OwnedFd,
-    ) -> Result<()> {
-        let duplicate = fd.try_clone().map_err(|source| Error::Socket {
-            call: "fcntl(F_DUPFD_CLOEXEC)",
-            source,
-        })?;
-        // SAFETY: as in check_image_memory: freed before any use.
-        let imported = unsafe { ExportableBuffer::import_fd(self, record, duplicate) };
-        imported.map(drop).map_err(ImportError::into_error)
-    }
 }
 
 impl<M: MemoryLocation> ExportableBuffer<M> {

@@ -479,28 +479,6 @@ impl Context {
         unsafe { self.inner.device.destroy_image(image, None) };
         Ok(())
     }
-
-    /// [`Context::verify_image`], then imports a duplicate of `fd` into this
-    /// device as that image and frees it at once: the driver, which knows the
-    /// real allocation behind the fd, checks it against the record's
-    /// `allocationSize` and memory type. The CUDA side runs this before
-    /// `cuImportExternalMemory` sees a received fd. `fd` stays the caller's.
-    pub fn check_image_memory<F: Format, T: Tiling, M: MemoryLocation, U: Usage>(
-        &self,
-        record: &ImageRecord<F, T, M, U>,
-        fd: &OwnedFd,
-    ) -> Result<()> {
-        let duplicate = fd.try_clone().map_err(|source| Error::Socket {
-            call: "fcntl(F_DUPFD_CLOEXEC)",
-            source,
-        })?;
-        // SAFETY: the import is freed below before anything reads or writes
-        // it (its last use is 0: no submission names it). Whether the fd
-        // holds what the record describes is what the driver checks here;
-        // memory it wrongly accepted is never touched.
-        let imported = unsafe { ExportableImage::import_fd(self, record, duplicate) };
-        imported.map(drop).map_err(ImportError::into_error)
-    }
 }
 
 impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M, U> {
