@@ -17,7 +17,7 @@
 
 /// The PTX of the crate's array <-> linear copy kernels
 /// (`array_to_linear_{4,8,16}b_r{1,4,8}`, `linear_to_array_…`), generated
-/// from `kernels/copy.cu` by `scripts/gen-ptx.sh`; for code that launches
+/// from `kernels/copy.cu` by `cargo xtask codegen ptx`; for code that launches
 /// them itself (a benchmark's C loop).
 pub const COPY_PTX: &str = crate::generated::copy_ptx::COPY_PTX;
 

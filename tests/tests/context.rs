@@ -150,7 +150,7 @@ fn child_fake_threads_and_contexts() {
 /// A kernel writes to an illegal address in a child process: the error is
 /// reported, and every later call says the context is poisoned.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test context -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test context -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn a_sticky_fault_poisons_the_process_and_later_calls_say_so() {
     let _fds = fds::lock();
     let stdout = child::run_marked("child_poisoned", "CUDA_INTEROP_POISON_CHILD");
@@ -200,7 +200,7 @@ fn child_poisoned() {
 /// that context current, and removes its own from beneath it, so once the
 /// other context is popped the previous context is current again.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test context -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test context -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn a_context_guard_restores_the_previous_context_after_a_pop_mismatch() {
     let _fds = fds::lock();
     child::run_marked("child_context_pop_mismatch", "CUDA_INTEROP_CONTEXT_CHILD");
@@ -312,7 +312,7 @@ fn child_context_pop_mismatch() {
 /// where another context is current, and dropped on fresh threads. Run in a
 /// child process (it creates a context of its own).
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test context -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test context -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn handles_work_and_drop_on_threads_with_no_or_another_context() {
     let _fds = fds::lock();
     let stdout = child::run_with(

@@ -472,7 +472,7 @@ fn level_copies_round_trip<F: Format>(ctx: &Context, cuda: &CudaDevice, w: u32, 
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test copy -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test copy -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn level_copies_with_pitched_linear_memory_are_exact_for_4_8_and_16_byte_texels() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -489,7 +489,7 @@ fn level_copies_with_pitched_linear_memory_are_exact_for_4_8_and_16_byte_texels(
 /// (`cuMemcpy3DAsync`), exactly, with the pitch given, and the kernel is
 /// refused.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test copy -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test copy -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn level_copies_without_storage_usage_fall_back_to_the_driver() {
     let _fds = fds::lock();
     use cuda_interop::{CopyEngine, PitchedMut};
@@ -537,7 +537,7 @@ fn level_copies_without_storage_usage_fall_back_to_the_driver() {
 /// and stays pending; once Vulkan signals, it completes, exact; the
 /// destination's drop would have waited for it.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test copy -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test copy -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn level_copies_are_stream_ordered_and_never_wait_on_the_host() {
     let _fds = fds::lock();
     use cuda_interop::{CopyEngine, PitchedMut};

@@ -219,7 +219,7 @@ fn child_fake_foreign_streams() {
 /// the copy (compute-sanitizer memcheck reports no fault) and the
 /// destination is exact.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test drop_order -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test drop_order -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn a_pending_copy_keeps_a_forgotten_mapping_its_import_and_the_vulkan_buffer_alive() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();

@@ -286,7 +286,7 @@ fn launch_spin(stream: &Stream, module: &Module, ns: u64) {
 /// a completion's eventfd becomes readable through `poll()` when the kernel
 /// ends and not before.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test host_wait -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test host_wait -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn every_host_wait_strategy_waits_for_a_real_kernel_and_the_completion_fd_polls() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();

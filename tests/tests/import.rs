@@ -554,7 +554,7 @@ fn child_fake_without_mipmapped_arrays() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test import -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test import -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn pairing_matches_uuid_and_shares_the_primary_context() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -604,7 +604,7 @@ fn pairing_matches_uuid_and_shares_the_primary_context() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test import -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test import -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn a_foreign_uuid_is_refused_before_any_driver_call_and_the_fd_comes_back() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -639,7 +639,7 @@ fn a_foreign_uuid_is_refused_before_any_driver_call_and_the_fd_comes_back() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test import -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test import -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn a_bad_fd_is_a_clear_error_and_stays_with_the_caller() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -726,7 +726,7 @@ fn raw_memory_import(
 /// reserved words set, are tried and their answers printed. None crashes,
 /// the context is not poisoned, and the fd table is as before.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test import -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test import -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn raw_driver_calls_with_bad_fds_and_descriptors_fail_without_harm() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -833,7 +833,7 @@ fn raw_driver_calls_with_bad_fds_and_descriptors_fail_without_harm() {
 /// file (the closed one as the same number), no other fd is closed, and the
 /// context is not poisoned.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test import -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test import -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn closed_and_non_gpu_fds_come_back_from_every_cuda_import() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -902,7 +902,7 @@ fn closed_and_non_gpu_fds_come_back_from_every_cuda_import() {
 /// CUDA; both mappings read what Vulkan wrote, what CUDA writes through one
 /// the other reads, and the fd count is back once both are dropped.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test import -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test import -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn one_export_duplicated_imports_twice_into_cuda() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -956,7 +956,7 @@ fn one_export_duplicated_imports_twice_into_cuda() {
 /// (which keeps the image alive) still maps and reads the pixels, and its
 /// drop then frees everything without a drop error.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test import -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test import -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn a_cuda_import_outlives_the_vulkan_image_and_device_handles() {
     let _fds = fds::lock();
     let (w, h) = (96u32, 40u32);

@@ -168,7 +168,7 @@ fn child_fake_tracked_launches() {
 /// compute-sanitizer memcheck runs this test too), then the kernel's
 /// timestamps were written where they belong and nothing failed.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test launch -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test launch -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn a_tracked_kernel_keeps_a_dropped_mapping_and_its_import_alive() {
     let _fds = fds::lock();
     use cuda_interop::KernelUses;

@@ -68,7 +68,7 @@ fn vulkan_writes_cuda_reads<F: Format>(ctx: &Context, cuda: &CudaDevice) {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn vulkan_writes_and_cuda_reads_every_format_exactly() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -122,7 +122,7 @@ fn cuda_writes_vulkan_reads<F: Format>(ctx: &Context, cuda: &CudaDevice, module:
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn cuda_writes_through_a_surface_and_vulkan_reads_exactly() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -133,7 +133,7 @@ fn cuda_writes_through_a_surface_and_vulkan_reads_exactly() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn buffers_both_ways() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -178,7 +178,7 @@ fn buffers_both_ways() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn linear_images_map_as_buffers_with_their_row_pitch_and_textures_exist() {
     let _fds = fds::lock();
     use vk_export::markers::{HostVisible, Linear};
@@ -238,7 +238,7 @@ fn linear_images_map_as_buffers_with_their_row_pitch_and_textures_exist() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn mip_levels_and_array_layers_map_exactly() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -276,7 +276,7 @@ fn mip_levels_and_array_layers_map_exactly() {
 /// pointer reads the buffer's bytes, the import outlives every other handle
 /// until the consumer's deleter runs, and the deleter frees it once.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn a_mapped_buffer_handed_out_as_dlpack_reads_back_and_is_freed_by_its_deleter() {
     let _fds = fds::lock();
     use cuda_interop::dlpack::{DLDataType, DLDataTypeCode, DL_CUDA};
@@ -351,7 +351,7 @@ fn array_reads_back<U: Usage>(ctx: &Context, cuda: &CudaDevice) {
 /// Case 20: colour-attachment images (with and without storage) map as
 /// arrays with the flag derived from their usage, and read back exactly.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn colour_attachment_images_map_and_read_back_exactly() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -368,7 +368,7 @@ fn colour_attachment_images_map_and_read_back_exactly() {
 /// the driver's answer, and fails (to update the fault table) if a driver
 /// starts refusing.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn the_driver_makes_a_raw_surface_on_an_array_without_surface_ldst() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -410,7 +410,7 @@ fn the_driver_makes_a_raw_surface_on_an_array_without_surface_ldst() {
 /// the end of its mapping: the fault is reported, and every later call says
 /// the process is poisoned. Run in a child process (the error is sticky).
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test map -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn an_out_of_bounds_store_through_a_mapping_poisons_the_process() {
     let _fds = fds::lock();
     let stdout = child::run_with(

@@ -272,7 +272,7 @@ fn child_fake_forked() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test processes -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test processes -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn two_processes_export_and_import_into_cuda() {
     let _fds = fds::lock();
     let ctx = vulkan(None);
@@ -359,7 +359,7 @@ fn child_cuda_importer() {
 /// signal of its imported timeline) and drops everything, its fd count and
 /// free GPU memory are back at their baselines.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test processes -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test processes -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn a_killed_producer_leaves_the_consumer_with_bounded_waits_and_no_leak() {
     let _fds = fds::lock();
     let ctx = vulkan(None);
@@ -477,7 +477,7 @@ fn child_producer_that_dies() {
 /// and to the baseline once the exporter drops the buffer (the payload is
 /// freed with its last reference).
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test processes -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test processes -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn a_killed_importer_frees_its_share_and_leaves_the_exporter_working() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();

@@ -177,7 +177,7 @@ fn launch_2d(
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn semaphores_order_gpu_work_both_ways() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -261,7 +261,7 @@ fn semaphores_order_gpu_work_both_ways() {
         .unwrap();
     check(&pixels, "binary");
 
-    // Host wait for a CUDA signal, both strategies (timing: examples/host_wait).
+    // Host wait for a CUDA signal, both strategies (timing: the bench binary host_wait).
     cuda_timeline.signal(&stream, 3).unwrap();
     timeline.wait(3, TIMEOUT, WaitStrategy::ADAPTIVE).unwrap();
     cuda_timeline.signal(&stream, 4).unwrap();
@@ -277,7 +277,7 @@ fn semaphores_order_gpu_work_both_ways() {
 /// and the import all drop within their bounds. Only the semaphore, whose
 /// wait is still pending, may be leaked, and only if its drop reported it.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn a_wait_nobody_signals_times_out_and_every_drop_returns_within_its_bound() {
     let _fds = fds::lock();
     child::run_marked("child_wait_nobody_signals", "CUDA_INTEROP_STUCK_CHILD");
@@ -440,7 +440,7 @@ fn child_wait_nobody_signals() {
 /// crate cannot build (the handle type follows the kind); the answers are
 /// printed, nothing crashes, the context stays usable.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn raw_semaphore_imports_of_the_other_kind_are_documented() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -492,7 +492,7 @@ fn raw_semaphore_imports_of_the_other_kind_are_documented() {
 /// stream's bounded wait times out, and only a real signal (from Vulkan,
 /// afterwards) lets it finish. Run in a child process.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn a_binary_wait_without_a_signal_hangs_until_its_bound() {
     let _fds = fds::lock();
     let stdout = child::run_with(
@@ -540,7 +540,7 @@ fn child_binary_wait_without_a_signal() {
 /// (always permanent: no temporary import exists for timelines) adds no
 /// error.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn a_temporary_timeline_import_is_reported_and_the_crates_is_not() {
     let _fds = fds::lock();
     let a = vulkan(None);
@@ -586,7 +586,7 @@ fn a_temporary_timeline_import_is_reported_and_the_crates_is_not() {
 /// (fd -1) imports, and a wait on it completes at once. Where it cannot
 /// (lavapipe has no semaphore fds), the test says so and shows nothing.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn a_sync_fd_of_minus_one_imports_as_already_signalled() {
     let _fds = fds::lock();
     let ctx = vulkan(None);
@@ -640,7 +640,7 @@ fn a_sync_fd_of_minus_one_imports_as_already_signalled() {
 /// pending: the drop waits for the wait (the host signals the value 300 ms
 /// later), destroys afterwards with no drop error, and the stream drains.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn dropping_a_semaphore_with_a_pending_wait_waits_for_it() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -669,7 +669,7 @@ fn dropping_a_semaphore_with_a_pending_wait_waits_for_it() {
 /// refused before anything is enqueued; where the device bounds the step
 /// (`maxTimelineSemaphoreValueDifference`), a signal beyond it is refused.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn cuda_timeline_signals_out_of_order_are_refused_before_enqueue() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();

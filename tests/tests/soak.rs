@@ -129,7 +129,7 @@ fn child_fake_soak() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test soak -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test soak -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn repeated_import_map_destroy_leaks_no_fd_and_no_gpu_memory() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -179,7 +179,7 @@ fn repeated_import_map_destroy_leaks_no_fd_and_no_gpu_memory() {
 /// 10,000 cycles of timeline export, import into a second device, signal on
 /// one side and wait on the other, and destroy: 0 validation errors.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test soak -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test soak -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn ten_thousand_timeline_export_import_cycles_without_validation_errors() {
     let _fds = fds::lock();
     let a = vulkan(None);
@@ -223,7 +223,7 @@ fn ten_thousand_timeline_export_import_cycles_without_validation_errors() {
 /// and free GPU memory are flat, and no destroy fails (time per cycle is
 /// the bench's).
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test soak -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test soak -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn ten_thousand_import_map_destroy_cycles_stay_flat() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
@@ -371,7 +371,7 @@ fn ten_thousand_vulkan_export_import_cycles_leak_nothing() {
 /// import and map for a buffer, and import of a binary and a timeline
 /// semaphore, with `cuMemGetInfo` and the fd count flat.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test soak -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test soak -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn ten_thousand_cuda_import_cycles_leak_nothing() {
     let _fds = fds::lock();
     let ctx = vulkan(None);

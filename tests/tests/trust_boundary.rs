@@ -37,7 +37,7 @@ type Edit = Box<dyn Fn(&mut [u8])>;
 /// before the driver sees the fd (or at it), the fd comes back open, and an
 /// honest record still round-trips exactly.
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test trust_boundary -- --ignored, or scripts/gpu-bundle.sh then .gpu/bundle/run.sh there"]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test trust_boundary -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
 fn every_single_field_tamper_is_refused_by_the_cuda_receive_path() {
     let _fds = fds::lock();
     use cuda_interop_testkit::tamper;
