@@ -35,9 +35,8 @@ use cuda_interop::sys::{CUevent, CUresult, CUstream, Driver};
 use cuda_interop::{kernels, CudaDevice, DeviceBuffer, Event, HostWait, Module, Stream};
 use vk_export::{Context, HeadlessOptions, Validation};
 
-#[path = "common/wait_timing.rs"]
-mod wait_timing;
-use wait_timing::{cpu_time, late_after_kernel};
+mod common;
+use common::wait_timing::{cpu_time, late_after_kernel};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
