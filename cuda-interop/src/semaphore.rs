@@ -108,12 +108,21 @@ impl CudaDevice {
     /// Imports a semaphore received over a socket, verified first on the
     /// paired Vulkan device (both UUIDs, the kind's exportability), like
     /// [`CudaDevice::import_received_image`]. A binary semaphore starts with
-    /// no known pending signal ([`ExternalSemaphore::assume_signalled`]).
+    /// no known pending signal ([`ExternalSemaphore::assume_signalled`]); one
+    /// this process sent to itself is refused
+    /// ([`ReceivedSemaphore::check_not_own_binary`](vk_export::ReceivedSemaphore::check_not_own_binary)).
     pub fn import_received_semaphore<K: SemaphoreKind>(
         &self,
         received: ReceivedSemaphore<K>,
     ) -> Result<ExternalSemaphore<K>, ImportError> {
+        let own_binary = received.check_not_own_binary();
         let (record, fd, _peer) = received.into_parts();
+        if let Err(error) = own_binary {
+            return Err(ImportError {
+                error: error.into(),
+                fd,
+            });
+        }
         let max = self
             .vulkan()
             .map(vk_export::Context::max_timeline_difference);

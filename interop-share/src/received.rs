@@ -13,6 +13,10 @@
 
 use std::os::fd::OwnedFd;
 
+use ash::vk;
+
+use crate::error::{Error, Result};
+use crate::markers::SemaphoreKind;
 use crate::record::{BufferRecord, ImageRecord, SemaphoreRecord};
 
 /// Who is on the other end of a connection (`SO_PEERCRED`).
@@ -69,4 +73,26 @@ received! {
 received! {
     /// A semaphore record and its fd, received together.
     ReceivedSemaphore<K> => SemaphoreRecord
+}
+
+impl<K: SemaphoreKind> ReceivedSemaphore<K> {
+    /// Refuses a binary semaphore that this very process sent to itself (the
+    /// peer's pid is ours): a binary payload's signal state is kept per
+    /// process, so a second handle made from the bundle would keep a second
+    /// state, and Vulkan and CUDA could each signal the one semaphore with
+    /// no wait between. A handle of this process's own semaphore comes from
+    /// `Semaphore::import_from` / `CudaDevice::import_semaphore`, which share
+    /// the state. Timelines have no such state and pass.
+    pub fn check_not_own_binary(&self) -> Result<()> {
+        let own = i32::try_from(std::process::id()).ok();
+        if K::VK == vk::SemaphoreType::BINARY && self.peer.pid.is_some() && self.peer.pid == own {
+            return Err(Error::BinarySemaphore(
+                "a binary semaphore this process sent to itself: its payload state is per process, so \
+                 a second handle would keep a second one; import the original with import_from \
+                 (Vulkan) or CudaDevice::import_semaphore (CUDA) instead"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
 }

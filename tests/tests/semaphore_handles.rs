@@ -54,3 +54,48 @@ fn two_handles_of_one_timeline_share_one_signal_check() {
         .unwrap_err();
     println!("{err}");
 }
+
+/// Issue 18 item 9: a binary semaphore this process sends to itself
+/// (`Connection::pair`) would be a second handle with a second payload
+/// state; the receive path refuses it before anything else (lavapipe, which
+/// exports no semaphores, would answer `Unsupported` otherwise), and a
+/// timeline's bundle is not refused for this reason.
+#[test]
+fn a_binary_semaphore_this_process_sent_itself_is_refused() {
+    use std::os::fd::AsFd;
+    use std::time::Duration;
+    use vk_export::socket::Connection;
+    use vk_export::wire::{Message, Resource};
+    use vk_export::{Binary, BinarySemaphore, Error, SemaphoreRecord, Timeline};
+    let ctx = vulkan(None);
+    let id = ctx.identity();
+    let send = |info: vk_export::SemaphoreInfo| {
+        let (tx, rx) = Connection::pair().unwrap();
+        let fd =
+            rustix::fs::memfd_create("not-a-semaphore", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        let message = Message {
+            tag: 0,
+            resources: vec![Resource::Semaphore(info)],
+        };
+        // SAFETY: the fd is no semaphore: the receivers below must refuse
+        // the bundle, which is what is under test.
+        unsafe { tx.send(&message, vec![fd]) }.unwrap();
+        rx.recv(Duration::from_secs(5)).unwrap()
+    };
+    let binary = SemaphoreRecord::<Binary>::of_kind(id.device_uuid, id.driver_uuid).into_info();
+    let bundle = send(binary).take_semaphore::<Binary>(0).unwrap();
+    assert_eq!(bundle.peer().pid, Some(std::process::id() as i32));
+    let e = BinarySemaphore::import_received(&ctx, bundle).unwrap_err();
+    println!("{}", e.error);
+    assert!(matches!(e.error, Error::BinarySemaphore(_)), "{}", e.error);
+    assert!(
+        rustix::io::fcntl_getfd(e.fd.as_fd()).is_ok(),
+        "the fd came back open"
+    );
+    let timeline = SemaphoreRecord::<Timeline>::of_kind(id.device_uuid, id.driver_uuid).into_info();
+    let bundle = send(timeline).take_semaphore::<Timeline>(0).unwrap();
+    assert!(bundle.check_not_own_binary().is_ok());
+    if let Err(e) = TimelineSemaphore::import_received(&ctx, bundle) {
+        assert!(!matches!(e.error, Error::BinarySemaphore(_)), "{}", e.error);
+    }
+}

@@ -261,12 +261,17 @@ impl<K: SemaphoreKind> Semaphore<K> {
     /// Imports a semaphore received over a socket (its record and fd arrived
     /// together from a peer). The record is checked against this
     /// device first. A binary semaphore starts with no known pending signal
-    /// (see [`Semaphore::assume_signalled`]).
+    /// (see [`Semaphore::assume_signalled`]); one this process sent to itself
+    /// is refused ([`ReceivedSemaphore::check_not_own_binary`]).
     pub fn import_received(
         ctx: &Context,
         received: ReceivedSemaphore<K>,
     ) -> Result<Self, ImportError> {
+        let own_binary = received.check_not_own_binary();
         let (record, fd, _peer) = received.into_parts();
+        if let Err(error) = own_binary {
+            return Err(ImportError { error, fd });
+        }
         // SAFETY: any process that reaches the socket can pair any record
         // with any fd, so this rests on checks, not on the peer: the fd kind
         // and the device are checked below, the driver's import refuses an
