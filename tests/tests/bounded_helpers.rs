@@ -96,3 +96,34 @@ fn a_sync_fd_import_refuses_fds_that_are_not_sync_files_and_semaphores_in_use() 
     }
     assert_no_validation_errors(&ctx);
 }
+
+/// A host signal from inside the recording closure of a submission that
+/// signals the same timeline would wait for the signal lock its own thread
+/// holds: refused instead (found by review). Run on a thread with a bound,
+/// so that a regression fails here rather than hanging the suite.
+#[test]
+fn a_host_signal_inside_a_recording_closure_that_signals_it_is_refused() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let ctx = vulkan(None);
+        let timeline = TimelineSemaphore::new_local(&ctx).unwrap();
+        let mut inner = None;
+        let outer = ctx.submit_and_wait(SubmitSync::new().signal_timeline(&timeline, 1), |_, _| {
+            inner = Some(timeline.signal(2))
+        });
+        let after = timeline.signal(2);
+        tx.send((format!("{outer:?}"), format!("{inner:?}"), after.is_ok()))
+            .unwrap();
+        assert_no_validation_errors(&ctx);
+    });
+    let (outer, inner, after) = rx.recv_timeout(Duration::from_secs(20)).expect(
+        "submit_and_wait with a host signal in its closure did not return: a self-deadlock",
+    );
+    println!("submission: {outer}; signal inside: {inner}");
+    assert_eq!(outer, "Ok(())");
+    assert!(
+        inner.contains("InvalidArgument") && inner.contains("would wait for itself"),
+        "{inner}"
+    );
+    assert!(after, "the lock is free again once the submission returned");
+}

@@ -34,6 +34,45 @@ use interop_share::token::{BinaryPayload, BinarySignal};
 
 pub use interop_share::markers::{Binary, SemaphoreKind, Timeline};
 
+thread_local! {
+    /// Timeline signal locks this thread holds (by address): a host signal
+    /// from inside a recording closure of a submission that signals the same
+    /// semaphore would wait for itself.
+    static HELD_SIGNAL_LOCKS: std::cell::RefCell<Vec<usize>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A held timeline signal lock; off this thread's list when dropped.
+pub(crate) struct SignalGuard<'a> {
+    _guard: std::sync::MutexGuard<'a, ()>,
+    key: usize,
+}
+
+impl Drop for SignalGuard<'_> {
+    fn drop(&mut self) {
+        let _ = HELD_SIGNAL_LOCKS.try_with(|held| held.borrow_mut().retain(|&k| k != self.key));
+    }
+}
+
+impl<K> Semaphore<K> {
+    /// Takes this semaphore's signal lock (shared by every handle of its
+    /// payload), or refuses when this thread already holds it, which would
+    /// never return.
+    pub(crate) fn lock_signal(&self, call: &str) -> Result<SignalGuard<'_>> {
+        let key = Arc::as_ptr(&self.signal_lock) as usize;
+        let held = HELD_SIGNAL_LOCKS.with(|held| held.borrow().contains(&key));
+        if held {
+            return Err(Error::InvalidArgument(format!(
+                "{call}: this thread already holds the semaphore's signal lock (a host signal from inside \
+                 the recording closure of a submission that signals it?): it would wait for itself"
+            )));
+        }
+        let guard = self.signal_lock.lock().unwrap_or_else(|p| p.into_inner());
+        HELD_SIGNAL_LOCKS.with(|held| held.borrow_mut().push(key));
+        Ok(SignalGuard { _guard: guard, key })
+    }
+}
+
 /// A binary semaphore that can be exported.
 pub type BinarySemaphore = Semaphore<Binary>;
 /// A timeline semaphore that can be exported.
@@ -558,7 +597,7 @@ impl Semaphore<Timeline> {
     /// signal are one step for this process's host signals; a GPU signal of a
     /// higher value racing with it is the application's to order.
     pub fn signal(&self, value: u64) -> Result<()> {
-        let _one_at_a_time = self.signal_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _one_at_a_time = self.lock_signal("Semaphore::signal")?;
         self.check_signal_value(value, true)?;
         let info = vk::SemaphoreSignalInfo::default()
             .semaphore(self.semaphore)

@@ -39,7 +39,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::image::ExportableImage;
 use crate::ownership::{acquire_families, buffer_barrier, image_barrier, Owner, SharedLayout};
-use crate::semaphore::{Binary, Semaphore, Timeline, WaitStrategy};
+use crate::semaphore::{Binary, Semaphore, SignalGuard, Timeline, WaitStrategy};
 use crate::submit::RawSync;
 use interop_share::markers::{MemoryLocation, Tiling, Usage};
 use interop_share::token::BinarySignal;
@@ -158,7 +158,7 @@ impl<'a> SubmitSync<'a> {
     /// Locks every semaphore this submission signals (each once) and checks
     /// its value, so that no other signal of this process can slip between
     /// the check and the submission.
-    fn lock_signals(&self) -> Result<Vec<std::sync::MutexGuard<'a, ()>>> {
+    fn lock_signals(&self) -> Result<Vec<SignalGuard<'a>>> {
         let mut guards = Vec::new();
         // Keyed by the shared lock, not the handle: two handles of one
         // payload are one semaphore (and one lock, taken once).
@@ -171,7 +171,7 @@ impl<'a> SubmitSync<'a> {
                 ));
             }
             seen.push(key);
-            guards.push(s.signal_lock.lock().unwrap_or_else(|p| p.into_inner()));
+            guards.push(s.lock_signal("a helper's timeline signal")?);
             s.check_signal_value(*value, false)?;
         }
         Ok(guards)
