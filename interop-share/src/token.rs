@@ -30,7 +30,7 @@
 //!   processes needs one signalling side (or a timeline).
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
@@ -41,6 +41,10 @@ struct PayloadState {
     /// The pending signal's token was dropped unused: a new one may be
     /// minted for it ([`BinaryPayload::reclaim`]).
     orphaned: AtomicBool,
+    /// The handle the pending signal is on, when it is on one handle only
+    /// (a temporary SYNC_FD import replaces one handle's payload, not the
+    /// shared one's); 0 when every handle of the payload sees it.
+    pending_on: AtomicU64,
 }
 
 /// The state of one binary semaphore payload in this process.
@@ -117,16 +121,32 @@ impl BinaryPayload {
         })
     }
 
-    /// `Ok` if `signal` was minted for this payload.
+    /// `Ok` if `signal` was minted for this payload and every handle of it
+    /// sees the signal (for a wait through any handle, a CUDA one say).
     pub fn check(&self, signal: &BinarySignal) -> Result<()> {
-        if signal.is_for(self) {
-            Ok(())
-        } else {
-            Err(Error::BinarySemaphore(
+        self.check_on(signal, 0)
+    }
+
+    /// `Ok` if `signal` was minted for this payload and the handle `handle`
+    /// (a nonzero id its owner chose) sees the signal: a signal on one
+    /// handle only ([`SignalReservation::submitted_on`]) is waited for
+    /// through that handle, never through another, where nothing is pending.
+    pub fn check_on(&self, signal: &BinarySignal, handle: u64) -> Result<()> {
+        if !signal.is_for(self) {
+            return Err(Error::BinarySemaphore(
                 "the token was minted by a signal of another semaphore; wait on the semaphore that was signalled"
                     .into(),
-            ))
+            ));
         }
+        let on = self.0.pending_on.load(Ordering::Acquire);
+        if on != 0 && on != handle {
+            return Err(Error::BinarySemaphore(
+                "the token stands for a temporary SYNC_FD import into one handle of this semaphore: wait \
+                 through that handle (the others, and CUDA's, see no pending signal)"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Consumes `signal` once its wait has been enqueued or submitted; the
@@ -138,8 +158,11 @@ impl BinaryPayload {
     /// or enqueued on a CUDA stream (otherwise a later signal would be a
     /// second signal of a signalled binary semaphore).
     pub unsafe fn consume(&self, mut signal: BinarySignal) -> Result<()> {
-        self.check(&signal)?;
+        if !signal.is_for(self) {
+            return self.check(&signal);
+        }
         signal.payload = None;
+        self.0.pending_on.store(0, Ordering::Release);
         self.0.signal_pending.store(false, Ordering::Release);
         Ok(())
     }
@@ -167,8 +190,20 @@ impl SignalReservation {
     /// A signal operation on this payload was successfully submitted to a
     /// Vulkan queue or enqueued on a CUDA stream after the reservation was
     /// made, and no wait has consumed it.
-    pub unsafe fn submitted(mut self) -> BinarySignal {
+    pub unsafe fn submitted(self) -> BinarySignal {
+        // SAFETY: forwarded; 0: every handle of the payload sees it.
+        unsafe { self.submitted_on(0) }
+    }
+
+    /// As [`SignalReservation::submitted`], for a signal that only the
+    /// handle `handle` (a nonzero id) sees: its token is waited for through
+    /// that handle alone ([`BinaryPayload::check_on`]).
+    ///
+    /// # Safety
+    /// As for [`SignalReservation::submitted`], on that handle.
+    pub unsafe fn submitted_on(mut self, handle: u64) -> BinarySignal {
         let payload = self.payload.take().expect("a reservation is used once");
+        payload.0.pending_on.store(handle, Ordering::Release);
         payload.0.orphaned.store(false, Ordering::Release);
         BinarySignal {
             payload: Some(payload),
@@ -179,6 +214,7 @@ impl SignalReservation {
 impl Drop for SignalReservation {
     fn drop(&mut self) {
         if let Some(p) = self.payload.take() {
+            p.0.pending_on.store(0, Ordering::Release);
             p.0.signal_pending.store(false, Ordering::Release);
         }
     }
@@ -190,5 +226,43 @@ impl BinarySignal {
         self.payload
             .as_ref()
             .is_some_and(|p| Arc::ptr_eq(&p.0, &payload.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A signal that one handle alone sees (a temporary SYNC_FD import) is
+    /// waited for through that handle only, also after its token was
+    /// dropped and reclaimed (found by review: the other handles of the
+    /// payload, and CUDA's, would wait on a payload with nothing pending).
+    #[test]
+    fn a_signal_on_one_handle_is_waited_for_through_that_handle_only() {
+        let payload = BinaryPayload::new();
+        // SAFETY: a test of the bookkeeping alone: no GPU work exists.
+        let token = unsafe { payload.reserve_signal().unwrap().submitted_on(5) };
+        assert!(payload.check(&token).is_err(), "a wait through any handle");
+        assert!(payload.check_on(&token, 6).is_err(), "another handle");
+        payload.check_on(&token, 5).unwrap();
+        drop(token);
+        let again = payload
+            .reclaim()
+            .expect("the orphaned signal's replacement");
+        assert!(
+            payload.check_on(&again, 6).is_err(),
+            "the replacement keeps the tag"
+        );
+        payload.check_on(&again, 5).unwrap();
+        // SAFETY: as above.
+        unsafe { payload.consume(again) }.unwrap();
+        assert!(!payload.is_signal_pending());
+        // The next signal is seen by every handle again.
+        // SAFETY: as above.
+        let token = unsafe { payload.reserve_signal().unwrap().submitted() };
+        payload.check(&token).unwrap();
+        payload.check_on(&token, 6).unwrap();
+        // SAFETY: as above.
+        unsafe { payload.consume(token) }.unwrap();
     }
 }

@@ -146,7 +146,13 @@ pub struct Semaphore<K> {
     pub(crate) last_submitted_signal: Arc<AtomicU64>,
     /// This semaphore's record (its kind and device).
     record: SemaphoreRecord<K>,
+    /// This handle's id among the handles of its payload (nonzero, unique
+    /// in the process): a signal only this handle sees is tagged with it.
+    pub(crate) handle_id: u64,
 }
+
+/// The next [`Semaphore::handle_id`].
+static NEXT_HANDLE_ID: AtomicU64 = AtomicU64::new(1);
 
 impl<K: SemaphoreKind> fmt::Debug for Semaphore<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -272,6 +278,7 @@ impl<K: SemaphoreKind> Semaphore<K> {
                 ctx.inner.identity.device_uuid,
                 ctx.inner.identity.driver_uuid,
             ),
+            handle_id: NEXT_HANDLE_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -478,7 +485,7 @@ impl Semaphore<Binary> {
     /// acts as the wait for the pending signal, so it consumes that signal's
     /// token; on failure the token comes back with the error.
     pub fn export_sync_fd(&self, signal: BinarySignal) -> Result<SyncFd, (Error, BinarySignal)> {
-        if let Err(e) = self.payload.check(&signal) {
+        if let Err(e) = self.payload.check_on(&signal, self.handle_id) {
             return Err((e, signal));
         }
         if !self.sync_fd_exportable {
@@ -571,8 +578,11 @@ impl Semaphore<Binary> {
         };
         imported?;
         // SAFETY: the imported payload is a signal (a sync file or "already
-        // signalled"), pending for the next wait on this semaphore.
-        Ok(unsafe { reservation.submitted() })
+        // signalled"), pending for the next wait on this semaphore. Only
+        // this handle sees it (a temporary import replaces this handle's
+        // payload, not the one its other handles and CUDA's share): the
+        // token is tagged with it.
+        Ok(unsafe { reservation.submitted_on(self.handle_id) })
     }
 }
 

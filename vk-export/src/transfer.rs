@@ -120,7 +120,7 @@ impl<'a> SubmitSync<'a> {
                 Wait::Timeline(s, v) => (s.raw(), *v),
                 Wait::Binary(s, signal) => {
                     ctx.check_owns(s.context(), "a binary semaphore to wait for")?;
-                    s.payload().check(signal)?;
+                    s.payload().check_on(signal, s.handle_id)?;
                     (s.raw(), 0)
                 }
             };
