@@ -112,9 +112,12 @@ fn a_host_signal_inside_a_recording_closure_that_signals_it_is_refused() {
             inner = Some(timeline.signal(2))
         });
         let after = timeline.signal(2);
-        tx.send((format!("{outer:?}"), format!("{inner:?}"), after.is_ok()))
-            .unwrap();
         assert_no_validation_errors(&ctx);
+        let result = (format!("{outer:?}"), format!("{inner:?}"), after.is_ok());
+        // Dropped before the result is sent: the process may exit as soon as
+        // it arrives, and must not tear the driver down under this thread.
+        drop((timeline, ctx));
+        tx.send(result).unwrap();
     });
     let (outer, inner, after) = rx.recv_timeout(Duration::from_secs(20)).expect(
         "submit_and_wait with a host signal in its closure did not return: a self-deadlock",

@@ -138,6 +138,10 @@ fn opposite_signal_orders_on_two_contexts_do_not_deadlock() {
         let t1 = run(a.clone(), s1a.clone(), s2a.clone(), next.clone());
         let t2 = run(b.clone(), s2b.clone(), s1b.clone(), next);
         let done = (t1.join().unwrap(), t2.join().unwrap());
+        // Everything Vulkan is dropped before the result is sent: the test
+        // (and the process) may end as soon as it arrives, and a driver torn
+        // down by the exit while this thread still destroys objects crashes.
+        drop((s1a, s2a, s1b, s2b, a, b));
         tx.send(done).unwrap();
     });
     let (ok1, ok2) = rx
