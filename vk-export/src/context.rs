@@ -28,13 +28,30 @@ use crate::error::{unsupported, vk_error, Error, Result};
 use crate::submit::{wait_progress, Engine, QueueState};
 
 thread_local! {
-    /// Contexts whose queue or submission lock this thread holds.
+    /// The locks this thread holds, by address: contexts' queue or
+    /// submission locks and timeline signal locks. Taking one of them again
+    /// on the same thread would wait for itself.
     static HELD: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Removes its context from this thread's [`HELD`] list when dropped.
+/// Removes its lock from this thread's [`HELD`] list when dropped.
 pub(crate) struct HeldLock {
     key: usize,
+}
+
+impl HeldLock {
+    /// Marks the lock at address `key` as held by this thread; `None` if
+    /// this thread holds it already.
+    pub(crate) fn take(key: usize) -> Option<HeldLock> {
+        HELD.with(|held| {
+            let mut held = held.borrow_mut();
+            if held.contains(&key) {
+                return None;
+            }
+            held.push(key);
+            Some(HeldLock { key })
+        })
+    }
 }
 
 impl Drop for HeldLock {
@@ -578,17 +595,11 @@ impl Context {
     /// or submission lock; a nested call on the same thread is refused
     /// instead of deadlocking.
     pub(crate) fn hold(&self, call: &'static str) -> Result<HeldLock> {
-        let key = Arc::as_ptr(&self.inner) as usize;
-        HELD.with(|held| {
-            let mut held = held.borrow_mut();
-            if held.contains(&key) {
-                return Err(Error::InvalidArgument(format!(
-                    "{call} called from inside with_queue or a submit_and_wait recording closure of the same \
-                     Context: it would wait for the lock its caller holds"
-                )));
-            }
-            held.push(key);
-            Ok(HeldLock { key })
+        HeldLock::take(Arc::as_ptr(&self.inner) as usize).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{call} called from inside with_queue or a submit_and_wait recording closure of the same \
+                 Context: it would wait for the lock its caller holds"
+            ))
         })
     }
 

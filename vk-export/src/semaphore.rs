@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use ash::vk;
 
-use crate::context::{record_drop_error, Context, DROP_WAIT};
+use crate::context::{record_drop_error, Context, HeldLock, DROP_WAIT};
 use crate::error::{unsupported, vk_error, Error, Result};
 use crate::memory::{check_same_device, import_dup};
 use interop_share::fd::{check_export_fd, check_sync_file, ImportError, ImportFailure};
@@ -34,24 +34,11 @@ use interop_share::token::{BinaryPayload, BinarySignal};
 
 pub use interop_share::markers::{Binary, SemaphoreKind, Timeline};
 
-thread_local! {
-    /// Timeline signal locks this thread holds (by address): a host signal
-    /// from inside a recording closure of a submission that signals the same
-    /// semaphore would wait for itself.
-    static HELD_SIGNAL_LOCKS: std::cell::RefCell<Vec<usize>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// A held timeline signal lock; off this thread's list when dropped.
+/// A held timeline signal lock, marked in this thread's held locks
+/// ([`HeldLock`]) while it lives.
 pub(crate) struct SignalGuard<'a> {
     _guard: std::sync::MutexGuard<'a, ()>,
-    key: usize,
-}
-
-impl Drop for SignalGuard<'_> {
-    fn drop(&mut self) {
-        let _ = HELD_SIGNAL_LOCKS.try_with(|held| held.borrow_mut().retain(|&k| k != self.key));
-    }
+    _held: HeldLock,
 }
 
 impl<K> Semaphore<K> {
@@ -59,17 +46,17 @@ impl<K> Semaphore<K> {
     /// payload), or refuses when this thread already holds it, which would
     /// never return.
     pub(crate) fn lock_signal(&self, call: &str) -> Result<SignalGuard<'_>> {
-        let key = Arc::as_ptr(&self.signal_lock) as usize;
-        let held = HELD_SIGNAL_LOCKS.with(|held| held.borrow().contains(&key));
-        if held {
-            return Err(Error::InvalidArgument(format!(
+        let held = HeldLock::take(Arc::as_ptr(&self.signal_lock) as usize).ok_or_else(|| {
+            Error::InvalidArgument(format!(
                 "{call}: this thread already holds the semaphore's signal lock (a host signal from inside \
                  the recording closure of a submission that signals it?): it would wait for itself"
-            )));
-        }
+            ))
+        })?;
         let guard = self.signal_lock.lock().unwrap_or_else(|p| p.into_inner());
-        HELD_SIGNAL_LOCKS.with(|held| held.borrow_mut().push(key));
-        Ok(SignalGuard { _guard: guard, key })
+        Ok(SignalGuard {
+            _guard: guard,
+            _held: held,
+        })
     }
 }
 
