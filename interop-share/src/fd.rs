@@ -68,6 +68,14 @@ fn file_type(fd: &OwnedFd) -> Option<rustix::fs::FileType> {
         .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode))
 }
 
+/// What `/proc/self/fd/N` names for `fd` (`anon_inode:[eventfd]`, a path,
+/// ...), or "" where it cannot be read.
+fn fd_link(fd: &OwnedFd) -> String {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 /// Anonymous-inode kinds that are never a GPU export; a driver may even
 /// block reading one (lavapipe on an eventfd whose counter is 0).
 const NOT_EXPORTS: &[&str] = &[
@@ -98,9 +106,7 @@ pub fn check_export_fd(fd: &OwnedFd, what: &str) -> Result<()> {
         None => return refuse("not inspectable (fstat failed)".into()),
         Some(_) => {}
     }
-    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let link = fd_link(fd);
     if NOT_EXPORTS.iter().any(|k| link.starts_with(k)) {
         return refuse(format!("an {link}"));
     }
@@ -111,9 +117,7 @@ pub fn check_export_fd(fd: &OwnedFd, what: &str) -> Result<()> {
 /// SYNC_FD export and the kernel's dma-fence exports are) before any driver
 /// sees it: `/dev/null`, a pipe or an eventfd is no fence.
 pub fn check_sync_file(fd: &OwnedFd) -> Result<()> {
-    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let link = fd_link(fd);
     if link == "anon_inode:sync_file" {
         return Ok(());
     }
