@@ -314,12 +314,15 @@ fn copy_tests(out: &Path, profile: &str, suffix: &str, tests: &[&str]) -> Result
             output.status
         ));
     }
-    let messages = String::from_utf8_lossy(&output.stdout);
+    // cargo's messages, parsed once, newest first.
+    let messages: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
     for t in tests {
         let executable = messages
-            .lines()
-            .rev()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .iter()
             .filter(|m| {
                 m["reason"] == "compiler-artifact"
                     && m["target"]["name"] == *t
@@ -341,11 +344,9 @@ fn copy_tests(out: &Path, profile: &str, suffix: &str, tests: &[&str]) -> Result
 /// The testkit's fake `libcuda.so.1` variants (built by its build script)
 /// into `OUT/fake/`: the fake-driver parents find them there through
 /// `CUDA_INTEROP_FAKE_CUDA_DIR`, which run.sh sets.
-fn copy_fake_drivers(out: &Path, messages: &str) -> Result<(), String> {
+fn copy_fake_drivers(out: &Path, messages: &[serde_json::Value]) -> Result<(), String> {
     let out_dir = messages
-        .lines()
-        .rev()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .iter()
         .find(|m| {
             m["reason"] == "build-script-executed"
                 && m["package_id"]
