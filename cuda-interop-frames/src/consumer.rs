@@ -269,6 +269,16 @@ pub fn check_setup(hello: &Packet, setup: &vk_export::wire::Received) -> Result<
     let n = hello.slot as usize;
     let tag = setup.message().tag;
     let count = setup.message().resources.len();
+    if tag == SETUP_TAG && count == n {
+        return Err(ConsumerError::Protocol(format!(
+            "the sender shares {n} buffers and no semaphores (a Vulkan driver without \
+             VK_KHR_external_semaphore_fd, such as lavapipe, or frame_server --no-semaphores): \
+             a CUDA receiver needs the \"produced\" and \"released\" timelines, and reading \
+             a host-visible ring on the host (NumPy) needs host-mapped Vulkan memory on the \
+             receiver's side, which this build does not offer; run the sender on a GPU whose \
+             driver exports semaphores"
+        )));
+    }
     if tag != SETUP_TAG || count != 2 * n + 1 {
         return Err(ConsumerError::Protocol(format!(
             "after a hello for {n} slots the producer must send the ring: a message tagged \
@@ -707,7 +717,7 @@ mod tests {
     #[test]
     fn packets_round_trip_over_a_socket() {
         let (a, b) = pair();
-        send_packet(&b, &Packet::frame(2, 9)).expect("send");
+        send_packet(&b, &Packet::frame(2, 9, 0)).expect("send");
         let (deadline, timeout) = soon();
         assert_eq!(
             peek(&a, deadline, timeout).expect("peek"),
@@ -715,7 +725,7 @@ mod tests {
         );
         assert_eq!(
             recv_packet(&a, deadline, timeout).expect("recv"),
-            Packet::frame(2, 9)
+            Packet::frame(2, 9, 0)
         );
     }
 
@@ -751,19 +761,19 @@ mod tests {
     fn frames_are_checked_and_held_until_released() {
         let (a, b) = pair();
         let ring = host_ring(a, 2);
-        ring.accept_frame(&Packet::frame(0, 1)).expect("frame 1");
+        ring.accept_frame(&Packet::frame(0, 1, 0)).expect("frame 1");
         assert_eq!(ring.held_count(), 1);
         // Frame numbers go up; a held slot is not sent again; slots in range.
         assert!(matches!(
-            ring.accept_frame(&Packet::frame(1, 1)),
+            ring.accept_frame(&Packet::frame(1, 1, 0)),
             Err(ConsumerError::Protocol(_))
         ));
         assert!(matches!(
-            ring.accept_frame(&Packet::frame(0, 2)),
+            ring.accept_frame(&Packet::frame(0, 2, 0)),
             Err(ConsumerError::Protocol(m)) if m.contains("still holds frame 1")
         ));
         assert!(matches!(
-            ring.accept_frame(&Packet::frame(2, 3)),
+            ring.accept_frame(&Packet::frame(2, 3, 0)),
             Err(ConsumerError::Protocol(_))
         ));
         assert!(matches!(
@@ -788,7 +798,7 @@ mod tests {
     fn a_failed_release_holds_the_slot_again() {
         let (a, b) = pair();
         let ring = host_ring(a, 2);
-        ring.accept_frame(&Packet::frame(1, 1)).expect("frame");
+        ring.accept_frame(&Packet::frame(1, 1, 0)).expect("frame");
         drop(b);
         assert!(matches!(
             ring.send_release(1, 1, false),
@@ -801,8 +811,8 @@ mod tests {
     fn break_off_gives_everything_back() {
         let (a, _b) = pair();
         let ring = host_ring(a, 3);
-        ring.accept_frame(&Packet::frame(0, 1)).expect("frame");
-        ring.accept_frame(&Packet::frame(1, 2)).expect("frame");
+        ring.accept_frame(&Packet::frame(0, 1, 0)).expect("frame");
+        ring.accept_frame(&Packet::frame(1, 2, 0)).expect("frame");
         assert!(!ring.is_gone());
         ring.break_off("first".into());
         ring.break_off("second".into());
@@ -812,7 +822,7 @@ mod tests {
         // Releases after it do nothing (the producer took the slots back).
         ring.send_release(0, 1, false).expect("a no-op");
         assert!(matches!(
-            ring.accept_frame(&Packet::frame(2, 3)),
+            ring.accept_frame(&Packet::frame(2, 3, 0)),
             Err(ConsumerError::GivenUp(why)) if why == "first"
         ));
     }

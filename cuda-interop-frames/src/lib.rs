@@ -1,25 +1,36 @@
-//! The frame ring: a Vulkan producer writes frames into a small ring of
-//! exportable buffers and serves them over a `SOCK_SEQPACKET` Unix socket;
-//! consumers in other processes import the ring into CUDA once and then
-//! take and give back one slot per frame.
+//! Frame sharing: a Vulkan sender writes frames into a small ring of
+//! exportable buffers and serves them over a `SOCK_SEQPACKET` Unix socket,
+//! found by name; receivers in other processes import the ring once (into
+//! CUDA, or their own Vulkan device) and then take and give back one slot
+//! per frame, each receiver in the delivery mode it chose (latest: the
+//! newest frame, never waited for; lossless: every frame, with bounded
+//! back-pressure).
 //!
 //! # Contract
 //!
 //! * [`protocol`] is the wire: fixed-size packets next to one `vk-export`
 //!   wire message that shares the ring. It is std-only and checks
 //!   everything it decodes.
-//! * [`producer`] is the serving side (the `frame_server` example is its
-//!   command line): it never writes a slot a consumer holds, and every wait
-//!   it makes is bounded.
-//! * [`consumer`] is the receiving side without Python (the `cuda_interop`
-//!   Python module and the `frame_client` example use it): connecting,
-//!   receiving and importing the ring, accepting frames and releasing them.
-//! * Modules depend downwards only: `producer` and `consumer` use
-//!   `protocol`, never each other.
-//! * Errors are typed ([`protocol::PacketError`], [`consumer::ConsumerError`],
-//!   [`consumer::SendError`], [`producer::ProducerError`]); their messages
-//!   are the ones users see.
+//! * [`discovery`] is the directory of named senders under
+//!   `$XDG_RUNTIME_DIR` ([`discovery::list_senders`]).
+//! * [`sender`] is the library sender ([`sender::Sender`]) on the
+//!   application's Vulkan context: it never writes a slot a receiver holds
+//!   or still reads on the GPU, never waits for a latest receiver, and every
+//!   wait it makes is bounded.
+//! * [`producer`] is the `frame_server` example's loop over a sender (a
+//!   demo pattern, statistics on stdout).
+//! * [`consumer`] is the receiving side's ring (connecting, importing the
+//!   ring into CUDA, which slots are held), used by the `cuda_interop`
+//!   Python module; [`receiver`] is the receiver's protocol handle
+//!   (delivery mode, sequence numbers, timestamps, dropped frames), used by
+//!   the `frame_client` example.
+//! * Modules depend downwards only: `protocol` <- `consumer` <- `discovery`
+//!   <- `receiver`; `discovery` <- `sender` <- `producer`.
+//! * Errors are typed; their messages are the ones users see.
 
 pub mod consumer;
+pub mod discovery;
 pub mod producer;
 pub mod protocol;
+pub mod receiver;
+pub mod sender;

@@ -10,9 +10,18 @@
 //!   ring's layout), then one `vk-export` wire message tagged [`SETUP_TAG`]
 //!   whose resources are the `slots` device-local buffers, the "produced"
 //!   timeline and `slots` "released" timelines (resource `slots + 1 + i`
-//!   belongs to slot `i`); then, per frame, a [`Kind::Frame`] packet naming
-//!   the slot and the frame number. The consumer answers each frame with one
-//!   [`Kind::Release`] packet.
+//!   belongs to slot `i`); then [`Kind::Frame`] packets, each naming the
+//!   slot, the frame's sequence number and its presentation time
+//!   ([`Packet::timestamp_ns`], `CLOCK_MONOTONIC`). The consumer answers
+//!   each frame with one [`Kind::Release`] packet.
+//! * Delivery: a consumer that says nothing is served *lossless*: every
+//!   frame, in order, and the producer waits (bounded) for its releases. A
+//!   consumer that sends [`Kind::Subscribe`] with [`MODE_LATEST`] is served
+//!   *latest*: it gets a frame only after asking with [`Kind::Acquire`],
+//!   and then the newest presented one; frames it did not ask for are
+//!   skipped (the gaps in the sequence numbers are its dropped frames), and
+//!   the producer never waits for it. Asking twice before a frame comes is
+//!   one request.
 //! * GPU order: the producer signals "produced" with the frame number when
 //!   the frame is written; a consumer waits for that value before it reads.
 //!   A release with [`RELEASE_GPU_SIGNALLED`] promises that the consumer
@@ -34,7 +43,7 @@
 /// First four bytes of every packet.
 pub const MAGIC: [u8; 4] = *b"CIFR";
 /// The one version this build reads and writes.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Bytes in every packet.
 pub const PACKET_LEN: usize = 48;
 /// The tag of the wire message that shares the ring (`"CIFRRING"`).
@@ -47,6 +56,11 @@ pub const FORMAT_RGBA8: u32 = 1;
 /// timeline with the frame number when its GPU work is done.
 pub const RELEASE_GPU_SIGNALLED: u32 = 1;
 
+/// [`Packet::flags`] of a subscribe: every frame, in order (the default).
+pub const MODE_LOSSLESS: u32 = 0;
+/// [`Packet::flags`] of a subscribe: the newest frame, on request.
+pub const MODE_LATEST: u32 = 1;
+
 /// What a packet says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -56,6 +70,13 @@ pub enum Kind {
     Frame = 2,
     /// Consumer to producer: done with frame `frame` in slot `slot`.
     Release = 3,
+    /// Consumer to producer, at most once, before its first acquire or
+    /// release: the delivery mode in `flags` ([`MODE_LATEST`] or
+    /// [`MODE_LOSSLESS`]).
+    Subscribe = 4,
+    /// Consumer (latest mode) to producer: send the newest frame, or the
+    /// next one if it has had the newest.
+    Acquire = 5,
 }
 
 /// One packet; fields a kind does not use are 0.
@@ -65,7 +86,7 @@ pub struct Packet {
     pub kind: Kind,
     /// The slot (hello: the number of slots).
     pub slot: u32,
-    /// Release: [`RELEASE_GPU_SIGNALLED`] or 0.
+    /// Release: [`RELEASE_GPU_SIGNALLED`] or 0; subscribe: the mode.
     pub flags: u32,
     /// The frame number (from 1; hello: 0).
     pub frame: u64,
@@ -77,6 +98,8 @@ pub struct Packet {
     pub row_pitch: u64,
     /// Hello: [`FORMAT_RGBA8`].
     pub format: u32,
+    /// Frame: its presentation time, nanoseconds of `CLOCK_MONOTONIC`.
+    pub timestamp_ns: u64,
 }
 
 /// Why a packet was refused.
@@ -98,6 +121,9 @@ pub enum PacketError {
     /// An unknown kind.
     #[error("unknown frame packet kind {0}")]
     Kind(u16),
+    /// A subscribe with an unknown mode.
+    #[error("unknown delivery mode {0} (0: lossless, 1: latest)")]
+    Mode(u32),
     /// A hello whose layout cannot be a ring of RGBA8 frames.
     #[error("bad ring layout: {0}")]
     Layout(String),
@@ -115,15 +141,36 @@ impl Packet {
             height,
             row_pitch,
             format: FORMAT_RGBA8,
+            timestamp_ns: 0,
         }
     }
 
-    /// Frame `frame` is in `slot`.
-    pub fn frame(slot: u32, frame: u64) -> Packet {
+    /// Frame `frame` is in `slot`, presented at `timestamp_ns`.
+    pub fn frame(slot: u32, frame: u64, timestamp_ns: u64) -> Packet {
         Packet {
             kind: Kind::Frame,
             slot,
             frame,
+            timestamp_ns,
+            ..Packet::hello(0, 0, 0, 0)
+        }
+    }
+
+    /// The consumer's delivery mode ([`MODE_LATEST`] or [`MODE_LOSSLESS`]).
+    pub fn subscribe(mode: u32) -> Packet {
+        Packet {
+            kind: Kind::Subscribe,
+            slot: 0,
+            flags: mode,
+            ..Packet::hello(0, 0, 0, 0)
+        }
+    }
+
+    /// A latest-mode consumer asks for the newest frame.
+    pub fn acquire() -> Packet {
+        Packet {
+            kind: Kind::Acquire,
+            slot: 0,
             ..Packet::hello(0, 0, 0, 0)
         }
     }
@@ -156,6 +203,11 @@ impl Packet {
         b[28..32].copy_from_slice(&self.height.to_le_bytes());
         b[32..40].copy_from_slice(&self.row_pitch.to_le_bytes());
         b[40..44].copy_from_slice(&self.format.to_le_bytes());
+        // Bytes 24..32 are the width and height of a hello and the
+        // timestamp of every other packet (0 where unused).
+        if self.kind != Kind::Hello {
+            b[24..32].copy_from_slice(&self.timestamp_ns.to_le_bytes());
+        }
         b
     }
 
@@ -179,20 +231,27 @@ impl Packet {
             1 => Kind::Hello,
             2 => Kind::Frame,
             3 => Kind::Release,
+            4 => Kind::Subscribe,
+            5 => Kind::Acquire,
             k => return Err(PacketError::Kind(k)),
         };
+        let hello = kind == Kind::Hello;
         let packet = Packet {
             kind,
             slot: u32_at(8),
             flags: u32_at(12),
             frame: u64_at(16),
-            width: u32_at(24),
-            height: u32_at(28),
+            width: if hello { u32_at(24) } else { 0 },
+            height: if hello { u32_at(28) } else { 0 },
             row_pitch: u64_at(32),
             format: u32_at(40),
+            timestamp_ns: if hello { 0 } else { u64_at(24) },
         };
-        if kind == Kind::Hello {
+        if hello {
             packet.check_layout()?;
+        }
+        if kind == Kind::Subscribe && packet.flags > MODE_LATEST {
+            return Err(PacketError::Mode(packet.flags));
         }
         Ok(packet)
     }
@@ -268,8 +327,11 @@ mod tests {
     fn round_trip() {
         for p in [
             Packet::hello(4, 1920, 1080, 7680),
-            Packet::frame(3, 99),
+            Packet::frame(3, 99, 123_456_789),
             Packet::release(1, 7, true),
+            Packet::subscribe(MODE_LATEST),
+            Packet::subscribe(MODE_LOSSLESS),
+            Packet::acquire(),
         ] {
             assert_eq!(Packet::decode(&p.encode()), Ok(p));
         }
@@ -309,20 +371,28 @@ mod tests {
         assert_eq!(&h[32..40], &2560u64.to_le_bytes());
         assert_eq!(&h[40..44], &FORMAT_RGBA8.to_le_bytes());
         assert_eq!(Packet::release(0, 1, false).flags, 0);
+        // A frame's timestamp sits where a hello's width and height are.
+        let f = Packet::frame(2, 5, 0x1112_1314_1516_1718).encode();
+        assert_eq!(&f[24..32], &0x1112_1314_1516_1718u64.to_le_bytes());
+        assert_eq!(&Packet::subscribe(MODE_LATEST).encode()[12..16], &1u32.to_le_bytes());
+        assert_eq!(&Packet::acquire().encode()[6..8], &5u16.to_le_bytes());
     }
 
     #[test]
     fn refused_whole() {
-        let good = Packet::frame(1, 2).encode();
+        let good = Packet::frame(1, 2, 3).encode();
         assert_eq!(Packet::decode(&good[..47]), Err(PacketError::Length(47)));
         assert_eq!(Packet::decode(&[]), Err(PacketError::Length(0)));
         let mut b = good;
         b[0] = b'X';
         assert_eq!(Packet::decode(&b), Err(PacketError::Magic(*b"XIFR")));
         let mut b = good;
-        b[4..6].copy_from_slice(&2u16.to_le_bytes());
-        assert_eq!(Packet::decode(&b), Err(PacketError::Version(2)));
-        for kind in [0u16, 4, u16::MAX] {
+        b[4..6].copy_from_slice(&1u16.to_le_bytes());
+        assert_eq!(Packet::decode(&b), Err(PacketError::Version(1)));
+        let mut b = Packet::subscribe(MODE_LATEST).encode();
+        b[12..16].copy_from_slice(&2u32.to_le_bytes());
+        assert_eq!(Packet::decode(&b), Err(PacketError::Mode(2)));
+        for kind in [0u16, 6, u16::MAX] {
             let mut b = good;
             b[6..8].copy_from_slice(&kind.to_le_bytes());
             assert_eq!(Packet::decode(&b), Err(PacketError::Kind(kind)));
@@ -347,7 +417,7 @@ mod tests {
         );
         assert_eq!(
             PacketError::Version(9).to_string(),
-            "frame protocol version 9 is not supported (this build speaks 1); update both sides"
+            "frame protocol version 9 is not supported (this build speaks 2); update both sides"
         );
         assert_eq!(
             PacketError::Kind(7).to_string(),

@@ -1,0 +1,877 @@
+//! The sender: a ring of exportable buffers on the application's Vulkan
+//! [`Context`] (its own device through `Context::from_raw`, or a headless
+//! one), served to any number of receivers over a Unix socket, found by
+//! name ([`crate::discovery`]) or by path.
+//!
+//! # Contract
+//!
+//! * The application takes a free slot with [`Sender::acquire`] (a
+//!   [`WriteSlot`] guard, which borrows the sender) and presents it with
+//!   [`WriteSlot::present_with`]: the crate records the queue-family
+//!   acquire, the application's commands, and the release to the external
+//!   family in one submission that waits on the GPU for every receiver's
+//!   "released" value of the slot and signals "produced" with the frame's
+//!   sequence number. Sequence numbers go up by one per presented frame,
+//!   from 1; each carries a `CLOCK_MONOTONIC` timestamp.
+//! * Delivery is each receiver's choice (see [`crate::protocol`]):
+//!   *lossless* receivers get every frame and hold its slot until they
+//!   release it; *latest* receivers get the newest frame when they ask.
+//! * GPU safety: a slot is written only when no receiver holds it, after
+//!   every "released" value a receiver promised for it (a receiver that
+//!   leaves with a promise outstanding keeps the slot blocked until the
+//!   value is reached or [`SenderOptions::hold_timeout`] passes).
+//! * Never unbounded, and latest receivers never make it wait: when no slot
+//!   is free, [`Sender::acquire`] waits (up to its timeout) only if a slot
+//!   is blocked by lossless receivers alone; otherwise it returns
+//!   [`AcquireError::AllSlotsHeld`] at once and counts the frame as
+//!   skipped. With `L` latest receivers each holding at most one frame, a
+//!   ring of `L + 1` slots always has a free one. Frame packets are sent
+//!   without blocking: a receiver whose socket is full is dropped.
+//! * A receiver that sends anything but its protocol's packets, releases a
+//!   frame it does not hold, holds one longer than the hold timeout, or
+//!   goes away is dropped; the others are not affected.
+//! * Dropping the sender stops its threads (within [`POLL`]), disconnects
+//!   every receiver, and removes its socket and directory entry; the
+//!   buffers' own drops wait for their last GPU use.
+
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver as EventReceiver, RecvTimeoutError, Sender as EventSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::io::Errno;
+use rustix::net::SendFlags;
+use vk_export::ash::vk;
+use vk_export::markers::MemoryLocation;
+use vk_export::socket::{Connection, Exported, Listener};
+use vk_export::{Context, ExportableBuffer, SubmitSync, TimelineSemaphore, WaitStrategy};
+
+use crate::discovery::{Announcement, Directory, DiscoveryError, SenderInfo, SlotKind};
+use crate::protocol::{self, Kind, Packet, PacketError, PACKET_LEN, SETUP_TAG};
+
+/// How often the socket threads check whether to stop.
+pub const POLL: Duration = Duration::from_millis(100);
+
+/// Nanoseconds of `CLOCK_MONOTONIC` now: the clock of frame timestamps.
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as u64)
+}
+
+/// Where receivers find the sender.
+#[derive(Clone, Debug)]
+pub enum Address {
+    /// A name in a [`Directory`].
+    Named {
+        /// The directory.
+        directory: Directory,
+        /// The name ([`crate::discovery::validate_name`]).
+        name: String,
+    },
+    /// A socket path (an existing file there is removed first).
+    Path(PathBuf),
+}
+
+/// The ring and its service.
+#[derive(Clone, Debug)]
+pub struct SenderOptions {
+    /// Where receivers find it.
+    pub address: Address,
+    /// Pixels per row.
+    pub width: u32,
+    /// Rows.
+    pub height: u32,
+    /// Bytes from one row to the next (at least `width * 4`, a multiple of 4).
+    pub row_pitch: u64,
+    /// Slots in the ring (2 to [`protocol::MAX_SLOTS`]).
+    pub slots: u32,
+    /// How long a receiver may hold a slot (or keep a GPU release waiting).
+    pub hold_timeout: Duration,
+    /// Share "produced" and "released" timelines (CUDA receivers need them;
+    /// lavapipe exports none): without, frames are announced after their
+    /// writes completed and a GPU-signalled release is a protocol error.
+    pub semaphores: bool,
+}
+
+impl SenderOptions {
+    /// A ring of `slots` RGBA8 frames of `width` x `height` with unpadded
+    /// rows, a 5 s hold timeout, with semaphores.
+    pub fn new(address: Address, width: u32, height: u32, slots: u32) -> SenderOptions {
+        SenderOptions {
+            address,
+            width,
+            height,
+            row_pitch: u64::from(width) * 4,
+            slots,
+            hold_timeout: Duration::from_secs(5),
+            semaphores: true,
+        }
+    }
+
+    /// The hello every receiver gets.
+    pub fn hello(&self) -> Packet {
+        Packet::hello(self.slots, self.width, self.height, self.row_pitch)
+    }
+}
+
+/// Why the sender could not be made or run.
+#[derive(Debug, thiserror::Error)]
+pub enum SenderError {
+    /// The options are not a valid ring.
+    #[error("bad sender options: {0}")]
+    Options(String),
+    /// The ring layout is not a valid one.
+    #[error(transparent)]
+    Layout(#[from] PacketError),
+    /// Announcing or binding failed.
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    /// A Vulkan call failed.
+    #[error(transparent)]
+    Vulkan(#[from] vk_export::Error),
+    /// A system call failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Why [`Sender::acquire`] gave no slot.
+#[derive(Debug, thiserror::Error)]
+pub enum AcquireError {
+    /// Every slot is held by latest receivers (or waits for a departed
+    /// receiver's GPU): the frame is skipped (counted in
+    /// [`SenderStats::skipped`]); try again for the next frame.
+    #[error("every slot of the ring is held by a receiver: frame skipped")]
+    AllSlotsHeld,
+    /// Lossless receivers held every free-able slot for the whole timeout
+    /// (their back-pressure); receivers that hold a slot past the hold
+    /// timeout are dropped, so this ends.
+    #[error("lossless receivers held every slot for {0:?}")]
+    Timeout(Duration),
+}
+
+/// What the sender has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SenderStats {
+    /// Frames presented.
+    pub presented: u64,
+    /// Frames skipped: [`AcquireError::AllSlotsHeld`].
+    pub skipped: u64,
+    /// Acquires that ended in [`AcquireError::Timeout`].
+    pub backpressure_timeouts: u64,
+    /// Receivers connected now.
+    pub receivers: usize,
+    /// Receivers served since the start.
+    pub connected: u64,
+    /// Receivers dropped for a fault (not counting clean departures).
+    pub dropped: u64,
+    /// Frames presented per second over the last second or so.
+    pub fps: f64,
+}
+
+/// What the socket threads tell the sender.
+enum Event {
+    Connected(Connection),
+    Packet { id: u64, packet: Packet },
+    Gone { id: u64, why: String, fault: bool },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Lossless,
+    Latest,
+}
+
+/// One receiver.
+struct Peer {
+    id: u64,
+    _conn: Connection,
+    stream: UnixStream,
+    mode: Mode,
+    /// Whether it sent anything (a subscribe must come first).
+    spoke: bool,
+    /// Latest mode: it asked for a frame.
+    wants: bool,
+    /// The last frame sent to it.
+    last_sent: u64,
+    released: Vec<TimelineSemaphore>,
+    /// Per slot: the frame it holds and since when.
+    held: Vec<Option<(u64, Instant)>>,
+    /// Per slot: the "released" value its GPU signals.
+    gpu_wait: Vec<Option<u64>>,
+    reader: Option<JoinHandle<()>>,
+}
+
+/// The "released" promises of a receiver that left: its slots stay blocked
+/// until the values are reached or the hold timeout passes.
+struct Orphan {
+    released: Vec<TimelineSemaphore>,
+    gpu_wait: Vec<Option<u64>>,
+    since: Instant,
+}
+
+fn reached(semaphore: &TimelineSemaphore, value: u64) -> bool {
+    semaphore.value().is_ok_and(|v| v >= value)
+}
+
+/// Reads one receiver's packets until it goes away or `stop`.
+fn read_packets(id: u64, mut stream: UnixStream, events: EventSender<Event>, stop: Arc<AtomicBool>) {
+    let (why, fault) = loop {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut buf = [0u8; PACKET_LEN + 16];
+        match stream.read(&mut buf) {
+            Ok(0) => break ("disconnected".to_string(), false),
+            Ok(n) => match Packet::decode(&buf[..n]) {
+                Ok(packet) => {
+                    if events.send(Event::Packet { id, packet }).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => break (format!("sent a bad packet: {e}"), true),
+            },
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                break ("disconnected (connection reset)".to_string(), false)
+            }
+            Err(e) => break (format!("read failed: {e}"), true),
+        }
+    };
+    let _ = events.send(Event::Gone { id, why, fault });
+}
+
+/// A frame sender (see the module contract).
+pub struct Sender<M: MemoryLocation> {
+    ctx: Context,
+    opts: SenderOptions,
+    buffers: Vec<ExportableBuffer<M>>,
+    produced: Option<TimelineSemaphore>,
+    peers: Vec<Peer>,
+    orphans: Vec<Orphan>,
+    next_id: u64,
+    events_tx: EventSender<Event>,
+    events: EventReceiver<Event>,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+    announcement: Option<Announcement>,
+    socket: PathBuf,
+    released_to_external: Vec<bool>,
+    /// The newest presented frame: `(slot, frame, timestamp)`.
+    newest: Option<(u32, u64, u64)>,
+    next_slot: u32,
+    stats: SenderStats,
+    fps_window: (Instant, u64),
+    log: Vec<String>,
+}
+
+impl<M: MemoryLocation> Sender<M> {
+    /// Makes the ring on `ctx`, binds its socket (announcing it by name if
+    /// the address is a name) and starts accepting receivers.
+    pub fn new(ctx: &Context, opts: SenderOptions) -> Result<Sender<M>, SenderError> {
+        if opts.slots < 2 {
+            return Err(SenderError::Options("at least 2 slots are needed".into()));
+        }
+        let hello = opts.hello();
+        hello.check_layout()?;
+        if opts.semaphores && !ctx.supports_semaphore_fds() {
+            return Err(SenderError::Options(
+                "this Vulkan device exports no semaphores (VK_KHR_external_semaphore_fd): \
+                 set SenderOptions::semaphores to false (then CUDA receivers refuse the ring)"
+                    .into(),
+            ));
+        }
+        let frame_bytes = hello.frame_bytes().expect("a checked layout");
+        let size = (u64::from(opts.height) * opts.row_pitch).max(frame_bytes);
+        let buffers = (0..opts.slots)
+            .map(|_| ExportableBuffer::<M>::new(ctx, size))
+            .collect::<vk_export::Result<Vec<_>>>()?;
+        let produced = if opts.semaphores {
+            Some(TimelineSemaphore::new(ctx)?)
+        } else {
+            None
+        };
+        let (listener, announcement) = match &opts.address {
+            Address::Named { directory, name } => {
+                let info = SenderInfo {
+                    name: name.clone(),
+                    width: opts.width,
+                    height: opts.height,
+                    row_pitch: opts.row_pitch,
+                    format: "rgba8".into(),
+                    kind: SlotKind::Buffer,
+                    slots: opts.slots,
+                    fps: 0.0,
+                    pid: 0,
+                    socket: PathBuf::new(),
+                };
+                let (l, a) = directory.announce(info)?;
+                (l, Some(a))
+            }
+            Address::Path(path) => {
+                let _ = std::fs::remove_file(path);
+                (Listener::bind(path)?, None)
+            }
+        };
+        let socket = listener.path().to_owned();
+        let (events_tx, events) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let acceptor = {
+            let (tx, stop) = (events_tx.clone(), stop.clone());
+            std::thread::spawn(move || accept_loop(listener, tx, stop))
+        };
+        Ok(Sender {
+            ctx: ctx.clone(),
+            released_to_external: vec![false; opts.slots as usize],
+            opts,
+            buffers,
+            produced,
+            peers: Vec::new(),
+            orphans: Vec::new(),
+            next_id: 1,
+            events_tx,
+            events,
+            stop,
+            acceptor: Some(acceptor),
+            announcement,
+            socket,
+            newest: None,
+            next_slot: 0,
+            stats: SenderStats::default(),
+            fps_window: (Instant::now(), 0),
+            log: Vec::new(),
+        })
+    }
+
+    /// The socket receivers connect to.
+    pub fn socket(&self) -> &std::path::Path {
+        &self.socket
+    }
+
+    /// The options it was made with.
+    pub fn options(&self) -> &SenderOptions {
+        &self.opts
+    }
+
+    /// The ring's buffers, slot by slot.
+    pub fn buffers(&self) -> &[ExportableBuffer<M>] {
+        &self.buffers
+    }
+
+    /// What it has done so far.
+    pub fn stats(&self) -> SenderStats {
+        SenderStats {
+            receivers: self.peers.len(),
+            ..self.stats
+        }
+    }
+
+    /// Takes the lines it logged (receivers connected, left, dropped and
+    /// why) since the last call.
+    pub fn take_log(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.log)
+    }
+
+    /// Serves receivers (connections, requests, releases) for up to
+    /// `timeout`, returning early after the first event; [`Sender::acquire`]
+    /// does this too. Useful while not presenting.
+    pub fn serve(&mut self, timeout: Duration) {
+        match self.events.recv_timeout(timeout) {
+            Ok(event) => self.handle(event),
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
+        }
+        self.pump();
+    }
+
+    /// Handles every queued event, and drops receivers that held a slot
+    /// past the hold timeout.
+    fn pump(&mut self) {
+        while let Ok(event) = self.events.try_recv() {
+            self.handle(event);
+        }
+        self.drop_stuck();
+    }
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::Connected(conn) => {
+                if let Err(e) = self.add(conn) {
+                    self.log
+                        .push(format!("a receiver could not be set up: {e}"));
+                }
+            }
+            Event::Packet { id, packet } => self.on_packet(id, packet),
+            Event::Gone { id, why, fault } => self.remove(id, &why, fault),
+        }
+    }
+
+    fn add(&mut self, conn: Connection) -> Result<(), SenderError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let n = self.opts.slots as usize;
+        let released = (0..if self.produced.is_some() { n } else { 0 })
+            .map(|_| TimelineSemaphore::new(&self.ctx))
+            .collect::<vk_export::Result<Vec<_>>>()?;
+        let stream = UnixStream::from(conn.as_fd().try_clone_to_owned()?);
+        stream.set_read_timeout(Some(POLL))?;
+        send_now(&stream, &self.opts.hello())?;
+        let mut resources: Vec<&dyn Exported> = Vec::with_capacity(2 * n + 1);
+        resources.extend(self.buffers.iter().map(|b| b as &dyn Exported));
+        if let Some(produced) = &self.produced {
+            resources.push(produced);
+        }
+        resources.extend(released.iter().map(|s| s as &dyn Exported));
+        // Bounded by the connection's send timeout; the message is small
+        // next to a socket's buffer, so only a peer gone wrong waits here.
+        conn.set_send_timeout(Duration::from_secs(1))?;
+        conn.send_exported(SETUP_TAG, &resources)?;
+        let reader = {
+            let (stream, events, stop) = (
+                stream.try_clone()?,
+                self.events_tx.clone(),
+                self.stop.clone(),
+            );
+            std::thread::spawn(move || read_packets(id, stream, events, stop))
+        };
+        self.peers.push(Peer {
+            id,
+            _conn: conn,
+            stream,
+            mode: Mode::Lossless,
+            spoke: false,
+            wants: false,
+            last_sent: 0,
+            released,
+            held: vec![None; n],
+            gpu_wait: vec![None; n],
+            reader: Some(reader),
+        });
+        self.stats.connected += 1;
+        self.log.push(format!("receiver {id} connected"));
+        Ok(())
+    }
+
+    fn remove(&mut self, id: u64, why: &str, fault: bool) {
+        let Some(i) = self.peers.iter().position(|p| p.id == id) else {
+            return;
+        };
+        let mut peer = self.peers.swap_remove(i);
+        let _ = peer.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(r) = peer.reader.take() {
+            let _ = r.join();
+        }
+        let pending = peer
+            .gpu_wait
+            .iter()
+            .enumerate()
+            .any(|(s, w)| w.is_some_and(|v| !reached(&peer.released[s], v)));
+        if pending {
+            self.orphans.push(Orphan {
+                released: std::mem::take(&mut peer.released),
+                gpu_wait: std::mem::take(&mut peer.gpu_wait),
+                since: Instant::now(),
+            });
+        }
+        if fault {
+            self.stats.dropped += 1;
+        }
+        self.log.push(format!("receiver {id} left ({why})"));
+    }
+
+    fn on_packet(&mut self, id: u64, packet: Packet) {
+        let newest = self.newest;
+        let Some(peer) = self.peers.iter_mut().find(|p| p.id == id) else {
+            return;
+        };
+        let first = !peer.spoke;
+        peer.spoke = true;
+        let fault = match packet.kind {
+            Kind::Subscribe if first => {
+                peer.mode = if packet.flags == protocol::MODE_LATEST {
+                    Mode::Latest
+                } else {
+                    Mode::Lossless
+                };
+                None
+            }
+            Kind::Subscribe => Some("subscribed twice (or after its first request)".to_string()),
+            Kind::Acquire if peer.mode == Mode::Latest => {
+                peer.wants = true;
+                if let Some((slot, frame, ts)) = newest.filter(|n| n.1 > peer.last_sent) {
+                    send_frame(peer, slot, frame, ts).err()
+                } else {
+                    None
+                }
+            }
+            Kind::Acquire => Some("asked for a frame, but it is a lossless receiver".into()),
+            Kind::Release => {
+                let slot = packet.slot as usize;
+                match peer.held.get(slot).copied().flatten() {
+                    Some(_) if packet.flags & protocol::RELEASE_GPU_SIGNALLED != 0
+                        && peer.released.is_empty() =>
+                    {
+                        Some("released with a GPU signal, but this ring has no semaphores".into())
+                    }
+                    Some((held, _)) if held == packet.frame => {
+                        peer.held[slot] = None;
+                        peer.gpu_wait[slot] = (packet.flags & protocol::RELEASE_GPU_SIGNALLED
+                            != 0)
+                            .then_some(packet.frame);
+                        None
+                    }
+                    _ => Some(format!(
+                        "released frame {} of slot {slot}, which it does not hold",
+                        packet.frame
+                    )),
+                }
+            }
+            other => Some(format!("sent a {other:?} packet, which only senders send")),
+        };
+        if let Some(why) = fault {
+            self.remove(id, &why, true);
+        }
+    }
+
+    fn drop_stuck(&mut self) {
+        let limit = self.opts.hold_timeout;
+        let stuck: Vec<(u64, u64)> = self
+            .peers
+            .iter()
+            .filter_map(|p| {
+                p.held
+                    .iter()
+                    .flatten()
+                    .find(|(_, since)| since.elapsed() > limit)
+                    .map(|(frame, _)| (p.id, *frame))
+            })
+            .collect();
+        for (id, frame) in stuck {
+            self.remove(id, &format!("held frame {frame} longer than {limit:?}"), true);
+        }
+        self.orphans.retain(|o| {
+            o.since.elapsed() < limit
+                && o.gpu_wait
+                    .iter()
+                    .enumerate()
+                    .any(|(s, w)| w.is_some_and(|v| !reached(&o.released[s], v)))
+        });
+    }
+
+    /// What keeps `slot` from being written: `None` if nothing; else
+    /// whether lossless receivers alone hold it (worth waiting for).
+    fn blocked(&self, slot: usize) -> Option<bool> {
+        let orphaned = self
+            .orphans
+            .iter()
+            .any(|o| o.gpu_wait[slot].is_some_and(|v| !reached(&o.released[slot], v)));
+        let holders: Vec<Mode> = self
+            .peers
+            .iter()
+            .filter(|p| p.held[slot].is_some())
+            .map(|p| p.mode)
+            .collect();
+        if holders.is_empty() && !orphaned {
+            None
+        } else {
+            Some(!orphaned && holders.iter().all(|m| *m == Mode::Lossless))
+        }
+    }
+
+    /// Whether every GPU release of `slot` has been reached already.
+    fn releases_reached(&self, slot: usize) -> bool {
+        self.peers
+            .iter()
+            .all(|p| p.gpu_wait[slot].map_or(true, |v| reached(&p.released[slot], v)))
+    }
+
+    /// A free slot (preferring one whose GPU releases are done), or whether
+    /// waiting could give one.
+    fn pick(&self) -> Result<u32, bool> {
+        let n = self.opts.slots;
+        let order = (0..n).map(|i| (self.next_slot + i) % n);
+        let free: Vec<u32> = order
+            .clone()
+            .filter(|&s| self.blocked(s as usize).is_none())
+            .collect();
+        if let Some(&s) = free
+            .iter()
+            .find(|&&s| self.releases_reached(s as usize))
+            .or(free.first())
+        {
+            return Ok(s);
+        }
+        Err(order.into_iter().any(|s| self.blocked(s as usize) == Some(true)))
+    }
+
+    /// A slot to write the next frame into (see the module contract):
+    /// waits up to `timeout` only for lossless receivers' releases.
+    pub fn acquire(&mut self, timeout: Duration) -> Result<WriteSlot<'_, M>, AcquireError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.pump();
+            match self.pick() {
+                Ok(slot) => {
+                    // Its old frame is no longer one to hand out.
+                    if self.newest.is_some_and(|n| n.0 == slot) {
+                        self.newest = None;
+                    }
+                    return Ok(WriteSlot { sender: self, slot });
+                }
+                Err(false) => {
+                    self.stats.skipped += 1;
+                    return Err(AcquireError::AllSlotsHeld);
+                }
+                Err(true) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        self.stats.backpressure_timeouts += 1;
+                        return Err(AcquireError::Timeout(timeout));
+                    }
+                    if let Ok(event) = self.events.recv_timeout(left.min(POLL)) {
+                        self.handle(event);
+                    }
+                }
+            }
+        }
+    }
+
+    fn present(
+        &mut self,
+        slot: u32,
+        timestamp_ns: u64,
+        record: impl FnOnce(&vk_export::ash::Device, vk::CommandBuffer, vk::Buffer),
+    ) -> Result<u64, SenderError> {
+        let s = slot as usize;
+        let f = self.stats.presented + 1;
+        // Host-wait (bounded) for GPU releases first: a receiver whose GPU
+        // never signals is dropped here, not left to stall the queue.
+        let mut late = Vec::new();
+        for p in &self.peers {
+            if let Some(v) = p.gpu_wait[s] {
+                if let Err(e) = p.released[s].wait(v, self.opts.hold_timeout, WaitStrategy::ADAPTIVE)
+                {
+                    late.push((p.id, format!("its GPU release of frame {v} did not arrive: {e}")));
+                }
+            }
+        }
+        for (id, why) in late {
+            self.remove(id, &why, true);
+        }
+        let mut sync = SubmitSync::new().timeout(self.opts.hold_timeout.max(Duration::from_secs(5)));
+        for p in &self.peers {
+            if let Some(v) = p.gpu_wait[s] {
+                sync = sync.wait_timeline(&p.released[s], v);
+            }
+        }
+        if let Some(produced) = &self.produced {
+            sync = sync.signal_timeline(produced, f);
+        }
+        let buffer = self.buffers[s].raw();
+        let family = self.ctx.queue_family();
+        let acquire = self.released_to_external[s];
+        self.ctx.submit_and_wait(sync, |device, cmd| {
+            let barrier = |src_family, dst_family, src_access, dst_access| {
+                vk::BufferMemoryBarrier::default()
+                    .src_access_mask(src_access)
+                    .dst_access_mask(dst_access)
+                    .src_queue_family_index(src_family)
+                    .dst_queue_family_index(dst_family)
+                    .buffer(buffer)
+                    .offset(0)
+                    .size(vk::WHOLE_SIZE)
+            };
+            // SAFETY: recording into the command buffer submit_and_wait
+            // gave; the buffer lives in `self.buffers` for the sender's
+            // life and submit_and_wait waits for the commands.
+            unsafe {
+                if acquire {
+                    device.cmd_pipeline_barrier(
+                        cmd,
+                        vk::PipelineStageFlags::TOP_OF_PIPE,
+                        vk::PipelineStageFlags::ALL_COMMANDS,
+                        vk::DependencyFlags::empty(),
+                        &[],
+                        &[barrier(
+                            vk::QUEUE_FAMILY_EXTERNAL,
+                            family,
+                            vk::AccessFlags::empty(),
+                            vk::AccessFlags::MEMORY_WRITE | vk::AccessFlags::MEMORY_READ,
+                        )],
+                        &[],
+                    );
+                }
+            }
+            record(device, cmd, buffer);
+            // SAFETY: as above.
+            unsafe {
+                device.cmd_pipeline_barrier(
+                    cmd,
+                    vk::PipelineStageFlags::ALL_COMMANDS,
+                    vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                    vk::DependencyFlags::empty(),
+                    &[],
+                    &[barrier(
+                        family,
+                        vk::QUEUE_FAMILY_EXTERNAL,
+                        vk::AccessFlags::MEMORY_WRITE,
+                        vk::AccessFlags::empty(),
+                    )],
+                    &[],
+                );
+            }
+        })?;
+        self.released_to_external[s] = true;
+        self.stats.presented = f;
+        self.newest = Some((slot, f, timestamp_ns));
+        self.next_slot = (slot + 1) % self.opts.slots;
+        let mut faults = Vec::new();
+        for p in &mut self.peers {
+            let due = match p.mode {
+                Mode::Lossless => true,
+                Mode::Latest => p.wants,
+            };
+            if due {
+                if let Err(why) = send_frame(p, slot, f, timestamp_ns) {
+                    faults.push((p.id, why));
+                }
+            }
+        }
+        for (id, why) in faults {
+            self.remove(id, &why, true);
+        }
+        self.update_fps();
+        Ok(f)
+    }
+
+    fn update_fps(&mut self) {
+        let (since, at) = self.fps_window;
+        let elapsed = since.elapsed();
+        if elapsed >= Duration::from_secs(1) {
+            self.stats.fps = (self.stats.presented - at) as f64 / elapsed.as_secs_f64();
+            self.fps_window = (Instant::now(), self.stats.presented);
+            if let Some(a) = &mut self.announcement {
+                if let Err(e) = a.set_fps(self.stats.fps) {
+                    self.log.push(format!("the directory entry could not be updated: {e}"));
+                }
+            }
+        }
+    }
+}
+
+/// Sends `packet` without waiting for room (`EAGAIN` is an error: the
+/// receiver stopped reading far beyond what the protocol lets it).
+fn send_now(stream: &UnixStream, packet: &Packet) -> std::io::Result<()> {
+    let bytes = packet.encode();
+    match rustix::net::send(stream, &bytes, SendFlags::NOSIGNAL | SendFlags::DONTWAIT) {
+        Ok(n) if n == bytes.len() => Ok(()),
+        Ok(n) => Err(std::io::Error::other(format!("sent {n} of {} bytes", bytes.len()))),
+        Err(Errno::AGAIN) => Err(std::io::Error::other(
+            "its socket is full: it stopped reading",
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn send_frame(peer: &mut Peer, slot: u32, frame: u64, ts: u64) -> Result<(), String> {
+    send_now(&peer.stream, &Packet::frame(slot, frame, ts))
+        .map_err(|e| format!("a frame packet could not be sent: {e}"))?;
+    peer.held[slot as usize] = Some((frame, Instant::now()));
+    peer.last_sent = frame;
+    peer.wants = false;
+    Ok(())
+}
+
+fn accept_loop(listener: Listener, tx: EventSender<Event>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept(POLL) {
+            Ok(conn) => {
+                if tx.send(Event::Connected(conn)).is_err() {
+                    return;
+                }
+            }
+            // A timeout, or a peer refused (another user): keep listening.
+            Err(_) => {}
+        }
+    }
+}
+
+impl<M: MemoryLocation> Drop for Sender<M> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+        let ids: Vec<u64> = self.peers.iter().map(|p| p.id).collect();
+        for id in ids {
+            self.remove(id, "the sender stops", false);
+        }
+        // Connections accepted but not yet handled close with the channel.
+        while self.events.try_recv().is_ok() {}
+        self.announcement = None;
+    }
+}
+
+impl<M: MemoryLocation> std::fmt::Debug for Sender<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sender")
+            .field("socket", &self.socket)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M: MemoryLocation> std::fmt::Debug for WriteSlot<'_, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteSlot").field("slot", &self.slot).finish()
+    }
+}
+
+/// A slot taken for writing the next frame; [`WriteSlot::present_with`]
+/// publishes it. Dropped unpresented, the slot stays free.
+pub struct WriteSlot<'a, M: MemoryLocation> {
+    sender: &'a mut Sender<M>,
+    slot: u32,
+}
+
+impl<M: MemoryLocation> WriteSlot<'_, M> {
+    /// The slot's index.
+    pub fn index(&self) -> u32 {
+        self.slot
+    }
+
+    /// The sequence number the frame gets when presented.
+    pub fn sequence(&self) -> u64 {
+        self.sender.stats.presented + 1
+    }
+
+    /// The slot's buffer.
+    pub fn buffer(&self) -> &ExportableBuffer<M> {
+        &self.sender.buffers[self.slot as usize]
+    }
+
+    /// Records `record`'s commands (given the device, the command buffer
+    /// and the slot's buffer) between the crate's ownership barriers,
+    /// submits them (waiting on the GPU for receivers' releases of the slot),
+    /// waits for them (bounded), and announces the frame with
+    /// `timestamp_ns` ([`monotonic_ns`] for "now"). Returns its sequence
+    /// number.
+    pub fn present_with(
+        self,
+        timestamp_ns: u64,
+        record: impl FnOnce(&vk_export::ash::Device, vk::CommandBuffer, vk::Buffer),
+    ) -> Result<u64, SenderError> {
+        self.sender.present(self.slot, timestamp_ns, record)
+    }
+}
