@@ -1,32 +1,51 @@
-//! A Rust consumer of `frame_server`: the baseline for the Python consumers.
-//! It imports the ring into CUDA once, then for each frame waits on the GPU
-//! for the producer's "produced" value, copies five sampled rows (the first,
-//! the band's first and last, the row after the band, the last) back, checks
-//! every pixel of them against the frame number, and releases the slot with
-//! a GPU signal of its "released" timeline.
+//! A Rust CUDA receiver of `frame_server`: the baseline for the Python
+//! receivers. It connects by name or path in latest (default) or lossless
+//! mode, imports the ring into CUDA once, then for each frame waits on the
+//! GPU for the sender's "produced" value, optionally copies five sampled rows
+//! (the first, the band's first and last, the row after the band, the last)
+//! back and checks every pixel of them against the sequence number, and
+//! releases the slot with a GPU signal of its "released" timeline.
 //!
 //! ```text
-//! cargo run --release -p cuda-interop-frames --example frame_client -- [--socket PATH] [--frames 300] [--timeout 10]
+//! cargo run --release -p cuda-interop-frames --example frame_client -- \
+//!     [--name NAME | --socket PATH] [--lossless] [--frames 300] [--timeout 10] \
+//!     [--no-check] [--hold-ms 0]
+//! cargo run --release -p cuda-interop-frames --example frame_client -- --list
 //! ```
 //!
-//! Packets go through `cuda_interop_frames::consumer` (bounded reads and
-//! sends); the ring is imported here with `ImportedBuffer::map`, whose
-//! slices the row copies take.
-//!
-//! Prints the frames checked, the bad ones (the exit status is non-zero if
-//! any) and the milliseconds per frame. Every wait is bounded by `--timeout`.
+//! Prints, at the end: frames received and checked, bad ones (the exit
+//! status is non-zero if any), dropped frames (sequence gaps: latest mode
+//! skips what it did not ask for), frames/s, and per frame the *hand-off*
+//! (from the frame packet's arrival to the CUDA stream having waited for
+//! "produced", i.e. the frame usable by CUDA; median and p99) and the
+//! latency from the sender's presentation timestamp (`CLOCK_MONOTONIC`) to
+//! that point. `--no-check` leaves out the row copies (the hand-off alone);
+//! `--hold-ms` holds each frame that long before releasing it (a slow
+//! receiver). Every wait is bounded by `--timeout`.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use cuda_interop::{DeviceBuffer, Stream};
-use cuda_interop_frames::consumer::{self, deadline_after};
-use cuda_interop_frames::protocol::{self, Kind, Packet};
+use cuda_interop_frames::consumer;
+use cuda_interop_frames::discovery::{self, Directory};
+use cuda_interop_frames::protocol;
+use cuda_interop_frames::receiver::{Delivery, FrameReceiver};
+use cuda_interop_frames::sender::monotonic_ns;
 use vk_export::markers::DeviceLocal;
 use vk_export::semaphore_kinds::Timeline;
-use vk_export::socket::Connection;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+struct Args {
+    name: Option<String>,
+    socket: String,
+    delivery: Delivery,
+    frames: u64,
+    timeout: Duration,
+    check: bool,
+    hold: Duration,
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -36,16 +55,42 @@ fn main() -> ExitCode {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
-    let socket = value("--socket").unwrap_or_else(|| "/tmp/cuda-interop-frames.sock".into());
-    let frames: u64 = value("--frames")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
-    let timeout = Duration::from_secs_f64(
-        value("--timeout")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(10.0),
-    );
-    match run(&socket, frames, timeout) {
+    if args.iter().any(|a| a == "--list") {
+        return match discovery::list_senders() {
+            Ok(senders) => {
+                for s in senders {
+                    println!(
+                        "{}: {}x{} {} {:?} ring of {} slots, {:.1} frames/s, pid {}",
+                        s.name, s.width, s.height, s.format, s.kind, s.slots, s.fps, s.pid
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("frame_client: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let num = |name: &str, default: f64| {
+        value(name)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(default)
+    };
+    let a = Args {
+        name: value("--name"),
+        socket: value("--socket").unwrap_or_else(|| "/tmp/cuda-interop-frames.sock".into()),
+        delivery: if args.iter().any(|a| a == "--lossless") {
+            Delivery::Lossless
+        } else {
+            Delivery::Latest
+        },
+        frames: num("--frames", 300.0) as u64,
+        timeout: Duration::from_secs_f64(num("--timeout", 10.0)),
+        check: !args.iter().any(|a| a == "--no-check"),
+        hold: Duration::from_secs_f64(num("--hold-ms", 0.0) / 1e3),
+    };
+    match run(&a) {
         Ok(0) => ExitCode::SUCCESS,
         Ok(bad) => {
             eprintln!("frame_client: {bad} bad frames");
@@ -58,26 +103,24 @@ fn main() -> ExitCode {
     }
 }
 
-/// Reads one packet, waiting at most `timeout`.
-fn read_packet(conn: &Connection, timeout: Duration) -> Res<Packet> {
-    Ok(consumer::recv_packet(
-        conn,
-        deadline_after(timeout),
-        timeout,
-    )?)
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-fn run(socket: &str, frames: u64, timeout: Duration) -> Res<u64> {
-    let conn = Connection::connect(socket)?;
-    let hello = read_packet(&conn, timeout)?;
-    if hello.kind != Kind::Hello {
-        return Err(format!("expected a hello, got {:?}", hello.kind).into());
-    }
+fn run(a: &Args) -> Res<u64> {
+    let mut rx = match &a.name {
+        Some(name) => {
+            FrameReceiver::connect_named(&Directory::from_env()?, name, a.delivery, a.timeout)?
+        }
+        None => FrameReceiver::connect(&a.socket, a.delivery, a.timeout)?,
+    };
+    let hello = *rx.layout();
     let n = hello.slot as usize;
-    let mut setup = conn.recv(timeout)?;
-    if consumer::check_setup(&hello, &setup).is_err() {
-        return Err("the setup message is not a ring with semaphores (is the server running with --no-semaphores?)".into());
-    }
+    let mut setup = rx.take_setup().expect("a new receiver has its setup");
+    consumer::check_setup(&hello, &setup)?;
     let first = setup.take_buffer::<DeviceLocal>(0)?;
     let cuda = consumer::cuda_device_for(first.record().info().device_uuid())?;
     let mut imports = vec![cuda
@@ -105,66 +148,94 @@ fn run(socket: &str, frames: u64, timeout: Duration) -> Res<u64> {
         .map(|b| b.map())
         .collect::<cuda_interop::Result<Vec<_>>>()?;
     let mut stream = Stream::new(&cuda)?;
-    stream.set_timeout(timeout);
+    stream.set_timeout(a.timeout);
     let row = u64::from(hello.width) * 4;
     let mut rows: Vec<DeviceBuffer> = (0..5)
         .map(|_| DeviceBuffer::new(&cuda, row as usize))
         .collect::<cuda_interop::Result<_>>()?;
     let mut host = vec![0u8; row as usize];
     println!(
-        "[frame_client] {} on CUDA device {}: {n} slots of {}x{}, row pitch {}",
+        "[frame_client] {} on CUDA device {}: {n} slots of {}x{}, row pitch {}, {:?} delivery",
         cuda.name(),
         cuda.ordinal(),
         hello.width,
         hello.height,
-        hello.row_pitch
+        hello.row_pitch,
+        a.delivery
     );
 
-    let mut bad = 0u64;
-    let mut start = None;
-    for i in 0..frames {
-        let packet = read_packet(&conn, timeout)?;
-        if packet.kind != Kind::Frame || packet.slot as usize >= n {
-            return Err(format!("unexpected packet {packet:?}").into());
-        }
+    let (mut bad, mut start, mut dropped_at_start) = (0u64, None, 0u64);
+    let (mut handoff_us, mut latency_us) = (Vec::new(), Vec::new());
+    for i in 0..a.frames {
+        let frame = rx.next_frame(a.timeout)?;
+        let arrived = Instant::now();
         // Timing starts after the first frame (ring import and warm-up).
         if i == 1 {
-            start = Some(Instant::now());
+            start = Some(arrived);
+            dropped_at_start = rx.stats().dropped;
         }
-        let (slot, f) = (packet.slot as usize, packet.frame);
+        let (slot, f) = (frame.slot as usize, frame.sequence);
         produced.wait(&stream, f)?;
-        let (band_start, band_end) = protocol::band_rows(f, hello.height);
-        let last = hello.height - 1;
-        let sampled = [0, band_start, band_end - 1, band_end.min(last), last];
-        for (dst, &y) in rows.iter_mut().zip(&sampled) {
-            let slice = maps[slot].slice(u64::from(y) * hello.row_pitch, row)?;
-            stream.copy_device(&slice, dst)?;
+        stream.synchronize(a.timeout)?;
+        let usable = Instant::now();
+        if i >= 1 {
+            handoff_us.push((usable - arrived).as_secs_f64() * 1e6);
+            latency_us.push(monotonic_ns().saturating_sub(frame.timestamp_ns) as f64 / 1e3);
         }
-        let mut ok = true;
-        for (src, &y) in rows.iter().zip(&sampled) {
-            stream.copy_to_host(src, &mut host)?;
-            let want = if (band_start..band_end).contains(&y) {
-                protocol::band_value(f)
-            } else {
-                protocol::background(f)
-            };
-            ok &= host
-                .chunks_exact(4)
-                .all(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]) == want);
-        }
-        if !ok {
-            bad += 1;
-            if bad <= 5 {
-                eprintln!("[frame_client] frame {f} (slot {slot}) is wrong");
+        if a.check {
+            let (band_start, band_end) = protocol::band_rows(f, hello.height);
+            let last = hello.height - 1;
+            let sampled = [0, band_start, band_end - 1, band_end.min(last), last];
+            for (dst, &y) in rows.iter_mut().zip(&sampled) {
+                let slice = maps[slot].slice(u64::from(y) * hello.row_pitch, row)?;
+                stream.copy_device(&slice, dst)?;
+            }
+            let mut ok = true;
+            for (src, &y) in rows.iter().zip(&sampled) {
+                stream.copy_to_host(src, &mut host)?;
+                let want = if (band_start..band_end).contains(&y) {
+                    protocol::band_value(f)
+                } else {
+                    protocol::background(f)
+                };
+                ok &= host
+                    .chunks_exact(4)
+                    .all(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]) == want);
+            }
+            if !ok {
+                bad += 1;
+                if bad <= 5 {
+                    eprintln!("[frame_client] frame {f} (slot {slot}) is wrong");
+                }
             }
         }
+        if !a.hold.is_zero() {
+            std::thread::sleep(a.hold);
+        }
         released[slot].signal(&stream, f)?;
-        consumer::send_packet(&conn, &Packet::release(packet.slot, f, true))?;
+        rx.release(frame, true)?;
     }
-    stream.synchronize(timeout)?;
-    if let Some(start) = start.filter(|_| frames > 1) {
-        let ms = start.elapsed().as_secs_f64() * 1e3 / (frames - 1) as f64;
-        println!("[frame_client] {frames} frames, {bad} bad, {ms:.3} ms/frame (sampled rows copied back and checked)");
+    stream.synchronize(a.timeout)?;
+    let stats = rx.stats();
+    if let Some(start) = start.filter(|_| a.frames > 1) {
+        let secs = start.elapsed().as_secs_f64();
+        handoff_us.sort_by(f64::total_cmp);
+        latency_us.sort_by(f64::total_cmp);
+        println!(
+            "[frame_client] {} frames ({} checked, {bad} bad), {} dropped ({} after the first), \
+             {:.1} frames/s, {:.3} ms/frame; hand-off (packet -> CUDA waited) median {:.1} us \
+             p99 {:.1} us; present-to-usable latency median {:.1} us p99 {:.1} us",
+            stats.received,
+            if a.check { stats.received } else { 0 },
+            stats.dropped,
+            stats.dropped - dropped_at_start,
+            (a.frames - 1) as f64 / secs,
+            secs * 1e3 / (a.frames - 1) as f64,
+            percentile(&handoff_us, 0.5),
+            percentile(&handoff_us, 0.99),
+            percentile(&latency_us, 0.5),
+            percentile(&latency_us, 0.99),
+        );
     }
     Ok(bad)
 }

@@ -4,7 +4,7 @@
 //! the frame-ring protocol, `cuda_interop_frames::protocol`).
 //!
 //! ```text
-//! cargo run --release -p cuda-interop-frames --example frame_server -- [--socket PATH]
+//! cargo run --release -p cuda-interop-frames --example frame_server -- [--name NAME | --socket PATH]
 //!     [--width 1920] [--height 1080] [--row-pitch BYTES] [--slots 4]
 //!     [--seconds 300] [--frames N] [--fps F] [--hold-timeout 5] [--device UUID]
 //!     [--host-visible] [--no-semaphores]
@@ -15,16 +15,12 @@
 //!   of `height / 16` rows at a row moving 8 rows a frame filled with `!f`
 //!   (`protocol::band_rows`). Rows are `--row-pitch` bytes apart (default
 //!   `width * 4`).
-//! * Each consumer that connects gets a hello (the layout), then one message
-//!   with the ring's buffers, the "produced" timeline (signalled with `f`
-//!   when frame `f` is written) and one "released" timeline per slot of its
-//!   own. Then every frame: a frame packet (slot, `f`), sent after the
-//!   submission that writes it and signals "produced".
-//! * A slot is written again only when no consumer holds it; before writing
-//!   it, the producer waits (bounded) for each consumer's "released" value
-//!   of the slot when its release said its GPU signals it, and the
-//!   submission waits for the same values on the GPU.
-//! * A consumer that disconnects or dies gives its slots back; one that holds
+//! * `--name` announces it in `$XDG_RUNTIME_DIR/cuda-interop-frames`
+//!   (receivers connect by name; `frame_client --list` lists senders).
+//! * Each receiver chooses latest (the newest frame when it asks; the sender
+//!   never waits for it) or lossless (every frame; bounded back-pressure);
+//!   see `cuda_interop_frames::sender`.
+//! * A receiver that disconnects or dies gives its slots back; one that holds
 //!   a slot longer than `--hold-timeout` seconds, or whose GPU release does
 //!   not arrive within it, is disconnected. The others keep being served.
 //! * Bounded: accepts, reads and writes have timeouts, and the whole run
@@ -44,7 +40,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use cuda_interop_frames::producer::{self, ProducerOptions};
-use cuda_interop_frames::protocol::Packet;
 
 fn options() -> Result<ProducerOptions, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -62,6 +57,7 @@ fn options() -> Result<ProducerOptions, String> {
     let width = num("--width", value("--width"), 1920u32)?;
     let height = num("--height", value("--height"), 1080u32)?;
     let opts = ProducerOptions {
+        name: value("--name").cloned(),
         socket: value("--socket")
             .cloned()
             .unwrap_or_else(|| "/tmp/cuda-interop-frames.sock".into()),
@@ -87,15 +83,7 @@ fn options() -> Result<ProducerOptions, String> {
         host_visible: args.iter().any(|a| a == "--host-visible"),
         no_semaphores: args.iter().any(|a| a == "--no-semaphores"),
     };
-    if opts.slots < 2 {
-        return Err("--slots must be at least 2".into());
-    }
-    Packet::hello(opts.slots, opts.width, opts.height, opts.row_pitch)
-        .check_layout()
-        .map_err(|e| e.to_string())?;
-    if !(opts.seconds > 0.0 && opts.seconds.is_finite()) {
-        return Err("--seconds must be a positive number".into());
-    }
+    opts.validate().map_err(|e| e.to_string())?;
     Ok(opts)
 }
 

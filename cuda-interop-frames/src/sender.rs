@@ -57,6 +57,9 @@ use crate::protocol::{self, Kind, Packet, PacketError, PACKET_LEN, SETUP_TAG};
 /// How often the socket threads check whether to stop.
 pub const POLL: Duration = Duration::from_millis(100);
 
+/// Log lines a sender keeps until [`Sender::take_log`] takes them.
+pub const LOG_LINES: usize = 1000;
+
 /// Nanoseconds of `CLOCK_MONOTONIC` now: the clock of frame timestamps.
 pub fn monotonic_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
@@ -171,6 +174,8 @@ pub struct SenderStats {
     pub connected: u64,
     /// Receivers dropped for a fault (not counting clean departures).
     pub dropped: u64,
+    /// Connections that could not be set up (gone before the ring was sent).
+    pub refused: u64,
     /// Frames presented per second over the last second or so.
     pub fps: f64,
 }
@@ -378,6 +383,14 @@ impl<M: MemoryLocation> Sender<M> {
         }
     }
 
+    /// Keeps a log line; only the last [`LOG_LINES`] are kept.
+    fn note(&mut self, line: String) {
+        if self.log.len() >= LOG_LINES {
+            self.log.remove(0);
+        }
+        self.log.push(line);
+    }
+
     /// Takes the lines it logged (receivers connected, left, dropped and
     /// why) since the last call.
     pub fn take_log(&mut self) -> Vec<String> {
@@ -408,8 +421,8 @@ impl<M: MemoryLocation> Sender<M> {
         match event {
             Event::Connected(conn) => {
                 if let Err(e) = self.add(conn) {
-                    self.log
-                        .push(format!("a receiver could not be set up: {e}"));
+                    self.stats.refused += 1;
+                    self.note(format!("a receiver could not be set up: {e}"));
                 }
             }
             Event::Packet { id, packet } => self.on_packet(id, packet),
@@ -459,7 +472,7 @@ impl<M: MemoryLocation> Sender<M> {
             reader: Some(reader),
         });
         self.stats.connected += 1;
-        self.log.push(format!("receiver {id} connected"));
+        self.note(format!("receiver {id} connected"));
         Ok(())
     }
 
@@ -487,7 +500,7 @@ impl<M: MemoryLocation> Sender<M> {
         if fault {
             self.stats.dropped += 1;
         }
-        self.log.push(format!("receiver {id} left ({why})"));
+        self.note(format!("receiver {id} left ({why})"));
     }
 
     fn on_packet(&mut self, id: u64, packet: Packet) {
@@ -763,7 +776,7 @@ impl<M: MemoryLocation> Sender<M> {
             self.fps_window = (Instant::now(), self.stats.presented);
             if let Some(a) = &mut self.announcement {
                 if let Err(e) = a.set_fps(self.stats.fps) {
-                    self.log.push(format!("the directory entry could not be updated: {e}"));
+                    self.note(format!("the directory entry could not be updated: {e}"));
                 }
             }
         }
