@@ -22,7 +22,7 @@
 //! * Every wait is bounded by the caller's timeout.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vk_export::socket::Connection;
 
@@ -61,7 +61,7 @@ pub struct FrameInfo {
     /// When it was presented: nanoseconds of `CLOCK_MONOTONIC`.
     pub timestamp_ns: u64,
     /// Frames presented since the previous one this receiver got, which it
-    /// did not get.
+    /// did not get (0 for its first frame).
     pub dropped_before: u64,
 }
 
@@ -70,7 +70,8 @@ pub struct FrameInfo {
 pub struct ReceiverStats {
     /// Frames received.
     pub received: u64,
-    /// Frames presented between received ones that it did not get.
+    /// Frames presented between received ones that it did not get (frames
+    /// before its first are not counted).
     pub dropped: u64,
 }
 
@@ -183,6 +184,30 @@ impl FrameReceiver {
             self.asked = true;
         }
         let packet = consumer::recv_packet(&self.conn, deadline_after(timeout), timeout)?;
+        let mut frame = self.accept(packet)?;
+        // Latest: frames already queued behind it (pushed before the sender
+        // read the subscribe) are newer; keep the newest, give the rest back.
+        while self.delivery == Delivery::Latest {
+            match consumer::recv_packet(&self.conn, Instant::now(), Duration::ZERO) {
+                Ok(packet) => {
+                    let newer = self.accept(packet)?;
+                    self.stats.dropped += 1;
+                    let older = std::mem::replace(&mut frame, newer);
+                    frame.dropped_before += 1 + older.dropped_before;
+                    self.stats.received -= 1;
+                    self.release(older, false).map_err(|e| {
+                        ConsumerError::Protocol(format!("cannot give a stale frame back: {e}"))
+                    })?;
+                }
+                Err(ConsumerError::Timeout(_)) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(frame)
+    }
+
+    /// Checks a frame packet and marks its slot held.
+    fn accept(&mut self, packet: Packet) -> Result<FrameInfo, ConsumerError> {
         if packet.kind != Kind::Frame {
             return Err(ConsumerError::Protocol(format!(
                 "expected a frame packet, got {:?}",
@@ -209,7 +234,12 @@ impl FrameReceiver {
                 packet.frame
             )));
         }
-        let dropped_before = packet.frame - self.last - 1;
+        // Frames presented before this receiver's first are not dropped.
+        let dropped_before = if self.last == 0 {
+            0
+        } else {
+            packet.frame - self.last - 1
+        };
         self.held[slot] = Some(packet.frame);
         self.last = packet.frame;
         self.asked = false;

@@ -450,6 +450,16 @@ impl<M: MemoryLocation> Sender<M> {
         // next to a socket's buffer, so only a peer gone wrong waits here.
         conn.set_send_timeout(Duration::from_secs(1))?;
         conn.send_exported(SETUP_TAG, &resources)?;
+        // A receiver subscribes right after connecting, so its subscribe
+        // is almost always here already: taken now, no frame is pushed to
+        // a latest receiver as if it were lossless. (If it comes later,
+        // the frames pushed meanwhile are ones it holds and releases.)
+        let mut early = [0u8; PACKET_LEN + 16];
+        let first = match rustix::net::recv(&stream, &mut early, rustix::net::RecvFlags::DONTWAIT)
+        {
+            Ok((n, _)) if n > 0 => Some(Packet::decode(&early[..n.min(early.len())])),
+            _ => None,
+        };
         let reader = {
             let (stream, events, stop) = (
                 stream.try_clone()?,
@@ -473,6 +483,11 @@ impl<M: MemoryLocation> Sender<M> {
         });
         self.stats.connected += 1;
         self.note(format!("receiver {id} connected"));
+        match first {
+            Some(Ok(packet)) => self.on_packet(id, packet),
+            Some(Err(e)) => self.remove(id, &format!("sent a bad packet: {e}"), true),
+            None => {}
+        }
         Ok(())
     }
 
@@ -510,7 +525,7 @@ impl<M: MemoryLocation> Sender<M> {
         };
         let first = !peer.spoke;
         peer.spoke = true;
-        let fault = match packet.kind {
+        let fault: Option<(String, bool)> = match packet.kind {
             Kind::Subscribe if first => {
                 peer.mode = if packet.flags == protocol::MODE_LATEST {
                     Mode::Latest
@@ -519,7 +534,7 @@ impl<M: MemoryLocation> Sender<M> {
                 };
                 None
             }
-            Kind::Subscribe => Some("subscribed twice (or after its first request)".to_string()),
+            Kind::Subscribe => Some(("subscribed twice (or after its first request)".into(), true)),
             Kind::Acquire if peer.mode == Mode::Latest => {
                 peer.wants = true;
                 if let Some((slot, frame, ts)) = newest.filter(|n| n.1 > peer.last_sent) {
@@ -528,14 +543,17 @@ impl<M: MemoryLocation> Sender<M> {
                     None
                 }
             }
-            Kind::Acquire => Some("asked for a frame, but it is a lossless receiver".into()),
+            Kind::Acquire => Some(("asked for a frame, but it is a lossless receiver".into(), true)),
             Kind::Release => {
                 let slot = packet.slot as usize;
                 match peer.held.get(slot).copied().flatten() {
                     Some(_) if packet.flags & protocol::RELEASE_GPU_SIGNALLED != 0
                         && peer.released.is_empty() =>
                     {
-                        Some("released with a GPU signal, but this ring has no semaphores".into())
+                        Some((
+                            "released with a GPU signal, but this ring has no semaphores".into(),
+                            true,
+                        ))
                     }
                     Some((held, _)) if held == packet.frame => {
                         peer.held[slot] = None;
@@ -544,16 +562,19 @@ impl<M: MemoryLocation> Sender<M> {
                             .then_some(packet.frame);
                         None
                     }
-                    _ => Some(format!(
-                        "released frame {} of slot {slot}, which it does not hold",
-                        packet.frame
+                    _ => Some((
+                        format!(
+                            "released frame {} of slot {slot}, which it does not hold",
+                            packet.frame
+                        ),
+                        true,
                     )),
                 }
             }
-            other => Some(format!("sent a {other:?} packet, which only senders send")),
+            other => Some((format!("sent a {other:?} packet, which only senders send"), true)),
         };
-        if let Some(why) = fault {
-            self.remove(id, &why, true);
+        if let Some((why, fault)) = fault {
+            self.remove(id, &why, fault);
         }
     }
 
@@ -756,13 +777,13 @@ impl<M: MemoryLocation> Sender<M> {
                 Mode::Latest => p.wants,
             };
             if due {
-                if let Err(why) = send_frame(p, slot, f, timestamp_ns) {
-                    faults.push((p.id, why));
+                if let Err((why, fault)) = send_frame(p, slot, f, timestamp_ns) {
+                    faults.push((p.id, why, fault));
                 }
             }
         }
-        for (id, why) in faults {
-            self.remove(id, &why, true);
+        for (id, why, fault) in faults {
+            self.remove(id, &why, fault);
         }
         self.update_fps();
         Ok(f)
@@ -797,9 +818,17 @@ fn send_now(stream: &UnixStream, packet: &Packet) -> std::io::Result<()> {
     }
 }
 
-fn send_frame(peer: &mut Peer, slot: u32, frame: u64, ts: u64) -> Result<(), String> {
-    send_now(&peer.stream, &Packet::frame(slot, frame, ts))
-        .map_err(|e| format!("a frame packet could not be sent: {e}"))?;
+/// Sends frame `frame` of `slot` to `peer` and marks it held there; on
+/// failure, why and whether it is the peer's fault (a full socket) rather
+/// than a departure (`EPIPE`, `ECONNRESET`).
+fn send_frame(peer: &mut Peer, slot: u32, frame: u64, ts: u64) -> Result<(), (String, bool)> {
+    send_now(&peer.stream, &Packet::frame(slot, frame, ts)).map_err(|e| {
+        let gone = matches!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+        );
+        (format!("a frame packet could not be sent: {e}"), !gone)
+    })?;
     peer.held[slot as usize] = Some((frame, Instant::now()));
     peer.last_sent = frame;
     peer.wants = false;
