@@ -14,8 +14,10 @@
 //!   slot, the frame's sequence number and its presentation time
 //!   ([`Packet::timestamp_ns`], `CLOCK_MONOTONIC`). The consumer answers
 //!   each frame with one [`Kind::Release`] packet.
-//! * Delivery: a consumer that says nothing is served *lossless*: every
-//!   frame, in order, and the producer waits (bounded) for its releases. A
+//! * Delivery: a consumer subscribes first thing after connecting; one that
+//!   says nothing is served *lossless* (after a grace period, the
+//!   sender's `SUBSCRIBE_GRACE`): every frame from then on, in order, and
+//!   the producer waits (bounded) for its releases. A
 //!   consumer that sends [`Kind::Subscribe`] with [`MODE_LATEST`] is served
 //!   *latest*: it gets a frame only after asking with [`Kind::Acquire`],
 //!   and then the newest presented one; frames it did not ask for are

@@ -15,7 +15,9 @@
 //!   from 1; each carries a `CLOCK_MONOTONIC` timestamp.
 //! * Delivery is each receiver's choice (see [`crate::protocol`]):
 //!   *lossless* receivers get every frame and hold its slot until they
-//!   release it; *latest* receivers get the newest frame when they ask.
+//!   release it; *latest* receivers get the newest frame when they ask. A
+//!   receiver that has not subscribed within [`SUBSCRIBE_GRACE`] of
+//!   connecting is served lossless (nothing is pushed to it before).
 //! * GPU safety: a slot is written only when no receiver holds it, after
 //!   every "released" value a receiver promised for it (a receiver that
 //!   leaves with a promise outstanding keeps the slot blocked until the
@@ -189,9 +191,18 @@ enum Event {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
+    /// Connected less than [`SUBSCRIBE_GRACE`] ago without a subscribe:
+    /// nothing is pushed to it yet.
+    Undecided,
     Lossless,
     Latest,
 }
+
+/// How long a new receiver's subscribe is waited for (frames are not
+/// pushed to it meanwhile) before it is served lossless, the mode of
+/// receivers that never subscribe (protocol v1's behaviour, the Python
+/// module's today). The sender never blocks on it.
+pub const SUBSCRIBE_GRACE: Duration = Duration::from_millis(250);
 
 /// One receiver.
 struct Peer {
@@ -199,6 +210,7 @@ struct Peer {
     _conn: Connection,
     stream: UnixStream,
     mode: Mode,
+    connected_at: Instant,
     /// Whether it sent anything (a subscribe must come first).
     spoke: bool,
     /// Latest mode: it asked for a frame.
@@ -472,7 +484,8 @@ impl<M: MemoryLocation> Sender<M> {
             id,
             _conn: conn,
             stream,
-            mode: Mode::Lossless,
+            mode: Mode::Undecided,
+            connected_at: Instant::now(),
             spoke: false,
             wants: false,
             last_sent: 0,
@@ -619,7 +632,7 @@ impl<M: MemoryLocation> Sender<M> {
         if holders.is_empty() && !orphaned {
             None
         } else {
-            Some(!orphaned && holders.iter().all(|m| *m == Mode::Lossless))
+            Some(!orphaned && holders.iter().all(|m| *m != Mode::Latest))
         }
     }
 
@@ -772,7 +785,11 @@ impl<M: MemoryLocation> Sender<M> {
         self.next_slot = (slot + 1) % self.opts.slots;
         let mut faults = Vec::new();
         for p in &mut self.peers {
+            if p.mode == Mode::Undecided && p.connected_at.elapsed() >= SUBSCRIBE_GRACE {
+                p.mode = Mode::Lossless;
+            }
             let due = match p.mode {
+                Mode::Undecided => false,
                 Mode::Lossless => true,
                 Mode::Latest => p.wants,
             };

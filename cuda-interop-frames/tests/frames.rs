@@ -34,6 +34,14 @@ fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
 }
 
+/// Held by each parent test that runs `child_sender` or `child_receiver_*`:
+/// the child runner keeps a child's output in a file named after the
+/// parent's pid and the child's name, so one child name runs once at a time.
+fn children_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A fresh private directory for one test's senders.
 fn test_dir(tag: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("cif-test-{}-{tag}", std::process::id()));
@@ -246,6 +254,7 @@ fn stall_run(
     HashMap<String, String>,
     HashMap<String, String>,
 ) {
+    let _children = children_lock();
     let dir = test_dir(tag);
     let marks = dir.join("marks");
     std::fs::create_dir(&marks).unwrap();
@@ -334,6 +343,7 @@ fn lossless_every_frame_in_order_with_back_pressure() {
 
 #[test]
 fn discovery_by_name_across_processes() {
+    let _children = children_lock();
     let dir = test_dir("discovery");
     let stop = dir.join("stop");
     let envs = vec![
@@ -381,6 +391,7 @@ fn discovery_by_name_across_processes() {
 
 #[test]
 fn a_restarted_sender_is_reconnected_by_name() {
+    let _children = children_lock();
     let dir = test_dir("restart");
     let stop = dir.join("stop");
     let base = vec![
@@ -638,7 +649,12 @@ fn all_slots_held_by_latest_receivers_skips_without_waiting() {
     let start = Instant::now();
     let mut slots_held = std::collections::BTreeSet::new();
     while slots_held.len() < SLOTS as usize {
-        assert!(start.elapsed() < BOUND);
+        assert!(
+            start.elapsed() < BOUND,
+            "{:?} {:?}",
+            sender.stats(),
+            sender.take_log()
+        );
         sender.serve(Duration::from_millis(5));
         present_one(&mut sender, Duration::ZERO);
         while let Ok(slot) = held_rx.try_recv() {
