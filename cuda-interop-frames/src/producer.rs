@@ -18,10 +18,10 @@
 //! * Bounded: accepts, reads and writes have timeouts, and the whole run
 //!   ends after [`ProducerOptions::seconds`] (or
 //!   [`ProducerOptions::frames`]). Progress goes to stdout, each line
-//!   starting `[frame_server]`: every change in the number of receivers
-//!   prints the process's fd count and, when a CUDA driver is there,
-//!   `cuMemGetInfo`'s free memory, next to the values before the first
-//!   receiver; every 5 s a line gives frames/s, frames presented and
+//!   starting `[frame_server]`: every receiver that connects or leaves
+//!   prints the number connected (`consumers=`), the process's fd count
+//!   and, when a CUDA driver is there, `cuMemGetInfo`'s free memory, next
+//!   to the values before the first receiver; every 5 s a line gives frames/s, frames presented and
 //!   skipped, and back-pressure timeouts.
 //! * [`ProducerOptions::host_visible`] puts the ring in host-visible memory
 //!   instead, for Vulkan drivers without device-local-only memory (lavapipe:
@@ -265,10 +265,12 @@ fn run_with<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<()> 
     );
     let cuda = CudaProbe::new(&ctx);
     let baseline = (fd_count(), cuda.free_mib());
+    // "consumers" and "before any consumer" are the words the Python tests
+    // and gpu_demo.sh read.
     let report = |what: &str, receivers: usize| {
         let show = |m: Option<u64>| m.map_or("n/a".to_string(), |m| m.to_string());
         println!(
-            "[frame_server] {what}: receivers={receivers} fds={} cuda_free_mib={} (before any receiver: fds={} cuda_free_mib={})",
+            "[frame_server] {what}: consumers={receivers} fds={} cuda_free_mib={} (before any consumer: fds={} cuda_free_mib={})",
             fd_count(),
             show(cuda.free_mib()),
             baseline.0,
@@ -284,15 +286,17 @@ fn run_with<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<()> 
     let end = start + Duration::from_secs_f64(opts.seconds);
     let period = (opts.fps > 0.0).then(|| Duration::from_secs_f64(1.0 / opts.fps));
     let (mut last_stats, mut last_presented) = (Instant::now(), 0u64);
-    let mut receivers = 0usize;
+    let mut receivers;
     let result = loop {
         let stats = sender.stats();
+        receivers = stats.receivers;
         for line in sender.take_log() {
-            println!("[frame_server] {line}");
-        }
-        if stats.receivers != receivers {
-            receivers = stats.receivers;
-            report("receivers changed", receivers);
+            // Arrivals and departures carry the fd and memory report.
+            if line.contains(" connected") || line.contains(" left after ") {
+                report(&line, receivers);
+            } else {
+                println!("[frame_server] {line}");
+            }
         }
         if Instant::now() >= end || opts.frames.is_some_and(|n| stats.presented >= n) {
             println!(

@@ -223,6 +223,7 @@ struct Peer {
     /// Per slot: the "released" value its GPU signals.
     gpu_wait: Vec<Option<u64>>,
     reader: Option<JoinHandle<()>>,
+    frames_sent: u64,
 }
 
 /// The "released" promises of a receiver that left: its slots stay blocked
@@ -403,8 +404,9 @@ impl<M: MemoryLocation> Sender<M> {
         self.log.push(line);
     }
 
-    /// Takes the lines it logged (receivers connected, left, dropped and
-    /// why) since the last call.
+    /// Takes the lines it logged since the last call: `receiver N
+    /// connected`, `receiver N left after F frames (why)`, and setup
+    /// failures.
     pub fn take_log(&mut self) -> Vec<String> {
         std::mem::take(&mut self.log)
     }
@@ -493,6 +495,7 @@ impl<M: MemoryLocation> Sender<M> {
             held: vec![None; n],
             gpu_wait: vec![None; n],
             reader: Some(reader),
+            frames_sent: 0,
         });
         self.stats.connected += 1;
         self.note(format!("receiver {id} connected"));
@@ -528,7 +531,8 @@ impl<M: MemoryLocation> Sender<M> {
         if fault {
             self.stats.dropped += 1;
         }
-        self.note(format!("receiver {id} left ({why})"));
+        let frames = peer.frames_sent;
+        self.note(format!("receiver {id} left after {frames} frames ({why})"));
     }
 
     fn on_packet(&mut self, id: u64, packet: Packet) {
@@ -847,6 +851,7 @@ fn send_frame(peer: &mut Peer, slot: u32, frame: u64, ts: u64) -> Result<(), (St
         (format!("a frame packet could not be sent: {e}"), !gone)
     })?;
     peer.held[slot as usize] = Some((frame, Instant::now()));
+    peer.frames_sent += 1;
     peer.last_sent = frame;
     peer.wants = false;
     Ok(())

@@ -24,7 +24,7 @@ MAGIC = b"CIFR"
 HELLO, FRAME, RELEASE = 1, 2, 3
 
 
-def packet(kind, slot=0, flags=0, frame=0, width=0, height=0, pitch=0, fmt=0, version=1):
+def packet(kind, slot=0, flags=0, frame=0, width=0, height=0, pitch=0, fmt=0, version=2):
     return struct.pack(
         "<4sHHIIQIIQII", MAGIC, version, kind, slot, flags, frame, width, height, pitch, fmt, 0
     )
@@ -33,7 +33,7 @@ def packet(kind, slot=0, flags=0, frame=0, width=0, height=0, pitch=0, fmt=0, ve
 def parse(data):
     assert len(data) == 48, len(data)
     magic, version, kind, slot, flags, frame = struct.unpack_from("<4sHHIIQ", data)
-    assert (magic, version) == (MAGIC, 1)
+    assert (magic, version) == (MAGIC, 2)
     return kind, slot, flags, frame
 
 
@@ -177,7 +177,7 @@ def test_stream_arguments(producer):
     [
         (packet(FRAME, slot=3, frame=1), "slot 3 of a ring of 3"),
         (packet(HELLO, slot=3, width=5, height=4, pitch=32, fmt=1), "expected a frame packet"),
-        (packet(FRAME, slot=0, frame=1, version=2), "version 2"),
+        (packet(FRAME, slot=0, frame=1, version=1), "version 1"),
         (packet(9, slot=0, frame=1), "kind 9"),
         (b"CIFR" + b"\0" * 10, "14 bytes"),
     ],
