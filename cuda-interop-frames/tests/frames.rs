@@ -680,3 +680,33 @@ fn all_slots_held_by_latest_receivers_skips_without_waiting() {
     cuda_interop_testkit::assert_no_validation_errors(&ctx);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A ring without semaphores (lavapipe) is refused by a CUDA receiver with
+/// an error that names what is missing, before any CUDA call.
+#[test]
+fn a_ring_without_semaphores_is_refused_with_what_is_missing() {
+    let dir = test_dir("nosem");
+    let socket = dir.join("nosem.sock");
+    let (ctx, mut sender) = make_sender(Address::Path(socket.clone()), Duration::from_secs(5));
+    let path = socket.to_str().unwrap().to_string();
+    let client = std::thread::spawn(move || {
+        let mut rx = FrameReceiver::connect(&path, Delivery::Latest, Duration::from_secs(10))
+            .expect("connect");
+        let setup = rx.take_setup().expect("setup");
+        cuda_interop_frames::consumer::check_setup(rx.layout(), &setup)
+            .expect_err("no semaphores")
+            .to_string()
+    });
+    let start = Instant::now();
+    while !client.is_finished() {
+        assert!(start.elapsed() < BOUND);
+        sender.serve(Duration::from_millis(5));
+    }
+    let message = client.join().unwrap();
+    assert!(message.contains("no semaphores"), "{message}");
+    assert!(message.contains("VK_KHR_external_semaphore_fd"), "{message}");
+    assert!(message.contains("NumPy"), "{message}");
+    drop(sender);
+    cuda_interop_testkit::assert_no_validation_errors(&ctx);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

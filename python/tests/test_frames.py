@@ -877,3 +877,15 @@ def test_real_server_drops_a_consumer_that_holds_too_long(frame_server):
             slow.next(1.0).release()
     del kept, slow, fast, f
     gc.collect()
+
+
+def test_real_server_without_semaphores_says_what_is_missing(frame_server):
+    # A receiver that is not the host-ring test hook imports the ring: a
+    # lavapipe ring has buffers only, and the error says what is missing
+    # (not a resource count).
+    path, _, _ = frame_server
+    r = cuda_interop.connect(path, 2.0)
+    with pytest.raises(ValueError, match="no semaphores") as e:
+        r.next(5.0)
+    assert "NumPy" in str(e.value) and "VK_KHR_external_semaphore_fd" in str(e.value)
+    r.close()
