@@ -99,7 +99,10 @@ pub enum DiscoveryError {
     Connect(#[from] ConsumerError),
 }
 
-fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> DiscoveryError + 'a {
+fn io<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> DiscoveryError + 'a {
     move |source| DiscoveryError::Io {
         what,
         path: path.to_owned(),
@@ -334,20 +337,24 @@ impl Directory {
     /// The live sender named `name`.
     pub fn find(&self, name: &str) -> Result<SenderInfo, DiscoveryError> {
         validate_name(name)?;
-        self.read_entry(name).ok_or_else(|| DiscoveryError::NotFound {
-            name: name.to_owned(),
-            dir: self.path.clone(),
-        })
+        self.read_entry(name)
+            .ok_or_else(|| DiscoveryError::NotFound {
+                name: name.to_owned(),
+                dir: self.path.clone(),
+            })
     }
 
     /// Connects to the live sender named `name` (`connect(2)` bounded by
     /// `timeout`).
     pub fn connect(&self, name: &str, timeout: Duration) -> Result<Connection, DiscoveryError> {
         let info = self.find(name)?;
-        let path = info.socket.to_str().ok_or_else(|| DiscoveryError::NotFound {
-            name: name.to_owned(),
-            dir: self.path.clone(),
-        })?;
+        let path = info
+            .socket
+            .to_str()
+            .ok_or_else(|| DiscoveryError::NotFound {
+                name: name.to_owned(),
+                dir: self.path.clone(),
+            })?;
         Ok(consumer::connect(path, timeout)?)
     }
 
@@ -449,8 +456,7 @@ mod tests {
     use super::*;
 
     fn temp_dir(tag: &str) -> PathBuf {
-        let base =
-            std::env::temp_dir().join(format!("cif-discovery-{}-{tag}", std::process::id()));
+        let base = std::env::temp_dir().join(format!("cif-discovery-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
         std::fs::create_dir_all(&base).unwrap();
         base
@@ -476,7 +482,16 @@ mod tests {
         for good in ["cam", "a.b-c_D9", &"x".repeat(64)] {
             assert!(validate_name(good).is_ok(), "{good}");
         }
-        for bad in ["", ".hidden", "..", "a/b", "/abs", "sp ace", "é", &"x".repeat(65)] {
+        for bad in [
+            "",
+            ".hidden",
+            "..",
+            "a/b",
+            "/abs",
+            "sp ace",
+            "é",
+            &"x".repeat(65),
+        ] {
             assert!(
                 matches!(validate_name(bad), Err(DiscoveryError::Name { .. })),
                 "{bad}"
@@ -503,7 +518,10 @@ mod tests {
             (got.name.as_str(), got.width, got.height, got.slots, got.pid),
             ("cam", 64, 32, 3, std::process::id())
         );
-        assert_eq!((got.fps, got.kind, got.format.as_str()), (59.5, SlotKind::Buffer, "rgba8"));
+        assert_eq!(
+            (got.fps, got.kind, got.format.as_str()),
+            (59.5, SlotKind::Buffer, "rgba8")
+        );
         // The name is taken while this entry lives.
         assert!(matches!(
             dir.announce(info("cam")),
@@ -536,8 +554,7 @@ mod tests {
         let mut foreign = info("foreign");
         foreign.pid = std::process::id();
         std::fs::write(dir.info_path("foreign"), foreign.encode()).unwrap();
-        let chowned =
-            std::os::unix::fs::chown(dir.info_path("foreign"), Some(12345), Some(12345));
+        let chowned = std::os::unix::fs::chown(dir.info_path("foreign"), Some(12345), Some(12345));
         // Garbage is ignored too.
         std::fs::write(dir.info_path("junk"), b"not an entry").unwrap();
         let mut live = info("live");
@@ -584,6 +601,9 @@ mod tests {
     #[test]
     fn no_runtime_dir_error_says_what_to_do() {
         let e = DiscoveryError::NoRuntimeDir.to_string();
-        assert!(e.contains("XDG_RUNTIME_DIR") && e.contains("Directory::new"), "{e}");
+        assert!(
+            e.contains("XDG_RUNTIME_DIR") && e.contains("Directory::new"),
+            "{e}"
+        );
     }
 }

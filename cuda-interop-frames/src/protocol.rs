@@ -376,7 +376,10 @@ mod tests {
         // A frame's timestamp sits where a hello's width and height are.
         let f = Packet::frame(2, 5, 0x1112_1314_1516_1718).encode();
         assert_eq!(&f[24..32], &0x1112_1314_1516_1718u64.to_le_bytes());
-        assert_eq!(&Packet::subscribe(MODE_LATEST).encode()[12..16], &1u32.to_le_bytes());
+        assert_eq!(
+            &Packet::subscribe(MODE_LATEST).encode()[12..16],
+            &1u32.to_le_bytes()
+        );
         assert_eq!(&Packet::acquire().encode()[6..8], &5u16.to_le_bytes());
     }
 

@@ -239,7 +239,12 @@ fn reached(semaphore: &TimelineSemaphore, value: u64) -> bool {
 }
 
 /// Reads one receiver's packets until it goes away or `stop`.
-fn read_packets(id: u64, mut stream: UnixStream, events: EventSender<Event>, stop: Arc<AtomicBool>) {
+fn read_packets(
+    id: u64,
+    mut stream: UnixStream,
+    events: EventSender<Event>,
+    stop: Arc<AtomicBool>,
+) {
     let (why, fault) = loop {
         if stop.load(Ordering::Relaxed) {
             return;
@@ -469,8 +474,7 @@ impl<M: MemoryLocation> Sender<M> {
         // a latest receiver as if it were lossless. (If it comes later,
         // the frames pushed meanwhile are ones it holds and releases.)
         let mut early = [0u8; PACKET_LEN + 16];
-        let first = match rustix::net::recv(&stream, &mut early, rustix::net::RecvFlags::DONTWAIT)
-        {
+        let first = match rustix::net::recv(&stream, &mut early, rustix::net::RecvFlags::DONTWAIT) {
             Ok((n, _)) if n > 0 => Some(Packet::decode(&early[..n.min(early.len())])),
             _ => None,
         };
@@ -560,12 +564,16 @@ impl<M: MemoryLocation> Sender<M> {
                     None
                 }
             }
-            Kind::Acquire => Some(("asked for a frame, but it is a lossless receiver".into(), true)),
+            Kind::Acquire => Some((
+                "asked for a frame, but it is a lossless receiver".into(),
+                true,
+            )),
             Kind::Release => {
                 let slot = packet.slot as usize;
                 match peer.held.get(slot).copied().flatten() {
-                    Some(_) if packet.flags & protocol::RELEASE_GPU_SIGNALLED != 0
-                        && peer.released.is_empty() =>
+                    Some(_)
+                        if packet.flags & protocol::RELEASE_GPU_SIGNALLED != 0
+                            && peer.released.is_empty() =>
                     {
                         Some((
                             "released with a GPU signal, but this ring has no semaphores".into(),
@@ -574,8 +582,7 @@ impl<M: MemoryLocation> Sender<M> {
                     }
                     Some((held, _)) if held == packet.frame => {
                         peer.held[slot] = None;
-                        peer.gpu_wait[slot] = (packet.flags & protocol::RELEASE_GPU_SIGNALLED
-                            != 0)
+                        peer.gpu_wait[slot] = (packet.flags & protocol::RELEASE_GPU_SIGNALLED != 0)
                             .then_some(packet.frame);
                         None
                     }
@@ -588,7 +595,10 @@ impl<M: MemoryLocation> Sender<M> {
                     )),
                 }
             }
-            other => Some((format!("sent a {other:?} packet, which only senders send"), true)),
+            other => Some((
+                format!("sent a {other:?} packet, which only senders send"),
+                true,
+            )),
         };
         if let Some((why, fault)) = fault {
             self.remove(id, &why, fault);
@@ -609,7 +619,11 @@ impl<M: MemoryLocation> Sender<M> {
             })
             .collect();
         for (id, frame) in stuck {
-            self.remove(id, &format!("held frame {frame} longer than {limit:?}"), true);
+            self.remove(
+                id,
+                &format!("held frame {frame} longer than {limit:?}"),
+                true,
+            );
         }
         self.orphans.retain(|o| {
             o.since.elapsed() < limit
@@ -663,7 +677,9 @@ impl<M: MemoryLocation> Sender<M> {
         {
             return Ok(s);
         }
-        Err(order.into_iter().any(|s| self.blocked(s as usize) == Some(true)))
+        Err(order
+            .into_iter()
+            .any(|s| self.blocked(s as usize) == Some(true)))
     }
 
     /// A slot to write the next frame into (see the module contract):
@@ -711,16 +727,21 @@ impl<M: MemoryLocation> Sender<M> {
         let mut late = Vec::new();
         for p in &self.peers {
             if let Some(v) = p.gpu_wait[s] {
-                if let Err(e) = p.released[s].wait(v, self.opts.hold_timeout, WaitStrategy::ADAPTIVE)
+                if let Err(e) =
+                    p.released[s].wait(v, self.opts.hold_timeout, WaitStrategy::ADAPTIVE)
                 {
-                    late.push((p.id, format!("its GPU release of frame {v} did not arrive: {e}")));
+                    late.push((
+                        p.id,
+                        format!("its GPU release of frame {v} did not arrive: {e}"),
+                    ));
                 }
             }
         }
         for (id, why) in late {
             self.remove(id, &why, true);
         }
-        let mut sync = SubmitSync::new().timeout(self.opts.hold_timeout.max(Duration::from_secs(5)));
+        let mut sync =
+            SubmitSync::new().timeout(self.opts.hold_timeout.max(Duration::from_secs(5)));
         for p in &self.peers {
             if let Some(v) = p.gpu_wait[s] {
                 sync = sync.wait_timeline(&p.released[s], v);
@@ -831,7 +852,10 @@ fn send_now(stream: &UnixStream, packet: &Packet) -> std::io::Result<()> {
     let bytes = packet.encode();
     match rustix::net::send(stream, &bytes, SendFlags::NOSIGNAL | SendFlags::DONTWAIT) {
         Ok(n) if n == bytes.len() => Ok(()),
-        Ok(n) => Err(std::io::Error::other(format!("sent {n} of {} bytes", bytes.len()))),
+        Ok(n) => Err(std::io::Error::other(format!(
+            "sent {n} of {} bytes",
+            bytes.len()
+        ))),
         Err(Errno::AGAIN) => Err(std::io::Error::other(
             "its socket is full: it stopped reading",
         )),
@@ -859,14 +883,11 @@ fn send_frame(peer: &mut Peer, slot: u32, frame: u64, ts: u64) -> Result<(), (St
 
 fn accept_loop(listener: Listener, tx: EventSender<Event>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Relaxed) {
-        match listener.accept(POLL) {
-            Ok(conn) => {
-                if tx.send(Event::Connected(conn)).is_err() {
-                    return;
-                }
+        // A timeout, or a peer refused (another user): keep listening.
+        if let Ok(conn) = listener.accept(POLL) {
+            if tx.send(Event::Connected(conn)).is_err() {
+                return;
             }
-            // A timeout, or a peer refused (another user): keep listening.
-            Err(_) => {}
         }
     }
 }
@@ -898,7 +919,9 @@ impl<M: MemoryLocation> std::fmt::Debug for Sender<M> {
 
 impl<M: MemoryLocation> std::fmt::Debug for WriteSlot<'_, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WriteSlot").field("slot", &self.slot).finish()
+        f.debug_struct("WriteSlot")
+            .field("slot", &self.slot)
+            .finish()
     }
 }
 

@@ -127,7 +127,8 @@ fn child_sender() {
     let period = Duration::from_secs_f64(1.0 / fps);
     let start = Instant::now();
     let mut present_calls = 0u64;
-    while !stop.exists() && !(frames > 0 && sender.stats().presented >= frames) {
+    let done = |presented: u64| frames > 0 && presented >= frames;
+    while !stop.exists() && !done(sender.stats().presented) {
         assert!(start.elapsed() < BOUND, "the sender ran past its bound");
         let t = Instant::now();
         if sender.stats().receivers == 0 {
@@ -145,7 +146,10 @@ fn child_sender() {
     println!("RESULT present_calls={present_calls}");
     println!("RESULT presented={}", stats.presented);
     println!("RESULT skipped={}", stats.skipped);
-    println!("RESULT backpressure_timeouts={}", stats.backpressure_timeouts);
+    println!(
+        "RESULT backpressure_timeouts={}",
+        stats.backpressure_timeouts
+    );
     println!("RESULT dropped={}", stats.dropped);
     println!("RESULT pid={}", std::process::id());
     drop(sender);
@@ -153,7 +157,11 @@ fn child_sender() {
 }
 
 /// Connects to `name` in `directory` once it is listed (bounded).
-fn connect_when_listed(directory: &Directory, name: &str, delivery: Delivery) -> (FrameReceiver, u32) {
+fn connect_when_listed(
+    directory: &Directory,
+    name: &str,
+    delivery: Delivery,
+) -> (FrameReceiver, u32) {
     let start = Instant::now();
     loop {
         assert!(start.elapsed() < BOUND, "sender {name} never appeared");
@@ -313,7 +321,10 @@ fn latest_a_stalled_receiver_slows_neither_the_sender_nor_the_others() {
     // The stalled receiver missed the frames presented meanwhile: counted
     // (every sequence number from its first to its last that it did not get).
     let first = seqs(&stall, "seqs")[0];
-    assert_eq!(num(&stall, "dropped"), s1 - first + 1 - num(&stall, "received"));
+    assert_eq!(
+        num(&stall, "dropped"),
+        s1 - first + 1 - num(&stall, "received")
+    );
     assert!(num(&stall, "dropped") >= s1 - s0 - 1);
     // The sender never waited: no back-pressure timeouts, every present
     // call returned, nobody dropped.
@@ -331,7 +342,10 @@ fn lossless_every_frame_in_order_with_back_pressure() {
     assert_eq!(num(&stall, "dropped"), 0);
     assert_eq!(num(&fast, "dropped"), 0);
     let fast_seqs = seqs(&fast, "seqs");
-    assert!(fast_seqs.windows(2).all(|w| w[1] == w[0] + 1), "{fast_seqs:?}");
+    assert!(
+        fast_seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "{fast_seqs:?}"
+    );
     // The documented back-pressure: while the stalled receiver held its
     // slots, the sender's acquires waited and timed out (bounded).
     assert!(
@@ -346,7 +360,7 @@ fn discovery_by_name_across_processes() {
     let _children = children_lock();
     let dir = test_dir("discovery");
     let stop = dir.join("stop");
-    let envs = vec![
+    let envs = [
         ("CIF_DIR".to_string(), dir.display().to_string()),
         ("CIF_STOP".to_string(), stop.display().to_string()),
         ("CIF_NAME".to_string(), "cam-1".to_string()),
@@ -361,10 +375,19 @@ fn discovery_by_name_across_processes() {
     assert_eq!(listed.len(), 1);
     let info = &listed[0];
     assert_eq!(
-        (info.name.as_str(), info.width, info.height, info.slots, info.kind),
+        (
+            info.name.as_str(),
+            info.width,
+            info.height,
+            info.slots,
+            info.kind
+        ),
         ("cam-1", W, H, SLOTS, SlotKind::Buffer)
     );
-    assert_eq!((info.format.as_str(), info.row_pitch), ("rgba8", u64::from(W) * 4));
+    assert_eq!(
+        (info.format.as_str(), info.row_pitch),
+        ("rgba8", u64::from(W) * 4)
+    );
     assert_eq!(info.pid, pid);
     assert_ne!(info.pid, std::process::id());
     assert_eq!(rx.layout().width, W);
@@ -467,15 +490,15 @@ fn child_fds_flat() {
     let cycle = {
         let path = path.clone();
         move |i: u32| {
-        if i % 2 == 0 {
-            let rx = FrameReceiver::connect(&path, Delivery::Latest, Duration::from_secs(10))
-                .expect("connect");
-            drop(rx);
-        } else {
-            let conn = cuda_interop_frames::consumer::connect(&path, Duration::from_secs(10))
-                .expect("connect");
-            drop(conn);
-        }
+            if i % 2 == 0 {
+                let rx = FrameReceiver::connect(&path, Delivery::Latest, Duration::from_secs(10))
+                    .expect("connect");
+                drop(rx);
+            } else {
+                let conn = cuda_interop_frames::consumer::connect(&path, Duration::from_secs(10))
+                    .expect("connect");
+                drop(conn);
+            }
         }
     };
     // Warm-up: the first connection's lazy allocations are not leaks.
@@ -500,7 +523,10 @@ fn child_fds_flat() {
         || sender.stats().receivers > 0
         || sender.stats().connected + sender.stats().refused < u64::from(CYCLES) + 1
     {
-        assert!(start.elapsed() < Duration::from_secs(300), "cycles did not end");
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "cycles did not end"
+        );
         sender.serve(Duration::from_millis(5));
         // Some frames meanwhile, so that slots are held and given back.
         present_one(&mut sender, Duration::ZERO);
@@ -556,8 +582,12 @@ fn child_faults() {
         std::thread::spawn(move || {
             let t = Duration::from_secs(10);
             let garbage = connect(&path, t).unwrap();
-            rustix::net::send(&garbage, b"not a packet at all", rustix::net::SendFlags::empty())
-                .unwrap();
+            rustix::net::send(
+                &garbage,
+                b"not a packet at all",
+                rustix::net::SendFlags::empty(),
+            )
+            .unwrap();
             let wrong_kind = connect(&path, t).unwrap();
             send_packet(&wrong_kind, &Packet::hello(2, 4, 4, 16)).unwrap();
             let bad_release = connect(&path, t).unwrap();
@@ -577,7 +607,10 @@ fn child_faults() {
     let start = Instant::now();
     let mut presented_while_faulty = 0;
     while !good.is_finished() || !faulty.is_finished() {
-        assert!(start.elapsed() < BOUND, "the good receiver stopped getting frames");
+        assert!(
+            start.elapsed() < BOUND,
+            "the good receiver stopped getting frames"
+        );
         sender.serve(Duration::from_millis(1));
         if present_one(&mut sender, Duration::from_millis(50)) && !faulty.is_finished() {
             presented_while_faulty += 1;
@@ -664,7 +697,10 @@ fn all_slots_held_by_latest_receivers_skips_without_waiting() {
     // Every slot held: a long acquire timeout, yet no wait.
     let skipped = sender.stats().skipped;
     let result = sender.acquire(Duration::from_secs(30)).map(|s| s.index());
-    assert!(matches!(result, Err(AcquireError::AllSlotsHeld)), "{result:?}");
+    assert!(
+        matches!(result, Err(AcquireError::AllSlotsHeld)),
+        "{result:?}"
+    );
     assert_eq!(sender.stats().skipped, skipped + 1);
     assert_eq!(sender.stats().backpressure_timeouts, 0);
     done_tx.send(()).unwrap();
@@ -704,7 +740,10 @@ fn a_ring_without_semaphores_is_refused_with_what_is_missing() {
     }
     let message = client.join().unwrap();
     assert!(message.contains("no semaphores"), "{message}");
-    assert!(message.contains("VK_KHR_external_semaphore_fd"), "{message}");
+    assert!(
+        message.contains("VK_KHR_external_semaphore_fd"),
+        "{message}"
+    );
     assert!(message.contains("NumPy"), "{message}");
     drop(sender);
     cuda_interop_testkit::assert_no_validation_errors(&ctx);
