@@ -35,6 +35,50 @@
 //! * Dropping the sender stops its threads (within [`POLL`]), disconnects
 //!   every receiver, and removes its socket and directory entry; the
 //!   buffers' own drops wait for their last GPU use.
+//!
+//! # Example
+//!
+//! A sender named `"cam"` on a headless context, filling each frame with
+//! one colour, and a latest-mode receiver (in another process) that takes
+//! frames by name:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use cuda_interop_frames::discovery::{list_senders, Directory};
+//! use cuda_interop_frames::receiver::{Delivery, FrameReceiver};
+//! use cuda_interop_frames::sender::{monotonic_ns, Address, Sender, SenderOptions};
+//! use vk_export::markers::DeviceLocal;
+//! use vk_export::{Context, HeadlessOptions};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // The sender (its own `Context::from_raw` works the same way).
+//! let ctx = Context::headless(&HeadlessOptions::default())?;
+//! let address = Address::Named { directory: Directory::from_env()?, name: "cam".into() };
+//! let mut sender = Sender::<DeviceLocal>::new(&ctx, SenderOptions::new(address, 1920, 1080, 4))?;
+//! for _ in 0..100 {
+//!     // Skipped frames (every slot held by latest receivers) just go on.
+//!     let Ok(slot) = sender.acquire(Duration::from_millis(100)) else { continue };
+//!     let size = slot.buffer().size();
+//!     slot.present_with(monotonic_ns(), |device, cmd, buffer| {
+//!         // SAFETY: the sender's command buffer, recording, and the slot's
+//!         // buffer of `size` bytes, alive until the submission completes.
+//!         unsafe { device.cmd_fill_buffer(cmd, buffer, 0, size, 0xff00_00ff) };
+//!     })?;
+//! }
+//!
+//! // A receiver, in another process: the newest frame each time it asks.
+//! for s in list_senders()? {
+//!     println!("{}: {}x{} {}, {:.0} frames/s", s.name, s.width, s.height, s.format, s.fps);
+//! }
+//! let directory = Directory::from_env()?;
+//! let mut rx = FrameReceiver::connect_named(&directory, "cam", Delivery::Latest, Duration::from_secs(5))?;
+//! let _ring = rx.take_setup(); // import it: consumer::Ring::import, or the frame_client example
+//! let frame = rx.next_frame(Duration::from_secs(5))?;
+//! println!("frame {} at {} ns, {} dropped before it", frame.sequence, frame.timestamp_ns, frame.dropped_before);
+//! rx.release(frame, false)?; // true: its "released" timeline is signalled after GPU reads
+//! # Ok(())
+//! # }
+//! ```
 
 use std::io::Read;
 use std::os::fd::AsFd;
