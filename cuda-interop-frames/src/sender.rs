@@ -28,7 +28,10 @@
 //!   [`AcquireError::AllSlotsHeld`] at once and counts the frame as
 //!   skipped. With `L` latest receivers each holding at most one frame, a
 //!   ring of `L + 1` slots always has a free one. Frame packets are sent
-//!   without blocking: a receiver whose socket is full is dropped.
+//!   without blocking: a receiver whose socket is full is dropped. The
+//!   socket threads' events wait in a queue of [`EVENT_QUEUE`] (a full
+//!   queue holds back only the thread that posts), and a receiver has at
+//!   most one acquire queued.
 //! * A receiver that sends anything but its protocol's packets, releases a
 //!   frame it does not hold, holds one longer than the hold timeout, or
 //!   goes away is dropped; the others are not affected.
@@ -85,7 +88,9 @@ use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver as EventReceiver, RecvTimeoutError, Sender as EventSender};
+use std::sync::mpsc::{
+    self, Receiver as EventReceiver, RecvTimeoutError, SyncSender as EventSender, TrySendError,
+};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -267,6 +272,10 @@ struct Peer {
     /// Per slot: the "released" value its GPU signals.
     gpu_wait: Vec<Option<u64>>,
     reader: Option<JoinHandle<()>>,
+    /// Tells its reader to stop (set before joining it).
+    closed: Arc<AtomicBool>,
+    /// Its reader's "an acquire is queued" flag, cleared when handled.
+    acquire_queued: Arc<AtomicBool>,
     frames_sent: u64,
 }
 
@@ -282,15 +291,49 @@ fn reached(semaphore: &TimelineSemaphore, value: u64) -> bool {
     semaphore.value().is_ok_and(|v| v >= value)
 }
 
-/// Reads one receiver's packets until it goes away or `stop`.
-fn read_packets(
-    id: u64,
-    mut stream: UnixStream,
-    events: EventSender<Event>,
+/// Events queued for the sender at most: a socket thread whose event does
+/// not fit waits (its own thread only) until it does or it is told to stop.
+pub const EVENT_QUEUE: usize = 1024;
+
+/// Queues `event`, waiting while the queue is full; false when the sender
+/// is gone or `stop` or `closed` is set.
+fn post(
+    events: &EventSender<Event>,
+    mut event: Event,
+    stop: &AtomicBool,
+    closed: &AtomicBool,
+) -> bool {
+    loop {
+        match events.try_send(event) {
+            Ok(()) => return true,
+            Err(TrySendError::Disconnected(_)) => return false,
+            Err(TrySendError::Full(back)) => {
+                if stop.load(Ordering::Relaxed) || closed.load(Ordering::Relaxed) {
+                    return false;
+                }
+                event = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+/// What a receiver's socket thread shares with the sender.
+struct ReaderFlags {
+    /// The sender stops.
     stop: Arc<AtomicBool>,
-) {
+    /// The sender dropped this receiver.
+    closed: Arc<AtomicBool>,
+    /// An acquire of this receiver is queued already: another is the same
+    /// request, and is not queued (a receiver cannot flood the queue).
+    acquire_queued: Arc<AtomicBool>,
+}
+
+/// Reads one receiver's packets until it goes away or is stopped.
+fn read_packets(id: u64, mut stream: UnixStream, events: EventSender<Event>, flags: ReaderFlags) {
+    let (stop, closed) = (&*flags.stop, &*flags.closed);
     let (why, fault) = loop {
-        if stop.load(Ordering::Relaxed) {
+        if stop.load(Ordering::Relaxed) || closed.load(Ordering::Relaxed) {
             return;
         }
         let mut buf = [0u8; PACKET_LEN + 16];
@@ -298,7 +341,12 @@ fn read_packets(
             Ok(0) => break ("disconnected".to_string(), false),
             Ok(n) => match Packet::decode(&buf[..n]) {
                 Ok(packet) => {
-                    if events.send(Event::Packet { id, packet }).is_err() {
+                    if packet.kind == Kind::Acquire
+                        && flags.acquire_queued.swap(true, Ordering::AcqRel)
+                    {
+                        continue;
+                    }
+                    if !post(&events, Event::Packet { id, packet }, stop, closed) {
                         return;
                     }
                 }
@@ -317,7 +365,7 @@ fn read_packets(
             Err(e) => break (format!("read failed: {e}"), true),
         }
     };
-    let _ = events.send(Event::Gone { id, why, fault });
+    post(&events, Event::Gone { id, why, fault }, stop, closed);
 }
 
 /// A frame sender (see the module contract).
@@ -393,7 +441,7 @@ impl<M: MemoryLocation> Sender<M> {
             }
         };
         let socket = listener.path().to_owned();
-        let (events_tx, events) = mpsc::channel();
+        let (events_tx, events) = mpsc::sync_channel(EVENT_QUEUE);
         let stop = Arc::new(AtomicBool::new(false));
         let acceptor = {
             let (tx, stop) = (events_tx.clone(), stop.clone());
@@ -522,13 +570,18 @@ impl<M: MemoryLocation> Sender<M> {
             Ok((n, _)) if n > 0 => Some(Packet::decode(&early[..n.min(early.len())])),
             _ => None,
         };
+        let (closed, acquire_queued) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
         let reader = {
-            let (stream, events, stop) = (
-                stream.try_clone()?,
-                self.events_tx.clone(),
-                self.stop.clone(),
-            );
-            std::thread::spawn(move || read_packets(id, stream, events, stop))
+            let (stream, events) = (stream.try_clone()?, self.events_tx.clone());
+            let flags = ReaderFlags {
+                stop: self.stop.clone(),
+                closed: closed.clone(),
+                acquire_queued: acquire_queued.clone(),
+            };
+            std::thread::spawn(move || read_packets(id, stream, events, flags))
         };
         self.peers.push(Peer {
             id,
@@ -543,6 +596,8 @@ impl<M: MemoryLocation> Sender<M> {
             held: vec![None; n],
             gpu_wait: vec![None; n],
             reader: Some(reader),
+            closed,
+            acquire_queued,
             frames_sent: 0,
         });
         self.stats.connected += 1;
@@ -560,6 +615,7 @@ impl<M: MemoryLocation> Sender<M> {
             return;
         };
         let mut peer = self.peers.swap_remove(i);
+        peer.closed.store(true, Ordering::Relaxed);
         let _ = peer.stream.shutdown(std::net::Shutdown::Both);
         if let Some(r) = peer.reader.take() {
             let _ = r.join();
@@ -601,6 +657,7 @@ impl<M: MemoryLocation> Sender<M> {
             }
             Kind::Subscribe => Some(("subscribed twice (or after its first request)".into(), true)),
             Kind::Acquire if peer.mode == Mode::Latest => {
+                peer.acquire_queued.store(false, Ordering::Release);
                 peer.wants = true;
                 if let Some((slot, frame, ts)) = newest.filter(|n| n.1 > peer.last_sent) {
                     send_frame(peer, slot, frame, ts).err()
@@ -926,10 +983,11 @@ fn send_frame(peer: &mut Peer, slot: u32, frame: u64, ts: u64) -> Result<(), (St
 }
 
 fn accept_loop(listener: Listener, tx: EventSender<Event>, stop: Arc<AtomicBool>) {
+    let never = AtomicBool::new(false);
     while !stop.load(Ordering::Relaxed) {
         // A timeout, or a peer refused (another user): keep listening.
         if let Ok(conn) = listener.accept(POLL) {
-            if tx.send(Event::Connected(conn)).is_err() {
+            if !post(&tx, Event::Connected(conn), &stop, &never) {
                 return;
             }
         }
