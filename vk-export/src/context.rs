@@ -441,6 +441,10 @@ impl Context {
     /// it) waits only for this crate's own submissions, with a bound
     /// ([`DROP_WAIT`]).
     ///
+    /// The context keeps `entry` (the loader library stays loaded while it
+    /// lives): keep a clone of your own for the calls you make after the
+    /// context is gone, such as `vkDestroyDevice`.
+    ///
     /// Refused ([`Error::InvalidArgument`], before anything is created): a
     /// queue family the device does not have, a queue index not below the
     /// family's `queueCount`, a main family without `GRAPHICS` or `COMPUTE`,
