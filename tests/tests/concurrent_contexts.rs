@@ -58,7 +58,9 @@ fn run(transfer: TransferQueue) -> Vec<String> {
             let start = Arc::clone(&start);
             thread::spawn(move || {
                 start.wait();
-                (0..ROUNDS).flat_map(|_| one_round(transfer)).collect::<Vec<_>>()
+                (0..ROUNDS)
+                    .flat_map(|_| one_round(transfer))
+                    .collect::<Vec<_>>()
             })
         })
         .collect();
