@@ -5,7 +5,8 @@
 //!
 //! # Contract
 //!
-//! * Each frame `f` (from 1) is written with transfer commands only: the whole
+//! * Each frame `f` (from 1) is written with transfer commands only, on the
+//!   context's transfer queue where the device has a transfer-only family: the whole
 //!   buffer filled with the `u32` `f` (little-endian RGBA bytes), then a band
 //!   of `height / 16` rows at a row moving 8 rows a frame filled with `!f`
 //!   ([`protocol::band_rows`]). Rows are [`ProducerOptions::row_pitch`] bytes
@@ -38,7 +39,7 @@ use crate::protocol::{self, Packet, PacketError};
 use crate::sender::{self, AcquireError, Address, Sender, SenderError, SenderOptions};
 use vk_export::ash::vk;
 use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
-use vk_export::{Context, HeadlessOptions};
+use vk_export::{Context, HeadlessOptions, QueueRole};
 
 type Res<T> = Result<T, ProducerError>;
 
@@ -251,6 +252,8 @@ fn run_with<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<()> 
         row_pitch: opts.row_pitch,
         hold_timeout: opts.hold_timeout,
         semaphores: !opts.no_semaphores,
+        // The demo pattern is transfer commands only.
+        queue: QueueRole::Transfer,
         ..SenderOptions::new(address, opts.width, opts.height, opts.slots)
     };
     let mut sender = Sender::<M>::new(&ctx, sender_opts)?;

@@ -100,7 +100,9 @@ use rustix::net::SendFlags;
 use vk_export::ash::vk;
 use vk_export::markers::MemoryLocation;
 use vk_export::socket::{Connection, Exported, Listener};
-use vk_export::{Context, ExportableBuffer, SubmitSync, TimelineSemaphore, WaitStrategy};
+use vk_export::{
+    Context, ExportableBuffer, QueueRole, SubmitSync, TimelineSemaphore, WaitStrategy,
+};
 
 use crate::discovery::{Announcement, Directory, DiscoveryError, SenderInfo, SlotKind};
 use crate::protocol::{self, Kind, Packet, PacketError, PACKET_LEN, SETUP_TAG};
@@ -148,6 +150,12 @@ pub struct SenderOptions {
     pub slots: u32,
     /// How long a receiver may hold a slot (or keep a GPU release waiting).
     pub hold_timeout: Duration,
+    /// The queue the frames' submissions go to: [`QueueRole::Main`] for
+    /// commands of any kind (the default), [`QueueRole::Transfer`] for
+    /// transfer-only commands (copies, fills), which then run on the
+    /// device's transfer-only queue where the context has one (no
+    /// graphics-engine switch between the sender's work and CUDA's).
+    pub queue: QueueRole,
     /// Share "produced" and "released" timelines (CUDA receivers need them;
     /// lavapipe exports none): without, frames are announced after their
     /// writes completed and a GPU-signalled release is a protocol error.
@@ -156,7 +164,7 @@ pub struct SenderOptions {
 
 impl SenderOptions {
     /// A ring of `slots` RGBA8 frames of `width` x `height` with unpadded
-    /// rows, a 5 s hold timeout, with semaphores.
+    /// rows, a 5 s hold timeout, the main queue, with semaphores.
     pub fn new(address: Address, width: u32, height: u32, slots: u32) -> SenderOptions {
         SenderOptions {
             address,
@@ -165,6 +173,7 @@ impl SenderOptions {
             row_pitch: u64::from(width) * 4,
             slots,
             hold_timeout: Duration::from_secs(5),
+            queue: QueueRole::Main,
             semaphores: true,
         }
     }
@@ -852,59 +861,60 @@ impl<M: MemoryLocation> Sender<M> {
             sync = sync.signal_timeline(produced, f);
         }
         let buffer = self.buffers[s].raw();
-        let family = self.ctx.queue_family();
         let acquire = self.released_to_external[s];
-        self.ctx.submit_and_wait(sync, |device, cmd| {
-            let barrier = |src_family, dst_family, src_access, dst_access| {
-                vk::BufferMemoryBarrier::default()
-                    .src_access_mask(src_access)
-                    .dst_access_mask(dst_access)
-                    .src_queue_family_index(src_family)
-                    .dst_queue_family_index(dst_family)
-                    .buffer(buffer)
-                    .offset(0)
-                    .size(vk::WHOLE_SIZE)
-            };
-            // SAFETY: recording into the command buffer submit_and_wait
-            // gave; the buffer lives in `self.buffers` for the sender's
-            // life and submit_and_wait waits for the commands.
-            unsafe {
-                if acquire {
+        let role = self.opts.queue;
+        self.ctx
+            .submit_and_wait_on(role, sync, |device, cmd, family| {
+                let barrier = |src_family, dst_family, src_access, dst_access| {
+                    vk::BufferMemoryBarrier::default()
+                        .src_access_mask(src_access)
+                        .dst_access_mask(dst_access)
+                        .src_queue_family_index(src_family)
+                        .dst_queue_family_index(dst_family)
+                        .buffer(buffer)
+                        .offset(0)
+                        .size(vk::WHOLE_SIZE)
+                };
+                // SAFETY: recording into the command buffer submit_and_wait
+                // gave; the buffer lives in `self.buffers` for the sender's
+                // life and submit_and_wait waits for the commands.
+                unsafe {
+                    if acquire {
+                        device.cmd_pipeline_barrier(
+                            cmd,
+                            vk::PipelineStageFlags::TOP_OF_PIPE,
+                            vk::PipelineStageFlags::ALL_COMMANDS,
+                            vk::DependencyFlags::empty(),
+                            &[],
+                            &[barrier(
+                                vk::QUEUE_FAMILY_EXTERNAL,
+                                family,
+                                vk::AccessFlags::empty(),
+                                vk::AccessFlags::MEMORY_WRITE | vk::AccessFlags::MEMORY_READ,
+                            )],
+                            &[],
+                        );
+                    }
+                }
+                record(device, cmd, buffer);
+                // SAFETY: as above.
+                unsafe {
                     device.cmd_pipeline_barrier(
                         cmd,
-                        vk::PipelineStageFlags::TOP_OF_PIPE,
                         vk::PipelineStageFlags::ALL_COMMANDS,
+                        vk::PipelineStageFlags::BOTTOM_OF_PIPE,
                         vk::DependencyFlags::empty(),
                         &[],
                         &[barrier(
-                            vk::QUEUE_FAMILY_EXTERNAL,
                             family,
+                            vk::QUEUE_FAMILY_EXTERNAL,
+                            vk::AccessFlags::MEMORY_WRITE,
                             vk::AccessFlags::empty(),
-                            vk::AccessFlags::MEMORY_WRITE | vk::AccessFlags::MEMORY_READ,
                         )],
                         &[],
                     );
                 }
-            }
-            record(device, cmd, buffer);
-            // SAFETY: as above.
-            unsafe {
-                device.cmd_pipeline_barrier(
-                    cmd,
-                    vk::PipelineStageFlags::ALL_COMMANDS,
-                    vk::PipelineStageFlags::BOTTOM_OF_PIPE,
-                    vk::DependencyFlags::empty(),
-                    &[],
-                    &[barrier(
-                        family,
-                        vk::QUEUE_FAMILY_EXTERNAL,
-                        vk::AccessFlags::MEMORY_WRITE,
-                        vk::AccessFlags::empty(),
-                    )],
-                    &[],
-                );
-            }
-        })?;
+            })?;
         self.released_to_external[s] = true;
         self.stats.presented = f;
         self.newest = Some((slot, f, timestamp_ns));

@@ -82,6 +82,9 @@ fn make_sender(address: Address, hold_timeout: Duration) -> (vk_export::Context,
     let opts = SenderOptions {
         hold_timeout,
         semaphores: false,
+        // The demo pattern is transfer commands (lavapipe has no
+        // transfer-only family: the main queue takes them).
+        queue: vk_export::QueueRole::Transfer,
         ..SenderOptions::new(address, W, H, SLOTS)
     };
     let sender = Sender::<Mem>::new(&ctx, opts).expect("a sender");

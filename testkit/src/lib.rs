@@ -57,6 +57,7 @@ pub fn vulkan(device_uuid: Option<vk_export::DeviceUuid>) -> Context {
     Context::headless(&HeadlessOptions {
         device_uuid,
         validation,
+        ..HeadlessOptions::default()
     })
     .unwrap_or_else(|e| panic!("a Vulkan device with external memory is needed for this test: {e}"))
 }

@@ -453,6 +453,88 @@ fn a_killed_producer_leaves_the_consumer_with_bounded_waits_and_no_leak() {
     assert_no_validation_errors_except(&ctx, &[IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE]);
 }
 
+/// Issue 18 item 9: after a dead exporter, an importer that dropped every
+/// import, socket and pipe had one fd more than before (26 -> 27, its
+/// Context alive). With no warm-up at all, three cycles of the killed
+/// producer above (receive, import into CUDA and Vulkan, wait, kill, drop
+/// everything): whatever the first cycle adds must be an fd the driver opens
+/// once and keeps (printed with its target), and the second and third
+/// cycles add nothing: a leak would grow with every cycle.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test processes -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
+fn fds_after_dead_exporters_grow_once_not_per_cycle() {
+    let _fds = fds::lock();
+    let ctx = vulkan(None);
+    let cuda = CudaDevice::for_vulkan(&ctx).unwrap();
+    let before = fds::fd_table();
+    let mut after_each = Vec::new();
+    for cycle in 1..=3 {
+        let (consumer, producer_fd, number) = child::socket_for_child();
+        let mut producer = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_producer_that_dies",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env(child::CHILD_SOCKET_ENV, &number)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        drop(producer_fd);
+        let mut received = consumer.recv(Duration::from_secs(30)).unwrap();
+        let image = cuda
+            .import_received_image(
+                received
+                    .take_image::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(0)
+                    .unwrap(),
+            )
+            .map_err(|e| e.error)
+            .unwrap();
+        let cuda_timeline = cuda
+            .import_received_semaphore(received.take_semaphore::<vk_export::Timeline>(1).unwrap())
+            .map_err(|e| e.error)
+            .unwrap();
+        let vk_timeline = TimelineSemaphore::import_received(
+            &ctx,
+            received.take_semaphore::<vk_export::Timeline>(2).unwrap(),
+        )
+        .map_err(|e| e.error)
+        .unwrap();
+        drop(received);
+        producer.kill().unwrap();
+        producer.wait().unwrap();
+        let stream = Stream::new(&cuda).unwrap();
+        cuda_timeline.wait(&stream, 5).unwrap();
+        let array = image.map_array().unwrap();
+        vk_timeline.signal(5).unwrap();
+        stream.synchronize(TIMEOUT).unwrap();
+        drop(array);
+        drop((stream, cuda_timeline, vk_timeline, image, consumer));
+        let now = fds::fd_table();
+        let added: Vec<_> = now
+            .iter()
+            .filter(|(n, t)| before.get(n) != Some(t))
+            .collect();
+        let gone: Vec<_> = before
+            .iter()
+            .filter(|(n, t)| now.get(n) != Some(t))
+            .collect();
+        println!(
+            "after cycle {cycle}: {} fds ({} before); added {added:?}; gone {gone:?}",
+            now.len(),
+            before.len()
+        );
+        after_each.push(now);
+    }
+    assert_eq!(
+        after_each[1], after_each[0],
+        "the second cycle adds or closes no fd: the first cycle's extra fds (if any) are opened once"
+    );
+    assert_eq!(after_each[2], after_each[0], "nor does the third");
+    assert_no_validation_errors_except(&ctx, &[IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE]);
+}
+
 /// Entry point of the producer process above: exports an image and a
 /// timeline (twice: one fd for CUDA, one for Vulkan), sends them, then
 /// waits to be killed.

@@ -11,7 +11,6 @@
 
 use std::fmt;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
@@ -23,6 +22,7 @@ use crate::memory::{
     export_memory_fd, import_dup,
 };
 use crate::ownership::Owner;
+use crate::submit::LastUse;
 use crate::MEMORY_HANDLE_TYPE;
 use interop_share::fd::{check_export_fd, ImportError, ImportFailure, KeepAlive};
 use interop_share::markers::{DeviceLocal, MemoryLocation};
@@ -37,14 +37,13 @@ pub(crate) struct BufferInner {
     pub(crate) memory: vk::DeviceMemory,
     pub(crate) info: BufferInfo,
     pub(crate) owner: Mutex<Owner>,
-    /// Progress value of this crate's last submission that used the buffer.
-    pub(crate) last_use: AtomicU64,
+    /// Per queue, the progress value of this crate's last submission that used the buffer.
+    pub(crate) last_use: LastUse,
 }
 
 impl Drop for BufferInner {
     fn drop(&mut self) {
-        let last = self.last_use.load(Ordering::Acquire);
-        if let Err(e) = self.ctx.wait_progress(last, DROP_WAIT) {
+        if let Err(e) = self.ctx.wait_used(&self.last_use, DROP_WAIT) {
             record_drop_error(format_args!(
                 "a buffer and its memory are leaked: the submission that last used them did not complete ({e})"
             ));
@@ -278,8 +277,8 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
                 buffer,
                 memory,
                 info: record.info().clone(),
-                owner: Mutex::new(Owner::Vulkan(vk::ImageLayout::UNDEFINED)),
-                last_use: AtomicU64::new(0),
+                owner: Mutex::new(Owner::Unused),
+                last_use: LastUse::default(),
             }),
             record,
         })

@@ -7,9 +7,15 @@
 //!   application owns; one made by [`Context::headless`] destroys its device
 //!   and instance when the last clone goes, after every resource (each holds
 //!   a clone).
+//! * A context submits to its main queue (graphics or compute) and, where
+//!   the device has a transfer-only queue family, to a transfer queue
+//!   ([`Queues`]): work that needs no other engine (copies, uploads,
+//!   readbacks, ownership releases, semaphore-only signals) goes there, and
+//!   does not switch the GPU's graphics engine between Vulkan and CUDA.
 //! * Every submission of this crate goes through one lock per queue and
-//!   signals a private timeline, the completion record resources wait for
-//!   (bounded) in `Drop`.
+//!   signals that queue's private timeline, the completion record resources
+//!   wait for (bounded) in `Drop`; submissions on the two queues keep one
+//!   order (each waits on the GPU for the other queue's latest).
 //! * Destructor failures and validation messages never panic: they are
 //!   counted ([`drop_errors`], the validation error count) and written to
 //!   stderr, where a closed stderr is ignored.
@@ -25,7 +31,7 @@ use ash::vk;
 use interop_share::uuid::{DeviceUuid, DriverUuid};
 
 use crate::error::{unsupported, vk_error, Error, Result};
-use crate::submit::{wait_progress, Engine, QueueState};
+use crate::submit::{wait_lanes, Engine, Lane, LastUse, QueueState, MAX_LANES};
 
 thread_local! {
     /// The locks this thread holds, by address: contexts' queue or
@@ -126,6 +132,52 @@ pub struct HeadlessOptions {
     pub device_uuid: Option<DeviceUuid>,
     /// Validation layer policy.
     pub validation: Validation,
+    /// Whether the context also gets a transfer-only queue.
+    pub transfer_queue: TransferQueue,
+}
+
+/// Whether [`Context::headless`] creates a queue of a transfer-only family.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TransferQueue {
+    /// Where the device has a family with `TRANSFER` but neither `GRAPHICS`
+    /// nor `COMPUTE` (NVIDIA: family 1; lavapipe: none), the copy helpers
+    /// use a queue of it.
+    #[default]
+    IfAvailable,
+    /// Everything on the main queue (to measure what the transfer queue saves).
+    Off,
+}
+
+/// A queue of a device: its family and its index in the family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QueueChoice {
+    /// `queueFamilyIndex`.
+    pub family: u32,
+    /// The index of the queue in its family (`vkGetDeviceQueue`'s `queueIndex`).
+    pub index: u32,
+}
+
+/// The queues a [`Context`] submits to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Queues {
+    /// A queue of a family with `GRAPHICS` or `COMPUTE`: clears, and
+    /// [`Context::submit_and_wait`]'s commands.
+    pub main: QueueChoice,
+    /// A second queue for the work that needs only `TRANSFER` (copies,
+    /// uploads, readbacks, releases, semaphore-only signals); `None`: the
+    /// main queue does it. Best a queue of a transfer-only family: work
+    /// there does not switch the graphics engine between Vulkan and CUDA
+    /// (about 155 µs each way on an H200; `docs/performance.md`, S8).
+    pub transfer: Option<QueueChoice>,
+}
+
+/// Which of a context's queues (see [`Queues`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QueueRole {
+    /// The main queue.
+    Main,
+    /// The transfer queue, or the main queue where the context has none.
+    Transfer,
 }
 
 /// Device extensions every context needs.
@@ -154,13 +206,9 @@ pub(crate) struct ContextInner {
     pub(crate) instance: ash::Instance,
     pub(crate) physical: vk::PhysicalDevice,
     pub(crate) device: ash::Device,
-    pub(crate) queue_family: u32,
-    /// One lock around every submission to the queue (Vulkan requires
-    /// external synchronisation per queue), with the last progress value.
-    pub(crate) queue: Mutex<QueueState>,
-    /// Private timeline every helper submission signals: the completion
-    /// record resources wait for in `Drop`.
-    pub(crate) progress: vk::Semaphore,
+    /// The main queue's lane (0) and, where the context has one, the
+    /// transfer queue's (1).
+    pub(crate) lanes: Vec<Lane>,
     pub(crate) memory_fd: ash::khr::external_memory_fd::Device,
     pub(crate) semaphore_fd: Option<ash::khr::external_semaphore_fd::Device>,
     pub(crate) identity: DeviceIdentity,
@@ -168,7 +216,6 @@ pub(crate) struct ContextInner {
     pub(crate) max_timeline_difference: u64,
     /// `VK_EXT_memory_budget` is enabled (headless contexts, where offered).
     pub(crate) memory_budget: bool,
-    pub(crate) engine: Mutex<Engine>,
     owned: bool,
     debug: Option<DebugMessenger>,
 }
@@ -192,7 +239,7 @@ impl fmt::Debug for Context {
         f.debug_struct("Context")
             .field("device", &self.inner.identity.name)
             .field("device_uuid", &self.inner.identity.device_uuid_string())
-            .field("queue_family", &self.inner.queue_family)
+            .field("queues", &self.queues())
             .field("semaphore_fd", &self.inner.semaphore_fd.is_some())
             .field("validation", &self.inner.debug.is_some())
             .finish()
@@ -271,21 +318,10 @@ impl Context {
             None
         };
         match Self::create_device(&instance, options) {
-            Ok((physical, device, queue_family)) => {
+            Ok((physical, device, queues)) => {
                 // SAFETY: the device and instance were just created here and
                 // belong to the context from now on.
-                unsafe {
-                    Self::build(
-                        entry,
-                        instance,
-                        physical,
-                        device,
-                        queue_family,
-                        true,
-                        debug,
-                        true,
-                    )
-                }
+                unsafe { Self::build(entry, instance, physical, device, queues, true, debug, true) }
             }
             Err(e) => {
                 // SAFETY: no device exists; tear down what was created, messenger first.
@@ -303,7 +339,7 @@ impl Context {
     fn create_device(
         instance: &ash::Instance,
         options: &HeadlessOptions,
-    ) -> Result<(vk::PhysicalDevice, ash::Device, u32)> {
+    ) -> Result<(vk::PhysicalDevice, ash::Device, Queues)> {
         // SAFETY: plain enumeration on a live instance.
         let physicals = unsafe { instance.enumerate_physical_devices() }.map_err(vk_error(
             "vkEnumeratePhysicalDevices",
@@ -368,10 +404,19 @@ impl Context {
                 enabled.push(e.as_ptr());
             }
         }
+        let transfer = match options.transfer_queue {
+            TransferQueue::IfAvailable => transfer_only_family(instance, physical),
+            TransferQueue::Off => None,
+        };
         let priorities = [1.0f32];
-        let queues = [vk::DeviceQueueCreateInfo::default()
-            .queue_family_index(family)
-            .queue_priorities(&priorities)];
+        let queues: Vec<_> = std::iter::once(family)
+            .chain(transfer)
+            .map(|f| {
+                vk::DeviceQueueCreateInfo::default()
+                    .queue_family_index(f)
+                    .queue_priorities(&priorities)
+            })
+            .collect();
         let mut features12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
         let info = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
@@ -382,22 +427,40 @@ impl Context {
             "vkCreateDevice",
             "the device must support timeline semaphores",
         ))?;
-        Ok((physical, device, family))
+        let queues = Queues {
+            main: QueueChoice { family, index: 0 },
+            transfer: transfer.map(|family| QueueChoice { family, index: 0 }),
+        };
+        Ok((physical, device, queues))
     }
 
     /// Wraps the application's own Vulkan objects. The context submits to
-    /// queue 0 of `queue_family`, and never destroys or idles anything it did
-    /// not create: dropping it (and every resource made from it) waits only
-    /// for this crate's own submissions, with a bound ([`DROP_WAIT`]).
+    /// the queues named in `queues` (see [`Queues`]: a main queue, and
+    /// optionally a transfer queue for copies), and never destroys or idles
+    /// anything it did not create: dropping it (and every resource made from
+    /// it) waits only for this crate's own submissions, with a bound
+    /// ([`DROP_WAIT`]).
+    ///
+    /// The context keeps `entry` (the loader library stays loaded while it
+    /// lives): keep a clone of your own for the calls you make after the
+    /// context is gone, such as `vkDestroyDevice`.
+    ///
+    /// Refused ([`Error::InvalidArgument`], before anything is created): a
+    /// queue family the device does not have, a queue index not below the
+    /// family's `queueCount`, a main family without `GRAPHICS` or `COMPUTE`,
+    /// and the same queue named twice.
     ///
     /// # Safety
     /// * `device` was created from `physical`, which belongs to `instance`,
     ///   with API version 1.2 or later, the `timelineSemaphore` feature, and
     ///   every extension in [`REQUIRED_DEVICE_EXTENSIONS`] enabled
     ///   (`VK_KHR_external_semaphore_fd` too when `semaphore_fd_enabled`);
-    /// * queue 0 of `queue_family` exists on `device`, and while the context
-    ///   lives the application submits to that queue only from inside
-    ///   [`Context::with_queue`] (this crate submits under the same lock);
+    /// * every queue in `queues` was created with `device` (its
+    ///   `VkDeviceQueueCreateInfo` asked for at least `index + 1` queues of
+    ///   its family), and while the context lives the application submits to
+    ///   those queues only from inside [`Context::with_queue`] /
+    ///   [`Context::with_queue_of`] (this crate submits under the same
+    ///   locks), or not at all (queues it created for this crate alone);
     /// * the instance and device outlive the context and every resource
     ///   created from it;
     /// * work the application submits that uses this crate's resources (via
@@ -408,9 +471,10 @@ impl Context {
         instance: ash::Instance,
         physical: vk::PhysicalDevice,
         device: ash::Device,
-        queue_family: u32,
+        queues: Queues,
         semaphore_fd_enabled: bool,
     ) -> Result<Context> {
+        check_queues(&instance, physical, &queues)?;
         // SAFETY: forwarded from the caller's contract.
         unsafe {
             Self::build(
@@ -418,7 +482,7 @@ impl Context {
                 instance,
                 physical,
                 device,
-                queue_family,
+                queues,
                 false,
                 None,
                 semaphore_fd_enabled,
@@ -437,7 +501,7 @@ impl Context {
         instance: ash::Instance,
         physical: vk::PhysicalDevice,
         device: ash::Device,
-        queue_family: u32,
+        queues: Queues,
         owned: bool,
         debug: Option<DebugMessenger>,
         semaphore_fd_enabled: bool,
@@ -450,44 +514,65 @@ impl Context {
                 .iter()
                 .any(|e| e == ash::khr::external_semaphore_fd::NAME))
         .then(|| ash::khr::external_semaphore_fd::Device::new(&instance, &device));
-        // SAFETY: plain queries on a live physical device; queue 0 of the family exists.
-        let (memory_properties, queue, max_timeline_difference) = unsafe {
+        // SAFETY: plain queries on a live physical device.
+        let (memory_properties, max_timeline_difference) = unsafe {
             let mut timeline = vk::PhysicalDeviceTimelineSemaphoreProperties::default();
             let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut timeline);
             instance.get_physical_device_properties2(physical, &mut props);
             (
                 instance.get_physical_device_memory_properties(physical),
-                device.get_device_queue(queue_family, 0),
                 timeline.max_timeline_semaphore_value_difference,
             )
         };
-        let mut progress_type = vk::SemaphoreTypeCreateInfo::default()
-            .semaphore_type(vk::SemaphoreType::TIMELINE)
-            .initial_value(0);
-        // SAFETY: plain creation on a live device with timeline semaphores
-        // enabled (the callers' contract).
-        let progress = unsafe {
-            device.create_semaphore(
-                &vk::SemaphoreCreateInfo::default().push_next(&mut progress_type),
-                None,
-            )
+        let mut lanes: Vec<Lane> = Vec::with_capacity(MAX_LANES);
+        for choice in std::iter::once(queues.main).chain(queues.transfer) {
+            // SAFETY: the queue exists on the device (the callers' contract).
+            let queue = unsafe { device.get_device_queue(choice.family, choice.index) };
+            let mut progress_type = vk::SemaphoreTypeCreateInfo::default()
+                .semaphore_type(vk::SemaphoreType::TIMELINE)
+                .initial_value(0);
+            // SAFETY: plain creation on a live device with timeline semaphores
+            // enabled (the callers' contract).
+            let progress = unsafe {
+                device.create_semaphore(
+                    &vk::SemaphoreCreateInfo::default().push_next(&mut progress_type),
+                    None,
+                )
+            };
+            let progress = match progress {
+                Ok(p) => p,
+                Err(e) => {
+                    for lane in &lanes {
+                        // SAFETY: created above, never used.
+                        unsafe { device.destroy_semaphore(lane.progress, None) };
+                    }
+                    return Err(Error::Vulkan {
+                        call: "vkCreateSemaphore (timeline)",
+                        result: e,
+                        hint: "the device must have the timelineSemaphore feature enabled",
+                    });
+                }
+            };
+            lanes.push(Lane {
+                family: choice.family,
+                index: choice.index,
+                queue: Mutex::new(QueueState {
+                    queue,
+                    last_value: 0,
+                }),
+                last_submitted: Default::default(),
+                progress,
+                engine: Mutex::new(Engine::default()),
+                handoff: Mutex::new(Engine::default()),
+            });
         }
-        .map_err(vk_error(
-            "vkCreateSemaphore (timeline)",
-            "the device must have the timelineSemaphore feature enabled",
-        ))?;
         Ok(Context {
             inner: Arc::new(ContextInner {
                 _entry: entry,
                 instance,
                 physical,
                 device,
-                queue_family,
-                queue: Mutex::new(QueueState {
-                    queue,
-                    last_value: 0,
-                }),
-                progress,
+                lanes,
                 memory_fd,
                 semaphore_fd,
                 identity,
@@ -497,7 +582,6 @@ impl Context {
                     && extensions
                         .iter()
                         .any(|e| e.as_c_str() == ash::ext::memory_budget::NAME),
-                engine: Mutex::new(Engine::default()),
                 owned,
                 debug,
             }),
@@ -520,9 +604,36 @@ impl Context {
     pub fn physical_device(&self) -> vk::PhysicalDevice {
         self.inner.physical
     }
-    /// The queue family this crate submits to.
+    /// The main queue's family.
     pub fn queue_family(&self) -> u32 {
-        self.inner.queue_family
+        self.inner.lanes[0].family
+    }
+
+    /// The queues this context submits to.
+    pub fn queues(&self) -> Queues {
+        let choice = |lane: &Lane| QueueChoice {
+            family: lane.family,
+            index: lane.index,
+        };
+        Queues {
+            main: choice(&self.inner.lanes[0]),
+            transfer: self.inner.lanes.get(1).map(choice),
+        }
+    }
+
+    /// The queue family of `role`'s queue: the family a helper of that role
+    /// records its queue-family ownership transfers for (e.g. the family to
+    /// acquire a resource on after this context's `release_*` helpers).
+    pub fn queue_family_of(&self, role: QueueRole) -> u32 {
+        self.inner.lanes[self.lane_of(role)].family
+    }
+
+    /// The lane index of `role`.
+    pub(crate) fn lane_of(&self, role: QueueRole) -> usize {
+        match role {
+            QueueRole::Main => 0,
+            QueueRole::Transfer => self.inner.lanes.len() - 1,
+        }
     }
     /// Whether `VK_KHR_external_semaphore_fd` is available (Mesa's lavapipe: no).
     pub fn supports_semaphore_fds(&self) -> bool {
@@ -586,8 +697,15 @@ impl Context {
     /// Calling `with_queue` or a helper of this context from inside `f` is
     /// an [`Error::InvalidArgument`] (it would wait for itself).
     pub fn with_queue<R>(&self, f: impl FnOnce(vk::Queue) -> R) -> Result<R> {
+        self.with_queue_of(QueueRole::Main, f)
+    }
+
+    /// [`Context::with_queue`] for `role`'s queue (the transfer queue, or
+    /// the main queue where the context has none).
+    pub fn with_queue_of<R>(&self, role: QueueRole, f: impl FnOnce(vk::Queue) -> R) -> Result<R> {
         let _held = self.hold("with_queue")?;
-        let state = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let lane = &self.inner.lanes[self.lane_of(role)];
+        let state = lane.queue.lock().unwrap_or_else(|p| p.into_inner());
         Ok(f(state.queue))
     }
 
@@ -622,10 +740,15 @@ impl Context {
         }
     }
 
-    /// Waits (bounded) until this crate's submission that signalled
-    /// `value` has completed.
-    pub(crate) fn wait_progress(&self, value: u64, timeout: std::time::Duration) -> Result<()> {
-        wait_progress(&self.inner.device, self.inner.progress, value, timeout)
+    /// Waits (bounded) until the submissions of this crate that used a
+    /// resource (`last_use`) have completed.
+    pub(crate) fn wait_used(&self, last_use: &LastUse, timeout: std::time::Duration) -> Result<()> {
+        wait_lanes(
+            &self.inner.device,
+            &self.inner.lanes,
+            last_use.values(),
+            timeout,
+        )
     }
 
     /// The first memory type allowed by `type_bits` with all of `required`
@@ -654,25 +777,32 @@ impl Drop for ContextInner {
         // Every resource holds a clone of the context, so none is left; wait
         // (bounded) for this crate's own submissions only: never idle a
         // device the application may still be using.
-        let last = self
-            .queue
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .last_value;
-        let engine = std::mem::take(self.engine.get_mut().unwrap_or_else(|p| p.into_inner()));
-        let done = wait_progress(&self.device, self.progress, last, DROP_WAIT);
+        let mut last = [0; MAX_LANES];
+        for (i, lane) in self.lanes.iter_mut().enumerate() {
+            last[i] = lane
+                .queue
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .last_value;
+        }
+        let done = wait_lanes(&self.device, &self.lanes, last, DROP_WAIT);
         if let Err(e) = done {
             record_drop_error(format_args!(
-                "the context's last submission ({last}) did not complete ({e}); its command buffers{} are leaked",
+                "the context's last submissions ({last:?}) did not complete ({e}); its command buffers{} are leaked",
                 if self.owned { ", device and instance" } else { "" }
             ));
             return;
         }
         // SAFETY: every submission of this crate completed (waited above), so
-        // no slot, staging buffer or the progress semaphore is in use.
+        // no slot, staging buffer or progress semaphore is in use.
         unsafe {
-            engine.destroy(&self.device);
-            self.device.destroy_semaphore(self.progress, None);
+            for lane in self.lanes.drain(..) {
+                let engine = lane.engine.into_inner().unwrap_or_else(|p| p.into_inner());
+                let handoff = lane.handoff.into_inner().unwrap_or_else(|p| p.into_inner());
+                engine.destroy(&self.device);
+                handoff.destroy(&self.device);
+                self.device.destroy_semaphore(lane.progress, None);
+            }
             if self.owned {
                 self.device.destroy_device(None);
                 if let Some(d) = self.debug.take() {
@@ -718,6 +848,75 @@ fn device_extensions(
         .iter()
         .filter_map(|e| e.extension_name_as_c_str().ok().map(CStr::to_owned))
         .collect()
+}
+
+/// A family with `TRANSFER` but neither `GRAPHICS` nor `COMPUTE`.
+fn transfer_only_family(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Option<u32> {
+    // SAFETY: plain query.
+    let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
+    families
+        .iter()
+        .position(|f| {
+            f.queue_count > 0
+                && f.queue_flags.contains(vk::QueueFlags::TRANSFER)
+                && !f
+                    .queue_flags
+                    .intersects(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE)
+        })
+        .map(|i| i as u32)
+}
+
+/// What [`Context::from_raw`] can check of the application's queue choices.
+fn check_queues(
+    instance: &ash::Instance,
+    physical: vk::PhysicalDevice,
+    queues: &Queues,
+) -> Result<()> {
+    // SAFETY: plain query.
+    let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
+    let check = |what: &str, choice: QueueChoice, needs: vk::QueueFlags| -> Result<()> {
+        let Some(family) = families.get(choice.family as usize) else {
+            return Err(Error::InvalidArgument(format!(
+                "the {what} queue's family {} does not exist: the device has {} queue families",
+                choice.family,
+                families.len()
+            )));
+        };
+        if choice.index >= family.queue_count {
+            return Err(Error::InvalidArgument(format!(
+                "the {what} queue's index {} is not below family {}'s queueCount {}",
+                choice.index, choice.family, family.queue_count
+            )));
+        }
+        // GRAPHICS and COMPUTE families support transfers implicitly.
+        if !family.queue_flags.intersects(needs) {
+            return Err(Error::InvalidArgument(format!(
+                "the {what} queue's family {} has {:?}, not one of {needs:?}",
+                choice.family, family.queue_flags
+            )));
+        }
+        Ok(())
+    };
+    check(
+        "main",
+        queues.main,
+        vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE,
+    )?;
+    if let Some(transfer) = queues.transfer {
+        check(
+            "transfer",
+            transfer,
+            vk::QueueFlags::TRANSFER | vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE,
+        )?;
+        if transfer == queues.main {
+            return Err(Error::InvalidArgument(format!(
+                "queue {} of family {} is named as both the main and the transfer queue: \
+                 leave `transfer` None to do everything on the main queue",
+                transfer.index, transfer.family
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn compute_queue_family(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Option<u32> {

@@ -22,7 +22,6 @@
 
 use std::fmt;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
@@ -34,6 +33,7 @@ use crate::memory::{
     export_memory_fd, import_dup,
 };
 use crate::ownership::Owner;
+use crate::submit::LastUse;
 use interop_share::fd::{check_export_fd, ImportError, ImportFailure, KeepAlive};
 use interop_share::format::Format;
 use interop_share::markers::{usage, DeviceLocal, MemoryLocation, Optimal, Tiling, Usage};
@@ -139,14 +139,13 @@ pub(crate) struct ImageInner {
     pub(crate) memory: vk::DeviceMemory,
     pub(crate) info: ImageInfo,
     pub(crate) owner: Mutex<Owner>,
-    /// Progress value of this crate's last submission that used the image.
-    pub(crate) last_use: AtomicU64,
+    /// Per queue, the progress value of this crate's last submission that used the image.
+    pub(crate) last_use: LastUse,
 }
 
 impl Drop for ImageInner {
     fn drop(&mut self) {
-        let last = self.last_use.load(Ordering::Acquire);
-        if let Err(e) = self.ctx.wait_progress(last, DROP_WAIT) {
+        if let Err(e) = self.ctx.wait_used(&self.last_use, DROP_WAIT) {
             record_drop_error(format_args!(
                 "an image and its memory are leaked: the submission that last used them did not complete ({e})"
             ));
@@ -599,8 +598,8 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
                 image,
                 memory,
                 info: record.info().clone(),
-                owner: Mutex::new(Owner::Vulkan(vk::ImageLayout::UNDEFINED)),
-                last_use: AtomicU64::new(0),
+                owner: Mutex::new(Owner::Unused),
+                last_use: LastUse::default(),
             }),
             record,
         })

@@ -56,8 +56,8 @@ pub mod semaphore_kinds {
 
 pub use buffer::{ExportableBuffer, BUFFER_USAGE};
 pub use context::{
-    drop_errors, Context, DeviceIdentity, HeadlessOptions, Validation, DROP_WAIT,
-    OPTIONAL_DEVICE_EXTENSIONS, REQUIRED_DEVICE_EXTENSIONS,
+    drop_errors, Context, DeviceIdentity, HeadlessOptions, QueueChoice, QueueRole, Queues,
+    TransferQueue, Validation, DROP_WAIT, OPTIONAL_DEVICE_EXTENSIONS, REQUIRED_DEVICE_EXTENSIONS,
 };
 pub use error::{Error, Result};
 pub use image::{ExportableImage, ImageCapability, ImageDesc};

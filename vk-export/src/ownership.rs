@@ -3,11 +3,15 @@
 //!
 //! # Contract
 //!
-//! * Each image and buffer knows who owns it now ([`Owner`]): this context's
-//!   queue family in a layout, or `VK_QUEUE_FAMILY_EXTERNAL` (CUDA, another
-//!   device or process) after a release.
-//! * A helper that touches a resource acquires it first (from `EXTERNAL` if
-//!   it was released), so Vulkan never reads memory another API still owns.
+//! * Each image and buffer knows who owns it now ([`Owner`]): nobody yet, one
+//!   of this context's queue families in a layout, or
+//!   `VK_QUEUE_FAMILY_EXTERNAL` (CUDA, another device or process) after a
+//!   release.
+//! * A helper that touches a resource acquires it first for its queue's
+//!   family: from `EXTERNAL` if it was released, from the context's other
+//!   family by a release submitted on that family's queue first (the
+//!   helper's submission waits for it), so Vulkan never reads memory another
+//!   API or queue family still owns.
 //! * Barriers are full (`ALL_COMMANDS`, all memory access): these helpers
 //!   favour correctness over overlap.
 
@@ -16,8 +20,12 @@ use ash::vk;
 /// Who may touch a resource now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Owner {
-    /// Owned by this context's queue family, in this layout.
-    Vulkan(vk::ImageLayout),
+    /// Never used: the first family that uses it owns it (its layout is
+    /// `UNDEFINED`).
+    Unused,
+    /// Owned by this queue family of the context, in this layout (buffers:
+    /// `UNDEFINED`).
+    Family(u32, vk::ImageLayout),
     /// Released to `VK_QUEUE_FAMILY_EXTERNAL`, last in this layout.
     External(vk::ImageLayout),
 }
@@ -26,7 +34,17 @@ impl Owner {
     /// The layout, whoever owns it.
     pub(crate) fn layout(self) -> vk::ImageLayout {
         match self {
-            Owner::Vulkan(l) | Owner::External(l) => l,
+            Owner::Unused => vk::ImageLayout::UNDEFINED,
+            Owner::Family(_, l) | Owner::External(l) => l,
+        }
+    }
+
+    /// The family that must release the resource before `family` can
+    /// acquire it: another family of this context that owns it.
+    pub(crate) fn other_family(self, family: u32) -> Option<u32> {
+        match self {
+            Owner::Family(f, _) if f != family => Some(f),
+            _ => None,
         }
     }
 }
@@ -135,10 +153,13 @@ pub(crate) fn buffer_barrier(
 }
 
 /// The family pair of a barrier that acquires a resource owned by `owner`
-/// for `family`.
+/// for `family` (for another family of the context: the acquire half, after
+/// that family's release).
 pub(crate) fn acquire_families(owner: Owner, family: u32) -> (u32, u32) {
     match owner {
-        Owner::Vulkan(_) => (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED),
+        Owner::Unused => (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED),
+        Owner::Family(f, _) if f == family => (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED),
+        Owner::Family(f, _) => (f, family),
         Owner::External(_) => (vk::QUEUE_FAMILY_EXTERNAL, family),
     }
 }

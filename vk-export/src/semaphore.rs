@@ -27,6 +27,7 @@ use ash::vk;
 use crate::context::{record_drop_error, Context, HeldLock, DROP_WAIT};
 use crate::error::{unsupported, vk_error, Error, Result};
 use crate::memory::{check_same_device, import_dup};
+use crate::submit::LastUse;
 use interop_share::fd::{check_export_fd, check_sync_file, ImportError, ImportFailure};
 use interop_share::received::ReceivedSemaphore;
 use interop_share::record::SemaphoreRecord;
@@ -119,8 +120,8 @@ pub struct Semaphore<K> {
     semaphore: vk::Semaphore,
     exportable: bool,
     sync_fd_exportable: bool,
-    /// Progress value of this crate's last submission that used it.
-    pub(crate) last_use: AtomicU64,
+    /// Per queue, the progress value of this crate's last submission that used it.
+    pub(crate) last_use: LastUse,
     /// Binary payload state (unused for timelines).
     payload: BinaryPayload,
     /// Makes a timeline signal's check and signal (host or submitted) one
@@ -152,8 +153,7 @@ impl<K: SemaphoreKind> fmt::Debug for Semaphore<K> {
 
 impl<K> Drop for Semaphore<K> {
     fn drop(&mut self) {
-        let last = self.last_use.load(Ordering::Acquire);
-        if let Err(e) = self.ctx.wait_progress(last, DROP_WAIT) {
+        if let Err(e) = self.ctx.wait_used(&self.last_use, DROP_WAIT) {
             record_drop_error(format_args!(
                 "a semaphore is leaked: the submission that last used it did not complete ({e})"
             ));
@@ -256,7 +256,7 @@ impl<K: SemaphoreKind> Semaphore<K> {
             semaphore,
             exportable: export,
             sync_fd_exportable: sync_fd,
-            last_use: AtomicU64::new(0),
+            last_use: LastUse::default(),
             payload,
             signal_lock: same_payload.map_or_else(Default::default, |s| s.signal_lock.clone()),
             last_submitted_signal: same_payload
@@ -532,11 +532,11 @@ impl Semaphore<Binary> {
                 return Err((e, fd));
             }
         }
-        let last = self.last_use.load(Ordering::Acquire);
-        if let Err(e) = self.ctx.wait_progress(last, Duration::ZERO) {
+        let last = self.last_use.values();
+        if let Err(e) = self.ctx.wait_used(&self.last_use, Duration::ZERO) {
             let e = match e {
                 Error::Timeout(_) => Error::InvalidArgument(format!(
-                    "a submission of this crate that uses the semaphore (progress {last}) has not \
+                    "a submission of this crate that uses the semaphore (progress {last:?}) has not \
                      completed: wait for it before a temporary SYNC_FD import"
                 )),
                 e => e,

@@ -1,14 +1,20 @@
-//! The submission engine: one-shot command buffers submitted to one queue,
-//! each signalling the next value of a private "progress" timeline, waited
-//! for with a bound.
+//! The submission engine: one-shot command buffers submitted to a context's
+//! queues ("lanes": its main queue and, where the device has one, a
+//! transfer-only queue), each submission signalling the next value of its
+//! lane's private "progress" timeline, waited for with a bound.
 //!
 //! # Contract
 //!
-//! * **Values are the completion record.** Every submission signals the
-//!   progress timeline with a value one above the last, under the queue lock,
-//!   so submission order and value order agree. A resource remembers the
-//!   value of the last submission that used it, and its `Drop` waits for that
-//!   value (bounded) instead of idling the device.
+//! * **Values are the completion record.** Every submission signals its
+//!   lane's progress timeline with a value one above the last, under the
+//!   queue lock, so submission order and value order agree per lane. A
+//!   resource remembers, per lane, the value of the last submission that used
+//!   it ([`LastUse`]), and its `Drop` waits for those values (bounded) instead
+//!   of idling the device.
+//! * **Lanes are ordered as one queue.** Every submission on a lane waits (on
+//!   the GPU) for the last submission of every other lane that has not
+//!   completed yet, so the crate's helpers keep the order of one queue
+//!   whichever lane they use.
 //! * **Every wait is bounded.** A submission whose fence does not signal in
 //!   time is *retired*: its command buffer, fence and staging buffer are kept
 //!   (never freed while the GPU may use them) and reclaimed once their fence
@@ -18,6 +24,7 @@
 //!
 //! This module knows devices, queues and handles, not `Context`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -30,6 +37,49 @@ use crate::error::{unsupported, vk_error, Error, Result};
 pub(crate) struct QueueState {
     pub(crate) queue: vk::Queue,
     pub(crate) last_value: u64,
+}
+
+/// The most lanes a context has: its main queue and a transfer queue.
+pub(crate) const MAX_LANES: usize = 2;
+
+/// One queue this crate submits to, with its lock, its progress timeline and
+/// its command buffers.
+pub(crate) struct Lane {
+    pub(crate) family: u32,
+    pub(crate) index: u32,
+    /// One lock around every submission to the queue (Vulkan requires
+    /// external synchronisation per queue), with the last progress value.
+    pub(crate) queue: Mutex<QueueState>,
+    /// `QueueState::last_value`, readable without the queue lock: what other
+    /// lanes' submissions wait for.
+    pub(crate) last_submitted: AtomicU64,
+    /// Private timeline every submission on this lane signals.
+    pub(crate) progress: vk::Semaphore,
+    /// The helpers' command buffers.
+    pub(crate) engine: Mutex<Engine>,
+    /// Command buffers of queue-family ownership releases that another
+    /// lane's helper submits here. A lock of its own, taken while that
+    /// helper holds its own lane's `engine` and never held while taking an
+    /// `engine`: so two helpers moving resources in opposite directions
+    /// cannot wait for each other.
+    pub(crate) handoff: Mutex<Engine>,
+}
+
+/// Per lane, the progress value of the last submission that used a
+/// resource (0: none).
+#[derive(Debug, Default)]
+pub(crate) struct LastUse([AtomicU64; MAX_LANES]);
+
+impl LastUse {
+    /// Records that the submission of `value` on `lane` uses the resource.
+    pub(crate) fn note(&self, lane: usize, value: u64) {
+        self.0[lane].fetch_max(value, Ordering::AcqRel);
+    }
+
+    /// The values, per lane.
+    pub(crate) fn values(&self) -> [u64; MAX_LANES] {
+        [0, 1].map(|lane| self.0[lane].load(Ordering::Acquire))
+    }
 }
 
 /// A host-visible buffer a submission copies through.
@@ -58,6 +108,15 @@ pub(crate) struct Engine {
 // SAFETY: the staging pointer is only dereferenced by the thread holding the
 // engine's lock, and the handles are plain values.
 unsafe impl Send for Engine {}
+
+/// Whether [`Engine::run`] waits for its submission.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Completion {
+    /// Waits up to this long; [`Error::Timeout`] after it.
+    Wait(Duration),
+    /// Returns once submitted (what a later submission waits for on the GPU).
+    DontWait,
+}
 
 /// Semaphore operations of one submission, as raw arrays.
 #[derive(Default)]
@@ -238,15 +297,15 @@ impl Engine {
     pub(crate) fn run(
         &mut self,
         device: &ash::Device,
-        queue_family: u32,
-        queue: &Mutex<QueueState>,
-        progress: vk::Semaphore,
+        lanes: &[Lane],
+        lane: usize,
         sync: &RawSync,
-        timeout: Duration,
-        record: impl FnOnce(vk::CommandBuffer),
+        wait: Completion,
+        record: impl FnOnce(vk::CommandBuffer) -> Result<()>,
         on_submitted: impl FnOnce(u64),
     ) -> Result<()> {
-        let slot = self.slot(device, queue_family)?;
+        let this = &lanes[lane];
+        let slot = self.slot(device, this.family)?;
         let cmd = slot.cmd;
         let fence = slot.fence;
         // SAFETY: the slot is idle (its last submission completed) and only
@@ -282,24 +341,40 @@ impl Engine {
                 &[],
             )
         };
-        record(cmd);
+        // A failed recording leaves the buffer recording; the next use of the
+        // slot resets it.
+        record(cmd)?;
         // SAFETY: recording state.
         unsafe { device.end_command_buffer(cmd) }
             .map_err(vk_error("vkEndCommandBuffer", "out of memory"))?;
-        let wait_stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; sync.wait_semaphores.len()];
         let value = {
-            let mut q = queue.lock().unwrap_or_else(|p| p.into_inner());
+            let mut q = this.queue.lock().unwrap_or_else(|p| p.into_inner());
             let value = q.last_value + 1;
+            let mut wait_semaphores = sync.wait_semaphores.clone();
+            let mut wait_values = sync.wait_values.clone();
+            // One queue's order across lanes: wait for the other lanes'
+            // latest submissions that have not completed yet (read after
+            // anything this call submitted there, e.g. an ownership release).
+            for (i, other) in lanes.iter().enumerate() {
+                let last = other.last_submitted.load(Ordering::Acquire);
+                // SAFETY: a live timeline semaphore of this device.
+                let done = unsafe { device.get_semaphore_counter_value(other.progress) };
+                if i != lane && last > 0 && done.map_or(true, |d| d < last) {
+                    wait_semaphores.push(other.progress);
+                    wait_values.push(last);
+                }
+            }
+            let wait_stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; wait_semaphores.len()];
             let mut signal_semaphores = sync.signal_semaphores.clone();
             let mut signal_values = sync.signal_values.clone();
-            signal_semaphores.push(progress);
+            signal_semaphores.push(this.progress);
             signal_values.push(value);
             let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()
-                .wait_semaphore_values(&sync.wait_values)
+                .wait_semaphore_values(&wait_values)
                 .signal_semaphore_values(&signal_values);
             let cmds = [cmd];
             let submit = vk::SubmitInfo::default()
-                .wait_semaphores(&sync.wait_semaphores)
+                .wait_semaphores(&wait_semaphores)
                 .wait_dst_stage_mask(&wait_stages)
                 .command_buffers(&cmds)
                 .signal_semaphores(&signal_semaphores)
@@ -313,9 +388,19 @@ impl Engine {
                 "the device was lost, or out of memory",
             ))?;
             q.last_value = value;
+            this.last_submitted.store(value, Ordering::Release);
             value
         };
         on_submitted(value);
+        let timeout = match wait {
+            Completion::Wait(timeout) => timeout,
+            Completion::DontWait => {
+                // Reclaimed by `reap` once its fence signals.
+                let slot = self.idle.take().expect("the slot in use");
+                self.retired.push(slot);
+                return Ok(());
+            }
+        };
         let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         // SAFETY: the fence belongs to this submission.
         match unsafe { device.wait_for_fences(&[fence], true, nanos) } {
@@ -348,6 +433,25 @@ impl Engine {
             unsafe { slot.destroy(device) };
         }
     }
+}
+
+/// Waits until every lane's progress reaches its value in `values` (0:
+/// nothing to wait for), up to `timeout` for all of them.
+pub(crate) fn wait_lanes(
+    device: &ash::Device,
+    lanes: &[Lane],
+    values: [u64; MAX_LANES],
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    for (lane, value) in lanes.iter().zip(values) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        wait_progress(device, lane.progress, value, left).map_err(|e| match e {
+            Error::Timeout(_) => Error::Timeout(timeout),
+            e => e,
+        })?;
+    }
+    Ok(())
 }
 
 /// Waits until `progress` reaches `value`, up to `timeout`.

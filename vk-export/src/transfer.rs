@@ -29,18 +29,19 @@
 //! records the same barriers into its own command buffers instead
 //! ([`ExportableImage::raw`] gives the handle).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ash::vk;
 
 use crate::buffer::ExportableBuffer;
-use crate::context::Context;
+use crate::context::{Context, QueueRole};
 use crate::error::{Error, Result};
 use crate::image::ExportableImage;
 use crate::ownership::{acquire_families, buffer_barrier, image_barrier, Owner, SharedLayout};
 use crate::semaphore::{Binary, Semaphore, SignalGuard, Timeline, WaitStrategy};
-use crate::submit::RawSync;
+use crate::submit::{Completion, LastUse, RawSync};
 use interop_share::markers::{MemoryLocation, Tiling, Usage};
 use interop_share::token::BinarySignal;
 
@@ -183,14 +184,14 @@ impl<'a> SubmitSync<'a> {
         Ok(guards)
     }
 
-    /// After a successful submission: every semaphore records it, and binary
-    /// tokens are consumed (their waits are now submitted).
-    fn submitted(self, value: u64) {
+    /// After a successful submission on `lane`: every semaphore records it,
+    /// and binary tokens are consumed (their waits are now submitted).
+    fn submitted(self, lane: usize, value: u64) {
         for wait in self.waits {
             match wait {
-                Wait::Timeline(s, _) => note_use(&s.last_use, value),
+                Wait::Timeline(s, _) => s.last_use.note(lane, value),
                 Wait::Binary(s, signal) => {
-                    note_use(&s.last_use, value);
+                    s.last_use.note(lane, value);
                     // SAFETY: the submission that waits for this signal was
                     // just submitted successfully. `raw` checked the token.
                     let _ = unsafe { s.payload().consume(signal) };
@@ -198,15 +199,11 @@ impl<'a> SubmitSync<'a> {
             }
         }
         for (s, signalled) in self.signals {
-            note_use(&s.last_use, value);
+            s.last_use.note(lane, value);
             s.last_submitted_signal
                 .fetch_max(signalled, Ordering::AcqRel);
         }
     }
-}
-
-fn note_use(last_use: &AtomicU64, value: u64) {
-    last_use.fetch_max(value, Ordering::AcqRel);
 }
 
 /// Where a helper's bytes go or come from.
@@ -216,23 +213,160 @@ enum Staged<'d> {
     Download(u64),
 }
 
+/// The Vulkan handle of a tracked resource.
+#[derive(Clone, Copy)]
+enum Handle {
+    Image(vk::Image),
+    Buffer(vk::Buffer),
+}
+
+/// The image or buffer a helper touches: its handle, ownership and uses.
+struct Tracked<'r> {
+    handle: Handle,
+    owner: &'r Mutex<Owner>,
+    last_use: &'r LastUse,
+}
+
+impl<'r, F, T, M, U> From<&'r ExportableImage<F, T, M, U>> for Tracked<'r> {
+    fn from(image: &'r ExportableImage<F, T, M, U>) -> Self {
+        Tracked {
+            handle: Handle::Image(image.inner.image),
+            owner: &image.inner.owner,
+            last_use: &image.inner.last_use,
+        }
+    }
+}
+
+impl<'r, M> From<&'r ExportableBuffer<M>> for Tracked<'r> {
+    fn from(buffer: &'r ExportableBuffer<M>) -> Self {
+        Tracked {
+            handle: Handle::Buffer(buffer.inner.buffer),
+            owner: &buffer.inner.owner,
+            last_use: &buffer.inner.last_use,
+        }
+    }
+}
+
+/// Which queue a helper submits to.
+#[derive(Clone, Copy)]
+enum Placement {
+    /// `role`'s queue.
+    Role(QueueRole),
+    /// The queue of the family that owns the resource now, or `role`'s
+    /// queue if no family of the context does (a release: recorded where
+    /// the resource is, with no second family involved).
+    WhereOwned(QueueRole),
+}
+
+/// A helper's access to its resource while it records: the resource's
+/// ownership (its lock held for the whole helper) and the family recording.
+struct Access<'g> {
+    device: &'g ash::Device,
+    handle: Handle,
+    owner: &'g mut Owner,
+    family: u32,
+}
+
+impl Access<'_> {
+    /// Records the acquisition of the resource for this family, an image
+    /// into `layout` (buffers: ignored).
+    fn take(&mut self, cmd: vk::CommandBuffer, layout: vk::ImageLayout) {
+        let families = acquire_families(*self.owner, self.family);
+        match self.handle {
+            Handle::Image(image) => {
+                image_barrier(
+                    self.device,
+                    cmd,
+                    image,
+                    self.owner.layout(),
+                    layout,
+                    families,
+                );
+                *self.owner = Owner::Family(self.family, layout);
+            }
+            Handle::Buffer(buffer) => {
+                buffer_barrier(self.device, cmd, buffer, families);
+                *self.owner = Owner::Family(self.family, vk::ImageLayout::UNDEFINED);
+            }
+        }
+    }
+
+    /// Records the acquire half of the resource's transfer from `from`
+    /// (released there, in the same layout, by `release_to_family`).
+    fn take_transferred(&mut self, cmd: vk::CommandBuffer, from: u32) {
+        let layout = self.owner.layout();
+        match self.handle {
+            Handle::Image(image) => {
+                image_barrier(self.device, cmd, image, layout, layout, (from, self.family))
+            }
+            Handle::Buffer(buffer) => buffer_barrier(self.device, cmd, buffer, (from, self.family)),
+        }
+        *self.owner = Owner::Family(self.family, layout);
+    }
+
+    /// Records the release of the resource (an image in `GENERAL`) to
+    /// `VK_QUEUE_FAMILY_EXTERNAL`, acquiring it first if it was released.
+    fn release_external(&mut self, cmd: vk::CommandBuffer) {
+        if let Owner::External(_) = *self.owner {
+            self.take(cmd, vk::ImageLayout::GENERAL);
+        }
+        let families = (self.family, vk::QUEUE_FAMILY_EXTERNAL);
+        match self.handle {
+            Handle::Image(image) => {
+                let general = vk::ImageLayout::GENERAL;
+                image_barrier(
+                    self.device,
+                    cmd,
+                    image,
+                    self.owner.layout(),
+                    general,
+                    families,
+                );
+                *self.owner = Owner::External(general);
+            }
+            Handle::Buffer(buffer) => {
+                buffer_barrier(self.device, cmd, buffer, families);
+                *self.owner = Owner::External(vk::ImageLayout::UNDEFINED);
+            }
+        }
+    }
+}
+
 impl Context {
-    /// The one path every helper takes: checks, records, submits, tracks and
-    /// waits; returns the downloaded bytes, if any.
+    /// The one path every helper takes: checks, picks the queue, moves the
+    /// resource to its family, records, submits, tracks and waits; returns
+    /// the downloaded bytes, if any.
     fn submit_tracked(
         &self,
+        placement: Placement,
         sync: SubmitSync<'_>,
-        used: &[&AtomicU64],
+        resource: Option<Tracked<'_>>,
         staged: Staged<'_>,
-        record: impl FnOnce(vk::CommandBuffer, vk::Buffer),
+        record: impl FnOnce(vk::CommandBuffer, vk::Buffer, Option<&mut Access<'_>>),
     ) -> Result<Vec<u8>> {
         let _held = self.hold("a helper")?;
         let raw = sync.raw(self)?;
         let timeout = sync.timeout;
         let inner = &self.inner;
-        let mut engine = inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+        // Held for the whole helper: no other helper can move the resource
+        // between this one's release on another family and its acquire.
+        let mut owner = resource
+            .as_ref()
+            .map(|r| r.owner.lock().unwrap_or_else(|p| p.into_inner()));
+        let lane = match placement {
+            Placement::Role(role) => self.lane_of(role),
+            Placement::WhereOwned(role) => match owner.as_deref() {
+                Some(Owner::Family(f, _)) => self.lane_of_family(*f).unwrap_or(self.lane_of(role)),
+                _ => self.lane_of(role),
+            },
+        };
+        let family = inner.lanes[lane].family;
+        let mut engine = inner.lanes[lane]
+            .engine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let _signals = sync.lock_signals()?;
-        let slot = engine.slot(&inner.device, inner.queue_family)?;
+        let slot = engine.slot(&inner.device, family)?;
         let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
         let find = |bits| self.memory_type(bits, host, vk::MemoryPropertyFlags::empty());
         let (staging, ptr) = match staged {
@@ -247,20 +381,38 @@ impl Context {
             Staged::Download(len) => slot.ensure_staging(&inner.device, len, find)?,
         };
         let mut sync = Some(sync);
+        let last_use = resource.as_ref().map(|r| r.last_use);
         engine.run(
             &inner.device,
-            inner.queue_family,
-            &inner.queue,
-            inner.progress,
+            &inner.lanes,
+            lane,
             &raw,
-            timeout,
-            |cmd| record(cmd, staging),
+            Completion::Wait(timeout),
+            |cmd| {
+                let mut access = match (&resource, owner.as_deref_mut()) {
+                    (Some(r), Some(owner)) => Some(Access {
+                        device: &inner.device,
+                        handle: r.handle,
+                        owner,
+                        family,
+                    }),
+                    _ => None,
+                };
+                if let (Some(a), Some(r)) = (access.as_mut(), &resource) {
+                    if let Some(from) = a.owner.other_family(family) {
+                        self.release_to_family(r, from, family, a.owner.layout())?;
+                        a.take_transferred(cmd, from);
+                    }
+                }
+                record(cmd, staging, access.as_mut());
+                Ok(())
+            },
             |value| {
-                for u in used {
-                    note_use(u, value);
+                if let Some(u) = last_use {
+                    u.note(lane, value);
                 }
                 if let Some(s) = sync.take() {
-                    s.submitted(value);
+                    s.submitted(lane, value);
                 }
             },
         )?;
@@ -278,6 +430,53 @@ impl Context {
         }
     }
 
+    /// Submits, on a queue of `from` (another family of this context that
+    /// owns the resource), the release half of its transfer to `to`, with
+    /// no layout change; not waited for: the acquiring submission waits for
+    /// it on the GPU (every submission waits for the other queues' latest).
+    fn release_to_family(
+        &self,
+        resource: &Tracked<'_>,
+        from: u32,
+        to: u32,
+        layout: vk::ImageLayout,
+    ) -> Result<()> {
+        let inner = &self.inner;
+        let lane = self.lane_of_family(from).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "the resource is owned by queue family {from}, which this context has no queue of"
+            ))
+        })?;
+        let mut handoff = inner.lanes[lane]
+            .handoff
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        handoff.run(
+            &inner.device,
+            &inner.lanes,
+            lane,
+            &RawSync::default(),
+            Completion::DontWait,
+            |cmd| {
+                match resource.handle {
+                    Handle::Image(image) => {
+                        image_barrier(&inner.device, cmd, image, layout, layout, (from, to))
+                    }
+                    Handle::Buffer(buffer) => {
+                        buffer_barrier(&inner.device, cmd, buffer, (from, to))
+                    }
+                }
+                Ok(())
+            },
+            |value| resource.last_use.note(lane, value),
+        )
+    }
+
+    /// The lane of a queue of `family`, if the context has one.
+    fn lane_of_family(&self, family: u32) -> Option<usize> {
+        self.inner.lanes.iter().position(|l| l.family == family)
+    }
+
     fn check_image<F, T, M, U>(&self, image: &ExportableImage<F, T, M, U>) -> Result<()> {
         self.check_owns(&image.inner.ctx, "the image")
     }
@@ -286,39 +485,9 @@ impl Context {
         self.check_owns(&buffer.inner.ctx, "the buffer")
     }
 
-    /// Records the acquisition of `image` into `new` for this queue family.
-    fn take_image<F, T, M, U>(
-        &self,
-        cmd: vk::CommandBuffer,
-        image: &ExportableImage<F, T, M, U>,
-        new: vk::ImageLayout,
-    ) {
-        let mut owner = image.inner.owner.lock().unwrap_or_else(|p| p.into_inner());
-        image_barrier(
-            &self.inner.device,
-            cmd,
-            image.inner.image,
-            owner.layout(),
-            new,
-            acquire_families(*owner, self.inner.queue_family),
-        );
-        *owner = Owner::Vulkan(new);
-    }
-
-    fn take_buffer<M>(&self, cmd: vk::CommandBuffer, buffer: &ExportableBuffer<M>) {
-        let mut owner = buffer.inner.owner.lock().unwrap_or_else(|p| p.into_inner());
-        buffer_barrier(
-            &self.inner.device,
-            cmd,
-            buffer.inner.buffer,
-            acquire_families(*owner, self.inner.queue_family),
-        );
-        *owner = Owner::Vulkan(vk::ImageLayout::UNDEFINED);
-    }
-
-    /// Records commands with `record`, submits them with `sync`, and waits
-    /// (bounded) until they complete. The closure gets the device and a
-    /// command buffer in the recording state.
+    /// Records commands with `record` on the main queue, submits them with
+    /// `sync`, and waits (bounded) until they complete. The closure gets the
+    /// device and a command buffer in the recording state.
     ///
     /// Resources the closure's commands use are not tracked by this crate:
     /// on [`Error::Timeout`] the commands may still run, so whatever they use
@@ -329,9 +498,28 @@ impl Context {
         sync: SubmitSync<'_>,
         record: impl FnOnce(&ash::Device, vk::CommandBuffer),
     ) -> Result<()> {
-        self.submit_tracked(sync, &[], Staged::None, |cmd, _| {
-            record(&self.inner.device, cmd)
-        })
+        self.submit_and_wait_on(QueueRole::Main, sync, |device, cmd, _| record(device, cmd))
+    }
+
+    /// [`Context::submit_and_wait`] on `role`'s queue; the closure also gets
+    /// that queue's family (for the queue-family ownership transfers its
+    /// barriers record). On [`QueueRole::Transfer`] record only commands a
+    /// transfer queue supports, unless [`Context::queue_family_of`] says
+    /// the family is the main one.
+    pub fn submit_and_wait_on(
+        &self,
+        role: QueueRole,
+        sync: SubmitSync<'_>,
+        record: impl FnOnce(&ash::Device, vk::CommandBuffer, u32),
+    ) -> Result<()> {
+        let family = self.queue_family_of(role);
+        self.submit_tracked(
+            Placement::Role(role),
+            sync,
+            None,
+            Staged::None,
+            |cmd, _, _| record(&self.inner.device, cmd, family),
+        )
         .map(drop)
     }
 
@@ -388,22 +576,30 @@ impl Context {
                 data.len()
             )));
         }
-        let used = [&image.inner.last_use];
-        self.submit_tracked(sync, &used, Staged::Upload(data), |cmd, staging| {
-            self.take_image(cmd, image, vk::ImageLayout::TRANSFER_DST_OPTIMAL);
-            // SAFETY: recording; the image is in TRANSFER_DST_OPTIMAL and the
-            // staging buffer holds the bytes.
-            unsafe {
-                self.inner.device.cmd_copy_buffer_to_image(
-                    cmd,
-                    staging,
-                    image.inner.image,
-                    vk::ImageLayout::TRANSFER_DST_OPTIMAL,
-                    &[Self::copy_region(level, layer, extent)],
-                )
-            };
-            self.take_image(cmd, image, vk::ImageLayout::GENERAL);
-        })
+        let place = Placement::Role(QueueRole::Transfer);
+        let upload = Staged::Upload(data);
+        self.submit_tracked(
+            place,
+            sync,
+            Some(image.into()),
+            upload,
+            |cmd, staging, a| {
+                let a = a.expect("submit_tracked passes the resource it was given");
+                a.take(cmd, vk::ImageLayout::TRANSFER_DST_OPTIMAL);
+                // SAFETY: recording; the image is in TRANSFER_DST_OPTIMAL and the
+                // staging buffer holds the bytes.
+                unsafe {
+                    self.inner.device.cmd_copy_buffer_to_image(
+                        cmd,
+                        staging,
+                        image.inner.image,
+                        vk::ImageLayout::TRANSFER_DST_OPTIMAL,
+                        &[Self::copy_region(level, layer, extent)],
+                    )
+                };
+                a.take(cmd, vk::ImageLayout::GENERAL);
+            },
+        )
         .map(drop)
     }
 
@@ -417,22 +613,30 @@ impl Context {
     ) -> Result<Vec<u8>> {
         self.check_image(image)?;
         let (bytes, extent) = Self::level_bytes(&image.inner.info, level, layer)?;
-        let used = [&image.inner.last_use];
-        self.submit_tracked(sync, &used, Staged::Download(bytes), |cmd, staging| {
-            self.take_image(cmd, image, vk::ImageLayout::TRANSFER_SRC_OPTIMAL);
-            // SAFETY: recording; the image is in TRANSFER_SRC_OPTIMAL and the
-            // staging buffer has room for the bytes.
-            unsafe {
-                self.inner.device.cmd_copy_image_to_buffer(
-                    cmd,
-                    image.inner.image,
-                    vk::ImageLayout::TRANSFER_SRC_OPTIMAL,
-                    staging,
-                    &[Self::copy_region(level, layer, extent)],
-                )
-            };
-            self.take_image(cmd, image, vk::ImageLayout::GENERAL);
-        })
+        let place = Placement::Role(QueueRole::Transfer);
+        let download = Staged::Download(bytes);
+        self.submit_tracked(
+            place,
+            sync,
+            Some(image.into()),
+            download,
+            |cmd, staging, a| {
+                let a = a.expect("submit_tracked passes the resource it was given");
+                a.take(cmd, vk::ImageLayout::TRANSFER_SRC_OPTIMAL);
+                // SAFETY: recording; the image is in TRANSFER_SRC_OPTIMAL and the
+                // staging buffer has room for the bytes.
+                unsafe {
+                    self.inner.device.cmd_copy_image_to_buffer(
+                        cmd,
+                        image.inner.image,
+                        vk::ImageLayout::TRANSFER_SRC_OPTIMAL,
+                        staging,
+                        &[Self::copy_region(level, layer, extent)],
+                    )
+                };
+                a.take(cmd, vk::ImageLayout::GENERAL);
+            },
+        )
     }
 
     /// Clears every level and layer of `image` to `color`.
@@ -443,28 +647,36 @@ impl Context {
         sync: SubmitSync<'_>,
     ) -> Result<()> {
         self.check_image(image)?;
-        let used = [&image.inner.last_use];
-        self.submit_tracked(sync, &used, Staged::None, |cmd, _| {
-            self.take_image(cmd, image, vk::ImageLayout::TRANSFER_DST_OPTIMAL);
-            let range = vk::ImageSubresourceRange {
-                aspect_mask: vk::ImageAspectFlags::COLOR,
-                base_mip_level: 0,
-                level_count: vk::REMAINING_MIP_LEVELS,
-                base_array_layer: 0,
-                layer_count: vk::REMAINING_ARRAY_LAYERS,
-            };
-            // SAFETY: recording; the image is in TRANSFER_DST_OPTIMAL.
-            unsafe {
-                self.inner.device.cmd_clear_color_image(
-                    cmd,
-                    image.inner.image,
-                    vk::ImageLayout::TRANSFER_DST_OPTIMAL,
-                    &color,
-                    &[range],
-                )
-            };
-            self.take_image(cmd, image, vk::ImageLayout::GENERAL);
-        })
+        // vkCmdClearColorImage needs a graphics or compute queue.
+        let place = Placement::Role(QueueRole::Main);
+        self.submit_tracked(
+            place,
+            sync,
+            Some(image.into()),
+            Staged::None,
+            |cmd, _, a| {
+                let a = a.expect("submit_tracked passes the resource it was given");
+                a.take(cmd, vk::ImageLayout::TRANSFER_DST_OPTIMAL);
+                let range = vk::ImageSubresourceRange {
+                    aspect_mask: vk::ImageAspectFlags::COLOR,
+                    base_mip_level: 0,
+                    level_count: vk::REMAINING_MIP_LEVELS,
+                    base_array_layer: 0,
+                    layer_count: vk::REMAINING_ARRAY_LAYERS,
+                };
+                // SAFETY: recording; the image is in TRANSFER_DST_OPTIMAL.
+                unsafe {
+                    self.inner.device.cmd_clear_color_image(
+                        cmd,
+                        image.inner.image,
+                        vk::ImageLayout::TRANSFER_DST_OPTIMAL,
+                        &color,
+                        &[range],
+                    )
+                };
+                a.take(cmd, vk::ImageLayout::GENERAL);
+            },
+        )
         .map(drop)
     }
 
@@ -477,19 +689,17 @@ impl Context {
         sync: SubmitSync<'_>,
     ) -> Result<()> {
         self.check_image(image)?;
-        let used = [&image.inner.last_use];
-        self.submit_tracked(sync, &used, Staged::None, |cmd, _| {
-            let mut owner = image.inner.owner.lock().unwrap_or_else(|p| p.into_inner());
-            image_barrier(
-                &self.inner.device,
-                cmd,
-                image.inner.image,
-                owner.layout(),
-                vk::ImageLayout::GENERAL,
-                (self.inner.queue_family, vk::QUEUE_FAMILY_EXTERNAL),
-            );
-            *owner = Owner::External(vk::ImageLayout::GENERAL);
-        })
+        let place = Placement::WhereOwned(QueueRole::Transfer);
+        self.submit_tracked(
+            place,
+            sync,
+            Some(image.into()),
+            Staged::None,
+            |cmd, _, a| {
+                a.expect("submit_tracked passes the resource it was given")
+                    .release_external(cmd);
+            },
+        )
         .map(drop)
     }
 
@@ -527,9 +737,11 @@ impl Context {
                 buffer.size()
             )));
         }
-        let used = [&buffer.inner.last_use];
-        self.submit_tracked(sync, &used, Staged::Upload(data), |cmd, src| {
-            self.take_buffer(cmd, buffer);
+        let place = Placement::Role(QueueRole::Transfer);
+        let upload = Staged::Upload(data);
+        self.submit_tracked(place, sync, Some(buffer.into()), upload, |cmd, src, a| {
+            let a = a.expect("submit_tracked passes the resource it was given");
+            a.take(cmd, vk::ImageLayout::UNDEFINED);
             let region = vk::BufferCopy {
                 src_offset: 0,
                 dst_offset: 0,
@@ -565,9 +777,11 @@ impl Context {
                 buffer.size()
             )));
         }
-        let used = [&buffer.inner.last_use];
-        self.submit_tracked(sync, &used, Staged::Download(len), |cmd, dst| {
-            self.take_buffer(cmd, buffer);
+        let place = Placement::Role(QueueRole::Transfer);
+        let download = Staged::Download(len);
+        self.submit_tracked(place, sync, Some(buffer.into()), download, |cmd, dst, a| {
+            let a = a.expect("submit_tracked passes the resource it was given");
+            a.take(cmd, vk::ImageLayout::UNDEFINED);
             let region = vk::BufferCopy {
                 src_offset: 0,
                 dst_offset: 0,
@@ -589,22 +803,24 @@ impl Context {
         sync: SubmitSync<'_>,
     ) -> Result<()> {
         self.check_buffer(buffer)?;
-        let used = [&buffer.inner.last_use];
-        self.submit_tracked(sync, &used, Staged::None, |cmd, _| {
-            buffer_barrier(
-                &self.inner.device,
-                cmd,
-                buffer.raw(),
-                (self.inner.queue_family, vk::QUEUE_FAMILY_EXTERNAL),
-            );
-            *buffer.inner.owner.lock().unwrap_or_else(|p| p.into_inner()) =
-                Owner::External(vk::ImageLayout::UNDEFINED);
-        })
+        let place = Placement::WhereOwned(QueueRole::Transfer);
+        self.submit_tracked(
+            place,
+            sync,
+            Some(buffer.into()),
+            Staged::None,
+            |cmd, _, a| {
+                a.expect("submit_tracked passes the resource it was given")
+                    .release_external(cmd);
+            },
+        )
         .map(drop)
     }
 
-    /// Signals the binary `semaphore` after everything submitted to this
-    /// queue before (and after `sync`'s waits), and returns the token that
+    /// Signals the binary `semaphore` after everything this context
+    /// submitted before, on either of its queues (and after `sync`'s waits),
+    /// from the transfer queue where the context has one (a signal that
+    /// carries no work needs no other engine), and returns the token that
     /// one wait (CUDA's or a submission's) must consume. A second signal
     /// while one is pending is [`Error::BinarySemaphore`].
     ///
@@ -630,7 +846,11 @@ impl Context {
         let reservation = semaphore.payload().reserve_signal()?;
         let timeout = sync.timeout;
         let inner = &self.inner;
-        let mut engine = inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+        let lane = self.lane_of(QueueRole::Transfer);
+        let mut engine = inner.lanes[lane]
+            .engine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let _signals = sync.lock_signals()?;
         let mut raw = raw;
         raw.signal_semaphores.push(semaphore.raw());
@@ -639,17 +859,16 @@ impl Context {
         let mut submitted = false;
         let result = engine.run(
             &inner.device,
-            inner.queue_family,
-            &inner.queue,
-            inner.progress,
+            &inner.lanes,
+            lane,
             &raw,
-            timeout,
-            |_| {},
+            Completion::Wait(timeout),
+            |_| Ok(()),
             |value| {
                 submitted = true;
-                note_use(&semaphore.last_use, value);
+                semaphore.last_use.note(lane, value);
                 if let Some(s) = sync.take() {
-                    s.submitted(value);
+                    s.submitted(lane, value);
                 }
             },
         );

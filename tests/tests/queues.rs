@@ -1,0 +1,374 @@
+//! The context's queues: which queue each helper submits to, the transfer
+//! queue where the device has a transfer-only family, resources moving
+//! between the main and the transfer family with their contents, and a
+//! device the application made itself with ash, wrapped by
+//! `Context::from_raw` with its own queue choices (checked).
+//!
+//! Lavapipe has one queue family with one queue (graphics, compute,
+//! transfer): there the helpers' fallback to the main queue is what runs.
+//! The NVIDIA H200 has a transfer-only family 1: there the same tests (GPU
+//! bundle, `test-queues`) run the two-family moves, with the validation
+//! layer counting; the own-device test gives the context a second queue of
+//! the main family where a device has no transfer-only family but two
+//! queues in the main one.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use ash::vk;
+use cuda_interop_testkit::{assert_no_validation_errors, pattern, vulkan, Image, Mem};
+use vk_export::{
+    Context, Error, ExportableBuffer, HeadlessOptions, ImageDesc, QueueChoice, QueueRole, Queues,
+    SubmitSync, TransferQueue, Validation, REQUIRED_DEVICE_EXTENSIONS,
+};
+
+/// The first family with TRANSFER and neither GRAPHICS nor COMPUTE, asked
+/// of the driver here, not of the crate.
+fn transfer_only_family(ctx: &Context) -> Option<u32> {
+    // SAFETY: plain query on the context's live instance.
+    let families = unsafe {
+        ctx.instance()
+            .get_physical_device_queue_family_properties(ctx.physical_device())
+    };
+    families
+        .iter()
+        .position(|f| {
+            f.queue_flags.contains(vk::QueueFlags::TRANSFER)
+                && !f
+                    .queue_flags
+                    .intersects(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE)
+        })
+        .map(|i| i as u32)
+}
+
+#[test]
+fn the_copy_helpers_use_the_transfer_only_family_where_the_device_has_one() {
+    let ctx = vulkan(None);
+    let expected = transfer_only_family(&ctx);
+    println!(
+        "{}: transfer-only family {expected:?}, queues {:?}",
+        ctx.identity().name,
+        ctx.queues()
+    );
+    assert_eq!(
+        ctx.queues().transfer.map(|q| q.family),
+        expected,
+        "a headless context gets a queue of the transfer-only family, if any"
+    );
+    assert_eq!(
+        ctx.queue_family_of(QueueRole::Transfer),
+        expected.unwrap_or(ctx.queue_family()),
+        "the transfer role falls back to the main queue"
+    );
+    let main_only = Context::headless(&HeadlessOptions {
+        validation: Validation::Required,
+        transfer_queue: TransferQueue::Off,
+        ..HeadlessOptions::default()
+    })
+    .unwrap();
+    assert_eq!(main_only.queues().transfer, None);
+    assert_eq!(
+        main_only.queue_family_of(QueueRole::Transfer),
+        main_only.queue_family()
+    );
+}
+
+/// Every helper in turn on one image, alternating the main queue (clears)
+/// and the transfer queue (uploads, readbacks, releases): the contents
+/// survive each move, and the layer reports nothing.
+fn move_an_image_between_the_queues(ctx: &Context) {
+    let (w, h) = (64, 32);
+    let image = Image::new(ctx, ImageDesc::new_2d(w, h)).unwrap();
+    let bytes = (w * h * 4) as usize;
+    let red = vk::ClearColorValue {
+        float32: [1.0, 0.0, 0.0, 1.0],
+    };
+    for round in 0..3u32 {
+        ctx.clear_image(&image, red, SubmitSync::new()).unwrap();
+        let read = ctx.read_image(&image, 0, 0, SubmitSync::new()).unwrap();
+        assert!(
+            read.chunks(4).all(|t| t == [255, 0, 0, 255]),
+            "round {round}: a clear on the main queue, read on the transfer queue"
+        );
+        let data = pattern(bytes, round);
+        ctx.write_image(&image, 0, 0, &data, SubmitSync::new())
+            .unwrap();
+        ctx.release_image(&image, SubmitSync::new()).unwrap();
+        let read = ctx.read_image(&image, 0, 0, SubmitSync::new()).unwrap();
+        assert_eq!(read, data, "round {round}: written, released, read back");
+    }
+    // A buffer: written and read on the transfer queue, released, read
+    // again (acquired back from VK_QUEUE_FAMILY_EXTERNAL).
+    let buffer = ExportableBuffer::<Mem>::new(ctx, 4096).unwrap();
+    for round in 0..3u32 {
+        let data = pattern(4096, round + 7);
+        ctx.write_buffer(&buffer, &data, SubmitSync::new()).unwrap();
+        ctx.release_buffer(&buffer, SubmitSync::new()).unwrap();
+        assert_eq!(
+            ctx.read_buffer(&buffer, 4096, SubmitSync::new()).unwrap(),
+            data
+        );
+    }
+    assert_no_validation_errors(ctx);
+}
+
+#[test]
+fn an_image_keeps_its_texels_moving_between_the_main_and_the_transfer_queue() {
+    let ctx = vulkan(None);
+    move_an_image_between_the_queues(&ctx);
+}
+
+/// A device made here with ash, as an application makes its own: its
+/// instance (with the validation layer and a messenger that counts errors)
+/// and the queues it asked for.
+struct OwnDevice {
+    entry: ash::Entry,
+    instance: ash::Instance,
+    physical: vk::PhysicalDevice,
+    device: ash::Device,
+    families: Vec<vk::QueueFamilyProperties>,
+    messenger: vk::DebugUtilsMessengerEXT,
+    debug: ash::ext::debug_utils::Instance,
+    errors: Box<AtomicU32>,
+}
+
+unsafe extern "system" fn count_errors(
+    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
+    _types: vk::DebugUtilsMessageTypeFlagsEXT,
+    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
+    user: *mut c_void,
+) -> vk::Bool32 {
+    if severity.contains(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR) {
+        // SAFETY: `user` is the OwnDevice's counter, alive until the
+        // messenger is destroyed; the layer passes valid callback data.
+        unsafe {
+            (*(user as *const AtomicU32)).fetch_add(1, Ordering::SeqCst);
+            if let Some(m) = data.as_ref().and_then(|d| d.message_as_c_str()) {
+                eprintln!("[validation error] {}", m.to_string_lossy());
+            }
+        }
+    }
+    vk::FALSE
+}
+
+impl OwnDevice {
+    /// One queue of the first graphics-or-compute family, plus (as the
+    /// application's choice for the crate) a queue of the transfer-only
+    /// family, else a second queue of the main family where it has two.
+    fn new() -> (OwnDevice, Queues) {
+        // SAFETY: the system loader.
+        let entry = unsafe { ash::Entry::load() }.expect("libvulkan");
+        let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_2);
+        let layers = [c"VK_LAYER_KHRONOS_validation".as_ptr()];
+        let extensions = [ash::ext::debug_utils::NAME.as_ptr()];
+        let info = vk::InstanceCreateInfo::default()
+            .application_info(&app)
+            .enabled_layer_names(&layers)
+            .enabled_extension_names(&extensions);
+        // SAFETY: the create info lives across the call.
+        let instance = unsafe { entry.create_instance(&info, None) }
+            .expect("a Vulkan 1.2 instance with the validation layer");
+        let debug = ash::ext::debug_utils::Instance::new(&entry, &instance);
+        let errors = Box::new(AtomicU32::new(0));
+        let messenger_info = vk::DebugUtilsMessengerCreateInfoEXT::default()
+            .message_severity(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR)
+            .message_type(vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION)
+            .pfn_user_callback(Some(count_errors))
+            .user_data(&*errors as *const AtomicU32 as *mut c_void);
+        // SAFETY: the counter outlives the messenger (destroyed in Drop first).
+        let messenger = unsafe { debug.create_debug_utils_messenger(&messenger_info, None) }
+            .expect("a debug messenger");
+        // SAFETY: plain queries.
+        let physical = unsafe { instance.enumerate_physical_devices() }.unwrap()[0];
+        // SAFETY: plain query.
+        let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
+        let main = families
+            .iter()
+            .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
+            .expect("a compute family") as u32;
+        let transfer_only = families.iter().position(|f| {
+            f.queue_flags.contains(vk::QueueFlags::TRANSFER)
+                && !f
+                    .queue_flags
+                    .intersects(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE)
+        });
+        let transfer = match transfer_only {
+            Some(f) => Some(QueueChoice {
+                family: f as u32,
+                index: 0,
+            }),
+            None if families[main as usize].queue_count > 1 => Some(QueueChoice {
+                family: main,
+                index: 1,
+            }),
+            None => None,
+        };
+        let mut queue_counts = vec![0u32; families.len()];
+        queue_counts[main as usize] = 1;
+        if let Some(t) = transfer {
+            queue_counts[t.family as usize] = queue_counts[t.family as usize].max(t.index + 1);
+        }
+        let priorities = [1.0f32; 2];
+        let queue_infos: Vec<_> = queue_counts
+            .iter()
+            .enumerate()
+            .filter(|(_, &n)| n > 0)
+            .map(|(f, &n)| {
+                vk::DeviceQueueCreateInfo::default()
+                    .queue_family_index(f as u32)
+                    .queue_priorities(&priorities[..n as usize])
+            })
+            .collect();
+        let mut device_extensions: Vec<*const i8> = REQUIRED_DEVICE_EXTENSIONS
+            .iter()
+            .map(|e| e.as_ptr())
+            .collect();
+        // SAFETY: plain enumeration.
+        let offered = unsafe { instance.enumerate_device_extension_properties(physical) }.unwrap();
+        let semaphore_fd = offered.iter().any(|e| {
+            e.extension_name_as_c_str().ok() == Some(ash::khr::external_semaphore_fd::NAME)
+        });
+        if semaphore_fd {
+            device_extensions.push(ash::khr::external_semaphore_fd::NAME.as_ptr());
+        }
+        let mut features12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
+        let device_info = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&queue_infos)
+            .enabled_extension_names(&device_extensions)
+            .push_next(&mut features12);
+        // SAFETY: the create info and its chain live across the call.
+        let device = unsafe { instance.create_device(physical, &device_info, None) }
+            .expect("a device with timeline semaphores");
+        let queues = Queues {
+            main: QueueChoice {
+                family: main,
+                index: 0,
+            },
+            transfer,
+        };
+        (
+            OwnDevice {
+                entry,
+                instance,
+                physical,
+                device,
+                families,
+                messenger,
+                debug,
+                errors,
+            },
+            queues,
+        )
+    }
+
+    /// Wraps the device with `queues`.
+    fn context(&self, queues: Queues) -> Result<Context, Error> {
+        // SAFETY: the device was made above from `physical` of `instance`
+        // with Vulkan 1.2, timeline semaphores and the required extensions;
+        // the queues named exist (a test that names others expects a
+        // refusal before any is used); nothing else submits to them; the device and instance outlive every context of the test
+        // (destroyed in Drop, after the tests drop their contexts).
+        unsafe {
+            Context::from_raw(
+                self.entry.clone(),
+                self.instance.clone(),
+                self.physical,
+                self.device.clone(),
+                queues,
+                false,
+            )
+        }
+    }
+}
+
+impl Drop for OwnDevice {
+    fn drop(&mut self) {
+        // SAFETY: every context and resource made from the device is gone
+        // (the tests drop them first); the messenger goes before the instance.
+        unsafe {
+            self.device.destroy_device(None);
+            self.debug
+                .destroy_debug_utils_messenger(self.messenger, None);
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+#[test]
+fn an_application_device_with_its_own_queue_choices_is_wrapped_and_used() {
+    let (own, queues) = OwnDevice::new();
+    println!(
+        "families {:?}, queues given {queues:?}",
+        own.families
+            .iter()
+            .map(|f| (f.queue_flags, f.queue_count))
+            .collect::<Vec<_>>()
+    );
+    {
+        let ctx = own.context(queues).unwrap();
+        assert_eq!(ctx.queues(), queues);
+        assert!(
+            !ctx.validation_enabled(),
+            "from_raw adds no messenger of its own"
+        );
+        move_an_image_between_the_queues(&ctx);
+    }
+    assert_eq!(own.errors.load(Ordering::SeqCst), 0, "validation errors");
+}
+
+#[test]
+fn from_raw_refuses_queues_the_device_cannot_have() {
+    let (own, queues) = OwnDevice::new();
+    let main = queues.main;
+    let refused = |queues: Queues, why: &str| match own.context(queues) {
+        Err(Error::InvalidArgument(m)) => {
+            println!("{why}: {m}");
+            assert!(m.contains("queue"), "{m}");
+        }
+        other => panic!("{why}: expected a refusal, got {other:?}"),
+    };
+    let families = own.families.len() as u32;
+    refused(
+        Queues {
+            main: QueueChoice {
+                family: families,
+                index: 0,
+            },
+            transfer: None,
+        },
+        "a family the device does not have",
+    );
+    refused(
+        Queues {
+            main: QueueChoice {
+                family: main.family,
+                index: own.families[main.family as usize].queue_count,
+            },
+            transfer: None,
+        },
+        "an index past the family's queueCount",
+    );
+    refused(
+        Queues {
+            main,
+            transfer: Some(main),
+        },
+        "the same queue twice",
+    );
+    if let Some(f) = own.families.iter().position(|f| {
+        !f.queue_flags
+            .intersects(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE)
+    }) {
+        refused(
+            Queues {
+                main: QueueChoice {
+                    family: f as u32,
+                    index: 0,
+                },
+                transfer: None,
+            },
+            "a main queue that cannot clear",
+        );
+    }
+    assert_eq!(own.errors.load(Ordering::SeqCst), 0, "validation errors");
+}

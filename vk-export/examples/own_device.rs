@@ -1,0 +1,226 @@
+//! Bring your own device: an application that creates its Vulkan instance
+//! and device with ash, as a renderer does, and wraps them with
+//! `Context::from_raw`, naming the queues the crate may use: a queue of a
+//! graphics-or-compute family, and a queue of a transfer-only family where
+//! the device has one (copies there do not switch the GPU's graphics engine
+//! between Vulkan and CUDA).
+//!
+//! It enables what `from_raw` needs (Vulkan 1.2, `timelineSemaphore`,
+//! `REQUIRED_DEVICE_EXTENSIONS`, and `VK_KHR_external_semaphore_fd` where
+//! offered), exports an image, clears it on the main queue, reads it back
+//! and writes it on the transfer queue, checks every texel, and tears down in
+//! order: the crate's objects first, then the application's device and
+//! instance.
+//!
+//! ```sh
+//! cargo run -p vk-export --example own_device
+//! ```
+
+use std::process::ExitCode;
+
+use ash::vk;
+use vk_export::format::Rgba8Unorm;
+use vk_export::markers::{usage, HostVisible, Optimal};
+use vk_export::{
+    Context, ExportableImage, ImageDesc, QueueChoice, QueueRole, Queues, SubmitSync,
+    REQUIRED_DEVICE_EXTENSIONS,
+};
+
+const USAGE: &str = "usage: own_device [--help]\n\n\
+    Creates a Vulkan device with ash, wraps it with Context::from_raw (a main queue and, where\n\
+    the device has one, a transfer-only queue), exports an image, clears it on the main queue,\n\
+    reads and writes it on the transfer queue, and checks every texel.";
+
+type Error = Box<dyn std::error::Error>;
+
+fn main() -> ExitCode {
+    match std::env::args().nth(1).as_deref() {
+        None => {}
+        Some("--help" | "-h") => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Some(other) => {
+            eprintln!("own_device: unknown argument {other:?}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    }
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("own_device: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The application's own objects, destroyed in `Drop` (device, then
+/// instance). It keeps a clone of the entry: the loader library stays loaded
+/// until the last clone goes, and the Context holds another.
+struct App {
+    instance: ash::Instance,
+    device: ash::Device,
+    _entry: ash::Entry,
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        // SAFETY: `run` drops every Context and resource made from the
+        // device before the App; nothing else uses them.
+        unsafe {
+            self.device.destroy_device(None);
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+fn run() -> Result<(), Error> {
+    // SAFETY: loading the system's Vulkan loader.
+    let entry = unsafe { ash::Entry::load() }?;
+    let app_info = vk::ApplicationInfo::default()
+        .application_name(c"own_device")
+        .api_version(vk::API_VERSION_1_2);
+    // SAFETY: the create info lives across the call.
+    let instance = unsafe {
+        entry.create_instance(
+            &vk::InstanceCreateInfo::default().application_info(&app_info),
+            None,
+        )
+    }?;
+    // SAFETY: plain enumeration.
+    let physicals = unsafe { instance.enumerate_physical_devices() }?;
+    let Some(&physical) = physicals.first() else {
+        // SAFETY: nothing was made from the instance.
+        unsafe { instance.destroy_instance(None) };
+        return Err("no Vulkan device".into());
+    };
+    // SAFETY: plain queries.
+    let (families, offered) = unsafe {
+        (
+            instance.get_physical_device_queue_family_properties(physical),
+            instance.enumerate_device_extension_properties(physical)?,
+        )
+    };
+    let main = families
+        .iter()
+        .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
+        .ok_or("no compute queue family")? as u32;
+    let transfer = families
+        .iter()
+        .position(|f| {
+            f.queue_flags.contains(vk::QueueFlags::TRANSFER)
+                && !f
+                    .queue_flags
+                    .intersects(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE)
+        })
+        .map(|f| f as u32);
+    let has = |name: &std::ffi::CStr| {
+        offered
+            .iter()
+            .any(|e| e.extension_name_as_c_str().ok() == Some(name))
+    };
+    let mut extensions: Vec<*const i8> = REQUIRED_DEVICE_EXTENSIONS
+        .iter()
+        .map(|e| e.as_ptr())
+        .collect();
+    if let Some(missing) = REQUIRED_DEVICE_EXTENSIONS.iter().find(|e| !has(e)) {
+        // SAFETY: nothing was made from the instance.
+        unsafe { instance.destroy_instance(None) };
+        return Err(format!("the device lacks {missing:?}").into());
+    }
+    let semaphore_fd = has(ash::khr::external_semaphore_fd::NAME);
+    if semaphore_fd {
+        extensions.push(ash::khr::external_semaphore_fd::NAME.as_ptr());
+    }
+    let priorities = [1.0f32];
+    let queue_infos: Vec<_> = std::iter::once(main)
+        .chain(transfer)
+        .map(|family| {
+            vk::DeviceQueueCreateInfo::default()
+                .queue_family_index(family)
+                .queue_priorities(&priorities)
+        })
+        .collect();
+    let mut features12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
+    let device_info = vk::DeviceCreateInfo::default()
+        .queue_create_infos(&queue_infos)
+        .enabled_extension_names(&extensions)
+        .push_next(&mut features12);
+    // SAFETY: the create info and its chain live across the call.
+    let device = match unsafe { instance.create_device(physical, &device_info, None) } {
+        Ok(d) => d,
+        Err(e) => {
+            // SAFETY: nothing else was made from the instance.
+            unsafe { instance.destroy_instance(None) };
+            return Err(e.into());
+        }
+    };
+    let app = App {
+        instance,
+        device,
+        _entry: entry.clone(),
+    };
+    let queues = Queues {
+        main: QueueChoice {
+            family: main,
+            index: 0,
+        },
+        transfer: transfer.map(|family| QueueChoice { family, index: 0 }),
+    };
+    // SAFETY: the device was created above from `physical` of the instance
+    // with Vulkan 1.2, timelineSemaphore, the required extensions (and
+    // external_semaphore_fd when `semaphore_fd`), and one queue of each
+    // family in `queues`; this application submits to neither queue itself;
+    // `app` (device and instance) is dropped after `ctx` and the image,
+    // which are declared after it.
+    let ctx = unsafe {
+        Context::from_raw(
+            entry,
+            app.instance.clone(),
+            physical,
+            app.device.clone(),
+            queues,
+            semaphore_fd,
+        )
+    }?;
+    println!(
+        "{}: main queue family {}, copies on family {}{}",
+        ctx.identity().name,
+        ctx.queue_family(),
+        ctx.queue_family_of(QueueRole::Transfer),
+        if transfer.is_some() {
+            " (transfer-only)"
+        } else {
+            " (no transfer-only family: the main queue)"
+        }
+    );
+    let (width, height) = (256, 128);
+    let image = ExportableImage::<Rgba8Unorm, Optimal, HostVisible, usage::Storage>::new(
+        &ctx,
+        ImageDesc::new_2d(width, height),
+    )?;
+    let blue = vk::ClearColorValue {
+        float32: [0.0, 0.0, 1.0, 1.0],
+    };
+    ctx.clear_image(&image, blue, SubmitSync::new())?;
+    let texels = ctx.read_image(&image, 0, 0, SubmitSync::new())?;
+    if !texels.chunks(4).all(|t| t == [0, 0, 255, 255]) {
+        return Err("the cleared image read back wrong".into());
+    }
+    let gradient: Vec<u8> = (0..width * height * 4).map(|i| (i % 251) as u8).collect();
+    ctx.write_image(&image, 0, 0, &gradient, SubmitSync::new())?;
+    if ctx.read_image(&image, 0, 0, SubmitSync::new())? != gradient {
+        return Err("the written image read back wrong".into());
+    }
+    println!(
+        "{width}x{height} RGBA8: cleared on the main queue, read and written on family {}: every texel checked; \
+         its memory ({} bytes) exports as an OPAQUE_FD",
+        ctx.queue_family_of(QueueRole::Transfer),
+        image.info().allocation_size()
+    );
+    drop(image);
+    drop(ctx);
+    drop(app);
+    println!("own_device: ok");
+    Ok(())
+}
