@@ -20,7 +20,10 @@
 //!   is gone is ignored and its files removed. [`Directory::connect`]
 //!   connects to a live sender by name, bounded by its timeout.
 //! * [`Announcement`] removes its `.info` file when dropped; the socket file
-//!   goes with the listener.
+//!   goes with the listener. A name is taken while its process lives and
+//!   something listens on its socket (a killed sender's pid reused by
+//!   another process does not keep the name; it may still be listed until
+//!   that process ends, and connecting to it fails).
 //! * Uses [`crate::consumer`] for connecting; nothing here waits unbounded.
 
 use std::io::Write;
@@ -368,10 +371,18 @@ impl Directory {
     ) -> Result<(Listener, Announcement), DiscoveryError> {
         validate_name(&info.name)?;
         if let Some(live) = self.read_entry(&info.name) {
-            return Err(DiscoveryError::NameTaken {
-                name: info.name,
-                pid: live.pid,
-            });
+            // Its pid may have been reused by another process: the name is
+            // taken only if something listens on its socket.
+            let path = self.socket_path(&info.name);
+            let listening = path
+                .to_str()
+                .is_some_and(|p| consumer::connect(p, Duration::from_millis(200)).is_ok());
+            if listening {
+                return Err(DiscoveryError::NameTaken {
+                    name: info.name,
+                    pid: live.pid,
+                });
+            }
         }
         let socket = self.socket_path(&info.name);
         // No live entry: a socket file left here is a dead sender's.
@@ -570,6 +581,13 @@ mod tests {
         assert!(!dir.info_path("dead").exists());
         assert!(!dir.socket_path("dead").exists());
         assert!(dir.info_path("foreign").exists());
+        // A live pid whose socket nobody listens on (a reused pid) does not
+        // keep the name.
+        let mut reused = info("reused");
+        reused.pid = std::process::id();
+        std::fs::write(dir.info_path("reused"), reused.encode()).unwrap();
+        std::fs::write(dir.socket_path("reused"), b"").unwrap();
+        let (_l2, _a2) = dir.announce(info("reused")).unwrap();
         // A new sender may take a dead one's name.
         std::fs::write(dir.info_path("dead"), dead.encode()).unwrap();
         std::fs::write(dir.socket_path("dead"), b"").unwrap();
