@@ -23,7 +23,9 @@
 //!   buffer, a mapped Vulkan image through a surface, and a native CUDA
 //!   array through a surface.
 //! * **S6** semaphore batching: 1, 4 and 16 timeline signals and waits per
-//!   frame, one crate call each against one batched raw call.
+//!   frame, one crate call each and one safe batch call
+//!   (`Stream::signal_semaphores` / `wait_semaphores`), against one batched
+//!   raw call.
 //!
 //! * **S7** the S3 hand-off at 4K RGBA8 with the producer in another
 //!   process (this binary, `--s7-producer`), against S3's same-process rows.

@@ -17,6 +17,12 @@
 //!   trace. A handle may also carry a largest step between two signals
 //!   (`maxTimelineSemaphoreValueDifference`); a signal further above the last
 //!   one is refused.
+//! * A batch ([`Stream::signal_semaphores`], [`Stream::wait_semaphores`]:
+//!   [`SignalOp`], [`WaitOp`]) is one driver call for many semaphores, with
+//!   every check of the single calls made for every entry before that call:
+//!   one refused entry refuses the batch, and nothing is enqueued or
+//!   changed. Its timeline locks are taken in one order (handle address),
+//!   so batches and single signals never deadlock on each other.
 //! * Every signal and wait is recorded as a use of the semaphore; `Drop`
 //!   waits for those uses (at most [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT),
 //!   never `cuCtxSynchronize`) before `cuDestroyExternalSemaphore`, which
@@ -341,7 +347,16 @@ impl ExternalSemaphore<Timeline> {
             .last_signalled
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let previous = *last;
+        self.check_signal_value(*last, value)?;
+        self.enqueue_signal(stream, value)?;
+        *last = value;
+        drop(last);
+        self.last_use.record(stream)
+    }
+
+    /// `Ok` if `value` may follow `previous`, the last value this handle
+    /// signalled: above it, and at most the handle's largest step above it.
+    fn check_signal_value(&self, previous: u64, value: u64) -> Result<()> {
         if value <= previous {
             return Err(Error::InvalidArgument(format!(
                 "timeline signal {value} is not above the last value signalled ({previous}): values only go up"
@@ -356,10 +371,7 @@ impl ExternalSemaphore<Timeline> {
                 )));
             }
         }
-        self.enqueue_signal(stream, value)?;
-        *last = value;
-        drop(last);
-        self.last_use.record(stream)
+        Ok(())
     }
 
     /// Enqueues a wait until the value is at least `value`.
@@ -435,5 +447,233 @@ impl ExternalSemaphore<Timeline> {
         // caller vouches for `stream`.
         unsafe { order_streams(&self.device, stream, via.raw()) }?;
         self.signal(via, value)
+    }
+}
+
+/// One semaphore of a batched signal ([`Stream::signal_semaphores`]).
+#[derive(Debug)]
+pub enum SignalOp<'a> {
+    /// Signal `value`, under the rules of a single timeline signal
+    /// ([`ExternalSemaphore`]`<Timeline>::signal`).
+    Timeline(&'a ExternalSemaphore<Timeline>, u64),
+    /// Signal a binary semaphore; its token comes back from the batch.
+    Binary(&'a ExternalSemaphore<Binary>),
+}
+
+/// One semaphore of a batched wait ([`Stream::wait_semaphores`]).
+#[derive(Debug)]
+pub enum WaitOp<'a> {
+    /// Wait until the value is at least the given one.
+    Timeline(&'a ExternalSemaphore<Timeline>, u64),
+    /// Wait for the signal this token stands for, and consume it.
+    Binary(&'a ExternalSemaphore<Binary>, BinarySignal),
+}
+
+impl SignalOp<'_> {
+    fn device(&self) -> &CudaDevice {
+        match self {
+            SignalOp::Timeline(s, _) => &s.device,
+            SignalOp::Binary(s) => &s.device,
+        }
+    }
+    fn handle(&self) -> CUexternalSemaphore {
+        match self {
+            SignalOp::Timeline(s, _) => s.handle,
+            SignalOp::Binary(s) => s.handle,
+        }
+    }
+    fn last_use(&self) -> &LastUse {
+        match self {
+            SignalOp::Timeline(s, _) => &s.last_use,
+            SignalOp::Binary(s) => &s.last_use,
+        }
+    }
+}
+
+impl WaitOp<'_> {
+    fn device(&self) -> &CudaDevice {
+        match self {
+            WaitOp::Timeline(s, _) => &s.device,
+            WaitOp::Binary(s, _) => &s.device,
+        }
+    }
+    fn handle(&self) -> CUexternalSemaphore {
+        match self {
+            WaitOp::Timeline(s, _) => s.handle,
+            WaitOp::Binary(s, _) => s.handle,
+        }
+    }
+}
+
+/// The driver's limit on entries per batched call is a `c_uint`.
+fn batch_count(len: usize) -> Result<std::ffi::c_uint> {
+    std::ffi::c_uint::try_from(len).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "a batch of {len} semaphore operations is more than one driver call takes; split it"
+        ))
+    })
+}
+
+/// Batched semaphore operations: many imported semaphores signalled or
+/// waited on with one `cuSignalExternalSemaphoresAsync` or
+/// `cuWaitExternalSemaphoresAsync` call.
+///
+/// Each entry is checked as the single call checks it (the semaphore's
+/// device is the stream's, timeline values only go up within the largest
+/// step, binary tokens belong to their semaphore, one pending binary signal
+/// at most), **all of them before the driver call**: if one entry is
+/// refused, nothing is enqueued and no semaphore's state changes.
+impl Stream {
+    /// Enqueues one signal of every entry, in one driver call, and returns
+    /// the tokens of the binary entries in their order in `batch`.
+    ///
+    /// A timeline semaphore may appear once per batch (the driver does not
+    /// order the entries of one call): a second entry of the same handle is
+    /// [`Error::InvalidArgument`]. An empty batch calls nothing.
+    pub fn signal_semaphores(&self, batch: &[SignalOp<'_>]) -> Result<Vec<BinarySignal>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let count = batch_count(batch.len())?;
+        for op in batch {
+            self.check_device(op.device())?;
+        }
+        // The timeline entries, locked in address order so that two batches
+        // (or a batch and single signals) never wait on each other's locks.
+        let mut timelines: Vec<(&ExternalSemaphore<Timeline>, u64)> = batch
+            .iter()
+            .filter_map(|op| match op {
+                SignalOp::Timeline(s, value) => Some((*s, *value)),
+                SignalOp::Binary(_) => None,
+            })
+            .collect();
+        timelines.sort_by_key(|(s, _)| s.handle as usize);
+        if timelines.windows(2).any(|w| w[0].0.handle == w[1].0.handle) {
+            return Err(Error::InvalidArgument(
+                "a timeline semaphore appears twice in one signal batch: signal the larger value once"
+                    .into(),
+            ));
+        }
+        let mut locked = Vec::with_capacity(timelines.len());
+        for (semaphore, value) in &timelines {
+            let last = semaphore
+                .last_signalled
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            semaphore.check_signal_value(*last, *value)?;
+            locked.push((last, *value));
+        }
+        // Binary reservations: a refused one drops the earlier ones, which
+        // releases their payloads.
+        let reservations = batch
+            .iter()
+            .filter_map(|op| match op {
+                SignalOp::Binary(s) => Some(s.payload.reserve_signal()),
+                SignalOp::Timeline(..) => None,
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let handles: Vec<CUexternalSemaphore> = batch.iter().map(SignalOp::handle).collect();
+        let params: Vec<sys::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS> = batch
+            .iter()
+            .map(|op| {
+                let mut p = sys::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS::default();
+                if let SignalOp::Timeline(_, value) = op {
+                    p.params.fence.value = *value;
+                }
+                p
+            })
+            .collect();
+        {
+            let _guard = self.device().enter()?;
+            // SAFETY: `count` live semaphores and as many zeroed parameter
+            // blocks (flags 0), on a live stream, all of the current context
+            // (each semaphore's device is the stream's, checked above); each
+            // semaphore is destroyed only after this signal completes (its
+            // use is recorded below).
+            unsafe {
+                cu!(cuSignalExternalSemaphoresAsync(
+                    handles.as_ptr(),
+                    params.as_ptr(),
+                    count,
+                    self.raw()
+                ))
+            }?;
+        }
+        for (last, value) in &mut locked {
+            **last = *value;
+        }
+        drop(locked);
+        let tokens = reservations
+            .into_iter()
+            // SAFETY: the signal of each reserved payload was just enqueued.
+            .map(|r| unsafe { r.submitted() })
+            .collect();
+        // Every use is recorded whatever the others' outcome.
+        let recorded = batch
+            .iter()
+            .map(|op| op.last_use().record(self))
+            .fold(Ok(()), Result::and);
+        recorded.map(|()| tokens)
+    }
+
+    /// Enqueues one wait of every entry, in one driver call, and consumes
+    /// the binary entries' tokens.
+    ///
+    /// A token of another semaphore refuses the whole batch before the
+    /// driver; the batch's tokens are then dropped unused, so each can be
+    /// reclaimed once (`ExternalSemaphore<Binary>::reclaim_signal`), as
+    /// after a refused single wait. An empty batch calls nothing.
+    pub fn wait_semaphores(&self, batch: Vec<WaitOp<'_>>) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let count = batch_count(batch.len())?;
+        for op in &batch {
+            self.check_device(op.device())?;
+            if let WaitOp::Binary(s, token) = op {
+                s.payload.check(token)?;
+            }
+        }
+        let handles: Vec<CUexternalSemaphore> = batch.iter().map(WaitOp::handle).collect();
+        let params: Vec<sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS> = batch
+            .iter()
+            .map(|op| {
+                let mut p = sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS::default();
+                if let WaitOp::Timeline(_, value) = op {
+                    p.params.fence.value = *value;
+                }
+                p
+            })
+            .collect();
+        {
+            let _guard = self.device().enter()?;
+            // SAFETY: `count` live semaphores and as many zeroed parameter
+            // blocks (flags 0), on a live stream, all of the current context
+            // (checked above); each semaphore is destroyed only after this
+            // wait completes (tracked below).
+            unsafe {
+                cu!(cuWaitExternalSemaphoresAsync(
+                    handles.as_ptr(),
+                    params.as_ptr(),
+                    count,
+                    self.raw()
+                ))
+            }?;
+        }
+        // Tokens are consumed and waits tracked whatever the others' outcome.
+        let mut outcome = Ok(());
+        for op in batch {
+            let semaphore_outcome = match op {
+                WaitOp::Timeline(s, _) => s.track_wait(self),
+                WaitOp::Binary(s, token) => {
+                    // SAFETY: the wait for this signal was just enqueued
+                    // (its token was checked to be this payload's).
+                    let consumed = unsafe { s.payload.consume(token) }.map_err(Error::from);
+                    consumed.and(s.track_wait(self))
+                }
+            };
+            outcome = outcome.and(semaphore_outcome);
+        }
+        outcome
     }
 }

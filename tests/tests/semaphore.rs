@@ -1,7 +1,8 @@
 //! Semaphores: timeline and binary payloads exported, imported and waited on
 //! across Vulkan and CUDA; bounded waits that nobody signals; signals at or
 //! below the current value; binary tokens; the CUDA side's rules against the
-//! fake driver; what the real driver answers to raw semaphore imports.
+//! fake driver, single and batched; what the real driver answers to raw
+//! semaphore imports.
 //!
 //! The tests ignored as "needs an NVIDIA GPU" need the real CUDA driver; on the
 //! GPU machine: `cargo test -p cuda-interop-tests --test semaphore -- --ignored
@@ -158,6 +159,197 @@ fn child_fake_semaphore_rules() {
     // The device keeps one event per external wait until the next check
     // or its own drop.
     drop(cuda);
+    assert_eq!(fake.all_live(), [], "everything destroyed");
+}
+
+/// Batched semaphore operations against the fake driver: a batch of N
+/// entries is one `cuSignalExternalSemaphoresAsync` /
+/// `cuWaitExternalSemaphoresAsync` call with N entries; each refusal of the
+/// single calls (a timeline value not above the last, a binary signal
+/// already pending, a token of another semaphore, a semaphore of another
+/// device) and the batch's own (one timeline twice) refuses the whole batch
+/// before the driver, and leaves every entry's state as it was.
+#[test]
+fn semaphore_batches_are_one_driver_call_and_all_or_nothing() {
+    let _fds = fds::lock();
+    fake::run("child_fake_semaphore_batches", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of semaphore.rs, with a fake libcuda: run by semaphore_batches_are_one_driver_call_and_all_or_nothing"]
+fn child_fake_semaphore_batches() {
+    use cuda_interop::{SignalOp, WaitOp};
+    let fake = fake::Fake::open();
+    let other_uuid = vk_export::DeviceUuid::from_bytes([8; 16]);
+    fake.set_devices(&[fake::UUID, other_uuid]);
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let other = CudaDevice::for_uuid(other_uuid).unwrap();
+    let stream = Stream::new(&cuda).unwrap();
+    let other_stream = Stream::new(&other).unwrap();
+    // SAFETY: the driver is the fake: it records what is enqueued and holds
+    // the fds; no GPU work exists.
+    let import_timeline = || unsafe {
+        cuda.import_semaphore_fd(fake::timeline(), fake::some_fd())
+            .map_err(|e| e.error)
+            .unwrap()
+    };
+    // SAFETY: as above.
+    let import_binary = || unsafe {
+        cuda.import_semaphore_fd(fake::binary(), fake::some_fd())
+            .map_err(|e| e.error)
+            .unwrap()
+    };
+    let (t1, t2, t3) = (import_timeline(), import_timeline(), import_timeline());
+    let (a, b, c) = (import_binary(), import_binary(), import_binary());
+    // (call number, entries in the call, value) of each logged entry.
+    let entries = |name: &str| {
+        fake.calls(name)
+            .iter()
+            .map(|e| (e.num("call"), e.num("n"), e.num("value")))
+            .collect::<Vec<_>>()
+    };
+    let signals = || entries("cuSignalExternalSemaphoresAsync");
+    let waits = || entries("cuWaitExternalSemaphoresAsync");
+
+    // Nothing to do: no driver call.
+    assert!(stream.signal_semaphores(&[]).unwrap().is_empty());
+    stream.wait_semaphores(Vec::new()).unwrap();
+    assert!(signals().is_empty() && waits().is_empty());
+
+    // Five entries, timeline and binary mixed: one call of five.
+    let tokens = stream
+        .signal_semaphores(&[
+            SignalOp::Timeline(&t1, 1),
+            SignalOp::Timeline(&t2, 1),
+            SignalOp::Binary(&a),
+            SignalOp::Timeline(&t3, 5),
+            SignalOp::Binary(&b),
+        ])
+        .unwrap();
+    let logged = signals();
+    assert_eq!(
+        logged.iter().map(|e| e.2).collect::<Vec<_>>(),
+        [1, 1, 0, 5, 0]
+    );
+    assert!(
+        logged.iter().all(|e| (e.0, e.1) == (logged[0].0, 5)),
+        "one call with five entries: {logged:?}"
+    );
+    assert_eq!(
+        (
+            t1.last_signalled(),
+            t2.last_signalled(),
+            t3.last_signalled()
+        ),
+        (1, 1, 5)
+    );
+    assert_eq!(tokens.len(), 2);
+    assert!(a.payload().is_signal_pending() && b.payload().is_signal_pending());
+    // A single signal sees the batch's values.
+    assert!(t1.signal(&stream, 1).is_err());
+
+    // Refused signal batches: nothing enqueued, no value, no reservation.
+    let refused: Vec<(&str, Vec<SignalOp<'_>>)> = vec![
+        (
+            "a value not above the last",
+            vec![SignalOp::Timeline(&t1, 2), SignalOp::Timeline(&t3, 5)],
+        ),
+        (
+            "a binary signal already pending",
+            vec![
+                SignalOp::Timeline(&t1, 2),
+                SignalOp::Binary(&c),
+                SignalOp::Binary(&a),
+            ],
+        ),
+        (
+            "one timeline twice",
+            vec![SignalOp::Timeline(&t1, 2), SignalOp::Timeline(&t1, 3)],
+        ),
+    ];
+    for (why, batch) in refused {
+        let before = signals().len();
+        let err = stream.signal_semaphores(&batch).unwrap_err();
+        println!("signal batch with {why}: {err}");
+        match why {
+            "a binary signal already pending" => assert!(
+                matches!(err, CudaError::Vulkan(Error::BinarySemaphore(_))),
+                "{why}: {err}"
+            ),
+            _ => assert!(matches!(err, CudaError::InvalidArgument(_)), "{why}: {err}"),
+        }
+        assert_eq!(signals().len(), before, "{why}: nothing enqueued");
+        assert_eq!(t1.last_signalled(), 1, "{why}: t1 unchanged");
+        assert!(
+            !c.payload().is_signal_pending(),
+            "{why}: c's reservation released"
+        );
+    }
+    let err = other_stream
+        .signal_semaphores(&[SignalOp::Timeline(&t1, 2)])
+        .unwrap_err();
+    assert!(matches!(err, CudaError::DeviceMismatch { .. }), "{err}");
+    assert_eq!(t1.last_signalled(), 1);
+    assert_eq!(
+        signals().len(),
+        5,
+        "no signal enqueued since the first batch"
+    );
+
+    // A token of another semaphore refuses the wait batch.
+    let mut tokens = tokens.into_iter();
+    let (token_a, token_b) = (tokens.next().unwrap(), tokens.next().unwrap());
+    let err = stream
+        .wait_semaphores(vec![WaitOp::Timeline(&t1, 1), WaitOp::Binary(&c, token_a)])
+        .unwrap_err();
+    assert!(
+        matches!(err, CudaError::Vulkan(Error::BinarySemaphore(_))),
+        "{err}"
+    );
+    assert!(waits().is_empty(), "nothing enqueued");
+    let token_a = a
+        .reclaim_signal()
+        .expect("the refused token can be reclaimed");
+    let err = other_stream
+        .wait_semaphores(vec![WaitOp::Timeline(&t1, 1)])
+        .unwrap_err();
+    assert!(matches!(err, CudaError::DeviceMismatch { .. }), "{err}");
+    assert!(waits().is_empty(), "nothing enqueued");
+
+    // Four waits: one call of four; the tokens are consumed.
+    stream
+        .wait_semaphores(vec![
+            WaitOp::Timeline(&t1, 1),
+            WaitOp::Binary(&a, token_a),
+            WaitOp::Timeline(&t3, 5),
+            WaitOp::Binary(&b, token_b),
+        ])
+        .unwrap();
+    let logged = waits();
+    assert_eq!(logged.iter().map(|e| e.2).collect::<Vec<_>>(), [1, 0, 5, 0]);
+    assert!(
+        logged.iter().all(|e| (e.0, e.1) == (logged[0].0, 4)),
+        "one call with four entries: {logged:?}"
+    );
+    assert!(!a.payload().is_signal_pending() && !b.payload().is_signal_pending());
+    // Both binaries can be signalled again.
+    let again = stream
+        .signal_semaphores(&[SignalOp::Binary(&a), SignalOp::Binary(&b)])
+        .unwrap();
+    stream
+        .wait_semaphores(
+            [&a, &b]
+                .into_iter()
+                .zip(again)
+                .map(|(s, t)| WaitOp::Binary(s, t))
+                .collect(),
+        )
+        .unwrap();
+    for line in fake.log().lines().filter(|l| l.contains("reserved_zero=")) {
+        assert!(line.contains("reserved_zero=1"), "{line}");
+    }
+    drop((t1, t2, t3, a, b, c, stream, other_stream));
+    drop((cuda, other));
     assert_eq!(fake.all_live(), [], "everything destroyed");
 }
 
