@@ -132,6 +132,14 @@ fn bench_tables(bench: &Value) -> Vec<String> {
             "S7",
             "S7: the S3 hand-off with the producer in another process",
         ),
+        (
+            "S8",
+            "S8: the graphics-engine switch (each leg against the CUDA-only floor, per queue family, CUDA_DEVICE_MAX_CONNECTIONS unset and =1)",
+        ),
+        (
+            "Drift",
+            "Drift: per-cycle cost, last 10% of the cycles against the first 10%",
+        ),
     ];
     let empty = Vec::new();
     let rows = bench["rows"].as_array().unwrap_or(&empty);
