@@ -353,6 +353,62 @@ fn child_fake_semaphore_batches() {
     assert_eq!(fake.all_live(), [], "everything destroyed");
 }
 
+/// Batches on the real driver (issue 19 item 4): one wait batch of two
+/// timelines and a binary holds the stream until the last of them is
+/// signalled (the signal batch behind it does not land before); one signal
+/// batch of two timelines and a binary releases a Vulkan wait on each.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
+fn semaphore_batches_order_gpu_work_on_the_real_driver() {
+    use cuda_interop::{SignalOp, WaitOp};
+    let _fds = fds::lock();
+    let (ctx, cuda) = pair();
+    let stream = Stream::new(&cuda).unwrap();
+    let a = TimelineSemaphore::new(&ctx).unwrap();
+    let b = TimelineSemaphore::new(&ctx).unwrap();
+    let (cuda_a, cuda_b) = (
+        cuda.import_semaphore(&a).unwrap(),
+        cuda.import_semaphore(&b).unwrap(),
+    );
+    let to_cuda = BinarySemaphore::new(&ctx).unwrap();
+    let to_vulkan = BinarySemaphore::new(&ctx).unwrap();
+    let cuda_in = cuda.import_semaphore(&to_cuda).unwrap();
+    let cuda_out = cuda.import_semaphore(&to_vulkan).unwrap();
+
+    let token = ctx.signal_binary(&to_cuda, SubmitSync::new()).unwrap();
+    stream
+        .wait_semaphores(vec![
+            WaitOp::Timeline(&cuda_a, 1),
+            WaitOp::Binary(&cuda_in, token),
+            WaitOp::Timeline(&cuda_b, 1),
+        ])
+        .unwrap();
+    let mut tokens = stream
+        .signal_semaphores(&[
+            SignalOp::Timeline(&cuda_a, 2),
+            SignalOp::Binary(&cuda_out),
+            SignalOp::Timeline(&cuda_b, 2),
+        ])
+        .unwrap();
+    a.signal(1).unwrap();
+    // b's 1 is still missing: the stream cannot pass the wait batch.
+    let err = a
+        .wait(2, Duration::from_millis(200), WaitStrategy::ADAPTIVE)
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+    assert_eq!(b.value().unwrap(), 0);
+    b.signal(1).unwrap();
+    a.wait(2, TIMEOUT, WaitStrategy::ADAPTIVE).unwrap();
+    b.wait(2, TIMEOUT, WaitStrategy::ADAPTIVE).unwrap();
+    let token = tokens.pop().unwrap();
+    ctx.submit_and_wait(SubmitSync::new().wait_binary(&to_vulkan, token), |_, _| {})
+        .unwrap();
+    stream.synchronize(TIMEOUT).unwrap();
+    println!("a wait batch of 3 and a signal batch of 3 ordered the work; both timelines at 2");
+    drop((cuda_a, cuda_b, cuda_in, cuda_out, stream));
+    assert_no_validation_errors_except(&ctx, &[IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE]);
+}
+
 fn launch_2d(
     stream: &Stream,
     module: &Module,
