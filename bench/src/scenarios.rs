@@ -172,6 +172,9 @@ fn finish(
     if let Some(errors) = ctx.map(Context::validation_errors).filter(|&e| e > 0) {
         return Err(format!("{errors} validation errors").into());
     }
+    if !report.failures.is_empty() {
+        return Err(report.failures.join("; ").into());
+    }
     Ok(())
 }
 
