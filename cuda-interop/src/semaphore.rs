@@ -660,16 +660,29 @@ impl Stream {
                 ))
             }?;
         }
-        // Tokens are consumed and waits tracked whatever the others' outcome.
-        let mut outcome = Ok(());
+        // One device-wide record covers every wait of the batch (they were
+        // enqueued together, on this stream); each semaphore records its own
+        // use. Tokens are consumed and uses recorded whatever the others'
+        // outcome (a failed record marks its list unreliable).
+        let waits = &self.device().inner.external_waits;
+        let device_wide = match self.device().enter() {
+            // SAFETY: a live stream (borrowed) of this device, whose context
+            // the guard made current.
+            Ok(_guard) => unsafe { waits.record(self.raw()) },
+            Err(e) => {
+                waits.mark_untracked();
+                Err(e)
+            }
+        };
+        let mut outcome = device_wide;
         for op in batch {
             let semaphore_outcome = match op {
-                WaitOp::Timeline(s, _) => s.track_wait(self),
+                WaitOp::Timeline(s, _) => s.last_use.record(self),
                 WaitOp::Binary(s, token) => {
                     // SAFETY: the wait for this signal was just enqueued
                     // (its token was checked to be this payload's).
                     let consumed = unsafe { s.payload.consume(token) }.map_err(Error::from);
-                    consumed.and(s.track_wait(self))
+                    consumed.and(s.last_use.record(self))
                 }
             };
             outcome = outcome.and(semaphore_outcome);

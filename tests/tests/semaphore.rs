@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use ash::vk;
 use cuda_interop::{
-    drop_errors, kernels, sys, CudaDevice, Error as CudaError, Event, Module, Stream,
+    drop_errors, kernels, sys, CudaDevice, DeviceBuffer, Error as CudaError, Event, Module, Stream,
     DROP_WAIT_LIMIT,
 };
 use cuda_interop_testkit::fds::{close_if_still, identity};
@@ -351,6 +351,55 @@ fn child_fake_semaphore_batches() {
     drop((t1, t2, t3, a, b, c, stream, other_stream));
     drop((cuda, other));
     assert_eq!(fake.all_live(), [], "everything destroyed");
+}
+
+/// A wait batch is a pending external wait of the device, like a single
+/// wait (against the fake driver): with the batch stuck (its work never
+/// completes), a device buffer's drop, which would block on the real driver
+/// behind it, waits its bound and leaks the buffer (reported) instead of
+/// freeing it.
+#[test]
+fn a_stuck_wait_batch_keeps_device_wide_frees_from_blocking() {
+    let _fds = fds::lock();
+    fake::run("child_fake_stuck_wait_batch", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of semaphore.rs, with a fake libcuda: run by a_stuck_wait_batch_keeps_device_wide_frees_from_blocking"]
+fn child_fake_stuck_wait_batch() {
+    use cuda_interop::WaitOp;
+    let fake = fake::Fake::open();
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let errors = drop_errors();
+    fake.set("latency_ms", -1);
+    let stuck = Stream::new(&cuda).unwrap();
+    // SAFETY: the driver is the fake: it records what is enqueued and holds
+    // the fds; no GPU work exists.
+    let (a, b) = unsafe {
+        (
+            cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()),
+            cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()),
+        )
+    };
+    let (a, b) = (
+        a.map_err(|e| e.error).unwrap(),
+        b.map_err(|e| e.error).unwrap(),
+    );
+    stuck
+        .wait_semaphores(vec![WaitOp::Timeline(&a, 1), WaitOp::Timeline(&b, 1)])
+        .unwrap();
+    let buffer = DeviceBuffer::new(&cuda, 64).unwrap();
+    let frees = fake.calls("cuMemFree").len();
+    drop(buffer);
+    assert_eq!(
+        fake.calls("cuMemFree").len(),
+        frees,
+        "not freed while the wait batch is pending"
+    );
+    assert_eq!(drop_errors(), errors + 1, "the leak is reported");
+    // The stream and both semaphores stay stuck for ever (their drops would
+    // wait their bounds and leak too).
+    std::mem::forget((a, b, stuck));
 }
 
 /// Batches on the real driver (issue 19 item 4): one wait batch of two
