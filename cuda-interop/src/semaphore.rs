@@ -22,7 +22,9 @@
 //!   every check of the single calls made for every entry before that call:
 //!   one refused entry refuses the batch, and nothing is enqueued or
 //!   changed. Its timeline locks are taken in one order (handle address),
-//!   so batches and single signals never deadlock on each other.
+//!   so batches and single signals never deadlock on each other. A batch
+//!   records one event behind its driver call, kept as a use by every
+//!   semaphore in it (and, for waits, one device-wide external wait).
 //! * Every signal and wait is recorded as a use of the semaphore; `Drop`
 //!   waits for those uses (at most [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT),
 //!   never `cuCtxSynchronize`) before `cuDestroyExternalSemaphore`, which
@@ -41,7 +43,7 @@ use vk_export::{BinaryPayload, BinarySignal, ReceivedSemaphore, SemaphoreKind, S
 use crate::context::CudaDevice;
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, ImportError, Result};
-use crate::events::{report_leak, DROP_WAIT_LIMIT};
+use crate::events::{report_leak, SharedEvent, DROP_WAIT_LIMIT};
 use crate::last_use::LastUse;
 use crate::stream::{order_streams, Stream};
 
@@ -608,12 +610,37 @@ impl Stream {
             // SAFETY: the signal of each reserved payload was just enqueued.
             .map(|r| unsafe { r.submitted() })
             .collect();
-        // Every use is recorded whatever the others' outcome.
-        let recorded = batch
-            .iter()
-            .map(|op| op.last_use().record(self))
-            .fold(Ok(()), Result::and);
+        // One event behind the batch, kept by every semaphore's list; every
+        // use is recorded whatever the others' outcome.
+        let recorded = self.record_batch_use(batch.iter().map(SignalOp::last_use));
         recorded.map(|()| tokens)
+    }
+
+    /// Records one event behind the batch just enqueued on this stream as a
+    /// use of each semaphore in `uses`; if it cannot be recorded, every list
+    /// is marked unreliable (its owner then leaks rather than trusts it).
+    fn record_batch_use<'u>(&self, uses: impl Iterator<Item = &'u LastUse>) -> Result<()> {
+        // Held until the end: the last reference to the event may be this
+        // function's (if no list kept it), and is dropped with it current.
+        let _guard = match self.device().enter() {
+            Ok(guard) => guard,
+            Err(e) => {
+                uses.for_each(LastUse::give_up);
+                return Err(e);
+            }
+        };
+        // SAFETY: this stream is live (borrowed), of the context the guard
+        // made current.
+        let event = unsafe { SharedEvent::record(self.raw()) };
+        match event {
+            Ok(event) => uses
+                .map(|last_use| last_use.record_shared(&event))
+                .fold(Ok(()), Result::and),
+            Err(e) => {
+                uses.for_each(LastUse::give_up);
+                Err(e)
+            }
+        }
     }
 
     /// Enqueues one wait of every entry, in one driver call, and consumes
@@ -674,18 +701,18 @@ impl Stream {
                 Err(e)
             }
         };
-        let mut outcome = device_wide;
+        let recorded = self.record_batch_use(batch.iter().map(|op| match op {
+            WaitOp::Timeline(s, _) => &s.last_use,
+            WaitOp::Binary(s, _) => &s.last_use,
+        }));
+        let mut outcome = device_wide.and(recorded);
         for op in batch {
-            let semaphore_outcome = match op {
-                WaitOp::Timeline(s, _) => s.last_use.record(self),
-                WaitOp::Binary(s, token) => {
-                    // SAFETY: the wait for this signal was just enqueued
-                    // (its token was checked to be this payload's).
-                    let consumed = unsafe { s.payload.consume(token) }.map_err(Error::from);
-                    consumed.and(s.last_use.record(self))
-                }
-            };
-            outcome = outcome.and(semaphore_outcome);
+            if let WaitOp::Binary(s, token) = op {
+                // SAFETY: the wait for this signal was just enqueued (its
+                // token was checked to be this payload's).
+                let consumed = unsafe { s.payload.consume(token) }.map_err(Error::from);
+                outcome = outcome.and(consumed);
+            }
         }
         outcome
     }

@@ -348,7 +348,24 @@ fn child_fake_semaphore_batches() {
     for line in fake.log().lines().filter(|l| l.contains("reserved_zero=")) {
         assert!(line.contains("reserved_zero=1"), "{line}");
     }
-    drop((t1, t2, t3, a, b, c, stream, other_stream));
+
+    // Every semaphore of a batch is destroyed only after the batch's work
+    // completed (the one event behind the batch is each one's last use).
+    fake.set("latency_ms", 200);
+    stream
+        .signal_semaphores(&[SignalOp::Timeline(&t2, 2), SignalOp::Timeline(&t1, 2)])
+        .unwrap();
+    drop(t2);
+    let destroyed = fake.last("cuDestroyExternalSemaphore");
+    assert_eq!(destroyed.get("busy_streams"), "0", "after the signal batch");
+    stream
+        .wait_semaphores(vec![WaitOp::Timeline(&t1, 2), WaitOp::Timeline(&t3, 5)])
+        .unwrap();
+    drop(t3);
+    let destroyed = fake.last("cuDestroyExternalSemaphore");
+    assert_eq!(destroyed.get("busy_streams"), "0", "after the wait batch");
+    fake.set("latency_ms", 0);
+    drop((t1, a, b, c, stream, other_stream));
     drop((cuda, other));
     assert_eq!(fake.all_live(), [], "everything destroyed");
 }
