@@ -12,6 +12,9 @@
 //!   [`report_leak`] (through [`drop_errors`](crate::drop_errors)).
 //! * A list that could not record a use can never be shown idle: its owner
 //!   leaks rather than trusts it.
+//! * A [`SharedEvent`] (one record behind a batch on several resources) is
+//!   kept by each resource's list and destroyed by the last one to let go,
+//!   with the context current.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -78,11 +78,14 @@ unsafe impl Sync for LastUse {}
 
 impl fmt::Debug for LastUse {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // One lock: the guard of a first `self.lock()` would live to the end
+        // of the statement, and a second would wait on it for ever.
+        let pending = {
+            let events = self.lock();
+            events.pending.len() + events.shared.len()
+        };
         f.debug_struct("LastUse")
-            .field(
-                "pending",
-                &(self.lock().pending.len() + self.lock().shared.len()),
-            )
+            .field("pending", &pending)
             .field("gave_up", &self.gave_up.load(Ordering::Relaxed))
             .finish()
     }

@@ -355,6 +355,11 @@ fn child_fake_semaphore_batches() {
     stream
         .signal_semaphores(&[SignalOp::Timeline(&t2, 2), SignalOp::Timeline(&t1, 2)])
         .unwrap();
+    let shown = format!("{t1:?}");
+    assert!(
+        shown.contains("pending: 1"),
+        "the batch's event is t1's use: {shown}"
+    );
     drop(t2);
     let destroyed = fake.last("cuDestroyExternalSemaphore");
     assert_eq!(destroyed.get("busy_streams"), "0", "after the signal batch");
