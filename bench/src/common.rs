@@ -1,5 +1,6 @@
 //! What the scenarios of both halves share: the image type every scenario
-//! uses, the host wait of the C loop, and the bound on every wait.
+//! uses, the host wait of the C loop, the bound on every wait, and the
+//! guard that drains a stream before what its raw work uses is freed.
 //!
 //! # Contract
 //!
@@ -9,6 +10,7 @@
 
 use std::time::Duration;
 
+use cuda_interop::Stream;
 use vk_export::markers::{usage, DeviceLocal, Optimal};
 use vk_export::{ExportableImage, WaitStrategy};
 
@@ -23,3 +25,18 @@ pub(crate) const SPIN: WaitStrategy = WaitStrategy::Poll {
     sleep: Duration::from_micros(50),
 };
 pub(crate) const WAIT_LIMIT: Duration = Duration::from_secs(5);
+
+/// Drains a stream when dropped: declared after the resources that raw
+/// (untracked) work on the stream uses, it runs before they drop, also on
+/// an early return. If the stream does not drain in time, the process exits
+/// rather than free memory the GPU may still use.
+pub(crate) struct Drain<'s>(pub(crate) &'s Stream);
+
+impl Drop for Drain<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.synchronize(WAIT_LIMIT) {
+            eprintln!("bench: a stream did not drain ({e}); exiting without freeing its resources");
+            std::process::exit(1);
+        }
+    }
+}

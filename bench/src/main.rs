@@ -23,20 +23,32 @@
 //!   buffer, a mapped Vulkan image through a surface, and a native CUDA
 //!   array through a surface.
 //! * **S6** semaphore batching: 1, 4 and 16 timeline signals and waits per
-//!   frame, one crate call each against one batched raw call.
+//!   frame, one crate call each and one safe batch call
+//!   (`Stream::signal_semaphores` / `wait_semaphores`), against one batched
+//!   raw call.
 //!
 //! * **S7** the S3 hand-off at 4K RGBA8 with the producer in another
 //!   process (this binary, `--s7-producer`), against S3's same-process rows.
+//! * **S8** the graphics-engine switch between the Vulkan and CUDA contexts
+//!   (issue 19): on every queue family, both directions, each leg against a
+//!   CUDA-only floor, with `CUDA_DEVICE_MAX_CONNECTIONS` unset and `=1`
+//!   (child processes of this binary, `--s8-child`; run first).
+//! * **Drift** per-cycle cost of the Vulkan export/import cycle (also on
+//!   lavapipe) and of the CUDA import cycle, the last 10% of the cycles
+//!   against the first 10% (goal <= 1.2x).
 //!
 //! S5 (array <-> linear copies) is this package's `array_copy` binary
 //! (`src/bin/array_copy.rs`); how soon and at what CPU cost the host learns
 //! that GPU work ended are its `host_wait` and `wait_mechanisms` binaries.
 //!
 //! Needs an NVIDIA GPU whose Vulkan driver offers device-local exportable
-//! memory; elsewhere it says so and exits 0. Run it without the validation
+//! memory; elsewhere it runs what it can (the Vulkan drift cycle), says
+//! what it skipped and why, and exits 0. Run it without the validation
 //! layer: it measures.
 
 mod common;
+mod drift;
+mod engine_switch;
 mod producer;
 mod report;
 mod scenarios;
@@ -58,6 +70,15 @@ fn main() -> ExitCode {
         };
     }
     let quick = args.iter().any(|a| a == "--quick");
+    if args.first().map(String::as_str) == Some(engine_switch::CHILD_FLAG) {
+        return match engine_switch::child_main(quick) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench S8 child: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let json = args
         .iter()
         .position(|a| a == "--json")

@@ -20,6 +20,9 @@ pub struct Row {
 pub struct Report {
     pub rows: Vec<Row>,
     pub notes: Vec<String>,
+    /// Parts that failed but did not stop the others (an S8 child): the run
+    /// reports them and fails at the end.
+    pub failures: Vec<String>,
 }
 
 impl Report {
@@ -75,6 +78,13 @@ impl Report {
         if let Some(row) = self.rows.last_mut() {
             row.goal = Some((text.into(), holds));
         }
+    }
+
+    /// Records a failed part as a note and as a failure of the run.
+    pub fn fail(&mut self, text: impl Into<String>) {
+        let text = format!("FAILED: {}", text.into());
+        self.note(text.clone());
+        self.failures.push(text);
     }
 
     pub fn note(&mut self, text: impl Into<String>) {

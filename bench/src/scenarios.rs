@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use cuda_interop::{
     kernels, sys, CopyEngine, CudaDevice, DeviceBuffer, Event, Function, HostWait, Module,
-    PitchedMut, Stream,
+    PitchedMut, SignalOp, Stream, WaitOp,
 };
 use vk_export::ash::vk;
 use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
@@ -16,7 +16,7 @@ use vk_export::{
     Context, ExportableBuffer, HeadlessOptions, ImageDesc, TimelineSemaphore, WaitStrategy,
 };
 
-use crate::common::{Img, SPIN, WAIT_LIMIT};
+use crate::common::{Drain, Img, SPIN, WAIT_LIMIT};
 use crate::producer::{After, HostBuffer, Producer};
 use crate::report::{quantile, us, Report};
 use crate::Res;
@@ -55,41 +55,50 @@ DONE:
 "#;
 
 pub fn run(quick: bool, json: Option<&str>) -> Res<()> {
+    let mut report = Report::default();
+    let mut header = vec![("commit", env!("BENCH_COMMIT").to_string())];
+    // S8 first, in child processes of its own, while this process holds no
+    // Vulkan or CUDA context yet.
+    crate::engine_switch::s8(&mut report, quick)?;
     let ctx = match Context::headless(&HeadlessOptions::default()) {
         Ok(ctx) => ctx,
         Err(e) => {
-            println!("bench: no Vulkan device with external memory ({e}); nothing measured");
-            return Ok(());
+            report.note(format!(
+                "no Vulkan device with external memory ({e}); nothing else measured"
+            ));
+            return finish(&report, &header, json, None);
         }
     };
-    let cuda = match CudaDevice::for_vulkan(&ctx) {
-        Ok(cuda) => cuda,
-        Err(e) => {
-            println!("bench: no CUDA device for this Vulkan device ({e}); nothing measured");
-            return Ok(());
-        }
-    };
-    if let Err(e) = Img::<Rgba8Unorm>::preflight(&ctx, &ImageDesc::new_2d(64, 64)) {
-        println!("bench: no device-local exportable storage image here ({e}); nothing measured");
-        return Ok(());
-    }
-    let header = vec![
-        ("commit", env!("BENCH_COMMIT").to_string()),
-        ("gpu", cuda.name().to_string()),
-        (
-            "cuda_driver",
-            cuda_interop::driver_version().map_or("?".into(), |v| v.to_string()),
-        ),
-        ("vulkan_device", ctx.identity().name.clone()),
-        ("validation", ctx.validation_enabled().to_string()),
-    ];
-    for (k, v) in &header {
-        println!("{k}: {v}");
-    }
+    header.push(("vulkan_device", ctx.identity().name.clone()));
+    header.push(("validation", ctx.validation_enabled().to_string()));
     if ctx.validation_enabled() {
         println!("warning: the validation layer is on: figures include its cost");
     }
-    let mut report = Report::default();
+    // The Vulkan drift cycle needs no CUDA: it runs everywhere.
+    crate::drift::vulkan(&ctx, &mut report, if quick { 2000 } else { 10_000 })?;
+    let cuda = match CudaDevice::for_vulkan(&ctx) {
+        Ok(cuda) => cuda,
+        Err(e) => {
+            report.note(format!(
+                "S1-S7 and the CUDA drift cycle skipped: no CUDA device for this Vulkan device ({e})"
+            ));
+            return finish(&report, &header, json, Some(&ctx));
+        }
+    };
+    if let Err(e) = Img::<Rgba8Unorm>::preflight(&ctx, &ImageDesc::new_2d(64, 64)) {
+        report.note(format!(
+            "S1-S7 and the CUDA drift cycle skipped: no device-local exportable storage image here ({e})"
+        ));
+        return finish(&report, &header, json, Some(&ctx));
+    }
+    header.push(("gpu", cuda.name().to_string()));
+    header.push((
+        "cuda_driver",
+        cuda_interop::driver_version().map_or("?".into(), |v| v.to_string()),
+    ));
+    for (k, v) in &header {
+        println!("{k}: {v}");
+    }
     let copy_module = Module::load_ptx(&cuda, kernels::COPY_PTX)?;
     let tools = Module::load_ptx(&cuda, kernels::PTX)?;
     let linear = Module::load_ptx(&cuda, COPY_B128_PTX)?;
@@ -140,33 +149,33 @@ pub fn run(quick: bool, json: Option<&str>) -> Res<()> {
     s4_read_cost_by_layout(&ctx, &cuda, &copy_module, &linear, &mut report)?;
     crate::two_process::s7(&cuda, &mut report, if quick { 40 } else { 200 })?;
     s6_semaphore_batching(&ctx, &cuda, &mut report, if quick { 100 } else { 1000 })?;
+    crate::drift::cuda(&ctx, &cuda, &mut report, if quick { 1000 } else { 10_000 })?;
     report.note(
         "S5 (array <-> linear copies): see bench/src/bin/array_copy.rs (the array_copy binary)",
     );
-    report.print();
-    if let Some(path) = json {
-        std::fs::write(path, report.json(&header))?;
-        println!("wrote {path}");
-    }
-    if ctx.validation_errors() > 0 {
-        return Err(format!("{} validation errors", ctx.validation_errors()).into());
-    }
-    Ok(())
+    finish(&report, &header, json, Some(&ctx))
 }
 
-/// Drains a stream when dropped: declared after the resources that raw
-/// (untracked) work on the stream uses, it runs before they drop, also on
-/// an early return. If the stream does not drain in time, the process exits
-/// rather than free memory the GPU may still use.
-struct Drain<'s>(&'s Stream);
-
-impl Drop for Drain<'_> {
-    fn drop(&mut self) {
-        if let Err(e) = self.0.synchronize(WAIT_LIMIT) {
-            eprintln!("bench: a stream did not drain ({e}); exiting without freeing its resources");
-            std::process::exit(1);
-        }
+/// Prints the table, writes the JSON, and fails if the layer reported
+/// errors.
+fn finish(
+    report: &Report,
+    header: &[(&str, String)],
+    json: Option<&str>,
+    ctx: Option<&Context>,
+) -> Res<()> {
+    report.print();
+    if let Some(path) = json {
+        std::fs::write(path, report.json(header))?;
+        println!("wrote {path}");
     }
+    if let Some(errors) = ctx.map(Context::validation_errors).filter(|&e| e > 0) {
+        return Err(format!("{errors} validation errors").into());
+    }
+    if !report.failures.is_empty() {
+        return Err(report.failures.join("; ").into());
+    }
+    Ok(())
 }
 
 /// Times `f`.
@@ -1149,7 +1158,8 @@ impl Drop for NativeArray {
 }
 
 /// S6: `count` timeline signals and waits per frame: one safe call per
-/// semaphore against one batched raw call for all of them.
+/// semaphore, and the safe batch API, against one batched raw call for all
+/// of them.
 fn s6_semaphore_batching(
     ctx: &Context,
     cuda: &CudaDevice,
@@ -1244,6 +1254,39 @@ fn s6_semaphore_batching(
             "us",
             ("one batched raw call each", raw),
         );
+
+        // The safe batch API: one signal_semaphores and one wait_semaphores
+        // per frame, on a third set (the values of each set only go up).
+        let batch_set = (0..count)
+            .map(|_| TimelineSemaphore::new(ctx))
+            .collect::<Result<Vec<_>, _>>()?;
+        let batch_imports = batch_set
+            .iter()
+            .map(|s| cuda.import_semaphore(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let start = Instant::now();
+        for f in 1..=u64::from(frames) {
+            let signals: Vec<SignalOp<'_>> = batch_imports
+                .iter()
+                .map(|s| SignalOp::Timeline(s, f))
+                .collect();
+            stream.signal_semaphores(&signals)?;
+            let waits: Vec<WaitOp<'_>> = batch_imports
+                .iter()
+                .map(|s| WaitOp::Timeline(s, f))
+                .collect();
+            stream.wait_semaphores(waits)?;
+        }
+        stream.synchronize(WAIT_LIMIT)?;
+        let batched = us(start.elapsed()) / f64::from(frames);
+        report.add_vs(
+            "S6",
+            format!("{count} timeline signal(s) + wait(s) per frame: safe batch API (Stream::signal_semaphores / wait_semaphores)"),
+            batched,
+            "us",
+            ("one batched raw call each", raw),
+        );
+        report.goal("<= 1.5x the raw batched call", batched <= 1.5 * raw);
     }
     Ok(())
 }

@@ -12,10 +12,13 @@
 //!   [`report_leak`] (through [`drop_errors`](crate::drop_errors)).
 //! * A list that could not record a use can never be shown idle: its owner
 //!   leaks rather than trusts it.
+//! * A [`SharedEvent`] (one record behind a batch on several resources) is
+//!   kept by each resource's list and destroyed by the last one to let go,
+//!   with the context current.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use cuda_interop_sys::{CUevent, CUstream};
@@ -40,6 +43,67 @@ const SPARE_EVENTS: usize = 4;
 pub(crate) struct Events {
     pub(crate) pending: Vec<CUevent>,
     pub(crate) spare: Vec<CUevent>,
+    /// Events shared with other lists (one record behind a batch of
+    /// operations on several resources), pending here until seen complete.
+    pub(crate) shared: Vec<Arc<SharedEvent>>,
+}
+
+/// One event recorded behind a batch of operations on several resources of
+/// one context, in the list of each of them. The list that lets go of the
+/// last reference destroys it; every list operation runs with the context
+/// current, and a list dropped without it leaks its references
+/// ([`Events::leak_shared`]) rather than destroy an event without it.
+pub(crate) struct SharedEvent {
+    event: CUevent,
+    /// Seen complete once: later queries of other lists need no driver call.
+    complete: AtomicBool,
+}
+
+// SAFETY: an event handle, used only with its context current (the lists'
+// contract); the flag is atomic.
+unsafe impl Send for SharedEvent {}
+// SAFETY: as above.
+unsafe impl Sync for SharedEvent {}
+
+impl SharedEvent {
+    /// A new event recorded on `stream`. The context must be current.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the current context, alive for the
+    /// duration of the call.
+    pub(crate) unsafe fn record(stream: CUstream) -> Result<Arc<SharedEvent>> {
+        let shared = Arc::new(SharedEvent {
+            event: create_untimed_event()?,
+            complete: AtomicBool::new(false),
+        });
+        // SAFETY: a live event and a live stream of the current context (the
+        // caller's contract); on failure the event is destroyed here, with
+        // the context still current.
+        unsafe { cu!(cuEventRecord(shared.event, stream)) }?;
+        Ok(shared)
+    }
+
+    /// Whether the work before the record has completed. The context must
+    /// be current.
+    fn is_complete(&self) -> Result<bool> {
+        if self.complete.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        // SAFETY: a live event of the current context.
+        let done = unsafe { cu_query!(cuEventQuery(self.event)) }?;
+        if done {
+            self.complete.store(true, Ordering::Release);
+        }
+        Ok(done)
+    }
+}
+
+impl Drop for SharedEvent {
+    fn drop(&mut self) {
+        // SAFETY: a live event, destroyed once, by the last reference, which
+        // a list drops with the context current (see the type's doc).
+        record_drop_error(unsafe { cu!(cuEventDestroy(self.event)) });
+    }
 }
 
 impl Events {
@@ -72,6 +136,15 @@ impl Events {
     /// current.
     pub(crate) fn forget_completed(&mut self) -> Result<()> {
         let mut first_error = Ok(());
+        self.shared.retain(|event| match event.is_complete() {
+            Ok(done) => !done,
+            Err(error) => {
+                if first_error.is_ok() {
+                    first_error = Err(error);
+                }
+                true
+            }
+        });
         let spare = &mut self.spare;
         self.pending.retain(|&event| {
             // SAFETY: a live event of the current context, made by `record`.
@@ -98,8 +171,31 @@ impl Events {
         first_error
     }
 
-    /// Destroys every event, pending or spare. The context must be current.
+    /// Keeps `event` (recorded behind work on this list's resource) pending
+    /// here; first moves the completed ones out. The context must be
+    /// current.
+    pub(crate) fn keep_shared(&mut self, event: &Arc<SharedEvent>) {
+        let _ = self.forget_completed();
+        self.shared.push(Arc::clone(event));
+    }
+
+    /// No event is pending.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.pending.is_empty() && self.shared.is_empty()
+    }
+
+    /// Lets go of the shared events without destroying any (for a list
+    /// dropped without its context current).
+    pub(crate) fn leak_shared(&mut self) {
+        for event in self.shared.drain(..) {
+            std::mem::forget(event);
+        }
+    }
+
+    /// Destroys every event, pending or spare, and lets go of the shared
+    /// ones. The context must be current.
     pub(crate) fn destroy_all(&mut self) {
+        self.shared.clear();
         for event in self.pending.drain(..).chain(self.spare.drain(..)) {
             // SAFETY: a live event of the current context, destroyed once. One
             // still pending (its owner leaked the resource) is released by the
@@ -185,7 +281,7 @@ impl ExternalWaits {
                     .into(),
             ));
         }
-        if self.lock().pending.is_empty() {
+        if self.lock().is_idle() {
             return Ok(());
         }
         let limit = if self.stuck.load(Ordering::Acquire) {
@@ -197,7 +293,7 @@ impl ExternalWaits {
             let _guard = enter()?;
             let mut events = self.lock();
             events.forget_completed()?;
-            Ok(events.pending.is_empty())
+            Ok(events.is_idle())
         });
         self.stuck.store(waited.is_err(), Ordering::Release);
         waited.map_err(|e| {

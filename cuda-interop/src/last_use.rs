@@ -10,6 +10,9 @@
 //!   owns a [`LastUse`]. Every stream-ordered operation on it records a fresh
 //!   event on the operation's stream right after enqueueing
 //!   ([`LastUse::record`]), so the event completes when that operation does.
+//!   A batch of operations on several resources (one driver call) records
+//!   one event behind it that every resource's list keeps
+//!   ([`LastUse::record_shared`]); the last list to let go destroys it.
 //! * The resource's `Drop` calls [`LastUse::wait_before_release`], bounded by
 //!   [`DROP_WAIT_LIMIT`], before it frees or destroys anything. If the work
 //!   does not complete in time (a stream stuck behind a semaphore wait nobody
@@ -46,12 +49,12 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::context::{device_settled, CudaDevice};
 use crate::error::{Error, Result};
-use crate::events::{Events, DROP_WAIT_LIMIT};
+use crate::events::{Events, SharedEvent, DROP_WAIT_LIMIT};
 use crate::stream::Stream;
 use crate::wait::{poll_until, HostWait};
 
@@ -75,8 +78,14 @@ unsafe impl Sync for LastUse {}
 
 impl fmt::Debug for LastUse {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // One lock: the guard of a first `self.lock()` would live to the end
+        // of the statement, and a second would wait on it for ever.
+        let pending = {
+            let events = self.lock();
+            events.pending.len() + events.shared.len()
+        };
         f.debug_struct("LastUse")
-            .field("pending", &self.lock().pending.len())
+            .field("pending", &pending)
             .field("gave_up", &self.gave_up.load(Ordering::Relaxed))
             .finish()
     }
@@ -113,6 +122,26 @@ impl LastUse {
         recorded
     }
 
+    /// Records a use behind which `event` was recorded (one event for a
+    /// batch of operations on several resources).
+    pub(crate) fn record_shared(&self, event: &Arc<SharedEvent>) -> Result<()> {
+        match self.device.enter() {
+            Ok(_guard) => {
+                self.lock().keep_shared(event);
+                Ok(())
+            }
+            Err(e) => {
+                self.gave_up.store(true, Ordering::Release);
+                Err(e)
+            }
+        }
+    }
+
+    /// Marks the list unreliable: a use was enqueued but not recorded.
+    pub(crate) fn give_up(&self) {
+        self.gave_up.store(true, Ordering::Release);
+    }
+
     fn record_event(&self, stream: &Stream) -> Result<()> {
         let _guard = self.device.enter()?;
         // An event whose query fails stays pending, and the destructor's
@@ -131,14 +160,14 @@ impl LastUse {
                 "an earlier wait for its last use gave up, or a use could not be recorded".into(),
             ));
         }
-        if self.lock().pending.is_empty() {
+        if self.lock().is_idle() {
             return Ok(());
         }
         let waited = poll_until(limit, || {
             let _guard = self.device.enter()?;
             let mut events = self.lock();
             events.forget_completed()?;
-            Ok(events.pending.is_empty())
+            Ok(events.is_idle())
         });
         if waited.is_err() {
             self.gave_up.store(true, Ordering::Release);
@@ -164,11 +193,13 @@ impl Drop for LastUse {
             .pending
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
-        if events.pending.is_empty() && events.spare.is_empty() {
+        if events.is_idle() && events.spare.is_empty() {
             return;
         }
         if let Ok(_guard) = self.device.enter() {
             events.destroy_all();
+        } else {
+            events.leak_shared();
         }
     }
 }

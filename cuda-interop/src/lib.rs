@@ -115,7 +115,7 @@ pub use import::{ImportedBuffer, ImportedImage};
 pub use launch::KernelUses;
 pub use linear::{DeviceBuffer, DeviceSlice, MappedBuffer};
 pub use module::{Function, Module};
-pub use semaphore::ExternalSemaphore;
+pub use semaphore::{ExternalSemaphore, SignalOp, WaitOp};
 pub use stream::{Event, Stream};
 pub use vk_export::BinarySignal;
 pub use wait::HostWait;

@@ -17,6 +17,14 @@
 //!   trace. A handle may also carry a largest step between two signals
 //!   (`maxTimelineSemaphoreValueDifference`); a signal further above the last
 //!   one is refused.
+//! * A batch ([`Stream::signal_semaphores`], [`Stream::wait_semaphores`]:
+//!   [`SignalOp`], [`WaitOp`]) is one driver call for many semaphores, with
+//!   every check of the single calls made for every entry before that call:
+//!   one refused entry refuses the batch, and nothing is enqueued or
+//!   changed. Its timeline locks are taken in one order (handle address),
+//!   so batches and single signals never deadlock on each other. A batch
+//!   records one event behind its driver call, kept as a use by every
+//!   semaphore in it (and, for waits, one device-wide external wait).
 //! * Every signal and wait is recorded as a use of the semaphore; `Drop`
 //!   waits for those uses (at most [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT),
 //!   never `cuCtxSynchronize`) before `cuDestroyExternalSemaphore`, which
@@ -35,7 +43,7 @@ use vk_export::{BinaryPayload, BinarySignal, ReceivedSemaphore, SemaphoreKind, S
 use crate::context::CudaDevice;
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, ImportError, Result};
-use crate::events::{report_leak, DROP_WAIT_LIMIT};
+use crate::events::{report_leak, SharedEvent, DROP_WAIT_LIMIT};
 use crate::last_use::LastUse;
 use crate::stream::{order_streams, Stream};
 
@@ -341,7 +349,16 @@ impl ExternalSemaphore<Timeline> {
             .last_signalled
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let previous = *last;
+        self.check_signal_value(*last, value)?;
+        self.enqueue_signal(stream, value)?;
+        *last = value;
+        drop(last);
+        self.last_use.record(stream)
+    }
+
+    /// `Ok` if `value` may follow `previous`, the last value this handle
+    /// signalled: above it, and at most the handle's largest step above it.
+    fn check_signal_value(&self, previous: u64, value: u64) -> Result<()> {
         if value <= previous {
             return Err(Error::InvalidArgument(format!(
                 "timeline signal {value} is not above the last value signalled ({previous}): values only go up"
@@ -356,10 +373,7 @@ impl ExternalSemaphore<Timeline> {
                 )));
             }
         }
-        self.enqueue_signal(stream, value)?;
-        *last = value;
-        drop(last);
-        self.last_use.record(stream)
+        Ok(())
     }
 
     /// Enqueues a wait until the value is at least `value`.
@@ -435,5 +449,271 @@ impl ExternalSemaphore<Timeline> {
         // caller vouches for `stream`.
         unsafe { order_streams(&self.device, stream, via.raw()) }?;
         self.signal(via, value)
+    }
+}
+
+/// One semaphore of a batched signal ([`Stream::signal_semaphores`]).
+#[derive(Debug)]
+pub enum SignalOp<'a> {
+    /// Signal `value`, under the rules of a single timeline signal
+    /// ([`ExternalSemaphore`]`<Timeline>::signal`).
+    Timeline(&'a ExternalSemaphore<Timeline>, u64),
+    /// Signal a binary semaphore; its token comes back from the batch.
+    Binary(&'a ExternalSemaphore<Binary>),
+}
+
+/// One semaphore of a batched wait ([`Stream::wait_semaphores`]).
+#[derive(Debug)]
+pub enum WaitOp<'a> {
+    /// Wait until the value is at least the given one.
+    Timeline(&'a ExternalSemaphore<Timeline>, u64),
+    /// Wait for the signal this token stands for, and consume it.
+    Binary(&'a ExternalSemaphore<Binary>, BinarySignal),
+}
+
+impl SignalOp<'_> {
+    fn device(&self) -> &CudaDevice {
+        match self {
+            SignalOp::Timeline(s, _) => &s.device,
+            SignalOp::Binary(s) => &s.device,
+        }
+    }
+    fn handle(&self) -> CUexternalSemaphore {
+        match self {
+            SignalOp::Timeline(s, _) => s.handle,
+            SignalOp::Binary(s) => s.handle,
+        }
+    }
+    fn last_use(&self) -> &LastUse {
+        match self {
+            SignalOp::Timeline(s, _) => &s.last_use,
+            SignalOp::Binary(s) => &s.last_use,
+        }
+    }
+}
+
+impl WaitOp<'_> {
+    fn device(&self) -> &CudaDevice {
+        match self {
+            WaitOp::Timeline(s, _) => &s.device,
+            WaitOp::Binary(s, _) => &s.device,
+        }
+    }
+    fn handle(&self) -> CUexternalSemaphore {
+        match self {
+            WaitOp::Timeline(s, _) => s.handle,
+            WaitOp::Binary(s, _) => s.handle,
+        }
+    }
+}
+
+/// The driver's limit on entries per batched call is a `c_uint`.
+fn batch_count(len: usize) -> Result<std::ffi::c_uint> {
+    std::ffi::c_uint::try_from(len).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "a batch of {len} semaphore operations is more than one driver call takes; split it"
+        ))
+    })
+}
+
+/// Batched semaphore operations: many imported semaphores signalled or
+/// waited on with one `cuSignalExternalSemaphoresAsync` or
+/// `cuWaitExternalSemaphoresAsync` call.
+///
+/// Each entry is checked as the single call checks it (the semaphore's
+/// device is the stream's, timeline values only go up within the largest
+/// step, binary tokens belong to their semaphore, one pending binary signal
+/// at most), **all of them before the driver call**: if one entry is
+/// refused, nothing is enqueued and no semaphore's state changes.
+impl Stream {
+    /// Enqueues one signal of every entry, in one driver call, and returns
+    /// the tokens of the binary entries in their order in `batch`.
+    ///
+    /// A timeline semaphore may appear once per batch (the driver does not
+    /// order the entries of one call): a second entry of the same handle is
+    /// [`Error::InvalidArgument`]. An empty batch calls nothing.
+    pub fn signal_semaphores(&self, batch: &[SignalOp<'_>]) -> Result<Vec<BinarySignal>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let count = batch_count(batch.len())?;
+        for op in batch {
+            self.check_device(op.device())?;
+        }
+        // The timeline entries, locked in address order so that two batches
+        // (or a batch and single signals) never wait on each other's locks.
+        let mut timelines: Vec<(&ExternalSemaphore<Timeline>, u64)> = batch
+            .iter()
+            .filter_map(|op| match op {
+                SignalOp::Timeline(s, value) => Some((*s, *value)),
+                SignalOp::Binary(_) => None,
+            })
+            .collect();
+        timelines.sort_by_key(|(s, _)| s.handle as usize);
+        if timelines.windows(2).any(|w| w[0].0.handle == w[1].0.handle) {
+            return Err(Error::InvalidArgument(
+                "a timeline semaphore appears twice in one signal batch: signal the larger value once"
+                    .into(),
+            ));
+        }
+        let mut locked = Vec::with_capacity(timelines.len());
+        for (semaphore, value) in &timelines {
+            let last = semaphore
+                .last_signalled
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            semaphore.check_signal_value(*last, *value)?;
+            locked.push((last, *value));
+        }
+        // Binary reservations: a refused one drops the earlier ones, which
+        // releases their payloads.
+        let reservations = batch
+            .iter()
+            .filter_map(|op| match op {
+                SignalOp::Binary(s) => Some(s.payload.reserve_signal()),
+                SignalOp::Timeline(..) => None,
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let handles: Vec<CUexternalSemaphore> = batch.iter().map(SignalOp::handle).collect();
+        let params: Vec<sys::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS> = batch
+            .iter()
+            .map(|op| {
+                let mut p = sys::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS::default();
+                if let SignalOp::Timeline(_, value) = op {
+                    p.params.fence.value = *value;
+                }
+                p
+            })
+            .collect();
+        {
+            let _guard = self.device().enter()?;
+            // SAFETY: `count` live semaphores and as many zeroed parameter
+            // blocks (flags 0), on a live stream, all of the current context
+            // (each semaphore's device is the stream's, checked above); each
+            // semaphore is destroyed only after this signal completes (its
+            // use is recorded below).
+            unsafe {
+                cu!(cuSignalExternalSemaphoresAsync(
+                    handles.as_ptr(),
+                    params.as_ptr(),
+                    count,
+                    self.raw()
+                ))
+            }?;
+        }
+        for (last, value) in &mut locked {
+            **last = *value;
+        }
+        drop(locked);
+        let tokens = reservations
+            .into_iter()
+            // SAFETY: the signal of each reserved payload was just enqueued.
+            .map(|r| unsafe { r.submitted() })
+            .collect();
+        // One event behind the batch, kept by every semaphore's list; every
+        // use is recorded whatever the others' outcome.
+        let recorded = self.record_batch_use(batch.iter().map(SignalOp::last_use));
+        recorded.map(|()| tokens)
+    }
+
+    /// Records one event behind the batch just enqueued on this stream as a
+    /// use of each semaphore in `uses`; if it cannot be recorded, every list
+    /// is marked unreliable (its owner then leaks rather than trusts it).
+    fn record_batch_use<'u>(&self, uses: impl Iterator<Item = &'u LastUse>) -> Result<()> {
+        // Held until the end: the last reference to the event may be this
+        // function's (if no list kept it), and is dropped with it current.
+        let _guard = match self.device().enter() {
+            Ok(guard) => guard,
+            Err(e) => {
+                uses.for_each(LastUse::give_up);
+                return Err(e);
+            }
+        };
+        // SAFETY: this stream is live (borrowed), of the context the guard
+        // made current.
+        let event = unsafe { SharedEvent::record(self.raw()) };
+        match event {
+            Ok(event) => uses
+                .map(|last_use| last_use.record_shared(&event))
+                .fold(Ok(()), Result::and),
+            Err(e) => {
+                uses.for_each(LastUse::give_up);
+                Err(e)
+            }
+        }
+    }
+
+    /// Enqueues one wait of every entry, in one driver call, and consumes
+    /// the binary entries' tokens.
+    ///
+    /// A token of another semaphore refuses the whole batch before the
+    /// driver; the batch's tokens are then dropped unused, so each can be
+    /// reclaimed once (`ExternalSemaphore<Binary>::reclaim_signal`), as
+    /// after a refused single wait. An empty batch calls nothing.
+    pub fn wait_semaphores(&self, batch: Vec<WaitOp<'_>>) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let count = batch_count(batch.len())?;
+        for op in &batch {
+            self.check_device(op.device())?;
+            if let WaitOp::Binary(s, token) = op {
+                s.payload.check(token)?;
+            }
+        }
+        let handles: Vec<CUexternalSemaphore> = batch.iter().map(WaitOp::handle).collect();
+        let params: Vec<sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS> = batch
+            .iter()
+            .map(|op| {
+                let mut p = sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS::default();
+                if let WaitOp::Timeline(_, value) = op {
+                    p.params.fence.value = *value;
+                }
+                p
+            })
+            .collect();
+        {
+            let _guard = self.device().enter()?;
+            // SAFETY: `count` live semaphores and as many zeroed parameter
+            // blocks (flags 0), on a live stream, all of the current context
+            // (checked above); each semaphore is destroyed only after this
+            // wait completes (tracked below).
+            unsafe {
+                cu!(cuWaitExternalSemaphoresAsync(
+                    handles.as_ptr(),
+                    params.as_ptr(),
+                    count,
+                    self.raw()
+                ))
+            }?;
+        }
+        // One device-wide record covers every wait of the batch (they were
+        // enqueued together, on this stream); each semaphore records its own
+        // use. Tokens are consumed and uses recorded whatever the others'
+        // outcome (a failed record marks its list unreliable).
+        let waits = &self.device().inner.external_waits;
+        let device_wide = match self.device().enter() {
+            // SAFETY: a live stream (borrowed) of this device, whose context
+            // the guard made current.
+            Ok(_guard) => unsafe { waits.record(self.raw()) },
+            Err(e) => {
+                waits.mark_untracked();
+                Err(e)
+            }
+        };
+        let recorded = self.record_batch_use(batch.iter().map(|op| match op {
+            WaitOp::Timeline(s, _) => &s.last_use,
+            WaitOp::Binary(s, _) => &s.last_use,
+        }));
+        let mut outcome = device_wide.and(recorded);
+        for op in batch {
+            if let WaitOp::Binary(s, token) = op {
+                // SAFETY: the wait for this signal was just enqueued (its
+                // token was checked to be this payload's).
+                let consumed = unsafe { s.payload.consume(token) }.map_err(Error::from);
+                outcome = outcome.and(consumed);
+            }
+        }
+        outcome
     }
 }

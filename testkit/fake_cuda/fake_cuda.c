@@ -632,13 +632,18 @@ CUresult cuDestroyExternalSemaphore(void *h) {
     return OK;
 }
 
+/* Numbers each batched semaphore call, so that a log line says which call
+   (and how many entries) it belongs to. */
+static unsigned semaphore_calls;
+
 CUresult cuSignalExternalSemaphoresAsync(void *const *sems, const SignalParams *p, unsigned int n, void *stream) {
     CUresult r = need(stream, K_STREAM, "cuSignalExternalSemaphoresAsync");
     if (r) return r;
+    semaphore_calls++;
     for (unsigned i = 0; i < n; i++) {
         Obj *s = sems[i];
         if ((r = need(s, K_SEMAPHORE, "cuSignalExternalSemaphoresAsync"))) return r;
-        say("cuSignalExternalSemaphoresAsync ctx=%p value=%llu flags=%u reserved_zero=%d", current(),
+        say("cuSignalExternalSemaphoresAsync ctx=%p call=%u n=%u value=%llu flags=%u reserved_zero=%d", current(), semaphore_calls, n,
             p[i].params.fence.value, p[i].flags,
             all_zero(p[i].params.reserved, 12) && all_zero(p[i].reserved, 16) && !p[i].params.nvSciSync.reserved &&
                 !p[i].params.keyedMutex.key);
@@ -650,10 +655,11 @@ CUresult cuSignalExternalSemaphoresAsync(void *const *sems, const SignalParams *
 CUresult cuWaitExternalSemaphoresAsync(void *const *sems, const WaitParams *p, unsigned int n, void *stream) {
     CUresult r = need(stream, K_STREAM, "cuWaitExternalSemaphoresAsync");
     if (r) return r;
+    semaphore_calls++;
     for (unsigned i = 0; i < n; i++) {
         Obj *s = sems[i];
         if ((r = need(s, K_SEMAPHORE, "cuWaitExternalSemaphoresAsync"))) return r;
-        say("cuWaitExternalSemaphoresAsync ctx=%p value=%llu flags=%u reserved_zero=%d", current(),
+        say("cuWaitExternalSemaphoresAsync ctx=%p call=%u n=%u value=%llu flags=%u reserved_zero=%d", current(), semaphore_calls, n,
             p[i].params.fence.value, p[i].flags,
             all_zero(p[i].params.reserved, 10) && all_zero(p[i].reserved, 16) && !p[i].params.nvSciSync.reserved &&
                 !p[i].params.keyedMutex.key && !p[i].params.keyedMutex.timeoutMs);

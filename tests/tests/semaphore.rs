@@ -1,7 +1,8 @@
 //! Semaphores: timeline and binary payloads exported, imported and waited on
 //! across Vulkan and CUDA; bounded waits that nobody signals; signals at or
 //! below the current value; binary tokens; the CUDA side's rules against the
-//! fake driver; what the real driver answers to raw semaphore imports.
+//! fake driver, single and batched; what the real driver answers to raw
+//! semaphore imports.
 //!
 //! The tests ignored as "needs an NVIDIA GPU" need the real CUDA driver; on the
 //! GPU machine: `cargo test -p cuda-interop-tests --test semaphore -- --ignored
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use ash::vk;
 use cuda_interop::{
-    drop_errors, kernels, sys, CudaDevice, Error as CudaError, Event, Module, Stream,
+    drop_errors, kernels, sys, CudaDevice, DeviceBuffer, Error as CudaError, Event, Module, Stream,
     DROP_WAIT_LIMIT,
 };
 use cuda_interop_testkit::fds::{close_if_still, identity};
@@ -159,6 +160,324 @@ fn child_fake_semaphore_rules() {
     // or its own drop.
     drop(cuda);
     assert_eq!(fake.all_live(), [], "everything destroyed");
+}
+
+/// Batched semaphore operations against the fake driver: a batch of N
+/// entries is one `cuSignalExternalSemaphoresAsync` /
+/// `cuWaitExternalSemaphoresAsync` call with N entries; each refusal of the
+/// single calls (a timeline value not above the last, a binary signal
+/// already pending, a token of another semaphore, a semaphore of another
+/// device) and the batch's own (one timeline twice) refuses the whole batch
+/// before the driver, and leaves every entry's state as it was.
+#[test]
+fn semaphore_batches_are_one_driver_call_and_all_or_nothing() {
+    let _fds = fds::lock();
+    fake::run("child_fake_semaphore_batches", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of semaphore.rs, with a fake libcuda: run by semaphore_batches_are_one_driver_call_and_all_or_nothing"]
+fn child_fake_semaphore_batches() {
+    use cuda_interop::{SignalOp, WaitOp};
+    let fake = fake::Fake::open();
+    let other_uuid = vk_export::DeviceUuid::from_bytes([8; 16]);
+    fake.set_devices(&[fake::UUID, other_uuid]);
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let other = CudaDevice::for_uuid(other_uuid).unwrap();
+    let stream = Stream::new(&cuda).unwrap();
+    let other_stream = Stream::new(&other).unwrap();
+    // SAFETY: the driver is the fake: it records what is enqueued and holds
+    // the fds; no GPU work exists.
+    let import_timeline = || unsafe {
+        cuda.import_semaphore_fd(fake::timeline(), fake::some_fd())
+            .map_err(|e| e.error)
+            .unwrap()
+    };
+    // SAFETY: as above.
+    let import_binary = || unsafe {
+        cuda.import_semaphore_fd(fake::binary(), fake::some_fd())
+            .map_err(|e| e.error)
+            .unwrap()
+    };
+    let (t1, t2, t3) = (import_timeline(), import_timeline(), import_timeline());
+    let (a, b, c) = (import_binary(), import_binary(), import_binary());
+    // (call number, entries in the call, value) of each logged entry.
+    let entries = |name: &str| {
+        fake.calls(name)
+            .iter()
+            .map(|e| (e.num("call"), e.num("n"), e.num("value")))
+            .collect::<Vec<_>>()
+    };
+    let signals = || entries("cuSignalExternalSemaphoresAsync");
+    let waits = || entries("cuWaitExternalSemaphoresAsync");
+
+    // Nothing to do: no driver call.
+    assert!(stream.signal_semaphores(&[]).unwrap().is_empty());
+    stream.wait_semaphores(Vec::new()).unwrap();
+    assert!(signals().is_empty() && waits().is_empty());
+
+    // Five entries, timeline and binary mixed: one call of five.
+    let tokens = stream
+        .signal_semaphores(&[
+            SignalOp::Timeline(&t1, 1),
+            SignalOp::Timeline(&t2, 1),
+            SignalOp::Binary(&a),
+            SignalOp::Timeline(&t3, 5),
+            SignalOp::Binary(&b),
+        ])
+        .unwrap();
+    let logged = signals();
+    assert_eq!(
+        logged.iter().map(|e| e.2).collect::<Vec<_>>(),
+        [1, 1, 0, 5, 0]
+    );
+    assert!(
+        logged.iter().all(|e| (e.0, e.1) == (logged[0].0, 5)),
+        "one call with five entries: {logged:?}"
+    );
+    assert_eq!(
+        (
+            t1.last_signalled(),
+            t2.last_signalled(),
+            t3.last_signalled()
+        ),
+        (1, 1, 5)
+    );
+    assert_eq!(tokens.len(), 2);
+    assert!(a.payload().is_signal_pending() && b.payload().is_signal_pending());
+    // A single signal sees the batch's values.
+    assert!(t1.signal(&stream, 1).is_err());
+
+    // Refused signal batches: nothing enqueued, no value, no reservation.
+    let refused: Vec<(&str, Vec<SignalOp<'_>>)> = vec![
+        (
+            "a value not above the last",
+            vec![SignalOp::Timeline(&t1, 2), SignalOp::Timeline(&t3, 5)],
+        ),
+        (
+            "a binary signal already pending",
+            vec![
+                SignalOp::Timeline(&t1, 2),
+                SignalOp::Binary(&c),
+                SignalOp::Binary(&a),
+            ],
+        ),
+        (
+            "one timeline twice",
+            vec![SignalOp::Timeline(&t1, 2), SignalOp::Timeline(&t1, 3)],
+        ),
+    ];
+    for (why, batch) in refused {
+        let before = signals().len();
+        let err = stream.signal_semaphores(&batch).unwrap_err();
+        println!("signal batch with {why}: {err}");
+        match why {
+            "a binary signal already pending" => assert!(
+                matches!(err, CudaError::Vulkan(Error::BinarySemaphore(_))),
+                "{why}: {err}"
+            ),
+            _ => assert!(matches!(err, CudaError::InvalidArgument(_)), "{why}: {err}"),
+        }
+        assert_eq!(signals().len(), before, "{why}: nothing enqueued");
+        assert_eq!(t1.last_signalled(), 1, "{why}: t1 unchanged");
+        assert!(
+            !c.payload().is_signal_pending(),
+            "{why}: c's reservation released"
+        );
+    }
+    let err = other_stream
+        .signal_semaphores(&[SignalOp::Timeline(&t1, 2)])
+        .unwrap_err();
+    assert!(matches!(err, CudaError::DeviceMismatch { .. }), "{err}");
+    assert_eq!(t1.last_signalled(), 1);
+    assert_eq!(
+        signals().len(),
+        5,
+        "no signal enqueued since the first batch"
+    );
+
+    // A token of another semaphore refuses the wait batch.
+    let mut tokens = tokens.into_iter();
+    let (token_a, token_b) = (tokens.next().unwrap(), tokens.next().unwrap());
+    let err = stream
+        .wait_semaphores(vec![WaitOp::Timeline(&t1, 1), WaitOp::Binary(&c, token_a)])
+        .unwrap_err();
+    assert!(
+        matches!(err, CudaError::Vulkan(Error::BinarySemaphore(_))),
+        "{err}"
+    );
+    assert!(waits().is_empty(), "nothing enqueued");
+    let token_a = a
+        .reclaim_signal()
+        .expect("the refused token can be reclaimed");
+    let err = other_stream
+        .wait_semaphores(vec![WaitOp::Timeline(&t1, 1)])
+        .unwrap_err();
+    assert!(matches!(err, CudaError::DeviceMismatch { .. }), "{err}");
+    assert!(waits().is_empty(), "nothing enqueued");
+
+    // Four waits: one call of four; the tokens are consumed.
+    stream
+        .wait_semaphores(vec![
+            WaitOp::Timeline(&t1, 1),
+            WaitOp::Binary(&a, token_a),
+            WaitOp::Timeline(&t3, 5),
+            WaitOp::Binary(&b, token_b),
+        ])
+        .unwrap();
+    let logged = waits();
+    assert_eq!(logged.iter().map(|e| e.2).collect::<Vec<_>>(), [1, 0, 5, 0]);
+    assert!(
+        logged.iter().all(|e| (e.0, e.1) == (logged[0].0, 4)),
+        "one call with four entries: {logged:?}"
+    );
+    assert!(!a.payload().is_signal_pending() && !b.payload().is_signal_pending());
+    // Both binaries can be signalled again.
+    let again = stream
+        .signal_semaphores(&[SignalOp::Binary(&a), SignalOp::Binary(&b)])
+        .unwrap();
+    stream
+        .wait_semaphores(
+            [&a, &b]
+                .into_iter()
+                .zip(again)
+                .map(|(s, t)| WaitOp::Binary(s, t))
+                .collect(),
+        )
+        .unwrap();
+    for line in fake.log().lines().filter(|l| l.contains("reserved_zero=")) {
+        assert!(line.contains("reserved_zero=1"), "{line}");
+    }
+
+    // Every semaphore of a batch is destroyed only after the batch's work
+    // completed (the one event behind the batch is each one's last use).
+    fake.set("latency_ms", 200);
+    stream
+        .signal_semaphores(&[SignalOp::Timeline(&t2, 2), SignalOp::Timeline(&t1, 2)])
+        .unwrap();
+    let shown = format!("{t1:?}");
+    assert!(
+        shown.contains("pending: 1"),
+        "the batch's event is t1's use: {shown}"
+    );
+    drop(t2);
+    let destroyed = fake.last("cuDestroyExternalSemaphore");
+    assert_eq!(destroyed.get("busy_streams"), "0", "after the signal batch");
+    stream
+        .wait_semaphores(vec![WaitOp::Timeline(&t1, 2), WaitOp::Timeline(&t3, 5)])
+        .unwrap();
+    drop(t3);
+    let destroyed = fake.last("cuDestroyExternalSemaphore");
+    assert_eq!(destroyed.get("busy_streams"), "0", "after the wait batch");
+    fake.set("latency_ms", 0);
+    drop((t1, a, b, c, stream, other_stream));
+    drop((cuda, other));
+    assert_eq!(fake.all_live(), [], "everything destroyed");
+}
+
+/// A wait batch is a pending external wait of the device, like a single
+/// wait (against the fake driver): with the batch stuck (its work never
+/// completes), a device buffer's drop, which would block on the real driver
+/// behind it, waits its bound and leaks the buffer (reported) instead of
+/// freeing it.
+#[test]
+fn a_stuck_wait_batch_keeps_device_wide_frees_from_blocking() {
+    let _fds = fds::lock();
+    fake::run("child_fake_stuck_wait_batch", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of semaphore.rs, with a fake libcuda: run by a_stuck_wait_batch_keeps_device_wide_frees_from_blocking"]
+fn child_fake_stuck_wait_batch() {
+    use cuda_interop::WaitOp;
+    let fake = fake::Fake::open();
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let errors = drop_errors();
+    fake.set("latency_ms", -1);
+    let stuck = Stream::new(&cuda).unwrap();
+    // SAFETY: the driver is the fake: it records what is enqueued and holds
+    // the fds; no GPU work exists.
+    let (a, b) = unsafe {
+        (
+            cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()),
+            cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()),
+        )
+    };
+    let (a, b) = (
+        a.map_err(|e| e.error).unwrap(),
+        b.map_err(|e| e.error).unwrap(),
+    );
+    stuck
+        .wait_semaphores(vec![WaitOp::Timeline(&a, 1), WaitOp::Timeline(&b, 1)])
+        .unwrap();
+    let buffer = DeviceBuffer::new(&cuda, 64).unwrap();
+    let frees = fake.calls("cuMemFree").len();
+    drop(buffer);
+    assert_eq!(
+        fake.calls("cuMemFree").len(),
+        frees,
+        "not freed while the wait batch is pending"
+    );
+    assert_eq!(drop_errors(), errors + 1, "the leak is reported");
+    // The stream and both semaphores stay stuck for ever (their drops would
+    // wait their bounds and leak too).
+    std::mem::forget((a, b, stuck));
+}
+
+/// Batches on the real driver (issue 19 item 4): one wait batch of two
+/// timelines and a binary holds the stream until the last of them is
+/// signalled (the signal batch behind it does not land before); one signal
+/// batch of two timelines and a binary releases a Vulkan wait on each.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test semaphore -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
+fn semaphore_batches_order_gpu_work_on_the_real_driver() {
+    use cuda_interop::{SignalOp, WaitOp};
+    let _fds = fds::lock();
+    let (ctx, cuda) = pair();
+    let stream = Stream::new(&cuda).unwrap();
+    let a = TimelineSemaphore::new(&ctx).unwrap();
+    let b = TimelineSemaphore::new(&ctx).unwrap();
+    let (cuda_a, cuda_b) = (
+        cuda.import_semaphore(&a).unwrap(),
+        cuda.import_semaphore(&b).unwrap(),
+    );
+    let to_cuda = BinarySemaphore::new(&ctx).unwrap();
+    let to_vulkan = BinarySemaphore::new(&ctx).unwrap();
+    let cuda_in = cuda.import_semaphore(&to_cuda).unwrap();
+    let cuda_out = cuda.import_semaphore(&to_vulkan).unwrap();
+
+    let token = ctx.signal_binary(&to_cuda, SubmitSync::new()).unwrap();
+    stream
+        .wait_semaphores(vec![
+            WaitOp::Timeline(&cuda_a, 1),
+            WaitOp::Binary(&cuda_in, token),
+            WaitOp::Timeline(&cuda_b, 1),
+        ])
+        .unwrap();
+    let mut tokens = stream
+        .signal_semaphores(&[
+            SignalOp::Timeline(&cuda_a, 2),
+            SignalOp::Binary(&cuda_out),
+            SignalOp::Timeline(&cuda_b, 2),
+        ])
+        .unwrap();
+    a.signal(1).unwrap();
+    // b's 1 is still missing: the stream cannot pass the wait batch.
+    let err = a
+        .wait(2, Duration::from_millis(200), WaitStrategy::ADAPTIVE)
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+    assert_eq!(b.value().unwrap(), 0);
+    b.signal(1).unwrap();
+    a.wait(2, TIMEOUT, WaitStrategy::ADAPTIVE).unwrap();
+    b.wait(2, TIMEOUT, WaitStrategy::ADAPTIVE).unwrap();
+    let token = tokens.pop().unwrap();
+    ctx.submit_and_wait(SubmitSync::new().wait_binary(&to_vulkan, token), |_, _| {})
+        .unwrap();
+    stream.synchronize(TIMEOUT).unwrap();
+    println!("a wait batch of 3 and a signal batch of 3 ordered the work; both timelines at 2");
+    drop((cuda_a, cuda_b, cuda_in, cuda_out, stream));
+    assert_no_validation_errors_except(&ctx, &[IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE]);
 }
 
 fn launch_2d(

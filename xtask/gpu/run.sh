@@ -72,6 +72,20 @@ mapfile -t tests < <(lines | awk '$1 == "test" { print $2 }')
 mapfile -t debug_tests < <(lines | awk '$1 == "test" && / debug[ :]/ { print $2 }')
 
 nvidia-smi -L
+# GPU_RUN_ONLY=bench runs only the benchmarks, without the validation layer
+# (they measure): bench (S1-S4, S6-S8, drift) with its JSON and text in
+# $OUT, and host_wait.
+if [ "${GPU_RUN_ONLY:-}" = bench ]; then
+  nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,mig.mode.current --format=csv
+  echo; echo "=== $b/bench --json $out/bench.json"
+  env -u VK_LAYER_PATH $b/bench --json "$out/bench.json" 2>&1 | tee "$out/bench.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || { status=1; echo "=== FAILED: bench"; }
+  echo; echo "=== $b/host_wait 300 --json $out/host_wait.json"
+  env -u VK_LAYER_PATH $b/host_wait 300 --json "$out/host_wait.json" 2>&1 | tee "$out/host_wait.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || { status=1; echo "=== FAILED: host_wait"; }
+  echo; echo "gpu-run: $([ $status = 0 ] && echo all passed || echo FAILURES) (benchmarks only: GPU_RUN_ONLY=bench) ($(head -1 $b/BUILD))"
+  exit $status
+fi
 # GPU_RUN_ONLY=sanitizer runs only the compute-sanitizer passes (to repeat
 # them); GPU_RUN_ONLY=tests everything but them.
 if [ "${GPU_RUN_ONLY:-}" != sanitizer ]; then

@@ -132,6 +132,14 @@ fn bench_tables(bench: &Value) -> Vec<String> {
             "S7",
             "S7: the S3 hand-off with the producer in another process",
         ),
+        (
+            "S8",
+            "S8: the graphics-engine switch (each leg against the CUDA-only floor, per queue family, CUDA_DEVICE_MAX_CONNECTIONS unset and =1)",
+        ),
+        (
+            "Drift",
+            "Drift: per-cycle cost, last 10% of the cycles against the first 10%",
+        ),
     ];
     let empty = Vec::new();
     let rows = bench["rows"].as_array().unwrap_or(&empty);
@@ -175,16 +183,23 @@ fn bench_tables(bench: &Value) -> Vec<String> {
 }
 
 fn wait_table(waits: &Value) -> Vec<String> {
-    let name = |method: &str| match method {
+    let name = |method: &str| {
+        match method {
         "spin" => "Spin (query loop)".to_string(),
         "cu_event_synchronize_raw" => {
             "cuEventSynchronize, blocking-sync event (raw, unbounded: not offered)".into()
         }
         "block" => "HostWait::Block (cuLaunchHostFunc + eventfd + poll)".into(),
         "adaptive_default" => "HostWait::ADAPTIVE (default: spin 50 µs, then block)".into(),
+        "adaptive_spin_10us" => "HostWait::Adaptive, spin 10 µs, then block".into(),
+        "adaptive_spin_20us" => "HostWait::Adaptive, spin 20 µs, then block".into(),
+        "helper_thread_event_synchronize" => {
+            "helper thread in cuEventSynchronize, caller waits on a channel with a timeout (bounded for the caller only)".into()
+        }
         "poll_old" => "HostWait::Poll (spin, yield, sleep up to 1 ms)".into(),
         "vulkan_counter_poll" => "Vulkan counter poll (WaitStrategy::ADAPTIVE)".into(),
         other => other.to_string(),
+    }
     };
     let iterations = waits.get("iterations").map_or("?".to_string(), show);
     let mut out = vec![
