@@ -8,6 +8,7 @@
 //! cargo xtask wheel [--out DIR]                        the Python wheel and the GPU demo folder
 //! cargo xtask gpu-bundle                               the GPU machine's bundle (.gpu/, .gl/; run there: bash .gpu/bundle/run.sh)
 //! cargo xtask modgraph                                 each crate's module graph; fails on a cycle
+//! cargo xtask msrv [--deps-only]                      the stated rust-version is true for the locked dependencies and the code
 //! cargo xtask doctor [ARGS]                            can this machine do Vulkan-CUDA interop, and what is missing
 //! cargo xtask perf-table RUN_PREFIX [--note T] [--update FILE]   a GPU run's JSON as the README's tables
 //! ```
@@ -23,6 +24,7 @@ mod fresh;
 mod functions;
 mod gpu_bundle;
 mod modgraph;
+mod msrv;
 mod outdir;
 mod perf_table;
 mod summary;
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
         Some("gpu-bundle") => gpu_bundle::gpu_bundle(&args[1..]),
         Some("perf-table") => perf_table::run(&args[1..]),
         Some("doctor") => doctor(&args[1..]),
+        Some("msrv") => msrv::run_msrv(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{}", USAGE);
             Ok(())
@@ -145,6 +148,12 @@ tasks:
       Each workspace crate's module graph (references to crate::m,
       super::m, crate::{a, b}), its cycles, and the crate order; fails,
       naming the modules, if any crate has a cycle.
+  msrv [--deps-only]
+      Whether the stated rust-version is true: fails where a locked
+      dependency (of a build or of the tests) states a higher one; then,
+      with the stated toolchain installed, cargo +VERSION check --locked
+      --workspace --all-targets into target/msrv (without it, it fails
+      naming the rustup command, unless --deps-only).
   doctor [--help]
       Whether this machine can share memory and semaphores between Vulkan
       and CUDA: Vulkan loader, devices, drivers, queue families (and
