@@ -49,6 +49,9 @@ struct Args {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    check_args(&args, &[], &["--socket", "--frames", "--timeout"], |_| {
+        false
+    });
     let value = |name: &str| {
         args.iter()
             .position(|a| a == name)
@@ -238,4 +241,28 @@ fn run(a: &Args) -> Res<u64> {
         );
     }
     Ok(bad)
+}
+
+/// What `--help` prints (and a refused argument is followed by).
+const USAGE: &str = "usage: frame_client [--socket PATH] [--frames 300] [--timeout 10]";
+
+/// Answers `-h`/`--help` with [`USAGE`] (exit 0) and refuses, with it
+/// (exit 2), an argument that is none of `flags`, not the value after one of
+/// `valued`, and not a positional argument `positional` accepts: a misspelt
+/// flag is an error, never silently ignored.
+fn check_args(args: &[String], flags: &[&str], valued: &[&str], positional: fn(&str) -> bool) {
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        let arg = arg.as_str();
+        if arg == "-h" || arg == "--help" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
+        if valued.contains(&arg) {
+            rest.next();
+        } else if !flags.contains(&arg) && (arg.starts_with('-') || !positional(arg)) {
+            eprintln!("unknown argument {arg:?}\n{USAGE}");
+            std::process::exit(2);
+        }
+    }
 }

@@ -43,6 +43,23 @@ use cuda_interop_frames::producer::{self, ProducerOptions};
 
 fn options() -> Result<ProducerOptions, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    check_args(
+        &args,
+        &["--host-visible", "--no-semaphores"],
+        &[
+            "--socket",
+            "--width",
+            "--height",
+            "--row-pitch",
+            "--slots",
+            "--seconds",
+            "--frames",
+            "--fps",
+            "--hold-timeout",
+            "--device",
+        ],
+        |_| false,
+    );
     let value = |name: &str| -> Option<&String> {
         args.iter()
             .position(|a| a == name)
@@ -100,6 +117,30 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("frame_server FAILED: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// What `--help` prints (and a refused argument is followed by).
+const USAGE: &str = "usage: frame_server [--socket PATH] [--width 1920] [--height 1080] [--row-pitch BYTES]\n    [--slots 4] [--seconds 300] [--frames N] [--fps F] [--hold-timeout 5] [--device UUID]\n    [--host-visible] [--no-semaphores]";
+
+/// Answers `-h`/`--help` with [`USAGE`] (exit 0) and refuses, with it
+/// (exit 2), an argument that is none of `flags`, not the value after one of
+/// `valued`, and not a positional argument `positional` accepts: a misspelt
+/// flag is an error, never silently ignored.
+fn check_args(args: &[String], flags: &[&str], valued: &[&str], positional: fn(&str) -> bool) {
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        let arg = arg.as_str();
+        if arg == "-h" || arg == "--help" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
+        if valued.contains(&arg) {
+            rest.next();
+        } else if !flags.contains(&arg) && (arg.starts_with('-') || !positional(arg)) {
+            eprintln!("unknown argument {arg:?}\n{USAGE}");
+            std::process::exit(2);
         }
     }
 }

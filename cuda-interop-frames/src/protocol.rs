@@ -274,7 +274,7 @@ impl Packet {
         let row = u64::from(self.width) * 4;
         // The pitch becomes a tensor stride (an i64) and is bounded like the
         // frame: a one-row frame would otherwise leave it unchecked.
-        if self.row_pitch < row || self.row_pitch % 4 != 0 || self.row_pitch > 1 << 31 {
+        if self.row_pitch < row || !self.row_pitch.is_multiple_of(4) || self.row_pitch > 1 << 31 {
             return bad(format!(
                 "row pitch {} for rows of {row} bytes (at least a row, a multiple of 4, \
                  at most 2 GiB)",

@@ -223,14 +223,75 @@ fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<StreamArg> {
     }
 }
 
-/// A stream handle from Python: positive and pointer-sized.
+/// A stream handle from Python: positive, pointer-sized, and a handle that
+/// can be a `CUstream` ([`refuse_non_stream`]).
 fn positive_handle(value: i128) -> PyResult<usize> {
     match usize::try_from(value) {
-        Ok(h) if h > 0 => Ok(h),
+        Ok(h) if h > 0 => refuse_non_stream(h).map(|()| h),
         _ => Err(PyValueError::new_err(format!(
             "stream {value} is not a CUDA stream handle (None, -1, or a positive handle)"
         ))),
     }
+}
+
+/// The lowest address a `CUstream` made by the driver can have: the first
+/// page is never where the driver allocates (Linux keeps it unmapped).
+const LOWEST_STREAM_ADDRESS: usize = 4096;
+
+/// Refuses a handle that cannot be a CUDA stream, without asking the driver
+/// (which would read a garbage pointer: undefined behaviour, a SIGSEGV at
+/// best). A `CUstream` is `CU_STREAM_LEGACY` (1), `CU_STREAM_PER_THREAD`
+/// (2), or the address of a stream object the driver made in this process,
+/// which is readable memory. So a handle in the first page (other than 1
+/// and 2), or at an address this process cannot read, is refused.
+///
+/// What passes is not proven to be a stream: DLPack makes the consumer vouch
+/// for the stream it passes (a freed stream, or any readable address, still
+/// reaches the driver).
+fn refuse_non_stream(handle: usize) -> PyResult<()> {
+    if handle == LEGACY_DEFAULT_STREAM || handle == PER_THREAD_DEFAULT_STREAM {
+        return Ok(());
+    }
+    let why = if handle < LOWEST_STREAM_ADDRESS {
+        "it is neither 1 (the legacy default stream), 2 (the per-thread default stream) nor \
+         an address"
+    } else if !readable(handle) {
+        "nothing is mapped readable at that address in this process"
+    } else {
+        return Ok(());
+    };
+    Err(PyValueError::new_err(format!(
+        "stream {handle:#x} cannot be a CUDA stream handle: {why}. Pass the handle of a live \
+         CUDA stream (torch.cuda.current_stream().cuda_stream, cupy.cuda.get_current_stream().\
+         ptr), the stream object itself, 1, 2, None or -1; the caller vouches that a handle \
+         names a live stream of the frame's device"
+    )))
+}
+
+/// Whether the 8 bytes at `address` are readable memory of this process,
+/// asked of the kernel (`process_vm_readv` on this process), which answers
+/// `EFAULT` instead of faulting. Where the kernel does not answer (a seccomp
+/// filter, no such call), the address counts as readable: the caller's word
+/// stands, as DLPack has it.
+fn readable(address: usize) -> bool {
+    let mut word = [0u8; 8];
+    let local = libc::iovec {
+        iov_base: word.as_mut_ptr().cast(),
+        iov_len: word.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: address as *mut c_void,
+        iov_len: word.len(),
+    };
+    // SAFETY: the kernel writes at most `word.len()` bytes into `word`,
+    // which lives for the call, and reads `remote` through the page tables
+    // (an unmapped or unreadable address is an `EFAULT` answer, not a
+    // fault); no memory of this process is changed but `word`.
+    let copied = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if copied >= 0 {
+        return copied as usize == word.len();
+    }
+    std::io::Error::last_os_error().raw_os_error() != Some(libc::EFAULT)
 }
 
 /// One received buffer or ring slot: hand it to a DLPack consumer
@@ -626,6 +687,13 @@ impl Frame {
     /// a capsule a consumer takes once. `stream` (a CUDA stream handle; `1`
     /// legacy default, `2` per-thread default, `None` legacy default, `-1`
     /// none) is made to wait for the producer's write.
+    ///
+    /// As DLPack has it, the caller vouches that `stream` is a live CUDA
+    /// stream of the frame's device for the call: the driver cannot be asked
+    /// without risking a crash. What cannot be a stream is refused with
+    /// `ValueError` before any driver call: `0`, negative ints other than
+    /// `-1`, other ints below 4096, and addresses nothing readable is mapped
+    /// at.
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         &mut self,
@@ -790,7 +858,9 @@ impl Frame {
     /// `__cuda_array_interface__` (which does not say the consumer's
     /// stream) the stream must be named, else `ValueError`. After
     /// `Receiver.close()` it does nothing: the producer took the slot back. Tensors already handed out keep the memory
-    /// mapped, but its contents belong to the producer again.
+    /// mapped, but its contents belong to the producer again. `stream` is
+    /// checked as `__dlpack__`'s is (the caller vouches for a live stream;
+    /// what cannot be one raises `ValueError`).
     #[pyo3(signature = (stream=None))]
     fn release(&mut self, py: Python<'_>, stream: Option<Bound<'_, PyAny>>) -> PyResult<()> {
         let stream = stream_arg(stream.as_ref())?;

@@ -36,7 +36,14 @@
 //!   (a `CUstream` handle; `1` legacy default, `2` per-thread default, `None`
 //!   the legacy default as the DLPack protocol says for CUDA, `-1` no
 //!   ordering, `0` refused) waits on the GPU for the "produced" timeline at
-//!   the frame's number before anything enqueued on it later.
+//!   the frame's number before anything enqueued on it later. As DLPack
+//!   has it, the consumer vouches that its handle is a live stream of the
+//!   frame's device (asking the driver about a garbage pointer is itself
+//!   undefined behaviour); a handle that cannot be a stream is refused with
+//!   `ValueError` before any driver call, here and in `release`: negative
+//!   ints other than `-1`, other ints below 4096, and addresses with nothing
+//!   readable mapped (`process_vm_readv` on this process; skipped where a
+//!   seccomp filter forbids it).
 //! * `Frame.__cuda_array_interface__` (ring frames on CUDA): version 3,
 //!   `data`, `shape`, `strides` in bytes, `typestr` `"|u1"`, and `stream`: a
 //!   stream of this module on which the "produced" wait is enqueued, which

@@ -10,6 +10,8 @@ use std::ffi::{c_char, CStr};
 use cuda_interop_sys::{CUresult, CUuuid, Driver};
 
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    check_args(&args, &[], &[], |_| false);
     let driver = match Driver::global() {
         Ok(driver) => driver,
         Err(e) => {
@@ -101,4 +103,28 @@ fn format_uuid(b: &[u8; 16]) -> String {
         hex[8..10].concat(),
         hex[10..16].concat()
     )
+}
+
+/// What `--help` prints (and a refused argument is followed by).
+const USAGE: &str = "usage: driver_info\n\nPrints the CUDA driver library, its version and the devices (names, UUIDs).";
+
+/// Answers `-h`/`--help` with [`USAGE`] (exit 0) and refuses, with it
+/// (exit 2), an argument that is none of `flags`, not the value after one of
+/// `valued`, and not a positional argument `positional` accepts: a misspelt
+/// flag is an error, never silently ignored.
+fn check_args(args: &[String], flags: &[&str], valued: &[&str], positional: fn(&str) -> bool) {
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        let arg = arg.as_str();
+        if arg == "-h" || arg == "--help" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
+        if valued.contains(&arg) {
+            rest.next();
+        } else if !flags.contains(&arg) && (arg.starts_with('-') || !positional(arg)) {
+            eprintln!("unknown argument {arg:?}\n{USAGE}");
+            std::process::exit(2);
+        }
+    }
 }

@@ -39,6 +39,9 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    check_args(&args, &["--bench"], &["--device"], |a| {
+        a.parse::<u32>().is_ok()
+    });
     let bench = args.iter().any(|a| a == "--bench");
     let frames: u32 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(120);
     let device = match args
@@ -358,4 +361,28 @@ fn share_with_second_device<M: MemoryLocation>(ctx: &Context, second: &Context) 
         return Err("the second Vulkan device read different pixels".into());
     }
     Ok(())
+}
+
+/// What `--help` prints (and a refused argument is followed by).
+const USAGE: &str = "usage: round_trip [FRAMES] [--bench] [--device UUID]\n\n  FRAMES         frames to run (default 120)\n  --bench        also measure three host-wait strategies against a copy baseline\n  --device UUID  the GPU with this UUID (nvidia-smi -L spelling)";
+
+/// Answers `-h`/`--help` with [`USAGE`] (exit 0) and refuses, with it
+/// (exit 2), an argument that is none of `flags`, not the value after one of
+/// `valued`, and not a positional argument `positional` accepts: a misspelt
+/// flag is an error, never silently ignored.
+fn check_args(args: &[String], flags: &[&str], valued: &[&str], positional: fn(&str) -> bool) {
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        let arg = arg.as_str();
+        if arg == "-h" || arg == "--help" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
+        if valued.contains(&arg) {
+            rest.next();
+        } else if !flags.contains(&arg) && (arg.starts_with('-') || !positional(arg)) {
+            eprintln!("unknown argument {arg:?}\n{USAGE}");
+            std::process::exit(2);
+        }
+    }
 }

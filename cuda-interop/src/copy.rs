@@ -514,7 +514,7 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
             )));
         }
         let align = u64::from(texel);
-        if linear.ptr % align != 0 || layout.pitch as u64 % align != 0 {
+        if !linear.ptr.is_multiple_of(align) || !(layout.pitch as u64).is_multiple_of(align) {
             return Some(Error::InvalidArgument(format!(
                 "the copy kernel needs the address ({:#x}) and the row pitch ({}) to be multiples of \
                  the texel size ({texel})",

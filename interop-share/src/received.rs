@@ -16,7 +16,7 @@ use std::os::fd::OwnedFd;
 use ash::vk;
 
 use crate::error::{Error, Result};
-use crate::markers::SemaphoreKind;
+use crate::markers::{usage, DeviceLocal, Optimal, SemaphoreKind};
 use crate::record::{BufferRecord, ImageRecord, SemaphoreRecord};
 
 /// Who is on the other end of a connection (`SO_PEERCRED`).
@@ -32,10 +32,10 @@ pub struct PeerCredentials {
 }
 
 macro_rules! received {
-    ($(#[$doc:meta])* $name:ident<$($p:ident),*> => $record:ident) => {
+    ($(#[$doc:meta])* $name:ident<$($p:ident $(= $default:ty)?),*> => $record:ident) => {
         $(#[$doc])*
         #[derive(Debug)]
-        pub struct $name<$($p),*> {
+        pub struct $name<$($p $(= $default)?),*> {
             record: $record<$($p),*>,
             fd: OwnedFd,
             peer: PeerCredentials,
@@ -63,12 +63,15 @@ macro_rules! received {
 }
 
 received! {
-    /// An image record and its memory fd, received together.
-    ReceivedImage<F, T, M, U> => ImageRecord
+    /// An image record and its memory fd, received together. The type
+    /// parameters default as [`ImageRecord`]'s (and `ExportableImage`'s) do:
+    /// `ReceivedImage<Rgba8Unorm>` is an optimal, device-local storage image.
+    ReceivedImage<F, T = Optimal, M = DeviceLocal, U = usage::Storage> => ImageRecord
 }
 received! {
-    /// A buffer record and its memory fd, received together.
-    ReceivedBuffer<M> => BufferRecord
+    /// A buffer record and its memory fd, received together (device-local
+    /// by default, as [`BufferRecord`]).
+    ReceivedBuffer<M = DeviceLocal> => BufferRecord
 }
 received! {
     /// A semaphore record and its fd, received together.

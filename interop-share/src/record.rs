@@ -325,7 +325,7 @@ impl ImageInfo {
             "image.array_layers",
             self.array_layers.into(),
             !self.is_cube()
-                || (self.array_layers % 6 == 0
+                || (self.array_layers.is_multiple_of(6)
                     && self.extent[0] == self.extent[1]
                     && self.image_type == vk::ImageType::TYPE_2D),
         )?;

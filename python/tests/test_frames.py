@@ -20,6 +20,12 @@ import cuda_interop
 
 from test_module import DLManagedTensorVersioned, PyCapsule_GetPointer
 
+# Fake stream handles for the rings that record their signals: addresses of
+# readable memory, since the module refuses a handle that cannot be a stream
+# (the first page, an address nothing readable is mapped at).
+_STREAM_MEMORY = ctypes.create_string_buffer(4096)
+S = [ctypes.addressof(_STREAM_MEMORY) + 64 * i for i in range(8)]
+
 MAGIC = b"CIFR"
 HELLO, FRAME, RELEASE = 1, 2, 3
 
@@ -162,7 +168,7 @@ def test_stream_arguments(producer):
         with pytest.raises(ValueError, match="ambiguous"):
             frame.__dlpack__(stream=0)
         with pytest.raises(ValueError, match="no stream"):
-            frame.__dlpack__(stream=5)  # a host frame takes no stream
+            frame.__dlpack__(stream=S[0])  # a host frame takes no stream
         with pytest.raises(TypeError):
             frame.release(stream="fast")
         with pytest.raises(ValueError):
@@ -312,13 +318,56 @@ def test_release_signals_on_the_stream_the_frame_was_handed_out_on(producer):
         nosync.release()
         assert parse(peer.recv(64)) == (RELEASE, 1, 0, 2)
         # A bare handle is used for the hand-out only: release() asks.
-        bare.__dlpack__(stream=0x5000)
+        bare.__dlpack__(stream=S[0])
         with pytest.raises(ValueError, match="bare handle"):
             bare.release()
         assert bare.slot == 2 and receiver.held == 1
-        bare.release(stream=0x7000)
+        bare.release(stream=S[1])
         assert parse(peer.recv(64)) == (RELEASE, 2, 1, 3)
-        assert cuda_interop._signals(receiver) == [(0, 1, 1), (2, 3, 0x7000)]
+        assert cuda_interop._signals(receiver) == [(0, 1, 1), (2, 3, S[1])]
+
+
+def unreadable_addresses():
+    """Addresses nothing readable is mapped at: a PROT_NONE page, the same
+    page unmapped, and an address above user space."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    prot_none, map_private_anonymous = 0, 0x02 | 0x20
+    page = libc.mmap(None, 4096, prot_none, map_private_anonymous, -1, 0)
+    assert page not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+    yield page + 8
+    assert libc.munmap(page, 4096) == 0
+    yield page + 8
+    yield 1 << 63
+
+
+def test_a_handle_that_cannot_be_a_stream_is_refused_before_the_driver(producer):
+    """Issue 18 item 9: `__dlpack__(stream=3)` or a garbage pointer (and the
+    same given to `release`) reached the driver and crashed the interpreter.
+    Handles in the first page other than 1 and 2, and addresses with nothing
+    readable mapped, are refused with ValueError, before any signal, and the
+    frame stays usable."""
+    receiver, peer = recording_ring(producer)
+    with peer:
+        peer.send(packet(FRAME, slot=0, frame=1))
+        frame = receiver.next(1.0)
+        for bad in [3, 4, 0xFFF, *unreadable_addresses()]:
+            with pytest.raises(ValueError, match="cannot be a CUDA stream handle"):
+                frame.__dlpack__(stream=bad)
+            with pytest.raises(ValueError, match="cannot be a CUDA stream handle"):
+                frame.__dlpack__(stream=FakeStream(bad, receiver, []))
+            with pytest.raises(ValueError, match="cannot be a CUDA stream handle"):
+                frame.release(stream=bad)
+        assert frame.available and receiver.held == 1
+        assert cuda_interop._signals(receiver) == []
+        # 1, 2 and readable memory pass (the caller vouches for them).
+        frame.__dlpack__(stream=2)
+        frame.release(stream=S[7])
+        assert parse(peer.recv(64)) == (RELEASE, 0, 1, 1)
+        assert cuda_interop._signals(receiver) == [(0, 1, S[7])]
 
 
 def test_a_stream_object_is_kept_alive_until_the_release_that_uses_it(producer):
@@ -328,7 +377,7 @@ def test_a_stream_object_is_kept_alive_until_the_release_that_uses_it(producer):
         peer.send(packet(FRAME, slot=0, frame=1))
         peer.send(packet(FRAME, slot=1, frame=2))
         a, b = receiver.next(1.0), receiver.next(1.0)
-        stream = FakeStream(0x1234, receiver, seen)
+        stream = FakeStream(S[2], receiver, seen)
         a.__dlpack__(stream=stream)
         del stream
         gc.collect()
@@ -338,12 +387,12 @@ def test_a_stream_object_is_kept_alive_until_the_release_that_uses_it(producer):
         gc.collect()
         assert seen == [1], "let go after the release that used it"
         # Dropped unreleased: the signal is made before the object goes.
-        stream = FakeStream(0x5678, receiver, seen)
+        stream = FakeStream(S[3], receiver, seen)
         b.__dlpack__(stream=stream)
         del stream, b
         gc.collect()
         assert parse(peer.recv(64)) == (RELEASE, 1, 1, 2)
-        assert cuda_interop._signals(receiver) == [(0, 1, 0x1234), (1, 2, 0x5678)]
+        assert cuda_interop._signals(receiver) == [(0, 1, S[2]), (1, 2, S[3])]
         # The first object went at its release (1 signal made by then), the
         # second after the drop's signal (2).
         assert seen == [1, 2]
@@ -374,7 +423,7 @@ def test_leaving_with_after_a_bare_handle(producer):
         peer.send(packet(FRAME, slot=1, frame=2))
         with pytest.raises(ValueError, match="bare handle"):
             with receiver.next(1.0) as frame:
-                frame.__dlpack__(stream=0x5000)
+                frame.__dlpack__(stream=S[0])
         assert receiver.held == 1
         with pytest.warns(RuntimeWarning, match="given back unreleased"):
             del frame
@@ -383,7 +432,7 @@ def test_leaving_with_after_a_bare_handle(producer):
         with pytest.warns(RuntimeWarning, match="given back unreleased"):
             with pytest.raises(KeyError, match="the body's own"):
                 with receiver.next(1.0) as frame:
-                    frame.__dlpack__(stream=0x5000)
+                    frame.__dlpack__(stream=S[0])
                     raise KeyError("the body's own")
         assert parse(peer.recv(64)) == (RELEASE, 1, 0, 2)
         assert receiver.held == 0
@@ -402,7 +451,7 @@ def test_a_cycle_through_the_stream_object_is_not_collected(producer):
     with peer:
         peer.send(packet(FRAME, slot=0, frame=1))
         frame = receiver.next(1.0)
-        stream = FakeStream(0x4242, receiver, seen)
+        stream = FakeStream(S[4], receiver, seen)
         stream.frame = frame  # frame -> stream -> frame
         frame.__dlpack__(stream=stream)
         alive = weakref.ref(stream)
@@ -412,7 +461,7 @@ def test_a_cycle_through_the_stream_object_is_not_collected(producer):
         alive().frame = None  # the application breaks the cycle
         gc.collect()
         assert parse(peer.recv(64)) == (RELEASE, 0, 1, 1)
-        assert cuda_interop._signals(receiver) == [(0, 1, 0x4242)]
+        assert cuda_interop._signals(receiver) == [(0, 1, S[4])]
         assert seen == [1]
 
 
@@ -570,7 +619,7 @@ def test_a_frame_read_through_the_array_interface_must_name_its_stream(producer)
         assert frame.__cuda_array_interface__["shape"] == (4, 5, 4)
         with pytest.raises(ValueError, match="__cuda_array_interface__"):
             frame.release()
-        frame.release(stream=0x77)
+        frame.release(stream=S[5])
         assert parse(peer.recv(64)) == (RELEASE, 0, 1, 1)
         frame = receiver.next(1.0)
         frame.__cuda_array_interface__
@@ -584,7 +633,7 @@ def test_a_frame_read_through_the_array_interface_must_name_its_stream(producer)
             sys.unraisablehook = hook
         assert parse(peer.recv(64)) == (RELEASE, 1, 0, 2)
         assert len(seen) == 1 and isinstance(seen[0].exc_value, RuntimeWarning)
-        assert cuda_interop._signals(receiver) == [(0, 1, 0x77)]
+        assert cuda_interop._signals(receiver) == [(0, 1, S[5])]
 
 
 class warnings_as_errors:
@@ -606,7 +655,7 @@ def test_a_frame_given_back_in_with_stays_a_ring_frame(producer):
         with pytest.warns(RuntimeWarning):
             with pytest.raises(KeyError):
                 with receiver.next(1.0) as frame:
-                    frame.__dlpack__(stream=0x5000)
+                    frame.__dlpack__(stream=S[0])
                     raise KeyError("the body's own")
         assert parse(peer.recv(64)) == (RELEASE, 2, 0, 1)
         assert frame.slot == 2 and not frame.available
@@ -685,13 +734,13 @@ def test_one_consumer_protocol_per_frame(producer):
         a.__cuda_array_interface__
         a.__cuda_array_interface__  # again: the same consumer
         with pytest.raises(BufferError, match="__cuda_array_interface__"):
-            a.__dlpack__(stream=0x5000)
-        b.__dlpack__(stream=0x5000)
+            a.__dlpack__(stream=S[0])
+        b.__dlpack__(stream=S[0])
         with pytest.raises(BufferError, match="__dlpack__"):
             b.__cuda_array_interface__
         a.release(stream=-1)
-        b.release(stream=0x6000)
-        assert cuda_interop._signals(receiver) == [(1, 2, 0x6000)]
+        b.release(stream=S[6])
+        assert cuda_interop._signals(receiver) == [(1, 2, S[6])]
 
 
 def timed_out(receiver, seconds):

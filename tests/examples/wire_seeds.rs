@@ -16,6 +16,8 @@ use cuda_interop_testkit::sample;
 use cuda_interop_testkit::wire_gen::{FdKind, Framing, ReceiveCase, Take, WireSpec};
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    check_args(&args, &[], &[], |_| true);
     let Some(dir) = std::env::args().nth(1) else {
         eprintln!("usage: wire_seeds DIR");
         return ExitCode::FAILURE;
@@ -80,4 +82,29 @@ fn main() -> ExitCode {
         write("receive", name, ReceiveCase::seed(fds, takes, spec));
     }
     ExitCode::SUCCESS
+}
+
+/// What `--help` prints (and a refused argument is followed by).
+const USAGE: &str =
+    "usage: wire_seeds DIR\n\nWrites the fuzz seed corpus (the wire samples) into DIR.";
+
+/// Answers `-h`/`--help` with [`USAGE`] (exit 0) and refuses, with it
+/// (exit 2), an argument that is none of `flags`, not the value after one of
+/// `valued`, and not a positional argument `positional` accepts: a misspelt
+/// flag is an error, never silently ignored.
+fn check_args(args: &[String], flags: &[&str], valued: &[&str], positional: fn(&str) -> bool) {
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        let arg = arg.as_str();
+        if arg == "-h" || arg == "--help" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
+        if valued.contains(&arg) {
+            rest.next();
+        } else if !flags.contains(&arg) && (arg.starts_with('-') || !positional(arg)) {
+            eprintln!("unknown argument {arg:?}\n{USAGE}");
+            std::process::exit(2);
+        }
+    }
 }

@@ -524,6 +524,37 @@ fn unsupported_requests_fail_before_anything_is_created() {
     assert_no_validation_errors(&a);
 }
 
+/// Issue 21: the headline `DeviceLocal` image (and buffer) on a driver with no
+/// device-local memory that is not host-visible (lavapipe) fails with an
+/// error that names the fix (`HostVisible`) and where to look (the doctor);
+/// on a driver that has such memory (NVIDIA) both are made.
+#[test]
+fn a_missing_memory_class_names_the_fix() {
+    let _fds = fds::lock();
+    let ctx = vulkan(None);
+    let image = ExportableImage::<Rgba8Unorm>::new(&ctx, ImageDesc::new_2d(16, 16));
+    let buffer = ExportableBuffer::<vk_export::markers::DeviceLocal>::new(&ctx, 4096);
+    let lavapipe = ctx.identity().driver_id == vk::DriverId::MESA_LLVMPIPE;
+    for (what, result) in [("image", image.map(drop)), ("buffer", buffer.map(drop))] {
+        match result {
+            Err(err) => {
+                let message = err.to_string();
+                println!("DeviceLocal {what}: {message}");
+                assert!(matches!(err, Error::Unsupported { .. }), "{message}");
+                for part in [
+                    "no memory type of the class",
+                    "HostVisible",
+                    "cargo xtask doctor",
+                ] {
+                    assert!(message.contains(part), "{what}: no {part:?} in {message}");
+                }
+            }
+            Ok(()) => assert!(!lavapipe, "lavapipe has no device-local-only memory"),
+        }
+    }
+    assert_no_validation_errors(&ctx);
+}
+
 /// Four threads share one context: each runs helpers on its own resources
 /// and creates and drops images, buffers and semaphores. The validation
 /// layer (thread-safety and synchronization checks on) must report nothing.

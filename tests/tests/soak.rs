@@ -334,7 +334,7 @@ fn vulkan_soak<M: MemoryLocation>(a: &Context, b: &Context) {
     }
     if a.supports_semaphore_fds() {
         let semaphore_cycle = |i: usize| {
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 let s = TimelineSemaphore::new(a).unwrap();
                 drop(TimelineSemaphore::import_from(b, &s).unwrap());
             } else {

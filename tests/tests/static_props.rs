@@ -5,7 +5,7 @@
 
 use cuda_interop::*;
 use cuda_interop_testkit::{assert_no_validation_errors, vulkan};
-use static_assertions::{assert_impl_all, assert_not_impl_any};
+use static_assertions::{assert_impl_all, assert_not_impl_any, assert_type_eq_all};
 use vk_export::format::Rgba8Unorm;
 use vk_export::markers::{usage, DeviceLocal, Optimal};
 use vk_export::semaphore_kinds::{Binary, Timeline};
@@ -173,6 +173,17 @@ assert_not_impl_any!(ContextGuard<'static>: Send, Sync);
 assert_not_impl_any!(vk_export::ReceivedImage<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>: Clone);
 assert_not_impl_any!(vk_export::SubmitSync<'static>: Clone);
 assert_not_impl_any!(vk_export::ExportableImage<Rgba8Unorm>: Clone);
+
+// A receiver names what the sender made with the same defaults (issue 21):
+// optimal, device-local, storage images; device-local buffers.
+assert_type_eq_all!(
+    vk_export::ReceivedImage<Rgba8Unorm>,
+    vk_export::ReceivedImage<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>
+);
+assert_type_eq_all!(
+    vk_export::ReceivedBuffer,
+    vk_export::ReceivedBuffer<DeviceLocal>
+);
 
 #[test]
 fn error_types_are_reportable() {

@@ -197,11 +197,7 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
             unsafe { device.destroy_buffer(buffer, None) };
             return Err(unsupported(
                 "an exportable buffer",
-                format!(
-                    "no memory type of the class {} among the allowed types {:#b}",
-                    M::describe(),
-                    reqs.memory_type_bits
-                ),
+                crate::memory::no_memory_type::<M>(reqs.memory_type_bits),
             ));
         };
         let mut export = vk::ExportMemoryAllocateInfo::default().handle_types(MEMORY_HANDLE_TYPE);

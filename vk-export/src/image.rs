@@ -122,7 +122,10 @@ impl ImageDesc {
         if self.depth > 1 && self.array_layers > 1 {
             return bad("a 3D image cannot have array layers".into());
         }
-        if self.cube && (self.width != self.height || self.array_layers % 6 != 0 || self.depth != 1)
+        if self.cube
+            && (self.width != self.height
+                || !self.array_layers.is_multiple_of(6)
+                || self.depth != 1)
         {
             return bad(format!(
                 "a cube image needs width == height, depth 1 and layers a multiple of 6 (got {}x{}, {} layers)",
@@ -507,11 +510,7 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
             destroy_image();
             return Err(unsupported(
                 params.what(),
-                format!(
-                    "no memory type of the class {} among the allowed types {:#b}",
-                    M::describe(),
-                    reqs.memory_type_bits
-                ),
+                crate::memory::no_memory_type::<M>(reqs.memory_type_bits),
             ));
         };
         let mut export = vk::ExportMemoryAllocateInfo::default().handle_types(MEMORY_HANDLE_TYPE);

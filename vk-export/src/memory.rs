@@ -12,12 +12,32 @@ use std::os::fd::{FromRawFd, OwnedFd};
 
 use ash::vk;
 use interop_share::fd::{import_with_duplicate, ImportError, ImportFailure};
+use interop_share::markers::MemoryLocation;
 
 use interop_share::uuid::{DeviceUuid, DriverUuid};
 
 use crate::context::Context;
 use crate::error::{vk_error, Error, Result};
 use crate::MEMORY_HANDLE_TYPE;
+
+/// Why no memory type of the class `M` is among `allowed`, and what to do:
+/// a driver without device-local memory that is not host-visible (lavapipe
+/// and other CPU drivers) cannot make `DeviceLocal` resources, but can make
+/// `HostVisible` ones.
+pub(crate) fn no_memory_type<M: MemoryLocation>(allowed: u32) -> String {
+    let fix = if M::EXCLUDED.contains(vk::MemoryPropertyFlags::HOST_VISIBLE) {
+        "this driver has no device-local memory that is not host-visible (lavapipe and other \
+         CPU drivers have none): make the resource `HostVisible` instead \
+         (`ExportableImage<F, Optimal, HostVisible>`, `ExportableBuffer<HostVisible>`), or run \
+         on a GPU's driver; `cargo xtask doctor` lists each device's memory types"
+    } else {
+        "pick a memory class this device has (`cargo xtask doctor` lists its memory types)"
+    };
+    format!(
+        "no memory type of the class {} among the allowed types {allowed:#b}: {fix}",
+        M::describe()
+    )
+}
 
 /// [`import_with_duplicate`] with this crate's error types.
 pub(crate) fn import_dup<T>(

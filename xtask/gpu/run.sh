@@ -91,6 +91,8 @@ fi
 if [ "${GPU_RUN_ONLY:-}" != sanitizer ]; then
 nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,mig.mode.current --format=csv
 run $b/driver_info
+# What the machine can do (exit 1: interop does not work, which fails the run).
+run $b/cuda-interop-doctor
 for t in "${tests[@]}"; do run_test "$t" ""; done
 echo; echo "=== debug assertions and overflow checks on (profile gpu-debug)"
 for t in "${debug_tests[@]}"; do run_test "$t" -debug; done

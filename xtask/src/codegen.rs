@@ -495,10 +495,12 @@ fn generate(header: &Path, lock: &Lock) -> Result<Vec<(&'static str, String)>, S
     for c in CONSTANTS {
         builder = builder.allowlist_var(format!("^{c}$"));
     }
-    let bindings = builder
-        .generate()
-        .map_err(|e| format!("bindgen failed on {}: {e}", header.display()))?
-        .to_string();
+    let bindings = generate_naming_libclang(|| {
+        builder
+            .generate()
+            .map(|b| b.to_string())
+            .map_err(|e| format!("bindgen failed on {}: {e}", header.display()))
+    })?;
 
     let file: syn::File =
         syn::parse_str(&bindings).map_err(|e| format!("cannot parse bindgen output: {e}"))?;
@@ -697,8 +699,67 @@ fn first_difference(old: &str, new: &str) -> String {
     out
 }
 
+/// What to do when bindgen cannot load libclang.
+const LIBCLANG_FIX: &str = "codegen needs libclang (bindgen loads it at run time): install it \
+     (Debian/Ubuntu: apt-get install libclang-dev; Fedora: dnf install clang-devel; macOS: \
+     brew install llvm) or set LIBCLANG_PATH to the directory holding libclang.so. Only \
+     `cargo xtask codegen` needs it: building and testing the crates does not";
+
+/// Runs bindgen's `generate`, which panics (bindgen's
+/// `ensure_libclang_is_loaded`) when libclang cannot be loaded: that panic
+/// becomes an error naming what to install, with no backtrace; any other
+/// panic is resumed.
+fn generate_naming_libclang(
+    generate: impl FnOnce() -> Result<String, String>,
+) -> Result<String, String> {
+    let quiet = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(generate));
+    std::panic::set_hook(quiet);
+    match result {
+        Ok(result) => result,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            if message.contains("libclang") {
+                Err(format!("{LIBCLANG_FIX}\n(bindgen: {message})"))
+            } else {
+                std::panic::resume_unwind(panic)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    /// A bindgen that cannot load libclang panics; codegen answers with what
+    /// to install instead of a backtrace, and leaves other panics alone.
+    #[test]
+    fn a_missing_libclang_is_named_with_what_to_install() {
+        let err = super::generate_naming_libclang(|| {
+            panic!("Unable to find libclang: \"couldn't find any valid shared libraries\"")
+        })
+        .unwrap_err();
+        assert!(
+            err.contains("apt-get install libclang-dev") && err.contains("LIBCLANG_PATH"),
+            "{err}"
+        );
+        assert_eq!(
+            super::generate_naming_libclang(|| Ok("x".into())),
+            Ok("x".into())
+        );
+        let other = std::panic::catch_unwind(|| {
+            super::generate_naming_libclang(|| panic!("something else"))
+        });
+        assert!(
+            other.is_err(),
+            "another panic is not turned into this error"
+        );
+    }
+
     use super::*;
 
     const SOURCE: &[u8] = b"extern \"C\" __global__ void k() {}\n";

@@ -29,7 +29,9 @@
 //!   `cuda-interop-py` with the same profile, copies the library to
 //!   `target/python/cuda_interop.abi3.so`, installs pytest with `python3 -m
 //!   pip install --quiet pytest` if `python3 -m pytest --version` fails (or
-//!   stops, printing the command), and runs `python3 -m pytest -q
+//!   stops, printing the command), and mypy the same way (for the stubs'
+//!   type check; if pip cannot install it, that test is skipped and says
+//!   so), and runs `python3 -m pytest -q
 //!   python/tests` with `PYTHONPATH=target/python` (and
 //!   `CUDA_INTEROP_FRAME_SERVER` naming the `frame_server` example, built
 //!   with the same profile, for the protocol tests). Any non-zero pytest
@@ -180,6 +182,7 @@ fn python_tests(args: &[String], summary: &mut Summary) -> Result<(), String> {
         )
     })?;
     ensure_pytest()?;
+    ensure_mypy();
     let mut pytest = Command::new("python3");
     pytest
         .args([
@@ -244,6 +247,35 @@ fn ensure_pytest() -> Result<(), String> {
          python3-pytest), then `cargo xtask test` again"
             .to_string(),
     )
+}
+
+/// `python3 -m mypy` works (for `test_stubs.py`'s type check of the stubs),
+/// or is made to with pip; where it cannot be, that one test is skipped and
+/// says so (in the summary's skipped tests), and this says why now.
+fn ensure_mypy() {
+    let works = || {
+        Command::new("python3")
+            .args(["-m", "mypy", "--version"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if works() {
+        return;
+    }
+    eprintln!("xtask: mypy is missing; running `python3 -m pip install --quiet mypy`");
+    let installed = Command::new("python3")
+        .args(["-m", "pip", "install", "--quiet", "mypy"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !installed || !works() {
+        eprintln!(
+            "xtask: mypy could not be installed: the stubs' type check (test_stubs.py) will be \
+             skipped; python3 -m pip install mypy to run it"
+        );
+    }
 }
 
 /// The profile flags of a `cargo test` command line, and the directory

@@ -18,7 +18,8 @@
 //!   `gpu` profile, as `test-NAME`; those marked `debug` also with
 //!   `gpu-debug` as `test-NAME-debug`. Then the `round_trip` and
 //!   `driver_info` examples and the bench binaries `bench`, `host_wait` and
-//!   `array_copy` (`gpu` profile), [`RUN_SH`] as `run.sh` and the manifest
+//!   `array_copy` and `cuda-interop-doctor` (crate `doctor/`) (`gpu`
+//!   profile), [`RUN_SH`] as `run.sh` and the manifest
 //!   as `tests.txt`.
 //! * A compute-sanitizer is packed into `.gpu/compute-sanitizer` if one is
 //!   here (`$COMPUTE_SANITIZER_DIR`, or `/usr/local/cuda/compute-sanitizer`);
@@ -162,6 +163,7 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
         ("", "bench"),
         ("", "host_wait"),
         ("", "array_copy"),
+        ("", "cuda-interop-doctor"),
     ];
     files.extend(binaries.iter().map(|(_, b)| b.to_string()));
     let listed: Vec<&str> = files.iter().map(String::as_str).collect();
@@ -212,6 +214,18 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
         "-p",
         "cuda-interop-bench",
         "--bins",
+    ]);
+    run(build)?;
+    // The doctor (crate doctor/): what the machine can do, first in run.sh.
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--profile",
+        "gpu",
+        "-p",
+        "cuda-interop-doctor",
+        "--bin",
+        "cuda-interop-doctor",
     ]);
     run(build)?;
     for (dir, name) in binaries {

@@ -8,6 +8,8 @@
 //! cargo xtask wheel [--out DIR]                        the Python wheel and the GPU demo folder
 //! cargo xtask gpu-bundle                               the GPU machine's bundle (.gpu/, .gl/; run there: bash .gpu/bundle/run.sh)
 //! cargo xtask modgraph                                 each crate's module graph; fails on a cycle
+//! cargo xtask msrv [--deps-only]                      the stated rust-version is true for the locked dependencies and the code
+//! cargo xtask doctor [ARGS]                            can this machine do Vulkan-CUDA interop, and what is missing
 //! cargo xtask perf-table RUN_PREFIX [--note T] [--update FILE]   a GPU run's JSON as the README's tables
 //! ```
 //!
@@ -22,6 +24,7 @@ mod fresh;
 mod functions;
 mod gpu_bundle;
 mod modgraph;
+mod msrv;
 mod outdir;
 mod perf_table;
 mod summary;
@@ -48,6 +51,8 @@ fn main() -> ExitCode {
         Some("modgraph") => modgraph::run(&args[1..]),
         Some("gpu-bundle") => gpu_bundle::gpu_bundle(&args[1..]),
         Some("perf-table") => perf_table::run(&args[1..]),
+        Some("doctor") => doctor(&args[1..]),
+        Some("msrv") => msrv::run_msrv(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{}", USAGE);
             Ok(())
@@ -60,6 +65,27 @@ fn main() -> ExitCode {
             eprintln!("error: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `cargo xtask doctor`: builds and runs the `cuda-interop-doctor` binary
+/// (crate `doctor/`, which the GPU bundle carries too), whose exit status
+/// says whether interop works here.
+fn doctor(args: &[String]) -> Result<(), String> {
+    eprintln!("xtask doctor: building and running cuda-interop-doctor (crate doctor/)");
+    let mut doctor = fresh::cargo();
+    doctor
+        .args(["run", "--quiet", "-p", "cuda-interop-doctor", "--"])
+        .args(args);
+    let status = doctor
+        .status()
+        .map_err(|e| format!("could not run {doctor:?}: {e}"))?;
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(1) => {
+            Err("the doctor found that interop does not work here (see MISSING above)".into())
+        }
+        _ => Err(format!("cuda-interop-doctor failed ({status})")),
     }
 }
 
@@ -114,7 +140,7 @@ tasks:
       wrote there before are removed.
   gpu-bundle
       Builds the GPU test binaries of xtask/gpu/tests.txt (profiles gpu and
-      gpu-debug), round_trip, driver_info and the bench binaries, and
+      gpu-debug), round_trip, driver_info, the bench binaries and cuda-interop-doctor, and
       packs them with xtask/gpu/run.sh, the Vulkan loader packages (.gl/)
       and the validation layer (.gpu/vvl/), at most 60 MiB; then, on the
       GPU machine, from the repository root: bash .gpu/bundle/run.sh
@@ -122,6 +148,22 @@ tasks:
       Each workspace crate's module graph (references to crate::m,
       super::m, crate::{a, b}), its cycles, and the crate order; fails,
       naming the modules, if any crate has a cycle.
+  msrv [--deps-only]
+      Whether the stated rust-version is true: fails where a locked
+      dependency (of a build or of the tests) states a higher one; then,
+      with the stated toolchain installed, cargo +VERSION check --locked
+      --workspace --all-targets into target/msrv (without it, it fails
+      naming the rustup command, unless --deps-only).
+  doctor [--help]
+      Whether this machine can share memory and semaphores between Vulkan
+      and CUDA: Vulkan loader, devices, drivers, queue families (and
+      whether a transfer-only one exists), memory types, extensions,
+      external memory per handle type and image format, external binary
+      and timeline semaphores (OPAQUE_FD, SYNC_FD), the validation layer,
+      the CUDA driver, its version and devices, their pairing by UUID; for
+      each missing piece what to install or change. Runs the
+      cuda-interop-doctor binary (crate doctor/, also in the GPU bundle);
+      fails when interop does not work. Never needs a driver to run.
   perf-table RUN_PREFIX [--note TEXT] [--update FILE]
       The README's performance tables from RUN_PREFIX-{bench,host_wait,
       array_copy}.json (printed, or put between FILE's perf-table lines).";

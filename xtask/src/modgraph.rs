@@ -281,7 +281,7 @@ pub fn strip(text: &str) -> String {
             // r"..", r#".."#, br#".."#, cr#".."#: ends at `"` and `hashes` #s.
             let open = b[i..].iter().position(|&c| c == b'"').unwrap_or(0) + i + 1;
             let mut close = vec![b'"'];
-            close.extend(std::iter::repeat(b'#').take(hashes));
+            close.extend(std::iter::repeat_n(b'#', hashes));
             let mut j = open;
             while j < b.len() && !b[j..].starts_with(&close) {
                 if b[j] == b'\n' {

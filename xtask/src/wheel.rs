@@ -11,7 +11,10 @@
 //!   binaries, `python/examples/gpu_consumer.py`, `gpu_demo.sh` and `BUILD`
 //!   (the commit it was built from, and whether the tree was dirty, which
 //!   `gpu_demo.sh` prints first).
-//! * The wheel is written without maturin: a zip with the module and
+//! * The wheel is written without maturin: a zip with the package
+//!   `cuda_interop/` (the module as `cuda_interop.abi3.so`, an `__init__.py`
+//!   re-exporting it, the stubs `cuda-interop-py/cuda_interop.pyi` as
+//!   `__init__.pyi`, and `py.typed`) and
 //!   `cuda_interop-VERSION.dist-info/{METADATA,WHEEL,RECORD}` (RECORD with
 //!   each file's urlsafe-base64 SHA-256 and size), made by `python3`'s
 //!   `zipfile`. `pip install` accepts it on Linux of this architecture with
@@ -29,13 +32,24 @@ use std::process::Command;
 use crate::fresh::{cargo, run};
 
 /// The Python script that writes the wheel: argv = wheel path, module path,
-/// version, tag.
+/// version, tag, stub path. The wheel holds the package `cuda_interop` (as
+/// maturin lays out a Rust module with stubs): the extension as
+/// `cuda_interop/cuda_interop.abi3.so`, an `__init__.py` re-exporting it,
+/// the stubs as `__init__.pyi` and the PEP 561 marker `py.typed`.
 const MAKE_WHEEL: &str = r#"
 import base64, hashlib, sys, zipfile
-wheel, module, version, tag = sys.argv[1:5]
+wheel, module, version, tag, stub = sys.argv[1:6]
 dist = f"cuda_interop-{version}.dist-info"
+init = (
+    '"""Vulkan buffers shared by another process, in CUDA, as DLPack tensors."""\n'
+    "from .cuda_interop import *  # noqa: F401,F403\n"
+    "from .cuda_interop import __doc__, __version__, PROTOCOL_VERSION  # noqa: F401\n"
+)
 files = {
-    "cuda_interop.abi3.so": open(module, "rb").read(),
+    "cuda_interop/cuda_interop.abi3.so": open(module, "rb").read(),
+    "cuda_interop/__init__.py": init.encode(),
+    "cuda_interop/__init__.pyi": open(stub, "rb").read(),
+    "cuda_interop/py.typed": b"",
     f"{dist}/METADATA": (
         "Metadata-Version: 2.1\nName: cuda-interop\nVersion: " + version + "\n"
         "Summary: Receive Vulkan buffers shared by another process into CUDA, as DLPack tensors\n"
@@ -145,7 +159,8 @@ pub fn wheel(args: &[String]) -> Result<(), String> {
         .args(["-c", MAKE_WHEEL])
         .arg(&wheel)
         .arg(&module)
-        .args([version, tag.as_str()]);
+        .args([version, tag.as_str()])
+        .arg(root.join("cuda-interop-py").join("cuda_interop.pyi"));
     run(python)?;
     println!(
         "xtask: {} is ready; on the GPU machine: bash {}/gpu_demo.sh \

@@ -8,7 +8,7 @@ fn import(ctx: &Context, record: &ImageRecord<Rgba8Unorm>, fd: OwnedFd) {
     let _ = unsafe { ExportableImage::import_fd(ctx, record, fd) };
 }
 
-fn import_received(ctx: &Context, bundle: ReceivedImage<Rgba8Unorm, vk_export::markers::Optimal, vk_export::markers::DeviceLocal, vk_export::markers::usage::Storage>) {
+fn import_received(ctx: &Context, bundle: ReceivedImage<Rgba8Unorm>) {
     let _ = ExportableImage::import_received(ctx, bundle);
 }
 

@@ -1,0 +1,218 @@
+//! The doctor: whether this machine can share memory and semaphores between
+//! Vulkan and CUDA, and, for each missing piece, what to install or change.
+//!
+//! # Contract
+//!
+//! * [`diagnose`] never panics and never needs a driver: a missing Vulkan
+//!   loader, Vulkan device, CUDA driver or CUDA device is a finding with its
+//!   fix, not an error. It creates one Vulkan instance (no layer, no
+//!   device) and destroys it before it returns; on the CUDA side it loads
+//!   the driver and lists devices, creating no context.
+//! * The report ([`Report`], `Display`) lists the Vulkan devices (name,
+//!   UUIDs, driver, API version, queue families and whether a transfer-only
+//!   family exists, memory types, extensions, timeline semaphores, external
+//!   memory per handle type for buffers and per format for optimal images,
+//!   external semaphores per kind and handle type, SYNC_FD among them), the
+//!   validation layer, the CUDA driver (library, version) and devices, the
+//!   UUID pairing, and what it did not check (CIG, the graphics-engine
+//!   switch cost: see the bench).
+//! * [`Report::ready`] is true when at least one Vulkan device with
+//!   OPAQUE_FD memory export and import is paired by UUID with a CUDA
+//!   device: the binary `cuda-interop-doctor` exits 0 then, 1 otherwise.
+//! * Modules: `vulkan` and `cuda` probe one side each and use no other
+//!   module; this file pairs and prints.
+
+use std::fmt;
+
+mod cuda;
+mod vulkan;
+
+pub use cuda::{CudaDeviceInfo, CudaReport};
+pub use vulkan::{Support, VulkanDeviceInfo, VulkanReport};
+
+/// One thing the doctor looked at: what it found and, when it is missing,
+/// what to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    /// Whether this piece is there.
+    pub ok: bool,
+    /// What was looked at and found.
+    pub what: String,
+    /// What to install or change (for a missing piece).
+    pub fix: Option<String>,
+}
+
+impl Finding {
+    pub(crate) fn ok(what: impl Into<String>) -> Finding {
+        Finding {
+            ok: true,
+            what: what.into(),
+            fix: None,
+        }
+    }
+
+    pub(crate) fn missing(what: impl Into<String>, fix: impl Into<String>) -> Finding {
+        Finding {
+            ok: false,
+            what: what.into(),
+            fix: Some(fix.into()),
+        }
+    }
+}
+
+/// A Vulkan device and the CUDA device with the same `deviceUUID`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pair {
+    /// The Vulkan device's name.
+    pub vulkan: String,
+    /// The CUDA device's ordinal and name.
+    pub cuda: (i32, String),
+    /// The shared UUID.
+    pub uuid: String,
+    /// Whether the Vulkan device can export and import OPAQUE_FD memory.
+    pub memory: bool,
+    /// Whether it can export and import OPAQUE_FD timeline semaphores.
+    pub timeline: bool,
+}
+
+/// What [`diagnose`] found.
+#[derive(Debug)]
+pub struct Report {
+    /// The Vulkan side.
+    pub vulkan: VulkanReport,
+    /// The CUDA side.
+    pub cuda: CudaReport,
+    /// The devices paired by UUID.
+    pub pairs: Vec<Pair>,
+    /// Pairing findings (none paired, and why).
+    pub pairing: Vec<Finding>,
+}
+
+impl Report {
+    /// Whether memory interop works on at least one device pair.
+    pub fn ready(&self) -> bool {
+        self.pairs.iter().any(|p| p.memory)
+    }
+}
+
+/// Looks at this machine's Vulkan and CUDA drivers and devices.
+pub fn diagnose() -> Report {
+    let vulkan = vulkan::probe();
+    let cuda = cuda::probe();
+    let mut pairs = Vec::new();
+    for v in &vulkan.devices {
+        if let Some(c) = cuda.devices.iter().find(|c| c.uuid == v.device_uuid) {
+            pairs.push(Pair {
+                vulkan: v.name.clone(),
+                cuda: (c.ordinal, c.name.clone()),
+                uuid: v.device_uuid.clone(),
+                memory: v.opaque_fd_memory(),
+                timeline: v.opaque_fd_timeline(),
+            });
+        }
+    }
+    let mut pairing = Vec::new();
+    if pairs.is_empty() {
+        let fix = match (vulkan.devices.is_empty(), cuda.devices.is_empty()) {
+            (true, true) => "a Vulkan device and a CUDA device are needed (see above)",
+            (true, false) => "no Vulkan device: see the Vulkan findings above",
+            (false, true) => "no CUDA device: see the CUDA findings above",
+            (false, false) => {
+                "no Vulkan device has the UUID of a CUDA device: the Vulkan device is another \
+                 GPU's or a software driver's (lavapipe), or CUDA shows a MIG instance (its UUID \
+                 is not the GPU's) or another subset (CUDA_VISIBLE_DEVICES); run on the NVIDIA \
+                 driver's Vulkan ICD of the same GPU (VK_DRIVER_FILES=/usr/share/vulkan/icd.d/\
+                 nvidia_icd.json) with MIG off"
+            }
+        };
+        pairing.push(Finding::missing(
+            "no Vulkan device paired with a CUDA device",
+            fix,
+        ));
+    }
+    for p in &pairs {
+        if !p.memory {
+            pairing.push(Finding::missing(
+                format!("{} is paired with CUDA device {}, but cannot share OPAQUE_FD memory", p.vulkan, p.cuda.0),
+                "VK_KHR_external_memory_fd with OPAQUE_FD export and import is needed: update the NVIDIA driver",
+            ));
+        } else if !p.timeline {
+            pairing.push(Finding::missing(
+                format!("{} shares memory with CUDA device {}, but no OPAQUE_FD timeline semaphores", p.vulkan, p.cuda.0),
+                "semaphore sharing needs VK_KHR_external_semaphore_fd and timeline semaphores (Vulkan 1.2): update the driver",
+            ));
+        }
+    }
+    Report {
+        vulkan,
+        cuda,
+        pairs,
+        pairing,
+    }
+}
+
+/// Writes a finding: `ok` or `MISSING`, and the fix on the next line.
+fn write_finding(f: &mut fmt::Formatter<'_>, indent: &str, finding: &Finding) -> fmt::Result {
+    let mark = if finding.ok { "ok     " } else { "MISSING" };
+    writeln!(f, "{indent}{mark} {}", finding.what)?;
+    if let Some(fix) = &finding.fix {
+        writeln!(f, "{indent}        fix: {fix}")?;
+    }
+    Ok(())
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "Vulkan")?;
+        for finding in &self.vulkan.findings {
+            write_finding(f, "  ", finding)?;
+        }
+        for d in &self.vulkan.devices {
+            d.write(f)?;
+        }
+        writeln!(f, "CUDA")?;
+        for finding in &self.cuda.findings {
+            write_finding(f, "  ", finding)?;
+        }
+        for d in &self.cuda.devices {
+            writeln!(f, "  device {}: {} (uuid {})", d.ordinal, d.name, d.uuid)?;
+        }
+        writeln!(f, "Pairing (Vulkan deviceUUID = CUDA device UUID)")?;
+        for p in &self.pairs {
+            writeln!(
+                f,
+                "  ok      {} <-> CUDA device {} ({}), uuid {}: memory {}, timeline semaphores {}",
+                p.vulkan,
+                p.cuda.0,
+                p.cuda.1,
+                p.uuid,
+                yes_no(p.memory),
+                yes_no(p.timeline)
+            )?;
+        }
+        for finding in &self.pairing {
+            write_finding(f, "  ", finding)?;
+        }
+        writeln!(f, "Not checked")?;
+        writeln!(
+            f,
+            "  CIG (CUDA in graphics contexts) and the graphics-engine switch cost between \
+             Vulkan and CUDA work are not probed; the switch cost is measured by the bench \
+             (cargo run -p cuda-interop-bench --release, scenario S2, on a GPU)"
+        )?;
+        let verdict = if self.ready() {
+            "interop works on this machine"
+        } else {
+            "interop does not work on this machine (see MISSING above)"
+        };
+        writeln!(f, "Verdict: {verdict}")
+    }
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
