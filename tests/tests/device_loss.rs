@@ -141,7 +141,8 @@ fn child_fake_sticky_error_mid_work() {
 /// process exits. The layer reports the raw submission (VUID 03242); what
 /// it reports after the loss (the failed submissions' command buffer,
 /// fence and objects "in use": it does not know the device is lost) is
-/// printed, not failed.
+/// printed, not failed. On another driver the child prints "NOT RUN" and
+/// returns: the loss is provoked on lavapipe only.
 #[test]
 fn a_lost_vulkan_device_makes_every_later_call_typed_and_nothing_hangs() {
     let _fds = fds::lock();
@@ -156,6 +157,15 @@ fn a_lost_vulkan_device_makes_every_later_call_typed_and_nothing_hangs() {
 fn child_vulkan_device_loss() {
     child::started_as_child("CUDA_INTEROP_CHILD_VULKAN_DEVICE_LOSS");
     let ctx = vulkan(None);
+    if !ctx.identity().name.contains("llvmpipe") {
+        // Only lavapipe is known to lose the device for this submission;
+        // another driver may take it (or hang): nothing of this test ran.
+        println!(
+            "NOT RUN on {}: the device loss is provoked on lavapipe only",
+            ctx.identity().name
+        );
+        return;
+    }
     let buffer = ExportableBuffer::<Mem>::new(&ctx, 4096).unwrap();
     let timeline = TimelineSemaphore::new_local(&ctx).unwrap();
     let waited = TimelineSemaphore::new_local(&ctx).unwrap();
