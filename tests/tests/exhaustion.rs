@@ -33,7 +33,7 @@ use vk_export::{Error, ExportableBuffer};
 fn without_free_fds<R>(f: impl FnOnce() -> R) -> R {
     let lowest_free = std::fs::File::open("/dev/null").unwrap().as_raw_fd();
     let old = getrlimit(Limit::Nofile);
-    let mut low = old.clone();
+    let mut low = old;
     low.current = Some(lowest_free as u64);
     setrlimit(Limit::Nofile, low).unwrap();
     assert!(
@@ -337,8 +337,8 @@ fn child_vulkan_fd_exhaustion() {
         }) => {
             let ids = ctx.validation_error_ids();
             assert!(
-                ids.len() == 1 && ids[0].contains("lavapipe/lvp_device.c"),
-                "only the driver's report of the allocation's result: {ids:?}"
+                ids.iter().all(|id| !id.starts_with("VUID-")),
+                "only the driver's report of the allocation's result, no layer VUID: {ids:?}"
             );
         }
         Err(e) => panic!("creating failed, but not as out of memory: {e}"),
