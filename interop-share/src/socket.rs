@@ -281,6 +281,16 @@ impl Connection {
     /// Wraps an already connected `SOCK_SEQPACKET` socket whose peer runs as
     /// this user ([`Error::PeerRefused`] otherwise).
     pub fn from_fd(fd: OwnedFd) -> Result<Connection> {
+        // A stream socket has no message boundaries: a record could arrive
+        // in pieces or run into the next one, its fds apart from it.
+        let kind =
+            rustix::net::sockopt::socket_type(&fd).map_err(Error::socket("getsockopt(SO_TYPE)"))?;
+        if kind != SocketType::SEQPACKET {
+            return Err(Error::InvalidArgument(format!(
+                "a connection needs a SOCK_SEQPACKET socket (each message whole, its fds with it), not \
+                 {kind:?}: make both ends with SocketType::SEQPACKET"
+            )));
+        }
         let peer = peer_credentials(fd.as_fd())?;
         check_same_user(peer, &[rustix::process::getuid().as_raw()])?;
         set_send_timeout(&fd, DEFAULT_SEND_TIMEOUT)?;

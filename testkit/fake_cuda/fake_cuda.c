@@ -4,7 +4,8 @@
  * context is current for calls that need one (and that a resource is used
  * in the context that made it), counts live objects (fake_cuda_live), keeps
  * an imported fd until its import is destroyed, and lets the test make
- * imports fail, make enqueued work take time, lower device limits, and
+ * imports and mappings fail, raise a sticky error on every later call
+ * (sticky: what an illegal address does), make enqueued work take time, lower device limits, and
  * choose the devices and their UUIDs (fake_cuda_set*). No GPU is touched:
  * mapped "device" memory is host memory. */
 #include <errno.h>
@@ -31,6 +32,7 @@ enum {
     INVALID_VALUE = 1,
     OUT_OF_MEMORY = 2,
     INVALID_CONTEXT = 201,
+    ILLEGAL_ADDRESS = 700,
     INVALID_HANDLE = 400,
     NOT_READY = 600,
     NOT_PERMITTED = 800,
@@ -139,6 +141,8 @@ static char *logbuf;
 static size_t loglen, logcap;
 
 static long long import_fail = 0;       /* CUresult the imports return (0: succeed) */
+static long long map_fail = 0;          /* CUresult the buffer and array mappings return (0: succeed) */
+static long long sticky = 0;            /* a sticky error (e.g. 700): every call needing a context returns it */
 static long long close_on_fail = 0;     /* a failed import closes its fd (Mesa's habit) */
 static long long alloc_size = 0;        /* the allocation behind every fd (0: as large as imported) */
 static long long latency_ms = 0;        /* enqueued work completes after this (-1: never) */
@@ -223,6 +227,10 @@ static int all_zero(const unsigned int *words, int n) {
 
 /* A call that needs a current context, on an object of `kind` (or none). */
 static CUresult need(Obj *o, int kind, const char *call) {
+    if (sticky) {
+        say("%s error=sticky code=%lld", call, sticky);
+        return (CUresult)sticky;
+    }
     if (in_host_function) {
         say("%s error=cuda-call-in-host-function", call);
         return NOT_PERMITTED;
@@ -292,6 +300,8 @@ void fake_cuda_clear_log(void) {
 int fake_cuda_set(const char *key, long long value) {
     if (!strcmp(key, "import_fail")) import_fail = value;
     else if (!strcmp(key, "close_on_fail")) close_on_fail = value;
+    else if (!strcmp(key, "map_fail")) map_fail = value;
+    else if (!strcmp(key, "sticky")) sticky = value;
     else if (!strcmp(key, "alloc_size")) alloc_size = value;
     else if (!strcmp(key, "latency_ms")) latency_ms = value;
     else if (!strcmp(key, "max_surface2d")) max_surface2d = value;
@@ -338,6 +348,7 @@ static const char *name_of(CUresult r) {
     case INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
     case OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
     case INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
+    case ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
     case INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
     case NOT_READY: return "CUDA_ERROR_NOT_READY";
     case NOT_PERMITTED: return "CUDA_ERROR_NOT_PERMITTED";
@@ -475,6 +486,7 @@ CUresult cuExternalMemoryGetMappedBuffer(CUdeviceptr *ptr, void *h, const Buffer
     /* As the H200's driver: the import takes any size, a mapping past the
        real allocation does not. */
     if (alloc_size && d->offset + d->size > (unsigned long long)alloc_size) return INVALID_VALUE;
+    if (map_fail) return (CUresult)map_fail;
     Obj *o = make(K_BUFFER);
     o->size = d->size;
     o->bytes = calloc(1, d->size);
@@ -523,6 +535,7 @@ CUresult cuExternalMemoryGetMappedMipmappedArray(void **out, void *h, const Mipm
         current(), d->offset, a->Width, a->Height, a->Depth, a->Format, a->NumChannels, a->Flags, d->numLevels,
         all_zero(d->reserved, 16));
     if (!all_zero(d->reserved, 16) || d->numLevels == 0 || d->numLevels > 16) return INVALID_VALUE;
+    if (map_fail) return (CUresult)map_fail;
     Obj *o = make(K_ARRAY);
     o->flags = a->Flags;
     o->levels = d->numLevels;

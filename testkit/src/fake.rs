@@ -6,8 +6,9 @@
 //! The fake records every descriptor the crate hands the driver, insists
 //! that a context is current (and that a handle is used in the context that
 //! made it), keeps an imported fd until the import is destroyed, counts live
-//! objects, and can fail imports, delay enqueued work, lower device limits
-//! and list several devices. What it shows is what the crate does before and
+//! objects, and can fail imports and mappings, raise a sticky error on every
+//! later call, delay enqueued work, lower device limits and list several
+//! devices. What it shows is what the crate does before and
 //! around the driver, never the real driver's answer.
 //!
 //! # Contract
@@ -157,7 +158,10 @@ impl Fake {
     }
 
     /// Sets one of the fake's knobs (`import_fail`, `close_on_fail`,
-    /// `latency_ms`, `max_surface2d`, `max_tex2d_mipmapped`).
+    /// `map_fail` (the CUresult of buffer and array mappings), `sticky`
+    /// (a CUresult every call that needs a context returns from now on, as
+    /// after an illegal address), `latency_ms`, `max_surface2d`,
+    /// `max_tex2d_mipmapped`).
     pub fn set(&self, key: &str, value: i64) {
         let key = CString::new(key).unwrap();
         // SAFETY: fake_cuda.c defines `int fake_cuda_set(const char *key, long

@@ -104,7 +104,24 @@ pub(crate) fn export_memory_fd(ctx: &Context, memory: vk::DeviceMemory) -> Resul
         "vkGetMemoryFdKHR",
         "too many open files, or out of memory",
     ))?;
-    // SAFETY: vkGetMemoryFdKHR returns a new fd whose ownership passes to us.
+    owned_export_fd("vkGetMemoryFdKHR", fd)
+}
+
+/// Takes ownership of the fd an export call returned with `VK_SUCCESS`. A
+/// driver may report success and hand back -1 when the process has no fd
+/// free (Mesa 22.3's lavapipe does not check its `dup` under `EMFILE`):
+/// that is an error, never an `OwnedFd` (for which -1 is not a value).
+pub(crate) fn owned_export_fd(call: &'static str, fd: i32) -> Result<OwnedFd> {
+    if fd < 0 {
+        return Err(Error::Vulkan {
+            call,
+            result: vk::Result::ERROR_TOO_MANY_OBJECTS,
+            hint: "the driver reported success but returned no fd (-1): the process is probably out of fds \
+                   (EMFILE); close fds or raise RLIMIT_NOFILE",
+        });
+    }
+    // SAFETY: a non-negative fd the export call returned as a new fd whose
+    // ownership passes to us.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 

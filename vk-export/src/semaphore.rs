@@ -411,8 +411,7 @@ impl<K: SemaphoreKind> Semaphore<K> {
         // SAFETY: created with OPAQUE_FD export info.
         let fd = unsafe { self.loader()?.get_semaphore_fd(&info) }
             .map_err(vk_error("vkGetSemaphoreFdKHR", "too many open files"))?;
-        // SAFETY: a new fd owned by the caller.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        crate::memory::owned_export_fd("vkGetSemaphoreFdKHR", fd)
     }
 
     /// What an importer needs, typed.
