@@ -407,7 +407,33 @@ impl Engine {
             Ok(()) => {
                 // SAFETY: the fence signalled; nothing waits on it.
                 unsafe { device.reset_fences(&[fence]) }
-                    .map_err(vk_error("vkResetFences", "out of memory"))
+                    .map_err(vk_error("vkResetFences", "out of memory"))?;
+                // A returned helper's timeline signals read as done: a driver
+                // may signal the fence before it updates the counters
+                // (lavapipe under load: a host signal right after a helper
+                // saw the value it had signalled still pending).
+                let (semaphores, values): (Vec<_>, Vec<_>) = sync
+                    .signal_semaphores
+                    .iter()
+                    .zip(&sync.signal_values)
+                    .filter(|(_, v)| **v > 0)
+                    .map(|(s, v)| (*s, *v))
+                    .chain([(this.progress, value)])
+                    .unzip();
+                let info = vk::SemaphoreWaitInfo::default()
+                    .semaphores(&semaphores)
+                    .values(&values);
+                // SAFETY: live timeline semaphores of this device (the
+                // callers borrow them for the call); arrays live across it.
+                match unsafe { device.wait_semaphores(&info, nanos) } {
+                    Ok(()) => Ok(()),
+                    Err(vk::Result::TIMEOUT) => Err(Error::Timeout(timeout)),
+                    Err(e) => Err(Error::Vulkan {
+                        call: "vkWaitSemaphores (after the fence)",
+                        result: e,
+                        hint: "the device was lost",
+                    }),
+                }
             }
             Err(vk::Result::TIMEOUT) => {
                 let slot = self.idle.take().expect("the slot in use");
