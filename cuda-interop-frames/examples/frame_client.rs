@@ -49,9 +49,12 @@ struct Args {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    check_args(&args, &[], &["--socket", "--frames", "--timeout"], |_| {
-        false
-    });
+    check_args(
+        &args,
+        &["--list", "--lossless", "--no-check"],
+        &["--socket", "--name", "--frames", "--timeout", "--hold-ms"],
+        |_| false,
+    );
     let value = |name: &str| {
         args.iter()
             .position(|a| a == name)
@@ -244,7 +247,7 @@ fn run(a: &Args) -> Res<u64> {
 }
 
 /// What `--help` prints (and a refused argument is followed by).
-const USAGE: &str = "usage: frame_client [--socket PATH] [--frames 300] [--timeout 10]";
+const USAGE: &str = "usage: frame_client [--name NAME | --socket PATH] [--frames 300] [--timeout 10]\n    [--lossless] [--no-check] [--hold-ms MS]\n       frame_client --list";
 
 /// Answers `-h`/`--help` with [`USAGE`] (exit 0) and refuses, with it
 /// (exit 2), an argument that is none of `flags`, not the value after one of

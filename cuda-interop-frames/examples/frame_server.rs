@@ -48,6 +48,7 @@ fn options() -> Result<ProducerOptions, String> {
         &["--host-visible", "--no-semaphores"],
         &[
             "--socket",
+            "--name",
             "--width",
             "--height",
             "--row-pitch",
@@ -122,7 +123,7 @@ fn main() -> ExitCode {
 }
 
 /// What `--help` prints (and a refused argument is followed by).
-const USAGE: &str = "usage: frame_server [--socket PATH] [--width 1920] [--height 1080] [--row-pitch BYTES]\n    [--slots 4] [--seconds 300] [--frames N] [--fps F] [--hold-timeout 5] [--device UUID]\n    [--host-visible] [--no-semaphores]";
+const USAGE: &str = "usage: frame_server [--name NAME] [--socket PATH] [--width 1920] [--height 1080] [--row-pitch BYTES]\n    [--slots 4] [--seconds 300] [--frames N] [--fps F] [--hold-timeout 5] [--device UUID]\n    [--host-visible] [--no-semaphores]";
 
 /// Answers `-h`/`--help` with [`USAGE`] (exit 0) and refuses, with it
 /// (exit 2), an argument that is none of `flags`, not the value after one of

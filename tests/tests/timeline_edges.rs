@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use cuda_interop::Stream;
 use cuda_interop_testkit::gpu::pair;
-use cuda_interop_testkit::{assert_no_validation_errors, fds, vulkan, TIMEOUT};
+use cuda_interop_testkit::{
+    assert_no_validation_errors, assert_no_validation_errors_except, fds, vulkan, TIMEOUT,
+};
 use vk_export::{Error, SubmitSync, TimelineSemaphore, WaitStrategy};
 
 /// `u64::MAX` and the largest difference: a host signal exactly
@@ -89,10 +91,19 @@ fn the_largest_difference_and_u64_max_are_exact_bounds() {
     assert_no_validation_errors(&ctx);
 }
 
+/// The layer's own "most likely a validation bug" of its timeline tracking.
+const LAYER_TIMELINE_STATE_TIMEOUT: &str = "UNASSIGNED-VkSemaphore-state-timeout";
+
 /// Waits made before their signal: a host wait for 7 and a submission
 /// waiting on 7 (both started first, on threads of their own) return once
 /// the host signals 7; a wait for a value below the current one returns at
-/// once. Zero validation errors.
+/// once. No validation error but one: under load (once in a CI-like run on
+/// two busy cores) Debian's layer (1.3.239) reported
+/// `UNASSIGNED-VkSemaphore-state-timeout`, "Timeout waiting for timeline
+/// semaphore state to update. This is most likely a validation bug", after
+/// ten seconds of its own tracking of this wait-before-signal: its words,
+/// about its own state; the waits themselves returned and the value is
+/// checked.
 #[test]
 fn waits_made_before_their_signal_return_once_it_comes() {
     let _fds = fds::lock();
@@ -121,7 +132,7 @@ fn waits_made_before_their_signal_return_once_it_comes() {
     timeline
         .wait(3, Duration::ZERO, WaitStrategy::Block)
         .unwrap();
-    assert_no_validation_errors(&ctx);
+    assert_no_validation_errors_except(&ctx, &[LAYER_TIMELINE_STATE_TIMEOUT]);
 }
 
 /// A host signal and a submitted signal of the same value, racing from two
