@@ -768,7 +768,7 @@ impl<M: MemoryLocation> Sender<M> {
     fn releases_reached(&self, slot: usize) -> bool {
         self.peers
             .iter()
-            .all(|p| p.gpu_wait[slot].map_or(true, |v| reached(&p.released[slot], v)))
+            .all(|p| p.gpu_wait[slot].is_none_or(|v| reached(&p.released[slot], v)))
     }
 
     /// A free slot (preferring one whose GPU releases are done), or whether

@@ -493,7 +493,7 @@ fn child_fds_flat() {
     let cycle = {
         let path = path.clone();
         move |i: u32| {
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 let rx = FrameReceiver::connect(&path, Delivery::Latest, Duration::from_secs(10))
                     .expect("connect");
                 drop(rx);

@@ -359,7 +359,7 @@ impl Engine {
                 let last = other.last_submitted.load(Ordering::Acquire);
                 // SAFETY: a live timeline semaphore of this device.
                 let done = unsafe { device.get_semaphore_counter_value(other.progress) };
-                if i != lane && last > 0 && done.map_or(true, |d| d < last) {
+                if i != lane && last > 0 && !done.is_ok_and(|d| d >= last) {
                     wait_semaphores.push(other.progress);
                     wait_values.push(last);
                 }
