@@ -80,6 +80,7 @@ const OUTPUTS: &[&str] = &[
     "frame_client",
     "gpu_consumer.py",
     "gpu_demo.sh",
+    "frames_measure.sh",
     "BUILD",
 ];
 
@@ -146,7 +147,7 @@ pub fn wheel(args: &[String]) -> Result<(), String> {
     for example in ["frame_server", "frame_client"] {
         copy(&release.join("examples").join(example), &out.join(example))?;
     }
-    for script in ["gpu_consumer.py", "gpu_demo.sh"] {
+    for script in ["gpu_consumer.py", "gpu_demo.sh", "frames_measure.sh"] {
         copy(
             &root.join("python").join("examples").join(script),
             &out.join(script),
