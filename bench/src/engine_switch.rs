@@ -506,6 +506,50 @@ fn row(case: &str, value: f64, baseline: Option<(&str, f64)>) {
 
 const OP: &str = "the CUDA op (4-byte memset, event record, host spin on the event)";
 
+/// A family's name in the rows.
+fn family_name(index: u32, flags: vk::QueueFlags) -> String {
+    format!("family {index} ({flags:?})")
+}
+
+/// The cases the parent reads back ([`two_switches`]), one format each for
+/// the child and the parent.
+fn floor_case() -> String {
+    format!("floor: {OP}, nothing before")
+}
+
+fn fill_alone_case(family: &str) -> String {
+    format!("{family}: reverse: a fill + fence alone (after Vulkan work)")
+}
+
+fn whole_cycle_case(family: &str) -> String {
+    format!("{family}: whole cycle: a fill + fence, then {OP}")
+}
+
+/// The two switches S8 measured on `family` with `CUDA_DEVICE_MAX_CONNECTIONS`
+/// unset, in µs, from the rows [`s8`] merged into `report`: the whole cycle
+/// (a fill + fence, then the CUDA op) minus a fill + fence alone minus the
+/// floor, p50s. `None` where S8 did not measure them (skipped or failed).
+pub(crate) fn two_switches(report: &Report, family: u32) -> Option<f64> {
+    let unset = format!("{VAR} unset: ");
+    let p50 = |case_of: &dyn Fn(&str) -> String| {
+        let (prefix, suffix) = (
+            format!("family {family} ("),
+            format!("{}: p50", case_of("")),
+        );
+        report.rows.iter().find_map(|r| {
+            let rest = r.case.strip_prefix(&unset)?;
+            (r.scenario == "S8" && rest.starts_with(&prefix) && rest.ends_with(&suffix))
+                .then_some(r.value)
+        })
+    };
+    let floor = report
+        .rows
+        .iter()
+        .find(|r| r.scenario == "S8" && r.case == format!("{unset}{}: p50", floor_case()))?
+        .value;
+    Some(p50(&whole_cycle_case)? - p50(&fill_alone_case)? - floor)
+}
+
 fn measure(ctx: &Context, cuda: &CudaDevice, n: usize) -> Res<()> {
     let driver = sys::Driver::global().map_err(|e| e.to_string())?;
     let fns = driver.fns();
@@ -641,7 +685,7 @@ fn measure(ctx: &Context, cuda: &CudaDevice, n: usize) -> Res<()> {
         cuda_op(None)?;
     }
     let (floor50, floor99) = leg(n, || cuda_op(None))?;
-    row(&format!("floor: {OP}, nothing before: p50"), floor50, None);
+    row(&format!("{}: p50", floor_case()), floor50, None);
     row("floor: p99", floor99, None);
     let vs = |case: String, (p50, p99): (f64, f64)| {
         row(&format!("{case}: p50"), p50, Some(("floor p50", floor50)));
@@ -663,7 +707,7 @@ fn measure(ctx: &Context, cuda: &CudaDevice, n: usize) -> Res<()> {
         })?,
     );
     for f in &raw.families {
-        let name = format!("family {} ({:?})", f.index, f.flags);
+        let name = family_name(f.index, f.flags);
         vs(
             format!(
                 "{name}: a queue submit of only a semaphore signal, then CUDA waits on it + {OP}"
@@ -718,10 +762,7 @@ fn measure(ctx: &Context, cuda: &CudaDevice, n: usize) -> Res<()> {
             fill_and_fence(f.queue, cb)?;
             Ok(start.elapsed())
         })?;
-        vs(
-            format!("{name}: reverse: a fill + fence alone (after Vulkan work)"),
-            alone,
-        );
+        vs(fill_alone_case(&name), alone);
         let after_cuda = leg(n, || {
             cuda_op(None)?;
             let start = Instant::now();
@@ -738,7 +779,7 @@ fn measure(ctx: &Context, cuda: &CudaDevice, n: usize) -> Res<()> {
             Some(("fill + fence alone p50", alone.0)),
         );
         vs(
-            format!("{name}: whole cycle: a fill + fence, then {OP}"),
+            whole_cycle_case(&name),
             leg(n, || {
                 let start = Instant::now();
                 fill_and_fence(f.queue, cb)?;

@@ -1,8 +1,11 @@
 //! The performance suite (issue 11; the scenarios of INTEROP-RULES B.3).
 //!
 //! ```text
-//! bench [--quick] [--json PATH]
+//! bench [--quick] [--vulkan-only] [--json PATH]
 //! ```
+//!
+//! `--vulkan-only` runs only what needs no CUDA (as on a machine without
+//! it): the Vulkan drift cycle and the producer variants' Vulkan half.
 //!
 //! Every figure is printed with its baseline from the same run:
 //!
@@ -53,6 +56,7 @@ mod producer;
 mod report;
 mod scenarios;
 mod two_process;
+mod variants;
 
 use std::process::ExitCode;
 
@@ -83,7 +87,8 @@ fn main() -> ExitCode {
         .iter()
         .position(|a| a == "--json")
         .and_then(|i| args.get(i + 1).cloned());
-    match scenarios::run(quick, json.as_deref()) {
+    let vulkan_only = args.iter().any(|a| a == "--vulkan-only");
+    match scenarios::run(quick, vulkan_only, json.as_deref()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench: {e}");
