@@ -18,7 +18,10 @@
 //!   process of this binary (`bench --s8-child`), unset and `=1`, and the
 //!   parent merges the rows the children print (`S8ROW`, `S8NOTE`, `S8SKIP`
 //!   lines). A child that finds no CUDA device says so (`S8SKIP`), and the
-//!   parent reports S8 as skipped, with the reason.
+//!   parent reports S8 as skipped, with the reason. [`two_switches`] reads
+//!   the main family's two switches back from the merged rows (S3 sets the
+//!   render producer's overhead against them); the case names it matches
+//!   are built by the same functions the child prints them with.
 //! * The child creates its own `VkDevice` on the paired physical device with
 //!   one queue of every family (raw ash calls: the measurement legs, like
 //!   S6's raw baseline), and imports one timeline semaphore of it into CUDA
@@ -790,4 +793,44 @@ fn measure(ctx: &Context, cuda: &CudaDevice, n: usize) -> Res<()> {
     }
     drop(context);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows as the parent merges them from a child (`{label}: {case}`).
+    fn merged(report: &mut Report, label: &str, case: String, value: f64) {
+        report.add("S8", format!("{label}: {case}: p50"), value, "us");
+    }
+
+    #[test]
+    fn two_switches_reads_the_main_familys_rows_of_the_unset_child() {
+        let mut report = Report::default();
+        let graphics = vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE;
+        let transfer = vk::QueueFlags::TRANSFER;
+        for (label, scale) in [(format!("{VAR}=1"), 2.0), (format!("{VAR} unset"), 1.0)] {
+            merged(&mut report, &label, floor_case(), 5.0 * scale);
+            for (index, flags, cycle, alone) in [
+                (1, transfer, 17.0, 7.0),
+                (10, graphics, 900.0, 10.0),
+                (0, graphics, 324.0, 13.0),
+            ] {
+                let name = family_name(index, flags);
+                merged(&mut report, &label, whole_cycle_case(&name), cycle * scale);
+                merged(&mut report, &label, fill_alone_case(&name), alone * scale);
+            }
+        }
+        // 324 - 13 - 5 on family 0 (not family 10's rows, not the =1 child's).
+        assert_eq!(two_switches(&report, 0), Some(306.0));
+        assert_eq!(two_switches(&report, 1), Some(5.0));
+        assert_eq!(two_switches(&report, 2), None);
+    }
+
+    #[test]
+    fn two_switches_is_none_without_s8_rows() {
+        let mut report = Report::default();
+        report.add("S2", "CUDA-only floor: p50", 5.0, "us");
+        assert_eq!(two_switches(&report, 0), None);
+    }
 }
