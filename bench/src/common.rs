@@ -11,12 +11,33 @@
 use std::time::Duration;
 
 use cuda_interop::Stream;
+use vk_export::ash::vk;
 use vk_export::markers::{usage, DeviceLocal, Optimal};
-use vk_export::{ExportableImage, WaitStrategy};
+use vk_export::{Context, ExportableImage, WaitStrategy};
 
 /// The images every scenario uses: what a CUDA array copy needs (optimal,
 /// device-local, storage usage for a surface).
 pub(crate) type Img<F> = ExportableImage<F, Optimal, DeviceLocal, usage::Storage>;
+
+/// Whether the device has memory of the `DeviceLocal` class (device-local,
+/// not host-visible); lavapipe has none, and the Vulkan-only parts run in
+/// the class it has.
+pub(crate) fn has_device_local_only(ctx: &Context) -> bool {
+    // SAFETY: the context's physical device of its live instance.
+    let memory = unsafe {
+        ctx.instance()
+            .get_physical_device_memory_properties(ctx.physical_device())
+    };
+    memory.memory_types[..memory.memory_type_count as usize]
+        .iter()
+        .any(|t| {
+            t.property_flags
+                .contains(vk::MemoryPropertyFlags::DEVICE_LOCAL)
+                && !t
+                    .property_flags
+                    .contains(vk::MemoryPropertyFlags::HOST_VISIBLE)
+        })
+}
 
 /// A host wait that spins on the counter: the same policy as the C loop.
 pub(crate) const SPIN: WaitStrategy = WaitStrategy::Poll {

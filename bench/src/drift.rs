@@ -19,7 +19,6 @@
 use std::time::{Duration, Instant};
 
 use cuda_interop::CudaDevice;
-use vk_export::ash::vk;
 use vk_export::format::Rgba8Unorm;
 use vk_export::markers::{HostVisible, MemoryLocation, Optimal};
 use vk_export::{
@@ -148,20 +147,7 @@ pub(crate) fn vulkan(ctx: &Context, report: &mut Report, cycles: usize) -> Res<(
     })?;
     // lavapipe has no device-local memory: the cycle runs in the class the
     // device offers.
-    // SAFETY: the context's physical device of its live instance.
-    let memory = unsafe {
-        ctx.instance()
-            .get_physical_device_memory_properties(ctx.physical_device())
-    };
-    let device_local_only = memory.memory_types[..memory.memory_type_count as usize]
-        .iter()
-        .any(|t| {
-            t.property_flags
-                .contains(vk::MemoryPropertyFlags::DEVICE_LOCAL)
-                && !t
-                    .property_flags
-                    .contains(vk::MemoryPropertyFlags::HOST_VISIBLE)
-        });
+    let device_local_only = crate::common::has_device_local_only(ctx);
     if device_local_only {
         vulkan_in::<vk_export::markers::DeviceLocal>(ctx, &other, report, cycles, "device-local")
     } else {

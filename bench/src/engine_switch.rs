@@ -18,7 +18,10 @@
 //!   process of this binary (`bench --s8-child`), unset and `=1`, and the
 //!   parent merges the rows the children print (`S8ROW`, `S8NOTE`, `S8SKIP`
 //!   lines). A child that finds no CUDA device says so (`S8SKIP`), and the
-//!   parent reports S8 as skipped, with the reason.
+//!   parent reports S8 as skipped, with the reason. [`two_switches`] reads
+//!   the main family's two switches back from the merged rows (S3 sets the
+//!   render producer's overhead against them); the case names it matches
+//!   are built by the same functions the child prints them with.
 //! * The child creates its own `VkDevice` on the paired physical device with
 //!   one queue of every family (raw ash calls: the measurement legs, like
 //!   S6's raw baseline), and imports one timeline semaphore of it into CUDA
@@ -506,6 +509,50 @@ fn row(case: &str, value: f64, baseline: Option<(&str, f64)>) {
 
 const OP: &str = "the CUDA op (4-byte memset, event record, host spin on the event)";
 
+/// A family's name in the rows.
+fn family_name(index: u32, flags: vk::QueueFlags) -> String {
+    format!("family {index} ({flags:?})")
+}
+
+/// The cases the parent reads back ([`two_switches`]), one format each for
+/// the child and the parent.
+fn floor_case() -> String {
+    format!("floor: {OP}, nothing before")
+}
+
+fn fill_alone_case(family: &str) -> String {
+    format!("{family}: reverse: a fill + fence alone (after Vulkan work)")
+}
+
+fn whole_cycle_case(family: &str) -> String {
+    format!("{family}: whole cycle: a fill + fence, then {OP}")
+}
+
+/// The two switches S8 measured on `family` with `CUDA_DEVICE_MAX_CONNECTIONS`
+/// unset, in µs, from the rows [`s8`] merged into `report`: the whole cycle
+/// (a fill + fence, then the CUDA op) minus a fill + fence alone minus the
+/// floor, p50s. `None` where S8 did not measure them (skipped or failed).
+pub(crate) fn two_switches(report: &Report, family: u32) -> Option<f64> {
+    let unset = format!("{VAR} unset: ");
+    let p50 = |case_of: &dyn Fn(&str) -> String| {
+        let (prefix, suffix) = (
+            format!("family {family} ("),
+            format!("{}: p50", case_of("")),
+        );
+        report.rows.iter().find_map(|r| {
+            let rest = r.case.strip_prefix(&unset)?;
+            (r.scenario == "S8" && rest.starts_with(&prefix) && rest.ends_with(&suffix))
+                .then_some(r.value)
+        })
+    };
+    let floor = report
+        .rows
+        .iter()
+        .find(|r| r.scenario == "S8" && r.case == format!("{unset}{}: p50", floor_case()))?
+        .value;
+    Some(p50(&whole_cycle_case)? - p50(&fill_alone_case)? - floor)
+}
+
 fn measure(ctx: &Context, cuda: &CudaDevice, n: usize) -> Res<()> {
     let driver = sys::Driver::global().map_err(|e| e.to_string())?;
     let fns = driver.fns();
@@ -641,7 +688,7 @@ fn measure(ctx: &Context, cuda: &CudaDevice, n: usize) -> Res<()> {
         cuda_op(None)?;
     }
     let (floor50, floor99) = leg(n, || cuda_op(None))?;
-    row(&format!("floor: {OP}, nothing before: p50"), floor50, None);
+    row(&format!("{}: p50", floor_case()), floor50, None);
     row("floor: p99", floor99, None);
     let vs = |case: String, (p50, p99): (f64, f64)| {
         row(&format!("{case}: p50"), p50, Some(("floor p50", floor50)));
@@ -663,7 +710,7 @@ fn measure(ctx: &Context, cuda: &CudaDevice, n: usize) -> Res<()> {
         })?,
     );
     for f in &raw.families {
-        let name = format!("family {} ({:?})", f.index, f.flags);
+        let name = family_name(f.index, f.flags);
         vs(
             format!(
                 "{name}: a queue submit of only a semaphore signal, then CUDA waits on it + {OP}"
@@ -718,10 +765,7 @@ fn measure(ctx: &Context, cuda: &CudaDevice, n: usize) -> Res<()> {
             fill_and_fence(f.queue, cb)?;
             Ok(start.elapsed())
         })?;
-        vs(
-            format!("{name}: reverse: a fill + fence alone (after Vulkan work)"),
-            alone,
-        );
+        vs(fill_alone_case(&name), alone);
         let after_cuda = leg(n, || {
             cuda_op(None)?;
             let start = Instant::now();
@@ -738,7 +782,7 @@ fn measure(ctx: &Context, cuda: &CudaDevice, n: usize) -> Res<()> {
             Some(("fill + fence alone p50", alone.0)),
         );
         vs(
-            format!("{name}: whole cycle: a fill + fence, then {OP}"),
+            whole_cycle_case(&name),
             leg(n, || {
                 let start = Instant::now();
                 fill_and_fence(f.queue, cb)?;
@@ -749,4 +793,44 @@ fn measure(ctx: &Context, cuda: &CudaDevice, n: usize) -> Res<()> {
     }
     drop(context);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows as the parent merges them from a child (`{label}: {case}`).
+    fn merged(report: &mut Report, label: &str, case: String, value: f64) {
+        report.add("S8", format!("{label}: {case}: p50"), value, "us");
+    }
+
+    #[test]
+    fn two_switches_reads_the_main_familys_rows_of_the_unset_child() {
+        let mut report = Report::default();
+        let graphics = vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE;
+        let transfer = vk::QueueFlags::TRANSFER;
+        for (label, scale) in [(format!("{VAR}=1"), 2.0), (format!("{VAR} unset"), 1.0)] {
+            merged(&mut report, &label, floor_case(), 5.0 * scale);
+            for (index, flags, cycle, alone) in [
+                (1, transfer, 17.0, 7.0),
+                (10, graphics, 900.0, 10.0),
+                (0, graphics, 324.0, 13.0),
+            ] {
+                let name = family_name(index, flags);
+                merged(&mut report, &label, whole_cycle_case(&name), cycle * scale);
+                merged(&mut report, &label, fill_alone_case(&name), alone * scale);
+            }
+        }
+        // 324 - 13 - 5 on family 0 (not family 10's rows, not the =1 child's).
+        assert_eq!(two_switches(&report, 0), Some(306.0));
+        assert_eq!(two_switches(&report, 1), Some(5.0));
+        assert_eq!(two_switches(&report, 2), None);
+    }
+
+    #[test]
+    fn two_switches_is_none_without_s8_rows() {
+        let mut report = Report::default();
+        report.add("S2", "CUDA-only floor: p50", 5.0, "us");
+        assert_eq!(two_switches(&report, 0), None);
+    }
 }

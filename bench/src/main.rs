@@ -1,8 +1,11 @@
 //! The performance suite (issue 11; the scenarios of INTEROP-RULES B.3).
 //!
 //! ```text
-//! bench [--quick] [--json PATH]
+//! bench [--quick] [--vulkan-only] [--json PATH]
 //! ```
+//!
+//! `--vulkan-only` runs only what needs no CUDA (as on a machine without
+//! it): the Vulkan drift cycle and the producer variants' Vulkan half.
 //!
 //! Every figure is printed with its baseline from the same run:
 //!
@@ -12,12 +15,20 @@
 //! * **S2** hand-off latency: Vulkan signals, CUDA waits, a trivial kernel,
 //!   CUDA signals, the host sees it; against the CUDA-only floor (kernel,
 //!   event record, event query until done, on one stream).
-//! * **S3** frame throughput at 1080p, 4K, 8K (RGBA8, RGBA16F), Vulkan
-//!   produces (clear + release, own command buffers), CUDA waits and copies
-//!   the frame into pitched linear memory, signals back; 1 and 3 frames in
-//!   flight. Against the producer alone (so the hand-off cost is the
-//!   difference) and host staging through pinned memory; and the same loop
-//!   written with raw driver calls in C (`src/frame_loop.c`).
+//!   S2 also runs with the two producers of issue 19 (`src/producer.rs`):
+//!   a signal-only submit on the transfer queue, then a 256x256 frame of
+//!   the copy producer (transfer queue) and of the render producer (main
+//!   queue) before the CUDA side, and each producer alone.
+//! * **S3** frame throughput at 1080p, 4K, 8K (RGBA8, RGBA16F), the render
+//!   producer (clear + release on the main queue, own command buffers), and
+//!   at 1080p and 4K RGBA8 the copy producer (a buffer-to-image copy +
+//!   release on the transfer queue); CUDA waits and copies the frame into
+//!   pitched linear memory, signals back; 1 and 3 frames in flight. Against
+//!   the producer alone (so the hand-off cost is the difference) and host
+//!   staging through pinned memory; and the same loop written with raw
+//!   driver calls in C (`src/frame_loop.c`). The render producer's
+//!   per-frame overhead is set against S8's two switches, also with batches
+//!   of 3 and 6 frames per submit (CUDA waits and signals once a batch).
 //! * **S4** kernel read cost by layout: the same 4K RGBA8 frame read (and
 //!   written to linear memory) from cudaMalloc memory, a mapped Vulkan
 //!   buffer, a mapped Vulkan image through a surface, and a native CUDA
@@ -42,8 +53,9 @@
 //! that GPU work ended are its `host_wait` and `wait_mechanisms` binaries.
 //!
 //! Needs an NVIDIA GPU whose Vulkan driver offers device-local exportable
-//! memory; elsewhere it runs what it can (the Vulkan drift cycle), says
-//! what it skipped and why, and exits 0. Run it without the validation
+//! memory; elsewhere it runs what it can (the Vulkan drift cycle, the
+//! producer variants' Vulkan half, untimed: `src/variants.rs`), says what
+//! it skipped and why, and exits 0. Run it without the validation
 //! layer: it measures.
 
 mod common;
@@ -53,6 +65,7 @@ mod producer;
 mod report;
 mod scenarios;
 mod two_process;
+mod variants;
 
 use std::process::ExitCode;
 
@@ -83,7 +96,8 @@ fn main() -> ExitCode {
         .iter()
         .position(|a| a == "--json")
         .and_then(|i| args.get(i + 1).cloned());
-    match scenarios::run(quick, json.as_deref()) {
+    let vulkan_only = args.iter().any(|a| a == "--vulkan-only");
+    match scenarios::run(quick, vulkan_only, json.as_deref()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench: {e}");

@@ -26,7 +26,7 @@ use vk_export::socket::Connection;
 use vk_export::{Context, HeadlessOptions, ImageDesc, TimelineSemaphore};
 
 use crate::common::{Img, SPIN, WAIT_LIMIT};
-use crate::producer::{After, Producer};
+use crate::producer::{After, Producer, Variant};
 use crate::report::Report;
 use crate::Res;
 
@@ -76,7 +76,15 @@ pub fn producer_main() -> Res<()> {
     };
     let raw: Vec<_> = images.iter().map(|i| (i.raw(), extent)).collect();
     let release: Vec<_> = (0..SLOTS).map(|_| After::Release).collect();
-    let mut producer = Producer::new(&ctx, &raw, &release, Some(consumed.raw()), produced.raw())?;
+    let mut producer = Producer::new(
+        &ctx,
+        Variant::Render,
+        4,
+        &raw,
+        &release,
+        Some(consumed.raw()),
+        produced.raw(),
+    )?;
     let mut n = 0u64;
     loop {
         let tag = recv_word(&mut control)?;

@@ -21,6 +21,12 @@ cat "$b/BUILD" || { echo "gpu-run: no $b/BUILD: not a bundle from cargo xtask gp
 [ -f "$manifest" ] || { echo "gpu-run: no $manifest"; exit 1; }
 
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+# The layer travels compressed (cargo xtask gpu-bundle): unpack it once.
+vvl_so=.gpu/vvl/libVkLayer_khronos_validation.so
+if [ -f "$vvl_so.xz" ] && [ ! -f "$vvl_so" ]; then
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$vvl_so.xz" "$vvl_so" \
+    || { echo "gpu-run: cannot unpack $vvl_so.xz"; exit 1; }
+fi
 export VK_LAYER_PATH=$PWD/.gpu/vvl
 if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json

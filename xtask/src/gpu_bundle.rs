@@ -26,7 +26,8 @@
 //!   otherwise `run.sh` uses the GPU machine's, and says so if there is none.
 //! * Debian's loader packages go to `.gl/` (downloaded with apt-get, amd64,
 //!   once) and the validation layer to `.gpu/vvl/` (its `.so`, debug info
-//!   stripped, and its manifest pointing at `./`), once.
+//!   stripped and xz-compressed, which `run.sh` unpacks, and its manifest
+//!   pointing at `./`), once.
 //! * The whole of `.gpu/` and `.gl/` must stay under [`LIMIT_MIB`] MiB, or
 //!   the task fails.
 
@@ -491,9 +492,28 @@ fn pack_loader(root: &Path) -> Result<(), String> {
 fn pack_validation_layer(root: &Path) -> Result<(), String> {
     let vvl = root.join(".gpu/vvl");
     let so_name = "libVkLayer_khronos_validation.so";
-    if vvl.join(so_name).is_file() {
+    let packed = vvl.join(format!("{so_name}.xz"));
+    if packed.is_file() {
         return Ok(());
     }
+    if !vvl.join(so_name).is_file() {
+        download_validation_layer(&vvl, so_name)?;
+    }
+    // 21 MiB stripped, about a quarter of it compressed: the bundle has a
+    // size limit, and run.sh unpacks it (python3's lzma) on the GPU machine.
+    let mut xz = Command::new("python3");
+    xz.args([
+        "-c",
+        "import lzma, shutil, sys; shutil.copyfileobj(open(sys.argv[1], 'rb'), lzma.open(sys.argv[2], 'wb', preset=6))",
+    ])
+    .arg(vvl.join(so_name))
+    .arg(&packed);
+    run(xz)?;
+    std::fs::remove_file(vvl.join(so_name)).map_err(|e| e.to_string())
+}
+
+/// Debian's layer and its manifest (pointing at the library beside it) into `vvl`.
+fn download_validation_layer(vvl: &Path, so_name: &str) -> Result<(), String> {
     let tmp = std::env::temp_dir().join(format!("xtask-vvl-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
     let mut download = Command::new("apt-get");
