@@ -7,7 +7,7 @@
 //! cargo run --release -p cuda-interop-frames --example frame_server -- [--name NAME | --socket PATH]
 //!     [--width 1920] [--height 1080] [--row-pitch BYTES] [--slots 4]
 //!     [--seconds 300] [--frames N] [--fps F] [--hold-timeout 5] [--device UUID]
-//!     [--host-visible] [--no-semaphores]
+//!     [--host-visible] [--no-semaphores] [--image]
 //! ```
 //!
 //! * Each frame `f` (from 1) is written with transfer commands only: the whole
@@ -35,6 +35,9 @@
 //!   the buffers: frames are announced after their writes completed, and a
 //!   release with a GPU signal is a protocol error. CUDA consumers refuse
 //!   such a ring.
+//! * `--image` serves OPTIMAL RGBA8 images instead of pitched buffers (the
+//!   same pattern, copied into each slot's image; `--row-pitch` unused),
+//!   released to the external queue family in `GENERAL` after each frame.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -82,6 +85,7 @@ fn options() -> Result<ProducerOptions, String> {
             .transpose()?,
         host_visible: args.iter().any(|a| a == "--host-visible"),
         no_semaphores: args.iter().any(|a| a == "--no-semaphores"),
+        image: args.iter().any(|a| a == "--image"),
     };
     opts.validate().map_err(|e| e.to_string())?;
     Ok(opts)

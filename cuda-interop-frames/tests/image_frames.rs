@@ -1,0 +1,324 @@
+//! Image rings on lavapipe: a sender of OPTIMAL RGBA8 images and Vulkan
+//! receivers on devices of their own, each in a process of its own, every
+//! pixel of every frame they take checked, the validation layer silent in
+//! each process. Lavapipe exports no timelines, so the rings have no
+//! semaphores: a frame is announced after the sender's submission
+//! completed, and a receiver's release follows its own completed reads
+//! (the host path of `vulkan_receiver`).
+//!
+//! The CUDA receiver of image slots needs a GPU
+//! (`cuda_receiver_of_an_image_ring`, ignored here).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use cuda_interop_frames::discovery::{Directory, SlotKind};
+use cuda_interop_frames::producer::{check_demo_row, record_demo_pattern_image};
+use cuda_interop_frames::receiver::{Delivery, FrameReceiver};
+use cuda_interop_frames::sender::{self, Address, ImageSender, Sender, SenderOptions};
+use cuda_interop_frames::vulkan_receiver::{VulkanReceiver, VulkanReceiverError};
+use cuda_interop_testkit::{child, Mem};
+use vk_export::format::{Rgba8Unorm, Rgba16Sfloat};
+use vk_export::ExportableBuffer;
+
+const W: u32 = 64;
+const H: u32 = 48;
+const SLOTS: u32 = 3;
+/// Frames each receiver takes and checks.
+const FRAMES: u64 = 20;
+/// Bound on every loop of these tests.
+const BOUND: Duration = Duration::from_secs(60);
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name}: started by the parent test"))
+}
+
+fn results(stdout: &str) -> HashMap<String, String> {
+    stdout
+        .lines()
+        .filter_map(|l| l.find("RESULT ").map(|i| &l[i + "RESULT ".len()..]))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn num(r: &HashMap<String, String>, key: &str) -> u64 {
+    r.get(key)
+        .unwrap_or_else(|| panic!("no RESULT {key} in {r:?}"))
+        .parse()
+        .unwrap()
+}
+
+fn image_sender(ctx: &vk_export::Context, address: Address) -> ImageSender<Rgba8Unorm, Mem> {
+    let opts = SenderOptions {
+        semaphores: false,
+        // The pattern is transfer commands (lavapipe has no transfer-only
+        // family: the main queue takes them).
+        queue: vk_export::QueueRole::Transfer,
+        ..SenderOptions::new(address, W, H, SLOTS)
+    };
+    ImageSender::<Rgba8Unorm, Mem>::new(ctx, opts).expect("an image sender")
+}
+
+/// Presents one frame of the demo pattern if a slot is free.
+fn present_one(
+    sender: &mut ImageSender<Rgba8Unorm, Mem>,
+    scratch: &ExportableBuffer<Mem>,
+    timeout: Duration,
+) -> bool {
+    let Ok(slot) = sender.acquire(timeout) else {
+        return false;
+    };
+    let f = slot.sequence();
+    slot.present_with(sender::monotonic_ns(), |device, cmd, target| {
+        // SAFETY: the sender's recording command buffer and its W x H RGBA8
+        // slot; the scratch buffer holds W * H * 4 bytes (transfer usage)
+        // and each present waits for its commands, so no earlier copy still
+        // reads it; it outlives the sender's submissions (dropped after).
+        unsafe { record_demo_pattern_image(device, cmd, scratch.raw(), target, (W, H), f) }
+    })
+    .expect("present");
+    true
+}
+
+/// Every row of frame `f`'s read-back that is not the demo pattern's.
+fn bad_rows(pixels: &[u8], f: u64) -> Vec<u32> {
+    assert_eq!(pixels.len(), (W * H * 4) as usize);
+    (0..H)
+        .filter(|&y| {
+            let row = &pixels[(y * W * 4) as usize..((y + 1) * W * 4) as usize];
+            !check_demo_row(row, f, y, H)
+        })
+        .collect()
+}
+
+/// An image sender named `CIF_NAME` in `CIF_DIR`, presenting (at most 200
+/// frames/s while a receiver is connected) until `CIF_STOP` exists.
+#[test]
+#[ignore = "a child process of vulkan_receivers_check_every_pixel_across_processes"]
+fn child_image_sender() {
+    let directory = Directory::new(env("CIF_DIR")).unwrap();
+    let stop = PathBuf::from(env("CIF_STOP"));
+    let ctx = cuda_interop_testkit::vulkan(None);
+    let address = Address::Named {
+        directory,
+        name: env("CIF_NAME"),
+    };
+    let mut sender = image_sender(&ctx, address);
+    let scratch = ExportableBuffer::<Mem>::new(&ctx, u64::from(W * H * 4)).unwrap();
+    let start = Instant::now();
+    while !stop.exists() {
+        assert!(start.elapsed() < BOUND, "the sender ran past its bound");
+        if sender.stats().receivers == 0 {
+            sender.serve(Duration::from_millis(10));
+            continue;
+        }
+        present_one(&mut sender, &scratch, sender::POLL);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stats = sender.stats();
+    for line in sender.take_log() {
+        println!("[sender] {line}");
+    }
+    println!("RESULT presented={}", stats.presented);
+    println!("RESULT dropped={}", stats.dropped);
+    drop(sender);
+    drop(scratch);
+    cuda_interop_testkit::assert_no_validation_errors(&ctx);
+    println!("RESULT validation_errors=0");
+}
+
+// Two names: the child runner keeps a child's output in a file named after
+// the parent and the child, so one name runs once at a time.
+#[test]
+#[ignore = "a child process of vulkan_receivers_check_every_pixel_across_processes"]
+fn child_vulkan_receiver_latest() {
+    vulkan_receiver(Delivery::Latest);
+}
+
+#[test]
+#[ignore = "a child process of vulkan_receivers_check_every_pixel_across_processes"]
+fn child_vulkan_receiver_lossless() {
+    vulkan_receiver(Delivery::Lossless);
+}
+
+/// A Vulkan receiver on a device of its own: takes [`FRAMES`] frames of
+/// `CIF_NAME`, reads each back and checks every row.
+fn vulkan_receiver(delivery: Delivery) {
+    let directory = Directory::new(env("CIF_DIR")).unwrap();
+    let name = env("CIF_NAME");
+    let start = Instant::now();
+    let rx = loop {
+        assert!(start.elapsed() < BOUND, "sender {name} never appeared");
+        if let Ok(rx) =
+            FrameReceiver::connect_named(&directory, &name, delivery, Duration::from_secs(5))
+        {
+            break rx;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let info = directory.find(&name).unwrap();
+    assert_eq!(
+        (info.kind, info.format.as_str(), info.width, info.height),
+        (SlotKind::Image, "r8g8b8a8_unorm", W, H)
+    );
+    let ctx = cuda_interop_testkit::vulkan(None);
+    let mut vrx = VulkanReceiver::<Rgba8Unorm, Mem>::new(&ctx, rx).expect("the ring imported");
+    let (mut checked, mut bad, mut last) = (0u64, 0u64, 0u64);
+    let mut slots_seen = std::collections::BTreeSet::new();
+    for _ in 0..FRAMES {
+        let frame = vrx.next_frame(Duration::from_secs(10)).expect("a frame");
+        assert!(frame.sequence > last);
+        last = frame.sequence;
+        let pixels = vrx
+            .read_pixels(&frame, Duration::from_secs(10))
+            .expect("read back");
+        let rows = bad_rows(&pixels, frame.sequence);
+        if !rows.is_empty() {
+            bad += 1;
+            eprintln!("frame {} slot {}: bad rows {rows:?}", frame.sequence, frame.slot);
+        }
+        checked += 1;
+        slots_seen.insert(frame.slot);
+        vrx.release(frame).expect("release");
+    }
+    println!("RESULT checked={checked}");
+    println!("RESULT bad={bad}");
+    println!("RESULT slots_seen={}", slots_seen.len());
+    println!("RESULT dropped={}", vrx.receiver().stats().dropped);
+    drop(vrx);
+    cuda_interop_testkit::assert_no_validation_errors(&ctx);
+    println!("RESULT validation_errors=0");
+}
+
+/// The CI case: a sender of an image ring and two Vulkan receivers
+/// (latest and lossless), three processes, every pixel of every frame a
+/// receiver took checked, no validation error in any process.
+#[test]
+fn vulkan_receivers_check_every_pixel_across_processes() {
+    let dir = std::env::temp_dir().join(format!("cif-img-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    Directory::new(&dir).unwrap();
+    let stop = dir.join("stop");
+    let base = || {
+        vec![
+            ("CIF_DIR".to_string(), dir.display().to_string()),
+            ("CIF_STOP".to_string(), stop.display().to_string()),
+            ("CIF_NAME".to_string(), "images".to_string()),
+        ]
+    };
+    let spawn = |test: &'static str, envs: Vec<(String, String)>| {
+        std::thread::spawn(move || {
+            let envs: Vec<(&str, &str)> =
+                envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            results(&child::run_with(test, &envs))
+        })
+    };
+    let sender = spawn("child_image_sender", base());
+    let latest = spawn("child_vulkan_receiver_latest", base());
+    let lossless = spawn("child_vulkan_receiver_lossless", base());
+    let latest = latest.join().expect("latest receiver");
+    let lossless = lossless.join().expect("lossless receiver");
+    std::fs::write(&stop, b"").unwrap();
+    let sender = sender.join().expect("sender");
+    std::fs::remove_dir_all(&dir).unwrap();
+    for (what, r) in [("latest", &latest), ("lossless", &lossless)] {
+        assert_eq!(num(r, "checked"), FRAMES, "{what}");
+        assert_eq!(num(r, "bad"), 0, "{what}: frames with wrong pixels");
+        assert_eq!(num(r, "validation_errors"), 0, "{what}");
+    }
+    // Lossless: every frame in order, so every slot of the ring was read.
+    assert_eq!(num(&lossless, "dropped"), 0);
+    assert_eq!(num(&lossless, "slots_seen"), u64::from(SLOTS));
+    assert_eq!(num(&sender, "dropped"), 0);
+    assert_eq!(num(&sender, "validation_errors"), 0);
+    assert!(num(&sender, "presented") >= FRAMES);
+}
+
+/// One process: a receiver may read only frames it holds, and a Vulkan
+/// receiver refuses a buffer ring and a ring of another format with what
+/// it is.
+#[test]
+fn vulkan_receiver_refuses_what_it_cannot_read() {
+    let dir = std::env::temp_dir().join(format!("cif-img-refuse-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let directory = Directory::new(&dir).unwrap();
+    let ctx = cuda_interop_testkit::vulkan(None);
+    // The receivers' own device.
+    let rctx = cuda_interop_testkit::vulkan(None);
+    let named = |name: &str| Address::Named {
+        directory: directory.clone(),
+        name: name.into(),
+    };
+    let mut sender = image_sender(&ctx, named("img"));
+    let scratch = ExportableBuffer::<Mem>::new(&ctx, u64::from(W * H * 4)).unwrap();
+    let buffers = Sender::<Mem>::new(
+        &ctx,
+        SenderOptions {
+            semaphores: false,
+            ..SenderOptions::new(named("buf"), W, H, SLOTS)
+        },
+    )
+    .unwrap();
+    let connect = |name: &str, sender: &mut dyn FnMut()| {
+        let start = Instant::now();
+        let dir = directory.clone();
+        let name = name.to_string();
+        let t = std::thread::spawn(move || {
+            FrameReceiver::connect_named(&dir, &name, Delivery::Lossless, Duration::from_secs(10))
+        });
+        while !t.is_finished() {
+            assert!(start.elapsed() < BOUND);
+            sender();
+        }
+        t.join().unwrap().expect("connected")
+    };
+    // A buffer ring.
+    let mut buffers = buffers;
+    let rx = connect("buf", &mut || buffers.serve(Duration::from_millis(5)));
+    let err = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, rx).unwrap_err();
+    assert!(
+        err.to_string().contains("shares pitched buffers, not images"),
+        "{err}"
+    );
+    // Another format.
+    let rx = connect("img", &mut || sender.serve(Duration::from_millis(5)));
+    let err = VulkanReceiver::<Rgba16Sfloat, Mem>::new(&rctx, rx).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("its images are R8G8B8A8_UNORM, this receiver's type is R16G16B16A16_SFLOAT"),
+        "{err}"
+    );
+    // Reading a frame after giving it back.
+    let rx = connect("img", &mut || sender.serve(Duration::from_millis(5)));
+    let mut vrx = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, rx).unwrap();
+    let start = Instant::now();
+    let frame = loop {
+        assert!(start.elapsed() < BOUND);
+        present_one(&mut sender, &scratch, Duration::from_millis(100));
+        if let Ok(frame) = vrx.next_frame(Duration::from_millis(100)) {
+            break frame;
+        }
+    };
+    let pixels = vrx.read_pixels(&frame, Duration::from_secs(10)).unwrap();
+    assert!(bad_rows(&pixels, frame.sequence).is_empty());
+    let forged = cuda_interop_frames::receiver::FrameInfo {
+        slot: frame.slot,
+        sequence: frame.sequence,
+        timestamp_ns: frame.timestamp_ns,
+        dropped_before: 0,
+    };
+    vrx.release(frame).unwrap();
+    assert!(matches!(
+        vrx.read_pixels(&forged, Duration::from_secs(10)),
+        Err(VulkanReceiverError::NotHeld { .. })
+    ));
+    drop(vrx);
+    drop(sender);
+    drop(buffers);
+    drop(scratch);
+    cuda_interop_testkit::assert_no_validation_errors(&ctx);
+    cuda_interop_testkit::assert_no_validation_errors(&rctx);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
