@@ -309,7 +309,10 @@ impl Packet {
             return bad(format!("{} slots (1 to {MAX_SLOTS})", self.slot));
         }
         if self.flags & !HELLO_IMAGES != 0 {
-            return bad(format!("hello flags {:#x} (only HELLO_IMAGES, 1, is known)", self.flags));
+            return bad(format!(
+                "hello flags {:#x} (only HELLO_IMAGES, 1, is known)",
+                self.flags
+            ));
         }
         if self.width == 0 || self.height == 0 {
             return bad(format!("{}x{} pixels", self.width, self.height));
@@ -319,8 +322,7 @@ impl Packet {
                 return bad("an image ring of VK_FORMAT_UNDEFINED".into());
             }
             let width = u64::from(self.width);
-            if self.row_pitch % width != 0
-                || !IMAGE_TEXEL_BYTES.contains(&(self.row_pitch / width))
+            if self.row_pitch % width != 0 || !IMAGE_TEXEL_BYTES.contains(&(self.row_pitch / width))
             {
                 return bad(format!(
                     "image row of {} bytes for {} texels (texels of 1, 2, 4, 8 or 16 bytes)",

@@ -70,8 +70,7 @@ pub enum VulkanReceiverError {
 
 /// A Vulkan receiver of an image ring of format `F` (see the module
 /// contract).
-pub struct VulkanReceiver<F: Format, M: MemoryLocation = DeviceLocal, U: Usage = usage::Storage>
-{
+pub struct VulkanReceiver<F: Format, M: MemoryLocation = DeviceLocal, U: Usage = usage::Storage> {
     // Dropped first: each image's drop waits (bounded) for this receiver's
     // last copy of it before the connection closes and the sender may
     // write the slot again.
@@ -199,7 +198,10 @@ impl<F: Format, M: MemoryLocation, U: Usage> VulkanReceiver<F, M, U> {
         // the slot again before this receiver's release packet. This
         // receiver's own last use ended with release_image (GENERAL,
         // external family), waited for, or failed before submitting.
-        unsafe { self.ctx.assume_image_released(image, SharedLayout::General)? };
+        unsafe {
+            self.ctx
+                .assume_image_released(image, SharedLayout::General)?
+        };
         let mut sync = SubmitSync::new().timeout(timeout);
         if let Some(produced) = &self.produced {
             sync = sync.wait_timeline(produced, frame.sequence);

@@ -19,7 +19,9 @@ use cuda_interop_frames::receiver::{Delivery, FrameReceiver};
 use cuda_interop_frames::sender::{self, Address, ImageSender, Sender, SenderOptions};
 use cuda_interop_frames::vulkan_receiver::{VulkanReceiver, VulkanReceiverError};
 use cuda_interop_testkit::{child, Mem};
-use vk_export::format::{Rgba8Unorm, Rgba16Sfloat};
+use vk_export::format::{Rgba16Sfloat, Rgba8Unorm};
+use vk_export::markers::{usage, DeviceLocal, MemoryLocation, Optimal};
+use vk_export::semaphore_kinds::Timeline;
 use vk_export::ExportableBuffer;
 
 const W: u32 = 64;
@@ -62,9 +64,9 @@ fn image_sender(ctx: &vk_export::Context, address: Address) -> ImageSender<Rgba8
 }
 
 /// Presents one frame of the demo pattern if a slot is free.
-fn present_one(
-    sender: &mut ImageSender<Rgba8Unorm, Mem>,
-    scratch: &ExportableBuffer<Mem>,
+fn present_one<M: MemoryLocation>(
+    sender: &mut ImageSender<Rgba8Unorm, M>,
+    scratch: &ExportableBuffer<M>,
     timeout: Duration,
 ) -> bool {
     let Ok(slot) = sender.acquire(timeout) else {
@@ -177,7 +179,10 @@ fn vulkan_receiver(delivery: Delivery) {
         let rows = bad_rows(&pixels, frame.sequence);
         if !rows.is_empty() {
             bad += 1;
-            eprintln!("frame {} slot {}: bad rows {rows:?}", frame.sequence, frame.slot);
+            eprintln!(
+                "frame {} slot {}: bad rows {rows:?}",
+                frame.sequence, frame.slot
+            );
         }
         checked += 1;
         slots_seen.insert(frame.slot);
@@ -279,9 +284,24 @@ fn vulkan_receiver_refuses_what_it_cannot_read() {
     let rx = connect("buf", &mut || buffers.serve(Duration::from_millis(5)));
     let err = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, rx).unwrap_err();
     assert!(
-        err.to_string().contains("shares pitched buffers, not images"),
+        err.to_string()
+            .contains("shares pitched buffers, not images"),
         "{err}"
     );
+    // The CUDA buffer-ring import (the Python module's) says what to use.
+    let mut rx = connect("img", &mut || sender.serve(Duration::from_millis(5)));
+    let (hello, setup) = (*rx.layout(), rx.take_setup().unwrap());
+    let err =
+        cuda_interop_frames::consumer::Ring::import(rx.connection().clone(), hello, setup, |_| {
+            panic!("no CUDA device is asked for")
+        })
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("OPTIMAL images (VkFormat 37), and this receiver takes pitched buffers"),
+        "{err}"
+    );
+    drop(rx);
     // Another format.
     let rx = connect("img", &mut || sender.serve(Duration::from_millis(5)));
     let err = VulkanReceiver::<Rgba16Sfloat, Mem>::new(&rctx, rx).unwrap_err();
@@ -320,5 +340,117 @@ fn vulkan_receiver_refuses_what_it_cannot_read() {
     drop(scratch);
     cuda_interop_testkit::assert_no_validation_errors(&ctx);
     cuda_interop_testkit::assert_no_validation_errors(&rctx);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The Rust CUDA receiver of image slots: a sender of DeviceLocal RGBA8
+/// images with timelines, and a lossless receiver (on a thread, over the
+/// socket) that imports each slot with `import_received_image`, maps it as
+/// a CUDA array, waits on the GPU for "produced", copies the whole level
+/// back and checks every row, and releases with a GPU signal of
+/// "released".
+#[test]
+#[ignore = "GPU: needs a CUDA driver and a Vulkan device that exports timelines and \
+            device-local OPTIMAL images (the H200); lavapipe has neither"]
+fn cuda_receiver_of_an_image_ring() {
+    const FRAMES_GPU: u64 = 30;
+    let dir = std::env::temp_dir().join(format!("cif-img-cuda-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let directory = Directory::new(&dir).unwrap();
+    let ctx = cuda_interop_testkit::vulkan(None);
+    let opts = SenderOptions {
+        queue: vk_export::QueueRole::Transfer,
+        ..SenderOptions::new(
+            Address::Named {
+                directory: directory.clone(),
+                name: "cuda-img".into(),
+            },
+            W,
+            H,
+            SLOTS,
+        )
+    };
+    let mut sender = ImageSender::<Rgba8Unorm, DeviceLocal>::new(&ctx, opts).unwrap();
+    let scratch = ExportableBuffer::<DeviceLocal>::new(&ctx, u64::from(W * H * 4)).unwrap();
+    let receiver = std::thread::spawn(move || -> (u64, u64) {
+        let timeout = Duration::from_secs(10);
+        let mut rx =
+            FrameReceiver::connect_named(&directory, "cuda-img", Delivery::Lossless, timeout)
+                .unwrap();
+        let hello = *rx.layout();
+        assert!(hello.is_image_ring());
+        let n = hello.slot as usize;
+        let mut setup = rx.take_setup().unwrap();
+        let take = |setup: &mut vk_export::wire::Received, i| {
+            setup
+                .take_image::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(i)
+                .unwrap()
+        };
+        let first = take(&mut setup, 0);
+        let cuda =
+            cuda_interop_frames::consumer::cuda_device_for(first.record().info().device_uuid())
+                .unwrap();
+        let mut images = vec![cuda
+            .import_received_image(first)
+            .map_err(|e| e.into_error())
+            .unwrap()];
+        for i in 1..n {
+            let image = take(&mut setup, i);
+            images.push(
+                cuda.import_received_image(image)
+                    .map_err(|e| e.into_error())
+                    .unwrap(),
+            );
+        }
+        let mut semaphore = |i| {
+            let received = setup.take_semaphore::<Timeline>(i).unwrap();
+            cuda.import_received_semaphore(received)
+                .map_err(|e| e.into_error())
+                .unwrap()
+        };
+        let produced = semaphore(n);
+        let released: Vec<_> = (0..n).map(|i| semaphore(n + 1 + i)).collect();
+        let arrays: Vec<_> = images.iter().map(|i| i.map_array().unwrap()).collect();
+        let levels: Vec<_> = arrays.iter().map(|a| a.level(0).unwrap()).collect();
+        let mut stream = cuda_interop::Stream::new(&cuda).unwrap();
+        stream.set_timeout(timeout);
+        let mut host = vec![0u8; (W * H * 4) as usize];
+        let (mut checked, mut bad) = (0, 0);
+        for _ in 0..FRAMES_GPU {
+            let frame = rx.next_frame(timeout).unwrap();
+            let (slot, f) = (frame.slot as usize, frame.sequence);
+            produced.wait(&stream, f).unwrap();
+            levels[slot].copy_to_host(&stream, &mut host).unwrap();
+            if !bad_rows(&host, f).is_empty() {
+                bad += 1;
+            }
+            checked += 1;
+            released[slot].signal(&stream, f).unwrap();
+            rx.release(frame, true).unwrap();
+        }
+        stream.synchronize(timeout).unwrap();
+        (checked, bad)
+    });
+    let start = Instant::now();
+    while !receiver.is_finished() {
+        assert!(
+            start.elapsed() < BOUND,
+            "the CUDA receiver ran past its bound"
+        );
+        if sender.stats().receivers == 0 {
+            sender.serve(Duration::from_millis(10));
+        } else {
+            present_one(&mut sender, &scratch, sender::POLL);
+        }
+    }
+    let (checked, bad) = receiver.join().expect("the CUDA receiver");
+    println!("RESULT cuda_image_frames checked={checked} bad={bad}");
+    assert_eq!((checked, bad), (FRAMES_GPU, 0));
+    drop(sender);
+    drop(scratch);
+    cuda_interop_testkit::assert_no_validation_errors_except(
+        &ctx,
+        &[cuda_interop_testkit::IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE],
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
