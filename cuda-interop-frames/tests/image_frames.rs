@@ -19,7 +19,7 @@ use cuda_interop_frames::receiver::{Delivery, FrameReceiver};
 use cuda_interop_frames::sender::{self, Address, ImageSender, Sender, SenderOptions};
 use cuda_interop_frames::vulkan_receiver::{VulkanReceiver, VulkanReceiverError};
 use cuda_interop_testkit::{child, Mem};
-use vk_export::format::{Rgba16Sfloat, Rgba8Unorm};
+use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
 use vk_export::markers::{usage, DeviceLocal, MemoryLocation, Optimal};
 use vk_export::semaphore_kinds::Timeline;
 use vk_export::ExportableBuffer;
@@ -453,4 +453,45 @@ fn cuda_receiver_of_an_image_ring() {
         &[cuda_interop_testkit::IMPORTED_TIMELINE_HOST_SIGNAL_FALSE_POSITIVE],
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A hand-made sender whose images are not the size its hello says: the
+/// Vulkan receiver refuses the ring rather than hand out read-backs of
+/// another size.
+#[test]
+fn vulkan_receiver_refuses_images_of_another_size_than_the_hello() {
+    use cuda_interop_frames::protocol::{Packet, SETUP_TAG};
+    use vk_export::socket::{Exported, Listener};
+    use vk_export::ImageDesc;
+    let path = std::env::temp_dir().join(format!("cif-img-size-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let listener = Listener::bind(&path).unwrap();
+    let ctx = cuda_interop_testkit::vulkan(None);
+    let images: Vec<vk_export::ExportableImage<Rgba8Unorm, Optimal, Mem>> = (0..2)
+        .map(|_| vk_export::ExportableImage::new(&ctx, ImageDesc::new_2d(W, H / 2)).unwrap())
+        .collect();
+    let socket = path.display().to_string();
+    let receiver = std::thread::spawn(move || {
+        let rx = FrameReceiver::connect(&socket, Delivery::Lossless, Duration::from_secs(10))
+            .expect("connected");
+        let rctx = cuda_interop_testkit::vulkan(None);
+        let err = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, rx).unwrap_err();
+        cuda_interop_testkit::assert_no_validation_errors(&rctx);
+        err.to_string()
+    });
+    let conn = listener.accept(Duration::from_secs(10)).unwrap();
+    let hello = Packet::image_hello(2, W, H, Rgba8Unorm::VK.as_raw() as u32, 4);
+    cuda_interop_frames::consumer::send_packet(&conn, &hello).unwrap();
+    let resources: Vec<&dyn Exported> = images.iter().map(|i| i as &dyn Exported).collect();
+    conn.send_exported(SETUP_TAG, &resources).unwrap();
+    let err = receiver.join().unwrap();
+    assert!(
+        err.contains(&format!(
+            "slot 0's image is {W}x{}, not the hello's size",
+            H / 2
+        )),
+        "{err}"
+    );
+    drop(conn);
+    let _ = std::fs::remove_file(&path);
 }
