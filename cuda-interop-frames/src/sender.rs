@@ -1,7 +1,8 @@
-//! The sender: a ring of exportable buffers on the application's Vulkan
-//! [`Context`] (its own device through `Context::from_raw`, or a headless
-//! one), served to any number of receivers over a Unix socket, found by
-//! name ([`crate::discovery`]) or by path.
+//! The sender: a ring of exportable buffers, or of OPTIMAL exportable
+//! images ([`ImageSender`]), on the application's Vulkan [`Context`] (its
+//! own device through `Context::from_raw`, or a headless one), served to
+//! any number of receivers over a Unix socket, found by name
+//! ([`crate::discovery`]) or by path.
 //!
 //! # Contract
 //!
@@ -13,6 +14,15 @@
 //!   "released" value of the slot and signals "produced" with the frame's
 //!   sequence number. Sequence numbers go up by one per presented frame,
 //!   from 1; each carries a `CLOCK_MONOTONIC` timestamp.
+//! * Images ([`SlotResource`] says what a slot is): the application's
+//!   commands get an [`ImageTarget`], the image in `GENERAL` owned by the
+//!   command buffer's family (from `UNDEFINED` on its first frame, acquired
+//!   from `VK_QUEUE_FAMILY_EXTERNAL` in `GENERAL` after), and leave it in
+//!   `GENERAL`; the release is to the external family in `GENERAL`, the
+//!   layout CUDA uses and a Vulkan receiver acquires from.
+//! * Frames are announced after their submission completed (the present
+//!   waits for it, bounded), so a receiver without timelines is ordered by
+//!   the frame packet.
 //! * Delivery is each receiver's choice (see [`crate::protocol`]):
 //!   *lossless* receivers get every frame and hold its slot until they
 //!   release it; *latest* receivers get the newest frame when they ask. A

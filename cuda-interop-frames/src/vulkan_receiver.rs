@@ -6,7 +6,7 @@
 //! # Contract
 //!
 //! * [`VulkanReceiver::new`] takes a connected [`FrameReceiver`] of an
-//!   image ring ([`protocol::HELLO_IMAGES`]) and imports each slot's image
+//!   image ring ([`crate::protocol::HELLO_IMAGES`]) and imports each slot's image
 //!   as an [`ExportableImage`] on `ctx` ([`ExportableImage::import_received`]:
 //!   the record is verified on this device first); the hello's format must
 //!   be `F`'s and every image must be the hello's size. The ring's
