@@ -495,3 +495,61 @@ fn vulkan_receiver_refuses_images_of_another_size_than_the_hello() {
     drop(conn);
     let _ = std::fs::remove_file(&path);
 }
+
+/// `frame_server --image`'s loop (`producer::run` with `image`): a lossless
+/// Vulkan receiver checks every pixel of the frames it gets until the
+/// producer stops after its 10 frames. A lossless receiver holds at most
+/// the ring's 3 slots, so the producer cannot pass frame `k + 3` before the
+/// receiver released frame `k`: the receiver sees at least frames 1 to 7.
+#[test]
+fn frame_server_image_ring_is_the_demo_pattern() {
+    use cuda_interop_frames::producer::{self, ProducerOptions};
+    let socket = std::env::temp_dir().join(format!("cif-img-server-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&socket);
+    let host_visible =
+        std::any::TypeId::of::<Mem>() == std::any::TypeId::of::<vk_export::markers::HostVisible>();
+    let opts = ProducerOptions {
+        socket: socket.display().to_string(),
+        width: W,
+        height: H,
+        row_pitch: u64::from(W) * 4,
+        slots: SLOTS,
+        seconds: BOUND.as_secs_f64(),
+        frames: Some(10),
+        host_visible,
+        no_semaphores: true,
+        image: true,
+        ..ProducerOptions::default()
+    };
+    let server = std::thread::spawn(move || producer::run(&opts));
+    let start = Instant::now();
+    let path = socket.display().to_string();
+    let rx = loop {
+        assert!(start.elapsed() < BOUND, "the producer never listened");
+        if let Ok(rx) = FrameReceiver::connect(&path, Delivery::Lossless, Duration::from_secs(10)) {
+            break rx;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let ctx = cuda_interop_testkit::vulkan(None);
+    let mut vrx = VulkanReceiver::<Rgba8Unorm, Mem>::new(&ctx, rx).unwrap();
+    let mut seen = Vec::new();
+    // Until the producer, done, closes the connection.
+    while let Ok(frame) = vrx.next_frame(Duration::from_secs(10)) {
+        let pixels = vrx.read_pixels(&frame, Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            bad_rows(&pixels, frame.sequence),
+            Vec::<u32>::new(),
+            "frame {}",
+            frame.sequence
+        );
+        seen.push(frame.sequence);
+        // The producer may be gone by now: its last releases find no one.
+        let _ = vrx.release(frame);
+    }
+    server.join().unwrap().expect("the producer ran");
+    assert!(seen.len() >= 7, "frames {seen:?}");
+    assert_eq!(seen, (1..=seen.len() as u64).collect::<Vec<_>>());
+    drop(vrx);
+    cuda_interop_testkit::assert_no_validation_errors(&ctx);
+}
