@@ -6,11 +6,12 @@
 //! back and checks every pixel of them against the sequence number, and
 //! releases the slot with a GPU signal of its "released" timeline.
 //!
-//! An image ring (`frame_server --image`, OPTIMAL RGBA8) is imported as
-//! CUDA arrays (`import_received_image`, `map_array`); the check then copies
-//! the whole level back (`LevelArray::copy_to_host`) and checks every row,
-//! and the first line says `image ring of R8G8B8A8_UNORM arrays` instead of
-//! the row pitch.
+//! An image ring (`frame_server --image`, OPTIMAL RGBA8 or RGBA16F) is
+//! imported as CUDA arrays (`import_received_image`, `map_array`); the check
+//! then copies the whole level back (`LevelArray::copy_to_host`) and checks
+//! every row (as `u32` words), and the first line says `image ring of
+//! R8G8B8A8_UNORM arrays` (or `R16G16B16A16_SFLOAT`) instead of the row
+//! pitch.
 //!
 //! ```text
 //! cargo run --release -p cuda-interop-frames --example frame_client -- \
@@ -38,7 +39,7 @@ use cuda_interop_frames::protocol;
 use cuda_interop_frames::receiver::{Delivery, FrameReceiver};
 use cuda_interop_frames::sender::monotonic_ns;
 use cuda_interop_frames::{consumer, producer};
-use vk_export::format::{Format, Rgba8Unorm};
+use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
 use vk_export::markers::{usage, DeviceLocal, Optimal};
 use vk_export::semaphore_kinds::Timeline;
 use vk_export::wire::Resource;
@@ -119,24 +120,34 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn run(a: &Args) -> Res<u64> {
-    let mut rx = match &a.name {
+    let rx = match &a.name {
         Some(name) => {
             FrameReceiver::connect_named(&Directory::from_env()?, name, a.delivery, a.timeout)?
         }
         None => FrameReceiver::connect(&a.socket, a.delivery, a.timeout)?,
     };
     let hello = *rx.layout();
+    let format = hello.format;
+    if !hello.is_image_ring() || format == Rgba8Unorm::VK.as_raw() as u32 {
+        receive::<Rgba8Unorm>(a, rx)
+    } else if format == Rgba16Sfloat::VK.as_raw() as u32 {
+        receive::<Rgba16Sfloat>(a, rx)
+    } else {
+        Err(format!(
+            "the sender's images are VkFormat {format}; this client reads \
+             R8G8B8A8_UNORM and R16G16B16A16_SFLOAT"
+        )
+        .into())
+    }
+}
+
+/// Receives with `F` the images' format (unused for a buffer ring).
+fn receive<F: Format>(a: &Args, mut rx: FrameReceiver) -> Res<u64> {
+    let hello = *rx.layout();
     let n = hello.slot as usize;
     let mut setup = rx.take_setup().expect("a new receiver has its setup");
     consumer::check_setup(&hello, &setup)?;
     let image_ring = hello.is_image_ring();
-    if image_ring && hello.format != Rgba8Unorm::VK.as_raw() as u32 {
-        return Err(format!(
-            "the sender's images are VkFormat {}; this client reads R8G8B8A8_UNORM only",
-            hello.format
-        )
-        .into());
-    }
     // check_setup: at least the n slots' resources are there.
     let uuid = match &setup.message().resources[0] {
         Resource::Image(info) => info.device_uuid(),
@@ -147,7 +158,7 @@ fn run(a: &Args) -> Res<u64> {
     let (mut buffer_imports, mut image_imports) = (Vec::new(), Vec::new());
     for i in 0..n {
         if image_ring {
-            let image = setup.take_image::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(i)?;
+            let image = setup.take_image::<F, Optimal, DeviceLocal, usage::Storage>(i)?;
             image_imports.push(
                 cuda.import_received_image(image)
                     .map_err(|e| e.into_error())?,
@@ -189,16 +200,17 @@ fn run(a: &Args) -> Res<u64> {
         .map(|_| DeviceBuffer::new(&cuda, row as usize))
         .collect::<cuda_interop::Result<_>>()?;
     let mut host = vec![0u8; row as usize];
+    let image_row = u64::from(hello.width) * u64::from(F::TEXEL_BYTES);
     let mut frame_host = vec![
         0u8;
         if image_ring {
-            (row * u64::from(hello.height)) as usize
+            (image_row * u64::from(hello.height)) as usize
         } else {
             0
         }
     ];
     let layout = if image_ring {
-        "image ring of R8G8B8A8_UNORM arrays".to_string()
+        format!("image ring of {} arrays", F::NAME)
     } else {
         format!("row pitch {}", hello.row_pitch)
     };
@@ -232,7 +244,7 @@ fn run(a: &Args) -> Res<u64> {
         if a.check && image_ring {
             levels[slot].copy_to_host(&stream, &mut frame_host)?;
             let ok = frame_host
-                .chunks_exact(row as usize)
+                .chunks_exact(image_row as usize)
                 .zip(0..)
                 .all(|(pixels, y)| producer::check_demo_row(pixels, f, y, hello.height));
             if !ok {

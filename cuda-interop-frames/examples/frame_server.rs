@@ -7,7 +7,7 @@
 //! cargo run --release -p cuda-interop-frames --example frame_server -- [--name NAME | --socket PATH]
 //!     [--width 1920] [--height 1080] [--row-pitch BYTES] [--slots 4]
 //!     [--seconds 300] [--frames N] [--fps F] [--hold-timeout 5] [--device UUID]
-//!     [--host-visible] [--no-semaphores] [--image]
+//!     [--host-visible] [--no-semaphores] [--image [--image-format rgba8|rgba16f]]
 //! ```
 //!
 //! * Each frame `f` (from 1) is written with transfer commands only: the whole
@@ -35,8 +35,9 @@
 //!   the buffers: frames are announced after their writes completed, and a
 //!   release with a GPU signal is a protocol error. CUDA consumers refuse
 //!   such a ring.
-//! * `--image` serves OPTIMAL RGBA8 images instead of pitched buffers (the
-//!   same pattern, copied into each slot's image; `--row-pitch` unused),
+//! * `--image` serves OPTIMAL images (`--image-format`, default RGBA8)
+//!   instead of pitched buffers (the same pattern of `u32` words, copied bit
+//!   for bit into each slot's image; `--row-pitch` unused),
 //!   released to the external queue family in `GENERAL` after each frame.
 
 use std::process::ExitCode;
@@ -85,7 +86,15 @@ fn options() -> Result<ProducerOptions, String> {
             .transpose()?,
         host_visible: args.iter().any(|a| a == "--host-visible"),
         no_semaphores: args.iter().any(|a| a == "--no-semaphores"),
-        image: args.iter().any(|a| a == "--image"),
+        image: if args.iter().any(|a| a == "--image") {
+            let name = value("--image-format").map_or("rgba8", |s| s.as_str());
+            Some(
+                producer::ImageFormat::parse(name)
+                    .ok_or_else(|| format!("--image-format: rgba8 or rgba16f, not {name:?}"))?,
+            )
+        } else {
+            None
+        },
     };
     opts.validate().map_err(|e| e.to_string())?;
     Ok(opts)

@@ -24,8 +24,8 @@
 //!   and, when a CUDA driver is there, `cuMemGetInfo`'s free memory, next
 //!   to the values before the first receiver; every 5 s a line gives frames/s, frames presented and
 //!   skipped, and back-pressure timeouts.
-//! * [`ProducerOptions::image`] serves a ring of OPTIMAL RGBA8 images
-//!   instead: the same pattern is written into a scratch buffer and copied
+//! * [`ProducerOptions::image`] serves a ring of OPTIMAL RGBA8 or RGBA16F
+//!   images instead: the same pattern is written into a scratch buffer and copied
 //!   into the slot's image (transfer commands only,
 //!   [`record_demo_pattern_image`]).
 //! * [`ProducerOptions::host_visible`] puts the ring in host-visible memory
@@ -45,7 +45,7 @@ use crate::sender::{
     SlotResource, WriteSlot,
 };
 use vk_export::ash::vk;
-use vk_export::format::{Format, Rgba8Unorm};
+use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
 use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
 use vk_export::{Context, ExportableBuffer, HeadlessOptions, QueueRole};
 
@@ -80,9 +80,39 @@ pub struct ProducerOptions {
     pub host_visible: bool,
     /// Share only the buffers, no timelines.
     pub no_semaphores: bool,
-    /// A ring of OPTIMAL RGBA8 images ([`crate::sender::ImageSender`])
-    /// instead of pitched buffers (`row_pitch` then unused).
-    pub image: bool,
+    /// A ring of OPTIMAL images of this format
+    /// ([`crate::sender::ImageSender`]) instead of pitched buffers
+    /// (`row_pitch` then unused).
+    pub image: Option<ImageFormat>,
+}
+
+/// The formats of the demo's image rings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageFormat {
+    /// `VK_FORMAT_R8G8B8A8_UNORM`.
+    Rgba8,
+    /// `VK_FORMAT_R16G16B16A16_SFLOAT` (the pattern's words are copied bit
+    /// for bit: each 8-byte texel is two `u32` words of the pattern).
+    Rgba16f,
+}
+
+impl ImageFormat {
+    /// `rgba8` or `rgba16f`.
+    pub fn parse(name: &str) -> Option<ImageFormat> {
+        match name {
+            "rgba8" => Some(ImageFormat::Rgba8),
+            "rgba16f" => Some(ImageFormat::Rgba16f),
+            _ => None,
+        }
+    }
+
+    /// Its `VkFormat` and texel size.
+    pub fn vk(self) -> (vk::Format, u32) {
+        match self {
+            ImageFormat::Rgba8 => (Rgba8Unorm::VK, Rgba8Unorm::TEXEL_BYTES),
+            ImageFormat::Rgba16f => (Rgba16Sfloat::VK, Rgba16Sfloat::TEXEL_BYTES),
+        }
+    }
 }
 
 impl Default for ProducerOptions {
@@ -105,7 +135,7 @@ impl Default for ProducerOptions {
             device: None,
             host_visible: false,
             no_semaphores: false,
-            image: false,
+            image: None,
         }
     }
 }
@@ -131,13 +161,14 @@ impl ProducerOptions {
 
     /// The hello every receiver gets.
     pub fn hello(&self) -> Packet {
-        if self.image {
+        if let Some(format) = self.image {
+            let (vk_format, texel_bytes) = format.vk();
             Packet::image_hello(
                 self.slots,
                 self.width,
                 self.height,
-                <Rgba8Unorm as Format>::VK.as_raw() as u32,
-                4,
+                vk_format.as_raw() as u32,
+                texel_bytes,
             )
         } else {
             Packet::hello(self.slots, self.width, self.height, self.row_pitch)
@@ -246,20 +277,21 @@ pub unsafe fn record_demo_pattern(
     }
 }
 
-/// Records the demo pattern of frame `f` into an RGBA8 image slot: the
-/// pattern ([`record_demo_pattern`], unpadded rows) into `scratch`, then
-/// one copy of the whole of it into the image, moved from `GENERAL` (where
-/// the sender gives it) to `TRANSFER_DST_OPTIMAL` for the copy and back,
-/// transfer commands only.
+/// Records the demo pattern of frame `f` into an image slot of format `F`:
+/// the pattern ([`record_demo_pattern`] over `u32` words, rows of `width`
+/// texels unpadded) into `scratch`, then one copy of the whole of it into
+/// the image (bit for bit), moved from `GENERAL` (where the sender gives
+/// it) to `TRANSFER_DST_OPTIMAL` for the copy and back, transfer commands
+/// only. Panics, recording nothing, if `F`'s texels are not whole words.
 ///
 /// # Safety
 ///
-/// As [`record_demo_pattern`] for `scratch` (at least `width * height * 4`
-/// bytes, also with `TRANSFER_SRC` usage, not used by pending commands),
-/// and `target` is the slot [`crate::sender::WriteSlot::present_with`]
-/// gave this recording: an RGBA8 image of `width` x `height` with
-/// `TRANSFER_DST` usage.
-pub unsafe fn record_demo_pattern_image(
+/// As [`record_demo_pattern`] for `scratch` (at least `width * height *
+/// F::TEXEL_BYTES` bytes, also with `TRANSFER_SRC` usage, not used by
+/// pending commands), and `target` is the slot
+/// [`crate::sender::WriteSlot::present_with`] gave this recording: an
+/// image of `F` of `width` x `height` with `TRANSFER_DST` usage.
+pub unsafe fn record_demo_pattern_image<F: Format>(
     device: &vk_export::ash::Device,
     cmd: vk::CommandBuffer,
     scratch: vk::Buffer,
@@ -267,8 +299,15 @@ pub unsafe fn record_demo_pattern_image(
     (width, height): (u32, u32),
     f: u64,
 ) {
-    let size = u64::from(width) * u64::from(height) * 4;
-    let geometry = (width, height, u64::from(width) * 4);
+    assert!(
+        F::TEXEL_BYTES % 4 == 0,
+        "the demo pattern is made of u32 words; {} texels are {} bytes",
+        F::NAME,
+        F::TEXEL_BYTES
+    );
+    let words = width * (F::TEXEL_BYTES / 4);
+    let size = u64::from(width) * u64::from(height) * u64::from(F::TEXEL_BYTES);
+    let geometry = (words, height, u64::from(words) * 4);
     let barrier = vk::BufferMemoryBarrier::default()
         .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
         .dst_access_mask(vk::AccessFlags::TRANSFER_READ)
@@ -336,8 +375,8 @@ pub unsafe fn record_demo_pattern_image(
     }
 }
 
-/// Whether pixel row `y` of frame `f` (RGBA8 pixels as little-endian
-/// `u32`s, `height` rows) is the demo pattern's.
+/// Whether row `y` of frame `f` (`height` rows; read as little-endian
+/// `u32` words, whatever the texel size) is the demo pattern's.
 pub fn check_demo_row(row: &[u8], f: u64, y: u32, height: u32) -> bool {
     let (band_start, band_end) = protocol::band_rows(f, height);
     let want = if (band_start..band_end).contains(&y) {
@@ -358,11 +397,14 @@ pub fn run(opts: &ProducerOptions) -> Result<(), ProducerError> {
         device_uuid: opts.device,
         ..HeadlessOptions::default()
     })?;
+    use ImageFormat::{Rgba16f, Rgba8};
     match (opts.host_visible, opts.image) {
-        (true, false) => run_buffers::<HostVisible>(ctx, opts),
-        (false, false) => run_buffers::<DeviceLocal>(ctx, opts),
-        (true, true) => run_images::<HostVisible>(ctx, opts),
-        (false, true) => run_images::<DeviceLocal>(ctx, opts),
+        (true, None) => run_buffers::<HostVisible>(ctx, opts),
+        (false, None) => run_buffers::<DeviceLocal>(ctx, opts),
+        (true, Some(Rgba8)) => run_images::<Rgba8Unorm, HostVisible>(ctx, opts),
+        (false, Some(Rgba8)) => run_images::<Rgba8Unorm, DeviceLocal>(ctx, opts),
+        (true, Some(Rgba16f)) => run_images::<Rgba16Sfloat, HostVisible>(ctx, opts),
+        (false, Some(Rgba16f)) => run_images::<Rgba16Sfloat, DeviceLocal>(ctx, opts),
     }
 }
 
@@ -382,20 +424,20 @@ fn run_buffers<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<(
     })
 }
 
-fn run_images<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<()> {
-    let sender = ImageSender::<Rgba8Unorm, M>::new(&ctx, sender_options(opts)?)?;
-    let scratch =
-        ExportableBuffer::<M>::new(&ctx, u64::from(opts.width) * u64::from(opts.height) * 4)?;
+fn run_images<F: Format, M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<()> {
+    let sender = ImageSender::<F, M>::new(&ctx, sender_options(opts)?)?;
+    let bytes = u64::from(opts.width) * u64::from(opts.height) * u64::from(F::TEXEL_BYTES);
+    let scratch = ExportableBuffer::<M>::new(&ctx, bytes)?;
     let extent = (opts.width, opts.height);
     let result = serve(&ctx, opts, sender, |slot| {
         let f = slot.sequence();
         slot.present_with(sender::monotonic_ns(), |device, cmd, target| {
-            // SAFETY: the sender's recording command buffer and its RGBA8
-            // slot of `extent` (transfer usage, every preset has it); the
+            // SAFETY: the sender's recording command buffer and its slot of
+            // `F` and `extent` (transfer usage, every preset has it); the
             // scratch buffer has the frame's bytes and transfer usage, and
             // present_with waits for each frame's commands, so no earlier
             // frame's copy still reads it.
-            unsafe { record_demo_pattern_image(device, cmd, scratch.raw(), target, extent, f) }
+            unsafe { record_demo_pattern_image::<F>(device, cmd, scratch.raw(), target, extent, f) }
         })
     });
     if result.is_err() {
@@ -431,8 +473,8 @@ fn serve<M: MemoryLocation, R: SlotResource<M>>(
     mut sender: Sender<M, R>,
     mut present: impl FnMut(WriteSlot<'_, M, R>) -> Result<u64, SenderError>,
 ) -> Res<()> {
-    let what = if opts.image {
-        "an OPTIMAL RGBA8 image each".to_string()
+    let what = if let Some(format) = opts.image {
+        format!("an OPTIMAL {:?} image each", format.vk().0)
     } else {
         format!("RGBA8, row pitch {} bytes", opts.row_pitch)
     };

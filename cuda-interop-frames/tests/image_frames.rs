@@ -64,8 +64,8 @@ fn image_sender(ctx: &vk_export::Context, address: Address) -> ImageSender<Rgba8
 }
 
 /// Presents one frame of the demo pattern if a slot is free.
-fn present_one<M: MemoryLocation>(
-    sender: &mut ImageSender<Rgba8Unorm, M>,
+fn present_one<F: Format, M: MemoryLocation>(
+    sender: &mut ImageSender<F, M>,
     scratch: &ExportableBuffer<M>,
     timeout: Duration,
 ) -> bool {
@@ -74,24 +74,28 @@ fn present_one<M: MemoryLocation>(
     };
     let f = slot.sequence();
     slot.present_with(sender::monotonic_ns(), |device, cmd, target| {
-        // SAFETY: the sender's recording command buffer and its W x H RGBA8
-        // slot; the scratch buffer holds W * H * 4 bytes (transfer usage)
+        // SAFETY: the sender's recording command buffer and its W x H slot
+        // of F; the scratch buffer holds W * H texels of F (transfer usage)
         // and each present waits for its commands, so no earlier copy still
         // reads it; it outlives the sender's submissions (dropped after).
-        unsafe { record_demo_pattern_image(device, cmd, scratch.raw(), target, (W, H), f) }
+        unsafe { record_demo_pattern_image::<F>(device, cmd, scratch.raw(), target, (W, H), f) }
     })
     .expect("present");
     true
 }
 
-/// Every row of frame `f`'s read-back that is not the demo pattern's.
+/// Every row of frame `f`'s read-back (texels of 4 bytes) that is not the
+/// demo pattern's.
 fn bad_rows(pixels: &[u8], f: u64) -> Vec<u32> {
-    assert_eq!(pixels.len(), (W * H * 4) as usize);
+    bad_rows_of(pixels, f, 4)
+}
+
+/// [`bad_rows`] for texels of `texel` bytes.
+fn bad_rows_of(pixels: &[u8], f: u64, texel: u32) -> Vec<u32> {
+    let row = (W * texel) as usize;
+    assert_eq!(pixels.len(), row * H as usize);
     (0..H)
-        .filter(|&y| {
-            let row = &pixels[(y * W * 4) as usize..((y + 1) * W * 4) as usize];
-            !check_demo_row(row, f, y, H)
-        })
+        .filter(|&y| !check_demo_row(&pixels[y as usize * row..][..row], f, y, H))
         .collect()
 }
 
@@ -353,6 +357,19 @@ fn vulkan_receiver_refuses_what_it_cannot_read() {
 #[ignore = "GPU: needs a CUDA driver and a Vulkan device that exports timelines and \
             device-local OPTIMAL images (the H200); lavapipe has neither"]
 fn cuda_receiver_of_an_image_ring() {
+    cuda_receiver_of::<Rgba8Unorm>();
+}
+
+/// The same with RGBA16F images (8-byte texels, the pattern's words bit
+/// for bit).
+#[test]
+#[ignore = "GPU: needs a CUDA driver and a Vulkan device that exports timelines and \
+            device-local OPTIMAL images (the H200); lavapipe has neither"]
+fn cuda_receiver_of_an_rgba16f_image_ring() {
+    cuda_receiver_of::<Rgba16Sfloat>();
+}
+
+fn cuda_receiver_of<F: Format>() {
     const FRAMES_GPU: u64 = 30;
     let dir = std::env::temp_dir().join(format!("cif-img-cuda-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -370,8 +387,9 @@ fn cuda_receiver_of_an_image_ring() {
             SLOTS,
         )
     };
-    let mut sender = ImageSender::<Rgba8Unorm, DeviceLocal>::new(&ctx, opts).unwrap();
-    let scratch = ExportableBuffer::<DeviceLocal>::new(&ctx, u64::from(W * H * 4)).unwrap();
+    let mut sender = ImageSender::<F, DeviceLocal>::new(&ctx, opts).unwrap();
+    let scratch =
+        ExportableBuffer::<DeviceLocal>::new(&ctx, u64::from(W * H * F::TEXEL_BYTES)).unwrap();
     let receiver = std::thread::spawn(move || -> (u64, u64) {
         let timeout = Duration::from_secs(10);
         let mut rx =
@@ -383,7 +401,7 @@ fn cuda_receiver_of_an_image_ring() {
         let mut setup = rx.take_setup().unwrap();
         let take = |setup: &mut vk_export::wire::Received, i| {
             setup
-                .take_image::<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>(i)
+                .take_image::<F, Optimal, DeviceLocal, usage::Storage>(i)
                 .unwrap()
         };
         let first = take(&mut setup, 0);
@@ -414,14 +432,14 @@ fn cuda_receiver_of_an_image_ring() {
         let levels: Vec<_> = arrays.iter().map(|a| a.level(0).unwrap()).collect();
         let mut stream = cuda_interop::Stream::new(&cuda).unwrap();
         stream.set_timeout(timeout);
-        let mut host = vec![0u8; (W * H * 4) as usize];
+        let mut host = vec![0u8; (W * H * F::TEXEL_BYTES) as usize];
         let (mut checked, mut bad) = (0, 0);
         for _ in 0..FRAMES_GPU {
             let frame = rx.next_frame(timeout).unwrap();
             let (slot, f) = (frame.slot as usize, frame.sequence);
             produced.wait(&stream, f).unwrap();
             levels[slot].copy_to_host(&stream, &mut host).unwrap();
-            if !bad_rows(&host, f).is_empty() {
+            if !bad_rows_of(&host, f, F::TEXEL_BYTES).is_empty() {
                 bad += 1;
             }
             checked += 1;
@@ -444,7 +462,10 @@ fn cuda_receiver_of_an_image_ring() {
         }
     }
     let (checked, bad) = receiver.join().expect("the CUDA receiver");
-    println!("RESULT cuda_image_frames checked={checked} bad={bad}");
+    println!(
+        "RESULT cuda_image_frames {} checked={checked} bad={bad}",
+        F::NAME
+    );
     assert_eq!((checked, bad), (FRAMES_GPU, 0));
     drop(sender);
     drop(scratch);
@@ -498,13 +519,17 @@ fn vulkan_receiver_refuses_images_of_another_size_than_the_hello() {
 
 /// `frame_server --image`'s loop (`producer::run` with `image`): a lossless
 /// Vulkan receiver checks every pixel of the frames it gets until the
-/// producer stops after its 10 frames. A lossless receiver holds at most
-/// the ring's 3 slots, so the producer cannot pass frame `k + 3` before the
-/// receiver released frame `k`: the receiver sees at least frames 1 to 7.
-#[test]
-fn frame_server_image_ring_is_the_demo_pattern() {
+/// producer stops after its 15 frames. The producer renders once a receiver
+/// is connected, but pushes frames to it only once its subscribe was read
+/// (at most `SUBSCRIBE_GRACE`, 250 ms, later), and presents at most 20
+/// frames/s: at most 6 frames go by first. From then on the receiver gets
+/// every frame, in order, to the last.
+fn frame_server_image_ring<F: Format>(format: cuda_interop_frames::producer::ImageFormat) {
     use cuda_interop_frames::producer::{self, ProducerOptions};
-    let socket = std::env::temp_dir().join(format!("cif-img-server-{}.sock", std::process::id()));
+    let socket = std::env::temp_dir().join(format!(
+        "cif-img-server-{}-{format:?}.sock",
+        std::process::id()
+    ));
     let _ = std::fs::remove_file(&socket);
     let host_visible =
         std::any::TypeId::of::<Mem>() == std::any::TypeId::of::<vk_export::markers::HostVisible>();
@@ -515,10 +540,11 @@ fn frame_server_image_ring_is_the_demo_pattern() {
         row_pitch: u64::from(W) * 4,
         slots: SLOTS,
         seconds: BOUND.as_secs_f64(),
-        frames: Some(10),
+        frames: Some(15),
+        fps: 20.0,
         host_visible,
         no_semaphores: true,
-        image: true,
+        image: Some(format),
         ..ProducerOptions::default()
     };
     let server = std::thread::spawn(move || producer::run(&opts));
@@ -532,13 +558,13 @@ fn frame_server_image_ring_is_the_demo_pattern() {
         std::thread::sleep(Duration::from_millis(20));
     };
     let ctx = cuda_interop_testkit::vulkan(None);
-    let mut vrx = VulkanReceiver::<Rgba8Unorm, Mem>::new(&ctx, rx).unwrap();
+    let mut vrx = VulkanReceiver::<F, Mem>::new(&ctx, rx).unwrap();
     let mut seen = Vec::new();
     // Until the producer, done, closes the connection.
     while let Ok(frame) = vrx.next_frame(Duration::from_secs(10)) {
         let pixels = vrx.read_pixels(&frame, Duration::from_secs(10)).unwrap();
         assert_eq!(
-            bad_rows(&pixels, frame.sequence),
+            bad_rows_of(&pixels, frame.sequence, F::TEXEL_BYTES),
             Vec::<u32>::new(),
             "frame {}",
             frame.sequence
@@ -548,8 +574,19 @@ fn frame_server_image_ring_is_the_demo_pattern() {
         let _ = vrx.release(frame);
     }
     server.join().unwrap().expect("the producer ran");
-    assert!(seen.len() >= 7, "frames {seen:?}");
-    assert_eq!(seen, (1..=seen.len() as u64).collect::<Vec<_>>());
+    assert!(seen.len() >= 9, "frames {seen:?}");
+    assert_eq!(seen, (16 - seen.len() as u64..=15).collect::<Vec<_>>());
     drop(vrx);
     cuda_interop_testkit::assert_no_validation_errors(&ctx);
+}
+
+#[test]
+fn frame_server_rgba8_image_ring_is_the_demo_pattern() {
+    frame_server_image_ring::<Rgba8Unorm>(cuda_interop_frames::producer::ImageFormat::Rgba8);
+}
+
+/// The same with 8-byte texels: the pattern's words land bit for bit.
+#[test]
+fn frame_server_rgba16f_image_ring_is_the_demo_pattern() {
+    frame_server_image_ring::<Rgba16Sfloat>(cuda_interop_frames::producer::ImageFormat::Rgba16f);
 }
