@@ -6,6 +6,13 @@
 //! back and checks every pixel of them against the sequence number, and
 //! releases the slot with a GPU signal of its "released" timeline.
 //!
+//! An image ring (`frame_server --image`, OPTIMAL RGBA8 or RGBA16F) is
+//! imported as CUDA arrays (`import_received_image`, `map_array`); the check
+//! then copies the whole level back (`LevelArray::copy_to_host`) and checks
+//! every row (as `u32` words), and the first line says `image ring of
+//! R8G8B8A8_UNORM arrays` (or `R16G16B16A16_SFLOAT`) instead of the row
+//! pitch.
+//!
 //! ```text
 //! cargo run --release -p cuda-interop-frames --example frame_client -- \
 //!     [--name NAME | --socket PATH] [--lossless] [--frames 300] [--timeout 10] \
@@ -27,13 +34,15 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use cuda_interop::{DeviceBuffer, Stream};
-use cuda_interop_frames::consumer;
 use cuda_interop_frames::discovery::{self, Directory};
 use cuda_interop_frames::protocol;
 use cuda_interop_frames::receiver::{Delivery, FrameReceiver};
 use cuda_interop_frames::sender::monotonic_ns;
-use vk_export::markers::DeviceLocal;
+use cuda_interop_frames::{consumer, producer};
+use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
+use vk_export::markers::{usage, DeviceLocal, Optimal};
 use vk_export::semaphore_kinds::Timeline;
+use vk_export::wire::Resource;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -117,27 +126,56 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn run(a: &Args) -> Res<u64> {
-    let mut rx = match &a.name {
+    let rx = match &a.name {
         Some(name) => {
             FrameReceiver::connect_named(&Directory::from_env()?, name, a.delivery, a.timeout)?
         }
         None => FrameReceiver::connect(&a.socket, a.delivery, a.timeout)?,
     };
     let hello = *rx.layout();
+    let format = hello.format;
+    if !hello.is_image_ring() || format == Rgba8Unorm::VK.as_raw() as u32 {
+        receive::<Rgba8Unorm>(a, rx)
+    } else if format == Rgba16Sfloat::VK.as_raw() as u32 {
+        receive::<Rgba16Sfloat>(a, rx)
+    } else {
+        Err(format!(
+            "the sender's images are VkFormat {format}; this client reads \
+             R8G8B8A8_UNORM and R16G16B16A16_SFLOAT"
+        )
+        .into())
+    }
+}
+
+/// Receives with `F` the images' format (unused for a buffer ring).
+fn receive<F: Format>(a: &Args, mut rx: FrameReceiver) -> Res<u64> {
+    let hello = *rx.layout();
     let n = hello.slot as usize;
     let mut setup = rx.take_setup().expect("a new receiver has its setup");
     consumer::check_setup(&hello, &setup)?;
-    let first = setup.take_buffer::<DeviceLocal>(0)?;
-    let cuda = consumer::cuda_device_for(first.record().info().device_uuid())?;
-    let mut imports = vec![cuda
-        .import_received_buffer(first)
-        .map_err(|e| e.into_error())?];
-    for i in 1..n {
-        let buffer = setup.take_buffer::<DeviceLocal>(i)?;
-        imports.push(
-            cuda.import_received_buffer(buffer)
-                .map_err(|e| e.into_error())?,
-        );
+    let image_ring = hello.is_image_ring();
+    // check_setup: at least the n slots' resources are there.
+    let uuid = match &setup.message().resources[0] {
+        Resource::Image(info) => info.device_uuid(),
+        Resource::Buffer(info) => info.device_uuid(),
+        _ => return Err("the ring's first resource is neither a buffer nor an image".into()),
+    };
+    let cuda = consumer::cuda_device_for(uuid)?;
+    let (mut buffer_imports, mut image_imports) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        if image_ring {
+            let image = setup.take_image::<F, Optimal, DeviceLocal, usage::Storage>(i)?;
+            image_imports.push(
+                cuda.import_received_image(image)
+                    .map_err(|e| e.into_error())?,
+            );
+        } else {
+            let buffer = setup.take_buffer::<DeviceLocal>(i)?;
+            buffer_imports.push(
+                cuda.import_received_buffer(buffer)
+                    .map_err(|e| e.into_error())?,
+            );
+        }
     }
     let mut semaphore = |i: usize| -> Res<_> {
         let received = setup.take_semaphore::<Timeline>(i)?;
@@ -149,9 +187,17 @@ fn run(a: &Args) -> Res<u64> {
     let released = (0..n)
         .map(|i| semaphore(n + 1 + i))
         .collect::<Res<Vec<_>>>()?;
-    let maps = imports
+    let maps = buffer_imports
         .iter_mut()
         .map(|b| b.map())
+        .collect::<cuda_interop::Result<Vec<_>>>()?;
+    let arrays = image_imports
+        .iter()
+        .map(|i| i.map_array())
+        .collect::<cuda_interop::Result<Vec<_>>>()?;
+    let levels = arrays
+        .iter()
+        .map(|a| a.level(0))
         .collect::<cuda_interop::Result<Vec<_>>>()?;
     let mut stream = Stream::new(&cuda)?;
     stream.set_timeout(a.timeout);
@@ -160,13 +206,26 @@ fn run(a: &Args) -> Res<u64> {
         .map(|_| DeviceBuffer::new(&cuda, row as usize))
         .collect::<cuda_interop::Result<_>>()?;
     let mut host = vec![0u8; row as usize];
+    let image_row = u64::from(hello.width) * u64::from(F::TEXEL_BYTES);
+    let mut frame_host = vec![
+        0u8;
+        if image_ring {
+            (image_row * u64::from(hello.height)) as usize
+        } else {
+            0
+        }
+    ];
+    let layout = if image_ring {
+        format!("image ring of {} arrays", F::NAME)
+    } else {
+        format!("row pitch {}", hello.row_pitch)
+    };
     println!(
-        "[frame_client] {} on CUDA device {}: {n} slots of {}x{}, row pitch {}, {:?} delivery",
+        "[frame_client] {} on CUDA device {}: {n} slots of {}x{}, {layout}, {:?} delivery",
         cuda.name(),
         cuda.ordinal(),
         hello.width,
         hello.height,
-        hello.row_pitch,
         a.delivery
     );
 
@@ -188,7 +247,19 @@ fn run(a: &Args) -> Res<u64> {
             handoff_us.push((usable - arrived).as_secs_f64() * 1e6);
             latency_us.push(monotonic_ns().saturating_sub(frame.timestamp_ns) as f64 / 1e3);
         }
-        if a.check {
+        if a.check && image_ring {
+            levels[slot].copy_to_host(&stream, &mut frame_host)?;
+            let ok = frame_host
+                .chunks_exact(image_row as usize)
+                .zip(0..)
+                .all(|(pixels, y)| producer::check_demo_row(pixels, f, y, hello.height));
+            if !ok {
+                bad += 1;
+                if bad <= 5 {
+                    eprintln!("[frame_client] frame {f} (slot {slot}) is wrong");
+                }
+            }
+        } else if a.check {
             let (band_start, band_end) = protocol::band_rows(f, hello.height);
             let last = hello.height - 1;
             let sampled = [0, band_start, band_end - 1, band_end.min(last), last];

@@ -7,7 +7,7 @@
 //! cargo run --release -p cuda-interop-frames --example frame_server -- [--name NAME | --socket PATH]
 //!     [--width 1920] [--height 1080] [--row-pitch BYTES] [--slots 4]
 //!     [--seconds 300] [--frames N] [--fps F] [--hold-timeout 5] [--device UUID]
-//!     [--host-visible] [--no-semaphores]
+//!     [--host-visible] [--no-semaphores] [--image [--image-format rgba8|rgba16f]]
 //! ```
 //!
 //! * Each frame `f` (from 1) is written with transfer commands only: the whole
@@ -35,6 +35,10 @@
 //!   the buffers: frames are announced after their writes completed, and a
 //!   release with a GPU signal is a protocol error. CUDA consumers refuse
 //!   such a ring.
+//! * `--image` serves OPTIMAL images (`--image-format`, default RGBA8)
+//!   instead of pitched buffers (the same pattern of `u32` words, copied bit
+//!   for bit into each slot's image; `--row-pitch` unused),
+//!   released to the external queue family in `GENERAL` after each frame.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -45,10 +49,11 @@ fn options() -> Result<ProducerOptions, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     check_args(
         &args,
-        &["--host-visible", "--no-semaphores"],
+        &["--host-visible", "--no-semaphores", "--image"],
         &[
             "--socket",
             "--name",
+            "--image-format",
             "--width",
             "--height",
             "--row-pitch",
@@ -100,6 +105,15 @@ fn options() -> Result<ProducerOptions, String> {
             .transpose()?,
         host_visible: args.iter().any(|a| a == "--host-visible"),
         no_semaphores: args.iter().any(|a| a == "--no-semaphores"),
+        image: if args.iter().any(|a| a == "--image") {
+            let name = value("--image-format").map_or("rgba8", |s| s.as_str());
+            Some(
+                producer::ImageFormat::parse(name)
+                    .ok_or_else(|| format!("--image-format: rgba8 or rgba16f, not {name:?}"))?,
+            )
+        } else {
+            None
+        },
     };
     opts.validate().map_err(|e| e.to_string())?;
     Ok(opts)
@@ -123,7 +137,7 @@ fn main() -> ExitCode {
 }
 
 /// What `--help` prints (and a refused argument is followed by).
-const USAGE: &str = "usage: frame_server [--name NAME] [--socket PATH] [--width 1920] [--height 1080] [--row-pitch BYTES]\n    [--slots 4] [--seconds 300] [--frames N] [--fps F] [--hold-timeout 5] [--device UUID]\n    [--host-visible] [--no-semaphores]";
+const USAGE: &str = "usage: frame_server [--name NAME] [--socket PATH] [--width 1920] [--height 1080] [--row-pitch BYTES]\n    [--slots 4] [--seconds 300] [--frames N] [--fps F] [--hold-timeout 5] [--device UUID]\n    [--host-visible] [--no-semaphores] [--image [--image-format rgba8|rgba16f]]";
 
 /// Answers `-h`/`--help` with [`USAGE`] (exit 0) and refuses, with it
 /// (exit 2), an argument that is none of `flags`, not the value after one of

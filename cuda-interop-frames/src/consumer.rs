@@ -269,9 +269,14 @@ pub fn check_setup(hello: &Packet, setup: &vk_export::wire::Received) -> Result<
     let n = hello.slot as usize;
     let tag = setup.message().tag;
     let count = setup.message().resources.len();
+    let what = if hello.is_image_ring() {
+        "images"
+    } else {
+        "buffers"
+    };
     if tag == SETUP_TAG && count == n {
         return Err(ConsumerError::Protocol(format!(
-            "the sender shares {n} buffers and no semaphores (a Vulkan driver without \
+            "the sender shares {n} {what} and no semaphores (a Vulkan driver without \
              VK_KHR_external_semaphore_fd, such as lavapipe, or frame_server --no-semaphores): \
              a CUDA receiver needs the \"produced\" and \"released\" timelines, and reading \
              a host-visible ring on the host (NumPy) needs host-mapped Vulkan memory on the \
@@ -282,7 +287,7 @@ pub fn check_setup(hello: &Packet, setup: &vk_export::wire::Received) -> Result<
     if tag != SETUP_TAG || count != 2 * n + 1 {
         return Err(ConsumerError::Protocol(format!(
             "after a hello for {n} slots the producer must send the ring: a message tagged \
-             {SETUP_TAG:#x} with {} resources ({n} buffers, \"produced\", {n} \"released\"); \
+             {SETUP_TAG:#x} with {} resources ({n} {what}, \"produced\", {n} \"released\"); \
              got tag {tag:#x} with {count}",
             2 * n + 1
         )));
@@ -390,6 +395,16 @@ impl Ring {
         mut setup: vk_export::wire::Received,
         cuda_for: impl FnOnce(vk_export::DeviceUuid) -> Result<CudaDevice, ConsumerError>,
     ) -> Result<Ring, ConsumerError> {
+        if hello.is_image_ring() {
+            return Err(ConsumerError::Protocol(format!(
+                "the sender shares a ring of {} OPTIMAL images (VkFormat {}), and this \
+                 receiver takes pitched buffers: receive image rings with \
+                 cuda-interop's import_received_image and map_array (the frame_client \
+                 example) or vulkan_receiver::VulkanReceiver, or run the sender with \
+                 buffer slots (frame_server without --image)",
+                hello.slot, hello.format
+            )));
+        }
         check_setup(&hello, &setup)?;
         let n = hello.slot as usize;
         let need = hello.frame_bytes().expect("a checked layout");

@@ -23,9 +23,14 @@
 //!   ring into CUDA, which slots are held), used by the `cuda_interop`
 //!   Python module; [`receiver`] is the receiver's protocol handle
 //!   (delivery mode, sequence numbers, timestamps, dropped frames), used by
-//!   the `frame_client` example.
+//!   the `frame_client` example; [`vulkan_receiver`] receives image rings
+//!   on the receiver's own Vulkan device and reads their pixels back.
+//! * Slots are pitched buffers or OPTIMAL images
+//!   ([`sender::ImageSender`]), released to `VK_QUEUE_FAMILY_EXTERNAL`
+//!   (images in `GENERAL`) after each frame.
 //! * Modules depend downwards only: `protocol` <- `consumer` <- `discovery`
-//!   <- `receiver`; `discovery` <- `sender` <- `producer`.
+//!   <- `receiver` <- `vulkan_receiver`; `discovery` <- `sender` <-
+//!   `producer`.
 //! * Errors are typed; their messages are the ones users see.
 
 pub mod consumer;
@@ -34,3 +39,4 @@ pub mod producer;
 pub mod protocol;
 pub mod receiver;
 pub mod sender;
+pub mod vulkan_receiver;

@@ -24,6 +24,10 @@
 //!   and, when a CUDA driver is there, `cuMemGetInfo`'s free memory, next
 //!   to the values before the first receiver; every 5 s a line gives frames/s, frames presented and
 //!   skipped, and back-pressure timeouts.
+//! * [`ProducerOptions::image`] serves a ring of OPTIMAL RGBA8 or RGBA16F
+//!   images instead: the same pattern is written into a scratch buffer and copied
+//!   into the slot's image (transfer commands only,
+//!   [`record_demo_pattern_image`]).
 //! * [`ProducerOptions::host_visible`] puts the ring in host-visible memory
 //!   instead, for Vulkan drivers without device-local-only memory (lavapipe:
 //!   the CPU tests); CUDA consumers need the default, device-local.
@@ -36,10 +40,14 @@ use std::time::{Duration, Instant};
 
 use crate::discovery::{Directory, DiscoveryError};
 use crate::protocol::{self, Packet, PacketError};
-use crate::sender::{self, AcquireError, Address, Sender, SenderError, SenderOptions};
+use crate::sender::{
+    self, AcquireError, Address, ImageSender, ImageTarget, Sender, SenderError, SenderOptions,
+    SlotResource, WriteSlot,
+};
 use vk_export::ash::vk;
+use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
 use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
-use vk_export::{Context, HeadlessOptions, QueueRole};
+use vk_export::{Context, ExportableBuffer, HeadlessOptions, QueueRole};
 
 type Res<T> = Result<T, ProducerError>;
 
@@ -72,6 +80,39 @@ pub struct ProducerOptions {
     pub host_visible: bool,
     /// Share only the buffers, no timelines.
     pub no_semaphores: bool,
+    /// A ring of OPTIMAL images of this format
+    /// ([`crate::sender::ImageSender`]) instead of pitched buffers
+    /// (`row_pitch` then unused).
+    pub image: Option<ImageFormat>,
+}
+
+/// The formats of the demo's image rings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageFormat {
+    /// `VK_FORMAT_R8G8B8A8_UNORM`.
+    Rgba8,
+    /// `VK_FORMAT_R16G16B16A16_SFLOAT` (the pattern's words are copied bit
+    /// for bit: each 8-byte texel is two `u32` words of the pattern).
+    Rgba16f,
+}
+
+impl ImageFormat {
+    /// `rgba8` or `rgba16f`.
+    pub fn parse(name: &str) -> Option<ImageFormat> {
+        match name {
+            "rgba8" => Some(ImageFormat::Rgba8),
+            "rgba16f" => Some(ImageFormat::Rgba16f),
+            _ => None,
+        }
+    }
+
+    /// Its `VkFormat` and texel size.
+    pub fn vk(self) -> (vk::Format, u32) {
+        match self {
+            ImageFormat::Rgba8 => (Rgba8Unorm::VK, Rgba8Unorm::TEXEL_BYTES),
+            ImageFormat::Rgba16f => (Rgba16Sfloat::VK, Rgba16Sfloat::TEXEL_BYTES),
+        }
+    }
 }
 
 impl Default for ProducerOptions {
@@ -94,6 +135,7 @@ impl Default for ProducerOptions {
             device: None,
             host_visible: false,
             no_semaphores: false,
+            image: None,
         }
     }
 }
@@ -119,7 +161,18 @@ impl ProducerOptions {
 
     /// The hello every receiver gets.
     pub fn hello(&self) -> Packet {
-        Packet::hello(self.slots, self.width, self.height, self.row_pitch)
+        if let Some(format) = self.image {
+            let (vk_format, texel_bytes) = format.vk();
+            Packet::image_hello(
+                self.slots,
+                self.width,
+                self.height,
+                vk_format.as_raw() as u32,
+                texel_bytes,
+            )
+        } else {
+            Packet::hello(self.slots, self.width, self.height, self.row_pitch)
+        }
     }
 }
 
@@ -224,6 +277,117 @@ pub unsafe fn record_demo_pattern(
     }
 }
 
+/// Records the demo pattern of frame `f` into an image slot of format `F`:
+/// the pattern ([`record_demo_pattern`] over `u32` words, rows of `width`
+/// texels unpadded) into `scratch`, then one copy of the whole of it into
+/// the image (bit for bit), moved from `GENERAL` (where the sender gives
+/// it) to `TRANSFER_DST_OPTIMAL` for the copy and back, transfer commands
+/// only. Panics, recording nothing, if `F`'s texels are not whole words.
+///
+/// # Safety
+///
+/// As [`record_demo_pattern`] for `scratch` (at least `width * height *
+/// F::TEXEL_BYTES` bytes, also with `TRANSFER_SRC` usage, not used by
+/// pending commands), and `target` is the slot
+/// [`crate::sender::WriteSlot::present_with`] gave this recording: an
+/// image of `F` of `width` x `height` with `TRANSFER_DST` usage.
+pub unsafe fn record_demo_pattern_image<F: Format>(
+    device: &vk_export::ash::Device,
+    cmd: vk::CommandBuffer,
+    scratch: vk::Buffer,
+    target: ImageTarget,
+    (width, height): (u32, u32),
+    f: u64,
+) {
+    assert!(
+        F::TEXEL_BYTES % 4 == 0,
+        "the demo pattern is made of u32 words; {} texels are {} bytes",
+        F::NAME,
+        F::TEXEL_BYTES
+    );
+    let words = width * (F::TEXEL_BYTES / 4);
+    let size = u64::from(width) * u64::from(height) * u64::from(F::TEXEL_BYTES);
+    let geometry = (words, height, u64::from(words) * 4);
+    let barrier = vk::BufferMemoryBarrier::default()
+        .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+        .dst_access_mask(vk::AccessFlags::TRANSFER_READ)
+        .src_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+        .dst_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+        .buffer(scratch)
+        .offset(0)
+        .size(vk::WHOLE_SIZE);
+    let region = vk::BufferImageCopy::default()
+        .image_subresource(vk::ImageSubresourceLayers {
+            aspect_mask: vk::ImageAspectFlags::COLOR,
+            mip_level: 0,
+            base_array_layer: 0,
+            layer_count: 1,
+        })
+        .image_extent(vk::Extent3D {
+            width,
+            height,
+            depth: 1,
+        });
+    let layout = |old, new, src_access, dst_access| {
+        vk::ImageMemoryBarrier::default()
+            .src_access_mask(src_access)
+            .dst_access_mask(dst_access)
+            .old_layout(old)
+            .new_layout(new)
+            .src_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+            .dst_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+            .image(target.image)
+            .subresource_range(vk::ImageSubresourceRange {
+                aspect_mask: vk::ImageAspectFlags::COLOR,
+                base_mip_level: 0,
+                level_count: 1,
+                base_array_layer: 0,
+                layer_count: 1,
+            })
+    };
+    let dst = vk::ImageLayout::TRANSFER_DST_OPTIMAL;
+    let general = vk::ImageLayout::GENERAL;
+    let write = vk::AccessFlags::TRANSFER_WRITE;
+    // SAFETY: the caller's guarantees; the copy covers exactly the image,
+    // from the first `size` bytes of the scratch buffer, and the image goes
+    // back to GENERAL.
+    unsafe {
+        record_demo_pattern(device, cmd, scratch, size, geometry, f);
+        device.cmd_pipeline_barrier(
+            cmd,
+            vk::PipelineStageFlags::TRANSFER,
+            vk::PipelineStageFlags::TRANSFER,
+            vk::DependencyFlags::empty(),
+            &[],
+            &[barrier],
+            &[layout(general, dst, vk::AccessFlags::empty(), write)],
+        );
+        device.cmd_copy_buffer_to_image(cmd, scratch, target.image, dst, &[region]);
+        device.cmd_pipeline_barrier(
+            cmd,
+            vk::PipelineStageFlags::TRANSFER,
+            vk::PipelineStageFlags::TRANSFER,
+            vk::DependencyFlags::empty(),
+            &[],
+            &[],
+            &[layout(dst, general, write, write)],
+        );
+    }
+}
+
+/// Whether row `y` of frame `f` (`height` rows; read as little-endian
+/// `u32` words, whatever the texel size) is the demo pattern's.
+pub fn check_demo_row(row: &[u8], f: u64, y: u32, height: u32) -> bool {
+    let (band_start, band_end) = protocol::band_rows(f, height);
+    let want = if (band_start..band_end).contains(&y) {
+        protocol::band_value(f)
+    } else {
+        protocol::background(f)
+    };
+    row.chunks_exact(4)
+        .all(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]) == want)
+}
+
 /// Serves frames as the module contract says until the run time or the
 /// frame count is reached, and stops cleanly (every receiver disconnected,
 /// the socket file and the directory entry removed).
@@ -233,14 +397,58 @@ pub fn run(opts: &ProducerOptions) -> Result<(), ProducerError> {
         device_uuid: opts.device,
         ..HeadlessOptions::default()
     })?;
-    if opts.host_visible {
-        run_with::<HostVisible>(ctx, opts)
-    } else {
-        run_with::<DeviceLocal>(ctx, opts)
+    use ImageFormat::{Rgba16f, Rgba8};
+    match (opts.host_visible, opts.image) {
+        (true, None) => run_buffers::<HostVisible>(ctx, opts),
+        (false, None) => run_buffers::<DeviceLocal>(ctx, opts),
+        (true, Some(Rgba8)) => run_images::<Rgba8Unorm, HostVisible>(ctx, opts),
+        (false, Some(Rgba8)) => run_images::<Rgba8Unorm, DeviceLocal>(ctx, opts),
+        (true, Some(Rgba16f)) => run_images::<Rgba16Sfloat, HostVisible>(ctx, opts),
+        (false, Some(Rgba16f)) => run_images::<Rgba16Sfloat, DeviceLocal>(ctx, opts),
     }
 }
 
-fn run_with<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<()> {
+fn run_buffers<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<()> {
+    let sender = Sender::<M>::new(&ctx, sender_options(opts)?)?;
+    let size = sender.buffers()[0].size();
+    let geometry = (opts.width, opts.height, opts.row_pitch);
+    serve(&ctx, opts, sender, |slot| {
+        let f = slot.sequence();
+        slot.present_with(sender::monotonic_ns(), |device, cmd, buffer| {
+            // SAFETY: the sender gives its recording command buffer and the
+            // slot's buffer (`size` bytes, transfer usage, kept alive past
+            // the submission's wait); the layout was checked, so the band
+            // lies inside it.
+            unsafe { record_demo_pattern(device, cmd, buffer, size, geometry, f) }
+        })
+    })
+}
+
+fn run_images<F: Format, M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<()> {
+    let sender = ImageSender::<F, M>::new(&ctx, sender_options(opts)?)?;
+    let bytes = u64::from(opts.width) * u64::from(opts.height) * u64::from(F::TEXEL_BYTES);
+    let scratch = ExportableBuffer::<M>::new(&ctx, bytes)?;
+    let extent = (opts.width, opts.height);
+    let result = serve(&ctx, opts, sender, |slot| {
+        let f = slot.sequence();
+        slot.present_with(sender::monotonic_ns(), |device, cmd, target| {
+            // SAFETY: the sender's recording command buffer and its slot of
+            // `F` and `extent` (transfer usage, every preset has it); the
+            // scratch buffer has the frame's bytes and transfer usage, and
+            // present_with waits for each frame's commands, so no earlier
+            // frame's copy still reads it.
+            unsafe { record_demo_pattern_image::<F>(device, cmd, scratch.raw(), target, extent, f) }
+        })
+    });
+    if result.is_err() {
+        // A failed present may have left a submission that reads it
+        // pending (vk-export does not track the closure's commands).
+        std::mem::forget(scratch);
+    }
+    result
+}
+
+fn sender_options(opts: &ProducerOptions) -> Res<SenderOptions> {
     let address = match &opts.name {
         Some(name) => Address::Named {
             directory: Directory::from_env()?,
@@ -248,25 +456,37 @@ fn run_with<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<()> 
         },
         None => Address::Path(opts.socket.clone().into()),
     };
-    let sender_opts = SenderOptions {
+    Ok(SenderOptions {
         row_pitch: opts.row_pitch,
         hold_timeout: opts.hold_timeout,
         semaphores: !opts.no_semaphores,
         // The demo pattern is transfer commands only.
         queue: QueueRole::Transfer,
         ..SenderOptions::new(address, opts.width, opts.height, opts.slots)
+    })
+}
+
+/// The serving loop over `sender`; `present` paints and presents a slot.
+fn serve<M: MemoryLocation, R: SlotResource<M>>(
+    ctx: &Context,
+    opts: &ProducerOptions,
+    mut sender: Sender<M, R>,
+    mut present: impl FnMut(WriteSlot<'_, M, R>) -> Result<u64, SenderError>,
+) -> Res<()> {
+    let what = if let Some(format) = opts.image {
+        format!("an OPTIMAL {:?} image each", format.vk().0)
+    } else {
+        format!("RGBA8, row pitch {} bytes", opts.row_pitch)
     };
-    let mut sender = Sender::<M>::new(&ctx, sender_opts)?;
     println!(
-        "[frame_server] {} ({}), {} slots of {}x{} RGBA8, row pitch {} bytes",
+        "[frame_server] {} ({}), {} slots of {}x{} {what}",
         ctx.identity().name,
         ctx.identity().device_uuid_string(),
         opts.slots,
         opts.width,
         opts.height,
-        opts.row_pitch
     );
-    let cuda = CudaProbe::new(&ctx);
+    let cuda = CudaProbe::new(ctx);
     let baseline = (fd_count(), cuda.free_mib());
     // "consumers" and "before any consumer" are the words the Python tests
     // and gpu_demo.sh read.
@@ -328,19 +548,9 @@ fn run_with<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<()> 
             continue;
         }
         let frame_start = Instant::now();
-        let size = sender.buffers()[0].size();
-        let geometry = (opts.width, opts.height, opts.row_pitch);
         match sender.acquire(sender::POLL) {
             Ok(slot) => {
-                let f = slot.sequence();
-                let presented = slot.present_with(sender::monotonic_ns(), |device, cmd, buffer| {
-                    // SAFETY: the sender gives its recording command buffer
-                    // and the slot's buffer (`size` bytes, transfer usage,
-                    // kept alive past the submission's wait); the layout
-                    // was checked, so the band lies inside it.
-                    unsafe { record_demo_pattern(device, cmd, buffer, size, geometry, f) }
-                });
-                if let Err(e) = presented {
+                if let Err(e) = present(slot) {
                     break Err(e.into());
                 }
             }

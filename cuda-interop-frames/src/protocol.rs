@@ -8,9 +8,10 @@
 //!
 //! * One conversation: the producer sends a [`Kind::Hello`] packet (the
 //!   ring's layout), then one `vk-export` wire message tagged [`SETUP_TAG`]
-//!   whose resources are the `slots` device-local buffers, the "produced"
-//!   timeline and `slots` "released" timelines (resource `slots + 1 + i`
-//!   belongs to slot `i`); then [`Kind::Frame`] packets, each naming the
+//!   whose resources are the `slots` buffers (or images, when the hello has
+//!   [`HELLO_IMAGES`]), the "produced" timeline and `slots` "released"
+//!   timelines (resource `slots + 1 + i` belongs to slot `i`; a ring
+//!   without semaphores sends the `slots` buffers or images alone); then [`Kind::Frame`] packets, each naming the
 //!   slot, the frame's sequence number and its presentation time
 //!   ([`Packet::timestamp_ns`], `CLOCK_MONOTONIC`). The consumer answers
 //!   each frame with one [`Kind::Release`] packet.
@@ -31,6 +32,13 @@
 //!   GPU work on the frame is done; the producer's next write to the slot
 //!   waits for that value. A release without it means the consumer's reads
 //!   have completed already.
+//! * Image rings: a hello with [`HELLO_IMAGES`] in its flags announces
+//!   OPTIMAL images; its `format` is the images' `VkFormat` (raw value) and
+//!   its `row_pitch` the bytes of one row tightly packed (`width` times the
+//!   texel size), which is what a read-back of a frame gives. The producer
+//!   releases each frame's image to `VK_QUEUE_FAMILY_EXTERNAL` in
+//!   `VK_IMAGE_LAYOUT_GENERAL`; a Vulkan consumer acquires it from there
+//!   and releases it back the same way before its release packet.
 //! * The producer never writes a slot a consumer holds (sent, not yet
 //!   released); a consumer that closes its socket releases everything it
 //!   held.
@@ -54,6 +62,11 @@ pub const SETUP_TAG: u64 = u64::from_le_bytes(*b"CIFRRING");
 pub const MAX_SLOTS: u32 = 7;
 /// [`Packet::format`] of 8-bit RGBA, 4 bytes per pixel.
 pub const FORMAT_RGBA8: u32 = 1;
+/// [`Packet::flags`] of a hello: the slots are images (see the module
+/// contract); without it they are pitched buffers of [`FORMAT_RGBA8`].
+pub const HELLO_IMAGES: u32 = 1;
+/// Texel sizes an image ring's hello may announce, in bytes.
+pub const IMAGE_TEXEL_BYTES: [u64; 5] = [1, 2, 4, 8, 16];
 /// [`Packet::flags`] of a release: the consumer signals the slot's "released"
 /// timeline with the frame number when its GPU work is done.
 pub const RELEASE_GPU_SIGNALLED: u32 = 1;
@@ -88,7 +101,8 @@ pub struct Packet {
     pub kind: Kind,
     /// The slot (hello: the number of slots).
     pub slot: u32,
-    /// Release: [`RELEASE_GPU_SIGNALLED`] or 0; subscribe: the mode.
+    /// Release: [`RELEASE_GPU_SIGNALLED`] or 0; subscribe: the mode; hello:
+    /// [`HELLO_IMAGES`] or 0.
     pub flags: u32,
     /// The frame number (from 1; hello: 0).
     pub frame: u64,
@@ -98,7 +112,8 @@ pub struct Packet {
     pub height: u32,
     /// Hello: bytes from one row to the next.
     pub row_pitch: u64,
-    /// Hello: [`FORMAT_RGBA8`].
+    /// Hello: [`FORMAT_RGBA8`] (buffer rings) or the images' `VkFormat`
+    /// (image rings).
     pub format: u32,
     /// Frame: its presentation time, nanoseconds of `CLOCK_MONOTONIC`.
     pub timestamp_ns: u64,
@@ -126,7 +141,7 @@ pub enum PacketError {
     /// A subscribe with an unknown mode.
     #[error("unknown delivery mode {0} (0: lossless, 1: latest)")]
     Mode(u32),
-    /// A hello whose layout cannot be a ring of RGBA8 frames.
+    /// A hello whose layout cannot be a ring of RGBA8 frames or of images.
     #[error("bad ring layout: {0}")]
     Layout(String),
 }
@@ -145,6 +160,32 @@ impl Packet {
             format: FORMAT_RGBA8,
             timestamp_ns: 0,
         }
+    }
+
+    /// A hello for a ring of `slots` images of `vk_format` (a raw
+    /// `VkFormat`) with texels of `texel_bytes` bytes.
+    pub fn image_hello(
+        slots: u32,
+        width: u32,
+        height: u32,
+        vk_format: u32,
+        texel_bytes: u32,
+    ) -> Packet {
+        Packet {
+            flags: HELLO_IMAGES,
+            format: vk_format,
+            ..Packet::hello(
+                slots,
+                width,
+                height,
+                u64::from(width) * u64::from(texel_bytes),
+            )
+        }
+    }
+
+    /// Whether a hello announces an image ring ([`HELLO_IMAGES`]).
+    pub fn is_image_ring(&self) -> bool {
+        self.kind == Kind::Hello && self.flags & HELLO_IMAGES != 0
     }
 
     /// Frame `frame` is in `slot`, presented at `timestamp_ns`.
@@ -258,28 +299,52 @@ impl Packet {
         Ok(packet)
     }
 
-    /// A hello's layout: 1 to [`MAX_SLOTS`] slots, RGBA8, a non-empty image
-    /// whose rows fit the pitch (a multiple of 4), at most 2^31 bytes a frame.
+    /// A hello's layout: 1 to [`MAX_SLOTS`] slots, a non-empty image, at
+    /// most 2^31 bytes a frame; buffer rings: RGBA8, rows that fit the pitch
+    /// (a multiple of 4); image rings ([`HELLO_IMAGES`]): a nonzero format
+    /// and a pitch of `width` texels of one of [`IMAGE_TEXEL_BYTES`].
     pub fn check_layout(&self) -> Result<(), PacketError> {
         let bad = |why: String| Err(PacketError::Layout(why));
         if self.slot == 0 || self.slot > MAX_SLOTS {
             return bad(format!("{} slots (1 to {MAX_SLOTS})", self.slot));
         }
-        if self.format != FORMAT_RGBA8 {
-            return bad(format!("format {} (only RGBA8, 1, is known)", self.format));
+        if self.flags & !HELLO_IMAGES != 0 {
+            return bad(format!(
+                "hello flags {:#x} (only HELLO_IMAGES, 1, is known)",
+                self.flags
+            ));
         }
         if self.width == 0 || self.height == 0 {
             return bad(format!("{}x{} pixels", self.width, self.height));
         }
-        let row = u64::from(self.width) * 4;
-        // The pitch becomes a tensor stride (an i64) and is bounded like the
-        // frame: a one-row frame would otherwise leave it unchecked.
-        if self.row_pitch < row || !self.row_pitch.is_multiple_of(4) || self.row_pitch > 1 << 31 {
-            return bad(format!(
-                "row pitch {} for rows of {row} bytes (at least a row, a multiple of 4, \
-                 at most 2 GiB)",
-                self.row_pitch
-            ));
+        if self.is_image_ring() {
+            if self.format == 0 {
+                return bad("an image ring of VK_FORMAT_UNDEFINED".into());
+            }
+            let width = u64::from(self.width);
+            if !self.row_pitch.is_multiple_of(width)
+                || !IMAGE_TEXEL_BYTES.contains(&(self.row_pitch / width))
+            {
+                return bad(format!(
+                    "image row of {} bytes for {} texels (texels of 1, 2, 4, 8 or 16 bytes)",
+                    self.row_pitch, self.width
+                ));
+            }
+        } else {
+            if self.format != FORMAT_RGBA8 {
+                return bad(format!("format {} (only RGBA8, 1, is known)", self.format));
+            }
+            let row = u64::from(self.width) * 4;
+            // The pitch becomes a tensor stride (an i64) and is bounded like the
+            // frame: a one-row frame would otherwise leave it unchecked.
+            if self.row_pitch < row || !self.row_pitch.is_multiple_of(4) || self.row_pitch > 1 << 31
+            {
+                return bad(format!(
+                    "row pitch {} for rows of {row} bytes (at least a row, a multiple of 4, \
+                     at most 2 GiB)",
+                    self.row_pitch
+                ));
+            }
         }
         match self.frame_bytes() {
             Some(n) if n <= 1 << 31 => Ok(()),
@@ -291,12 +356,18 @@ impl Packet {
     }
 
     /// Bytes a frame of a hello's layout spans: all rows but the last at
-    /// the pitch, the last one only as wide as the image.
+    /// the pitch, the last one only as wide as the image (4 bytes a pixel
+    /// in a buffer ring; an image ring's rows are the pitch).
     pub fn frame_bytes(&self) -> Option<u64> {
+        let last_row = if self.is_image_ring() {
+            self.row_pitch
+        } else {
+            u64::from(self.width) * 4
+        };
         u64::from(self.height)
             .checked_sub(1)?
             .checked_mul(self.row_pitch)?
-            .checked_add(u64::from(self.width) * 4)
+            .checked_add(last_row)
     }
 }
 
@@ -450,6 +521,40 @@ mod tests {
         assert_eq!(background((1 << 32) + 7), 7);
         assert_eq!(band_rows(0, 1080), (0, 67));
         assert_eq!(band_rows(1, 1080), (8, 75));
+    }
+
+    #[test]
+    fn image_hellos() {
+        let h = Packet::image_hello(3, 64, 32, 37, 4);
+        assert!(h.is_image_ring());
+        assert_eq!((h.row_pitch, h.frame_bytes()), (256, Some(32 * 256)));
+        assert_eq!(Packet::decode(&h.encode()), Ok(h));
+        assert!(!Packet::hello(3, 64, 32, 256).is_image_ring());
+        assert!(!Packet::release(0, 1, true).is_image_ring());
+        // 16-byte texels (RGBA32F) are fine, 3-byte ones are not.
+        assert!(Packet::image_hello(3, 64, 32, 109, 16)
+            .check_layout()
+            .is_ok());
+        let bad = [
+            Packet::image_hello(3, 64, 32, 37, 3),
+            Packet::image_hello(3, 64, 32, 37, 0),
+            Packet::image_hello(3, 64, 32, 0, 4),
+            Packet::image_hello(3, 1 << 16, 1 << 14, 37, 16),
+            Packet {
+                row_pitch: 255,
+                ..Packet::image_hello(3, 64, 32, 37, 4)
+            },
+            Packet {
+                flags: 2,
+                ..Packet::hello(3, 64, 32, 256)
+            },
+        ];
+        for h in bad {
+            assert!(
+                matches!(Packet::decode(&h.encode()), Err(PacketError::Layout(_))),
+                "{h:?}"
+            );
+        }
     }
 
     #[test]

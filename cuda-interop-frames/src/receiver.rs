@@ -169,6 +169,12 @@ impl FrameReceiver {
         self.stats
     }
 
+    /// Whether `frame` is one this receiver holds now (received, not yet
+    /// released).
+    pub fn holds(&self, frame: &FrameInfo) -> bool {
+        self.held.get(frame.slot as usize).copied().flatten() == Some(frame.sequence)
+    }
+
     /// How many slots it holds.
     pub fn held(&self) -> usize {
         self.held.iter().flatten().count()

@@ -1,7 +1,8 @@
-//! The sender: a ring of exportable buffers on the application's Vulkan
-//! [`Context`] (its own device through `Context::from_raw`, or a headless
-//! one), served to any number of receivers over a Unix socket, found by
-//! name ([`crate::discovery`]) or by path.
+//! The sender: a ring of exportable buffers, or of OPTIMAL exportable
+//! images ([`ImageSender`]), on the application's Vulkan [`Context`] (its
+//! own device through `Context::from_raw`, or a headless one), served to
+//! any number of receivers over a Unix socket, found by name
+//! ([`crate::discovery`]) or by path.
 //!
 //! # Contract
 //!
@@ -13,6 +14,15 @@
 //!   "released" value of the slot and signals "produced" with the frame's
 //!   sequence number. Sequence numbers go up by one per presented frame,
 //!   from 1; each carries a `CLOCK_MONOTONIC` timestamp.
+//! * Images ([`SlotResource`] says what a slot is): the application's
+//!   commands get an [`ImageTarget`], the image in `GENERAL` owned by the
+//!   command buffer's family (from `UNDEFINED` on its first frame, acquired
+//!   from `VK_QUEUE_FAMILY_EXTERNAL` in `GENERAL` after), and leave it in
+//!   `GENERAL`; the release is to the external family in `GENERAL`, the
+//!   layout CUDA uses and a Vulkan receiver acquires from.
+//! * Frames are announced after their submission completed (the present
+//!   waits for it, bounded), so a receiver without timelines is ordered by
+//!   the frame packet.
 //! * Delivery is each receiver's choice (see [`crate::protocol`]):
 //!   *lossless* receivers get every frame and hold its slot until they
 //!   release it; *latest* receivers get the newest frame when they ask. A
@@ -98,10 +108,12 @@ use std::time::{Duration, Instant};
 use rustix::io::Errno;
 use rustix::net::SendFlags;
 use vk_export::ash::vk;
-use vk_export::markers::MemoryLocation;
+use vk_export::format::Format;
+use vk_export::markers::{usage, MemoryLocation, Optimal, Usage};
 use vk_export::socket::{Connection, Exported, Listener};
 use vk_export::{
-    Context, ExportableBuffer, QueueRole, SubmitSync, TimelineSemaphore, WaitStrategy,
+    Context, ExportableBuffer, ExportableImage, ImageDesc, QueueRole, SubmitSync,
+    TimelineSemaphore, WaitStrategy,
 };
 
 use crate::discovery::{Announcement, Directory, DiscoveryError, SenderInfo, SlotKind};
@@ -144,7 +156,9 @@ pub struct SenderOptions {
     pub width: u32,
     /// Rows.
     pub height: u32,
-    /// Bytes from one row to the next (at least `width * 4`, a multiple of 4).
+    /// Bytes from one row to the next (at least `width * 4`, a multiple of
+    /// 4) of a buffer ring; an image ring ignores it (its hello gives the
+    /// tightly packed row of its format).
     pub row_pitch: u64,
     /// Slots in the ring (2 to [`protocol::MAX_SLOTS`]).
     pub slots: u32,
@@ -178,7 +192,8 @@ impl SenderOptions {
         }
     }
 
-    /// The hello every receiver gets.
+    /// The hello every receiver of a buffer ring gets (an image ring's is
+    /// [`SlotResource::hello`]'s).
     pub fn hello(&self) -> Packet {
         Packet::hello(self.slots, self.width, self.height, self.row_pitch)
     }
@@ -377,11 +392,308 @@ fn read_packets(id: u64, mut stream: UnixStream, events: EventSender<Event>, fla
     post(&events, Event::Gone { id, why, fault }, stop, closed);
 }
 
+mod sealed {
+    pub trait Sealed {}
+    impl<M: vk_export::markers::MemoryLocation> Sealed for vk_export::ExportableBuffer<M> {}
+    impl<F, M, U> Sealed for vk_export::ExportableImage<F, vk_export::markers::Optimal, M, U> {}
+}
+
+/// What a ring's slots are: [`ExportableBuffer`]s (pitched RGBA8 frames,
+/// the default) or OPTIMAL [`ExportableImage`]s of one format and usage
+/// ([`ImageSender`]). Sealed: the crate records each kind's ownership
+/// barriers itself.
+pub trait SlotResource<M: MemoryLocation>: Exported + sealed::Sealed + Sized {
+    /// What [`WriteSlot::present_with`]'s closure records into.
+    type Target: Copy;
+    /// What discovery lists.
+    const KIND: SlotKind;
+    /// The hello of a ring of these slots for `opts`.
+    fn hello(opts: &SenderOptions) -> Result<Packet, SenderError>;
+    /// The format name discovery lists.
+    fn format_name() -> String;
+    /// One slot for `opts`.
+    fn create(ctx: &Context, opts: &SenderOptions) -> Result<Self, SenderError>;
+    /// The closure's view of the slot, recorded on `family`.
+    fn target(&self, family: u32) -> Self::Target;
+    /// Records the slot's acquisition by `family`: from
+    /// `VK_QUEUE_FAMILY_EXTERNAL` if `from_external` (it was released
+    /// there by an earlier frame), else from nothing (its first frame).
+    ///
+    /// # Safety
+    /// `cmd` is a command buffer of `device` in the recording state, for a
+    /// queue of `family`; the slot outlives the commands.
+    unsafe fn record_acquire(
+        &self,
+        device: &vk_export::ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+        from_external: bool,
+    );
+    /// Records the release of the slot by `family` to
+    /// `VK_QUEUE_FAMILY_EXTERNAL`, after every earlier command's writes.
+    ///
+    /// # Safety
+    /// As [`SlotResource::record_acquire`].
+    unsafe fn record_release(
+        &self,
+        device: &vk_export::ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+    );
+}
+
+/// The acquire and release stages and accesses of both kinds: full
+/// barriers, as the crate's helpers use.
+fn acquire_access() -> (vk::AccessFlags, vk::AccessFlags) {
+    (
+        vk::AccessFlags::empty(),
+        vk::AccessFlags::MEMORY_WRITE | vk::AccessFlags::MEMORY_READ,
+    )
+}
+
+impl<M: MemoryLocation> SlotResource<M> for ExportableBuffer<M> {
+    type Target = vk::Buffer;
+    const KIND: SlotKind = SlotKind::Buffer;
+
+    fn hello(opts: &SenderOptions) -> Result<Packet, SenderError> {
+        let hello = opts.hello();
+        hello.check_layout()?;
+        Ok(hello)
+    }
+
+    fn format_name() -> String {
+        "rgba8".into()
+    }
+
+    fn create(ctx: &Context, opts: &SenderOptions) -> Result<Self, SenderError> {
+        let frame_bytes = opts.hello().frame_bytes().expect("a checked layout");
+        let size = (u64::from(opts.height) * opts.row_pitch).max(frame_bytes);
+        Ok(ExportableBuffer::<M>::new(ctx, size)?)
+    }
+
+    fn target(&self, _family: u32) -> vk::Buffer {
+        self.raw()
+    }
+
+    unsafe fn record_acquire(
+        &self,
+        device: &vk_export::ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+        from_external: bool,
+    ) {
+        if !from_external {
+            return;
+        }
+        let (src, dst) = acquire_access();
+        let barrier = buffer_barrier(self.raw(), vk::QUEUE_FAMILY_EXTERNAL, family, src, dst);
+        // SAFETY: the caller's recording command buffer; the buffer is alive.
+        unsafe {
+            device.cmd_pipeline_barrier(
+                cmd,
+                vk::PipelineStageFlags::TOP_OF_PIPE,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::DependencyFlags::empty(),
+                &[],
+                &[barrier],
+                &[],
+            )
+        };
+    }
+
+    unsafe fn record_release(
+        &self,
+        device: &vk_export::ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+    ) {
+        let barrier = buffer_barrier(
+            self.raw(),
+            family,
+            vk::QUEUE_FAMILY_EXTERNAL,
+            vk::AccessFlags::MEMORY_WRITE,
+            vk::AccessFlags::empty(),
+        );
+        // SAFETY: as in record_acquire.
+        unsafe {
+            device.cmd_pipeline_barrier(
+                cmd,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                vk::DependencyFlags::empty(),
+                &[],
+                &[barrier],
+                &[],
+            )
+        };
+    }
+}
+
+fn buffer_barrier(
+    buffer: vk::Buffer,
+    src_family: u32,
+    dst_family: u32,
+    src_access: vk::AccessFlags,
+    dst_access: vk::AccessFlags,
+) -> vk::BufferMemoryBarrier<'static> {
+    vk::BufferMemoryBarrier::default()
+        .src_access_mask(src_access)
+        .dst_access_mask(dst_access)
+        .src_queue_family_index(src_family)
+        .dst_queue_family_index(dst_family)
+        .buffer(buffer)
+        .offset(0)
+        .size(vk::WHOLE_SIZE)
+}
+
+/// The slot an image ring's [`WriteSlot::present_with`] closure records
+/// into: when the closure runs, `image` is owned by `queue_family` (the
+/// family of the command buffer) in `VK_IMAGE_LAYOUT_GENERAL`, every earlier
+/// access to it is done, and the closure must leave it in `GENERAL` (its
+/// own barriers may move it to other layouts in between). The crate then
+/// releases it to `VK_QUEUE_FAMILY_EXTERNAL` in `GENERAL`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageTarget {
+    /// The slot's image: one level, one layer, colour.
+    pub image: vk::Image,
+    /// The family of the queue the commands run on.
+    pub queue_family: u32,
+}
+
+/// A sender of a ring of OPTIMAL images of format `F` in memory `M` with
+/// usage `U` (default: storage and sampled, which CUDA surfaces and
+/// textures need; every preset has transfer source and destination, which
+/// Vulkan receivers' read-backs need).
+pub type ImageSender<F, M, U = usage::Storage> = Sender<M, ExportableImage<F, Optimal, M, U>>;
+
+fn image_barrier(
+    image: vk::Image,
+    (old, new): (vk::ImageLayout, vk::ImageLayout),
+    (src_family, dst_family): (u32, u32),
+    (src_access, dst_access): (vk::AccessFlags, vk::AccessFlags),
+) -> vk::ImageMemoryBarrier<'static> {
+    vk::ImageMemoryBarrier::default()
+        .src_access_mask(src_access)
+        .dst_access_mask(dst_access)
+        .old_layout(old)
+        .new_layout(new)
+        .src_queue_family_index(src_family)
+        .dst_queue_family_index(dst_family)
+        .image(image)
+        .subresource_range(vk::ImageSubresourceRange {
+            aspect_mask: vk::ImageAspectFlags::COLOR,
+            base_mip_level: 0,
+            level_count: vk::REMAINING_MIP_LEVELS,
+            base_array_layer: 0,
+            layer_count: vk::REMAINING_ARRAY_LAYERS,
+        })
+}
+
+impl<F: Format, M: MemoryLocation, U: Usage> SlotResource<M> for ExportableImage<F, Optimal, M, U> {
+    type Target = ImageTarget;
+    const KIND: SlotKind = SlotKind::Image;
+
+    fn hello(opts: &SenderOptions) -> Result<Packet, SenderError> {
+        let hello = Packet::image_hello(
+            opts.slots,
+            opts.width,
+            opts.height,
+            F::VK.as_raw() as u32,
+            F::TEXEL_BYTES,
+        );
+        hello.check_layout()?;
+        Ok(hello)
+    }
+
+    fn format_name() -> String {
+        F::NAME.to_ascii_lowercase()
+    }
+
+    fn create(ctx: &Context, opts: &SenderOptions) -> Result<Self, SenderError> {
+        Ok(ExportableImage::new(
+            ctx,
+            ImageDesc::new_2d(opts.width, opts.height),
+        )?)
+    }
+
+    fn target(&self, family: u32) -> ImageTarget {
+        ImageTarget {
+            image: self.raw(),
+            queue_family: family,
+        }
+    }
+
+    unsafe fn record_acquire(
+        &self,
+        device: &vk_export::ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+        from_external: bool,
+    ) {
+        // Its first frame: from UNDEFINED (nothing to keep), no transfer;
+        // later ones: acquired from the external family in GENERAL, the
+        // layout every release (the sender's, a Vulkan receiver's) leaves.
+        let (layouts, families) = if from_external {
+            (
+                (vk::ImageLayout::GENERAL, vk::ImageLayout::GENERAL),
+                (vk::QUEUE_FAMILY_EXTERNAL, family),
+            )
+        } else {
+            (
+                (vk::ImageLayout::UNDEFINED, vk::ImageLayout::GENERAL),
+                (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED),
+            )
+        };
+        let barrier = image_barrier(self.raw(), layouts, families, acquire_access());
+        // SAFETY: the caller's recording command buffer; the image is alive.
+        unsafe {
+            device.cmd_pipeline_barrier(
+                cmd,
+                vk::PipelineStageFlags::TOP_OF_PIPE,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::DependencyFlags::empty(),
+                &[],
+                &[],
+                &[barrier],
+            )
+        };
+    }
+
+    unsafe fn record_release(
+        &self,
+        device: &vk_export::ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+    ) {
+        let general = vk::ImageLayout::GENERAL;
+        let barrier = image_barrier(
+            self.raw(),
+            (general, general),
+            (family, vk::QUEUE_FAMILY_EXTERNAL),
+            (vk::AccessFlags::MEMORY_WRITE, vk::AccessFlags::empty()),
+        );
+        // SAFETY: as in record_acquire.
+        unsafe {
+            device.cmd_pipeline_barrier(
+                cmd,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                vk::DependencyFlags::empty(),
+                &[],
+                &[],
+                &[barrier],
+            )
+        };
+    }
+}
+
 /// A frame sender (see the module contract).
-pub struct Sender<M: MemoryLocation> {
+pub struct Sender<M: MemoryLocation, R: SlotResource<M> = ExportableBuffer<M>> {
     ctx: Context,
     opts: SenderOptions,
-    buffers: Vec<ExportableBuffer<M>>,
+    hello: Packet,
+    slots: Vec<R>,
+    _memory: std::marker::PhantomData<M>,
     produced: Option<TimelineSemaphore>,
     peers: Vec<Peer>,
     orphans: Vec<Orphan>,
@@ -401,15 +713,14 @@ pub struct Sender<M: MemoryLocation> {
     log: Vec<String>,
 }
 
-impl<M: MemoryLocation> Sender<M> {
+impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
     /// Makes the ring on `ctx`, binds its socket (announcing it by name if
     /// the address is a name) and starts accepting receivers.
-    pub fn new(ctx: &Context, opts: SenderOptions) -> Result<Sender<M>, SenderError> {
+    pub fn new(ctx: &Context, opts: SenderOptions) -> Result<Self, SenderError> {
         if opts.slots < 2 {
             return Err(SenderError::Options("at least 2 slots are needed".into()));
         }
-        let hello = opts.hello();
-        hello.check_layout()?;
+        let hello = R::hello(&opts)?;
         if opts.semaphores && !ctx.supports_semaphore_fds() {
             return Err(SenderError::Options(
                 "this Vulkan device exports no semaphores (VK_KHR_external_semaphore_fd): \
@@ -417,11 +728,9 @@ impl<M: MemoryLocation> Sender<M> {
                     .into(),
             ));
         }
-        let frame_bytes = hello.frame_bytes().expect("a checked layout");
-        let size = (u64::from(opts.height) * opts.row_pitch).max(frame_bytes);
-        let buffers = (0..opts.slots)
-            .map(|_| ExportableBuffer::<M>::new(ctx, size))
-            .collect::<vk_export::Result<Vec<_>>>()?;
+        let slots = (0..opts.slots)
+            .map(|_| R::create(ctx, &opts))
+            .collect::<Result<Vec<_>, _>>()?;
         let produced = if opts.semaphores {
             Some(TimelineSemaphore::new(ctx)?)
         } else {
@@ -433,9 +742,9 @@ impl<M: MemoryLocation> Sender<M> {
                     name: name.clone(),
                     width: opts.width,
                     height: opts.height,
-                    row_pitch: opts.row_pitch,
-                    format: "rgba8".into(),
-                    kind: SlotKind::Buffer,
+                    row_pitch: hello.row_pitch,
+                    format: R::format_name(),
+                    kind: R::KIND,
                     slots: opts.slots,
                     fps: 0.0,
                     pid: 0,
@@ -460,7 +769,9 @@ impl<M: MemoryLocation> Sender<M> {
             ctx: ctx.clone(),
             released_to_external: vec![false; opts.slots as usize],
             opts,
-            buffers,
+            hello,
+            slots,
+            _memory: std::marker::PhantomData,
             produced,
             peers: Vec::new(),
             orphans: Vec::new(),
@@ -489,9 +800,16 @@ impl<M: MemoryLocation> Sender<M> {
         &self.opts
     }
 
-    /// The ring's buffers, slot by slot.
-    pub fn buffers(&self) -> &[ExportableBuffer<M>] {
-        &self.buffers
+    /// The hello receivers get (the ring's layout).
+    pub fn layout(&self) -> &Packet {
+        &self.hello
+    }
+
+    /// The ring's buffers or images, slot by slot (record into them only in
+    /// [`WriteSlot::present_with`]: the crate's own helpers would not know
+    /// their ownership).
+    pub fn resources(&self) -> &[R] {
+        &self.slots
     }
 
     /// What it has done so far.
@@ -559,9 +877,9 @@ impl<M: MemoryLocation> Sender<M> {
             .collect::<vk_export::Result<Vec<_>>>()?;
         let stream = UnixStream::from(conn.as_fd().try_clone_to_owned()?);
         stream.set_read_timeout(Some(POLL))?;
-        send_now(&stream, &self.opts.hello())?;
+        send_now(&stream, &self.hello)?;
         let mut resources: Vec<&dyn Exported> = Vec::with_capacity(2 * n + 1);
-        resources.extend(self.buffers.iter().map(|b| b as &dyn Exported));
+        resources.extend(self.slots.iter().map(|b| b as &dyn Exported));
         if let Some(produced) = &self.produced {
             resources.push(produced);
         }
@@ -794,7 +1112,7 @@ impl<M: MemoryLocation> Sender<M> {
 
     /// A slot to write the next frame into (see the module contract):
     /// waits up to `timeout` only for lossless receivers' releases.
-    pub fn acquire(&mut self, timeout: Duration) -> Result<WriteSlot<'_, M>, AcquireError> {
+    pub fn acquire(&mut self, timeout: Duration) -> Result<WriteSlot<'_, M, R>, AcquireError> {
         let deadline = Instant::now() + timeout;
         loop {
             self.pump();
@@ -828,7 +1146,7 @@ impl<M: MemoryLocation> Sender<M> {
         &mut self,
         slot: u32,
         timestamp_ns: u64,
-        record: impl FnOnce(&vk_export::ash::Device, vk::CommandBuffer, vk::Buffer),
+        record: impl FnOnce(&vk_export::ash::Device, vk::CommandBuffer, R::Target),
     ) -> Result<u64, SenderError> {
         let s = slot as usize;
         let f = self.stats.presented + 1;
@@ -860,60 +1178,20 @@ impl<M: MemoryLocation> Sender<M> {
         if let Some(produced) = &self.produced {
             sync = sync.signal_timeline(produced, f);
         }
-        let buffer = self.buffers[s].raw();
-        let acquire = self.released_to_external[s];
+        let resource = &self.slots[s];
+        let from_external = self.released_to_external[s];
         let role = self.opts.queue;
         self.ctx
             .submit_and_wait_on(role, sync, |device, cmd, family| {
-                let barrier = |src_family, dst_family, src_access, dst_access| {
-                    vk::BufferMemoryBarrier::default()
-                        .src_access_mask(src_access)
-                        .dst_access_mask(dst_access)
-                        .src_queue_family_index(src_family)
-                        .dst_queue_family_index(dst_family)
-                        .buffer(buffer)
-                        .offset(0)
-                        .size(vk::WHOLE_SIZE)
-                };
                 // SAFETY: recording into the command buffer submit_and_wait
-                // gave; the buffer lives in `self.buffers` for the sender's
-                // life and submit_and_wait waits for the commands.
-                unsafe {
-                    if acquire {
-                        device.cmd_pipeline_barrier(
-                            cmd,
-                            vk::PipelineStageFlags::TOP_OF_PIPE,
-                            vk::PipelineStageFlags::ALL_COMMANDS,
-                            vk::DependencyFlags::empty(),
-                            &[],
-                            &[barrier(
-                                vk::QUEUE_FAMILY_EXTERNAL,
-                                family,
-                                vk::AccessFlags::empty(),
-                                vk::AccessFlags::MEMORY_WRITE | vk::AccessFlags::MEMORY_READ,
-                            )],
-                            &[],
-                        );
-                    }
-                }
-                record(device, cmd, buffer);
+                // gave, for a queue of `family`; the slot lives in
+                // `self.slots` for the sender's life and submit_and_wait
+                // waits for the commands (a timeout leaves them pending and
+                // the slot's drop waits for them).
+                unsafe { resource.record_acquire(device, cmd, family, from_external) };
+                record(device, cmd, resource.target(family));
                 // SAFETY: as above.
-                unsafe {
-                    device.cmd_pipeline_barrier(
-                        cmd,
-                        vk::PipelineStageFlags::ALL_COMMANDS,
-                        vk::PipelineStageFlags::BOTTOM_OF_PIPE,
-                        vk::DependencyFlags::empty(),
-                        &[],
-                        &[barrier(
-                            family,
-                            vk::QUEUE_FAMILY_EXTERNAL,
-                            vk::AccessFlags::MEMORY_WRITE,
-                            vk::AccessFlags::empty(),
-                        )],
-                        &[],
-                    );
-                }
+                unsafe { resource.record_release(device, cmd, family) };
             })?;
         self.released_to_external[s] = true;
         self.stats.presented = f;
@@ -954,6 +1232,20 @@ impl<M: MemoryLocation> Sender<M> {
                 }
             }
         }
+    }
+}
+
+impl<M: MemoryLocation> Sender<M, ExportableBuffer<M>> {
+    /// The ring's buffers, slot by slot ([`Sender::resources`]).
+    pub fn buffers(&self) -> &[ExportableBuffer<M>] {
+        &self.slots
+    }
+}
+
+impl<F: Format, M: MemoryLocation, U: Usage> ImageSender<F, M, U> {
+    /// The ring's images, slot by slot ([`Sender::resources`]).
+    pub fn images(&self) -> &[ExportableImage<F, Optimal, M, U>] {
+        &self.slots
     }
 }
 
@@ -1004,7 +1296,7 @@ fn accept_loop(listener: Listener, tx: EventSender<Event>, stop: Arc<AtomicBool>
     }
 }
 
-impl<M: MemoryLocation> Drop for Sender<M> {
+impl<M: MemoryLocation, R: SlotResource<M>> Drop for Sender<M, R> {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(a) = self.acceptor.take() {
@@ -1020,7 +1312,7 @@ impl<M: MemoryLocation> Drop for Sender<M> {
     }
 }
 
-impl<M: MemoryLocation> std::fmt::Debug for Sender<M> {
+impl<M: MemoryLocation, R: SlotResource<M>> std::fmt::Debug for Sender<M, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sender")
             .field("socket", &self.socket)
@@ -1029,7 +1321,7 @@ impl<M: MemoryLocation> std::fmt::Debug for Sender<M> {
     }
 }
 
-impl<M: MemoryLocation> std::fmt::Debug for WriteSlot<'_, M> {
+impl<M: MemoryLocation, R: SlotResource<M>> std::fmt::Debug for WriteSlot<'_, M, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WriteSlot")
             .field("slot", &self.slot)
@@ -1039,12 +1331,26 @@ impl<M: MemoryLocation> std::fmt::Debug for WriteSlot<'_, M> {
 
 /// A slot taken for writing the next frame; [`WriteSlot::present_with`]
 /// publishes it. Dropped unpresented, the slot stays free.
-pub struct WriteSlot<'a, M: MemoryLocation> {
-    sender: &'a mut Sender<M>,
+pub struct WriteSlot<'a, M: MemoryLocation, R: SlotResource<M> = ExportableBuffer<M>> {
+    sender: &'a mut Sender<M, R>,
     slot: u32,
 }
 
-impl<M: MemoryLocation> WriteSlot<'_, M> {
+impl<M: MemoryLocation> WriteSlot<'_, M, ExportableBuffer<M>> {
+    /// The slot's buffer.
+    pub fn buffer(&self) -> &ExportableBuffer<M> {
+        &self.sender.slots[self.slot as usize]
+    }
+}
+
+impl<F: Format, M: MemoryLocation, U: Usage> WriteSlot<'_, M, ExportableImage<F, Optimal, M, U>> {
+    /// The slot's image.
+    pub fn image(&self) -> &ExportableImage<F, Optimal, M, U> {
+        &self.sender.slots[self.slot as usize]
+    }
+}
+
+impl<M: MemoryLocation, R: SlotResource<M>> WriteSlot<'_, M, R> {
     /// The slot's index.
     pub fn index(&self) -> u32 {
         self.slot
@@ -1055,13 +1361,9 @@ impl<M: MemoryLocation> WriteSlot<'_, M> {
         self.sender.stats.presented + 1
     }
 
-    /// The slot's buffer.
-    pub fn buffer(&self) -> &ExportableBuffer<M> {
-        &self.sender.buffers[self.slot as usize]
-    }
-
     /// Records `record`'s commands (given the device, the command buffer
-    /// and the slot's buffer) between the crate's ownership barriers,
+    /// and the slot: its buffer, or an [`ImageTarget`] for an image ring)
+    /// between the crate's ownership barriers,
     /// submits them (waiting on the GPU for receivers' releases of the slot),
     /// waits for them (bounded), and announces the frame with
     /// `timestamp_ns` ([`monotonic_ns`] for "now"). Returns its sequence
@@ -1069,7 +1371,7 @@ impl<M: MemoryLocation> WriteSlot<'_, M> {
     pub fn present_with(
         self,
         timestamp_ns: u64,
-        record: impl FnOnce(&vk_export::ash::Device, vk::CommandBuffer, vk::Buffer),
+        record: impl FnOnce(&vk_export::ash::Device, vk::CommandBuffer, R::Target),
     ) -> Result<u64, SenderError> {
         self.sender.present(self.slot, timestamp_ns, record)
     }

@@ -7,6 +7,8 @@
 #   3. one latest receiver, 600 frames checked on the GPU; one lossless
 #   4. a slow receiver (holds each frame 500 ms) beside a fast one
 #   5. four receivers at once
+# then image rings (OPTIMAL RGBA8 at 4K, RGBA16F at 1080p) to CUDA receivers
+# that check every row, latest and lossless.
 # frame_client prints frames/s, dropped frames and the hand-off (frame packet
 # -> CUDA stream waited) median and p99; frame_server prints its frames/s,
 # skipped frames and back-pressure timeouts every 5 s.
@@ -78,9 +80,30 @@ pass() { # width height
   grep -v '^$' "$LOG" | tail -n 25
 }
 
+image_pass() { # format width height
+  echo
+  echo "##### image ring, $1, $2x$3"
+  LOG=$XDG_RUNTIME_DIR/server-image-$1.log
+  "$D/frame_server" --name cam --image --image-format "$1" --width "$2" --height "$3" \
+    --slots 4 --seconds 60 --hold-timeout 5 >"$LOG" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 100); do "$D/frame_client" --list 2>/dev/null | grep -q '^cam:' && break; sleep 0.1; done
+  echo "=== 300 frames, every row checked, latest; then lossless"
+  client --frames 300
+  check "image ring $1 $2x$3, latest, checked" $?
+  client --frames 300 --lossless
+  check "image ring $1 $2x$3, lossless, checked" $?
+  kill "$SERVER"
+  wait "$SERVER" 2>/dev/null
+  SERVER=
+  grep -v '^$' "$LOG" | tail -n 5
+}
+
 [ -f "$D/BUILD" ] && { echo "=== built from:"; cat "$D/BUILD"; }
 pass 1920 1080
 pass 3840 2160
+image_pass rgba8 3840 2160
+image_pass rgba16f 1920 1080
 echo
 if [ "$FAILED" -eq 0 ]; then echo "FRAMES MEASURE: ALL PASSED"; else echo "FRAMES MEASURE: FAILED"; fi
 exit "$FAILED"

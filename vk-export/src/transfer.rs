@@ -622,19 +622,22 @@ impl Context {
             download,
             |cmd, staging, a| {
                 let a = a.expect("submit_tracked passes the resource it was given");
-                a.take(cmd, vk::ImageLayout::TRANSFER_SRC_OPTIMAL);
-                // SAFETY: recording; the image is in TRANSFER_SRC_OPTIMAL and the
-                // staging buffer has room for the bytes.
+                // GENERAL, not TRANSFER_SRC_OPTIMAL: reading back a released
+                // image (already GENERAL) changes no layout, so readers in
+                // other processes or devices reading one frame at once do not
+                // race on a layout transition of the shared memory.
+                a.take(cmd, vk::ImageLayout::GENERAL);
+                // SAFETY: recording; the image is in GENERAL (a valid copy
+                // source layout) and the staging buffer has room for the bytes.
                 unsafe {
                     self.inner.device.cmd_copy_image_to_buffer(
                         cmd,
                         image.inner.image,
-                        vk::ImageLayout::TRANSFER_SRC_OPTIMAL,
+                        vk::ImageLayout::GENERAL,
                         staging,
                         &[Self::copy_region(level, layer, extent)],
                     )
                 };
-                a.take(cmd, vk::ImageLayout::GENERAL);
             },
         )
     }
