@@ -30,6 +30,12 @@
 //!   readable), and stays readable (the crate never reads it):
 //!   level-triggered `poll`/`epoll` report it every time, edge-triggered
 //!   ones once. Do not read from it.
+//! * With the `tokio` feature, [`Completion::wait_async`] consumes the
+//!   completion into a future that registers its eventfd with tokio's
+//!   reactor (`AsyncFd`). The future owns the completion, so dropping it
+//!   unfinished is dropping the completion (above): the host function's
+//!   state stays owned by the host function, and its write goes to a closed
+//!   slot, never into freed memory or a reused fd number.
 
 use std::ffi::c_void;
 use std::fmt;
@@ -45,6 +51,8 @@ use cuda_interop_sys::CUstream;
 use crate::context::CudaDevice;
 use crate::driver::{create_untimed_event, cu, cu_query, record_drop_error};
 use crate::error::{Error, Result};
+#[cfg(feature = "tokio")]
+use crate::wait::BLOCK_SLICE;
 use crate::wait::{block_until, poll_until, readable, spin_until, HostWait};
 
 /// The work enqueued on a [`Stream`](crate::Stream) up to the moment
@@ -251,6 +259,98 @@ impl Completion {
                         )
                     }
                     other => other,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Completion {
+    /// Waits for the marked work as a future on tokio's reactor, at most
+    /// `timeout` ([`Error::Timeout`]; the work stays enqueued): the future
+    /// sleeps until the eventfd is readable, asking the driver
+    /// (`cuEventQuery`) first and at least every 100 ms, as
+    /// [`HostWait::Block`] does, so a driver error (a poisoned context) ends
+    /// it with that error instead of the timeout.
+    ///
+    /// It takes the completion: the future owns it (and its eventfd, which
+    /// it registers with tokio), and drops it when it completes or is
+    /// dropped. **Cancellation-safe:** a future dropped unfinished drops the
+    /// completion, whose host function still owns its own state (see the
+    /// module's contract) and finds its eventfd closed, so nothing can later
+    /// write into freed memory or into a reused fd; the work stays enqueued.
+    ///
+    /// Needs a tokio runtime with I/O and time enabled (`Builder::enable_all`,
+    /// as `#[tokio::main]` does); tokio panics when it is polled outside one.
+    ///
+    /// ```no_run
+    /// # async fn example(stream: &cuda_interop::Stream) -> Result<(), cuda_interop::Error> {
+    /// use std::time::Duration;
+    /// // ... enqueue work on `stream` ...
+    /// stream.completion()?.wait_async(Duration::from_secs(1)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_async(
+        self,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+        use tokio::io::unix::AsyncFd;
+        use tokio::io::Interest;
+
+        /// The completion as tokio's reactor sees it: its eventfd.
+        struct Watched(Completion);
+        impl std::os::fd::AsRawFd for Watched {
+            fn as_raw_fd(&self) -> std::os::fd::RawFd {
+                std::os::fd::AsRawFd::as_raw_fd(&self.0.fd)
+            }
+        }
+
+        async move {
+            let deadline = tokio::time::Instant::now().checked_add(timeout);
+            if self.is_done()? {
+                return Ok(());
+            }
+            // SAFETY: the AsyncFd owns the completion, which owns the eventfd
+            // and never closes or replaces it while it lives: the fd stays
+            // open, the same file, until the AsyncFd drops (tokio's condition).
+            let watched =
+                unsafe { AsyncFd::register_with_interest(Watched(self), Interest::READABLE) }
+                    .map_err(|e| {
+                        Error::Unsupported(format!(
+                        "could not register a completion's eventfd with the tokio reactor ({}); \
+                         wait with Completion::wait in spawn_blocking instead",
+                        std::io::Error::from(e)
+                    ))
+                    })?;
+            let completion = &watched.get_ref().0;
+            loop {
+                let slice = match deadline {
+                    Some(deadline) => {
+                        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                        if left.is_zero() {
+                            return Err(Error::Timeout(timeout));
+                        }
+                        left.min(BLOCK_SLICE)
+                    }
+                    // A bound too far to add to now: only the work ends it.
+                    None => BLOCK_SLICE,
+                };
+                // Elapsed: a slice has passed; ask the driver below.
+                if let Ok(ready) = tokio::time::timeout(slice, watched.readable()).await {
+                    let mut ready = ready.map_err(|e| {
+                        Error::Unsupported(format!(
+                            "tokio could not watch a completion's eventfd ({e}); wait with \
+                             Completion::wait in spawn_blocking instead"
+                        ))
+                    })?;
+                    if completion.is_signalled()? {
+                        return Ok(());
+                    }
+                    ready.clear_ready();
+                }
+                if completion.is_done()? {
+                    return Ok(());
                 }
             }
         }

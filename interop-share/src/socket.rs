@@ -18,7 +18,10 @@
 //! Every wait is bounded: [`Listener::accept`] and [`Connection::recv`] take
 //! a timeout, sends and connects are bounded by `SO_SNDTIMEO`
 //! ([`DEFAULT_SEND_TIMEOUT`], [`Connection::set_send_timeout`]), and both
-//! types are [`AsFd`] for an event loop.
+//! types are [`AsFd`] for an event loop. With the `tokio` feature,
+//! `Listener::accept_async` and `Connection::recv_async` are futures on
+//! tokio's reactor, bounded and cancellation-safe: a message (with its fds)
+//! or a connection is taken whole in one call or left in the socket.
 //!
 //! What travels is honest only as far as the sender: the safe
 //! [`Connection::send_exported`] sends each resource's own record with a
@@ -41,6 +44,9 @@ use rustix::net::{
 use crate::error::{Error, Result};
 pub use crate::received::PeerCredentials;
 use crate::wire::{Message, Received, WireError, MAX_MESSAGE_LEN, MAX_RESOURCES};
+
+#[cfg(feature = "tokio")]
+mod tokio_io;
 
 /// A listening socket at a filesystem path; removes the path when dropped.
 #[derive(Debug)]
@@ -203,20 +209,32 @@ impl Listener {
     /// as [`Error::PeerRefused`].
     pub fn accept(&self, timeout: Duration) -> Result<Connection> {
         let deadline = Deadline::after(timeout);
-        let fd = loop {
+        loop {
             let left = deadline.left();
             wait_readable(self.fd.as_fd(), left, "poll (accept)")
                 .map_err(|e| timeout_of(e, timeout))?;
+            if let Some(connection) = self.try_accept()? {
+                return Ok(connection);
+            }
+        }
+    }
+
+    /// Accepts a waiting connection without blocking; `None` when none is
+    /// waiting (another thread or task took it first). A connection is
+    /// accepted whole or not at all: nothing is held between calls.
+    pub(crate) fn try_accept(&self) -> Result<Option<Connection>> {
+        let fd = loop {
             match net::accept_with(&self.fd, SocketFlags::CLOEXEC) {
                 Ok(fd) => break fd,
-                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) => return Ok(None),
+                Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(Error::socket("accept")(e)),
             }
         };
         let peer = peer_credentials(fd.as_fd())?;
         check_same_user(peer, &self.allowed_uids)?;
         set_send_timeout(&fd, DEFAULT_SEND_TIMEOUT)?;
-        Ok(Connection { fd, peer })
+        Ok(Some(Connection { fd, peer }))
     }
 }
 
@@ -402,15 +420,28 @@ impl Connection {
     /// [`MAX_RESOURCES`]); more make the kernel truncate the control data,
     /// which is an error.
     pub fn recv_with_fd_capacity(&self, max_fds: usize, timeout: Duration) -> Result<Received> {
-        let max_fds = max_fds.clamp(1, MAX_RESOURCES);
         let deadline = Deadline::after(timeout);
+        loop {
+            let left = deadline.left();
+            wait_readable(self.fd.as_fd(), left, "poll (recv)")
+                .map_err(|e| timeout_of(e, timeout))?;
+            if let Some(received) = self.try_recv(max_fds)? {
+                return Ok(received);
+            }
+        }
+    }
+
+    /// Receives one waiting message without blocking; `None` when none is
+    /// waiting (another thread or task took it first). The message and its
+    /// fds come out of one `recvmsg`, and every fd is owned at once, so a
+    /// message is received whole or not at all: nothing is held between
+    /// calls.
+    pub(crate) fn try_recv(&self, max_fds: usize) -> Result<Option<Received>> {
+        let max_fds = max_fds.clamp(1, MAX_RESOURCES);
         let mut buf = vec![0u8; MAX_MESSAGE_LEN + 1];
         let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(max_fds))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let msg = loop {
-            let left = deadline.left();
-            wait_readable(self.fd.as_fd(), left, "poll (recv)")
-                .map_err(|e| timeout_of(e, timeout))?;
             // DONTWAIT: another thread may have taken the message after the poll.
             match net::recvmsg(
                 &self.fd,
@@ -419,7 +450,8 @@ impl Connection {
                 RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
             ) {
                 Ok(msg) => break msg,
-                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) => return Ok(None),
+                Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(Error::socket("recvmsg")(e)),
             }
         };
@@ -457,7 +489,7 @@ impl Connection {
             .into());
         }
         let message = Message::decode(&buf[..msg.bytes])?;
-        Ok(Received::new(message, fds, self.peer)?)
+        Ok(Some(Received::new(message, fds, self.peer)?))
     }
 }
 

@@ -30,6 +30,9 @@
 //!   resources and [`socket`] sends it with its fds over a Unix socket
 //!   (`SCM_RIGHTS`), validating everything before anything is imported.
 //! * **Errors** name the Vulkan call, its `VkResult` and what to do.
+//! * **Async** (feature `tokio`, off by default): timeline waits
+//!   (`Semaphore::<Timeline>::wait_async`) and socket accepts and receives
+//!   (`accept_async`, `recv_async`) as bounded, cancellation-safe futures.
 //!
 //! What this crate does *not* check: that commands recorded by the caller are
 //! correct. It validates what the caller cannot know (driver capabilities,
@@ -74,6 +77,8 @@ pub use interop_share::record::{
 pub use interop_share::token::{BinaryPayload, BinarySignal, SignalReservation};
 pub use interop_share::uuid::{DeviceUuid, DriverUuid, ParseUuidError};
 pub use ownership::SharedLayout;
+#[cfg(feature = "tokio")]
+pub use semaphore::ASYNC_POLL_PERIOD;
 pub use semaphore::{
     Binary, BinarySemaphore, Semaphore, SemaphoreKind, SyncFd, Timeline, TimelineSemaphore,
     WaitStrategy,

@@ -10,6 +10,12 @@
 //!   `maxTimelineSemaphoreValueDifference`) and the check and the signal are
 //!   one atomic step for this process's host signals.
 //! * Every host wait takes a timeout and returns [`Error::Timeout`].
+//! * With the `tokio` feature, `Semaphore::<Timeline>::wait_async` is a
+//!   future that reads the counter between `tokio::time` sleeps of
+//!   `ASYNC_POLL_PERIOD` (1 ms): there is no fd to wait on for a timeline value
+//!   (SYNC_FD export is for binary semaphores only), and NVIDIA wakes
+//!   `vkWaitSemaphores` late ([`WaitStrategy`]). Dropping it leaves nothing
+//!   pending but a timer entry, which goes with it.
 //! * Imports follow [`crate::memory`]'s fd rules: the driver gets a
 //!   duplicate, a failed import gives the caller's fd back.
 //! * `Drop` waits (bounded) for this crate's last submission that used the
@@ -671,6 +677,63 @@ impl Semaphore<Timeline> {
                     std::thread::sleep(sleep.min(timeout - elapsed));
                 }
             },
+        }
+    }
+}
+
+/// How long [`Semaphore::<Timeline>::wait_async`](Semaphore::wait_async)
+/// sleeps (on tokio's timer, whose resolution is 1 ms) between reads of the
+/// counter.
+#[cfg(feature = "tokio")]
+pub const ASYNC_POLL_PERIOD: Duration = Duration::from_millis(1);
+
+#[cfg(feature = "tokio")]
+impl Semaphore<Timeline> {
+    /// As [`Semaphore::wait`], as a future on tokio's timer: ready once the
+    /// value is at least `value`, or [`Error::Timeout`] (with `timeout`)
+    /// when it is not reached within `timeout`.
+    ///
+    /// It reads the counter (`vkGetSemaphoreCounterValue`, which never
+    /// blocks) when first polled, then after each sleep of
+    /// [`ASYNC_POLL_PERIOD`] (`tokio::time::sleep`), so it completes within
+    /// about a millisecond of the signal and never blocks the executor's
+    /// thread. Why a poll: a timeline value has no fd to register with the
+    /// reactor (`VK_KHR_external_semaphore_fd`'s SYNC_FD export is for binary
+    /// semaphores only), and a `vkWaitSemaphores` on a blocking thread could
+    /// not be cancelled and wakes about 10 ms late on NVIDIA
+    /// ([`WaitStrategy`]).
+    ///
+    /// Cancellation-safe: dropping the future drops its timer entry;
+    /// nothing else is pending. Needs a tokio runtime with time enabled
+    /// (`Builder::enable_time` or `enable_all`; tokio panics otherwise).
+    ///
+    /// ```no_run
+    /// # async fn example(ctx: &vk_export::Context) -> Result<(), vk_export::Error> {
+    /// use std::time::Duration;
+    /// use vk_export::TimelineSemaphore;
+    /// let timeline = TimelineSemaphore::new_local(ctx)?;
+    /// // ... a GPU submission or CUDA stream signals 1 ...
+    /// timeline.wait_async(1, Duration::from_secs(1)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn wait_async(&self, value: u64, timeout: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now().checked_add(timeout);
+        loop {
+            if self.value()? >= value {
+                return Ok(());
+            }
+            let step = match deadline {
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    if left.is_zero() {
+                        return Err(Error::Timeout(timeout));
+                    }
+                    left.min(ASYNC_POLL_PERIOD)
+                }
+                // A bound too far to add to now: only the value ends it.
+                None => ASYNC_POLL_PERIOD,
+            };
+            tokio::time::sleep(step).await;
         }
     }
 }
