@@ -364,11 +364,12 @@ fn heap_size(ctx: &vk_export::Context, index: u32) -> u64 {
 /// answer: a buffer of the heap's size plus 64 KiB, and a peer's record of
 /// such a buffer over a real 4 KiB export's fd, are refused before
 /// `vkAllocateMemory` with an error naming the heap; the importer gets its fd
-/// back; the layer reports nothing. (Without the check, lavapipe's 2 GiB
+/// back and nothing else is left open; the layer reports nothing. (Without the check, lavapipe's 2 GiB
 /// heap took a 3 GiB exportable buffer with a 01713 report, and `Ok`.)
 #[test]
 fn allocations_larger_than_their_heap_are_refused_before_the_driver() {
     use vk_export::wire::{Message, Resource};
+    let _fds = fds::lock();
     let ctx = vulkan(None);
     let small = ExportableBuffer::<Mem>::new(&ctx, 4096).unwrap();
     let heap = heap_size(&ctx, small.info().memory_type_index());
@@ -416,6 +417,7 @@ fn allocations_larger_than_their_heap_are_refused_before_the_driver() {
     let forged = tamper::buffer(small.info(), "allocation_size", tamper::set(too_large));
     let forged = tamper::buffer(&forged, "size", tamper::set(too_large));
     let (tx, rx) = Connection::pair().unwrap();
+    let before = fd_table();
     let message = Message {
         tag: 1,
         resources: vec![Resource::Buffer(forged)],
@@ -442,6 +444,8 @@ fn allocations_larger_than_their_heap_are_refused_before_the_driver() {
     // The fd came back: another number, since it crossed the socket, but
     // the same open file as the export sent.
     assert_eq!(identity(&refused.fd), sent.1, "the importer's fd came back");
+    drop(refused);
+    assert_eq!(fd_table(), before, "no duplicate left behind");
     assert_no_validation_errors(&ctx);
 }
 

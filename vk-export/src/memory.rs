@@ -96,9 +96,20 @@ pub(crate) fn check_fits_heap(
     Ok(())
 }
 
+/// [`check_fits_heap`] for a record's allocation: an [`Error::Record`] (the
+/// size is the peer's word). Imports call it before they duplicate the fd,
+/// so that a refusal never leaves a duplicate behind.
+pub(crate) fn check_record_fits_heap(
+    ctx: &Context,
+    size: u64,
+    memory_type_index: u32,
+) -> Result<()> {
+    check_fits_heap(ctx, size, memory_type_index)
+        .map_err(|why| Error::Record(format!("the record's allocation needs {why}")))
+}
+
 /// Allocates memory that imports `raw` (a duplicate, see
-/// [`import_with_duplicate`]). A size beyond the heap is refused first
-/// (an [`Error::Record`]: the size is the record's).
+/// [`import_with_duplicate`]).
 pub(crate) fn allocate_imported(
     ctx: &Context,
     raw: i32,
@@ -106,8 +117,6 @@ pub(crate) fn allocate_imported(
     memory_type_index: u32,
     dedicated_to: Option<vk::MemoryDedicatedAllocateInfo<'static>>,
 ) -> Result<vk::DeviceMemory> {
-    check_fits_heap(ctx, size, memory_type_index)
-        .map_err(|why| Error::Record(format!("the record's allocation needs {why}")))?;
     let mut import = vk::ImportMemoryFdInfoKHR::default()
         .handle_type(MEMORY_HANDLE_TYPE)
         .fd(raw);
