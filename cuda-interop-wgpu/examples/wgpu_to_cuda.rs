@@ -3,7 +3,9 @@
 //! submission signals a vk-export timeline, and CUDA (the same memory and
 //! timeline, imported) waits for it on the GPU, copies the frame out of its
 //! array and hands its release back on the timeline, which the next wgpu
-//! frame waits for. Every pixel of every frame is checked.
+//! frame waits for. Every pixel of every frame is checked, and the run
+//! fails on any validation error (where the layer is installed); the last
+//! line is `PASS: N frames x WxH pixels: ...` with the median time per frame.
 //!
 //! ```sh
 //! cargo run --release -p cuda-interop-wgpu --example wgpu_to_cuda -- [--frames 30]
@@ -109,12 +111,19 @@ fn run(args: &Args) -> Res<()> {
     } else {
         Err("the device exports no semaphores (VK_KHR_external_semaphore_fd)".into())
     };
-    match cuda {
-        Ok(cuda) => with_cuda(&device, &cuda, args),
+    let summary = match cuda {
+        Ok(cuda) => with_cuda(&device, &cuda, args)?,
         Err(why) => {
             println!("CUDA not present ({why}): checking the frames through a wgpu readback");
-            vulkan_only(&device, args)
+            vulkan_only(&device, args)?
         }
+    };
+    match device.validation_errors() {
+        0 => {
+            println!("PASS: {summary}");
+            Ok(())
+        }
+        n => Err(format!("{n} validation errors: {:?}", device.validation_error_ids()).into()),
     }
 }
 
@@ -123,7 +132,7 @@ fn median(times: &mut [Duration]) -> Duration {
     times.get(times.len() / 2).copied().unwrap_or_default()
 }
 
-fn with_cuda(device: &InteropDevice, cuda: &CudaDevice, args: &Args) -> Res<()> {
+fn with_cuda(device: &InteropDevice, cuda: &CudaDevice, args: &Args) -> Res<String> {
     let ctx = device.context();
     println!("CUDA: [{}] {}", cuda.ordinal(), cuda.name());
     let (w, h) = (args.width, args.height);
@@ -169,15 +178,14 @@ fn with_cuda(device: &InteropDevice, cuda: &CudaDevice, args: &Args) -> Res<()> 
     stream.synchronize(stream.timeout())?;
     drop(texture);
     pattern::wait_idle(device, Duration::from_secs(10))?;
-    println!(
-        "PASS: {} frames x {w}x{h} pixels: wgpu compute -> timeline -> CUDA array -> host, every pixel exact; median {:.3} ms per frame",
+    Ok(format!(
+        "{} frames x {w}x{h} pixels: wgpu compute -> timeline -> CUDA array -> host, every pixel exact; median {:.3} ms per frame",
         args.frames,
         median(&mut times).as_secs_f64() * 1e3
-    );
-    Ok(())
+    ))
 }
 
-fn vulkan_only(device: &InteropDevice, args: &Args) -> Res<()> {
+fn vulkan_only(device: &InteropDevice, args: &Args) -> Res<String> {
     let ctx = device.context();
     let (w, h) = (args.width, args.height);
     let image = ExportableImage::<Rgba8Unorm, Optimal, HostVisible, usage::Storage>::new(
@@ -207,10 +215,9 @@ fn vulkan_only(device: &InteropDevice, args: &Args) -> Res<()> {
     }
     drop(texture);
     pattern::wait_idle(device, Duration::from_secs(10))?;
-    println!(
-        "PASS (Vulkan only, CUDA not present): {} frames x {w}x{h} pixels: wgpu compute -> timeline (host wait) -> wgpu readback, every pixel exact; median {:.3} ms per frame",
+    Ok(format!(
+        "(Vulkan only, CUDA not present) {} frames x {w}x{h} pixels: wgpu compute -> timeline (host wait) -> wgpu readback, every pixel exact; median {:.3} ms per frame",
         args.frames,
         median(&mut times).as_secs_f64() * 1e3
-    );
-    Ok(())
+    ))
 }

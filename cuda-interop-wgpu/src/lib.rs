@@ -34,6 +34,29 @@
 //!   discards the contents) and tracks the layout from there; CUDA can use
 //!   the memory in `GENERAL` only, which is where a storage-texture access
 //!   (a compute shader) leaves it. See [`InteropDevice::texture_from_image`].
+//!
+//! # Example
+//!
+//! wgpu writes a frame and signals an exportable timeline that CUDA imports
+//! (the whole loop: `examples/wgpu_to_cuda.rs`).
+//!
+//! ```no_run
+//! use cuda_interop_wgpu::{InteropDevice, Options, TimelinePoint};
+//! use vk_export::format::Rgba8Unorm;
+//! use vk_export::{ExportableImage, ImageDesc, TimelineSemaphore};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let device = InteropDevice::new(&Options::default())?;    // refused on a one-queue device
+//! let image = ExportableImage::<Rgba8Unorm>::new(device.context(), ImageDesc::new_2d(1920, 1080))?;
+//! // SAFETY: only wgpu changes the image's layout while the texture lives.
+//! let texture = unsafe { device.texture_from_image(&image) }?;
+//! let timeline = TimelineSemaphore::new(device.context())?; // exportable: CUDA imports it
+//! let commands = cuda_interop_wgpu::pattern::encode_pattern(&device, &texture, 0);
+//! device.queue().submit_with([commands], &[], &[TimelinePoint::new(&timeline, 1)])?;
+//! // CUDA: cuda.import_image(&image)?, cuda.import_semaphore(&timeline)?.wait(&stream, 1)?
+//! # Ok(())
+//! # }
+//! ```
 
 use std::ffi::{c_void, CStr};
 use std::fmt;

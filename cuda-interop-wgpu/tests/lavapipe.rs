@@ -163,6 +163,8 @@ fn the_texture_keeps_the_image_alive_after_its_owner_drops_it() {
     assert_eq!(first_mismatch(&pixels, 32, 5), None);
     device.queue().write_buffer(&wgpu_buffer, 0, &[1; 256]);
     device.queue().submit([]).unwrap();
+    pattern::wait_idle(&device, Duration::from_secs(10)).unwrap();
+    assert_clean(&device);
     // The device itself outlives everything: drop it first, then the texture.
     drop(device);
     drop(texture);
