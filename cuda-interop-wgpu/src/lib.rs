@@ -659,6 +659,12 @@ impl InteropDevice {
     /// use of a frame with a storage-texture access (as the
     /// `wgpu_to_cuda` example does) before CUDA waits for it.
     ///
+    /// Not yet: wgpu uses the image in its queue family and never releases
+    /// it to `VK_QUEUE_FAMILY_EXTERNAL`, as vk-export's `release_image`
+    /// does; the hand-off to CUDA relies on the driver keeping a `GENERAL`
+    /// image of the same device coherent (NVIDIA does; the spec asks for the
+    /// release barrier, which wgpu 30 cannot record).
+    ///
     /// # Safety
     /// While the texture lives, nothing but wgpu changes the image's layout
     /// or queue-family ownership: no vk-export helper (`clear_image`,
@@ -841,9 +847,13 @@ impl InteropQueue {
 
     /// wgpu's own queue, where it is not shared with the context: `None` on
     /// a shared queue, where every submission must go through this type.
-    /// Submissions made on it directly carry no staged semaphores of
-    /// [`InteropQueue::submit_with`] (those are submitted under a lock
-    /// together with their command buffers).
+    ///
+    /// [`InteropQueue::submit_with`] stages its semaphores on wgpu-hal's
+    /// queue and submits under its lock, which a submission made on this
+    /// queue directly does not take: one made from another thread at that
+    /// moment can carry the staged semaphores (a signal before its command
+    /// buffers ran). While any thread uses `submit_with`, submit through
+    /// this type only.
     pub fn wgpu_queue(&self) -> Option<&wgpu::Queue> {
         match self.shared {
             Some(_) => None,
