@@ -11,8 +11,8 @@ use cuda_interop_wgpu::{Error, InteropDevice, Options, TimelinePoint};
 use vk_export::format::Rgba8Unorm;
 use vk_export::markers::{usage, Optimal};
 use vk_export::{
-    ExportableBuffer, ExportableImage, ImageDesc, SubmitSync, TimelineSemaphore, Validation,
-    WaitStrategy,
+    ExportableBuffer, ExportableImage, ImageDesc, QueueRole, SubmitSync, TimelineSemaphore,
+    Validation, WaitStrategy,
 };
 
 type Image = ExportableImage<Rgba8Unorm, Optimal, Mem, usage::Storage>;
@@ -267,4 +267,58 @@ fn a_cube_image_is_refused() {
     // SAFETY: refused before anything is made.
     let err = unsafe { device.texture_from_image(&image) }.unwrap_err();
     assert!(matches!(err, Error::Refused(_)), "{err}");
+}
+
+/// wgpu and vk-export submitting from two threads at once: on a shared
+/// queue every wgpu submission runs under the context's queue lock (the
+/// validation layer's thread-safety checks report two threads in one
+/// `VkQueue` otherwise); on separate queues they never meet.
+#[test]
+fn wgpu_and_vk_export_submit_from_two_threads_at_once() {
+    let device = device();
+    let ctx = device.context().clone();
+    let image = Image::new(&ctx, ImageDesc::new_2d(64, 64)).unwrap();
+    // SAFETY: only wgpu uses the image while the texture lives.
+    let texture = unsafe { device.texture_from_image(&image) }.unwrap();
+    let buffer = ExportableBuffer::<Mem>::new(&ctx, 1 << 16).unwrap();
+    let data = vec![0x5a; 1 << 16];
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..40 {
+                device
+                    .queue()
+                    .submit([pattern::encode_pattern(&device, &texture, i)])
+                    .unwrap();
+                for _ in 0..50 {
+                    device.queue().submit([]).unwrap();
+                }
+            }
+        });
+        s.spawn(|| {
+            for _ in 0..40 {
+                ctx.write_buffer(&buffer, &data, SubmitSync::new()).unwrap();
+                let back = ctx.read_buffer(&buffer, 16, SubmitSync::new()).unwrap();
+                assert_eq!(back, [0x5a; 16]);
+                // The application's own submissions, inside the lock.
+                for _ in 0..50 {
+                    ctx.with_queue_of(QueueRole::Main, |queue| {
+                        // SAFETY: an empty submission on the context's
+                        // queue, inside its lock.
+                        unsafe {
+                            ctx.device()
+                                .queue_submit(queue, &[], vk_export::ash::vk::Fence::null())
+                        }
+                        .unwrap()
+                    })
+                    .unwrap();
+                }
+            }
+        });
+    });
+    pattern::wait_idle(&device, Duration::from_secs(10)).unwrap();
+    let pixels = pattern::read_texture(&device, device.queue(), &texture).unwrap();
+    assert_eq!(first_mismatch(&pixels, 64, 39), None);
+    drop(texture);
+    pattern::wait_idle(&device, Duration::from_secs(10)).unwrap();
+    assert_clean(&device);
 }
