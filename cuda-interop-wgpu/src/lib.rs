@@ -669,8 +669,10 @@ impl InteropDevice {
     /// While the texture lives, nothing but wgpu changes the image's layout
     /// or queue-family ownership: no vk-export helper (`clear_image`,
     /// `read_image`, `release_image`, ...) and no other device or process
-    /// uses the image in a way that needs a barrier. Other users (CUDA)
-    /// access its memory only between semaphore-ordered hand-offs.
+    /// uses the image in a way that needs a barrier, and the image is not
+    /// wrapped a second time (each texture tracks its layout on its own).
+    /// Other users (CUDA) access its memory only between semaphore-ordered
+    /// hand-offs.
     pub unsafe fn texture_from_image<F: Format, M: MemoryLocation, U: Usage>(
         &self,
         image: &ExportableImage<F, Optimal, M, U>,
@@ -755,7 +757,9 @@ impl InteropDevice {
     /// last use. Refused: a buffer of another device.
     ///
     /// Buffers have no layout: wgpu, vk-export's helpers and CUDA may take
-    /// turns on the memory, ordered by semaphores (or host waits).
+    /// turns on the memory, ordered by semaphores (or host waits). Two wgpu
+    /// buffers of one vk-export buffer alias without wgpu knowing: order
+    /// their uses yourself (separate submissions).
     pub fn buffer_from_buffer<M: MemoryLocation>(
         &self,
         buffer: &ExportableBuffer<M>,
