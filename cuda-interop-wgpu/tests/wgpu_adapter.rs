@@ -1,4 +1,5 @@
-//! The adapter on the machine's Vulkan device (lavapipe in CI) with the
+//! The adapter on the machine's Vulkan device (lavapipe in CI; on NVIDIA with
+//! `--features cuda-interop-testkit/device-local`, not in the GPU bundle) with the
 //! Khronos validation layer required (unless `CUDA_INTEROP_VALIDATION=off`):
 //! texture and buffer round trips with exact texels, a timeline signalled by
 //! wgpu and waited by the host, the lifetime guard, and the refusals.
