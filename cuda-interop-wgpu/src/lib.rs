@@ -663,7 +663,7 @@ impl InteropDevice {
     /// it to `VK_QUEUE_FAMILY_EXTERNAL`, as vk-export's `release_image`
     /// does; the hand-off to CUDA relies on the driver keeping a `GENERAL`
     /// image of the same device coherent (NVIDIA does; the spec asks for the
-    /// release barrier, which wgpu 30 cannot record).
+    /// release barrier, which wgpu 30 does not record).
     ///
     /// # Safety
     /// While the texture lives, nothing but wgpu changes the image's layout
@@ -688,10 +688,10 @@ impl InteropDevice {
             )));
         }
         let [width, height, depth] = info.extent();
-        let dimension = if depth > 1 {
-            wgpu::TextureDimension::D3
-        } else {
-            wgpu::TextureDimension::D2
+        let dimension = match info.image_type() {
+            vk::ImageType::TYPE_1D => wgpu::TextureDimension::D1,
+            vk::ImageType::TYPE_3D => wgpu::TextureDimension::D3,
+            _ => wgpu::TextureDimension::D2,
         };
         let size = wgpu::Extent3d {
             width,

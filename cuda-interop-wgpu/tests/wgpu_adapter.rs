@@ -323,3 +323,26 @@ fn wgpu_and_vk_export_submit_from_two_threads_at_once() {
     pattern::wait_idle(&device, Duration::from_secs(10)).unwrap();
     assert_clean(&device);
 }
+
+#[test]
+fn the_texture_has_the_images_dimension_and_layers() {
+    let device = device();
+    let image = Image::new(device.context(), ImageDesc::new_3d(8, 8, 4)).unwrap();
+    assert_eq!(
+        image.info().image_type(),
+        vk_export::ash::vk::ImageType::TYPE_3D
+    );
+    // SAFETY: only wgpu uses the image while the texture lives.
+    let texture = unsafe { device.texture_from_image(&image) }.unwrap();
+    assert_eq!(texture.dimension(), wgpu::TextureDimension::D3);
+    assert_eq!(texture.depth_or_array_layers(), 4);
+    drop(texture);
+    let image = Image::new(device.context(), ImageDesc::new_2d(8, 8).array_layers(3)).unwrap();
+    // SAFETY: as above.
+    let texture = unsafe { device.texture_from_image(&image) }.unwrap();
+    assert_eq!(texture.dimension(), wgpu::TextureDimension::D2);
+    assert_eq!(texture.depth_or_array_layers(), 3);
+    drop(texture);
+    pattern::wait_idle(&device, Duration::from_secs(10)).unwrap();
+    assert_clean(&device);
+}
