@@ -20,6 +20,7 @@ const EXAMPLES: &[(&str, &str, &str)] = &[
     ("driver_info", "cuda-interop-sys", "--verbose"),
     ("frame_server", "cuda-interop-frames", "--slot"),
     ("frame_client", "cuda-interop-frames", "--frame"),
+    ("wgpu_to_cuda", "cuda-interop-wgpu", "--frmes"),
 ];
 
 fn examples_dir() -> PathBuf {

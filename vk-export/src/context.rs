@@ -218,6 +218,9 @@ pub(crate) struct ContextInner {
     pub(crate) memory_budget: bool,
     owned: bool,
     debug: Option<DebugMessenger>,
+    /// What [`Context::from_raw_with_owner`] was given: dropped after the
+    /// context's own objects are destroyed, leaked where they could not be.
+    owner: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 /// What the validation callback writes: the error count and each error's
@@ -490,6 +493,43 @@ impl Context {
         }
     }
 
+    /// As [`Context::from_raw`], and the context keeps `owner` until it and
+    /// every resource made from it are gone and its own objects (command
+    /// pools, progress semaphores) are destroyed; then it drops `owner`. A
+    /// wrapper that destroys the device in `owner`'s `Drop` (such as
+    /// `cuda-interop-wgpu`'s) so never destroys it under the context. Where
+    /// the context's last submissions did not complete within [`DROP_WAIT`]
+    /// (a drop error), `owner` is leaked with them.
+    ///
+    /// # Safety
+    /// As [`Context::from_raw`]; the instance and device must outlive the
+    /// context either way, and dropping `owner` last is how this guarantees it.
+    pub unsafe fn from_raw_with_owner(
+        entry: ash::Entry,
+        instance: ash::Instance,
+        physical: vk::PhysicalDevice,
+        device: ash::Device,
+        queues: Queues,
+        semaphore_fd_enabled: bool,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Context> {
+        // SAFETY: forwarded from the caller's contract.
+        let mut ctx = unsafe {
+            Self::from_raw(
+                entry,
+                instance,
+                physical,
+                device,
+                queues,
+                semaphore_fd_enabled,
+            )?
+        };
+        Arc::get_mut(&mut ctx.inner)
+            .expect("a context just made has one handle")
+            .owner = Some(owner);
+        Ok(ctx)
+    }
+
     /// # Safety
     /// As [`Context::from_raw`]; `owned` means the context destroys device and instance.
     #[allow(
@@ -584,6 +624,7 @@ impl Context {
                         .any(|e| e.as_c_str() == ash::ext::memory_budget::NAME),
                 owned,
                 debug,
+                owner: None,
             }),
         })
     }
@@ -791,6 +832,8 @@ impl Drop for ContextInner {
                 "the context's last submissions ({last:?}) did not complete ({e}); its command buffers{} are leaked",
                 if self.owned { ", device and instance" } else { "" }
             ));
+            // The owner may destroy the device: never under pending work.
+            std::mem::forget(self.owner.take());
             return;
         }
         // SAFETY: every submission of this crate completed (waited above), so

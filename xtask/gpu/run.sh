@@ -108,6 +108,8 @@ uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
 run $b/round_trip 30 --device "$uuid"
 echo; echo "=== CUDA_VISIBLE_DEVICES= (CUDA hides the GPU; pairing must report it, not pick another)"
 CUDA_VISIBLE_DEVICES= $b/round_trip 5 || status=1
+# The wgpu adapter (cuda-interop-wgpu): wgpu compute -> timeline -> CUDA, every pixel.
+run $b/wgpu_to_cuda
 run $b/host_wait 300
 fi
 

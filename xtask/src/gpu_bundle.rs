@@ -16,8 +16,8 @@
 //!   one list of binaries and of the test names `run.sh` skips): each
 //!   `test` line's binary of `cuda-interop-tests` (feature `device-local`),
 //!   `gpu` profile, as `test-NAME`; those marked `debug` also with
-//!   `gpu-debug` as `test-NAME-debug`. Then the `round_trip` and
-//!   `driver_info` examples and the bench binaries `bench`, `host_wait` and
+//!   `gpu-debug` as `test-NAME-debug`. Then the `round_trip`,
+//!   `driver_info` and `wgpu_to_cuda` examples and the bench binaries `bench`, `host_wait` and
 //!   `array_copy` and `cuda-interop-doctor` (crate `doctor/`) (`gpu`
 //!   profile), [`RUN_SH`] as `run.sh` and the manifest
 //!   as `tests.txt`.
@@ -184,6 +184,7 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
     let binaries = [
         ("examples", "round_trip"),
         ("examples", "driver_info"),
+        ("examples", "wgpu_to_cuda"),
         ("", "bench"),
         ("", "host_wait"),
         ("", "array_copy"),
@@ -218,6 +219,18 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
         "cuda-interop-sys",
         "--example",
         "driver_info",
+    ]);
+    run(build)?;
+    // The wgpu adapter's example (issue 21): wgpu frames handed to CUDA.
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--profile",
+        "gpu",
+        "-p",
+        "cuda-interop-wgpu",
+        "--example",
+        "wgpu_to_cuda",
     ]);
     run(build)?;
     let packages: BTreeSet<&str> = manifest.tests.iter().map(|t| t.package.as_str()).collect();
