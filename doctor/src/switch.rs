@@ -27,11 +27,11 @@ use vk_export::{Context, ExportableBuffer, HeadlessOptions, QueueRole, SubmitSyn
 use crate::Finding;
 
 /// Timed rounds per leg.
-pub const ROUNDS: usize = 100;
+pub(crate) const ROUNDS: usize = 100;
 /// The longest any one host spin may take.
-pub const WAIT_LIMIT: Duration = Duration::from_secs(5);
+pub(crate) const WAIT_LIMIT: Duration = Duration::from_secs(5);
 
-/// What was measured (µs, p50 of [`ROUNDS`]).
+/// What was measured (µs, p50 of 100 rounds each).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SwitchReport {
     /// `CU_DEVICE_ATTRIBUTE_VULKAN_CIG_SUPPORTED`, if the query answered.
