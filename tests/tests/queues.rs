@@ -448,7 +448,7 @@ fn an_application_image_is_copied_into_an_exportable_one_texel_for_texel() {
 /// recorded: a source smaller than the destination, a region past its edge
 /// (one texel), an offset beyond i32, a source owned by a family the
 /// context has no queue of, a source in UNDEFINED or PREINITIALIZED (and a
-/// null handle or an empty extent). The format is the type's: a source of
+/// null handle or an empty extent), a destination of depth 2. The format is the type's: a source of
 /// another format does not compile (`tests/ui/fail/copy_source_of_another_format.rs`).
 /// Whether the image has transfer-source usage cannot be asked of a
 /// foreign `VkImage`: it is `SourceImage::new`'s safety contract.
@@ -513,6 +513,12 @@ fn a_copy_from_an_application_image_that_cannot_fit_is_refused() {
     assert!(e.to_string().contains("null handle"), "{e}");
     let e = source([w, 0], [0, 0], layout, own).unwrap_err();
     assert!(e.to_string().contains("empty extent"), "{e}");
+    // A destination of depth 2 (the copy is of one 2D layer).
+    let deep = Image::new(&ctx, ImageDesc::new_3d(w, h, 2)).unwrap();
+    let e = ctx
+        .copy_image_from(&source([w, h], [0, 0], layout, own).unwrap(), &deep, SubmitSync::new())
+        .unwrap_err();
+    assert!(e.to_string().contains("into an image of depth 2"), "{e}");
     // Nothing was copied.
     assert_eq!(ctx.read_image(&dst, 0, 0, SubmitSync::new()).unwrap(), before);
     drop(app);
