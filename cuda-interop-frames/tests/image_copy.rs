@@ -112,7 +112,22 @@ fn an_application_image_is_published_by_a_copy_and_received_texel_for_texel() {
     assert!(slot
         .present_copy(sender::monotonic_ns(), &shifted, None)
         .is_err());
+    // A wait on a timeline of another device.
+    let elsewhere = vk_export::TimelineSemaphore::new_local(&rctx).unwrap();
+    let slot = sender.acquire(BOUND).unwrap();
+    // SAFETY: as above.
+    let source = unsafe { source_of(&exact, [W, H]) };
+    let e = slot
+        .present_copy(sender::monotonic_ns(), &source, Some((&elsewhere, 1)))
+        .unwrap_err();
+    assert!(
+        matches!(&e, SenderError::Vulkan(vk_export::Error::ForeignResource(_))),
+        "{e}"
+    );
     assert_eq!(sender.stats().presented, 0, "no frame was numbered");
+    // The application's "rendering done" timeline (signalled from the host
+    // here: lavapipe's timelines are local), waited for by the copies.
+    let rendered = vk_export::TimelineSemaphore::new_local(&ctx).unwrap();
 
     // Frames: each a fresh "render" of its own texels, in a layout a
     // renderer leaves a render target in, copied into the ring. The first
@@ -130,6 +145,9 @@ fn an_application_image_is_published_by_a_copy_and_received_texel_for_texel() {
             vk::ImageLayout::TRANSFER_SRC_OPTIMAL
         };
         let app = AppImage::new(&ctx, [W, H], &texels, layout, QueueRole::Main);
+        if f % 2 == 0 {
+            rendered.signal(u64::from(f)).unwrap();
+        }
         // SAFETY: see source_of; `app` lives until its frames were read.
         let source = unsafe { source_of(&app, [W, H]) };
         // Twice on the last frame: the source was left in its layout, so a
@@ -143,8 +161,9 @@ fn an_application_image_is_published_by_a_copy_and_received_texel_for_texel() {
                 // its frames are read below.
                 if !presented || received.is_empty() {
                     if let Ok(slot) = sender.acquire(Duration::from_millis(100)) {
+                        let wait = (f % 2 == 0).then_some((&rendered, u64::from(f)));
                         let seq = slot
-                            .present_copy(sender::monotonic_ns(), &source, None)
+                            .present_copy(sender::monotonic_ns(), &source, wait)
                             .unwrap();
                         assert_eq!(seq, last + 1, "one number per presented frame");
                         last = seq;
@@ -178,7 +197,7 @@ fn an_application_image_is_published_by_a_copy_and_received_texel_for_texel() {
     assert_eq!(vrx.receiver().stats().dropped, 0);
     drop(vrx);
     drop(sender);
-    drop((small, exact));
+    drop((small, exact, rendered, elsewhere));
     assert_no_validation_errors(&ctx);
     assert_no_validation_errors(&rctx);
     std::fs::remove_dir_all(&dir).unwrap();
