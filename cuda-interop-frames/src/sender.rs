@@ -1386,8 +1386,12 @@ impl<F: Format, M: MemoryLocation, U: Usage> WriteSlot<'_, M, ExportableImage<F,
     ) -> Result<u64, SenderError> {
         let extent = [self.sender.opts.width, self.sender.opts.height];
         let role = source.check_copy(&self.sender.ctx, extent)?;
-        self.sender
-            .present(self.slot, timestamp_ns, role, wait, |device, cmd, target| {
+        self.sender.present(
+            self.slot,
+            timestamp_ns,
+            role,
+            wait,
+            |device, cmd, target| {
                 // SAFETY: check_copy returned `role` for this extent, and
                 // this is the recording command buffer of that role's queue
                 // (of `target.queue_family`); the slot's image is the
@@ -1398,7 +1402,8 @@ impl<F: Format, M: MemoryLocation, U: Usage> WriteSlot<'_, M, ExportableImage<F,
                 // one is waited for by their drops); the source's facts are
                 // `SourceImage::new`'s contract.
                 unsafe { source.record_copy_to(device, cmd, target.image, extent) }
-            })
+            },
+        )
     }
 }
 

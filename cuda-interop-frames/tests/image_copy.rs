@@ -69,7 +69,12 @@ fn an_application_image_is_published_by_a_copy_and_received_texel_for_texel() {
     let rx = {
         let dir = directory.clone();
         let t = std::thread::spawn(move || {
-            FrameReceiver::connect_named(&dir, "copied", Delivery::Lossless, Duration::from_secs(10))
+            FrameReceiver::connect_named(
+                &dir,
+                "copied",
+                Delivery::Lossless,
+                Duration::from_secs(10),
+            )
         });
         let start = Instant::now();
         while !t.is_finished() {
@@ -92,7 +97,11 @@ fn an_application_image_is_published_by_a_copy_and_received_texel_for_texel() {
     let slot = sender.acquire(BOUND).unwrap();
     // SAFETY: see source_of; `small` lives until the end of the test.
     let e = slot
-        .present_copy(sender::monotonic_ns(), &unsafe { source_of(&small, [W - 1, H]) }, None)
+        .present_copy(
+            sender::monotonic_ns(),
+            &unsafe { source_of(&small, [W - 1, H]) },
+            None,
+        )
         .unwrap_err();
     assert!(
         matches!(&e, SenderError::Vulkan(vk_export::Error::InvalidArgument(m))
@@ -121,7 +130,10 @@ fn an_application_image_is_published_by_a_copy_and_received_texel_for_texel() {
         .present_copy(sender::monotonic_ns(), &source, Some((&elsewhere, 1)))
         .unwrap_err();
     assert!(
-        matches!(&e, SenderError::Vulkan(vk_export::Error::ForeignResource(_))),
+        matches!(
+            &e,
+            SenderError::Vulkan(vk_export::Error::ForeignResource(_))
+        ),
         "{e}"
     );
     assert_eq!(sender.stats().presented, 0, "no frame was numbered");

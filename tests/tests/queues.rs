@@ -490,9 +490,15 @@ fn a_copy_from_an_application_image_that_cannot_fit_is_refused() {
         e.to_string()
     };
     let e = refused(source([w - 1, h], [0, 0], layout, own).unwrap());
-    assert!(e.contains("region at [0, 0] of a 15x8 source does not fit"), "{e}");
+    assert!(
+        e.contains("region at [0, 0] of a 15x8 source does not fit"),
+        "{e}"
+    );
     let e = refused(source([w, h], [0, 1], layout, own).unwrap());
-    assert!(e.contains("region at [0, 1] of a 16x8 source does not fit"), "{e}");
+    assert!(
+        e.contains("region at [0, 1] of a 16x8 source does not fit"),
+        "{e}"
+    );
     let e = refused(source([w, h], [1 << 31, 0], layout, own).unwrap());
     assert!(e.contains("beyond 2^31"), "{e}");
     let e = refused(source([w, h], [0, 0], layout, SourceSharing::Exclusive(foreign)).unwrap());
@@ -500,10 +506,7 @@ fn a_copy_from_an_application_image_that_cannot_fit_is_refused() {
         e.contains(&format!("owned by queue family {foreign}")),
         "{e}"
     );
-    for bad in [
-        vk::ImageLayout::UNDEFINED,
-        vk::ImageLayout::PREINITIALIZED,
-    ] {
+    for bad in [vk::ImageLayout::UNDEFINED, vk::ImageLayout::PREINITIALIZED] {
         let e = source([w, h], [0, 0], bad, own).unwrap_err();
         assert!(e.to_string().contains("its texels are undefined"), "{e}");
     }
@@ -516,11 +519,18 @@ fn a_copy_from_an_application_image_that_cannot_fit_is_refused() {
     // A destination of depth 2 (the copy is of one 2D layer).
     let deep = Image::new(&ctx, ImageDesc::new_3d(w, h, 2)).unwrap();
     let e = ctx
-        .copy_image_from(&source([w, h], [0, 0], layout, own).unwrap(), &deep, SubmitSync::new())
+        .copy_image_from(
+            &source([w, h], [0, 0], layout, own).unwrap(),
+            &deep,
+            SubmitSync::new(),
+        )
         .unwrap_err();
     assert!(e.to_string().contains("into an image of depth 2"), "{e}");
     // Nothing was copied.
-    assert_eq!(ctx.read_image(&dst, 0, 0, SubmitSync::new()).unwrap(), before);
+    assert_eq!(
+        ctx.read_image(&dst, 0, 0, SubmitSync::new()).unwrap(),
+        before
+    );
     drop(app);
     assert_no_validation_errors(&ctx);
 }
