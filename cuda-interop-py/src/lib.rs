@@ -133,6 +133,7 @@ mod ring;
 #[pymodule(name = "cuda_interop")]
 fn cuda_interop_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(receiver::connect, m)?)?;
+    m.add_function(wrap_pyfunction!(receiver::connect_named, m)?)?;
     #[cfg(feature = "test-hooks")]
     {
         m.add_function(wrap_pyfunction!(hooks::_host_frame, m)?)?;
