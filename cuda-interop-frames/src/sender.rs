@@ -280,8 +280,8 @@ enum Mode {
 
 /// How long a new receiver's subscribe is waited for (frames are not
 /// pushed to it meanwhile) before it is served lossless, the mode of
-/// receivers that never subscribe (protocol v1's behaviour, the Python
-/// module's today). The sender never blocks on it.
+/// receivers that never subscribe (protocol v1's behaviour). The sender
+/// never blocks on it.
 pub const SUBSCRIBE_GRACE: Duration = Duration::from_millis(250);
 
 /// One receiver.
