@@ -47,6 +47,19 @@ impl AppImage {
         layout: vk::ImageLayout,
         role: QueueRole,
     ) -> AppImage {
+        AppImage::shared(ctx, extent, texels, layout, role, &[])
+    }
+
+    /// [`AppImage::new`], `VK_SHARING_MODE_CONCURRENT` over `families` (two
+    /// or more; none: exclusive).
+    pub fn shared(
+        ctx: &Context,
+        extent: [u32; 2],
+        texels: &[u8],
+        layout: vk::ImageLayout,
+        role: QueueRole,
+        families: &[u32],
+    ) -> AppImage {
         let device = ctx.device();
         let size = u64::from(extent[0]) * u64::from(extent[1]) * 4;
         assert_eq!(texels.len() as u64, size, "texels of the extent");
@@ -67,8 +80,13 @@ impl AppImage {
                     | vk::ImageUsageFlags::TRANSFER_DST
                     | vk::ImageUsageFlags::COLOR_ATTACHMENT,
             )
-            .sharing_mode(vk::SharingMode::EXCLUSIVE)
             .initial_layout(vk::ImageLayout::UNDEFINED);
+        let info = if families.is_empty() {
+            info.sharing_mode(vk::SharingMode::EXCLUSIVE)
+        } else {
+            info.sharing_mode(vk::SharingMode::CONCURRENT)
+                .queue_family_indices(families)
+        };
         // SAFETY: plain creation, allocation and binding on the context's
         // live device; each object is destroyed once, in Drop (or below).
         let (image, memory) = unsafe {

@@ -415,6 +415,17 @@ fn an_application_image_is_copied_into_an_exportable_one_texel_for_texel() {
             })
             .collect()
     };
+    // Copied where the source is: its own family's queue (the main one on
+    // the H200; lavapipe's one queue is both).
+    let expected = if ctx.queues().transfer.is_some() {
+        QueueRole::Main
+    } else {
+        QueueRole::Transfer
+    };
+    assert_eq!(
+        source([sw, sh], [0, 0]).check_copy(&ctx, [sw, sh]).unwrap(),
+        expected
+    );
     // The whole image.
     let whole = Image::new(&ctx, ImageDesc::new_2d(sw, sh)).unwrap();
     ctx.copy_image_from(&source([sw, sh], [0, 0]), &whole, SubmitSync::new())
@@ -531,6 +542,56 @@ fn a_copy_from_an_application_image_that_cannot_fit_is_refused() {
         ctx.read_image(&dst, 0, 0, SubmitSync::new()).unwrap(),
         before
     );
+    drop(app);
+    assert_no_validation_errors(&ctx);
+}
+
+/// A `CONCURRENT` source (over the main and the transfer family) is copied
+/// on the transfer queue, with no ownership transfer, texel for texel.
+/// Needs two queue families (the H200); lavapipe has one, and a
+/// `CONCURRENT` image needs two: there it says so and checks nothing.
+#[test]
+fn a_concurrent_application_image_is_copied_on_the_transfer_queue() {
+    use cuda_interop_testkit::app_image::AppImage;
+    use vk_export::format::Rgba8Unorm;
+    use vk_export::{SourceImage, SourceSharing};
+    let ctx = vulkan(None);
+    let Some(transfer) = ctx.queues().transfer else {
+        println!("one queue family: no CONCURRENT image to make (nothing checked)");
+        return;
+    };
+    let (w, h) = (32u32, 16u32);
+    let texels = pattern((w * h * 4) as usize, 21);
+    let families = [ctx.queue_family(), transfer.family];
+    let app = AppImage::shared(
+        &ctx,
+        [w, h],
+        &texels,
+        vk::ImageLayout::COLOR_ATTACHMENT_OPTIMAL,
+        QueueRole::Main,
+        &families,
+    );
+    // SAFETY: a live RGBA8 image of this device, CONCURRENT over both of
+    // the context's families, in COLOR_ATTACHMENT_OPTIMAL, filled by a
+    // completed submission, untouched until dropped (its drop idles the
+    // queues).
+    let source = unsafe {
+        SourceImage::<Rgba8Unorm>::new(app.image, [w, h], app.layout, SourceSharing::Concurrent)
+    }
+    .unwrap();
+    assert_eq!(
+        source.check_copy(&ctx, [w, h]).unwrap(),
+        QueueRole::Transfer
+    );
+    let image = Image::new(&ctx, ImageDesc::new_2d(w, h)).unwrap();
+    for _ in 0..2 {
+        ctx.copy_image_from(&source, &image, SubmitSync::new())
+            .unwrap();
+        assert_eq!(
+            ctx.read_image(&image, 0, 0, SubmitSync::new()).unwrap(),
+            texels
+        );
+    }
     drop(app);
     assert_no_validation_errors(&ctx);
 }
