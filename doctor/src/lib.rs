@@ -7,27 +7,32 @@
 //!   loader, Vulkan device, CUDA driver or CUDA device is a finding with its
 //!   fix, not an error. It creates one Vulkan instance (no layer, no
 //!   device) and destroys it before it returns; on the CUDA side it loads
-//!   the driver and lists devices, creating no context.
+//!   the driver and lists devices, creating no context. Only where memory
+//!   interop works on a pair does it go further: the `switch` module makes
+//!   a headless Vulkan device and uses the CUDA device's primary context to
+//!   time the switch (bounded; a failure there is a finding).
 //! * The report ([`Report`], `Display`) lists the Vulkan devices (name,
 //!   UUIDs, driver, API version, queue families and whether a transfer-only
 //!   family exists, memory types, extensions, timeline semaphores, external
 //!   memory per handle type for buffers and per format for optimal images,
 //!   external semaphores per kind and handle type, SYNC_FD among them), the
 //!   validation layer, the CUDA driver (library, version) and devices, the
-//!   UUID pairing, and what it did not check (CIG, the graphics-engine
-//!   switch cost: see the bench).
+//!   UUID pairing, and, on a paired device, CIG support and the measured
+//!   graphics-engine switch (module `switch`).
 //! * [`Report::ready`] is true when at least one Vulkan device with
 //!   OPAQUE_FD memory export and import is paired by UUID with a CUDA
 //!   device: the binary `cuda-interop-doctor` exits 0 then, 1 otherwise.
-//! * Modules: `vulkan` and `cuda` probe one side each and use no other
-//!   module; this file pairs and prints.
+//! * Modules: `vulkan` and `cuda` probe one side each, `switch` measures a
+//!   pair; none uses another; this file pairs and prints.
 
 use std::fmt;
 
 mod cuda;
+mod switch;
 mod vulkan;
 
 pub use cuda::{CudaDeviceInfo, CudaReport};
+pub use switch::SwitchReport;
 pub use vulkan::{Support, VulkanDeviceInfo, VulkanReport};
 
 /// One thing the doctor looked at: what it found and, when it is missing,
@@ -86,6 +91,9 @@ pub struct Report {
     pub pairs: Vec<Pair>,
     /// Pairing findings (none paired, and why).
     pub pairing: Vec<Finding>,
+    /// CIG and the graphics-engine switch, measured where memory interop
+    /// works (`None` elsewhere; `Err` when the measurement failed).
+    pub switch: Option<Result<SwitchReport, Finding>>,
 }
 
 impl Report {
@@ -143,11 +151,13 @@ pub fn diagnose() -> Report {
             ));
         }
     }
+    let switch = pairs.iter().any(|p| p.memory).then(switch::probe);
     Report {
         vulkan,
         cuda,
         pairs,
         pairing,
+        switch,
     }
 }
 
@@ -193,13 +203,19 @@ impl fmt::Display for Report {
         for finding in &self.pairing {
             write_finding(f, "  ", finding)?;
         }
-        writeln!(f, "Not checked")?;
-        writeln!(
-            f,
-            "  CIG (CUDA in graphics contexts) and the graphics-engine switch cost between \
-             Vulkan and CUDA work are not probed; the switch cost is measured by the bench \
-             (cargo run -p cuda-interop-bench --release, scenario S2, on a GPU)"
-        )?;
+        writeln!(f, "Vulkan <-> CUDA hand-off (measured on the first pair)")?;
+        match &self.switch {
+            None => writeln!(
+                f,
+                "  not measured: no pair shares memory (CIG and the graphics-engine switch need one)"
+            )?,
+            Some(Ok(report)) => {
+                for finding in report.findings() {
+                    write_finding(f, "  ", &finding)?;
+                }
+            }
+            Some(Err(finding)) => write_finding(f, "  ", finding)?,
+        }
         let verdict = if self.ready() {
             "interop works on this machine"
         } else {

@@ -30,7 +30,13 @@ fn the_doctor_reports_every_section_and_exits_with_its_verdict() {
     let (code, out, err) = doctor(&[]);
     println!("{out}{err}");
     assert!(!err.contains("panicked"), "{err}");
-    for section in ["Vulkan\n", "CUDA\n", "Pairing", "Not checked", "Verdict: "] {
+    for section in [
+        "Vulkan\n",
+        "CUDA\n",
+        "Pairing",
+        "Vulkan <-> CUDA hand-off",
+        "Verdict: ",
+    ] {
         assert!(out.contains(section), "no {section:?} in\n{out}");
     }
     let works = out.contains("Verdict: interop works on this machine");
@@ -91,6 +97,11 @@ fn child_fake_pairing() {
         "{unpaired}"
     );
     assert!(unpaired.contains("MIG"), "{unpaired}");
+    assert!(first.switch.is_none(), "nothing measured without a pair");
+    assert!(
+        unpaired.contains("not measured: no pair shares memory"),
+        "{unpaired}"
+    );
 
     let uuid: vk_export::DeviceUuid = vulkan.device_uuid.parse().unwrap();
     fake.set_devices(&[fake::UUID, uuid]);
@@ -108,6 +119,14 @@ fn child_fake_pairing() {
         text.contains("Verdict: interop works on this machine"),
         "{text}"
     );
+    // The pair is measured: on lavapipe (no device-local memory, a fake
+    // CUDA) the measurement fails as a finding that names why, and the
+    // verdict stands.
+    match &paired.switch {
+        Some(Err(finding)) => assert!(finding.what.contains("could not be measured"), "{text}"),
+        Some(Ok(report)) => assert!(report.floor_us > 0.0, "{text}"),
+        None => panic!("a pair that shares memory is measured: {text}"),
+    }
     if !vulkan.opaque_fd_timeline() {
         assert!(
             text.contains("but no OPAQUE_FD timeline semaphores"),

@@ -13,7 +13,8 @@
 //!   control API;
 //! * [`gpu`]: the real CUDA driver, for the GPU tests;
 //! * records made on the wire ([`sample`], [`tamper`]) and the wire reference
-//!   encoder for the fuzzer and its replay ([`wire_gen`]).
+//!   encoder for the fuzzer and its replay ([`wire_gen`]); real exports sent
+//!   with the records of other exports ([`export_swap`]).
 //!
 //! # Contract
 //!
@@ -27,6 +28,7 @@ use vk_export::{Context, HeadlessOptions, Validation};
 
 pub mod app_image;
 pub mod child;
+pub mod export_swap;
 pub mod fake;
 pub mod fds;
 pub mod gpu;

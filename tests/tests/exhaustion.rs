@@ -20,7 +20,9 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use cuda_interop::CudaDevice;
 use cuda_interop_testkit::fds::{fd_table, identity};
-use cuda_interop_testkit::{assert_no_validation_errors, child, fake, fds, vulkan, Mem, TIMEOUT};
+use cuda_interop_testkit::{
+    assert_no_validation_errors, child, fake, fds, tamper, vulkan, Mem, TIMEOUT,
+};
 use rustix::process::{getrlimit, setrlimit, Resource as Limit};
 use vk_export::format::Rgba8Unorm;
 use vk_export::markers::usage;
@@ -344,4 +346,172 @@ fn child_vulkan_fd_exhaustion() {
         Err(e) => panic!("creating failed, but not as out of memory: {e}"),
         Ok(()) => assert_no_validation_errors(&ctx),
     }
+}
+
+/// The size of the heap that memory type `index` of `ctx`'s device draws on.
+fn heap_size(ctx: &vk_export::Context, index: u32) -> u64 {
+    // SAFETY: a plain query of the context's live physical device.
+    let props = unsafe {
+        ctx.instance()
+            .get_physical_device_memory_properties(ctx.physical_device())
+    };
+    let heap = props.memory_types[index as usize].heap_index;
+    props.memory_heaps[heap as usize].size
+}
+
+/// An allocation larger than its memory type's heap is invalid usage
+/// (`VUID-vkAllocateMemory-pAllocateInfo-01713`), not an out-of-memory
+/// answer: a buffer of the heap's size plus 64 KiB, and a peer's record of
+/// such a buffer over a real 4 KiB export's fd, are refused before
+/// `vkAllocateMemory` with an error naming the heap; the importer gets its fd
+/// back and nothing else is left open; the layer reports nothing. (Without the check, lavapipe's 2 GiB
+/// heap took a 3 GiB exportable buffer with a 01713 report, and `Ok`.)
+#[test]
+fn allocations_larger_than_their_heap_are_refused_before_the_driver() {
+    use vk_export::wire::{Message, Resource};
+    let _fds = fds::lock();
+    let ctx = vulkan(None);
+    let small = ExportableBuffer::<Mem>::new(&ctx, 4096).unwrap();
+    let heap = heap_size(&ctx, small.info().memory_type_index());
+    let too_large = (heap + (64 << 10)).next_multiple_of(64 << 10);
+    let says_heap = |e: &Error| e.to_string().contains("memory heap");
+
+    let created = ExportableBuffer::<Mem>::new(&ctx, too_large).map(drop);
+    println!("a buffer of {too_large} bytes (heap: {heap}): {created:?}");
+    let lavapipe = ctx.identity().driver_id == ash::vk::DriverId::MESA_LLVMPIPE;
+    match &created {
+        Err(e @ Error::InvalidArgument(_)) if says_heap(e) => {}
+        // A driver may refuse the buffer itself (before any allocation).
+        Err(Error::Vulkan {
+            call: "vkCreateBuffer",
+            result: ash::vk::Result::ERROR_OUT_OF_DEVICE_MEMORY,
+            ..
+        }) if !lavapipe => {}
+        other => panic!("not refused as larger than the heap: {other:?}"),
+    }
+
+    // An image too: 16384 x 16384 RGBA8 layers, one more than the heap holds.
+    let layer = 16384u64 * 16384 * 4;
+    let layers = u32::try_from(heap / layer + 1).unwrap();
+    let desc = vk_export::ImageDesc {
+        array_layers: layers,
+        ..vk_export::ImageDesc::new_2d(16384, 16384)
+    };
+    let image = cuda_interop_testkit::Image::new(&ctx, desc).map(drop);
+    println!("an image of {layers} layers of {layer} bytes: {image:?}");
+    match &image {
+        Err(e @ Error::InvalidArgument(_)) if says_heap(e) => {}
+        // A driver may refuse the image itself (limits, or before memory).
+        Err(
+            Error::Unsupported { .. }
+            | Error::Vulkan {
+                call: "vkCreateImage",
+                ..
+            },
+        ) if !lavapipe => {}
+        other => panic!("the image was not refused as larger than the heap: {other:?}"),
+    }
+
+    // The peer's word: a record of a buffer that large, over a 4 KiB fd
+    // (the allocation first: the decoder refuses one below the size).
+    let forged = tamper::buffer(small.info(), "allocation_size", tamper::set(too_large));
+    let forged = tamper::buffer(&forged, "size", tamper::set(too_large));
+    let (tx, rx) = Connection::pair().unwrap();
+    let before = fd_table();
+    let message = Message {
+        tag: 1,
+        resources: vec![Resource::Buffer(forged)],
+    };
+    let fd = small.export_fd().unwrap();
+    let sent = (fd.as_raw_fd(), identity(&fd));
+    // SAFETY: deliberately not: the record is not the fd's export's (the
+    // fault under test); the receiver refuses it before any import.
+    unsafe { tx.send(&message, vec![fd]) }.unwrap();
+    let bundle = rx.recv(TIMEOUT).unwrap().take_buffer::<Mem>(0).unwrap();
+    let refused = ExportableBuffer::<Mem>::import_received(&ctx, bundle)
+        .map(drop)
+        .unwrap_err();
+    println!("the forged record: {}", refused.error);
+    match &refused.error {
+        e @ Error::Record(_) if says_heap(e) => {}
+        Error::Vulkan {
+            call: "vkCreateBuffer",
+            result: ash::vk::Result::ERROR_OUT_OF_DEVICE_MEMORY,
+            ..
+        } if !lavapipe => {}
+        other => panic!("the forged record was not refused as larger than the heap: {other}"),
+    }
+    // The fd came back: another number, since it crossed the socket, but
+    // the same open file as the export sent.
+    assert_eq!(identity(&refused.fd), sent.1, "the importer's fd came back");
+    drop(refused);
+    assert_eq!(fd_table(), before, "no duplicate left behind");
+    assert_no_validation_errors(&ctx);
+}
+
+/// Real device memory runs out (an NVIDIA GPU): exportable buffers of an
+/// eighth of the device-local heap are made until `vkAllocateMemory` says
+/// `ERROR_OUT_OF_DEVICE_MEMORY`, a typed error with nothing half-made; while
+/// the memory is full, a CUDA import and mapping of one of the live buffers
+/// either works or fails typed; once one buffer is dropped the next
+/// allocation succeeds; no validation error.
+#[test]
+#[ignore = "needs an NVIDIA GPU (a real allocation beyond device memory): cargo test -p cuda-interop-tests --features device-local --test exhaustion -- --ignored --skip child_, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
+fn real_device_memory_runs_out_with_a_typed_error_and_comes_back() {
+    let (ctx, cuda) = cuda_interop_testkit::gpu::pair();
+    let probe = ExportableBuffer::<Mem>::new(&ctx, 4096).unwrap();
+    let heap = heap_size(&ctx, probe.info().memory_type_index());
+    drop(probe);
+    let chunk = (heap / 8).next_multiple_of(1 << 30);
+    let mut live = Vec::new();
+    let error = loop {
+        assert!(
+            live.len() <= 16,
+            "{} buffers of {chunk} bytes fit a heap of {heap} bytes",
+            live.len()
+        );
+        match ExportableBuffer::<Mem>::new(&ctx, chunk) {
+            Ok(b) => live.push(b),
+            Err(e) => break e,
+        }
+    };
+    println!(
+        "heap {heap} bytes: {} buffers of {chunk} bytes, then: {error}",
+        live.len()
+    );
+    assert!(
+        !live.is_empty(),
+        "at least one buffer of an eighth of the heap"
+    );
+    assert!(
+        matches!(
+            error,
+            Error::Vulkan {
+                call: "vkAllocateMemory",
+                result: ash::vk::Result::ERROR_OUT_OF_DEVICE_MEMORY,
+                ..
+            }
+        ),
+        "out of device memory, typed: {error}"
+    );
+    match cuda.import_buffer(&live[0]) {
+        Ok(mut imported) => match imported.map() {
+            Ok(mapping) => println!(
+                "with the memory full, a CUDA import and map work ({} bytes)",
+                mapping.len()
+            ),
+            Err(e) => println!("with the memory full, the CUDA mapping failed typed: {e}"),
+        },
+        Err(e) => println!("with the memory full, the CUDA import failed typed: {e}"),
+    }
+    live.pop();
+    let again = ExportableBuffer::<Mem>::new(&ctx, chunk);
+    assert!(
+        again.is_ok(),
+        "with one buffer dropped, the next one fits: {:?}",
+        again.err()
+    );
+    drop(again);
+    drop(live);
+    assert_no_validation_errors(&ctx);
 }

@@ -18,8 +18,8 @@ use ash::vk;
 use crate::context::{record_drop_error, Context, DROP_WAIT};
 use crate::error::{unsupported, vk_error, Error, Result};
 use crate::memory::{
-    allocate_imported, allocation_differences, check_memory_type, check_same_device,
-    export_memory_fd, import_dup,
+    allocate_imported, allocation_differences, check_fits_heap, check_memory_type,
+    check_record_fits_heap, check_same_device, export_memory_fd, import_dup,
 };
 use crate::ownership::Owner;
 use crate::submit::LastUse;
@@ -200,6 +200,13 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
                 crate::memory::no_memory_type::<M>(reqs.memory_type_bits),
             ));
         };
+        if let Err(why) = check_fits_heap(ctx, reqs.size, memory_type_index) {
+            // SAFETY: unused buffer.
+            unsafe { device.destroy_buffer(buffer, None) };
+            return Err(Error::InvalidArgument(format!(
+                "an exportable buffer of {size} bytes needs {why}"
+            )));
+        }
         let mut export = vk::ExportMemoryAllocateInfo::default().handle_types(MEMORY_HANDLE_TYPE);
         let mut dedicated_info = vk::MemoryDedicatedAllocateInfo::default().buffer(buffer);
         let mut alloc = vk::MemoryAllocateInfo::default()
@@ -314,7 +321,11 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
         fd: OwnedFd,
     ) -> Result<Self, ImportError> {
         let info = record.info();
-        let buffer = match check_export_fd(&fd, "memory").and_then(|()| verified_buffer(ctx, info))
+        let buffer = match check_export_fd(&fd, "memory")
+            .and_then(|()| {
+                check_record_fits_heap(ctx, info.allocation_size(), info.memory_type_index())
+            })
+            .and_then(|()| verified_buffer(ctx, info))
         {
             Ok(b) => b,
             Err(error) => return Err(ImportError { error, fd }),

@@ -29,8 +29,8 @@ use ash::vk;
 use crate::context::{record_drop_error, Context, DROP_WAIT};
 use crate::error::{unsupported, vk_error, Error, Result};
 use crate::memory::{
-    allocate_imported, allocation_differences, check_memory_type, check_same_device,
-    export_memory_fd, import_dup,
+    allocate_imported, allocation_differences, check_fits_heap, check_memory_type,
+    check_record_fits_heap, check_same_device, export_memory_fd, import_dup,
 };
 use crate::ownership::Owner;
 use crate::submit::LastUse;
@@ -513,6 +513,13 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
                 crate::memory::no_memory_type::<M>(reqs.memory_type_bits),
             ));
         };
+        if let Err(why) = check_fits_heap(ctx, reqs.size, memory_type_index) {
+            destroy_image();
+            return Err(Error::InvalidArgument(format!(
+                "{} needs an allocation of {why}",
+                params.what()
+            )));
+        }
         let mut export = vk::ExportMemoryAllocateInfo::default().handle_types(MEMORY_HANDLE_TYPE);
         let mut dedicated_info = vk::MemoryDedicatedAllocateInfo::default().image(image);
         let mut alloc = vk::MemoryAllocateInfo::default()
@@ -650,11 +657,15 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
         fd: OwnedFd,
     ) -> Result<Self, ImportError> {
         let info = record.info();
-        let (image, _) =
-            match check_export_fd(&fd, "memory").and_then(|()| verified_image(ctx, info)) {
-                Ok(v) => v,
-                Err(error) => return Err(ImportError { error, fd }),
-            };
+        let (image, _) = match check_export_fd(&fd, "memory")
+            .and_then(|()| {
+                check_record_fits_heap(ctx, info.allocation_size(), info.memory_type_index())
+            })
+            .and_then(|()| verified_image(ctx, info))
+        {
+            Ok(v) => v,
+            Err(error) => return Err(ImportError { error, fd }),
+        };
         let dedicated_to = info
             .dedicated()
             .then(|| vk::MemoryDedicatedAllocateInfo::default().image(image));

@@ -7,6 +7,10 @@
 //! * Every import goes through [`import_dup`]: the driver only ever gets a
 //!   duplicate, and a failed import hands the caller's fd back.
 //! * [`check_same_device`] and [`check_memory_type`] hold for every import.
+//! * No `vkAllocateMemory` of this crate asks for more than the heap of its
+//!   memory type holds ([`check_fits_heap`]): such a call is invalid usage
+//!   (`VUID-vkAllocateMemory-pAllocateInfo-01713`), not an out-of-memory
+//!   result, so it is refused before the driver.
 
 use std::os::fd::{FromRawFd, OwnedFd};
 
@@ -64,6 +68,44 @@ pub(crate) fn import_dup<T>(
         )
     }
     .map_err(|(error, fd)| ImportError { error, fd })
+}
+
+/// Why an allocation of `size` bytes of memory type `memory_type_index`
+/// cannot be asked for on this device: the type does not exist, or its heap
+/// is smaller than `size` (`VUID-vkAllocateMemory-pAllocateInfo-01713`).
+/// `Ok` when the driver may be asked (it may still answer out of memory).
+pub(crate) fn check_fits_heap(
+    ctx: &Context,
+    size: u64,
+    memory_type_index: u32,
+) -> std::result::Result<(), String> {
+    let props = &ctx.inner.memory_properties;
+    if memory_type_index >= props.memory_type_count {
+        return Err(format!(
+            "memory type {memory_type_index} does not exist on this device"
+        ));
+    }
+    let heap_index = props.memory_types[memory_type_index as usize].heap_index;
+    let heap_size = props.memory_heaps[heap_index as usize].size;
+    if size > heap_size {
+        return Err(format!(
+            "{size} bytes of memory heap {heap_index}, which holds {heap_size} bytes in all: \
+             no allocation that large can exist on this device"
+        ));
+    }
+    Ok(())
+}
+
+/// [`check_fits_heap`] for a record's allocation: an [`Error::Record`] (the
+/// size is the peer's word). Imports call it before they duplicate the fd,
+/// so that a refusal never leaves a duplicate behind.
+pub(crate) fn check_record_fits_heap(
+    ctx: &Context,
+    size: u64,
+    memory_type_index: u32,
+) -> Result<()> {
+    check_fits_heap(ctx, size, memory_type_index)
+        .map_err(|why| Error::Record(format!("the record's allocation needs {why}")))
 }
 
 /// Allocates memory that imports `raw` (a duplicate, see

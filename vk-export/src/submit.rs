@@ -187,12 +187,14 @@ impl Slot {
     }
 
     /// A staging buffer of at least `size` bytes in a memory type `find_type`
-    /// picks, mapped.
+    /// picks, mapped; `fits_heap` says why an allocation of that size and
+    /// type cannot be asked for (`memory::check_fits_heap`).
     pub(crate) fn ensure_staging(
         &mut self,
         device: &ash::Device,
         size: u64,
         find_type: impl Fn(u32) -> Option<u32>,
+        fits_heap: impl Fn(u64, u32) -> std::result::Result<(), String>,
     ) -> Result<(vk::Buffer, *mut u8)> {
         if let Some(s) = self.staging.as_ref().filter(|s| s.size >= size) {
             return Ok((s.buffer, s.ptr));
@@ -224,6 +226,13 @@ impl Slot {
                 "no host-visible coherent memory",
             ));
         };
+        if let Err(why) = fits_heap(reqs.size, index) {
+            // SAFETY: unused.
+            unsafe { device.destroy_buffer(buffer, None) };
+            return Err(Error::InvalidArgument(format!(
+                "a staging buffer needs {why}"
+            )));
+        }
         let alloc = vk::MemoryAllocateInfo::default()
             .allocation_size(reqs.size)
             .memory_type_index(index);

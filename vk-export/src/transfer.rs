@@ -372,16 +372,18 @@ impl Context {
         let slot = engine.slot(&inner.device, family)?;
         let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
         let find = |bits| self.memory_type(bits, host, vk::MemoryPropertyFlags::empty());
+        let fits = |size, index| crate::memory::check_fits_heap(self, size, index);
         let (staging, ptr) = match staged {
             Staged::None => (vk::Buffer::null(), std::ptr::null_mut()),
             Staged::Upload(data) => {
-                let (buffer, ptr) = slot.ensure_staging(&inner.device, data.len() as u64, find)?;
+                let (buffer, ptr) =
+                    slot.ensure_staging(&inner.device, data.len() as u64, find, fits)?;
                 // SAFETY: the staging mapping holds at least data.len() bytes
                 // and the slot is idle (its last submission completed).
                 unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
                 (buffer, ptr)
             }
-            Staged::Download(len) => slot.ensure_staging(&inner.device, len, find)?,
+            Staged::Download(len) => slot.ensure_staging(&inner.device, len, find, fits)?,
         };
         let mut sync = Some(sync);
         let last_use = resource.as_ref().map(|r| r.last_use);

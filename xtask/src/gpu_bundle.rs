@@ -53,6 +53,24 @@ const MARKER: &str = ".xtask-gpu-bundle";
 pub struct TestBinary {
     pub name: String,
     pub debug: bool,
+    /// The package whose test target it is (`package=`; default
+    /// [`DEFAULT_PACKAGE`]).
+    pub package: String,
+}
+
+/// The package of a `test` line without `package=`.
+pub const DEFAULT_PACKAGE: &str = "cuda-interop-tests";
+
+#[cfg(test)]
+impl TestBinary {
+    /// The directory of the package's integration tests, from the
+    /// workspace root (`tests/tests`, `cuda-interop-frames/tests`).
+    pub fn source_dir(&self) -> PathBuf {
+        match self.package.as_str() {
+            DEFAULT_PACKAGE => PathBuf::from("tests/tests"),
+            other => PathBuf::from(other).join("tests"),
+        }
+    }
 }
 
 /// The manifest, read.
@@ -85,9 +103,13 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, String> {
         match kind {
             "test" => {
                 let mut debug = false;
+                let mut package = DEFAULT_PACKAGE.to_string();
                 for option in &options {
                     match *option {
                         "debug" => debug = true,
+                        o if o.starts_with("package=") => {
+                            package = o["package=".len()..].to_string();
+                        }
                         o if o
                             .strip_prefix("timeout=")
                             .is_some_and(|s| s.parse::<u32>().is_ok()) => {}
@@ -97,6 +119,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, String> {
                 manifest.tests.push(TestBinary {
                     name: binary.to_string(),
                     debug,
+                    package,
                 });
             }
             "children" | "no-sanitizer" | "leaks-on-purpose" if options.is_empty() => {
@@ -197,15 +220,19 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
         "driver_info",
     ]);
     run(build)?;
-    let all: Vec<&str> = manifest.tests.iter().map(|t| t.name.as_str()).collect();
-    let debug: Vec<&str> = manifest
-        .tests
-        .iter()
-        .filter(|t| t.debug)
-        .map(|t| t.name.as_str())
-        .collect();
-    copy_tests(&out, "gpu", "", &all)?;
-    copy_tests(&out, "gpu-debug", "-debug", &debug)?;
+    let packages: BTreeSet<&str> = manifest.tests.iter().map(|t| t.package.as_str()).collect();
+    for package in packages {
+        let of_package = |debug_only: bool| -> Vec<&str> {
+            manifest
+                .tests
+                .iter()
+                .filter(|t| t.package == package && (t.debug || !debug_only))
+                .map(|t| t.name.as_str())
+                .collect()
+        };
+        copy_tests(&out, package, "gpu", "", &of_package(false))?;
+        copy_tests(&out, package, "gpu-debug", "-debug", &of_package(true))?;
+    }
     // The performance suite (issue 11): run it on its own, without the layer.
     let mut build = cargo();
     build.args([
@@ -297,21 +324,33 @@ fn size_of(path: &Path) -> u64 {
     }
 }
 
-/// Builds the test targets `tests` of cuda-interop-tests with `profile` and
-/// copies each as `out/test-NAME{suffix}`.
-fn copy_tests(out: &Path, profile: &str, suffix: &str, tests: &[&str]) -> Result<(), String> {
+/// Builds the test targets `tests` of `package` with `profile` (the
+/// testkit's `device-local` feature on: NVIDIA) and copies each as
+/// `out/test-NAME{suffix}`; the fake drivers come with the default package's.
+fn copy_tests(
+    out: &Path,
+    package: &str,
+    profile: &str,
+    suffix: &str,
+    tests: &[&str],
+) -> Result<(), String> {
     if tests.is_empty() {
         return Ok(());
     }
+    let features = if package == DEFAULT_PACKAGE {
+        "device-local"
+    } else {
+        "cuda-interop-testkit/device-local"
+    };
     let mut build = cargo();
     build.args([
         "test",
         "--profile",
         profile,
         "-p",
-        "cuda-interop-tests",
+        package,
         "--features",
-        "device-local",
+        features,
         "--no-run",
         "--message-format=json-render-diagnostics",
     ]);
@@ -350,7 +389,7 @@ fn copy_tests(out: &Path, profile: &str, suffix: &str, tests: &[&str]) -> Result
             .ok_or_else(|| format!("gpu-bundle: no {profile} test binary for {t}"))?;
         copy(&executable, &out.join(format!("test-{t}{suffix}")))?;
     }
-    if suffix.is_empty() {
+    if suffix.is_empty() && package == DEFAULT_PACKAGE {
         copy_fake_drivers(out, &messages)?;
     }
     Ok(())
@@ -587,15 +626,21 @@ mod tests {
     #[test]
     fn the_manifest_parses_and_names_only_its_binaries() {
         let m = parse_manifest(MANIFEST).unwrap();
-        let tests = crate::workspace_root().join("tests").join("tests");
         for t in &m.tests {
+            let source = t.source_dir().join(format!("{}.rs", t.name));
             assert!(
-                tests.join(format!("{}.rs", t.name)).is_file(),
-                "tests.txt names test binary {} but tests/tests/{}.rs does not exist",
+                crate::workspace_root().join(&source).is_file(),
+                "tests.txt names test binary {} but {} does not exist",
                 t.name,
-                t.name
+                source.display()
             );
         }
+        let frames = parse_manifest("test f package=cuda-interop-frames : --x\n").unwrap();
+        assert_eq!(frames.tests[0].package, "cuda-interop-frames");
+        assert_eq!(
+            frames.tests[0].source_dir(),
+            PathBuf::from("cuda-interop-frames/tests")
+        );
         assert!(!m.sanitized.is_empty());
         assert!(parse_manifest("children nope : x\n")
             .unwrap_err()
@@ -622,6 +667,9 @@ mod tests {
             }
         }
         read_all(&crate::workspace_root().join("tests"), &mut sources);
+        for t in &m.tests {
+            read_all(&crate::workspace_root().join(t.source_dir()), &mut sources);
+        }
         for (kind, binary, names) in &m.names {
             for name in names {
                 assert!(
@@ -639,9 +687,13 @@ mod tests {
     #[test]
     fn every_child_entry_point_of_a_bundled_binary_is_listed() {
         let m = parse_manifest(MANIFEST).unwrap();
-        let tests = crate::workspace_root().join("tests").join("tests");
         for t in &m.tests {
-            let source = std::fs::read_to_string(tests.join(format!("{}.rs", t.name))).unwrap();
+            let source = std::fs::read_to_string(
+                crate::workspace_root()
+                    .join(t.source_dir())
+                    .join(format!("{}.rs", t.name)),
+            )
+            .unwrap();
             let lines: Vec<&str> = source.lines().collect();
             let listed: Vec<&String> = m
                 .names
