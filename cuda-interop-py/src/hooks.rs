@@ -9,9 +9,10 @@
 //! * `_connect_host_ring(path, timeout, record_signals=False,
 //!   accept_delay=0.0, delivery=None)`: `connect`, but a hello makes a ring
 //!   over host memory, and without `delivery` it does not subscribe (the
-//!   producer serves it lossless, as a receiver of protocol v1); `_signals(receiver)` lists a recording ring's "released"
-//!   signals; `_interface_dict(frame)` is the interface dictionary a CUDA
-//!   ring frame of that layout would have.
+//!   producer serves it lossless, as a receiver of protocol v1);
+//!   `_signals(receiver)` lists a recording ring's "released" signals;
+//!   `_interface_dict(frame)` is the interface dictionary a CUDA ring frame
+//!   of that layout would have.
 //! * Uses `errors`, `frame`, `host` and `receiver` of this crate; none of
 //!   them uses this module.
 

@@ -113,8 +113,8 @@
 //!   `_connect_host_ring(path, timeout, record_signals=False,
 //!   accept_delay=0.0, delivery=None)` (ring frames over host memory,
 //!   `kDLCPU`, no CUDA; a real producer's setup message is dropped; without
-//!   `delivery` it never subscribes, as a protocol v1 receiver; with `record_signals` the frames take streams as CUDA frames
-//!   do, and `_signals(receiver)` lists the "released" signals that would
+//!   `delivery` it never subscribes, as a protocol v1 receiver; with
+//!   `record_signals` the frames take streams as CUDA frames do, and `_signals(receiver)` lists the "released" signals that would
 //!   have been enqueued; `accept_delay` pauses between receiving a frame
 //!   packet and accepting it) and `_interface_dict(frame)`, to test the protocols
 //!   without a GPU. The wheel (`cargo xtask wheel`) has no such hooks.

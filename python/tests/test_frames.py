@@ -127,6 +127,15 @@ def test_latest_delivery_asks_and_gets_the_newest_frame(producer):
         with receiver.next(1.0) as f:
             assert f.tag == 10 and receiver.dropped == 3
         assert parse(peer.recv(64)) == (RELEASE, 1, 0, 10)
+        # A bad packet queued behind a good frame: the error, and the good
+        # frame (never handed out) goes back.
+        peer.send(packet(FRAME, slot=0, frame=11))
+        peer.send(packet(FRAME, slot=2, frame=11))
+        with pytest.raises(ValueError, match="must go up"):
+            receiver.next(1.0)
+        assert parse(peer.recv(64)) == (ACQUIRE, 0, 0, 0)
+        assert parse(peer.recv(64)) == (RELEASE, 0, 0, 11)
+        assert receiver.held == 0
 
 
 def test_lossless_delivery_gets_every_frame_in_order(producer):
