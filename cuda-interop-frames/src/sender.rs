@@ -1368,10 +1368,11 @@ impl<F: Format, M: MemoryLocation, U: Usage> WriteSlot<'_, M, ExportableImage<F,
     /// slot: `vkCmdCopyImage` from `source` (its format is the ring's, by
     /// type; its region at its offset is the ring's extent, checked before
     /// anything is recorded), between the slot's ownership barriers, on the
-    /// transfer queue for a `CONCURRENT` source or one the transfer
-    /// family owns, else on the main queue of the family that owns it (no
-    /// ownership transfer of the application's image:
-    /// [`SourceImage::check_copy`]); after a GPU wait for `wait`'s timeline
+    /// transfer queue for a `CONCURRENT` source, one the transfer family
+    /// owns, or one the application released to it
+    /// ([`vk_export::SourceSharing::ReleasedToTransfer`]: the crate
+    /// records the acquire and the release back), else on the main queue
+    /// of the family that owns it ([`SourceImage::check_copy`]); after a GPU wait for `wait`'s timeline
     /// value if given (the application's rendering signals it), and
     /// leaving the source in its layout. Then as
     /// [`WriteSlot::present_with`]: waits for the copy (bounded), announces
@@ -1401,7 +1402,9 @@ impl<F: Format, M: MemoryLocation, U: Usage> WriteSlot<'_, M, ExportableImage<F,
                 // outlives the submission (the sender's slots do; a timed-out
                 // one is waited for by their drops); the source's facts are
                 // `SourceImage::new`'s contract.
-                unsafe { source.record_copy_to(device, cmd, target.image, extent) }
+                unsafe {
+                    source.record_copy_to(device, cmd, target.queue_family, target.image, extent)
+                }
             },
         )
     }

@@ -315,7 +315,11 @@ impl Receiver {
                                 Err(ConsumerError::Timeout(_)) => break,
                                 Err(e) => return Err(failed(e)),
                             };
-                        self.accept(&ring, &newer).map_err(failed)?;
+                        if let Err(e) = self.accept(&ring, &newer) {
+                            // Not handed out: its slot goes back first.
+                            let _ = ring.send_release(packet.slot, packet.frame, false);
+                            return Err(failed(e));
+                        }
                         let older = std::mem::replace(&mut packet, newer);
                         self.dropped.fetch_add(1, Ordering::AcqRel);
                         ring.send_release(older.slot, older.frame, false)

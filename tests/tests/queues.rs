@@ -595,3 +595,109 @@ fn a_concurrent_application_image_is_copied_on_the_transfer_queue() {
     drop(app);
     assert_no_validation_errors(&ctx);
 }
+
+/// A source the application owns on the main family and released to the
+/// transfer family: the copy runs on the transfer queue, records the
+/// acquire half and the release back, and the application acquires it
+/// back on the main queue; texel for texel, twice, the layer silent. Needs
+/// two families (the H200); on lavapipe (one) only the refusal of a
+/// "transfer" within one family is checked.
+#[test]
+fn an_application_image_released_to_the_transfer_family_is_copied_there() {
+    use cuda_interop_testkit::app_image::AppImage;
+    use vk_export::format::Rgba8Unorm;
+    use vk_export::{SourceImage, SourceSharing};
+    let ctx = vulkan(None);
+    let (w, h) = (24u32, 20u32);
+    let texels = pattern((w * h * 4) as usize, 31);
+    let layout = vk::ImageLayout::COLOR_ATTACHMENT_OPTIMAL;
+    let app = AppImage::new(&ctx, [w, h], &texels, layout, QueueRole::Main);
+    let transfer = ctx.queue_family_of(QueueRole::Transfer);
+    let main = app.family;
+    let image = Image::new(&ctx, ImageDesc::new_2d(w, h)).unwrap();
+    // SAFETY: a live RGBA8 image of this device in `layout`; the refused
+    // description is never recorded.
+    let same = unsafe {
+        SourceImage::<Rgba8Unorm>::new(
+            app.image,
+            [w, h],
+            layout,
+            SourceSharing::ReleasedToTransfer { from: transfer },
+        )
+    }
+    .unwrap();
+    let e = ctx
+        .copy_image_from(&same, &image, SubmitSync::new())
+        .unwrap_err();
+    assert!(e.to_string().contains("no transfer took place"), "{e}");
+    if main == transfer {
+        println!("one queue family: no ownership transfer to make (only the refusal checked)");
+        drop(app);
+        assert_no_validation_errors(&ctx);
+        return;
+    }
+    // The application's half of a transfer from `from` to `to`, on a queue
+    // of the family recording it.
+    let half = |role, from, to| {
+        ctx.submit_and_wait_on(role, SubmitSync::new(), |device, cmd, _| {
+            let barrier = vk::ImageMemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+                .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)
+                .old_layout(layout)
+                .new_layout(layout)
+                .src_queue_family_index(from)
+                .dst_queue_family_index(to)
+                .image(app.image)
+                .subresource_range(vk::ImageSubresourceRange {
+                    aspect_mask: vk::ImageAspectFlags::COLOR,
+                    base_mip_level: 0,
+                    level_count: 1,
+                    base_array_layer: 0,
+                    layer_count: 1,
+                });
+            let all = vk::PipelineStageFlags::ALL_COMMANDS;
+            // SAFETY: the recording command buffer the helper gives; the
+            // image lives until it completed (the helper waits).
+            unsafe {
+                device.cmd_pipeline_barrier(
+                    cmd,
+                    all,
+                    all,
+                    vk::DependencyFlags::empty(),
+                    &[],
+                    &[],
+                    &[barrier],
+                )
+            };
+        })
+        .unwrap()
+    };
+    for round in 0..2 {
+        half(QueueRole::Main, main, transfer);
+        // SAFETY: as above, released by the completed submission just
+        // made; acquired back below before anything else uses it.
+        let source = unsafe {
+            SourceImage::<Rgba8Unorm>::new(
+                app.image,
+                [w, h],
+                layout,
+                SourceSharing::ReleasedToTransfer { from: main },
+            )
+        }
+        .unwrap();
+        assert_eq!(
+            source.check_copy(&ctx, [w, h]).unwrap(),
+            QueueRole::Transfer
+        );
+        ctx.copy_image_from(&source, &image, SubmitSync::new())
+            .unwrap();
+        half(QueueRole::Main, transfer, main);
+        assert_eq!(
+            ctx.read_image(&image, 0, 0, SubmitSync::new()).unwrap(),
+            texels,
+            "round {round}"
+        );
+    }
+    drop(app);
+    assert_no_validation_errors(&ctx);
+}

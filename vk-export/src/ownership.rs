@@ -16,9 +16,12 @@
 //!   favour correctness over overlap.
 //! * An image this crate did not create ([`SourceImage`]: an application's
 //!   render target) is only ever copied from, on a queue of a family that
-//!   may access it (no ownership transfer: its release would have to follow
-//!   the application's last write on the application's queue, which only
-//!   the application can order), and is left in the layout it was in.
+//!   may access it, and is left in the layout it was in, with its owner.
+//!   An ownership transfer of it to the transfer family is the
+//!   application's to start (the release must follow its last write, on
+//!   its queue: only it can order that) and to finish (the acquire back):
+//!   the crate records the halves in between
+//!   ([`SourceSharing::ReleasedToTransfer`]).
 
 use std::marker::PhantomData;
 
@@ -187,6 +190,21 @@ pub enum SourceSharing {
     /// the family, else its main queue); a family the context has no queue
     /// of is refused.
     Exclusive(u32),
+    /// `VK_SHARING_MODE_EXCLUSIVE`, owned by family `from`, which has
+    /// released it to the context's transfer family
+    /// ([`Context::queue_family_of`] of [`QueueRole::Transfer`]) by an
+    /// image barrier with both layouts the source's layout (recorded and
+    /// submitted by the application after its last write, on a queue of
+    /// `from`). The copy runs on the transfer queue: it records the acquire
+    /// half of that transfer, and after the copy the release back to
+    /// `from` (layouts unchanged), whose acquire half the application
+    /// records on a queue of `from` before its next use of the image. `from`
+    /// equal to the transfer family is no transfer (refused: that is
+    /// [`SourceSharing::Exclusive`]).
+    ReleasedToTransfer {
+        /// The family that owned the image and released it.
+        from: u32,
+    },
 }
 
 /// An application's own image (one this crate did not create: no external
@@ -217,9 +235,11 @@ impl<F: Format> SourceImage<F> {
     ///   whose level 0 is at least `extent`;
     /// * it is in `layout` (its aspect is colour, all its levels and layers
     ///   in that layout) and `sharing` is true of it;
-    /// * every write to it (the GPU work that rendered it) happens before
-    ///   the copy: submitted earlier on the queue the copy runs on, waited
-    ///   for on the host, or signalling a timeline value the copy waits for;
+    /// * every write to it (the GPU work that rendered it), and for
+    ///   [`SourceSharing::ReleasedToTransfer`] the release, happens before
+    ///   the copy: submitted earlier on the queue the copy runs on (or by
+    ///   this crate on the context's other queue), waited for on the host,
+    ///   or signalling a timeline value the copy waits for;
     /// * nothing writes it, changes its layout or destroys it until the copy
     ///   completed: when the copy call returned `Ok` it has; after an error
     ///   it may still run, until the context's queues are idle.
@@ -295,6 +315,13 @@ impl<F: Format> SourceImage<F> {
             SourceSharing::Concurrent => Ok(QueueRole::Transfer),
             SourceSharing::Exclusive(f) if f == transfer => Ok(QueueRole::Transfer),
             SourceSharing::Exclusive(f) if f == ctx.queue_family() => Ok(QueueRole::Main),
+            SourceSharing::ReleasedToTransfer { from } if from == transfer => {
+                Err(Error::InvalidArgument(format!(
+                    "a copy source released from queue family {from} to {transfer}, the same \
+                     family: no transfer took place; describe it as SourceSharing::Exclusive"
+                )))
+            }
+            SourceSharing::ReleasedToTransfer { .. } => Ok(QueueRole::Transfer),
             SourceSharing::Exclusive(f) => Err(Error::InvalidArgument(format!(
                 "the copy source is owned by queue family {f}, and this context has queues of \
                  family {} (main) and {transfer} (transfer) only: release it to one of them \
@@ -308,9 +335,11 @@ impl<F: Format> SourceImage<F> {
     /// by `family`) of `dst_extent`: a barrier into a copy layout
     /// (`TRANSFER_SRC_OPTIMAL`, unless the source is in `GENERAL` or
     /// already there), `vkCmdCopyImage`, and a barrier back into the
-    /// source's layout. Full barriers: earlier writes of the queue to both
-    /// images are visible to the copy, and the copy's accesses are done
-    /// before later commands'.
+    /// source's layout; for [`SourceSharing::ReleasedToTransfer`], the
+    /// acquire half of the application's transfer first and the release
+    /// back last. Full barriers: earlier writes of the queue to both images
+    /// are visible to the copy, and the copy's accesses are done before
+    /// later commands'.
     ///
     /// # Safety
     /// [`SourceImage::check_copy`] returned `Ok(role)` for `ctx` and
@@ -324,6 +353,7 @@ impl<F: Format> SourceImage<F> {
         &self,
         device: &ash::Device,
         cmd: vk::CommandBuffer,
+        family: u32,
         dst: vk::Image,
         dst_extent: [u32; 2],
     ) {
@@ -332,6 +362,15 @@ impl<F: Format> SourceImage<F> {
             _ => vk::ImageLayout::TRANSFER_SRC_OPTIMAL,
         };
         let ignored = (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED);
+        let transferred = match self.sharing {
+            SourceSharing::ReleasedToTransfer { from } => Some(from),
+            _ => None,
+        };
+        if let Some(from) = transferred {
+            // The acquire half: the same layouts as the application's release.
+            let layout = self.layout;
+            image_barrier(device, cmd, self.image, layout, layout, (from, family));
+        }
         image_barrier(device, cmd, self.image, self.layout, copy_layout, ignored);
         let layers = vk::ImageSubresourceLayers {
             aspect_mask: vk::ImageAspectFlags::COLOR,
@@ -370,5 +409,10 @@ impl<F: Format> SourceImage<F> {
             )
         };
         image_barrier(device, cmd, self.image, copy_layout, self.layout, ignored);
+        if let Some(from) = transferred {
+            // The release back, whose acquire half is the application's.
+            let layout = self.layout;
+            image_barrier(device, cmd, self.image, layout, layout, (family, from));
+        }
     }
 }

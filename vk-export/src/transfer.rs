@@ -686,7 +686,13 @@ impl Context {
                 // drop waits for it); the source's facts are its
                 // constructor's contract.
                 unsafe {
-                    source.record_copy_to(&self.inner.device, cmd, image.inner.image, extent)
+                    source.record_copy_to(
+                        &self.inner.device,
+                        cmd,
+                        a.family,
+                        image.inner.image,
+                        extent,
+                    )
                 };
                 a.take(cmd, vk::ImageLayout::GENERAL);
             },
