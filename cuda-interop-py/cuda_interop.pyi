@@ -8,7 +8,7 @@ section shows it in use.
 """
 
 from types import TracebackType
-from typing import Any, Optional, Tuple, Type, Union
+from typing import Any, Literal, Optional, Tuple, Type, Union
 
 __version__: str
 PROTOCOL_VERSION: int
@@ -21,11 +21,26 @@ a stream object with an int `cuda_stream` or `ptr` attribute. `0` and ints
 that cannot be a stream (other values below 4096, unmapped addresses) raise
 `ValueError` before any driver call."""
 
-def connect(socket_path: str, timeout: float) -> Receiver:
+Delivery = Literal["latest", "lossless"]
+"""How a receiver of a frame ring wants its frames: `"latest"` (the newest
+frame when it asks; the producer never waits for it; the frames it missed
+are counted in `Receiver.dropped`) or `"lossless"` (every frame, in order;
+the producer waits, bounded, for its releases)."""
+
+def connect(socket_path: str, timeout: float, delivery: Delivery = "latest") -> Receiver:
     """Connects to the producer's socket at `socket_path`, waiting at most
-    `timeout` seconds for room in its backlog. `ConnectionError` if nobody
-    listens or the listener's user is another; `TimeoutError` on a full
-    backlog."""
+    `timeout` seconds for room in its backlog, and subscribes in
+    `delivery` (a frame ring's; a producer of one buffer per message
+    ignores it). `ConnectionError` if nobody listens or the listener's user
+    is another; `TimeoutError` on a full backlog; `ValueError` for another
+    delivery."""
+    ...
+
+def connect_named(name: str, timeout: float, delivery: Delivery = "latest") -> Receiver:
+    """`connect` to the sender named `name` in the directory of senders
+    under `$XDG_RUNTIME_DIR` (`cuda_interop_frames::discovery`).
+    `ConnectionError` if there is none of that name (or no
+    `$XDG_RUNTIME_DIR`), `ValueError` for a name that cannot be one."""
     ...
 
 class Receiver:
@@ -50,6 +65,16 @@ class Receiver:
     @property
     def path(self) -> str:
         """The socket path this receiver connected to."""
+        ...
+    @property
+    def delivery(self) -> Optional[Delivery]:
+        """The delivery it subscribed in."""
+        ...
+    @property
+    def dropped(self) -> int:
+        """Ring frames it did not get: those presented between two it
+        received, and (latest) those received behind a newer one and given
+        back unseen."""
         ...
     def close(self) -> None:
         """Shuts the connection down now: the producer takes back the slots

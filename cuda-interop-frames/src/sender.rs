@@ -20,6 +20,13 @@
 //!   from `VK_QUEUE_FAMILY_EXTERNAL` in `GENERAL` after), and leave it in
 //!   `GENERAL`; the release is to the external family in `GENERAL`, the
 //!   layout CUDA uses and a Vulkan receiver acquires from.
+//! * An image the application made itself (not exportable: a render
+//!   target) is published by a GPU copy into the slot
+//!   ([`WriteSlot::present_copy`] of a [`vk_export::SourceImage`], whose
+//!   `unsafe` constructor is where the application states what only it
+//!   knows of its image): same format by type, the extent checked, on the
+//!   transfer queue where the source's sharing allows, the source left in
+//!   its layout and with its owner.
 //! * Frames are announced after their submission completed (the present
 //!   waits for it, bounded), so a receiver without timelines is ordered by
 //!   the frame packet.
@@ -112,7 +119,7 @@ use vk_export::format::Format;
 use vk_export::markers::{usage, MemoryLocation, Optimal, Usage};
 use vk_export::socket::{Connection, Exported, Listener};
 use vk_export::{
-    Context, ExportableBuffer, ExportableImage, ImageDesc, QueueRole, SubmitSync,
+    Context, ExportableBuffer, ExportableImage, ImageDesc, QueueRole, SourceImage, SubmitSync,
     TimelineSemaphore, WaitStrategy,
 };
 
@@ -273,8 +280,8 @@ enum Mode {
 
 /// How long a new receiver's subscribe is waited for (frames are not
 /// pushed to it meanwhile) before it is served lossless, the mode of
-/// receivers that never subscribe (protocol v1's behaviour, the Python
-/// module's today). The sender never blocks on it.
+/// receivers that never subscribe (protocol v1's behaviour). The sender
+/// never blocks on it.
 pub const SUBSCRIBE_GRACE: Duration = Duration::from_millis(250);
 
 /// One receiver.
@@ -1142,10 +1149,14 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         }
     }
 
+    /// Presents `slot`: `record`'s commands on `role`'s queue (after a GPU
+    /// wait for `wait`, if given) between the slot's ownership barriers.
     fn present(
         &mut self,
         slot: u32,
         timestamp_ns: u64,
+        role: QueueRole,
+        wait: Option<(&TimelineSemaphore, u64)>,
         record: impl FnOnce(&vk_export::ash::Device, vk::CommandBuffer, R::Target),
     ) -> Result<u64, SenderError> {
         let s = slot as usize;
@@ -1175,12 +1186,14 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
                 sync = sync.wait_timeline(&p.released[s], v);
             }
         }
+        if let Some((semaphore, value)) = wait {
+            sync = sync.wait_timeline(semaphore, value);
+        }
         if let Some(produced) = &self.produced {
             sync = sync.signal_timeline(produced, f);
         }
         let resource = &self.slots[s];
         let from_external = self.released_to_external[s];
-        let role = self.opts.queue;
         self.ctx
             .submit_and_wait_on(role, sync, |device, cmd, family| {
                 // SAFETY: recording into the command buffer submit_and_wait
@@ -1348,6 +1361,53 @@ impl<F: Format, M: MemoryLocation, U: Usage> WriteSlot<'_, M, ExportableImage<F,
     pub fn image(&self) -> &ExportableImage<F, Optimal, M, U> {
         &self.sender.slots[self.slot as usize]
     }
+
+    /// Publishes an image the application made without external memory
+    /// (a render target: binding exportable memory to it after the fact
+    /// would give another layout, garbled pixels) by a GPU copy into the
+    /// slot: `vkCmdCopyImage` from `source` (its format is the ring's, by
+    /// type; its region at its offset is the ring's extent, checked before
+    /// anything is recorded), between the slot's ownership barriers, on the
+    /// transfer queue for a `CONCURRENT` source, one the transfer family
+    /// owns, or one the application released to it
+    /// ([`vk_export::SourceSharing::ReleasedToTransfer`]: the crate
+    /// records the acquire and the release back), else on the main queue
+    /// of the family that owns it ([`SourceImage::check_copy`]); after a GPU wait for `wait`'s timeline
+    /// value if given (the application's rendering signals it), and
+    /// leaving the source in its layout. Then as
+    /// [`WriteSlot::present_with`]: waits for the copy (bounded), announces
+    /// the frame, returns its sequence number. A refused copy
+    /// ([`SenderError::Vulkan`] with [`vk_export::Error::InvalidArgument`])
+    /// leaves the slot free and the frame unnumbered.
+    pub fn present_copy(
+        self,
+        timestamp_ns: u64,
+        source: &SourceImage<F>,
+        wait: Option<(&TimelineSemaphore, u64)>,
+    ) -> Result<u64, SenderError> {
+        let extent = [self.sender.opts.width, self.sender.opts.height];
+        let role = source.check_copy(&self.sender.ctx, extent)?;
+        self.sender.present(
+            self.slot,
+            timestamp_ns,
+            role,
+            wait,
+            |device, cmd, target| {
+                // SAFETY: check_copy returned `role` for this extent, and
+                // this is the recording command buffer of that role's queue
+                // (of `target.queue_family`); the slot's image is the
+                // sender's, of format F with transfer usage (every preset),
+                // of `extent`, in GENERAL owned by that family between the
+                // acquire and release barriers around this closure, and it
+                // outlives the submission (the sender's slots do; a timed-out
+                // one is waited for by their drops); the source's facts are
+                // `SourceImage::new`'s contract.
+                unsafe {
+                    source.record_copy_to(device, cmd, target.queue_family, target.image, extent)
+                }
+            },
+        )
+    }
 }
 
 impl<M: MemoryLocation, R: SlotResource<M>> WriteSlot<'_, M, R> {
@@ -1373,6 +1433,8 @@ impl<M: MemoryLocation, R: SlotResource<M>> WriteSlot<'_, M, R> {
         timestamp_ns: u64,
         record: impl FnOnce(&vk_export::ash::Device, vk::CommandBuffer, R::Target),
     ) -> Result<u64, SenderError> {
-        self.sender.present(self.slot, timestamp_ns, record)
+        let role = self.sender.opts.queue;
+        self.sender
+            .present(self.slot, timestamp_ns, role, None, record)
     }
 }

@@ -7,10 +7,12 @@
 //!   (`kDLCPU`), each byte its index modulo 256; `_host_frames_alive()`:
 //!   how many such buffers (and host ring slots) are not yet freed.
 //! * `_connect_host_ring(path, timeout, record_signals=False,
-//!   accept_delay=0.0)`: `connect`, but a hello makes a ring over host
-//!   memory; `_signals(receiver)` lists a recording ring's "released"
-//!   signals; `_interface_dict(frame)` is the interface dictionary a CUDA
-//!   ring frame of that layout would have.
+//!   accept_delay=0.0, delivery=None)`: `connect`, but a hello makes a ring
+//!   over host memory, and without `delivery` it does not subscribe (the
+//!   producer serves it lossless, as a receiver of protocol v1);
+//!   `_signals(receiver)` lists a recording ring's "released" signals;
+//!   `_interface_dict(frame)` is the interface dictionary a CUDA ring frame
+//!   of that layout would have.
 //! * Uses `errors`, `frame`, `host` and `receiver` of this crate; none of
 //!   them uses this module.
 
@@ -62,15 +64,17 @@ pub(crate) fn _host_frames_alive() -> usize {
 /// frames take stream arguments as a CUDA ring's do, and each "released"
 /// signal is recorded ([`_signals`]) instead of enqueued.
 #[pyfunction]
-#[pyo3(signature = (socket_path, timeout, record_signals=false, accept_delay=0.0))]
+#[pyo3(signature = (socket_path, timeout, record_signals=false, accept_delay=0.0, delivery=None))]
 pub(crate) fn _connect_host_ring(
     py: Python<'_>,
     socket_path: &str,
     timeout: f64,
     record_signals: bool,
     accept_delay: f64,
+    delivery: Option<&str>,
 ) -> PyResult<Receiver> {
-    let mut receiver = Receiver::connect(py, socket_path, timeout, Some(record_signals))?;
+    let delivery = delivery.map(crate::receiver::parse_delivery).transpose()?;
+    let mut receiver = Receiver::connect(py, socket_path, timeout, delivery, Some(record_signals))?;
     receiver.accept_delay = seconds("accept_delay", accept_delay)?;
     Ok(receiver)
 }

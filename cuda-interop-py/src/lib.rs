@@ -5,10 +5,19 @@
 //!
 //! # Contract
 //!
-//! * `connect(socket_path, timeout) -> Receiver` connects to a
-//!   `vk_export::socket::Listener` (a `SOCK_SEQPACKET` Unix socket whose
-//!   listening process runs as this user). A full backlog is waited on for at
-//!   most `timeout` seconds.
+//! * `connect(socket_path, timeout, delivery="latest") -> Receiver` connects
+//!   to a `vk_export::socket::Listener` (a `SOCK_SEQPACKET` Unix socket whose
+//!   listening process runs as this user) and subscribes in `delivery`
+//!   (`"latest"` or `"lossless"`, else `ValueError`; a producer of one buffer
+//!   per message ignores it). A full backlog is waited on for at most
+//!   `timeout` seconds. `connect_named(name, timeout, delivery="latest")`
+//!   finds the sender by name (`cuda_interop_frames::discovery`, under
+//!   `$XDG_RUNTIME_DIR`). Latest: each `next()` on a ring asks for the
+//!   newest frame once (a request whose call timed out stays asked), hands
+//!   out the newest of the frames queued and gives the older ones back
+//!   unseen; `Receiver.dropped` counts the frames it did not get (gaps
+//!   between received frame numbers, and those given back). Lossless:
+//!   every frame, in order.
 //! * `Receiver.next(timeout) -> Frame` waits at most `timeout` seconds, with
 //!   the GIL released for the whole call. The producer's first message
 //!   decides what it speaks:
@@ -101,10 +110,11 @@
 //!   sends: the socket's 10 s send timeout).
 //! * Built with the `test-hooks` feature (only `cargo xtask test` does, for
 //!   pytest), the module also has `_host_frame(n)`, `_host_frames_alive()`,
-//!   `_connect_host_ring(path, timeout, record_signals=False)` (ring frames
-//!   over host memory, `kDLCPU`, no CUDA; a real producer's setup message is
-//!   dropped; with `record_signals` the frames take streams as CUDA frames
-//!   do, and `_signals(receiver)` lists the "released" signals that would
+//!   `_connect_host_ring(path, timeout, record_signals=False,
+//!   accept_delay=0.0, delivery=None)` (ring frames over host memory,
+//!   `kDLCPU`, no CUDA; a real producer's setup message is dropped; without
+//!   `delivery` it never subscribes, as a protocol v1 receiver; with
+//!   `record_signals` the frames take streams as CUDA frames do, and `_signals(receiver)` lists the "released" signals that would
 //!   have been enqueued; `accept_delay` pauses between receiving a frame
 //!   packet and accepting it) and `_interface_dict(frame)`, to test the protocols
 //!   without a GPU. The wheel (`cargo xtask wheel`) has no such hooks.
@@ -133,6 +143,7 @@ mod ring;
 #[pymodule(name = "cuda_interop")]
 fn cuda_interop_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(receiver::connect, m)?)?;
+    m.add_function(wrap_pyfunction!(receiver::connect_named, m)?)?;
     #[cfg(feature = "test-hooks")]
     {
         m.add_function(wrap_pyfunction!(hooks::_host_frame, m)?)?;

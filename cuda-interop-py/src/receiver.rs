@@ -10,30 +10,83 @@
 //! * Uses `errors`, `frame`, `ring` and (feature `test-hooks`) `host` of this
 //!   crate; none of them uses this module.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use cuda_interop::dlpack::DL_CUDA;
 use cuda_interop::CudaDevice;
 use cuda_interop_frames::consumer::{
-    self, deadline_after, left, peek, recv_packet, NextMessage, Ring,
+    self, deadline_after, left, peek, recv_packet, ConsumerError, NextMessage, Ring,
 };
-use cuda_interop_frames::protocol::{self, Kind};
+use cuda_interop_frames::discovery::{Directory, DiscoveryError};
+use cuda_interop_frames::protocol::{self, Kind, Packet};
+use cuda_interop_frames::receiver::Delivery;
 use pyo3::exceptions::{PyConnectionError, PyValueError};
 use pyo3::prelude::*;
 use vk_export::markers::DeviceLocal;
 use vk_export::socket::Connection;
 
-use crate::errors::{consumer_error, cuda_error, seconds, vk_error};
+use crate::errors::{consumer_error, cuda_error, seconds, send_error, vk_error};
 use crate::frame::{Frame, Payload};
 use crate::ring::SharedRing;
 
 /// Connects to the producer's socket at `socket_path`, waiting at most
-/// `timeout` seconds for room in its backlog.
+/// `timeout` seconds for room in its backlog, and subscribes in `delivery`
+/// (`"latest"` or `"lossless"`).
 #[pyfunction]
-pub(crate) fn connect(py: Python<'_>, socket_path: &str, timeout: f64) -> PyResult<Receiver> {
-    Receiver::connect(py, socket_path, timeout, None)
+#[pyo3(signature = (socket_path, timeout, delivery="latest"))]
+pub(crate) fn connect(
+    py: Python<'_>,
+    socket_path: &str,
+    timeout: f64,
+    delivery: &str,
+) -> PyResult<Receiver> {
+    let delivery = Some(parse_delivery(delivery)?);
+    Receiver::connect(py, socket_path, timeout, delivery, None)
+}
+
+/// Connects to the sender named `name` in `$XDG_RUNTIME_DIR`'s directory
+/// of senders (`cuda_interop_frames::discovery`), as [`connect`].
+#[pyfunction]
+#[pyo3(signature = (name, timeout, delivery="latest"))]
+pub(crate) fn connect_named(
+    py: Python<'_>,
+    name: &str,
+    timeout: f64,
+    delivery: &str,
+) -> PyResult<Receiver> {
+    let delivery = Some(parse_delivery(delivery)?);
+    let wait = seconds("timeout", timeout)?;
+    let (path, connection) = py
+        .detach(|| {
+            let directory = Directory::from_env()?;
+            let socket = directory.find(name)?.socket;
+            let connection = directory.connect(name, wait)?;
+            Ok((socket.display().to_string(), connection))
+        })
+        .map_err(discovery_error)?;
+    Receiver::start(path, connection, delivery, None)
+}
+
+/// A discovery error as the Python exception its kind calls for.
+fn discovery_error(error: DiscoveryError) -> PyErr {
+    match error {
+        DiscoveryError::Connect(e) => consumer_error(e),
+        DiscoveryError::Name { .. } => PyValueError::new_err(error.to_string()),
+        e => PyConnectionError::new_err(e.to_string()),
+    }
+}
+
+/// `"latest"` or `"lossless"`.
+pub(crate) fn parse_delivery(delivery: &str) -> PyResult<Delivery> {
+    match delivery {
+        "latest" => Ok(Delivery::Latest),
+        "lossless" => Ok(Delivery::Lossless),
+        other => Err(PyValueError::new_err(format!(
+            "delivery must be \"latest\" or \"lossless\", not {other:?}"
+        ))),
+    }
 }
 
 /// The Vulkan context and the CUDA device paired with it, for one `deviceUUID`.
@@ -62,6 +115,17 @@ pub(crate) struct Receiver {
     devices: Mutex<Option<Devices>>,
     mode: Mutex<Mode>,
     closed: AtomicBool,
+    /// The delivery it subscribed in (`None`: it never subscribed, test
+    /// hook only: the producer serves it lossless).
+    delivery: Option<Delivery>,
+    /// Latest mode: an acquire is out (asked, no frame yet). Changed only
+    /// under the ring's receiving lock.
+    asked: AtomicBool,
+    /// The last frame number received (under the receiving lock).
+    last: AtomicU64,
+    /// Frames presented between received ones that it did not get, and
+    /// frames received and given back unseen for a newer one (latest).
+    dropped: AtomicU64,
     /// Test hook: a hello makes a ring over host memory, with no setup
     /// message; `Some(true)`: one that records its "released" signals.
     #[cfg(feature = "test-hooks")]
@@ -77,19 +141,44 @@ impl Receiver {
         py: Python<'_>,
         socket_path: &str,
         timeout: f64,
-        #[cfg_attr(not(feature = "test-hooks"), allow(unused_variables))] host_ring: Option<bool>,
+        delivery: Option<Delivery>,
+        host_ring: Option<bool>,
     ) -> PyResult<Self> {
         let timeout = seconds("timeout", timeout)?;
         let path = socket_path.to_owned();
         let connection = py
             .detach(|| consumer::connect(&path, timeout))
             .map_err(consumer_error)?;
+        Receiver::start(path, connection, delivery, host_ring)
+    }
+
+    /// The receiver of `connection` (to `path`): subscribes in `delivery`
+    /// first, if given.
+    fn start(
+        path: String,
+        connection: Connection,
+        delivery: Option<Delivery>,
+        #[cfg_attr(not(feature = "test-hooks"), allow(unused_variables))] host_ring: Option<bool>,
+    ) -> PyResult<Self> {
+        if let Some(delivery) = delivery {
+            let mode = match delivery {
+                Delivery::Latest => protocol::MODE_LATEST,
+                Delivery::Lossless => protocol::MODE_LOSSLESS,
+            };
+            consumer::send_packet(&connection, &Packet::subscribe(mode)).map_err(|e| {
+                PyConnectionError::new_err(format!("cannot subscribe to {path}: {e}"))
+            })?;
+        }
         Ok(Receiver {
             connection: Arc::new(connection),
             path,
             devices: Mutex::new(None),
             mode: Mutex::new(Mode::Unknown),
             closed: AtomicBool::new(false),
+            delivery,
+            asked: AtomicBool::new(false),
+            last: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
             #[cfg(feature = "test-hooks")]
             host_ring,
             #[cfg(feature = "test-hooks")]
@@ -178,6 +267,27 @@ impl Receiver {
                             self.path
                         )));
                     }
+                    // Receive and accept as one step: two threads' next()
+                    // calls accept frames in the order they arrived.
+                    let receiving = ring
+                        .lock_receiving(deadline, timeout)
+                        .map_err(consumer_error)?;
+                    let latest = self.delivery == Some(Delivery::Latest);
+                    // Latest: ask for the newest frame, once (a request
+                    // whose next() timed out stays asked).
+                    if latest && !self.asked.load(Ordering::Acquire) {
+                        consumer::send_packet(&self.connection, &Packet::acquire()).map_err(
+                            |e| {
+                                self.closed_error().unwrap_or_else(|| {
+                                    PyConnectionError::new_err(format!(
+                                        "cannot ask {} for a frame: {e}",
+                                        self.path
+                                    ))
+                                })
+                            },
+                        )?;
+                        self.asked.store(true, Ordering::Release);
+                    }
                     // A host ring (test hook) does not import the ring: the
                     // setup message of a real producer is received and dropped.
                     #[cfg(feature = "test-hooks")]
@@ -189,17 +299,32 @@ impl Receiver {
                     {
                         drop(self.connection.recv(left(deadline)).map_err(vk_error)?);
                     }
-                    // Receive and accept as one step: two threads' next()
-                    // calls accept frames in the order they arrived.
-                    let receiving = ring
-                        .lock_receiving(deadline, timeout)
-                        .map_err(consumer_error)?;
-                    let packet = recv_packet(&self.connection, deadline, timeout)
-                        .map_err(|e| self.closed_error().unwrap_or_else(|| consumer_error(e)))?;
+                    let failed = |e| self.closed_error().unwrap_or_else(|| consumer_error(e));
+                    let mut packet =
+                        recv_packet(&self.connection, deadline, timeout).map_err(failed)?;
                     #[cfg(feature = "test-hooks")]
                     std::thread::sleep(self.accept_delay);
-                    ring.accept_frame(&packet)
-                        .map_err(|e| self.closed_error().unwrap_or_else(|| consumer_error(e)))?;
+                    self.accept(&ring, &packet).map_err(failed)?;
+                    // Latest: frames already queued behind it (pushed before
+                    // the producer read the subscribe) are newer: keep the
+                    // newest, give the others back unseen.
+                    while self.delivery == Some(Delivery::Latest) {
+                        let newer =
+                            match recv_packet(&self.connection, Instant::now(), Duration::ZERO) {
+                                Ok(newer) => newer,
+                                Err(ConsumerError::Timeout(_)) => break,
+                                Err(e) => return Err(failed(e)),
+                            };
+                        if let Err(e) = self.accept(&ring, &newer) {
+                            // Not handed out: its slot goes back first.
+                            let _ = ring.send_release(packet.slot, packet.frame, false);
+                            return Err(failed(e));
+                        }
+                        let older = std::mem::replace(&mut packet, newer);
+                        self.dropped.fetch_add(1, Ordering::AcqRel);
+                        ring.send_release(older.slot, older.frame, false)
+                            .map_err(send_error)?;
+                    }
                     drop(receiving);
                     return Ok(Frame::of_ring(ring, &packet));
                 }
@@ -240,6 +365,23 @@ impl Receiver {
                 }
             }
         }
+    }
+}
+
+impl Receiver {
+    /// Accepts a frame packet into `ring` (under its receiving lock):
+    /// counts the frames presented since the last one that this receiver
+    /// did not get, and answers its request.
+    fn accept(&self, ring: &SharedRing, packet: &Packet) -> Result<(), ConsumerError> {
+        ring.accept_frame(packet)?;
+        let last = self.last.swap(packet.frame, Ordering::AcqRel);
+        if last != 0 {
+            // accept_frame checked that frame numbers go up.
+            self.dropped
+                .fetch_add(packet.frame - last - 1, Ordering::AcqRel);
+        }
+        self.asked.store(false, Ordering::Release);
+        Ok(())
     }
 }
 
@@ -331,6 +473,23 @@ impl Receiver {
     #[getter]
     fn path(&self) -> &str {
         &self.path
+    }
+
+    /// The delivery it subscribed in: `"latest"` or `"lossless"`.
+    #[getter]
+    fn delivery(&self) -> Option<&'static str> {
+        self.delivery.map(|d| match d {
+            Delivery::Latest => "latest",
+            Delivery::Lossless => "lossless",
+        })
+    }
+
+    /// Ring frames it did not get: those presented between two it received
+    /// (frames before its first are not counted), and, latest, those
+    /// received behind a newer one and given back unseen.
+    #[getter]
+    fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Acquire)
     }
 
     fn __repr__(&self) -> String {

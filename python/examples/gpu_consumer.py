@@ -46,6 +46,9 @@ def main():
     ap.add_argument("--frames", type=int, default=300)
     ap.add_argument("--timeout", type=float, default=10.0)
     ap.add_argument("--quiet", action="store_true")
+    # Lossless by default here: the demo checks every frame the producer
+    # makes; "latest" gets the newest frame when asked (frames skipped).
+    ap.add_argument("--delivery", choices=("lossless", "latest"), default="lossless")
     args = ap.parse_args()
 
     if args.lib == "torch":
@@ -158,7 +161,7 @@ def main():
         warm += (d != w).any()
         int(warm.item())
         sync()
-    receiver = cuda_interop.connect(args.socket, timeout=args.timeout)
+    receiver = cuda_interop.connect(args.socket, timeout=args.timeout, delivery=args.delivery)
     first = receiver.next(args.timeout)
     slots, width, height, pitch = receiver.layout
     print(

@@ -27,7 +27,8 @@ _STREAM_MEMORY = ctypes.create_string_buffer(4096)
 S = [ctypes.addressof(_STREAM_MEMORY) + 64 * i for i in range(8)]
 
 MAGIC = b"CIFR"
-HELLO, FRAME, RELEASE = 1, 2, 3
+HELLO, FRAME, RELEASE, SUBSCRIBE, ACQUIRE = 1, 2, 3, 4, 5
+MODE_LOSSLESS, MODE_LATEST = 0, 1
 
 
 def packet(kind, slot=0, flags=0, frame=0, width=0, height=0, pitch=0, fmt=0, version=2):
@@ -65,6 +66,103 @@ def ring(producer, slots=3, width=5, height=4, pitch=32):
     peer.settimeout(5.0)
     peer.send(packet(HELLO, slot=slots, width=width, height=height, pitch=pitch, fmt=1))
     return receiver, peer
+
+
+def subscribed_ring(producer, delivery, slots=3):
+    """A host ring whose receiver subscribed in `delivery`: the fake
+    producer checks the subscribe, then sends the hello."""
+    path, s = producer
+    receiver = cuda_interop._connect_host_ring(path, 1.0, delivery=delivery)
+    assert receiver.delivery == delivery
+    peer, _ = s.accept()
+    peer.settimeout(5.0)
+    mode = MODE_LATEST if delivery == "latest" else MODE_LOSSLESS
+    assert parse(peer.recv(64)) == (SUBSCRIBE, 0, mode, 0)
+    peer.send(packet(HELLO, slot=slots, width=5, height=4, pitch=32, fmt=1))
+    return receiver, peer
+
+
+def test_latest_delivery_asks_and_gets_the_newest_frame(producer):
+    """Latest: each next() asks once (a timed-out request stays asked), the
+    newest of the frames queued is handed out and the older ones are given
+    back unseen, and the gaps are counted as dropped."""
+    receiver, peer = subscribed_ring(producer, "latest")
+    with peer:
+        # The producer presented frames 1 to 3 before it was asked (not
+        # pushed to a latest receiver): on the request, its newest.
+        peer.send(packet(FRAME, slot=0, frame=4))
+        f = receiver.next(1.0)
+        assert f.tag == 4 and receiver.dropped == 0  # before its first: not counted
+        assert parse(peer.recv(64)) == (ACQUIRE, 0, 0, 0)
+        f.release()
+        assert parse(peer.recv(64)) == (RELEASE, 0, 0, 4)
+        # Two frames queued at once (pushed before the producer read the
+        # subscribe): the newer one is handed out, the older given back.
+        peer.send(packet(FRAME, slot=1, frame=5))
+        peer.send(packet(FRAME, slot=2, frame=6))
+        f = receiver.next(1.0)
+        assert f.tag == 6
+        assert parse(peer.recv(64)) == (ACQUIRE, 0, 0, 0)
+        assert parse(peer.recv(64)) == (RELEASE, 1, 0, 5)
+        assert receiver.held == 1 and receiver.dropped == 1
+        f.release()
+        assert parse(peer.recv(64)) == (RELEASE, 2, 0, 6)
+        # Frames 7 and 8 went by: dropped.
+        peer.send(packet(FRAME, slot=0, frame=9))
+        f = receiver.next(1.0)
+        assert f.tag == 9 and receiver.dropped == 3
+        assert parse(peer.recv(64)) == (ACQUIRE, 0, 0, 0)
+        f.release()
+        assert parse(peer.recv(64)) == (RELEASE, 0, 0, 9)
+        # A request that timed out stays asked: one acquire for both calls.
+        for _ in range(2):
+            with pytest.raises(TimeoutError):
+                receiver.next(0.05)
+        assert parse(peer.recv(64)) == (ACQUIRE, 0, 0, 0)
+        peer.settimeout(0.2)
+        with pytest.raises(socket.timeout):
+            peer.recv(64)
+        peer.settimeout(5.0)
+        peer.send(packet(FRAME, slot=1, frame=10))
+        with receiver.next(1.0) as f:
+            assert f.tag == 10 and receiver.dropped == 3
+        assert parse(peer.recv(64)) == (RELEASE, 1, 0, 10)
+        # A bad packet queued behind a good frame: the error, and the good
+        # frame (never handed out) goes back.
+        peer.send(packet(FRAME, slot=0, frame=11))
+        peer.send(packet(FRAME, slot=2, frame=11))
+        with pytest.raises(ValueError, match="must go up"):
+            receiver.next(1.0)
+        assert parse(peer.recv(64)) == (ACQUIRE, 0, 0, 0)
+        assert parse(peer.recv(64)) == (RELEASE, 0, 0, 11)
+        assert receiver.held == 0
+
+
+def test_lossless_delivery_gets_every_frame_in_order(producer):
+    """Lossless: no requests; every frame the producer pushes, in order,
+    none dropped."""
+    receiver, peer = subscribed_ring(producer, "lossless")
+    with peer:
+        for n in (1, 2, 3):
+            peer.send(packet(FRAME, slot=n - 1, frame=n))
+        frames = [receiver.next(1.0) for _ in range(3)]
+        assert [f.tag for f in frames] == [1, 2, 3]
+        assert receiver.held == 3 and receiver.dropped == 0
+        for f in frames:
+            f.release()
+        assert [parse(peer.recv(64)) for _ in range(3)] == [
+            (RELEASE, n - 1, 0, n) for n in (1, 2, 3)
+        ]
+        peer.settimeout(0.2)
+        with pytest.raises(socket.timeout):
+            peer.recv(64)
+
+
+def test_a_delivery_that_is_neither_is_refused(producer):
+    path, _ = producer
+    for connect in (cuda_interop.connect, cuda_interop._connect_host_ring):
+        with pytest.raises(ValueError, match='"latest" or "lossless", not "newest"'):
+            connect(path, 1.0, delivery="newest")
 
 
 def test_layout_shape_and_strides(producer):
@@ -938,3 +1036,71 @@ def test_real_server_without_semaphores_says_what_is_missing(frame_server):
         r.next(5.0)
     assert "NumPy" in str(e.value) and "VK_KHR_external_semaphore_fd" in str(e.value)
     r.close()
+
+
+def test_real_server_serves_latest_and_lossless_receivers(frame_server):
+    """Against the real sender: a lossless receiver gets every frame in
+    order; a latest one gets frames whose numbers go up, and what it did
+    not get is exactly what it counts as dropped (whatever the timing)."""
+    path, _, log = frame_server
+    lossless = cuda_interop._connect_host_ring(path, 2.0, delivery="lossless")
+    latest = cuda_interop._connect_host_ring(path, 2.0, delivery="latest")
+    tags = []
+    for _ in range(10):
+        with lossless.next(5.0) as f:
+            tags.append(f.tag)
+    assert tags == list(range(tags[0], tags[0] + 10)), server_log(log)
+    assert lossless.dropped == 0
+    seen = []
+    for _ in range(10):
+        with latest.next(5.0) as f:
+            seen.append(f.tag)
+        # The lossless one keeps up meanwhile (the sender waits for it).
+        lossless.next(5.0).release()
+    assert seen == sorted(set(seen)), seen
+    assert latest.dropped == seen[-1] - seen[0] + 1 - len(seen)
+    lossless.close()
+    latest.close()
+
+
+def test_connect_named_finds_a_sender_by_name(tmp_path, monkeypatch):
+    """`connect_named` resolves a name in $XDG_RUNTIME_DIR's directory of
+    senders; an unknown name is a ConnectionError that says so, a name that
+    cannot be one a ValueError."""
+    if not SERVER or not os.path.exists(SERVER):
+        pytest.skip("CUDA_INTEROP_FRAME_SERVER (set by cargo xtask test) names no binary")
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    with pytest.raises(ConnectionError, match='no sender named "cam"'):
+        cuda_interop.connect_named("cam", 1.0)
+    with pytest.raises(ValueError, match="bad sender name"):
+        cuda_interop.connect_named("../cam", 1.0)
+    p = subprocess.Popen(
+        [SERVER, "--name", "cam", "--width", "64", "--height", "32", "--row-pitch", "320",
+         "--slots", "3", "--seconds", "60", "--host-visible", "--no-semaphores"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        env=dict(os.environ, XDG_RUNTIME_DIR=str(runtime)),
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = cuda_interop.connect_named("cam", 2.0, delivery="lossless")
+                break
+            except ConnectionError:
+                assert time.monotonic() < deadline and p.poll() is None, "no sender"
+                time.sleep(0.05)
+        assert r.delivery == "lossless" and r.path.endswith(".sock")
+        # Not the host-ring hook: the ring is imported, and a lavapipe ring
+        # says what it lacks.
+        with pytest.raises(ValueError, match="no semaphores"):
+            r.next(5.0)
+        r.close()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

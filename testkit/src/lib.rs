@@ -4,6 +4,7 @@
 //!
 //! * Vulkan contexts with the validation layer required, and the checks of
 //!   what it reported ([`vulkan`], [`assert_no_validation_errors`]);
+//! * [`app_image`]: an application's own (non-exportable) image to copy from;
 //! * [`fds`]: the fd table, fd identities, closed and non-export fds, and the
 //!   lock that makes process-wide fd comparisons exact;
 //! * [`child`]: running a `child_*` test of the same binary in a process of
@@ -25,6 +26,7 @@ use std::time::Duration;
 
 use vk_export::{Context, HeadlessOptions, Validation};
 
+pub mod app_image;
 pub mod child;
 pub mod export_swap;
 pub mod fake;

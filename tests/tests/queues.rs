@@ -372,3 +372,332 @@ fn from_raw_refuses_queues_the_device_cannot_have() {
     }
     assert_eq!(own.errors.load(Ordering::SeqCst), 0, "validation errors");
 }
+
+/// An application's own image (no external memory, OPTIMAL, rendered into
+/// and left in `COLOR_ATTACHMENT_OPTIMAL` on the main queue) copied into
+/// an exportable image by `copy_image_from`: every texel arrives, whole or
+/// from a region at an offset, the source is left in its layout (a second
+/// copy from the same facts is valid), and the layer reports nothing. On
+/// the H200 the source owned by the main family is copied on the main
+/// queue; a `CONCURRENT` one would go to the transfer queue (lavapipe: one
+/// family, the main queue for both).
+#[test]
+fn an_application_image_is_copied_into_an_exportable_one_texel_for_texel() {
+    use cuda_interop_testkit::app_image::AppImage;
+    use vk_export::format::Rgba8Unorm;
+    use vk_export::{SourceImage, SourceSharing};
+    let ctx = vulkan(None);
+    let (w, h) = (40u32, 24u32);
+    let (sw, sh) = (w + 9, h + 5);
+    let texels = pattern((sw * sh * 4) as usize, 11);
+    let app = AppImage::new(
+        &ctx,
+        [sw, sh],
+        &texels,
+        vk::ImageLayout::COLOR_ATTACHMENT_OPTIMAL,
+        QueueRole::Main,
+    );
+    let exclusive = SourceSharing::Exclusive(app.family);
+    // SAFETY: `app` is a live image of this device, RGBA8, one sample,
+    // transfer-source usage, sw x sh, in COLOR_ATTACHMENT_OPTIMAL, owned
+    // by `app.family`, filled by a completed submission, and nothing else
+    // touches it until it is dropped (its drop idles the queues).
+    let source = |extent, offset| unsafe {
+        SourceImage::<Rgba8Unorm>::new(app.image, extent, app.layout, exclusive)
+            .unwrap()
+            .with_offset(offset)
+    };
+    let sub = |ox: u32, oy: u32, cw: u32, ch: u32| -> Vec<u8> {
+        (0..ch)
+            .flat_map(|y| {
+                let start = (((oy + y) * sw + ox) * 4) as usize;
+                texels[start..start + (cw * 4) as usize].to_vec()
+            })
+            .collect()
+    };
+    // Copied where the source is: its own family's queue (the main one on
+    // the H200; lavapipe's one queue is both).
+    let expected = if ctx.queues().transfer.is_some() {
+        QueueRole::Main
+    } else {
+        QueueRole::Transfer
+    };
+    assert_eq!(
+        source([sw, sh], [0, 0]).check_copy(&ctx, [sw, sh]).unwrap(),
+        expected
+    );
+    // The whole image.
+    let whole = Image::new(&ctx, ImageDesc::new_2d(sw, sh)).unwrap();
+    ctx.copy_image_from(&source([sw, sh], [0, 0]), &whole, SubmitSync::new())
+        .unwrap();
+    assert_eq!(
+        ctx.read_image(&whole, 0, 0, SubmitSync::new()).unwrap(),
+        texels
+    );
+    // A region at an offset, twice (the source went back to its layout).
+    let part = Image::new(&ctx, ImageDesc::new_2d(w, h)).unwrap();
+    for _ in 0..2 {
+        ctx.copy_image_from(&source([sw, sh], [6, 4]), &part, SubmitSync::new())
+            .unwrap();
+        assert_eq!(
+            ctx.read_image(&part, 0, 0, SubmitSync::new()).unwrap(),
+            sub(6, 4, w, h)
+        );
+    }
+    // The far corner exactly fits.
+    ctx.copy_image_from(&source([sw, sh], [9, 5]), &part, SubmitSync::new())
+        .unwrap();
+    assert_eq!(
+        ctx.read_image(&part, 0, 0, SubmitSync::new()).unwrap(),
+        sub(9, 5, w, h)
+    );
+    drop(app);
+    assert_no_validation_errors(&ctx);
+}
+
+/// What `SourceImage` and `copy_image_from` refuse, before anything is
+/// recorded: a source smaller than the destination, a region past its edge
+/// (one texel), an offset beyond i32, a source owned by a family the
+/// context has no queue of, a source in UNDEFINED or PREINITIALIZED (and a
+/// null handle or an empty extent), a destination of depth 2. The format is the type's: a source of
+/// another format does not compile (`tests/ui/fail/copy_source_of_another_format.rs`).
+/// Whether the image has transfer-source usage cannot be asked of a
+/// foreign `VkImage`: it is `SourceImage::new`'s safety contract.
+#[test]
+fn a_copy_from_an_application_image_that_cannot_fit_is_refused() {
+    use cuda_interop_testkit::app_image::AppImage;
+    use vk_export::format::Rgba8Unorm;
+    use vk_export::{SourceImage, SourceSharing};
+    let ctx = vulkan(None);
+    let (w, h) = (16u32, 8u32);
+    let app = AppImage::new(
+        &ctx,
+        [w, h],
+        &pattern((w * h * 4) as usize, 3),
+        vk::ImageLayout::TRANSFER_SRC_OPTIMAL,
+        QueueRole::Main,
+    );
+    let dst = Image::new(&ctx, ImageDesc::new_2d(w, h)).unwrap();
+    let before = ctx.read_image(&dst, 0, 0, SubmitSync::new()).unwrap();
+    let families = ctx.queues();
+    let foreign = 1 + families
+        .main
+        .family
+        .max(families.transfer.map_or(0, |t| t.family));
+    // SAFETY: as in the test above (a live RGBA8 image of this device in
+    // TRANSFER_SRC_OPTIMAL, owned by `app.family`); the refused ones are
+    // never recorded.
+    let source = |extent, offset, layout, sharing| unsafe {
+        SourceImage::<Rgba8Unorm>::new(app.image, extent, layout, sharing)
+            .map(|s| s.with_offset(offset))
+    };
+    let own = SourceSharing::Exclusive(app.family);
+    let layout = app.layout;
+    let refused = |s: SourceImage<Rgba8Unorm>| {
+        let e = ctx
+            .copy_image_from(&s, &dst, SubmitSync::new())
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        e.to_string()
+    };
+    let e = refused(source([w - 1, h], [0, 0], layout, own).unwrap());
+    assert!(
+        e.contains("region at [0, 0] of a 15x8 source does not fit"),
+        "{e}"
+    );
+    let e = refused(source([w, h], [0, 1], layout, own).unwrap());
+    assert!(
+        e.contains("region at [0, 1] of a 16x8 source does not fit"),
+        "{e}"
+    );
+    let e = refused(source([w, h], [1 << 31, 0], layout, own).unwrap());
+    assert!(e.contains("beyond 2^31"), "{e}");
+    let e = refused(source([w, h], [0, 0], layout, SourceSharing::Exclusive(foreign)).unwrap());
+    assert!(
+        e.contains(&format!("owned by queue family {foreign}")),
+        "{e}"
+    );
+    for bad in [vk::ImageLayout::UNDEFINED, vk::ImageLayout::PREINITIALIZED] {
+        let e = source([w, h], [0, 0], bad, own).unwrap_err();
+        assert!(e.to_string().contains("its texels are undefined"), "{e}");
+    }
+    // SAFETY: refused before anything could use the handle.
+    let e = unsafe { SourceImage::<Rgba8Unorm>::new(vk::Image::null(), [w, h], layout, own) }
+        .unwrap_err();
+    assert!(e.to_string().contains("null handle"), "{e}");
+    let e = source([w, 0], [0, 0], layout, own).unwrap_err();
+    assert!(e.to_string().contains("empty extent"), "{e}");
+    // A destination of depth 2 (the copy is of one 2D layer).
+    let deep = Image::new(&ctx, ImageDesc::new_3d(w, h, 2)).unwrap();
+    let e = ctx
+        .copy_image_from(
+            &source([w, h], [0, 0], layout, own).unwrap(),
+            &deep,
+            SubmitSync::new(),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("into an image of depth 2"), "{e}");
+    // Nothing was copied.
+    assert_eq!(
+        ctx.read_image(&dst, 0, 0, SubmitSync::new()).unwrap(),
+        before
+    );
+    drop(app);
+    assert_no_validation_errors(&ctx);
+}
+
+/// A `CONCURRENT` source (over the main and the transfer family) is copied
+/// on the transfer queue, with no ownership transfer, texel for texel.
+/// Needs two queue families (the H200); lavapipe has one, and a
+/// `CONCURRENT` image needs two: there it says so and checks nothing.
+#[test]
+fn a_concurrent_application_image_is_copied_on_the_transfer_queue() {
+    use cuda_interop_testkit::app_image::AppImage;
+    use vk_export::format::Rgba8Unorm;
+    use vk_export::{SourceImage, SourceSharing};
+    let ctx = vulkan(None);
+    let Some(transfer) = ctx.queues().transfer else {
+        println!("one queue family: no CONCURRENT image to make (nothing checked)");
+        return;
+    };
+    let (w, h) = (32u32, 16u32);
+    let texels = pattern((w * h * 4) as usize, 21);
+    let families = [ctx.queue_family(), transfer.family];
+    let app = AppImage::shared(
+        &ctx,
+        [w, h],
+        &texels,
+        vk::ImageLayout::COLOR_ATTACHMENT_OPTIMAL,
+        QueueRole::Main,
+        &families,
+    );
+    // SAFETY: a live RGBA8 image of this device, CONCURRENT over both of
+    // the context's families, in COLOR_ATTACHMENT_OPTIMAL, filled by a
+    // completed submission, untouched until dropped (its drop idles the
+    // queues).
+    let source = unsafe {
+        SourceImage::<Rgba8Unorm>::new(app.image, [w, h], app.layout, SourceSharing::Concurrent)
+    }
+    .unwrap();
+    assert_eq!(
+        source.check_copy(&ctx, [w, h]).unwrap(),
+        QueueRole::Transfer
+    );
+    let image = Image::new(&ctx, ImageDesc::new_2d(w, h)).unwrap();
+    for _ in 0..2 {
+        ctx.copy_image_from(&source, &image, SubmitSync::new())
+            .unwrap();
+        assert_eq!(
+            ctx.read_image(&image, 0, 0, SubmitSync::new()).unwrap(),
+            texels
+        );
+    }
+    drop(app);
+    assert_no_validation_errors(&ctx);
+}
+
+/// A source the application owns on the main family and released to the
+/// transfer family: the copy runs on the transfer queue, records the
+/// acquire half and the release back, and the application acquires it
+/// back on the main queue; texel for texel, twice, the layer silent. Needs
+/// two families (the H200); on lavapipe (one) only the refusal of a
+/// "transfer" within one family is checked.
+#[test]
+fn an_application_image_released_to_the_transfer_family_is_copied_there() {
+    use cuda_interop_testkit::app_image::AppImage;
+    use vk_export::format::Rgba8Unorm;
+    use vk_export::{SourceImage, SourceSharing};
+    let ctx = vulkan(None);
+    let (w, h) = (24u32, 20u32);
+    let texels = pattern((w * h * 4) as usize, 31);
+    let layout = vk::ImageLayout::COLOR_ATTACHMENT_OPTIMAL;
+    let app = AppImage::new(&ctx, [w, h], &texels, layout, QueueRole::Main);
+    let transfer = ctx.queue_family_of(QueueRole::Transfer);
+    let main = app.family;
+    let image = Image::new(&ctx, ImageDesc::new_2d(w, h)).unwrap();
+    // SAFETY: a live RGBA8 image of this device in `layout`; the refused
+    // description is never recorded.
+    let same = unsafe {
+        SourceImage::<Rgba8Unorm>::new(
+            app.image,
+            [w, h],
+            layout,
+            SourceSharing::ReleasedToTransfer { from: transfer },
+        )
+    }
+    .unwrap();
+    let e = ctx
+        .copy_image_from(&same, &image, SubmitSync::new())
+        .unwrap_err();
+    assert!(e.to_string().contains("no transfer took place"), "{e}");
+    if main == transfer {
+        println!("one queue family: no ownership transfer to make (only the refusal checked)");
+        drop(app);
+        assert_no_validation_errors(&ctx);
+        return;
+    }
+    // The application's half of a transfer from `from` to `to`, on a queue
+    // of the family recording it.
+    let half = |role, from, to| {
+        ctx.submit_and_wait_on(role, SubmitSync::new(), |device, cmd, _| {
+            let barrier = vk::ImageMemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+                .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)
+                .old_layout(layout)
+                .new_layout(layout)
+                .src_queue_family_index(from)
+                .dst_queue_family_index(to)
+                .image(app.image)
+                .subresource_range(vk::ImageSubresourceRange {
+                    aspect_mask: vk::ImageAspectFlags::COLOR,
+                    base_mip_level: 0,
+                    level_count: 1,
+                    base_array_layer: 0,
+                    layer_count: 1,
+                });
+            let all = vk::PipelineStageFlags::ALL_COMMANDS;
+            // SAFETY: the recording command buffer the helper gives; the
+            // image lives until it completed (the helper waits).
+            unsafe {
+                device.cmd_pipeline_barrier(
+                    cmd,
+                    all,
+                    all,
+                    vk::DependencyFlags::empty(),
+                    &[],
+                    &[],
+                    &[barrier],
+                )
+            };
+        })
+        .unwrap()
+    };
+    for round in 0..2 {
+        half(QueueRole::Main, main, transfer);
+        // SAFETY: as above, released by the completed submission just
+        // made; acquired back below before anything else uses it.
+        let source = unsafe {
+            SourceImage::<Rgba8Unorm>::new(
+                app.image,
+                [w, h],
+                layout,
+                SourceSharing::ReleasedToTransfer { from: main },
+            )
+        }
+        .unwrap();
+        assert_eq!(
+            source.check_copy(&ctx, [w, h]).unwrap(),
+            QueueRole::Transfer
+        );
+        ctx.copy_image_from(&source, &image, SubmitSync::new())
+            .unwrap();
+        half(QueueRole::Main, transfer, main);
+        assert_eq!(
+            ctx.read_image(&image, 0, 0, SubmitSync::new()).unwrap(),
+            texels,
+            "round {round}"
+        );
+    }
+    drop(app);
+    assert_no_validation_errors(&ctx);
+}

@@ -76,7 +76,7 @@ pub use interop_share::record::{
 };
 pub use interop_share::token::{BinaryPayload, BinarySignal, SignalReservation};
 pub use interop_share::uuid::{DeviceUuid, DriverUuid, ParseUuidError};
-pub use ownership::SharedLayout;
+pub use ownership::{SharedLayout, SourceImage, SourceSharing};
 #[cfg(feature = "tokio")]
 pub use semaphore::ASYNC_POLL_PERIOD;
 pub use semaphore::{

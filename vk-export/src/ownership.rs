@@ -14,8 +14,22 @@
 //!   API or queue family still owns.
 //! * Barriers are full (`ALL_COMMANDS`, all memory access): these helpers
 //!   favour correctness over overlap.
+//! * An image this crate did not create ([`SourceImage`]: an application's
+//!   render target) is only ever copied from, on a queue of a family that
+//!   may access it, and is left in the layout it was in, with its owner.
+//!   An ownership transfer of it to the transfer family is the
+//!   application's to start (the release must follow its last write, on
+//!   its queue: only it can order that) and to finish (the acquire back):
+//!   the crate records the halves in between
+//!   ([`SourceSharing::ReleasedToTransfer`]).
+
+use std::marker::PhantomData;
 
 use ash::vk;
+
+use crate::context::{Context, QueueRole};
+use crate::error::{Error, Result};
+use interop_share::format::Format;
 
 /// Who may touch a resource now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,5 +175,244 @@ pub(crate) fn acquire_families(owner: Owner, family: u32) -> (u32, u32) {
         Owner::Family(f, _) if f == family => (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED),
         Owner::Family(f, _) => (f, family),
         Owner::External(_) => (vk::QUEUE_FAMILY_EXTERNAL, family),
+    }
+}
+
+/// Which queue families may access a [`SourceImage`] now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceSharing {
+    /// Created with `VK_SHARING_MODE_CONCURRENT` over families that include
+    /// every family of the context ([`Context::queues`]): no ownership
+    /// transfer is needed; the copy runs on the transfer queue.
+    Concurrent,
+    /// `VK_SHARING_MODE_EXCLUSIVE`, owned now by this family. The copy runs
+    /// on the context's queue of that family (its transfer queue if that is
+    /// the family, else its main queue); a family the context has no queue
+    /// of is refused.
+    Exclusive(u32),
+    /// `VK_SHARING_MODE_EXCLUSIVE`, owned by family `from`, which has
+    /// released it to the context's transfer family
+    /// ([`Context::queue_family_of`] of [`QueueRole::Transfer`]) by an
+    /// image barrier with both layouts the source's layout (recorded and
+    /// submitted by the application after its last write, on a queue of
+    /// `from`). The copy runs on the transfer queue: it records the acquire
+    /// half of that transfer, and after the copy the release back to
+    /// `from` (layouts unchanged), whose acquire half the application
+    /// records on a queue of `from` before its next use of the image. `from`
+    /// equal to the transfer family is no transfer (refused: that is
+    /// [`SourceSharing::Exclusive`]).
+    ReleasedToTransfer {
+        /// The family that owned the image and released it.
+        from: u32,
+    },
+}
+
+/// An application's own image (one this crate did not create: no external
+/// memory, any layout its renderer uses) to copy from, of format `F`, with
+/// what only the application knows about it. Made per copy: its layout and
+/// owner are the image's state at that copy.
+#[derive(Debug)]
+pub struct SourceImage<F> {
+    image: vk::Image,
+    extent: [u32; 2],
+    offset: [u32; 2],
+    layout: vk::ImageLayout,
+    sharing: SourceSharing,
+    _format: PhantomData<fn() -> F>,
+}
+
+impl<F: Format> SourceImage<F> {
+    /// Describes `image` (level 0, layer 0) as a copy source of
+    /// `extent` texels, now in `layout` and accessible as `sharing` says.
+    /// `UNDEFINED` and `PREINITIALIZED` are refused (nothing to copy; a
+    /// barrier cannot go back to them).
+    ///
+    /// # Safety
+    /// For every copy made from the returned value (this crate cannot query
+    /// any of it of a foreign `VkImage`):
+    /// * `image` is a live 2D image of the context's device, of format
+    ///   `F::VK`, one sample, created with `VK_IMAGE_USAGE_TRANSFER_SRC_BIT`,
+    ///   whose level 0 is at least `extent`;
+    /// * it is in `layout` (its aspect is colour, all its levels and layers
+    ///   in that layout) and `sharing` is true of it;
+    /// * every write to it (the GPU work that rendered it), and for
+    ///   [`SourceSharing::ReleasedToTransfer`] the release, happens before
+    ///   the copy: submitted earlier on the queue the copy runs on (or by
+    ///   this crate on the context's other queue), waited for on the host,
+    ///   or signalling a timeline value the copy waits for;
+    /// * nothing writes it, changes its layout or destroys it until the copy
+    ///   completed: when the copy call returned `Ok` it has; after an error
+    ///   it may still run, until the context's queues are idle.
+    pub unsafe fn new(
+        image: vk::Image,
+        extent: [u32; 2],
+        layout: vk::ImageLayout,
+        sharing: SourceSharing,
+    ) -> Result<Self> {
+        if matches!(
+            layout,
+            vk::ImageLayout::UNDEFINED | vk::ImageLayout::PREINITIALIZED
+        ) {
+            return Err(Error::InvalidArgument(format!(
+                "a copy source in {layout:?}: its texels are undefined (and a barrier \
+                 cannot return it there); give the layout it was rendered into"
+            )));
+        }
+        if image == vk::Image::null() || extent.contains(&0) {
+            return Err(Error::InvalidArgument(format!(
+                "a copy source with a null handle or an empty extent {extent:?}"
+            )));
+        }
+        Ok(SourceImage {
+            image,
+            extent,
+            offset: [0, 0],
+            layout,
+            sharing,
+            _format: PhantomData,
+        })
+    }
+
+    /// Copies the region that starts at `offset` (texels) instead of the
+    /// image's corner; the region is the destination's extent.
+    pub fn with_offset(mut self, offset: [u32; 2]) -> Self {
+        self.offset = offset;
+        self
+    }
+
+    /// The image.
+    pub fn raw(&self) -> vk::Image {
+        self.image
+    }
+
+    /// The layout it is in (and is left in after a copy).
+    pub fn layout(&self) -> vk::ImageLayout {
+        self.layout
+    }
+
+    /// Checks a copy of this source into a destination of `dst_extent`
+    /// on `ctx`: the region fits the source, and a queue of the context
+    /// may access it. Returns the queue the copy runs on. Nothing Vulkan is
+    /// called.
+    pub fn check_copy(&self, ctx: &Context, dst_extent: [u32; 2]) -> Result<QueueRole> {
+        for axis in 0..2 {
+            if i32::try_from(self.offset[axis]).is_err() {
+                return Err(Error::InvalidArgument(format!(
+                    "a copy source offset {:?} beyond 2^31",
+                    self.offset
+                )));
+            }
+            let end = u64::from(self.offset[axis]) + u64::from(dst_extent[axis]);
+            if end > u64::from(self.extent[axis]) {
+                return Err(Error::InvalidArgument(format!(
+                    "a {}x{} region at {:?} of a {}x{} source does not fit it",
+                    dst_extent[0], dst_extent[1], self.offset, self.extent[0], self.extent[1]
+                )));
+            }
+        }
+        let transfer = ctx.queue_family_of(QueueRole::Transfer);
+        match self.sharing {
+            SourceSharing::Concurrent => Ok(QueueRole::Transfer),
+            SourceSharing::Exclusive(f) if f == transfer => Ok(QueueRole::Transfer),
+            SourceSharing::Exclusive(f) if f == ctx.queue_family() => Ok(QueueRole::Main),
+            SourceSharing::ReleasedToTransfer { from } if from == transfer => {
+                Err(Error::InvalidArgument(format!(
+                    "a copy source released from queue family {from} to {transfer}, the same \
+                     family: no transfer took place; describe it as SourceSharing::Exclusive"
+                )))
+            }
+            SourceSharing::ReleasedToTransfer { .. } => Ok(QueueRole::Transfer),
+            SourceSharing::Exclusive(f) => Err(Error::InvalidArgument(format!(
+                "the copy source is owned by queue family {f}, and this context has queues of \
+                 family {} (main) and {transfer} (transfer) only: release it to one of them \
+                 (and say so), or create it CONCURRENT",
+                ctx.queue_family()
+            ))),
+        }
+    }
+
+    /// Records the copy into `dst` (level 0, layer 0, in `GENERAL`, owned
+    /// by `family`) of `dst_extent`: a barrier into a copy layout
+    /// (`TRANSFER_SRC_OPTIMAL`, unless the source is in `GENERAL` or
+    /// already there), `vkCmdCopyImage`, and a barrier back into the
+    /// source's layout; for [`SourceSharing::ReleasedToTransfer`], the
+    /// acquire half of the application's transfer first and the release
+    /// back last. Full barriers: earlier writes of the queue to both images
+    /// are visible to the copy, and the copy's accesses are done before
+    /// later commands'.
+    ///
+    /// # Safety
+    /// [`SourceImage::check_copy`] returned `Ok(role)` for `ctx` and
+    /// `dst_extent`; `cmd` is a command buffer of `ctx`'s device in the
+    /// recording state, for a queue of `ctx.queue_family_of(role)` ==
+    /// `family`; `dst` is a live image of that device of format `F`, one
+    /// sample, with transfer destination usage, at least `dst_extent`, in
+    /// `GENERAL` and owned by `family` when the copy runs; both images
+    /// outlive the commands.
+    pub unsafe fn record_copy_to(
+        &self,
+        device: &ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+        dst: vk::Image,
+        dst_extent: [u32; 2],
+    ) {
+        let copy_layout = match self.layout {
+            vk::ImageLayout::GENERAL | vk::ImageLayout::TRANSFER_SRC_OPTIMAL => self.layout,
+            _ => vk::ImageLayout::TRANSFER_SRC_OPTIMAL,
+        };
+        let ignored = (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED);
+        let transferred = match self.sharing {
+            SourceSharing::ReleasedToTransfer { from } => Some(from),
+            _ => None,
+        };
+        if let Some(from) = transferred {
+            // The acquire half: the same layouts as the application's release.
+            let layout = self.layout;
+            image_barrier(device, cmd, self.image, layout, layout, (from, family));
+        }
+        image_barrier(device, cmd, self.image, self.layout, copy_layout, ignored);
+        let layers = vk::ImageSubresourceLayers {
+            aspect_mask: vk::ImageAspectFlags::COLOR,
+            mip_level: 0,
+            base_array_layer: 0,
+            layer_count: 1,
+        };
+        let region = vk::ImageCopy {
+            src_subresource: layers,
+            src_offset: vk::Offset3D {
+                // check_copy refused offsets beyond i32.
+                x: self.offset[0] as i32,
+                y: self.offset[1] as i32,
+                z: 0,
+            },
+            dst_subresource: layers,
+            dst_offset: vk::Offset3D::default(),
+            extent: vk::Extent3D {
+                width: dst_extent[0],
+                height: dst_extent[1],
+                depth: 1,
+            },
+        };
+        // SAFETY: forwarded from the caller: a recording command buffer of
+        // this device; the source is in `copy_layout` after the barrier
+        // above, the destination in GENERAL; the region fits both
+        // (check_copy, and the caller's extents); same format F.
+        unsafe {
+            device.cmd_copy_image(
+                cmd,
+                self.image,
+                copy_layout,
+                dst,
+                vk::ImageLayout::GENERAL,
+                &[region],
+            )
+        };
+        image_barrier(device, cmd, self.image, copy_layout, self.layout, ignored);
+        if let Some(from) = transferred {
+            // The release back, whose acquire half is the application's.
+            let layout = self.layout;
+            image_barrier(device, cmd, self.image, layout, layout, (family, from));
+        }
     }
 }

@@ -39,9 +39,12 @@ use crate::buffer::ExportableBuffer;
 use crate::context::{Context, QueueRole};
 use crate::error::{Error, Result};
 use crate::image::ExportableImage;
-use crate::ownership::{acquire_families, buffer_barrier, image_barrier, Owner, SharedLayout};
+use crate::ownership::{
+    acquire_families, buffer_barrier, image_barrier, Owner, SharedLayout, SourceImage,
+};
 use crate::semaphore::{Binary, Semaphore, SignalGuard, Timeline, WaitStrategy};
 use crate::submit::{Completion, LastUse, RawSync};
+use interop_share::format::Format;
 use interop_share::markers::{MemoryLocation, Tiling, Usage};
 use interop_share::token::BinarySignal;
 
@@ -642,6 +645,59 @@ impl Context {
                 };
             },
         )
+    }
+
+    /// Copies `source` (an application's own image of the same format:
+    /// the type says so) into level 0, layer 0 of `image`, whose extent is
+    /// the region copied; on the queue [`SourceImage::check_copy`] picks
+    /// (the transfer queue for a `CONCURRENT` source or one its family
+    /// owns). `image` is left in `GENERAL` owned by that queue's family;
+    /// the source in its layout, with its owner. A region that does not
+    /// fit the source, or a source no queue of the context may access, is
+    /// refused before anything is recorded.
+    pub fn copy_image_from<F: Format, T: Tiling, M: MemoryLocation, U: Usage>(
+        &self,
+        source: &SourceImage<F>,
+        image: &ExportableImage<F, T, M, U>,
+        sync: SubmitSync<'_>,
+    ) -> Result<()> {
+        self.check_image(image)?;
+        let [w, h, depth] = image.inner.info.extent();
+        if depth != 1 {
+            return Err(Error::InvalidArgument(format!(
+                "a copy from a 2D source into an image of depth {depth}"
+            )));
+        }
+        let extent = [w, h];
+        let role = source.check_copy(self, extent)?;
+        self.submit_tracked(
+            Placement::Role(role),
+            sync,
+            Some(image.into()),
+            Staged::None,
+            |cmd, _, a| {
+                let a = a.expect("submit_tracked passes the resource it was given");
+                a.take(cmd, vk::ImageLayout::GENERAL);
+                // SAFETY: check_copy returned `role`, and this command
+                // buffer is for that role's queue; the image is this
+                // context's (checked), of format F, with transfer usage
+                // (every preset), of `extent`, in GENERAL owned by this
+                // family after `take`; it outlives the submission (its
+                // drop waits for it); the source's facts are its
+                // constructor's contract.
+                unsafe {
+                    source.record_copy_to(
+                        &self.inner.device,
+                        cmd,
+                        a.family,
+                        image.inner.image,
+                        extent,
+                    )
+                };
+                a.take(cmd, vk::ImageLayout::GENERAL);
+            },
+        )
+        .map(drop)
     }
 
     /// Clears every level and layer of `image` to `color`.
