@@ -60,6 +60,7 @@
 
 use std::ffi::{c_void, CStr};
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -67,8 +68,8 @@ use ash::vk;
 use vk_export::format::Format;
 use vk_export::markers::{MemoryLocation, Optimal, Usage};
 use vk_export::{
-    Context, DeviceUuid, ExportableBuffer, ExportableImage, QueueChoice, QueueRole, Queues,
-    TimelineSemaphore, Validation, REQUIRED_DEVICE_EXTENSIONS,
+    Context, DeviceUuid, ExportableBuffer, ExportableImage, KeepAlive, QueueChoice, QueueRole,
+    Queues, TimelineSemaphore, Validation, DROP_WAIT, REQUIRED_DEVICE_EXTENSIONS,
 };
 use wgpu_hal::api::Vulkan;
 
@@ -197,11 +198,12 @@ const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
 /// The wgpu device and the vk-export context on one Vulkan device.
 pub struct InteropDevice {
     queue: InteropQueue,
-    device: wgpu::Device,
-    adapter: wgpu::Adapter,
-    instance: wgpu::Instance,
+    // ManuallyDrop: dropped in `Drop` once wgpu is idle, leaked otherwise.
+    device: ManuallyDrop<wgpu::Device>,
+    adapter: ManuallyDrop<wgpu::Adapter>,
+    instance: ManuallyDrop<wgpu::Instance>,
     context: Context,
-    owner: Arc<Owner>,
+    owner: ManuallyDrop<Arc<Owner>>,
     wgpu_queue: QueueChoice,
 }
 
@@ -584,11 +586,11 @@ impl InteropDevice {
                 context: context.clone(),
                 lock: Mutex::new(()),
             },
-            device: wgpu_device,
-            adapter,
-            instance: wgpu_instance,
+            device: ManuallyDrop::new(wgpu_device),
+            adapter: ManuallyDrop::new(adapter),
+            instance: ManuallyDrop::new(wgpu_instance),
             context,
-            owner,
+            owner: ManuallyDrop::new(owner),
             wgpu_queue: plan.wgpu,
         })
     }
@@ -792,9 +794,28 @@ impl InteropDevice {
 
 impl Drop for InteropDevice {
     fn drop(&mut self) {
+        // First wait, bounded, until wgpu's last submission completed: only
+        // then may wgpu's queue go (its Drop waits for idle without a bound,
+        // and once it is gone wgpu destroys a texture or buffer at once,
+        // whoever still uses it).
+        let idle = self.device.poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: Some(DROP_WAIT),
+        });
+        if let Err(e) = idle {
+            vk_export::report_drop_error(format_args!(
+                "cuda-interop-wgpu: wgpu's queue, device and instance and the Vulkan device are \
+                 leaked: wgpu's last submission did not complete within {DROP_WAIT:?} ({e})"
+            ));
+            // Never dropped: no wait for idle, nothing destroyed under the
+            // pending submission (the owner keeps the Vulkan device).
+            std::mem::forget(self.queue.queue.take());
+            return;
+        }
         let queue = self.queue.queue.take();
         match &self.queue.shared {
-            // wgpu's queue waits for idle when it goes: under the lock.
+            // wgpu's queue waits for idle when it goes (at once: it is
+            // idle): under the lock, as vkQueueWaitIdle needs.
             Some(ctx) => {
                 let mut queue = queue;
                 let _ = ctx.with_queue_of(QueueRole::Main, |_| drop(queue.take()));
@@ -805,6 +826,13 @@ impl Drop for InteropDevice {
                 }
             }
             None => drop(queue),
+        }
+        // SAFETY: each dropped once, here, and never used again.
+        unsafe {
+            ManuallyDrop::drop(&mut self.device);
+            ManuallyDrop::drop(&mut self.adapter);
+            ManuallyDrop::drop(&mut self.instance);
+            ManuallyDrop::drop(&mut self.owner);
         }
     }
 }
@@ -900,40 +928,171 @@ impl InteropQueue {
                 ));
             }
         }
-        for point in signals {
-            let current = point.semaphore.value()?;
-            if point.value <= current {
+        for w in waits {
+            if let Some(s) = signals
+                .iter()
+                .find(|s| s.semaphore.same_payload(w.semaphore) && w.value >= s.value)
+            {
                 return Err(Error::Refused(format!(
-                    "signal {} on a timeline already at {current}: a timeline only goes up",
-                    point.value
+                    "a wait for {} and a signal of {} on one timeline in one submission: it \
+                     would wait for its own signal and never complete",
+                    w.value, s.value
+                )));
+            }
+            let current = w.semaphore.value()?;
+            let max = self.context.max_timeline_difference();
+            if w.value > current && w.value - current > max {
+                return Err(Error::Refused(format!(
+                    "a wait for {} on a timeline at {current}: more than \
+                     maxTimelineSemaphoreValueDifference ({max}) above it",
+                    w.value
                 )));
             }
         }
+        // A wgpu error handler (user code, run inside `queue.submit`) that
+        // submits again on this thread would wait for the lock held here.
+        let _held = HeldLock::take(&self.lock as *const Mutex<()> as usize).ok_or_else(|| {
+            Error::Refused(
+                "this thread is already inside a submission of this queue (a wgpu error \
+                 handler that submits again?): it would wait for itself"
+                    .into(),
+            )
+        })?;
         let run = || -> Result<wgpu::SubmissionIndex> {
             let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
             let queue = self.queue();
-            if !waits.is_empty() || !signals.is_empty() {
-                // SAFETY: wgpu's queue is a Vulkan queue (made in `create`);
-                // nothing is destroyed through the guard.
-                let hal = unsafe { queue.as_hal::<Vulkan>() }
-                    .ok_or_else(|| Error::Wgpu("the queue is not a Vulkan queue".into()))?;
-                for point in waits {
-                    hal.add_wait_semaphore(
-                        point.semaphore.raw(),
-                        Some(point.value),
-                        vk::PipelineStageFlags::ALL_COMMANDS,
-                    );
-                }
-                for point in signals {
-                    hal.add_signal_semaphore(point.semaphore.raw(), Some(point.value));
-                }
+            if waits.is_empty() && signals.is_empty() {
+                return Ok(queue.submit(commands));
             }
-            Ok(queue.submit(commands))
+            // Checked and reserved under each timeline's signal lock (held
+            // until the submission is recorded): no other signal of this
+            // process slips in between.
+            let pairs: Vec<_> = signals.iter().map(|p| (p.semaphore, p.value)).collect();
+            let reservation = TimelineSemaphore::reserve_submitted_signals(&pairs)?;
+            // SAFETY: wgpu's queue is a Vulkan queue (made in `create`);
+            // nothing is destroyed through the guard.
+            let hal = unsafe { queue.as_hal::<Vulkan>() }
+                .ok_or_else(|| Error::Wgpu("the queue is not a Vulkan queue".into()))?;
+            let mut staged = Staged {
+                hal: &hal,
+                waits: waits.iter().map(|p| p.semaphore.raw()).collect(),
+                signals: signals.iter().map(|p| p.semaphore.raw()).collect(),
+                keep: waits
+                    .iter()
+                    .chain(signals)
+                    .map(|p| p.semaphore.keep_alive())
+                    .collect(),
+                armed: true,
+            };
+            for point in waits {
+                hal.add_wait_semaphore(
+                    point.semaphore.raw(),
+                    Some(point.value),
+                    vk::PipelineStageFlags::ALL_COMMANDS,
+                );
+            }
+            for point in signals {
+                hal.add_signal_semaphore(point.semaphore.raw(), Some(point.value));
+            }
+            let index = queue.submit(commands);
+            staged.armed = false;
+            let left = staged.unstage();
+            let keep = std::mem::take(&mut staged.keep);
+            if left == staged.waits.len() + staged.signals.len() {
+                // Nothing of it reached Vulkan: wgpu refused the submission.
+                drop(keep);
+                return Err(Error::Wgpu(
+                    "wgpu refused the submission (see its error handler): nothing was \
+                     submitted, its semaphores were taken off wgpu-hal's queue again"
+                        .into(),
+                ));
+            }
+            reservation.submitted();
+            // The semaphores live until wgpu saw this submission complete.
+            queue.on_submitted_work_done(move || drop(keep));
+            if left > 0 {
+                return Err(Error::Wgpu(
+                    "wgpu submitted only some of the staged semaphores".into(),
+                ));
+            }
+            Ok(index)
         };
         match &self.shared {
             Some(ctx) => ctx.with_queue_of(QueueRole::Main, |_| run())?,
             None => run(),
         }
+    }
+}
+
+/// The semaphores one `submit_with` staged on wgpu-hal's queue: taken off it
+/// again after the submission (and on unwind), so that a submission wgpu
+/// refused leaves nothing for the next one.
+struct Staged<'h> {
+    hal: &'h wgpu_hal::vulkan::Queue,
+    waits: Vec<vk::Semaphore>,
+    signals: Vec<vk::Semaphore>,
+    keep: Vec<KeepAlive>,
+    /// Still to unstage on drop (the submission unwound).
+    armed: bool,
+}
+
+impl Staged<'_> {
+    /// Takes the staged semaphores off wgpu-hal's queue: how many were still
+    /// there (not submitted).
+    fn unstage(&self) -> usize {
+        let waits = self
+            .waits
+            .iter()
+            .filter(|&&s| self.hal.remove_wait_semaphore(s))
+            .count();
+        let signals = self
+            .signals
+            .iter()
+            .filter(|&&s| self.hal.remove_signal_semaphore(s))
+            .count();
+        waits + signals
+    }
+}
+
+impl Drop for Staged<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let left = self.unstage();
+        if left != self.waits.len() + self.signals.len() {
+            // Some reached Vulkan before the unwind: nothing says when that
+            // submission completes, so the semaphores are never destroyed.
+            std::mem::forget(std::mem::take(&mut self.keep));
+        }
+    }
+}
+
+thread_local! {
+    /// The `InteropQueue` locks this thread holds, by address.
+    static HELD: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Marks a lock as held by this thread while it lives.
+struct HeldLock(usize);
+
+impl HeldLock {
+    /// `None` if this thread holds the lock at `key` already.
+    fn take(key: usize) -> Option<HeldLock> {
+        HELD.with(|held| {
+            let mut held = held.borrow_mut();
+            if held.contains(&key) {
+                return None;
+            }
+            held.push(key);
+            Some(HeldLock(key))
+        })
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        let _ = HELD.try_with(|held| held.borrow_mut().retain(|&k| k != self.0));
     }
 }
 
