@@ -12,7 +12,12 @@
 //!   device and instance are destroyed when the last of the three users
 //!   goes: wgpu's device, wgpu's instance and the vk-export context (with
 //!   every resource made from it). No order of drops destroys either under
-//!   the other side.
+//!   the other side. The adapter's Drop first waits (bounded:
+//!   [`vk_export::DROP_WAIT`]) until wgpu's last submission completed and
+//!   drops wgpu's queue and device only then; when it does not complete
+//!   (a wait on a timeline nobody signals) everything is leaked and
+//!   reported through [`vk_export::drop_errors`], never destroyed under the
+//!   pending work.
 //! * **Queues.** wgpu gets queue 0 of a graphics family; vk-export gets
 //!   other queues only (queue 1 of the same family or a queue of another
 //!   compute family, and a transfer-only family's queue where there is
@@ -24,12 +29,17 @@
 //! * **Submissions** go through [`InteropQueue`]: its semaphore waits and
 //!   signals are staged on wgpu-hal's queue and submitted with the command
 //!   buffers under one lock, so no other submission of this crate takes
-//!   them. A semaphore of another device, or a signal not above the
-//!   timeline's current value, is refused before anything is staged.
+//!   them; a submission wgpu refuses leaves none staged. Signal values are
+//!   checked and recorded with vk-export's own submitted-signal bookkeeping
+//!   ([`vk_export::TimelineSemaphore::reserve_submitted_signals`]), and every
+//!   semaphore is kept alive until wgpu reports the submission done (see
+//!   [`InteropQueue::submit_with`] for what is refused).
 //! * **Lifetimes.** A texture or buffer made from a vk-export resource holds
 //!   a keep-alive of it in wgpu-hal's drop callback: the `VkImage` /
 //!   `VkBuffer` and its memory live until wgpu has dropped its object, which
-//!   wgpu does only after its last submission using it completed.
+//!   wgpu does only after its last submission using it completed while
+//!   its queue lives (the adapter's Drop keeps the queue until wgpu is
+//!   idle; see [`InteropDevice::new_shared_queue`] for the shared queue).
 //! * **Layouts.** wgpu takes an image as uninitialised (its first use
 //!   discards the contents) and tracks the layout from there; CUDA can use
 //!   the memory in `GENERAL` only, which is where a storage-texture access
@@ -292,11 +302,19 @@ impl InteropDevice {
     /// [`InteropQueue::wgpu_queue`] is `None`.
     ///
     /// # Safety
-    /// wgpu also uses its queue outside submissions this crate can see: the
-    /// caller makes sure that no thread calls [`wgpu::Device::poll`] (or
-    /// anything else of wgpu that may end its queue's life) while the
-    /// [`InteropDevice`] is being dropped, since wgpu's queue, when its last
-    /// reference goes on another thread, waits for idle outside the lock.
+    /// wgpu also uses its queue outside submissions this crate can see:
+    /// wgpu's queue, when its last reference goes, waits for idle
+    /// (`vkQueueWaitIdle`, which needs the queue's lock) on whatever thread
+    /// drops that reference, outside the context's lock. The adapter's Drop
+    /// drops its own reference under the lock, but wgpu-core hands
+    /// references of its queue to work it does on other threads. The
+    /// caller makes sure that while the [`InteropDevice`] is being dropped,
+    /// no other thread makes any call on a wgpu object of this device
+    /// (among them [`wgpu::Device::poll`], [`wgpu::Buffer::map_async`],
+    /// [`wgpu::Buffer::destroy`], [`wgpu::Texture::destroy`], dropping a
+    /// texture, buffer or command buffer, and creating anything), and that
+    /// no clone of [`InteropDevice::device`] outlives the adapter while such
+    /// calls can still be made on it.
     pub unsafe fn new_shared_queue(options: &Options) -> Result<InteropDevice> {
         // SAFETY: the caller's contract.
         unsafe { Self::create(options, true) }
@@ -880,13 +898,18 @@ impl InteropQueue {
     /// wgpu's own queue, where it is not shared with the context: `None` on
     /// a shared queue, where every submission must go through this type.
     ///
+    /// # Safety
     /// [`InteropQueue::submit_with`] stages its semaphores on wgpu-hal's
     /// queue and submits under its lock, which a submission made on this
     /// queue directly does not take: one made from another thread at that
-    /// moment can carry the staged semaphores (a signal before its command
-    /// buffers ran). While any thread uses `submit_with`, submit through
-    /// this type only.
-    pub fn wgpu_queue(&self) -> Option<&wgpu::Queue> {
+    /// moment would carry the staged semaphores (a signal before its command
+    /// buffers ran, a wait or signal on a semaphore that is then destroyed
+    /// while still in use). The caller makes sure that no submission is made
+    /// on the returned queue (or a clone of it) while any thread may be
+    /// inside `submit_with`, and that the queue (and its clones) are dropped
+    /// before the [`InteropDevice`]: its Drop waits, bounded, for wgpu to go
+    /// idle before the queue goes, which a clone kept elsewhere defeats.
+    pub unsafe fn wgpu_queue(&self) -> Option<&wgpu::Queue> {
         match self.shared {
             Some(_) => None,
             None => self.queue.as_ref(),
@@ -909,8 +932,24 @@ impl InteropQueue {
 
     /// Submits `commands`, waiting on the GPU for each of `waits` before
     /// they run and signalling each of `signals` when they complete.
-    /// Refused before anything is staged: a semaphore of another device,
-    /// a signal value not above the timeline's current value.
+    /// Refused before anything is staged: a semaphore of another device; a
+    /// signal value not above the timeline's current value and every signal
+    /// already submitted (by this crate or vk-export), or more than
+    /// `maxTimelineSemaphoreValueDifference` above the current value; one
+    /// timeline signalled twice; a wait for a value at or above a signal of
+    /// the same timeline in the same call; a wait more than
+    /// `maxTimelineSemaphoreValueDifference` above the current value; a call
+    /// from inside a submission of this queue on the same thread (a wgpu
+    /// error handler that submits again). The signals are checked and
+    /// recorded under each timeline's signal lock, as vk-export's own
+    /// submissions are, so a later host signal is refused while they are
+    /// pending.
+    ///
+    /// Every semaphore is kept alive (a keep-alive) until wgpu reports the
+    /// submission done. A submission that wgpu refuses (an invalid command
+    /// buffer, with an error handler that returns) returns
+    /// [`Error::Wgpu`], and its semaphores are taken off wgpu-hal's queue
+    /// again, so the next submission does not carry them.
     ///
     /// Note: wgpu (`Queue::submit`) may flush its own pending writes in a
     /// submission of its own before `commands`; the waits gate the whole

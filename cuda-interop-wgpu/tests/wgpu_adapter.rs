@@ -199,13 +199,15 @@ fn a_one_queue_device_is_refused_unless_shared() {
             let device = device();
             assert!(device.shares_queue());
             assert!(
-                device.queue().wgpu_queue().is_none(),
+                // SAFETY: only checked, never submitted on.
+                unsafe { device.queue().wgpu_queue() }.is_none(),
                 "no bare queue when shared"
             );
         }
         Ok(device) => {
             assert!(!device.shares_queue());
-            assert!(device.queue().wgpu_queue().is_some());
+            // SAFETY: only checked, never submitted on.
+            assert!(unsafe { device.queue().wgpu_queue() }.is_some());
             let queues = device.context().queues();
             assert_ne!(queues.main, device.wgpu_queue_choice());
             assert_ne!(queues.transfer, Some(device.wgpu_queue_choice()));
