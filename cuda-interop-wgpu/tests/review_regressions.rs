@@ -65,7 +65,7 @@ fn invalid_commands(device: &InteropDevice) -> wgpu::CommandBuffer {
     let mut e = d.create_command_encoder(&Default::default());
     e.copy_buffer_to_buffer(&b, 0, &b, 0, 256);
     let c = e.finish();
-    let _ = scope.pop();
+    drop(scope.pop());
     c
 }
 
