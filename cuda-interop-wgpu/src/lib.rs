@@ -942,8 +942,9 @@ impl InteropQueue {
     /// from inside a submission of this queue on the same thread (a wgpu
     /// error handler that submits again). The signals are checked and
     /// recorded under each timeline's signal lock, as vk-export's own
-    /// submissions are, so a later host signal is refused while they are
-    /// pending.
+    /// submissions are, so a host signal of the timeline is refused
+    /// ([`vk_export::TimelineSemaphore::signal`]) while they are pending:
+    /// gate a submission on another timeline than the one it signals.
     ///
     /// Every semaphore is kept alive (a keep-alive) until wgpu reports the
     /// submission done. A submission that wgpu refuses (an invalid command
@@ -1007,7 +1008,11 @@ impl InteropQueue {
             // until the submission is recorded): no other signal of this
             // process slips in between.
             let pairs: Vec<_> = signals.iter().map(|p| (p.semaphore, p.value)).collect();
-            let reservation = TimelineSemaphore::reserve_submitted_signals(&pairs)?;
+            let reservation =
+                TimelineSemaphore::reserve_submitted_signals(&pairs).map_err(|e| match e {
+                    vk_export::Error::InvalidArgument(m) => Error::Refused(m),
+                    e => Error::VkExport(e),
+                })?;
             // SAFETY: wgpu's queue is a Vulkan queue (made in `create`);
             // nothing is destroyed through the guard.
             let hal = unsafe { queue.as_hal::<Vulkan>() }
