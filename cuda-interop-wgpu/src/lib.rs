@@ -79,7 +79,7 @@ use vk_export::format::Format;
 use vk_export::markers::{MemoryLocation, Optimal, Usage};
 use vk_export::{
     Context, DeviceUuid, ExportableBuffer, ExportableImage, KeepAlive, QueueChoice, QueueRole,
-    Queues, TimelineSemaphore, Validation, DROP_WAIT, REQUIRED_DEVICE_EXTENSIONS,
+    Queues, SubmittedSignals, TimelineSemaphore, Validation, DROP_WAIT, REQUIRED_DEVICE_EXTENSIONS,
 };
 use wgpu_hal::api::Vulkan;
 
@@ -1019,6 +1019,7 @@ impl InteropQueue {
                 .ok_or_else(|| Error::Wgpu("the queue is not a Vulkan queue".into()))?;
             let mut staged = Staged {
                 hal: &hal,
+                reservation: Some(reservation),
                 waits: waits.iter().map(|p| p.semaphore.raw()).collect(),
                 signals: signals.iter().map(|p| p.semaphore.raw()).collect(),
                 keep: waits
@@ -1045,13 +1046,16 @@ impl InteropQueue {
             if left == staged.waits.len() + staged.signals.len() {
                 // Nothing of it reached Vulkan: wgpu refused the submission.
                 drop(keep);
+                drop(staged.reservation.take());
                 return Err(Error::Wgpu(
                     "wgpu refused the submission (see its error handler): nothing was \
                      submitted, its semaphores were taken off wgpu-hal's queue again"
                         .into(),
                 ));
             }
-            reservation.submitted();
+            if let Some(reservation) = staged.reservation.take() {
+                reservation.submitted();
+            }
             // The semaphores live until wgpu saw this submission complete.
             queue.on_submitted_work_done(move || drop(keep));
             if left > 0 {
@@ -1071,8 +1075,11 @@ impl InteropQueue {
 /// The semaphores one `submit_with` staged on wgpu-hal's queue: taken off it
 /// again after the submission (and on unwind), so that a submission wgpu
 /// refused leaves nothing for the next one.
-struct Staged<'h> {
+struct Staged<'h, 's> {
     hal: &'h wgpu_hal::vulkan::Queue,
+    /// The signals' reservation: recorded once (any of) the submission
+    /// reached Vulkan.
+    reservation: Option<SubmittedSignals<'s>>,
     waits: Vec<vk::Semaphore>,
     signals: Vec<vk::Semaphore>,
     keep: Vec<KeepAlive>,
@@ -1080,7 +1087,7 @@ struct Staged<'h> {
     armed: bool,
 }
 
-impl Staged<'_> {
+impl Staged<'_, '_> {
     /// Takes the staged semaphores off wgpu-hal's queue: how many were still
     /// there (not submitted).
     fn unstage(&self) -> usize {
@@ -1098,7 +1105,7 @@ impl Staged<'_> {
     }
 }
 
-impl Drop for Staged<'_> {
+impl Drop for Staged<'_, '_> {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -1106,8 +1113,12 @@ impl Drop for Staged<'_> {
         let left = self.unstage();
         if left != self.waits.len() + self.signals.len() {
             // Some reached Vulkan before the unwind: nothing says when that
-            // submission completes, so the semaphores are never destroyed.
+            // submission completes, so the semaphores are never destroyed,
+            // and its signals are recorded as submitted.
             std::mem::forget(std::mem::take(&mut self.keep));
+            if let Some(reservation) = self.reservation.take() {
+                reservation.submitted();
+            }
         }
     }
 }
