@@ -12,7 +12,12 @@
 //!   device and instance are destroyed when the last of the three users
 //!   goes: wgpu's device, wgpu's instance and the vk-export context (with
 //!   every resource made from it). No order of drops destroys either under
-//!   the other side.
+//!   the other side. The adapter's Drop first waits (bounded:
+//!   [`vk_export::DROP_WAIT`]) until wgpu's last submission completed and
+//!   drops wgpu's queue and device only then; when it does not complete
+//!   (a wait on a timeline nobody signals) everything is leaked and
+//!   reported through [`vk_export::drop_errors`], never destroyed under the
+//!   pending work.
 //! * **Queues.** wgpu gets queue 0 of a graphics family; vk-export gets
 //!   other queues only (queue 1 of the same family or a queue of another
 //!   compute family, and a transfer-only family's queue where there is
@@ -24,12 +29,17 @@
 //! * **Submissions** go through [`InteropQueue`]: its semaphore waits and
 //!   signals are staged on wgpu-hal's queue and submitted with the command
 //!   buffers under one lock, so no other submission of this crate takes
-//!   them. A semaphore of another device, or a signal not above the
-//!   timeline's current value, is refused before anything is staged.
+//!   them; a submission wgpu refuses leaves none staged. Signal values are
+//!   checked and recorded with vk-export's own submitted-signal bookkeeping
+//!   ([`vk_export::TimelineSemaphore::reserve_submitted_signals`]), and every
+//!   semaphore is kept alive until wgpu reports the submission done (see
+//!   [`InteropQueue::submit_with`] for what is refused).
 //! * **Lifetimes.** A texture or buffer made from a vk-export resource holds
 //!   a keep-alive of it in wgpu-hal's drop callback: the `VkImage` /
 //!   `VkBuffer` and its memory live until wgpu has dropped its object, which
-//!   wgpu does only after its last submission using it completed.
+//!   wgpu does only after its last submission using it completed while
+//!   its queue lives (the adapter's Drop keeps the queue until wgpu is
+//!   idle; see [`InteropDevice::new_shared_queue`] for the shared queue).
 //! * **Layouts.** wgpu takes an image as uninitialised (its first use
 //!   discards the contents) and tracks the layout from there; CUDA can use
 //!   the memory in `GENERAL` only, which is where a storage-texture access
@@ -60,6 +70,7 @@
 
 use std::ffi::{c_void, CStr};
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -67,8 +78,8 @@ use ash::vk;
 use vk_export::format::Format;
 use vk_export::markers::{MemoryLocation, Optimal, Usage};
 use vk_export::{
-    Context, DeviceUuid, ExportableBuffer, ExportableImage, QueueChoice, QueueRole, Queues,
-    TimelineSemaphore, Validation, REQUIRED_DEVICE_EXTENSIONS,
+    Context, DeviceUuid, ExportableBuffer, ExportableImage, KeepAlive, QueueChoice, QueueRole,
+    Queues, SubmittedSignals, TimelineSemaphore, Validation, DROP_WAIT, REQUIRED_DEVICE_EXTENSIONS,
 };
 use wgpu_hal::api::Vulkan;
 
@@ -197,11 +208,12 @@ const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
 /// The wgpu device and the vk-export context on one Vulkan device.
 pub struct InteropDevice {
     queue: InteropQueue,
-    device: wgpu::Device,
-    adapter: wgpu::Adapter,
-    instance: wgpu::Instance,
+    // ManuallyDrop: dropped in `Drop` once wgpu is idle, leaked otherwise.
+    device: ManuallyDrop<wgpu::Device>,
+    adapter: ManuallyDrop<wgpu::Adapter>,
+    instance: ManuallyDrop<wgpu::Instance>,
     context: Context,
-    owner: Arc<Owner>,
+    owner: ManuallyDrop<Arc<Owner>>,
     wgpu_queue: QueueChoice,
 }
 
@@ -290,11 +302,19 @@ impl InteropDevice {
     /// [`InteropQueue::wgpu_queue`] is `None`.
     ///
     /// # Safety
-    /// wgpu also uses its queue outside submissions this crate can see: the
-    /// caller makes sure that no thread calls [`wgpu::Device::poll`] (or
-    /// anything else of wgpu that may end its queue's life) while the
-    /// [`InteropDevice`] is being dropped, since wgpu's queue, when its last
-    /// reference goes on another thread, waits for idle outside the lock.
+    /// wgpu also uses its queue outside submissions this crate can see:
+    /// wgpu's queue, when its last reference goes, waits for idle
+    /// (`vkQueueWaitIdle`, which needs the queue's lock) on whatever thread
+    /// drops that reference, outside the context's lock. The adapter's Drop
+    /// drops its own reference under the lock, but wgpu-core hands
+    /// references of its queue to work it does on other threads. The
+    /// caller makes sure that while the [`InteropDevice`] is being dropped,
+    /// no other thread makes any call on a wgpu object of this device
+    /// (among them [`wgpu::Device::poll`], [`wgpu::Buffer::map_async`],
+    /// [`wgpu::Buffer::destroy`], [`wgpu::Texture::destroy`], dropping a
+    /// texture, buffer or command buffer, and creating anything), and that
+    /// no clone of [`InteropDevice::device`] outlives the adapter while such
+    /// calls can still be made on it.
     pub unsafe fn new_shared_queue(options: &Options) -> Result<InteropDevice> {
         // SAFETY: the caller's contract.
         unsafe { Self::create(options, true) }
@@ -584,11 +604,11 @@ impl InteropDevice {
                 context: context.clone(),
                 lock: Mutex::new(()),
             },
-            device: wgpu_device,
-            adapter,
-            instance: wgpu_instance,
+            device: ManuallyDrop::new(wgpu_device),
+            adapter: ManuallyDrop::new(adapter),
+            instance: ManuallyDrop::new(wgpu_instance),
             context,
-            owner,
+            owner: ManuallyDrop::new(owner),
             wgpu_queue: plan.wgpu,
         })
     }
@@ -792,9 +812,28 @@ impl InteropDevice {
 
 impl Drop for InteropDevice {
     fn drop(&mut self) {
+        // First wait, bounded, until wgpu's last submission completed: only
+        // then may wgpu's queue go (its Drop waits for idle without a bound,
+        // and once it is gone wgpu destroys a texture or buffer at once,
+        // whoever still uses it).
+        let idle = self.device.poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: Some(DROP_WAIT),
+        });
+        if let Err(e) = idle {
+            vk_export::report_drop_error(format_args!(
+                "cuda-interop-wgpu: wgpu's queue, device and instance and the Vulkan device are \
+                 leaked: wgpu's last submission did not complete within {DROP_WAIT:?} ({e})"
+            ));
+            // Never dropped: no wait for idle, nothing destroyed under the
+            // pending submission (the owner keeps the Vulkan device).
+            std::mem::forget(self.queue.queue.take());
+            return;
+        }
         let queue = self.queue.queue.take();
         match &self.queue.shared {
-            // wgpu's queue waits for idle when it goes: under the lock.
+            // wgpu's queue waits for idle when it goes (at once: it is
+            // idle): under the lock, as vkQueueWaitIdle needs.
             Some(ctx) => {
                 let mut queue = queue;
                 let _ = ctx.with_queue_of(QueueRole::Main, |_| drop(queue.take()));
@@ -805,6 +844,13 @@ impl Drop for InteropDevice {
                 }
             }
             None => drop(queue),
+        }
+        // SAFETY: each dropped once, here, and never used again.
+        unsafe {
+            ManuallyDrop::drop(&mut self.device);
+            ManuallyDrop::drop(&mut self.adapter);
+            ManuallyDrop::drop(&mut self.instance);
+            ManuallyDrop::drop(&mut self.owner);
         }
     }
 }
@@ -852,13 +898,18 @@ impl InteropQueue {
     /// wgpu's own queue, where it is not shared with the context: `None` on
     /// a shared queue, where every submission must go through this type.
     ///
+    /// # Safety
     /// [`InteropQueue::submit_with`] stages its semaphores on wgpu-hal's
     /// queue and submits under its lock, which a submission made on this
     /// queue directly does not take: one made from another thread at that
-    /// moment can carry the staged semaphores (a signal before its command
-    /// buffers ran). While any thread uses `submit_with`, submit through
-    /// this type only.
-    pub fn wgpu_queue(&self) -> Option<&wgpu::Queue> {
+    /// moment would carry the staged semaphores (a signal before its command
+    /// buffers ran, a wait or signal on a semaphore that is then destroyed
+    /// while still in use). The caller makes sure that no submission is made
+    /// on the returned queue (or a clone of it) while any thread may be
+    /// inside `submit_with`, and that the queue (and its clones) are dropped
+    /// before the [`InteropDevice`]: its Drop waits, bounded, for wgpu to go
+    /// idle before the queue goes, which a clone kept elsewhere defeats.
+    pub unsafe fn wgpu_queue(&self) -> Option<&wgpu::Queue> {
         match self.shared {
             Some(_) => None,
             None => self.queue.as_ref(),
@@ -881,8 +932,25 @@ impl InteropQueue {
 
     /// Submits `commands`, waiting on the GPU for each of `waits` before
     /// they run and signalling each of `signals` when they complete.
-    /// Refused before anything is staged: a semaphore of another device,
-    /// a signal value not above the timeline's current value.
+    /// Refused before anything is staged: a semaphore of another device; a
+    /// signal value not above the timeline's current value and every signal
+    /// already submitted (by this crate or vk-export), or more than
+    /// `maxTimelineSemaphoreValueDifference` above the current value; one
+    /// timeline signalled twice; a wait for a value at or above a signal of
+    /// the same timeline in the same call; a wait more than
+    /// `maxTimelineSemaphoreValueDifference` above the current value; a call
+    /// from inside a submission of this queue on the same thread (a wgpu
+    /// error handler that submits again). The signals are checked and
+    /// recorded under each timeline's signal lock, as vk-export's own
+    /// submissions are, so a host signal of the timeline is refused
+    /// ([`vk_export::TimelineSemaphore::signal`]) while they are pending:
+    /// gate a submission on another timeline than the one it signals.
+    ///
+    /// Every semaphore is kept alive (a keep-alive) until wgpu reports the
+    /// submission done. A submission that wgpu refuses (an invalid command
+    /// buffer, with an error handler that returns) returns
+    /// [`Error::Wgpu`], and its semaphores are taken off wgpu-hal's queue
+    /// again, so the next submission does not carry them.
     ///
     /// Note: wgpu (`Queue::submit`) may flush its own pending writes in a
     /// submission of its own before `commands`; the waits gate the whole
@@ -900,40 +968,186 @@ impl InteropQueue {
                 ));
             }
         }
-        for point in signals {
-            let current = point.semaphore.value()?;
-            if point.value <= current {
+        for w in waits {
+            if let Some(s) = signals
+                .iter()
+                .find(|s| s.semaphore.same_payload(w.semaphore) && w.value >= s.value)
+            {
                 return Err(Error::Refused(format!(
-                    "signal {} on a timeline already at {current}: a timeline only goes up",
-                    point.value
+                    "a wait for {} and a signal of {} on one timeline in one submission: it \
+                     would wait for its own signal and never complete",
+                    w.value, s.value
+                )));
+            }
+            let current = w.semaphore.value()?;
+            let max = self.context.max_timeline_difference();
+            if w.value > current && w.value - current > max {
+                return Err(Error::Refused(format!(
+                    "a wait for {} on a timeline at {current}: more than \
+                     maxTimelineSemaphoreValueDifference ({max}) above it",
+                    w.value
                 )));
             }
         }
+        // A wgpu error handler (user code, run inside `queue.submit`) that
+        // submits again on this thread would wait for the lock held here.
+        let _held = HeldLock::take(&self.lock as *const Mutex<()> as usize).ok_or_else(|| {
+            Error::Refused(
+                "this thread is already inside a submission of this queue (a wgpu error \
+                 handler that submits again?): it would wait for itself"
+                    .into(),
+            )
+        })?;
         let run = || -> Result<wgpu::SubmissionIndex> {
             let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
             let queue = self.queue();
-            if !waits.is_empty() || !signals.is_empty() {
-                // SAFETY: wgpu's queue is a Vulkan queue (made in `create`);
-                // nothing is destroyed through the guard.
-                let hal = unsafe { queue.as_hal::<Vulkan>() }
-                    .ok_or_else(|| Error::Wgpu("the queue is not a Vulkan queue".into()))?;
-                for point in waits {
-                    hal.add_wait_semaphore(
-                        point.semaphore.raw(),
-                        Some(point.value),
-                        vk::PipelineStageFlags::ALL_COMMANDS,
-                    );
-                }
-                for point in signals {
-                    hal.add_signal_semaphore(point.semaphore.raw(), Some(point.value));
-                }
+            if waits.is_empty() && signals.is_empty() {
+                return Ok(queue.submit(commands));
             }
-            Ok(queue.submit(commands))
+            // Checked and reserved under each timeline's signal lock (held
+            // until the submission is recorded): no other signal of this
+            // process slips in between.
+            let pairs: Vec<_> = signals.iter().map(|p| (p.semaphore, p.value)).collect();
+            let reservation =
+                TimelineSemaphore::reserve_submitted_signals(&pairs).map_err(|e| match e {
+                    vk_export::Error::InvalidArgument(m) => Error::Refused(m),
+                    e => Error::VkExport(e),
+                })?;
+            // SAFETY: wgpu's queue is a Vulkan queue (made in `create`);
+            // nothing is destroyed through the guard.
+            let hal = unsafe { queue.as_hal::<Vulkan>() }
+                .ok_or_else(|| Error::Wgpu("the queue is not a Vulkan queue".into()))?;
+            let mut staged = Staged {
+                hal: &hal,
+                reservation: Some(reservation),
+                waits: waits.iter().map(|p| p.semaphore.raw()).collect(),
+                signals: signals.iter().map(|p| p.semaphore.raw()).collect(),
+                keep: waits
+                    .iter()
+                    .chain(signals)
+                    .map(|p| p.semaphore.keep_alive())
+                    .collect(),
+                armed: true,
+            };
+            for point in waits {
+                hal.add_wait_semaphore(
+                    point.semaphore.raw(),
+                    Some(point.value),
+                    vk::PipelineStageFlags::ALL_COMMANDS,
+                );
+            }
+            for point in signals {
+                hal.add_signal_semaphore(point.semaphore.raw(), Some(point.value));
+            }
+            let index = queue.submit(commands);
+            staged.armed = false;
+            let left = staged.unstage();
+            let keep = std::mem::take(&mut staged.keep);
+            if left == staged.waits.len() + staged.signals.len() {
+                // Nothing of it reached Vulkan: wgpu refused the submission.
+                drop(keep);
+                drop(staged.reservation.take());
+                return Err(Error::Wgpu(
+                    "wgpu refused the submission (see its error handler): nothing was \
+                     submitted, its semaphores were taken off wgpu-hal's queue again"
+                        .into(),
+                ));
+            }
+            if let Some(reservation) = staged.reservation.take() {
+                reservation.submitted();
+            }
+            // The semaphores live until wgpu saw this submission complete.
+            queue.on_submitted_work_done(move || drop(keep));
+            if left > 0 {
+                return Err(Error::Wgpu(
+                    "wgpu submitted only some of the staged semaphores".into(),
+                ));
+            }
+            Ok(index)
         };
         match &self.shared {
             Some(ctx) => ctx.with_queue_of(QueueRole::Main, |_| run())?,
             None => run(),
         }
+    }
+}
+
+/// The semaphores one `submit_with` staged on wgpu-hal's queue: taken off it
+/// again after the submission (and on unwind), so that a submission wgpu
+/// refused leaves nothing for the next one.
+struct Staged<'h, 's> {
+    hal: &'h wgpu_hal::vulkan::Queue,
+    /// The signals' reservation: recorded once (any of) the submission
+    /// reached Vulkan.
+    reservation: Option<SubmittedSignals<'s>>,
+    waits: Vec<vk::Semaphore>,
+    signals: Vec<vk::Semaphore>,
+    keep: Vec<KeepAlive>,
+    /// Still to unstage on drop (the submission unwound).
+    armed: bool,
+}
+
+impl Staged<'_, '_> {
+    /// Takes the staged semaphores off wgpu-hal's queue: how many were still
+    /// there (not submitted).
+    fn unstage(&self) -> usize {
+        let waits = self
+            .waits
+            .iter()
+            .filter(|&&s| self.hal.remove_wait_semaphore(s))
+            .count();
+        let signals = self
+            .signals
+            .iter()
+            .filter(|&&s| self.hal.remove_signal_semaphore(s))
+            .count();
+        waits + signals
+    }
+}
+
+impl Drop for Staged<'_, '_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let left = self.unstage();
+        if left != self.waits.len() + self.signals.len() {
+            // Some reached Vulkan before the unwind: nothing says when that
+            // submission completes, so the semaphores are never destroyed,
+            // and its signals are recorded as submitted.
+            std::mem::forget(std::mem::take(&mut self.keep));
+            if let Some(reservation) = self.reservation.take() {
+                reservation.submitted();
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// The `InteropQueue` locks this thread holds, by address.
+    static HELD: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Marks a lock as held by this thread while it lives.
+struct HeldLock(usize);
+
+impl HeldLock {
+    /// `None` if this thread holds the lock at `key` already.
+    fn take(key: usize) -> Option<HeldLock> {
+        HELD.with(|held| {
+            let mut held = held.borrow_mut();
+            if held.contains(&key) {
+                return None;
+            }
+            held.push(key);
+            Some(HeldLock(key))
+        })
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        let _ = HELD.try_with(|held| held.borrow_mut().retain(|&k| k != self.0));
     }
 }
 

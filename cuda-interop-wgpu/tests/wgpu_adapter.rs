@@ -125,16 +125,26 @@ fn a_timeline_signalled_in_a_wgpu_submission_is_waited_by_the_host() {
         .wait(1, Duration::from_secs(10), WaitStrategy::Block)
         .unwrap();
     assert_eq!(timeline.value().unwrap(), 1);
-    // The host signals 2; wgpu waits for it and signals 3.
+    // The host signals a gate; wgpu waits for it and signals 3. (A host
+    // signal of `timeline` itself is refused while wgpu's 3 is pending.)
+    let gate = TimelineSemaphore::new_local(device.context()).unwrap();
     queue
         .submit_with(
             [pattern::encode_pattern(&device, &texture, 2)],
-            &[TimelinePoint::new(&timeline, 2)],
+            &[
+                TimelinePoint::new(&gate, 1),
+                TimelinePoint::new(&timeline, 1),
+            ],
             &[TimelinePoint::new(&timeline, 3)],
         )
         .unwrap();
-    assert_eq!(timeline.value().unwrap(), 1, "wgpu's work waits for 2");
-    timeline.signal(2).unwrap();
+    assert_eq!(
+        timeline.value().unwrap(),
+        1,
+        "wgpu's work waits for the gate"
+    );
+    assert!(timeline.signal(2).is_err(), "a signal of 3 is pending");
+    gate.signal(1).unwrap();
     timeline
         .wait(3, Duration::from_secs(10), WaitStrategy::Block)
         .unwrap();
@@ -199,13 +209,15 @@ fn a_one_queue_device_is_refused_unless_shared() {
             let device = device();
             assert!(device.shares_queue());
             assert!(
-                device.queue().wgpu_queue().is_none(),
+                // SAFETY: only checked, never submitted on.
+                unsafe { device.queue().wgpu_queue() }.is_none(),
                 "no bare queue when shared"
             );
         }
         Ok(device) => {
             assert!(!device.shares_queue());
-            assert!(device.queue().wgpu_queue().is_some());
+            // SAFETY: only checked, never submitted on.
+            assert!(unsafe { device.queue().wgpu_queue() }.is_some());
             let queues = device.context().queues();
             assert_ne!(queues.main, device.wgpu_queue_choice());
             assert_ne!(queues.transfer, Some(device.wgpu_queue_choice()));

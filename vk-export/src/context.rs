@@ -80,6 +80,13 @@ pub fn drop_errors() -> u32 {
     DROP_ERRORS.load(Ordering::Relaxed)
 }
 
+/// Reports a destructor that had to leak what it owns (the GPU work using it
+/// did not finish in time), as this crate's own `Drop`s do: counted in
+/// [`drop_errors`] and written to stderr. For adapters built on this crate.
+pub fn report_drop_error(what: std::fmt::Arguments<'_>) {
+    record_drop_error(what)
+}
+
 pub(crate) fn record_drop_error(what: std::fmt::Arguments<'_>) {
     DROP_ERRORS.fetch_add(1, Ordering::Relaxed);
     // Not `eprintln!`, which panics when stderr is gone (EPIPE): this runs in

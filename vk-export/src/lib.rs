@@ -59,8 +59,9 @@ pub mod semaphore_kinds {
 
 pub use buffer::{ExportableBuffer, BUFFER_USAGE};
 pub use context::{
-    drop_errors, Context, DeviceIdentity, HeadlessOptions, QueueChoice, QueueRole, Queues,
-    TransferQueue, Validation, DROP_WAIT, OPTIONAL_DEVICE_EXTENSIONS, REQUIRED_DEVICE_EXTENSIONS,
+    drop_errors, report_drop_error, Context, DeviceIdentity, HeadlessOptions, QueueChoice,
+    QueueRole, Queues, TransferQueue, Validation, DROP_WAIT, OPTIONAL_DEVICE_EXTENSIONS,
+    REQUIRED_DEVICE_EXTENSIONS,
 };
 pub use error::{Error, Result};
 pub use image::{ExportableImage, ImageCapability, ImageDesc};
@@ -80,8 +81,8 @@ pub use ownership::{SharedLayout, SourceImage, SourceSharing};
 #[cfg(feature = "tokio")]
 pub use semaphore::ASYNC_POLL_PERIOD;
 pub use semaphore::{
-    Binary, BinarySemaphore, Semaphore, SemaphoreKind, SyncFd, Timeline, TimelineSemaphore,
-    WaitStrategy,
+    Binary, BinarySemaphore, Semaphore, SemaphoreKind, SubmittedSignals, SyncFd, Timeline,
+    TimelineSemaphore, WaitStrategy,
 };
 pub use transfer::SubmitSync;
 

@@ -34,7 +34,7 @@ use crate::context::{record_drop_error, Context, HeldLock, DROP_WAIT};
 use crate::error::{unsupported, vk_error, Error, Result};
 use crate::memory::{check_same_device, import_dup};
 use crate::submit::LastUse;
-use interop_share::fd::{check_export_fd, check_sync_file, ImportError, ImportFailure};
+use interop_share::fd::{check_export_fd, check_sync_file, ImportError, ImportFailure, KeepAlive};
 use interop_share::received::ReceivedSemaphore;
 use interop_share::record::SemaphoreRecord;
 use interop_share::token::{BinaryPayload, BinarySignal};
@@ -63,6 +63,82 @@ impl<K> Semaphore<K> {
         Ok(SignalGuard {
             _guard: guard,
             _held: held,
+        })
+    }
+}
+
+/// Locks every timeline of `signals` (each payload once: the same payload
+/// twice is refused) and checks its value as a submitted signal, so that no
+/// other signal of this process can slip between the check and the
+/// submission. Keyed by the shared lock, not the handle: two handles of one
+/// payload are one semaphore. Taken in address order, so that two
+/// submissions (of two contexts, whose signals overlap) cannot each hold one
+/// lock and wait for the other.
+pub(crate) fn lock_signals<'a>(
+    signals: impl Iterator<Item = (&'a Semaphore<Timeline>, u64)>,
+) -> Result<Vec<SignalGuard<'a>>> {
+    let mut order: Vec<(usize, &'a Semaphore<Timeline>, u64)> = signals
+        .map(|(s, value)| (Arc::as_ptr(&s.signal_lock) as usize, s, value))
+        .collect();
+    order.sort_by_key(|(key, _, _)| *key);
+    if order.windows(2).any(|w| w[0].0 == w[1].0) {
+        return Err(Error::InvalidArgument(
+            "one timeline semaphore signalled twice by one submission".into(),
+        ));
+    }
+    let mut guards = Vec::with_capacity(order.len());
+    for (_, s, value) in order {
+        guards.push(s.lock_signal("a submission's timeline signal")?);
+        s.check_signal_value(value, false)?;
+    }
+    Ok(guards)
+}
+
+/// Timeline signals reserved for a submission that this crate does not make
+/// (an adapter's, such as cuda-interop-wgpu's): from
+/// [`Semaphore::reserve_submitted_signals`] until [`SubmittedSignals::submitted`]
+/// or drop, each semaphore's signal lock is held, so no other signal of this
+/// process (host or submitted) is checked or made meanwhile.
+pub struct SubmittedSignals<'a> {
+    _guards: Vec<SignalGuard<'a>>,
+    signals: Vec<(&'a Semaphore<Timeline>, u64)>,
+}
+
+impl fmt::Debug for SubmittedSignals<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.signals.iter().map(|(_, v)| v))
+            .finish()
+    }
+}
+
+impl SubmittedSignals<'_> {
+    /// Records the signals as submitted (the submission was made): later
+    /// signals of this process must be above them, and host signals wait
+    /// until they completed. Releases the locks.
+    pub fn submitted(self) {
+        for (s, value) in &self.signals {
+            s.last_submitted_signal.fetch_max(*value, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Semaphore<Timeline> {
+    /// Reserves `signals` for a submission made outside this crate: takes
+    /// each semaphore's signal lock (in a fixed order; this thread must not
+    /// hold one already) and checks each value as this crate checks its own
+    /// submitted signals: above the current value and every value a
+    /// submission already signals, within `maxTimelineSemaphoreValueDifference`
+    /// of the current value, and no payload twice. Submit while the
+    /// reservation lives, then call [`SubmittedSignals::submitted`]; drop it
+    /// unused if the submission was not made.
+    pub fn reserve_submitted_signals<'a>(
+        signals: &[(&'a Semaphore<Timeline>, u64)],
+    ) -> Result<SubmittedSignals<'a>> {
+        let guards = lock_signals(signals.iter().copied())?;
+        Ok(SubmittedSignals {
+            _guards: guards,
+            signals: signals.to_vec(),
         })
     }
 }
@@ -143,6 +219,32 @@ pub struct Semaphore<K> {
     /// This handle's id among the handles of its payload (nonzero, unique
     /// in the process): a signal only this handle sees is tagged with it.
     pub(crate) handle_id: u64,
+    /// Owns the `VkSemaphore`: destroyed when the last of this and the
+    /// [`Semaphore::keep_alive`] handles goes.
+    owned: Arc<OwnedSemaphore>,
+}
+
+/// The `VkSemaphore` and its device: destroyed when the last `Arc` goes
+/// (the [`Semaphore`] and every [`KeepAlive`] from
+/// [`Semaphore::keep_alive`]).
+struct OwnedSemaphore {
+    ctx: Context,
+    semaphore: vk::Semaphore,
+}
+
+impl Drop for OwnedSemaphore {
+    fn drop(&mut self) {
+        // SAFETY: created by this crate; the `Semaphore`'s Drop waited for
+        // this crate's last use (or leaked this value), and every other user
+        // that holds a keep-alive (an adapter's pending submission) has let
+        // it go: nothing uses the semaphore any more.
+        unsafe {
+            self.ctx
+                .inner
+                .device
+                .destroy_semaphore(self.semaphore, None)
+        };
+    }
 }
 
 /// The next [`Semaphore::handle_id`].
@@ -163,16 +265,12 @@ impl<K> Drop for Semaphore<K> {
             record_drop_error(format_args!(
                 "a semaphore is leaked: the submission that last used it did not complete ({e})"
             ));
-            return;
+            // Never destroyed: the owner's last reference is leaked.
+            std::mem::forget(self.owned.clone());
         }
-        // SAFETY: created here; this crate's last operation on it completed,
-        // and the application's own submissions are covered by from_raw's contract.
-        unsafe {
-            self.ctx
-                .inner
-                .device
-                .destroy_semaphore(self.semaphore, None)
-        };
+        // Otherwise `owned` destroys the semaphore once no keep-alive is left
+        // (this crate's last operation on it completed; the application's
+        // own submissions are covered by from_raw's contract).
     }
 }
 
@@ -272,6 +370,10 @@ impl<K: SemaphoreKind> Semaphore<K> {
                 ctx.inner.identity.driver_uuid,
             ),
             handle_id: NEXT_HANDLE_ID.fetch_add(1, Ordering::Relaxed),
+            owned: Arc::new(OwnedSemaphore {
+                ctx: ctx.clone(),
+                semaphore,
+            }),
         })
     }
 
@@ -434,6 +536,20 @@ impl<K: SemaphoreKind> Semaphore<K> {
     /// The context it belongs to.
     pub fn context(&self) -> &Context {
         &self.ctx
+    }
+
+    /// A handle that keeps the `VkSemaphore` (and its device) alive: the
+    /// semaphore is destroyed only once this [`Semaphore`] and every
+    /// keep-alive are gone. For submissions this crate does not track (an
+    /// adapter's): hold one until such a submission completes.
+    pub fn keep_alive(&self) -> KeepAlive {
+        KeepAlive::new(self.owned.clone())
+    }
+
+    /// Whether `other` is a handle of the same payload made by this process
+    /// ([`Semaphore::import_from`]): one semaphore, one signal lock.
+    pub fn same_payload(&self, other: &Semaphore<K>) -> bool {
+        Arc::ptr_eq(&self.signal_lock, &other.signal_lock)
     }
 }
 

@@ -163,28 +163,7 @@ impl<'a> SubmitSync<'a> {
     /// its value, so that no other signal of this process can slip between
     /// the check and the submission.
     fn lock_signals(&self) -> Result<Vec<SignalGuard<'a>>> {
-        // Keyed by the shared lock, not the handle: two handles of one
-        // payload are one semaphore (and one lock, taken once). Taken in
-        // address order, so that two submissions (of two contexts, whose
-        // handles share locks) naming the same semaphores in other orders
-        // cannot each hold one lock and wait for the other.
-        let mut order: Vec<(*const std::sync::Mutex<()>, &'a Semaphore<Timeline>, u64)> = self
-            .signals
-            .iter()
-            .map(|(s, value)| (std::sync::Arc::as_ptr(&s.signal_lock), *s, *value))
-            .collect();
-        order.sort_by_key(|(key, _, _)| *key as usize);
-        if order.windows(2).any(|w| w[0].0 == w[1].0) {
-            return Err(Error::InvalidArgument(
-                "one timeline semaphore signalled twice by one submission".into(),
-            ));
-        }
-        let mut guards = Vec::with_capacity(order.len());
-        for (_, s, value) in order {
-            guards.push(s.lock_signal("a helper's timeline signal")?);
-            s.check_signal_value(value, false)?;
-        }
-        Ok(guards)
+        crate::semaphore::lock_signals(self.signals.iter().map(|(s, v)| (*s, *v)))
     }
 
     /// After a successful submission on `lane`: every semaphore records it,
