@@ -193,13 +193,17 @@ pub enum SourceSharing {
     /// `VK_SHARING_MODE_EXCLUSIVE`, owned by family `from`, which has
     /// released it to the context's transfer family
     /// ([`Context::queue_family_of`] of [`QueueRole::Transfer`]) by an
-    /// image barrier with both layouts the source's layout (recorded and
-    /// submitted by the application after its last write, on a queue of
-    /// `from`). The copy runs on the transfer queue: it records the acquire
-    /// half of that transfer, and after the copy the release back to
-    /// `from` (layouts unchanged), whose acquire half the application
-    /// records on a queue of `from` before its next use of the image. `from`
-    /// equal to the transfer family is no transfer (refused: that is
+    /// image barrier with both layouts the source's layout over the whole
+    /// image (`subresourceRange`: colour, base level 0,
+    /// `VK_REMAINING_MIP_LEVELS`, base layer 0, `VK_REMAINING_ARRAY_LAYERS`,
+    /// exactly these values: the two halves of a transfer must match field
+    /// for field), recorded and submitted by the application after its last
+    /// write, on a queue of `from`. The copy runs on the transfer queue: it
+    /// records the acquire half of that transfer, and after the copy the
+    /// release back to `from` (layouts unchanged, the same whole-image
+    /// range), whose acquire half the application records on a queue of
+    /// `from` before its next use of the image. `from` equal to the
+    /// transfer family is no transfer (refused: that is
     /// [`SourceSharing::Exclusive`]).
     ReleasedToTransfer {
         /// The family that owned the image and released it.
