@@ -7,46 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cuda_interop_testkit::Mem;
-use cuda_interop_wgpu::{pattern, Error, InteropDevice, Options, TimelinePoint};
-use vk_export::format::Rgba8Unorm;
-use vk_export::markers::{usage, Optimal};
-use vk_export::{
-    ExportableBuffer, ExportableImage, ImageDesc, SubmitSync, TimelineSemaphore, Validation,
-    WaitStrategy,
-};
+use cuda_interop_wgpu::{pattern, Error, InteropDevice, TimelinePoint};
+use vk_export::{ExportableBuffer, ImageDesc, SubmitSync, TimelineSemaphore, WaitStrategy};
 
-type Image = ExportableImage<Rgba8Unorm, Optimal, Mem, usage::Storage>;
-
-fn options() -> Options {
-    Options {
-        validation: match std::env::var("CUDA_INTEROP_VALIDATION").as_deref() {
-            Ok("off") => Validation::Off,
-            _ => Validation::Required,
-        },
-        ..Options::default()
-    }
-}
-
-fn device() -> InteropDevice {
-    match InteropDevice::new(&options()) {
-        Ok(d) => d,
-        Err(Error::OneQueue(_)) => {
-            // SAFETY: no test thread calls wgpu while the device drops.
-            unsafe { InteropDevice::new_shared_queue(&options()) }
-                .expect("the shared-queue adapter")
-        }
-        Err(e) => panic!("a Vulkan device with external memory is needed: {e}"),
-    }
-}
-
-fn assert_clean(device: &InteropDevice) {
-    assert_eq!(
-        device.validation_errors(),
-        0,
-        "validation errors: {:?}",
-        device.validation_error_ids()
-    );
-}
+mod common;
+use common::{assert_clean, device, Image};
 
 fn idle(device: &InteropDevice) {
     pattern::wait_idle(device, Duration::from_secs(20)).unwrap();

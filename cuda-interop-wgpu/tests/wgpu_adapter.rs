@@ -8,48 +8,13 @@ use std::time::Duration;
 
 use cuda_interop_testkit::Mem;
 use cuda_interop_wgpu::pattern::{self, first_mismatch};
-use cuda_interop_wgpu::{Error, InteropDevice, Options, TimelinePoint};
-use vk_export::format::Rgba8Unorm;
-use vk_export::markers::{usage, Optimal};
+use cuda_interop_wgpu::{Error, InteropDevice, TimelinePoint};
 use vk_export::{
-    ExportableBuffer, ExportableImage, ImageDesc, QueueRole, SubmitSync, TimelineSemaphore,
-    Validation, WaitStrategy,
+    ExportableBuffer, ImageDesc, QueueRole, SubmitSync, TimelineSemaphore, WaitStrategy,
 };
 
-type Image = ExportableImage<Rgba8Unorm, Optimal, Mem, usage::Storage>;
-
-fn options() -> Options {
-    Options {
-        validation: match std::env::var("CUDA_INTEROP_VALIDATION").as_deref() {
-            Ok("off") => Validation::Off,
-            _ => Validation::Required,
-        },
-        ..Options::default()
-    }
-}
-
-/// The adapter: a queue of its own for wgpu where the device has two, the
-/// one queue shared otherwise (lavapipe).
-fn device() -> InteropDevice {
-    match InteropDevice::new(&options()) {
-        Ok(d) => d,
-        Err(Error::OneQueue(_)) => {
-            // SAFETY: no test thread polls the device while it drops.
-            unsafe { InteropDevice::new_shared_queue(&options()) }
-                .expect("the shared-queue adapter")
-        }
-        Err(e) => panic!("a Vulkan device with external memory is needed: {e}"),
-    }
-}
-
-fn assert_clean(device: &InteropDevice) {
-    assert_eq!(
-        device.validation_errors(),
-        0,
-        "validation errors: {:?}",
-        device.validation_error_ids()
-    );
-}
+mod common;
+use common::{assert_clean, device, options, Image};
 
 #[test]
 fn a_texture_written_by_wgpu_reads_back_exactly() {
