@@ -199,40 +199,10 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
     write(&out.join("BUILD"), &stamp)?;
 
     let target = target_dir(&root);
-    let mut build = cargo();
-    build.args([
-        "build",
-        "--profile",
-        "gpu",
-        "-p",
-        "cuda-interop",
-        "--example",
-        "round_trip",
-    ]);
-    run(build)?;
-    let mut build = cargo();
-    build.args([
-        "build",
-        "--profile",
-        "gpu",
-        "-p",
-        "cuda-interop-sys",
-        "--example",
-        "driver_info",
-    ]);
-    run(build)?;
+    build_gpu(&["-p", "cuda-interop", "--example", "round_trip"])?;
+    build_gpu(&["-p", "cuda-interop-sys", "--example", "driver_info"])?;
     // The wgpu adapter's example (issue 21): wgpu frames handed to CUDA.
-    let mut build = cargo();
-    build.args([
-        "build",
-        "--profile",
-        "gpu",
-        "-p",
-        "cuda-interop-wgpu",
-        "--example",
-        "wgpu_to_cuda",
-    ]);
-    run(build)?;
+    build_gpu(&["-p", "cuda-interop-wgpu", "--example", "wgpu_to_cuda"])?;
     let packages: BTreeSet<&str> = manifest.tests.iter().map(|t| t.package.as_str()).collect();
     for package in packages {
         let of_package = |debug_only: bool| -> Vec<&str> {
@@ -247,28 +217,9 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
         copy_tests(&out, package, "gpu-debug", "-debug", &of_package(true))?;
     }
     // The performance suite (issue 11): run it on its own, without the layer.
-    let mut build = cargo();
-    build.args([
-        "build",
-        "--profile",
-        "gpu",
-        "-p",
-        "cuda-interop-bench",
-        "--bins",
-    ]);
-    run(build)?;
+    build_gpu(&["-p", "cuda-interop-bench", "--bins"])?;
     // The doctor (crate doctor/): what the machine can do, first in run.sh.
-    let mut build = cargo();
-    build.args([
-        "build",
-        "--profile",
-        "gpu",
-        "-p",
-        "cuda-interop-doctor",
-        "--bin",
-        "cuda-interop-doctor",
-    ]);
-    run(build)?;
+    build_gpu(&["-p", "cuda-interop-doctor", "--bin", "cuda-interop-doctor"])?;
     for (dir, name) in binaries {
         copy(&target.join("gpu").join(dir).join(name), &out.join(name))?;
     }
@@ -304,6 +255,13 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
 }
 
 const MIB: u64 = 1024 * 1024;
+
+/// `cargo build --profile gpu ARGS`.
+fn build_gpu(args: &[&str]) -> Result<(), String> {
+    let mut build = cargo();
+    build.args(["build", "--profile", "gpu"]).args(args);
+    run(build)
+}
 
 fn names<'a>(tests: impl Iterator<Item = &'a TestBinary>) -> String {
     tests.map(|t| t.name.as_str()).collect::<Vec<_>>().join(" ")
