@@ -164,21 +164,16 @@ impl AppImage {
                 },
                 ..Default::default()
             };
-            let all = vk::PipelineStageFlags::ALL_COMMANDS;
             // SAFETY: the recording command buffer submit_and_wait_on gives;
             // the image and buffer live until it completed (it waits).
             unsafe {
-                device.cmd_pipeline_barrier(
+                record_image_barrier(
+                    device,
                     cmd,
-                    all,
-                    all,
-                    vk::DependencyFlags::empty(),
-                    &[],
-                    &[],
-                    &[barrier(
+                    barrier(
                         vk::ImageLayout::UNDEFINED,
                         vk::ImageLayout::TRANSFER_DST_OPTIMAL,
-                    )],
+                    ),
                 );
                 device.cmd_copy_buffer_to_image(
                     cmd,
@@ -187,14 +182,10 @@ impl AppImage {
                     vk::ImageLayout::TRANSFER_DST_OPTIMAL,
                     &[region],
                 );
-                device.cmd_pipeline_barrier(
+                record_image_barrier(
+                    device,
                     cmd,
-                    all,
-                    all,
-                    vk::DependencyFlags::empty(),
-                    &[],
-                    &[],
-                    &[barrier(vk::ImageLayout::TRANSFER_DST_OPTIMAL, layout)],
+                    barrier(vk::ImageLayout::TRANSFER_DST_OPTIMAL, layout),
                 );
             }
         })
@@ -230,4 +221,30 @@ impl Drop for AppImage {
             self.ctx.device().free_memory(self.memory, None);
         }
     }
+}
+
+/// Records `barrier` as a pipeline barrier between all commands before and
+/// after it (what the tests' application-side barriers need, not fast).
+///
+/// # Safety
+/// `cmd` is a command buffer of `device` in the recording state, and the
+/// barrier's image is a live image of `device` until the commands complete.
+pub unsafe fn record_image_barrier(
+    device: &ash::Device,
+    cmd: vk::CommandBuffer,
+    barrier: vk::ImageMemoryBarrier<'_>,
+) {
+    let all = vk::PipelineStageFlags::ALL_COMMANDS;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        device.cmd_pipeline_barrier(
+            cmd,
+            all,
+            all,
+            vk::DependencyFlags::empty(),
+            &[],
+            &[],
+            &[barrier],
+        )
+    };
 }

@@ -657,20 +657,9 @@ fn an_application_image_released_to_the_transfer_family_is_copied_there() {
                     base_array_layer: 0,
                     layer_count: vk::REMAINING_ARRAY_LAYERS,
                 });
-            let all = vk::PipelineStageFlags::ALL_COMMANDS;
             // SAFETY: the recording command buffer the helper gives; the
             // image lives until it completed (the helper waits).
-            unsafe {
-                device.cmd_pipeline_barrier(
-                    cmd,
-                    all,
-                    all,
-                    vk::DependencyFlags::empty(),
-                    &[],
-                    &[],
-                    &[barrier],
-                )
-            };
+            unsafe { cuda_interop_testkit::app_image::record_image_barrier(device, cmd, barrier) };
         })
         .unwrap()
     };
