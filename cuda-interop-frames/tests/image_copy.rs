@@ -176,7 +176,9 @@ fn an_application_image_is_published_by_a_copy_and_received_texel_for_texel() {
                         let wait = (f % 2 == 0).then_some((&rendered, u64::from(f)));
                         let seq = slot
                             .present_copy(sender::monotonic_ns(), &source, wait)
-                            .unwrap();
+                            .unwrap_or_else(|e| {
+                                panic!("frame {f} (presented so far: {last}): {e}")
+                            });
                         assert_eq!(seq, last + 1, "one number per presented frame");
                         last = seq;
                         expected.insert(seq, texels.clone());

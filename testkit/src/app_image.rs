@@ -22,9 +22,19 @@ pub struct AppImage {
     pub layout: vk::ImageLayout,
     /// The family that owns it (the one of `role`'s queue, which filled it).
     pub family: u32,
+    /// The property flags of the memory type it is bound to.
+    pub memory_flags: vk::MemoryPropertyFlags,
 }
 
 fn memory_type(ctx: &Context, bits: u32, want: vk::MemoryPropertyFlags) -> u32 {
+    memory_type_and_flags(ctx, bits, want).0
+}
+
+fn memory_type_and_flags(
+    ctx: &Context,
+    bits: u32,
+    want: vk::MemoryPropertyFlags,
+) -> (u32, vk::MemoryPropertyFlags) {
     // SAFETY: a plain query on the context's live instance.
     let props = unsafe {
         ctx.instance()
@@ -34,6 +44,7 @@ fn memory_type(ctx: &Context, bits: u32, want: vk::MemoryPropertyFlags) -> u32 {
         .find(|&i| {
             bits & (1 << i) != 0 && props.memory_types[i as usize].property_flags.contains(want)
         })
+        .map(|i| (i, props.memory_types[i as usize].property_flags))
         .unwrap_or_else(|| panic!("no memory type with {want:?} among bits {bits:#x}"))
 }
 
@@ -59,6 +70,29 @@ impl AppImage {
         layout: vk::ImageLayout,
         role: QueueRole,
         families: &[u32],
+    ) -> AppImage {
+        AppImage::in_memory(
+            ctx,
+            extent,
+            texels,
+            layout,
+            role,
+            families,
+            vk::MemoryPropertyFlags::empty(),
+        )
+    }
+
+    /// [`AppImage::shared`], bound to the first memory type of the image's
+    /// allowed ones with at least `want` (empty: the first allowed type,
+    /// which NVIDIA lists without any property flag).
+    pub fn in_memory(
+        ctx: &Context,
+        extent: [u32; 2],
+        texels: &[u8],
+        layout: vk::ImageLayout,
+        role: QueueRole,
+        families: &[u32],
+        want: vk::MemoryPropertyFlags,
     ) -> AppImage {
         let device = ctx.device();
         let size = u64::from(extent[0]) * u64::from(extent[1]) * 4;
@@ -89,19 +123,16 @@ impl AppImage {
         };
         // SAFETY: plain creation, allocation and binding on the context's
         // live device; each object is destroyed once, in Drop (or below).
-        let (image, memory) = unsafe {
+        let (image, memory, memory_flags) = unsafe {
             let image = device.create_image(&info, None).unwrap();
             let reqs = device.get_image_memory_requirements(image);
+            let (index, flags) = memory_type_and_flags(ctx, reqs.memory_type_bits, want);
             let alloc = vk::MemoryAllocateInfo::default()
                 .allocation_size(reqs.size)
-                .memory_type_index(memory_type(
-                    ctx,
-                    reqs.memory_type_bits,
-                    vk::MemoryPropertyFlags::empty(),
-                ));
+                .memory_type_index(index);
             let memory = device.allocate_memory(&alloc, None).unwrap();
             device.bind_image_memory(image, memory, 0).unwrap();
-            (image, memory)
+            (image, memory, flags)
         };
         // A staging buffer of the texels.
         let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
@@ -202,6 +233,7 @@ impl AppImage {
             extent,
             layout,
             family,
+            memory_flags,
         }
     }
 }

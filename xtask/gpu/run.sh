@@ -76,6 +76,13 @@ run_test() {
 }
 mapfile -t tests < <(lines | awk '$1 == "test" { print $2 }')
 mapfile -t debug_tests < <(lines | awk '$1 == "test" && / debug[ :]/ { print $2 }')
+# GPU_RUN_TESTS="a b" runs only those test binaries (and their debug
+# copies), for a run that repeats a few; the run then says so at its end.
+if [ -n "${GPU_RUN_TESTS:-}" ]; then
+  keep() { local t; for t in "$@"; do [[ " $GPU_RUN_TESTS " == *" $t "* ]] && echo "$t"; done; }
+  mapfile -t tests < <(keep "${tests[@]}")
+  mapfile -t debug_tests < <(keep "${debug_tests[@]}")
+fi
 
 nvidia-smi -L
 # GPU_RUN_ONLY=bench runs only the benchmarks, without the validation layer
@@ -103,6 +110,8 @@ for t in "${tests[@]}"; do run_test "$t" ""; done
 echo; echo "=== debug assertions and overflow checks on (profile gpu-debug)"
 for t in "${debug_tests[@]}"; do run_test "$t" -debug; done
 
+# The examples and the host-wait test (not with GPU_RUN_TESTS).
+if [ -z "${GPU_RUN_TESTS:-}" ]; then
 run $b/round_trip 120 --bench
 uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
 run $b/round_trip 30 --device "$uuid"
@@ -110,13 +119,16 @@ echo; echo "=== CUDA_VISIBLE_DEVICES= (CUDA hides the GPU; pairing must report i
 CUDA_VISIBLE_DEVICES= $b/round_trip 5 || status=1
 # The wgpu adapter (cuda-interop-wgpu): wgpu compute -> timeline -> CUDA, every pixel.
 run $b/wgpu_to_cuda
+# Bring your own device: an ash device wrapped by Context::from_raw.
+run $b/own_device
 run $b/host_wait 300
+fi
 fi
 
 # GPU_RUN_ONLY=tests stops here (the sanitizer passes then run in a second
 # command, GPU_RUN_ONLY=sanitizer, when one command's time is limited).
 if [ "${GPU_RUN_ONLY:-}" = tests ]; then
-  echo; echo "gpu-run: $([ $status = 0 ] && echo all passed || echo FAILURES) (tests only, no sanitizer: GPU_RUN_ONLY=tests) ($(head -1 $b/BUILD))"
+  echo; echo "gpu-run: $([ $status = 0 ] && echo all passed || echo FAILURES) (tests only, no sanitizer: GPU_RUN_ONLY=tests${GPU_RUN_TESTS:+; only the test binaries $GPU_RUN_TESTS}) ($(head -1 $b/BUILD))"
   exit $status
 fi
 
