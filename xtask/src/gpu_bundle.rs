@@ -28,8 +28,11 @@
 //!   once) and the validation layer to `.gpu/vvl/` (its `.so`, debug info
 //!   stripped and xz-compressed, which `run.sh` unpacks, and its manifest
 //!   pointing at `./`), once.
-//! * The whole of `.gpu/` and `.gl/` must stay under [`LIMIT_MIB`] MiB, or
-//!   the task fails.
+//! * `.gpu/` (and `target/gpu-demo/`, the Python demo, where `cargo xtask
+//!   wheel` made it) is packed into `.gpu-pack/bundle.tar.xz`, which with
+//!   `.gl/` must stay under [`LIMIT_MIB`] MiB (the carry limit of the GPU
+//!   machine is 64 MiB), or the task fails. Carry `.gl` and `.gpu-pack`;
+//!   unpack there with python3's tarfile (the command it prints).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -42,7 +45,7 @@ use crate::fresh::{cargo, run};
 pub const RUN_SH: &str = include_str!("../gpu/run.sh");
 /// The test binaries and test names of the bundle: see its header.
 pub const MANIFEST: &str = include_str!("../gpu/tests.txt");
-/// The most `.gpu/` and `.gl/` may hold together.
+/// The most `.gpu-pack/` and `.gl/` may hold together.
 pub const LIMIT_MIB: u64 = 60;
 
 const OUT: &str = ".gpu/bundle";
@@ -248,12 +251,34 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
     for (bytes, name) in &sizes {
         println!("{:>8.1} MiB  {name}", *bytes as f64 / MIB as f64);
     }
-    let total = (size_of(&root.join(".gpu")) + size_of(&root.join(".gl"))).div_ceil(MIB);
-    println!("bundle: {total} MiB in .gpu and .gl (limit {LIMIT_MIB} MiB)");
-    if total > LIMIT_MIB {
-        return Err(format!("the bundle is over {LIMIT_MIB} MiB"));
+    let unpacked = (size_of(&root.join(".gpu")) + size_of(&root.join(".gl"))).div_ceil(MIB);
+    let pack = root.join(".gpu-pack");
+    std::fs::create_dir_all(&pack).map_err(|e| format!("cannot create {}: {e}", pack.display()))?;
+    let mut inputs = vec![".gpu"];
+    if root.join("target/gpu-demo/gpu_demo.sh").exists() {
+        inputs.push("target/gpu-demo");
     }
-    println!("carry: .gl .gpu   command: bash .gpu/bundle/run.sh");
+    let packed = pack.join("bundle.tar.xz");
+    let script = format!(
+        "tar cf - {} | xz -T2 -6 > {}",
+        inputs.join(" "),
+        packed.display()
+    );
+    let mut pack_cmd = Command::new("bash");
+    pack_cmd.arg("-c").arg(&script).current_dir(&root);
+    run(pack_cmd)?;
+    let total = (size_of(&pack) + size_of(&root.join(".gl"))).div_ceil(MIB);
+    println!(
+        "bundle: {unpacked} MiB in .gpu and .gl; packed ({}): {total} MiB with .gl (limit {LIMIT_MIB} MiB)",
+        inputs.join(" + ")
+    );
+    if total > LIMIT_MIB {
+        return Err(format!("the packed bundle is over {LIMIT_MIB} MiB"));
+    }
+    println!(
+        "carry: .gl .gpu-pack   command: python3 -c \"import tarfile; \
+         tarfile.open('.gpu-pack/bundle.tar.xz').extractall('.')\" && bash .gpu/bundle/run.sh"
+    );
     Ok(())
 }
 
