@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 use ash::vk;
 use vk_export::format::Rgba8Unorm;
-use vk_export::markers::{usage, HostVisible, Optimal};
+use vk_export::markers::{usage, DeviceLocal, HostVisible, MemoryLocation, Optimal};
 use vk_export::{
     Context, ExportableImage, ImageDesc, QueueChoice, QueueRole, Queues, SubmitSync,
     REQUIRED_DEVICE_EXTENSIONS,
@@ -194,33 +194,78 @@ fn run() -> Result<(), Error> {
             " (no transfer-only family: the main queue)"
         }
     );
+    // Device-local memory where the driver offers it for exportable images
+    // (NVIDIA), host-visible otherwise (lavapipe has no device-local-only type).
+    match check_image::<DeviceLocal>(&ctx) {
+        Err(CheckError::Unsupported(why)) => {
+            println!("device-local exportable images not offered ({why}): host-visible memory");
+            check_image::<HostVisible>(&ctx).map_err(CheckError::into_boxed)?;
+        }
+        other => other.map_err(CheckError::into_boxed)?,
+    }
+    drop(ctx);
+    drop(app);
+    println!("own_device: ok");
+    Ok(())
+}
+
+/// Why [`check_image`] failed: the memory class is not offered, or anything else.
+enum CheckError {
+    Unsupported(String),
+    Other(Error),
+}
+
+impl CheckError {
+    fn into_boxed(self) -> Error {
+        match self {
+            CheckError::Unsupported(why) => why.into(),
+            CheckError::Other(e) => e,
+        }
+    }
+}
+
+impl<E: Into<Error>> From<E> for CheckError {
+    fn from(e: E) -> Self {
+        CheckError::Other(e.into())
+    }
+}
+
+/// Exports an image in memory class `M`, clears it on the main queue, reads
+/// and writes it on the transfer queue, and checks every texel.
+fn check_image<M: MemoryLocation>(ctx: &Context) -> Result<(), CheckError> {
     let (width, height) = (256, 128);
-    let image = ExportableImage::<Rgba8Unorm, Optimal, HostVisible, usage::Storage>::new(
-        &ctx,
+    let image = match ExportableImage::<Rgba8Unorm, Optimal, M, usage::Storage>::new(
+        ctx,
         ImageDesc::new_2d(width, height),
-    )?;
+    ) {
+        Err(e @ vk_export::Error::Unsupported { .. }) => {
+            return Err(CheckError::Unsupported(e.to_string()))
+        }
+        other => other?,
+    };
     let blue = vk::ClearColorValue {
         float32: [0.0, 0.0, 1.0, 1.0],
     };
     ctx.clear_image(&image, blue, SubmitSync::new())?;
     let texels = ctx.read_image(&image, 0, 0, SubmitSync::new())?;
     if !texels.chunks(4).all(|t| t == [0, 0, 255, 255]) {
-        return Err("the cleared image read back wrong".into());
+        return Err(CheckError::Other(
+            "the cleared image read back wrong".into(),
+        ));
     }
     let gradient: Vec<u8> = (0..width * height * 4).map(|i| (i % 251) as u8).collect();
     ctx.write_image(&image, 0, 0, &gradient, SubmitSync::new())?;
     if ctx.read_image(&image, 0, 0, SubmitSync::new())? != gradient {
-        return Err("the written image read back wrong".into());
+        return Err(CheckError::Other(
+            "the written image read back wrong".into(),
+        ));
     }
     println!(
-        "{width}x{height} RGBA8: cleared on the main queue, read and written on family {}: every texel checked; \
+        "{width}x{height} RGBA8 in {:?} memory: cleared on the main queue, read and written on family {}: every texel checked; \
          its memory ({} bytes) exports as an OPAQUE_FD",
+        M::REQUIRED,
         ctx.queue_family_of(QueueRole::Transfer),
         image.info().allocation_size()
     );
-    drop(image);
-    drop(ctx);
-    drop(app);
-    println!("own_device: ok");
     Ok(())
 }
