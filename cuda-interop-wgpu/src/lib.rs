@@ -68,10 +68,9 @@
 //! # }
 //! ```
 
-use std::ffi::{c_void, CStr};
+use std::ffi::CStr;
 use std::fmt;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ash::vk;
@@ -79,7 +78,8 @@ use vk_export::format::Format;
 use vk_export::markers::{MemoryLocation, Optimal, Usage};
 use vk_export::{
     Context, DeviceUuid, ExportableBuffer, ExportableImage, KeepAlive, QueueChoice, QueueRole,
-    Queues, SubmittedSignals, TimelineSemaphore, Validation, DROP_WAIT, REQUIRED_DEVICE_EXTENSIONS,
+    Queues, SubmittedSignals, TimelineSemaphore, Validation, ValidationMessenger, DROP_WAIT,
+    REQUIRED_DEVICE_EXTENSIONS,
 };
 use wgpu_hal::api::Vulkan;
 
@@ -132,13 +132,6 @@ pub struct Options {
     pub validation: Validation,
 }
 
-/// What the validation callback counts.
-#[derive(Debug, Default)]
-struct Messages {
-    errors: AtomicU32,
-    ids: Mutex<Vec<String>>,
-}
-
 /// The instance and device: destroyed when the last `Arc` goes (wgpu's
 /// instance and device hold one each in their drop callbacks, the vk-export
 /// context one as its owner).
@@ -146,8 +139,8 @@ struct Owner {
     _entry: ash::Entry,
     instance: ash::Instance,
     device: OnceLock<ash::Device>,
-    messenger: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
-    messages: Arc<Messages>,
+    /// vk-export's counting messenger, where validation is on.
+    messenger: Option<ValidationMessenger>,
 }
 
 impl Drop for Owner {
@@ -159,48 +152,10 @@ impl Drop for Owner {
             if let Some(device) = self.device.get() {
                 device.destroy_device(None);
             }
-            if let Some((loader, messenger)) = self.messenger.take() {
-                loader.destroy_debug_utils_messenger(messenger, None);
-            }
+            drop(self.messenger.take());
             self.instance.destroy_instance(None);
         }
     }
-}
-
-unsafe extern "system" fn on_message(
-    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
-    _types: vk::DebugUtilsMessageTypeFlagsEXT,
-    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
-    user: *mut c_void,
-) -> vk::Bool32 {
-    if !severity.contains(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR) || user.is_null() {
-        return vk::FALSE;
-    }
-    // SAFETY: `user` is the `Messages` the owner keeps alive until after
-    // the messenger is destroyed; `data` is the layer's, valid for the call.
-    let (messages, id, text) = unsafe {
-        let messages = &*(user as *const Messages);
-        let data = &*data;
-        let id = data
-            .message_id_name_as_c_str()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let text = data
-            .message_as_c_str()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        (messages, id, text)
-    };
-    messages.errors.fetch_add(1, Ordering::SeqCst);
-    if let Ok(mut ids) = messages.ids.lock() {
-        ids.push(id);
-    }
-    use std::io::Write;
-    let _ = writeln!(
-        std::io::stderr(),
-        "cuda-interop-wgpu validation error: {text}"
-    );
-    vk::FALSE
 }
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
@@ -376,29 +331,16 @@ impl InteropDevice {
         // SAFETY: the create info and what it points to live across the call.
         let instance =
             unsafe { entry.create_instance(&info, None) }.map_err(vk_err("vkCreateInstance"))?;
-        let messages = Arc::new(Messages::default());
         let messenger = if validation {
-            let loader = ash::ext::debug_utils::Instance::new(&entry, &instance);
-            let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
-                .message_severity(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR)
-                .message_type(
-                    vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
-                        | vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
-                        | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
-                )
-                .pfn_user_callback(Some(on_message))
-                .user_data(Arc::as_ptr(&messages) as *mut c_void);
-            // SAFETY: the user data outlives the messenger (the owner holds
-            // both and destroys the messenger first).
-            match unsafe { loader.create_debug_utils_messenger(&info, None) } {
-                Ok(m) => Some((loader, m)),
+            // SAFETY: the instance was made from `entry` with debug utils
+            // (added above when validating); the owner destroys it only
+            // after the messenger.
+            match unsafe { ValidationMessenger::new(&entry, &instance) } {
+                Ok(m) => Some(m),
                 Err(e) => {
                     // SAFETY: nothing was made from the instance.
                     unsafe { instance.destroy_instance(None) };
-                    return Err(Error::Vulkan {
-                        call: "vkCreateDebugUtilsMessengerEXT",
-                        result: e,
-                    });
+                    return Err(e.into());
                 }
             }
         } else {
@@ -409,7 +351,6 @@ impl InteropDevice {
             instance: instance.clone(),
             device: OnceLock::new(),
             messenger,
-            messages,
         });
         let instance_owner = owner.clone();
         // SAFETY: the instance was made from `entry` with `api_version`, the
@@ -645,16 +586,17 @@ impl InteropDevice {
     }
     /// Validation errors reported so far (0 without the layer).
     pub fn validation_errors(&self) -> u32 {
-        self.owner.messages.errors.load(Ordering::SeqCst)
+        self.owner
+            .messenger
+            .as_ref()
+            .map_or(0, ValidationMessenger::errors)
     }
     /// The message ids (VUIDs) of those errors.
     pub fn validation_error_ids(&self) -> Vec<String> {
         self.owner
-            .messages
-            .ids
-            .lock()
-            .map(|ids| ids.clone())
-            .unwrap_or_default()
+            .messenger
+            .as_ref()
+            .map_or_else(Vec::new, ValidationMessenger::error_ids)
     }
 
     fn check_context(&self, ctx: &Context, what: &str) -> Result<()> {

@@ -1,8 +1,9 @@
 //! The adapter on the machine's Vulkan device (lavapipe in CI; on NVIDIA with
-//! `--features cuda-interop-testkit/device-local`, not in the GPU bundle) with the
+//! `--features cuda-interop-testkit/device-local`, in the GPU bundle) with the
 //! Khronos validation layer required (unless `CUDA_INTEROP_VALIDATION=off`):
 //! texture and buffer round trips with exact texels, a timeline signalled by
-//! wgpu and waited by the host, the lifetime guard, and the refusals.
+//! wgpu and waited by the host, the lifetime guard, the refusals, and the
+//! layer's errors counted.
 
 use std::time::Duration;
 
@@ -322,4 +323,34 @@ fn the_texture_has_the_images_dimension_and_layers() {
     drop(texture);
     pattern::wait_idle(&device, Duration::from_secs(10)).unwrap();
     assert_clean(&device);
+}
+
+/// The adapter counts the layer's errors on its own instance (vk-export's
+/// `ValidationMessenger`): an invalid call made on purpose on its device
+/// (a buffer of size 0) is one error with its id; without the count every
+/// `assert_clean` here would pass vacuously.
+#[test]
+fn an_invalid_call_on_the_adapters_device_is_counted() {
+    if std::env::var("CUDA_INTEROP_VALIDATION").as_deref() == Ok("off") {
+        println!("NOT RUN: CUDA_INTEROP_VALIDATION=off");
+        return;
+    }
+    let device = device();
+    assert_clean(&device);
+    let ctx = device.context();
+    let info = ash::vk::BufferCreateInfo::default()
+        .size(0)
+        .usage(ash::vk::BufferUsageFlags::TRANSFER_SRC);
+    // SAFETY: a plain creation on the live device; size 0 is invalid usage
+    // on purpose (reported by the layer first); whatever the driver made is
+    // destroyed once.
+    if let Ok(buffer) = unsafe { ctx.device().create_buffer(&info, None) } {
+        // SAFETY: unused.
+        unsafe { ctx.device().destroy_buffer(buffer, None) };
+    }
+    assert_eq!(
+        device.validation_error_ids(),
+        ["VUID-VkBufferCreateInfo-size-00912"]
+    );
+    assert_eq!(device.validation_errors(), 1);
 }

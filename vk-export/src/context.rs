@@ -20,7 +20,7 @@
 //!   counted ([`drop_errors`], the validation error count) and written to
 //!   stderr, where a closed stderr is ignored.
 
-use std::ffi::{c_void, CStr};
+use std::ffi::CStr;
 use std::fmt;
 use std::io::Write;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -32,6 +32,7 @@ use interop_share::uuid::{DeviceUuid, DriverUuid};
 
 use crate::error::{unsupported, vk_error, Error, Result};
 use crate::submit::{wait_lanes, Engine, Lane, LastUse, QueueState, MAX_LANES};
+use crate::validation::ValidationMessenger;
 
 thread_local! {
     /// The locks this thread holds, by address: contexts' queue or
@@ -224,24 +225,10 @@ pub(crate) struct ContextInner {
     /// `VK_EXT_memory_budget` is enabled (headless contexts, where offered).
     pub(crate) memory_budget: bool,
     owned: bool,
-    debug: Option<DebugMessenger>,
+    debug: Option<ValidationMessenger>,
     /// What [`Context::from_raw_with_owner`] was given: dropped after the
     /// context's own objects are destroyed, leaked where they could not be.
     owner: Option<Box<dyn std::any::Any + Send + Sync>>,
-}
-
-/// What the validation callback writes: the error count and each error's
-/// message id (its VUID, where the layer names one).
-#[derive(Default)]
-struct MessengerState {
-    errors: AtomicU32,
-    error_ids: Mutex<Vec<String>>,
-}
-
-struct DebugMessenger {
-    loader: ash::ext::debug_utils::Instance,
-    messenger: vk::DebugUtilsMessengerEXT,
-    state: Box<MessengerState>,
 }
 
 impl fmt::Debug for Context {
@@ -316,7 +303,9 @@ impl Context {
             "is a Vulkan 1.2 driver installed (VK_DRIVER_FILES / VK_ICD_FILENAMES)?",
         ))?;
         let debug = if validation {
-            match create_messenger(&entry, &instance) {
+            // SAFETY: the instance was made from `entry` with debug utils,
+            // and the context destroys it only after the messenger.
+            match unsafe { ValidationMessenger::new(&entry, &instance) } {
                 Ok(d) => Some(d),
                 Err(e) => {
                     // SAFETY: nothing was created from the instance yet.
@@ -334,13 +323,11 @@ impl Context {
                 unsafe { Self::build(entry, instance, physical, device, queues, true, debug, true) }
             }
             Err(e) => {
-                // SAFETY: no device exists; tear down what was created, messenger first.
-                unsafe {
-                    if let Some(d) = debug {
-                        d.loader.destroy_debug_utils_messenger(d.messenger, None);
-                    }
-                    instance.destroy_instance(None);
-                }
+                // Messenger first, then the instance.
+                drop(debug);
+                // SAFETY: no device exists and the messenger is gone: nothing
+                // made from the instance is left.
+                unsafe { instance.destroy_instance(None) };
                 Err(e)
             }
         }
@@ -550,7 +537,7 @@ impl Context {
         device: ash::Device,
         queues: Queues,
         owned: bool,
-        debug: Option<DebugMessenger>,
+        debug: Option<ValidationMessenger>,
         semaphore_fd_enabled: bool,
     ) -> Result<Context> {
         let identity = query_identity(&instance, physical);
@@ -718,13 +705,10 @@ impl Context {
     /// The message ids (VUIDs) of the validation errors reported so far, in
     /// order: for a test that allows one known false positive by its exact id.
     pub fn validation_error_ids(&self) -> Vec<String> {
-        self.inner.debug.as_ref().map_or_else(Vec::new, |d| {
-            d.state
-                .error_ids
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-        })
+        self.inner
+            .debug
+            .as_ref()
+            .map_or_else(Vec::new, ValidationMessenger::error_ids)
     }
 
     /// Validation errors the layer reported so far (0 without the layer).
@@ -732,7 +716,7 @@ impl Context {
         self.inner
             .debug
             .as_ref()
-            .map_or(0, |d| d.state.errors.load(Ordering::SeqCst))
+            .map_or(0, ValidationMessenger::errors)
     }
     /// Whether the validation layer is on for this context.
     pub fn validation_enabled(&self) -> bool {
@@ -855,9 +839,7 @@ impl Drop for ContextInner {
             }
             if self.owned {
                 self.device.destroy_device(None);
-                if let Some(d) = self.debug.take() {
-                    d.loader.destroy_debug_utils_messenger(d.messenger, None);
-                }
+                drop(self.debug.take());
                 self.instance.destroy_instance(None);
             }
         }
@@ -976,71 +958,4 @@ fn compute_queue_family(instance: &ash::Instance, physical: vk::PhysicalDevice) 
         .iter()
         .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
         .map(|i| i as u32)
-}
-
-fn create_messenger(entry: &ash::Entry, instance: &ash::Instance) -> Result<DebugMessenger> {
-    let loader = ash::ext::debug_utils::Instance::new(entry, instance);
-    let state = Box::<MessengerState>::default();
-    let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
-        .message_severity(
-            vk::DebugUtilsMessageSeverityFlagsEXT::ERROR
-                | vk::DebugUtilsMessageSeverityFlagsEXT::WARNING,
-        )
-        .message_type(
-            vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
-                | vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
-                | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
-        )
-        .pfn_user_callback(Some(on_validation_message))
-        .user_data(&*state as *const MessengerState as *mut c_void);
-    // SAFETY: the callback and the counter it points to outlive the messenger
-    // (the box is dropped after the messenger is destroyed).
-    let messenger =
-        unsafe { loader.create_debug_utils_messenger(&info, None) }.map_err(vk_error(
-            "vkCreateDebugUtilsMessengerEXT",
-            "the validation layer failed to start",
-        ))?;
-    Ok(DebugMessenger {
-        loader,
-        messenger,
-        state,
-    })
-}
-
-unsafe extern "system" fn on_validation_message(
-    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
-    _types: vk::DebugUtilsMessageTypeFlagsEXT,
-    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
-    user: *mut c_void,
-) -> vk::Bool32 {
-    // SAFETY: the layer passes valid callback data for the call.
-    let (message, id) = unsafe {
-        let d = data.as_ref();
-        (
-            d.and_then(|d| d.message_as_c_str())
-                .map(|m| m.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            d.and_then(|d| d.message_id_name_as_c_str())
-                .map(|m| m.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "(no id)".into()),
-        )
-    };
-    if severity.contains(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR) {
-        // SAFETY: `user` is the context's MessengerState, which outlives the
-        // messenger (dropped after it is destroyed).
-        if let Some(state) = unsafe { (user as *const MessengerState).as_ref() } {
-            state.errors.fetch_add(1, Ordering::SeqCst);
-            state
-                .error_ids
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(id);
-        }
-        // Not `eprintln!`: a panic (stderr gone) cannot unwind out of this
-        // callback, which the loader calls through extern "system".
-        let _ = writeln!(std::io::stderr(), "[vulkan validation error] {message}");
-    } else {
-        let _ = writeln!(std::io::stderr(), "[vulkan validation warning] {message}");
-    }
-    vk::FALSE
 }

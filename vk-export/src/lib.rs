@@ -48,6 +48,7 @@ mod ownership;
 mod semaphore;
 mod submit;
 mod transfer;
+mod validation;
 
 // What two processes agree on lives in `interop-share`; these are its
 // modules under their old paths here.
@@ -85,6 +86,7 @@ pub use semaphore::{
     TimelineSemaphore, WaitStrategy,
 };
 pub use transfer::SubmitSync;
+pub use validation::ValidationMessenger;
 
 pub use ash;
 pub use interop_share;
