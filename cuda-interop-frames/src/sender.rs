@@ -20,6 +20,15 @@
 //!   from `VK_QUEUE_FAMILY_EXTERNAL` in `GENERAL` after), and leave it in
 //!   `GENERAL`; the release is to the external family in `GENERAL`, the
 //!   layout CUDA uses and a Vulkan receiver acquires from.
+//! * Work the crate does not record (another queue of the family: wgpu's,
+//!   an engine's own submissions) writes an *opened* slot:
+//!   [`WriteSlot::open`] submits the receivers' release waits and the
+//!   acquire on its own and signals [`OpenSlot::ready`]; the application's
+//!   submission waits for that value, writes the slot on a queue of
+//!   [`OpenSlot::queue_family`] and signals a timeline of the context;
+//!   [`OpenSlot::present`] waits for it on the GPU, releases, signals
+//!   "produced" and announces the frame. A slot opened and dropped is
+//!   released unnumbered.
 //! * An image the application made itself (not exportable: a render
 //!   target) is published by a GPU copy into the slot
 //!   ([`WriteSlot::present_copy`] of a [`vk_export::SourceImage`], whose
@@ -702,6 +711,10 @@ pub struct Sender<M: MemoryLocation, R: SlotResource<M> = ExportableBuffer<M>> {
     slots: Vec<R>,
     _memory: std::marker::PhantomData<M>,
     produced: Option<TimelineSemaphore>,
+    /// What [`WriteSlot::open`] signals (local, made on first use), and its
+    /// last value.
+    opened: Option<TimelineSemaphore>,
+    opened_value: u64,
     peers: Vec<Peer>,
     orphans: Vec<Orphan>,
     next_id: u64,
@@ -780,6 +793,8 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
             slots,
             _memory: std::marker::PhantomData,
             produced,
+            opened: None,
+            opened_value: 0,
             peers: Vec::new(),
             orphans: Vec::new(),
             next_id: 1,
@@ -1149,20 +1164,10 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         }
     }
 
-    /// Presents `slot`: `record`'s commands on `role`'s queue (after a GPU
-    /// wait for `wait`, if given) between the slot's ownership barriers.
-    fn present(
-        &mut self,
-        slot: u32,
-        timestamp_ns: u64,
-        role: QueueRole,
-        wait: Option<(&TimelineSemaphore, u64)>,
-        record: impl FnOnce(&vk_export::ash::Device, vk::CommandBuffer, R::Target),
-    ) -> Result<u64, SenderError> {
-        let s = slot as usize;
-        let f = self.stats.presented + 1;
-        // Host-wait (bounded) for GPU releases first: a receiver whose GPU
-        // never signals is dropped here, not left to stall the queue.
+    /// Host-waits (bounded) for the receivers' GPU releases of slot `s`
+    /// promised so far; a receiver whose GPU never signals is dropped here,
+    /// not left to stall the queue.
+    fn drop_late_releasers(&mut self, s: usize) {
         let mut late = Vec::new();
         for p in &self.peers {
             if let Some(v) = p.gpu_wait[s] {
@@ -1179,13 +1184,34 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         for (id, why) in late {
             self.remove(id, &why, true);
         }
-        let mut sync =
-            SubmitSync::new().timeout(self.opts.hold_timeout.max(Duration::from_secs(5)));
-        for p in &self.peers {
+    }
+
+    /// A submission's sync that waits on the GPU for the receivers' promised
+    /// releases of slot `s`, with the sender's bound.
+    fn release_waits<'p>(peers: &'p [Peer], s: usize, hold_timeout: Duration) -> SubmitSync<'p> {
+        let mut sync = SubmitSync::new().timeout(hold_timeout.max(Duration::from_secs(5)));
+        for p in peers {
             if let Some(v) = p.gpu_wait[s] {
                 sync = sync.wait_timeline(&p.released[s], v);
             }
         }
+        sync
+    }
+
+    /// Presents `slot`: `record`'s commands on `role`'s queue (after a GPU
+    /// wait for `wait`, if given) between the slot's ownership barriers.
+    fn present(
+        &mut self,
+        slot: u32,
+        timestamp_ns: u64,
+        role: QueueRole,
+        wait: Option<(&TimelineSemaphore, u64)>,
+        record: impl FnOnce(&vk_export::ash::Device, vk::CommandBuffer, R::Target),
+    ) -> Result<u64, SenderError> {
+        let s = slot as usize;
+        let f = self.stats.presented + 1;
+        self.drop_late_releasers(s);
+        let mut sync = Self::release_waits(&self.peers, s, self.opts.hold_timeout);
         if let Some((semaphore, value)) = wait {
             sync = sync.wait_timeline(semaphore, value);
         }
@@ -1207,6 +1233,76 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
                 unsafe { resource.record_release(device, cmd, family) };
             })?;
         self.released_to_external[s] = true;
+        self.announce(slot, f, timestamp_ns);
+        Ok(f)
+    }
+
+    /// Opens `slot` for the application's own submissions on a queue of
+    /// `role`'s family: the receivers' releases waited for and the acquire
+    /// recorded in one submission, waited for (bounded), which signals the
+    /// returned value of the sender's "opened" timeline.
+    fn open(&mut self, slot: u32, role: QueueRole) -> Result<u64, SenderError> {
+        let s = slot as usize;
+        self.drop_late_releasers(s);
+        if self.opened.is_none() {
+            self.opened = Some(TimelineSemaphore::new_local(&self.ctx)?);
+        }
+        let value = self.opened_value + 1;
+        let opened = self.opened.as_ref().expect("made above");
+        let sync = Self::release_waits(&self.peers, s, self.opts.hold_timeout)
+            .signal_timeline(opened, value);
+        let resource = &self.slots[s];
+        let from_external = self.released_to_external[s];
+        self.ctx
+            .submit_and_wait_on(role, sync, |device, cmd, family| {
+                // SAFETY: as in `present`: the sender's command buffer for a
+                // queue of `family`, the slot alive beyond the submission.
+                unsafe { resource.record_acquire(device, cmd, family, from_external) };
+            })?;
+        self.opened_value = value;
+        // Owned by the family now (in GENERAL for an image), not external.
+        self.released_to_external[s] = false;
+        Ok(value)
+    }
+
+    /// Releases an opened `slot` to the external family on `role`'s queue
+    /// after a GPU wait for `written` (if given), signalling "produced"
+    /// with the next frame number when `frame` is `Some`.
+    fn close(
+        &mut self,
+        slot: u32,
+        role: QueueRole,
+        written: Option<(&TimelineSemaphore, u64)>,
+        frame: Option<u64>,
+    ) -> Result<(), SenderError> {
+        let s = slot as usize;
+        let mut sync =
+            SubmitSync::new().timeout(self.opts.hold_timeout.max(Duration::from_secs(5)));
+        if let Some((semaphore, value)) = written {
+            sync = sync.wait_timeline(semaphore, value);
+        }
+        if let (Some(produced), Some(f)) = (&self.produced, frame) {
+            sync = sync.signal_timeline(produced, f);
+        }
+        let resource = &self.slots[s];
+        let closed = self
+            .ctx
+            .submit_and_wait_on(role, sync, |device, cmd, family| {
+                // SAFETY: as in `present`; the slot was acquired for
+                // `family` by `open` (same role, same family).
+                unsafe { resource.record_release(device, cmd, family) };
+            });
+        // A timeout is a submitted release that has not completed: it still
+        // runs, so the slot counts as released (never released twice).
+        if closed.is_ok() || matches!(closed, Err(vk_export::Error::Timeout(_))) {
+            self.released_to_external[s] = true;
+        }
+        Ok(closed?)
+    }
+
+    /// After frame `f` of `slot` completed: the sender's bookkeeping, and
+    /// the frame packet to each receiver it is due to.
+    fn announce(&mut self, slot: u32, f: u64, timestamp_ns: u64) {
         self.stats.presented = f;
         self.newest = Some((slot, f, timestamp_ns));
         self.next_slot = (slot + 1) % self.opts.slots;
@@ -1230,7 +1326,6 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
             self.remove(id, &why, fault);
         }
         self.update_fps();
-        Ok(f)
     }
 
     fn update_fps(&mut self) {
@@ -1410,7 +1505,7 @@ impl<F: Format, M: MemoryLocation, U: Usage> WriteSlot<'_, M, ExportableImage<F,
     }
 }
 
-impl<M: MemoryLocation, R: SlotResource<M>> WriteSlot<'_, M, R> {
+impl<'a, M: MemoryLocation, R: SlotResource<M>> WriteSlot<'a, M, R> {
     /// The slot's index.
     pub fn index(&self) -> u32 {
         self.slot
@@ -1436,5 +1531,140 @@ impl<M: MemoryLocation, R: SlotResource<M>> WriteSlot<'_, M, R> {
         let role = self.sender.opts.queue;
         self.sender
             .present(self.slot, timestamp_ns, role, None, record)
+    }
+
+    /// Opens the slot for the application's own submissions (another
+    /// queue of `role`'s family, as wgpu's or an engine's: commands this
+    /// crate does not record): one submission on `role`'s queue waits on
+    /// the GPU for the receivers' releases of the slot and acquires it for
+    /// that family (an image in `GENERAL`), and is waited for (bounded).
+    /// The application's work then waits for [`OpenSlot::ready`] on the
+    /// GPU, writes the slot on a queue of [`OpenSlot::queue_family`]
+    /// (leaving an image in `GENERAL`), signals a timeline of this context,
+    /// and [`OpenSlot::present`] publishes the frame after it.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use cuda_interop_frames::sender::{monotonic_ns, ImageSender};
+    /// # use vk_export::{format::Rgba8Unorm, markers::DeviceLocal, QueueRole, TimelineSemaphore};
+    /// # fn f(sender: &mut ImageSender<Rgba8Unorm, DeviceLocal>, done: &TimelineSemaphore, n: u64)
+    /// # -> Result<(), Box<dyn std::error::Error>> {
+    /// let slot = sender.acquire(Duration::from_millis(100))?.open(QueueRole::Main)?;
+    /// let (opened, value) = slot.ready();
+    /// // ... the application's submission: waits (opened, value), writes
+    /// // slot.resource() on a queue of slot.queue_family(), signals (done, n) ...
+    /// # let _ = (opened, value);
+    /// let sequence = slot.present(monotonic_ns(), (done, n))?;
+    /// # let _ = sequence; Ok(()) }
+    /// ```
+    pub fn open(self, role: QueueRole) -> Result<OpenSlot<'a, M, R>, SenderError> {
+        let WriteSlot { sender, slot } = self;
+        let ready = sender.open(slot, role)?;
+        let family = sender.ctx.queue_family_of(role);
+        Ok(OpenSlot {
+            sender,
+            slot,
+            role,
+            family,
+            ready,
+            closed: false,
+        })
+    }
+}
+
+/// A slot opened for the application's own submissions
+/// ([`WriteSlot::open`]): acquired for [`OpenSlot::queue_family`] until
+/// [`OpenSlot::present`] releases it and publishes the frame. Dropped
+/// without presenting, it is released (bounded, on the same queue) and
+/// left free with no frame numbered: work the application submitted that
+/// writes it must have completed by then (it would write a later frame).
+pub struct OpenSlot<'a, M: MemoryLocation, R: SlotResource<M> = ExportableBuffer<M>> {
+    sender: &'a mut Sender<M, R>,
+    slot: u32,
+    role: QueueRole,
+    family: u32,
+    ready: u64,
+    /// Released to the external family (or its release submitted).
+    closed: bool,
+}
+
+impl<M: MemoryLocation, R: SlotResource<M>> OpenSlot<'_, M, R> {
+    /// The slot's index.
+    pub fn index(&self) -> u32 {
+        self.slot
+    }
+
+    /// The slot's buffer or image.
+    pub fn resource(&self) -> &R {
+        &self.sender.slots[self.slot as usize]
+    }
+
+    /// The queue family the slot is acquired for: the application writes
+    /// it on a queue of this family only.
+    pub fn queue_family(&self) -> u32 {
+        self.family
+    }
+
+    /// The timeline value the application's writes wait for on the GPU
+    /// (already reached when `open` returned; waiting for it orders the
+    /// acquire's memory dependency before the writes on another queue).
+    pub fn ready(&self) -> (&TimelineSemaphore, u64) {
+        (
+            self.sender.opened.as_ref().expect("made by open"),
+            self.ready,
+        )
+    }
+
+    /// The sequence number the frame gets when presented.
+    pub fn sequence(&self) -> u64 {
+        self.sender.stats.presented + 1
+    }
+
+    /// Publishes the frame: one submission on the opening role's queue
+    /// waits on the GPU for `written` (the application's timeline value,
+    /// signalled after its last write; a timeline of the sender's context),
+    /// releases the slot to the external family, signals "produced", and is
+    /// waited for (bounded); then the frame is announced with
+    /// `timestamp_ns`. Returns its sequence number. On an error the slot is
+    /// released by the drop, unnumbered.
+    pub fn present(
+        mut self,
+        timestamp_ns: u64,
+        written: (&TimelineSemaphore, u64),
+    ) -> Result<u64, SenderError> {
+        let f = self.sender.stats.presented + 1;
+        let closed = self
+            .sender
+            .close(self.slot, self.role, Some(written), Some(f));
+        // Released (or its release submitted): the drop must not release
+        // it again.
+        self.closed = self.sender.released_to_external[self.slot as usize];
+        closed?;
+        self.sender.announce(self.slot, f, timestamp_ns);
+        Ok(f)
+    }
+}
+
+impl<M: MemoryLocation, R: SlotResource<M>> Drop for OpenSlot<'_, M, R> {
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        if let Err(e) = self.sender.close(self.slot, self.role, None, None) {
+            self.sender.note(format!(
+                "slot {} opened and dropped unpresented: its release failed: {e}",
+                self.slot
+            ));
+        }
+    }
+}
+
+impl<M: MemoryLocation, R: SlotResource<M>> std::fmt::Debug for OpenSlot<'_, M, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenSlot")
+            .field("slot", &self.slot)
+            .field("queue_family", &self.family)
+            .field("ready", &self.ready)
+            .finish()
     }
 }

@@ -1,0 +1,223 @@
+//! A slot written by the application's own submission (`WriteSlot::open`,
+//! `OpenSlot::present`), as wgpu or an engine with its own queue writes:
+//! the test records and submits on the context's main queue itself (its own
+//! command pool, under `with_queue`), waiting for the slot's `ready` value
+//! and signalling its own timeline; a Vulkan receiver on a device of its
+//! own reads every frame and every texel is the one the application
+//! cleared. A present after a timeline of another device is refused with
+//! the frame unnumbered, and a slot dropped unpresented is released and
+//! free again; the layer reports nothing on either device.
+
+use std::time::{Duration, Instant};
+
+use cuda_interop_frames::discovery::Directory;
+use cuda_interop_frames::receiver::{Delivery, FrameReceiver};
+use cuda_interop_frames::sender::{self, Address, ImageSender, SenderError, SenderOptions};
+use cuda_interop_frames::vulkan_receiver::VulkanReceiver;
+use cuda_interop_testkit::{assert_no_validation_errors, vulkan, Mem};
+use vk_export::ash::vk;
+use vk_export::format::Rgba8Unorm;
+use vk_export::{Context, QueueRole, TimelineSemaphore};
+
+const W: u32 = 40;
+const H: u32 = 24;
+const FRAMES: u64 = 6;
+const BOUND: Duration = Duration::from_secs(60);
+
+/// The texel frame `f` is cleared to.
+fn colour(f: u64) -> [u8; 4] {
+    [(f * 40 % 256) as u8, (f * 7 % 256) as u8, 200, 255]
+}
+
+/// The application's own submission on the main queue: clears `image`
+/// (in GENERAL, acquired for this family by `open`) to frame `f`'s colour
+/// after a GPU wait for `ready`, and signals `written` = `f`.
+fn clear_on_own_queue(
+    ctx: &Context,
+    family: u32,
+    image: vk::Image,
+    ready: (&TimelineSemaphore, u64),
+    written: &TimelineSemaphore,
+    f: u64,
+) {
+    let device = ctx.device();
+    // SAFETY: plain creation on the live device; destroyed below after the
+    // submission completed (the written value reached, waited for).
+    let (pool, cmd) = unsafe {
+        let pool = device
+            .create_command_pool(
+                &vk::CommandPoolCreateInfo::default().queue_family_index(family),
+                None,
+            )
+            .unwrap();
+        let cmd = device
+            .allocate_command_buffers(
+                &vk::CommandBufferAllocateInfo::default()
+                    .command_pool(pool)
+                    .level(vk::CommandBufferLevel::PRIMARY)
+                    .command_buffer_count(1),
+            )
+            .unwrap()[0];
+        (pool, cmd)
+    };
+    let [r, g, b, a] = colour(f).map(|c| f32::from(c) / 255.0);
+    let range = vk::ImageSubresourceRange {
+        aspect_mask: vk::ImageAspectFlags::COLOR,
+        base_mip_level: 0,
+        level_count: 1,
+        base_array_layer: 0,
+        layer_count: 1,
+    };
+    // SAFETY: recording a fresh command buffer of the slot's family; the
+    // image is the sender's, alive for the sender's life, in GENERAL.
+    unsafe {
+        device
+            .begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default())
+            .unwrap();
+        device.cmd_clear_color_image(
+            cmd,
+            image,
+            vk::ImageLayout::GENERAL,
+            &vk::ClearColorValue {
+                float32: [r, g, b, a],
+            },
+            &[range],
+        );
+        device.end_command_buffer(cmd).unwrap();
+    }
+    let waits = [ready.0.raw()];
+    let wait_values = [ready.1];
+    let stages = [vk::PipelineStageFlags::ALL_COMMANDS];
+    let signals = [written.raw()];
+    let signal_values = [f];
+    let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()
+        .wait_semaphore_values(&wait_values)
+        .signal_semaphore_values(&signal_values);
+    let cmds = [cmd];
+    let submit = vk::SubmitInfo::default()
+        .wait_semaphores(&waits)
+        .wait_dst_stage_mask(&stages)
+        .command_buffers(&cmds)
+        .signal_semaphores(&signals)
+        .push_next(&mut timeline);
+    // SAFETY: the main queue under the context's lock; everything the
+    // submission names lives until it completed (waited for below).
+    ctx.with_queue_of(QueueRole::Main, |q| unsafe {
+        device.queue_submit(q, &[submit], vk::Fence::null())
+    })
+    .unwrap()
+    .unwrap();
+    written
+        .wait(f, Duration::from_secs(10), vk_export::WaitStrategy::Block)
+        .unwrap();
+    // SAFETY: the submission completed (its signal was reached).
+    unsafe { device.destroy_command_pool(pool, None) };
+}
+
+#[test]
+fn a_slot_written_by_the_applications_own_submission_is_received_texel_for_texel() {
+    let dir = std::env::temp_dir().join(format!("cif-open-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let directory = Directory::new(&dir).unwrap();
+    let ctx = vulkan(None);
+    let rctx = vulkan(None);
+    let opts = SenderOptions {
+        semaphores: ctx.supports_semaphore_fds() && rctx.supports_semaphore_fds(),
+        ..SenderOptions::new(
+            Address::Named {
+                directory: directory.clone(),
+                name: "opened".into(),
+            },
+            W,
+            H,
+            3,
+        )
+    };
+    let mut sender = ImageSender::<Rgba8Unorm, Mem>::new(&ctx, opts).unwrap();
+    let rx = {
+        let dir = directory.clone();
+        let t = std::thread::spawn(move || {
+            FrameReceiver::connect_named(
+                &dir,
+                "opened",
+                Delivery::Lossless,
+                Duration::from_secs(10),
+            )
+        });
+        let start = Instant::now();
+        while !t.is_finished() {
+            assert!(start.elapsed() < BOUND);
+            sender.serve(Duration::from_millis(5));
+        }
+        t.join().unwrap().expect("connected")
+    };
+    let mut vrx = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, rx).unwrap();
+    let written = TimelineSemaphore::new_local(&ctx).unwrap();
+
+    // A present after a timeline of another device: refused, unnumbered;
+    // the slot is released by the drop and free again.
+    let elsewhere = TimelineSemaphore::new_local(&rctx).unwrap();
+    let slot = sender
+        .acquire(BOUND)
+        .unwrap()
+        .open(QueueRole::Main)
+        .unwrap();
+    let e = slot
+        .present(sender::monotonic_ns(), (&elsewhere, 1))
+        .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            SenderError::Vulkan(vk_export::Error::ForeignResource(_))
+        ),
+        "{e}"
+    );
+    // Opened and dropped: released, no frame.
+    drop(
+        sender
+            .acquire(BOUND)
+            .unwrap()
+            .open(QueueRole::Main)
+            .unwrap(),
+    );
+    assert_eq!(sender.stats().presented, 0, "no frame was numbered");
+
+    // Frames, lossless from the receiver's subscription on: every one read.
+    let mut received = Vec::new();
+    let mut f = 0;
+    let start = Instant::now();
+    while received.len() < FRAMES as usize {
+        assert!(start.elapsed() < BOUND, "frames received: {received:?}");
+        if let Ok(slot) = sender.acquire(Duration::from_millis(100)) {
+            let slot = slot.open(QueueRole::Main).unwrap();
+            f += 1;
+            assert_eq!(slot.sequence(), f);
+            let image = slot.resource().raw();
+            clear_on_own_queue(&ctx, slot.queue_family(), image, slot.ready(), &written, f);
+            assert_eq!(
+                slot.present(sender::monotonic_ns(), (&written, f)).unwrap(),
+                f
+            );
+        }
+        let wait = Duration::from_millis(if received.is_empty() { 100 } else { 10_000 });
+        if let Ok(frame) = vrx.next_frame(wait) {
+            let pixels = vrx.read_pixels(&frame, Duration::from_secs(10)).unwrap();
+            let want = colour(frame.sequence);
+            assert!(
+                pixels.chunks(4).all(|t| t == want),
+                "frame {}: texels differ from {want:?}",
+                frame.sequence
+            );
+            received.push(frame.sequence);
+            vrx.release(frame).unwrap();
+        }
+    }
+    let first = received[0];
+    assert_eq!(received, (first..first + FRAMES).collect::<Vec<_>>());
+    drop(vrx);
+    drop(sender);
+    drop((written, elsewhere));
+    assert_no_validation_errors(&ctx);
+    assert_no_validation_errors(&rctx);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
