@@ -621,15 +621,21 @@ impl InteropDevice {
     /// use of a frame with a storage-texture access (as the
     /// `wgpu_to_cuda` example does) before CUDA waits for it.
     ///
-    /// Not yet: wgpu uses the image in its queue family and never releases
-    /// it to `VK_QUEUE_FAMILY_EXTERNAL`, as vk-export's `release_image`
-    /// does; the hand-off to CUDA relies on the driver keeping a `GENERAL`
-    /// image of the same device coherent (NVIDIA does; the spec asks for the
-    /// release barrier, which wgpu 30 does not record).
+    /// wgpu uses the image in its queue family and never releases it to
+    /// `VK_QUEUE_FAMILY_EXTERNAL` itself. A frame sender's slot gets the
+    /// hand-offs the spec asks for around wgpu's use from the sender
+    /// (`cuda-interop-frames`' `WriteSlot::open` acquires it for wgpu's
+    /// family in `GENERAL`, `OpenSlot::present` releases it after wgpu's
+    /// timeline value: the `wgpu_frames` example). A direct hand-off to
+    /// CUDA (the `wgpu_to_cuda` example) has no release: it relies on the
+    /// driver keeping a `GENERAL` image of the same device coherent
+    /// (NVIDIA does).
     ///
     /// # Safety
     /// While the texture lives, nothing but wgpu changes the image's layout
-    /// or queue-family ownership: no vk-export helper (`clear_image`,
+    /// or queue-family ownership, except ownership transfers in `GENERAL`
+    /// that give it back to wgpu's family before wgpu's next use (a frame
+    /// sender's open and present); no vk-export helper (`clear_image`,
     /// `read_image`, `release_image`, ...) and no other device or process
     /// uses the image in a way that needs a barrier, and the image is not
     /// wrapped a second time (each texture tracks its layout on its own).

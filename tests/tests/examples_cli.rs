@@ -22,6 +22,7 @@ const EXAMPLES: &[(&str, &str, &str)] = &[
     ("frame_client", "cuda-interop-frames", "--frame"),
     ("wgpu_to_cuda", "cuda-interop-wgpu", "--frmes"),
     ("own_device", "vk-export", "--devcie"),
+    ("wgpu_frames", "cuda-interop-wgpu", "--frame"),
 ];
 
 fn examples_dir() -> PathBuf {
@@ -162,5 +163,34 @@ fn own_device_wraps_an_application_device_and_checks_every_texel() {
     );
     assert!(stdout.contains("every texel checked"), "{stdout}");
     assert!(stdout.trim_end().ends_with("own_device: ok"), "{stdout}");
+    print!("{stdout}");
+}
+
+/// wgpu writing a frame sender's slots (`WriteSlot::open` / `present`),
+/// received by a Vulkan receiver on its own device, runs whole here
+/// (lavapipe, small frames): every pixel of every frame checked, 0
+/// validation errors.
+#[test]
+fn wgpu_frames_sends_wgpu_rendered_frames_every_pixel_checked() {
+    let path = examples_dir().join("wgpu_frames");
+    if !path.is_file() {
+        println!("NOT CHECKED: wgpu_frames is not built next to this test (cargo test --workspace builds it)");
+        return;
+    }
+    let out = Command::new(&path)
+        .args(["--frames", "12", "--width", "64", "--height", "48"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "wgpu_frames: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("PASS: 12 frames x 64x48 pixels"),
+        "{stdout}"
+    );
     print!("{stdout}");
 }

@@ -119,6 +119,10 @@ echo; echo "=== CUDA_VISIBLE_DEVICES= (CUDA hides the GPU; pairing must report i
 CUDA_VISIBLE_DEVICES= $b/round_trip 5 || status=1
 # The wgpu adapter (cuda-interop-wgpu): wgpu compute -> timeline -> CUDA, every pixel.
 run $b/wgpu_to_cuda
+# wgpu writing a frame sender's image slots, received by a Vulkan receiver
+# on its own device, every pixel checked (1080p, then 4K).
+run $b/wgpu_frames --frames 120
+run $b/wgpu_frames --frames 30 --width 3840 --height 2160
 # Bring your own device: an ash device wrapped by Context::from_raw.
 run $b/own_device
 run $b/host_wait 300

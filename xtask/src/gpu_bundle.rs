@@ -189,6 +189,7 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
         ("examples", "driver_info"),
         ("examples", "wgpu_to_cuda"),
         ("examples", "own_device"),
+        ("examples", "wgpu_frames"),
         ("", "bench"),
         ("", "host_wait"),
         ("", "array_copy"),
@@ -207,6 +208,8 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
     build_gpu(&["-p", "cuda-interop-sys", "--example", "driver_info"])?;
     // The wgpu adapter's example (issue 21): wgpu frames handed to CUDA.
     build_gpu(&["-p", "cuda-interop-wgpu", "--example", "wgpu_to_cuda"])?;
+    // wgpu writing a frame sender's slots, received on another device.
+    build_gpu(&["-p", "cuda-interop-wgpu", "--example", "wgpu_frames"])?;
     // Bring your own device (issue 21): an ash device wrapped by from_raw.
     build_gpu(&["-p", "vk-export", "--example", "own_device"])?;
     let packages: BTreeSet<&str> = manifest.tests.iter().map(|t| t.package.as_str()).collect();
