@@ -74,7 +74,12 @@ run_test() {
     run "$b/test-$name$suffix" "${args[@]}" "${extra[@]}" "${skip[@]}"
   fi
 }
-mapfile -t tests < <(lines | awk '$1 == "test" { print $2 }')
+mapfile -t tests < <(lines | awk '$1 == "test" && !/ faults[ :]/ { print $2 }')
+# `faults` binaries fault the GPU on purpose (a CUDA out-of-bounds store, a
+# sticky fault): they run last, after the debug copies, because on driver
+# 580.159.04 the fault leaves vkCmdCopyImage on the graphics queue of every
+# later process hanging (GPU runs 19 and 20: the tests' own raw ash copy too).
+mapfile -t fault_tests < <(lines | awk '$1 == "test" && / faults[ :]/ { print $2 }')
 mapfile -t debug_tests < <(lines | awk '$1 == "test" && / debug[ :]/ { print $2 }')
 # GPU_RUN_TESTS="a b" runs only those test binaries (and their debug
 # copies), for a run that repeats a few; the run then says so at its end.
@@ -82,6 +87,7 @@ if [ -n "${GPU_RUN_TESTS:-}" ]; then
   keep() { local t; for t in "$@"; do [[ " $GPU_RUN_TESTS " == *" $t "* ]] && echo "$t"; done; }
   mapfile -t tests < <(keep "${tests[@]}")
   mapfile -t debug_tests < <(keep "${debug_tests[@]}")
+  mapfile -t fault_tests < <(keep "${fault_tests[@]}")
 fi
 
 nvidia-smi -L
@@ -127,6 +133,8 @@ run $b/wgpu_frames --frames 30 --width 3840 --height 2160
 run $b/own_device
 run $b/host_wait 300
 fi
+echo; echo "=== the tests that fault the GPU on purpose, last"
+for t in "${fault_tests[@]}"; do run_test "$t" ""; done
 fi
 
 # GPU_RUN_ONLY=tests stops here (the sanitizer passes then run in a second

@@ -110,6 +110,8 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, String> {
                 for option in &options {
                     match *option {
                         "debug" => debug = true,
+                        // Run after everything else (run.sh reads it).
+                        "faults" => {}
                         o if o.starts_with("package=") => {
                             package = o["package=".len()..].to_string();
                         }
