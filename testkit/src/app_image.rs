@@ -9,7 +9,8 @@ use vk_export::{Context, QueueRole, SubmitSync};
 
 /// A non-exportable RGBA8 OPTIMAL image with transfer source, transfer
 /// destination and colour attachment usage, and its memory. Its drop
-/// waits for the context's queues to idle first.
+/// waits (at most 10 s a queue) for the context's queues to finish what
+/// was submitted before it.
 #[derive(Debug)]
 pub struct AppImage {
     ctx: Context,
@@ -239,18 +240,45 @@ impl AppImage {
 }
 
 impl Drop for AppImage {
+    /// Waits, bounded, for each of the context's queues to finish what was
+    /// submitted before (a fence submitted behind it); destroys the image
+    /// and its memory, or leaks them with a line on stderr if a queue did
+    /// not finish in time (a stuck GPU: never an unbounded wait here).
     fn drop(&mut self) {
+        let device = self.ctx.device();
+        let mut idle = true;
         for role in [QueueRole::Main, QueueRole::Transfer] {
-            // SAFETY: the queue, under the context's lock for it.
-            let idle = self
+            // SAFETY: plain creation; the fence is destroyed below once
+            // signalled, or leaked with the image.
+            let fence = unsafe { device.create_fence(&vk::FenceCreateInfo::default(), None) }
+                .expect("vkCreateFence");
+            // SAFETY: the queue, under the context's lock for it; an empty
+            // submission that signals the fence after all earlier work.
+            let submitted = self
                 .ctx
-                .with_queue_of(role, |q| unsafe { self.ctx.device().queue_wait_idle(q) });
-            idle.expect("the queue").expect("vkQueueWaitIdle");
+                .with_queue_of(role, |q| unsafe { device.queue_submit(q, &[], fence) })
+                .expect("the queue");
+            // SAFETY: the fence of that submission.
+            let done = submitted.is_ok()
+                && unsafe { device.wait_for_fences(&[fence], true, 10_000_000_000) }.is_ok();
+            if done {
+                // SAFETY: signalled: nothing uses it.
+                unsafe { device.destroy_fence(fence, None) };
+            } else {
+                idle = false;
+            }
         }
-        // SAFETY: both queues idle: no copy from it runs.
+        if !idle {
+            eprintln!(
+                "testkit: an application image is leaked: a queue did not finish within 10 s"
+            );
+            return;
+        }
+        // SAFETY: both queues finished everything submitted before: no copy
+        // from it runs.
         unsafe {
-            self.ctx.device().destroy_image(self.image, None);
-            self.ctx.device().free_memory(self.memory, None);
+            device.destroy_image(self.image, None);
+            device.free_memory(self.memory, None);
         }
     }
 }

@@ -401,7 +401,7 @@ fn an_application_image_is_copied_into_an_exportable_one_texel_for_texel() {
     // SAFETY: `app` is a live image of this device, RGBA8, one sample,
     // transfer-source usage, sw x sh, in COLOR_ATTACHMENT_OPTIMAL, owned
     // by `app.family`, filled by a completed submission, and nothing else
-    // touches it until it is dropped (its drop idles the queues).
+    // touches it until it is dropped (its drop waits for the queues).
     let source = |extent, offset| unsafe {
         SourceImage::<Rgba8Unorm>::new(app.image, extent, app.layout, exclusive)
             .unwrap()
@@ -573,7 +573,7 @@ fn a_concurrent_application_image_is_copied_on_the_transfer_queue() {
     );
     // SAFETY: a live RGBA8 image of this device, CONCURRENT over both of
     // the context's families, in COLOR_ATTACHMENT_OPTIMAL, filled by a
-    // completed submission, untouched until dropped (its drop idles the
+    // completed submission, untouched until dropped (its drop waits for the
     // queues).
     let source = unsafe {
         SourceImage::<Rgba8Unorm>::new(app.image, [w, h], app.layout, SourceSharing::Concurrent)
