@@ -13,7 +13,9 @@
 //!   family in one submission that waits on the GPU for every receiver's
 //!   "released" value of the slot and signals "produced" with the frame's
 //!   sequence number. Sequence numbers go up by one per presented frame,
-//!   from 1; each carries a `CLOCK_MONOTONIC` timestamp.
+//!   from 1 (a frame whose submission timed out keeps its number and is not
+//!   announced: receivers count the gap); each carries a `CLOCK_MONOTONIC`
+//!   timestamp.
 //! * Images ([`SlotResource`] says what a slot is): the application's
 //!   commands get an [`ImageTarget`], the image in `GENERAL` owned by the
 //!   command buffer's family (from `UNDEFINED` on its first frame, acquired
@@ -1220,7 +1222,8 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         }
         let resource = &self.slots[s];
         let from_external = self.released_to_external[s];
-        self.ctx
+        let presented = self
+            .ctx
             .submit_and_wait_on(role, sync, |device, cmd, family| {
                 // SAFETY: recording into the command buffer submit_and_wait
                 // gave, for a queue of `family`; the slot lives in
@@ -1231,10 +1234,23 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
                 record(device, cmd, resource.target(family));
                 // SAFETY: as above.
                 unsafe { resource.record_release(device, cmd, family) };
-            })?;
-        self.released_to_external[s] = true;
+            });
+        self.submitted(s, f, &presented);
+        presented?;
         self.announce(slot, f, timestamp_ns);
         Ok(f)
+    }
+
+    /// After a present-like submission of frame `f` into slot `s`: one that
+    /// was submitted (it completed, or timed out and still runs) released
+    /// the slot and signals "produced" with `f`, so the slot counts as
+    /// released and `f` as used (numbered, never announced after a timeout:
+    /// receivers see the gap), and no later frame signals `f` again.
+    fn submitted(&mut self, s: usize, f: u64, outcome: &Result<(), vk_export::Error>) {
+        if outcome.is_ok() || matches!(outcome, Err(vk_export::Error::Timeout(_))) {
+            self.released_to_external[s] = true;
+            self.stats.presented = self.stats.presented.max(f);
+        }
     }
 
     /// Opens `slot` for the application's own submissions on a queue of
@@ -1253,15 +1269,21 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
             .signal_timeline(opened, value);
         let resource = &self.slots[s];
         let from_external = self.released_to_external[s];
-        self.ctx
+        let opened = self
+            .ctx
             .submit_and_wait_on(role, sync, |device, cmd, family| {
                 // SAFETY: as in `present`: the sender's command buffer for a
                 // queue of `family`, the slot alive beyond the submission.
                 unsafe { resource.record_acquire(device, cmd, family, from_external) };
-            })?;
-        self.opened_value = value;
-        // Owned by the family now (in GENERAL for an image), not external.
-        self.released_to_external[s] = false;
+            });
+        // Submitted (a timeout too: it still runs): the value is used, and
+        // the slot is owned by the family now (in GENERAL for an image),
+        // not external; a later frame's acquire starts from UNDEFINED.
+        if opened.is_ok() || matches!(opened, Err(vk_export::Error::Timeout(_))) {
+            self.opened_value = value;
+            self.released_to_external[s] = false;
+        }
+        opened?;
         Ok(value)
     }
 
@@ -1293,9 +1315,13 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
                 unsafe { resource.record_release(device, cmd, family) };
             });
         // A timeout is a submitted release that has not completed: it still
-        // runs, so the slot counts as released (never released twice).
+        // runs, so the slot counts as released (never released twice), and
+        // a frame's number as used.
         if closed.is_ok() || matches!(closed, Err(vk_export::Error::Timeout(_))) {
             self.released_to_external[s] = true;
+            if let Some(f) = frame {
+                self.submitted(s, f, &closed);
+            }
         }
         Ok(closed?)
     }

@@ -221,3 +221,67 @@ fn a_slot_written_by_the_applications_own_submission_is_received_texel_for_texel
     assert_no_validation_errors(&rctx);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A present whose wait never arrives in time: `OpenSlot::present` returns
+/// the timeout, the frame keeps its number (a later frame is the next
+/// number: no second signal of one "produced" value) and the slot is
+/// released once (the drop does not release it again); once the value
+/// arrives, the next frame goes out. The layer reports nothing.
+#[test]
+fn a_present_that_times_out_keeps_its_number_and_the_next_frame_goes_out() {
+    let ctx = vulkan(None);
+    let dir = std::env::temp_dir().join(format!("cif-open-late-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let opts = SenderOptions {
+        semaphores: ctx.supports_semaphore_fds(),
+        hold_timeout: Duration::from_millis(100),
+        ..SenderOptions::new(
+            Address::Named {
+                directory: Directory::new(&dir).unwrap(),
+                name: "late".into(),
+            },
+            W,
+            H,
+            2,
+        )
+    };
+    let mut sender = ImageSender::<Rgba8Unorm, Mem>::new(&ctx, opts).unwrap();
+    let written = TimelineSemaphore::new_local(&ctx).unwrap();
+    let slot = sender
+        .acquire(BOUND)
+        .unwrap()
+        .open(QueueRole::Main)
+        .unwrap();
+    assert_eq!(slot.sequence(), 1);
+    // Nobody signals 10 before the present's bound.
+    let e = slot
+        .present(sender::monotonic_ns(), (&written, 10))
+        .unwrap_err();
+    assert!(
+        matches!(&e, SenderError::Vulkan(vk_export::Error::Timeout(_))),
+        "{e}"
+    );
+    assert_eq!(
+        sender.stats().presented,
+        1,
+        "the late frame keeps its number"
+    );
+    // It arrives: the release behind it runs; the next frame is number 2.
+    written.signal(10).unwrap();
+    let slot = sender
+        .acquire(BOUND)
+        .unwrap()
+        .open(QueueRole::Main)
+        .unwrap();
+    assert_eq!(slot.sequence(), 2);
+    let image = slot.resource().raw();
+    clear_on_own_queue(&ctx, slot.queue_family(), image, slot.ready(), &written, 11);
+    assert_eq!(
+        slot.present(sender::monotonic_ns(), (&written, 11))
+            .unwrap(),
+        2
+    );
+    drop(sender);
+    assert_no_validation_errors(&ctx);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
