@@ -99,7 +99,9 @@ class Frame:
     ) -> Any:
         """The frame as a DLPack capsule (`"dltensor_versioned"` for
         `max_version` major >= 1, else `"dltensor"`), handed out once;
-        `stream` is made to wait for the producer's write. The caller
+        `stream` is made to wait for the producer's write (and, for an image
+        ring, the copy of the image into the frame's pitched buffer; with
+        `stream=-1` that copy is waited for before this returns). The caller
         vouches that `stream` is a live stream of the frame's device."""
         ...
     def __dlpack_device__(self) -> Tuple[int, int]:
@@ -122,11 +124,14 @@ class Frame:
         ...
     @property
     def shape(self) -> Tuple[int, ...]:
-        """The tensor's shape: `(height, width, 4)` or `(nbytes,)`."""
+        """The tensor's shape: `(height, width, 4)` (`uint8`, a buffer
+        ring), `(height, width, channels)` (an image ring: the format's
+        channel type, e.g. `float16` for R16G16B16A16_SFLOAT, over this
+        module's copy of the image) or `(nbytes,)`."""
         ...
     @property
     def strides(self) -> Tuple[int, ...]:
-        """The tensor's strides in elements (= bytes: `uint8`)."""
+        """The tensor's strides in elements (bytes for `uint8` frames)."""
         ...
     @property
     def nbytes(self) -> int:

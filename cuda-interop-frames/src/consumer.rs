@@ -11,7 +11,11 @@
 //! * A [`Ring`] is made from the producer's hello and setup message
 //!   ([`Ring::import`]): each slot's buffer is imported and mapped once, and
 //!   kept mapped as long as the ring or any clone of the slot's
-//!   [`SlotMemory`] lives. The "produced" and "released" timelines are
+//!   [`SlotMemory`] lives. An image ring's slots are its images mapped as
+//!   CUDA arrays (any format of `vk_export::format::SUPPORTED`), each beside
+//!   a tightly packed buffer of this consumer that
+//!   [`Ring::enqueue_readable`] copies the frame into (the crate's copy
+//!   kernel), on the ring's wait stream after "produced". The "produced" and "released" timelines are
 //!   imported on the same CUDA device. [`Ring::from_parts`] makes a ring over
 //!   memory the caller provides (no CUDA).
 //! * A slot is held from its frame packet ([`Ring::accept_frame`]) until the
@@ -30,7 +34,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use cuda_interop::dlpack::{DLDataType, DLDataTypeCode, ManagedTensor};
-use cuda_interop::{CudaDevice, ExternalSemaphore, Stream};
+use cuda_interop::{
+    CopyEngine, CudaDevice, DeviceBuffer, ExternalSemaphore, OwnedArray, PitchedMut, Stream,
+};
 use rustix::event::{PollFd, PollFlags};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags};
@@ -278,10 +284,10 @@ pub fn check_setup(hello: &Packet, setup: &vk_export::wire::Received) -> Result<
         return Err(ConsumerError::Protocol(format!(
             "the sender shares {n} {what} and no semaphores (a Vulkan driver without \
              VK_KHR_external_semaphore_fd, such as lavapipe, or frame_server --no-semaphores): \
-             a CUDA receiver needs the \"produced\" and \"released\" timelines, and reading \
-             a host-visible ring on the host (NumPy) needs host-mapped Vulkan memory on the \
-             receiver's side, which this build does not offer; run the sender on a GPU whose \
-             driver exports semaphores"
+             a CUDA receiver needs the \"produced\" and \"released\" timelines; run the \
+             sender on a GPU whose driver exports semaphores, or read a host-visible buffer \
+             ring on the host (host_receiver::HostBuffers; the Python module does, giving \
+             NumPy arrays)"
         )));
     }
     if tag != SETUP_TAG || count != 2 * n + 1 {
@@ -293,6 +299,159 @@ pub fn check_setup(hello: &Packet, setup: &vk_export::wire::Received) -> Result<
         )));
     }
     Ok(())
+}
+
+/// The slots of a buffer ring: each buffer imported and mapped whole.
+fn buffer_slots(
+    cuda: &CudaDevice,
+    hello: &Packet,
+    setup: &mut vk_export::wire::Received,
+) -> Result<Vec<Slot>, ConsumerError> {
+    let need = hello.frame_bytes().expect("a checked layout");
+    let mut slots = Vec::with_capacity(hello.slot as usize);
+    for i in 0..hello.slot as usize {
+        let buffer = setup.take_buffer::<DeviceLocal>(i)?;
+        let imported = cuda
+            .import_received_buffer(buffer)
+            .map_err(|e| e.into_error())?;
+        let len = imported.size();
+        if len < need {
+            return Err(ConsumerError::Protocol(format!(
+                "slot {i}'s buffer has {len} bytes; a {}x{} frame with row pitch {} needs {need}",
+                hello.width, hello.height, hello.row_pitch
+            )));
+        }
+        let byte_len = i64::try_from(len)
+            .map_err(|_| ConsumerError::Protocol(format!("a buffer of {len} bytes")))?;
+        let mapping = imported.into_dlpack(
+            DLDataType::scalar(DLDataTypeCode::UInt, 8),
+            &[byte_len],
+            None,
+            false,
+        )?;
+        let data = mapping.tensor().data as u64;
+        slots.push(Slot {
+            memory: SlotMemory::new(Arc::new(CudaSlot {
+                _mapping: Mutex::new(mapping),
+            })),
+            data,
+            len,
+            image: None,
+        });
+    }
+    Ok(slots)
+}
+
+/// The slots of an image ring, for the format the hello names (one of
+/// `vk_export::format::SUPPORTED`).
+fn image_slots(
+    cuda: &CudaDevice,
+    hello: &Packet,
+    setup: &mut vk_export::wire::Received,
+) -> Result<Vec<Slot>, ConsumerError> {
+    use vk_export::format::*;
+    let raw = vk_export::ash::vk::Format::from_raw(hello.format as i32);
+    macro_rules! by_format {
+        ($($format:ty),*) => {
+            $(if raw == <$format>::VK {
+                return image_slots_of::<$format>(cuda, hello, setup);
+            })*
+        };
+    }
+    by_format!(
+        R8Unorm,
+        Rg8Unorm,
+        Rgba8Unorm,
+        Rgba8Uint,
+        R16Sfloat,
+        Rgba16Sfloat,
+        Rgba16Uint,
+        R32Uint,
+        R32Sfloat,
+        Rg32Sfloat,
+        Rgba32Sfloat
+    );
+    Err(ConsumerError::Protocol(format!(
+        "the sender's images are VkFormat {}, which vk-export cannot map into CUDA \
+         (supported: {})",
+        hello.format,
+        SUPPORTED.iter().map(|f| f.1).collect::<Vec<_>>().join(", ")
+    )))
+}
+
+/// [`image_slots`] for images of format `F`: each image imported and mapped
+/// as a CUDA array, beside a tightly packed buffer of its rows.
+fn image_slots_of<F: vk_export::format::Format>(
+    cuda: &CudaDevice,
+    hello: &Packet,
+    setup: &mut vk_export::wire::Received,
+) -> Result<Vec<Slot>, ConsumerError> {
+    use vk_export::markers::{usage, Optimal};
+    let len = hello.frame_bytes().expect("a checked layout");
+    if hello.row_pitch != u64::from(hello.width) * u64::from(F::TEXEL_BYTES) {
+        return Err(ConsumerError::Protocol(format!(
+            "an image ring of {} announces rows of {} bytes for {} texels",
+            F::NAME,
+            hello.row_pitch,
+            hello.width
+        )));
+    }
+    let mut slots = Vec::with_capacity(hello.slot as usize);
+    for i in 0..hello.slot as usize {
+        let image = setup.take_image::<F, Optimal, DeviceLocal, usage::Storage>(i)?;
+        let extent = image.record().info().extent();
+        if extent != [hello.width, hello.height, 1] {
+            return Err(ConsumerError::Protocol(format!(
+                "slot {i}'s image is {}x{}x{}, not the hello's {}x{}",
+                extent[0], extent[1], extent[2], hello.width, hello.height
+            )));
+        }
+        let array = cuda
+            .import_received_image(image)
+            .map_err(|e| e.into_error())?
+            .into_mapped_array()?;
+        let bytes = usize::try_from(len)
+            .map_err(|_| ConsumerError::Protocol(format!("a frame of {len} bytes")))?;
+        let rows = DeviceBuffer::new(cuda, bytes)?;
+        let data = rows.device_ptr();
+        let slot = Arc::new(ImageSlot {
+            array,
+            rows: Mutex::new(rows),
+        });
+        slots.push(Slot {
+            memory: SlotMemory::new(slot.clone()),
+            data,
+            len,
+            image: Some(slot),
+        });
+    }
+    Ok(slots)
+}
+
+/// An image slot: the image as a CUDA array, and the pitched buffer this
+/// consumer copies each frame into (what its tensors address).
+struct ImageSlot<F> {
+    // Dropped first: the array's drop waits (bounded) for the copies out of
+    // it; the buffer's own drop waits for them too (each is recorded on both).
+    array:
+        OwnedArray<F, vk_export::markers::Optimal, DeviceLocal, vk_export::markers::usage::Storage>,
+    rows: Mutex<DeviceBuffer>,
+}
+
+/// What [`Ring::enqueue_readable`] does with an image slot, whatever its
+/// format.
+pub trait CopyOut: Send + Sync {
+    /// Enqueues on `stream` the copy of the slot's image (level 0) into its
+    /// pitched buffer ([`Slot::data`]); returns the engine that copies.
+    fn enqueue_copy_out(&self, stream: &Stream) -> Result<CopyEngine, cuda_interop::Error>;
+}
+
+impl<F: vk_export::format::Format> CopyOut for ImageSlot<F> {
+    fn enqueue_copy_out(&self, stream: &Stream) -> Result<CopyEngine, cuda_interop::Error> {
+        let level = self.array.array().level(0)?;
+        let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
+        level.enqueue_copy_to(stream, PitchedMut::buffer(&mut rows))
+    }
 }
 
 /// One slot's buffer, mapped into CUDA.
@@ -324,14 +483,26 @@ impl SlotMemory {
 }
 
 /// A slot: its memory's keeper and address.
-#[derive(Debug)]
 pub struct Slot {
     /// Keeps the memory alive.
     pub memory: SlotMemory,
-    /// The first byte's address (a CUDA device pointer for an imported ring).
+    /// The first byte's address (a CUDA device pointer for an imported ring;
+    /// for an image ring, this consumer's pitched copy of the image).
     pub data: u64,
     /// Bytes at `data`.
     pub len: u64,
+    /// An image ring's slot: what copies the image to `data`.
+    pub image: Option<Arc<dyn CopyOut>>,
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("data", &self.data)
+            .field("len", &self.len)
+            .field("image", &self.image.is_some())
+            .finish()
+    }
 }
 
 /// The CUDA side of a ring: semaphores and the streams their operations are
@@ -388,61 +559,33 @@ impl std::fmt::Debug for Ring {
 
 impl Ring {
     /// Imports the ring the setup message shares, after `hello`; `cuda_for`
-    /// gives the CUDA device for the buffers' `deviceUUID`.
+    /// gives the CUDA device for the resources' `deviceUUID`. A buffer
+    /// ring's slots are its buffers; an image ring's slots are pitched
+    /// buffers of this consumer, one per image, which
+    /// [`Ring::enqueue_readable`] fills from the images.
     pub fn import(
         conn: Arc<Connection>,
         hello: Packet,
         mut setup: vk_export::wire::Received,
         cuda_for: impl FnOnce(vk_export::DeviceUuid) -> Result<CudaDevice, ConsumerError>,
     ) -> Result<Ring, ConsumerError> {
-        if hello.is_image_ring() {
-            return Err(ConsumerError::Protocol(format!(
-                "the sender shares a ring of {} OPTIMAL images (VkFormat {}), and this \
-                 receiver takes pitched buffers: receive image rings with \
-                 cuda-interop's import_received_image and map_array (the frame_client \
-                 example) or vulkan_receiver::VulkanReceiver, or run the sender with \
-                 buffer slots (frame_server without --image)",
-                hello.slot, hello.format
-            )));
-        }
         check_setup(&hello, &setup)?;
-        let n = hello.slot as usize;
-        let need = hello.frame_bytes().expect("a checked layout");
-        let first = setup.take_buffer::<DeviceLocal>(0)?;
-        let cuda = cuda_for(first.record().info().device_uuid())?;
-        let mut buffers = vec![first];
-        for i in 1..n {
-            buffers.push(setup.take_buffer::<DeviceLocal>(i)?);
-        }
-        let mut slots = Vec::with_capacity(n);
-        for (i, buffer) in buffers.into_iter().enumerate() {
-            let imported = cuda
-                .import_received_buffer(buffer)
-                .map_err(|e| e.into_error())?;
-            let len = imported.size();
-            if len < need {
-                return Err(ConsumerError::Protocol(format!(
-                    "slot {i}'s buffer has {len} bytes; a {}x{} frame with row pitch {} needs {need}",
-                    hello.width, hello.height, hello.row_pitch
-                )));
+        let uuid = match &setup.message().resources[0] {
+            vk_export::wire::Resource::Image(info) => info.device_uuid(),
+            vk_export::wire::Resource::Buffer(info) => info.device_uuid(),
+            _ => {
+                return Err(ConsumerError::Protocol(
+                    "the ring's first resource is neither a buffer nor an image".into(),
+                ))
             }
-            let byte_len = i64::try_from(len)
-                .map_err(|_| ConsumerError::Protocol(format!("a buffer of {len} bytes")))?;
-            let mapping = imported.into_dlpack(
-                DLDataType::scalar(DLDataTypeCode::UInt, 8),
-                &[byte_len],
-                None,
-                false,
-            )?;
-            let data = mapping.tensor().data as u64;
-            slots.push(Slot {
-                memory: SlotMemory::new(Arc::new(CudaSlot {
-                    _mapping: Mutex::new(mapping),
-                })),
-                data,
-                len,
-            });
-        }
+        };
+        let cuda = cuda_for(uuid)?;
+        let slots = if hello.is_image_ring() {
+            image_slots(&cuda, &hello, &mut setup)?
+        } else {
+            buffer_slots(&cuda, &hello, &mut setup)?
+        };
+        let n = slots.len();
         let semaphore = |setup: &mut vk_export::wire::Received, i: usize| {
             let received = setup.take_semaphore::<Timeline>(i)?;
             cuda.import_received_semaphore(received)
@@ -501,6 +644,40 @@ impl Ring {
     /// The CUDA semaphores and streams, for an imported ring.
     pub fn gpu(&self) -> Option<&GpuSync> {
         self.gpu.as_ref()
+    }
+
+    /// Enqueues on the ring's wait stream what makes frame `frame` of
+    /// `slot` (held by this consumer) readable at [`Slot::data`]: the wait
+    /// for "produced" to reach `frame`, then, in an image ring, the copy of
+    /// the slot's image into its pitched buffer. Returns the wait stream,
+    /// locked, for the caller to order its reads after (or to wait for);
+    /// `None` for a ring without CUDA semaphores ([`Ring::from_parts`]).
+    /// Enqueue it once per frame: a second copy would overwrite the
+    /// buffer the first one's readers read.
+    pub fn enqueue_readable(
+        &self,
+        slot: u32,
+        frame: u64,
+    ) -> Result<Option<MutexGuard<'_, Stream>>, cuda_interop::Error> {
+        let Some(gpu) = &self.gpu else {
+            return Ok(None);
+        };
+        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.get(slot as usize).copied().flatten() != Some(frame) {
+            return Err(cuda_interop::Error::InvalidArgument(format!(
+                "frame {frame} of slot {slot} is not held by this consumer"
+            )));
+        }
+        drop(held);
+        let via = gpu
+            .wait_stream
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        gpu.produced.wait(&via, frame)?;
+        if let Some(image) = &self.slots[slot as usize].image {
+            image.enqueue_copy_out(&via)?;
+        }
+        Ok(Some(via))
     }
 
     /// Takes the lock held across receiving a frame packet and accepting it
@@ -724,6 +901,7 @@ mod tests {
                 memory: SlotMemory::new(Arc::new(vec![0u8; 64])),
                 data: 0,
                 len: 64,
+                image: None,
             })
             .collect();
         Ring::from_parts(conn, hello, slots, None)

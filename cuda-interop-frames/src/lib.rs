@@ -24,17 +24,20 @@
 //!   Python module; [`receiver`] is the receiver's protocol handle
 //!   (delivery mode, sequence numbers, timestamps, dropped frames), used by
 //!   the `frame_client` example; [`vulkan_receiver`] receives image rings
-//!   on the receiver's own Vulkan device and reads their pixels back.
+//!   on the receiver's own Vulkan device and reads their pixels back;
+//!   [`host_receiver`] reads host-visible buffer rings on the host without
+//!   CUDA (the Python module's NumPy path).
 //! * Slots are pitched buffers or OPTIMAL images
 //!   ([`sender::ImageSender`]), released to `VK_QUEUE_FAMILY_EXTERNAL`
 //!   (images in `GENERAL`) after each frame.
 //! * Modules depend downwards only: `protocol` <- `consumer` <- `discovery`
-//!   <- `receiver` <- `vulkan_receiver`; `discovery` <- `sender` <-
-//!   `producer`.
+//!   <- `receiver` <- `vulkan_receiver`; `consumer` <- `host_receiver`;
+//!   `discovery` <- `sender` <- `producer`.
 //! * Errors are typed; their messages are the ones users see.
 
 pub mod consumer;
 pub mod discovery;
+pub mod host_receiver;
 pub mod producer;
 pub mod protocol;
 pub mod receiver;

@@ -466,13 +466,18 @@ fn sender_options(opts: &ProducerOptions) -> Res<SenderOptions> {
     })
 }
 
-/// The serving loop over `sender`; `present` paints and presents a slot.
-fn serve<M: MemoryLocation, R: SlotResource<M>>(
+/// The serving loop of [`run`] over a sender the caller made (on a context
+/// of its own, e.g. `Context::from_raw`, the `renderer` example):
+/// `present` paints and presents each slot; `opts` gives the run's bounds,
+/// name and the frame rate cap (its memory, semaphore and image fields are
+/// the caller's sender's business and only named in the first line). The
+/// progress lines are [`run`]'s (see the module contract).
+pub fn serve<M: MemoryLocation, R: SlotResource<M>>(
     ctx: &Context,
     opts: &ProducerOptions,
     mut sender: Sender<M, R>,
     mut present: impl FnMut(WriteSlot<'_, M, R>) -> Result<u64, SenderError>,
-) -> Res<()> {
+) -> Result<(), ProducerError> {
     let what = if let Some(format) = opts.image {
         format!("an OPTIMAL {:?} image each", format.vk().0)
     } else {

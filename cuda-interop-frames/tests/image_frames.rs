@@ -292,7 +292,9 @@ fn vulkan_receiver_refuses_what_it_cannot_read() {
             .contains("shares pitched buffers, not images"),
         "{err}"
     );
-    // The CUDA buffer-ring import (the Python module's) says what to use.
+    // The CUDA ring import (the Python module's) needs the timelines,
+    // which lavapipe's sender cannot share: it says so before asking for a
+    // CUDA device.
     let mut rx = connect("img", &mut || sender.serve(Duration::from_millis(5)));
     let (hello, setup) = (*rx.layout(), rx.take_setup().unwrap());
     let err =
@@ -302,7 +304,18 @@ fn vulkan_receiver_refuses_what_it_cannot_read() {
         .unwrap_err();
     assert!(
         err.to_string()
-            .contains("OPTIMAL images (VkFormat 37), and this receiver takes pitched buffers"),
+            .contains("shares 3 images and no semaphores"),
+        "{err}"
+    );
+    drop(rx);
+    // The host reader (the Python module's path without CUDA) reads buffer
+    // rings only, and says which receivers read images.
+    let mut rx = connect("img", &mut || sender.serve(Duration::from_millis(5)));
+    let (hello, setup) = (*rx.layout(), rx.take_setup().unwrap());
+    let err = cuda_interop_frames::host_receiver::HostBuffers::import(&hello, setup).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("OPTIMAL images, which only a GPU API reads"),
         "{err}"
     );
     drop(rx);

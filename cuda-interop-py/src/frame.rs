@@ -26,6 +26,8 @@ use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueErro
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
+use vk_export::ash::vk;
+use vk_export::format::ChannelType;
 use vk_export::markers::DeviceLocal;
 
 use cuda_interop_frames::consumer::SlotMemory;
@@ -50,6 +52,8 @@ const PER_THREAD_DEFAULT_STREAM: usize = 2;
 /// What a one-message frame hands out once.
 pub(crate) enum Payload {
     Imported(ImportedBuffer<DeviceLocal>),
+    /// A frame of a ring read on the host, copied out (this frame's own).
+    Copied(Box<[u8]>),
     #[cfg(feature = "test-hooks")]
     Host(HostBytes),
 }
@@ -302,10 +306,48 @@ pub(crate) struct Frame {
     tag: u64,
     size: u64,
     device: (i32, i32),
+    /// The elements' type: `uint8`, or an image ring's channel type.
+    element: Element,
     shape: Vec<i64>,
-    /// In elements (bytes: the elements are `uint8`).
+    /// In elements.
     strides: Vec<i64>,
     source: Source,
+}
+
+/// A frame's element type, for DLPack and the array interfaces.
+#[derive(Clone, Copy)]
+pub(crate) struct Element {
+    dtype: DLDataType,
+    typestr: &'static str,
+}
+
+impl Element {
+    const U8: Element = Element {
+        dtype: DLDataType::scalar(DLDataTypeCode::UInt, 8),
+        typestr: "|u1",
+    };
+
+    /// One channel of an image ring's texels.
+    fn of_channel(channel: ChannelType) -> Element {
+        let (code, bits, typestr) = match channel {
+            ChannelType::U8 => (DLDataTypeCode::UInt, 8, "|u1"),
+            ChannelType::I8 => (DLDataTypeCode::Int, 8, "|i1"),
+            ChannelType::U16 => (DLDataTypeCode::UInt, 16, "<u2"),
+            ChannelType::I16 => (DLDataTypeCode::Int, 16, "<i2"),
+            ChannelType::F16 => (DLDataTypeCode::Float, 16, "<f2"),
+            ChannelType::U32 => (DLDataTypeCode::UInt, 32, "<u4"),
+            ChannelType::I32 => (DLDataTypeCode::Int, 32, "<i4"),
+            ChannelType::F32 => (DLDataTypeCode::Float, 32, "<f4"),
+        };
+        Element {
+            dtype: DLDataType::scalar(code, bits),
+            typestr,
+        }
+    }
+
+    fn bytes(self) -> i64 {
+        i64::from(self.dtype.bits / 8)
+    }
 }
 
 impl Frame {
@@ -315,14 +357,32 @@ impl Frame {
             tag,
             size,
             device,
+            element: Element::U8,
             shape: vec![size as i64],
             strides: vec![1],
             source: Source::Single(Some(payload)),
         }
     }
 
+    /// Frame `frame` of a ring read on the host: `bytes` (laid out as the
+    /// hello says), a `(height, width, 4)` `uint8` host (kDLCPU) array with
+    /// pitched rows; its slot is released already.
+    pub(crate) fn host_copy(layout: &Packet, frame: u64, bytes: Vec<u8>) -> Frame {
+        Frame {
+            tag: frame,
+            size: bytes.len() as u64,
+            device: (DL_CPU, 0),
+            element: Element::U8,
+            shape: vec![i64::from(layout.height), i64::from(layout.width), 4],
+            strides: vec![layout.row_pitch as i64, 4, 1],
+            source: Source::Single(Some(Payload::Copied(bytes.into_boxed_slice()))),
+        }
+    }
+
     /// Frame `packet.frame` in slot `packet.slot` of `ring` (already marked
-    /// held), as a `(height, width, 4)` `uint8` tensor with pitched rows.
+    /// held), as a `(height, width, 4)` `uint8` tensor with pitched rows, or
+    /// for an image ring a `(height, width, channels)` tensor of the
+    /// format's channel type over the slot's tightly packed copy.
     pub(crate) fn of_ring(ring: Arc<SharedRing>, packet: &Packet) -> Frame {
         let layout = *ring.layout();
         let slot = &ring.slots()[packet.slot as usize];
@@ -330,12 +390,23 @@ impl Frame {
             Some(gpu) => (DL_CUDA, gpu.cuda.ordinal()),
             None => (DL_CPU, 0),
         };
+        // An image ring's hello names a supported format: the consumer
+        // imported its slots as arrays of it.
+        let described = layout
+            .is_image_ring()
+            .then(|| vk_export::format::describe(vk::Format::from_raw(layout.format as i32)))
+            .flatten();
+        let (element, channels) = match described {
+            Some((_, channels, channel)) => (Element::of_channel(channel), i64::from(channels)),
+            None => (Element::U8, 4),
+        };
         Frame {
             tag: packet.frame,
             size: slot.len,
             device,
-            shape: vec![i64::from(layout.height), i64::from(layout.width), 4],
-            strides: vec![layout.row_pitch as i64, 4, 1],
+            element,
+            shape: vec![i64::from(layout.height), i64::from(layout.width), channels],
+            strides: vec![layout.row_pitch as i64 / element.bytes(), channels, 1],
             source: Source::Ring(RingFrame {
                 ring,
                 slot: packet.slot,
@@ -353,7 +424,7 @@ impl Frame {
     /// Hands the memory out once as a DLPack tensor, ordering `stream` after
     /// the producer's write where the frame has a "produced" timeline.
     fn tensor(&mut self, py: Python<'_>, stream: StreamArg) -> PyResult<ManagedTensor> {
-        let dtype = DLDataType::scalar(DLDataTypeCode::UInt, 8);
+        let dtype = self.element.dtype;
         let (shape, strides) = (self.shape.clone(), self.strides.clone());
         let device = DLDevice {
             device_type: self.device.0,
@@ -377,6 +448,26 @@ impl Frame {
                     Payload::Imported(buffer) => py
                         .detach(|| buffer.into_dlpack(dtype, &shape, Some(&strides), false))
                         .map_err(cuda_error),
+                    Payload::Copied(bytes) => {
+                        let data = bytes.as_ptr() as u64;
+                        // SAFETY: `data` is the start of the `size` bytes
+                        // `bytes` owns; moving the box into the tensor's
+                        // owner does not move its heap memory, which lives
+                        // as long as the owner.
+                        unsafe {
+                            ManagedTensor::new(
+                                Box::new(bytes),
+                                data,
+                                self.size,
+                                device,
+                                dtype,
+                                &shape,
+                                Some(&strides),
+                                false,
+                            )
+                        }
+                        .map_err(cuda_error)
+                    }
                     #[cfg(feature = "test-hooks")]
                     Payload::Host(bytes) => {
                         let data = bytes.data();
@@ -412,18 +503,29 @@ impl Frame {
                     ));
                 }
                 if let Some(gpu) = rf.ring.gpu() {
-                    if let Some(h) = stream.handle() {
-                        let frame = rf.frame;
+                    let (slot, frame) = (rf.slot, rf.frame);
+                    let image = rf.ring.layout().is_image_ring();
+                    let handle = stream.handle();
+                    // A buffer ring's frame handed out with no stream (-1)
+                    // is the consumer's to order; an image ring's frame is
+                    // this module's copy, enqueued and then waited for.
+                    if handle.is_some() || image {
                         py.detach(|| {
-                            let via = gpu
-                                .wait_stream
-                                .lock()
-                                .unwrap_or_else(PoisonError::into_inner);
-                            // SAFETY: `h` is the consumer's stream handle
-                            // (1, 2, or a stream of its device), which the
-                            // DLPack protocol has the consumer keep alive for
-                            // the call; the ring's semaphore is of that device.
-                            unsafe { gpu.produced.wait_raw_stream(h as _, frame, &via) }
+                            let via = rf
+                                .ring
+                                .enqueue_readable(slot, frame)?
+                                .expect("a ring with CUDA semaphores");
+                            match handle {
+                                // SAFETY: `h` is the consumer's stream handle
+                                // (1, 2, or a stream of its device), which the
+                                // DLPack protocol has the consumer keep alive
+                                // for the call; the ring's semaphore is of that
+                                // device.
+                                Some(h) => unsafe {
+                                    gpu.produced.wait_raw_stream(h as _, frame, &via)
+                                },
+                                None => via.synchronize(via.timeout()),
+                            }
                         })
                         .map_err(cuda_error)?;
                     }
@@ -465,11 +567,17 @@ impl Frame {
         stream: Option<Option<usize>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
+        let typestr = self.element.typestr;
+        let byte_strides: Vec<i64> = self
+            .strides
+            .iter()
+            .map(|s| s * self.element.bytes())
+            .collect();
         d.set_item("shape", PyTuple::new(py, &self.shape)?)?;
-        d.set_item("typestr", "|u1")?;
-        d.set_item("descr", vec![("", "|u1")])?;
+        d.set_item("typestr", typestr)?;
+        d.set_item("descr", vec![("", typestr)])?;
         d.set_item("data", (data, false))?;
-        d.set_item("strides", PyTuple::new(py, &self.strides)?)?;
+        d.set_item("strides", PyTuple::new(py, &byte_strides)?)?;
         d.set_item("version", 3)?;
         if let Some(stream) = stream {
             d.set_item("stream", stream)?;
@@ -683,10 +791,14 @@ fn warn_unordered_release(py: Python<'_>, frame: u64, unnamed: &Unnamed) {
 #[pymethods]
 impl Frame {
     /// The DLPack protocol: the frame as a tensor (`(height, width, 4)`
-    /// `uint8` with pitched rows for a ring frame, 1-D `uint8` otherwise) in
-    /// a capsule a consumer takes once. `stream` (a CUDA stream handle; `1`
-    /// legacy default, `2` per-thread default, `None` legacy default, `-1`
-    /// none) is made to wait for the producer's write.
+    /// `uint8` with pitched rows for a buffer ring's frame; `(height, width,
+    /// channels)` of the format's channel type for an image ring's, over
+    /// this module's tightly packed copy of the image; 1-D `uint8`
+    /// otherwise) in a capsule a consumer takes once. `stream` (a CUDA
+    /// stream handle; `1` legacy default, `2` per-thread default, `None`
+    /// legacy default, `-1` none) is made to wait for the producer's write
+    /// (and an image ring's copy); with `-1`, an image ring's copy is waited
+    /// for before this returns.
     ///
     /// As DLPack has it, the caller vouches that `stream` is a live CUDA
     /// stream of the frame's device for the call: the driver cannot be asked
@@ -761,9 +873,11 @@ impl Frame {
 
     /// The CUDA Array Interface (version 3) of a ring frame: `data`,
     /// `shape` `(height, width, 4)`, `strides` in bytes `(row_pitch, 4, 1)`,
-    /// `typestr` `"|u1"`, and `stream`: a stream of this module on which the
-    /// producer's write is waited for; the consumer must order its work
-    /// after it (CuPy does).
+    /// `typestr` `"|u1"` (an image ring's frame: `(height, width,
+    /// channels)` of its channel type, e.g. `"<f2"`, over this module's
+    /// copy of the image), and `stream`: a stream of this module on which
+    /// the producer's write (and an image ring's copy) is waited for; the
+    /// consumer must order its work after it (CuPy does).
     #[getter]
     fn __cuda_array_interface__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let recording = matches!(&self.source, Source::Ring(rf) if rf.ring.orders_streams());
@@ -782,17 +896,19 @@ impl Frame {
         let mut stream = None;
         if let Source::Ring(rf) = &mut self.source {
             if let Some(gpu) = rf.ring.gpu() {
-                let (frame, wait) = (rf.frame, !rf.interface_waited);
+                let (slot, frame, wait) = (rf.slot, rf.frame, !rf.interface_waited);
+                let ring = &rf.ring;
                 let raw = py
                     .detach(|| {
-                        let via = gpu
-                            .wait_stream
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner);
-                        if wait {
-                            gpu.produced.wait(&via, frame)?;
-                        }
-                        Ok(via.raw() as usize)
+                        let via = if wait {
+                            ring.enqueue_readable(slot, frame)?
+                                .expect("a ring with CUDA semaphores")
+                        } else {
+                            gpu.wait_stream
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                        };
+                        Ok::<_, cuda_interop::Error>(via.raw() as usize)
                     })
                     .map_err(cuda_error)?;
                 rf.interface_waited = true;
@@ -828,7 +944,8 @@ impl Frame {
         PyTuple::new(py, &self.shape)
     }
 
-    /// The tensor's strides in elements (= bytes: `uint8`), as in DLPack.
+    /// The tensor's strides in elements, as in DLPack (bytes for `uint8`
+    /// frames; an image ring's frames count channels of their type).
     #[getter]
     fn strides<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         PyTuple::new(py, &self.strides)

@@ -51,6 +51,7 @@ pub(crate) fn host_ring(conn: Arc<Connection>, hello: Packet) -> Ring {
                 memory: SlotMemory::new(Arc::new(bytes)),
                 data,
                 len,
+                image: None,
             }
         })
         .collect();

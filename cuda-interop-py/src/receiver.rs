@@ -17,9 +17,11 @@ use std::time::{Duration, Instant};
 use cuda_interop::dlpack::DL_CUDA;
 use cuda_interop::CudaDevice;
 use cuda_interop_frames::consumer::{
-    self, deadline_after, left, peek, recv_packet, ConsumerError, NextMessage, Ring,
+    self, deadline_after, left, peek, recv_packet, ConsumerError, NextMessage, Ring, Slot,
+    SlotMemory,
 };
 use cuda_interop_frames::discovery::{Directory, DiscoveryError};
+use cuda_interop_frames::host_receiver::HostBuffers;
 use cuda_interop_frames::protocol::{self, Kind, Packet};
 use cuda_interop_frames::receiver::Delivery;
 use pyo3::exceptions::{PyConnectionError, PyValueError};
@@ -233,6 +235,22 @@ impl Receiver {
             return Ok(SharedRing::recording(ring, record_signals));
         }
         let setup = self.connection.recv(left(deadline)).map_err(vk_error)?;
+        // A ring without semaphores (a Vulkan driver that exports none, such
+        // as lavapipe) cannot be ordered in CUDA: it is read on the host.
+        let n = hello.slot as usize;
+        if setup.message().tag == protocol::SETUP_TAG && setup.message().resources.len() == n {
+            let host = HostBuffers::import(&hello, setup).map_err(consumer_error)?;
+            let slots = (0..hello.slot)
+                .map(|_| Slot {
+                    memory: SlotMemory::new(Arc::new(())),
+                    data: 0,
+                    len: host.frame_bytes(),
+                    image: None,
+                })
+                .collect();
+            let ring = Ring::from_parts(self.connection.clone(), hello, slots, None);
+            return Ok(SharedRing::read_on_host(ring, host));
+        }
         Ring::import(self.connection.clone(), hello, setup, |uuid| {
             self.cuda_for(uuid)
         })
@@ -326,6 +344,14 @@ impl Receiver {
                             .map_err(send_error)?;
                     }
                     drop(receiving);
+                    if let Some(host) = &ring.host {
+                        // Copied out and waited for: the slot goes back now.
+                        let read = host.read(packet.slot, packet.frame, left(deadline));
+                        let sent = ring.send_release(packet.slot, packet.frame, false);
+                        let bytes = read.map_err(consumer_error)?;
+                        sent.map_err(send_error)?;
+                        return Ok(Frame::host_copy(ring.layout(), packet.frame, bytes));
+                    }
                     return Ok(Frame::of_ring(ring, &packet));
                 }
                 Mode::Single => return self.receive_single(left(deadline)),

@@ -4,7 +4,9 @@
 //! # Contract
 //!
 //! * [`SharedRing`] derefs to `cuda_interop_frames::consumer::Ring`: layout,
-//!   slots, semaphores and what this consumer holds live there.
+//!   slots, semaphores and what this consumer holds live there. A ring
+//!   without CUDA semaphores is read on the host ([`SharedRing::host`]:
+//!   `cuda_interop_frames::host_receiver`).
 //! * [`release_ring_slot`] is the one way a frame's slot goes back: the
 //!   "released" signal (when there is a stream and the ring has CUDA
 //!   semaphores, or is a recording host ring), then the release message.
@@ -18,6 +20,7 @@ use std::ops::Deref;
 use std::sync::{Mutex, PoisonError};
 
 use cuda_interop_frames::consumer::{Ring, SendError};
+use cuda_interop_frames::host_receiver::HostBuffers;
 use pyo3::PyErr;
 
 use crate::errors::{cuda_error, send_error};
@@ -25,6 +28,9 @@ use crate::errors::{cuda_error, send_error};
 /// A consumer ring and this module's test state of it.
 pub(crate) struct SharedRing {
     ring: Ring,
+    /// A ring without CUDA semaphores read on the host: its buffers on a
+    /// Vulkan device of this process (each frame copied out, then released).
+    pub(crate) host: Option<HostBuffers>,
     /// Test hook: a host ring that takes stream arguments and records, in
     /// place of each "released" signal, `(slot, frame, stream)`.
     #[cfg(feature = "test-hooks")]
@@ -44,6 +50,7 @@ impl SharedRing {
     pub(crate) fn new(ring: Ring) -> SharedRing {
         SharedRing {
             ring,
+            host: None,
             #[cfg(feature = "test-hooks")]
             signal_log: None,
         }
@@ -55,7 +62,19 @@ impl SharedRing {
     pub(crate) fn recording(ring: Ring, record_signals: bool) -> SharedRing {
         SharedRing {
             ring,
+            host: None,
             signal_log: record_signals.then(|| Mutex::new(Vec::new())),
+        }
+    }
+
+    /// A ring over `host`'s buffers (no CUDA): its slots only say which
+    /// frames this consumer holds.
+    pub(crate) fn read_on_host(ring: Ring, host: HostBuffers) -> SharedRing {
+        SharedRing {
+            ring,
+            host: Some(host),
+            #[cfg(feature = "test-hooks")]
+            signal_log: None,
         }
     }
 

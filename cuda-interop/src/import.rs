@@ -389,3 +389,75 @@ impl<M: MemoryLocation> ImportedBuffer<M> {
         }
     }
 }
+
+/// An imported image mapped as a CUDA mipmapped array, both owned together
+/// ([`ImportedImage::into_mapped_array`]): for a struct that keeps image
+/// slots (a receiver's ring), where [`MappedArray`]'s borrow of its import
+/// cannot be named. Drops the array, then the import.
+pub struct OwnedArray<F, T, M, U> {
+    // Declared first, so dropped first: it borrows `image`.
+    array: MappedArray<'static, F, U>,
+    // Behind an `Arc`, so that moving an `OwnedArray` never moves the
+    // import, and never asserts unique access to it (as moving a `Box`
+    // would) while `array` points into it; no clone of it leaves this type.
+    image: std::sync::Arc<ImportedImage<F, T, M, U>>,
+}
+
+impl<F, T, M, U> std::fmt::Debug for OwnedArray<F, T, M, U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedArray")
+            .field("array", &self.array.handle)
+            .field("extent", &self.image.record.info().extent())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Format, T: ArrayTiling, M: ArrayMemory, U: Usage> ImportedImage<F, T, M, U> {
+    /// Maps the image as [`ImportedImage::map_array`] does, into a value that
+    /// owns the import too (no borrow to name).
+    ///
+    /// ```no_run
+    /// # use cuda_interop::{ImportedImage, OwnedArray};
+    /// # use vk_export::format::Rgba8Unorm;
+    /// # use vk_export::markers::{usage, DeviceLocal, Optimal};
+    /// struct Slots {
+    ///     arrays: Vec<OwnedArray<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>>,
+    /// }
+    /// # fn demo(imports: Vec<ImportedImage<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>>)
+    /// #     -> cuda_interop::Result<()> {
+    /// let slots = Slots {
+    ///     arrays: imports
+    ///         .into_iter()
+    ///         .map(ImportedImage::into_mapped_array)
+    ///         .collect::<cuda_interop::Result<_>>()?,
+    /// };
+    /// let level = slots.arrays[0].array().level(0)?;
+    /// # drop(level); Ok(()) }
+    /// ```
+    pub fn into_mapped_array(self) -> Result<OwnedArray<F, T, M, U>> {
+        let image = std::sync::Arc::new(self);
+        // SAFETY: the import lives in the `Arc`'s allocation, which neither
+        // moves nor is freed while the array exists: the `Arc` is stored
+        // beside the array, never cloned out, and dropped after it (field
+        // order); only shared references to the import are ever made, so
+        // the array's borrow is never invalidated. The `'static` lifetime is
+        // never seen outside: `OwnedArray::array` shortens it to its own
+        // borrow.
+        let borrowed: &'static ImportedImage<F, T, M, U> =
+            unsafe { &*std::sync::Arc::as_ptr(&image) };
+        let array = borrowed.map_array()?;
+        Ok(OwnedArray { array, image })
+    }
+}
+
+impl<F, T, M, U> OwnedArray<F, T, M, U> {
+    /// The mipmapped array, borrowed from this value.
+    pub fn array(&self) -> &MappedArray<'_, F, U> {
+        &self.array
+    }
+
+    /// The import the array is mapped from.
+    pub fn image(&self) -> &ImportedImage<F, T, M, U> {
+        &self.image
+    }
+}

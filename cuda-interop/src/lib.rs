@@ -111,7 +111,7 @@ pub use driver::{driver_version, drop_errors};
 pub use error::{DriverError, Error, ImportError, Result};
 pub use events::DROP_WAIT_LIMIT;
 pub use external::ExternalMemory;
-pub use import::{ImportedBuffer, ImportedImage};
+pub use import::{ImportedBuffer, ImportedImage, OwnedArray};
 pub use launch::KernelUses;
 pub use linear::{DeviceBuffer, DeviceSlice, MappedBuffer};
 pub use module::{Function, Module};

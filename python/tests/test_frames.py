@@ -1026,16 +1026,41 @@ def test_real_server_drops_a_consumer_that_holds_too_long(frame_server):
     gc.collect()
 
 
-def test_real_server_without_semaphores_says_what_is_missing(frame_server):
-    # A receiver that is not the host-ring test hook imports the ring: a
-    # lavapipe ring has buffers only, and the error says what is missing
-    # (not a resource count).
-    path, _, _ = frame_server
-    r = cuda_interop.connect(path, 2.0)
-    with pytest.raises(ValueError, match="no semaphores") as e:
-        r.next(5.0)
-    assert "NumPy" in str(e.value) and "VK_KHR_external_semaphore_fd" in str(e.value)
-    r.close()
+def band_rows(frame, height):
+    """protocol::band_rows: height / 16 rows (at least 1), 8 rows a frame."""
+    rows = max(height // 16, 1)
+    start = (frame * 8) % (height - rows + 1)
+    return start, start + rows
+
+
+def test_real_server_without_semaphores_is_read_on_the_host_as_numpy(frame_server):
+    """Without CUDA and without semaphores (lavapipe), `connect` reads the
+    host-visible ring on a Vulkan device of this process: each frame is a
+    host (kDLCPU) array of its own that NumPy takes, with the sender's
+    pattern in every pixel, and its slot is back with the sender already."""
+    np = pytest.importorskip("numpy")  # CI installs python3-numpy
+    path, _, log = frame_server
+    with cuda_interop.connect(path, 2.0, delivery="lossless") as r:
+        tags = []
+        for _ in range(12):
+            frame = r.next(5.0)
+            assert frame.__dlpack_device__() == (1, 0)
+            assert frame.slot is None and r.held == 0
+            pixels = np.from_dlpack(frame)
+            assert pixels.shape == (32, 64, 4) and pixels.dtype == np.uint8
+            assert pixels.strides == (320, 4, 1)
+            words = pixels.copy().view("<u4")[:, :, 0]
+            f = frame.tag
+            start, end = band_rows(f, 32)
+            want = np.full((32, 64), f & 0xFFFFFFFF, dtype="<u4")
+            want[start:end] = ~np.uint32(f & 0xFFFFFFFF)
+            assert (words == want).all(), (f, start, end, server_log(log))
+            tags.append(f)
+            frame.release()  # nothing left to give back: a no-op
+        assert tags == list(range(tags[0], tags[0] + 12))
+        assert r.dropped == 0
+        with pytest.raises(AttributeError, match="host"):
+            r.next(5.0).__cuda_array_interface__
 
 
 def test_real_server_serves_latest_and_lossless_receivers(frame_server):

@@ -23,6 +23,8 @@ const EXAMPLES: &[(&str, &str, &str)] = &[
     ("wgpu_to_cuda", "cuda-interop-wgpu", "--frmes"),
     ("own_device", "vk-export", "--devcie"),
     ("wgpu_frames", "cuda-interop-wgpu", "--frame"),
+    ("renderer", "cuda-interop-frames", "--fromat"),
+    ("vulkan_client", "cuda-interop-frames", "--loseless"),
 ];
 
 fn examples_dir() -> PathBuf {
@@ -193,4 +195,81 @@ fn wgpu_frames_sends_wgpu_rendered_frames_every_pixel_checked() {
         "{stdout}"
     );
     print!("{stdout}");
+}
+
+/// The `from_raw` renderer (its own ash device, its own command buffers
+/// writing the slots between `open` and `present`) publishes by name, and
+/// the Vulkan receiver example on a device of its own checks every pixel
+/// of every frame it takes, lossless and latest, in RGBA8 and RGBA16F
+/// (lavapipe: host-visible slots, no semaphores).
+#[test]
+fn the_renderer_publishes_by_name_to_vulkan_receivers_every_pixel_checked() {
+    let (renderer, client) = (
+        examples_dir().join("renderer"),
+        examples_dir().join("vulkan_client"),
+    );
+    if !renderer.is_file() || !client.is_file() {
+        println!("NOT CHECKED: renderer or vulkan_client is not built next to this test (cargo test --workspace builds them)");
+        return;
+    }
+    for format in ["rgba8", "rgba16f"] {
+        let runtime =
+            std::env::temp_dir().join(format!("cif-renderer-{}-{format}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&runtime);
+        std::fs::create_dir_all(&runtime).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let mut server = Command::new(&renderer)
+            .args([
+                "--width",
+                "64",
+                "--height",
+                "48",
+                "--format",
+                format,
+                "--seconds",
+                "60",
+            ])
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let socket = runtime.join("cuda-interop-frames").join("renderer.sock");
+        let start = std::time::Instant::now();
+        while !socket.exists() {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(60),
+                "no renderer socket"
+            );
+            assert!(server.try_wait().unwrap().is_none(), "the renderer exited");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        for mode in [&["--lossless"][..], &[][..]] {
+            let out = Command::new(&client)
+                .args(["--name", "renderer", "--frames", "15", "--host-visible"])
+                .args(mode)
+                .env("XDG_RUNTIME_DIR", &runtime)
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "vulkan_client {mode:?} ({format}): {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                stdout.contains("15 frames (15 checked, every pixel, 0 bad)"),
+                "{stdout}"
+            );
+            print!("{stdout}");
+        }
+        let _ = server.kill();
+        let out = server.wait_with_output().unwrap();
+        let log = String::from_utf8_lossy(&out.stdout);
+        assert!(log.contains("(Context::from_raw)"), "{log}");
+        assert_eq!(log.matches(" connected").count(), 2, "{log}");
+        std::fs::remove_dir_all(&runtime).unwrap();
+    }
 }

@@ -1068,3 +1068,55 @@ fn a_cuda_import_outlives_the_vulkan_image_and_device_handles() {
     assert_eq!(drop_errors(), cuda_errors);
     println!("{w}x{h} read through an import that outlived the app's Vulkan handles: exact");
 }
+
+/// `ImportedImage::into_mapped_array`: the owned array keeps working after
+/// it (and the import inside it) moved, into a `Vec` and to another thread,
+/// and its drop destroys the mipmapped array before the import, once each.
+#[test]
+fn an_owned_array_moves_and_drops_its_array_before_its_import() {
+    let _fds = fds::lock();
+    fake::run("child_fake_owned_array", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of import.rs, with a fake libcuda: run by an_owned_array_moves_and_drops_its_array_before_its_import"]
+fn child_fake_owned_array() {
+    let fake = fake::Fake::open();
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    // SAFETY: the driver is the fake: it records, holds the fd, reads nothing.
+    let image = unsafe {
+        cuda.import_image_fd(
+            fake::image::<Rgba8Unorm, usage::Storage>([16, 8, 1], 1, 1, false),
+            fake::some_fd(),
+        )
+    }
+    .map_err(|e| e.error)
+    .unwrap();
+    let owned = vec![image.into_mapped_array().unwrap()];
+    let mapped = fake.last("cuExternalMemoryGetMappedMipmappedArray");
+    assert_eq!((mapped.num("width"), mapped.num("height")), (16, 8));
+    let owned = std::thread::spawn(move || {
+        let stream = Stream::new(&cuda).unwrap();
+        let level = owned[0].array().level(0).unwrap();
+        assert_eq!(level.extent(), [16, 8, 1]);
+        let mut host = vec![0u8; 16 * 8 * 4];
+        level.copy_to_host(&stream, &mut host).unwrap();
+        assert_eq!(owned[0].image().info().extent(), [16, 8, 1]);
+        owned
+    })
+    .join()
+    .unwrap();
+    let before = fake.log().len();
+    drop(owned);
+    let log = fake.log()[before..].to_string();
+    let array_at = log
+        .find("cuMipmappedArrayDestroy")
+        .expect("the array destroyed");
+    let import_at = log
+        .find("cuDestroyExternalMemory")
+        .expect("the import destroyed");
+    assert!(array_at < import_at, "the array goes first:\n{log}");
+    assert_eq!(log.matches("cuMipmappedArrayDestroy").count(), 1, "{log}");
+    assert_eq!(log.matches("cuDestroyExternalMemory").count(), 1, "{log}");
+    assert_eq!(fake.all_live(), []);
+}

@@ -182,7 +182,8 @@ fn python_tests(args: &[String], summary: &mut Summary) -> Result<(), String> {
         )
     })?;
     ensure_pytest()?;
-    ensure_mypy();
+    ensure_python_module("mypy", "the stubs' type check (test_stubs.py)");
+    ensure_python_module("numpy", "the NumPy reads of host rings (test_frames.py)");
     let mut pytest = Command::new("python3");
     pytest
         .args([
@@ -249,13 +250,14 @@ fn ensure_pytest() -> Result<(), String> {
     )
 }
 
-/// `python3 -m mypy` works (for `test_stubs.py`'s type check of the stubs),
-/// or is made to with pip; where it cannot be, that one test is skipped and
-/// says so (in the summary's skipped tests), and this says why now.
-fn ensure_mypy() {
+/// The Python module `module` imports (mypy: `test_stubs.py`'s type check
+/// of the stubs; numpy: the host-read frames of `test_frames.py`), or is
+/// made to with pip; where it cannot be, the tests that need it are skipped
+/// and say so (in the summary's skipped tests), and this says why now.
+fn ensure_python_module(module: &str, what: &str) {
     let works = || {
         Command::new("python3")
-            .args(["-m", "mypy", "--version"])
+            .args(["-c", &format!("import {module}")])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -265,15 +267,15 @@ fn ensure_mypy() {
     if works() {
         return;
     }
-    eprintln!("xtask: mypy is missing; running `python3 -m pip install --quiet mypy`");
+    eprintln!("xtask: {module} is missing; running `python3 -m pip install --quiet {module}`");
     let installed = Command::new("python3")
-        .args(["-m", "pip", "install", "--quiet", "mypy"])
+        .args(["-m", "pip", "install", "--quiet", module])
         .status()
         .is_ok_and(|s| s.success());
     if !installed || !works() {
         eprintln!(
-            "xtask: mypy could not be installed: the stubs' type check (test_stubs.py) will be \
-             skipped; python3 -m pip install mypy to run it"
+            "xtask: {module} could not be installed: {what} will be skipped; python3 -m pip \
+             install {module} (Debian: apt-get install python3-{module}) to run it"
         );
     }
 }

@@ -1,0 +1,480 @@
+//! A renderer that publishes its frames by name from a Vulkan device of its
+//! own: it creates the instance and device with ash, wraps them with
+//! `Context::from_raw`, and renders every frame into an image slot of an
+//! `ImageSender` with its own command pool, command buffer and timeline
+//! (`WriteSlot::open`, its own submission under the context's queue lock,
+//! `OpenSlot::present`), as an engine does. Receivers in other processes
+//! (`frame_client`, the Python module, a Vulkan receiver) connect by name.
+//!
+//! ```text
+//! cargo run --release -p cuda-interop-frames --example renderer -- [--name renderer]
+//!     [--width 3840] [--height 2160] [--format rgba8|rgba16f] [--slots 4]
+//!     [--seconds 60] [--frames N] [--fps F] [--hold-timeout 5] [--queue main|transfer]
+//! ```
+//!
+//! * The "rendering" is the demo pattern of `frame_server --image`
+//!   (`producer::record_demo_pattern_image`: the frame number in every
+//!   word, a moving band of its complement), recorded into the
+//!   application's own command buffer, so that every receiver can check
+//!   every pixel.
+//! * `--queue main` (default) submits on the application's graphics or
+//!   compute queue, as a renderer's pass runs; `--queue transfer` on its
+//!   transfer-only queue where the device has one.
+//! * Device-local slots where the driver offers them (NVIDIA), host-visible
+//!   otherwise (lavapipe); timelines where the driver exports them.
+//! * The progress lines are `frame_server`'s (`producer::serve`), so the
+//!   measurement scripts read both alike.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use cuda_interop_frames::discovery::Directory;
+use cuda_interop_frames::producer::{
+    self, record_demo_pattern_image, ImageFormat, ProducerOptions,
+};
+use cuda_interop_frames::sender::{self, Address, ImageSender, ImageTarget, SenderOptions};
+use vk_export::ash::{self, vk};
+use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
+use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
+use vk_export::{
+    Context, ExportableBuffer, QueueChoice, QueueRole, Queues, TimelineSemaphore,
+    REQUIRED_DEVICE_EXTENSIONS,
+};
+
+type Error = Box<dyn std::error::Error>;
+
+const USAGE: &str = "usage: renderer [--name renderer] [--width 3840] [--height 2160] \
+    [--format rgba8|rgba16f]\n    [--slots 4] [--seconds 60] [--frames N] [--fps F] \
+    [--hold-timeout 5] [--queue main|transfer]";
+
+struct Args {
+    opts: ProducerOptions,
+    format: ImageFormat,
+    role: QueueRole,
+}
+
+fn args() -> Result<Args, String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    const VALUED: &[&str] = &[
+        "--name",
+        "--width",
+        "--height",
+        "--format",
+        "--slots",
+        "--seconds",
+        "--frames",
+        "--fps",
+        "--hold-timeout",
+        "--queue",
+    ];
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            a if VALUED.contains(&a) => {
+                rest.next().ok_or(format!("{a} needs a value\n{USAGE}"))?;
+            }
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    let value = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+    };
+    fn num<T: std::str::FromStr>(name: &str, v: Option<&String>, default: T) -> Result<T, String> {
+        v.map_or(Ok(default), |s| {
+            s.parse()
+                .map_err(|_| format!("{name} needs a number, not {s:?}"))
+        })
+    }
+    let width = num("--width", value("--width"), 3840u32)?;
+    let height = num("--height", value("--height"), 2160u32)?;
+    let format_name = value("--format").map_or("rgba8", |s| s.as_str());
+    let format = ImageFormat::parse(format_name)
+        .ok_or_else(|| format!("--format: rgba8 or rgba16f, not {format_name:?}"))?;
+    let role = match value("--queue").map_or("main", |s| s.as_str()) {
+        "main" => QueueRole::Main,
+        "transfer" => QueueRole::Transfer,
+        other => return Err(format!("--queue: main or transfer, not {other:?}")),
+    };
+    let opts = ProducerOptions {
+        name: Some(
+            value("--name")
+                .map_or("renderer", |s| s.as_str())
+                .to_string(),
+        ),
+        socket: String::new(),
+        width,
+        height,
+        row_pitch: u64::from(width) * 4,
+        slots: num("--slots", value("--slots"), 4u32)?,
+        seconds: num("--seconds", value("--seconds"), 60.0f64)?,
+        frames: value("--frames")
+            .map(|s| {
+                s.parse()
+                    .map_err(|_| format!("--frames needs a number, not {s:?}"))
+            })
+            .transpose()?,
+        fps: num("--fps", value("--fps"), 0.0f64)?,
+        hold_timeout: Duration::from_secs_f64(num("--hold-timeout", value("--hold-timeout"), 5.0)?),
+        device: None,
+        host_visible: false,
+        no_semaphores: false,
+        image: Some(format),
+    };
+    opts.validate().map_err(|e| e.to_string())?;
+    Ok(Args { opts, format, role })
+}
+
+fn main() -> ExitCode {
+    let args = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("renderer: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("renderer FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The application's device and instance, destroyed last (after every
+/// object of the context made from them).
+struct App {
+    instance: ash::Instance,
+    device: ash::Device,
+    _entry: ash::Entry,
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        // SAFETY: `run` drops the context and everything made from the
+        // device before the App; nothing else uses them.
+        unsafe {
+            self.device.destroy_device(None);
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+/// Creates the application's instance and device (a compute-capable main
+/// queue, a transfer-only queue where offered, what `from_raw` needs) and
+/// wraps them.
+fn own_device() -> Result<(App, Context), Error> {
+    // SAFETY: loading the system's Vulkan loader.
+    let entry = unsafe { ash::Entry::load() }?;
+    let app_info = vk::ApplicationInfo::default()
+        .application_name(c"renderer")
+        .api_version(vk::API_VERSION_1_2);
+    // SAFETY: the create info lives across the call.
+    let instance = unsafe {
+        entry.create_instance(
+            &vk::InstanceCreateInfo::default().application_info(&app_info),
+            None,
+        )
+    }?;
+    let destroy = |instance: &ash::Instance| {
+        // SAFETY: nothing else was made from the instance.
+        unsafe { instance.destroy_instance(None) }
+    };
+    // SAFETY: plain enumeration.
+    let physicals = unsafe { instance.enumerate_physical_devices() }?;
+    let Some(&physical) = physicals.first() else {
+        destroy(&instance);
+        return Err("no Vulkan device".into());
+    };
+    // SAFETY: plain queries.
+    let (families, offered) = unsafe {
+        (
+            instance.get_physical_device_queue_family_properties(physical),
+            instance.enumerate_device_extension_properties(physical)?,
+        )
+    };
+    let Some(main) = families
+        .iter()
+        .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
+    else {
+        destroy(&instance);
+        return Err("no compute queue family".into());
+    };
+    let transfer = families.iter().position(|f| {
+        f.queue_flags.contains(vk::QueueFlags::TRANSFER)
+            && !f
+                .queue_flags
+                .intersects(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE)
+    });
+    let has = |name: &std::ffi::CStr| {
+        offered
+            .iter()
+            .any(|e| e.extension_name_as_c_str().ok() == Some(name))
+    };
+    if let Some(missing) = REQUIRED_DEVICE_EXTENSIONS.iter().find(|e| !has(e)) {
+        destroy(&instance);
+        return Err(format!("the device lacks {missing:?}").into());
+    }
+    let mut extensions: Vec<*const std::ffi::c_char> = REQUIRED_DEVICE_EXTENSIONS
+        .iter()
+        .map(|e| e.as_ptr())
+        .collect();
+    let semaphore_fd = has(ash::khr::external_semaphore_fd::NAME);
+    if semaphore_fd {
+        extensions.push(ash::khr::external_semaphore_fd::NAME.as_ptr());
+    }
+    let priorities = [1.0f32];
+    let queue_infos: Vec<_> = std::iter::once(main)
+        .chain(transfer)
+        .map(|family| {
+            vk::DeviceQueueCreateInfo::default()
+                .queue_family_index(family as u32)
+                .queue_priorities(&priorities)
+        })
+        .collect();
+    let mut features12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
+    let device_info = vk::DeviceCreateInfo::default()
+        .queue_create_infos(&queue_infos)
+        .enabled_extension_names(&extensions)
+        .push_next(&mut features12);
+    // SAFETY: the create info and its chain live across the call.
+    let device = match unsafe { instance.create_device(physical, &device_info, None) } {
+        Ok(d) => d,
+        Err(e) => {
+            destroy(&instance);
+            return Err(e.into());
+        }
+    };
+    let app = App {
+        instance,
+        device,
+        _entry: entry.clone(),
+    };
+    let queues = Queues {
+        main: QueueChoice {
+            family: main as u32,
+            index: 0,
+        },
+        transfer: transfer.map(|family| QueueChoice {
+            family: family as u32,
+            index: 0,
+        }),
+    };
+    // SAFETY: the device was created above from `physical` of the instance
+    // with Vulkan 1.2, timelineSemaphore, the required extensions (and
+    // external_semaphore_fd when `semaphore_fd`), and one queue of each
+    // family in `queues`; this application submits to them only through
+    // `with_queue_of`; `run` drops the context before `app`.
+    let ctx = unsafe {
+        Context::from_raw(
+            entry,
+            app.instance.clone(),
+            physical,
+            app.device.clone(),
+            queues,
+            semaphore_fd,
+        )
+    }?;
+    Ok((app, ctx))
+}
+
+fn run(args: &Args) -> Result<(), Error> {
+    let (app, ctx) = own_device()?;
+    println!(
+        "[renderer] own device {} (Context::from_raw): main family {}, transfer family {}; \
+         rendering on the {:?} queue (family {})",
+        ctx.identity().name,
+        ctx.queue_family(),
+        ctx.queue_family_of(QueueRole::Transfer),
+        args.role,
+        ctx.queue_family_of(args.role)
+    );
+    let result = match args.format {
+        ImageFormat::Rgba8 => with_memory::<Rgba8Unorm>(&ctx, args),
+        ImageFormat::Rgba16f => with_memory::<Rgba16Sfloat>(&ctx, args),
+    };
+    drop(ctx);
+    drop(app);
+    result
+}
+
+/// Device-local slots where the driver offers them, host-visible otherwise.
+fn with_memory<F: Format>(ctx: &Context, args: &Args) -> Result<(), Error> {
+    match ImageSender::<F, DeviceLocal>::new(ctx, sender_options(ctx, args)?) {
+        Ok(sender) => render(ctx, args, sender),
+        Err(sender::SenderError::Vulkan(e @ vk_export::Error::Unsupported { .. })) => {
+            println!("[renderer] device-local slots not offered ({e}): host-visible memory");
+            let sender = ImageSender::<F, HostVisible>::new(ctx, sender_options(ctx, args)?)?;
+            render(ctx, args, sender)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn sender_options(ctx: &Context, args: &Args) -> Result<SenderOptions, Error> {
+    let name = args.opts.name.clone().expect("a name");
+    Ok(SenderOptions {
+        hold_timeout: args.opts.hold_timeout,
+        semaphores: ctx.supports_semaphore_fds(),
+        queue: args.role,
+        ..SenderOptions::new(
+            Address::Named {
+                directory: Directory::from_env()?,
+                name,
+            },
+            args.opts.width,
+            args.opts.height,
+            args.opts.slots,
+        )
+    })
+}
+
+/// The application's recording state: a command pool of the rendering
+/// queue's family, one command buffer, the scratch buffer the pattern is
+/// written into, and the timeline its submissions signal.
+struct Recorder<'c, M: MemoryLocation> {
+    ctx: &'c Context,
+    pool: vk::CommandPool,
+    cmd: vk::CommandBuffer,
+    scratch: Option<ExportableBuffer<M>>,
+    written: TimelineSemaphore,
+    /// The last value `written` got.
+    value: u64,
+    /// A submission may still be pending (a present that failed): the pool
+    /// and scratch buffer are leaked rather than freed under it.
+    pending: bool,
+}
+
+impl<M: MemoryLocation> Drop for Recorder<'_, M> {
+    fn drop(&mut self) {
+        if self.pending {
+            std::mem::forget(self.scratch.take());
+            return;
+        }
+        // SAFETY: every submission of the pool completed (each present
+        // waited for it); the pool is destroyed once.
+        unsafe { self.ctx.device().destroy_command_pool(self.pool, None) };
+    }
+}
+
+/// A failed call of the renderer's own recording or submission.
+fn failed(call: &'static str) -> impl Fn(vk::Result) -> sender::SenderError {
+    move |result| {
+        sender::SenderError::Vulkan(vk_export::Error::Vulkan {
+            call,
+            result,
+            hint: "the renderer's own command buffer",
+        })
+    }
+}
+
+fn render<F: Format, M: MemoryLocation>(
+    ctx: &Context,
+    args: &Args,
+    sender: ImageSender<F, M>,
+) -> Result<(), Error> {
+    let family = ctx.queue_family_of(args.role);
+    let device = ctx.device();
+    // SAFETY: plain creation on the live device; destroyed by the
+    // Recorder's drop after its submissions completed.
+    let pool = unsafe {
+        device.create_command_pool(
+            &vk::CommandPoolCreateInfo::default()
+                .queue_family_index(family)
+                .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER),
+            None,
+        )
+    }?;
+    // SAFETY: one primary buffer of the pool above.
+    let allocated = unsafe {
+        device.allocate_command_buffers(
+            &vk::CommandBufferAllocateInfo::default()
+                .command_pool(pool)
+                .level(vk::CommandBufferLevel::PRIMARY)
+                .command_buffer_count(1),
+        )
+    };
+    let cmd = match allocated {
+        Ok(cmds) => cmds[0],
+        Err(e) => {
+            // SAFETY: nothing of the pool is in use.
+            unsafe { device.destroy_command_pool(pool, None) };
+            return Err(e.into());
+        }
+    };
+    let (width, height) = (args.opts.width, args.opts.height);
+    let bytes = u64::from(width) * u64::from(height) * u64::from(F::TEXEL_BYTES);
+    let mut rec = Recorder {
+        ctx,
+        pool,
+        cmd,
+        scratch: None,
+        written: TimelineSemaphore::new_local(ctx)?,
+        value: 0,
+        pending: false,
+    };
+    rec.scratch = Some(ExportableBuffer::<M>::new(ctx, bytes)?);
+    producer::serve(ctx, &args.opts, sender, |slot| {
+        let slot = slot.open(args.role)?;
+        let f = slot.sequence();
+        let (ready, ready_value) = slot.ready();
+        let target = ImageTarget {
+            image: slot.resource().raw(),
+            queue_family: slot.queue_family(),
+        };
+        let scratch = rec.scratch.as_ref().expect("made above").raw();
+        // SAFETY: the command buffer is not pending (the last present waited
+        // for its submission); the scratch buffer has the frame's bytes and
+        // transfer usage; the target is the slot this OpenSlot acquired for
+        // this family, an image of F and this extent in GENERAL.
+        unsafe {
+            device
+                .reset_command_buffer(rec.cmd, vk::CommandBufferResetFlags::empty())
+                .map_err(failed("vkResetCommandBuffer"))?;
+            device
+                .begin_command_buffer(
+                    rec.cmd,
+                    &vk::CommandBufferBeginInfo::default()
+                        .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+                )
+                .map_err(failed("vkBeginCommandBuffer"))?;
+            record_demo_pattern_image::<F>(device, rec.cmd, scratch, target, (width, height), f);
+            device
+                .end_command_buffer(rec.cmd)
+                .map_err(failed("vkEndCommandBuffer"))?;
+        }
+        let value = rec.value + 1;
+        let (waits, wait_values) = ([ready.raw()], [ready_value]);
+        let (signals, signal_values) = ([rec.written.raw()], [value]);
+        let stages = [vk::PipelineStageFlags::ALL_COMMANDS];
+        let cmds = [rec.cmd];
+        let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()
+            .wait_semaphore_values(&wait_values)
+            .signal_semaphore_values(&signal_values);
+        let submit = vk::SubmitInfo::default()
+            .wait_semaphores(&waits)
+            .wait_dst_stage_mask(&stages)
+            .command_buffers(&cmds)
+            .signal_semaphores(&signals)
+            .push_next(&mut timeline);
+        rec.pending = true;
+        // SAFETY: a queue of the slot's family under the context's lock;
+        // everything the submission names lives until it completed: present
+        // waits for `written` to reach `value` before it returns Ok.
+        ctx.with_queue_of(args.role, |q| unsafe {
+            device.queue_submit(q, &[submit], vk::Fence::null())
+        })?
+        .map_err(failed("vkQueueSubmit"))?;
+        rec.value = value;
+        let sequence = slot.present(sender::monotonic_ns(), (&rec.written, value))?;
+        rec.pending = false;
+        Ok(sequence)
+    })?;
+    Ok(())
+}
