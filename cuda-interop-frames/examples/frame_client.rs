@@ -16,7 +16,7 @@
 //! ```text
 //! cargo run --release -p cuda-interop-frames --example frame_client -- \
 //!     [--name NAME | --socket PATH] [--lossless] [--frames 300] [--timeout 10] \
-//!     [--no-check] [--hold-ms 0]
+//!     [--no-check] [--hold-ms 0] [--host-staging]
 //! cargo run --release -p cuda-interop-frames --example frame_client -- --list
 //! ```
 //!
@@ -29,6 +29,15 @@
 //! that point. `--no-check` leaves out the row copies (the hand-off alone);
 //! `--hold-ms` holds each frame that long before releasing it (a slow
 //! receiver). Every wait is bounded by `--timeout`.
+//!
+//! `--host-staging` is the baseline the zero-copy path is measured against:
+//! what a pipeline without interop does. After the "produced" wait each
+//! frame is copied whole to host memory (pageable, as a socket or a file
+//! would need it) and uploaded into a CUDA buffer of the receiver's own;
+//! the hand-off then ends when that upload is done, and the check (unless
+//! `--no-check`) reads the host copy.
+
+mod common;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -54,23 +63,16 @@ struct Args {
     timeout: Duration,
     check: bool,
     hold: Duration,
+    host_staging: bool,
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    check_args(
-        &args,
-        &["--list", "--lossless", "--no-check"],
+    let cli = common::Cli::parse(
+        USAGE,
+        &["--list", "--lossless", "--no-check", "--host-staging"],
         &["--socket", "--name", "--frames", "--timeout", "--hold-ms"],
-        |_| false,
     );
-    let value = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    if args.iter().any(|a| a == "--list") {
+    if cli.flag("--list") {
         return match discovery::list_senders() {
             Ok(senders) => {
                 for s in senders {
@@ -87,23 +89,31 @@ fn main() -> ExitCode {
             }
         };
     }
-    let num = |name: &str, default: f64| {
-        value(name)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(default)
-    };
-    let a = Args {
-        name: value("--name"),
-        socket: value("--socket").unwrap_or_else(|| "/tmp/cuda-interop-frames.sock".into()),
-        delivery: if args.iter().any(|a| a == "--lossless") {
-            Delivery::Lossless
-        } else {
-            Delivery::Latest
-        },
-        frames: num("--frames", 300.0) as u64,
-        timeout: Duration::from_secs_f64(num("--timeout", 10.0)),
-        check: !args.iter().any(|a| a == "--no-check"),
-        hold: Duration::from_secs_f64(num("--hold-ms", 0.0) / 1e3),
+    let parsed = (|| -> Result<Args, String> {
+        Ok(Args {
+            name: cli.value("--name").map(str::to_string),
+            socket: cli
+                .value("--socket")
+                .unwrap_or("/tmp/cuda-interop-frames.sock")
+                .to_string(),
+            delivery: if cli.flag("--lossless") {
+                Delivery::Lossless
+            } else {
+                Delivery::Latest
+            },
+            frames: cli.num("--frames", 300u64)?,
+            timeout: Duration::from_secs_f64(cli.num("--timeout", 10.0f64)?),
+            check: !cli.flag("--no-check"),
+            hold: Duration::from_secs_f64(cli.num("--hold-ms", 0.0f64)? / 1e3),
+            host_staging: cli.flag("--host-staging"),
+        })
+    })();
+    let a = match parsed {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("frame_client: {e}");
+            return ExitCode::from(2);
+        }
     };
     match run(&a) {
         Ok(0) => ExitCode::SUCCESS,
@@ -207,21 +217,37 @@ fn receive<F: Format>(a: &Args, mut rx: FrameReceiver) -> Res<u64> {
         .collect::<cuda_interop::Result<_>>()?;
     let mut host = vec![0u8; row as usize];
     let image_row = u64::from(hello.width) * u64::from(F::TEXEL_BYTES);
+    let frame_bytes = if image_ring {
+        image_row * u64::from(hello.height)
+    } else {
+        hello.row_pitch * u64::from(hello.height)
+    } as usize;
     let mut frame_host = vec![
         0u8;
-        if image_ring {
-            (image_row * u64::from(hello.height)) as usize
+        if image_ring || a.host_staging {
+            frame_bytes
         } else {
             0
         }
     ];
+    // --host-staging: the receiver's own CUDA copy of each frame.
+    let mut uploaded = if a.host_staging {
+        Some(DeviceBuffer::new(&cuda, frame_bytes)?)
+    } else {
+        None
+    };
     let layout = if image_ring {
         format!("image ring of {} arrays", F::NAME)
     } else {
         format!("row pitch {}", hello.row_pitch)
     };
+    let path = if a.host_staging {
+        "staged through host memory (baseline)"
+    } else {
+        "zero copy"
+    };
     println!(
-        "[frame_client] {} on CUDA device {}: {n} slots of {}x{}, {layout}, {:?} delivery",
+        "[frame_client] {} on CUDA device {}: {n} slots of {}x{}, {layout}, {:?} delivery, {path}",
         cuda.name(),
         cuda.ordinal(),
         hello.width,
@@ -242,13 +268,24 @@ fn receive<F: Format>(a: &Args, mut rx: FrameReceiver) -> Res<u64> {
         let (slot, f) = (frame.slot as usize, frame.sequence);
         produced.wait(&stream, f)?;
         stream.synchronize(a.timeout)?;
+        if let Some(uploaded) = uploaded.as_mut() {
+            // Each copy waits until it is done (pageable host memory).
+            if image_ring {
+                levels[slot].copy_to_host(&stream, &mut frame_host)?;
+            } else {
+                maps[slot].copy_to_host(&stream, &mut frame_host)?;
+            }
+            stream.copy_from_host(&frame_host, uploaded)?;
+        }
         let usable = Instant::now();
         if i >= 1 {
             handoff_us.push((usable - arrived).as_secs_f64() * 1e6);
             latency_us.push(monotonic_ns().saturating_sub(frame.timestamp_ns) as f64 / 1e3);
         }
         if a.check && image_ring {
-            levels[slot].copy_to_host(&stream, &mut frame_host)?;
+            if !a.host_staging {
+                levels[slot].copy_to_host(&stream, &mut frame_host)?;
+            }
             let ok = frame_host
                 .chunks_exact(image_row as usize)
                 .zip(0..)
@@ -263,13 +300,20 @@ fn receive<F: Format>(a: &Args, mut rx: FrameReceiver) -> Res<u64> {
             let (band_start, band_end) = protocol::band_rows(f, hello.height);
             let last = hello.height - 1;
             let sampled = [0, band_start, band_end - 1, band_end.min(last), last];
-            for (dst, &y) in rows.iter_mut().zip(&sampled) {
-                let slice = maps[slot].slice(u64::from(y) * hello.row_pitch, row)?;
-                stream.copy_device(&slice, dst)?;
+            if !a.host_staging {
+                for (dst, &y) in rows.iter_mut().zip(&sampled) {
+                    let slice = maps[slot].slice(u64::from(y) * hello.row_pitch, row)?;
+                    stream.copy_device(&slice, dst)?;
+                }
             }
             let mut ok = true;
             for (src, &y) in rows.iter().zip(&sampled) {
-                stream.copy_to_host(src, &mut host)?;
+                if a.host_staging {
+                    let at = (u64::from(y) * hello.row_pitch) as usize;
+                    host.copy_from_slice(&frame_host[at..at + row as usize]);
+                } else {
+                    stream.copy_to_host(src, &mut host)?;
+                }
                 let want = if (band_start..band_end).contains(&y) {
                     protocol::band_value(f)
                 } else {
@@ -300,7 +344,7 @@ fn receive<F: Format>(a: &Args, mut rx: FrameReceiver) -> Res<u64> {
         latency_us.sort_by(f64::total_cmp);
         println!(
             "[frame_client] {} frames ({} checked, {bad} bad), {} dropped ({} after the first), \
-             {:.1} frames/s, {:.3} ms/frame; hand-off (packet -> CUDA waited) median {:.1} us \
+             {:.1} frames/s, {:.3} ms/frame; hand-off (packet -> {}) median {:.1} us \
              p99 {:.1} us; present-to-usable latency median {:.1} us p99 {:.1} us",
             stats.received,
             if a.check { stats.received } else { 0 },
@@ -308,6 +352,11 @@ fn receive<F: Format>(a: &Args, mut rx: FrameReceiver) -> Res<u64> {
             stats.dropped - dropped_at_start,
             (a.frames - 1) as f64 / secs,
             secs * 1e3 / (a.frames - 1) as f64,
+            if a.host_staging {
+                "staged into CUDA memory"
+            } else {
+                "CUDA waited"
+            },
             percentile(&handoff_us, 0.5),
             percentile(&handoff_us, 0.99),
             percentile(&latency_us, 0.5),
@@ -318,25 +367,4 @@ fn receive<F: Format>(a: &Args, mut rx: FrameReceiver) -> Res<u64> {
 }
 
 /// What `--help` prints (and a refused argument is followed by).
-const USAGE: &str = "usage: frame_client [--name NAME | --socket PATH] [--frames 300] [--timeout 10]\n    [--lossless] [--no-check] [--hold-ms MS]\n       frame_client --list";
-
-/// Answers `-h`/`--help` with [`USAGE`] (exit 0) and refuses, with it
-/// (exit 2), an argument that is none of `flags`, not the value after one of
-/// `valued`, and not a positional argument `positional` accepts: a misspelt
-/// flag is an error, never silently ignored.
-fn check_args(args: &[String], flags: &[&str], valued: &[&str], positional: fn(&str) -> bool) {
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        let arg = arg.as_str();
-        if arg == "-h" || arg == "--help" {
-            println!("{USAGE}");
-            std::process::exit(0);
-        }
-        if valued.contains(&arg) {
-            rest.next();
-        } else if !flags.contains(&arg) && (arg.starts_with('-') || !positional(arg)) {
-            eprintln!("unknown argument {arg:?}\n{USAGE}");
-            std::process::exit(2);
-        }
-    }
-}
+const USAGE: &str = "usage: frame_client [--name NAME | --socket PATH] [--frames 300] [--timeout 10]\n    [--lossless] [--no-check] [--hold-ms MS] [--host-staging]\n       frame_client --list";

@@ -40,15 +40,15 @@
 //!   for bit into each slot's image; `--row-pitch` unused),
 //!   released to the external queue family in `GENERAL` after each frame.
 
+mod common;
+
 use std::process::ExitCode;
-use std::time::Duration;
 
 use cuda_interop_frames::producer::{self, ProducerOptions};
 
 fn options() -> Result<ProducerOptions, String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    check_args(
-        &args,
+    let cli = common::Cli::parse(
+        USAGE,
         &["--host-visible", "--no-semaphores", "--image"],
         &[
             "--socket",
@@ -64,56 +64,28 @@ fn options() -> Result<ProducerOptions, String> {
             "--hold-timeout",
             "--device",
         ],
-        |_| false,
     );
-    let value = |name: &str| -> Option<&String> {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-    };
-    fn num<T: std::str::FromStr>(name: &str, v: Option<&String>, default: T) -> Result<T, String> {
-        v.map_or(Ok(default), |s| {
-            s.parse()
-                .map_err(|_| format!("{name} needs a number, not {s:?}"))
-        })
-    }
-    let width = num("--width", value("--width"), 1920u32)?;
-    let height = num("--height", value("--height"), 1080u32)?;
+    let shared = common::producer_options(&cli, (1920, 1080), 300.0)?;
     let opts = ProducerOptions {
-        name: value("--name").cloned(),
-        socket: value("--socket")
-            .cloned()
-            .unwrap_or_else(|| "/tmp/cuda-interop-frames.sock".into()),
-        width,
-        height,
-        row_pitch: num("--row-pitch", value("--row-pitch"), u64::from(width) * 4)?,
-        slots: num("--slots", value("--slots"), 4u32)?,
-        seconds: num("--seconds", value("--seconds"), 300.0f64)?,
-        frames: value("--frames")
-            .map(|s| {
-                s.parse()
-                    .map_err(|_| format!("--frames needs a number, not {s:?}"))
-            })
-            .transpose()?,
-        fps: num("--fps", value("--fps"), 0.0f64)?,
-        hold_timeout: Duration::from_secs_f64(num("--hold-timeout", value("--hold-timeout"), 5.0)?),
-        device: value("--device")
+        socket: cli
+            .value("--socket")
+            .unwrap_or("/tmp/cuda-interop-frames.sock")
+            .to_string(),
+        row_pitch: cli.num("--row-pitch", shared.row_pitch)?,
+        device: cli
+            .value("--device")
             .map(|u| {
                 u.parse::<vk_export::DeviceUuid>()
                     .map_err(|e| format!("--device: {e}"))
             })
             .transpose()?,
-        host_visible: args.iter().any(|a| a == "--host-visible"),
-        no_semaphores: args.iter().any(|a| a == "--no-semaphores"),
-        image: if args.iter().any(|a| a == "--image") {
-            let name = value("--image-format").map_or("rgba8", |s| s.as_str());
-            Some(
-                producer::ImageFormat::parse(name)
-                    .ok_or_else(|| format!("--image-format: rgba8 or rgba16f, not {name:?}"))?,
-            )
-        } else {
-            None
-        },
+        host_visible: cli.flag("--host-visible"),
+        no_semaphores: cli.flag("--no-semaphores"),
+        image: cli
+            .flag("--image")
+            .then(|| common::image_format("--image-format", cli.value("--image-format")))
+            .transpose()?,
+        ..shared
     };
     opts.validate().map_err(|e| e.to_string())?;
     Ok(opts)
@@ -138,24 +110,3 @@ fn main() -> ExitCode {
 
 /// What `--help` prints (and a refused argument is followed by).
 const USAGE: &str = "usage: frame_server [--name NAME] [--socket PATH] [--width 1920] [--height 1080] [--row-pitch BYTES]\n    [--slots 4] [--seconds 300] [--frames N] [--fps F] [--hold-timeout 5] [--device UUID]\n    [--host-visible] [--no-semaphores] [--image [--image-format rgba8|rgba16f]]";
-
-/// Answers `-h`/`--help` with [`USAGE`] (exit 0) and refuses, with it
-/// (exit 2), an argument that is none of `flags`, not the value after one of
-/// `valued`, and not a positional argument `positional` accepts: a misspelt
-/// flag is an error, never silently ignored.
-fn check_args(args: &[String], flags: &[&str], valued: &[&str], positional: fn(&str) -> bool) {
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        let arg = arg.as_str();
-        if arg == "-h" || arg == "--help" {
-            println!("{USAGE}");
-            std::process::exit(0);
-        }
-        if valued.contains(&arg) {
-            rest.next();
-        } else if !flags.contains(&arg) && (arg.starts_with('-') || !positional(arg)) {
-            eprintln!("unknown argument {arg:?}\n{USAGE}");
-            std::process::exit(2);
-        }
-    }
-}

@@ -25,8 +25,9 @@
 //! * The progress lines are `frame_server`'s (`producer::serve`), so the
 //!   measurement scripts read both alike.
 
+mod common;
+
 use std::process::ExitCode;
-use std::time::Duration;
 
 use cuda_interop_frames::discovery::Directory;
 use cuda_interop_frames::producer::{
@@ -36,10 +37,7 @@ use cuda_interop_frames::sender::{self, Address, ImageSender, ImageTarget, Sende
 use vk_export::ash::{self, vk};
 use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
 use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
-use vk_export::{
-    Context, ExportableBuffer, QueueChoice, QueueRole, Queues, TimelineSemaphore,
-    REQUIRED_DEVICE_EXTENSIONS,
-};
+use vk_export::{Context, DeviceRequirements, ExportableBuffer, QueueRole, TimelineSemaphore};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -54,77 +52,33 @@ struct Args {
 }
 
 fn args() -> Result<Args, String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    const VALUED: &[&str] = &[
-        "--name",
-        "--width",
-        "--height",
-        "--format",
-        "--slots",
-        "--seconds",
-        "--frames",
-        "--fps",
-        "--hold-timeout",
-        "--queue",
-    ];
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        match arg.as_str() {
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            a if VALUED.contains(&a) => {
-                rest.next().ok_or(format!("{a} needs a value\n{USAGE}"))?;
-            }
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    let value = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-    };
-    fn num<T: std::str::FromStr>(name: &str, v: Option<&String>, default: T) -> Result<T, String> {
-        v.map_or(Ok(default), |s| {
-            s.parse()
-                .map_err(|_| format!("{name} needs a number, not {s:?}"))
-        })
-    }
-    let width = num("--width", value("--width"), 3840u32)?;
-    let height = num("--height", value("--height"), 2160u32)?;
-    let format_name = value("--format").map_or("rgba8", |s| s.as_str());
-    let format = ImageFormat::parse(format_name)
-        .ok_or_else(|| format!("--format: rgba8 or rgba16f, not {format_name:?}"))?;
-    let role = match value("--queue").map_or("main", |s| s.as_str()) {
+    let cli = common::Cli::parse(
+        USAGE,
+        &[],
+        &[
+            "--name",
+            "--width",
+            "--height",
+            "--format",
+            "--slots",
+            "--seconds",
+            "--frames",
+            "--fps",
+            "--hold-timeout",
+            "--queue",
+        ],
+    );
+    let format = common::image_format("--format", cli.value("--format"))?;
+    let role = match cli.value("--queue").unwrap_or("main") {
         "main" => QueueRole::Main,
         "transfer" => QueueRole::Transfer,
         other => return Err(format!("--queue: main or transfer, not {other:?}")),
     };
+    let shared = common::producer_options(&cli, (3840, 2160), 60.0)?;
     let opts = ProducerOptions {
-        name: Some(
-            value("--name")
-                .map_or("renderer", |s| s.as_str())
-                .to_string(),
-        ),
-        socket: String::new(),
-        width,
-        height,
-        row_pitch: u64::from(width) * 4,
-        slots: num("--slots", value("--slots"), 4u32)?,
-        seconds: num("--seconds", value("--seconds"), 60.0f64)?,
-        frames: value("--frames")
-            .map(|s| {
-                s.parse()
-                    .map_err(|_| format!("--frames needs a number, not {s:?}"))
-            })
-            .transpose()?,
-        fps: num("--fps", value("--fps"), 0.0f64)?,
-        hold_timeout: Duration::from_secs_f64(num("--hold-timeout", value("--hold-timeout"), 5.0)?),
-        device: None,
-        host_visible: false,
-        no_semaphores: false,
+        name: Some(shared.name.clone().unwrap_or_else(|| "renderer".into())),
         image: Some(format),
+        ..shared
     };
     opts.validate().map_err(|e| e.to_string())?;
     Ok(Args { opts, format, role })
@@ -166,9 +120,10 @@ impl Drop for App {
     }
 }
 
-/// Creates the application's instance and device (a compute-capable main
-/// queue, a transfer-only queue where offered, what `from_raw` needs) and
-/// wraps them.
+/// Creates the application's instance and device with what
+/// `DeviceRequirements` lists for its first physical device (a
+/// compute-capable main queue, a transfer-only queue where offered, the
+/// extensions and the feature `from_raw` needs) and wraps them.
 fn own_device() -> Result<(App, Context), Error> {
     // SAFETY: loading the system's Vulkan loader.
     let entry = unsafe { ash::Entry::load() }?;
@@ -182,73 +137,29 @@ fn own_device() -> Result<(App, Context), Error> {
             None,
         )
     }?;
-    let destroy = |instance: &ash::Instance| {
-        // SAFETY: nothing else was made from the instance.
-        unsafe { instance.destroy_instance(None) }
-    };
-    // SAFETY: plain enumeration.
-    let physicals = unsafe { instance.enumerate_physical_devices() }?;
-    let Some(&physical) = physicals.first() else {
-        destroy(&instance);
-        return Err("no Vulkan device".into());
-    };
-    // SAFETY: plain queries.
-    let (families, offered) = unsafe {
-        (
-            instance.get_physical_device_queue_family_properties(physical),
-            instance.enumerate_device_extension_properties(physical)?,
-        )
-    };
-    let Some(main) = families
-        .iter()
-        .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
-    else {
-        destroy(&instance);
-        return Err("no compute queue family".into());
-    };
-    let transfer = families.iter().position(|f| {
-        f.queue_flags.contains(vk::QueueFlags::TRANSFER)
-            && !f
-                .queue_flags
-                .intersects(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE)
-    });
-    let has = |name: &std::ffi::CStr| {
-        offered
-            .iter()
-            .any(|e| e.extension_name_as_c_str().ok() == Some(name))
-    };
-    if let Some(missing) = REQUIRED_DEVICE_EXTENSIONS.iter().find(|e| !has(e)) {
-        destroy(&instance);
-        return Err(format!("the device lacks {missing:?}").into());
-    }
-    let mut extensions: Vec<*const std::ffi::c_char> = REQUIRED_DEVICE_EXTENSIONS
-        .iter()
-        .map(|e| e.as_ptr())
-        .collect();
-    let semaphore_fd = has(ash::khr::external_semaphore_fd::NAME);
-    if semaphore_fd {
-        extensions.push(ash::khr::external_semaphore_fd::NAME.as_ptr());
-    }
-    let priorities = [1.0f32];
-    let queue_infos: Vec<_> = std::iter::once(main)
-        .chain(transfer)
-        .map(|family| {
-            vk::DeviceQueueCreateInfo::default()
-                .queue_family_index(family as u32)
-                .queue_priorities(&priorities)
-        })
-        .collect();
-    let mut features12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
-    let device_info = vk::DeviceCreateInfo::default()
-        .queue_create_infos(&queue_infos)
-        .enabled_extension_names(&extensions)
-        .push_next(&mut features12);
-    // SAFETY: the create info and its chain live across the call.
-    let device = match unsafe { instance.create_device(physical, &device_info, None) } {
-        Ok(d) => d,
+    let device = (|| -> Result<_, Error> {
+        // SAFETY: plain enumeration.
+        let physicals = unsafe { instance.enumerate_physical_devices() }?;
+        let &physical = physicals.first().ok_or("no Vulkan device")?;
+        let needs = DeviceRequirements::of(&instance, physical)?;
+        let priorities = [1.0f32];
+        let queue_infos = needs.queue_create_infos(&priorities);
+        let extensions = needs.extension_names();
+        let mut features12 = needs.features12();
+        let device_info = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&queue_infos)
+            .enabled_extension_names(&extensions)
+            .push_next(&mut features12);
+        // SAFETY: the create info and its chain live across the call.
+        let device = unsafe { instance.create_device(physical, &device_info, None) }?;
+        Ok((physical, device, needs))
+    })();
+    let (physical, device, needs) = match device {
+        Ok(made) => made,
         Err(e) => {
-            destroy(&instance);
-            return Err(e.into());
+            // SAFETY: nothing else was made from the instance.
+            unsafe { instance.destroy_instance(None) };
+            return Err(e);
         }
     };
     let app = App {
@@ -256,29 +167,19 @@ fn own_device() -> Result<(App, Context), Error> {
         device,
         _entry: entry.clone(),
     };
-    let queues = Queues {
-        main: QueueChoice {
-            family: main as u32,
-            index: 0,
-        },
-        transfer: transfer.map(|family| QueueChoice {
-            family: family as u32,
-            index: 0,
-        }),
-    };
     // SAFETY: the device was created above from `physical` of the instance
-    // with Vulkan 1.2, timelineSemaphore, the required extensions (and
-    // external_semaphore_fd when `semaphore_fd`), and one queue of each
-    // family in `queues`; this application submits to them only through
-    // `with_queue_of`; `run` drops the context before `app`.
+    // with everything `needs` lists (Vulkan 1.2, timelineSemaphore, its
+    // extensions, queue 0 of each family of `needs.queues`); this
+    // application submits to them only through `with_queue_of`; `run` drops
+    // the context before `app`.
     let ctx = unsafe {
         Context::from_raw(
             entry,
             app.instance.clone(),
             physical,
             app.device.clone(),
-            queues,
-            semaphore_fd,
+            needs.queues,
+            needs.semaphore_fd,
         )
     }?;
     Ok((app, ctx))

@@ -16,6 +16,8 @@
 //! dropped frames, frames/s and the per-frame read-back (the image copied
 //! to this process and checked) median and p99.
 
+mod common;
+
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -41,44 +43,24 @@ struct Args {
 }
 
 fn args() -> Result<Args, String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        match arg.as_str() {
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            "--lossless" | "--host-visible" => {}
-            a @ ("--name" | "--frames" | "--timeout") => {
-                rest.next().ok_or(format!("{a} needs a value\n{USAGE}"))?;
-            }
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    let value = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-    };
-    let num = |name: &str, default: f64| -> Result<f64, String> {
-        value(name).map_or(Ok(default), |v| {
-            v.parse()
-                .map_err(|_| format!("{name} needs a number, not {v:?}"))
-        })
-    };
+    let cli = common::Cli::parse(
+        USAGE,
+        &["--lossless", "--host-visible"],
+        &["--name", "--frames", "--timeout"],
+    );
     Ok(Args {
-        name: value("--name")
-            .cloned()
-            .ok_or(format!("--name is needed\n{USAGE}"))?,
-        delivery: if args.iter().any(|a| a == "--lossless") {
+        name: cli
+            .value("--name")
+            .ok_or(format!("--name is needed\n{USAGE}"))?
+            .to_string(),
+        delivery: if cli.flag("--lossless") {
             Delivery::Lossless
         } else {
             Delivery::Latest
         },
-        frames: num("--frames", 100.0)? as u64,
-        timeout: Duration::from_secs_f64(num("--timeout", 10.0)?),
-        host_visible: args.iter().any(|a| a == "--host-visible"),
+        frames: cli.num("--frames", 100u64)?,
+        timeout: Duration::from_secs_f64(cli.num("--timeout", 10.0f64)?),
+        host_visible: cli.flag("--host-visible"),
     })
 }
 

@@ -350,6 +350,46 @@ impl Element {
     }
 }
 
+/// What a host (kDLCPU) frame's tensor is: its size, device, element type
+/// and layout, for [`HostTensor::over`].
+struct HostTensor<'a> {
+    size: u64,
+    device: DLDevice,
+    dtype: DLDataType,
+    shape: &'a [i64],
+    strides: &'a [i64],
+}
+
+impl HostTensor<'_> {
+    /// The tensor over the host bytes at `data`, which `owner` keeps alive.
+    ///
+    /// # Safety
+    ///
+    /// `data` is the start of at least `size` bytes that `owner` owns and
+    /// that stay where they are while it lives (moving `owner` moves none).
+    unsafe fn over(
+        &self,
+        owner: Box<dyn std::any::Any + Send>,
+        data: u64,
+    ) -> PyResult<ManagedTensor> {
+        // SAFETY: the caller's promise; the layout is checked against `size`
+        // by `ManagedTensor::new`.
+        unsafe {
+            ManagedTensor::new(
+                owner,
+                data,
+                self.size,
+                self.device,
+                self.dtype,
+                self.shape,
+                Some(self.strides),
+                false,
+            )
+        }
+        .map_err(cuda_error)
+    }
+}
+
 impl Frame {
     /// A one-message frame: the whole buffer as a 1-D `uint8` tensor.
     pub(crate) fn single(tag: u64, size: u64, device: (i32, i32), payload: Payload) -> Frame {
@@ -439,6 +479,13 @@ impl Frame {
                 "a host (kDLCPU) frame takes no stream: pass stream=None",
             ));
         }
+        let host = HostTensor {
+            size: self.size,
+            device,
+            dtype,
+            shape: &shape,
+            strides: &strides,
+        };
         match &mut self.source {
             Source::Single(payload) => {
                 let payload = payload.take().ok_or_else(|| {
@@ -451,42 +498,17 @@ impl Frame {
                     Payload::Copied(bytes) => {
                         let data = bytes.as_ptr() as u64;
                         // SAFETY: `data` is the start of the `size` bytes
-                        // `bytes` owns; moving the box into the tensor's
-                        // owner does not move its heap memory, which lives
-                        // as long as the owner.
-                        unsafe {
-                            ManagedTensor::new(
-                                Box::new(bytes),
-                                data,
-                                self.size,
-                                device,
-                                dtype,
-                                &shape,
-                                Some(&strides),
-                                false,
-                            )
-                        }
-                        .map_err(cuda_error)
+                        // `bytes` owns on the heap; moving the box into the
+                        // tensor's owner does not move them.
+                        unsafe { host.over(Box::new(bytes), data) }
                     }
                     #[cfg(feature = "test-hooks")]
                     Payload::Host(bytes) => {
                         let data = bytes.data();
                         // SAFETY: `data` is the start of the `size` bytes
-                        // `bytes` owns; moving it into the box does not move
-                        // its heap memory, which lives as long as the owner.
-                        unsafe {
-                            ManagedTensor::new(
-                                Box::new(bytes),
-                                data,
-                                self.size,
-                                device,
-                                dtype,
-                                &shape,
-                                Some(&strides),
-                                false,
-                            )
-                        }
-                        .map_err(cuda_error)
+                        // `bytes` owns on the heap; moving it into the box
+                        // does not move them.
+                        unsafe { host.over(Box::new(bytes), data) }
                     }
                 }
             }

@@ -2,7 +2,8 @@
 """A GPU consumer of `frame_server` (NEEDS A GPU): receives frames, checks each
 one ON THE GPU against its frame number, and prints milliseconds per frame.
 
-    python3 gpu_consumer.py SOCKET [--lib torch|cupy] [--frames 300] [--timeout 10]
+    python3 gpu_consumer.py (SOCKET | --name NAME) [--lib torch|cupy] [--frames 300]
+        [--timeout 10] [--delivery lossless|latest]
 
 torch: `torch.from_dlpack(frame)` (DLPack, the current stream made to wait for
 the producer's write), `frame.release()` signals back on that stream; then two
@@ -11,9 +12,13 @@ objects.
 cupy: `cupy.asarray(frame)` (`__cuda_array_interface__`), `frame.release(stream=
 the current CuPy stream)`.
 
-The frame pattern (cuda-interop-frames/src/protocol.rs): every pixel, read as a
-little-endian u32, is the frame number, except a band of height // 16 rows
-starting at row (8 * frame) % (height - rows + 1), which is its bitwise NOT.
+The frame pattern (cuda-interop-frames/src/protocol.rs): every 32-bit word of a
+frame, read as a little-endian u32, is the frame number, except in a band of
+height // 16 rows starting at row (8 * frame) % (height - rows + 1), where it
+is its bitwise NOT. Buffer rings give (height, width, 4) uint8 tensors with
+pitched rows; image rings (height, width, channels) tensors of the channel
+type (uint8 for RGBA8, float16 for RGBA16F), whose words are the same pattern
+bit for bit: the check views every frame as int32 words.
 Bad frames are counted on the GPU and read once at the end; the exit status is
 non-zero if any frame was bad or not all frames came.
 """
@@ -41,7 +46,8 @@ def band_rows(frame, height):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("socket")
+    ap.add_argument("socket", nargs="?", help="the sender's socket path (or --name)")
+    ap.add_argument("--name", help="the sender's name in $XDG_RUNTIME_DIR's directory")
     ap.add_argument("--lib", choices=("torch", "cupy"), default="torch")
     ap.add_argument("--frames", type=int, default=300)
     ap.add_argument("--timeout", type=float, default=10.0)
@@ -50,23 +56,25 @@ def main():
     # makes; "latest" gets the newest frame when asked (frames skipped).
     ap.add_argument("--delivery", choices=("lossless", "latest"), default="lossless")
     args = ap.parse_args()
+    if (args.socket is None) == (args.name is None):
+        ap.error("give the sender's SOCKET path or its --name, one of them")
 
     if args.lib == "torch":
         import torch
 
         def verify(t, tag):
             h = t.shape[0]
-            px = t.view(torch.int32)[..., 0]  # (height, width) pixels
+            words = t.view(torch.int32)  # (height, width, words per pixel)
             start, end = band_rows(tag, h)
-            want = torch.full((h, 1), s32(tag), dtype=torch.int32, device=t.device)
+            want = torch.full((h, 1, 1), s32(tag), dtype=torch.int32, device=t.device)
             want[start:end] = s32(~tag)
-            return (px != want).any()
+            return (words != want).any()
 
         def release(frame):
             frame.release()  # on the stream torch.from_dlpack named
 
         def check(frame):
-            t = torch.from_dlpack(frame)  # (height, width, 4) uint8, pitched rows
+            t = torch.from_dlpack(frame)  # (height, width, channels)
             wrong = verify(t, frame.tag)
             frame.release()  # on the stream from_dlpack ordered after the write
             return wrong
@@ -114,7 +122,7 @@ def main():
 
         def layout(frame):
             t = torch.from_dlpack(frame)
-            return tuple(t.shape), tuple(t.stride()), str(t.device)
+            return tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device)
 
     else:
         import cupy
@@ -130,11 +138,11 @@ def main():
         def check(frame):
             a = cupy.asarray(frame)  # __cuda_array_interface__, synced on its stream
             h = a.shape[0]
-            px = a.view(cupy.int32)[..., 0]
+            words = a.view(cupy.int32)  # (height, width, words per pixel)
             start, end = band_rows(frame.tag, h)
-            want = cupy.full((h, 1), s32(frame.tag), dtype=cupy.int32)
+            want = cupy.full((h, 1, 1), s32(frame.tag), dtype=cupy.int32)
             want[start:end] = s32(~frame.tag)
-            wrong = (px != want).any()
+            wrong = (words != want).any()
             frame.release(stream=current_stream())
             return wrong
 
@@ -146,7 +154,7 @@ def main():
 
         def layout(frame):
             a = cupy.asarray(frame)
-            return a.shape, a.strides, "cuda:%d" % a.device.id
+            return a.shape, a.strides, str(a.dtype), "cuda:%d" % a.device.id
 
     if args.lib == "cupy":
         # CuPy compiles its elementwise kernels on first use (seconds): do it
@@ -154,20 +162,23 @@ def main():
         # Kernels are specialized by layout too: warm them on a pitched,
         # non-contiguous view like a frame's, and run the whole check.
         rows = cupy.zeros((8, 40, 4), dtype=cupy.uint8)[:, :32, :]
-        d = rows.view(cupy.int32)[..., 0]
-        w = cupy.full((8, 1), 1, dtype=cupy.int32)
+        d = rows.view(cupy.int32)
+        w = cupy.full((8, 1, 1), 1, dtype=cupy.int32)
         w[2:4] = 2
         warm = zero()
         warm += (d != w).any()
         int(warm.item())
         sync()
-    receiver = cuda_interop.connect(args.socket, timeout=args.timeout, delivery=args.delivery)
+    if args.name is not None:
+        receiver = cuda_interop.connect_named(args.name, args.timeout, delivery=args.delivery)
+    else:
+        receiver = cuda_interop.connect(args.socket, timeout=args.timeout, delivery=args.delivery)
     first = receiver.next(args.timeout)
     slots, width, height, pitch = receiver.layout
     print(
         f"[{args.lib}] ring of {slots} slots, {width}x{height}, row pitch {pitch}; "
         f"first frame {first.tag} on DLPack device {first.__dlpack_device__()}, "
-        f"{args.lib} sees shape/strides/device {layout(first)}",
+        f"{args.lib} sees shape/strides/dtype/device {layout(first)}",
         flush=True,
     )
     release(first)

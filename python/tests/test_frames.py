@@ -1117,10 +1117,11 @@ def test_connect_named_finds_a_sender_by_name(tmp_path, monkeypatch):
                 assert time.monotonic() < deadline and p.poll() is None, "no sender"
                 time.sleep(0.05)
         assert r.delivery == "lossless" and r.path.endswith(".sock")
-        # Not the host-ring hook: the ring is imported, and a lavapipe ring
-        # says what it lacks.
-        with pytest.raises(ValueError, match="no semaphores"):
-            r.next(5.0)
+        # Not the host-ring hook: the real ring, read on the host (it has no
+        # semaphores), a kDLCPU frame of the sender's size.
+        with r.next(5.0) as frame:
+            assert frame.__dlpack_device__() == (1, 0)
+            assert tuple(frame.shape) == (32, 64, 4) and frame.tag >= 1
         r.close()
     finally:
         p.send_signal(signal.SIGTERM)

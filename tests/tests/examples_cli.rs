@@ -144,28 +144,44 @@ fn every_flag_in_an_examples_usage_is_accepted() {
     }
 }
 
+/// Runs example `name` (built next to these tests) with `args` and the
+/// environment `env`, requires exit 0, prints and returns its stdout;
+/// `None` (said) where it is not built.
+fn run_example(name: &str, args: &[&str], env: &[(&str, &std::path::Path)]) -> Option<String> {
+    let path = examples_dir().join(name);
+    if !path.is_file() {
+        println!(
+            "NOT CHECKED: {name} is not built next to this test (cargo test --workspace builds it)"
+        );
+        return None;
+    }
+    let mut command = Command::new(&path);
+    command.args(args);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let out = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{name} {args:?}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    print!("{stdout}");
+    Some(stdout)
+}
+
 /// The bring-your-own-device example runs whole here (lavapipe, validation
 /// layer on the test's machine or not: the example asks for none): an ash
 /// device wrapped by `Context::from_raw`, an image exported, cleared, read
 /// and written, every texel checked, torn down in order.
 #[test]
 fn own_device_wraps_an_application_device_and_checks_every_texel() {
-    let path = examples_dir().join("own_device");
-    if !path.is_file() {
-        println!("NOT CHECKED: own_device is not built next to this test (cargo test --workspace builds it)");
-        return;
+    if let Some(stdout) = run_example("own_device", &[], &[]) {
+        assert!(stdout.contains("every texel checked"), "{stdout}");
+        assert!(stdout.trim_end().ends_with("own_device: ok"), "{stdout}");
     }
-    let out = Command::new(&path).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "own_device: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains("every texel checked"), "{stdout}");
-    assert!(stdout.trim_end().ends_with("own_device: ok"), "{stdout}");
-    print!("{stdout}");
 }
 
 /// wgpu writing a frame sender's slots (`WriteSlot::open` / `present`),
@@ -174,27 +190,13 @@ fn own_device_wraps_an_application_device_and_checks_every_texel() {
 /// validation errors.
 #[test]
 fn wgpu_frames_sends_wgpu_rendered_frames_every_pixel_checked() {
-    let path = examples_dir().join("wgpu_frames");
-    if !path.is_file() {
-        println!("NOT CHECKED: wgpu_frames is not built next to this test (cargo test --workspace builds it)");
-        return;
+    let args = ["--frames", "12", "--width", "64", "--height", "48"];
+    if let Some(stdout) = run_example("wgpu_frames", &args, &[]) {
+        assert!(
+            stdout.contains("PASS: 12 frames x 64x48 pixels"),
+            "{stdout}"
+        );
     }
-    let out = Command::new(&path)
-        .args(["--frames", "12", "--width", "64", "--height", "48"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "wgpu_frames: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        stdout.contains("PASS: 12 frames x 64x48 pixels"),
-        "{stdout}"
-    );
-    print!("{stdout}");
 }
 
 /// The `from_raw` renderer (its own ash device, its own command buffers
@@ -204,6 +206,7 @@ fn wgpu_frames_sends_wgpu_rendered_frames_every_pixel_checked() {
 /// (lavapipe: host-visible slots, no semaphores).
 #[test]
 fn the_renderer_publishes_by_name_to_vulkan_receivers_every_pixel_checked() {
+    use std::io::BufRead;
     let (renderer, client) = (
         examples_dir().join("renderer"),
         examples_dir().join("vulkan_client"),
@@ -219,55 +222,46 @@ fn the_renderer_publishes_by_name_to_vulkan_receivers_every_pixel_checked() {
         std::fs::create_dir_all(&runtime).unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
+        // The renderer's own run time bounds it (and so every read of its
+        // output below).
         let mut server = Command::new(&renderer)
-            .args([
-                "--width",
-                "64",
-                "--height",
-                "48",
-                "--format",
-                format,
-                "--seconds",
-                "60",
-            ])
+            .args(["--width", "64", "--height", "48", "--format", format])
+            .args(["--seconds", "120"])
             .env("XDG_RUNTIME_DIR", &runtime)
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
             .spawn()
             .unwrap();
-        let socket = runtime.join("cuda-interop-frames").join("renderer.sock");
-        let start = std::time::Instant::now();
-        while !socket.exists() {
-            assert!(
-                start.elapsed() < std::time::Duration::from_secs(60),
-                "no renderer socket"
-            );
-            assert!(server.try_wait().unwrap().is_none(), "the renderer exited");
-            std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut lines = std::io::BufReader::new(server.stdout.take().unwrap()).lines();
+        let mut log = String::new();
+        // Announced: its socket listens (the line comes after it does).
+        loop {
+            let line = lines
+                .next()
+                .unwrap_or_else(|| panic!("the renderer exited before announcing itself: {log}"))
+                .unwrap();
+            log += &line;
+            log.push('\n');
+            if line.contains("announced as \"renderer\"") {
+                break;
+            }
         }
         for mode in [&["--lossless"][..], &[][..]] {
-            let out = Command::new(&client)
-                .args(["--name", "renderer", "--frames", "15", "--host-visible"])
-                .args(mode)
-                .env("XDG_RUNTIME_DIR", &runtime)
-                .output()
-                .unwrap();
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert_eq!(
-                out.status.code(),
-                Some(0),
-                "vulkan_client {mode:?} ({format}): {stdout}{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let mut args = vec!["--name", "renderer", "--frames", "15", "--host-visible"];
+            args.extend(mode);
+            let stdout = run_example("vulkan_client", &args, &[("XDG_RUNTIME_DIR", &runtime)])
+                .expect("built: checked above");
             assert!(
                 stdout.contains("15 frames (15 checked, every pixel, 0 bad)"),
                 "{stdout}"
             );
-            print!("{stdout}");
         }
         let _ = server.kill();
-        let out = server.wait_with_output().unwrap();
-        let log = String::from_utf8_lossy(&out.stdout);
+        for line in lines {
+            log += &line.unwrap();
+            log.push('\n');
+        }
+        server.wait().unwrap();
         assert!(log.contains("(Context::from_raw)"), "{log}");
         assert_eq!(log.matches(" connected").count(), 2, "{log}");
         std::fs::remove_dir_all(&runtime).unwrap();

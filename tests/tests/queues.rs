@@ -18,8 +18,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use ash::vk;
 use cuda_interop_testkit::{assert_no_validation_errors, pattern, vulkan, Image, Mem};
 use vk_export::{
-    Context, Error, ExportableBuffer, HeadlessOptions, ImageDesc, QueueChoice, QueueRole, Queues,
-    SubmitSync, TransferQueue, Validation, REQUIRED_DEVICE_EXTENSIONS,
+    Context, DeviceRequirements, Error, ExportableBuffer, HeadlessOptions, ImageDesc, QueueChoice,
+    QueueRole, Queues, SubmitSync, TransferQueue, Validation, OPTIONAL_DEVICE_EXTENSIONS,
+    REQUIRED_DEVICE_EXTENSIONS,
 };
 
 /// The first family with TRANSFER and neither GRAPHICS nor COMPUTE, asked
@@ -39,6 +40,50 @@ fn transfer_only_family(ctx: &Context) -> Option<u32> {
                     .intersects(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE)
         })
         .map(|i| i as u32)
+}
+
+/// What `DeviceRequirements` lists for a device is what `headless` made of
+/// it, and what the driver says it offers (asked here, not of the crate).
+#[test]
+fn device_requirements_list_what_headless_creates_and_the_driver_offers() {
+    let ctx = vulkan(None);
+    let needs = DeviceRequirements::of(ctx.instance(), ctx.physical_device()).unwrap();
+    assert_eq!(needs.queues, ctx.queues(), "the queues headless created");
+    assert_eq!(
+        needs.queues.transfer.map(|t| t.family),
+        transfer_only_family(&ctx)
+    );
+    // SAFETY: plain enumeration on the context's live instance.
+    let offered = unsafe {
+        ctx.instance()
+            .enumerate_device_extension_properties(ctx.physical_device())
+    }
+    .unwrap();
+    let offers = |name: &std::ffi::CStr| {
+        offered
+            .iter()
+            .any(|e| e.extension_name_as_c_str().ok() == Some(name))
+    };
+    let want: Vec<_> = REQUIRED_DEVICE_EXTENSIONS
+        .iter()
+        .chain(OPTIONAL_DEVICE_EXTENSIONS.iter().filter(|e| offers(e)))
+        .copied()
+        .collect();
+    assert_eq!(needs.extensions, want);
+    assert_eq!(
+        needs.semaphore_fd,
+        offers(ash::khr::external_semaphore_fd::NAME)
+    );
+    assert_eq!(needs.semaphore_fd, ctx.supports_semaphore_fds());
+    assert_eq!(needs.extension_names().len(), needs.extensions.len());
+    let priorities = [1.0f32];
+    let infos = needs.queue_create_infos(&priorities);
+    assert_eq!(
+        infos.len(),
+        1 + usize::from(needs.queues.transfer.is_some())
+    );
+    assert_eq!(infos[0].queue_family_index, needs.queues.main.family);
+    assert_eq!(needs.features12().timeline_semaphore, vk::TRUE);
 }
 
 #[test]

@@ -5,9 +5,10 @@
 //! the device has one (copies there do not switch the GPU's graphics engine
 //! between Vulkan and CUDA).
 //!
-//! It enables what `from_raw` needs (Vulkan 1.2, `timelineSemaphore`,
-//! `REQUIRED_DEVICE_EXTENSIONS`, and `VK_KHR_external_semaphore_fd` where
-//! offered), exports an image, clears it on the main queue, reads it back
+//! It enables what `from_raw` needs, as `DeviceRequirements` lists it for
+//! the device (Vulkan 1.2, `timelineSemaphore`, `REQUIRED_DEVICE_EXTENSIONS`,
+//! and the optional extensions offered, `VK_KHR_external_semaphore_fd`
+//! among them; the queues), exports an image, clears it on the main queue, reads it back
 //! and writes it on the transfer queue, checks every texel, and tears down in
 //! order: the crate's objects first, then the application's device and
 //! instance.
@@ -21,10 +22,7 @@ use std::process::ExitCode;
 use ash::vk;
 use vk_export::format::Rgba8Unorm;
 use vk_export::markers::{usage, DeviceLocal, HostVisible, MemoryLocation, Optimal};
-use vk_export::{
-    Context, ExportableImage, ImageDesc, QueueChoice, QueueRole, Queues, SubmitSync,
-    REQUIRED_DEVICE_EXTENSIONS,
-};
+use vk_export::{Context, DeviceRequirements, ExportableImage, ImageDesc, QueueRole, SubmitSync};
 
 const USAGE: &str = "usage: own_device [--help]\n\n\
     Creates a Vulkan device with ash, wraps it with Context::from_raw (a main queue and, where\n\
@@ -87,100 +85,53 @@ fn run() -> Result<(), Error> {
             None,
         )
     }?;
-    // SAFETY: plain enumeration.
-    let physicals = unsafe { instance.enumerate_physical_devices() }?;
-    let Some(&physical) = physicals.first() else {
-        // SAFETY: nothing was made from the instance.
-        unsafe { instance.destroy_instance(None) };
-        return Err("no Vulkan device".into());
-    };
-    // SAFETY: plain queries.
-    let (families, offered) = unsafe {
-        (
-            instance.get_physical_device_queue_family_properties(physical),
-            instance.enumerate_device_extension_properties(physical)?,
-        )
-    };
-    let main = families
-        .iter()
-        .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
-        .ok_or("no compute queue family")? as u32;
-    let transfer = families
-        .iter()
-        .position(|f| {
-            f.queue_flags.contains(vk::QueueFlags::TRANSFER)
-                && !f
-                    .queue_flags
-                    .intersects(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE)
-        })
-        .map(|f| f as u32);
-    let has = |name: &std::ffi::CStr| {
-        offered
-            .iter()
-            .any(|e| e.extension_name_as_c_str().ok() == Some(name))
-    };
-    let mut extensions: Vec<*const i8> = REQUIRED_DEVICE_EXTENSIONS
-        .iter()
-        .map(|e| e.as_ptr())
-        .collect();
-    if let Some(missing) = REQUIRED_DEVICE_EXTENSIONS.iter().find(|e| !has(e)) {
-        // SAFETY: nothing was made from the instance.
-        unsafe { instance.destroy_instance(None) };
-        return Err(format!("the device lacks {missing:?}").into());
-    }
-    let semaphore_fd = has(ash::khr::external_semaphore_fd::NAME);
-    if semaphore_fd {
-        extensions.push(ash::khr::external_semaphore_fd::NAME.as_ptr());
-    }
-    let priorities = [1.0f32];
-    let queue_infos: Vec<_> = std::iter::once(main)
-        .chain(transfer)
-        .map(|family| {
-            vk::DeviceQueueCreateInfo::default()
-                .queue_family_index(family)
-                .queue_priorities(&priorities)
-        })
-        .collect();
-    let mut features12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
-    let device_info = vk::DeviceCreateInfo::default()
-        .queue_create_infos(&queue_infos)
-        .enabled_extension_names(&extensions)
-        .push_next(&mut features12);
-    // SAFETY: the create info and its chain live across the call.
-    let device = match unsafe { instance.create_device(physical, &device_info, None) } {
-        Ok(d) => d,
+    // What to create the device with: the crate's `DeviceRequirements`
+    // (an engine adds its own extensions, features and queues to these).
+    let made = (|| -> Result<_, Error> {
+        // SAFETY: plain enumeration.
+        let physicals = unsafe { instance.enumerate_physical_devices() }?;
+        let &physical = physicals.first().ok_or("no Vulkan device")?;
+        let needs = DeviceRequirements::of(&instance, physical)?;
+        let priorities = [1.0f32];
+        let queue_infos = needs.queue_create_infos(&priorities);
+        let extensions = needs.extension_names();
+        let mut features12 = needs.features12();
+        let device_info = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&queue_infos)
+            .enabled_extension_names(&extensions)
+            .push_next(&mut features12);
+        // SAFETY: the create info and its chain live across the call.
+        let device = unsafe { instance.create_device(physical, &device_info, None) }?;
+        Ok((physical, device, needs))
+    })();
+    let (physical, device, needs) = match made {
+        Ok(made) => made,
         Err(e) => {
             // SAFETY: nothing else was made from the instance.
             unsafe { instance.destroy_instance(None) };
-            return Err(e.into());
+            return Err(e);
         }
     };
+    let transfer = needs.queues.transfer;
     let app = App {
         instance,
         device,
         _entry: entry.clone(),
     };
-    let queues = Queues {
-        main: QueueChoice {
-            family: main,
-            index: 0,
-        },
-        transfer: transfer.map(|family| QueueChoice { family, index: 0 }),
-    };
     // SAFETY: the device was created above from `physical` of the instance
-    // with Vulkan 1.2, timelineSemaphore, the required extensions (and
-    // external_semaphore_fd when `semaphore_fd`), and one queue of each
-    // family in `queues`; this application submits to neither queue itself;
-    // `app` (device and instance) is dropped after `ctx` and the image,
-    // which are declared after it.
+    // with everything `needs` lists (Vulkan 1.2, timelineSemaphore, its
+    // extensions, queue 0 of each family of `needs.queues`); this
+    // application submits to neither queue itself; `app` (device and
+    // instance) is dropped after `ctx` and the image, which are declared
+    // after it.
     let ctx = unsafe {
         Context::from_raw(
             entry,
             app.instance.clone(),
             physical,
             app.device.clone(),
-            queues,
-            semaphore_fd,
+            needs.queues,
+            needs.semaphore_fd,
         )
     }?;
     println!(

@@ -31,6 +31,7 @@ use ash::vk;
 use interop_share::uuid::{DeviceUuid, DriverUuid};
 
 use crate::error::{unsupported, vk_error, Error, Result};
+use crate::requirements::{device_extensions, DeviceRequirements, REQUIRED_DEVICE_EXTENSIONS};
 use crate::submit::{wait_lanes, Engine, Lane, LastUse, QueueState, MAX_LANES};
 use crate::validation::ValidationMessenger;
 
@@ -188,14 +189,6 @@ pub enum QueueRole {
     Transfer,
 }
 
-/// Device extensions every context needs.
-pub const REQUIRED_DEVICE_EXTENSIONS: &[&CStr] = &[ash::khr::external_memory_fd::NAME];
-/// Device extensions used when present (semaphore sharing, memory budget).
-pub const OPTIONAL_DEVICE_EXTENSIONS: &[&CStr] = &[
-    ash::khr::external_semaphore_fd::NAME,
-    ash::ext::memory_budget::NAME,
-];
-
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
 
 /// The application's Vulkan device, as this crate uses it.
@@ -346,77 +339,58 @@ impl Context {
         let mut seen = Vec::new();
         for physical in physicals {
             let identity = query_identity(instance, physical);
-            seen.push(format!(
-                "{} ({})",
-                identity.name,
-                identity.device_uuid_string()
-            ));
+            let named = format!("{} ({})", identity.name, identity.device_uuid_string());
             if let Some(uuid) = options.device_uuid {
                 if identity.device_uuid != uuid {
+                    seen.push(named);
                     continue;
                 }
             }
-            let extensions = device_extensions(instance, physical);
-            if !REQUIRED_DEVICE_EXTENSIONS
-                .iter()
-                .all(|e| extensions.iter().any(|x| x == e))
-            {
-                continue;
-            }
-            let Some(family) = compute_queue_family(instance, physical) else {
-                continue;
+            let needs = match DeviceRequirements::of(instance, physical) {
+                Ok(needs) => needs,
+                Err(why) => {
+                    seen.push(format!("{named}: {why}"));
+                    continue;
+                }
             };
+            seen.push(named);
             // SAFETY: plain query.
             let props = unsafe { instance.get_physical_device_properties(physical) };
-            if props.api_version < vk::API_VERSION_1_2 {
-                continue;
-            }
             let rank = match props.device_type {
                 vk::PhysicalDeviceType::DISCRETE_GPU => 0,
                 vk::PhysicalDeviceType::INTEGRATED_GPU => 1,
                 _ => 2,
             };
-            candidates.push((rank, physical, family, extensions));
+            candidates.push((rank, physical, needs));
         }
         candidates.sort_by_key(|c| c.0);
-        let Some((_, physical, family, extensions)) = candidates.into_iter().next() else {
+        let Some((_, physical, mut needs)) = candidates.into_iter().next() else {
             return Err(Error::NoDevice(match options.device_uuid {
                 Some(uuid) => format!(
-                    "none with deviceUUID {} and VK_KHR_external_memory_fd (found: {})",
+                    "none with deviceUUID {} that supports interop (found: {})",
                     uuid,
                     seen.join(", ")
                 ),
                 None => format!(
-                    "none supports Vulkan 1.2, VK_KHR_external_memory_fd and a compute queue (found: {})",
-                    if seen.is_empty() { "no devices".to_string() } else { seen.join(", ") }
+                    "none supports Vulkan 1.2, timeline semaphores, {} and a compute queue (found: {})",
+                    REQUIRED_DEVICE_EXTENSIONS
+                        .iter()
+                        .map(|e| e.to_string_lossy())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if seen.is_empty() { "no devices".to_string() } else { seen.join("; ") }
                 ),
             }));
         };
-        let mut enabled: Vec<*const i8> = REQUIRED_DEVICE_EXTENSIONS
-            .iter()
-            .map(|e| e.as_ptr())
-            .collect();
-        for e in OPTIONAL_DEVICE_EXTENSIONS {
-            if extensions.iter().any(|x| x == e) {
-                enabled.push(e.as_ptr());
-            }
+        if options.transfer_queue == TransferQueue::Off {
+            needs.queues.transfer = None;
         }
-        let transfer = match options.transfer_queue {
-            TransferQueue::IfAvailable => transfer_only_family(instance, physical),
-            TransferQueue::Off => None,
-        };
         let priorities = [1.0f32];
-        let queues: Vec<_> = std::iter::once(family)
-            .chain(transfer)
-            .map(|f| {
-                vk::DeviceQueueCreateInfo::default()
-                    .queue_family_index(f)
-                    .queue_priorities(&priorities)
-            })
-            .collect();
-        let mut features12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
+        let queue_infos = needs.queue_create_infos(&priorities);
+        let enabled = needs.extension_names();
+        let mut features12 = needs.features12();
         let info = vk::DeviceCreateInfo::default()
-            .queue_create_infos(&queues)
+            .queue_create_infos(&queue_infos)
             .enabled_extension_names(&enabled)
             .push_next(&mut features12);
         // SAFETY: the create info and its chain live across the call.
@@ -424,11 +398,7 @@ impl Context {
             "vkCreateDevice",
             "the device must support timeline semaphores",
         ))?;
-        let queues = Queues {
-            main: QueueChoice { family, index: 0 },
-            transfer: transfer.map(|family| QueueChoice { family, index: 0 }),
-        };
-        Ok((physical, device, queues))
+        Ok((physical, device, needs.queues))
     }
 
     /// Wraps the application's own Vulkan objects. The context submits to
@@ -451,7 +421,8 @@ impl Context {
     /// * `device` was created from `physical`, which belongs to `instance`,
     ///   with API version 1.2 or later, the `timelineSemaphore` feature, and
     ///   every extension in [`REQUIRED_DEVICE_EXTENSIONS`] enabled
-    ///   (`VK_KHR_external_semaphore_fd` too when `semaphore_fd_enabled`);
+    ///   (`VK_KHR_external_semaphore_fd` too when `semaphore_fd_enabled`):
+    ///   [`DeviceRequirements`] lists all of it for a physical device;
     /// * every queue in `queues` was created with `device` (its
     ///   `VkDeviceQueueCreateInfo` asked for at least `index + 1` queues of
     ///   its family), and while the context lives the application submits to
@@ -870,34 +841,6 @@ fn query_identity(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Dev
     }
 }
 
-fn device_extensions(
-    instance: &ash::Instance,
-    physical: vk::PhysicalDevice,
-) -> Vec<std::ffi::CString> {
-    // SAFETY: plain enumeration.
-    unsafe { instance.enumerate_device_extension_properties(physical) }
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|e| e.extension_name_as_c_str().ok().map(CStr::to_owned))
-        .collect()
-}
-
-/// A family with `TRANSFER` but neither `GRAPHICS` nor `COMPUTE`.
-fn transfer_only_family(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Option<u32> {
-    // SAFETY: plain query.
-    let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
-    families
-        .iter()
-        .position(|f| {
-            f.queue_count > 0
-                && f.queue_flags.contains(vk::QueueFlags::TRANSFER)
-                && !f
-                    .queue_flags
-                    .intersects(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE)
-        })
-        .map(|i| i as u32)
-}
-
 /// What [`Context::from_raw`] can check of the application's queue choices.
 fn check_queues(
     instance: &ash::Instance,
@@ -949,13 +892,4 @@ fn check_queues(
         }
     }
     Ok(())
-}
-
-fn compute_queue_family(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Option<u32> {
-    // SAFETY: plain query.
-    let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
-    families
-        .iter()
-        .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
-        .map(|i| i as u32)
 }

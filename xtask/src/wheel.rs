@@ -4,11 +4,12 @@
 //! # Contract
 //!
 //! * Builds `cuda-interop-py` in release (abi3, CPython 3.9 and later; no
-//!   test hooks) and the `frame_server` and `frame_client` examples in
-//!   release, then fills `OUT` (default `target/gpu-demo`) with
-//!   `cuda_interop.abi3.so`, a wheel
-//!   `cuda_interop-VERSION-cp39-abi3-linux_ARCH.whl` holding it, the two
-//!   binaries, `python/examples/gpu_consumer.py`, `gpu_demo.sh` and `BUILD`
+//!   test hooks) and the frame examples (`EXAMPLES`: `frame_server`,
+//!   `frame_client`, `renderer`, `vulkan_client`) in release, then fills
+//!   `OUT` (default `target/gpu-demo`) with `cuda_interop.abi3.so`, a wheel
+//!   `cuda_interop-VERSION-cp39-abi3-linux_ARCH.whl` holding it, the
+//!   binaries, the scripts of `python/examples` (`SCRIPTS`: the consumer,
+//!   the demo and the two measurement scripts) and `BUILD`
 //!   (the commit it was built from, and whether the tree was dirty, which
 //!   `gpu_demo.sh` prints first).
 //! * The wheel is written without maturin: a zip with the package
@@ -78,10 +79,24 @@ const OUTPUTS: &[&str] = &[
     "cuda_interop.abi3.so",
     "frame_server",
     "frame_client",
+    "renderer",
+    "vulkan_client",
     "gpu_consumer.py",
     "gpu_demo.sh",
     "frames_measure.sh",
+    "frames_matrix.sh",
     "BUILD",
+];
+
+/// The `cuda-interop-frames` examples the demo folder holds.
+const EXAMPLES: &[&str] = &["frame_server", "frame_client", "renderer", "vulkan_client"];
+
+/// The scripts of `python/examples` the demo folder holds.
+const SCRIPTS: &[&str] = &[
+    "gpu_consumer.py",
+    "gpu_demo.sh",
+    "frames_measure.sh",
+    "frames_matrix.sh",
 ];
 
 /// The marker file: this task's, listing what it wrote, one name a line.
@@ -119,16 +134,10 @@ pub fn wheel(args: &[String]) -> Result<(), String> {
     build.args(["build", "--release", "-p", "cuda-interop-py"]);
     run(build)?;
     let mut build = cargo();
-    build.args([
-        "build",
-        "--release",
-        "-p",
-        "cuda-interop-frames",
-        "--example",
-        "frame_server",
-        "--example",
-        "frame_client",
-    ]);
+    build.args(["build", "--release", "-p", "cuda-interop-frames"]);
+    for example in EXAMPLES {
+        build.args(["--example", example]);
+    }
     run(build)?;
 
     let version = env!("CARGO_PKG_VERSION");
@@ -144,10 +153,10 @@ pub fn wheel(args: &[String]) -> Result<(), String> {
     let release = target.join("release");
     let module = out.join("cuda_interop.abi3.so");
     copy(&release.join("libcuda_interop_py.so"), &module)?;
-    for example in ["frame_server", "frame_client"] {
+    for example in EXAMPLES {
         copy(&release.join("examples").join(example), &out.join(example))?;
     }
-    for script in ["gpu_consumer.py", "gpu_demo.sh", "frames_measure.sh"] {
+    for script in SCRIPTS {
         copy(
             &root.join("python").join("examples").join(script),
             &out.join(script),
@@ -205,6 +214,30 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn every_example_and_script_it_copies_is_listed_and_exists() {
+        // The marker lists OUTPUTS: a copied file missing there would never
+        // be cleared by the next run.
+        for name in EXAMPLES.iter().chain(SCRIPTS) {
+            assert!(
+                OUTPUTS.contains(name),
+                "{name} is copied but not in OUTPUTS"
+            );
+        }
+        let root = crate::workspace_root();
+        for script in SCRIPTS {
+            let path = root.join("python").join("examples").join(script);
+            assert!(path.is_file(), "{} is missing", path.display());
+        }
+        for example in EXAMPLES {
+            let path = root
+                .join("cuda-interop-frames")
+                .join("examples")
+                .join(format!("{example}.rs"));
+            assert!(path.is_file(), "{} is missing", path.display());
+        }
     }
 
     #[test]

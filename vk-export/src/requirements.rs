@@ -1,0 +1,209 @@
+//! What a Vulkan device needs for this crate, for an application that
+//! creates its own device and wraps it with
+//! [`Context::from_raw`](crate::Context::from_raw).
+//!
+//! # Contract
+//!
+//! * [`DeviceRequirements::of`] asks the physical device (plain queries,
+//!   nothing created) and answers, or says in one
+//!   [`Error::Unsupported`](crate::Error::Unsupported) what the device
+//!   lacks: Vulkan 1.2, the `timelineSemaphore` feature, a family with
+//!   `COMPUTE`, or an extension of [`REQUIRED_DEVICE_EXTENSIONS`].
+//! * Its answer is what [`Context::headless`](crate::Context::headless)
+//!   creates: the queues (a compute-capable main family; a transfer-only
+//!   family where the device has one), the extensions (the required ones,
+//!   and those of [`OPTIONAL_DEVICE_EXTENSIONS`] the device offers) and the
+//!   feature; a device created with them (and whatever else the application
+//!   enables) meets `from_raw`'s device conditions, with
+//!   [`DeviceRequirements::semaphore_fd`] as its `semaphore_fd_enabled`.
+
+use std::ffi::{c_char, CStr};
+
+use ash::vk;
+
+use crate::context::{QueueChoice, Queues};
+use crate::error::{unsupported, Result};
+
+/// Device extensions every context needs.
+pub const REQUIRED_DEVICE_EXTENSIONS: &[&CStr] = &[ash::khr::external_memory_fd::NAME];
+/// Device extensions used when present (semaphore sharing, memory budget).
+pub const OPTIONAL_DEVICE_EXTENSIONS: &[&CStr] = &[
+    ash::khr::external_semaphore_fd::NAME,
+    ash::ext::memory_budget::NAME,
+];
+
+/// What to create a device with, so that [`Context::from_raw`] can wrap it:
+/// worked out for one physical device by [`DeviceRequirements::of`].
+///
+/// [`Context::from_raw`]: crate::Context::from_raw
+///
+/// ```no_run
+/// use vk_export::ash::{self, vk};
+/// use vk_export::{Context, DeviceRequirements};
+///
+/// # fn wrap(entry: ash::Entry, instance: ash::Instance, physical: vk::PhysicalDevice)
+/// #     -> Result<(), Box<dyn std::error::Error>> {
+/// let needs = DeviceRequirements::of(&instance, physical)?;
+/// let priorities = [1.0];
+/// let queue_infos = needs.queue_create_infos(&priorities);
+/// // The application adds its own extensions (a swapchain, ...) to these.
+/// let extensions = needs.extension_names();
+/// let mut features12 = needs.features12();
+/// let info = vk::DeviceCreateInfo::default()
+///     .queue_create_infos(&queue_infos)
+///     .enabled_extension_names(&extensions)
+///     .push_next(&mut features12);
+/// // SAFETY: the create info and its chain live across the call.
+/// let device = unsafe { instance.create_device(physical, &info, None) }?;
+/// // SAFETY: the device has what `needs` lists; the application submits to
+/// // its queues only under the context's locks and destroys the device
+/// // after the context (and everything made from it) is gone.
+/// let ctx = unsafe {
+///     Context::from_raw(entry, instance, physical, device, needs.queues, needs.semaphore_fd)
+/// }?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceRequirements {
+    /// The queues to create (queue 0 of each family) and to pass on: the
+    /// first family with `COMPUTE` as the main queue, a transfer-only
+    /// family's as the transfer queue where the device has one (work there
+    /// does not switch the graphics engine between Vulkan and CUDA).
+    pub queues: Queues,
+    /// The device extensions to enable: [`REQUIRED_DEVICE_EXTENSIONS`], and
+    /// those of [`OPTIONAL_DEVICE_EXTENSIONS`] the device offers.
+    pub extensions: Vec<&'static CStr>,
+    /// Whether `VK_KHR_external_semaphore_fd` is among them: `from_raw`'s
+    /// `semaphore_fd_enabled` (semaphores are shared only with it).
+    pub semaphore_fd: bool,
+}
+
+impl DeviceRequirements {
+    /// Asks `physical` (of `instance`) what a device for this crate needs;
+    /// [`Error::Unsupported`](crate::Error::Unsupported) naming the first
+    /// thing it lacks.
+    pub fn of(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Result<Self> {
+        // SAFETY: plain query of a physical device of this instance.
+        let props = unsafe { instance.get_physical_device_properties(physical) };
+        if props.api_version < vk::API_VERSION_1_2 {
+            return Err(unsupported(
+                "Vulkan 1.2",
+                format!(
+                    "the device offers Vulkan {}.{}; timeline semaphores need 1.2 (update the driver)",
+                    vk::api_version_major(props.api_version),
+                    vk::api_version_minor(props.api_version)
+                ),
+            ));
+        }
+        let mut features12 = vk::PhysicalDeviceVulkan12Features::default();
+        let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut features12);
+        // SAFETY: plain query; the chain lives across the call.
+        unsafe { instance.get_physical_device_features2(physical, &mut features) };
+        if features12.timeline_semaphore != vk::TRUE {
+            return Err(unsupported(
+                "the timelineSemaphore feature",
+                "the driver does not offer it (every Vulkan 1.2 driver should: update it)",
+            ));
+        }
+        let main = compute_queue_family(instance, physical).ok_or_else(|| {
+            unsupported(
+                "a queue family with COMPUTE",
+                "the device has none (graphics families usually have it)",
+            )
+        })?;
+        let offered = device_extensions(instance, physical);
+        let has = |name: &CStr| offered.iter().any(|e| e.as_c_str() == name);
+        if let Some(missing) = REQUIRED_DEVICE_EXTENSIONS.iter().find(|e| !has(e)) {
+            return Err(unsupported(
+                missing.to_string_lossy(),
+                "the device does not offer it: memory cannot be exported (another driver or device)",
+            ));
+        }
+        let extensions: Vec<&'static CStr> = REQUIRED_DEVICE_EXTENSIONS
+            .iter()
+            .chain(OPTIONAL_DEVICE_EXTENSIONS.iter().filter(|e| has(e)))
+            .copied()
+            .collect();
+        let semaphore_fd = extensions.contains(&ash::khr::external_semaphore_fd::NAME);
+        Ok(DeviceRequirements {
+            queues: Queues {
+                main: QueueChoice {
+                    family: main,
+                    index: 0,
+                },
+                transfer: transfer_only_family(instance, physical)
+                    .map(|family| QueueChoice { family, index: 0 }),
+            },
+            extensions,
+            semaphore_fd,
+        })
+    }
+
+    /// One `VkDeviceQueueCreateInfo` per family of [`Self::queues`], each
+    /// asking for `priorities.len()` queues (at least one; queue 0 is the
+    /// one passed on).
+    pub fn queue_create_infos<'a>(
+        &self,
+        priorities: &'a [f32],
+    ) -> Vec<vk::DeviceQueueCreateInfo<'a>> {
+        std::iter::once(self.queues.main.family)
+            .chain(self.queues.transfer.map(|t| t.family))
+            .map(|family| {
+                vk::DeviceQueueCreateInfo::default()
+                    .queue_family_index(family)
+                    .queue_priorities(priorities)
+            })
+            .collect()
+    }
+
+    /// [`Self::extensions`] as `ppEnabledExtensionNames` wants them (the
+    /// names are `'static`).
+    pub fn extension_names(&self) -> Vec<*const c_char> {
+        self.extensions.iter().map(|e| e.as_ptr()).collect()
+    }
+
+    /// The Vulkan 1.2 features to enable: `timelineSemaphore` (chain it
+    /// into `VkDeviceCreateInfo`, or set the field in the application's
+    /// own `VkPhysicalDeviceVulkan12Features`).
+    pub fn features12(&self) -> vk::PhysicalDeviceVulkan12Features<'static> {
+        vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true)
+    }
+}
+
+pub(crate) fn device_extensions(
+    instance: &ash::Instance,
+    physical: vk::PhysicalDevice,
+) -> Vec<std::ffi::CString> {
+    // SAFETY: plain enumeration.
+    unsafe { instance.enumerate_device_extension_properties(physical) }
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| e.extension_name_as_c_str().ok().map(CStr::to_owned))
+        .collect()
+}
+
+/// A family with `TRANSFER` but neither `GRAPHICS` nor `COMPUTE`.
+fn transfer_only_family(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Option<u32> {
+    // SAFETY: plain query.
+    let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
+    families
+        .iter()
+        .position(|f| {
+            f.queue_count > 0
+                && f.queue_flags.contains(vk::QueueFlags::TRANSFER)
+                && !f
+                    .queue_flags
+                    .intersects(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE)
+        })
+        .map(|i| i as u32)
+}
+
+/// The first family with `COMPUTE`.
+fn compute_queue_family(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Option<u32> {
+    // SAFETY: plain query.
+    let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
+    families
+        .iter()
+        .position(|f| f.queue_count > 0 && f.queue_flags.contains(vk::QueueFlags::COMPUTE))
+        .map(|i| i as u32)
+}
