@@ -31,6 +31,7 @@ use ash::vk;
 use interop_share::uuid::{DeviceUuid, DriverUuid};
 
 use crate::error::{unsupported, vk_error, Error, Result};
+use crate::queues::{QueueChoice, QueueRole, Queues};
 use crate::requirements::{device_extensions, DeviceRequirements, REQUIRED_DEVICE_EXTENSIONS};
 use crate::submit::{wait_lanes, Engine, Lane, LastUse, QueueState, MAX_LANES};
 use crate::validation::ValidationMessenger;
@@ -155,38 +156,6 @@ pub enum TransferQueue {
     IfAvailable,
     /// Everything on the main queue (to measure what the transfer queue saves).
     Off,
-}
-
-/// A queue of a device: its family and its index in the family.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct QueueChoice {
-    /// `queueFamilyIndex`.
-    pub family: u32,
-    /// The index of the queue in its family (`vkGetDeviceQueue`'s `queueIndex`).
-    pub index: u32,
-}
-
-/// The queues a [`Context`] submits to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Queues {
-    /// A queue of a family with `GRAPHICS` or `COMPUTE`: clears, and
-    /// [`Context::submit_and_wait`]'s commands.
-    pub main: QueueChoice,
-    /// A second queue for the work that needs only `TRANSFER` (copies,
-    /// uploads, readbacks, releases, semaphore-only signals); `None`: the
-    /// main queue does it. Best a queue of a transfer-only family: work
-    /// there does not switch the graphics engine between Vulkan and CUDA
-    /// (about 155 µs each way on an H200; `docs/performance.md`, S8).
-    pub transfer: Option<QueueChoice>,
-}
-
-/// Which of a context's queues (see [`Queues`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum QueueRole {
-    /// The main queue.
-    Main,
-    /// The transfer queue, or the main queue where the context has none.
-    Transfer,
 }
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";

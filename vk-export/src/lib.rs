@@ -45,6 +45,7 @@ mod exported;
 mod image;
 mod memory;
 mod ownership;
+mod queues;
 mod requirements;
 mod semaphore;
 mod submit;
@@ -61,8 +62,8 @@ pub mod semaphore_kinds {
 
 pub use buffer::{ExportableBuffer, BUFFER_USAGE};
 pub use context::{
-    drop_errors, report_drop_error, Context, DeviceIdentity, HeadlessOptions, QueueChoice,
-    QueueRole, Queues, TransferQueue, Validation, DROP_WAIT,
+    drop_errors, report_drop_error, Context, DeviceIdentity, HeadlessOptions, TransferQueue,
+    Validation, DROP_WAIT,
 };
 pub use error::{Error, Result};
 pub use image::{ExportableImage, ImageCapability, ImageDesc};
@@ -79,6 +80,7 @@ pub use interop_share::record::{
 pub use interop_share::token::{BinaryPayload, BinarySignal, SignalReservation};
 pub use interop_share::uuid::{DeviceUuid, DriverUuid, ParseUuidError};
 pub use ownership::{SharedLayout, SourceImage, SourceSharing};
+pub use queues::{QueueChoice, QueueRole, Queues};
 pub use requirements::{
     DeviceRequirements, OPTIONAL_DEVICE_EXTENSIONS, REQUIRED_DEVICE_EXTENSIONS,
 };

@@ -27,8 +27,9 @@ use std::marker::PhantomData;
 
 use ash::vk;
 
-use crate::context::{Context, QueueRole};
+use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::queues::QueueRole;
 use interop_share::format::Format;
 
 /// Who may touch a resource now.

@@ -21,8 +21,8 @@ use std::ffi::{c_char, CStr};
 
 use ash::vk;
 
-use crate::context::{QueueChoice, Queues};
 use crate::error::{unsupported, Result};
+use crate::queues::{QueueChoice, Queues};
 
 /// Device extensions every context needs.
 pub const REQUIRED_DEVICE_EXTENSIONS: &[&CStr] = &[ash::khr::external_memory_fd::NAME];

@@ -36,12 +36,13 @@ use std::time::{Duration, Instant};
 use ash::vk;
 
 use crate::buffer::ExportableBuffer;
-use crate::context::{Context, QueueRole};
+use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::image::ExportableImage;
 use crate::ownership::{
     acquire_families, buffer_barrier, image_barrier, Owner, SharedLayout, SourceImage,
 };
+use crate::queues::QueueRole;
 use crate::semaphore::{Binary, Semaphore, SignalGuard, Timeline, WaitStrategy};
 use crate::submit::{Completion, LastUse, RawSync};
 use interop_share::format::Format;
