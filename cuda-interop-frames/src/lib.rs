@@ -43,3 +43,9 @@ pub mod protocol;
 pub mod receiver;
 pub mod sender;
 pub mod vulkan_receiver;
+
+/// The README's code blocks, compiled as doctests so that they cannot rot
+/// (here: this crate reaches every crate they use).
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -123,11 +123,6 @@ pub use wait::HostWait;
 pub use cuda_interop_sys as sys;
 pub use vk_export;
 
-/// The README's code blocks, compiled as doctests so that they cannot rot.
-#[doc = include_str!("../../README.md")]
-#[cfg(doctest)]
-pub struct ReadmeDoctests;
-
 /// The guide's code blocks, compiled as doctests for the same reason.
 #[doc = include_str!("../../docs/guide.md")]
 #[cfg(doctest)]
