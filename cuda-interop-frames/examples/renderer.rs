@@ -28,6 +28,7 @@
 mod common;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use cuda_interop_frames::discovery::Directory;
 use cuda_interop_frames::producer::{
@@ -37,7 +38,9 @@ use cuda_interop_frames::sender::{self, Address, ImageSender, ImageTarget, Sende
 use vk_export::ash::{self, vk};
 use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
 use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
-use vk_export::{Context, DeviceRequirements, ExportableBuffer, QueueRole, TimelineSemaphore};
+use vk_export::{
+    Context, DeviceRequirements, ExportableBuffer, QueueRole, TimelineSemaphore, WaitStrategy,
+};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -101,8 +104,10 @@ fn main() -> ExitCode {
     }
 }
 
-/// The application's device and instance, destroyed last (after every
-/// object of the context made from them).
+/// The application's device and instance: the context keeps them
+/// (`from_raw_with_owner`) and drops them after its last handle and every
+/// object made from it, so they are never destroyed under one (a leaked
+/// one leaks them too).
 struct App {
     instance: ash::Instance,
     device: ash::Device,
@@ -111,8 +116,9 @@ struct App {
 
 impl Drop for App {
     fn drop(&mut self) {
-        // SAFETY: `run` drops the context and everything made from the
-        // device before the App; nothing else uses them.
+        // SAFETY: the context drops its owner (this) only after its last
+        // handle and every object made from the device are gone; nothing
+        // else uses them.
         unsafe {
             self.device.destroy_device(None);
             self.instance.destroy_instance(None);
@@ -124,7 +130,7 @@ impl Drop for App {
 /// `DeviceRequirements` lists for its first physical device (a
 /// compute-capable main queue, a transfer-only queue where offered, the
 /// extensions and the feature `from_raw` needs) and wraps them.
-fn own_device() -> Result<(App, Context), Error> {
+fn own_device() -> Result<Context, Error> {
     // SAFETY: loading the system's Vulkan loader.
     let entry = unsafe { ash::Entry::load() }?;
     let app_info = vk::ApplicationInfo::default()
@@ -141,7 +147,8 @@ fn own_device() -> Result<(App, Context), Error> {
         // SAFETY: plain enumeration.
         let physicals = unsafe { instance.enumerate_physical_devices() }?;
         let &physical = physicals.first().ok_or("no Vulkan device")?;
-        let needs = DeviceRequirements::of(&instance, physical)?;
+        // SAFETY: the instance above (Vulkan 1.2) and one of its devices.
+        let needs = unsafe { DeviceRequirements::of(&instance, physical) }?;
         let priorities = [1.0f32];
         let queue_infos = needs.queue_create_infos(&priorities);
         let extensions = needs.extension_names();
@@ -167,26 +174,28 @@ fn own_device() -> Result<(App, Context), Error> {
         device,
         _entry: entry.clone(),
     };
+    let (instance, device) = (app.instance.clone(), app.device.clone());
     // SAFETY: the device was created above from `physical` of the instance
     // with everything `needs` lists (Vulkan 1.2, timelineSemaphore, its
     // extensions, queue 0 of each family of `needs.queues`); this
-    // application submits to them only through `with_queue_of`; `run` drops
-    // the context before `app`.
+    // application submits to them only through `with_queue_of`; the context
+    // owns `app`, which destroys them after the context is gone.
     let ctx = unsafe {
-        Context::from_raw(
+        Context::from_raw_with_owner(
             entry,
-            app.instance.clone(),
+            instance,
             physical,
-            app.device.clone(),
+            device,
             needs.queues,
             needs.semaphore_fd,
+            Box::new(app),
         )
     }?;
-    Ok((app, ctx))
+    Ok(ctx)
 }
 
 fn run(args: &Args) -> Result<(), Error> {
-    let (app, ctx) = own_device()?;
+    let ctx = own_device()?;
     println!(
         "[renderer] own device {} (Context::from_raw): main family {}, transfer family {}; \
          rendering on the {:?} queue (family {})",
@@ -201,7 +210,6 @@ fn run(args: &Args) -> Result<(), Error> {
         ImageFormat::Rgba16f => with_memory::<Rgba16Sfloat>(&ctx, args),
     };
     drop(ctx);
-    drop(app);
     result
 }
 
@@ -244,7 +252,7 @@ struct Recorder<'c, M: MemoryLocation> {
     pool: vk::CommandPool,
     cmd: vk::CommandBuffer,
     scratch: Option<ExportableBuffer<M>>,
-    written: TimelineSemaphore,
+    written: std::mem::ManuallyDrop<TimelineSemaphore>,
     /// The last value `written` got.
     value: u64,
     /// A submission may still be pending (a present that failed): the pool
@@ -255,12 +263,19 @@ struct Recorder<'c, M: MemoryLocation> {
 impl<M: MemoryLocation> Drop for Recorder<'_, M> {
     fn drop(&mut self) {
         if self.pending {
+            // Leaked with the pool: each keeps a context handle, so the
+            // device (the context's owner) is leaked too, never destroyed
+            // under the pending submission.
             std::mem::forget(self.scratch.take());
             return;
         }
-        // SAFETY: every submission of the pool completed (each present
-        // waited for it); the pool is destroyed once.
-        unsafe { self.ctx.device().destroy_command_pool(self.pool, None) };
+        // SAFETY: not pending: every submission of the pool, and every
+        // signal of `written`, completed (each present waited for it);
+        // `written` is dropped once, here; the pool is destroyed once.
+        unsafe {
+            std::mem::ManuallyDrop::drop(&mut self.written);
+            self.ctx.device().destroy_command_pool(self.pool, None);
+        }
     }
 }
 
@@ -316,7 +331,7 @@ fn render<F: Format, M: MemoryLocation>(
         pool,
         cmd,
         scratch: None,
-        written: TimelineSemaphore::new_local(ctx)?,
+        written: std::mem::ManuallyDrop::new(TimelineSemaphore::new_local(ctx)?),
         value: 0,
         pending: false,
     };
@@ -373,9 +388,26 @@ fn render<F: Format, M: MemoryLocation>(
         })?
         .map_err(failed("vkQueueSubmit"))?;
         rec.value = value;
-        let sequence = slot.present(sender::monotonic_ns(), (&rec.written, value))?;
-        rec.pending = false;
-        Ok(sequence)
+        match slot.present(sender::monotonic_ns(), (&rec.written, value)) {
+            Ok(sequence) => {
+                rec.pending = false;
+                Ok(sequence)
+            }
+            Err(e) => {
+                // The submission above may still run, writing a slot image
+                // the sender (dropped when this error ends `serve`) owns:
+                // wait for it, bounded, before giving up; if it never
+                // completes the pool and scratch buffer are leaked.
+                if rec
+                    .written
+                    .wait(value, Duration::from_secs(5), WaitStrategy::ADAPTIVE)
+                    .is_ok()
+                {
+                    rec.pending = false;
+                }
+                Err(e)
+            }
+        }
     })?;
     Ok(())
 }

@@ -181,6 +181,26 @@ pub fn left(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
 }
 
+/// `mutex`'s guard, waiting at most `bound` for it (a poisoned lock is
+/// taken as is: what it guards stays consistent); [`cuda_interop::Error::Timeout`]
+/// otherwise, also when this thread holds it already.
+fn lock_within<T>(
+    mutex: &Mutex<T>,
+    bound: Duration,
+) -> Result<MutexGuard<'_, T>, cuda_interop::Error> {
+    let deadline = Instant::now() + bound;
+    loop {
+        match mutex.try_lock() {
+            Ok(guard) => return Ok(guard),
+            Err(TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(TryLockError::WouldBlock) => return Err(cuda_interop::Error::Timeout(bound)),
+        }
+    }
+}
+
 /// A deadline `timeout` from now; a year from now for bounds too large to
 /// add ("no bound" enough).
 pub fn deadline_after(timeout: Duration) -> Instant {
@@ -269,9 +289,26 @@ pub fn send_packet(conn: &Connection, packet: &Packet) -> Result<(), SendError> 
     }
 }
 
-/// Checks that `setup` is the ring a hello for `hello.slot` slots announces:
+/// The bytes of one frame of the ring `hello` announces, after checking
+/// its layout ([`Packet::check_layout`]): a hello built by hand is not
+/// trusted either.
+pub fn frame_bytes_of(hello: &Packet) -> Result<u64, ConsumerError> {
+    hello
+        .check_layout()
+        .map_err(|e| ConsumerError::Protocol(format!("the sender's hello: {e}")))?;
+    hello.frame_bytes().ok_or_else(|| {
+        ConsumerError::Protocol(format!(
+            "the sender's hello: a {}x{} frame with row pitch {} does not fit in 64 bits",
+            hello.width, hello.height, hello.row_pitch
+        ))
+    })
+}
+
+/// Checks that `setup` is the ring a hello for `hello.slot` slots announces
+/// (and that the hello's layout is one, [`frame_bytes_of`]):
 /// tagged [`SETUP_TAG`], with `2 * slots + 1` resources.
 pub fn check_setup(hello: &Packet, setup: &vk_export::wire::Received) -> Result<(), ConsumerError> {
+    frame_bytes_of(hello)?;
     let n = hello.slot as usize;
     let tag = setup.message().tag;
     let count = setup.message().resources.len();
@@ -281,13 +318,17 @@ pub fn check_setup(hello: &Packet, setup: &vk_export::wire::Received) -> Result<
         "buffers"
     };
     if tag == SETUP_TAG && count == n {
+        let instead = if hello.is_image_ring() {
+            "or receive the images on Vulkan (vulkan_receiver::VulkanReceiver, from Rust)"
+        } else {
+            "or read the host-visible buffers on the host (host_receiver::HostBuffers; the \
+             Python module does, giving NumPy arrays)"
+        };
         return Err(ConsumerError::Protocol(format!(
             "the sender shares {n} {what} and no semaphores (a Vulkan driver without \
              VK_KHR_external_semaphore_fd, such as lavapipe, or frame_server --no-semaphores): \
              a CUDA receiver needs the \"produced\" and \"released\" timelines; run the \
-             sender on a GPU whose driver exports semaphores, or read a host-visible buffer \
-             ring on the host (host_receiver::HostBuffers; the Python module does, giving \
-             NumPy arrays)"
+             sender on a GPU whose driver exports semaphores, {instead}"
         )));
     }
     if tag != SETUP_TAG || count != 2 * n + 1 {
@@ -307,7 +348,7 @@ fn buffer_slots(
     hello: &Packet,
     setup: &mut vk_export::wire::Received,
 ) -> Result<Vec<Slot>, ConsumerError> {
-    let need = hello.frame_bytes().expect("a checked layout");
+    let need = frame_bytes_of(hello)?;
     let mut slots = Vec::with_capacity(hello.slot as usize);
     for i in 0..hello.slot as usize {
         let buffer = setup.take_buffer::<DeviceLocal>(i)?;
@@ -342,6 +383,26 @@ fn buffer_slots(
     Ok(slots)
 }
 
+/// Calls macro `$m` with every format [`image_slots`] imports: those of
+/// `vk_export::format::SUPPORTED` (a unit test checks the two agree).
+macro_rules! image_formats {
+    ($m:ident) => {
+        $m!(
+            R8Unorm,
+            Rg8Unorm,
+            Rgba8Unorm,
+            Rgba8Uint,
+            R16Sfloat,
+            Rgba16Sfloat,
+            Rgba16Uint,
+            R32Uint,
+            R32Sfloat,
+            Rg32Sfloat,
+            Rgba32Sfloat
+        )
+    };
+}
+
 /// The slots of an image ring, for the format the hello names (one of
 /// `vk_export::format::SUPPORTED`).
 fn image_slots(
@@ -358,19 +419,7 @@ fn image_slots(
             })*
         };
     }
-    by_format!(
-        R8Unorm,
-        Rg8Unorm,
-        Rgba8Unorm,
-        Rgba8Uint,
-        R16Sfloat,
-        Rgba16Sfloat,
-        Rgba16Uint,
-        R32Uint,
-        R32Sfloat,
-        Rg32Sfloat,
-        Rgba32Sfloat
-    );
+    image_formats!(by_format);
     Err(ConsumerError::Protocol(format!(
         "the sender's images are VkFormat {}, which vk-export cannot map into CUDA \
          (supported: {})",
@@ -387,7 +436,7 @@ fn image_slots_of<F: vk_export::format::Format>(
     setup: &mut vk_export::wire::Received,
 ) -> Result<Vec<Slot>, ConsumerError> {
     use vk_export::markers::{usage, Optimal};
-    let len = hello.frame_bytes().expect("a checked layout");
+    let len = frame_bytes_of(hello)?;
     if hello.row_pitch != u64::from(hello.width) * u64::from(F::TEXEL_BYTES) {
         return Err(ConsumerError::Protocol(format!(
             "an image ring of {} announces rows of {} bytes for {} texels",
@@ -438,13 +487,21 @@ struct ImageSlot<F> {
     rows: Mutex<DeviceBuffer>,
 }
 
+mod sealed {
+    /// Only this crate's image slots are [`super::CopyOut`]: the ring runs
+    /// them under its wait stream's lock and relies on what they copy.
+    pub trait Sealed {}
+}
+
 /// What [`Ring::enqueue_readable`] does with an image slot, whatever its
-/// format.
-pub trait CopyOut: Send + Sync {
+/// format (sealed: this crate's image slots only).
+pub trait CopyOut: sealed::Sealed + Send + Sync {
     /// Enqueues on `stream` the copy of the slot's image (level 0) into its
     /// pitched buffer ([`Slot::data`]); returns the engine that copies.
     fn enqueue_copy_out(&self, stream: &Stream) -> Result<CopyEngine, cuda_interop::Error>;
 }
+
+impl<F: vk_export::format::Format> sealed::Sealed for ImageSlot<F> {}
 
 impl<F: vk_export::format::Format> CopyOut for ImageSlot<F> {
     fn enqueue_copy_out(&self, stream: &Stream) -> Result<CopyEngine, cuda_interop::Error> {
@@ -653,7 +710,13 @@ impl Ring {
     /// locked, for the caller to order its reads after (or to wait for);
     /// `None` for a ring without CUDA semaphores ([`Ring::from_parts`]).
     /// Enqueue it once per frame: a second copy would overwrite the
-    /// buffer the first one's readers read.
+    /// buffer the first one's readers read; and release the frame on a
+    /// stream ordered after the returned one's work.
+    ///
+    /// The stream's lock is waited for at most [`Stream::DEFAULT_TIMEOUT`]
+    /// ([`cuda_interop::Error::Timeout`]): a second call while this
+    /// thread still holds the guard of the first fails so, instead of
+    /// waiting for itself.
     pub fn enqueue_readable(
         &self,
         slot: u32,
@@ -669,10 +732,7 @@ impl Ring {
             )));
         }
         drop(held);
-        let via = gpu
-            .wait_stream
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let via = lock_within(&gpu.wait_stream, Stream::DEFAULT_TIMEOUT)?;
         gpu.produced.wait(&via, frame)?;
         if let Some(image) = &self.slots[slot as usize].image {
             image.enqueue_copy_out(&via)?;
@@ -881,6 +941,24 @@ impl Ring {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn image_rings_of_every_supported_format_are_imported() {
+        use vk_export::format::*;
+        macro_rules! list {
+            ($($format:ty),*) => {
+                [$(<$format>::VK),*]
+            };
+        }
+        let dispatched = image_formats!(list);
+        for (format, name, _, _) in SUPPORTED {
+            assert!(
+                dispatched.contains(format),
+                "{name} is not imported by image_slots"
+            );
+        }
+        assert_eq!(dispatched.len(), SUPPORTED.len());
+    }
+
     use super::*;
 
     fn pair() -> (Arc<Connection>, Connection) {

@@ -26,7 +26,7 @@ use vk_export::markers::HostVisible;
 use vk_export::wire::{Received, Resource};
 use vk_export::{Context, ExportableBuffer, HeadlessOptions, SubmitSync, TimelineSemaphore};
 
-use crate::consumer::ConsumerError;
+use crate::consumer::{frame_bytes_of, ConsumerError};
 use crate::protocol::{Packet, SETUP_TAG};
 
 /// A buffer ring imported on a Vulkan device of this process, for reading
@@ -60,11 +60,14 @@ impl HostBuffers {
     /// Imports the buffers (and "produced", if shared) of the ring `hello`
     /// announced, from its setup message.
     pub fn import(hello: &Packet, mut setup: Received) -> Result<HostBuffers, ConsumerError> {
+        let frame_bytes = frame_bytes_of(hello)?;
         if hello.is_image_ring() {
             return Err(refused(
                 hello,
-                "the sender shares OPTIMAL images, which only a GPU API reads (a CUDA \
-                 receiver with the NVIDIA driver, or vulkan_receiver::VulkanReceiver)",
+                "the sender shares OPTIMAL images, which only a GPU API reads: from Rust, \
+                 a Vulkan receiver on any driver (vulkan_receiver::VulkanReceiver); CUDA \
+                 and Python need the sender's semaphores too (a GPU driver that exports \
+                 them, such as NVIDIA's)",
             ));
         }
         let n = hello.slot as usize;
@@ -87,7 +90,6 @@ impl HostBuffers {
             device_uuid: Some(uuid),
             ..HeadlessOptions::default()
         })?;
-        let frame_bytes = hello.frame_bytes().expect("a checked layout");
         let mut buffers = Vec::with_capacity(n);
         for i in 0..n {
             let received = setup.take_buffer::<HostVisible>(i)?;
@@ -139,16 +141,39 @@ impl HostBuffers {
         self.produced.is_some()
     }
 
-    /// Frame `frame`'s bytes in `slot` (a frame this receiver holds; see
-    /// the module contract), rows as the hello lays them out.
+    /// Frame `frame`'s bytes in `slot`, rows as the hello lays them out.
+    ///
+    /// `frame` must be the frame this receiver holds in `slot` (received
+    /// and not yet released: the sender does not write the slot meanwhile).
+    /// With the ring's "produced" timeline the read waits on the GPU for
+    /// `frame`; without it the sender announced the frame after its writes
+    /// completed, and the bytes are whatever the slot holds now. Each read
+    /// takes the buffer over from the sender (`VK_QUEUE_FAMILY_EXTERNAL`)
+    /// and gives it back, both waited for within `timeout`.
     pub fn read(&self, slot: u32, frame: u64, timeout: Duration) -> Result<Vec<u8>, ConsumerError> {
         let buffer = self.buffers.get(slot as usize).ok_or_else(|| {
-            ConsumerError::Protocol(format!("slot {slot} of a ring of {}", self.buffers.len()))
+            ConsumerError::Protocol(format!(
+                "slot {slot} is not a slot of this ring (it has {}: 0 to {}); read the slot \
+                 of a frame this receiver holds",
+                self.buffers.len(),
+                self.buffers.len().saturating_sub(1)
+            ))
         })?;
+        // SAFETY: the sender releases each slot to VK_QUEUE_FAMILY_EXTERNAL
+        // after writing it (the crate's contract, `Sender::present_with`),
+        // and this read is ordered after that release: by the "produced"
+        // wait below, or (without semaphores) by the frame packet the
+        // sender sends only after its submission completed.
+        unsafe { self.ctx.assume_buffer_released(buffer) }?;
         let mut sync = SubmitSync::new().timeout(timeout);
         if let Some(produced) = &self.produced {
             sync = sync.wait_timeline(produced, frame);
         }
-        Ok(self.ctx.read_buffer(buffer, self.frame_bytes, sync)?)
+        let bytes = self.ctx.read_buffer(buffer, self.frame_bytes, sync)?;
+        // Back to the sender before the slot is released, as it acquires
+        // the slot from VK_QUEUE_FAMILY_EXTERNAL for its next write.
+        self.ctx
+            .release_buffer(buffer, SubmitSync::new().timeout(timeout))?;
+        Ok(bytes)
     }
 }

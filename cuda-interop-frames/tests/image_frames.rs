@@ -319,6 +319,16 @@ fn vulkan_receiver_refuses_what_it_cannot_read() {
         "{err}"
     );
     drop(rx);
+    // A hello whose layout is no layout (built by hand: its fields are
+    // public) is a typed error of both importers, never a panic.
+    let mut rx = connect("img", &mut || sender.serve(Duration::from_millis(5)));
+    let (mut bad, setup) = (*rx.layout(), rx.take_setup().unwrap());
+    bad.height = 0;
+    let err = cuda_interop_frames::consumer::check_setup(&bad, &setup).unwrap_err();
+    assert!(err.to_string().contains("the sender's hello"), "{err}");
+    let err = cuda_interop_frames::host_receiver::HostBuffers::import(&bad, setup).unwrap_err();
+    assert!(err.to_string().contains("the sender's hello"), "{err}");
+    drop(rx);
     // Another format.
     let rx = connect("img", &mut || sender.serve(Duration::from_millis(5)));
     let err = VulkanReceiver::<Rgba16Sfloat, Mem>::new(&rctx, rx).unwrap_err();

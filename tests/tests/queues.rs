@@ -47,7 +47,9 @@ fn transfer_only_family(ctx: &Context) -> Option<u32> {
 #[test]
 fn device_requirements_list_what_headless_creates_and_the_driver_offers() {
     let ctx = vulkan(None);
-    let needs = DeviceRequirements::of(ctx.instance(), ctx.physical_device()).unwrap();
+    // SAFETY: the context's live instance (headless: Vulkan 1.2) and its
+    // physical device.
+    let needs = unsafe { DeviceRequirements::of(ctx.instance(), ctx.physical_device()) }.unwrap();
     assert_eq!(needs.queues, ctx.queues(), "the queues headless created");
     assert_eq!(
         needs.queues.transfer.map(|t| t.family),

@@ -91,7 +91,8 @@ fn run() -> Result<(), Error> {
         // SAFETY: plain enumeration.
         let physicals = unsafe { instance.enumerate_physical_devices() }?;
         let &physical = physicals.first().ok_or("no Vulkan device")?;
-        let needs = DeviceRequirements::of(&instance, physical)?;
+        // SAFETY: the instance above (Vulkan 1.2) and one of its devices.
+        let needs = unsafe { DeviceRequirements::of(&instance, physical) }?;
         let priorities = [1.0f32];
         let queue_infos = needs.queue_create_infos(&priorities);
         let extensions = needs.extension_names();

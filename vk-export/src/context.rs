@@ -315,7 +315,10 @@ impl Context {
                     continue;
                 }
             }
-            let needs = match DeviceRequirements::of(instance, physical) {
+            // SAFETY: `instance` is this function's caller's live instance,
+            // created with Vulkan 1.2 (`headless`), and `physical` one of its
+            // enumerated devices.
+            let needs = match unsafe { DeviceRequirements::of(instance, physical) } {
                 Ok(needs) => needs,
                 Err(why) => {
                     seen.push(format!("{named}: {why}"));

@@ -4,8 +4,8 @@
 //!
 //! # Contract
 //!
-//! * [`DeviceRequirements::of`] asks the physical device (plain queries,
-//!   nothing created) and answers, or says in one
+//! * [`DeviceRequirements::of`] (unsafe: it takes raw handles) asks the
+//!   physical device (plain queries, nothing created) and answers, or says in one
 //!   [`Error::Unsupported`](crate::Error::Unsupported) what the device
 //!   lacks: Vulkan 1.2, the `timelineSemaphore` feature, a family with
 //!   `COMPUTE`, or an extension of [`REQUIRED_DEVICE_EXTENSIONS`].
@@ -43,7 +43,9 @@ pub const OPTIONAL_DEVICE_EXTENSIONS: &[&CStr] = &[
 ///
 /// # fn wrap(entry: ash::Entry, instance: ash::Instance, physical: vk::PhysicalDevice)
 /// #     -> Result<(), Box<dyn std::error::Error>> {
-/// let needs = DeviceRequirements::of(&instance, physical)?;
+/// // SAFETY: `instance` is alive and of Vulkan 1.2; `physical` is one of
+/// // its physical devices.
+/// let needs = unsafe { DeviceRequirements::of(&instance, physical) }?;
 /// let priorities = [1.0];
 /// let queue_infos = needs.queue_create_infos(&priorities);
 /// // The application adds its own extensions (a swapchain, ...) to these.
@@ -82,8 +84,17 @@ impl DeviceRequirements {
     /// Asks `physical` (of `instance`) what a device for this crate needs;
     /// [`Error::Unsupported`](crate::Error::Unsupported) naming the first
     /// thing it lacks.
-    pub fn of(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Result<Self> {
-        // SAFETY: plain query of a physical device of this instance.
+    ///
+    /// # Safety
+    ///
+    /// `instance` is alive (not destroyed) and was created with an
+    /// `apiVersion` of 1.2 or later (the queries include Vulkan 1.1's
+    /// `vkGetPhysicalDeviceFeatures2`, and the device it describes is a 1.2
+    /// one), and `physical` is one of its physical devices
+    /// (`vkEnumeratePhysicalDevices`): raw handles the crate cannot check.
+    pub unsafe fn of(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Result<Self> {
+        // SAFETY: the caller's promise: a live instance and one of its
+        // physical devices.
         let props = unsafe { instance.get_physical_device_properties(physical) };
         if props.api_version < vk::API_VERSION_1_2 {
             return Err(unsupported(
@@ -97,7 +108,9 @@ impl DeviceRequirements {
         }
         let mut features12 = vk::PhysicalDeviceVulkan12Features::default();
         let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut features12);
-        // SAFETY: plain query; the chain lives across the call.
+        // SAFETY: the caller's promise (an instance of Vulkan 1.2 or later,
+        // so vkGetPhysicalDeviceFeatures2 is core); the chain lives across
+        // the call.
         unsafe { instance.get_physical_device_features2(physical, &mut features) };
         if features12.timeline_semaphore != vk::TRUE {
             return Err(unsupported(
@@ -140,12 +153,17 @@ impl DeviceRequirements {
     }
 
     /// One `VkDeviceQueueCreateInfo` per family of [`Self::queues`], each
-    /// asking for `priorities.len()` queues (at least one; queue 0 is the
-    /// one passed on).
+    /// asking for `priorities.len()` queues (queue 0 is the one passed on).
+    ///
+    /// Panics if `priorities` is empty (a family with no queue).
     pub fn queue_create_infos<'a>(
         &self,
         priorities: &'a [f32],
     ) -> Vec<vk::DeviceQueueCreateInfo<'a>> {
+        assert!(
+            !priorities.is_empty(),
+            "queue_create_infos needs one priority per queue, at least one"
+        );
         std::iter::once(self.queues.main.family)
             .chain(self.queues.transfer.map(|t| t.family))
             .map(|family| {

@@ -763,6 +763,26 @@ impl Context {
         Ok(())
     }
 
+    /// Marks `buffer` as owned by `VK_QUEUE_FAMILY_EXTERNAL` without a
+    /// barrier: for an importer whose exporter released it, so that this
+    /// context's next use acquires it from there (and
+    /// [`Context::release_buffer`] gives it back).
+    ///
+    /// # Safety
+    /// The buffer's memory was released to `VK_QUEUE_FAMILY_EXTERNAL` by its
+    /// last user (the exporter's [`Context::release_buffer`]), and that
+    /// release happens before this context's next use of the buffer (a
+    /// semaphore, or a host wait, orders them).
+    pub unsafe fn assume_buffer_released<M: MemoryLocation>(
+        &self,
+        buffer: &ExportableBuffer<M>,
+    ) -> Result<()> {
+        self.check_buffer(buffer)?;
+        *buffer.inner.owner.lock().unwrap_or_else(|p| p.into_inner()) =
+            Owner::External(vk::ImageLayout::UNDEFINED);
+        Ok(())
+    }
+
     /// Uploads `data` at the start of `buffer`.
     pub fn write_buffer<M: MemoryLocation>(
         &self,

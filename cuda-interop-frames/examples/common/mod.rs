@@ -16,7 +16,10 @@ use cuda_interop_frames::producer::{ImageFormat, ProducerOptions};
 
 /// An example's checked command line.
 pub struct Cli {
-    args: Vec<String>,
+    /// The flags given (not an option's value that looks like one).
+    flags: Vec<String>,
+    /// The valued options given, with their values.
+    values: Vec<(String, String)>,
 }
 
 impl Cli {
@@ -24,38 +27,45 @@ impl Cli {
     /// (exits as the module says when they do not fit).
     pub fn parse(usage: &str, flags: &[&str], valued: &[&str]) -> Cli {
         let args: Vec<String> = std::env::args().skip(1).collect();
-        let mut rest = args.iter();
+        let (mut given, mut values) = (Vec::new(), Vec::new());
+        let mut rest = args.into_iter();
         while let Some(arg) = rest.next() {
-            let arg = arg.as_str();
             if arg == "-h" || arg == "--help" {
                 println!("{usage}");
                 std::process::exit(0);
             }
-            if valued.contains(&arg) {
-                if rest.next().is_none() {
+            if valued.contains(&arg.as_str()) {
+                let Some(value) = rest.next() else {
                     eprintln!("{arg} needs a value\n{usage}");
                     std::process::exit(2);
-                }
-            } else if !flags.contains(&arg) {
+                };
+                values.push((arg, value));
+            } else if flags.contains(&arg.as_str()) {
+                given.push(arg);
+            } else {
                 eprintln!("unknown argument {arg:?}\n{usage}");
                 std::process::exit(2);
             }
         }
-        Cli { args }
+        Cli {
+            flags: given,
+            values,
+        }
     }
 
     /// Whether the flag `name` was given.
     pub fn flag(&self, name: &str) -> bool {
-        self.args.iter().any(|a| a == name)
+        self.flags.iter().any(|a| a == name)
     }
 
-    /// The value after the option `name`, if given.
+    /// The value after the option `name`, if given (the last one, if given
+    /// twice).
     pub fn value(&self, name: &str) -> Option<&str> {
-        self.args
+        self.values
             .iter()
-            .position(|a| a == name)
-            .and_then(|i| self.args.get(i + 1))
-            .map(String::as_str)
+            .rev()
+            .find(|(option, _)| option == name)
+            .map(|(_, value)| value.as_str())
     }
 
     /// The number after `name`, if given; an error naming the option if it
