@@ -96,13 +96,9 @@ fn main() -> ExitCode {
                 .value("--socket")
                 .unwrap_or("/tmp/cuda-interop-frames.sock")
                 .to_string(),
-            delivery: if cli.flag("--lossless") {
-                Delivery::Lossless
-            } else {
-                Delivery::Latest
-            },
+            delivery: cli.delivery(),
             frames: cli.num("--frames", 300u64)?,
-            timeout: Duration::from_secs_f64(cli.num("--timeout", 10.0f64)?),
+            timeout: cli.seconds("--timeout", 10.0)?,
             check: !cli.flag("--no-check"),
             hold: Duration::from_secs_f64(cli.num("--hold-ms", 0.0f64)? / 1e3),
             host_staging: cli.flag("--host-staging"),
@@ -217,11 +213,10 @@ fn receive<F: Format>(a: &Args, mut rx: FrameReceiver) -> Res<u64> {
         .collect::<cuda_interop::Result<_>>()?;
     let mut host = vec![0u8; row as usize];
     let image_row = u64::from(hello.width) * u64::from(F::TEXEL_BYTES);
-    let frame_bytes = if image_ring {
-        image_row * u64::from(hello.height)
-    } else {
-        hello.row_pitch * u64::from(hello.height)
-    } as usize;
+    // Image rings: tightly packed rows (check_setup checked the hello's
+    // layout); buffer rings: pitched rows, the last one only as wide as the
+    // frame.
+    let frame_bytes = consumer::frame_bytes_of(&hello)? as usize;
     let mut frame_host = vec![
         0u8;
         if image_ring || a.host_staging {

@@ -53,13 +53,9 @@ fn args() -> Result<Args, String> {
             .value("--name")
             .ok_or(format!("--name is needed\n{USAGE}"))?
             .to_string(),
-        delivery: if cli.flag("--lossless") {
-            Delivery::Lossless
-        } else {
-            Delivery::Latest
-        },
+        delivery: cli.delivery(),
         frames: cli.num("--frames", 100u64)?,
-        timeout: Duration::from_secs_f64(cli.num("--timeout", 10.0f64)?),
+        timeout: cli.seconds("--timeout", 10.0)?,
         host_visible: cli.flag("--host-visible"),
     })
 }

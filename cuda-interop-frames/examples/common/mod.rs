@@ -13,6 +13,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use cuda_interop_frames::producer::{ImageFormat, ProducerOptions};
+use cuda_interop_frames::receiver::Delivery;
 
 /// An example's checked command line.
 pub struct Cli {
@@ -77,6 +78,22 @@ impl Cli {
                     .map_err(|_| format!("{name} needs a number, not {v:?}"))
             })
             .transpose()
+    }
+
+    /// The receivers' delivery: `--lossless`, else latest.
+    pub fn delivery(&self) -> Delivery {
+        if self.flag("--lossless") {
+            Delivery::Lossless
+        } else {
+            Delivery::Latest
+        }
+    }
+
+    /// The seconds after `name` (else `default`) as a duration.
+    pub fn seconds(&self, name: &str, default: f64) -> Result<Duration, String> {
+        let secs: f64 = self.num(name, default)?;
+        Duration::try_from_secs_f64(secs)
+            .map_err(|_| format!("{name} needs a number of seconds, not {secs}"))
     }
 
     /// The number after `name`, else `default`.
