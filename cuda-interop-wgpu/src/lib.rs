@@ -29,7 +29,8 @@
 //! * **Submissions** go through [`InteropQueue`]: its semaphore waits and
 //!   signals are staged on wgpu-hal's queue and submitted with the command
 //!   buffers under one lock, so no other submission of this crate takes
-//!   them; a submission wgpu refuses leaves none staged. Signal values are
+//!   them; a submission wgpu refuses leaves none staged and none of its
+//!   signals recorded (counted per staged entry). Signal values are
 //!   checked and recorded with vk-export's own submitted-signal bookkeeping
 //!   ([`vk_export::TimelineSemaphore::reserve_submitted_signals`]), and every
 //!   semaphore is kept alive until wgpu reports the submission done (see
@@ -894,11 +895,17 @@ impl InteropQueue {
     /// ([`vk_export::TimelineSemaphore::signal`]) while they are pending:
     /// gate a submission on another timeline than the one it signals.
     ///
+    /// Waits on one timeline at several values are staged as one wait for
+    /// the highest of them.
+    ///
     /// Every semaphore is kept alive (a keep-alive) until wgpu reports the
     /// submission done. A submission that wgpu refuses (an invalid command
     /// buffer, with an error handler that returns) returns
-    /// [`Error::Wgpu`], and its semaphores are taken off wgpu-hal's queue
-    /// again, so the next submission does not carry them.
+    /// [`Error::Wgpu`], its semaphores are taken off wgpu-hal's queue
+    /// again, so the next submission does not carry them, and none of its
+    /// signals is recorded as pending (whether a timeline is named once or
+    /// more, waited and signalled), so every timeline it named takes host
+    /// signals and submissions again.
     ///
     /// Note: wgpu (`Queue::submit`) may flush its own pending writes in a
     /// submission of its own before `commands`; the waits gate the whole
@@ -965,10 +972,14 @@ impl InteropQueue {
             // nothing is destroyed through the guard.
             let hal = unsafe { queue.as_hal::<Vulkan>() }
                 .ok_or_else(|| Error::Wgpu("the queue is not a Vulkan queue".into()))?;
+            // One wait per timeline (the highest value): wgpu-hal takes every
+            // entry of a semaphore off its list at once, so one entry each
+            // keeps the count of what is left exact.
+            let merged = merged_waits(waits.iter().map(|p| (p.semaphore.raw(), p.value)));
             let mut staged = Staged {
                 hal: &hal,
                 reservation: Some(reservation),
-                waits: waits.iter().map(|p| p.semaphore.raw()).collect(),
+                waits: merged.iter().map(|&(s, _)| s).collect(),
                 signals: signals.iter().map(|p| p.semaphore.raw()).collect(),
                 keep: waits
                     .iter()
@@ -977,10 +988,10 @@ impl InteropQueue {
                     .collect(),
                 armed: true,
             };
-            for point in waits {
+            for &(semaphore, value) in &merged {
                 hal.add_wait_semaphore(
-                    point.semaphore.raw(),
-                    Some(point.value),
+                    semaphore,
+                    Some(value),
                     vk::PipelineStageFlags::ALL_COMMANDS,
                 );
             }
@@ -1036,21 +1047,46 @@ struct Staged<'h, 's> {
 }
 
 impl Staged<'_, '_> {
-    /// Takes the staged semaphores off wgpu-hal's queue: how many were still
-    /// there (not submitted).
+    /// Takes the staged semaphores off wgpu-hal's queue: how many of the
+    /// staged entries were still there (not submitted).
     fn unstage(&self) -> usize {
-        let waits = self
-            .waits
-            .iter()
-            .filter(|&&s| self.hal.remove_wait_semaphore(s))
-            .count();
-        let signals = self
-            .signals
-            .iter()
-            .filter(|&&s| self.hal.remove_signal_semaphore(s))
-            .count();
-        waits + signals
+        unstage_each(&self.waits, |s| self.hal.remove_wait_semaphore(s))
+            + unstage_each(&self.signals, |s| self.hal.remove_signal_semaphore(s))
     }
+}
+
+/// The waits of one submission with one entry per semaphore, at the highest
+/// value asked of it (waiting for that one is waiting for them all), in the
+/// order of first appearance.
+fn merged_waits(
+    waits: impl IntoIterator<Item = (vk::Semaphore, u64)>,
+) -> Vec<(vk::Semaphore, u64)> {
+    let mut merged: Vec<(vk::Semaphore, u64)> = Vec::new();
+    for (semaphore, value) in waits {
+        match merged.iter_mut().find(|(s, _)| *s == semaphore) {
+            Some((_, v)) => *v = (*v).max(value),
+            None => merged.push((semaphore, value)),
+        }
+    }
+    merged
+}
+
+/// Takes `staged` (one list's entries) off wgpu-hal's queue through
+/// `remove`, which takes every entry of a semaphore at once and says whether
+/// there was any: asked once per semaphore, and each of its entries counted
+/// as left when there was. Returns how many entries were left (not
+/// submitted).
+fn unstage_each(staged: &[vk::Semaphore], mut remove: impl FnMut(vk::Semaphore) -> bool) -> usize {
+    let mut left = 0;
+    for (i, s) in staged.iter().enumerate() {
+        if staged[..i].contains(s) {
+            continue; // taken off with its first entry
+        }
+        if remove(*s) {
+            left += staged.iter().filter(|&x| x == s).count();
+        }
+    }
+    left
 }
 
 impl Drop for Staged<'_, '_> {
@@ -1178,6 +1214,44 @@ fn buffer_usages(flags: vk::BufferUsageFlags) -> wgpu::BufferUsages {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sem(raw: u64) -> vk::Semaphore {
+        use ash::vk::Handle;
+        vk::Semaphore::from_raw(raw)
+    }
+
+    #[test]
+    fn waits_on_one_semaphore_are_merged_at_the_highest_value() {
+        let (a, b) = (sem(1), sem(2));
+        assert_eq!(
+            merged_waits([(a, 1), (b, 5), (a, 3), (a, 2)]),
+            vec![(a, 3), (b, 5)]
+        );
+        assert_eq!(merged_waits([]), vec![]);
+    }
+
+    /// As wgpu-hal's `SemaphoreList::remove`: every entry of `s` at once.
+    fn remove_all(list: &mut Vec<vk::Semaphore>, s: vk::Semaphore) -> bool {
+        let before = list.len();
+        list.retain(|&x| x != s);
+        list.len() != before
+    }
+
+    #[test]
+    fn every_staged_entry_is_counted_duplicates_included() {
+        let (a, b) = (sem(1), sem(2));
+        let staged = [a, a, b];
+        // Refused: all three entries still on the queue.
+        let mut hal = staged.to_vec();
+        assert_eq!(unstage_each(&staged, |s| remove_all(&mut hal, s)), 3);
+        assert!(hal.is_empty());
+        // Submitted: none left.
+        let mut hal = Vec::new();
+        assert_eq!(unstage_each(&staged, |s| remove_all(&mut hal, s)), 0);
+        // Partly: only `b`'s entry left.
+        let mut hal = vec![b];
+        assert_eq!(unstage_each(&staged, |s| remove_all(&mut hal, s)), 1);
+    }
 
     #[test]
     fn every_vk_export_format_has_a_wgpu_format() {

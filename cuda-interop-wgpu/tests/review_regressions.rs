@@ -261,3 +261,74 @@ fn an_error_handler_that_submits_again_is_refused() {
     idle(&device);
     assert_clean(&device);
 }
+
+/// Issue 28 (7): a submission wgpu refuses that names one timeline twice
+/// (two wait values; a wait and a signal; both) is counted as not made at
+/// all, entry by entry: no signal of it is recorded as pending, so every
+/// timeline it named takes host signals and submissions afterwards (and
+/// the gate it waited on is not left staged for the next submission).
+#[test]
+fn a_refused_submission_naming_one_timeline_twice_leaves_every_timeline_usable() {
+    let device = device();
+    device
+        .device()
+        .on_uncaptured_error(Arc::new(|_| { /* expected: the invalid copy */ }));
+    let ctx = device.context();
+    // (waits, signals) as indices into [gate, t]: gate waited twice with t
+    // signalled; gate waited and signalled; gate waited twice and signalled.
+    type Points = &'static [(usize, u64)];
+    let cases: [(Points, Points); 3] = [
+        (&[(0, 1), (0, 2)], &[(1, 1)]),
+        (&[(0, 1)], &[(0, 2)]),
+        (&[(0, 1), (0, 2)], &[(0, 3), (1, 1)]),
+    ];
+    for (case, (waits, signals)) in cases.iter().enumerate() {
+        let timelines = [
+            TimelineSemaphore::new_local(ctx).unwrap(),
+            TimelineSemaphore::new_local(ctx).unwrap(),
+        ];
+        let points = |of: &[(usize, u64)]| -> Vec<TimelinePoint<'_>> {
+            of.iter()
+                .map(|&(i, v)| TimelinePoint::new(&timelines[i], v))
+                .collect()
+        };
+        let r = device.queue().submit_with(
+            [invalid_commands(&device)],
+            &points(waits),
+            &points(signals),
+        );
+        match r {
+            Err(Error::Wgpu(m)) => assert!(m.contains("refused"), "case {case}: {m}"),
+            r => panic!("case {case}: {:?}", r.map(drop)),
+        }
+        for (i, t) in timelines.iter().enumerate() {
+            // A host signal: refused while a signal is (wrongly) pending.
+            t.signal(1)
+                .unwrap_or_else(|e| panic!("case {case}, timeline {i}: host signal: {e}"));
+            // A submission that signals it, and completes (no stale wait
+            // on a value nobody signals is staged in front of it).
+            device
+                .queue()
+                .submit_with([], &[], &[TimelinePoint::new(t, 2)])
+                .unwrap_or_else(|e| panic!("case {case}, timeline {i}: submission: {e}"));
+            t.wait(2, Duration::from_secs(20), WaitStrategy::Block)
+                .unwrap();
+        }
+    }
+    // Accepted, the same two waits gate the submission until the higher.
+    let gate = TimelineSemaphore::new_local(ctx).unwrap();
+    let t = TimelineSemaphore::new_local(ctx).unwrap();
+    device
+        .queue()
+        .submit_with(
+            [],
+            &[TimelinePoint::new(&gate, 1), TimelinePoint::new(&gate, 2)],
+            &[TimelinePoint::new(&t, 1)],
+        )
+        .unwrap();
+    gate.signal(2).unwrap();
+    t.wait(1, Duration::from_secs(20), WaitStrategy::Block)
+        .unwrap();
+    idle(&device);
+    assert_clean(&device);
+}
