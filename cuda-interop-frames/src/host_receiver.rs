@@ -1,24 +1,27 @@
 //! Reading a buffer ring on the host, without CUDA: the ring's host-visible
 //! buffers imported into a Vulkan device of the receiver's own, each frame
-//! copied out into bytes the caller owns (what a NumPy consumer on a
+//! copied out into bytes the caller owns (what a NumPy receiver on a
 //! machine without the NVIDIA driver gets: CI's lavapipe, a laptop).
 //!
 //! # Contract
 //!
-//! * [`HostBuffers::import`] takes the setup message of a buffer ring of
+//! * [`HostReceiver::from_session`] takes a session of a buffer ring of
 //!   host-visible buffers, with or without the ring's semaphores, and
 //!   imports each buffer on a headless [`Context`] of the device whose
 //!   `deviceUUID` the records name (verified there, as every import is).
 //!   An image ring, or a ring in device-local memory, is refused with an
 //!   error that says which receiver reads it.
-//! * [`HostBuffers::read`] copies a frame's rows out on that device's
+//! * [`HostReceiver::read`] copies a frame's rows out on that device's
 //!   transfer queue, after the "produced" timeline reached the frame's
 //!   number (when the sender shares it; without, the sender announced the
-//!   frame after its writes completed, so the frame packet orders the
-//!   read), and waits for the copy, bounded by the caller's timeout: when
-//!   it returns `Ok`, this receiver has no GPU work on the slot left, so the
-//!   frame can be released at once without a GPU signal.
-//! * Uses `protocol` and `consumer` (errors) of this crate.
+//!   frame after its writes completed, so the frame message orders the
+//!   read), and waits for the copy, bounded by the caller's timeout. It
+//!   then asks the session whether the frame is still this receiver's
+//!   ([`Session::check_held`]): `Ok` bytes are the frame's pixels; a
+//!   receiver the sender dropped during the read gets the drop's error,
+//!   never a later frame's pixels.
+//! * When `read` returns, this receiver has no GPU work on the slot left,
+//!   so the frame is released without a GPU signal.
 
 use std::time::Duration;
 
@@ -26,65 +29,79 @@ use vk_export::markers::HostVisible;
 use vk_export::wire::{Received, Resource};
 use vk_export::{Context, ExportableBuffer, HeadlessOptions, SubmitSync, TimelineSemaphore};
 
-use crate::consumer::{frame_bytes_of, ConsumerError};
-use crate::protocol::{Packet, SETUP_TAG};
+use crate::discovery::Directory;
+use crate::protocol::{Delivery, RingLayout};
+use crate::session::{has_semaphores, ConnectError, Frame, Session};
+use crate::transport::{deadline_after, left, ConsumerError};
 
-/// A buffer ring imported on a Vulkan device of this process, for reading
-/// frames on the host (see the module contract).
-pub struct HostBuffers {
+/// A host reader of a buffer ring (see the module contract).
+pub struct HostReceiver {
     // Dropped first: each buffer's drop waits (bounded) for its last copy.
     buffers: Vec<ExportableBuffer<HostVisible>>,
     produced: Option<TimelineSemaphore>,
     ctx: Context,
     frame_bytes: u64,
+    session: Session,
 }
 
-impl std::fmt::Debug for HostBuffers {
+impl std::fmt::Debug for HostReceiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostBuffers")
-            .field("slots", &self.buffers.len())
+        f.debug_struct("HostReceiver")
+            .field("session", &self.session)
             .field("semaphores", &self.produced.is_some())
             .field("frame_bytes", &self.frame_bytes)
             .finish_non_exhaustive()
     }
 }
 
-fn refused(hello: &Packet, why: &str) -> ConsumerError {
+fn refused(layout: &RingLayout, why: &str) -> ConsumerError {
     ConsumerError::Protocol(format!(
         "cannot read the {}x{} ring of {} slots on the host: {why}",
-        hello.width, hello.height, hello.slot
+        layout.width, layout.height, layout.slots
     ))
 }
 
-impl HostBuffers {
-    /// Imports the buffers (and "produced", if shared) of the ring `hello`
-    /// announced, from its setup message.
-    pub fn import(hello: &Packet, mut setup: Received) -> Result<HostBuffers, ConsumerError> {
-        let frame_bytes = frame_bytes_of(hello)?;
-        if hello.is_image_ring() {
+impl HostReceiver {
+    /// Connects to the sender at socket `path` and imports its buffers.
+    pub fn connect(
+        path: &str,
+        delivery: Delivery,
+        timeout: Duration,
+    ) -> Result<HostReceiver, ConsumerError> {
+        let (session, setup) = Session::connect(path, delivery, timeout)?;
+        HostReceiver::from_session(session, setup)
+    }
+
+    /// Connects to the sender named `name` in the default directory
+    /// ([`Directory::from_env`]), waiting up to `timeout` for it to appear.
+    pub fn connect_named(
+        name: &str,
+        delivery: Delivery,
+        timeout: Duration,
+    ) -> Result<HostReceiver, ConnectError> {
+        let directory = Directory::from_env()?;
+        let (session, setup) = Session::connect_named(&directory, name, delivery, timeout)?;
+        Ok(HostReceiver::from_session(session, setup)?)
+    }
+
+    /// Imports the buffers (and "produced", if shared) of `session`'s ring
+    /// from its setup message.
+    pub fn from_session(session: Session, mut setup: Received) -> Result<HostReceiver, ConsumerError> {
+        let layout = *session.layout();
+        let frame_bytes = layout.checked_frame_bytes()?;
+        if layout.is_image_ring() {
             return Err(refused(
-                hello,
+                &layout,
                 "the sender shares OPTIMAL images, which only a GPU API reads: from Rust, \
-                 a Vulkan receiver on any driver (vulkan_receiver::VulkanReceiver); CUDA \
-                 and Python need the sender's semaphores too (a GPU driver that exports \
-                 them, such as NVIDIA's)",
+                 a Vulkan receiver on any driver (vulkan_receiver::VulkanReceiver, the \
+                 vulkan_client example); CUDA and Python need the sender's semaphores too (a \
+                 GPU driver that exports them, such as NVIDIA's)",
             ));
         }
-        let n = hello.slot as usize;
-        let (tag, count) = (setup.message().tag, setup.message().resources.len());
-        if tag != SETUP_TAG || (count != n && count != 2 * n + 1) {
-            return Err(refused(
-                hello,
-                &format!(
-                    "the setup message must be tagged {SETUP_TAG:#x} with {n} buffers (and \
-                     the ring's {} semaphores); got tag {tag:#x} with {count} resources",
-                    n + 1
-                ),
-            ));
-        }
+        let n = layout.slots as usize;
         let uuid = match &setup.message().resources[0] {
             Resource::Buffer(info) => info.device_uuid(),
-            _ => return Err(refused(hello, "its first resource is not a buffer")),
+            _ => return Err(refused(&layout, "its first resource is not a buffer")),
         };
         let ctx = Context::headless(&HeadlessOptions {
             device_uuid: Some(uuid),
@@ -96,7 +113,7 @@ impl HostBuffers {
             let buffer = ExportableBuffer::import_received(&ctx, received).map_err(|e| {
                 let e = e.into_error();
                 refused(
-                    hello,
+                    &layout,
                     &format!(
                         "slot {i}'s buffer does not import as host-visible memory ({e}): a \
                          ring in device-local memory is read by a CUDA receiver (the NVIDIA \
@@ -107,7 +124,7 @@ impl HostBuffers {
             })?;
             if buffer.size() < frame_bytes {
                 return Err(refused(
-                    hello,
+                    &layout,
                     &format!(
                         "slot {i}'s buffer has {} bytes; a frame needs {frame_bytes}",
                         buffer.size()
@@ -116,22 +133,28 @@ impl HostBuffers {
             }
             buffers.push(buffer);
         }
-        let produced = if count > n {
+        let produced = if has_semaphores(&layout, &setup) {
             let received = setup.take_semaphore(n)?;
             Some(TimelineSemaphore::import_received(&ctx, received).map_err(|e| e.into_error())?)
         } else {
             None
         };
-        Ok(HostBuffers {
+        Ok(HostReceiver {
             buffers,
             produced,
             ctx,
             frame_bytes,
+            session,
         })
     }
 
-    /// Bytes of one frame ([`Packet::frame_bytes`]): what [`Self::read`]
-    /// returns.
+    /// The session (layout, delivery, statistics, why it ended).
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Bytes of one frame ([`RingLayout::frame_bytes`]): what
+    /// [`HostReceiver::read`] returns.
     pub fn frame_bytes(&self) -> u64 {
         self.frame_bytes
     }
@@ -141,39 +164,43 @@ impl HostBuffers {
         self.produced.is_some()
     }
 
-    /// Frame `frame`'s bytes in `slot`, rows as the hello lays them out.
-    ///
-    /// `frame` must be the frame this receiver holds in `slot` (received
-    /// and not yet released: the sender does not write the slot meanwhile).
-    /// With the ring's "produced" timeline the read waits on the GPU for
-    /// `frame`; without it the sender announced the frame after its writes
-    /// completed, and the bytes are whatever the slot holds now. Each read
-    /// takes the buffer over from the sender (`VK_QUEUE_FAMILY_EXTERNAL`)
-    /// and gives it back, both waited for within `timeout`.
-    pub fn read(&self, slot: u32, frame: u64, timeout: Duration) -> Result<Vec<u8>, ConsumerError> {
-        let buffer = self.buffers.get(slot as usize).ok_or_else(|| {
-            ConsumerError::Protocol(format!(
-                "slot {slot} is not a slot of this ring (it has {}: 0 to {}); read the slot \
-                 of a frame this receiver holds",
-                self.buffers.len(),
-                self.buffers.len().saturating_sub(1)
-            ))
-        })?;
+    /// The next frame ([`Session::next`]).
+    pub fn next(&self, timeout: Duration) -> Result<Frame, ConsumerError> {
+        self.session.next(timeout)
+    }
+
+    /// `frame`'s bytes, rows as the layout lays them out, or an error (see
+    /// the module contract). Each read takes the buffer over from the
+    /// sender (`VK_QUEUE_FAMILY_EXTERNAL`) and gives it back, both waited
+    /// for within `timeout`.
+    pub fn read(&self, frame: &Frame, timeout: Duration) -> Result<Vec<u8>, ConsumerError> {
+        let deadline = deadline_after(timeout);
+        self.session.check_held(frame)?;
+        let buffer = &self.buffers[frame.slot() as usize];
         // SAFETY: the sender releases each slot to VK_QUEUE_FAMILY_EXTERNAL
         // after writing it (the crate's contract, `Sender::present_with`),
         // and this read is ordered after that release: by the "produced"
-        // wait below, or (without semaphores) by the frame packet the
+        // wait below, or (without semaphores) by the frame message the
         // sender sends only after its submission completed.
         unsafe { self.ctx.assume_buffer_released(buffer) }?;
-        let mut sync = SubmitSync::new().timeout(timeout);
+        let mut sync = SubmitSync::new().timeout(left(deadline));
         if let Some(produced) = &self.produced {
-            sync = sync.wait_timeline(produced, frame);
+            sync = sync.wait_timeline(produced, frame.sequence());
         }
         let bytes = self.ctx.read_buffer(buffer, self.frame_bytes, sync)?;
         // Back to the sender before the slot is released, as it acquires
         // the slot from VK_QUEUE_FAMILY_EXTERNAL for its next write.
         self.ctx
-            .release_buffer(buffer, SubmitSync::new().timeout(timeout))?;
+            .release_buffer(buffer, SubmitSync::new().timeout(left(deadline)))?;
+        // The read is complete: if the sender had not dropped this
+        // receiver by now, it had not written the slot during the read.
+        self.session.check_held(frame)?;
         Ok(bytes)
+    }
+
+    /// Gives `frame` back ([`Session::release`]; no GPU signal: a read
+    /// leaves no GPU work on the slot).
+    pub fn release(&self, frame: Frame) -> Result<(), ConsumerError> {
+        self.session.release(frame, false)
     }
 }

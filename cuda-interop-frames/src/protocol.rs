@@ -1,353 +1,225 @@
-//! The frame-ring protocol: the small fixed-size packets a frame producer
-//! (this crate's `producer` module, the `frame_server` example) and its
-//! consumers (the `consumer` module: the Python module, the `frame_client`
-//! example) exchange on the same `SOCK_SEQPACKET` socket as
-//! the `vk-export` wire message that shares the ring.
+//! The frame-ring protocol: typed messages ([`Message`]) that a sender and
+//! its receivers exchange as fixed-size packets on one `SOCK_SEQPACKET`
+//! socket, next to the one `vk-export` wire message that shares the ring.
 //!
 //! # Contract
 //!
-//! * One conversation: the producer sends a [`Kind::Hello`] packet (the
-//!   ring's layout), then one `vk-export` wire message tagged [`SETUP_TAG`]
-//!   whose resources are the `slots` buffers (or images, when the hello has
-//!   [`HELLO_IMAGES`]), the "produced" timeline and `slots` "released"
-//!   timelines (resource `slots + 1 + i` belongs to slot `i`; a ring
-//!   without semaphores sends the `slots` buffers or images alone); then [`Kind::Frame`] packets, each naming the
-//!   slot, the frame's sequence number and its presentation time
-//!   ([`Packet::timestamp_ns`], `CLOCK_MONOTONIC`). The consumer answers
-//!   each frame with one [`Kind::Release`] packet.
-//! * Delivery: a consumer subscribes first thing after connecting; one that
-//!   says nothing is served *lossless* (after a grace period, the
-//!   sender's `SUBSCRIBE_GRACE`): every frame from then on, in order, and
-//!   the producer waits (bounded) for its releases. A
-//!   consumer that sends [`Kind::Subscribe`] with [`MODE_LATEST`] is served
-//!   *latest*: it gets a frame only after asking with [`Kind::Acquire`],
-//!   and then the newest presented one; frames it did not ask for are
-//!   skipped (the gaps in the sequence numbers are its dropped frames), and
-//!   the producer never waits for it. Asking twice before a frame comes is
+//! * One conversation: the receiver connects and sends
+//!   [`Message::Subscribe`] (its [`Delivery`]) before anything else, within
+//!   the sender's subscribe bound; the sender answers with
+//!   [`Message::Hello`] (the [`RingLayout`]), then one `vk-export` wire
+//!   message tagged [`SETUP_TAG`] whose resources are the `slots` buffers
+//!   or images, the "produced" timeline and `slots` "released" timelines
+//!   (resource `slots + 1 + i` belongs to slot `i`; a ring without
+//!   semaphores sends the `slots` buffers or images alone); then
+//!   [`Message::Frame`]s, each naming a slot, the frame's sequence number
+//!   and its presentation time (`CLOCK_MONOTONIC` nanoseconds). The receiver
+//!   answers each frame with one [`Message::Release`].
+//! * Delivery: a [`Delivery::Lossless`] receiver gets every frame from its
+//!   subscribe on, in order, and the sender waits (bounded) for its
+//!   releases. A [`Delivery::Latest`] receiver gets a frame only after
+//!   asking with [`Message::Acquire`], and then the newest presented one;
+//!   the sender never waits for it. Asking twice before a frame comes is
 //!   one request.
-//! * GPU order: the producer signals "produced" with the frame number when
-//!   the frame is written; a consumer waits for that value before it reads.
-//!   A release with [`RELEASE_GPU_SIGNALLED`] promises that the consumer
+//! * GPU order: the sender signals "produced" with the frame number when
+//!   the frame is written; a receiver waits for that value before it
+//!   reads. A release with `gpu_signalled` promises that the receiver
 //!   signals slot `i`'s "released" timeline with the frame number once its
-//!   GPU work on the frame is done; the producer's next write to the slot
-//!   waits for that value. A release without it means the consumer's reads
-//!   have completed already.
-//! * Image rings: a hello with [`HELLO_IMAGES`] in its flags announces
-//!   OPTIMAL images; its `format` is the images' `VkFormat` (raw value) and
-//!   its `row_pitch` the bytes of one row tightly packed (`width` times the
-//!   texel size), which is what a read-back of a frame gives. The producer
-//!   releases each frame's image to `VK_QUEUE_FAMILY_EXTERNAL` in
-//!   `VK_IMAGE_LAYOUT_GENERAL`; a Vulkan consumer acquires it from there
-//!   and releases it back the same way before its release packet.
-//! * The producer never writes a slot a consumer holds (sent, not yet
-//!   released); a consumer that closes its socket releases everything it
-//!   held.
+//!   GPU work on the frame is done; the sender does not write the slot
+//!   before that value is reached. A release without it means the
+//!   receiver's reads have completed already.
+//! * Image rings ([`SlotFormat::Image`]): the layout's `row_pitch` is the
+//!   bytes of one row tightly packed (`width` times the texel size), which
+//!   is what a read-back of a frame gives. The sender releases each frame's
+//!   image to `VK_QUEUE_FAMILY_EXTERNAL` in `VK_IMAGE_LAYOUT_GENERAL`; a
+//!   Vulkan receiver acquires it from there and releases it back the same
+//!   way before its release message.
+//! * Ending: a sender that drops a receiver sends [`Message::Goodbye`]
+//!   with the [`DropReason`] and then shuts the socket down, before it can
+//!   write any slot that receiver held. A receiver therefore tells a frame
+//!   message queued before its drop from a live one by the socket's
+//!   hang-up, which the kernel reports at once, queued messages or not
+//!   (see `crate::session`).
 //! * Packets are [`PACKET_LEN`] bytes, little-endian, magic [`MAGIC`],
-//!   version [`VERSION`]; anything else is refused whole by
-//!   [`Packet::decode`]. A wire message (magic `"CIVX"`) is told apart by its
-//!   first four bytes.
+//!   version [`VERSION`]; a field a message does not use must be 0.
+//!   [`Message::decode`] refuses anything else whole, and checks a hello's
+//!   layout. A wire message (magic `"CIVX"`) is told apart by its first
+//!   four bytes.
 //!
 //! This module is std-only (and [`thiserror`]): it uses nothing else of the
 //! crate.
 
+use std::time::Duration;
+
 /// First four bytes of every packet.
 pub const MAGIC: [u8; 4] = *b"CIFR";
-/// The one version this build reads and writes.
-pub const VERSION: u16 = 2;
+/// The one version this build reads and writes (3: subscribe first, hello
+/// after it, goodbye messages, strict unused fields).
+pub const VERSION: u16 = 3;
 /// Bytes in every packet.
 pub const PACKET_LEN: usize = 48;
 /// The tag of the wire message that shares the ring (`"CIFRRING"`).
 pub const SETUP_TAG: u64 = u64::from_le_bytes(*b"CIFRRING");
 /// Most slots a ring may have: `2 * slots + 1` resources fit one wire message.
 pub const MAX_SLOTS: u32 = 7;
-/// [`Packet::format`] of 8-bit RGBA, 4 bytes per pixel.
-pub const FORMAT_RGBA8: u32 = 1;
-/// [`Packet::flags`] of a hello: the slots are images (see the module
-/// contract); without it they are pitched buffers of [`FORMAT_RGBA8`].
-pub const HELLO_IMAGES: u32 = 1;
-/// Texel sizes an image ring's hello may announce, in bytes.
+/// Texel sizes an image ring's layout may announce, in bytes.
 pub const IMAGE_TEXEL_BYTES: [u64; 5] = [1, 2, 4, 8, 16];
-/// [`Packet::flags`] of a release: the consumer signals the slot's "released"
-/// timeline with the frame number when its GPU work is done.
-pub const RELEASE_GPU_SIGNALLED: u32 = 1;
+/// Largest frame a layout may announce, in bytes.
+pub const MAX_FRAME_BYTES: u64 = 1 << 31;
 
-/// [`Packet::flags`] of a subscribe: every frame, in order (the default).
-pub const MODE_LOSSLESS: u32 = 0;
-/// [`Packet::flags`] of a subscribe: the newest frame, on request.
-pub const MODE_LATEST: u32 = 1;
+/// The `format` field of a buffer ring's hello: 8-bit RGBA, 4 bytes a pixel.
+const FORMAT_RGBA8: u32 = 1;
+/// The hello flag of an image ring.
+const HELLO_IMAGES: u32 = 1;
+/// The release flag of a GPU-signalled release.
+const RELEASE_GPU_SIGNALLED: u32 = 1;
 
-/// What a packet says.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// Producer to consumer, once: the ring's layout.
-    Hello = 1,
-    /// Producer to consumer: frame `frame` is in slot `slot`.
-    Frame = 2,
-    /// Consumer to producer: done with frame `frame` in slot `slot`.
-    Release = 3,
-    /// Consumer to producer, at most once, before its first acquire or
-    /// release: the delivery mode in `flags` ([`MODE_LATEST`] or
-    /// [`MODE_LOSSLESS`]).
-    Subscribe = 4,
-    /// Consumer (latest mode) to producer: send the newest frame, or the
-    /// next one if it has had the newest.
-    Acquire = 5,
+/// How a receiver wants its frames.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Delivery {
+    /// The newest frame when it asks; the sender never waits for it.
+    #[default]
+    Latest,
+    /// Every frame, in order; the sender waits (bounded) for its releases.
+    Lossless,
 }
 
-/// One packet; fields a kind does not use are 0.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Packet {
-    /// What it says.
-    pub kind: Kind,
-    /// The slot (hello: the number of slots).
-    pub slot: u32,
-    /// Release: [`RELEASE_GPU_SIGNALLED`] or 0; subscribe: the mode; hello:
-    /// [`HELLO_IMAGES`] or 0.
-    pub flags: u32,
-    /// The frame number (from 1; hello: 0).
-    pub frame: u64,
-    /// Hello: pixels per row.
+impl Delivery {
+    /// `"latest"` or `"lossless"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Delivery::Latest => "latest",
+            Delivery::Lossless => "lossless",
+        }
+    }
+}
+
+/// What a ring's slots hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SlotFormat {
+    /// Pitched linear buffers of 8-bit RGBA pixels.
+    Rgba8Buffer,
+    /// OPTIMAL images of this `VkFormat` (its raw value).
+    Image {
+        /// The images' `VkFormat`.
+        vk_format: u32,
+    },
+}
+
+/// A ring's layout: what a hello announces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RingLayout {
+    /// Slots in the ring (1 to [`MAX_SLOTS`]).
+    pub slots: u32,
+    /// Pixels per row.
     pub width: u32,
-    /// Hello: rows.
+    /// Rows.
     pub height: u32,
-    /// Hello: bytes from one row to the next.
+    /// Bytes from one row to the next (an image ring: the tightly packed row).
     pub row_pitch: u64,
-    /// Hello: [`FORMAT_RGBA8`] (buffer rings) or the images' `VkFormat`
-    /// (image rings).
-    pub format: u32,
-    /// Frame: its presentation time, nanoseconds of `CLOCK_MONOTONIC`.
-    pub timestamp_ns: u64,
+    /// What the slots are.
+    pub format: SlotFormat,
 }
 
-/// Why a packet was refused.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PacketError {
-    /// Not [`PACKET_LEN`] bytes.
-    #[error(
-        "frame packet of {0} bytes (expected {PACKET_LEN}): not a cuda-interop frame producer"
-    )]
-    Length(usize),
-    /// Does not start with [`MAGIC`].
-    #[error(
-        "frame packet with magic {0:02x?} (expected \"CIFR\"): not a cuda-interop frame producer"
-    )]
-    Magic([u8; 4]),
-    /// Another [`VERSION`].
-    #[error("frame protocol version {0} is not supported (this build speaks {VERSION}); update both sides")]
-    Version(u16),
-    /// An unknown kind.
-    #[error("unknown frame packet kind {0}")]
-    Kind(u16),
-    /// A subscribe with an unknown mode.
-    #[error("unknown delivery mode {0} (0: lossless, 1: latest)")]
-    Mode(u32),
-    /// A hello whose layout cannot be a ring of RGBA8 frames or of images.
-    #[error("bad ring layout: {0}")]
-    Layout(String),
-}
-
-impl Packet {
-    /// A hello for a ring of `slots` RGBA8 frames.
-    pub fn hello(slots: u32, width: u32, height: u32, row_pitch: u64) -> Packet {
-        Packet {
-            kind: Kind::Hello,
-            slot: slots,
-            flags: 0,
-            frame: 0,
+impl RingLayout {
+    /// A ring of `slots` RGBA8 buffers of `width` x `height` with rows
+    /// `row_pitch` bytes apart.
+    pub fn buffers(slots: u32, width: u32, height: u32, row_pitch: u64) -> RingLayout {
+        RingLayout {
+            slots,
             width,
             height,
             row_pitch,
-            format: FORMAT_RGBA8,
-            timestamp_ns: 0,
+            format: SlotFormat::Rgba8Buffer,
         }
     }
 
-    /// A hello for a ring of `slots` images of `vk_format` (a raw
-    /// `VkFormat`) with texels of `texel_bytes` bytes.
-    pub fn image_hello(
+    /// A ring of `slots` images of `vk_format` (a raw `VkFormat`) whose
+    /// texels are `texel_bytes` bytes.
+    pub fn images(
         slots: u32,
         width: u32,
         height: u32,
         vk_format: u32,
         texel_bytes: u32,
-    ) -> Packet {
-        Packet {
-            flags: HELLO_IMAGES,
-            format: vk_format,
-            ..Packet::hello(
-                slots,
-                width,
-                height,
-                u64::from(width) * u64::from(texel_bytes),
-            )
+    ) -> RingLayout {
+        RingLayout {
+            slots,
+            width,
+            height,
+            row_pitch: u64::from(width) * u64::from(texel_bytes),
+            format: SlotFormat::Image { vk_format },
         }
     }
 
-    /// Whether a hello announces an image ring ([`HELLO_IMAGES`]).
+    /// Whether the slots are images.
     pub fn is_image_ring(&self) -> bool {
-        self.kind == Kind::Hello && self.flags & HELLO_IMAGES != 0
+        matches!(self.format, SlotFormat::Image { .. })
     }
 
-    /// Frame `frame` is in `slot`, presented at `timestamp_ns`.
-    pub fn frame(slot: u32, frame: u64, timestamp_ns: u64) -> Packet {
-        Packet {
-            kind: Kind::Frame,
-            slot,
-            frame,
-            timestamp_ns,
-            ..Packet::hello(0, 0, 0, 0)
+    /// The images' raw `VkFormat`, for an image ring.
+    pub fn vk_format(&self) -> Option<u32> {
+        match self.format {
+            SlotFormat::Image { vk_format } => Some(vk_format),
+            SlotFormat::Rgba8Buffer => None,
         }
     }
 
-    /// The consumer's delivery mode ([`MODE_LATEST`] or [`MODE_LOSSLESS`]).
-    pub fn subscribe(mode: u32) -> Packet {
-        Packet {
-            kind: Kind::Subscribe,
-            slot: 0,
-            flags: mode,
-            ..Packet::hello(0, 0, 0, 0)
+    /// Bytes of one texel (a pixel of a buffer ring: 4).
+    pub fn texel_bytes(&self) -> u64 {
+        match self.format {
+            SlotFormat::Rgba8Buffer => 4,
+            SlotFormat::Image { .. } => self.row_pitch / u64::from(self.width.max(1)),
         }
     }
 
-    /// A latest-mode consumer asks for the newest frame.
-    pub fn acquire() -> Packet {
-        Packet {
-            kind: Kind::Acquire,
-            slot: 0,
-            ..Packet::hello(0, 0, 0, 0)
-        }
-    }
-
-    /// The consumer is done with `frame` in `slot`.
-    pub fn release(slot: u32, frame: u64, gpu_signalled: bool) -> Packet {
-        Packet {
-            kind: Kind::Release,
-            slot,
-            frame,
-            flags: if gpu_signalled {
-                RELEASE_GPU_SIGNALLED
-            } else {
-                0
-            },
-            ..Packet::hello(0, 0, 0, 0)
-        }
-    }
-
-    /// The packet's bytes.
-    pub fn encode(&self) -> [u8; PACKET_LEN] {
-        let mut b = [0u8; PACKET_LEN];
-        b[0..4].copy_from_slice(&MAGIC);
-        b[4..6].copy_from_slice(&VERSION.to_le_bytes());
-        b[6..8].copy_from_slice(&(self.kind as u16).to_le_bytes());
-        b[8..12].copy_from_slice(&self.slot.to_le_bytes());
-        b[12..16].copy_from_slice(&self.flags.to_le_bytes());
-        b[16..24].copy_from_slice(&self.frame.to_le_bytes());
-        b[24..28].copy_from_slice(&self.width.to_le_bytes());
-        b[28..32].copy_from_slice(&self.height.to_le_bytes());
-        b[32..40].copy_from_slice(&self.row_pitch.to_le_bytes());
-        b[40..44].copy_from_slice(&self.format.to_le_bytes());
-        // Bytes 24..32 are the width and height of a hello and the
-        // timestamp of every other packet (0 where unused).
-        if self.kind != Kind::Hello {
-            b[24..32].copy_from_slice(&self.timestamp_ns.to_le_bytes());
-        }
-        b
-    }
-
-    /// Parses one packet; a hello's layout is checked too
-    /// ([`Packet::check_layout`]).
-    pub fn decode(bytes: &[u8]) -> Result<Packet, PacketError> {
-        if bytes.len() != PACKET_LEN {
-            return Err(PacketError::Length(bytes.len()));
-        }
-        let u16_at = |i: usize| u16::from_le_bytes([bytes[i], bytes[i + 1]]);
-        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-        let magic: [u8; 4] = bytes[0..4].try_into().expect("4 bytes");
-        if magic != MAGIC {
-            return Err(PacketError::Magic(magic));
-        }
-        if u16_at(4) != VERSION {
-            return Err(PacketError::Version(u16_at(4)));
-        }
-        let kind = match u16_at(6) {
-            1 => Kind::Hello,
-            2 => Kind::Frame,
-            3 => Kind::Release,
-            4 => Kind::Subscribe,
-            5 => Kind::Acquire,
-            k => return Err(PacketError::Kind(k)),
-        };
-        let hello = kind == Kind::Hello;
-        let packet = Packet {
-            kind,
-            slot: u32_at(8),
-            flags: u32_at(12),
-            frame: u64_at(16),
-            width: if hello { u32_at(24) } else { 0 },
-            height: if hello { u32_at(28) } else { 0 },
-            row_pitch: u64_at(32),
-            format: u32_at(40),
-            timestamp_ns: if hello { 0 } else { u64_at(24) },
-        };
-        if hello {
-            packet.check_layout()?;
-        }
-        if kind == Kind::Subscribe && packet.flags > MODE_LATEST {
-            return Err(PacketError::Mode(packet.flags));
-        }
-        Ok(packet)
-    }
-
-    /// A hello's layout: 1 to [`MAX_SLOTS`] slots, a non-empty image, at
-    /// most 2^31 bytes a frame; buffer rings: RGBA8, rows that fit the pitch
-    /// (a multiple of 4); image rings ([`HELLO_IMAGES`]): a nonzero format
-    /// and a pitch of `width` texels of one of [`IMAGE_TEXEL_BYTES`].
-    pub fn check_layout(&self) -> Result<(), PacketError> {
+    /// Checks the layout: 1 to [`MAX_SLOTS`] slots, a non-empty frame of at
+    /// most [`MAX_FRAME_BYTES`]; buffer rings: rows that fit the pitch (a
+    /// multiple of 4, at most 2 GiB); image rings: a nonzero format and a
+    /// pitch of `width` texels of one of [`IMAGE_TEXEL_BYTES`]. A layout
+    /// built by hand is checked like a received one.
+    pub fn check(&self) -> Result<(), PacketError> {
         let bad = |why: String| Err(PacketError::Layout(why));
-        if self.slot == 0 || self.slot > MAX_SLOTS {
-            return bad(format!("{} slots (1 to {MAX_SLOTS})", self.slot));
-        }
-        if self.flags & !HELLO_IMAGES != 0 {
-            return bad(format!(
-                "hello flags {:#x} (only HELLO_IMAGES, 1, is known)",
-                self.flags
-            ));
+        if self.slots == 0 || self.slots > MAX_SLOTS {
+            return bad(format!("{} slots (1 to {MAX_SLOTS})", self.slots));
         }
         if self.width == 0 || self.height == 0 {
             return bad(format!("{}x{} pixels", self.width, self.height));
         }
-        if self.is_image_ring() {
-            if self.format == 0 {
-                return bad("an image ring of VK_FORMAT_UNDEFINED".into());
+        match self.format {
+            SlotFormat::Image { vk_format } => {
+                if vk_format == 0 {
+                    return bad("an image ring of VK_FORMAT_UNDEFINED".into());
+                }
+                let width = u64::from(self.width);
+                if !self.row_pitch.is_multiple_of(width)
+                    || !IMAGE_TEXEL_BYTES.contains(&(self.row_pitch / width))
+                {
+                    return bad(format!(
+                        "image row of {} bytes for {} texels (texels of 1, 2, 4, 8 or 16 bytes)",
+                        self.row_pitch, self.width
+                    ));
+                }
             }
-            let width = u64::from(self.width);
-            if !self.row_pitch.is_multiple_of(width)
-                || !IMAGE_TEXEL_BYTES.contains(&(self.row_pitch / width))
-            {
-                return bad(format!(
-                    "image row of {} bytes for {} texels (texels of 1, 2, 4, 8 or 16 bytes)",
-                    self.row_pitch, self.width
-                ));
-            }
-        } else {
-            if self.format != FORMAT_RGBA8 {
-                return bad(format!("format {} (only RGBA8, 1, is known)", self.format));
-            }
-            let row = u64::from(self.width) * 4;
-            // The pitch becomes a tensor stride (an i64) and is bounded like the
-            // frame: a one-row frame would otherwise leave it unchecked.
-            if self.row_pitch < row || !self.row_pitch.is_multiple_of(4) || self.row_pitch > 1 << 31
-            {
-                return bad(format!(
-                    "row pitch {} for rows of {row} bytes (at least a row, a multiple of 4, \
-                     at most 2 GiB)",
-                    self.row_pitch
-                ));
+            SlotFormat::Rgba8Buffer => {
+                let row = u64::from(self.width) * 4;
+                // The pitch becomes a tensor stride (an i64) and is bounded
+                // like the frame: a one-row frame would otherwise leave it
+                // unchecked.
+                if self.row_pitch < row
+                    || !self.row_pitch.is_multiple_of(4)
+                    || self.row_pitch > MAX_FRAME_BYTES
+                {
+                    return bad(format!(
+                        "row pitch {} for rows of {row} bytes (at least a row, a multiple of \
+                         4, at most 2 GiB)",
+                        self.row_pitch
+                    ));
+                }
             }
         }
         match self.frame_bytes() {
-            Some(n) if n <= 1 << 31 => Ok(()),
+            Some(n) if n <= MAX_FRAME_BYTES => Ok(()),
             _ => bad(format!(
                 "{}x{} with pitch {} is larger than 2 GiB",
                 self.width, self.height, self.row_pitch
@@ -355,219 +227,727 @@ impl Packet {
         }
     }
 
-    /// Bytes a frame of a hello's layout spans: all rows but the last at
-    /// the pitch, the last one only as wide as the image (4 bytes a pixel
-    /// in a buffer ring; an image ring's rows are the pitch).
+    /// Bytes a frame spans: all rows but the last at the pitch, the last
+    /// one only as wide as the image (4 bytes a pixel in a buffer ring; an
+    /// image ring's rows are the pitch). `None` if it overflows.
     pub fn frame_bytes(&self) -> Option<u64> {
-        let last_row = if self.is_image_ring() {
-            self.row_pitch
-        } else {
-            u64::from(self.width) * 4
+        let last_row = match self.format {
+            SlotFormat::Image { .. } => self.row_pitch,
+            SlotFormat::Rgba8Buffer => u64::from(self.width) * 4,
         };
         u64::from(self.height)
             .checked_sub(1)?
             .checked_mul(self.row_pitch)?
             .checked_add(last_row)
     }
+
+    /// [`RingLayout::frame_bytes`] of a checked layout.
+    pub fn checked_frame_bytes(&self) -> Result<u64, PacketError> {
+        self.check()?;
+        self.frame_bytes()
+            .ok_or_else(|| PacketError::Layout("frame size overflows".into()))
+    }
 }
 
-/// The pixel value (read as a little-endian `u32`) of the background of frame
-/// `frame` of the demo pattern: the frame number itself.
-pub fn background(frame: u64) -> u32 {
-    frame as u32
+/// Why a sender dropped a receiver: what [`Message::Goodbye`] says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// It held frame `sequence` longer than the hold timeout.
+    HeldTooLong {
+        /// The frame.
+        sequence: u64,
+        /// The hold timeout.
+        limit: Duration,
+    },
+    /// It promised a GPU release of frame `sequence` and its "released"
+    /// timeline did not reach it within the hold timeout.
+    GpuReleaseMissing {
+        /// The frame.
+        sequence: u64,
+        /// The hold timeout.
+        limit: Duration,
+    },
+    /// It did not subscribe within the sender's subscribe bound.
+    NotSubscribed {
+        /// The bound.
+        limit: Duration,
+    },
+    /// The sender serves this many receivers already.
+    TooManyReceivers {
+        /// The sender's limit.
+        limit: u32,
+    },
+    /// Its process connected more often than the sender allows.
+    TooManyConnects {
+        /// Connections a second the sender allows one process.
+        per_second: u32,
+    },
+    /// Its socket was full: it stopped reading frame messages.
+    StoppedReading,
+    /// It broke the protocol.
+    ProtocolFault(Fault),
+    /// The sender stops.
+    SenderStopping,
 }
 
-/// The pixel value of the moving band of frame `frame`: every bit of the
-/// background flipped.
-pub fn band_value(frame: u64) -> u32 {
-    !background(frame)
+/// What a receiver did wrong ([`DropReason::ProtocolFault`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fault {
+    /// A packet that does not decode.
+    BadPacket,
+    /// It released frame `sequence`, which it does not hold.
+    NotHeld {
+        /// The frame.
+        sequence: u64,
+    },
+    /// A second subscribe.
+    SubscribedTwice,
+    /// Something other than a subscribe first.
+    NotSubscribedFirst,
+    /// A lossless receiver asked for a frame.
+    AcquireWhenLossless,
+    /// A GPU-signalled release on a ring without semaphores.
+    GpuSignalWithoutSemaphores,
+    /// A message only senders send.
+    SenderMessage,
 }
 
-/// The rows `[start, end)` of the moving band of frame `frame` in an image of
-/// `height` rows: `height / 16` rows (at least 1) moving down 8 rows a frame.
-pub fn band_rows(frame: u64, height: u32) -> (u32, u32) {
-    let rows = (height / 16).max(1);
-    let span = u64::from(height - rows + 1);
-    let start = (frame.wrapping_mul(8) % span) as u32;
-    (start, start + rows)
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::BadPacket => write!(f, "it sent a packet that is not a frame-protocol packet"),
+            Fault::NotHeld { sequence } => {
+                write!(f, "it released frame {sequence}, which it does not hold")
+            }
+            Fault::SubscribedTwice => write!(f, "it subscribed twice"),
+            Fault::NotSubscribedFirst => write!(f, "its first message was not a subscribe"),
+            Fault::AcquireWhenLossless => {
+                write!(f, "it asked for a frame, but it is a lossless receiver")
+            }
+            Fault::GpuSignalWithoutSemaphores => write!(
+                f,
+                "it released with a GPU signal, but the ring has no semaphores"
+            ),
+            Fault::SenderMessage => write!(f, "it sent a message only senders send"),
+        }
+    }
+}
+
+impl std::fmt::Display for DropReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DropReason::HeldTooLong { sequence, limit } => write!(
+                f,
+                "it held frame {sequence} longer than the sender's hold timeout ({limit:?}): \
+                 release frames sooner, or raise SenderOptions::hold_timeout"
+            ),
+            DropReason::GpuReleaseMissing { sequence, limit } => write!(
+                f,
+                "its GPU release of frame {sequence} did not arrive within the sender's hold \
+                 timeout ({limit:?}): the \"released\" timeline was never signalled"
+            ),
+            DropReason::NotSubscribed { limit } => {
+                write!(f, "it did not subscribe within {limit:?} of connecting")
+            }
+            DropReason::TooManyReceivers { limit } => write!(
+                f,
+                "the sender serves {limit} receivers already (SenderOptions::max_receivers)"
+            ),
+            DropReason::TooManyConnects { per_second } => write!(
+                f,
+                "its process connected more than {per_second} times a second \
+                 (SenderOptions::connects_per_second)"
+            ),
+            DropReason::StoppedReading => write!(
+                f,
+                "it stopped reading: its socket was full when a frame message was due"
+            ),
+            DropReason::ProtocolFault(fault) => write!(f, "protocol fault: {fault}"),
+            DropReason::SenderStopping => write!(f, "the sender stops"),
+        }
+    }
+}
+
+/// One message of the protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Message {
+    /// Sender to receiver, once, after the subscribe: the ring's layout.
+    Hello(RingLayout),
+    /// Sender to receiver: frame `sequence` is in `slot`.
+    Frame {
+        /// The slot.
+        slot: u32,
+        /// The frame's sequence number (from 1).
+        sequence: u64,
+        /// Its presentation time, nanoseconds of `CLOCK_MONOTONIC`.
+        timestamp_ns: u64,
+    },
+    /// Receiver to sender: done with frame `sequence` of `slot`.
+    Release {
+        /// The slot.
+        slot: u32,
+        /// The frame.
+        sequence: u64,
+        /// The receiver signals the slot's "released" timeline with
+        /// `sequence` when its GPU work is done.
+        gpu_signalled: bool,
+    },
+    /// Receiver to sender, first and once: its delivery.
+    Subscribe(Delivery),
+    /// Receiver (latest delivery) to sender: send the newest frame, or the
+    /// next one if it has had the newest.
+    Acquire,
+    /// Sender to receiver, last: why the sender drops it.
+    Goodbye(DropReason),
+}
+
+/// Why a packet was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PacketError {
+    /// Not [`PACKET_LEN`] bytes.
+    #[error("frame packet of {0} bytes (expected {PACKET_LEN}): not a cuda-interop frame peer")]
+    Length(usize),
+    /// Does not start with [`MAGIC`].
+    #[error("frame packet with magic {0:02x?} (expected \"CIFR\"): not a cuda-interop frame peer")]
+    Magic([u8; 4]),
+    /// Another [`VERSION`].
+    #[error(
+        "frame protocol version {0} is not supported (this build speaks {VERSION}); update both \
+         sides"
+    )]
+    Version(u16),
+    /// An unknown kind.
+    #[error("unknown frame packet kind {0}")]
+    Kind(u16),
+    /// A field the message does not use is not 0, or a code is unknown.
+    #[error("malformed {kind} packet: {why}")]
+    Malformed {
+        /// The message kind.
+        kind: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+    /// A hello whose layout cannot be a ring.
+    #[error("bad ring layout: {0}")]
+    Layout(String),
+}
+
+const KIND_HELLO: u16 = 1;
+const KIND_FRAME: u16 = 2;
+const KIND_RELEASE: u16 = 3;
+const KIND_SUBSCRIBE: u16 = 4;
+const KIND_ACQUIRE: u16 = 5;
+const KIND_GOODBYE: u16 = 6;
+
+/// The raw fields of a packet: `a` at 8..12, `b` at 12..16, `c` at 16..24,
+/// `d` at 24..32, `e` at 32..40, `g` at 40..44; 44..48 is always 0.
+#[derive(Default)]
+struct Fields {
+    a: u32,
+    b: u32,
+    c: u64,
+    d: u64,
+    e: u64,
+    g: u32,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Message {
+    /// The packet's bytes.
+    pub fn encode(&self) -> [u8; PACKET_LEN] {
+        let (kind, f) = match *self {
+            Message::Hello(l) => {
+                let (flags, format) = match l.format {
+                    SlotFormat::Rgba8Buffer => (0, FORMAT_RGBA8),
+                    SlotFormat::Image { vk_format } => (HELLO_IMAGES, vk_format),
+                };
+                let size = u64::from(l.width) | u64::from(l.height) << 32;
+                let f = Fields {
+                    a: l.slots,
+                    b: flags,
+                    d: size,
+                    e: l.row_pitch,
+                    g: format,
+                    ..Fields::default()
+                };
+                (KIND_HELLO, f)
+            }
+            Message::Frame {
+                slot,
+                sequence,
+                timestamp_ns,
+            } => (
+                KIND_FRAME,
+                Fields {
+                    a: slot,
+                    c: sequence,
+                    d: timestamp_ns,
+                    ..Fields::default()
+                },
+            ),
+            Message::Release {
+                slot,
+                sequence,
+                gpu_signalled,
+            } => (
+                KIND_RELEASE,
+                Fields {
+                    a: slot,
+                    b: if gpu_signalled {
+                        RELEASE_GPU_SIGNALLED
+                    } else {
+                        0
+                    },
+                    c: sequence,
+                    ..Fields::default()
+                },
+            ),
+            Message::Subscribe(d) => (
+                KIND_SUBSCRIBE,
+                Fields {
+                    b: match d {
+                        Delivery::Lossless => 0,
+                        Delivery::Latest => 1,
+                    },
+                    ..Fields::default()
+                },
+            ),
+            Message::Acquire => (KIND_ACQUIRE, Fields::default()),
+            Message::Goodbye(reason) => (KIND_GOODBYE, encode_reason(reason)),
+        };
+        let mut b = [0u8; PACKET_LEN];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        b[6..8].copy_from_slice(&kind.to_le_bytes());
+        b[8..12].copy_from_slice(&f.a.to_le_bytes());
+        b[12..16].copy_from_slice(&f.b.to_le_bytes());
+        b[16..24].copy_from_slice(&f.c.to_le_bytes());
+        b[24..32].copy_from_slice(&f.d.to_le_bytes());
+        b[32..40].copy_from_slice(&f.e.to_le_bytes());
+        b[40..44].copy_from_slice(&f.g.to_le_bytes());
+        b
+    }
+
+    /// Parses one packet, refusing it whole if anything is off (see the
+    /// module contract); a hello's layout is checked too.
+    pub fn decode(bytes: &[u8]) -> Result<Message, PacketError> {
+        if bytes.len() != PACKET_LEN {
+            return Err(PacketError::Length(bytes.len()));
+        }
+        let u16_at = |i: usize| u16::from_le_bytes([bytes[i], bytes[i + 1]]);
+        let u32_at = |i: usize| {
+            u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]])
+        };
+        let u64_at = |i: usize| u64::from(u32_at(i)) | u64::from(u32_at(i + 4)) << 32;
+        let magic = [bytes[0], bytes[1], bytes[2], bytes[3]];
+        if magic != MAGIC {
+            return Err(PacketError::Magic(magic));
+        }
+        if u16_at(4) != VERSION {
+            return Err(PacketError::Version(u16_at(4)));
+        }
+        let f = Fields {
+            a: u32_at(8),
+            b: u32_at(12),
+            c: u64_at(16),
+            d: u64_at(24),
+            e: u64_at(32),
+            g: u32_at(40),
+        };
+        let kind = u16_at(6);
+        let name = match kind {
+            KIND_HELLO => "hello",
+            KIND_FRAME => "frame",
+            KIND_RELEASE => "release",
+            KIND_SUBSCRIBE => "subscribe",
+            KIND_ACQUIRE => "acquire",
+            KIND_GOODBYE => "goodbye",
+            k => return Err(PacketError::Kind(k)),
+        };
+        let malformed = |why: String| PacketError::Malformed { kind: name, why };
+        // Which of a, b, c, d, e, g the kind uses; the rest must be 0.
+        let used: [bool; 6] = match kind {
+            KIND_HELLO => [true, true, false, true, true, true],
+            KIND_FRAME => [true, false, true, true, false, false],
+            KIND_RELEASE => [true, true, true, false, false, false],
+            KIND_SUBSCRIBE => [false, true, false, false, false, false],
+            KIND_ACQUIRE => [false; 6],
+            _ => [false, true, true, false, true, false],
+        };
+        let values = [
+            u64::from(f.a),
+            u64::from(f.b),
+            f.c,
+            f.d,
+            f.e,
+            u64::from(f.g),
+        ];
+        let names = ["8..12", "12..16", "16..24", "24..32", "32..40", "40..44"];
+        for i in 0..6 {
+            if !used[i] && values[i] != 0 {
+                return Err(malformed(format!("bytes {} are not 0", names[i])));
+            }
+        }
+        if u32_at(44) != 0 {
+            return Err(malformed("bytes 44..48 are not 0".into()));
+        }
+        let message = match kind {
+            KIND_HELLO => {
+                let format = match f.b {
+                    0 if f.g == FORMAT_RGBA8 => SlotFormat::Rgba8Buffer,
+                    0 => {
+                        return Err(PacketError::Layout(format!(
+                            "format {} (a buffer ring is RGBA8, 1)",
+                            f.g
+                        )))
+                    }
+                    HELLO_IMAGES => SlotFormat::Image { vk_format: f.g },
+                    flags => {
+                        return Err(PacketError::Layout(format!(
+                            "hello flags {flags:#x} (only 1, images, is known)"
+                        )))
+                    }
+                };
+                let layout = RingLayout {
+                    slots: f.a,
+                    width: f.d as u32,
+                    height: (f.d >> 32) as u32,
+                    row_pitch: f.e,
+                    format,
+                };
+                layout.check()?;
+                Message::Hello(layout)
+            }
+            KIND_FRAME => Message::Frame {
+                slot: f.a,
+                sequence: f.c,
+                timestamp_ns: f.d,
+            },
+            KIND_RELEASE => Message::Release {
+                slot: f.a,
+                sequence: f.c,
+                gpu_signalled: match f.b {
+                    0 => false,
+                    RELEASE_GPU_SIGNALLED => true,
+                    flags => return Err(malformed(format!("release flags {flags:#x}"))),
+                },
+            },
+            KIND_SUBSCRIBE => Message::Subscribe(match f.b {
+                0 => Delivery::Lossless,
+                1 => Delivery::Latest,
+                mode => {
+                    return Err(malformed(format!(
+                        "delivery {mode} (0: lossless, 1: latest)"
+                    )))
+                }
+            }),
+            KIND_ACQUIRE => Message::Acquire,
+            _ => Message::Goodbye(decode_reason(&f).ok_or_else(|| {
+                malformed(format!("reason {}.{} is not known", f.b & 0xffff, f.b >> 16))
+            })?),
+        };
+        if let Message::Frame { sequence: 0, .. } | Message::Release { sequence: 0, .. } = message
+        {
+            return Err(malformed("frame number 0 (frames count from 1)".into()));
+        }
+        // One encoding per message: anything the fields above did not
+        // carry (a field a reason does not use, say) is refused too.
+        if message.encode()[..] != bytes[..] {
+            return Err(malformed("a field its kind does not use is not 0".into()));
+        }
+        Ok(message)
+    }
+
+    /// What the message is, for errors.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Message::Hello(_) => "hello",
+            Message::Frame { .. } => "frame",
+            Message::Release { .. } => "release",
+            Message::Subscribe(_) => "subscribe",
+            Message::Acquire => "acquire",
+            Message::Goodbye(_) => "goodbye",
+        }
+    }
+}
+
+/// A reason's code in `b` (low half: the reason, high half: a fault's
+/// kind), its frame in `c`, its bound in `e` (milliseconds or a count).
+fn encode_reason(reason: DropReason) -> Fields {
+    let (code, c, e) = match reason {
+        DropReason::HeldTooLong { sequence, limit } => (1, sequence, millis(limit)),
+        DropReason::GpuReleaseMissing { sequence, limit } => (2, sequence, millis(limit)),
+        DropReason::NotSubscribed { limit } => (3, 0, millis(limit)),
+        DropReason::TooManyReceivers { limit } => (4, 0, u64::from(limit)),
+        DropReason::TooManyConnects { per_second } => (5, 0, u64::from(per_second)),
+        DropReason::StoppedReading => (6, 0, 0),
+        DropReason::SenderStopping => (7, 0, 0),
+        DropReason::ProtocolFault(fault) => {
+            let (kind, c) = match fault {
+                Fault::BadPacket => (1, 0),
+                Fault::NotHeld { sequence } => (2, sequence),
+                Fault::SubscribedTwice => (3, 0),
+                Fault::NotSubscribedFirst => (4, 0),
+                Fault::AcquireWhenLossless => (5, 0),
+                Fault::GpuSignalWithoutSemaphores => (6, 0),
+                Fault::SenderMessage => (7, 0),
+            };
+            (8 | kind << 16, c, 0)
+        }
+    };
+    Fields {
+        b: code,
+        c,
+        e,
+        ..Fields::default()
+    }
+}
+
+fn decode_reason(f: &Fields) -> Option<DropReason> {
+    let limit = Duration::from_millis(f.e);
+    let small = |v: u64| u32::try_from(v).ok();
+    let (code, kind) = (f.b & 0xffff, f.b >> 16);
+    if code != 8 && kind != 0 {
+        return None;
+    }
+    Some(match code {
+        1 => DropReason::HeldTooLong {
+            sequence: f.c,
+            limit,
+        },
+        2 => DropReason::GpuReleaseMissing {
+            sequence: f.c,
+            limit,
+        },
+        3 => DropReason::NotSubscribed { limit },
+        4 => DropReason::TooManyReceivers {
+            limit: small(f.e)?,
+        },
+        5 => DropReason::TooManyConnects {
+            per_second: small(f.e)?,
+        },
+        6 => DropReason::StoppedReading,
+        7 => DropReason::SenderStopping,
+        8 => DropReason::ProtocolFault(match kind {
+            1 => Fault::BadPacket,
+            2 => Fault::NotHeld { sequence: f.c },
+            3 => Fault::SubscribedTwice,
+            4 => Fault::NotSubscribedFirst,
+            5 => Fault::AcquireWhenLossless,
+            6 => Fault::GpuSignalWithoutSemaphores,
+            7 => Fault::SenderMessage,
+            _ => return None,
+        }),
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn every_message() -> Vec<Message> {
+        let limit = Duration::from_millis(5000);
+        let mut all = vec![
+            Message::Hello(RingLayout::buffers(4, 1920, 1080, 7680)),
+            Message::Hello(RingLayout::images(3, 64, 32, 37, 4)),
+            Message::Frame {
+                slot: 3,
+                sequence: 99,
+                timestamp_ns: 123_456_789,
+            },
+            Message::Release {
+                slot: 1,
+                sequence: 7,
+                gpu_signalled: true,
+            },
+            Message::Release {
+                slot: 0,
+                sequence: 1,
+                gpu_signalled: false,
+            },
+            Message::Subscribe(Delivery::Latest),
+            Message::Subscribe(Delivery::Lossless),
+            Message::Acquire,
+        ];
+        let reasons = [
+            DropReason::HeldTooLong { sequence: 22, limit },
+            DropReason::GpuReleaseMissing { sequence: 9, limit },
+            DropReason::NotSubscribed { limit },
+            DropReason::TooManyReceivers { limit: 16 },
+            DropReason::TooManyConnects { per_second: 20 },
+            DropReason::StoppedReading,
+            DropReason::SenderStopping,
+            DropReason::ProtocolFault(Fault::BadPacket),
+            DropReason::ProtocolFault(Fault::NotHeld { sequence: 4 }),
+            DropReason::ProtocolFault(Fault::SubscribedTwice),
+            DropReason::ProtocolFault(Fault::NotSubscribedFirst),
+            DropReason::ProtocolFault(Fault::AcquireWhenLossless),
+            DropReason::ProtocolFault(Fault::GpuSignalWithoutSemaphores),
+            DropReason::ProtocolFault(Fault::SenderMessage),
+        ];
+        all.extend(reasons.into_iter().map(Message::Goodbye));
+        all
+    }
+
     #[test]
-    fn round_trip() {
-        for p in [
-            Packet::hello(4, 1920, 1080, 7680),
-            Packet::frame(3, 99, 123_456_789),
-            Packet::release(1, 7, true),
-            Packet::subscribe(MODE_LATEST),
-            Packet::subscribe(MODE_LOSSLESS),
-            Packet::acquire(),
-        ] {
-            assert_eq!(Packet::decode(&p.encode()), Ok(p));
+    fn every_message_round_trips() {
+        for m in every_message() {
+            assert_eq!(Message::decode(&m.encode()), Ok(m), "{m:?}");
         }
     }
 
     #[test]
-    fn bad_layouts() {
-        assert!(Packet::decode(&Packet::hello(0, 4, 4, 16).encode()).is_err());
-        assert!(Packet::decode(&Packet::hello(8, 4, 4, 16).encode()).is_err());
-        assert!(Packet::decode(&Packet::hello(2, 4, 4, 15).encode()).is_err());
-        assert!(Packet::decode(&Packet::hello(2, 4, 4, 12).encode()).is_err());
-        assert!(Packet::decode(&Packet::hello(2, 65535, 65535, 1 << 20).encode()).is_err());
+    fn bad_layouts_are_refused() {
+        let refused = |l: RingLayout| Message::decode(&Message::Hello(l).encode()).is_err();
+        assert!(refused(RingLayout::buffers(0, 4, 4, 16)));
+        assert!(refused(RingLayout::buffers(8, 4, 4, 16)));
+        assert!(refused(RingLayout::buffers(2, 4, 4, 15)));
+        assert!(refused(RingLayout::buffers(2, 4, 4, 12)));
+        assert!(refused(RingLayout::buffers(2, 0, 4, 16)));
+        assert!(refused(RingLayout::buffers(2, 65535, 65535, 1 << 20)));
         // One row: the frame is small whatever the pitch, which becomes an
         // i64 stride, so the pitch is bounded on its own.
-        assert!(Packet::decode(&Packet::hello(2, 4, 1, 1 << 31).encode()).is_ok());
-        assert!(Packet::decode(&Packet::hello(2, 4, 1, (1 << 31) + 4).encode()).is_err());
-        assert!(Packet::decode(&Packet::hello(2, 4, 1, u64::MAX - 3).encode()).is_err());
+        assert!(!refused(RingLayout::buffers(2, 4, 1, 1 << 31)));
+        assert!(refused(RingLayout::buffers(2, 4, 1, (1 << 31) + 4)));
+        assert!(refused(RingLayout::buffers(2, 4, 1, u64::MAX - 3)));
+        assert!(refused(RingLayout::images(3, 64, 32, 37, 3)));
+        assert!(refused(RingLayout::images(3, 64, 32, 37, 0)));
+        assert!(refused(RingLayout::images(3, 64, 32, 0, 4)));
+        assert!(refused(RingLayout::images(3, 1 << 16, 1 << 14, 37, 16)));
+        assert!(!refused(RingLayout::images(3, 64, 32, 109, 16)));
+        let mut odd = RingLayout::images(3, 64, 32, 37, 4);
+        odd.row_pitch = 255;
+        assert!(refused(odd));
+        // A hand-built layout is checked the same way.
+        assert!(RingLayout::buffers(2, 4, 4, 12).check().is_err());
+        assert!(RingLayout::buffers(MAX_SLOTS, 4, 4, 16).check().is_ok());
     }
 
     #[test]
     fn encoding_is_little_endian_at_fixed_offsets() {
-        let b = Packet::release(3, 0x0102_0304_0506_0708, true).encode();
-        assert_eq!(b.len(), PACKET_LEN);
+        let b = Message::Release {
+            slot: 3,
+            sequence: 0x0102_0304_0506_0708,
+            gpu_signalled: true,
+        }
+        .encode();
         assert_eq!(&b[0..4], b"CIFR");
-        assert_eq!(&b[4..6], &VERSION.to_le_bytes());
-        assert_eq!(&b[6..8], &3u16.to_le_bytes()); // Kind::Release
+        assert_eq!(&b[4..6], &3u16.to_le_bytes());
+        assert_eq!(&b[6..8], &KIND_RELEASE.to_le_bytes());
         assert_eq!(&b[8..12], &3u32.to_le_bytes());
-        assert_eq!(&b[12..16], &RELEASE_GPU_SIGNALLED.to_le_bytes());
+        assert_eq!(&b[12..16], &1u32.to_le_bytes());
         assert_eq!(&b[16..24], &0x0102_0304_0506_0708u64.to_le_bytes());
-        // Unused fields are 0, but every packet carries the format (1).
-        assert!(b[24..40].iter().all(|&x| x == 0));
-        assert_eq!(&b[40..44], &FORMAT_RGBA8.to_le_bytes());
-        assert!(b[44..].iter().all(|&x| x == 0));
-        let h = Packet::hello(2, 640, 480, 2560).encode();
+        assert!(b[24..].iter().all(|&x| x == 0));
+        let h = Message::Hello(RingLayout::buffers(2, 640, 480, 2560)).encode();
+        assert_eq!(&h[8..12], &2u32.to_le_bytes());
         assert_eq!(&h[24..28], &640u32.to_le_bytes());
         assert_eq!(&h[28..32], &480u32.to_le_bytes());
         assert_eq!(&h[32..40], &2560u64.to_le_bytes());
         assert_eq!(&h[40..44], &FORMAT_RGBA8.to_le_bytes());
-        assert_eq!(Packet::release(0, 1, false).flags, 0);
-        // A frame's timestamp sits where a hello's width and height are.
-        let f = Packet::frame(2, 5, 0x1112_1314_1516_1718).encode();
+        let f = Message::Frame {
+            slot: 2,
+            sequence: 5,
+            timestamp_ns: 0x1112_1314_1516_1718,
+        }
+        .encode();
         assert_eq!(&f[24..32], &0x1112_1314_1516_1718u64.to_le_bytes());
-        assert_eq!(
-            &Packet::subscribe(MODE_LATEST).encode()[12..16],
-            &1u32.to_le_bytes()
-        );
-        assert_eq!(&Packet::acquire().encode()[6..8], &5u16.to_le_bytes());
+        let s = Message::Subscribe(Delivery::Latest).encode();
+        assert_eq!(&s[12..16], &1u32.to_le_bytes());
     }
 
     #[test]
-    fn refused_whole() {
-        let good = Packet::frame(1, 2, 3).encode();
-        assert_eq!(Packet::decode(&good[..47]), Err(PacketError::Length(47)));
-        assert_eq!(Packet::decode(&[]), Err(PacketError::Length(0)));
+    fn anything_off_is_refused_whole() {
+        let good = Message::Frame {
+            slot: 1,
+            sequence: 2,
+            timestamp_ns: 3,
+        }
+        .encode();
+        assert_eq!(Message::decode(&good[..47]), Err(PacketError::Length(47)));
+        assert_eq!(Message::decode(&[]), Err(PacketError::Length(0)));
         let mut b = good;
         b[0] = b'X';
-        assert_eq!(Packet::decode(&b), Err(PacketError::Magic(*b"XIFR")));
+        assert_eq!(Message::decode(&b), Err(PacketError::Magic(*b"XIFR")));
         let mut b = good;
-        b[4..6].copy_from_slice(&1u16.to_le_bytes());
-        assert_eq!(Packet::decode(&b), Err(PacketError::Version(1)));
-        let mut b = Packet::subscribe(MODE_LATEST).encode();
-        b[12..16].copy_from_slice(&2u32.to_le_bytes());
-        assert_eq!(Packet::decode(&b), Err(PacketError::Mode(2)));
-        for kind in [0u16, 6, u16::MAX] {
+        b[4..6].copy_from_slice(&2u16.to_le_bytes());
+        assert_eq!(Message::decode(&b), Err(PacketError::Version(2)));
+        for kind in [0u16, 7, u16::MAX] {
             let mut b = good;
             b[6..8].copy_from_slice(&kind.to_le_bytes());
-            assert_eq!(Packet::decode(&b), Err(PacketError::Kind(kind)));
+            assert_eq!(Message::decode(&b), Err(PacketError::Kind(kind)));
         }
-        // Only a hello's layout is checked: a frame packet's zero layout is fine.
-        assert!(Packet::decode(&good).is_ok());
-        let mut b = Packet::hello(2, 4, 4, 16).encode();
-        b[40..44].copy_from_slice(&2u32.to_le_bytes());
-        assert!(matches!(Packet::decode(&b), Err(PacketError::Layout(_))));
-    }
-
-    #[test]
-    fn error_messages() {
-        assert_eq!(
-            PacketError::Length(3).to_string(),
-            "frame packet of 3 bytes (expected 48): not a cuda-interop frame producer"
-        );
-        assert_eq!(
-            PacketError::Magic(*b"CIVX").to_string(),
-            "frame packet with magic [43, 49, 56, 58] (expected \"CIFR\"): not a cuda-interop \
-             frame producer"
-        );
-        assert_eq!(
-            PacketError::Version(9).to_string(),
-            "frame protocol version 9 is not supported (this build speaks 2); update both sides"
-        );
-        assert_eq!(
-            PacketError::Kind(7).to_string(),
-            "unknown frame packet kind 7"
-        );
-        assert_eq!(
-            PacketError::Layout("x".into()).to_string(),
-            "bad ring layout: x"
-        );
+        // Every byte a message does not use must be 0: flipping any of
+        // them is refused, for every kind.
+        for m in every_message() {
+            let bytes = m.encode();
+            for i in 8..PACKET_LEN {
+                let mut b = bytes;
+                b[i] ^= 0x80;
+                if let Ok(other) = Message::decode(&b) {
+                    // A used byte changed a value: a different message.
+                    assert_ne!(other, m, "byte {i} of {m:?} was ignored");
+                }
+            }
+        }
+        let mut s = Message::Subscribe(Delivery::Latest).encode();
+        s[12..16].copy_from_slice(&2u32.to_le_bytes());
+        assert!(matches!(Message::decode(&s), Err(PacketError::Malformed { .. })));
+        let mut r = Message::Release {
+            slot: 0,
+            sequence: 1,
+            gpu_signalled: false,
+        }
+        .encode();
+        r[12..16].copy_from_slice(&2u32.to_le_bytes());
+        assert!(matches!(Message::decode(&r), Err(PacketError::Malformed { .. })));
+        let mut g = Message::Goodbye(DropReason::StoppedReading).encode();
+        g[12..16].copy_from_slice(&99u32.to_le_bytes());
+        assert!(matches!(Message::decode(&g), Err(PacketError::Malformed { .. })));
+        let zero = Message::Frame {
+            slot: 0,
+            sequence: 0,
+            timestamp_ns: 0,
+        };
+        assert!(matches!(
+            Message::decode(&zero.encode()),
+            Err(PacketError::Malformed { .. })
+        ));
     }
 
     #[test]
     fn frame_bytes_spans_the_last_row_unpadded() {
-        assert_eq!(Packet::hello(2, 4, 3, 32).frame_bytes(), Some(2 * 32 + 16));
-        assert_eq!(Packet::hello(2, 4, 0, 32).frame_bytes(), None);
-        assert_eq!(Packet::hello(2, 1, 1, 4).frame_bytes(), Some(4));
-        assert!(Packet::hello(MAX_SLOTS, 4, 4, 16).check_layout().is_ok());
-        assert!(Packet::hello(2, 0, 4, 16).check_layout().is_err());
+        assert_eq!(RingLayout::buffers(2, 4, 3, 32).frame_bytes(), Some(2 * 32 + 16));
+        assert_eq!(RingLayout::buffers(2, 4, 0, 32).frame_bytes(), None);
+        assert_eq!(RingLayout::buffers(2, 1, 1, 4).frame_bytes(), Some(4));
+        let image = RingLayout::images(3, 64, 32, 37, 4);
+        assert_eq!((image.row_pitch, image.frame_bytes()), (256, Some(32 * 256)));
+        assert_eq!(image.texel_bytes(), 4);
+        assert_eq!(image.vk_format(), Some(37));
+        assert!(RingLayout::buffers(2, 4, 4, 12).checked_frame_bytes().is_err());
     }
 
     #[test]
-    fn pattern() {
-        assert_eq!(background(5), 5);
-        assert_eq!(band_value(5), !5u32);
-        assert_eq!(background((1 << 32) + 7), 7);
-        assert_eq!(band_rows(0, 1080), (0, 67));
-        assert_eq!(band_rows(1, 1080), (8, 75));
-    }
-
-    #[test]
-    fn image_hellos() {
-        let h = Packet::image_hello(3, 64, 32, 37, 4);
-        assert!(h.is_image_ring());
-        assert_eq!((h.row_pitch, h.frame_bytes()), (256, Some(32 * 256)));
-        assert_eq!(Packet::decode(&h.encode()), Ok(h));
-        assert!(!Packet::hello(3, 64, 32, 256).is_image_ring());
-        assert!(!Packet::release(0, 1, true).is_image_ring());
-        // 16-byte texels (RGBA32F) are fine, 3-byte ones are not.
-        assert!(Packet::image_hello(3, 64, 32, 109, 16)
-            .check_layout()
-            .is_ok());
-        let bad = [
-            Packet::image_hello(3, 64, 32, 37, 3),
-            Packet::image_hello(3, 64, 32, 37, 0),
-            Packet::image_hello(3, 64, 32, 0, 4),
-            Packet::image_hello(3, 1 << 16, 1 << 14, 37, 16),
-            Packet {
-                row_pitch: 255,
-                ..Packet::image_hello(3, 64, 32, 37, 4)
-            },
-            Packet {
-                flags: 2,
-                ..Packet::hello(3, 64, 32, 256)
-            },
-        ];
-        for h in bad {
-            assert!(
-                matches!(Packet::decode(&h.encode()), Err(PacketError::Layout(_))),
-                "{h:?}"
-            );
+    fn error_and_reason_messages_say_what_to_do() {
+        assert_eq!(
+            PacketError::Version(9).to_string(),
+            "frame protocol version 9 is not supported (this build speaks 3); update both sides"
+        );
+        let held = DropReason::HeldTooLong {
+            sequence: 22,
+            limit: Duration::from_secs(5),
         }
+        .to_string();
+        assert!(held.contains("frame 22") && held.contains("hold_timeout"), "{held}");
+        let many = DropReason::TooManyReceivers { limit: 16 }.to_string();
+        assert!(many.contains("max_receivers"), "{many}");
     }
 
     #[test]
     fn setup_tag_is_cifrring() {
         assert_eq!(&SETUP_TAG.to_le_bytes(), b"CIFRRING");
-    }
-
-    #[test]
-    fn band_stays_inside() {
-        for f in 0..2000 {
-            let (a, b) = band_rows(f, 1080);
-            assert!(a < b && b <= 1080);
-        }
-        assert_eq!(band_rows(5, 1), (0, 1));
     }
 }

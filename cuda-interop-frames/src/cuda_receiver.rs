@@ -1,0 +1,551 @@
+//! The CUDA receiver: a [`Session`] whose ring is imported once into CUDA
+//! on the device whose `deviceUUID` the ring's records name, on its
+//! primary context (what the CUDA runtime, cudarc and PyTorch use).
+//!
+//! # Contract
+//!
+//! * [`CudaReceiver::from_session`] imports the ring the setup message
+//!   shares: a buffer ring's slots are its buffers, mapped whole (pitched
+//!   memory of the layout's row pitch); an image ring's slots are its
+//!   images mapped as CUDA arrays (any format of
+//!   `vk_export::format::SUPPORTED`), each beside a tightly packed buffer
+//!   of this receiver that the frame is copied into (the crate's copy
+//!   kernel). The "produced" and "released" timelines are imported on the
+//!   same device; a ring without them is refused with what to use instead.
+//! * Frames come from the session ([`CudaReceiver::next`]); a frame's
+//!   memory is [`CudaReceiver::slot`]'s. Before reading it, order the
+//!   reads after "produced": [`CudaReceiver::wait_on`] enqueues that wait
+//!   (and an image ring's copy) on the caller's stream;
+//!   [`CudaReceiver::enqueue_readable`] on the receiver's own wait stream.
+//!   Each refuses a frame the session no longer holds, or another
+//!   session's.
+//! * Releasing: [`CudaReceiver::release_after`] enqueues the slot's
+//!   "released" signal on the caller's stream (after its reads) and sends
+//!   the release with the GPU promise; the sender does not write the slot
+//!   before the signal. A frame dropped instead is released as if its
+//!   reads had completed: drop one only after they have.
+//! * Every host wait is bounded; nothing here blocks on the sender.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
+
+use cuda_interop::dlpack::{DLDataType, DLDataTypeCode, ManagedTensor};
+use cuda_interop::{
+    CopyEngine, CudaDevice, DeviceBuffer, ExternalSemaphore, OwnedArray, PitchedMut, Stream,
+};
+use vk_export::markers::DeviceLocal;
+use vk_export::semaphore_kinds::Timeline;
+use vk_export::wire::Received;
+use vk_export::{Context, HeadlessOptions};
+
+use crate::discovery::Directory;
+use crate::protocol::{Delivery, RingLayout};
+use crate::session::{has_semaphores, ConnectError, Frame, Session};
+use crate::transport::{deadline_after, left, ConsumerError};
+
+/// The CUDA device paired by UUID with a new headless Vulkan context on the
+/// device whose `deviceUUID` is `uuid` (the CUDA device keeps the context:
+/// records are verified on it).
+pub fn cuda_device_for(uuid: vk_export::DeviceUuid) -> Result<CudaDevice, ConsumerError> {
+    let vulkan = Context::headless(&HeadlessOptions {
+        device_uuid: Some(uuid),
+        ..HeadlessOptions::default()
+    })?;
+    Ok(CudaDevice::for_vulkan(&vulkan)?)
+}
+
+/// `mutex`'s guard, waiting at most `bound` for it (a poisoned lock is
+/// taken as is: what it guards stays consistent);
+/// [`cuda_interop::Error::Timeout`] otherwise, also when this thread holds
+/// it already.
+fn lock_within<T>(
+    mutex: &Mutex<T>,
+    bound: Duration,
+) -> Result<MutexGuard<'_, T>, cuda_interop::Error> {
+    let deadline = Instant::now() + bound;
+    loop {
+        match mutex.try_lock() {
+            Ok(guard) => return Ok(guard),
+            Err(TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(TryLockError::WouldBlock) => return Err(cuda_interop::Error::Timeout(bound)),
+        }
+    }
+}
+
+/// A CUDA receiver of a frame ring (see the module contract).
+pub struct CudaReceiver {
+    // Dropped first: the slots' drops wait (bounded) for this receiver's
+    // copies out of them, before the connection closes.
+    slots: Vec<Slot>,
+    gpu: GpuSync,
+    session: Session,
+}
+
+impl std::fmt::Debug for CudaReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaReceiver")
+            .field("session", &self.session)
+            .field("gpu", &self.gpu)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CudaReceiver {
+    /// Connects to the sender at socket `path` and imports its ring on the
+    /// CUDA device its records name ([`cuda_device_for`]).
+    pub fn connect(
+        path: &str,
+        delivery: Delivery,
+        timeout: Duration,
+    ) -> Result<CudaReceiver, ConsumerError> {
+        let (session, setup) = Session::connect(path, delivery, timeout)?;
+        CudaReceiver::from_session(session, setup, cuda_device_for)
+    }
+
+    /// Connects to the sender named `name` in the default directory
+    /// ([`Directory::from_env`]), waiting up to `timeout` for it to appear,
+    /// and imports its ring.
+    pub fn connect_named(
+        name: &str,
+        delivery: Delivery,
+        timeout: Duration,
+    ) -> Result<CudaReceiver, ConnectError> {
+        let deadline = deadline_after(timeout);
+        let directory = Directory::from_env()?;
+        let (session, setup) = Session::connect_named(&directory, name, delivery, timeout)?;
+        let _ = left(deadline);
+        Ok(CudaReceiver::from_session(session, setup, cuda_device_for)?)
+    }
+
+    /// Imports `session`'s ring from its setup message; `cuda_for` gives the
+    /// CUDA device for the resources' `deviceUUID`.
+    pub fn from_session(
+        session: Session,
+        mut setup: Received,
+        cuda_for: impl FnOnce(vk_export::DeviceUuid) -> Result<CudaDevice, ConsumerError>,
+    ) -> Result<CudaReceiver, ConsumerError> {
+        let layout = *session.layout();
+        if !has_semaphores(&layout, &setup) {
+            let (what, instead) = if layout.is_image_ring() {
+                (
+                    "images",
+                    "or receive the images on Vulkan (vulkan_receiver::VulkanReceiver; the \
+                     vulkan_client example)",
+                )
+            } else {
+                (
+                    "buffers",
+                    "or read the host-visible buffers on the host (host_receiver::HostReceiver; \
+                     the Python module does, giving NumPy arrays)",
+                )
+            };
+            return Err(ConsumerError::Protocol(format!(
+                "the sender shares {} {what} and no semaphores (a Vulkan driver without \
+                 VK_KHR_external_semaphore_fd, such as lavapipe, or a sender run with \
+                 --no-semaphores): a CUDA receiver needs the \"produced\" and \"released\" \
+                 timelines; run the sender on a GPU whose driver exports semaphores, {instead}",
+                layout.slots
+            )));
+        }
+        let uuid = match &setup.message().resources[0] {
+            vk_export::wire::Resource::Image(info) => info.device_uuid(),
+            vk_export::wire::Resource::Buffer(info) => info.device_uuid(),
+            _ => {
+                return Err(ConsumerError::Protocol(
+                    "the ring's first resource is neither a buffer nor an image".into(),
+                ))
+            }
+        };
+        let cuda = cuda_for(uuid)?;
+        let slots = if layout.is_image_ring() {
+            image_slots(&cuda, &layout, &mut setup)?
+        } else {
+            buffer_slots(&cuda, &layout, &mut setup)?
+        };
+        let n = slots.len();
+        let semaphore = |setup: &mut Received, i: usize| {
+            let received = setup.take_semaphore::<Timeline>(i)?;
+            cuda.import_received_semaphore(received)
+                .map_err(|e| ConsumerError::Cuda(e.into_error()))
+        };
+        let produced = semaphore(&mut setup, n)?;
+        let released = (0..n)
+            .map(|i| semaphore(&mut setup, n + 1 + i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let gpu = GpuSync {
+            wait_stream: Mutex::new(Stream::new(&cuda)?),
+            release_stream: Mutex::new(Stream::new(&cuda)?),
+            cuda,
+            produced,
+            released,
+        };
+        Ok(CudaReceiver {
+            slots,
+            gpu,
+            session,
+        })
+    }
+
+    /// The session (layout, delivery, statistics, why it ended).
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// The ring's layout.
+    pub fn layout(&self) -> &RingLayout {
+        self.session.layout()
+    }
+
+    /// The CUDA device the ring is imported on.
+    pub fn cuda(&self) -> &CudaDevice {
+        &self.gpu.cuda
+    }
+
+    /// The next frame ([`Session::next`]).
+    pub fn next(&self, timeout: Duration) -> Result<Frame, ConsumerError> {
+        self.session.next(timeout)
+    }
+
+    /// The memory of `frame`'s slot: a buffer ring's buffer (rows
+    /// [`RingLayout::row_pitch`] apart), an image ring's tightly packed
+    /// copy (filled by [`CudaReceiver::wait_on`] or
+    /// [`CudaReceiver::enqueue_readable`]).
+    pub fn slot(&self, frame: &Frame) -> Result<&Slot, ConsumerError> {
+        self.session.check_held(frame)?;
+        Ok(&self.slots[frame.slot() as usize])
+    }
+
+    /// The slots, by index (what a frame's memory is kept alive by).
+    pub fn slots(&self) -> &[Slot] {
+        &self.slots
+    }
+
+    /// Enqueues on `stream` (of this receiver's device) the wait for
+    /// `frame`'s "produced" value and, for an image ring, the copy of the
+    /// image into the slot's buffer: reads enqueued after it on `stream`
+    /// see the frame.
+    pub fn wait_on(&self, frame: &Frame, stream: &Stream) -> Result<(), ConsumerError> {
+        self.session.check_held(frame)?;
+        self.gpu.produced.wait(stream, frame.sequence())?;
+        if let Some(image) = &self.slots[frame.slot() as usize].image {
+            image.enqueue_copy_out(stream)?;
+        }
+        Ok(())
+    }
+
+    /// [`CudaReceiver::wait_on`] on the receiver's own wait stream,
+    /// returned locked for the caller to order its reads after (or to
+    /// wait for). The lock is waited for at most
+    /// [`Stream::DEFAULT_TIMEOUT`]: a second call while this thread holds
+    /// the guard fails instead of waiting for itself. Enqueue it once per
+    /// frame: a second image copy would overwrite what the first one's
+    /// readers read.
+    pub fn enqueue_readable(&self, frame: &Frame) -> Result<MutexGuard<'_, Stream>, ConsumerError> {
+        self.session.check_held(frame)?;
+        let via = lock_within(&self.gpu.wait_stream, Stream::DEFAULT_TIMEOUT)?;
+        self.wait_on(frame, &via)?;
+        Ok(via)
+    }
+
+    /// Releases `frame` after the work enqueued on `stream` so far: the
+    /// slot's "released" timeline is signalled there with the frame's
+    /// number, and the release promises it (see the module contract).
+    pub fn release_after(&self, frame: Frame, stream: &Stream) -> Result<(), ConsumerError> {
+        self.session.check_held(&frame)?;
+        let released = &self.gpu.released[frame.slot() as usize];
+        if released.last_signalled() < frame.sequence() {
+            released.signal(stream, frame.sequence())?;
+        }
+        self.session.release(frame, true)
+    }
+
+    /// [`CudaReceiver::release_after`] on a raw `CUstream` (the runtime's,
+    /// PyTorch's, CuPy's).
+    ///
+    /// # Safety
+    ///
+    /// `stream` is 1 (the legacy default stream), 2 (the per-thread default
+    /// stream) or a live stream of this receiver's CUDA device, for the
+    /// call.
+    pub unsafe fn release_after_raw(&self, frame: Frame, stream: usize) -> Result<(), ConsumerError> {
+        self.session.check_held(&frame)?;
+        let released = &self.gpu.released[frame.slot() as usize];
+        if released.last_signalled() < frame.sequence() {
+            let via = lock_within(&self.gpu.release_stream, Stream::DEFAULT_TIMEOUT)?;
+            // SAFETY: the caller's guarantee: `stream` is a live stream of
+            // this device (or a default one) for the call.
+            unsafe { released.signal_raw_stream(stream as _, frame.sequence(), &via)? };
+        }
+        self.session.release(frame, true)
+    }
+}
+
+/// The slots of a buffer ring: each buffer imported and mapped whole.
+fn buffer_slots(
+    cuda: &CudaDevice,
+    layout: &RingLayout,
+    setup: &mut vk_export::wire::Received,
+) -> Result<Vec<Slot>, ConsumerError> {
+    let need = layout.checked_frame_bytes()?;
+    let mut slots = Vec::with_capacity(layout.slots as usize);
+    for i in 0..layout.slots as usize {
+        let buffer = setup.take_buffer::<DeviceLocal>(i)?;
+        let imported = cuda
+            .import_received_buffer(buffer)
+            .map_err(|e| e.into_error())?;
+        let len = imported.size();
+        if len < need {
+            return Err(ConsumerError::Protocol(format!(
+                "slot {i}'s buffer has {len} bytes; a {}x{} frame with row pitch {} needs {need}",
+                layout.width, layout.height, layout.row_pitch
+            )));
+        }
+        let byte_len = i64::try_from(len)
+            .map_err(|_| ConsumerError::Protocol(format!("a buffer of {len} bytes")))?;
+        let mapping = imported.into_dlpack(
+            DLDataType::scalar(DLDataTypeCode::UInt, 8),
+            &[byte_len],
+            None,
+            false,
+        )?;
+        let data = mapping.tensor().data as u64;
+        slots.push(Slot {
+            memory: SlotMemory::new(Arc::new(CudaSlot {
+                _mapping: Mutex::new(mapping),
+            })),
+            data,
+            len,
+            image: None,
+        });
+    }
+    Ok(slots)
+}
+
+/// Calls macro `$m` with every format [`image_slots`] imports: those of
+/// `vk_export::format::SUPPORTED` (a unit test checks the two agree).
+macro_rules! image_formats {
+    ($m:ident) => {
+        $m!(
+            R8Unorm,
+            Rg8Unorm,
+            Rgba8Unorm,
+            Rgba8Uint,
+            R16Sfloat,
+            Rgba16Sfloat,
+            Rgba16Uint,
+            R32Uint,
+            R32Sfloat,
+            Rg32Sfloat,
+            Rgba32Sfloat
+        )
+    };
+}
+
+/// The slots of an image ring, for the format the layout names (one of
+/// `vk_export::format::SUPPORTED`).
+fn image_slots(
+    cuda: &CudaDevice,
+    layout: &RingLayout,
+    setup: &mut vk_export::wire::Received,
+) -> Result<Vec<Slot>, ConsumerError> {
+    use vk_export::format::*;
+    let format = layout.vk_format().unwrap_or(0);
+    let raw = vk_export::ash::vk::Format::from_raw(format as i32);
+    macro_rules! by_format {
+        ($($format:ty),*) => {
+            $(if raw == <$format>::VK {
+                return image_slots_of::<$format>(cuda, layout, setup);
+            })*
+        };
+    }
+    image_formats!(by_format);
+    Err(ConsumerError::Protocol(format!(
+        "the sender's images are VkFormat {}, which vk-export cannot map into CUDA \
+         (supported: {})",
+        format,
+        SUPPORTED.iter().map(|f| f.1).collect::<Vec<_>>().join(", ")
+    )))
+}
+
+/// [`image_slots`] for images of format `F`: each image imported and mapped
+/// as a CUDA array, beside a tightly packed buffer of its rows.
+fn image_slots_of<F: vk_export::format::Format>(
+    cuda: &CudaDevice,
+    layout: &RingLayout,
+    setup: &mut vk_export::wire::Received,
+) -> Result<Vec<Slot>, ConsumerError> {
+    use vk_export::markers::{usage, Optimal};
+    let len = layout.checked_frame_bytes()?;
+    if layout.row_pitch != u64::from(layout.width) * u64::from(F::TEXEL_BYTES) {
+        return Err(ConsumerError::Protocol(format!(
+            "an image ring of {} announces rows of {} bytes for {} texels",
+            F::NAME,
+            layout.row_pitch,
+            layout.width
+        )));
+    }
+    let mut slots = Vec::with_capacity(layout.slots as usize);
+    for i in 0..layout.slots as usize {
+        let image = setup.take_image::<F, Optimal, DeviceLocal, usage::Storage>(i)?;
+        let extent = image.record().info().extent();
+        if extent != [layout.width, layout.height, 1] {
+            return Err(ConsumerError::Protocol(format!(
+                "slot {i}'s image is {}x{}x{}, not the layout's {}x{}",
+                extent[0], extent[1], extent[2], layout.width, layout.height
+            )));
+        }
+        let array = cuda
+            .import_received_image(image)
+            .map_err(|e| e.into_error())?
+            .into_mapped_array()?;
+        let bytes = usize::try_from(len)
+            .map_err(|_| ConsumerError::Protocol(format!("a frame of {len} bytes")))?;
+        let rows = DeviceBuffer::new(cuda, bytes)?;
+        let data = rows.device_ptr();
+        let slot = Arc::new(ImageSlot {
+            array,
+            rows: Mutex::new(rows),
+        });
+        slots.push(Slot {
+            memory: SlotMemory::new(slot.clone()),
+            data,
+            len,
+            image: Some(slot),
+        });
+    }
+    Ok(slots)
+}
+
+/// An image slot: the image as a CUDA array, and the pitched buffer this
+/// consumer copies each frame into (what its tensors address).
+struct ImageSlot<F> {
+    // Dropped first: the array's drop waits (bounded) for the copies out of
+    // it; the buffer's own drop waits for them too (each is recorded on both).
+    array:
+        OwnedArray<F, vk_export::markers::Optimal, DeviceLocal, vk_export::markers::usage::Storage>,
+    rows: Mutex<DeviceBuffer>,
+}
+
+mod sealed {
+    /// Only this crate's image slots are [`super::CopyOut`]: the ring runs
+    /// them under its wait stream's lock and relies on what they copy.
+    pub trait Sealed {}
+}
+
+/// What [`CudaReceiver::enqueue_readable`] does with an image slot, whatever its
+/// format (sealed: this crate's image slots only).
+pub trait CopyOut: sealed::Sealed + Send + Sync {
+    /// Enqueues on `stream` the copy of the slot's image (level 0) into its
+    /// pitched buffer ([`Slot::data`]); returns the engine that copies.
+    fn enqueue_copy_out(&self, stream: &Stream) -> Result<CopyEngine, cuda_interop::Error>;
+}
+
+impl<F: vk_export::format::Format> sealed::Sealed for ImageSlot<F> {}
+
+impl<F: vk_export::format::Format> CopyOut for ImageSlot<F> {
+    fn enqueue_copy_out(&self, stream: &Stream) -> Result<CopyEngine, cuda_interop::Error> {
+        let level = self.array.array().level(0)?;
+        let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
+        level.enqueue_copy_to(stream, PitchedMut::buffer(&mut rows))
+    }
+}
+
+/// One slot's buffer, mapped into CUDA.
+struct CudaSlot {
+    /// The whole-buffer tensor `ImportedBuffer::into_dlpack` made: it owns
+    /// the mapping and the import, and is never handed out itself.
+    _mapping: Mutex<ManagedTensor>,
+}
+
+/// What keeps one slot's memory alive (a CUDA mapping, or whatever the
+/// caller gave). Every tensor handed out of the slot
+/// should hold a clone.
+#[derive(Clone)]
+pub struct SlotMemory {
+    _keep: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for SlotMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SlotMemory")
+    }
+}
+
+impl SlotMemory {
+    /// Memory kept alive by `keep` (dropped with the last clone).
+    pub fn new(keep: Arc<dyn std::any::Any + Send + Sync>) -> SlotMemory {
+        SlotMemory { _keep: keep }
+    }
+}
+
+/// A slot: its memory's keeper and address.
+pub struct Slot {
+    /// Keeps the memory alive.
+    pub memory: SlotMemory,
+    /// The first byte's address (a CUDA device pointer for an imported ring;
+    /// for an image ring, this consumer's pitched copy of the image).
+    pub data: u64,
+    /// Bytes at `data`.
+    pub len: u64,
+    /// An image ring's slot: what copies the image to `data`.
+    pub(crate) image: Option<Arc<dyn CopyOut>>,
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("data", &self.data)
+            .field("len", &self.len)
+            .field("image", &self.image.is_some())
+            .finish()
+    }
+}
+
+/// The CUDA side of a ring: semaphores and the streams their operations are
+/// enqueued on.
+struct GpuSync {
+    /// The device the ring is imported on.
+    cuda: CudaDevice,
+    /// The "produced" timeline: frame `f` is written once it reaches `f`.
+    produced: ExternalSemaphore<Timeline>,
+    /// Per slot, its "released" timeline.
+    released: Vec<ExternalSemaphore<Timeline>>,
+    /// Waits for "produced" (a consumer may name it as the stream its reads
+    /// must follow).
+    wait_stream: Mutex<Stream>,
+    /// Signals of "released".
+    release_stream: Mutex<Stream>,
+}
+
+impl std::fmt::Debug for GpuSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuSync")
+            .field("ordinal", &self.cuda.ordinal())
+            .field("slots", &self.released.len())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn image_rings_of_every_supported_format_are_imported() {
+        use vk_export::format::*;
+        macro_rules! list {
+            ($($format:ty),*) => {
+                [$(<$format>::VK),*]
+            };
+        }
+        let dispatched = image_formats!(list);
+        for (format, name, _, _) in SUPPORTED {
+            assert!(
+                dispatched.contains(format),
+                "{name} is not imported by image_slots"
+            );
+        }
+        assert_eq!(dispatched.len(), SUPPORTED.len());
+    }
+}

@@ -1,0 +1,1046 @@
+//! The sender: a ring of exportable buffers, or of OPTIMAL exportable
+//! images ([`ImageSender`]), on the application's Vulkan [`Context`] (its
+//! own device through `Context::from_raw`, or a headless one), served to
+//! receivers over a Unix socket, found by name ([`crate::discovery`]) or
+//! by path.
+//!
+//! # Contract
+//!
+//! * The application takes a free slot with [`Sender::acquire`] (a
+//!   [`WriteSlot`] guard, which borrows the sender) and presents it with
+//!   [`WriteSlot::present_with`]: the crate records the queue-family
+//!   acquire, the application's commands, and the release to the external
+//!   family in one submission that waits on the GPU for every receiver's
+//!   "released" value of the slot and signals "produced" with the frame's
+//!   sequence number. Sequence numbers go up by one per presented frame,
+//!   from 1 (a frame whose submission timed out keeps its number and is not
+//!   announced: receivers count the gap); each carries a `CLOCK_MONOTONIC`
+//!   timestamp.
+//! * Images ([`SlotResource`] says what a slot is): the application's
+//!   commands get an [`ImageTarget`], the image in `GENERAL` owned by the
+//!   command buffer's family (from `UNDEFINED` on its first frame, acquired
+//!   from `VK_QUEUE_FAMILY_EXTERNAL` in `GENERAL` after), and leave it in
+//!   `GENERAL`; the release is to the external family in `GENERAL`, the
+//!   layout CUDA uses and a Vulkan receiver acquires from.
+//! * Work the crate does not record (another queue of the family: wgpu's,
+//!   an engine's own submissions) writes an *opened* slot:
+//!   [`WriteSlot::open`] submits the acquire on its own and signals
+//!   [`OpenSlot::ready`]; the application's submission waits for that
+//!   value, writes the slot on a queue of [`OpenSlot::queue_family`] and
+//!   signals a timeline of the context; [`OpenSlot::present`] waits for it
+//!   on the GPU, releases, signals "produced" and announces the frame. A
+//!   slot opened and dropped is released unnumbered.
+//! * An image the application made itself (not exportable: a render
+//!   target) is published by a GPU copy into the slot
+//!   ([`WriteSlot::present_copy`] of a [`vk_export::SourceImage`], whose
+//!   `unsafe` constructor is where the application states what only it
+//!   knows of its image): same format by type, the extent checked, on the
+//!   transfer queue where the source's sharing allows, the source left in
+//!   its layout and with its owner.
+//! * Frames are announced after their submission completed (the present
+//!   waits for it, bounded), so a receiver without timelines is ordered by
+//!   the frame message.
+//! * Delivery is each receiver's choice (see [`crate::protocol`]):
+//!   *lossless* receivers get every frame and hold its slot until they
+//!   release it; *latest* receivers get the newest frame when they ask.
+//!   The receivers' state machine, their limits and drops are
+//!   `peers`'s (its contract): a connection must subscribe within
+//!   [`SenderOptions::subscribe_timeout`]; at most
+//!   [`SenderOptions::max_receivers`] connections, and
+//!   [`SenderOptions::connects_per_second`] per process.
+//! * GPU safety: a slot is written only when no receiver holds it and
+//!   every "released" value promised for it has been reached (and the
+//!   write waits for those values on the GPU too).
+//! * Never unbounded, and latest receivers never make it wait, their GPU
+//!   promises included: when no slot is free, [`Sender::acquire`] waits (up
+//!   to its timeout) only if a slot is blocked by lossless receivers alone;
+//!   otherwise it returns [`AcquireError::AllSlotsHeld`] at once and counts
+//!   the frame as skipped. A present never waits for a receiver. With `L`
+//!   latest receivers each holding at most one frame, a ring of `L + 1`
+//!   slots always has a free one, unless a promise is outstanding. Frame
+//!   messages are sent without blocking: a receiver whose socket is full is
+//!   dropped.
+//! * A receiver that breaks the protocol, holds a frame (or leaves a
+//!   promise unkept) longer than [`SenderOptions::hold_timeout`], or goes
+//!   away is dropped, told why; the others are not affected.
+//! * Dropping the sender stops its threads (within [`POLL`]), says goodbye
+//!   to every receiver, and removes its socket and directory entry (the
+//!   listener first, then the entry, whose lock on the name goes last); the
+//!   slots' own drops wait for their last GPU use.
+//!
+//! # Example
+//!
+//! A sender named `"cam"` on a headless context, filling each frame with
+//! one colour, and a latest-mode receiver (in another process) that reads
+//! frames by name on the host:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use cuda_interop_frames::discovery::{list_senders, Directory};
+//! use cuda_interop_frames::host_receiver::HostReceiver;
+//! use cuda_interop_frames::protocol::Delivery;
+//! use cuda_interop_frames::sender::{monotonic_ns, Address, Sender, SenderOptions};
+//! use vk_export::markers::HostVisible;
+//! use vk_export::{Context, HeadlessOptions};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // The sender (its own `Context::from_raw` works the same way).
+//! let ctx = Context::headless(&HeadlessOptions::default())?;
+//! let address = Address::Named { directory: Directory::from_env()?, name: "cam".into() };
+//! let mut sender = Sender::<HostVisible>::new(&ctx, SenderOptions::new(address, 1920, 1080, 4))?;
+//! for _ in 0..100 {
+//!     // Skipped frames (every slot held by latest receivers) just go on.
+//!     let Ok(slot) = sender.acquire(Duration::from_millis(100)) else { continue };
+//!     let size = slot.buffer().size();
+//!     slot.present_with(monotonic_ns(), |device, cmd, buffer| {
+//!         // SAFETY: the sender's command buffer, recording, and the slot's
+//!         // buffer of `size` bytes, alive until the submission completes.
+//!         unsafe { device.cmd_fill_buffer(cmd, buffer, 0, size, 0xff00_00ff) };
+//!     })?;
+//! }
+//!
+//! // A receiver, in another process: the newest frame each time it asks.
+//! for s in list_senders()? {
+//!     println!("{}: {}x{} {}, {:.0} frames/s", s.name, s.width, s.height, s.format, s.fps);
+//! }
+//! let mut rx = HostReceiver::connect_named("cam", Delivery::Latest, Duration::from_secs(5))?;
+//! let (frame, pixels) = rx.next(Duration::from_secs(5))?;
+//! println!("frame {} at {} ns: {} bytes", frame.sequence(), frame.timestamp_ns(), pixels.len());
+//! rx.release(frame)?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod peers;
+mod service;
+mod slots;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver as EventReceiver, SyncSender as EventSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vk_export::ash::vk;
+use vk_export::format::Format;
+use vk_export::markers::{MemoryLocation, Optimal, Usage};
+use vk_export::socket::{Exported, Listener};
+use vk_export::{
+    Context, ExportableBuffer, ExportableImage, QueueRole, SourceImage, SubmitSync,
+    TimelineSemaphore,
+};
+
+use crate::discovery::{Announcement, Directory, DiscoveryError, SenderInfo};
+use crate::protocol::{PacketError, RingLayout};
+use peers::{Blocked, Limits, Receivers, Ring};
+use service::{accept_loop, Event};
+
+pub use peers::LOG_LINES;
+pub use service::{EVENT_QUEUE, POLL};
+pub use slots::{ImageSender, ImageTarget, SlotResource};
+
+/// Nanoseconds of `CLOCK_MONOTONIC` now: the clock of frame timestamps.
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as u64)
+}
+
+/// Where receivers find the sender.
+#[derive(Clone, Debug)]
+pub enum Address {
+    /// A name in a [`Directory`].
+    Named {
+        /// The directory.
+        directory: Directory,
+        /// The name ([`crate::discovery::validate_name`]).
+        name: String,
+    },
+    /// A socket path (an existing file there is removed first).
+    Path(PathBuf),
+}
+
+impl Address {
+    /// The name `name` in the default directory ([`Directory::from_env`]).
+    pub fn named(name: &str) -> Result<Address, DiscoveryError> {
+        Ok(Address::Named {
+            directory: Directory::from_env()?,
+            name: name.to_owned(),
+        })
+    }
+}
+
+/// The ring and its service.
+#[derive(Clone, Debug)]
+pub struct SenderOptions {
+    /// Where receivers find it.
+    pub address: Address,
+    /// Pixels per row.
+    pub width: u32,
+    /// Rows.
+    pub height: u32,
+    /// Bytes from one row to the next (at least `width * 4`, a multiple of
+    /// 4) of a buffer ring; an image ring ignores it (its layout gives the
+    /// tightly packed row of its format).
+    pub row_pitch: u64,
+    /// Slots in the ring (2 to [`crate::protocol::MAX_SLOTS`]).
+    pub slots: u32,
+    /// How long a receiver may hold a slot (or leave a GPU release
+    /// promised and unreached) before it is dropped.
+    pub hold_timeout: Duration,
+    /// How long a connection may take to subscribe before it is closed.
+    pub subscribe_timeout: Duration,
+    /// Connections served at once (pending ones included); more are
+    /// refused with a goodbye that says so.
+    pub max_receivers: u32,
+    /// Connections one process may open a second; more are refused.
+    pub connects_per_second: u32,
+    /// The queue the frames' submissions go to: [`QueueRole::Main`] for
+    /// commands of any kind (the default), [`QueueRole::Transfer`] for
+    /// transfer-only commands (copies, fills), which then run on the
+    /// device's transfer-only queue where the context has one (no
+    /// graphics-engine switch between the sender's work and CUDA's).
+    pub queue: QueueRole,
+    /// Share "produced" and "released" timelines (CUDA receivers need them;
+    /// lavapipe exports none): without, frames are announced after their
+    /// writes completed and a GPU-signalled release is a protocol fault.
+    /// [`SenderOptions::new`] sets it where the context can export
+    /// semaphores only when made with [`SenderOptions::for_context`].
+    pub semaphores: bool,
+}
+
+/// [`SenderOptions::max_receivers`]'s default.
+pub const DEFAULT_MAX_RECEIVERS: u32 = 16;
+/// [`SenderOptions::connects_per_second`]'s default.
+pub const DEFAULT_CONNECTS_PER_SECOND: u32 = 100;
+
+impl SenderOptions {
+    /// A ring of `slots` RGBA8 frames of `width` x `height` with unpadded
+    /// rows, a 5 s hold timeout, a 2 s subscribe timeout, at most
+    /// [`DEFAULT_MAX_RECEIVERS`] receivers and
+    /// [`DEFAULT_CONNECTS_PER_SECOND`] connections a second per process,
+    /// the main queue, with semaphores.
+    pub fn new(address: Address, width: u32, height: u32, slots: u32) -> SenderOptions {
+        SenderOptions {
+            address,
+            width,
+            height,
+            row_pitch: u64::from(width) * 4,
+            slots,
+            hold_timeout: Duration::from_secs(5),
+            subscribe_timeout: Duration::from_secs(2),
+            max_receivers: DEFAULT_MAX_RECEIVERS,
+            connects_per_second: DEFAULT_CONNECTS_PER_SECOND,
+            queue: QueueRole::Main,
+            semaphores: true,
+        }
+    }
+
+    /// [`SenderOptions::new`] with what `ctx` offers: semaphores only where
+    /// its device exports them (lavapipe does not; CUDA receivers then
+    /// refuse the ring, host and Vulkan receivers take it).
+    pub fn for_context(
+        ctx: &Context,
+        address: Address,
+        width: u32,
+        height: u32,
+        slots: u32,
+    ) -> SenderOptions {
+        SenderOptions {
+            semaphores: ctx.supports_semaphore_fds(),
+            ..SenderOptions::new(address, width, height, slots)
+        }
+    }
+}
+
+/// Why the sender could not be made or run.
+#[derive(Debug, thiserror::Error)]
+pub enum SenderError {
+    /// The options are not a valid ring.
+    #[error("bad sender options: {0}")]
+    Options(String),
+    /// The ring layout is not a valid one.
+    #[error(transparent)]
+    Layout(#[from] PacketError),
+    /// Announcing or binding failed.
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    /// A Vulkan call failed.
+    #[error(transparent)]
+    Vulkan(#[from] vk_export::Error),
+    /// A system call failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Why [`Sender::acquire`] gave no slot.
+#[derive(Debug, thiserror::Error)]
+pub enum AcquireError {
+    /// Every slot is held by latest receivers or waits for a GPU release
+    /// not worth waiting for: the frame is skipped (counted in
+    /// [`SenderStats::skipped`]); try again for the next frame.
+    #[error("every slot of the ring is held by a receiver: frame skipped")]
+    AllSlotsHeld,
+    /// Lossless receivers held every free-able slot for the whole timeout
+    /// (their back-pressure); receivers that hold a slot past the hold
+    /// timeout are dropped, so this ends.
+    #[error("lossless receivers held every slot for {0:?}")]
+    Timeout(Duration),
+}
+
+/// What the sender has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SenderStats {
+    /// Frames presented.
+    pub presented: u64,
+    /// Frames skipped: [`AcquireError::AllSlotsHeld`].
+    pub skipped: u64,
+    /// Acquires that ended in [`AcquireError::Timeout`].
+    pub backpressure_timeouts: u64,
+    /// Connections open now (subscribed or not yet).
+    pub receivers: usize,
+    /// Connections accepted since the start.
+    pub connected: u64,
+    /// Receivers dropped for a fault (not counting clean departures).
+    pub dropped: u64,
+    /// Connections refused (over a limit) or that could not be set up.
+    pub refused: u64,
+    /// Frames presented per second over the last second or so.
+    pub fps: f64,
+}
+
+/// A frame sender (see the module contract).
+pub struct Sender<M: MemoryLocation, R: SlotResource<M> = ExportableBuffer<M>> {
+    ctx: Context,
+    opts: SenderOptions,
+    layout: RingLayout,
+    slots: Vec<R>,
+    _memory: std::marker::PhantomData<M>,
+    produced: Option<TimelineSemaphore>,
+    /// What [`WriteSlot::open`] signals (local, made on first use), and its
+    /// last value.
+    opened: Option<TimelineSemaphore>,
+    opened_value: u64,
+    receivers: Receivers,
+    events_tx: EventSender<Event>,
+    events: EventReceiver<Event>,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+    announcement: Option<Announcement>,
+    socket: PathBuf,
+    released_to_external: Vec<bool>,
+    /// The newest presented frame: `(slot, frame, timestamp)`.
+    newest: Option<(u32, u64, u64)>,
+    next_slot: u32,
+    stats: SenderStats,
+    fps_window: (Instant, u64),
+}
+
+impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
+    /// Makes the ring on `ctx`, binds its socket (announcing it by name if
+    /// the address is a name) and starts accepting receivers.
+    pub fn new(ctx: &Context, opts: SenderOptions) -> Result<Self, SenderError> {
+        if opts.slots < 2 {
+            return Err(SenderError::Options("at least 2 slots are needed".into()));
+        }
+        if opts.max_receivers == 0 || opts.connects_per_second == 0 {
+            return Err(SenderError::Options(
+                "max_receivers and connects_per_second must be at least 1".into(),
+            ));
+        }
+        let layout = R::layout(&opts)?;
+        if opts.semaphores && !ctx.supports_semaphore_fds() {
+            return Err(SenderError::Options(
+                "this Vulkan device exports no semaphores (VK_KHR_external_semaphore_fd, which \
+                 lavapipe lacks): make the options with SenderOptions::for_context, or set \
+                 SenderOptions::semaphores to false (examples: --no-semaphores); CUDA \
+                 receivers then refuse the ring"
+                    .into(),
+            ));
+        }
+        let slots = (0..opts.slots)
+            .map(|_| R::create(ctx, &opts))
+            .collect::<Result<Vec<_>, _>>()?;
+        let produced = if opts.semaphores {
+            Some(TimelineSemaphore::new(ctx)?)
+        } else {
+            None
+        };
+        let (listener, announcement) = match &opts.address {
+            Address::Named { directory, name } => {
+                let info = SenderInfo {
+                    name: name.clone(),
+                    width: opts.width,
+                    height: opts.height,
+                    row_pitch: layout.row_pitch,
+                    format: R::format_name(),
+                    kind: R::KIND,
+                    slots: opts.slots,
+                    fps: 0.0,
+                    pid: 0,
+                    socket: PathBuf::new(),
+                };
+                let (l, a) = directory.announce(info)?;
+                (l, Some(a))
+            }
+            Address::Path(path) => {
+                let _ = std::fs::remove_file(path);
+                (Listener::bind(path)?, None)
+            }
+        };
+        let socket = listener.path().to_owned();
+        let (events_tx, events) = mpsc::sync_channel(EVENT_QUEUE);
+        let stop = Arc::new(AtomicBool::new(false));
+        let acceptor = {
+            let (tx, stop) = (events_tx.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("cif-accept".into())
+                .spawn(move || accept_loop(listener, tx, stop))?
+        };
+        let limits = Limits {
+            hold_timeout: opts.hold_timeout,
+            subscribe_timeout: opts.subscribe_timeout,
+            max_receivers: opts.max_receivers,
+            connects_per_second: opts.connects_per_second,
+        };
+        Ok(Sender {
+            ctx: ctx.clone(),
+            released_to_external: vec![false; opts.slots as usize],
+            receivers: Receivers::new(limits, opts.slots as usize),
+            opts,
+            layout,
+            slots,
+            _memory: std::marker::PhantomData,
+            produced,
+            opened: None,
+            opened_value: 0,
+            events_tx,
+            events,
+            stop,
+            acceptor: Some(acceptor),
+            announcement,
+            socket,
+            newest: None,
+            next_slot: 0,
+            stats: SenderStats::default(),
+            fps_window: (Instant::now(), 0),
+        })
+    }
+
+    /// The socket receivers connect to.
+    pub fn socket(&self) -> &std::path::Path {
+        &self.socket
+    }
+
+    /// The options it was made with.
+    pub fn options(&self) -> &SenderOptions {
+        &self.opts
+    }
+
+    /// The ring's layout (what receivers get).
+    pub fn layout(&self) -> &RingLayout {
+        &self.layout
+    }
+
+    /// The ring's buffers or images, slot by slot (record into them only in
+    /// [`WriteSlot::present_with`]: the crate's own helpers would not know
+    /// their ownership).
+    pub fn resources(&self) -> &[R] {
+        &self.slots
+    }
+
+    /// What it has done so far.
+    pub fn stats(&self) -> SenderStats {
+        let counts = self.receivers.counts;
+        SenderStats {
+            receivers: self.receivers.len(),
+            connected: counts.connected,
+            dropped: counts.dropped,
+            refused: counts.refused,
+            ..self.stats
+        }
+    }
+
+    /// Takes the lines it logged since the last call (`receiver N (pid P)
+    /// left after F frames (why)`, setup failures); only the last
+    /// [`LOG_LINES`] are kept.
+    pub fn take_log(&mut self) -> Vec<String> {
+        self.receivers.take_log()
+    }
+
+    fn note(&mut self, line: String) {
+        self.receivers.note(line);
+    }
+
+    /// Serves receivers (connections, requests, releases) for up to
+    /// `timeout`, returning early after the first event; [`Sender::acquire`]
+    /// does this too. Call it while not presenting.
+    pub fn serve(&mut self, timeout: Duration) {
+        if let Ok(event) = self.events.recv_timeout(timeout) {
+            self.handle(event);
+        }
+        self.pump();
+    }
+
+    /// Serves receivers until `count` of them are connected or `timeout`
+    /// passes; whether they are. A sender that should not run ahead of its
+    /// first receiver calls it before presenting.
+    pub fn wait_for_receivers(&mut self, count: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.pump();
+            if self.receivers.subscribed() >= count {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            if let Ok(event) = self.events.recv_timeout(left.min(POLL)) {
+                self.handle(event);
+            }
+        }
+    }
+
+    /// Handles every queued event, and drops receivers past their bounds.
+    fn pump(&mut self) {
+        while let Ok(event) = self.events.try_recv() {
+            self.handle(event);
+        }
+        self.receivers.expire();
+    }
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::Connected(conn) => {
+                self.receivers
+                    .connected(conn, &self.events_tx, &self.stop)
+            }
+            Event::Message { id, message } => {
+                let mut resources: Vec<&dyn Exported> =
+                    self.slots.iter().map(|s| s as &dyn Exported).collect();
+                if let Some(produced) = &self.produced {
+                    resources.push(produced);
+                }
+                let ring = Ring {
+                    ctx: &self.ctx,
+                    layout: self.layout,
+                    resources,
+                    semaphores: self.produced.is_some(),
+                };
+                self.receivers
+                    .on_message(id, message, self.newest, &ring)
+            }
+            Event::Garbage { id, error } => {
+                let fault = crate::protocol::Fault::BadPacket;
+                self.receivers.remove(
+                    id,
+                    Some(crate::protocol::DropReason::ProtocolFault(fault)),
+                    &format!("sent a bad packet: {error}"),
+                )
+            }
+            Event::Gone { id, why } => self.receivers.remove(id, None, &why),
+        }
+    }
+
+    /// A free slot (preferring the next in turn), or whether waiting could
+    /// give one.
+    fn pick(&mut self) -> Result<u32, bool> {
+        let n = self.opts.slots;
+        let mut worth_waiting = false;
+        for i in 0..n {
+            let s = (self.next_slot + i) % n;
+            match self.receivers.blocked(s as usize) {
+                None => return Ok(s),
+                Some(Blocked::ByLossless) => worth_waiting = true,
+                Some(Blocked::Otherwise) => {}
+            }
+        }
+        Err(worth_waiting)
+    }
+
+    /// A slot to write the next frame into (see the module contract):
+    /// waits up to `timeout` only for lossless receivers' releases.
+    pub fn acquire(&mut self, timeout: Duration) -> Result<WriteSlot<'_, M, R>, AcquireError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.pump();
+            match self.pick() {
+                Ok(slot) => {
+                    // Its old frame is no longer one to hand out.
+                    if self.newest.is_some_and(|n| n.0 == slot) {
+                        self.newest = None;
+                    }
+                    return Ok(WriteSlot { sender: self, slot });
+                }
+                Err(false) => {
+                    self.stats.skipped += 1;
+                    return Err(AcquireError::AllSlotsHeld);
+                }
+                Err(true) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        self.stats.backpressure_timeouts += 1;
+                        return Err(AcquireError::Timeout(timeout));
+                    }
+                    // A GPU release frees a slot without a message: poll
+                    // its counter often while one is pending.
+                    let step = if self.receivers.promises_pending() {
+                        Duration::from_micros(200)
+                    } else {
+                        POLL
+                    };
+                    if let Ok(event) = self.events.recv_timeout(left.min(step)) {
+                        self.handle(event);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A submission's sync that waits on the GPU for the receivers' promised
+    /// releases of slot `s` (reached already: the slot is free), with the
+    /// sender's bound.
+    fn release_waits(&self, s: usize) -> SubmitSync<'_> {
+        let mut sync = SubmitSync::new().timeout(self.opts.hold_timeout.max(Duration::from_secs(5)));
+        for (semaphore, value) in self.receivers.release_waits(s) {
+            sync = sync.wait_timeline(semaphore, value);
+        }
+        sync
+    }
+
+    /// Presents `slot`: `record`'s commands on `role`'s queue (after a GPU
+    /// wait for `wait`, if given) between the slot's ownership barriers.
+    fn present(
+        &mut self,
+        slot: u32,
+        timestamp_ns: u64,
+        role: QueueRole,
+        wait: Option<(&TimelineSemaphore, u64)>,
+        record: impl FnOnce(&vk_export::ash::Device, vk::CommandBuffer, R::Target),
+    ) -> Result<u64, SenderError> {
+        let s = slot as usize;
+        let f = self.stats.presented + 1;
+        let mut sync = self.release_waits(s);
+        if let Some((semaphore, value)) = wait {
+            sync = sync.wait_timeline(semaphore, value);
+        }
+        if let Some(produced) = &self.produced {
+            sync = sync.signal_timeline(produced, f);
+        }
+        let resource = &self.slots[s];
+        let from_external = self.released_to_external[s];
+        let presented = self
+            .ctx
+            .submit_and_wait_on(role, sync, |device, cmd, family| {
+                // SAFETY: recording into the command buffer submit_and_wait
+                // gave, for a queue of `family`; the slot lives in
+                // `self.slots` for the sender's life and submit_and_wait
+                // waits for the commands (a timeout leaves them pending and
+                // the slot's drop waits for them).
+                unsafe { resource.record_acquire(device, cmd, family, from_external) };
+                record(device, cmd, resource.target(family));
+                // SAFETY: as above.
+                unsafe { resource.record_release(device, cmd, family) };
+            });
+        self.submitted(s, f, &presented);
+        presented?;
+        self.announce(slot, f, timestamp_ns);
+        Ok(f)
+    }
+
+    /// After a present-like submission of frame `f` into slot `s`: one that
+    /// was submitted (it completed, or timed out and still runs) released
+    /// the slot and signals "produced" with `f`, so the slot counts as
+    /// released and `f` as used (numbered, never announced after a timeout:
+    /// receivers see the gap), and no later frame signals `f` again.
+    fn submitted(&mut self, s: usize, f: u64, outcome: &Result<(), vk_export::Error>) {
+        if outcome.is_ok() || matches!(outcome, Err(vk_export::Error::Timeout(_))) {
+            self.receivers.written(s);
+            self.released_to_external[s] = true;
+            self.stats.presented = self.stats.presented.max(f);
+        }
+    }
+
+    /// Opens `slot` for the application's own submissions on a queue of
+    /// `role`'s family: the receivers' releases waited for and the acquire
+    /// recorded in one submission, waited for (bounded), which signals the
+    /// returned value of the sender's "opened" timeline.
+    fn open(&mut self, slot: u32, role: QueueRole) -> Result<u64, SenderError> {
+        let s = slot as usize;
+        if self.opened.is_none() {
+            self.opened = Some(TimelineSemaphore::new_local(&self.ctx)?);
+        }
+        let value = self.opened_value + 1;
+        let opened = self.opened.as_ref().expect("made above");
+        let sync = self.release_waits(s).signal_timeline(opened, value);
+        let resource = &self.slots[s];
+        let from_external = self.released_to_external[s];
+        let opened = self
+            .ctx
+            .submit_and_wait_on(role, sync, |device, cmd, family| {
+                // SAFETY: as in `present`: the sender's command buffer for a
+                // queue of `family`, the slot alive beyond the submission.
+                unsafe { resource.record_acquire(device, cmd, family, from_external) };
+            });
+        // Submitted (a timeout too: it still runs): the value is used, and
+        // the slot is owned by the family now (in GENERAL for an image),
+        // not external; a later frame's acquire starts from UNDEFINED.
+        if opened.is_ok() || matches!(opened, Err(vk_export::Error::Timeout(_))) {
+            self.receivers.written(s);
+            self.opened_value = value;
+            self.released_to_external[s] = false;
+        }
+        opened?;
+        Ok(value)
+    }
+
+    /// Releases an opened `slot` to the external family on `role`'s queue
+    /// after a GPU wait for `written` (if given), signalling "produced"
+    /// with the next frame number when `frame` is `Some`.
+    fn close(
+        &mut self,
+        slot: u32,
+        role: QueueRole,
+        written: Option<(&TimelineSemaphore, u64)>,
+        frame: Option<u64>,
+    ) -> Result<(), SenderError> {
+        let s = slot as usize;
+        let mut sync =
+            SubmitSync::new().timeout(self.opts.hold_timeout.max(Duration::from_secs(5)));
+        if let Some((semaphore, value)) = written {
+            sync = sync.wait_timeline(semaphore, value);
+        }
+        if let (Some(produced), Some(f)) = (&self.produced, frame) {
+            sync = sync.signal_timeline(produced, f);
+        }
+        let resource = &self.slots[s];
+        let closed = self
+            .ctx
+            .submit_and_wait_on(role, sync, |device, cmd, family| {
+                // SAFETY: as in `present`; the slot was acquired for
+                // `family` by `open` (same role, same family).
+                unsafe { resource.record_release(device, cmd, family) };
+            });
+        // A timeout is a submitted release that has not completed: it still
+        // runs, so the slot counts as released (never released twice), and
+        // a frame's number as used.
+        if closed.is_ok() || matches!(closed, Err(vk_export::Error::Timeout(_))) {
+            self.released_to_external[s] = true;
+            if let Some(f) = frame {
+                self.submitted(s, f, &closed);
+            }
+        }
+        Ok(closed?)
+    }
+
+        /// After frame `f` of `slot` completed: the sender's bookkeeping, and
+    /// the frame message to each receiver it is due to.
+    fn announce(&mut self, slot: u32, f: u64, timestamp_ns: u64) {
+        self.stats.presented = f;
+        self.newest = Some((slot, f, timestamp_ns));
+        self.next_slot = (slot + 1) % self.opts.slots;
+        self.receivers.announce(slot, f, timestamp_ns);
+        self.update_fps();
+    }
+
+    fn update_fps(&mut self) {
+        let (since, at) = self.fps_window;
+        let elapsed = since.elapsed();
+        if elapsed >= Duration::from_secs(1) {
+            self.stats.fps = (self.stats.presented - at) as f64 / elapsed.as_secs_f64();
+            self.fps_window = (Instant::now(), self.stats.presented);
+            self.publish_fps();
+        }
+    }
+
+    fn publish_fps(&mut self) {
+        let fps = self.stats.fps;
+        if let Some(a) = &mut self.announcement {
+            if let Err(e) = a.set_fps(fps) {
+                let line = format!("the directory entry could not be updated: {e}");
+                self.note(line);
+            }
+        }
+    }
+}
+
+impl<M: MemoryLocation> Sender<M, ExportableBuffer<M>> {
+    /// The ring's buffers, slot by slot ([`Sender::resources`]).
+    pub fn buffers(&self) -> &[ExportableBuffer<M>] {
+        &self.slots
+    }
+}
+
+impl<F: Format, M: MemoryLocation, U: Usage> ImageSender<F, M, U> {
+    /// The ring's images, slot by slot ([`Sender::resources`]).
+    pub fn images(&self) -> &[ExportableImage<F, Optimal, M, U>] {
+        &self.slots
+    }
+}
+
+impl<M: MemoryLocation, R: SlotResource<M>> Drop for Sender<M, R> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // The listener (and its socket file) goes with the accept thread.
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+        self.receivers.remove_all();
+        // Connections accepted but not yet handled close with the channel.
+        while self.events.try_recv().is_ok() {}
+        // Last: the entry, and the lock that owns the name.
+        self.announcement = None;
+    }
+}
+
+impl<M: MemoryLocation, R: SlotResource<M>> std::fmt::Debug for Sender<M, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sender")
+            .field("socket", &self.socket)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M: MemoryLocation, R: SlotResource<M>> std::fmt::Debug for WriteSlot<'_, M, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteSlot")
+            .field("slot", &self.slot)
+            .finish()
+    }
+}
+
+/// A slot taken for writing the next frame; [`WriteSlot::present_with`]
+/// publishes it. Dropped unpresented, the slot stays free.
+pub struct WriteSlot<'a, M: MemoryLocation, R: SlotResource<M> = ExportableBuffer<M>> {
+    sender: &'a mut Sender<M, R>,
+    slot: u32,
+}
+
+impl<M: MemoryLocation> WriteSlot<'_, M, ExportableBuffer<M>> {
+    /// The slot's buffer.
+    pub fn buffer(&self) -> &ExportableBuffer<M> {
+        &self.sender.slots[self.slot as usize]
+    }
+}
+
+impl<F: Format, M: MemoryLocation, U: Usage> WriteSlot<'_, M, ExportableImage<F, Optimal, M, U>> {
+    /// The slot's image.
+    pub fn image(&self) -> &ExportableImage<F, Optimal, M, U> {
+        &self.sender.slots[self.slot as usize]
+    }
+
+    /// Publishes an image the application made without external memory
+    /// (a render target: binding exportable memory to it after the fact
+    /// would give another layout, garbled pixels) by a GPU copy into the
+    /// slot: `vkCmdCopyImage` from `source` (its format is the ring's, by
+    /// type; its region at its offset is the ring's extent, checked before
+    /// anything is recorded), between the slot's ownership barriers, on the
+    /// transfer queue for a `CONCURRENT` source, one the transfer family
+    /// owns, or one the application released to it
+    /// ([`vk_export::SourceSharing::ReleasedToTransfer`]: the crate
+    /// records the acquire and the release back), else on the main queue
+    /// of the family that owns it ([`SourceImage::check_copy`]); after a GPU wait for `wait`'s timeline
+    /// value if given (the application's rendering signals it), and
+    /// leaving the source in its layout. Then as
+    /// [`WriteSlot::present_with`]: waits for the copy (bounded), announces
+    /// the frame, returns its sequence number. A refused copy
+    /// ([`SenderError::Vulkan`] with [`vk_export::Error::InvalidArgument`])
+    /// leaves the slot free and the frame unnumbered.
+    pub fn present_copy(
+        self,
+        timestamp_ns: u64,
+        source: &SourceImage<F>,
+        wait: Option<(&TimelineSemaphore, u64)>,
+    ) -> Result<u64, SenderError> {
+        let extent = [self.sender.opts.width, self.sender.opts.height];
+        let role = source.check_copy(&self.sender.ctx, extent)?;
+        self.sender.present(
+            self.slot,
+            timestamp_ns,
+            role,
+            wait,
+            |device, cmd, target| {
+                // SAFETY: check_copy returned `role` for this extent, and
+                // this is the recording command buffer of that role's queue
+                // (of `target.queue_family`); the slot's image is the
+                // sender's, of format F with transfer usage (every preset),
+                // of `extent`, in GENERAL owned by that family between the
+                // acquire and release barriers around this closure, and it
+                // outlives the submission (the sender's slots do; a timed-out
+                // one is waited for by their drops); the source's facts are
+                // `SourceImage::new`'s contract.
+                unsafe {
+                    source.record_copy_to(device, cmd, target.queue_family, target.image, extent)
+                }
+            },
+        )
+    }
+}
+
+impl<'a, M: MemoryLocation, R: SlotResource<M>> WriteSlot<'a, M, R> {
+    /// The slot's index.
+    pub fn index(&self) -> u32 {
+        self.slot
+    }
+
+    /// The sequence number the frame gets when presented.
+    pub fn sequence(&self) -> u64 {
+        self.sender.stats.presented + 1
+    }
+
+    /// Records `record`'s commands (given the device, the command buffer
+    /// and the slot: its buffer, or an [`ImageTarget`] for an image ring)
+    /// between the crate's ownership barriers,
+    /// submits them (waiting on the GPU for receivers' releases of the slot),
+    /// waits for them (bounded), and announces the frame with
+    /// `timestamp_ns` ([`monotonic_ns`] for "now"). Returns its sequence
+    /// number.
+    pub fn present_with(
+        self,
+        timestamp_ns: u64,
+        record: impl FnOnce(&vk_export::ash::Device, vk::CommandBuffer, R::Target),
+    ) -> Result<u64, SenderError> {
+        let role = self.sender.opts.queue;
+        self.sender
+            .present(self.slot, timestamp_ns, role, None, record)
+    }
+
+    /// Opens the slot for the application's own submissions (another
+    /// queue of `role`'s family, as wgpu's or an engine's: commands this
+    /// crate does not record): one submission on `role`'s queue waits on
+    /// the GPU for the receivers' releases of the slot and acquires it for
+    /// that family (an image in `GENERAL`), and is waited for (bounded).
+    /// The application's work then waits for [`OpenSlot::ready`] on the
+    /// GPU, writes the slot on a queue of [`OpenSlot::queue_family`]
+    /// (leaving an image in `GENERAL`), signals a timeline of this context,
+    /// and [`OpenSlot::present`] publishes the frame after it.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use cuda_interop_frames::sender::{monotonic_ns, ImageSender};
+    /// # use vk_export::{format::Rgba8Unorm, markers::DeviceLocal, QueueRole, TimelineSemaphore};
+    /// # fn f(sender: &mut ImageSender<Rgba8Unorm, DeviceLocal>, done: &TimelineSemaphore, n: u64)
+    /// # -> Result<(), Box<dyn std::error::Error>> {
+    /// let slot = sender.acquire(Duration::from_millis(100))?.open(QueueRole::Main)?;
+    /// let (opened, value) = slot.ready();
+    /// // ... the application's submission: waits (opened, value), writes
+    /// // slot.resource() on a queue of slot.queue_family(), signals (done, n) ...
+    /// # let _ = (opened, value);
+    /// let sequence = slot.present(monotonic_ns(), (done, n))?;
+    /// # let _ = sequence; Ok(()) }
+    /// ```
+    pub fn open(self, role: QueueRole) -> Result<OpenSlot<'a, M, R>, SenderError> {
+        let WriteSlot { sender, slot } = self;
+        let ready = sender.open(slot, role)?;
+        let family = sender.ctx.queue_family_of(role);
+        Ok(OpenSlot {
+            sender,
+            slot,
+            role,
+            family,
+            ready,
+            closed: false,
+        })
+    }
+}
+
+/// A slot opened for the application's own submissions
+/// ([`WriteSlot::open`]): acquired for [`OpenSlot::queue_family`] until
+/// [`OpenSlot::present`] releases it and publishes the frame. Dropped
+/// without presenting, it is released (bounded, on the same queue) and
+/// left free with no frame numbered: work the application submitted that
+/// writes it must have completed by then (it would write a later frame).
+pub struct OpenSlot<'a, M: MemoryLocation, R: SlotResource<M> = ExportableBuffer<M>> {
+    sender: &'a mut Sender<M, R>,
+    slot: u32,
+    role: QueueRole,
+    family: u32,
+    ready: u64,
+    /// Released to the external family (or its release submitted).
+    closed: bool,
+}
+
+impl<M: MemoryLocation, R: SlotResource<M>> OpenSlot<'_, M, R> {
+    /// The slot's index.
+    pub fn index(&self) -> u32 {
+        self.slot
+    }
+
+    /// The slot's buffer or image.
+    pub fn resource(&self) -> &R {
+        &self.sender.slots[self.slot as usize]
+    }
+
+    /// The queue family the slot is acquired for: the application writes
+    /// it on a queue of this family only.
+    pub fn queue_family(&self) -> u32 {
+        self.family
+    }
+
+    /// The timeline value the application's writes wait for on the GPU
+    /// (already reached when `open` returned; waiting for it orders the
+    /// acquire's memory dependency before the writes on another queue).
+    pub fn ready(&self) -> (&TimelineSemaphore, u64) {
+        (
+            self.sender.opened.as_ref().expect("made by open"),
+            self.ready,
+        )
+    }
+
+    /// The sequence number the frame gets when presented.
+    pub fn sequence(&self) -> u64 {
+        self.sender.stats.presented + 1
+    }
+
+    /// Publishes the frame: one submission on the opening role's queue
+    /// waits on the GPU for `written` (the application's timeline value,
+    /// signalled after its last write; a timeline of the sender's context),
+    /// releases the slot to the external family, signals "produced", and is
+    /// waited for (bounded); then the frame is announced with
+    /// `timestamp_ns`. Returns its sequence number. On an error the slot is
+    /// released by the drop, unnumbered.
+    pub fn present(
+        mut self,
+        timestamp_ns: u64,
+        written: (&TimelineSemaphore, u64),
+    ) -> Result<u64, SenderError> {
+        let f = self.sender.stats.presented + 1;
+        let closed = self
+            .sender
+            .close(self.slot, self.role, Some(written), Some(f));
+        // Released (or its release submitted): the drop must not release
+        // it again.
+        self.closed = self.sender.released_to_external[self.slot as usize];
+        closed?;
+        self.sender.announce(self.slot, f, timestamp_ns);
+        Ok(f)
+    }
+}
+
+impl<M: MemoryLocation, R: SlotResource<M>> Drop for OpenSlot<'_, M, R> {
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        if let Err(e) = self.sender.close(self.slot, self.role, None, None) {
+            self.sender.note(format!(
+                "slot {} opened and dropped unpresented: its release failed: {e}",
+                self.slot
+            ));
+        }
+    }
+}
+
+impl<M: MemoryLocation, R: SlotResource<M>> std::fmt::Debug for OpenSlot<'_, M, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenSlot")
+            .field("slot", &self.slot)
+            .field("queue_family", &self.family)
+            .field("ready", &self.ready)
+            .finish()
+    }
+}

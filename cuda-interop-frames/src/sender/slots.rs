@@ -1,0 +1,319 @@
+//! What a ring's slots are ([`SlotResource`]: exportable buffers or
+//! OPTIMAL exportable images) and the queue-family ownership barriers the
+//! sender records around each frame's commands.
+//!
+//! # Contract
+//!
+//! * Sealed: only this crate's two kinds are slots, so every barrier the
+//!   sender records is one written here.
+//! * A slot is acquired by the recording family from
+//!   `VK_QUEUE_FAMILY_EXTERNAL` (in `GENERAL` for an image) after its first
+//!   frame, from nothing (`UNDEFINED`) on its first; it is released to the
+//!   external family (an image in `GENERAL`) after every write. Barriers
+//!   are full (all commands, all memory access).
+
+use vk_export::ash::vk;
+use vk_export::format::Format;
+use vk_export::markers::{usage, MemoryLocation, Optimal, Usage};
+use vk_export::socket::Exported;
+use vk_export::{Context, ExportableBuffer, ExportableImage, ImageDesc};
+
+use super::{Sender, SenderError, SenderOptions};
+use crate::discovery::SlotKind;
+use crate::protocol::RingLayout;
+
+mod sealed {
+    pub trait Sealed {}
+    impl<M: vk_export::markers::MemoryLocation> Sealed for vk_export::ExportableBuffer<M> {}
+    impl<F, M, U> Sealed for vk_export::ExportableImage<F, vk_export::markers::Optimal, M, U> {}
+}
+
+/// What a ring's slots are: [`ExportableBuffer`]s (pitched RGBA8 frames,
+/// the default) or OPTIMAL [`ExportableImage`]s of one format and usage
+/// ([`ImageSender`]). Sealed: the crate records each kind's ownership
+/// barriers itself.
+pub trait SlotResource<M: MemoryLocation>: Exported + sealed::Sealed + Sized {
+    /// What [`WriteSlot::present_with`](super::WriteSlot::present_with)'s closure records into.
+    type Target: Copy;
+    /// What discovery lists.
+    const KIND: SlotKind;
+    /// The layout of a ring of these slots for `opts`, checked.
+    fn layout(opts: &SenderOptions) -> Result<RingLayout, SenderError>;
+    /// The format name discovery lists.
+    fn format_name() -> String;
+    /// One slot for `opts`.
+    fn create(ctx: &Context, opts: &SenderOptions) -> Result<Self, SenderError>;
+    /// The closure's view of the slot, recorded on `family`.
+    fn target(&self, family: u32) -> Self::Target;
+    /// Records the slot's acquisition by `family`: from
+    /// `VK_QUEUE_FAMILY_EXTERNAL` if `from_external` (it was released
+    /// there by an earlier frame), else from nothing (its first frame).
+    ///
+    /// # Safety
+    /// `cmd` is a command buffer of `device` in the recording state, for a
+    /// queue of `family`; the slot outlives the commands.
+    unsafe fn record_acquire(
+        &self,
+        device: &vk_export::ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+        from_external: bool,
+    );
+    /// Records the release of the slot by `family` to
+    /// `VK_QUEUE_FAMILY_EXTERNAL`, after every earlier command's writes.
+    ///
+    /// # Safety
+    /// As [`SlotResource::record_acquire`].
+    unsafe fn record_release(
+        &self,
+        device: &vk_export::ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+    );
+}
+
+/// The acquire and release stages and accesses of both kinds: full
+/// barriers, as the crate's helpers use.
+fn acquire_access() -> (vk::AccessFlags, vk::AccessFlags) {
+    (
+        vk::AccessFlags::empty(),
+        vk::AccessFlags::MEMORY_WRITE | vk::AccessFlags::MEMORY_READ,
+    )
+}
+
+impl<M: MemoryLocation> SlotResource<M> for ExportableBuffer<M> {
+    type Target = vk::Buffer;
+    const KIND: SlotKind = SlotKind::Buffer;
+
+    fn layout(opts: &SenderOptions) -> Result<RingLayout, SenderError> {
+        let layout = RingLayout::buffers(opts.slots, opts.width, opts.height, opts.row_pitch);
+        layout.check()?;
+        Ok(layout)
+    }
+
+    fn format_name() -> String {
+        "r8g8b8a8_unorm".into()
+    }
+
+    fn create(ctx: &Context, opts: &SenderOptions) -> Result<Self, SenderError> {
+        let frame_bytes = Self::layout(opts)?.checked_frame_bytes()?;
+        let size = (u64::from(opts.height) * opts.row_pitch).max(frame_bytes);
+        Ok(ExportableBuffer::<M>::new(ctx, size)?)
+    }
+
+    fn target(&self, _family: u32) -> vk::Buffer {
+        self.raw()
+    }
+
+    unsafe fn record_acquire(
+        &self,
+        device: &vk_export::ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+        from_external: bool,
+    ) {
+        if !from_external {
+            return;
+        }
+        let (src, dst) = acquire_access();
+        let barrier = buffer_barrier(self.raw(), vk::QUEUE_FAMILY_EXTERNAL, family, src, dst);
+        // SAFETY: the caller's recording command buffer; the buffer is alive.
+        unsafe {
+            device.cmd_pipeline_barrier(
+                cmd,
+                vk::PipelineStageFlags::TOP_OF_PIPE,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::DependencyFlags::empty(),
+                &[],
+                &[barrier],
+                &[],
+            )
+        };
+    }
+
+    unsafe fn record_release(
+        &self,
+        device: &vk_export::ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+    ) {
+        let barrier = buffer_barrier(
+            self.raw(),
+            family,
+            vk::QUEUE_FAMILY_EXTERNAL,
+            vk::AccessFlags::MEMORY_WRITE,
+            vk::AccessFlags::empty(),
+        );
+        // SAFETY: as in record_acquire.
+        unsafe {
+            device.cmd_pipeline_barrier(
+                cmd,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                vk::DependencyFlags::empty(),
+                &[],
+                &[barrier],
+                &[],
+            )
+        };
+    }
+}
+
+fn buffer_barrier(
+    buffer: vk::Buffer,
+    src_family: u32,
+    dst_family: u32,
+    src_access: vk::AccessFlags,
+    dst_access: vk::AccessFlags,
+) -> vk::BufferMemoryBarrier<'static> {
+    vk::BufferMemoryBarrier::default()
+        .src_access_mask(src_access)
+        .dst_access_mask(dst_access)
+        .src_queue_family_index(src_family)
+        .dst_queue_family_index(dst_family)
+        .buffer(buffer)
+        .offset(0)
+        .size(vk::WHOLE_SIZE)
+}
+
+/// The slot an image ring's [`WriteSlot::present_with`](super::WriteSlot::present_with) closure records
+/// into: when the closure runs, `image` is owned by `queue_family` (the
+/// family of the command buffer) in `VK_IMAGE_LAYOUT_GENERAL`, every earlier
+/// access to it is done, and the closure must leave it in `GENERAL` (its
+/// own barriers may move it to other layouts in between). The crate then
+/// releases it to `VK_QUEUE_FAMILY_EXTERNAL` in `GENERAL`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageTarget {
+    /// The slot's image: one level, one layer, colour.
+    pub image: vk::Image,
+    /// The family of the queue the commands run on.
+    pub queue_family: u32,
+}
+
+/// A sender of a ring of OPTIMAL images of format `F` in memory `M` with
+/// usage `U` (default: storage and sampled, which CUDA surfaces and
+/// textures need; every preset has transfer source and destination, which
+/// Vulkan receivers' read-backs need).
+pub type ImageSender<F, M, U = usage::Storage> = Sender<M, ExportableImage<F, Optimal, M, U>>;
+
+fn image_barrier(
+    image: vk::Image,
+    (old, new): (vk::ImageLayout, vk::ImageLayout),
+    (src_family, dst_family): (u32, u32),
+    (src_access, dst_access): (vk::AccessFlags, vk::AccessFlags),
+) -> vk::ImageMemoryBarrier<'static> {
+    vk::ImageMemoryBarrier::default()
+        .src_access_mask(src_access)
+        .dst_access_mask(dst_access)
+        .old_layout(old)
+        .new_layout(new)
+        .src_queue_family_index(src_family)
+        .dst_queue_family_index(dst_family)
+        .image(image)
+        .subresource_range(vk::ImageSubresourceRange {
+            aspect_mask: vk::ImageAspectFlags::COLOR,
+            base_mip_level: 0,
+            level_count: vk::REMAINING_MIP_LEVELS,
+            base_array_layer: 0,
+            layer_count: vk::REMAINING_ARRAY_LAYERS,
+        })
+}
+
+impl<F: Format, M: MemoryLocation, U: Usage> SlotResource<M> for ExportableImage<F, Optimal, M, U> {
+    type Target = ImageTarget;
+    const KIND: SlotKind = SlotKind::Image;
+
+    fn layout(opts: &SenderOptions) -> Result<RingLayout, SenderError> {
+        let layout = RingLayout::images(
+            opts.slots,
+            opts.width,
+            opts.height,
+            F::VK.as_raw() as u32,
+            F::TEXEL_BYTES,
+        );
+        layout.check()?;
+        Ok(layout)
+    }
+
+    fn format_name() -> String {
+        F::NAME.to_ascii_lowercase()
+    }
+
+    fn create(ctx: &Context, opts: &SenderOptions) -> Result<Self, SenderError> {
+        Ok(ExportableImage::new(
+            ctx,
+            ImageDesc::new_2d(opts.width, opts.height),
+        )?)
+    }
+
+    fn target(&self, family: u32) -> ImageTarget {
+        ImageTarget {
+            image: self.raw(),
+            queue_family: family,
+        }
+    }
+
+    unsafe fn record_acquire(
+        &self,
+        device: &vk_export::ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+        from_external: bool,
+    ) {
+        // Its first frame: from UNDEFINED (nothing to keep), no transfer;
+        // later ones: acquired from the external family in GENERAL, the
+        // layout every release (the sender's, a Vulkan receiver's) leaves.
+        let (layouts, families) = if from_external {
+            (
+                (vk::ImageLayout::GENERAL, vk::ImageLayout::GENERAL),
+                (vk::QUEUE_FAMILY_EXTERNAL, family),
+            )
+        } else {
+            (
+                (vk::ImageLayout::UNDEFINED, vk::ImageLayout::GENERAL),
+                (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED),
+            )
+        };
+        let barrier = image_barrier(self.raw(), layouts, families, acquire_access());
+        // SAFETY: the caller's recording command buffer; the image is alive.
+        unsafe {
+            device.cmd_pipeline_barrier(
+                cmd,
+                vk::PipelineStageFlags::TOP_OF_PIPE,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::DependencyFlags::empty(),
+                &[],
+                &[],
+                &[barrier],
+            )
+        };
+    }
+
+    unsafe fn record_release(
+        &self,
+        device: &vk_export::ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+    ) {
+        let general = vk::ImageLayout::GENERAL;
+        let barrier = image_barrier(
+            self.raw(),
+            (general, general),
+            (family, vk::QUEUE_FAMILY_EXTERNAL),
+            (vk::AccessFlags::MEMORY_WRITE, vk::AccessFlags::empty()),
+        );
+        // SAFETY: as in record_acquire.
+        unsafe {
+            device.cmd_pipeline_barrier(
+                cmd,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                vk::DependencyFlags::empty(),
+                &[],
+                &[],
+                &[barrier],
+            )
+        };
+    }
+}
+

@@ -1,0 +1,554 @@
+//! The one receiver session: connect, subscribe, take frames, give them
+//! back, count what was missed. Every receiver of this crate (CUDA,
+//! Vulkan, host) and the Python module is a thin layer over it.
+//!
+//! # Contract
+//!
+//! * [`Session::connect`] (or [`Session::connect_named`], which waits up to
+//!   its timeout for the name to appear) subscribes in the chosen
+//!   [`Delivery`], then waits (bounded) for the ring's layout and its setup
+//!   message; the setup message is the caller's to import.
+//! * [`Session::next`] waits at most its timeout, in every delivery and
+//!   whatever the sender sends meanwhile. Latest: it asks for the newest
+//!   frame (a request that timed out stays asked: the frame it brings is
+//!   the next call's); the frames between two it got are counted in
+//!   [`ReceiverStats::dropped`]. Lossless: every frame, in order.
+//! * A [`Frame`] is a value only a session makes: its fields are private,
+//!   it is neither `Clone` nor `Copy`, and it is released once, by value
+//!   ([`Session::release`]) or by being dropped (then as a release whose
+//!   reads have completed). A frame of another session is refused
+//!   ([`ConsumerError::NotThisReceiver`]) and released on its own.
+//! * No frame from before a drop is handed out after it: the sender shuts
+//!   a receiver's socket down before it writes a slot that receiver held,
+//!   and the session checks for that hang-up after taking a frame message
+//!   and before returning it ([`crate::transport::hung_up`]). Once dropped,
+//!   every call returns [`ConsumerError::Dropped`] with the sender's
+//!   reason (held too long, GPU release missing, protocol fault, ...) or
+//!   [`ConsumerError::Closed`] when the sender vanished without one.
+//!   [`Session::check_held`] repeats the check after a read, so a reader
+//!   can tell its pixels are the frame's: see `crate::host_receiver` and
+//!   `crate::vulkan_receiver`.
+//! * Thread-safe: every method takes `&self`; one thread receives at a
+//!   time (another's `next` waits for it within its own timeout and then
+//!   returns [`ConsumerError::Busy`]); frames may be released from any
+//!   thread.
+//! * A sender that breaks the protocol (a frame for a slot out of range or
+//!   still held, sequence numbers that do not go up, a message only
+//!   receivers send) is given up on: the session shuts its socket down,
+//!   which gives every held slot back, and says why from then on.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
+
+use vk_export::socket::Connection;
+use vk_export::wire::Received;
+
+use crate::discovery::{Directory, DiscoveryError};
+use crate::protocol::{Delivery, DropReason, Message, RingLayout, SETUP_TAG};
+use crate::transport::{
+    self, deadline_after, hung_up, left, recv_message, send_message, try_recv_message,
+    ConsumerError, SendError,
+};
+
+/// Why connecting by name failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The name could not be resolved or connected to.
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    /// The conversation after connecting failed.
+    #[error(transparent)]
+    Consumer(#[from] ConsumerError),
+}
+
+/// What a receiver has had.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReceiverStats {
+    /// Frames received.
+    pub received: u64,
+    /// Frames presented between received ones that it did not get (frames
+    /// before its first are not counted).
+    pub dropped: u64,
+}
+
+/// Why the connection is over.
+#[derive(Clone, Debug)]
+enum Ended {
+    Dropped(DropReason),
+    Closed,
+    GivenUp(String),
+}
+
+impl Ended {
+    fn error(&self) -> ConsumerError {
+        match self {
+            Ended::Dropped(reason) => ConsumerError::Dropped(*reason),
+            Ended::Closed => ConsumerError::Closed,
+            Ended::GivenUp(why) => ConsumerError::GivenUp(why.clone()),
+        }
+    }
+}
+
+struct State {
+    /// Per slot, the frame held there.
+    held: Vec<Option<u64>>,
+    /// The last frame number received.
+    last: u64,
+    /// Latest: a request is out.
+    asked: bool,
+    stats: ReceiverStats,
+    ended: Option<Ended>,
+}
+
+struct Inner {
+    conn: Connection,
+    layout: RingLayout,
+    delivery: Delivery,
+    state: Mutex<State>,
+    /// Held while receiving, so that frames are accepted in the order they
+    /// arrived.
+    receiving: Mutex<()>,
+}
+
+/// A receiver's session with a sender (see the module contract).
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("layout", &self.inner.layout)
+            .field("delivery", &self.inner.delivery)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One frame a session handed out (see the module contract).
+#[must_use = "a frame holds its slot until it is released"]
+pub struct Frame {
+    session: Arc<Inner>,
+    slot: u32,
+    sequence: u64,
+    timestamp_ns: u64,
+    dropped_before: u64,
+    released: bool,
+}
+
+impl std::fmt::Debug for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frame")
+            .field("slot", &self.slot)
+            .field("sequence", &self.sequence)
+            .field("timestamp_ns", &self.timestamp_ns)
+            .field("dropped_before", &self.dropped_before)
+            .finish()
+    }
+}
+
+impl Frame {
+    /// Its slot.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// Its sequence number (from 1, one per presented frame).
+    pub fn sequence(&self) -> u64 {
+        self.sequence
+    }
+
+    /// When it was presented: nanoseconds of `CLOCK_MONOTONIC`.
+    pub fn timestamp_ns(&self) -> u64 {
+        self.timestamp_ns
+    }
+
+    /// Frames presented since the previous one this receiver got, which it
+    /// did not get (0 for its first frame).
+    pub fn dropped_before(&self) -> u64 {
+        self.dropped_before
+    }
+}
+
+impl Drop for Frame {
+    fn drop(&mut self) {
+        if !self.released {
+            self.released = true;
+            let _ = self.session.release(self.slot, self.sequence, false);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // What the locks guard stays consistent at every unlock: a panic
+    // elsewhere leaves nothing half-done here.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Session {
+    /// Connects to the sender at socket `path`, subscribes in `delivery`
+    /// and takes the ring's layout and setup message, all within
+    /// `timeout`.
+    pub fn connect(
+        path: &str,
+        delivery: Delivery,
+        timeout: Duration,
+    ) -> Result<(Session, Received), ConsumerError> {
+        let deadline = deadline_after(timeout);
+        let conn = transport::connect(path, timeout)?;
+        Session::start(conn, delivery, left(deadline))
+    }
+
+    /// Connects to the sender named `name` in `directory`, waiting up to
+    /// `timeout` for it to appear, as [`Session::connect`].
+    pub fn connect_named(
+        directory: &Directory,
+        name: &str,
+        delivery: Delivery,
+        timeout: Duration,
+    ) -> Result<(Session, Received), ConnectError> {
+        let deadline = deadline_after(timeout);
+        let conn = directory.connect(name, timeout)?;
+        Ok(Session::start(conn, delivery, left(deadline))?)
+    }
+
+    /// Subscribes on `conn` and takes the layout and the setup message.
+    pub fn start(
+        conn: Connection,
+        delivery: Delivery,
+        timeout: Duration,
+    ) -> Result<(Session, Received), ConsumerError> {
+        let deadline = deadline_after(timeout);
+        send_message(&conn, &Message::Subscribe(delivery))
+            .map_err(|e| ConsumerError::Protocol(format!("cannot subscribe: {e}")))?;
+        let layout = match recv_message(&conn, deadline, timeout) {
+            Ok(Message::Hello(layout)) => layout,
+            Ok(Message::Goodbye(reason)) => return Err(ConsumerError::Dropped(reason)),
+            Ok(other) => {
+                return Err(ConsumerError::Protocol(format!(
+                    "the sender's first message must be a hello, not a {}",
+                    other.kind_name()
+                )))
+            }
+            Err(e) => return Err(e),
+        };
+        let setup = conn.recv(left(deadline))?;
+        check_setup_shape(&layout, &setup)?;
+        let n = layout.slots as usize;
+        let session = Session {
+            inner: Arc::new(Inner {
+                conn,
+                layout,
+                delivery,
+                state: Mutex::new(State {
+                    held: vec![None; n],
+                    last: 0,
+                    asked: false,
+                    stats: ReceiverStats::default(),
+                    ended: None,
+                }),
+                receiving: Mutex::new(()),
+            }),
+        };
+        Ok((session, setup))
+    }
+
+    /// The ring's layout.
+    pub fn layout(&self) -> &RingLayout {
+        &self.inner.layout
+    }
+
+    /// The delivery it subscribed in.
+    pub fn delivery(&self) -> Delivery {
+        self.inner.delivery
+    }
+
+    /// What it has had so far.
+    pub fn stats(&self) -> ReceiverStats {
+        lock(&self.inner.state).stats
+    }
+
+    /// How many slots it holds.
+    pub fn held(&self) -> usize {
+        lock(&self.inner.state).held.iter().flatten().count()
+    }
+
+    /// Why the connection is over, if it is (without asking the kernel).
+    pub fn ended(&self) -> Option<ConsumerError> {
+        lock(&self.inner.state).ended.as_ref().map(Ended::error)
+    }
+
+    /// The connection (its fd, to poll with an event loop).
+    pub fn connection(&self) -> &Connection {
+        &self.inner.conn
+    }
+
+    /// The next frame, waiting at most `timeout` (see the module contract).
+    pub fn next(&self, timeout: Duration) -> Result<Frame, ConsumerError> {
+        let deadline = deadline_after(timeout);
+        let _receiving = lock_within(&self.inner.receiving, deadline, timeout)?;
+        self.inner.check_live()?;
+        if self.inner.delivery == Delivery::Latest {
+            let ask = !lock(&self.inner.state).asked;
+            if ask {
+                if let Err(e) = send_message(&self.inner.conn, &Message::Acquire) {
+                    return Err(self.inner.lost(format!("cannot ask for a frame: {e}")));
+                }
+                lock(&self.inner.state).asked = true;
+            }
+        }
+        loop {
+            let message = match recv_message(&self.inner.conn, deadline, timeout) {
+                Ok(message) => message,
+                Err(ConsumerError::Closed) => return Err(self.inner.learn_end()),
+                Err(e @ (ConsumerError::Timeout(_) | ConsumerError::Poll(_))) => return Err(e),
+                Err(e) => return Err(self.inner.give_up(e.to_string())),
+            };
+            match message {
+                Message::Frame {
+                    slot,
+                    sequence,
+                    timestamp_ns,
+                } => {
+                    let dropped_before = self.inner.accept(slot, sequence)?;
+                    // Queued before a drop? The hang-up is visible now if
+                    // so, and the slot may be written already.
+                    if hung_up(&self.inner.conn)? {
+                        return Err(self.inner.learn_end());
+                    }
+                    return Ok(Frame {
+                        session: self.inner.clone(),
+                        slot,
+                        sequence,
+                        timestamp_ns,
+                        dropped_before,
+                        released: false,
+                    });
+                }
+                Message::Goodbye(reason) => return Err(self.inner.end(Ended::Dropped(reason))),
+                other => {
+                    return Err(self.inner.give_up(format!(
+                        "the sender sent a {} message, which only receivers send",
+                        other.kind_name()
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Gives `frame` back; `gpu_signalled`: this receiver signalled (or
+    /// enqueued the signal of) the slot's "released" timeline with the
+    /// frame's sequence number after its GPU reads. An error says the
+    /// frame was not this receiver's to give back, or that the sender
+    /// dropped this receiver while it held the frame (its slot may have
+    /// been written since: anything read from it after the drop is not the
+    /// frame's).
+    pub fn release(&self, mut frame: Frame, gpu_signalled: bool) -> Result<(), ConsumerError> {
+        if !Arc::ptr_eq(&frame.session, &self.inner) {
+            return Err(ConsumerError::NotThisReceiver {
+                sequence: frame.sequence,
+            });
+        }
+        frame.released = true;
+        self.inner
+            .release(frame.slot, frame.sequence, gpu_signalled)
+    }
+
+    /// Whether `frame` is still this receiver's, with its slot untouched by
+    /// the sender: not released, and the connection not dropped (asking
+    /// the kernel now). A reader calls it after its read completed: `Ok`
+    /// then means the bytes it read are the frame's.
+    pub fn check_held(&self, frame: &Frame) -> Result<(), ConsumerError> {
+        if !Arc::ptr_eq(&frame.session, &self.inner) {
+            return Err(ConsumerError::NotThisReceiver {
+                sequence: frame.sequence,
+            });
+        }
+        self.inner.check_live()?;
+        let held = lock(&self.inner.state).held[frame.slot as usize];
+        if held != Some(frame.sequence) {
+            return Err(ConsumerError::NotHeld {
+                slot: frame.slot,
+                sequence: frame.sequence,
+            });
+        }
+        Ok(())
+    }
+
+    /// Gives the connection up: shuts the socket down (the sender takes
+    /// every slot back) and keeps `why` for later calls.
+    pub fn close(&self, why: &str) {
+        let _ = self.inner.give_up(why.to_string());
+    }
+}
+
+impl Inner {
+    /// An error if the connection is over, learning it from the kernel.
+    fn check_live(&self) -> Result<(), ConsumerError> {
+        if let Some(ended) = &lock(&self.state).ended {
+            return Err(ended.error());
+        }
+        if hung_up(&self.conn)? {
+            return Err(self.learn_end());
+        }
+        Ok(())
+    }
+
+    /// The sender hung up: its goodbye (if it said one, among the queued
+    /// messages) is the reason. Every held slot is the sender's again.
+    fn learn_end(&self) -> ConsumerError {
+        if let Some(ended) = &lock(&self.state).ended {
+            return ended.error();
+        }
+        // The queue is bounded by the socket's buffer: a few hundred
+        // packets at most; the count bounds a misbehaving kernel too.
+        let mut reason = Ended::Closed;
+        for _ in 0..100_000 {
+            match try_recv_message(&self.conn) {
+                Ok(Some(Message::Goodbye(r))) => {
+                    reason = Ended::Dropped(r);
+                    break;
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => break,
+            }
+        }
+        self.end(reason)
+    }
+
+    /// Marks the connection over for `why`; the error to return.
+    fn end(&self, why: Ended) -> ConsumerError {
+        let mut state = lock(&self.state);
+        let ended = state.ended.get_or_insert(why).clone();
+        state.held.iter_mut().for_each(|h| *h = None);
+        drop(state);
+        let _ = rustix::net::shutdown(&self.conn, rustix::net::Shutdown::Both);
+        ended.error()
+    }
+
+    /// Gives up on a sender that broke the protocol or a socket that failed.
+    fn give_up(&self, why: String) -> ConsumerError {
+        self.end(Ended::GivenUp(why))
+    }
+
+    /// A send failed: the sender left (learn why) or the socket is broken.
+    fn lost(&self, why: String) -> ConsumerError {
+        if hung_up(&self.conn).unwrap_or(true) {
+            self.learn_end()
+        } else {
+            self.give_up(why)
+        }
+    }
+
+    /// Checks a frame message and marks its slot held; the frames dropped
+    /// before it.
+    fn accept(&self, slot: u32, sequence: u64) -> Result<u64, ConsumerError> {
+        let mut state = lock(&self.state);
+        let n = state.held.len();
+        let fault = if slot as usize >= n {
+            Some(format!("frame {sequence} names slot {slot} of a ring of {n}"))
+        } else if sequence <= state.last {
+            Some(format!(
+                "frame number {sequence} after {}: frame numbers must go up",
+                state.last
+            ))
+        } else if let Some(old) = state.held[slot as usize] {
+            Some(format!(
+                "the sender sent frame {sequence} into slot {slot}, which still holds frame \
+                 {old}: a sender bug"
+            ))
+        } else if self.delivery == Delivery::Latest && !state.asked {
+            Some(format!("frame {sequence} came unasked to a latest receiver"))
+        } else {
+            None
+        };
+        if let Some(why) = fault {
+            drop(state);
+            return Err(self.give_up(why));
+        }
+        // Frames presented before this receiver's first are not dropped.
+        let dropped_before = if state.last == 0 {
+            0
+        } else {
+            sequence - state.last - 1
+        };
+        state.held[slot as usize] = Some(sequence);
+        state.last = sequence;
+        state.asked = false;
+        state.stats.received += 1;
+        state.stats.dropped += dropped_before;
+        Ok(dropped_before)
+    }
+
+    /// Sends the release of `sequence` in `slot`, if this session holds it.
+    fn release(&self, slot: u32, sequence: u64, gpu_signalled: bool) -> Result<(), ConsumerError> {
+        let mut state = lock(&self.state);
+        if let Some(ended) = &state.ended {
+            return Err(ended.error());
+        }
+        if state.held.get(slot as usize).copied().flatten() != Some(sequence) {
+            return Err(ConsumerError::NotHeld { slot, sequence });
+        }
+        // Dropped while holding it? Then its slot may have been written:
+        // the caller must hear of it.
+        if hung_up(&self.conn)? {
+            drop(state);
+            return Err(self.learn_end());
+        }
+        state.held[slot as usize] = None;
+        drop(state);
+        let release = Message::Release {
+            slot,
+            sequence,
+            gpu_signalled,
+        };
+        match send_message(&self.conn, &release) {
+            Ok(()) => Ok(()),
+            Err(SendError::Timeout) => Err(self.give_up(
+                "the sender did not take a release within the send timeout".into(),
+            )),
+            Err(e) => Err(self.lost(format!("cannot send a release: {e}"))),
+        }
+    }
+}
+
+/// `mutex`'s guard, waiting at most until `deadline`; `Busy(timeout)`
+/// otherwise (also when this thread holds it already).
+fn lock_within<'m>(
+    mutex: &'m Mutex<()>,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<MutexGuard<'m, ()>, ConsumerError> {
+    loop {
+        match mutex.try_lock() {
+            Ok(guard) => return Ok(guard),
+            Err(TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(TryLockError::WouldBlock) => return Err(ConsumerError::Busy(timeout)),
+        }
+    }
+}
+
+/// Checks that `setup` is the ring `layout` announces: tagged
+/// [`SETUP_TAG`], with `slots` resources (no semaphores) or `2 * slots + 1`.
+pub fn check_setup_shape(layout: &RingLayout, setup: &Received) -> Result<(), ConsumerError> {
+    layout.check()?;
+    let n = layout.slots as usize;
+    let (tag, count) = (setup.message().tag, setup.message().resources.len());
+    if tag != SETUP_TAG || (count != n && count != 2 * n + 1) {
+        return Err(ConsumerError::Protocol(format!(
+            "after a hello for {n} slots the sender must send the ring: a message tagged \
+             {SETUP_TAG:#x} with {n} resources, or {} with the semaphores; got tag {tag:#x} with \
+             {count}",
+            2 * n + 1
+        )));
+    }
+    Ok(())
+}
+
+/// Whether the setup message shares the ring's semaphores.
+pub fn has_semaphores(layout: &RingLayout, setup: &Received) -> bool {
+    setup.message().resources.len() == 2 * layout.slots as usize + 1
+}
