@@ -394,18 +394,21 @@ impl Directory {
     /// `cuda-interop-frames-<uid>` in `$TMPDIR` or `/tmp`; made if missing
     /// (see the module contract).
     pub fn from_env() -> Result<Directory, DiscoveryError> {
-        match std::env::var_os("XDG_RUNTIME_DIR")
-            .map(PathBuf::from)
-            .filter(|p| p.is_absolute())
-        {
-            Some(base) => Directory::new(base.join(DIRECTORY_NAME)),
-            None => {
-                let tmp = std::env::var_os("TMPDIR")
-                    .map(PathBuf::from)
-                    .filter(|p| p.is_absolute())
-                    .unwrap_or_else(|| PathBuf::from("/tmp"));
-                Directory::fallback_in(&tmp)
-            }
+        let var = |name| std::env::var_os(name).map(PathBuf::from);
+        match Directory::location(var("XDG_RUNTIME_DIR"), var("TMPDIR")) {
+            Ok(runtime) => Directory::new(runtime.join(DIRECTORY_NAME)),
+            Err(tmp) => Directory::fallback_in(&tmp),
+        }
+    }
+
+    /// `Ok(runtime directory)` when `xdg` is absolute, else `Err(where the
+    /// fallback goes)`: `tmpdir` when absolute, else `/tmp`.
+    fn location(xdg: Option<PathBuf>, tmpdir: Option<PathBuf>) -> Result<PathBuf, PathBuf> {
+        match xdg.filter(|p| p.is_absolute()) {
+            Some(runtime) => Ok(runtime),
+            None => Err(tmpdir
+                .filter(|p| p.is_absolute())
+                .unwrap_or_else(|| PathBuf::from("/tmp"))),
         }
     }
 
@@ -691,14 +694,16 @@ impl Directory {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
+        // A dead sender's files are replaced below (renames over them); not
+        // those of another user.
         let socket = self.socket_path(&name);
         for path in [
             self.info_path(&name),
             socket.clone(),
             self.info_tmp_path(&name),
         ] {
-            match std::fs::symlink_metadata(&path) {
-                Ok(m) if m.uid() != uid() => {
+            if let Ok(m) = std::fs::symlink_metadata(&path) {
+                if m.uid() != uid() {
                     return Err(DiscoveryError::Directory {
                         why: format!(
                             "left by uid {}, not this user ({}); remove it (rm {})",
@@ -707,10 +712,8 @@ impl Directory {
                             path.display()
                         ),
                         path,
-                    })
+                    });
                 }
-                Ok(_) => std::fs::remove_file(&path).map_err(io("remove stale", &path))?,
-                Err(_) => {}
             }
         }
         info.pid = std::process::id();
@@ -1073,6 +1076,31 @@ mod tests {
     }
 
     #[test]
+    fn an_announce_in_progress_is_neither_listed_nor_cleaned() {
+        let (base, dir) = fresh("setup");
+        leave_entry(&dir, "cam", NO_PID);
+        let owner = hold(&dir, "cam");
+        assert!(try_lock(&owner, SETUP).unwrap());
+        assert!(names(&dir).is_empty());
+        assert!(dir.info_path("cam").exists() && dir.socket_path("cam").exists());
+        unlock(&owner, SETUP).unwrap();
+        assert_eq!(names(&dir), ["cam"]);
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn a_setup_byte_held_too_long_fails_the_announce_and_frees_the_name() {
+        let (base, dir) = fresh("busy");
+        let cleaner = dir.open_lock("cam").unwrap();
+        assert!(try_lock(&cleaner, SETUP).unwrap());
+        let e = dir.announce(info("cam")).unwrap_err();
+        assert!(matches!(e, DiscoveryError::NameBusy { .. }), "{e}");
+        drop(cleaner);
+        let (_l, _a) = dir.announce(info("cam")).unwrap();
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
     fn dead_entries_are_not_listed_and_are_cleaned() {
         let (base, dir) = fresh("stale");
         // Our own (live) pid, but nobody holds the lock: dead.
@@ -1143,6 +1171,14 @@ mod tests {
         let e = dir.announce(info("cam")).unwrap_err();
         assert!(matches!(e, DiscoveryError::Directory { .. }), "{e}");
         assert!(!target.exists(), "the lock was taken through the symlink");
+        // Nor is anything but a regular file.
+        let fifo =
+            std::ffi::CString::new(dir.lock_path("pipe").into_os_string().into_encoded_bytes())
+                .unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let e = dir.announce(info("pipe")).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
         std::fs::remove_dir_all(&base).unwrap();
     }
 
@@ -1168,6 +1204,19 @@ mod tests {
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
         let _f = hold(&dir, "fifo");
+        // A FIFO with a valid entry waiting in it: not listed either.
+        let fed = dir.info_path("fed");
+        let fed_c =
+            std::ffi::CString::new(fed.clone().into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fed_c.as_ptr(), 0o600) }, 0);
+        let mut feeder = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&fed)
+            .unwrap();
+        feeder.write_all(info("fed").encode().as_bytes()).unwrap();
+        let _g = hold(&dir, "fed");
         let (tx, rx) = mpsc::channel();
         let lister = dir.clone();
         std::thread::spawn(move || tx.send(names(&lister)).unwrap());
@@ -1249,6 +1298,16 @@ mod tests {
         std::fs::remove_dir_all(&base).unwrap();
     }
 
+    /// Returns once someone has looked for `name` (a look makes its lock
+    /// file): the sender comes after a look that found nothing.
+    fn wait_until_looked(dir: &Directory, name: &str) {
+        let looked = (0..10_000_000).any(|_| {
+            std::thread::yield_now();
+            dir.lock_path(name).exists()
+        });
+        assert!(looked, "nobody looked for {name:?}");
+    }
+
     #[test]
     fn wait_for_returns_once_the_sender_announces() {
         let (base, dir) = fresh("wait");
@@ -1256,17 +1315,7 @@ mod tests {
             let dir = dir.clone();
             std::thread::spawn(move || dir.wait_for("cam", Duration::from_secs(60)))
         };
-        // The waiter's first look makes the lock file: it has looked and
-        // found nothing before the sender comes.
-        let mut looked = false;
-        for _ in 0..10_000_000 {
-            if dir.lock_path("cam").exists() {
-                looked = true;
-                break;
-            }
-            std::thread::yield_now();
-        }
-        assert!(looked, "the waiter never looked");
+        wait_until_looked(&dir, "cam");
         let (_listener, _entry) = dir.announce(info("cam")).unwrap();
         let found = waiter.join().unwrap().unwrap();
         assert_eq!(
@@ -1279,15 +1328,11 @@ mod tests {
     #[test]
     fn connect_waits_for_the_sender() {
         let (base, dir) = fresh("connect");
-        let (tx, rx) = mpsc::channel();
         let receiver = {
             let dir = dir.clone();
-            std::thread::spawn(move || {
-                tx.send(()).unwrap();
-                dir.connect("cam", Duration::from_secs(60))
-            })
+            std::thread::spawn(move || dir.connect("cam", Duration::from_secs(60)))
         };
-        rx.recv().unwrap();
+        wait_until_looked(&dir, "cam");
         let (listener, _entry) = dir.announce(info("cam")).unwrap();
         receiver.join().unwrap().unwrap();
         listener.accept(Duration::from_secs(10)).unwrap();
@@ -1298,7 +1343,10 @@ mod tests {
     fn wait_for_gives_up_with_not_found() {
         let (base, dir) = fresh("timeout");
         let e = dir.wait_for("cam", Duration::from_millis(200)).unwrap_err();
-        assert!(matches!(e, DiscoveryError::NotFound { .. }), "{e}");
+        assert!(
+            matches!(e, DiscoveryError::NotFound { waited, .. } if waited == Duration::from_millis(200)),
+            "{e}"
+        );
         let e = dir.connect("cam", Duration::from_millis(200)).unwrap_err();
         assert!(matches!(e, DiscoveryError::NotFound { .. }), "{e}");
         assert!(matches!(
@@ -1326,6 +1374,22 @@ mod tests {
         let e = Directory::new(&other).unwrap_err();
         assert!(e.to_string().contains("owned by uid 12345"), "{e}");
         std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn the_fallback_is_used_without_an_absolute_xdg_runtime_dir() {
+        let p = |s: &str| Some(PathBuf::from(s));
+        assert_eq!(
+            Directory::location(p("/run/user/7"), p("/t")),
+            Ok("/run/user/7".into())
+        );
+        assert_eq!(Directory::location(None, p("/t")), Err("/t".into()));
+        assert_eq!(
+            Directory::location(p("run/user/7"), p("/t")),
+            Err("/t".into())
+        );
+        assert_eq!(Directory::location(None, None), Err("/tmp".into()));
+        assert_eq!(Directory::location(None, p("tmp")), Err("/tmp".into()));
     }
 
     #[test]
