@@ -91,6 +91,39 @@ if [ -n "${GPU_RUN_TESTS:-}" ]; then
 fi
 
 nvidia-smi -L
+# GPU_RUN_ONLY=semaphore-repeat (issue 28, 8) runs only test-semaphore_handles,
+# GPU_REPEAT times (default 20) per pass, its tests on parallel threads
+# (--test-threads=3, not the manifest's 1), and says per pass how many runs
+# failed and how: "shipped" (the tests take the binary's own lock: expected
+# 0), "parallel" (CUDA_INTEROP_PARALLEL_SEMAPHORE_TESTS=1: the lock off, the
+# three tests at once as in runs 18a and the H100's: the flake), and
+# "parallel-no-import" (the lock off, without the one test whose import of an
+# fd that is no semaphore makes NVIDIA's driver report "Failed to allocate
+# semaphore device memory"). Every run's output: $OUT/semaphore-repeat-PASS.log.
+# Fails only when "shipped" failed.
+if [ "${GPU_RUN_ONLY:-}" = semaphore-repeat ]; then
+  repeat=${GPU_REPEAT:-20}
+  bin=$b/test-semaphore_handles
+  nvidia-smi --query-gpu=driver_version --format=csv,noheader
+  for pass in shipped parallel parallel-no-import; do
+    log=$out/semaphore-repeat-$pass.log failed=0
+    : >"$log"
+    penv=() skip=()
+    [ "$pass" != shipped ] && penv=(CUDA_INTEROP_PARALLEL_SEMAPHORE_TESTS=1)
+    [ "$pass" = parallel-no-import ] && skip=(--skip a_binary_semaphore_this_process_sent_itself_is_refused)
+    for i in $(seq 1 "$repeat"); do
+      echo "=== $pass run $i" >>"$log"
+      if ! env "${penv[@]}" timeout 300 "$bin" --include-ignored --nocapture --test-threads=3 "${skip[@]}" >>"$log" 2>&1; then
+        failed=$((failed + 1)); echo "=== $pass run $i FAILED" >>"$log"
+      fi
+    done
+    echo; echo "semaphore-repeat $pass: $failed of $repeat runs failed"
+    grep -E "^test .* FAILED|panicked|vkCreateSemaphore|Failed to allocate" "$log" | sed -E 's/ \([0-9]+\) panicked/ panicked/' | sort | uniq -c | sort -rn | head -8
+    [ "$pass" = shipped ] && [ "$failed" != 0 ] && status=1
+  done
+  echo; echo "gpu-run: $([ $status = 0 ] && echo all passed || echo FAILURES) (GPU_RUN_ONLY=semaphore-repeat, $repeat runs a pass) ($(head -1 $b/BUILD))"
+  exit $status
+fi
 # GPU_RUN_ONLY=bench runs only the benchmarks, without the validation layer
 # (they measure): bench (S1-S4, S6-S8, drift) with its JSON and text in
 # $OUT, and host_wait.
