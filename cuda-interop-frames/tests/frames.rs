@@ -14,11 +14,16 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use cuda_interop_frames::discovery::{Directory, SlotKind};
-use cuda_interop_frames::producer::record_demo_pattern;
-use cuda_interop_frames::receiver::{Delivery, FrameReceiver};
+use cuda_interop_frames::protocol::{Delivery, DropReason, Fault, Message};
 use cuda_interop_frames::sender::{self, AcquireError, Address, Sender, SenderOptions};
+use cuda_interop_frames::session::{Frame, Session};
+use cuda_interop_frames::transport::{self, ConsumerError};
+
+#[path = "../examples/common/demo.rs"]
+mod demo;
 use cuda_interop_testkit::child;
 use cuda_interop_testkit::Mem;
+use demo::record_demo_pattern;
 
 const W: u32 = 64;
 const H: u32 = 32;
@@ -81,6 +86,8 @@ fn make_sender(address: Address, hold_timeout: Duration) -> (vk_export::Context,
     let ctx = cuda_interop_testkit::vulkan(None);
     let opts = SenderOptions {
         hold_timeout,
+        // The fd test connects 10,000 times from one process.
+        connects_per_second: 1_000_000,
         semaphores: false,
         // The demo pattern is transfer commands (lavapipe has no
         // transfer-only family: the main queue takes them).
@@ -160,17 +167,13 @@ fn child_sender() {
 }
 
 /// Connects to `name` in `directory` once it is listed (bounded).
-fn connect_when_listed(
-    directory: &Directory,
-    name: &str,
-    delivery: Delivery,
-) -> (FrameReceiver, u32) {
+fn connect_when_listed(directory: &Directory, name: &str, delivery: Delivery) -> (Session, u32) {
     let start = Instant::now();
     loop {
         assert!(start.elapsed() < BOUND, "sender {name} never appeared");
         if let Ok(info) = directory.find(name) {
-            if let Ok(rx) =
-                FrameReceiver::connect_named(directory, name, delivery, Duration::from_secs(5))
+            if let Ok((rx, _setup)) =
+                Session::connect_named(directory, name, delivery, Duration::from_secs(5))
             {
                 return (rx, info.pid);
             }
@@ -210,15 +213,15 @@ fn receiver(role: &str) {
     let directory = Directory::new(env("CIF_DIR")).unwrap();
     let marks = PathBuf::from(env("CIF_MARKS"));
     let delivery = delivery_of(&env("CIF_MODE"));
-    let (mut rx, _) = connect_when_listed(&directory, &env("CIF_NAME"), delivery);
+    let (rx, _) = connect_when_listed(&directory, &env("CIF_NAME"), delivery);
     let timeout = Duration::from_secs(10);
     let start = Instant::now();
     let mut got = Vec::new();
     match role {
         "fast" => loop {
             assert!(start.elapsed() < BOUND);
-            let frame = rx.next_frame(timeout).expect("a frame");
-            got.push(frame.sequence);
+            let frame = rx.next(timeout).expect("a frame");
+            got.push(frame.sequence());
             rx.release(frame, false).expect("release");
             if got.len() == 1 {
                 std::fs::write(marks.join("fast-ready"), b"").unwrap();
@@ -230,20 +233,20 @@ fn receiver(role: &str) {
         "stall" => {
             while !marks.join("fast-ready").exists() {
                 assert!(start.elapsed() < BOUND);
-                let frame = rx.next_frame(timeout).expect("a frame");
-                got.push(frame.sequence);
+                let frame = rx.next(timeout).expect("a frame");
+                got.push(frame.sequence());
                 rx.release(frame, false).expect("release");
             }
-            let frame = rx.next_frame(timeout).expect("s0");
-            let s0 = frame.sequence;
+            let frame = rx.next(timeout).expect("s0");
+            let s0 = frame.sequence();
             got.push(s0);
             // Stops reading (and holds s0) for 2 s.
             std::thread::sleep(Duration::from_secs(2));
             rx.release(frame, false).expect("release s0");
-            let frame = rx.next_frame(timeout).expect("s1");
+            let frame = rx.next(timeout).expect("s1");
             println!("RESULT s0={s0}");
-            println!("RESULT s1={}", frame.sequence);
-            got.push(frame.sequence);
+            println!("RESULT s1={}", frame.sequence());
+            got.push(frame.sequence());
             rx.release(frame, false).expect("release s1");
             std::fs::write(marks.join("stall-done"), b"").unwrap();
         }
@@ -373,7 +376,7 @@ fn discovery_by_name_across_processes() {
         child::run_with("child_sender", &envs)
     });
     let directory = Directory::new(&dir).unwrap();
-    let (mut rx, pid) = connect_when_listed(&directory, "cam-1", Delivery::Latest);
+    let (rx, pid) = connect_when_listed(&directory, "cam-1", Delivery::Latest);
     let listed = directory.list().unwrap();
     assert_eq!(listed.len(), 1);
     let info = &listed[0];
@@ -389,17 +392,17 @@ fn discovery_by_name_across_processes() {
     );
     assert_eq!(
         (info.format.as_str(), info.row_pitch),
-        ("rgba8", u64::from(W) * 4)
+        ("r8g8b8a8_unorm", u64::from(W) * 4)
     );
     assert_eq!(info.pid, pid);
     assert_ne!(info.pid, std::process::id());
     assert_eq!(rx.layout().width, W);
     let mut last = 0;
     for _ in 0..5 {
-        let frame = rx.next_frame(Duration::from_secs(10)).expect("a frame");
-        assert!(frame.sequence > last);
-        assert!(frame.timestamp_ns > 0 && frame.timestamp_ns <= sender::monotonic_ns());
-        last = frame.sequence;
+        let frame = rx.next(Duration::from_secs(10)).expect("a frame");
+        assert!(frame.sequence() > last);
+        assert!(frame.timestamp_ns() > 0 && frame.timestamp_ns() <= sender::monotonic_ns());
+        last = frame.sequence();
         rx.release(frame, false).unwrap();
     }
     drop(rx);
@@ -429,13 +432,13 @@ fn a_restarted_sender_is_reconnected_by_name() {
     let receiver = {
         let directory = directory.clone();
         std::thread::spawn(move || {
-            let (mut rx, first_pid) = connect_when_listed(&directory, "restart", Delivery::Latest);
+            let (rx, first_pid) = connect_when_listed(&directory, "restart", Delivery::Latest);
             let start = Instant::now();
             // Frames until the first sender goes away.
             let mut frames_first = 0;
             loop {
                 assert!(start.elapsed() < BOUND);
-                match rx.next_frame(Duration::from_secs(10)) {
+                match rx.next(Duration::from_secs(10)) {
                     Ok(frame) => {
                         frames_first += 1;
                         // The sender may be gone already: a failed release is fine.
@@ -446,7 +449,7 @@ fn a_restarted_sender_is_reconnected_by_name() {
             }
             drop(rx);
             // Reconnect by name to whichever sender has it now.
-            let (mut rx, second_pid) = loop {
+            let (rx, second_pid) = loop {
                 let (rx, pid) = connect_when_listed(&directory, "restart", Delivery::Latest);
                 if pid != first_pid {
                     break (rx, pid);
@@ -456,7 +459,7 @@ fn a_restarted_sender_is_reconnected_by_name() {
                 std::thread::sleep(Duration::from_millis(20));
             };
             for _ in 0..3 {
-                let frame = rx.next_frame(Duration::from_secs(10)).expect("a frame");
+                let frame = rx.next(Duration::from_secs(10)).expect("a frame");
                 rx.release(frame, false).unwrap();
             }
             (frames_first, first_pid, second_pid)
@@ -494,12 +497,11 @@ fn child_fds_flat() {
         let path = path.clone();
         move |i: u32| {
             if i.is_multiple_of(2) {
-                let rx = FrameReceiver::connect(&path, Delivery::Latest, Duration::from_secs(10))
+                let rx = Session::connect(&path, Delivery::Latest, Duration::from_secs(10))
                     .expect("connect");
                 drop(rx);
             } else {
-                let conn = cuda_interop_frames::consumer::connect(&path, Duration::from_secs(10))
-                    .expect("connect");
+                let conn = transport::connect(&path, Duration::from_secs(10)).expect("connect");
                 drop(conn);
             }
         }
@@ -508,7 +510,7 @@ fn child_fds_flat() {
     let warm = {
         let path = path.clone();
         std::thread::spawn(move || {
-            let rx = FrameReceiver::connect(&path, Delivery::Latest, Duration::from_secs(10));
+            let rx = Session::connect(&path, Delivery::Latest, Duration::from_secs(10));
             drop(rx.expect("connect"));
         })
     };
@@ -552,10 +554,31 @@ fn fds_are_flat_over_10000_connects() {
     child::run_marked("child_fds_flat", "CIF_FDS_CHILD");
 }
 
-/// Faulty receivers (garbage, a wrong packet, a release of a frame it
-/// does not hold, one that stops reading and holds its slots, one that dies
-/// holding a slot) are dropped; a good latest receiver keeps getting frames
-/// and the sender's presents keep returning.
+/// Sends `message` on `conn`, the raw way a hostile peer would.
+fn send(conn: &vk_export::socket::Connection, message: Message) {
+    transport::send_message(conn, &message).expect("send");
+}
+
+/// The goodbye a raw connection gets (bounded), skipping what came before.
+fn goodbye_of(conn: &vk_export::socket::Connection) -> Option<DropReason> {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match transport::recv_message(conn, deadline, left) {
+            Ok(Message::Goodbye(reason)) => return Some(reason),
+            Ok(_) => continue,
+            // A wire message (the ring's setup) is not a packet: skip it.
+            Err(ConsumerError::Packet(_)) => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Faulty receivers (garbage, a sender's message, a release of a frame it
+/// does not hold, a lossless one that stops reading and holds its slots,
+/// one that never subscribes, one that dies holding a slot) are dropped,
+/// each told why; a good latest receiver keeps getting frames and the
+/// sender's presents keep returning.
 #[test]
 #[ignore = "a child process of faulty_receivers_are_dropped_without_affecting_others"]
 fn child_faults() {
@@ -567,44 +590,69 @@ fn child_faults() {
     let good = {
         let path = path.clone();
         std::thread::spawn(move || {
-            let mut rx = FrameReceiver::connect(&path, Delivery::Latest, Duration::from_secs(10))
+            let (rx, _) = Session::connect(&path, Delivery::Latest, Duration::from_secs(10))
                 .expect("connect");
             let mut seqs = Vec::new();
             while seqs.len() < 300 {
-                let frame = rx.next_frame(Duration::from_secs(10)).expect("a frame");
-                seqs.push(frame.sequence);
+                let frame = rx.next(Duration::from_secs(10)).expect("a frame");
+                seqs.push(frame.sequence());
                 rx.release(frame, false).expect("release");
             }
             seqs
         })
     };
-    use cuda_interop_frames::consumer::{connect, send_packet};
-    use cuda_interop_frames::protocol::Packet;
     let faulty = {
         let path = path.clone();
         std::thread::spawn(move || {
             let t = Duration::from_secs(10);
-            let garbage = connect(&path, t).unwrap();
+            let connect = || transport::connect(&path, t).unwrap();
+            let garbage = connect();
             rustix::net::send(
                 &garbage,
                 b"not a packet at all",
                 rustix::net::SendFlags::empty(),
             )
             .unwrap();
-            let wrong_kind = connect(&path, t).unwrap();
-            send_packet(&wrong_kind, &Packet::hello(2, 4, 4, 16)).unwrap();
-            let bad_release = connect(&path, t).unwrap();
-            send_packet(&bad_release, &Packet::release(1, 99, false)).unwrap();
+            let wrong_kind = connect();
+            send(&wrong_kind, Message::Subscribe(Delivery::Latest));
+            send(
+                &wrong_kind,
+                Message::Frame {
+                    slot: 0,
+                    sequence: 1,
+                    timestamp_ns: 1,
+                },
+            );
+            let bad_release = connect();
+            send(&bad_release, Message::Subscribe(Delivery::Latest));
+            send(
+                &bad_release,
+                Message::Release {
+                    slot: 1,
+                    sequence: 99,
+                    gpu_signalled: false,
+                },
+            );
             // Lossless, never reads or releases: its slots are held until
             // the hold timeout drops it.
-            let stuck = connect(&path, t).unwrap();
+            let stuck = connect();
+            send(&stuck, Message::Subscribe(Delivery::Lossless));
+            // Never subscribes: closed after the subscribe bound.
+            let idle = connect();
             // Takes a frame and dies holding it.
-            let mut dies = FrameReceiver::connect(&path, Delivery::Latest, t).unwrap();
-            let held = dies.next_frame(t).unwrap();
+            let (dies, _) = Session::connect(&path, Delivery::Latest, t).unwrap();
+            let held = dies.next(t).unwrap();
             assert_eq!(dies.held(), 1);
+            // As a crashed process's would, its socket goes with its frame
+            // still held.
+            dies.close("dies holding a frame");
             drop((held, dies));
-            std::thread::sleep(Duration::from_secs(3));
-            drop((garbage, wrong_kind, bad_release, stuck));
+            let reasons: Vec<Option<DropReason>> =
+                [&garbage, &wrong_kind, &bad_release, &stuck, &idle]
+                    .into_iter()
+                    .map(goodbye_of)
+                    .collect();
+            reasons
         })
     };
     let start = Instant::now();
@@ -620,7 +668,7 @@ fn child_faults() {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    faulty.join().unwrap();
+    let reasons = faulty.join().unwrap();
     let seqs = good.join().unwrap();
     while sender.stats().receivers > 0 {
         assert!(start.elapsed() < BOUND);
@@ -629,13 +677,32 @@ fn child_faults() {
     let log = sender.take_log().join("\n");
     println!("{log}");
     let stats = sender.stats();
-    // garbage, wrong kind, bad release, stuck: dropped for a fault; the one
-    // that died left cleanly (its socket closed).
-    assert_eq!(stats.dropped, 4, "{log}");
-    assert!(log.contains("sent a bad packet"), "{log}");
-    assert!(log.contains("which only senders send"), "{log}");
-    assert!(log.contains("which it does not hold"), "{log}");
-    assert!(log.contains("longer than"), "{log}");
+    // Each faulty one was told why, in the protocol's own terms.
+    assert_eq!(
+        reasons[0],
+        Some(DropReason::ProtocolFault(Fault::BadPacket)),
+        "{log}"
+    );
+    assert_eq!(
+        reasons[1],
+        Some(DropReason::ProtocolFault(Fault::SenderMessage))
+    );
+    assert_eq!(
+        reasons[2],
+        Some(DropReason::ProtocolFault(Fault::NotHeld { sequence: 99 }))
+    );
+    assert!(
+        matches!(reasons[3], Some(DropReason::HeldTooLong { .. })),
+        "{:?}",
+        reasons[3]
+    );
+    assert!(
+        matches!(reasons[4], Some(DropReason::NotSubscribed { .. })),
+        "{:?}",
+        reasons[4]
+    );
+    // The five faulty ones dropped; the one that died left on its own.
+    assert_eq!(stats.dropped, 5, "{log}");
     assert!(presented_while_faulty > 0);
     assert_eq!(seqs.len(), 300);
     assert!(seqs.windows(2).all(|w| w[0] < w[1]));
@@ -663,20 +730,20 @@ fn all_slots_held_by_latest_receivers_skips_without_waiting() {
     // SLOTS latest receivers, each holding one frame in a slot no other
     // holds (one that got a frame another holds gives it back and asks again).
     let holders = std::thread::spawn(move || {
-        let mut all: Vec<(FrameReceiver, cuda_interop_frames::receiver::FrameInfo)> = Vec::new();
+        let mut all: Vec<(Session, Frame)> = Vec::new();
         for _ in 0..SLOTS {
-            let mut rx = FrameReceiver::connect(&path, Delivery::Latest, Duration::from_secs(10))
+            let (rx, _) = Session::connect(&path, Delivery::Latest, Duration::from_secs(10))
                 .expect("connect");
             let start = Instant::now();
             let frame = loop {
                 assert!(start.elapsed() < BOUND);
-                let frame = rx.next_frame(Duration::from_secs(10)).expect("a frame");
-                if all.iter().all(|(_, f)| f.slot != frame.slot) {
+                let frame = rx.next(Duration::from_secs(10)).expect("a frame");
+                if all.iter().all(|(_, f)| f.slot() != frame.slot()) {
                     break frame;
                 }
                 rx.release(frame, false).expect("release");
             };
-            held_tx.send(frame.slot).unwrap();
+            held_tx.send(frame.slot()).unwrap();
             all.push((rx, frame));
         }
         done_rx.recv_timeout(BOUND).unwrap();
@@ -729,12 +796,13 @@ fn a_ring_without_semaphores_is_refused_with_what_is_missing() {
     let (ctx, mut sender) = make_sender(Address::Path(socket.clone()), Duration::from_secs(5));
     let path = socket.to_str().unwrap().to_string();
     let client = std::thread::spawn(move || {
-        let mut rx = FrameReceiver::connect(&path, Delivery::Latest, Duration::from_secs(10))
-            .expect("connect");
-        let setup = rx.take_setup().expect("setup");
-        cuda_interop_frames::consumer::check_setup(rx.layout(), &setup)
-            .expect_err("no semaphores")
-            .to_string()
+        let (session, setup) =
+            Session::connect(&path, Delivery::Latest, Duration::from_secs(10)).expect("connect");
+        let refused =
+            cuda_interop_frames::cuda_receiver::CudaReceiver::from_session(session, setup, |_| {
+                panic!("no CUDA call before the refusal")
+            });
+        refused.expect_err("no semaphores").to_string()
     });
     let start = Instant::now();
     while !client.is_finished() {

@@ -98,10 +98,12 @@ struct Orphan {
     since: Instant,
 }
 
-/// Refreshes `promise` from its timeline; whether it is still unreached.
-fn unreached(promise: &mut Option<Promise>, semaphore: &TimelineSemaphore) -> bool {
-    match promise {
-        Some(p) if !p.reached => {
+/// Refreshes slot `s`'s promise from its timeline; whether it is still
+/// unreached. (A ring without semaphores has no timelines and no
+/// promises.)
+fn unreached(promised: &mut [Option<Promise>], released: &[TimelineSemaphore], s: usize) -> bool {
+    match (promised.get_mut(s), released.get(s)) {
+        (Some(Some(p)), Some(semaphore)) if !p.reached => {
             // An unreadable counter counts as unreached: the hold timeout
             // ends it.
             p.reached = semaphore.value().is_ok_and(|v| v >= p.value);
@@ -290,7 +292,7 @@ impl Receivers {
         if let Some(r) = peer.reader.take() {
             let _ = r.join();
         }
-        let pending = (0..self.slots).any(|s| unreached(&mut peer.promised[s], &peer.released[s]));
+        let pending = (0..self.slots).any(|s| unreached(&mut peer.promised, &peer.released, s));
         if pending {
             self.orphans.push(Orphan {
                 released: std::mem::take(&mut peer.released),
@@ -334,7 +336,12 @@ impl Receivers {
         let fault = match (peer.mode, message) {
             (Mode::Pending, Message::Subscribe(delivery)) => {
                 match subscribe(peer, delivery, ring) {
-                    Ok(()) => None,
+                    Ok(()) => {
+                        let who = peer.pid.map_or(String::new(), |p| format!(" (pid {p})"));
+                        let line = format!("receiver {id}{who} connected ({})", delivery.name());
+                        self.note(line);
+                        None
+                    }
                     Err(e) => {
                         let why = format!("its ring could not be shared: {e}");
                         self.remove(id, None, &why);
@@ -431,7 +438,7 @@ impl Receivers {
             for s in 0..p.promised.len() {
                 let since = p.promised[s].map(|x| (x.value, x.since));
                 if let Some((value, since)) = since {
-                    if since.elapsed() > limit && unreached(&mut p.promised[s], &p.released[s]) {
+                    if since.elapsed() > limit && unreached(&mut p.promised, &p.released, s) {
                         late.push((
                             p.id,
                             DropReason::GpuReleaseMissing {
@@ -450,7 +457,7 @@ impl Receivers {
         }
         self.orphans.retain_mut(|o| {
             o.since.elapsed() < limit
-                && (0..o.promised.len()).any(|s| unreached(&mut o.promised[s], &o.released[s]))
+                && (0..o.promised.len()).any(|s| unreached(&mut o.promised, &o.released, s))
         });
     }
 
@@ -460,10 +467,9 @@ impl Receivers {
         let mut otherwise = self
             .orphans
             .iter_mut()
-            .any(|o| unreached(&mut o.promised[slot], &o.released[slot]));
+            .any(|o| unreached(&mut o.promised, &o.released, slot));
         for p in &mut self.peers {
-            let blocks = p.held[slot].is_some()
-                || (!p.released.is_empty() && unreached(&mut p.promised[slot], &p.released[slot]));
+            let blocks = p.held[slot].is_some() || unreached(&mut p.promised, &p.released, slot);
             if blocks {
                 match p.mode {
                     Mode::Subscribed(Delivery::Lossless) => by_lossless = true,
@@ -495,11 +501,11 @@ impl Receivers {
         let peers = self
             .peers
             .iter()
-            .filter_map(|p| Some((&p.released[slot], p.promised[slot]?.value)));
+            .filter_map(|p| Some((p.released.get(slot)?, p.promised.get(slot)?.as_ref()?.value)));
         let orphans = self
             .orphans
             .iter()
-            .filter_map(|o| Some((&o.released[slot], o.promised[slot]?.value)));
+            .filter_map(|o| Some((o.released.get(slot)?, o.promised.get(slot)?.as_ref()?.value)));
         peers.chain(orphans).collect()
     }
 

@@ -1,0 +1,595 @@
+//! The demo producer, shared by the frame examples and the crate's tests
+//! (`#[path]`): a loop over a [`Sender`] that paints a test pattern into
+//! every frame and reports what happens on stdout. It is not library code:
+//! a sender of your own presents whatever it renders.
+//!
+//! # Contract
+//!
+//! * Each frame `f` (from 1) is written with transfer commands only, on the
+//!   context's transfer queue where the device has a transfer-only family:
+//!   the whole buffer filled with the `u32` `f` (little-endian RGBA bytes),
+//!   then a band of `height / 16` rows at a row moving 8 rows a frame
+//!   filled with `!f` ([`band_rows`]). Rows are
+//!   [`ProducerOptions::row_pitch`] bytes apart. [`check_demo_row`] tells a
+//!   receiver whether a row is frame `f`'s.
+//! * [`run`] announces it as [`ProducerOptions::name`] (the default
+//!   directory) when a name is given, else binds [`ProducerOptions::socket`].
+//!   Frames are rendered only while a receiver is connected.
+//! * Bounded: the whole run ends after [`ProducerOptions::seconds`] (or
+//!   [`ProducerOptions::frames`]). Progress goes to stdout, each line
+//!   starting with [`ProducerOptions::tag`] (`[frame_server]`,
+//!   `[renderer]`): every receiver that connects or leaves prints the
+//!   number connected (`consumers=`), the process's fd count and, when a
+//!   CUDA driver is there, `cuMemGetInfo`'s free memory, next to the values
+//!   before the first receiver; every 5 s a line gives frames/s, frames
+//!   presented and skipped, and back-pressure timeouts.
+//! * [`ProducerOptions::image`] serves a ring of OPTIMAL RGBA8 or RGBA16F
+//!   images instead ([`record_demo_pattern_image`]).
+//! * [`ProducerOptions::host_visible`] puts the ring in host-visible memory
+//!   (lavapipe offers no other exportable kind); [`ProducerOptions::no_semaphores`]
+//!   shares only the slots (lavapipe exports no semaphores). CUDA
+//!   receivers need the defaults.
+
+#![allow(dead_code, reason = "each example and test uses part of it")]
+
+use std::time::{Duration, Instant};
+
+use cuda_interop_frames::discovery::{Directory, DiscoveryError};
+use cuda_interop_frames::protocol::{PacketError, RingLayout};
+use cuda_interop_frames::sender::{
+    self, AcquireError, Address, ImageSender, ImageTarget, Sender, SenderError, SenderOptions,
+    SlotResource, WriteSlot,
+};
+use vk_export::ash::vk;
+use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
+use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
+use vk_export::{Context, ExportableBuffer, HeadlessOptions, QueueRole};
+
+type Res<T> = Result<T, ProducerError>;
+
+/// What to serve, and for how long.
+#[derive(Clone, Debug)]
+pub struct ProducerOptions {
+    /// What each progress line starts with.
+    pub tag: &'static str,
+    /// The name to announce (then `socket` is not used).
+    pub name: Option<String>,
+    /// The socket path (an existing file there is removed first).
+    pub socket: String,
+    /// Pixels per row.
+    pub width: u32,
+    /// Rows.
+    pub height: u32,
+    /// Bytes from one row to the next (at least `width * 4`, a multiple of 4).
+    pub row_pitch: u64,
+    /// Slots in the ring (2 to `protocol::MAX_SLOTS`).
+    pub slots: u32,
+    /// How long the whole run lasts.
+    pub seconds: f64,
+    /// Stop after this many frames, if given.
+    pub frames: Option<u64>,
+    /// Frames a second at most (0: as fast as the receivers allow).
+    pub fps: f64,
+    /// How long a receiver may hold a slot (or keep its GPU release waiting).
+    pub hold_timeout: Duration,
+    /// The Vulkan device's `deviceUUID` (default: the first device).
+    pub device: Option<vk_export::DeviceUuid>,
+    /// Host-visible ring memory instead of device-local.
+    pub host_visible: bool,
+    /// Share only the buffers, no timelines.
+    pub no_semaphores: bool,
+    /// A ring of OPTIMAL images of this format
+    /// ([`ImageSender`]) instead of pitched buffers
+    /// (`row_pitch` then unused).
+    pub image: Option<ImageFormat>,
+}
+
+/// The formats of the demo's image rings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageFormat {
+    /// `VK_FORMAT_R8G8B8A8_UNORM`.
+    Rgba8,
+    /// `VK_FORMAT_R16G16B16A16_SFLOAT` (the pattern's words are copied bit
+    /// for bit: each 8-byte texel is two `u32` words of the pattern).
+    Rgba16f,
+}
+
+impl ImageFormat {
+    /// `rgba8` or `rgba16f`.
+    pub fn parse(name: &str) -> Option<ImageFormat> {
+        match name {
+            "rgba8" => Some(ImageFormat::Rgba8),
+            "rgba16f" => Some(ImageFormat::Rgba16f),
+            _ => None,
+        }
+    }
+
+    /// Its `VkFormat` and texel size.
+    pub fn vk(self) -> (vk::Format, u32) {
+        match self {
+            ImageFormat::Rgba8 => (Rgba8Unorm::VK, Rgba8Unorm::TEXEL_BYTES),
+            ImageFormat::Rgba16f => (Rgba16Sfloat::VK, Rgba16Sfloat::TEXEL_BYTES),
+        }
+    }
+}
+
+impl Default for ProducerOptions {
+    /// The `frame_server` defaults: no name, `/tmp/cuda-interop-frames.sock`,
+    /// 4 slots of 1920x1080 with unpadded rows, 300 s, no frame limit, no
+    /// rate limit, a 5 s hold timeout, the first device, device-local
+    /// memory, with semaphores.
+    fn default() -> ProducerOptions {
+        ProducerOptions {
+            tag: "[frame_server]",
+            name: None,
+            socket: "/tmp/cuda-interop-frames.sock".into(),
+            width: 1920,
+            height: 1080,
+            row_pitch: 1920 * 4,
+            slots: 4,
+            seconds: 300.0,
+            frames: None,
+            fps: 0.0,
+            hold_timeout: Duration::from_secs(5),
+            device: None,
+            host_visible: false,
+            no_semaphores: false,
+            image: None,
+        }
+    }
+}
+
+impl ProducerOptions {
+    /// Checks the options [`run`] needs: at least 2 slots, a valid ring
+    /// layout, a positive finite run time, a valid name.
+    pub fn validate(&self) -> Result<(), ProducerError> {
+        if self.slots < 2 {
+            return Err(ProducerError::Options("at least 2 slots are needed".into()));
+        }
+        self.layout().check()?;
+        if !(self.seconds > 0.0 && self.seconds.is_finite()) {
+            return Err(ProducerError::Options(
+                "the run time must be a positive number of seconds".into(),
+            ));
+        }
+        if let Some(name) = &self.name {
+            cuda_interop_frames::discovery::validate_name(name)?;
+        }
+        Ok(())
+    }
+
+    /// The layout every receiver gets.
+    pub fn layout(&self) -> RingLayout {
+        if let Some(format) = self.image {
+            let (vk_format, texel_bytes) = format.vk();
+            RingLayout::images(
+                self.slots,
+                self.width,
+                self.height,
+                vk_format.as_raw() as u32,
+                texel_bytes,
+            )
+        } else {
+            RingLayout::buffers(self.slots, self.width, self.height, self.row_pitch)
+        }
+    }
+}
+
+/// Why the producer stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ProducerError {
+    /// [`ProducerOptions::validate`] refused the options.
+    #[error("bad options: {0}")]
+    Options(String),
+    /// The ring layout is not a valid one.
+    #[error(transparent)]
+    Layout(#[from] PacketError),
+    /// The name or the directory.
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    /// The sender failed.
+    #[error(transparent)]
+    Sender(#[from] SenderError),
+    /// A Vulkan call failed (setup).
+    #[error(transparent)]
+    Vulkan(#[from] vk_export::Error),
+}
+
+/// Open fds of this process.
+fn fd_count() -> usize {
+    // The directory's own fd is one of the entries.
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count().saturating_sub(1))
+}
+
+/// `cuMemGetInfo`'s free bytes on the producer's GPU, if a CUDA driver is there.
+struct CudaProbe(Option<cuda_interop::CudaDevice>);
+
+impl CudaProbe {
+    fn new(ctx: &Context, tag: &str) -> CudaProbe {
+        match cuda_interop::CudaDevice::for_vulkan(ctx) {
+            Ok(d) => CudaProbe(Some(d)),
+            Err(e) => {
+                println!("{tag} no CUDA for the memory report: {e}");
+                CudaProbe(None)
+            }
+        }
+    }
+
+    fn free_mib(&self) -> Option<u64> {
+        let device = self.0.as_ref()?;
+        let get = cuda_interop::sys::Driver::global()
+            .ok()?
+            .fns()
+            .cuMemGetInfo?;
+        let _guard = device.enter().ok()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: the device's primary context is current (the guard); the
+        // call writes two sizes.
+        let status = unsafe { get(&mut free, &mut total) };
+        (status == cuda_interop::sys::CUresult::CUDA_SUCCESS).then_some(free as u64 >> 20)
+    }
+}
+
+/// The pixel value (read as a little-endian `u32`) of the background of
+/// frame `frame` of the demo pattern: the frame number itself.
+pub fn background(frame: u64) -> u32 {
+    frame as u32
+}
+
+/// The pixel value of the moving band of frame `frame`: every bit of the
+/// background flipped.
+pub fn band_value(frame: u64) -> u32 {
+    !background(frame)
+}
+
+/// The rows `[start, end)` of the moving band of frame `frame` in an image
+/// of `height` rows: `height / 16` rows (at least 1) moving down 8 rows a
+/// frame.
+pub fn band_rows(frame: u64, height: u32) -> (u32, u32) {
+    let rows = (height / 16).max(1);
+    let span = u64::from(height - rows + 1);
+    let start = (frame.wrapping_mul(8) % span) as u32;
+    (start, start + rows)
+}
+
+/// Records the demo pattern of frame `f` into `buffer` (`size` bytes, rows
+/// `pitch` apart): the whole buffer filled with `f`, then the band
+/// ([`band_rows`]) with `!f`, transfer commands only.
+///
+/// # Safety
+///
+/// `cmd` is a command buffer of `device` in the recording state, and
+/// `buffer` a buffer of `device` of at least `size` bytes, made with
+/// `TRANSFER_DST` usage, that outlives the commands' execution; `width * 4`
+/// is at most `pitch` and the band's rows lie inside the buffer.
+pub unsafe fn record_demo_pattern(
+    device: &vk_export::ash::Device,
+    cmd: vk::CommandBuffer,
+    buffer: vk::Buffer,
+    size: u64,
+    (width, height, pitch): (u32, u32, u64),
+    f: u64,
+) {
+    let (band_start, band_end) = band_rows(f, height);
+    let band_offset = u64::from(band_start) * pitch;
+    let band_size = u64::from(band_end - band_start - 1) * pitch + u64::from(width) * 4;
+    let barrier = vk::BufferMemoryBarrier::default()
+        .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+        .dst_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+        .src_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+        .dst_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+        .buffer(buffer)
+        .offset(0)
+        .size(vk::WHOLE_SIZE);
+    // SAFETY: the caller's guarantees; offsets and sizes are multiples of 4
+    // inside the buffer.
+    unsafe {
+        device.cmd_fill_buffer(cmd, buffer, 0, size & !3, background(f));
+        device.cmd_pipeline_barrier(
+            cmd,
+            vk::PipelineStageFlags::TRANSFER,
+            vk::PipelineStageFlags::TRANSFER,
+            vk::DependencyFlags::empty(),
+            &[],
+            &[barrier],
+            &[],
+        );
+        device.cmd_fill_buffer(cmd, buffer, band_offset, band_size, band_value(f));
+    }
+}
+
+/// Records the demo pattern of frame `f` into an image slot of format `F`:
+/// the pattern ([`record_demo_pattern`] over `u32` words, rows of `width`
+/// texels unpadded) into `scratch`, then one copy of the whole of it into
+/// the image (bit for bit), moved from `GENERAL` (where the sender gives
+/// it) to `TRANSFER_DST_OPTIMAL` for the copy and back, transfer commands
+/// only. Panics, recording nothing, if `F`'s texels are not whole words.
+///
+/// # Safety
+///
+/// As [`record_demo_pattern`] for `scratch` (at least `width * height *
+/// F::TEXEL_BYTES` bytes, also with `TRANSFER_SRC` usage, not used by
+/// pending commands), and `target` is the slot
+/// [`WriteSlot::present_with`] gave this recording: an
+/// image of `F` of `width` x `height` with `TRANSFER_DST` usage.
+pub unsafe fn record_demo_pattern_image<F: Format>(
+    device: &vk_export::ash::Device,
+    cmd: vk::CommandBuffer,
+    scratch: vk::Buffer,
+    target: ImageTarget,
+    (width, height): (u32, u32),
+    f: u64,
+) {
+    assert!(
+        F::TEXEL_BYTES % 4 == 0,
+        "the demo pattern is made of u32 words; {} texels are {} bytes",
+        F::NAME,
+        F::TEXEL_BYTES
+    );
+    let words = width * (F::TEXEL_BYTES / 4);
+    let size = u64::from(width) * u64::from(height) * u64::from(F::TEXEL_BYTES);
+    let geometry = (words, height, u64::from(words) * 4);
+    let barrier = vk::BufferMemoryBarrier::default()
+        .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+        .dst_access_mask(vk::AccessFlags::TRANSFER_READ)
+        .src_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+        .dst_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+        .buffer(scratch)
+        .offset(0)
+        .size(vk::WHOLE_SIZE);
+    let region = vk::BufferImageCopy::default()
+        .image_subresource(vk::ImageSubresourceLayers {
+            aspect_mask: vk::ImageAspectFlags::COLOR,
+            mip_level: 0,
+            base_array_layer: 0,
+            layer_count: 1,
+        })
+        .image_extent(vk::Extent3D {
+            width,
+            height,
+            depth: 1,
+        });
+    let layout = |old, new, src_access, dst_access| {
+        vk::ImageMemoryBarrier::default()
+            .src_access_mask(src_access)
+            .dst_access_mask(dst_access)
+            .old_layout(old)
+            .new_layout(new)
+            .src_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+            .dst_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+            .image(target.image)
+            .subresource_range(vk::ImageSubresourceRange {
+                aspect_mask: vk::ImageAspectFlags::COLOR,
+                base_mip_level: 0,
+                level_count: 1,
+                base_array_layer: 0,
+                layer_count: 1,
+            })
+    };
+    let dst = vk::ImageLayout::TRANSFER_DST_OPTIMAL;
+    let general = vk::ImageLayout::GENERAL;
+    let write = vk::AccessFlags::TRANSFER_WRITE;
+    // SAFETY: the caller's guarantees; the copy covers exactly the image,
+    // from the first `size` bytes of the scratch buffer, and the image goes
+    // back to GENERAL.
+    unsafe {
+        record_demo_pattern(device, cmd, scratch, size, geometry, f);
+        device.cmd_pipeline_barrier(
+            cmd,
+            vk::PipelineStageFlags::TRANSFER,
+            vk::PipelineStageFlags::TRANSFER,
+            vk::DependencyFlags::empty(),
+            &[],
+            &[barrier],
+            &[layout(general, dst, vk::AccessFlags::empty(), write)],
+        );
+        device.cmd_copy_buffer_to_image(cmd, scratch, target.image, dst, &[region]);
+        device.cmd_pipeline_barrier(
+            cmd,
+            vk::PipelineStageFlags::TRANSFER,
+            vk::PipelineStageFlags::TRANSFER,
+            vk::DependencyFlags::empty(),
+            &[],
+            &[],
+            &[layout(dst, general, write, write)],
+        );
+    }
+}
+
+/// Whether row `y` of frame `f` (`height` rows; read as little-endian
+/// `u32` words, whatever the texel size) is the demo pattern's.
+pub fn check_demo_row(row: &[u8], f: u64, y: u32, height: u32) -> bool {
+    let (band_start, band_end) = band_rows(f, height);
+    let want = if (band_start..band_end).contains(&y) {
+        band_value(f)
+    } else {
+        background(f)
+    };
+    row.chunks_exact(4)
+        .all(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]) == want)
+}
+
+/// Serves frames as the module contract says until the run time or the
+/// frame count is reached, and stops cleanly (every receiver disconnected,
+/// the socket file and the directory entry removed).
+pub fn run(opts: &ProducerOptions) -> Result<(), ProducerError> {
+    opts.validate()?;
+    let ctx = Context::headless(&HeadlessOptions {
+        device_uuid: opts.device,
+        ..HeadlessOptions::default()
+    })?;
+    use ImageFormat::{Rgba16f, Rgba8};
+    match (opts.host_visible, opts.image) {
+        (true, None) => run_buffers::<HostVisible>(ctx, opts),
+        (false, None) => run_buffers::<DeviceLocal>(ctx, opts),
+        (true, Some(Rgba8)) => run_images::<Rgba8Unorm, HostVisible>(ctx, opts),
+        (false, Some(Rgba8)) => run_images::<Rgba8Unorm, DeviceLocal>(ctx, opts),
+        (true, Some(Rgba16f)) => run_images::<Rgba16Sfloat, HostVisible>(ctx, opts),
+        (false, Some(Rgba16f)) => run_images::<Rgba16Sfloat, DeviceLocal>(ctx, opts),
+    }
+}
+
+fn run_buffers<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<()> {
+    let sender = Sender::<M>::new(&ctx, sender_options(opts)?)?;
+    let size = sender.buffers()[0].size();
+    let geometry = (opts.width, opts.height, opts.row_pitch);
+    serve(&ctx, opts, sender, |slot| {
+        let f = slot.sequence();
+        slot.present_with(sender::monotonic_ns(), |device, cmd, buffer| {
+            // SAFETY: the sender gives its recording command buffer and the
+            // slot's buffer (`size` bytes, transfer usage, kept alive past
+            // the submission's wait); the layout was checked, so the band
+            // lies inside it.
+            unsafe { record_demo_pattern(device, cmd, buffer, size, geometry, f) }
+        })
+    })
+}
+
+fn run_images<F: Format, M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<()> {
+    let sender = ImageSender::<F, M>::new(&ctx, sender_options(opts)?)?;
+    let bytes = u64::from(opts.width) * u64::from(opts.height) * u64::from(F::TEXEL_BYTES);
+    let scratch = ExportableBuffer::<M>::new(&ctx, bytes)?;
+    let extent = (opts.width, opts.height);
+    let result = serve(&ctx, opts, sender, |slot| {
+        let f = slot.sequence();
+        slot.present_with(sender::monotonic_ns(), |device, cmd, target| {
+            // SAFETY: the sender's recording command buffer and its slot of
+            // `F` and `extent` (transfer usage, every preset has it); the
+            // scratch buffer has the frame's bytes and transfer usage, and
+            // present_with waits for each frame's commands, so no earlier
+            // frame's copy still reads it.
+            unsafe { record_demo_pattern_image::<F>(device, cmd, scratch.raw(), target, extent, f) }
+        })
+    });
+    if result.is_err() {
+        // A failed present may have left a submission that reads it
+        // pending (vk-export does not track the closure's commands).
+        std::mem::forget(scratch);
+    }
+    result
+}
+
+fn sender_options(opts: &ProducerOptions) -> Res<SenderOptions> {
+    let address = match &opts.name {
+        Some(name) => Address::Named {
+            directory: Directory::from_env()?,
+            name: name.clone(),
+        },
+        None => Address::Path(opts.socket.clone().into()),
+    };
+    Ok(SenderOptions {
+        row_pitch: opts.row_pitch,
+        hold_timeout: opts.hold_timeout,
+        semaphores: !opts.no_semaphores,
+        // The demo pattern is transfer commands only.
+        queue: QueueRole::Transfer,
+        ..SenderOptions::new(address, opts.width, opts.height, opts.slots)
+    })
+}
+
+/// The serving loop of [`run`] over a sender the caller made (on a context
+/// of its own, e.g. `Context::from_raw`, the `renderer` example):
+/// `present` paints and presents each slot; `opts` gives the run's bounds,
+/// name and the frame rate cap (its memory, semaphore and image fields are
+/// the caller's sender's business and only named in the first line). The
+/// progress lines are [`run`]'s (see the module contract).
+pub fn serve<M: MemoryLocation, R: SlotResource<M>>(
+    ctx: &Context,
+    opts: &ProducerOptions,
+    mut sender: Sender<M, R>,
+    mut present: impl FnMut(WriteSlot<'_, M, R>) -> Result<u64, SenderError>,
+) -> Result<(), ProducerError> {
+    let tag = opts.tag;
+    let what = if let Some(format) = opts.image {
+        format!("an OPTIMAL {:?} image each", format.vk().0)
+    } else {
+        format!("RGBA8, row pitch {} bytes", opts.row_pitch)
+    };
+    println!(
+        "{tag} {} ({}), {} slots of {}x{} {what}",
+        ctx.identity().name,
+        ctx.identity().device_uuid_string(),
+        opts.slots,
+        opts.width,
+        opts.height,
+    );
+    let cuda = CudaProbe::new(ctx, tag);
+    let baseline = (fd_count(), cuda.free_mib());
+    // "consumers" and "before any consumer" are the words the Python tests
+    // and gpu_demo.sh read.
+    let report = |what: &str, receivers: usize| {
+        let show = |m: Option<u64>| m.map_or("n/a".to_string(), |m| m.to_string());
+        println!(
+            "{tag} {what}: consumers={receivers} fds={} cuda_free_mib={} (before any consumer: fds={} cuda_free_mib={})",
+            fd_count(),
+            show(cuda.free_mib()),
+            baseline.0,
+            show(baseline.1),
+        );
+    };
+    let listening = match &opts.name {
+        Some(name) => format!("announced as {name:?} at {}", sender.socket().display()),
+        None => format!("listening on {}", sender.socket().display()),
+    };
+    report(&listening, 0);
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(opts.seconds);
+    let period = (opts.fps > 0.0).then(|| Duration::from_secs_f64(1.0 / opts.fps));
+    let (mut last_stats, mut last_presented) = (Instant::now(), 0u64);
+    let mut receivers;
+    let result = loop {
+        let stats = sender.stats();
+        receivers = stats.receivers;
+        for line in sender.take_log() {
+            // Arrivals and departures carry the fd and memory report.
+            if line.contains(" connected") || line.contains(" left after ") {
+                report(&line, receivers);
+            } else {
+                println!("{tag} {line}");
+            }
+        }
+        if Instant::now() >= end || opts.frames.is_some_and(|n| stats.presented >= n) {
+            println!(
+                "{tag} done: {} frames presented, {} skipped (every slot held), \
+                 {} back-pressure timeouts in {:.1} s",
+                stats.presented,
+                stats.skipped,
+                stats.backpressure_timeouts,
+                start.elapsed().as_secs_f64()
+            );
+            break Ok(());
+        }
+        if last_stats.elapsed() >= Duration::from_secs(5) {
+            println!(
+                "{tag} frame {}: {:.0} frames/s to {} receiver(s), {} skipped, {} back-pressure timeouts",
+                stats.presented,
+                (stats.presented - last_presented) as f64 / last_stats.elapsed().as_secs_f64(),
+                stats.receivers,
+                stats.skipped,
+                stats.backpressure_timeouts
+            );
+            (last_stats, last_presented) = (Instant::now(), stats.presented);
+        }
+        if stats.receivers == 0 {
+            sender.serve(sender::POLL);
+            continue;
+        }
+        let frame_start = Instant::now();
+        match sender.acquire(sender::POLL) {
+            Ok(slot) => {
+                if let Err(e) = present(slot) {
+                    break Err(e.into());
+                }
+            }
+            // Every slot held by latest receivers: this frame is skipped.
+            Err(AcquireError::AllSlotsHeld) => sender.serve(Duration::from_millis(1)),
+            Err(AcquireError::Timeout(_)) => {}
+        }
+        if let Some(p) = period {
+            std::thread::sleep(p.saturating_sub(frame_start.elapsed()));
+        }
+    };
+    drop(sender);
+    report("stopped", 0);
+    result
+}
