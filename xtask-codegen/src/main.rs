@@ -5,6 +5,10 @@
 //!
 //! # Contract
 //!
+//! * A binary of its own, which `cargo xtask codegen ARGS` builds and runs
+//!   as `cargo run -p xtask-codegen -- ARGS`: bindgen, clang-sys and syn are
+//!   compiled only for this task, never before `cargo xtask`'s first line.
+//!   It exits 0 on success and 1 after printing `error: ` and what to do.
 //! * `codegen [--check] [--cuda-include DIR]` writes (or, with `--check`,
 //!   compares and writes nothing) `cuda-interop-sys/src/generated/`, then
 //!   checks the PTX file: its first line is the `// @generated .. DO NOT
@@ -20,16 +24,56 @@
 //!   `--ptx FILE` takes the output of that nvcc command made elsewhere (the
 //!   GPU machine has nvcc but no Rust) instead of running nvcc; `ptxas` then
 //!   runs only if present, and the output says when it did not.
+//! * The list of functions, types and constants stays in
+//!   `xtask/src/functions.rs`, the path the generated files name.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 
 use quote::{format_ident, quote};
 use sha2::{Digest, Sha256};
 
 use crate::functions::{CONSTANTS, FUNCTIONS, TYPES};
+
+// Kept where it was before this crate existed: the checked-in bindings'
+// header tells readers to edit `xtask/src/functions.rs`.
+#[path = "../../xtask/src/functions.rs"]
+mod functions;
+
+/// The workspace root (this crate lives one level below it).
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask-codegen lives one level below the workspace root")
+        .to_path_buf()
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs `command`, failing with its exit status.
+fn run_command(mut command: Command) -> Result<(), String> {
+    let shown = format!("{command:?}");
+    eprintln!("xtask: running {shown}");
+    let status = command
+        .status()
+        .map_err(|e| format!("could not run {shown}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{shown} failed ({status})"))
+    }
+}
 
 const BINDGEN_VERSION: &str = "0.73.2";
 const GENERATED_DIR: &str = "cuda-interop-sys/src/generated";
@@ -43,7 +87,7 @@ struct Lock {
     wheel_member: String,
 }
 
-pub fn run(args: &[String]) -> Result<(), String> {
+fn run(args: &[String]) -> Result<(), String> {
     if args.first().map(String::as_str) == Some("ptx") {
         return generate_ptx(&args[1..]);
     }
@@ -60,7 +104,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             other => return Err(format!("codegen: unknown argument `{other}`")),
         }
     }
-    let root = crate::workspace_root();
+    let root = workspace_root();
     // The PTX first: it needs neither the header nor libclang.
     check_copy_ptx(&root)?;
     println!("xtask: codegen: {PTX_GENERATED} is fenced and matches {PTX_SOURCE}");
@@ -115,7 +159,7 @@ fn check_ptx_text(text: &str, source: &[u8]) -> Result<(), String> {
 
 /// `cargo xtask codegen ptx [--out FILE] [--ptx FILE]`.
 fn generate_ptx(args: &[String]) -> Result<(), String> {
-    let root = crate::workspace_root();
+    let root = workspace_root();
     let mut out = root.join(PTX_GENERATED);
     let mut given: Option<PathBuf> = None;
     let mut it = args.iter();
@@ -150,7 +194,7 @@ fn generate_ptx(args: &[String]) -> Result<(), String> {
                 .args(["-ptx", "-arch=compute_75", "-O3", "-o"])
                 .arg(&raw)
                 .arg(&source);
-            crate::fresh::run(command)?;
+            run_command(command)?;
             let output = Command::new(nvcc)
                 .arg("--version")
                 .output()
@@ -182,7 +226,7 @@ fn generate_ptx(args: &[String]) -> Result<(), String> {
                     .arg(format!("-arch={arch}"))
                     .args(["-o", "/dev/null"])
                     .arg(&raw);
-                crate::fresh::run(command)?;
+                run_command(command)?;
             }
             println!("xtask: codegen ptx: ptxas accepts the lowered PTX for sm_75 and sm_90");
         }

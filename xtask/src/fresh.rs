@@ -4,14 +4,15 @@
 //! # Contract
 //!
 //! * Each task needs a fixed list of Debian/Ubuntu packages ([`TEST_PACKAGES`],
-//!   [`DEMO_PACKAGES`]). Detection needs no privileges: `dpkg-query -W
-//!   -f='${Status}\n' PKG`; a package is present when a line of that reads
-//!   `install ok installed`.
+//!   [`DEMO_PACKAGES`]); `test` also those of the Python tests when the
+//!   `python3` on `PATH` is the distribution's (see `python_env.rs`).
+//!   Detection needs no privileges: `dpkg-query -W -f='${Status}\n' PKG`; a
+//!   package is present when a line of that reads `install ok installed`.
 //! * Missing packages are installed with `apt-get update` and `apt-get install
 //!   -y --no-install-recommends` only when that can run unattended: as root,
 //!   or through `sudo -n` when `sudo -n true` succeeds. Otherwise the task
 //!   stops at once, before building anything, printing the exact command to
-//!   run.
+//!   run. pip never installs into a system interpreter.
 //! * `CUDA_INTEROP_XTASK_ASSUME_MISSING=PKG[,PKG...]` is a diagnostic dry run:
 //!   those packages count as missing whatever dpkg says, nothing is installed,
 //!   and the task stops after printing what it would run (with root or sudo)
@@ -19,34 +20,43 @@
 //! * Without `dpkg-query` (not Debian or Ubuntu) nothing is checked: the task
 //!   names the packages and goes on; the tests and the demo say themselves
 //!   what is missing.
-//! * Each task first prints what it is about to do (before any build).
-//! * Then, in the workspace root, `test` runs `cargo test --workspace
-//!   --no-fail-fast ARGS` (every test binary runs even when one fails)
-//!   and `demo` runs `cargo run --release -p cuda-interop --example
-//!   round_trip -- ARGS`, with ARGS passed through unchanged (a leading `--`
-//!   for `demo` is dropped); `demo` fails when its command fails.
-//! * After the cargo tests, `test` runs the Python module's tests: it builds
-//!   `cuda-interop-py` with the same profile, copies the library to
-//!   `target/python/cuda_interop.abi3.so`, installs pytest with `python3 -m
-//!   pip install --quiet pytest` if `python3 -m pytest --version` fails (or
-//!   stops, printing the command), and mypy the same way (for the stubs'
-//!   type check; if pip cannot install it, that test is skipped and says
-//!   so), and runs `python3 -m pytest -q
-//!   python/tests` with `PYTHONPATH=target/python` (and
-//!   `CUDA_INTEROP_FRAME_SERVER` naming the `frame_server` example, built
-//!   with the same profile, for the protocol tests). Any non-zero pytest
-//!   status fails the task, 5 (no tests collected) included.
+//! * Each task first prints what it is about to do (before any build), and
+//!   a line before each long build saying what it builds.
+//! * The processes both tasks start get a private `XDG_RUNTIME_DIR` when
+//!   none is set (`runtime_dir.rs`).
+//! * Then, in the workspace root, `test` runs `cargo test [--workspace]
+//!   --no-fail-fast ARGS` (see `cargo_args.rs`: `--workspace` only when ARGS
+//!   name no package, so `-p X` tests X alone; every test binary runs even
+//!   when one fails) and `demo` runs `cargo run --release -p cuda-interop
+//!   --example round_trip -- ARGS`, with ARGS passed through unchanged (a
+//!   leading `--` for `demo` is dropped); `demo` fails when its command
+//!   fails.
+//! * After the cargo tests, unless ARGS name packages and not
+//!   `cuda-interop-py` (then it says it skips them, and the summary says so
+//!   too), `test` runs the Python module's tests: it builds
+//!   `cuda-interop-py` with the same profile and target directory, copies
+//!   the library to `TARGET/python/cuda_interop.abi3.so`, and runs `python3
+//!   -m pytest -q python/tests` (the interpreter `python_env.rs` chose) with
+//!   `PYTHONPATH` naming that directory (and `CUDA_INTEROP_FRAME_SERVER`
+//!   naming the `frame_server` example, built with the same profile, for
+//!   the protocol tests). Any non-zero pytest status fails the task, 5 (no
+//!   tests collected) included.
 //! * `test` shows all output as it comes and ends with a summary (see
 //!   `summary.rs`): each binary's passed, failed and ignored counts, the
-//!   failed tests, the ignored and skipped ones by reason, and a last line
-//!   `xtask test: N passed, N failed, N ignored, N skipped`. It fails if
-//!   anything failed, crashed, or did not build, after running the rest.
+//!   failed tests, the ignored and skipped ones by reason, what was not
+//!   run, and a last line `xtask test: N passed, N failed, N ignored, N
+//!   skipped`. It fails if anything failed, crashed, or did not build,
+//!   after running the rest.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 
+use crate::cargo_args::{BuildFlags, Selection};
+use crate::python_env::{self, Interpreter};
+use crate::runtime_dir::RuntimeDir;
 use crate::summary::Summary;
 
 /// What `cargo test --workspace` needs: the Vulkan loader, lavapipe, the
@@ -71,32 +81,58 @@ const ASSUME_MISSING: &str = "CUDA_INTEROP_XTASK_ASSUME_MISSING";
 
 /// `cargo xtask test [ARGS]`.
 pub fn test(args: &[String]) -> Result<(), String> {
-    println!(
-        "xtask test: system packages ({}), then cargo test --workspace --no-fail-fast{}, \
-         then pytest python/tests; a summary at the end",
-        TEST_PACKAGES.join(", "),
-        args.iter().map(|a| format!(" {a}")).collect::<String>()
-    );
-    ensure_packages("test", TEST_PACKAGES)?;
-    let mut summary = Summary::default();
-    let mut cargo = cargo();
-    cargo.args(["test", "--workspace"]);
-    if !args
-        .iter()
-        .take_while(|a| a.as_str() != "--")
-        .any(|a| a == "--no-fail-fast")
-    {
-        cargo.arg("--no-fail-fast");
+    let selection = Selection::of(args);
+    // Ok: the plan for the Python tests; Err: why they do not run.
+    let python = selection.pytest().map(|()| python_env::plan());
+    let mut needed = TEST_PACKAGES.to_vec();
+    if let Ok(plan) = &python {
+        needed.extend(plan.apt_packages());
     }
-    cargo.args(args);
+    let command = selection.test_command(args);
+    println!(
+        "xtask test: system packages ({}), then cargo {}, then {}; a summary at the end",
+        needed.join(", "),
+        command.join(" "),
+        match &python {
+            Ok(plan) => format!("pytest python/tests (python3: {})", plan.describe()),
+            Err(why) => format!("no pytest: {why}"),
+        }
+    );
+    ensure_packages("test", &needed)?;
+    let root = crate::workspace_root();
+    let build = BuildFlags::of(args);
+    let target = build.target(&root);
+    // Before building, so that a Python set-up that cannot work stops the
+    // task at once.
+    let interpreter = match python {
+        Ok(plan) => Ok(python_env::ready(&plan, &target)?),
+        Err(why) => Err(why),
+    };
+    let runtime = RuntimeDir::new()?;
+    let mut summary = Summary::default();
+    eprintln!(
+        "xtask test: building and running the tests; on a cold machine the first build of \
+         the workspace takes many minutes (cargo shows its progress)"
+    );
+    let mut cargo = cargo();
+    cargo.args(&command);
+    runtime.apply(&mut cargo);
     let status = stream(cargo, |line| summary.cargo_line(line))?;
     if !status.success() && !summary.failed() {
         summary
             .errors
             .push(format!("cargo test failed ({status}), see above"));
     }
-    if let Err(e) = python_tests(args, &mut summary) {
-        summary.errors.push(e);
+    match interpreter {
+        Ok(python) => {
+            if let Err(e) = python_tests(&build, &target, &python, &runtime, &mut summary) {
+                summary.errors.push(e);
+            }
+        }
+        Err(why) => {
+            eprintln!("xtask test: not running pytest python/tests: {why}");
+            summary.not_run.push(format!("pytest python/tests: {why}"));
+        }
     }
     print!("{}", summary.render());
     if summary.failed() {
@@ -138,13 +174,22 @@ fn stream(mut command: Command, mut each: impl FnMut(&str)) -> Result<ExitStatus
         .map_err(|e| format!("could not wait for {shown}: {e}"))
 }
 
-/// The Python module's tests: builds `cuda-interop-py` with the profile (and
-/// `--locked`/`--frozen`/`--offline`) of `args`, copies the library to
-/// `target/python/cuda_interop.abi3.so`, makes sure pytest is there, and runs
-/// `python3 -m pytest -q python/tests` with that directory on `PYTHONPATH`.
+/// The Python module's tests: builds `cuda-interop-py` with the profile,
+/// target directory and `--locked`/`--frozen`/`--offline` of `build`,
+/// copies the library to `TARGET/python/cuda_interop.abi3.so`, and runs
+/// `python -m pytest -q python/tests` with that directory on `PYTHONPATH`.
 /// Any non-zero pytest status fails, including 5 (no tests collected).
-fn python_tests(args: &[String], summary: &mut Summary) -> Result<(), String> {
-    let build = BuildFlags::of(args);
+fn python_tests(
+    build: &BuildFlags,
+    target: &Path,
+    python: &Interpreter,
+    runtime: &RuntimeDir,
+    summary: &mut Summary,
+) -> Result<(), String> {
+    eprintln!(
+        "xtask test: building cuda-interop-py (test hooks) and the frame_server example for \
+         pytest"
+    );
     let mut cargo = cargo();
     cargo
         .args(["build", "-p", "cuda-interop-py", "--features", "test-hooks"])
@@ -163,10 +208,6 @@ fn python_tests(args: &[String], summary: &mut Summary) -> Result<(), String> {
         .args(&build.flags);
     run(server)?;
     let root = crate::workspace_root();
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .map(|t| if t.is_absolute() { t } else { root.join(t) })
-        .unwrap_or_else(|| root.join("target"));
     let built = target.join(&build.dir).join("libcuda_interop_py.so");
     let module_dir = target.join("python");
     let module = module_dir.join("cuda_interop.abi3.so");
@@ -181,10 +222,7 @@ fn python_tests(args: &[String], summary: &mut Summary) -> Result<(), String> {
             module.display()
         )
     })?;
-    ensure_pytest()?;
-    ensure_python_module("mypy", "the stubs' type check (test_stubs.py)");
-    ensure_python_module("numpy", "the NumPy reads of host rings (test_frames.py)");
-    let mut pytest = Command::new("python3");
+    let mut pytest = python.command();
     pytest
         .args([
             "-m",
@@ -205,6 +243,7 @@ fn python_tests(args: &[String], summary: &mut Summary) -> Result<(), String> {
                 .join("frame_server"),
         )
         .env("PYTHONDONTWRITEBYTECODE", "1");
+    runtime.apply(&mut pytest);
     let status = stream(pytest, |line| summary.pytest_line(line))?;
     if !status.success() && !summary.failed() {
         return Err(format!("pytest failed ({status}), see above"));
@@ -212,122 +251,11 @@ fn python_tests(args: &[String], summary: &mut Summary) -> Result<(), String> {
     Ok(())
 }
 
-/// `python3 -m pytest` works, or is made to with pip, or the error says how.
-fn ensure_pytest() -> Result<(), String> {
-    let quiet = |args: &[&str]| {
-        Command::new("python3")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map(|s| s.success())
-    };
-    match quiet(&["-m", "pytest", "--version"]) {
-        Ok(true) => return Ok(()),
-        Ok(false) => {}
-        Err(e) => {
-            return Err(format!(
-                "the Python tests need python3, which could not run ({e}); install python3 \
-                 and pytest (Debian/Ubuntu: apt-get install python3 python3-pytest)"
-            ))
-        }
-    }
-    eprintln!("xtask: pytest is missing; running `python3 -m pip install --quiet pytest`");
-    let status = Command::new("python3")
-        .args(["-m", "pip", "install", "--quiet", "pytest"])
-        .status();
-    if matches!(status, Ok(s) if s.success())
-        && matches!(quiet(&["-m", "pytest", "--version"]), Ok(true))
-    {
-        return Ok(());
-    }
-    Err(
-        "the Python tests need pytest, and pip could not install it; run\n\n    \
-         python3 -m pip install pytest\n\n(or, for Debian's python3: apt-get install \
-         python3-pytest), then `cargo xtask test` again"
-            .to_string(),
-    )
-}
-
-/// The Python module `module` imports (mypy: `test_stubs.py`'s type check
-/// of the stubs; numpy: the host-read frames of `test_frames.py`), or is
-/// made to with pip; where it cannot be, the tests that need it are skipped
-/// and say so (in the summary's skipped tests), and this says why now.
-fn ensure_python_module(module: &str, what: &str) {
-    let works = || {
-        Command::new("python3")
-            .args(["-c", &format!("import {module}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if works() {
-        return;
-    }
-    eprintln!("xtask: {module} is missing; running `python3 -m pip install --quiet {module}`");
-    let installed = Command::new("python3")
-        .args(["-m", "pip", "install", "--quiet", module])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !installed || !works() {
-        eprintln!(
-            "xtask: {module} could not be installed: {what} will be skipped; python3 -m pip \
-             install {module} (Debian: apt-get install python3-{module}) to run it"
-        );
-    }
-}
-
-/// The profile flags of a `cargo test` command line, and the directory
-/// under the target directory its artifacts go to.
-#[derive(Debug, PartialEq, Eq)]
-struct BuildFlags {
-    flags: Vec<String>,
-    dir: String,
-}
-
-impl BuildFlags {
-    fn of(args: &[String]) -> BuildFlags {
-        let mut flags = Vec::new();
-        let mut dir = "debug".to_string();
-        let mut it = args.iter().take_while(|a| a.as_str() != "--");
-        while let Some(arg) = it.next() {
-            match arg.as_str() {
-                "--release" | "-r" => {
-                    flags.push("--release".to_string());
-                    dir = "release".into();
-                }
-                "--locked" | "--frozen" | "--offline" => flags.push(arg.clone()),
-                "--profile" => {
-                    if let Some(name) = it.next() {
-                        flags.extend(["--profile".to_string(), name.clone()]);
-                        dir = name.clone();
-                    }
-                }
-                other => {
-                    if let Some(name) = other.strip_prefix("--profile=") {
-                        flags.push(other.to_string());
-                        dir = name.to_string();
-                    }
-                }
-            }
-        }
-        if dir == "dev" || dir == "test" {
-            dir = "debug".into();
-        } else if dir == "bench" {
-            dir = "release".into();
-        }
-        BuildFlags { flags, dir }
-    }
-}
-
 /// `cargo xtask demo [ARGS]`.
 pub fn demo(args: &[String]) -> Result<(), String> {
     println!(
         "xtask demo: system packages ({}), then the round_trip example in release \
-         (the first build takes minutes)",
+         (on a cold machine its first build takes minutes; cargo shows its progress)",
         DEMO_PACKAGES.join(", ")
     );
     ensure_packages("demo", DEMO_PACKAGES)?;
@@ -335,6 +263,7 @@ pub fn demo(args: &[String]) -> Result<(), String> {
         Some("--") => &args[1..],
         _ => args,
     };
+    let runtime = RuntimeDir::new()?;
     let mut cargo = cargo();
     cargo
         .args([
@@ -347,6 +276,7 @@ pub fn demo(args: &[String]) -> Result<(), String> {
             "--",
         ])
         .args(args);
+    runtime.apply(&mut cargo);
     run(cargo)
 }
 
@@ -356,8 +286,15 @@ pub(crate) fn cargo() -> Command {
     cargo
 }
 
-pub(crate) fn run(mut command: Command) -> Result<(), String> {
+pub(crate) fn run(command: Command) -> Result<(), String> {
     let shown = format!("{command:?}");
+    run_described(command, &shown)
+}
+
+/// [`run`], announced and reported as `what` instead of the whole command
+/// line (for one too long to read, such as an inline Python script).
+pub(crate) fn run_described(mut command: Command, what: &str) -> Result<(), String> {
+    let shown = what;
     eprintln!("xtask: running {shown}");
     let status = command
         .status()
@@ -522,30 +459,6 @@ fn ensure_packages(task: &str, needed: &[&str]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_python_module_is_built_with_the_tests_profile() {
-        let of = |args: &[&str]| {
-            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-            let b = BuildFlags::of(&args);
-            (b.flags.join(" "), b.dir)
-        };
-        assert_eq!(of(&[]), (String::new(), "debug".into()));
-        assert_eq!(
-            of(&["--locked", "--release"]),
-            ("--locked --release".into(), "release".into())
-        );
-        assert_eq!(
-            of(&["--profile", "gpu", "-p", "x"]),
-            ("--profile gpu".into(), "gpu".into())
-        );
-        assert_eq!(
-            of(&["--profile=dev"]),
-            ("--profile=dev".into(), "debug".into())
-        );
-        // After `--` the arguments are the test binaries', not cargo's.
-        assert_eq!(of(&["--", "--release"]), (String::new(), "debug".into()));
-    }
 
     #[test]
     fn the_printed_commands_are_the_ones_that_would_run() {

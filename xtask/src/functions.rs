@@ -4,6 +4,9 @@
 //! `#define`s map it to (`cuMemAlloc` -> `cuMemAlloc_v2`); `codegen` reads that
 //! mapping from the pinned header, so nothing here spells a version suffix
 //! except functions whose *API name* carries one (`cuDeviceGetUuid_v2`).
+//!
+//! Compiled into `xtask-codegen`, not into `xtask`: it stays at this path,
+//! which the generated bindings name as the file to edit.
 
 /// API names, grouped as the issue asks for them.
 pub const FUNCTIONS: &[&str] = &[

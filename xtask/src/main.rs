@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo xtask demo [ARGS]                              system packages, then the main job (round_trip)
-//! cargo xtask test [ARGS]                              system packages, cargo test --workspace, pytest
+//! cargo xtask test [ARGS]                              system packages, cargo test (the workspace, or -p PKG), pytest
 //! cargo xtask codegen [--check] [--cuda-include DIR]   regenerate (or check) the driver bindings; check the copy kernels' PTX against its source
 //! cargo xtask codegen ptx [--out FILE] [--ptx FILE]    regenerate the copy kernels' PTX (needs nvcc, or nvcc's output)
 //! cargo xtask wheel [--out DIR]                        the Python wheel and the GPU demo folder
@@ -11,6 +11,7 @@
 //! cargo xtask msrv [--deps-only]                      the stated rust-version is true for the locked dependencies and the code
 //! cargo xtask doctor [ARGS]                            can this machine do Vulkan-CUDA interop, and what is missing
 //! cargo xtask perf-table RUN_PREFIX [--note T] [--update FILE]   a GPU run's JSON as the README's tables
+//! cargo xtask help                                     the tasks (also -h, --help)
 //! ```
 //!
 //! Every task of the workspace is here (there is no `scripts/`); what runs
@@ -18,15 +19,21 @@
 //! Only `codegen` needs libclang; nothing else in the workspace does. `demo`
 //! and `test` are the commands for a fresh Debian/Ubuntu machine (see
 //! `fresh.rs` for what they check and install, and when they stop instead).
+//!
+//! xtask itself depends on little (serde_json), so that on a cold machine
+//! its first line comes within seconds: `codegen` is the crate
+//! `xtask-codegen` (bindgen, clang-sys, syn), which `cargo xtask codegen`
+//! builds and runs when asked, with cargo's progress shown.
 
-mod codegen;
+mod cargo_args;
 mod fresh;
-mod functions;
 mod gpu_bundle;
 mod modgraph;
 mod msrv;
 mod outdir;
 mod perf_table;
+mod python_env;
+mod runtime_dir;
 mod summary;
 mod wheel;
 
@@ -44,7 +51,7 @@ fn workspace_root() -> PathBuf {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
-        Some("codegen") => codegen::run(&args[1..]),
+        Some("codegen") => codegen(&args[1..]),
         Some("test") => fresh::test(&args[1..]),
         Some("demo") => fresh::demo(&args[1..]),
         Some("wheel") => wheel::wheel(&args[1..]),
@@ -53,7 +60,7 @@ fn main() -> ExitCode {
         Some("perf-table") => perf_table::run(&args[1..]),
         Some("doctor") => doctor(&args[1..]),
         Some("msrv") => msrv::run_msrv(&args[1..]),
-        Some("-h" | "--help") | None => {
+        Some("help" | "-h" | "--help") | None => {
             println!("{}", USAGE);
             Ok(())
         }
@@ -65,6 +72,27 @@ fn main() -> ExitCode {
             eprintln!("error: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `cargo xtask codegen ARGS`: builds and runs the `xtask-codegen` binary
+/// (bindgen, syn), which prints its own errors.
+fn codegen(args: &[String]) -> Result<(), String> {
+    eprintln!(
+        "xtask codegen: building and running xtask-codegen (crate xtask-codegen/: bindgen, \
+         clang-sys, syn); its first build takes a minute or more on a cold machine"
+    );
+    let mut codegen = fresh::cargo();
+    codegen
+        .args(["run", "-p", "xtask-codegen", "--"])
+        .args(args);
+    let status = codegen
+        .status()
+        .map_err(|e| format!("could not run {codegen:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("codegen failed ({status}); why is said above"))
     }
 }
 
@@ -101,18 +129,28 @@ tasks:
       cargo run --release -p cuda-interop --example round_trip -- ARGS
       (e.g. `cargo xtask demo 120 --bench`).
   test [ARGS]
-      The tests: the same check for their packages (those above and gcc),
-      then cargo test --workspace --no-fail-fast ARGS (e.g.
-      `cargo xtask test --locked`,
-      `cargo xtask test -p cuda-interop-tests --test wire -- --nocapture`);
-      then the Python module's tests: cuda-interop-py built with the same
-      profile, copied to target/python/cuda_interop.abi3.so, and
-      `python3 -m pytest -q python/tests` (pytest installed with pip if
-      missing; any pytest failure, or no tests collected, fails the task).
+      The tests: the same check for their packages (those above, gcc,
+      and, with the distribution's python3 first on PATH or none,
+      python3, python3-pytest, python3-numpy and mypy), then
+      cargo test --workspace --no-fail-fast ARGS (e.g.
+      `cargo xtask test --locked`); `-p PKG` tests only PKG (no
+      --workspace), e.g.
+      `cargo xtask test -p cuda-interop-tests --test wire -- --nocapture`.
+      Then the Python module's tests, unless -p names only Rust packages
+      (it says so): cuda-interop-py built with the same profile, copied to
+      target/python/cuda_interop.abi3.so, and
+      `python3 -m pytest -q python/tests` (any pytest failure, or no
+      tests collected, fails the task). A python3 on PATH that is not the
+      distribution's and lacks pytest or numpy is left alone: the tests
+      use a virtual environment xtask makes in target/xtask-python (its
+      pip installs pytest, numpy and mypy; needs the network). pip never
+      installs into a system python3.
       Every test binary runs even when one fails; the task ends with a
       summary (each binary's passed/failed/ignored, the failures, the
-      ignored and skipped tests by reason, and `N passed, N failed, ..`)
-      and fails if anything failed.
+      ignored and skipped tests by reason, what was not run, and
+      `N passed, N failed, ..`) and fails if anything failed.
+      Without XDG_RUNTIME_DIR (demo and test), the processes get a
+      private one in /tmp, removed at the end (no libwayland errors).
       CUDA_INTEROP_XTASK_ASSUME_MISSING=PKG[,PKG] (demo and test): a dry
       run that treats those packages as missing and installs nothing.
   codegen [--check] [--cuda-include DIR]
@@ -124,6 +162,8 @@ tasks:
       match the lock. It first checks
       cuda-interop/src/generated/copy_ptx.rs: its DO NOT EDIT fence, and
       that its `source sha256` is that of cuda-interop/kernels/copy.cu.
+      codegen is the crate xtask-codegen (bindgen, syn), built on first
+      use: a minute or more on a cold machine.
   codegen ptx [--out FILE] [--ptx FILE]
       Regenerate cuda-interop/src/generated/copy_ptx.rs from copy.cu with
       nvcc (lowered to PTX ISA 7.0 / sm_75, checked with ptxas for sm_75
@@ -166,4 +206,70 @@ tasks:
       fails when interop does not work. Never needs a driver to run.
   perf-table RUN_PREFIX [--note TEXT] [--update FILE]
       The README's performance tables from RUN_PREFIX-{bench,host_wait,
-      array_copy}.json (printed, or put between FILE's perf-table lines).";
+      array_copy}.json (printed, or put between FILE's perf-table lines).
+  help
+      This text (also -h, --help).";
+
+#[cfg(test)]
+mod tests {
+    use super::USAGE;
+
+    /// The tasks `--help` lists, in its order: each line indented by two
+    /// spaces, up to its first argument (`codegen ptx` is a task).
+    fn tasks() -> Vec<String> {
+        USAGE
+            .lines()
+            .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+            .map(|l| {
+                l.split_whitespace()
+                    .take_while(|w| w.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect()
+    }
+
+    /// The README's crate table names exactly these tasks, in this order:
+    /// its `xtask` row's backticked words are the task names and nothing
+    /// else.
+    #[test]
+    fn the_readme_lists_the_tasks_help_lists() {
+        let tasks = tasks();
+        assert!(tasks.len() >= 10 && tasks.contains(&"help".to_string()));
+        let readme = std::fs::read_to_string(crate::workspace_root().join("README.md")).unwrap();
+        let row = readme
+            .lines()
+            .find(|l| l.starts_with("| `xtask` |"))
+            .expect("README.md has the xtask row in its crate table");
+        let named: Vec<&str> = row
+            .trim_start_matches("| `xtask` |")
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .collect();
+        assert_eq!(
+            named, tasks,
+            "README.md's xtask row against `cargo xtask --help`"
+        );
+    }
+
+    /// The module's own list (the `//!` block) names the same tasks.
+    #[test]
+    fn the_module_docs_list_the_tasks_help_lists() {
+        let listed: Vec<String> = include_str!("main.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! cargo xtask "))
+            .map(|l| {
+                // The description starts after the first run of spaces.
+                l.split("  ")
+                    .next()
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .take_while(|w| w.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        assert_eq!(listed, tasks());
+    }
+}

@@ -13,9 +13,10 @@
 //! * [`Summary::pytest_line`] takes pytest's `-rfEs` output: `SKIPPED [N]
 //!   PLACE: REASON`, `FAILED TEST - ..`, `ERROR TEST ..` lines, and the
 //!   closing counts (`3 passed, 1 skipped in 0.5s`).
-//! * [`Summary::render`] is the report; its last line is `xtask test: N
-//!   passed, N failed, N ignored, N skipped`. [`Summary::failed`] says
-//!   whether anything failed.
+//! * [`Summary::render`] is the report, with a `not run:` line for each
+//!   part the task chose to leave out (never a failure); its last line is
+//!   `xtask test: N passed, N failed, N ignored, N skipped`.
+//!   [`Summary::failed`] says whether anything failed.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -42,6 +43,8 @@ pub struct Summary {
     /// Failures outside any binary (a crate that did not compile, a build).
     pub errors: Vec<String>,
     pub pytest: Option<Binary>,
+    /// What the task chose not to run, and why (not a failure).
+    pub not_run: Vec<String>,
 }
 
 impl Summary {
@@ -217,6 +220,9 @@ impl Summary {
                 );
             }
         }
+        for skipped in &self.not_run {
+            let _ = writeln!(out, "  not run: {skipped}");
+        }
         for error in &self.errors {
             let _ = writeln!(out, "  FAIL {error}");
         }
@@ -351,6 +357,22 @@ error: could not compile `cuda-interop-bench` (bin \"bench\" test) due to 1 prev
         assert!(s.render().ends_with(
             "xtask test: 8 passed, 0 failed, 0 ignored, 0 skipped (1 test binaries and pytest)\n"
         ));
+    }
+
+    #[test]
+    fn what_was_left_out_is_said_and_is_no_failure() {
+        let mut s = Summary::default();
+        s.cargo_line("     Running tests/wire.rs (target/debug/deps/wire-feedbeef)");
+        s.cargo_line("test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.02s");
+        s.not_run
+            .push("pytest python/tests: -p names only Rust packages (x)".into());
+        assert!(!s.failed());
+        let text = s.render();
+        assert!(
+            text.contains("\n  not run: pytest python/tests: -p names only Rust packages (x)\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("(1 test binaries)\n"), "{text}");
     }
 
     #[test]
