@@ -270,7 +270,11 @@ impl CudaReceiver {
     /// `stream` is 1 (the legacy default stream), 2 (the per-thread default
     /// stream) or a live stream of this receiver's CUDA device, for the
     /// call.
-    pub unsafe fn release_after_raw(&self, frame: Frame, stream: usize) -> Result<(), ConsumerError> {
+    pub unsafe fn release_after_raw(
+        &self,
+        frame: Frame,
+        stream: usize,
+    ) -> Result<(), ConsumerError> {
         self.session.check_held(&frame)?;
         let released = &self.gpu.released[frame.slot() as usize];
         if released.last_signalled() < frame.sequence() {

@@ -86,7 +86,10 @@ impl HostReceiver {
 
     /// Imports the buffers (and "produced", if shared) of `session`'s ring
     /// from its setup message.
-    pub fn from_session(session: Session, mut setup: Received) -> Result<HostReceiver, ConsumerError> {
+    pub fn from_session(
+        session: Session,
+        mut setup: Received,
+    ) -> Result<HostReceiver, ConsumerError> {
         let layout = *session.layout();
         let frame_bytes = layout.checked_frame_bytes()?;
         if layout.is_image_ring() {

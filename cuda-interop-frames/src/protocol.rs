@@ -538,9 +538,8 @@ impl Message {
             return Err(PacketError::Length(bytes.len()));
         }
         let u16_at = |i: usize| u16::from_le_bytes([bytes[i], bytes[i + 1]]);
-        let u32_at = |i: usize| {
-            u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]])
-        };
+        let u32_at =
+            |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
         let u64_at = |i: usize| u64::from(u32_at(i)) | u64::from(u32_at(i + 4)) << 32;
         let magic = [bytes[0], bytes[1], bytes[2], bytes[3]];
         if magic != MAGIC {
@@ -646,11 +645,14 @@ impl Message {
             }),
             KIND_ACQUIRE => Message::Acquire,
             _ => Message::Goodbye(decode_reason(&f).ok_or_else(|| {
-                malformed(format!("reason {}.{} is not known", f.b & 0xffff, f.b >> 16))
+                malformed(format!(
+                    "reason {}.{} is not known",
+                    f.b & 0xffff,
+                    f.b >> 16
+                ))
             })?),
         };
-        if let Message::Frame { sequence: 0, .. } | Message::Release { sequence: 0, .. } = message
-        {
+        if let Message::Frame { sequence: 0, .. } | Message::Release { sequence: 0, .. } = message {
             return Err(malformed("frame number 0 (frames count from 1)".into()));
         }
         // One encoding per message: anything the fields above did not
@@ -723,9 +725,7 @@ fn decode_reason(f: &Fields) -> Option<DropReason> {
             limit,
         },
         3 => DropReason::NotSubscribed { limit },
-        4 => DropReason::TooManyReceivers {
-            limit: small(f.e)?,
-        },
+        4 => DropReason::TooManyReceivers { limit: small(f.e)? },
         5 => DropReason::TooManyConnects {
             per_second: small(f.e)?,
         },
@@ -774,7 +774,10 @@ mod tests {
             Message::Acquire,
         ];
         let reasons = [
-            DropReason::HeldTooLong { sequence: 22, limit },
+            DropReason::HeldTooLong {
+                sequence: 22,
+                limit,
+            },
             DropReason::GpuReleaseMissing { sequence: 9, limit },
             DropReason::NotSubscribed { limit },
             DropReason::TooManyReceivers { limit: 16 },
@@ -895,7 +898,10 @@ mod tests {
         }
         let mut s = Message::Subscribe(Delivery::Latest).encode();
         s[12..16].copy_from_slice(&2u32.to_le_bytes());
-        assert!(matches!(Message::decode(&s), Err(PacketError::Malformed { .. })));
+        assert!(matches!(
+            Message::decode(&s),
+            Err(PacketError::Malformed { .. })
+        ));
         let mut r = Message::Release {
             slot: 0,
             sequence: 1,
@@ -903,10 +909,16 @@ mod tests {
         }
         .encode();
         r[12..16].copy_from_slice(&2u32.to_le_bytes());
-        assert!(matches!(Message::decode(&r), Err(PacketError::Malformed { .. })));
+        assert!(matches!(
+            Message::decode(&r),
+            Err(PacketError::Malformed { .. })
+        ));
         let mut g = Message::Goodbye(DropReason::StoppedReading).encode();
         g[12..16].copy_from_slice(&99u32.to_le_bytes());
-        assert!(matches!(Message::decode(&g), Err(PacketError::Malformed { .. })));
+        assert!(matches!(
+            Message::decode(&g),
+            Err(PacketError::Malformed { .. })
+        ));
         let zero = Message::Frame {
             slot: 0,
             sequence: 0,
@@ -920,14 +932,22 @@ mod tests {
 
     #[test]
     fn frame_bytes_spans_the_last_row_unpadded() {
-        assert_eq!(RingLayout::buffers(2, 4, 3, 32).frame_bytes(), Some(2 * 32 + 16));
+        assert_eq!(
+            RingLayout::buffers(2, 4, 3, 32).frame_bytes(),
+            Some(2 * 32 + 16)
+        );
         assert_eq!(RingLayout::buffers(2, 4, 0, 32).frame_bytes(), None);
         assert_eq!(RingLayout::buffers(2, 1, 1, 4).frame_bytes(), Some(4));
         let image = RingLayout::images(3, 64, 32, 37, 4);
-        assert_eq!((image.row_pitch, image.frame_bytes()), (256, Some(32 * 256)));
+        assert_eq!(
+            (image.row_pitch, image.frame_bytes()),
+            (256, Some(32 * 256))
+        );
         assert_eq!(image.texel_bytes(), 4);
         assert_eq!(image.vk_format(), Some(37));
-        assert!(RingLayout::buffers(2, 4, 4, 12).checked_frame_bytes().is_err());
+        assert!(RingLayout::buffers(2, 4, 4, 12)
+            .checked_frame_bytes()
+            .is_err());
     }
 
     #[test]
@@ -941,7 +961,10 @@ mod tests {
             limit: Duration::from_secs(5),
         }
         .to_string();
-        assert!(held.contains("frame 22") && held.contains("hold_timeout"), "{held}");
+        assert!(
+            held.contains("frame 22") && held.contains("hold_timeout"),
+            "{held}"
+        );
         let many = DropReason::TooManyReceivers { limit: 16 }.to_string();
         assert!(many.contains("max_receivers"), "{many}");
     }

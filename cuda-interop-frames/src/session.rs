@@ -46,8 +46,8 @@ use vk_export::wire::Received;
 use crate::discovery::{Directory, DiscoveryError};
 use crate::protocol::{Delivery, DropReason, Message, RingLayout, SETUP_TAG};
 use crate::transport::{
-    self, deadline_after, hung_up, left, recv_message, send_message, try_recv_message,
-    ConsumerError, SendError,
+    self, deadline_after, hung_up, left, recv_message, send_message, send_message_until,
+    try_recv_message, ConsumerError, SendError,
 };
 
 /// Why connecting by name failed.
@@ -291,10 +291,12 @@ impl Session {
         if self.inner.delivery == Delivery::Latest {
             let ask = !lock(&self.inner.state).asked;
             if ask {
-                if let Err(e) = send_message(&self.inner.conn, &Message::Acquire) {
-                    return Err(self.inner.lost(format!("cannot ask for a frame: {e}")));
+                match send_message_until(&self.inner.conn, &Message::Acquire, deadline) {
+                    Ok(()) => lock(&self.inner.state).asked = true,
+                    // The sender is not reading: this call's time is up.
+                    Err(SendError::Timeout) => return Err(ConsumerError::Timeout(timeout)),
+                    Err(e) => return Err(self.inner.lost(format!("cannot ask for a frame: {e}"))),
                 }
-                lock(&self.inner.state).asked = true;
             }
         }
         loop {
@@ -410,6 +412,8 @@ impl Inner {
                     break;
                 }
                 Ok(Some(_)) => continue,
+                // A reset is reported once, before what is still queued.
+                Err(ConsumerError::Recv(_)) => continue,
                 Ok(None) | Err(_) => break,
             }
         }
@@ -446,7 +450,9 @@ impl Inner {
         let mut state = lock(&self.state);
         let n = state.held.len();
         let fault = if slot as usize >= n {
-            Some(format!("frame {sequence} names slot {slot} of a ring of {n}"))
+            Some(format!(
+                "frame {sequence} names slot {slot} of a ring of {n}"
+            ))
         } else if sequence <= state.last {
             Some(format!(
                 "frame number {sequence} after {}: frame numbers must go up",
@@ -458,7 +464,9 @@ impl Inner {
                  {old}: a sender bug"
             ))
         } else if self.delivery == Delivery::Latest && !state.asked {
-            Some(format!("frame {sequence} came unasked to a latest receiver"))
+            Some(format!(
+                "frame {sequence} came unasked to a latest receiver"
+            ))
         } else {
             None
         };
@@ -504,9 +512,10 @@ impl Inner {
         };
         match send_message(&self.conn, &release) {
             Ok(()) => Ok(()),
-            Err(SendError::Timeout) => Err(self.give_up(
-                "the sender did not take a release within the send timeout".into(),
-            )),
+            Err(SendError::Timeout) => {
+                Err(self
+                    .give_up("the sender did not take a release within the send timeout".into()))
+            }
             Err(e) => Err(self.lost(format!("cannot send a release: {e}"))),
         }
     }

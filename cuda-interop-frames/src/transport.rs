@@ -281,6 +281,37 @@ pub fn try_recv_message(conn: &Connection) -> Result<Option<Message>, ConsumerEr
     }
 }
 
+/// Sends one message, waiting for room at most until `deadline` (a sender
+/// that stops reading cannot hold a receiver's call past its timeout).
+pub fn send_message_until(
+    conn: &Connection,
+    message: &Message,
+    deadline: Instant,
+) -> Result<(), SendError> {
+    let bytes = message.encode();
+    loop {
+        match rustix::net::send(
+            conn.as_fd(),
+            &bytes,
+            SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+        ) {
+            Ok(n) if n == bytes.len() => return Ok(()),
+            Ok(n) => {
+                return Err(SendError::Short {
+                    sent: n,
+                    len: bytes.len(),
+                })
+            }
+            Err(Errno::AGAIN | Errno::INTR) => match poll_until(conn, PollFlags::OUT, deadline) {
+                Ok(seen) if seen.is_empty() => return Err(SendError::Timeout),
+                Ok(_) => continue,
+                Err(_) => return Err(SendError::Timeout),
+            },
+            Err(e) => return Err(SendError::Failed(std::io::Error::from(e))),
+        }
+    }
+}
+
 /// Sends one message (bounded by the connection's send timeout).
 pub fn send_message(conn: &Connection, message: &Message) -> Result<(), SendError> {
     let bytes = message.encode();
@@ -308,7 +339,11 @@ mod tests {
     fn messages_round_trip_and_waits_are_bounded() {
         let (a, b) = pair();
         send_message(&a, &Message::Subscribe(Delivery::Latest)).unwrap();
-        let got = recv_message(&b, deadline_after(Duration::from_secs(5)), Duration::from_secs(5));
+        let got = recv_message(
+            &b,
+            deadline_after(Duration::from_secs(5)),
+            Duration::from_secs(5),
+        );
         assert_eq!(got.unwrap(), Message::Subscribe(Delivery::Latest));
         assert!(try_recv_message(&b).unwrap().is_none());
         let t = Duration::from_millis(20);
@@ -316,7 +351,10 @@ mod tests {
             recv_message(&b, deadline_after(t), t),
             Err(ConsumerError::Timeout(_))
         ));
-        assert!(matches!(peek(&b, deadline_after(t), t), Err(ConsumerError::Timeout(_))));
+        assert!(matches!(
+            peek(&b, deadline_after(t), t),
+            Err(ConsumerError::Timeout(_))
+        ));
     }
 
     #[test]
@@ -361,6 +399,15 @@ mod tests {
     #[test]
     fn connect_errors_are_typed() {
         let e = connect("/nonexistent/cuda-interop.sock", Duration::from_millis(100)).unwrap_err();
-        assert!(matches!(e, ConsumerError::Connect { call: "connect", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                ConsumerError::Connect {
+                    call: "connect",
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 }

@@ -108,10 +108,9 @@ impl<F: Format, M: MemoryLocation, U: Usage> VulkanReceiver<F, M, U> {
             ));
         };
         if format != F::VK.as_raw() as u32 {
-            let named = vk_export::format::describe(vk_export::ash::vk::Format::from_raw(
-                format as i32,
-            ))
-            .map_or(format!("VkFormat {format}"), |d| d.0.to_string());
+            let named =
+                vk_export::format::describe(vk_export::ash::vk::Format::from_raw(format as i32))
+                    .map_or(format!("VkFormat {format}"), |d| d.0.to_string());
             return Err(ring_error(
                 &hello,
                 format!(

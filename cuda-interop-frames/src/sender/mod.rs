@@ -514,10 +514,7 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
 
     fn handle(&mut self, event: Event) {
         match event {
-            Event::Connected(conn) => {
-                self.receivers
-                    .connected(conn, &self.events_tx, &self.stop)
-            }
+            Event::Connected(conn) => self.receivers.connected(conn, &self.events_tx, &self.stop),
             Event::Message { id, message } => {
                 let mut resources: Vec<&dyn Exported> =
                     self.slots.iter().map(|s| s as &dyn Exported).collect();
@@ -530,8 +527,7 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
                     resources,
                     semaphores: self.produced.is_some(),
                 };
-                self.receivers
-                    .on_message(id, message, self.newest, &ring)
+                self.receivers.on_message(id, message, self.newest, &ring)
             }
             Event::Garbage { id, error } => {
                 let fault = crate::protocol::Fault::BadPacket;
@@ -604,7 +600,8 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
     /// releases of slot `s` (reached already: the slot is free), with the
     /// sender's bound.
     fn release_waits(&self, s: usize) -> SubmitSync<'_> {
-        let mut sync = SubmitSync::new().timeout(self.opts.hold_timeout.max(Duration::from_secs(5)));
+        let mut sync =
+            SubmitSync::new().timeout(self.opts.hold_timeout.max(Duration::from_secs(5)));
         for (semaphore, value) in self.receivers.release_waits(s) {
             sync = sync.wait_timeline(semaphore, value);
         }
@@ -736,7 +733,7 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         Ok(closed?)
     }
 
-        /// After frame `f` of `slot` completed: the sender's bookkeeping, and
+    /// After frame `f` of `slot` completed: the sender's bookkeeping, and
     /// the frame message to each receiver it is due to.
     fn announce(&mut self, slot: u32, f: u64, timestamp_ns: u64) {
         self.stats.presented = f;

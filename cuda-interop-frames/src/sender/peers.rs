@@ -221,6 +221,7 @@ impl Receivers {
             self.counts.refused += 1;
             if let Ok(stream) = conn.as_fd().try_clone_to_owned().map(UnixStream::from) {
                 let _ = send_now(&stream, &Message::Goodbye(reason));
+                drain(&stream);
             }
             // Dropping `conn` closes it.
             return;
@@ -292,6 +293,7 @@ impl Receivers {
         if let Some(r) = peer.reader.take() {
             let _ = r.join();
         }
+        drain(&peer.stream);
         let pending = (0..self.slots).any(|s| unreached(&mut peer.promised, &peer.released, s));
         if pending {
             self.orphans.push(Orphan {
@@ -420,11 +422,13 @@ impl Receivers {
                 }
                 continue;
             }
+            // The oldest frame it holds is the one it held too long.
             if let Some((sequence, _)) = p
                 .held
                 .iter()
                 .flatten()
-                .find(|(_, since)| since.elapsed() > limit)
+                .filter(|(_, since)| since.elapsed() > limit)
+                .min_by_key(|(_, since)| *since)
             {
                 late.push((
                     p.id,
@@ -580,6 +584,19 @@ fn subscribe(peer: &mut Peer, delivery: Delivery, ring: &Ring<'_>) -> Result<(),
     peer.released = released;
     peer.mode = Mode::Subscribed(delivery);
     Ok(())
+}
+
+/// Reads and discards what a dropped receiver sent and nobody read
+/// (bounded): closing a socket with unread messages resets the
+/// connection, and the receiver would lose the goodbye queued for it.
+fn drain(stream: &UnixStream) {
+    let mut buf = [0u8; 64];
+    for _ in 0..4096 {
+        match rustix::net::recv(stream, &mut buf, rustix::net::RecvFlags::DONTWAIT) {
+            Ok((_, n)) if n > 0 => continue,
+            _ => return,
+        }
+    }
 }
 
 /// Sends frame `frame` of `slot` to `peer` and marks it held there; on

@@ -316,4 +316,3 @@ impl<F: Format, M: MemoryLocation, U: Usage> SlotResource<M> for ExportableImage
         };
     }
 }
-
