@@ -13,6 +13,12 @@
 //! * The callback never panics and never unwinds: it writes with
 //!   `writeln!` (ignoring a closed stderr) and counts under a lock that a
 //!   poisoned holder cannot block.
+//! * Performance warnings (messages of the performance kind that are not
+//!   errors, such as a readback from a `GENERAL` image, repeated for every
+//!   frame) are written only when [`PERFORMANCE_ENV`]
+//!   (`CUDA_INTEROP_VALIDATION_PERF`) is `1` in the environment when the
+//!   messenger is made. Every error is written and counted, whatever its
+//!   kind.
 
 use std::ffi::c_void;
 use std::fmt;
@@ -24,15 +30,23 @@ use ash::vk;
 
 use crate::error::{vk_error, Result};
 
+/// The environment variable that, set to `1`, has the messenger write the
+/// validation layer's performance warnings too.
+const PERFORMANCE_ENV: &str = "CUDA_INTEROP_VALIDATION_PERF";
+
 /// What the callback writes: the error count and each error's message id.
 #[derive(Default)]
 struct MessengerState {
     errors: AtomicU32,
     error_ids: Mutex<Vec<String>>,
+    /// Read once, at creation: the callback must not touch the environment.
+    show_performance: bool,
 }
 
 /// A debug-utils messenger that counts the validation layer's errors and
-/// writes its warnings and errors to stderr; destroyed on drop.
+/// writes its warnings and errors to stderr (performance warnings only with
+/// `CUDA_INTEROP_VALIDATION_PERF=1` in the environment when it is made);
+/// destroyed on drop.
 ///
 /// ```no_run
 /// # fn f(entry: &ash::Entry, instance: &ash::Instance) -> vk_export::Result<()> {
@@ -68,7 +82,10 @@ impl ValidationMessenger {
     /// dropped.
     pub unsafe fn new(entry: &ash::Entry, instance: &ash::Instance) -> Result<Self> {
         let loader = ash::ext::debug_utils::Instance::new(entry, instance);
-        let state = Box::<MessengerState>::default();
+        let state = Box::new(MessengerState {
+            show_performance: std::env::var_os(PERFORMANCE_ENV).is_some_and(|v| v == "1"),
+            ..MessengerState::default()
+        });
         let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
             .message_severity(
                 vk::DebugUtilsMessageSeverityFlagsEXT::ERROR
@@ -126,7 +143,7 @@ impl Drop for ValidationMessenger {
 
 unsafe extern "system" fn on_validation_message(
     severity: vk::DebugUtilsMessageSeverityFlagsEXT,
-    _types: vk::DebugUtilsMessageTypeFlagsEXT,
+    types: vk::DebugUtilsMessageTypeFlagsEXT,
     data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
     user: *mut c_void,
 ) -> vk::Bool32 {
@@ -157,7 +174,37 @@ unsafe extern "system" fn on_validation_message(
         // callback, which the loader calls through extern "system".
         let _ = writeln!(std::io::stderr(), "[vulkan validation error] {message}");
     } else {
-        let _ = writeln!(std::io::stderr(), "[vulkan validation warning] {message}");
+        // SAFETY: `user` is the messenger's MessengerState, which outlives
+        // the messenger (dropped after it is destroyed).
+        let state = unsafe { (user as *const MessengerState).as_ref() };
+        if writes_warning(types, state.is_some_and(|s| s.show_performance)) {
+            let _ = writeln!(std::io::stderr(), "[vulkan validation warning] {message}");
+        }
     }
     vk::FALSE
+}
+
+/// Whether a warning of `types` is written: a performance-only one only
+/// when asked for (the same advice for every frame would bury the rest).
+fn writes_warning(types: vk::DebugUtilsMessageTypeFlagsEXT, show_performance: bool) -> bool {
+    types != vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE || show_performance
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn performance_warnings_are_written_only_when_asked_for() {
+        let kind = vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE;
+        assert!(!writes_warning(kind, false));
+        assert!(writes_warning(kind, true));
+        let validation = vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION;
+        assert!(writes_warning(validation, false));
+        assert!(writes_warning(validation | kind, false));
+        assert!(writes_warning(
+            vk::DebugUtilsMessageTypeFlagsEXT::GENERAL,
+            false
+        ));
+    }
 }
