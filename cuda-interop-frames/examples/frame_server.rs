@@ -1,71 +1,74 @@
-//! A frame producer for Python and Rust consumers: the command line of
-//! `cuda_interop_frames::producer` (Vulkan writes frames into a small ring of
-//! exportable device-local buffers and serves them over a Unix socket with
-//! the frame-ring protocol, `cuda_interop_frames::protocol`).
+//! The demo sender (`common::demo::run`): a headless Vulkan device writes
+//! the demo pattern into a small ring of exportable buffers (or OPTIMAL
+//! images, `--image`) and serves it by name (`--name`) or socket path
+//! (`--socket`) to receivers in other processes: `frame_client` (CUDA),
+//! `vulkan_client` (Vulkan, image rings), the Python module.
+//!
+//! Memory and semaphores are what the device offers unless told, and the
+//! first lines say what was chosen and which receivers take the ring: on a
+//! GPU whose driver exports semaphores (NVIDIA), device-local slots with
+//! timelines (every receiver); on lavapipe, host-visible slots without
+//! timelines (Vulkan receivers of an image ring, host receivers of a
+//! buffer ring). `--wait-for-receivers N` presents nothing until N
+//! receivers have subscribed; `--seconds` and `--frames` bound the run.
+//! `--help` lists every option with its default.
+//!
+//! The Vulkan-to-Vulkan pair that runs on lavapipe (no GPU), in two shells
+//! (the sender waits for the receiver, the receiver takes every frame it
+//! is sent, each pixel checked):
 //!
 //! ```text
-//! cargo run --release -p cuda-interop-frames --example frame_server -- [--name NAME | --socket PATH]
-//!     [--width 1920] [--height 1080] [--row-pitch BYTES] [--slots 4]
-//!     [--seconds 300] [--frames N] [--fps F] [--hold-timeout 5] [--device UUID]
-//!     [--host-visible] [--no-semaphores] [--image [--image-format rgba8|rgba16f]]
+//! cargo run -p cuda-interop-frames --example frame_server -- --name cam --image rgba8 --frames 120 --wait-for-receivers 1
+//! cargo run -p cuda-interop-frames --example vulkan_client -- --name cam --frames 60 --lossless
 //! ```
-//!
-//! * Each frame `f` (from 1) is written with transfer commands only: the whole
-//!   buffer filled with the `u32` `f` (little-endian RGBA bytes), then a band
-//!   of `height / 16` rows at a row moving 8 rows a frame filled with `!f`
-//!   (`protocol::band_rows`). Rows are `--row-pitch` bytes apart (default
-//!   `width * 4`).
-//! * `--name` announces it in `$XDG_RUNTIME_DIR/cuda-interop-frames`
-//!   (receivers connect by name; `frame_client --list` lists senders).
-//! * Each receiver chooses latest (the newest frame when it asks; the sender
-//!   never waits for it) or lossless (every frame; bounded back-pressure);
-//!   see `cuda_interop_frames::sender`.
-//! * A receiver that disconnects or dies gives its slots back; one that holds
-//!   a slot longer than `--hold-timeout` seconds, or whose GPU release does
-//!   not arrive within it, is disconnected. The others keep being served.
-//! * Bounded: accepts, reads and writes have timeouts, and the whole run
-//!   ends after `--seconds` (or `--frames`). Every change in the number of
-//!   consumers prints the process's fd count and, when a CUDA driver is
-//!   there, `cuMemGetInfo`'s free memory, next to the values before the first
-//!   consumer.
-//! * `--host-visible` puts the ring in host-visible memory instead, for
-//!   Vulkan drivers without device-local-only memory (lavapipe: the CPU
-//!   tests); CUDA consumers need the default, device-local.
-//!   `--no-semaphores` (also for lavapipe, which exports none) shares only
-//!   the buffers: frames are announced after their writes completed, and a
-//!   release with a GPU signal is a protocol error. CUDA consumers refuse
-//!   such a ring.
-//! * `--image` serves OPTIMAL images (`--image-format`, default RGBA8)
-//!   instead of pitched buffers (the same pattern of `u32` words, copied bit
-//!   for bit into each slot's image; `--row-pitch` unused),
-//!   released to the external queue family in `GENERAL` after each frame.
 
 mod common;
 
 use std::process::ExitCode;
 
-use cuda_interop_frames::producer::{self, ProducerOptions};
+use common::demo::{self, ProducerOptions};
+use common::{Cli, Opt};
 
 fn options() -> Result<ProducerOptions, String> {
-    let cli = common::Cli::parse(
-        USAGE,
-        &["--host-visible", "--no-semaphores", "--image"],
-        &[
-            "--socket",
+    let mut opts = vec![
+        Opt::valued(
             "--name",
+            "NAME",
+            "announce the ring by this name (default: serve --socket)",
+        ),
+        Opt::valued(
+            "--socket",
+            "PATH",
+            "serve on this socket when no --name is given (default /tmp/cuda-interop-frames.sock)",
+        ),
+        Opt::optional(
+            "--image",
+            "rgba8|rgba16f",
+            "serve OPTIMAL images of this format (default rgba8) instead of pitched RGBA8 buffers",
+        ),
+        Opt::valued(
             "--image-format",
-            "--width",
-            "--height",
+            "rgba8|rgba16f",
+            "the same as --image FORMAT",
+        ),
+        Opt::valued(
             "--row-pitch",
-            "--slots",
-            "--seconds",
-            "--frames",
-            "--fps",
-            "--hold-timeout",
+            "BYTES",
+            "bytes between buffer rows (default: width * 4)",
+        ),
+        Opt::valued(
             "--device",
-        ],
-    );
-    let shared = common::producer_options(&cli, (1920, 1080), 300.0)?;
+            "UUID",
+            "the Vulkan device's deviceUUID (default: the first device)",
+        ),
+    ];
+    opts.extend(common::sender_opts((1920, 1080), 300.0));
+    let about =
+        "The demo sender: the demo pattern in a ring of buffers or images, by name or path.";
+    let cli = Cli::parse("frame_server", about, &opts);
+    let shared = common::producer_options(&cli, "[frame_server]", (1920, 1080), 300.0)?;
+    let image = cli.flag("--image") || cli.flag("--image-format");
+    let format = cli.value("--image").or(cli.value("--image-format"));
     let opts = ProducerOptions {
         socket: cli
             .value("--socket")
@@ -76,14 +79,11 @@ fn options() -> Result<ProducerOptions, String> {
             .value("--device")
             .map(|u| {
                 u.parse::<vk_export::DeviceUuid>()
-                    .map_err(|e| format!("--device: {e}"))
+                    .map_err(|e| format!("--device: {e} (`cargo xtask doctor` lists the devices)"))
             })
             .transpose()?,
-        host_visible: cli.flag("--host-visible"),
-        no_semaphores: cli.flag("--no-semaphores"),
-        image: cli
-            .flag("--image")
-            .then(|| common::image_format("--image-format", cli.value("--image-format")))
+        image: image
+            .then(|| common::image_format("--image", format))
             .transpose()?,
         ..shared
     };
@@ -96,10 +96,10 @@ fn main() -> ExitCode {
         Ok(o) => o,
         Err(e) => {
             eprintln!("frame_server: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(2);
         }
     };
-    match producer::run(&opts) {
+    match demo::run(&opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("frame_server FAILED: {e}");
@@ -107,6 +107,3 @@ fn main() -> ExitCode {
         }
     }
 }
-
-/// What `--help` prints (and a refused argument is followed by).
-const USAGE: &str = "usage: frame_server [--name NAME] [--socket PATH] [--width 1920] [--height 1080] [--row-pitch BYTES]\n    [--slots 4] [--seconds 300] [--frames N] [--fps F] [--hold-timeout 5] [--device UUID]\n    [--host-visible] [--no-semaphores] [--image [--image-format rgba8|rgba16f]]";

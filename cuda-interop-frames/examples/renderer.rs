@@ -7,33 +7,32 @@
 //! (`frame_client`, the Python module, a Vulkan receiver) connect by name.
 //!
 //! ```text
-//! cargo run --release -p cuda-interop-frames --example renderer -- [--name renderer]
-//!     [--width 3840] [--height 2160] [--format rgba8|rgba16f] [--slots 4]
-//!     [--seconds 60] [--frames N] [--fps F] [--hold-timeout 5] [--queue main|transfer]
+//! cargo run --release -p cuda-interop-frames --example renderer -- --help
 //! ```
 //!
 //! * The "rendering" is the demo pattern of `frame_server --image`
-//!   (`producer::record_demo_pattern_image`: the frame number in every
+//!   (`demo::record_demo_pattern_image`: the frame number in every
 //!   word, a moving band of its complement), recorded into the
 //!   application's own command buffer, so that every receiver can check
 //!   every pixel.
 //! * `--queue main` (default) submits on the application's graphics or
 //!   compute queue, as a renderer's pass runs; `--queue transfer` on its
 //!   transfer-only queue where the device has one.
-//! * Device-local slots where the driver offers them (NVIDIA), host-visible
-//!   otherwise (lavapipe); timelines where the driver exports them.
-//! * The progress lines are `frame_server`'s (`producer::serve`), so the
-//!   measurement scripts read both alike.
+//! * Memory and timelines as `frame_server` picks them (`demo::choose`:
+//!   device-local slots and timelines where the driver offers them,
+//!   NVIDIA; host-visible slots without timelines on lavapipe), said in
+//!   one line, or as told (`--host-visible`, `--device-local`,
+//!   `--no-semaphores`, `--semaphores`).
+//! * The progress lines are `frame_server`'s (`demo::serve`), tagged
+//!   `[renderer]`, so the measurement scripts read both alike.
 
 mod common;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cuda_interop_frames::discovery::Directory;
-use cuda_interop_frames::producer::{
-    self, record_demo_pattern_image, ImageFormat, ProducerOptions,
-};
+use common::demo::{self, record_demo_pattern_image, Choice, ImageFormat, ProducerOptions};
+use common::{Cli, Opt};
 use cuda_interop_frames::sender::{self, Address, ImageSender, ImageTarget, SenderOptions};
 use vk_export::ash::{self, vk};
 use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
@@ -44,10 +43,6 @@ use vk_export::{
 
 type Error = Box<dyn std::error::Error>;
 
-const USAGE: &str = "usage: renderer [--name renderer] [--width 3840] [--height 2160] \
-    [--format rgba8|rgba16f]\n    [--slots 4] [--seconds 60] [--frames N] [--fps F] \
-    [--hold-timeout 5] [--queue main|transfer]";
-
 struct Args {
     opts: ProducerOptions,
     format: ImageFormat,
@@ -55,29 +50,34 @@ struct Args {
 }
 
 fn args() -> Result<Args, String> {
-    let cli = common::Cli::parse(
-        USAGE,
-        &[],
-        &[
+    let mut opts = vec![
+        Opt::valued(
             "--name",
-            "--width",
-            "--height",
+            "NAME",
+            "announce the ring by this name (default renderer)",
+        ),
+        Opt::valued(
             "--format",
-            "--slots",
-            "--seconds",
-            "--frames",
-            "--fps",
-            "--hold-timeout",
+            "rgba8|rgba16f",
+            "the images' format (default rgba8)",
+        ),
+        Opt::valued(
             "--queue",
-        ],
-    );
+            "main|transfer",
+            "render on the main queue, or the transfer-only one where offered (default main)",
+        ),
+    ];
+    opts.extend(common::sender_opts((3840, 2160), 60.0));
+    let about =
+        "A renderer on its own ash device (Context::from_raw) publishing an image ring by name.";
+    let cli = Cli::parse("renderer", about, &opts);
     let format = common::image_format("--format", cli.value("--format"))?;
     let role = match cli.value("--queue").unwrap_or("main") {
         "main" => QueueRole::Main,
         "transfer" => QueueRole::Transfer,
         other => return Err(format!("--queue: main or transfer, not {other:?}")),
     };
-    let shared = common::producer_options(&cli, (3840, 2160), 60.0)?;
+    let shared = common::producer_options(&cli, "[renderer]", (3840, 2160), 60.0)?;
     let opts = ProducerOptions {
         name: Some(shared.name.clone().unwrap_or_else(|| "renderer".into())),
         image: Some(format),
@@ -213,30 +213,26 @@ fn run(args: &Args) -> Result<(), Error> {
     result
 }
 
-/// Device-local slots where the driver offers them, host-visible otherwise.
+/// The memory and timelines `demo::choose` picks.
 fn with_memory<F: Format>(ctx: &Context, args: &Args) -> Result<(), Error> {
-    match ImageSender::<F, DeviceLocal>::new(ctx, sender_options(ctx, args)?) {
-        Ok(sender) => render(ctx, args, sender),
-        Err(sender::SenderError::Vulkan(e @ vk_export::Error::Unsupported { .. })) => {
-            println!("[renderer] device-local slots not offered ({e}): host-visible memory");
-            let sender = ImageSender::<F, HostVisible>::new(ctx, sender_options(ctx, args)?)?;
-            render(ctx, args, sender)
-        }
-        Err(e) => Err(e.into()),
+    let (choice, line) = demo::choose(ctx, &args.opts)?;
+    println!("{line}");
+    let opts = sender_options(args, choice)?;
+    if choice.host_visible {
+        render(ctx, args, ImageSender::<F, HostVisible>::new(ctx, opts)?)
+    } else {
+        render(ctx, args, ImageSender::<F, DeviceLocal>::new(ctx, opts)?)
     }
 }
 
-fn sender_options(ctx: &Context, args: &Args) -> Result<SenderOptions, Error> {
-    let name = args.opts.name.clone().expect("a name");
+fn sender_options(args: &Args, choice: Choice) -> Result<SenderOptions, Error> {
+    let name = args.opts.name.as_deref().unwrap_or("renderer");
     Ok(SenderOptions {
         hold_timeout: args.opts.hold_timeout,
-        semaphores: ctx.supports_semaphore_fds(),
+        semaphores: choice.semaphores,
         queue: args.role,
         ..SenderOptions::new(
-            Address::Named {
-                directory: Directory::from_env()?,
-                name,
-            },
+            Address::named(name)?,
             args.opts.width,
             args.opts.height,
             args.opts.slots,
@@ -336,7 +332,7 @@ fn render<F: Format, M: MemoryLocation>(
         pending: false,
     };
     rec.scratch = Some(ExportableBuffer::<M>::new(ctx, bytes)?);
-    producer::serve(ctx, &args.opts, sender, |slot| {
+    demo::serve(ctx, &args.opts, sender, |slot| {
         let slot = slot.open(args.role)?;
         let f = slot.sequence();
         let (ready, ready_value) = slot.ready();

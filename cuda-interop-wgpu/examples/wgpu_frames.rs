@@ -20,8 +20,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use cuda_interop_frames::discovery::Directory;
-use cuda_interop_frames::receiver::{Delivery, FrameReceiver};
+use cuda_interop_frames::protocol::Delivery;
 use cuda_interop_frames::sender::{monotonic_ns, Address, ImageSender, SenderOptions};
+use cuda_interop_frames::session::Session;
 use cuda_interop_frames::vulkan_receiver::VulkanReceiver;
 use cuda_interop_wgpu::pattern::{self, first_mismatch};
 use cuda_interop_wgpu::{Error as AdapterError, InteropDevice, Options, TimelinePoint};
@@ -174,17 +175,17 @@ fn frames<M: MemoryLocation>(device: &InteropDevice, rctx: &Context, args: &Args
         // only between those, and each image is wrapped once.
         .map(|image| unsafe { device.texture_from_image(image) })
         .collect::<Result<Vec<_>, _>>()?;
-    let rx = {
+    let (session, setup) = {
         let dir = directory.clone();
         let t = std::thread::spawn(move || {
-            FrameReceiver::connect_named(&dir, "wgpu", Delivery::Lossless, Duration::from_secs(10))
+            Session::connect_named(&dir, "wgpu", Delivery::Lossless, Duration::from_secs(10))
         });
         while !t.is_finished() {
             sender.serve(Duration::from_millis(5));
         }
         t.join().map_err(|_| "the connecting thread panicked")??
     };
-    let mut vrx = VulkanReceiver::<Rgba8Unorm, M>::new(rctx, rx)?;
+    let vrx = VulkanReceiver::<Rgba8Unorm, M>::new(rctx, session, setup)?;
     let written = TimelineSemaphore::new_local(ctx)?;
     let mut value = 0u64;
     let mut checked = Vec::new();
@@ -214,17 +215,17 @@ fn frames<M: MemoryLocation>(device: &InteropDevice, rctx: &Context, args: &Args
         }
         // Read what arrived (lossless: every frame from the first on).
         let wait = Duration::from_millis(if checked.is_empty() { 50 } else { 5_000 });
-        if let Ok(frame) = vrx.next_frame(wait) {
+        if let Ok(frame) = vrx.next(wait) {
             let pixels = vrx.read_pixels(&frame, Duration::from_secs(10))?;
-            let index = (frame.sequence - 1) as u32;
+            let index = (frame.sequence() - 1) as u32;
             if let Some((x, y, got, want)) = first_mismatch(&pixels, w, index) {
                 return Err(format!(
                     "frame {}: pixel ({x}, {y}) is {got:?}, expected {want:?}",
-                    frame.sequence
+                    frame.sequence()
                 )
                 .into());
             }
-            checked.push(frame.sequence);
+            checked.push(frame.sequence());
             vrx.release(frame)?;
         }
     }

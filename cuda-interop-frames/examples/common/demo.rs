@@ -14,7 +14,11 @@
 //!   receiver whether a row is frame `f`'s.
 //! * [`run`] announces it as [`ProducerOptions::name`] (the default
 //!   directory) when a name is given, else binds [`ProducerOptions::socket`].
-//!   Frames are rendered only while a receiver is connected.
+//!   Frames are rendered only while a receiver is connected, and, with
+//!   [`ProducerOptions::wait_for_receivers`], only once that many have
+//!   subscribed ([`Sender::wait_for_receivers`], bounded by
+//!   [`ProducerOptions::wait_timeout`]; the run time counts from then, and
+//!   the run ends when they have all left).
 //! * Bounded: the whole run ends after [`ProducerOptions::seconds`] (or
 //!   [`ProducerOptions::frames`]). Progress goes to stdout, each line
 //!   starting with [`ProducerOptions::tag`] (`[frame_server]`,
@@ -25,16 +29,21 @@
 //!   presented and skipped, and back-pressure timeouts.
 //! * [`ProducerOptions::image`] serves a ring of OPTIMAL RGBA8 or RGBA16F
 //!   images instead ([`record_demo_pattern_image`]).
-//! * [`ProducerOptions::host_visible`] puts the ring in host-visible memory
-//!   (lavapipe offers no other exportable kind); [`ProducerOptions::no_semaphores`]
-//!   shares only the slots (lavapipe exports no semaphores). CUDA
-//!   receivers need the defaults.
+//! * Memory and semaphores are what the device offers unless told
+//!   ([`choose`], which says what it chose in one line): device-local slots
+//!   where the device has device-local memory that is not host-visible,
+//!   else host-visible (lavapipe); the timelines where the device exports
+//!   semaphores (not lavapipe). [`ProducerOptions::host_visible`] and
+//!   [`ProducerOptions::no_semaphores`] force the lavapipe choices;
+//!   [`ProducerOptions::device_local`] and [`ProducerOptions::semaphores`]
+//!   force what CUDA receivers need, and are refused (naming the flag to
+//!   pass instead) where the device lacks it.
 
 #![allow(dead_code, reason = "each example and test uses part of it")]
 
 use std::time::{Duration, Instant};
 
-use cuda_interop_frames::discovery::{Directory, DiscoveryError};
+use cuda_interop_frames::discovery::DiscoveryError;
 use cuda_interop_frames::protocol::{PacketError, RingLayout};
 use cuda_interop_frames::sender::{
     self, AcquireError, Address, ImageSender, ImageTarget, Sender, SenderError, SenderOptions,
@@ -70,14 +79,23 @@ pub struct ProducerOptions {
     pub frames: Option<u64>,
     /// Frames a second at most (0: as fast as the receivers allow).
     pub fps: f64,
+    /// Present nothing until this many receivers have subscribed, and stop
+    /// when every receiver has left.
+    pub wait_for_receivers: usize,
+    /// How long to wait for them (then the run fails).
+    pub wait_timeout: Duration,
     /// How long a receiver may hold a slot (or keep its GPU release waiting).
     pub hold_timeout: Duration,
     /// The Vulkan device's `deviceUUID` (default: the first device).
     pub device: Option<vk_export::DeviceUuid>,
-    /// Host-visible ring memory instead of device-local.
+    /// Host-visible ring memory, whatever the device offers.
     pub host_visible: bool,
-    /// Share only the buffers, no timelines.
+    /// Device-local ring memory, or an error where the device has none.
+    pub device_local: bool,
+    /// Share only the slots, no timelines, whatever the device exports.
     pub no_semaphores: bool,
+    /// Share the timelines, or an error where the device exports none.
+    pub semaphores: bool,
     /// A ring of OPTIMAL images of this format
     /// ([`ImageSender`]) instead of pitched buffers
     /// (`row_pitch` then unused).
@@ -116,8 +134,9 @@ impl ImageFormat {
 impl Default for ProducerOptions {
     /// The `frame_server` defaults: no name, `/tmp/cuda-interop-frames.sock`,
     /// 4 slots of 1920x1080 with unpadded rows, 300 s, no frame limit, no
-    /// rate limit, a 5 s hold timeout, the first device, device-local
-    /// memory, with semaphores.
+    /// rate limit, no receivers waited for (60 s if asked), a 5 s hold
+    /// timeout, the first device, memory and semaphores as the device
+    /// offers ([`choose`]).
     fn default() -> ProducerOptions {
         ProducerOptions {
             tag: "[frame_server]",
@@ -130,10 +149,14 @@ impl Default for ProducerOptions {
             seconds: 300.0,
             frames: None,
             fps: 0.0,
+            wait_for_receivers: 0,
+            wait_timeout: Duration::from_secs(60),
             hold_timeout: Duration::from_secs(5),
             device: None,
             host_visible: false,
+            device_local: false,
             no_semaphores: false,
+            semaphores: false,
             image: None,
         }
     }
@@ -141,15 +164,32 @@ impl Default for ProducerOptions {
 
 impl ProducerOptions {
     /// Checks the options [`run`] needs: at least 2 slots, a valid ring
-    /// layout, a positive finite run time, a valid name.
+    /// layout, a positive finite run time, a valid name, no contradiction.
     pub fn validate(&self) -> Result<(), ProducerError> {
         if self.slots < 2 {
-            return Err(ProducerError::Options("at least 2 slots are needed".into()));
+            return Err(ProducerError::Options(
+                "at least 2 slots are needed: pass --slots 2 or more".into(),
+            ));
+        }
+        if self.host_visible && self.device_local {
+            return Err(ProducerError::Options(
+                "host-visible and device-local memory both asked for: pass --host-visible or \
+                 --device-local, not both"
+                    .into(),
+            ));
+        }
+        if self.semaphores && self.no_semaphores {
+            return Err(ProducerError::Options(
+                "semaphores both asked for and refused: pass --semaphores or --no-semaphores, \
+                 not both"
+                    .into(),
+            ));
         }
         self.layout().check()?;
         if !(self.seconds > 0.0 && self.seconds.is_finite()) {
             return Err(ProducerError::Options(
-                "the run time must be a positive number of seconds".into(),
+                "the run time must be a positive number of seconds: pass --seconds S with S > 0"
+                    .into(),
             ));
         }
         if let Some(name) = &self.name {
@@ -178,8 +218,10 @@ impl ProducerOptions {
 /// Why the producer stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ProducerError {
-    /// [`ProducerOptions::validate`] refused the options.
-    #[error("bad options: {0}")]
+    /// The options cannot be served, or the run cannot start: what to pass
+    /// instead ([`ProducerOptions::validate`], [`choose`], the wait for
+    /// receivers).
+    #[error("{0}")]
     Options(String),
     /// The ring layout is not a valid one.
     #[error(transparent)]
@@ -418,19 +460,104 @@ pub fn run(opts: &ProducerOptions) -> Result<(), ProducerError> {
         device_uuid: opts.device,
         ..HeadlessOptions::default()
     })?;
+    let (choice, line) = choose(&ctx, opts)?;
+    println!("{line}");
     use ImageFormat::{Rgba16f, Rgba8};
-    match (opts.host_visible, opts.image) {
-        (true, None) => run_buffers::<HostVisible>(ctx, opts),
-        (false, None) => run_buffers::<DeviceLocal>(ctx, opts),
-        (true, Some(Rgba8)) => run_images::<Rgba8Unorm, HostVisible>(ctx, opts),
-        (false, Some(Rgba8)) => run_images::<Rgba8Unorm, DeviceLocal>(ctx, opts),
-        (true, Some(Rgba16f)) => run_images::<Rgba16Sfloat, HostVisible>(ctx, opts),
-        (false, Some(Rgba16f)) => run_images::<Rgba16Sfloat, DeviceLocal>(ctx, opts),
+    match (choice.host_visible, opts.image) {
+        (true, None) => run_buffers::<HostVisible>(ctx, opts, choice),
+        (false, None) => run_buffers::<DeviceLocal>(ctx, opts, choice),
+        (true, Some(Rgba8)) => run_images::<Rgba8Unorm, HostVisible>(ctx, opts, choice),
+        (false, Some(Rgba8)) => run_images::<Rgba8Unorm, DeviceLocal>(ctx, opts, choice),
+        (true, Some(Rgba16f)) => run_images::<Rgba16Sfloat, HostVisible>(ctx, opts, choice),
+        (false, Some(Rgba16f)) => run_images::<Rgba16Sfloat, DeviceLocal>(ctx, opts, choice),
     }
 }
 
-fn run_buffers<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<()> {
-    let sender = Sender::<M>::new(&ctx, sender_options(opts)?)?;
+/// What [`choose`] picked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Choice {
+    /// Host-visible slots (else device-local).
+    pub host_visible: bool,
+    /// Share the "produced" and "released" timelines.
+    pub semaphores: bool,
+}
+
+/// The memory and semaphores of `opts`'s ring on `ctx` (see the module
+/// contract), and one progress line saying what was chosen, why, and which
+/// receivers take the ring.
+pub fn choose(ctx: &Context, opts: &ProducerOptions) -> Result<(Choice, String), ProducerError> {
+    let name = &ctx.identity().name;
+    // SAFETY: the context's live instance and one of its physical devices.
+    let memory = unsafe {
+        ctx.instance()
+            .get_physical_device_memory_properties(ctx.physical_device())
+    };
+    let types = &memory.memory_types[..(memory.memory_type_count as usize).min(32)];
+    let offers_device_local = types.iter().any(|t| DeviceLocal::admits(t.property_flags));
+    let exports = ctx.supports_semaphore_fds();
+    if opts.device_local && !offers_device_local {
+        return Err(ProducerError::Options(format!(
+            "{name} has no device-local memory that is not host-visible (a CPU driver, such as \
+             lavapipe): pass --host-visible instead of --device-local (or neither, to take what \
+             the device offers); CUDA receivers need a GPU's driver"
+        )));
+    }
+    if opts.semaphores && !exports {
+        return Err(ProducerError::Options(format!(
+            "{name} exports no semaphores (VK_KHR_external_semaphore_fd, which lavapipe lacks): \
+             pass --no-semaphores instead of --semaphores (or neither, to take what the device \
+             offers); CUDA receivers need a GPU driver that exports them"
+        )));
+    }
+    let choice = Choice {
+        host_visible: opts.host_visible || (!opts.device_local && !offers_device_local),
+        semaphores: !opts.no_semaphores && exports,
+    };
+    let memory = match (choice.host_visible, opts.host_visible || opts.device_local) {
+        (_, true) => "as told",
+        (true, false) => "the device has no device-local memory that is not host-visible",
+        (false, false) => "the device offers them",
+    };
+    let timelines = match (choice.semaphores, opts.semaphores || opts.no_semaphores) {
+        (_, true) => "as told",
+        (true, false) => "the device exports semaphores",
+        (false, false) => "the device exports none",
+    };
+    let cuda = !choice.host_visible && choice.semaphores;
+    let takers = match (opts.image.is_some(), cuda, choice.host_visible) {
+        (true, true, _) => "CUDA and Vulkan receivers take the ring",
+        (true, false, _) => {
+            "Vulkan receivers take the ring (vulkan_client); CUDA ones need device-local slots \
+             and timelines"
+        }
+        (false, true, _) => "CUDA receivers take the ring (frame_client, the Python module)",
+        (false, false, true) => {
+            "host receivers take the ring (the Python module's host reader); CUDA ones need \
+             device-local slots and timelines"
+        }
+        (false, false, false) => {
+            "no receiver takes this ring: pass --semaphores (CUDA) or --host-visible (host)"
+        }
+    };
+    let line = format!(
+        "{} chose on {name}: {} slots ({memory}), {} ({timelines}); {takers}",
+        opts.tag,
+        if choice.host_visible {
+            "host-visible"
+        } else {
+            "device-local"
+        },
+        if choice.semaphores {
+            "timelines shared"
+        } else {
+            "no timelines"
+        },
+    );
+    Ok((choice, line))
+}
+
+fn run_buffers<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions, choice: Choice) -> Res<()> {
+    let sender = Sender::<M>::new(&ctx, sender_options(opts, choice)?)?;
     let size = sender.buffers()[0].size();
     let geometry = (opts.width, opts.height, opts.row_pitch);
     serve(&ctx, opts, sender, |slot| {
@@ -445,8 +572,12 @@ fn run_buffers<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<(
     })
 }
 
-fn run_images<F: Format, M: MemoryLocation>(ctx: Context, opts: &ProducerOptions) -> Res<()> {
-    let sender = ImageSender::<F, M>::new(&ctx, sender_options(opts)?)?;
+fn run_images<F: Format, M: MemoryLocation>(
+    ctx: Context,
+    opts: &ProducerOptions,
+    choice: Choice,
+) -> Res<()> {
+    let sender = ImageSender::<F, M>::new(&ctx, sender_options(opts, choice)?)?;
     let bytes = u64::from(opts.width) * u64::from(opts.height) * u64::from(F::TEXEL_BYTES);
     let scratch = ExportableBuffer::<M>::new(&ctx, bytes)?;
     let extent = (opts.width, opts.height);
@@ -469,18 +600,15 @@ fn run_images<F: Format, M: MemoryLocation>(ctx: Context, opts: &ProducerOptions
     result
 }
 
-fn sender_options(opts: &ProducerOptions) -> Res<SenderOptions> {
+fn sender_options(opts: &ProducerOptions, choice: Choice) -> Res<SenderOptions> {
     let address = match &opts.name {
-        Some(name) => Address::Named {
-            directory: Directory::from_env()?,
-            name: name.clone(),
-        },
+        Some(name) => Address::named(name)?,
         None => Address::Path(opts.socket.clone().into()),
     };
     Ok(SenderOptions {
         row_pitch: opts.row_pitch,
         hold_timeout: opts.hold_timeout,
-        semaphores: !opts.no_semaphores,
+        semaphores: choice.semaphores,
         // The demo pattern is transfer commands only.
         queue: QueueRole::Transfer,
         ..SenderOptions::new(address, opts.width, opts.height, opts.slots)
@@ -492,7 +620,8 @@ fn sender_options(opts: &ProducerOptions) -> Res<SenderOptions> {
 /// `present` paints and presents each slot; `opts` gives the run's bounds,
 /// name and the frame rate cap (its memory, semaphore and image fields are
 /// the caller's sender's business and only named in the first line). The
-/// progress lines are [`run`]'s (see the module contract).
+/// progress lines are [`run`]'s (see the module contract), and so is the
+/// wait for [`ProducerOptions::wait_for_receivers`].
 pub fn serve<M: MemoryLocation, R: SlotResource<M>>(
     ctx: &Context,
     opts: &ProducerOptions,
@@ -527,11 +656,32 @@ pub fn serve<M: MemoryLocation, R: SlotResource<M>>(
             show(baseline.1),
         );
     };
-    let listening = match &opts.name {
-        Some(name) => format!("announced as {name:?} at {}", sender.socket().display()),
-        None => format!("listening on {}", sender.socket().display()),
+    // A named sender's socket is renamed into the directory once bound:
+    // the directory is what receivers look in.
+    let listening = match &sender.options().address {
+        Address::Named { directory, name } => {
+            format!("announced as {name:?} in {}", directory.path().display())
+        }
+        Address::Path(path) => format!("listening on {}", path.display()),
     };
     report(&listening, 0);
+    let n = opts.wait_for_receivers;
+    if n > 0 {
+        println!(
+            "{tag} waiting up to {:.1} s for {n} receiver(s) to subscribe before presenting",
+            opts.wait_timeout.as_secs_f64()
+        );
+        if !sender.wait_for_receivers(n, opts.wait_timeout) {
+            for line in sender.take_log() {
+                println!("{tag} {line}");
+            }
+            return Err(ProducerError::Options(format!(
+                "fewer than {n} receiver(s) subscribed within {:.1} s: start them sooner, or \
+                 pass a longer --wait-timeout or a smaller --wait-for-receivers",
+                opts.wait_timeout.as_secs_f64()
+            )));
+        }
+    }
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(opts.seconds);
     let period = (opts.fps > 0.0).then(|| Duration::from_secs_f64(1.0 / opts.fps));
@@ -548,7 +698,9 @@ pub fn serve<M: MemoryLocation, R: SlotResource<M>>(
                 println!("{tag} {line}");
             }
         }
-        if Instant::now() >= end || opts.frames.is_some_and(|n| stats.presented >= n) {
+        // Receivers waited for: the run is theirs, and ends when they left.
+        let served = n > 0 && stats.receivers == 0;
+        if served || Instant::now() >= end || opts.frames.is_some_and(|n| stats.presented >= n) {
             println!(
                 "{tag} done: {} frames presented, {} skipped (every slot held), \
                  {} back-pressure timeouts in {:.1} s",
