@@ -8,14 +8,18 @@
 //!
 //! * A capsule's destructor calls the tensor's deleter only if no consumer
 //!   took it; the deleter runs once, with the GIL released where possible.
-//! * A ring frame's slot goes back exactly once, through
-//!   `ring::release_ring_slot`: by `release()`, leaving `with`, or the drop.
+//! * A ring frame owns the library's `Frame` (`cuda_interop_frames::session`)
+//!   until its release takes it: the slot goes back exactly once, through
+//!   `ring::SharedRing::release`, by `release()`, leaving `with`, or the
+//!   drop. Whether the frame is still held is the session's to say; this
+//!   module keeps only what the Python protocols need (handed out, the
+//!   consumer's stream).
 //! * Uses `errors`, `ring` and (feature `test-hooks`) `host` of this crate;
 //!   none of them uses this module.
 
 use std::ffi::{c_void, CStr};
 use std::ptr::NonNull;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use cuda_interop::dlpack::{
     DLDataType, DLDataTypeCode, DLDevice, DLManagedTensor, DLManagedTensorVersioned, ManagedTensor,
@@ -30,13 +34,13 @@ use vk_export::ash::vk;
 use vk_export::format::ChannelType;
 use vk_export::markers::DeviceLocal;
 
-use cuda_interop_frames::consumer::SlotMemory;
-use cuda_interop_frames::protocol::Packet;
+use cuda_interop_frames::protocol::RingLayout;
+use cuda_interop_frames::session::Frame as HeldFrame;
 
-use crate::errors::cuda_error;
+use crate::errors::{consumer_error, cuda_error};
 #[cfg(feature = "test-hooks")]
 use crate::host::HostBytes;
-use crate::ring::{release_ring_slot, ReleaseError, SharedRing};
+use crate::ring::SharedRing;
 
 const VERSIONED: &CStr = c"dltensor_versioned";
 const USED_VERSIONED: &CStr = c"used_dltensor_versioned";
@@ -58,27 +62,23 @@ pub(crate) enum Payload {
     Host(HostBytes),
 }
 
-/// A frame of a ring: a slot this consumer holds until it releases it.
+/// A frame of a ring: the library's frame, held until the release takes it.
 pub(crate) struct RingFrame {
     ring: Arc<SharedRing>,
+    /// `None` once released (or given back).
+    frame: Option<HeldFrame>,
     slot: u32,
-    frame: u64,
+    sequence: u64,
     handed_out: bool,
-    released: bool,
-    /// Whether the slot's "released" timeline was signalled for this frame
-    /// (a release whose message then failed to send is retried without a
-    /// second signal, which the timeline would refuse).
-    signalled: bool,
     /// The consumer stream `__dlpack__` ordered after "produced": the
     /// default stream of `release()`.
     consumer_stream: Option<ConsumerStream>,
-    /// Whether "produced" was waited for on the ring's stream for
-    /// `__cuda_array_interface__`.
-    interface_waited: bool,
-    /// Whether `__cuda_array_interface__` was read: the frame then has that
-    /// consumer, and `__dlpack__` refuses (one protocol per frame, so that
-    /// the release knows which stream it cannot name).
-    interface_read: bool,
+    /// The stream `__cuda_array_interface__` named, once "produced" was
+    /// waited for on it (an image ring's copy is enqueued once a frame).
+    /// Set, the frame has that consumer, and `__dlpack__` refuses (one
+    /// protocol per frame, so that the release knows which stream it
+    /// cannot name).
+    interface_stream: Option<Option<usize>>,
 }
 
 /// The stream a ring frame was handed out on, as far as it can be used
@@ -405,9 +405,9 @@ impl Frame {
     }
 
     /// Frame `frame` of a ring read on the host: `bytes` (laid out as the
-    /// hello says), a `(height, width, 4)` `uint8` host (kDLCPU) array with
+    /// layout says), a `(height, width, 4)` `uint8` host (kDLCPU) array with
     /// pitched rows; its slot is released already.
-    pub(crate) fn host_copy(layout: &Packet, frame: u64, bytes: Vec<u8>) -> Frame {
+    pub(crate) fn host_copy(layout: &RingLayout, frame: u64, bytes: Vec<u8>) -> Frame {
         Frame {
             tag: frame,
             size: bytes.len() as u64,
@@ -419,44 +419,37 @@ impl Frame {
         }
     }
 
-    /// Frame `packet.frame` in slot `packet.slot` of `ring` (already marked
-    /// held), as a `(height, width, 4)` `uint8` tensor with pitched rows, or
-    /// for an image ring a `(height, width, channels)` tensor of the
-    /// format's channel type over the slot's tightly packed copy.
-    pub(crate) fn of_ring(ring: Arc<SharedRing>, packet: &Packet) -> Frame {
+    /// `frame`, which `ring`'s session handed out, as a `(height, width, 4)`
+    /// `uint8` tensor with pitched rows, or for an image ring a `(height,
+    /// width, channels)` tensor of the format's channel type over the
+    /// slot's tightly packed copy.
+    pub(crate) fn of_ring(ring: Arc<SharedRing>, frame: HeldFrame) -> Frame {
         let layout = *ring.layout();
-        let slot = &ring.slots()[packet.slot as usize];
-        let device = match ring.gpu() {
-            Some(gpu) => (DL_CUDA, gpu.cuda.ordinal()),
-            None => (DL_CPU, 0),
-        };
-        // An image ring's hello names a supported format: the consumer
+        let device = ring.device();
+        // An image ring's layout names a supported format: the receiver
         // imported its slots as arrays of it.
         let described = layout
-            .is_image_ring()
-            .then(|| vk_export::format::describe(vk::Format::from_raw(layout.format as i32)))
-            .flatten();
+            .vk_format()
+            .and_then(|f| vk_export::format::describe(vk::Format::from_raw(f as i32)));
         let (element, channels) = match described {
             Some((_, channels, channel)) => (Element::of_channel(channel), i64::from(channels)),
             None => (Element::U8, 4),
         };
         Frame {
-            tag: packet.frame,
-            size: slot.len,
+            tag: frame.sequence(),
+            size: ring.slot_len(frame.slot()),
             device,
             element,
             shape: vec![i64::from(layout.height), i64::from(layout.width), channels],
             strides: vec![layout.row_pitch as i64 / element.bytes(), channels, 1],
             source: Source::Ring(RingFrame {
+                slot: frame.slot(),
+                sequence: frame.sequence(),
                 ring,
-                slot: packet.slot,
-                frame: packet.frame,
+                frame: Some(frame),
                 handed_out: false,
-                released: false,
-                signalled: false,
                 consumer_stream: None,
-                interface_waited: false,
-                interface_read: false,
+                interface_stream: None,
             }),
         }
     }
@@ -471,7 +464,7 @@ impl Frame {
             device_id: self.device.1,
         };
         let takes_streams = match &self.source {
-            Source::Ring(rf) => rf.ring.orders_streams(),
+            Source::Ring(_) => true,
             Source::Single(_) => device.device_type != DL_CPU,
         };
         if !takes_streams && matches!(stream, StreamArg::Handle(_) | StreamArg::Object(..)) {
@@ -513,56 +506,37 @@ impl Frame {
                 }
             }
             Source::Ring(rf) => {
-                if rf.released || rf.handed_out {
-                    return Err(PyBufferError::new_err(
-                        "the frame was already handed out or released",
-                    ));
-                }
-                if rf.interface_read {
+                let frame = match &rf.frame {
+                    Some(frame) if !rf.handed_out => frame,
+                    _ => {
+                        return Err(PyBufferError::new_err(
+                            "the frame was already handed out or released",
+                        ))
+                    }
+                };
+                if rf.interface_stream.is_some() {
                     return Err(PyBufferError::new_err(
                         "the frame was read through __cuda_array_interface__; a frame has one \
                          consumer protocol (its release orders after one consumer's stream)",
                     ));
                 }
-                if let Some(gpu) = rf.ring.gpu() {
-                    let (slot, frame) = (rf.slot, rf.frame);
-                    let image = rf.ring.layout().is_image_ring();
-                    let handle = stream.handle();
-                    // A buffer ring's frame handed out with no stream (-1)
-                    // is the consumer's to order; an image ring's frame is
-                    // this module's copy, enqueued and then waited for.
-                    if handle.is_some() || image {
-                        py.detach(|| {
-                            let via = rf
-                                .ring
-                                .enqueue_readable(slot, frame)?
-                                .expect("a ring with CUDA semaphores");
-                            match handle {
-                                // SAFETY: `h` is the consumer's stream handle
-                                // (1, 2, or a stream of its device), which the
-                                // DLPack protocol has the consumer keep alive
-                                // for the call; the ring's semaphore is of that
-                                // device.
-                                Some(h) => unsafe {
-                                    gpu.produced.wait_raw_stream(h as _, frame, &via)
-                                },
-                                None => via.synchronize(via.timeout()),
-                            }
-                        })
-                        .map_err(cuda_error)?;
-                    }
-                }
-                if rf.ring.orders_streams() {
-                    rf.consumer_stream = ConsumerStream::of(py, &stream);
-                }
-                let slot = &rf.ring.slots()[rf.slot as usize];
-                let owner: Box<SlotMemory> = Box::new(slot.memory.clone());
+                let handle = stream.handle();
+                let ring = &rf.ring;
+                // The session checks that the frame is still held (not
+                // taken back by a drop) before its memory is handed out.
+                let slot = py
+                    .detach(|| {
+                        ring.make_readable(frame, handle)?;
+                        ring.slot(frame)
+                    })
+                    .map_err(consumer_error)?;
+                rf.consumer_stream = ConsumerStream::of(py, &stream);
                 // SAFETY: `slot.data` is the address of the slot's `len`
                 // bytes (a CUDA mapping, or host memory for the test hook),
                 // which stay mapped while any clone of its SlotMemory lives.
                 let tensor = unsafe {
                     ManagedTensor::new(
-                        owner,
+                        Box::new(slot.memory),
                         slot.data,
                         slot.len,
                         device,
@@ -607,10 +581,17 @@ impl Frame {
         Ok(d)
     }
 
-    /// The address of a ring frame's memory.
-    pub(crate) fn ring_data(&self) -> PyResult<u64> {
+    /// The address of a ring frame's memory, if the frame is still held.
+    pub(crate) fn ring_data(&self, py: Python<'_>) -> PyResult<u64> {
         match &self.source {
-            Source::Ring(rf) if !rf.released => Ok(rf.ring.slots()[rf.slot as usize].data),
+            Source::Ring(RingFrame {
+                ring,
+                frame: Some(frame),
+                ..
+            }) => py
+                .detach(|| ring.slot(frame))
+                .map(|slot| slot.data)
+                .map_err(consumer_error),
             Source::Ring(_) => Err(PyBufferError::new_err("the frame was released")),
             Source::Single(_) => Err(PyAttributeError::new_err(
                 "only frames of a frame ring (frame_server's protocol) have a \
@@ -632,15 +613,13 @@ impl Frame {
                 Ok(())
             }
             Source::Ring(rf) => {
-                if rf.released {
+                if rf.frame.is_none() {
                     return Ok(());
                 }
                 let handle = match (&stream, &rf.consumer_stream) {
                     (StreamArg::Unspecified, None) => None,
                     (StreamArg::Unspecified, Some(remembered)) => match remembered.reusable() {
                         Ok(h) => Some(h),
-                        // Signalled already: the retry only sends.
-                        Err(_) if rf.signalled => None,
                         Err(unnamed) => {
                             return Err(PyValueError::new_err(format!(
                                 "frame {} was handed out through {}: name the stream whose \
@@ -648,30 +627,28 @@ impl Frame {
                                  current_stream()), release(stream=cupy.cuda.\
                                  get_current_stream()) or release(stream=s), or \
                                  release(stream=-1) once those reads have completed",
-                                rf.frame,
+                                rf.sequence,
                                 unnamed.how()
                             )))
                         }
                     },
                     (explicit, _) => explicit.handle(),
                 };
-                let (ring, slot, frame) = (rf.ring.clone(), rf.slot, rf.frame);
-                let mut signalled = rf.signalled;
-                let sent = py.detach(|| {
+                let (ring, frame) = (rf.ring.clone(), rf.frame.take());
+                let released = py.detach(move || match frame {
                     // SAFETY: `handle` is 1 (the legacy default stream), the
                     // handle of a stream object this frame keeps referenced
                     // (its remembered stream) or the caller holds across
                     // this call (an explicit argument), or a bare handle the
                     // consumer passed to this very call: a live stream for
                     // the call.
-                    unsafe { release_ring_slot(&ring, slot, frame, handle, &mut signalled) }
+                    Some(frame) => unsafe { ring.release(frame, handle) },
+                    None => Ok(()),
                 });
-                rf.signalled = signalled;
-                sent.map_err(ReleaseError::into_py)?;
-                rf.released = true;
-                // The stream object is not needed any more.
+                // Released either way (a failed release means the
+                // connection is over); the stream object is not needed.
                 rf.consumer_stream = None;
-                Ok(())
+                released.map_err(consumer_error)
             }
         }
     }
@@ -760,29 +737,30 @@ fn give_back_ring(py: Python<'_>, rf: &mut RingFrame) {
     // The stream object stays referenced until the release that may order
     // after its stream is done, and is let go with the GIL.
     let remembered = rf.consumer_stream.take();
-    if rf.released {
+    let Some(frame) = rf.frame.take() else {
         return;
-    }
-    rf.released = true;
+    };
+    let ring = rf.ring.clone();
     let stream = match remembered.as_ref().map(ConsumerStream::reusable) {
         None => None,
         Some(Ok(h)) => Some(h),
         Some(Err(unnamed)) => {
-            if !rf.signalled && !rf.ring.is_gone() {
-                warn_unordered_release(py, rf.frame, &unnamed);
+            if !ring.is_closed() && ring.session().ended().is_none() {
+                warn_unordered_release(py, rf.sequence, &unnamed);
             }
             None
         }
     };
-    let (ring, slot, frame, mut signalled) = (rf.ring.clone(), rf.slot, rf.frame, rf.signalled);
+    let sequence = rf.sequence;
     py.detach(move || {
         // SAFETY: `stream` is the remembered stream where it can still be
         // named: 1 (the legacy default stream) or the handle of the stream
         // object `remembered` keeps referenced until after this call.
-        let result = unsafe { release_ring_slot(&ring, slot, frame, stream, &mut signalled) };
-        if let Err(error) = result {
-            ring.break_off(format!(
-                "the release of dropped frame {frame} failed: {error}"
+        if let Err(error) = unsafe { ring.release(frame, stream) } {
+            // Nobody to tell now: the next call on the receiver says why
+            // (the first reason the session kept, if it ended already).
+            ring.session().close(&format!(
+                "the release of dropped frame {sequence} failed: {error}"
             ));
         }
     });
@@ -888,7 +866,9 @@ impl Frame {
         }
     }
 
-    /// `(device_type, device_id)`: `(2, ordinal)` (kDLCUDA) for a received frame.
+    /// `(device_type, device_id)`: `(2, ordinal)` (kDLCUDA, the CUDA device's
+    /// ordinal) for a CUDA frame, `(1, 0)` (kDLCPU) for a host frame (a ring
+    /// read on the host, for NumPy).
     fn __dlpack_device__(&self) -> (i32, i32) {
         self.device
     }
@@ -902,46 +882,37 @@ impl Frame {
     /// consumer must order its work after it (CuPy does).
     #[getter]
     fn __cuda_array_interface__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let recording = matches!(&self.source, Source::Ring(rf) if rf.ring.orders_streams());
-        if self.device.0 != DL_CUDA && !recording {
+        let ring_frame = matches!(&self.source, Source::Ring(_));
+        if self.device.0 != DL_CUDA && !ring_frame {
             return Err(PyAttributeError::new_err(
-                "a host (kDLCPU) frame has no __cuda_array_interface__",
+                "a host (kDLCPU) frame has no __cuda_array_interface__: use numpy.from_dlpack(frame)",
             ));
         }
-        let data = self.ring_data()?;
-        if matches!(&self.source, Source::Ring(rf) if rf.handed_out) {
+        let data = self.ring_data(py)?;
+        let Source::Ring(rf) = &mut self.source else {
+            unreachable!("ring_data refuses other frames")
+        };
+        if rf.handed_out {
             return Err(PyBufferError::new_err(
                 "the frame was handed out through __dlpack__; a frame has one consumer \
                  protocol (its release orders after one consumer's stream)",
             ));
         }
-        let mut stream = None;
-        if let Source::Ring(rf) = &mut self.source {
-            if let Some(gpu) = rf.ring.gpu() {
-                let (slot, frame, wait) = (rf.slot, rf.frame, !rf.interface_waited);
-                let ring = &rf.ring;
-                let raw = py
-                    .detach(|| {
-                        let via = if wait {
-                            ring.enqueue_readable(slot, frame)?
-                                .expect("a ring with CUDA semaphores")
-                        } else {
-                            gpu.wait_stream
-                                .lock()
-                                .unwrap_or_else(PoisonError::into_inner)
-                        };
-                        Ok::<_, cuda_interop::Error>(via.raw() as usize)
-                    })
-                    .map_err(cuda_error)?;
-                rf.interface_waited = true;
-                stream = Some(raw);
+        let stream = match rf.interface_stream {
+            Some(stream) => stream,
+            None => {
+                let (ring, frame) = (&rf.ring, rf.frame.as_ref());
+                let frame =
+                    frame.ok_or_else(|| PyBufferError::new_err("the frame was released"))?;
+                let stream = py
+                    .detach(|| ring.interface_stream(frame))
+                    .map_err(consumer_error)?;
+                rf.interface_stream = Some(stream);
+                stream
             }
-            // The consumer's stream is not known: a release must name it.
-            if rf.ring.orders_streams() {
-                rf.consumer_stream = Some(ConsumerStream::Interface);
-            }
-            rf.interface_read = true;
-        }
+        };
+        // The consumer's stream is not known: a release must name it.
+        rf.consumer_stream = Some(ConsumerStream::Interface);
         self.interface(py, data, Some(stream))
     }
 
@@ -984,7 +955,9 @@ impl Frame {
     fn available(&self) -> bool {
         match &self.source {
             Source::Single(payload) => payload.is_some(),
-            Source::Ring(rf) => !rf.released && !rf.handed_out && !rf.interface_read,
+            Source::Ring(rf) => {
+                rf.frame.is_some() && !rf.handed_out && rf.interface_stream.is_none()
+            }
         }
     }
 
@@ -996,7 +969,11 @@ impl Frame {
     /// stream object; after a bare handle (which may be gone by now) or
     /// `__cuda_array_interface__` (which does not say the consumer's
     /// stream) the stream must be named, else `ValueError`. After
-    /// `Receiver.close()` it does nothing: the producer took the slot back. Tensors already handed out keep the memory
+    /// `Receiver.close()` it does nothing: the producer took the slot back.
+    /// If the sender dropped the receiver while it held the frame, it
+    /// raises `ConnectionError` saying why: what was read from the frame
+    /// since the drop may be a later frame's. A release that raises leaves
+    /// the frame released. Tensors already handed out keep the memory
     /// mapped, but its contents belong to the producer again. `stream` is
     /// checked as `__dlpack__`'s is (the caller vouches for a live stream;
     /// what cannot be one raises `ValueError`).
@@ -1021,12 +998,12 @@ impl Frame {
         exc_type: Option<Bound<'_, PyAny>>,
         _exc_value: Option<Bound<'_, PyAny>>,
         _traceback: Option<Bound<'_, PyAny>>,
-    ) -> PyResult<bool> {
+    ) -> PyResult<()> {
         match self.release_with(py, StreamArg::Unspecified) {
-            Ok(()) => Ok(false),
+            Ok(()) => Ok(()),
             Err(_) if exc_type.is_some_and(|t| !t.is_none()) => {
                 self.give_back(py);
-                Ok(false)
+                Ok(())
             }
             Err(e) => Err(e),
         }

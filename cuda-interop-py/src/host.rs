@@ -5,16 +5,21 @@
 //!
 //! * Every [`HostBytes`] alive is counted in [`HOST_ALIVE`] (pytest checks
 //!   that frames free their memory exactly once).
-//! * [`host_ring`] makes a ring over host memory from a hello alone (no
-//!   setup message, no CUDA): slot `i`'s byte `b` is `b + i` modulo 256.
+//! * A [`RecordingRing`] is a real library session (with a real sender:
+//!   the `frame_server` example) whose slots are host memory of this
+//!   process instead of the sender's (slot `i`'s byte `b` is `b + i`
+//!   modulo 256): its frames take stream arguments as CUDA frames do, and
+//!   each "released" signal is recorded as `(slot, frame, stream)` instead
+//!   of enqueued. Its releases carry no GPU promise (the test sender shares
+//!   no semaphores).
 //! * Uses no other module of this crate.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use cuda_interop_frames::consumer::{Ring, Slot, SlotMemory};
-use cuda_interop_frames::protocol::Packet;
-use vk_export::socket::Connection;
+use cuda_interop_frames::cuda_receiver::SlotMemory;
+use cuda_interop_frames::session::{Frame, Session};
+use cuda_interop_frames::transport::ConsumerError;
 
 /// Counts the live host buffers of the test hooks.
 pub(crate) static HOST_ALIVE: AtomicUsize = AtomicUsize::new(0);
@@ -32,6 +37,10 @@ impl HostBytes {
     pub(crate) fn data(&self) -> u64 {
         self.0.as_ptr() as u64
     }
+
+    fn len(&self) -> u64 {
+        self.0.len() as u64
+    }
 }
 
 impl Drop for HostBytes {
@@ -40,20 +49,61 @@ impl Drop for HostBytes {
     }
 }
 
-/// A ring over host memory for `hello` (checked): no CUDA, no setup message.
-pub(crate) fn host_ring(conn: Arc<Connection>, hello: Packet) -> Ring {
-    let len = hello.frame_bytes().expect("a checked layout");
-    let slots = (0..hello.slot)
-        .map(|i| {
-            let bytes = HostBytes::new((0..len).map(|b| (b as u8).wrapping_add(i as u8)).collect());
-            let data = bytes.data();
-            Slot {
-                memory: SlotMemory::new(Arc::new(bytes)),
-                data,
-                len,
-                image: None,
-            }
+/// A session whose slots are host memory here (see the module contract).
+pub(crate) struct RecordingRing {
+    slots: Vec<Arc<HostBytes>>,
+    signals: Mutex<Vec<(u32, u64, usize)>>,
+    session: Session,
+}
+
+impl RecordingRing {
+    /// The ring of `session` (its setup message is dropped: nothing is
+    /// imported).
+    pub(crate) fn new(session: Session) -> Result<RecordingRing, ConsumerError> {
+        let layout = *session.layout();
+        let len = layout.checked_frame_bytes()?;
+        let slots = (0..layout.slots)
+            .map(|i| {
+                Arc::new(HostBytes::new(
+                    (0..len).map(|b| (b as u8).wrapping_add(i as u8)).collect(),
+                ))
+            })
+            .collect();
+        Ok(RecordingRing {
+            slots,
+            signals: Mutex::new(Vec::new()),
+            session,
         })
-        .collect();
-    Ring::from_parts(conn, hello, slots, None)
+    }
+
+    pub(crate) fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Slot `index`'s memory: what keeps it alive, its address, its bytes.
+    pub(crate) fn slot(&self, index: u32) -> (SlotMemory, u64, u64) {
+        let bytes = &self.slots[index as usize];
+        (SlotMemory::new(bytes.clone()), bytes.data(), bytes.len())
+    }
+
+    /// Records the "released" signal on `stream` (if any) of a frame this
+    /// session holds, then releases it.
+    pub(crate) fn release(&self, frame: Frame, stream: Option<usize>) -> Result<(), ConsumerError> {
+        self.session.check_held(&frame)?;
+        if let Some(h) = stream {
+            self.signals
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((frame.slot(), frame.sequence(), h));
+        }
+        self.session.release(frame, false)
+    }
+
+    /// The signals recorded so far.
+    pub(crate) fn signals(&self) -> Vec<(u32, u64, usize)> {
+        self.signals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }

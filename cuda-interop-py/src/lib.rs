@@ -7,36 +7,55 @@
 //!
 //! * `connect(socket_path, timeout, delivery="latest") -> Receiver` connects
 //!   to a `vk_export::socket::Listener` (a `SOCK_SEQPACKET` Unix socket whose
-//!   listening process runs as this user) and subscribes in `delivery`
-//!   (`"latest"` or `"lossless"`, else `ValueError`; a producer of one buffer
-//!   per message ignores it). A full backlog is waited on for at most
-//!   `timeout` seconds. `connect_named(name, timeout, delivery="latest")`
-//!   finds the sender by name (`cuda_interop_frames::discovery`, under
-//!   `$XDG_RUNTIME_DIR`). Latest: each `next()` on a ring asks for the
-//!   newest frame once (a request whose call timed out stays asked), hands
-//!   out the newest of the frames queued and gives the older ones back
-//!   unseen; `Receiver.dropped` counts the frames it did not get (gaps
-//!   between received frame numbers, and those given back). Lossless:
-//!   every frame, in order.
-//! * `Receiver.next(timeout) -> Frame` waits at most `timeout` seconds, with
-//!   the GIL released for the whole call. The producer's first message
-//!   decides what it speaks:
+//!   listening process runs as this user), subscribes in `delivery`
+//!   (`"latest"` or `"lossless"`, else `ValueError`) and takes the ring (its
+//!   layout and setup message), all within `timeout` seconds (GIL
+//!   released): a sender that does not send its ring in time is a
+//!   `TimeoutError`. `connect_named(name, timeout, delivery="latest")` first
+//!   waits up to `timeout` for a sender of that name to appear in the
+//!   directory of senders (`cuda_interop_frames::discovery`:
+//!   `$XDG_RUNTIME_DIR/cuda-interop-frames`, else a private directory under
+//!   `$TMPDIR` or `/tmp`), then connects within what is left of it.
+//!   `list_senders()` lists that directory's live senders (`SenderInfo`:
+//!   name, size, format, kind, slots, fps, pid, socket).
+//! * Ring receiving is the library's one receiver state machine
+//!   (`cuda_interop_frames::session`): the module keeps no state of frames
+//!   of its own. A `Receiver` wraps the library receiver
+//!   (`cuda_receiver::CudaReceiver` for a ring with semaphores, imported
+//!   into CUDA on the device whose `deviceUUID` the records name;
+//!   `host_receiver::HostReceiver` for a buffer ring without them, such as
+//!   lavapipe's, read on the host); a ring `Frame` owns the library's frame
+//!   until its release. Latest: each `next()` gets the newest frame (a
+//!   request whose call timed out stays asked); `Receiver.dropped` counts
+//!   the frames it did not get. Lossless: every frame, in order.
+//! * `Receiver.next(timeout) -> Frame` returns within `timeout` seconds
+//!   whatever the sender does, with the GIL released while it waits, and
+//!   checks for signals at least every 50 ms (Ctrl-C raises
+//!   `KeyboardInterrupt`). The producer decided at connect what it speaks:
 //!   - **a frame ring** (`cuda_interop_frames::protocol`, served by the
-//!     `frame_server` example of `cuda-interop-frames`):
-//!     a hello packet and one setup message; the first call imports the
-//!     ring's buffers (mapped once) and semaphores into CUDA, and every call
-//!     returns the next frame: a `(height, width, 4)` `uint8` tensor with
-//!     strides `(row_pitch, 4, 1)` elements, `tag` = the frame number.
-//!   - **one buffer per message** (anything else): resource 0 must be a
-//!     device-local buffer, handed out whole as a 1-D `uint8` tensor; the
-//!     other resources are dropped (their fds closed).
-//!
-//!   The first frame creates one headless Vulkan context on the device whose
-//!   `deviceUUID` the record names, and the CUDA device paired with it by
-//!   UUID; records are verified on that Vulkan device before CUDA imports.
+//!     `frame_server` example of `cuda-interop-frames`): with semaphores, a
+//!     `(height, width, 4)` `uint8` CUDA tensor over the slot with strides
+//!     `(row_pitch, 4, 1)` elements (an image ring: `(height, width,
+//!     channels)` of the format's channel type, over this module's copy),
+//!     `tag` = the frame number, held until released; without semaphores,
+//!     a host (kDLCPU) copy of the frame for NumPy, checked after the read
+//!     to be the frame's, whose slot is released before `next()` returns.
+//!   - **one buffer per message** (a producer that speaks first, with
+//!     `vk_export` wire messages): resource 0 must be a device-local
+//!     buffer, handed out whole as a 1-D `uint8` tensor; the other
+//!     resources are dropped (their fds closed). If its first message
+//!     arrives only after `connect` subscribed, that message is consumed
+//!     while the protocol is told apart (the frames library's session
+//!     takes it).
+//! * A receiver the sender dropped (held a frame past the sender's hold
+//!   timeout, a GPU release that never came, a protocol fault, ...) gets
+//!   `ConnectionError` from `next()` saying why and what to do, and never
+//!   a frame from before the drop; so does the release of a frame it held
+//!   then (its slot may have been written since).
 //! * `Frame.__dlpack__(stream=None, max_version=None, dl_device=None,
 //!   copy=None)` hands the frame out once, on `(kDLCUDA, ordinal)`
-//!   (`Frame.__dlpack_device__()`). With `max_version` of major 1 or more the
+//!   (`Frame.__dlpack_device__()`: `(2, ordinal)`; a host frame `(1, 0)`,
+//!   kDLCPU). With `max_version` of major 1 or more the
 //!   capsule is a DLPack 1.0 `"dltensor_versioned"`, with `None` a legacy
 //!   `"dltensor"`. The capsule's destructor calls the deleter only if no
 //!   consumer took it (`"used_dltensor_versioned"` / `"used_dltensor"`), so
@@ -44,8 +63,10 @@
 //!   exactly once. **Stream ordering** (ring frames): the consumer's `stream`
 //!   (a `CUstream` handle; `1` legacy default, `2` per-thread default, `None`
 //!   the legacy default as the DLPack protocol says for CUDA, `-1` no
-//!   ordering, `0` refused) waits on the GPU for the "produced" timeline at
-//!   the frame's number before anything enqueued on it later. As DLPack
+//!   ordering, `0` refused) sees the frame: until the frames library can
+//!   make a foreign stream wait on the GPU, `__dlpack__` waits (GIL
+//!   released, bounded by 10 s) for the "produced" timeline at the frame's
+//!   number before it returns. As DLPack
 //!   has it, the consumer vouches that its handle is a live stream of the
 //!   frame's device (asking the driver about a garbage pointer is itself
 //!   undefined behaviour); a handle that cannot be a stream is refused with
@@ -75,58 +96,58 @@
 //!   the calling thread's stream, so neither is used again: `release()`
 //!   then raises `ValueError` asking for the stream, and so does leaving
 //!   `with frame:` (unless the block raised: its exception wins, and the
-//!   frame is given back as a drop would). A release whose signal was
-//!   enqueued but whose message failed can be retried (the signal is not
-//!   repeated). Idempotent; a ring frame dropped unreleased is released the
+//!   frame is given back as a drop would). A release that raises leaves
+//!   the frame released (the connection is over, or the frame was not
+//!   held). Idempotent; a ring frame dropped unreleased is released the
 //!   same way, with the GIL released (after a bare handle: without
 //!   ordering, and a `RuntimeWarning`); if that release fails, the
 //!   connection is given up (the producer takes the slots back) and the
-//!   next call raises `ConnectionError` with the reason. A reference cycle
+//!   next call raises `ConnectionError` with the reason (the first reason
+//!   the connection ended for). A reference cycle
 //!   through a frame and its stream object is not collected (the collector
 //!   would run the stream's `__del__`, which destroys it, first). A frame is
 //!   used by one thread at a time: a call while another thread's call on
 //!   the same frame runs raises `RuntimeError` (nothing is released twice).
-//!   Tensors handed out
-//!   keep the memory mapped after a release, but its contents are the
+//!   Tensors handed out keep the memory mapped after a release, but its
+//!   contents are the
 //!   producer's again. Handing out after a release, or twice, raises
 //!   `BufferError`. A consumer holding every slot stalls the producer (which
 //!   drops it after its hold timeout): hold at most `slots - 1` frames.
 //! * `Receiver.close()` (and leaving `with receiver:`) shuts the connection
 //!   down: the producer takes back the slots this consumer held, so the
 //!   releases of frames still out do nothing (no signal, no message, no
-//!   error), and a frame received but not yet handed out when it closes is
-//!   not handed out. `next()` on several threads at once is allowed: frames
-//!   are accepted in the order they arrive, and each call keeps its own
-//!   timeout while another receives; a release on one thread and `next()`
-//!   on another do not race (the slot is free before its release is sent).
+//!   error). `next()` on several threads at once is allowed (the session
+//!   takes frames in the order they arrive; each call keeps its own
+//!   timeout while another receives, then raises `TimeoutError` saying
+//!   so), and frames may be released from any thread.
 //!   A receiver, a frame and an unconsumed capsule let go of the GIL while
 //!   their CUDA resources are torn down (bounded waits for the GPU); a
 //!   capsule destroyed while the interpreter shuts down is freed in place.
 //! * Errors carry the crates' messages: `TimeoutError` for a timeout,
-//!   `ConnectionError` for socket errors and a peer that closed or was
-//!   refused, `ValueError` for a malformed message, record or packet and for
-//!   bad arguments, `RuntimeError` for CUDA and Vulkan errors (no CUDA
-//!   driver, no matching device). No call waits without a bound (packet
-//!   sends: the socket's 10 s send timeout).
+//!   `ConnectionError` for socket errors and a connection that is over (the
+//!   sender closed it or dropped this receiver, or it was given up),
+//!   `ValueError` for a malformed message, record or packet and for bad
+//!   arguments, `RuntimeError` for CUDA and Vulkan errors (no CUDA driver,
+//!   no matching device). No call waits without a bound (packet sends: the
+//!   socket's 10 s send timeout).
 //! * Built with the `test-hooks` feature (only `cargo xtask test` does, for
 //!   pytest), the module also has `_host_frame(n)`, `_host_frames_alive()`,
-//!   `_connect_host_ring(path, timeout, record_signals=False,
-//!   accept_delay=0.0, delivery=None)` (ring frames over host memory,
-//!   `kDLCPU`, no CUDA; a real producer's setup message is dropped; without
-//!   `delivery` it never subscribes, as a protocol v1 receiver; with
-//!   `record_signals` the frames take streams as CUDA frames do, and `_signals(receiver)` lists the "released" signals that would
-//!   have been enqueued; `accept_delay` pauses between receiving a frame
-//!   packet and accepting it) and `_interface_dict(frame)`, to test the protocols
-//!   without a GPU. The wheel (`cargo xtask wheel`) has no such hooks.
+//!   `_connect_recording(path, timeout, delivery="latest")` (a real
+//!   sender's session whose frames are host memory standing in for CUDA
+//!   slots and take streams as CUDA frames do) and `_signals(receiver)`
+//!   (the "released" signals that would have been enqueued), to test the
+//!   protocols without a GPU. The wheel (`cargo xtask wheel`) has no such
+//!   hooks.
 //!
 //! # Modules
 //!
-//! The protocol, the ring's import and which slots are held are
-//! `cuda_interop_frames::consumer`'s; this crate is the Python face.
-//! `errors` (exceptions) and `host` (test-hook host memory) use no other
-//! module; `ring` uses `errors`; `frame` uses `errors`, `ring`, `host`;
-//! `receiver` uses those and `frame`; `hooks` (test hooks) uses `frame`,
-//! `host`, `receiver`. No module uses one that uses it.
+//! The protocol, the session (which frames are held, why a connection
+//! ended) and the ring's import are `cuda_interop_frames`'s; this crate is
+//! the Python face. `errors` (exceptions) and `host` (test-hook host
+//! memory) use no other module; `senders` uses `errors`; `ring` uses
+//! `host`; `frame` uses `errors`, `ring`, `host`; `receiver` uses those and
+//! `frame`; `hooks` (test hooks) uses `errors`, `frame`, `host`,
+//! `receiver`. No module uses one that uses it.
 
 use pyo3::prelude::*;
 
@@ -138,20 +159,40 @@ mod hooks;
 mod host;
 mod receiver;
 mod ring;
+mod senders;
 
-/// The `cuda_interop` module.
+/// Receive video frames that a Vulkan sender in another process shares,
+/// without copying: into PyTorch, CuPy or JAX on CUDA through DLPack and the
+/// CUDA Array Interface, or (a sender without GPU semaphores, such as
+/// lavapipe's) into NumPy on the host.
+///
+///     import cuda_interop, torch
+///     with cuda_interop.connect_named("camera", timeout=5.0) as rx:
+///         while True:
+///             with rx.next(timeout=1.0) as frame:
+///                 image = torch.from_dlpack(frame)  # (height, width, 4) uint8
+///                 ...  # work on the current stream; the release follows it
+///
+/// connect(socket_path, timeout) and connect_named(name, timeout) return a
+/// Receiver; list_senders() shows the senders that can be connected to by
+/// name. Receiver.next(timeout) returns the next Frame within its timeout
+/// (TimeoutError otherwise); release each frame (frame.release(), or leave
+/// its with-block) soon: the sender drops a receiver that holds a frame
+/// past its hold timeout, and next() then raises ConnectionError saying
+/// why.
 #[pymodule(name = "cuda_interop")]
 fn cuda_interop_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(receiver::connect, m)?)?;
     m.add_function(wrap_pyfunction!(receiver::connect_named, m)?)?;
+    m.add_function(wrap_pyfunction!(senders::list_senders, m)?)?;
     #[cfg(feature = "test-hooks")]
     {
         m.add_function(wrap_pyfunction!(hooks::_host_frame, m)?)?;
         m.add_function(wrap_pyfunction!(hooks::_host_frames_alive, m)?)?;
-        m.add_function(wrap_pyfunction!(hooks::_connect_host_ring, m)?)?;
+        m.add_function(wrap_pyfunction!(hooks::_connect_recording, m)?)?;
         m.add_function(wrap_pyfunction!(hooks::_signals, m)?)?;
-        m.add_function(wrap_pyfunction!(hooks::_interface_dict, m)?)?;
     }
+    m.add_class::<senders::SenderInfo>()?;
     m.add_class::<receiver::Receiver>()?;
     m.add_class::<frame::Frame>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -1,41 +1,58 @@
-//! `Receiver`: a connection to a producer, and `connect`.
+//! `Receiver`: a connection to a producer, `connect` and `connect_named`.
 //!
 //! # Contract
 //!
-//! * The producer's first message decides what it speaks (a frame ring, or
-//!   one buffer per message); see the crate's contract (`lib.rs`).
-//! * The protocol itself (packets, the ring's import, which slots are held)
-//!   is `cuda_interop_frames::consumer`'s; this module turns it into Python
-//!   calls, with the GIL released while it waits.
+//! * `connect` and `connect_named` connect, subscribe and take the ring
+//!   (its layout and setup message, imported into CUDA, or read on the
+//!   host without semaphores) within their timeout, through the library's
+//!   session (`cuda_interop_frames::session::Session::start`). A producer
+//!   of one buffer per wire message (anything that does not answer with
+//!   the frame protocol) is served as before: see the crate's contract.
+//! * Ring receiving has no state machine here: `next()` is the library
+//!   receiver's (`CudaReceiver`, `HostReceiver`, or the test hook's
+//!   recording ring), called in slices of at most [`SLICE`] with the GIL
+//!   released, the signals checked between them (Ctrl-C raises
+//!   `KeyboardInterrupt`), and the caller's timeout bounding the whole
+//!   call. Which frames are held, dropped and why the connection ended is
+//!   the session's.
+//! * A frame of a host ring is read (a copy, checked afterwards to be the
+//!   frame's: a drop during the read raises) and released before `next()`
+//!   returns.
 //! * Uses `errors`, `frame`, `ring` and (feature `test-hooks`) `host` of this
 //!   crate; none of them uses this module.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use cuda_interop::dlpack::DL_CUDA;
 use cuda_interop::CudaDevice;
-use cuda_interop_frames::consumer::{
-    self, deadline_after, left, peek, recv_packet, ConsumerError, NextMessage, Ring, Slot,
-    SlotMemory,
+use cuda_interop_frames::cuda_receiver::{cuda_device_for, CudaReceiver};
+use cuda_interop_frames::discovery::{validate_name, Directory, DiscoveryError};
+use cuda_interop_frames::host_receiver::HostReceiver;
+use cuda_interop_frames::protocol::{Delivery, Message, PacketError};
+use cuda_interop_frames::session::{has_semaphores, Session};
+use cuda_interop_frames::transport::{
+    self, deadline_after, hung_up, left, peek, try_recv_message, ConsumerError, NextMessage,
 };
-use cuda_interop_frames::discovery::{Directory, DiscoveryError};
-use cuda_interop_frames::host_receiver::HostBuffers;
-use cuda_interop_frames::protocol::{self, Kind, Packet};
-use cuda_interop_frames::receiver::Delivery;
-use pyo3::exceptions::{PyConnectionError, PyValueError};
+use pyo3::exceptions::{PyConnectionError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use vk_export::markers::DeviceLocal;
 use vk_export::socket::Connection;
+use vk_export::wire::Received;
 
-use crate::errors::{consumer_error, cuda_error, seconds, send_error, vk_error};
+use crate::errors::{consumer_error, cuda_error, discovery_error, seconds, vk_error};
 use crate::frame::{Frame, Payload};
-use crate::ring::SharedRing;
+use crate::ring::{Backend, SharedRing};
 
-/// Connects to the producer's socket at `socket_path`, waiting at most
-/// `timeout` seconds for room in its backlog, and subscribes in `delivery`
-/// (`"latest"` or `"lossless"`).
+/// The longest wait between two checks for signals (Ctrl-C).
+pub(crate) const SLICE: Duration = Duration::from_millis(50);
+
+/// Why a receiver is closed, for later calls.
+const CLOSED: &str = "the receiver was closed";
+
+/// Connects to the producer's socket at `socket_path` and subscribes in
+/// `delivery` (`"latest"` or `"lossless"`), all within `timeout` seconds.
 #[pyfunction]
 #[pyo3(signature = (socket_path, timeout, delivery="latest"))]
 pub(crate) fn connect(
@@ -44,12 +61,13 @@ pub(crate) fn connect(
     timeout: f64,
     delivery: &str,
 ) -> PyResult<Receiver> {
-    let delivery = Some(parse_delivery(delivery)?);
-    Receiver::connect(py, socket_path, timeout, delivery, None)
+    let delivery = parse_delivery(delivery)?;
+    let timeout = seconds("timeout", timeout)?;
+    Receiver::connect(py, socket_path, timeout, delivery, Open::Import)
 }
 
-/// Connects to the sender named `name` in `$XDG_RUNTIME_DIR`'s directory
-/// of senders (`cuda_interop_frames::discovery`), as [`connect`].
+/// Connects to the sender named `name` in the directory of senders,
+/// waiting up to `timeout` seconds for it to appear, as `connect`.
 #[pyfunction]
 #[pyo3(signature = (name, timeout, delivery="latest"))]
 pub(crate) fn connect_named(
@@ -58,26 +76,34 @@ pub(crate) fn connect_named(
     timeout: f64,
     delivery: &str,
 ) -> PyResult<Receiver> {
-    let delivery = Some(parse_delivery(delivery)?);
-    let wait = seconds("timeout", timeout)?;
-    let (path, connection) = py
-        .detach(|| {
-            let directory = Directory::from_env()?;
-            let socket = directory.find(name)?.socket;
-            let connection = directory.connect(name, wait)?;
-            Ok((socket.display().to_string(), connection))
-        })
-        .map_err(discovery_error)?;
-    Receiver::start(path, connection, delivery, None)
-}
-
-/// A discovery error as the Python exception its kind calls for.
-fn discovery_error(error: DiscoveryError) -> PyErr {
-    match error {
-        DiscoveryError::Connect(e) => consumer_error(e),
-        DiscoveryError::Name { .. } => PyValueError::new_err(error.to_string()),
-        e => PyConnectionError::new_err(e.to_string()),
-    }
+    let delivery = parse_delivery(delivery)?;
+    let timeout = seconds("timeout", timeout)?;
+    let deadline = deadline_after(timeout);
+    validate_name(name).map_err(discovery_error)?;
+    let directory = py.detach(Directory::from_env).map_err(discovery_error)?;
+    // Waited for in slices, so that Ctrl-C is seen between them.
+    let info = loop {
+        let slice = left(deadline).min(SLICE);
+        match py.detach(|| directory.wait_for(name, slice)) {
+            Ok(info) => break info,
+            Err(DiscoveryError::NotFound { .. }) if !left(deadline).is_zero() => {
+                py.check_signals()?
+            }
+            Err(DiscoveryError::NotFound { name, dir, .. }) => {
+                return Err(discovery_error(DiscoveryError::NotFound {
+                    name,
+                    dir,
+                    waited: timeout,
+                }))
+            }
+            Err(e) => return Err(discovery_error(e)),
+        }
+    };
+    let path = info.socket.display().to_string();
+    let conn = py
+        .detach(|| transport::connect(&path, left(deadline)))
+        .map_err(consumer_error)?;
+    Receiver::open(py, path, conn, delivery, left(deadline), Open::Import)
 }
 
 /// `"latest"` or `"lossless"`.
@@ -91,110 +117,37 @@ pub(crate) fn parse_delivery(delivery: &str) -> PyResult<Delivery> {
     }
 }
 
+/// How a frame sender's ring is taken.
+#[derive(Clone, Copy)]
+pub(crate) enum Open {
+    /// Imported into CUDA (with the ring's semaphores), or read on the host
+    /// (a buffer ring without them).
+    Import,
+    /// Test hook: a recording ring over host memory (nothing imported).
+    #[cfg(feature = "test-hooks")]
+    Recording,
+}
+
 /// The Vulkan context and the CUDA device paired with it, for one `deviceUUID`.
 struct Devices {
     uuid: vk_export::DeviceUuid,
     cuda: CudaDevice,
 }
 
-/// What the producer speaks, learnt from its first message.
-enum Mode {
-    /// Nothing received yet.
-    Unknown,
-    /// One buffer per wire message.
-    Single,
-    /// The frame-ring protocol.
-    Ring(Arc<SharedRing>),
-    /// The ring could not be set up: every later call says why.
-    Broken(String),
-}
-
-/// A connection to a producer; `next()` receives frames.
-#[pyclass(frozen, module = "cuda_interop")]
-pub(crate) struct Receiver {
-    connection: Arc<Connection>,
-    path: String,
+/// A producer of one buffer per wire message.
+struct Single {
+    conn: Connection,
     devices: Mutex<Option<Devices>>,
-    mode: Mutex<Mode>,
-    closed: AtomicBool,
-    /// The delivery it subscribed in (`None`: it never subscribed, test
-    /// hook only: the producer serves it lossless).
-    delivery: Option<Delivery>,
-    /// Latest mode: an acquire is out (asked, no frame yet). Changed only
-    /// under the ring's receiving lock.
-    asked: AtomicBool,
-    /// The last frame number received (under the receiving lock).
-    last: AtomicU64,
-    /// Frames presented between received ones that it did not get, and
-    /// frames received and given back unseen for a newer one (latest).
-    dropped: AtomicU64,
-    /// Test hook: a hello makes a ring over host memory, with no setup
-    /// message; `Some(true)`: one that records its "released" signals.
-    #[cfg(feature = "test-hooks")]
-    host_ring: Option<bool>,
-    /// Test hook: a pause between receiving a frame packet and accepting
-    /// it, to widen the window two threads' next() calls race in.
-    #[cfg(feature = "test-hooks")]
-    pub(crate) accept_delay: Duration,
 }
 
-impl Receiver {
-    pub(crate) fn connect(
-        py: Python<'_>,
-        socket_path: &str,
-        timeout: f64,
-        delivery: Option<Delivery>,
-        host_ring: Option<bool>,
-    ) -> PyResult<Self> {
-        let timeout = seconds("timeout", timeout)?;
-        let path = socket_path.to_owned();
-        let connection = py
-            .detach(|| consumer::connect(&path, timeout))
-            .map_err(consumer_error)?;
-        Receiver::start(path, connection, delivery, host_ring)
-    }
-
-    /// The receiver of `connection` (to `path`): subscribes in `delivery`
-    /// first, if given.
-    fn start(
-        path: String,
-        connection: Connection,
-        delivery: Option<Delivery>,
-        #[cfg_attr(not(feature = "test-hooks"), allow(unused_variables))] host_ring: Option<bool>,
-    ) -> PyResult<Self> {
-        if let Some(delivery) = delivery {
-            let mode = match delivery {
-                Delivery::Latest => protocol::MODE_LATEST,
-                Delivery::Lossless => protocol::MODE_LOSSLESS,
-            };
-            consumer::send_packet(&connection, &Packet::subscribe(mode)).map_err(|e| {
-                PyConnectionError::new_err(format!("cannot subscribe to {path}: {e}"))
-            })?;
-        }
-        Ok(Receiver {
-            connection: Arc::new(connection),
-            path,
-            devices: Mutex::new(None),
-            mode: Mutex::new(Mode::Unknown),
-            closed: AtomicBool::new(false),
-            delivery,
-            asked: AtomicBool::new(false),
-            last: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
-            #[cfg(feature = "test-hooks")]
-            host_ring,
-            #[cfg(feature = "test-hooks")]
-            accept_delay: Duration::ZERO,
-        })
-    }
-
+impl Single {
     /// The CUDA device for `uuid`, made with its Vulkan context on first use.
-    fn cuda_for(&self, uuid: vk_export::DeviceUuid) -> Result<CudaDevice, consumer::ConsumerError> {
+    fn cuda_for(&self, uuid: vk_export::DeviceUuid) -> Result<CudaDevice, ConsumerError> {
         let mut devices = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(d) = devices.as_ref().filter(|d| d.uuid == uuid) {
             return Ok(d.cuda.clone());
         }
-        let cuda = consumer::cuda_device_for(uuid)?;
+        let cuda = cuda_device_for(uuid)?;
         *devices = Some(Devices {
             uuid,
             cuda: cuda.clone(),
@@ -203,8 +156,8 @@ impl Receiver {
     }
 
     /// One wire message whose resource 0 is a device-local buffer.
-    fn receive_single(&self, timeout: Duration) -> PyResult<Frame> {
-        let mut received = self.connection.recv(timeout).map_err(vk_error)?;
+    fn receive(&self, timeout: Duration) -> PyResult<Frame> {
+        let mut received = self.conn.recv(timeout).map_err(vk_error)?;
         let tag = received.message().tag;
         let buffer = received.take_buffer::<DeviceLocal>(0).map_err(vk_error)?;
         let cuda = self
@@ -220,42 +173,205 @@ impl Receiver {
             Payload::Imported(imported),
         ))
     }
+}
 
-    /// The ring announced by `hello` (already received).
-    fn setup_ring(&self, hello: protocol::Packet, deadline: Instant) -> PyResult<SharedRing> {
-        if hello.kind != Kind::Hello {
-            return Err(PyValueError::new_err(format!(
-                "the producer's first packet must be a hello, not {:?}",
-                hello.kind
-            )));
+/// What the producer speaks, learnt when connecting.
+enum Mode {
+    /// One buffer per wire message.
+    Single(Single),
+    /// A frame ring on CUDA (or the test hook's recording ring).
+    Ring(Arc<SharedRing>),
+    /// A frame ring read on the host.
+    Host(Arc<HostReceiver>),
+    /// Only while the receiver is dropped.
+    Gone,
+}
+
+impl Mode {
+    /// Takes the ring of a frame sender on `conn`, or finds a producer of
+    /// one buffer per message, within `timeout`.
+    fn start(
+        conn: Connection,
+        delivery: Delivery,
+        timeout: Duration,
+        open: Open,
+    ) -> Result<Mode, ConsumerError> {
+        let deadline = deadline_after(timeout);
+        let single = |conn| {
+            Mode::Single(Single {
+                conn,
+                devices: Mutex::new(None),
+            })
+        };
+        // A producer of one buffer per message speaks first (a frame sender
+        // waits for the subscribe) and never reads.
+        if let Ok(NextMessage::Other) = peek(&conn, Instant::now(), Duration::ZERO) {
+            return Ok(single(conn));
         }
-        #[cfg(feature = "test-hooks")]
-        if let Some(record_signals) = self.host_ring {
-            let ring = crate::host::host_ring(self.connection.clone(), hello);
-            return Ok(SharedRing::recording(ring, record_signals));
+        // The session gets its own descriptor of the socket: if the peer
+        // turns out to speak wire messages, this one goes on with them.
+        let fd = rustix::io::fcntl_dupfd_cloexec(&conn, 0)
+            .map_err(|e| ConsumerError::Poll(std::io::Error::from(e)))?;
+        let theirs = Connection::from_fd(fd)?;
+        match Session::start(theirs, delivery, left(deadline)) {
+            Ok((session, setup)) => {
+                drop(conn);
+                Mode::of_ring(session, setup, open)
+            }
+            // Not a frame-protocol packet: a producer of wire messages,
+            // whose first message the session took.
+            Err(ConsumerError::Packet(PacketError::Length(_) | PacketError::Magic(_))) => {
+                Ok(single(conn))
+            }
+            // The subscribe could not be sent: the sender hung up, maybe
+            // after saying why.
+            Err(ConsumerError::Protocol(_)) if hung_up(&conn).unwrap_or(false) => {
+                Err(goodbye_of(&conn))
+            }
+            Err(e) => Err(e),
         }
-        let setup = self.connection.recv(left(deadline)).map_err(vk_error)?;
-        // A ring without semaphores (a Vulkan driver that exports none, such
-        // as lavapipe) cannot be ordered in CUDA: it is read on the host.
-        let n = hello.slot as usize;
-        if setup.message().tag == protocol::SETUP_TAG && setup.message().resources.len() == n {
-            let host = HostBuffers::import(&hello, setup).map_err(consumer_error)?;
-            let slots = (0..hello.slot)
-                .map(|_| Slot {
-                    memory: SlotMemory::new(Arc::new(())),
-                    data: 0,
-                    len: host.frame_bytes(),
-                    image: None,
-                })
-                .collect();
-            let ring = Ring::from_parts(self.connection.clone(), hello, slots, None);
-            return Ok(SharedRing::read_on_host(ring, host));
+    }
+
+    /// The receiver of `session`'s ring.
+    fn of_ring(session: Session, setup: Received, open: Open) -> Result<Mode, ConsumerError> {
+        match open {
+            Open::Import => {
+                let layout = *session.layout();
+                if has_semaphores(&layout, &setup) {
+                    let cuda = CudaReceiver::from_session(session, setup, cuda_device_for)?;
+                    Ok(Mode::Ring(Arc::new(SharedRing::new(Backend::Cuda(
+                        Box::new(cuda),
+                    )))))
+                } else if layout.is_image_ring() {
+                    session.close("an image ring without semaphores");
+                    Err(ConsumerError::Protocol(format!(
+                        "the sender shares {} images and no semaphores (a Vulkan driver without \
+                         VK_KHR_external_semaphore_fd, such as lavapipe, or a sender run with \
+                         --no-semaphores): Python reads image rings through CUDA only, which \
+                         needs the \"produced\" and \"released\" timelines. Run the sender on a \
+                         GPU whose driver exports semaphores, or have it serve buffers \
+                         (frame_server without --image), which Python reads on the host as \
+                         NumPy arrays",
+                        layout.slots
+                    )))
+                } else {
+                    let host = HostReceiver::from_session(session, setup)?;
+                    Ok(Mode::Host(Arc::new(host)))
+                }
+            }
+            #[cfg(feature = "test-hooks")]
+            Open::Recording => {
+                drop(setup);
+                let ring = crate::host::RecordingRing::new(session)?;
+                Ok(Mode::Ring(Arc::new(SharedRing::new(Backend::Recording(
+                    ring,
+                )))))
+            }
         }
-        Ring::import(self.connection.clone(), hello, setup, |uuid| {
-            self.cuda_for(uuid)
+    }
+
+    /// The session of a frame ring.
+    fn session(&self) -> Option<&Session> {
+        match self {
+            Mode::Ring(ring) => Some(ring.session()),
+            Mode::Host(host) => Some(host.session()),
+            Mode::Single(_) | Mode::Gone => None,
+        }
+    }
+}
+
+/// Why a sender that hung up did: its goodbye among the queued messages,
+/// else a plain close.
+fn goodbye_of(conn: &Connection) -> ConsumerError {
+    // The queue is bounded by the socket's buffer; the count bounds a
+    // misbehaving kernel too.
+    for _ in 0..10_000 {
+        match try_recv_message(conn) {
+            Ok(Some(Message::Goodbye(reason))) => return ConsumerError::Dropped(reason),
+            Ok(Some(_)) | Err(ConsumerError::Packet(_)) => continue,
+            Ok(None) | Err(_) => break,
+        }
+    }
+    ConsumerError::Closed
+}
+
+/// Calls `call` with slices of `timeout` until it returns anything but a
+/// timeout (or another thread's receiving) or the time is up, with the GIL
+/// released during each call and the signals checked between them.
+fn in_slices<T: Send>(
+    py: Python<'_>,
+    timeout: Duration,
+    call: impl Fn(Duration) -> Result<T, ConsumerError> + Sync,
+) -> PyResult<T> {
+    let deadline = deadline_after(timeout);
+    loop {
+        let slice = left(deadline).min(SLICE);
+        let error = match py.detach(|| call(slice)) {
+            Ok(value) => return Ok(value),
+            Err(e @ (ConsumerError::Timeout(_) | ConsumerError::Busy(_))) => e,
+            Err(e) => return Err(consumer_error(e)),
+        };
+        if left(deadline).is_zero() {
+            // Said with the caller's timeout, not the slice's.
+            return Err(consumer_error(match error {
+                ConsumerError::Busy(_) => ConsumerError::Busy(timeout),
+                _ => ConsumerError::Timeout(timeout),
+            }));
+        }
+        py.check_signals()?;
+    }
+}
+
+/// A connection to a producer; `next()` receives frames.
+#[pyclass(frozen, module = "cuda_interop")]
+pub(crate) struct Receiver {
+    mode: Mode,
+    path: String,
+    delivery: Delivery,
+    closed: AtomicBool,
+}
+
+impl Receiver {
+    pub(crate) fn connect(
+        py: Python<'_>,
+        socket_path: &str,
+        timeout: Duration,
+        delivery: Delivery,
+        open: Open,
+    ) -> PyResult<Self> {
+        let deadline = deadline_after(timeout);
+        let path = socket_path.to_owned();
+        let conn = py
+            .detach(|| transport::connect(&path, timeout))
+            .map_err(consumer_error)?;
+        Receiver::open(py, path, conn, delivery, left(deadline), open)
+    }
+
+    /// The receiver of `conn` (to `path`), set up within `timeout`.
+    fn open(
+        py: Python<'_>,
+        path: String,
+        conn: Connection,
+        delivery: Delivery,
+        timeout: Duration,
+        open: Open,
+    ) -> PyResult<Self> {
+        let mode = py
+            .detach(|| Mode::start(conn, delivery, timeout, open))
+            .map_err(|e| match e {
+                ConsumerError::Timeout(_) => PyTimeoutError::new_err(format!(
+                    "{path} did not send its ring within the timeout ({timeout:?}): is it a \
+                     cuda-interop frame sender, and still running? Raise the timeout, or check \
+                     the sender"
+                )),
+                e => consumer_error(e),
+            })?;
+        Ok(Receiver {
+            mode,
+            path,
+            delivery,
+            closed: AtomicBool::new(false),
         })
-        .map(SharedRing::new)
-        .map_err(consumer_error)
     }
 
     /// The error of a call on a closed receiver, if it was closed.
@@ -268,221 +384,91 @@ impl Receiver {
         })
     }
 
-    fn receive(&self, timeout: Duration) -> PyResult<Frame> {
-        if let Some(closed) = self.closed_error() {
-            return Err(closed);
+    /// Test hook: the "released" signals a recording ring made so far.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn signals(&self) -> Vec<(u32, u64, usize)> {
+        match &self.mode {
+            Mode::Ring(ring) => ring.signals(),
+            _ => Vec::new(),
         }
-        let deadline = deadline_after(timeout);
-        let mut mode = self.mode.lock().unwrap_or_else(PoisonError::into_inner);
-        loop {
-            match &*mode {
-                Mode::Ring(ring) => {
-                    let ring = ring.clone();
-                    drop(mode);
-                    if let Some(why) = ring.broken() {
-                        return Err(PyConnectionError::new_err(format!(
-                            "the connection to {} was given up ({why}); connect again",
-                            self.path
-                        )));
-                    }
-                    // Receive and accept as one step: two threads' next()
-                    // calls accept frames in the order they arrived.
-                    let receiving = ring
-                        .lock_receiving(deadline, timeout)
-                        .map_err(consumer_error)?;
-                    let latest = self.delivery == Some(Delivery::Latest);
-                    // Latest: ask for the newest frame, once (a request
-                    // whose next() timed out stays asked).
-                    if latest && !self.asked.load(Ordering::Acquire) {
-                        consumer::send_packet(&self.connection, &Packet::acquire()).map_err(
-                            |e| {
-                                self.closed_error().unwrap_or_else(|| {
-                                    PyConnectionError::new_err(format!(
-                                        "cannot ask {} for a frame: {e}",
-                                        self.path
-                                    ))
-                                })
-                            },
-                        )?;
-                        self.asked.store(true, Ordering::Release);
-                    }
-                    // A host ring (test hook) does not import the ring: the
-                    // setup message of a real producer is received and dropped.
-                    #[cfg(feature = "test-hooks")]
-                    while self.host_ring.is_some()
-                        && matches!(
-                            peek(&self.connection, deadline, timeout).map_err(consumer_error)?,
-                            NextMessage::Other
-                        )
-                    {
-                        drop(self.connection.recv(left(deadline)).map_err(vk_error)?);
-                    }
-                    let failed = |e| self.closed_error().unwrap_or_else(|| consumer_error(e));
-                    let mut packet =
-                        recv_packet(&self.connection, deadline, timeout).map_err(failed)?;
-                    #[cfg(feature = "test-hooks")]
-                    std::thread::sleep(self.accept_delay);
-                    self.accept(&ring, &packet).map_err(failed)?;
-                    // Latest: frames already queued behind it (pushed before
-                    // the producer read the subscribe) are newer: keep the
-                    // newest, give the others back unseen.
-                    while self.delivery == Some(Delivery::Latest) {
-                        let newer =
-                            match recv_packet(&self.connection, Instant::now(), Duration::ZERO) {
-                                Ok(newer) => newer,
-                                Err(ConsumerError::Timeout(_)) => break,
-                                Err(e) => return Err(failed(e)),
-                            };
-                        if let Err(e) = self.accept(&ring, &newer) {
-                            // Not handed out: its slot goes back first.
-                            let _ = ring.send_release(packet.slot, packet.frame, false);
-                            return Err(failed(e));
-                        }
-                        let older = std::mem::replace(&mut packet, newer);
-                        self.dropped.fetch_add(1, Ordering::AcqRel);
-                        ring.send_release(older.slot, older.frame, false)
-                            .map_err(send_error)?;
-                    }
-                    drop(receiving);
-                    if let Some(host) = &ring.host {
-                        // Copied out and waited for: the slot goes back now.
-                        let read = host.read(packet.slot, packet.frame, left(deadline));
-                        let sent = ring.send_release(packet.slot, packet.frame, false);
-                        let bytes = read.map_err(consumer_error)?;
-                        sent.map_err(send_error)?;
-                        return Ok(Frame::host_copy(ring.layout(), packet.frame, bytes));
-                    }
-                    return Ok(Frame::of_ring(ring, &packet));
-                }
-                Mode::Single => return self.receive_single(left(deadline)),
-                Mode::Broken(why) => {
-                    return Err(PyConnectionError::new_err(format!(
-                        "the producer's frame ring could not be set up ({why}); connect again"
-                    )))
-                }
-                Mode::Unknown => {
-                    match peek(&self.connection, deadline, timeout).map_err(consumer_error)? {
-                        NextMessage::Packet => {
-                            let ring = recv_packet(&self.connection, deadline, timeout)
-                                .map_err(consumer_error)
-                                .and_then(|hello| self.setup_ring(hello, deadline));
-                            match ring {
-                                Ok(ring) => {
-                                    // A close() that could not see this ring
-                                    // (it was being made) gives it up now; the
-                                    // loop then reports the close.
-                                    if self.closed.load(Ordering::Acquire) {
-                                        ring.break_off("the receiver was closed".to_string());
-                                    }
-                                    *mode = Mode::Ring(Arc::new(ring));
-                                }
-                                Err(e) => {
-                                    *mode = Mode::Broken(e.to_string());
-                                    return Err(e);
-                                }
-                            }
-                        }
-                        NextMessage::Other => {
-                            let frame = self.receive_single(left(deadline))?;
-                            *mode = Mode::Single;
-                            return Ok(frame);
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl Receiver {
-    /// Accepts a frame packet into `ring` (under its receiving lock):
-    /// counts the frames presented since the last one that this receiver
-    /// did not get, and answers its request.
-    fn accept(&self, ring: &SharedRing, packet: &Packet) -> Result<(), ConsumerError> {
-        ring.accept_frame(packet)?;
-        let last = self.last.swap(packet.frame, Ordering::AcqRel);
-        if last != 0 {
-            // accept_frame checked that frame numbers go up.
-            self.dropped
-                .fetch_add(packet.frame - last - 1, Ordering::AcqRel);
-        }
-        self.asked.store(false, Ordering::Release);
-        Ok(())
     }
 }
 
 impl Drop for Receiver {
     fn drop(&mut self) {
-        // The last owner of a ring tears its CUDA imports down, which waits
-        // (bounded) for the GPU: not with the GIL held.
-        let mode = std::mem::replace(
-            self.mode.get_mut().unwrap_or_else(PoisonError::into_inner),
-            Mode::Unknown,
-        );
-        let devices = self
-            .devices
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        Python::attach(|py| py.detach(move || drop((mode, devices))));
+        // The last owner of a ring tears its CUDA or Vulkan imports down,
+        // which waits (bounded) for the GPU: not with the GIL held.
+        let mode = std::mem::replace(&mut self.mode, Mode::Gone);
+        Python::attach(|py| py.detach(move || drop(mode)));
     }
 }
 
 #[pymethods]
 impl Receiver {
-    /// Waits at most `timeout` seconds for the next frame: a frame of the
-    /// producer's ring (the first call also imports the ring), or the buffer
-    /// (resource 0) of a one-buffer message.
+    /// Waits at most `timeout` seconds for the next frame (GIL released,
+    /// Ctrl-C seen within 50 ms): a frame of the sender's ring, or the
+    /// buffer (resource 0) of a one-buffer message.
     fn next(&self, py: Python<'_>, timeout: f64) -> PyResult<Frame> {
         let timeout = seconds("timeout", timeout)?;
-        py.detach(|| self.receive(timeout))
+        if let Some(closed) = self.closed_error() {
+            return Err(closed);
+        }
+        match &self.mode {
+            Mode::Single(single) => py.detach(|| single.receive(timeout)),
+            Mode::Ring(ring) => {
+                let frame = in_slices(py, timeout, |t| ring.session().next(t))?;
+                Ok(Frame::of_ring(ring.clone(), frame))
+            }
+            Mode::Host(host) => {
+                let deadline = deadline_after(timeout);
+                let frame = in_slices(py, timeout, |t| host.next(t))?;
+                py.detach(|| {
+                    let sequence = frame.sequence();
+                    let read = host.read(&frame, left(deadline));
+                    // Read and checked (or failed): the slot goes back now.
+                    // A release that fails says the connection ended after
+                    // the read; the next call says why.
+                    let _ = host.release(frame);
+                    read.map(|bytes| Frame::host_copy(host.session().layout(), sequence, bytes))
+                })
+                .map_err(consumer_error)
+            }
+            Mode::Gone => unreachable!("a receiver being dropped is not called"),
+        }
     }
 
-    /// The ring's layout once known: `(slots, width, height, row_pitch)`,
-    /// else `None`.
+    /// The ring's `(slots, width, height, row_pitch)`; `None` for a
+    /// producer of one buffer per message.
     #[getter]
-    fn layout(&self, py: Python<'_>) -> Option<(u32, u32, u32, u64)> {
-        // A first `next()` holds the lock while it sets the ring up (bounded
-        // by its timeout): wait for it without the GIL.
-        py.detach(
-            || match &*self.mode.lock().unwrap_or_else(PoisonError::into_inner) {
-                Mode::Ring(r) => Some((
-                    r.layout().slot,
-                    r.layout().width,
-                    r.layout().height,
-                    r.layout().row_pitch,
-                )),
-                _ => None,
-            },
-        )
+    fn layout(&self) -> Option<(u32, u32, u32, u64)> {
+        self.mode.session().map(|s| {
+            let l = s.layout();
+            (l.slots, l.width, l.height, l.row_pitch)
+        })
     }
 
-    /// How many ring slots this consumer holds (frames received and not
-    /// yet released).
+    /// How many ring slots this receiver holds (frames received and not
+    /// yet released; a host ring's frames are released by `next()`).
     #[getter]
-    fn held(&self, py: Python<'_>) -> usize {
-        // As for `layout`.
-        py.detach(
-            || match &*self.mode.lock().unwrap_or_else(PoisonError::into_inner) {
-                Mode::Ring(r) => r.held_count(),
-                _ => 0,
-            },
-        )
+    fn held(&self) -> usize {
+        match &self.mode {
+            Mode::Ring(ring) => ring.session().held(),
+            _ => 0,
+        }
     }
 
-    /// Shuts the connection down now: the producer sees this consumer leave
+    /// Shuts the connection down now: the sender sees this receiver leave
     /// (and takes back the slots it held). Later calls raise `ConnectionError`.
     fn close(&self) {
         self.closed.store(true, Ordering::Release);
-        // Frames still out are the producer's again: their releases become
-        // no-ops, before the socket goes (break_off shuts it). A first
-        // next() holding the state gives up the ring it makes itself.
-        if let Ok(mode) = self.mode.try_lock() {
-            if let Mode::Ring(ring) = &*mode {
-                ring.break_off("the receiver was closed".to_string());
+        match &self.mode {
+            Mode::Ring(ring) => ring.close(CLOSED),
+            Mode::Host(host) => host.session().close(CLOSED),
+            Mode::Single(single) => {
+                let _ = rustix::net::shutdown(&single.conn, rustix::net::Shutdown::Both);
             }
+            Mode::Gone => {}
         }
-        let _ = rustix::net::shutdown(&*self.connection, rustix::net::Shutdown::Both);
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -490,9 +476,8 @@ impl Receiver {
     }
 
     #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, _exc: Bound<'_, pyo3::types::PyTuple>) -> bool {
+    fn __exit__(&self, _exc: Bound<'_, pyo3::types::PyTuple>) {
         self.close();
-        false
     }
 
     /// The socket path this receiver connected to.
@@ -503,36 +488,28 @@ impl Receiver {
 
     /// The delivery it subscribed in: `"latest"` or `"lossless"`.
     #[getter]
-    fn delivery(&self) -> Option<&'static str> {
-        self.delivery.map(|d| match d {
-            Delivery::Latest => "latest",
-            Delivery::Lossless => "lossless",
-        })
+    fn delivery(&self) -> &'static str {
+        self.delivery.name()
     }
 
     /// Ring frames it did not get: those presented between two it received
-    /// (frames before its first are not counted), and, latest, those
-    /// received behind a newer one and given back unseen.
+    /// (frames before its first are not counted).
     #[getter]
     fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Acquire)
+        self.mode.session().map_or(0, |s| s.stats().dropped)
+    }
+
+    /// Ring frames it received.
+    #[getter]
+    fn received(&self) -> u64 {
+        self.mode.session().map_or(0, |s| s.stats().received)
     }
 
     fn __repr__(&self) -> String {
-        format!("<cuda_interop.Receiver {}>", self.path)
-    }
-}
-
-#[cfg(feature = "test-hooks")]
-impl Receiver {
-    /// Test hook: the "released" signals a recording host ring made so far,
-    /// as `(slot, frame, stream)`.
-    pub(crate) fn signals(&self) -> Vec<(u32, u64, usize)> {
-        match &*self.mode.lock().unwrap_or_else(PoisonError::into_inner) {
-            Mode::Ring(ring) => ring.signal_log.as_ref().map_or_else(Vec::new, |log| {
-                log.lock().unwrap_or_else(PoisonError::into_inner).clone()
-            }),
-            _ => Vec::new(),
-        }
+        format!(
+            "<cuda_interop.Receiver {} {}>",
+            self.path,
+            self.delivery.name()
+        )
     }
 }

@@ -1,156 +1,199 @@
-//! The ring a receiver shares with its frames: the frames crate's consumer
-//! ring, plus (feature `test-hooks`) the recording of "released" signals.
+//! The ring a receiver shares with its frames: a `CudaReceiver` of the
+//! frames crate (or, feature `test-hooks`, a recording stand-in over host
+//! memory), and whether the Python receiver closed it.
 //!
 //! # Contract
 //!
-//! * [`SharedRing`] derefs to `cuda_interop_frames::consumer::Ring`: layout,
-//!   slots, semaphores and what this consumer holds live there. A ring
-//!   without CUDA semaphores is read on the host ([`SharedRing::host`]:
-//!   `cuda_interop_frames::host_receiver`).
-//! * [`release_ring_slot`] is the one way a frame's slot goes back: the
-//!   "released" signal (when there is a stream and the ring has CUDA
-//!   semaphores, or is a recording host ring), then the release message.
-//!   Nothing once the connection is gone.
-//! * Errors are plain Rust values ([`ReleaseError`]), so that a destructor
+//! * No state of frames lives here: which frames are held, taken and given
+//!   back is the library session's (`cuda_interop_frames::session`); a
+//!   frame is a library `Frame`, released once by value.
+//! * [`SharedRing::release`] is the one way a Python frame's slot goes
+//!   back: after the consumer's stream (the slot's "released" timeline
+//!   signalled there) when one is given, else as reads that completed.
+//!   After [`SharedRing::close`] a release does nothing: the sender took
+//!   every slot back.
+//! * Until the library can make a foreign stream wait for "produced",
+//!   [`SharedRing::make_readable`] waits for it on the host (bounded by
+//!   the stream timeout): reads enqueued afterwards on any stream see the
+//!   frame.
+//! * Errors are plain Rust values (`ConsumerError`), so that a destructor
 //!   can format them without calling into Python.
-//! * Uses only `errors` of this crate.
+//! * Uses no other module of this crate but (feature `test-hooks`) `host`.
 
-use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 #[cfg(feature = "test-hooks")]
-use std::sync::{Mutex, PoisonError};
+use cuda_interop::dlpack::DL_CPU;
+use cuda_interop::dlpack::DL_CUDA;
+use cuda_interop_frames::cuda_receiver::{CudaReceiver, SlotMemory};
+use cuda_interop_frames::protocol::RingLayout;
+use cuda_interop_frames::session::{Frame, Session};
+use cuda_interop_frames::transport::ConsumerError;
 
-use cuda_interop_frames::consumer::{Ring, SendError};
-use cuda_interop_frames::host_receiver::HostBuffers;
-use pyo3::PyErr;
-
-use crate::errors::{cuda_error, send_error};
-
-/// A consumer ring and this module's test state of it.
-pub(crate) struct SharedRing {
-    ring: Ring,
-    /// A ring without CUDA semaphores read on the host: its buffers on a
-    /// Vulkan device of this process (each frame copied out, then released).
-    pub(crate) host: Option<HostBuffers>,
-    /// Test hook: a host ring that takes stream arguments and records, in
-    /// place of each "released" signal, `(slot, frame, stream)`.
+/// What receives the ring's frames.
+pub(crate) enum Backend {
+    /// The ring imported into CUDA.
+    Cuda(Box<CudaReceiver>),
+    /// Test hook: host memory standing in for the slots; "released"
+    /// signals recorded instead of enqueued.
     #[cfg(feature = "test-hooks")]
-    pub(crate) signal_log: Option<Mutex<Vec<(u32, u64, usize)>>>,
+    Recording(crate::host::RecordingRing),
 }
 
-impl Deref for SharedRing {
-    type Target = Ring;
+/// A ring and whether the Python receiver closed it.
+pub(crate) struct SharedRing {
+    backend: Backend,
+    closed: AtomicBool,
+}
 
-    fn deref(&self) -> &Ring {
-        &self.ring
-    }
+/// Where a slot's memory is, and what keeps it alive.
+pub(crate) struct SlotView {
+    pub(crate) memory: SlotMemory,
+    pub(crate) data: u64,
+    pub(crate) len: u64,
 }
 
 impl SharedRing {
-    /// `ring`, recording nothing.
-    pub(crate) fn new(ring: Ring) -> SharedRing {
+    pub(crate) fn new(backend: Backend) -> SharedRing {
         SharedRing {
-            ring,
-            host: None,
+            backend,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// The library session: frames, layout, statistics, why it ended.
+    pub(crate) fn session(&self) -> &Session {
+        match &self.backend {
+            Backend::Cuda(cuda) => cuda.session(),
             #[cfg(feature = "test-hooks")]
-            signal_log: None,
+            Backend::Recording(ring) => ring.session(),
         }
     }
 
-    /// Test hook: `ring` (a host ring), recording its "released" signals
-    /// when `record_signals`.
-    #[cfg(feature = "test-hooks")]
-    pub(crate) fn recording(ring: Ring, record_signals: bool) -> SharedRing {
-        SharedRing {
-            ring,
-            host: None,
-            signal_log: record_signals.then(|| Mutex::new(Vec::new())),
-        }
+    pub(crate) fn layout(&self) -> &RingLayout {
+        self.session().layout()
     }
 
-    /// A ring over `host`'s buffers (no CUDA): its slots only say which
-    /// frames this consumer holds.
-    pub(crate) fn read_on_host(ring: Ring, host: HostBuffers) -> SharedRing {
-        SharedRing {
-            ring,
-            host: Some(host),
+    /// The frames' DLPack device.
+    pub(crate) fn device(&self) -> (i32, i32) {
+        match &self.backend {
+            Backend::Cuda(cuda) => (DL_CUDA, cuda.cuda().ordinal()),
             #[cfg(feature = "test-hooks")]
-            signal_log: None,
+            Backend::Recording(_) => (DL_CPU, 0),
         }
     }
 
-    /// Whether frames of this ring take a CUDA stream to order on (and
-    /// remember it for their release): rings with semaphores, and the
-    /// test hook's recording host ring.
-    pub(crate) fn orders_streams(&self) -> bool {
-        #[cfg(feature = "test-hooks")]
-        if self.signal_log.is_some() {
-            return true;
-        }
-        self.gpu().is_some()
-    }
-}
-
-/// Why a ring slot's release failed.
-pub(crate) enum ReleaseError {
-    /// The "released" signal could not be enqueued.
-    Signal(cuda_interop::Error),
-    /// The release message could not be sent.
-    Send(SendError),
-}
-
-impl std::fmt::Display for ReleaseError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ReleaseError::Signal(e) => write!(f, "the release signal failed: {e}"),
-            ReleaseError::Send(e) => e.fmt(f),
+    /// Bytes of slot `index`'s memory.
+    pub(crate) fn slot_len(&self, index: u32) -> u64 {
+        match &self.backend {
+            Backend::Cuda(cuda) => cuda.slots()[index as usize].len,
+            #[cfg(feature = "test-hooks")]
+            Backend::Recording(ring) => ring.slot(index).2,
         }
     }
-}
 
-impl ReleaseError {
-    /// The Python exception for it.
-    pub(crate) fn into_py(self) -> PyErr {
-        match self {
-            ReleaseError::Signal(e) => cuda_error(e),
-            ReleaseError::Send(e) => send_error(e),
+    /// `frame`'s memory, if this receiver still holds it.
+    pub(crate) fn slot(&self, frame: &Frame) -> Result<SlotView, ConsumerError> {
+        match &self.backend {
+            Backend::Cuda(cuda) => {
+                let slot = cuda.slot(frame)?;
+                Ok(SlotView {
+                    memory: slot.memory.clone(),
+                    data: slot.data,
+                    len: slot.len,
+                })
+            }
+            #[cfg(feature = "test-hooks")]
+            Backend::Recording(ring) => {
+                ring.session().check_held(frame)?;
+                let (memory, data, len) = ring.slot(frame.slot());
+                Ok(SlotView { memory, data, len })
+            }
         }
     }
-}
 
-/// Signals slot `slot`'s "released" timeline with `frame` after the work on
-/// `stream` (if any, if the ring has CUDA semaphores, and unless the slot's
-/// timeline already reached `frame`: an earlier attempt signalled), then
-/// sends the release and marks the slot free. `signalled` says, on return,
-/// whether the timeline was signalled for this frame.
-///
-/// # Safety
-///
-/// `stream`, if given, is 1 (the legacy default stream), the handle of a
-/// stream object the frame or the caller holds across this call, or a
-/// handle the consumer passed to this very call: a live stream of the
-/// ring's device (or a default one) for the call.
-pub(crate) unsafe fn release_ring_slot(
-    ring: &SharedRing,
-    slot: u32,
-    frame: u64,
-    stream: Option<usize>,
-    signalled: &mut bool,
-) -> Result<(), ReleaseError> {
-    // After `Receiver.close()` or a connection given up, the producer has
-    // taken the slot back: nothing to signal or send.
-    if ring.is_gone() {
-        return Ok(());
+    /// Makes reads enqueued from now on see `frame` (see the module
+    /// contract), where that is needed: a consumer `stream` to order, or an
+    /// image ring, whose frame is this receiver's copy of the image. With
+    /// neither (a buffer ring handed out with stream `-1`), the consumer
+    /// orders its reads itself.
+    pub(crate) fn make_readable(
+        &self,
+        frame: &Frame,
+        stream: Option<usize>,
+    ) -> Result<(), ConsumerError> {
+        match &self.backend {
+            Backend::Cuda(cuda) => {
+                if stream.is_none() && !self.layout().is_image_ring() {
+                    return cuda.slot(frame).map(drop);
+                }
+                let via = cuda.enqueue_readable(frame)?;
+                via.synchronize(via.timeout())?;
+                Ok(())
+            }
+            #[cfg(feature = "test-hooks")]
+            Backend::Recording(ring) => ring.session().check_held(frame),
+        }
     }
-    // SAFETY: the caller's guarantee on `stream`.
-    unsafe { ring.signal_released(slot, frame, stream, signalled) }
-        .map_err(ReleaseError::Signal)?;
+
+    /// Enqueues the wait for `frame` (and an image ring's copy) on the
+    /// receiver's own stream and returns that stream's handle, which a CUDA
+    /// Array Interface consumer orders its work after; `None` without CUDA.
+    pub(crate) fn interface_stream(&self, frame: &Frame) -> Result<Option<usize>, ConsumerError> {
+        match &self.backend {
+            Backend::Cuda(cuda) => Ok(Some(cuda.enqueue_readable(frame)?.raw() as usize)),
+            #[cfg(feature = "test-hooks")]
+            Backend::Recording(ring) => ring.session().check_held(frame).map(|()| None),
+        }
+    }
+
+    /// Gives `frame` back: after the work enqueued on `stream` so far when
+    /// given, else as a frame whose reads have completed. Nothing after
+    /// [`SharedRing::close`].
+    ///
+    /// # Safety
+    ///
+    /// `stream`, if given, is 1 (the legacy default stream), 2 (the calling
+    /// thread's default stream) or a live stream of the ring's device, for
+    /// the call.
+    pub(crate) unsafe fn release(
+        &self,
+        frame: Frame,
+        stream: Option<usize>,
+    ) -> Result<(), ConsumerError> {
+        if self.is_closed() {
+            // The sender took the slot back when the connection closed.
+            drop(frame);
+            return Ok(());
+        }
+        match (&self.backend, stream) {
+            // SAFETY: the caller's guarantee on `stream`.
+            (Backend::Cuda(cuda), Some(h)) => unsafe { cuda.release_after_raw(frame, h) },
+            (Backend::Cuda(cuda), None) => cuda.session().release(frame, false),
+            #[cfg(feature = "test-hooks")]
+            (Backend::Recording(ring), stream) => ring.release(frame, stream),
+        }
+    }
+
+    /// Shuts the connection down: the sender takes every slot back, and
+    /// releases of frames still out do nothing.
+    pub(crate) fn close(&self, why: &str) {
+        self.closed.store(true, Ordering::Release);
+        self.session().close(why);
+    }
+
+    /// Test hook: the "released" signals a recording ring made so far, as
+    /// `(slot, frame, stream)`.
     #[cfg(feature = "test-hooks")]
-    if let (Some(log), Some(h), false) = (&ring.signal_log, stream, *signalled) {
-        log.lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((slot, frame, h));
-        *signalled = true;
+    pub(crate) fn signals(&self) -> Vec<(u32, u64, usize)> {
+        match &self.backend {
+            Backend::Recording(ring) => ring.signals(),
+            Backend::Cuda(_) => Vec::new(),
+        }
     }
-    ring.send_release(slot, frame, *signalled)
-        .map_err(ReleaseError::Send)
+
+    /// Whether [`SharedRing::close`] ran.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
 }
