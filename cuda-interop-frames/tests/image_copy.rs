@@ -11,8 +11,9 @@
 use std::time::{Duration, Instant};
 
 use cuda_interop_frames::discovery::Directory;
-use cuda_interop_frames::receiver::{Delivery, FrameReceiver};
+use cuda_interop_frames::protocol::Delivery;
 use cuda_interop_frames::sender::{self, Address, ImageSender, SenderError, SenderOptions};
+use cuda_interop_frames::session::Session;
 use cuda_interop_frames::vulkan_receiver::VulkanReceiver;
 use cuda_interop_testkit::app_image::AppImage;
 use cuda_interop_testkit::{assert_no_validation_errors, pattern, vulkan, Mem};
@@ -66,15 +67,11 @@ fn an_application_image_is_published_by_a_copy_and_received_texel_for_texel() {
         )
     };
     let mut sender = ImageSender::<Rgba8Unorm, Mem>::new(&ctx, opts).unwrap();
-    let rx = {
+    // Connected once the sender answered its subscribe (served here).
+    let (session, setup) = {
         let dir = directory.clone();
         let t = std::thread::spawn(move || {
-            FrameReceiver::connect_named(
-                &dir,
-                "copied",
-                Delivery::Lossless,
-                Duration::from_secs(10),
-            )
+            Session::connect_named(&dir, "copied", Delivery::Lossless, Duration::from_secs(10))
         });
         let start = Instant::now();
         while !t.is_finished() {
@@ -83,7 +80,7 @@ fn an_application_image_is_published_by_a_copy_and_received_texel_for_texel() {
         }
         t.join().unwrap().expect("connected")
     };
-    let mut vrx = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, rx).unwrap();
+    let vrx = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, session, setup).unwrap();
 
     // Refused before anything is recorded: a source smaller than the ring,
     // a region at an offset past its edge. The slot stays free, no number.
@@ -143,9 +140,10 @@ fn an_application_image_is_published_by_a_copy_and_received_texel_for_texel() {
 
     // Frames: each a fresh "render" of its own texels, in a layout a
     // renderer leaves a render target in, copied into the ring. The first
-    // is presented until the receiver gets one (frames are not pushed to it
-    // before the sender handled its subscribe); from then on it is served
-    // lossless: every frame, in order.
+    // is presented until the receiver gets one (frames reach a receiver
+    // only once the sender handled its subscribe, which it did before the
+    // connect above returned); from then on it is served lossless: every
+    // frame, in order.
     let mut expected = std::collections::HashMap::new();
     let mut received = Vec::new();
     let mut last = 0;
@@ -186,15 +184,15 @@ fn an_application_image_is_published_by_a_copy_and_received_texel_for_texel() {
                     }
                 }
                 let wait = Duration::from_millis(if received.is_empty() { 100 } else { 10_000 });
-                while let Ok(frame) = vrx.next_frame(wait) {
+                while let Ok(frame) = vrx.next(wait) {
                     let pixels = vrx.read_pixels(&frame, Duration::from_secs(10)).unwrap();
                     assert!(
-                        pixels == expected[&frame.sequence],
+                        pixels == expected[&frame.sequence()],
                         "frame {}: texels differ from the application's",
-                        frame.sequence
+                        frame.sequence()
                     );
-                    received.push(frame.sequence);
-                    let done = presented && frame.sequence == last;
+                    received.push(frame.sequence());
+                    let done = presented && frame.sequence() == last;
                     vrx.release(frame).unwrap();
                     if done {
                         break 'frame;
@@ -208,7 +206,7 @@ fn an_application_image_is_published_by_a_copy_and_received_texel_for_texel() {
     let first = received[0];
     assert_eq!(received, (first..=last).collect::<Vec<_>>());
     assert!(received.len() > FRAMES as usize);
-    assert_eq!(vrx.receiver().stats().dropped, 0);
+    assert_eq!(vrx.session().stats().dropped, 0);
     drop(vrx);
     drop(sender);
     drop((small, exact, rendered, elsewhere));

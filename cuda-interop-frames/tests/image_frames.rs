@@ -13,16 +13,25 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use cuda_interop_frames::cuda_receiver::{cuda_device_for, CudaReceiver};
 use cuda_interop_frames::discovery::{Directory, SlotKind};
-use cuda_interop_frames::producer::{check_demo_row, record_demo_pattern_image};
-use cuda_interop_frames::receiver::{Delivery, FrameReceiver};
+use cuda_interop_frames::host_receiver::HostReceiver;
+use cuda_interop_frames::protocol::{
+    Delivery, DropReason, Message, PacketError, RingLayout, SETUP_TAG,
+};
 use cuda_interop_frames::sender::{self, Address, ImageSender, Sender, SenderOptions};
+use cuda_interop_frames::session::{check_setup_shape, Session};
+use cuda_interop_frames::transport::{self, deadline_after, ConsumerError};
 use cuda_interop_frames::vulkan_receiver::{VulkanReceiver, VulkanReceiverError};
 use cuda_interop_testkit::{child, Mem};
 use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
-use vk_export::markers::{usage, DeviceLocal, MemoryLocation, Optimal};
-use vk_export::semaphore_kinds::Timeline;
+use vk_export::markers::{DeviceLocal, MemoryLocation, Optimal};
+use vk_export::wire::Received;
 use vk_export::ExportableBuffer;
+
+#[path = "../examples/common/demo.rs"]
+mod demo;
+use demo::{check_demo_row, record_demo_pattern_image};
 
 const W: u32 = 64;
 const H: u32 = 48;
@@ -155,12 +164,12 @@ fn vulkan_receiver(delivery: Delivery) {
     let directory = Directory::new(env("CIF_DIR")).unwrap();
     let name = env("CIF_NAME");
     let start = Instant::now();
-    let rx = loop {
+    let (session, setup) = loop {
         assert!(start.elapsed() < BOUND, "sender {name} never appeared");
-        if let Ok(rx) =
-            FrameReceiver::connect_named(&directory, &name, delivery, Duration::from_secs(5))
+        if let Ok(connected) =
+            Session::connect_named(&directory, &name, delivery, Duration::from_secs(5))
         {
-            break rx;
+            break connected;
         }
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -170,32 +179,34 @@ fn vulkan_receiver(delivery: Delivery) {
         (SlotKind::Image, "r8g8b8a8_unorm", W, H)
     );
     let ctx = cuda_interop_testkit::vulkan(None);
-    let mut vrx = VulkanReceiver::<Rgba8Unorm, Mem>::new(&ctx, rx).expect("the ring imported");
+    let vrx =
+        VulkanReceiver::<Rgba8Unorm, Mem>::new(&ctx, session, setup).expect("the ring imported");
     let (mut checked, mut bad, mut last) = (0u64, 0u64, 0u64);
     let mut slots_seen = std::collections::BTreeSet::new();
     for _ in 0..FRAMES {
-        let frame = vrx.next_frame(Duration::from_secs(10)).expect("a frame");
-        assert!(frame.sequence > last);
-        last = frame.sequence;
+        let frame = vrx.next(Duration::from_secs(10)).expect("a frame");
+        assert!(frame.sequence() > last);
+        last = frame.sequence();
         let pixels = vrx
             .read_pixels(&frame, Duration::from_secs(10))
             .expect("read back");
-        let rows = bad_rows(&pixels, frame.sequence);
+        let rows = bad_rows(&pixels, frame.sequence());
         if !rows.is_empty() {
             bad += 1;
             eprintln!(
                 "frame {} slot {}: bad rows {rows:?}",
-                frame.sequence, frame.slot
+                frame.sequence(),
+                frame.slot()
             );
         }
         checked += 1;
-        slots_seen.insert(frame.slot);
+        slots_seen.insert(frame.slot());
         vrx.release(frame).expect("release");
     }
     println!("RESULT checked={checked}");
     println!("RESULT bad={bad}");
     println!("RESULT slots_seen={}", slots_seen.len());
-    println!("RESULT dropped={}", vrx.receiver().stats().dropped);
+    println!("RESULT dropped={}", vrx.session().stats().dropped);
     drop(vrx);
     cuda_interop_testkit::assert_no_validation_errors(&ctx);
     println!("RESULT validation_errors=0");
@@ -245,9 +256,10 @@ fn vulkan_receivers_check_every_pixel_across_processes() {
     assert!(num(&sender, "presented") >= FRAMES);
 }
 
-/// One process: a receiver may read only frames it holds, and a Vulkan
-/// receiver refuses a buffer ring and a ring of another format with what
-/// it is.
+/// One process: a receiver reads only frames of its own session, and a
+/// Vulkan receiver refuses a buffer ring and a ring of another format
+/// with what it is; the CUDA and host receivers refuse an image ring
+/// without semaphores saying which receiver reads it.
 #[test]
 fn vulkan_receiver_refuses_what_it_cannot_read() {
     let dir = std::env::temp_dir().join(format!("cif-img-refuse-{}", std::process::id()));
@@ -270,98 +282,158 @@ fn vulkan_receiver_refuses_what_it_cannot_read() {
         },
     )
     .unwrap();
-    let connect = |name: &str, sender: &mut dyn FnMut()| {
+    // A session of `name` and its setup message, the sender served
+    // meanwhile (it answers the subscribe).
+    let connect = |name: &str, delivery: Delivery, sender: &mut dyn FnMut()| {
         let start = Instant::now();
         let dir = directory.clone();
         let name = name.to_string();
         let t = std::thread::spawn(move || {
-            FrameReceiver::connect_named(&dir, &name, Delivery::Lossless, Duration::from_secs(10))
+            Session::connect_named(&dir, &name, delivery, Duration::from_secs(10))
         });
         while !t.is_finished() {
             assert!(start.elapsed() < BOUND);
             sender();
         }
-        t.join().unwrap().expect("connected")
+        let connected: (Session, Received) = t.join().unwrap().expect("connected");
+        connected
     };
+    let lossless = Delivery::Lossless;
     // A buffer ring.
     let mut buffers = buffers;
-    let rx = connect("buf", &mut || buffers.serve(Duration::from_millis(5)));
-    let err = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, rx).unwrap_err();
+    let (session, setup) = connect("buf", lossless, &mut || {
+        buffers.serve(Duration::from_millis(5))
+    });
+    let err = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, session, setup).unwrap_err();
+    assert!(matches!(err, VulkanReceiverError::Ring(_)), "{err}");
     assert!(
         err.to_string()
             .contains("shares pitched buffers, not images"),
         "{err}"
     );
-    // The CUDA ring import (the Python module's) needs the timelines,
-    // which lavapipe's sender cannot share: it says so before asking for a
-    // CUDA device.
-    let mut rx = connect("img", &mut || sender.serve(Duration::from_millis(5)));
-    let (hello, setup) = (*rx.layout(), rx.take_setup().unwrap());
-    let err =
-        cuda_interop_frames::consumer::Ring::import(rx.connection().clone(), hello, setup, |_| {
-            panic!("no CUDA device is asked for")
-        })
+    assert!(err.to_string().contains("HostReceiver"), "{err}");
+    // The CUDA receiver (the Python module's) needs the timelines, which
+    // lavapipe's sender cannot share: it says so, and what reads the
+    // images instead, before asking for a CUDA device.
+    let (session, setup) = connect("img", lossless, &mut || {
+        sender.serve(Duration::from_millis(5))
+    });
+    let err = CudaReceiver::from_session(session, setup, |_| panic!("no CUDA device is asked for"))
         .unwrap_err();
     assert!(
         err.to_string()
             .contains("shares 3 images and no semaphores"),
         "{err}"
     );
-    drop(rx);
+    assert!(
+        err.to_string().contains("vulkan_receiver::VulkanReceiver"),
+        "{err}"
+    );
     // The host reader (the Python module's path without CUDA) reads buffer
     // rings only, and says which receivers read images.
-    let mut rx = connect("img", &mut || sender.serve(Duration::from_millis(5)));
-    let (hello, setup) = (*rx.layout(), rx.take_setup().unwrap());
-    let err = cuda_interop_frames::host_receiver::HostBuffers::import(&hello, setup).unwrap_err();
+    let (session, setup) = connect("img", lossless, &mut || {
+        sender.serve(Duration::from_millis(5))
+    });
+    let err = HostReceiver::from_session(session, setup).unwrap_err();
     assert!(
         err.to_string()
             .contains("OPTIMAL images, which only a GPU API reads"),
         "{err}"
     );
-    drop(rx);
-    // A hello whose layout is no layout (built by hand: its fields are
-    // public) is a typed error of both importers, never a panic.
-    let mut rx = connect("img", &mut || sender.serve(Duration::from_millis(5)));
-    let (mut bad, setup) = (*rx.layout(), rx.take_setup().unwrap());
+    assert!(
+        err.to_string().contains("vulkan_receiver::VulkanReceiver"),
+        "{err}"
+    );
+    // A layout that is no layout (built by hand: its fields are public) is
+    // a typed error of the setup check, never a panic. The receivers take
+    // their layout only from a session, which decoded and checked the
+    // sender's hello (a hello like this one is refused at connect:
+    // `a_hello_that_announces_no_ring_is_refused_at_connect`).
+    let (session, setup) = connect("img", lossless, &mut || {
+        sender.serve(Duration::from_millis(5))
+    });
+    let mut bad = *session.layout();
     bad.height = 0;
-    let err = cuda_interop_frames::consumer::check_setup(&bad, &setup).unwrap_err();
-    assert!(err.to_string().contains("the sender's hello"), "{err}");
-    let err = cuda_interop_frames::host_receiver::HostBuffers::import(&bad, setup).unwrap_err();
-    assert!(err.to_string().contains("the sender's hello"), "{err}");
-    drop(rx);
+    let err = check_setup_shape(&bad, &setup).unwrap_err();
+    assert!(
+        matches!(err, ConsumerError::Packet(PacketError::Layout(_))),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains(&format!("bad ring layout: {W}x0 pixels")),
+        "{err}"
+    );
+    assert!(check_setup_shape(session.layout(), &setup).is_ok());
+    drop((session, setup));
     // Another format.
-    let rx = connect("img", &mut || sender.serve(Duration::from_millis(5)));
-    let err = VulkanReceiver::<Rgba16Sfloat, Mem>::new(&rctx, rx).unwrap_err();
+    let (session, setup) = connect("img", lossless, &mut || {
+        sender.serve(Duration::from_millis(5))
+    });
+    let err = VulkanReceiver::<Rgba16Sfloat, Mem>::new(&rctx, session, setup).unwrap_err();
     assert!(
         err.to_string()
             .contains("its images are R8G8B8A8_UNORM, this receiver's type is R16G16B16A16_SFLOAT"),
         "{err}"
     );
-    // Reading a frame after giving it back.
-    let rx = connect("img", &mut || sender.serve(Duration::from_millis(5)));
-    let mut vrx = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, rx).unwrap();
+    // A frame of another session. Reading a frame after giving it back no
+    // longer compiles (the release takes the frame by value), nor does
+    // forging one (its fields are private: the crate's compile-fail test);
+    // what is left to refuse at run time is a frame another receiver
+    // handed out.
+    let (session, setup) = connect("img", lossless, &mut || {
+        sender.serve(Duration::from_millis(5))
+    });
+    let vrx = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, session, setup).unwrap();
+    // Latest, and never asking: it holds no slot and the sender never
+    // waits for it.
+    let (session, setup) = connect("img", Delivery::Latest, &mut || {
+        sender.serve(Duration::from_millis(5))
+    });
+    let other = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, session, setup).unwrap();
     let start = Instant::now();
     let frame = loop {
         assert!(start.elapsed() < BOUND);
         present_one(&mut sender, &scratch, Duration::from_millis(100));
-        if let Ok(frame) = vrx.next_frame(Duration::from_millis(100)) {
+        if let Ok(frame) = vrx.next(Duration::from_millis(100)) {
             break frame;
         }
     };
+    let sequence = frame.sequence();
     let pixels = vrx.read_pixels(&frame, Duration::from_secs(10)).unwrap();
-    assert!(bad_rows(&pixels, frame.sequence).is_empty());
-    let forged = cuda_interop_frames::receiver::FrameInfo {
-        slot: frame.slot,
-        sequence: frame.sequence,
-        timestamp_ns: frame.timestamp_ns,
-        dropped_before: 0,
-    };
-    vrx.release(frame).unwrap();
-    assert!(matches!(
-        vrx.read_pixels(&forged, Duration::from_secs(10)),
-        Err(VulkanReceiverError::NotHeld { .. })
-    ));
-    drop(vrx);
+    assert!(bad_rows(&pixels, sequence).is_empty());
+    let err = other
+        .read_pixels(&frame, Duration::from_secs(10))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            VulkanReceiverError::Consumer(ConsumerError::NotThisReceiver { sequence: s })
+                if s == sequence
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("release it there"), "{err}");
+    // Still its own session's, untouched: read again, the same pixels.
+    assert_eq!(
+        vrx.read_pixels(&frame, Duration::from_secs(10)).unwrap(),
+        pixels
+    );
+    // Given back to the other receiver: refused, and the frame released
+    // to its own session on its own (its drop).
+    assert_eq!(vrx.session().held(), 1);
+    let err = other.release(frame).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            VulkanReceiverError::Consumer(ConsumerError::NotThisReceiver { sequence: s })
+                if s == sequence
+        ),
+        "{err}"
+    );
+    assert_eq!(vrx.session().held(), 0);
+    assert_eq!(other.session().held(), 0);
+    drop((vrx, other));
     drop(sender);
     drop(buffers);
     drop(scratch);
@@ -371,11 +443,12 @@ fn vulkan_receiver_refuses_what_it_cannot_read() {
 }
 
 /// The Rust CUDA receiver of image slots: a sender of DeviceLocal RGBA8
-/// images with timelines, and a lossless receiver (on a thread, over the
-/// socket) that imports each slot with `import_received_image`, maps it as
-/// a CUDA array, waits on the GPU for "produced", copies the whole level
-/// back and checks every row, and releases with a GPU signal of
-/// "released".
+/// images with timelines, and a lossless `CudaReceiver` (on a thread, over
+/// the socket) that imports each slot's image as a CUDA array, has each
+/// frame copied into the slot's packed rows after a GPU wait for
+/// "produced" (`enqueue_readable`), copies those rows back and checks
+/// every one, and releases with a GPU signal of "released"
+/// (`release_after`).
 #[test]
 #[ignore = "GPU: needs a CUDA driver and a Vulkan device that exports timelines and \
             device-local OPTIMAL images (the H200); lavapipe has neither"]
@@ -390,6 +463,30 @@ fn cuda_receiver_of_an_image_ring() {
             device-local OPTIMAL images (the H200); lavapipe has neither"]
 fn cuda_receiver_of_an_rgba16f_image_ring() {
     cuda_receiver_of::<Rgba16Sfloat>();
+}
+
+/// Copies `dst.len()` bytes at device address `src` to `dst` and waits for
+/// the copy. `src` is a slot's memory of a live [`CudaReceiver`] on `cuda`
+/// (what [`CudaReceiver::slot`] gives), with every write to it completed.
+fn copy_slot_to_host(cuda: &cuda_interop::CudaDevice, src: u64, dst: &mut [u8]) {
+    let copy = cuda_interop::sys::Driver::global()
+        .expect("the CUDA driver")
+        .fns()
+        .cuMemcpyDtoH
+        .expect("cuMemcpyDtoH");
+    let _current = cuda.enter().expect("the device's context current");
+    // SAFETY: `src` addresses at least `dst.len()` bytes of device memory
+    // of `cuda`'s primary context (a slot the caller's receiver keeps alive
+    // for the call, checked by the caller against the slot's length), made
+    // current on this thread by the guard; the writes to it completed (the
+    // caller synchronized the stream they were on); `dst` is writable host
+    // memory of that length, and cuMemcpyDtoH returns once the copy is done.
+    let status = unsafe { copy(dst.as_mut_ptr().cast(), src, dst.len()) };
+    assert_eq!(
+        status,
+        cuda_interop::sys::CUresult::CUDA_SUCCESS,
+        "cuMemcpyDtoH"
+    );
 }
 
 fn cuda_receiver_of<F: Format>() {
@@ -415,61 +512,30 @@ fn cuda_receiver_of<F: Format>() {
         ExportableBuffer::<DeviceLocal>::new(&ctx, u64::from(W * H * F::TEXEL_BYTES)).unwrap();
     let receiver = std::thread::spawn(move || -> (u64, u64) {
         let timeout = Duration::from_secs(10);
-        let mut rx =
-            FrameReceiver::connect_named(&directory, "cuda-img", Delivery::Lossless, timeout)
-                .unwrap();
-        let hello = *rx.layout();
-        assert!(hello.is_image_ring());
-        let n = hello.slot as usize;
-        let mut setup = rx.take_setup().unwrap();
-        let take = |setup: &mut vk_export::wire::Received, i| {
-            setup
-                .take_image::<F, Optimal, DeviceLocal, usage::Storage>(i)
-                .unwrap()
-        };
-        let first = take(&mut setup, 0);
-        let cuda =
-            cuda_interop_frames::consumer::cuda_device_for(first.record().info().device_uuid())
-                .unwrap();
-        let mut images = vec![cuda
-            .import_received_image(first)
-            .map_err(|e| e.into_error())
-            .unwrap()];
-        for i in 1..n {
-            let image = take(&mut setup, i);
-            images.push(
-                cuda.import_received_image(image)
-                    .map_err(|e| e.into_error())
-                    .unwrap(),
-            );
-        }
-        let mut semaphore = |i| {
-            let received = setup.take_semaphore::<Timeline>(i).unwrap();
-            cuda.import_received_semaphore(received)
-                .map_err(|e| e.into_error())
-                .unwrap()
-        };
-        let produced = semaphore(n);
-        let released: Vec<_> = (0..n).map(|i| semaphore(n + 1 + i)).collect();
-        let arrays: Vec<_> = images.iter().map(|i| i.map_array().unwrap()).collect();
-        let levels: Vec<_> = arrays.iter().map(|a| a.level(0).unwrap()).collect();
-        let mut stream = cuda_interop::Stream::new(&cuda).unwrap();
-        stream.set_timeout(timeout);
+        let (session, setup) =
+            Session::connect_named(&directory, "cuda-img", Delivery::Lossless, timeout).unwrap();
+        let layout = *session.layout();
+        assert!(layout.is_image_ring());
+        assert_eq!(layout.vk_format(), Some(F::VK.as_raw() as u32));
+        let rx = CudaReceiver::from_session(session, setup, cuda_device_for).unwrap();
         let mut host = vec![0u8; (W * H * F::TEXEL_BYTES) as usize];
         let (mut checked, mut bad) = (0, 0);
         for _ in 0..FRAMES_GPU {
-            let frame = rx.next_frame(timeout).unwrap();
-            let (slot, f) = (frame.slot as usize, frame.sequence);
-            produced.wait(&stream, f).unwrap();
-            levels[slot].copy_to_host(&stream, &mut host).unwrap();
+            let frame = rx.next(timeout).unwrap();
+            let f = frame.sequence();
+            // The wait for "produced" and the copy of the image into the
+            // slot's rows, on the receiver's wait stream.
+            let stream = rx.enqueue_readable(&frame).unwrap();
+            stream.synchronize(timeout).unwrap();
+            let slot = rx.slot(&frame).unwrap();
+            assert_eq!(slot.len, host.len() as u64);
+            copy_slot_to_host(rx.cuda(), slot.data, &mut host);
             if !bad_rows_of(&host, f, F::TEXEL_BYTES).is_empty() {
                 bad += 1;
             }
             checked += 1;
-            released[slot].signal(&stream, f).unwrap();
-            rx.release(frame, true).unwrap();
+            rx.release_after(frame, &stream).unwrap();
         }
-        stream.synchronize(timeout).unwrap();
         (checked, bad)
     });
     let start = Instant::now();
@@ -501,10 +567,10 @@ fn cuda_receiver_of<F: Format>() {
 
 /// A hand-made sender whose images are not the size its hello says: the
 /// Vulkan receiver refuses the ring rather than hand out read-backs of
-/// another size.
+/// another size. The sender follows the protocol's order: it reads the
+/// receiver's subscribe, then sends the hello and the setup message.
 #[test]
 fn vulkan_receiver_refuses_images_of_another_size_than_the_hello() {
-    use cuda_interop_frames::protocol::{Packet, SETUP_TAG};
     use vk_export::socket::{Exported, Listener};
     use vk_export::ImageDesc;
     let path = std::env::temp_dir().join(format!("cif-img-size-{}.sock", std::process::id()));
@@ -516,22 +582,34 @@ fn vulkan_receiver_refuses_images_of_another_size_than_the_hello() {
         .collect();
     let socket = path.display().to_string();
     let receiver = std::thread::spawn(move || {
-        let rx = FrameReceiver::connect(&socket, Delivery::Lossless, Duration::from_secs(10))
-            .expect("connected");
+        let (session, setup) =
+            Session::connect(&socket, Delivery::Lossless, Duration::from_secs(10))
+                .expect("connected");
         let rctx = cuda_interop_testkit::vulkan(None);
-        let err = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, rx).unwrap_err();
+        let err = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, session, setup).unwrap_err();
         cuda_interop_testkit::assert_no_validation_errors(&rctx);
         err.to_string()
     });
     let conn = listener.accept(Duration::from_secs(10)).unwrap();
-    let hello = Packet::image_hello(2, W, H, Rgba8Unorm::VK.as_raw() as u32, 4);
-    cuda_interop_frames::consumer::send_packet(&conn, &hello).unwrap();
+    let t = Duration::from_secs(10);
+    assert_eq!(
+        transport::recv_message(&conn, deadline_after(t), t).unwrap(),
+        Message::Subscribe(Delivery::Lossless)
+    );
+    let layout = RingLayout::images(
+        2,
+        W,
+        H,
+        Rgba8Unorm::VK.as_raw() as u32,
+        Rgba8Unorm::TEXEL_BYTES,
+    );
+    transport::send_message(&conn, &Message::Hello(layout)).unwrap();
     let resources: Vec<&dyn Exported> = images.iter().map(|i| i as &dyn Exported).collect();
     conn.send_exported(SETUP_TAG, &resources).unwrap();
     let err = receiver.join().unwrap();
     assert!(
         err.contains(&format!(
-            "slot 0's image is {W}x{}, not the hello's size",
+            "slot 0's image is {W}x{}, not the layout's size",
             H / 2
         )),
         "{err}"
@@ -540,15 +618,64 @@ fn vulkan_receiver_refuses_images_of_another_size_than_the_hello() {
     let _ = std::fs::remove_file(&path);
 }
 
-/// `frame_server --image`'s loop (`producer::run` with `image`): a lossless
+/// A hand-made sender whose hello announces no ring (0 rows; its fields
+/// are public, and encoding does not check them): the session refuses it
+/// at connect with a typed error, before any setup message, never a panic.
+#[test]
+fn a_hello_that_announces_no_ring_is_refused_at_connect() {
+    use vk_export::socket::Listener;
+    let path = std::env::temp_dir().join(format!("cif-img-bad-hello-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let listener = Listener::bind(&path).unwrap();
+    let socket = path.display().to_string();
+    let receiver = std::thread::spawn(move || {
+        match Session::connect(&socket, Delivery::Latest, Duration::from_secs(10)) {
+            Ok(_) => panic!("a hello of no ring was taken"),
+            Err(e) => e,
+        }
+    });
+    let conn = listener.accept(Duration::from_secs(10)).unwrap();
+    let t = Duration::from_secs(10);
+    assert_eq!(
+        transport::recv_message(&conn, deadline_after(t), t).unwrap(),
+        Message::Subscribe(Delivery::Latest)
+    );
+    let mut layout = RingLayout::images(
+        2,
+        W,
+        H,
+        Rgba8Unorm::VK.as_raw() as u32,
+        Rgba8Unorm::TEXEL_BYTES,
+    );
+    layout.height = 0;
+    transport::send_message(&conn, &Message::Hello(layout)).unwrap();
+    let err = receiver.join().unwrap();
+    assert!(
+        matches!(err, ConsumerError::Packet(PacketError::Layout(_))),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains(&format!("bad ring layout: {W}x0 pixels")),
+        "{err}"
+    );
+    drop(conn);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// `frame_server --image`'s loop (`demo::run` with `image`): a lossless
 /// Vulkan receiver checks every pixel of the frames it gets until the
-/// producer stops after its 15 frames. The producer renders once a receiver
-/// is connected, but pushes frames to it only once its subscribe was read
-/// (at most `SUBSCRIBE_GRACE`, 250 ms, later), and presents at most 20
-/// frames/s: at most 6 frames go by first. From then on the receiver gets
-/// every frame, in order, to the last.
-fn frame_server_image_ring<F: Format>(format: cuda_interop_frames::producer::ImageFormat) {
-    use cuda_interop_frames::producer::{self, ProducerOptions};
+/// producer stops after its 15 frames. The producer renders once a
+/// connection is accepted, but sends frames to it only once its subscribe
+/// was handled (at its next pump, a frame period at most), and presents at
+/// most 20 frames/s: at most 6 frames go by first. From then on the
+/// receiver gets every frame, in order. At the end the producer says
+/// goodbye (it stops) and no frame from before that is handed out after
+/// it: frames still queued, or held while the goodbye came, are refused.
+/// Back-pressure bounds them: frame 15 was presented only once the
+/// receiver had released frame `15 - SLOTS`, read and checked.
+fn frame_server_image_ring<F: Format>(format: demo::ImageFormat) {
+    use demo::ProducerOptions;
     let socket = std::env::temp_dir().join(format!(
         "cif-img-server-{}-{format:?}.sock",
         std::process::id()
@@ -570,48 +697,72 @@ fn frame_server_image_ring<F: Format>(format: cuda_interop_frames::producer::Ima
         image: Some(format),
         ..ProducerOptions::default()
     };
-    let server = std::thread::spawn(move || producer::run(&opts));
+    let server = std::thread::spawn(move || demo::run(&opts));
     let start = Instant::now();
     let path = socket.display().to_string();
-    let rx = loop {
+    let (session, setup) = loop {
         assert!(start.elapsed() < BOUND, "the producer never listened");
-        if let Ok(rx) = FrameReceiver::connect(&path, Delivery::Lossless, Duration::from_secs(10)) {
-            break rx;
+        if let Ok(connected) = Session::connect(&path, Delivery::Lossless, Duration::from_secs(10))
+        {
+            break connected;
         }
         std::thread::sleep(Duration::from_millis(20));
     };
     let ctx = cuda_interop_testkit::vulkan(None);
-    let mut vrx = VulkanReceiver::<F, Mem>::new(&ctx, rx).unwrap();
+    let vrx = VulkanReceiver::<F, Mem>::new(&ctx, session, setup).unwrap();
     let mut seen = Vec::new();
-    // Until the producer, done, closes the connection.
-    while let Ok(frame) = vrx.next_frame(Duration::from_secs(10)) {
-        let pixels = vrx.read_pixels(&frame, Duration::from_secs(10)).unwrap();
+    // Until the producer, done, drops this receiver.
+    let end = loop {
+        let frame = match vrx.next(Duration::from_secs(10)) {
+            Ok(frame) => frame,
+            Err(e) => break e,
+        };
+        let pixels = match vrx.read_pixels(&frame, Duration::from_secs(10)) {
+            Ok(pixels) => pixels,
+            // The goodbye came during the read.
+            Err(e) => break e,
+        };
         assert_eq!(
-            bad_rows_of(&pixels, frame.sequence, F::TEXEL_BYTES),
+            bad_rows_of(&pixels, frame.sequence(), F::TEXEL_BYTES),
             Vec::<u32>::new(),
             "frame {}",
-            frame.sequence
+            frame.sequence()
         );
-        seen.push(frame.sequence);
+        seen.push(frame.sequence());
         // The producer may be gone by now: its last releases find no one.
         let _ = vrx.release(frame);
-    }
+    };
     server.join().unwrap().expect("the producer ran");
-    assert!(seen.len() >= 9, "frames {seen:?}");
-    assert_eq!(seen, (16 - seen.len() as u64..=15).collect::<Vec<_>>());
+    assert!(
+        matches!(
+            end,
+            VulkanReceiverError::Consumer(ConsumerError::Dropped(DropReason::SenderStopping))
+        ),
+        "{end}"
+    );
+    println!("RESULT frame_server_image_ring {format:?} frames={seen:?}");
+    let (first, last) = (seen[0], *seen.last().unwrap());
+    assert_eq!(
+        seen,
+        (first..=last).collect::<Vec<_>>(),
+        "in order, none missed"
+    );
+    assert!(first <= 7, "frames {seen:?}");
+    assert!(last >= 15 - u64::from(SLOTS), "frames {seen:?}");
+    assert!(last <= 15, "frames {seen:?}");
     drop(vrx);
     cuda_interop_testkit::assert_no_validation_errors(&ctx);
 }
 
 #[test]
 fn frame_server_rgba8_image_ring_is_the_demo_pattern() {
-    frame_server_image_ring::<Rgba8Unorm>(cuda_interop_frames::producer::ImageFormat::Rgba8);
+    frame_server_image_ring::<Rgba8Unorm>(demo::ImageFormat::Rgba8);
 }
 
 /// The same with 8-byte texels: the pattern's words land bit for bit.
 #[test]
 fn frame_server_rgba16f_image_ring_is_the_demo_pattern() {
-    frame_server_image_ring::<Rgba16Sfloat>(cuda_interop_frames::producer::ImageFormat::Rgba16f);
+    frame_server_image_ring::<Rgba16Sfloat>(demo::ImageFormat::Rgba16f);
 }
 
 /// A Vulkan receiver of a ring with timelines (its reads wait on the GPU
@@ -642,15 +793,15 @@ fn vulkan_receiver_of_a_ring_with_timelines() {
     let scratch = ExportableBuffer::<DeviceLocal>::new(&ctx, u64::from(W * H * 4)).unwrap();
     let receiver = std::thread::spawn(move || -> (u64, u64) {
         let timeout = Duration::from_secs(10);
-        let rx =
-            FrameReceiver::connect_named(&directory, "vk-img", Delivery::Latest, timeout).unwrap();
+        let (session, setup) =
+            Session::connect_named(&directory, "vk-img", Delivery::Latest, timeout).unwrap();
         let rctx = cuda_interop_testkit::vulkan(None);
-        let mut vrx = VulkanReceiver::<Rgba8Unorm, DeviceLocal>::new(&rctx, rx).unwrap();
+        let vrx = VulkanReceiver::<Rgba8Unorm, DeviceLocal>::new(&rctx, session, setup).unwrap();
         let (mut checked, mut bad) = (0, 0);
         for _ in 0..FRAMES_GPU {
-            let frame = vrx.next_frame(timeout).unwrap();
+            let frame = vrx.next(timeout).unwrap();
             let pixels = vrx.read_pixels(&frame, timeout).unwrap();
-            if !bad_rows(&pixels, frame.sequence).is_empty() {
+            if !bad_rows(&pixels, frame.sequence()).is_empty() {
                 bad += 1;
             }
             checked += 1;

@@ -11,8 +11,9 @@
 use std::time::{Duration, Instant};
 
 use cuda_interop_frames::discovery::Directory;
-use cuda_interop_frames::receiver::{Delivery, FrameReceiver};
+use cuda_interop_frames::protocol::Delivery;
 use cuda_interop_frames::sender::{self, Address, ImageSender, SenderError, SenderOptions};
+use cuda_interop_frames::session::Session;
 use cuda_interop_frames::vulkan_receiver::VulkanReceiver;
 use cuda_interop_testkit::{assert_no_validation_errors, vulkan, Mem};
 use vk_export::ash::vk;
@@ -134,15 +135,11 @@ fn a_slot_written_by_the_applications_own_submission_is_received_texel_for_texel
         )
     };
     let mut sender = ImageSender::<Rgba8Unorm, Mem>::new(&ctx, opts).unwrap();
-    let rx = {
+    // Connected once the sender answered its subscribe (served here).
+    let (session, setup) = {
         let dir = directory.clone();
         let t = std::thread::spawn(move || {
-            FrameReceiver::connect_named(
-                &dir,
-                "opened",
-                Delivery::Lossless,
-                Duration::from_secs(10),
-            )
+            Session::connect_named(&dir, "opened", Delivery::Lossless, Duration::from_secs(10))
         });
         let start = Instant::now();
         while !t.is_finished() {
@@ -151,7 +148,7 @@ fn a_slot_written_by_the_applications_own_submission_is_received_texel_for_texel
         }
         t.join().unwrap().expect("connected")
     };
-    let mut vrx = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, rx).unwrap();
+    let vrx = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, session, setup).unwrap();
     let written = TimelineSemaphore::new_local(&ctx).unwrap();
 
     // A present after a timeline of another device: refused, unnumbered;
@@ -200,15 +197,15 @@ fn a_slot_written_by_the_applications_own_submission_is_received_texel_for_texel
             );
         }
         let wait = Duration::from_millis(if received.is_empty() { 100 } else { 10_000 });
-        if let Ok(frame) = vrx.next_frame(wait) {
+        if let Ok(frame) = vrx.next(wait) {
             let pixels = vrx.read_pixels(&frame, Duration::from_secs(10)).unwrap();
-            let want = colour(frame.sequence);
+            let want = colour(frame.sequence());
             assert!(
                 pixels.chunks(4).all(|t| t == want),
                 "frame {}: texels differ from {want:?}",
-                frame.sequence
+                frame.sequence()
             );
-            received.push(frame.sequence);
+            received.push(frame.sequence());
             vrx.release(frame).unwrap();
         }
     }
