@@ -267,3 +267,227 @@ fn the_renderer_publishes_by_name_to_vulkan_receivers_every_pixel_checked() {
         std::fs::remove_dir_all(&runtime).unwrap();
     }
 }
+
+/// A private runtime directory for one test's senders (their names are
+/// then the test's own).
+fn runtime_dir(tag: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let runtime = std::env::temp_dir().join(format!("cif-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&runtime);
+    std::fs::create_dir_all(&runtime).unwrap();
+    std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
+    runtime
+}
+
+/// `frame_server` with `args` in `runtime`, once it announced `name`: the
+/// process, the rest of its stdout, and what it printed so far. `None`
+/// (said) where it is not built.
+fn start_frame_server(
+    name: &str,
+    args: &[&str],
+    runtime: &std::path::Path,
+) -> Option<(
+    std::process::Child,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    String,
+)> {
+    use std::io::BufRead;
+    let path = examples_dir().join("frame_server");
+    if !path.is_file() {
+        println!("NOT CHECKED: frame_server is not built next to this test (cargo test --workspace builds it)");
+        return None;
+    }
+    let mut server = Command::new(&path)
+        .args(["--name", name])
+        .args(args)
+        .env("XDG_RUNTIME_DIR", runtime)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(server.stdout.take().unwrap()).lines();
+    let mut log = String::new();
+    // Its run time (an argument of every caller) bounds these reads.
+    loop {
+        let line = lines
+            .next()
+            .unwrap_or_else(|| panic!("frame_server exited before announcing itself: {log}"))
+            .unwrap();
+        log += &line;
+        log.push('\n');
+        if line.contains(&format!("announced as {name:?}")) {
+            return Some((server, lines, log));
+        }
+    }
+}
+
+/// Runs example `name` with `args` in `runtime`, requires it to fail with
+/// exit status `code`, and returns its stderr; `None` where it is not built
+/// (said), or where it succeeded and `may_succeed` (a device that has what
+/// the refusal is about).
+fn run_refused(
+    name: &str,
+    args: &[&str],
+    runtime: &std::path::Path,
+    code: i32,
+    may_succeed: bool,
+) -> Option<String> {
+    let path = examples_dir().join(name);
+    if !path.is_file() {
+        println!(
+            "NOT CHECKED: {name} is not built next to this test (cargo test --workspace builds it)"
+        );
+        return None;
+    }
+    let out = Command::new(&path)
+        .args(args)
+        .env("XDG_RUNTIME_DIR", runtime)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if may_succeed && out.status.success() {
+        println!("{name} {args:?} ran: this device has it");
+        return None;
+    }
+    assert_eq!(out.status.code(), Some(code), "{name} {args:?}: {stderr}");
+    println!("{name} {args:?} refused: {stderr}");
+    Some(stderr)
+}
+
+/// The frame examples' `--help` gives every option of its synopsis one
+/// line of its own (what it does and its default), after the synopsis.
+#[test]
+fn the_frame_examples_help_has_a_line_per_option() {
+    for name in ["frame_server", "frame_client", "renderer", "vulkan_client"] {
+        let path = examples_dir().join(name);
+        if !path.is_file() {
+            println!("NOT CHECKED: {name} is not built next to this test");
+            continue;
+        }
+        let help = Command::new(&path).arg("--help").output().unwrap();
+        let help = String::from_utf8_lossy(&help.stdout).into_owned();
+        let (synopsis, rest) = help.split_once("\n\n").unwrap_or((&help, ""));
+        let flags = flags_of_usage(synopsis);
+        assert!(flags.len() >= 5, "{name}: {help}");
+        for (flag, _) in &flags {
+            let lines: Vec<&str> = rest
+                .lines()
+                .filter(|l| {
+                    let l = l.trim_start().trim_start_matches('[');
+                    l.strip_prefix(flag.as_str())
+                        .is_some_and(|after| after.starts_with([' ', ']']))
+                })
+                .collect();
+            assert_eq!(lines.len(), 1, "{name} {flag}: {help}");
+            assert!(
+                lines[0]
+                    .split("  ")
+                    .filter(|s| !s.trim().is_empty())
+                    .count()
+                    >= 2,
+                "{name} {flag} has no description: {help}"
+            );
+        }
+        println!("{name}: {} options, one line each", flags.len());
+    }
+}
+
+/// The lavapipe pair of `frame_server`'s docs: the sender waits for one
+/// receiver, chooses memory and timelines from the device (and says so),
+/// the Vulkan client takes 60 frames lossless with every pixel checked, and
+/// the sender stops once it left.
+#[test]
+fn frame_server_waits_for_a_vulkan_client_that_checks_every_pixel() {
+    let runtime = runtime_dir("pair");
+    let args = [
+        "--image",
+        "rgba8",
+        "--width",
+        "64",
+        "--height",
+        "48",
+        "--frames",
+        "120",
+        "--wait-for-receivers",
+        "1",
+        "--wait-timeout",
+        "60",
+        "--seconds",
+        "60",
+    ];
+    let Some((mut server, lines, mut log)) = start_frame_server("cam", &args, &runtime) else {
+        return;
+    };
+    assert!(log.contains("[frame_server] chose on "), "{log}");
+    let client = ["--name", "cam", "--frames", "60", "--lossless"];
+    let stdout = run_example("vulkan_client", &client, &[("XDG_RUNTIME_DIR", &runtime)]);
+    for line in lines {
+        log += &line.unwrap();
+        log.push('\n');
+    }
+    let status = server.wait().unwrap();
+    print!("{log}");
+    if let Some(stdout) = stdout {
+        assert!(
+            stdout.contains("60 frames (60 checked, every pixel, 0 bad)"),
+            "{stdout}"
+        );
+        assert!(status.success(), "{log}");
+        assert!(
+            log.contains("waiting up to 60.0 s for 1 receiver(s)"),
+            "{log}"
+        );
+        assert!(
+            log.contains(" left after ") && log.contains(" done: "),
+            "{log}"
+        );
+    }
+    let _ = server.kill();
+    std::fs::remove_dir_all(&runtime).unwrap();
+}
+
+/// Refusals name the flag to pass: a buffer ring to the Vulkan client,
+/// contradicting flags, and (on a device without them, lavapipe)
+/// device-local memory or semaphores asked for.
+#[test]
+fn frame_examples_refusals_name_the_flag_to_pass() {
+    let runtime = runtime_dir("refusals");
+    let buffers = ["--width", "64", "--height", "48", "--seconds", "60"];
+    if let Some((mut server, _lines, _)) = start_frame_server("buf", &buffers, &runtime) {
+        let client = ["--name", "buf", "--frames", "1"];
+        if let Some(err) = run_refused("vulkan_client", &client, &runtime, 1, false) {
+            assert!(err.contains("run the sender with --image rgba8"), "{err}");
+        }
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+    let both = ["--host-visible", "--device-local", "--seconds", "1"];
+    if let Some(err) = run_refused("frame_server", &both, &runtime, 2, false) {
+        assert!(err.contains("pass one of them"), "{err}");
+    }
+    let asked = [
+        "--name",
+        "dl",
+        "--device-local",
+        "--frames",
+        "1",
+        "--seconds",
+        "1",
+    ];
+    if let Some(err) = run_refused("frame_server", &asked, &runtime, 1, true) {
+        assert!(err.contains("pass --host-visible"), "{err}");
+    }
+    let asked = [
+        "--name",
+        "sem",
+        "--semaphores",
+        "--frames",
+        "1",
+        "--seconds",
+        "1",
+    ];
+    if let Some(err) = run_refused("frame_server", &asked, &runtime, 1, true) {
+        assert!(err.contains("pass --no-semaphores"), "{err}");
+    }
+    std::fs::remove_dir_all(&runtime).unwrap();
+}
