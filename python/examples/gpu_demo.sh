@@ -128,7 +128,7 @@ done
 echo "other CUDA processes left: ${OTHERS:-unknown}"
 timeout 60 "$DEMO_DIR/frame_client" --socket "$SOCK" --frames 1 >/dev/null
 sleep 0.5
-LAST=$(grep -E "(consumer|receiver) [0-9]+ connected:" "$LOG" | tail -n1)
+LAST=$(grep -E "(consumer|receiver) [0-9]+ (\(pid [0-9]+\) )?connected" "$LOG" | tail -n1)
 FREE_NOW=$(echo "$LAST" | sed -n 's/.*consumers=1 fds=[0-9]* cuda_free_mib=\([0-9]*\).*/\1/p')
 FREE_BEFORE=$(echo "$LAST" | sed -n 's/.*before any consumer: fds=[0-9]* cuda_free_mib=\([0-9]*\)).*/\1/p')
 if [ -n "$FREE_NOW" ] && [ -n "$FREE_BEFORE" ]; then
