@@ -1253,47 +1253,62 @@ mod tests {
         std::fs::remove_dir_all(&base).unwrap();
     }
 
+    /// The environment variable that makes [`lock_holder_child`] a lock
+    /// holder: `<directory>/<name>`.
+    const HOLDER_ENV: &str = "CUDA_INTEROP_FRAMES_TEST_HOLD_NAME";
+
+    /// Not a test of its own: run by [`a_killed_process_gives_its_name_up`]
+    /// as another process, it takes a name's owner byte, says `locked` and
+    /// waits for its stdin to close (it is killed first).
+    #[test]
+    fn lock_holder_child() {
+        let Some(target) = std::env::var_os(HOLDER_ENV).map(PathBuf::from) else {
+            return;
+        };
+        let dir = Directory::new(target.parent().unwrap()).unwrap();
+        let name = target.file_name().unwrap().to_str().unwrap();
+        let _held = hold(&dir, name);
+        println!("locked");
+        std::io::stdout().flush().unwrap();
+        let _ = std::io::stdin().read(&mut [0u8]);
+    }
+
+    /// A child process, killed and reaped when dropped.
+    struct Child(std::process::Child);
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
     #[test]
     fn a_killed_process_gives_its_name_up() {
         let (base, dir) = fresh("killed");
-        let lock = dir.open_lock("cam").unwrap();
-        let (read_end, write_end) = rustix::pipe::pipe().unwrap();
-        // SAFETY: the child calls only async-signal-safe functions (fcntl,
-        // write, pause) on memory set up before the fork, and never returns.
-        let child = unsafe { libc::fork() };
-        assert!(child >= 0, "fork failed");
-        if child == 0 {
-            // SAFETY: see above; `fl` is a valid flock for F_OFD_SETLK.
-            unsafe {
-                let mut fl: libc::flock = std::mem::zeroed();
-                fl.l_type = libc::F_WRLCK as libc::c_short;
-                fl.l_whence = libc::SEEK_SET as libc::c_short;
-                fl.l_start = OWNER as libc::off_t;
-                fl.l_len = 1;
-                let ok = libc::fcntl(lock.as_raw_fd(), libc::F_OFD_SETLK, &mut fl as *mut _) == 0;
-                let byte = if ok { b'1' } else { b'0' };
-                libc::write(write_end.as_raw_fd(), (&byte as *const u8).cast(), 1);
-                loop {
-                    libc::pause();
-                }
-            }
-        }
-        // This process's descriptor goes; the child's keeps the lock.
-        drop(lock);
-        drop(write_end);
-        let mut byte = [0u8];
-        assert_eq!(rustix::io::read(&read_end, &mut byte).unwrap(), 1);
-        assert_eq!(byte[0], b'1', "the child could not lock");
+        let mut child = Child(
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "discovery::tests::lock_holder_child",
+                    "--nocapture",
+                ])
+                .env(HOLDER_ENV, dir.path().join("cam"))
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let stdout = std::io::BufReader::new(child.0.stdout.take().unwrap());
+        let locked = std::io::BufRead::lines(stdout).any(|l| l.unwrap() == "locked");
+        assert!(locked, "the child did not lock");
         assert!(matches!(
             dir.announce(info("cam")),
             Err(DiscoveryError::NameTaken { .. })
         ));
-        // SAFETY: plain system calls on the child's pid.
-        unsafe {
-            assert_eq!(libc::kill(child, libc::SIGKILL), 0);
-            let mut status = 0;
-            assert_eq!(libc::waitpid(child, &mut status, 0), child);
-        }
+        assert!(dir.lock_path("cam").exists());
+        // SIGKILL: the child's descriptors close with it, and its lock.
+        drop(child);
         let (_l, _a) = dir.announce(info("cam")).unwrap();
         std::fs::remove_dir_all(&base).unwrap();
     }
