@@ -1,14 +1,15 @@
 """Type stubs of the `cuda_interop` extension module (Rust, pyo3).
 
-Receive buffers a Vulkan producer in another process shares over a Unix
-socket, import them into CUDA, and hand them to DLPack (`torch.from_dlpack`)
-and CUDA Array Interface (`cupy.asarray`) consumers without copying. The
-module's contract is in cuda-interop-py/src/lib.rs; the guide's "Python"
-section shows it in use.
+Receive video frames that a Vulkan sender in another process shares,
+without copying: into PyTorch, CuPy or JAX on CUDA through DLPack
+(`torch.from_dlpack`) and the CUDA Array Interface (`cupy.asarray`), or
+(a sender without GPU semaphores, such as lavapipe's) into NumPy on the
+host (`numpy.from_dlpack`). The module's contract is in
+cuda-interop-py/src/lib.rs; the guide's "Python" section shows it in use.
 """
 
 from types import TracebackType
-from typing import Any, Literal, Optional, Tuple, Type, Union
+from typing import Any, List, Literal, Optional, Tuple, Type, Union
 
 __version__: str
 PROTOCOL_VERSION: int
@@ -23,65 +24,137 @@ that cannot be a stream (other values below 4096, unmapped addresses) raise
 
 Delivery = Literal["latest", "lossless"]
 """How a receiver of a frame ring wants its frames: `"latest"` (the newest
-frame when it asks; the producer never waits for it; the frames it missed
+frame when it asks; the sender never waits for it; the frames it missed
 are counted in `Receiver.dropped`) or `"lossless"` (every frame, in order;
-the producer waits, bounded, for its releases)."""
+the sender waits, bounded, for its releases)."""
+
+SlotKind = Literal["buffer", "image"]
+"""What a sender's slots are: pitched buffers or images."""
 
 def connect(socket_path: str, timeout: float, delivery: Delivery = "latest") -> Receiver:
-    """Connects to the producer's socket at `socket_path`, waiting at most
-    `timeout` seconds for room in its backlog, and subscribes in
-    `delivery` (a frame ring's; a producer of one buffer per message
-    ignores it). `ConnectionError` if nobody listens or the listener's user
-    is another; `TimeoutError` on a full backlog; `ValueError` for another
-    delivery."""
+    """Connects to the sender's socket at `socket_path`, subscribes in
+    `delivery` and takes its ring (imported into CUDA, or read on the host
+    when the sender shares no semaphores), all within `timeout` seconds.
+    `ConnectionError` if nobody listens, the listener's user is another,
+    or the sender closed or refused the connection (saying why);
+    `TimeoutError` if the sender did not send its ring in time;
+    `ValueError` for another delivery or a malformed ring; `RuntimeError`
+    for CUDA or Vulkan (no driver, no matching device). A producer of one
+    buffer per message is recognised by its first message."""
     ...
 
 def connect_named(name: str, timeout: float, delivery: Delivery = "latest") -> Receiver:
     """`connect` to the sender named `name` in the directory of senders
-    under `$XDG_RUNTIME_DIR` (`cuda_interop_frames::discovery`).
-    `ConnectionError` if there is none of that name (or no
-    `$XDG_RUNTIME_DIR`), `ValueError` for a name that cannot be one."""
+    (`$XDG_RUNTIME_DIR/cuda-interop-frames`, else a private directory under
+    `$TMPDIR` or `/tmp`), waiting up to `timeout` seconds for it to appear
+    and connecting within what is left. `ConnectionError` if no sender of
+    that name appeared in time (`list_senders()` shows those there),
+    `ValueError` for a name that cannot be one."""
     ...
 
+def list_senders() -> List[SenderInfo]:
+    """The live senders of the directory of senders, sorted by name."""
+    ...
+
+class SenderInfo:
+    """One announced sender, as `list_senders()` found it (read-only)."""
+
+    @property
+    def name(self) -> str:
+        """Its name (what `connect_named` takes)."""
+        ...
+    @property
+    def width(self) -> int:
+        """Pixels per row."""
+        ...
+    @property
+    def height(self) -> int:
+        """Rows."""
+        ...
+    @property
+    def row_pitch(self) -> int:
+        """Bytes from one row to the next."""
+        ...
+    @property
+    def format(self) -> str:
+        """The pixel format, e.g. `"rgba8"`."""
+        ...
+    @property
+    def kind(self) -> SlotKind:
+        """What the ring's slots are: `"buffer"` or `"image"`."""
+        ...
+    @property
+    def slots(self) -> int:
+        """Slots in the ring."""
+        ...
+    @property
+    def fps(self) -> float:
+        """Frames presented per second, over the last second or so (0
+        before the first)."""
+        ...
+    @property
+    def pid(self) -> int:
+        """The sender's process id as it sees itself (for people: in another
+        pid namespace it names another process or none)."""
+        ...
+    @property
+    def socket(self) -> str:
+        """Its socket's path (what `connect` takes)."""
+        ...
+
 class Receiver:
-    """A connection to a producer. `next()` returns its frames."""
+    """A connection to a sender. `next()` returns its frames; leave
+    `with receiver:` (or call `close()`) to disconnect."""
 
     def next(self, timeout: float) -> Frame:
-        """Waits at most `timeout` seconds (GIL released) for the next frame:
-        a frame of the producer's ring (the first call also imports the
-        ring), or the buffer of a one-buffer message. `TimeoutError`,
-        `ConnectionError` (peer gone), `ValueError` (malformed message),
-        `RuntimeError` (CUDA or Vulkan: no driver, no matching device)."""
+        """Waits at most `timeout` seconds (GIL released; Ctrl-C raises
+        `KeyboardInterrupt` within 50 ms) for the next frame: a frame of the
+        sender's ring, or the buffer of a one-buffer message.
+        `TimeoutError` (none in time, also while another thread's `next()`
+        was receiving), `ConnectionError` (the sender left, or dropped this
+        receiver: the message says why and what to do; no frame from before
+        a drop is ever returned), `ValueError` (malformed message),
+        `RuntimeError` (CUDA or Vulkan)."""
         ...
     @property
     def layout(self) -> Optional[Tuple[int, int, int, int]]:
-        """The ring's `(slots, width, height, row_pitch)` once known, else
-        `None`."""
+        """The ring's `(slots, width, height, row_pitch)`; `None` for a
+        producer of one buffer per message."""
         ...
     @property
     def held(self) -> int:
-        """How many ring slots this consumer holds (received, not released)."""
+        """How many ring slots this receiver holds (received, not released;
+        a host ring's frames are released by `next()` itself)."""
         ...
     @property
     def path(self) -> str:
         """The socket path this receiver connected to."""
         ...
     @property
-    def delivery(self) -> Optional[Delivery]:
+    def delivery(self) -> Delivery:
         """The delivery it subscribed in."""
         ...
     @property
     def dropped(self) -> int:
         """Ring frames it did not get: those presented between two it
-        received, and (latest) those received behind a newer one and given
-        back unseen."""
+        received (frames before its first are not counted)."""
+        ...
+    @property
+    def received(self) -> int:
+        """Ring frames it received."""
         ...
     def close(self) -> None:
-        """Shuts the connection down now: the producer takes back the slots
-        this consumer held. Later calls raise `ConnectionError`."""
+        """Shuts the connection down now: the sender takes back the slots
+        this receiver held, and releases of frames still out do nothing.
+        Later calls raise `ConnectionError`."""
         ...
     def __enter__(self) -> Receiver: ...
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc_value: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
         """Closes the receiver; never swallows the block's exception."""
         ...
 
@@ -99,20 +172,22 @@ class Frame:
     ) -> Any:
         """The frame as a DLPack capsule (`"dltensor_versioned"` for
         `max_version` major >= 1, else `"dltensor"`), handed out once;
-        `stream` is made to wait for the producer's write (and, for an image
-        ring, the copy of the image into the frame's pitched buffer; with
-        `stream=-1` that copy is waited for before this returns). The caller
-        vouches that `stream` is a live stream of the frame's device."""
+        work enqueued afterwards on `stream` sees the sender's write (and,
+        for an image ring, the copy of the image into the frame's buffer).
+        The caller vouches that `stream` is a live stream of the frame's
+        device. A host frame takes no stream (`None` only)."""
         ...
     def __dlpack_device__(self) -> Tuple[int, int]:
-        """`(device_type, device_id)`: `(2, ordinal)` (kDLCUDA) for a
-        received frame."""
+        """`(device_type, device_id)`: `(2, ordinal)` (kDLCUDA, the CUDA
+        device's ordinal) for a CUDA frame, `(1, 0)` (kDLCPU) for a host
+        frame (a ring read on the host, for NumPy)."""
         ...
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """The CUDA Array Interface (version 3) of a ring frame; its `stream`
-        is a stream of this module the consumer must order after. Such a
-        frame's release must name the consumer's stream."""
+        """The CUDA Array Interface (version 3) of a ring frame on CUDA; its
+        `stream` is a stream of this module the consumer must order after.
+        Such a frame's release must name the consumer's stream. A host
+        frame has none (`AttributeError`)."""
         ...
     @property
     def tag(self) -> int:
@@ -120,7 +195,8 @@ class Frame:
         ...
     @property
     def slot(self) -> Optional[int]:
-        """The ring slot of a ring frame, else `None`."""
+        """The ring slot of a ring frame held until its release, else
+        `None` (also for a host ring's frames, released by `next()`)."""
         ...
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -142,19 +218,21 @@ class Frame:
         """Whether the frame can still be handed out."""
         ...
     def release(self, stream: StreamArg = None) -> None:
-        """Gives the frame back (idempotent): the producer's next write of
+        """Gives the frame back (idempotent): the sender's next write of
         the slot waits for the work enqueued on `stream` so far (`-1`: none;
         the caller's reads must then have completed). Defaults to the stream
         given to `__dlpack__` where it can still be named, else raises
-        `ValueError` asking for it."""
+        `ValueError` asking for it. `ConnectionError` if the sender dropped
+        this receiver while it held the frame (what was read from it since
+        may be a later frame's); the frame is released either way."""
         ...
     def __enter__(self) -> Frame: ...
     def __exit__(
         self,
         exc_type: Optional[Type[BaseException]],
-        _exc_value: Optional[BaseException],
-        _traceback: Optional[TracebackType],
-    ) -> bool:
+        exc_value: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
         """Releases the frame as `release()` does; if the block raised, its
-        exception wins."""
+        exception wins (never swallowed)."""
         ...

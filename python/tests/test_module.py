@@ -8,6 +8,7 @@ import ctypes
 import gc
 import os
 import socket
+import struct
 import tempfile
 import time
 
@@ -30,19 +31,38 @@ def listener():
             s.close()
 
 
-def connected(listener):
-    s, path = listener
-    receiver = cuda_interop.connect(path, timeout=1.0)
+MAGIC, VERSION, SUBSCRIBE = b"CIFR", 3, 4
+
+
+def peer_thread(listener, then):
+    """Accepts the one connection on a thread and runs `then(peer)` there
+    (connect() takes the ring before it returns, so the fake peer must
+    answer while it runs). Returns the thread, joined by the caller."""
+    import threading
+
+    s, _ = listener
     s.settimeout(5.0)
-    peer, _ = s.accept()
-    return receiver, peer
+
+    def serve():
+        peer, _ = s.accept()
+        peer.settimeout(5.0)
+        with peer:
+            then(peer)
+
+    t = threading.Thread(target=serve)
+    t.start()
+    return t
 
 
 def test_import():
     assert callable(cuda_interop.connect)
+    assert callable(cuda_interop.connect_named)
+    assert callable(cuda_interop.list_senders)
     assert cuda_interop.Receiver.__name__ == "Receiver"
     assert cuda_interop.Frame.__name__ == "Frame"
+    assert cuda_interop.SenderInfo.__name__ == "SenderInfo"
     assert isinstance(cuda_interop.__version__, str)
+    assert cuda_interop.PROTOCOL_VERSION == 3
 
 
 def test_connect_missing_path():
@@ -60,34 +80,51 @@ def test_bad_timeouts(listener):
             cuda_interop.connect(path, timeout=bad)
 
 
-def test_next_times_out(listener):
-    receiver, peer = connected(listener)
-    with peer:
-        start = time.monotonic()
-        with pytest.raises(TimeoutError):
-            receiver.next(timeout=0.2)
-        elapsed = time.monotonic() - start
-        assert 0.15 <= elapsed < 1.0, elapsed
+def test_a_silent_peer_times_out_within_connects_timeout(listener):
+    """connect() subscribes and waits for the ring, bounded by its timeout."""
+    _, path = listener
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not send its ring"):
+        cuda_interop.connect(path, timeout=0.3)
+    assert 0.25 <= time.monotonic() - start < 1.5
 
 
-def test_garbage_is_a_value_error(listener):
-    receiver, peer = connected(listener)
-    with peer:
+def test_a_peer_that_is_no_frame_sender_is_read_as_wire_messages(listener):
+    """A peer that answers the subscribe with something else than a frame
+    packet is a producer of wire messages: its messages are refused one by
+    one (ValueError), and the connection stays usable."""
+    _, path = listener
+    got = []
+
+    def answer(peer):
+        got.append(peer.recv(64))
+        peer.send(b"\xde\xad\xbe\xef" * 4)  # taken while the protocol is told apart
         peer.send(b"\xde\xad\xbe\xef" * 4)
-        with pytest.raises(ValueError) as info:
+        time.sleep(1.0)
+
+    t = peer_thread(listener, answer)
+    try:
+        receiver = cuda_interop.connect(path, timeout=2.0)
+        assert receiver.layout is None and receiver.held == 0
+        with pytest.raises(ValueError, match="bad magic"):
             receiver.next(timeout=1.0)
-        assert "bad magic" in str(info.value)
-        # The connection stays usable after a rejected message.
         with pytest.raises(TimeoutError):
             receiver.next(timeout=0.05)
+    finally:
+        t.join()
+    # What it sent first: a protocol v3 subscribe.
+    assert len(got[0]) == 48 and got[0][:4] == MAGIC
+    assert struct.unpack_from("<HH", got[0], 4) == (VERSION, SUBSCRIBE)
 
 
 def test_peer_closed_is_a_connection_error(listener):
-    receiver, peer = connected(listener)
-    peer.close()
-    with pytest.raises(ConnectionError) as info:
-        receiver.next(timeout=1.0)
-    assert "closed" in str(info.value)
+    _, path = listener
+    t = peer_thread(listener, lambda peer: None)  # accepts and closes
+    try:
+        with pytest.raises(ConnectionError, match="closed"):
+            cuda_interop.connect(path, timeout=2.0)
+    finally:
+        t.join()
 
 
 # The capsule protocol, on a host-memory frame (the test hook).
