@@ -309,10 +309,11 @@ fn start_frame_server(
     let mut log = String::new();
     // Its run time (an argument of every caller) bounds these reads.
     loop {
-        let line = lines
-            .next()
-            .unwrap_or_else(|| panic!("frame_server exited before announcing itself: {log}"))
-            .unwrap();
+        let Some(line) = lines.next() else {
+            let status = server.wait().unwrap();
+            panic!("frame_server exited ({status}) before announcing itself: {log}");
+        };
+        let line = line.unwrap();
         log += &line;
         log.push('\n');
         if line.contains(&format!("announced as {name:?}")) {
