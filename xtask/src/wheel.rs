@@ -130,6 +130,11 @@ pub fn wheel(args: &[String]) -> Result<(), String> {
     };
     // Refuse a folder this task did not make before building anything.
     clear_previous(&out)?;
+    eprintln!(
+        "xtask wheel: building cuda-interop-py and the frame examples in release (minutes on \
+         a cold machine; cargo shows its progress), then writing {}",
+        out.display()
+    );
     let mut build = cargo();
     build.args(["build", "--release", "-p", "cuda-interop-py"]);
     run(build)?;
