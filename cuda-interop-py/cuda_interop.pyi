@@ -77,7 +77,7 @@ class SenderInfo:
         ...
     @property
     def format(self) -> str:
-        """The pixel format, e.g. `"rgba8"`."""
+        """The pixel format, e.g. `"r8g8b8a8_unorm"`."""
         ...
     @property
     def kind(self) -> SlotKind:

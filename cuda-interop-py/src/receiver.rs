@@ -37,6 +37,7 @@ use cuda_interop_frames::transport::{
 };
 use pyo3::exceptions::{PyConnectionError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
+use rustix::net::RecvFlags;
 use vk_export::markers::DeviceLocal;
 use vk_export::socket::Connection;
 use vk_export::wire::Received;
@@ -205,7 +206,7 @@ impl Mode {
         };
         // A producer of one buffer per message speaks first (a frame sender
         // waits for the subscribe) and never reads.
-        if let Ok(NextMessage::Other) = peek(&conn, Instant::now(), Duration::ZERO) {
+        if speaks_first(&conn) {
             return Ok(single(conn));
         }
         // The session gets its own descriptor of the socket: if the peer
@@ -227,6 +228,10 @@ impl Mode {
             // after saying why.
             Err(ConsumerError::Protocol(_)) if hung_up(&conn).unwrap_or(false) => {
                 Err(goodbye_of(&conn))
+            }
+            // It closed with the subscribe unread: the kernel says "reset".
+            Err(ConsumerError::Recv(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                Err(ConsumerError::Closed)
             }
             Err(e) => Err(e),
         }
@@ -278,6 +283,22 @@ impl Mode {
             Mode::Single(_) | Mode::Gone => None,
         }
     }
+}
+
+/// Whether a message that is not a frame-protocol packet is queued on
+/// `conn` now (the end of the stream is none: the session reports it).
+fn speaks_first(conn: &Connection) -> bool {
+    if !matches!(
+        peek(conn, Instant::now(), Duration::ZERO),
+        Ok(NextMessage::Other)
+    ) {
+        return false;
+    }
+    let mut head = [0u8; 1];
+    matches!(
+        rustix::net::recv(conn, &mut head, RecvFlags::PEEK | RecvFlags::DONTWAIT),
+        Ok((_, n)) if n > 0
+    )
 }
 
 /// Why a sender that hung up did: its goodbye among the queued messages,

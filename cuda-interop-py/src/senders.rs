@@ -26,7 +26,7 @@ pub(crate) struct SenderInfo {
     height: u32,
     /// Bytes from one row to the next.
     row_pitch: u64,
-    /// The pixel format, e.g. `"rgba8"`.
+    /// The pixel format, e.g. `"r8g8b8a8_unorm"`.
     format: String,
     /// What the ring's slots are: `"buffer"` or `"image"`.
     kind: &'static str,
