@@ -1,7 +1,9 @@
-//! The Python module `cuda_interop`: receive buffers a Vulkan producer in
-//! another process shares over a Unix socket (the `vk-export` wire format),
-//! import them into CUDA, and hand them to DLPack consumers (PyTorch, CuPy,
-//! JAX) without copying.
+//! The Python module `cuda_interop`: receive the frames a Vulkan sender in
+//! another process shares over a Unix socket (the frame ring of
+//! `cuda-interop-frames`, or one `vk-export` wire message per buffer),
+//! import them into CUDA and hand them to DLPack consumers (PyTorch, CuPy,
+//! JAX) without copying, or read a ring without GPU semaphores on the host
+//! for NumPy.
 //!
 //! # Contract
 //!

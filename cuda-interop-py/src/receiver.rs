@@ -156,9 +156,30 @@ impl Single {
         Ok(cuda)
     }
 
-    /// One wire message whose resource 0 is a device-local buffer.
-    fn receive(&self, timeout: Duration) -> PyResult<Frame> {
-        let mut received = self.conn.recv(timeout).map_err(vk_error)?;
+    /// The next wire message, waited for in slices with the signals checked
+    /// between them, as [`in_slices`].
+    fn recv(&self, py: Python<'_>, timeout: Duration) -> PyResult<Received> {
+        let deadline = deadline_after(timeout);
+        loop {
+            let slice = left(deadline).min(SLICE);
+            match py.detach(|| self.conn.recv(slice)) {
+                Ok(received) => return Ok(received),
+                Err(vk_export::Error::Timeout(_)) if !left(deadline).is_zero() => {
+                    py.check_signals()?
+                }
+                Err(vk_export::Error::Timeout(_)) => {
+                    return Err(PyTimeoutError::new_err(format!(
+                        "no message from the producer within {timeout:?}"
+                    )))
+                }
+                Err(e) => return Err(vk_error(e)),
+            }
+        }
+    }
+
+    /// The frame of one wire message, whose resource 0 must be a
+    /// device-local buffer.
+    fn import(&self, mut received: Received) -> PyResult<Frame> {
         let tag = received.message().tag;
         let buffer = received.take_buffer::<DeviceLocal>(0).map_err(vk_error)?;
         let cuda = self
@@ -435,7 +456,10 @@ impl Receiver {
             return Err(closed);
         }
         match &self.mode {
-            Mode::Single(single) => py.detach(|| single.receive(timeout)),
+            Mode::Single(single) => {
+                let received = single.recv(py, timeout)?;
+                py.detach(|| single.import(received))
+            }
             Mode::Ring(ring) => {
                 let frame = in_slices(py, timeout, |t| ring.session().next(t))?;
                 Ok(Frame::of_ring(ring.clone(), frame))
