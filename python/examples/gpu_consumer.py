@@ -191,7 +191,13 @@ def main():
     for i in range(args.frames - 1):
         if i == 50:
             split = time.perf_counter()
-        frame = receiver.next(args.timeout)
+        try:
+            frame = receiver.next(args.timeout)
+        except ConnectionError as e:
+            # The sender stopped or dropped this receiver; the message says
+            # why (a frame held past its hold timeout, ...).
+            print(f"[{args.lib}] disconnected after {received} frames: {e}", flush=True)
+            return 1
         skipped += frame.tag - last - 1
         last = frame.tag
         bad += check(frame)
