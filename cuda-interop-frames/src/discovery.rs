@@ -14,10 +14,11 @@
 //!   `export XDG_RUNTIME_DIR=/run/user/$(id -u)`).
 //! * A name `N` is 1 to [`MAX_NAME_LEN`] bytes of ASCII letters, digits,
 //!   `-`, `_` and `.`, not starting with `.` ([`validate_name`]). Its files:
-//!   `N.lock` (empty, `0600`, never removed: removing it would let two
-//!   senders own `N`), `N.sock` (the listener, `0600`, with `vk-export`'s
-//!   peer credential check) and `N.info` (what [`SenderInfo`] holds,
-//!   `0600`, at most 4 KiB, replaced whole by a rename from `.N.info.tmp`).
+//!   `N.lock` (empty, `0600`, made by the first announce or look-up of `N`
+//!   and never removed: removing it would let two senders own `N`),
+//!   `N.sock` (the listener, `0600`, with `vk-export`'s peer credential
+//!   check) and `N.info` (what [`SenderInfo`] holds, `0600`, at most 4 KiB,
+//!   replaced whole by a rename from `.N.info.tmp`).
 //! * Ownership: a sender owns `N` while it holds an exclusive open file
 //!   description (OFD) lock on byte 0 of `N.lock`, taken by
 //!   [`Directory::announce`] and kept by the [`Announcement`]. The kernel
@@ -34,11 +35,13 @@
 //!   free. [`Directory::announce`] takes byte 1 after byte 0 and before it
 //!   touches the files (waiting for it at most [`SETUP_WAIT`], since others
 //!   hold it only for a few system calls: else
-//!   [`DiscoveryError::NameBusy`]), removes what a dead sender left, binds,
-//!   writes `N.info`, and releases byte 1. A lister that finds byte 0 free
-//!   takes byte 1 without waiting and, if byte 0 is still free, removes the
-//!   dead sender's `N.sock`, `N.info` and `.N.info.tmp` (never `N.lock`,
-//!   never a file of another user).
+//!   [`DiscoveryError::NameBusy`]), binds, renames its socket and then its
+//!   entry over whatever a dead sender left (refusing files of another
+//!   user: [`DiscoveryError::Directory`]), and releases byte 1. A lister
+//!   that finds byte 0 of a name with an `N.info` or `N.sock` free takes
+//!   byte 1 without waiting and, if byte 0 is still free, removes the dead
+//!   sender's `N.sock`, `N.info` and `.N.info.tmp` (never `N.lock`, never a
+//!   file of another user).
 //! * [`Directory::list`] and [`Directory::find`] return a sender only while
 //!   its byte 0 is held and its byte 1 is not (an announce in progress is
 //!   not listed yet), and only if `N.lock` and `N.info` are regular files of
@@ -56,11 +59,12 @@
 //!   first: then no receiver reaches a sender that is going away). A
 //!   sender killed between its bind and its rename leaves an unused
 //!   `.<random>.bind` behind.
-//! * [`Directory::wait_for`] and [`Directory::connect`] wait for a name to
-//!   appear, polling every [`POLL_INTERVAL`], up to their timeout
-//!   ([`DiscoveryError::NotFound`] says how long); connecting uses
-//!   [`crate::consumer`] with what is left of the timeout. Nothing here
-//!   waits unbounded.
+//! * [`Directory::wait_for`], [`Directory::connect`] and
+//!   [`Directory::connect_info`] wait for a name to appear, looking every
+//!   [`POLL_INTERVAL`], up to their timeout ([`DiscoveryError::NotFound`]
+//!   says how long); connecting uses [`crate::consumer`] with what is left
+//!   of the timeout. [`Directory::find`] and [`Directory::list`] look once.
+//!   Nothing here waits longer than its timeout or [`SETUP_WAIT`].
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -376,6 +380,27 @@ fn random_tag() -> u64 {
     }
 }
 
+/// Points between two steps of a lock protocol, where the unit tests step
+/// in to check what another process would see there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// A lister found a name's owner byte free, before its setup byte.
+    OwnerSeenFree,
+    /// A lister is about to remove a dead sender's files.
+    Cleaning,
+    /// An announcement removed its files and is about to release the name.
+    Releasing,
+}
+
+/// Nothing outside the unit tests.
+#[cfg(not(test))]
+fn step(_: Step, _: &Path) {}
+
+#[cfg(test)]
+fn step(at: Step, lock: &Path) {
+    tests::step(at, lock)
+}
+
 /// Removes `path` if it is a file of this user; leaves another user's.
 fn remove_if_mine(path: &Path) {
     if std::fs::symlink_metadata(path).is_ok_and(|m| m.uid() == uid() && !m.is_dir()) {
@@ -570,8 +595,10 @@ impl Directory {
         // No owner: what is here is a dead sender's. Clean it only while
         // holding the setup byte with the owner byte still free: a new owner
         // makes its files only after taking the setup byte.
+        step(Step::OwnerSeenFree, &self.lock_path(name));
         if try_lock(&lock, SETUP).unwrap_or(false) {
             if is_locked(&lock, OWNER).is_ok_and(|held| !held) {
+                step(Step::Cleaning, &self.lock_path(name));
                 for path in [
                     self.info_path(name),
                     self.socket_path(name),
@@ -786,6 +813,7 @@ impl Drop for Announcement {
         let _ = std::fs::remove_file(&self.info_path);
         let _ = std::fs::remove_file(&self.socket_path);
         let _ = std::fs::remove_file(&self.tmp_path);
+        step(Step::Releasing, &self.info_path.with_extension("lock"));
         // `self.lock` closes after this, releasing the name last.
     }
 }
@@ -849,6 +877,39 @@ mod tests {
 
     fn names(dir: &Directory) -> Vec<String> {
         dir.list().unwrap().into_iter().map(|s| s.name).collect()
+    }
+
+    type Hook = Box<dyn FnMut(Step, &Path)>;
+
+    thread_local! {
+        /// What [`step`] runs on this thread (a test's own calls only).
+        static HOOK: std::cell::RefCell<Option<Hook>> = const { std::cell::RefCell::new(None) };
+    }
+
+    /// Runs this thread's hook (not nested: calls made from the hook pass
+    /// the steps by).
+    pub(super) fn step(at: Step, lock: &Path) {
+        if let Some(mut hook) = HOOK.with(|h| h.borrow_mut().take()) {
+            hook(at, lock);
+            HOOK.with(|h| *h.borrow_mut() = Some(hook));
+        }
+    }
+
+    /// Runs `body` with `hook` called at each [`Step`] this thread passes.
+    fn with_hook<R>(hook: impl FnMut(Step, &Path) + 'static, body: impl FnOnce() -> R) -> R {
+        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+        let result = body();
+        HOOK.with(|h| *h.borrow_mut() = None);
+        result
+    }
+
+    /// A lock file opened again: another process's view of it.
+    fn other_view(lock: &Path) -> File {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(lock)
+            .unwrap()
     }
 
     /// A pid no process has (above pid_max's largest value, 2^22), as the
@@ -1072,6 +1133,80 @@ mod tests {
         drop(held);
         assert!(names(&dir).is_empty());
         assert!(!dir.info_path("far").exists() && !dir.socket_path("far").exists());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn a_cleaner_leaves_an_owner_that_came_after_its_look() {
+        let (base, dir) = fresh("late-owner");
+        leave_entry(&dir, "cam", NO_PID);
+        let owner = std::rc::Rc::new(std::cell::RefCell::new(None));
+        let hook = {
+            let (dir, owner) = (dir.clone(), owner.clone());
+            move |at: Step, _: &Path| {
+                if at == Step::OwnerSeenFree && owner.borrow().is_none() {
+                    // A sender starts between the lister's look and its
+                    // cleaning.
+                    *owner.borrow_mut() = Some(dir.announce(info("cam")).unwrap());
+                }
+            }
+        };
+        with_hook(hook, || dir.find("cam").unwrap_err());
+        assert!(owner.borrow().is_some());
+        assert!(dir.socket_path("cam").exists() && dir.info_path("cam").exists());
+        assert_eq!(dir.find("cam").unwrap().pid, std::process::id());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn a_cleaner_holds_the_setup_byte_while_it_removes() {
+        let (base, dir) = fresh("cleaner");
+        leave_entry(&dir, "cam", NO_PID);
+        let checked = std::rc::Rc::new(std::cell::Cell::new(false));
+        let hook = {
+            let checked = checked.clone();
+            move |at: Step, lock: &Path| {
+                if at == Step::Cleaning {
+                    // A sender starting now takes the owner byte but must
+                    // wait for the setup byte before it makes any file.
+                    let arriving = other_view(lock);
+                    assert!(try_lock(&arriving, OWNER).unwrap());
+                    assert!(
+                        !try_lock(&arriving, SETUP).unwrap(),
+                        "cleaning without the setup byte"
+                    );
+                    checked.set(true);
+                }
+            }
+        };
+        with_hook(hook, || dir.find("cam").unwrap_err());
+        assert!(checked.get());
+        assert!(!dir.info_path("cam").exists() && !dir.socket_path("cam").exists());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn an_announcement_removes_its_files_before_it_gives_the_name_up() {
+        let (base, dir) = fresh("release-order");
+        let (listener, entry) = dir.announce(info("cam")).unwrap();
+        drop(listener);
+        let checked = std::rc::Rc::new(std::cell::Cell::new(false));
+        let hook = {
+            let (dir, checked) = (dir.clone(), checked.clone());
+            move |at: Step, lock: &Path| {
+                if at == Step::Releasing {
+                    assert!(
+                        is_locked(&other_view(lock), OWNER).unwrap(),
+                        "released before"
+                    );
+                    assert!(!dir.info_path("cam").exists() && !dir.socket_path("cam").exists());
+                    checked.set(true);
+                }
+            }
+        };
+        with_hook(hook, || drop(entry));
+        assert!(checked.get());
+        assert!(!is_locked(&other_view(&dir.lock_path("cam")), OWNER).unwrap());
         std::fs::remove_dir_all(&base).unwrap();
     }
 

@@ -27,7 +27,11 @@
 //!   [`ConsumerError::Closed`] when the sender vanished without one.
 //!   [`Session::check_held`] repeats the check after a read, so a reader
 //!   can tell its pixels are the frame's: see `crate::host_receiver` and
-//!   `crate::vulkan_receiver`.
+//!   `crate::vulkan_receiver`. One drop is not a fault: a sender that stops
+//!   ([`DropReason::SenderStopping`]) writes no slot after its goodbye, so
+//!   the frames held or queued before it are still theirs: `next` hands out
+//!   the queued ones first, reads of held ones succeed, releases are done
+//!   locally, and only then does `next` return the goodbye.
 //! * Thread-safe: every method takes `&self`; one thread receives at a
 //!   time (another's `next` waits for it within its own timeout and then
 //!   returns [`ConsumerError::Busy`]); frames may be released from any
@@ -37,6 +41,7 @@
 //!   receivers send) is given up on: the session shuts its socket down,
 //!   which gives every held slot back, and says why from then on.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -80,6 +85,12 @@ enum Ended {
 }
 
 impl Ended {
+    /// A sender that stopped: it writes no slot after its goodbye, so the
+    /// frames held or queued before it are still theirs.
+    fn is_graceful(&self) -> bool {
+        matches!(self, Ended::Dropped(DropReason::SenderStopping))
+    }
+
     fn error(&self) -> ConsumerError {
         match self {
             Ended::Dropped(reason) => ConsumerError::Dropped(*reason),
@@ -98,6 +109,10 @@ struct State {
     asked: bool,
     stats: ReceiverStats,
     ended: Option<Ended>,
+    /// Frames queued before a stopping sender's goodbye: still the frames
+    /// they name (a stopping sender writes nothing after it), handed out
+    /// before the goodbye's error.
+    pending: VecDeque<(u32, u64, u64)>,
 }
 
 struct Inner {
@@ -246,6 +261,7 @@ impl Session {
                     asked: false,
                     stats: ReceiverStats::default(),
                     ended: None,
+                    pending: VecDeque::new(),
                 }),
                 receiving: Mutex::new(()),
             }),
@@ -287,7 +303,9 @@ impl Session {
     pub fn next(&self, timeout: Duration) -> Result<Frame, ConsumerError> {
         let deadline = deadline_after(timeout);
         let _receiving = lock_within(&self.inner.receiving, deadline, timeout)?;
-        self.inner.check_live()?;
+        if let Some(ended) = self.inner.ended_now()? {
+            return self.after_end(ended);
+        }
         if self.inner.delivery == Delivery::Latest {
             let ask = !lock(&self.inner.state).asked;
             if ask {
@@ -295,46 +313,69 @@ impl Session {
                     Ok(()) => lock(&self.inner.state).asked = true,
                     // The sender is not reading: this call's time is up.
                     Err(SendError::Timeout) => return Err(ConsumerError::Timeout(timeout)),
-                    Err(e) => return Err(self.inner.lost(format!("cannot ask for a frame: {e}"))),
+                    Err(e) => {
+                        let ended = self.inner.lost(format!("cannot ask for a frame: {e}"));
+                        return self.after_end(ended);
+                    }
                 }
             }
         }
-        loop {
-            let message = match recv_message(&self.inner.conn, deadline, timeout) {
-                Ok(message) => message,
-                Err(ConsumerError::Closed) => return Err(self.inner.learn_end()),
-                Err(e @ (ConsumerError::Timeout(_) | ConsumerError::Poll(_))) => return Err(e),
-                Err(e) => return Err(self.inner.give_up(e.to_string())),
-            };
-            match message {
-                Message::Frame {
-                    slot,
-                    sequence,
-                    timestamp_ns,
-                } => {
-                    let dropped_before = self.inner.accept(slot, sequence)?;
-                    // Queued before a drop? The hang-up is visible now if
-                    // so, and the slot may be written already.
-                    if hung_up(&self.inner.conn)? {
-                        return Err(self.inner.learn_end());
+        let message = match recv_message(&self.inner.conn, deadline, timeout) {
+            Ok(message) => message,
+            Err(ConsumerError::Closed) => return self.after_end(self.inner.learn_end()),
+            Err(e @ (ConsumerError::Timeout(_) | ConsumerError::Poll(_))) => return Err(e),
+            Err(e) => return Err(self.inner.give_up(e.to_string()).error()),
+        };
+        match message {
+            Message::Frame {
+                slot,
+                sequence,
+                timestamp_ns,
+            } => {
+                let dropped_before = self.inner.accept(slot, sequence, false)?;
+                // Queued before a drop? The hang-up is visible now if so,
+                // and the slot may be written already (unless the sender
+                // is stopping: then it writes nothing more).
+                if hung_up(&self.inner.conn)? {
+                    let ended = self.inner.learn_end();
+                    if !ended.is_graceful() {
+                        return Err(ended.error());
                     }
-                    return Ok(Frame {
-                        session: self.inner.clone(),
-                        slot,
-                        sequence,
-                        timestamp_ns,
-                        dropped_before,
-                        released: false,
-                    });
                 }
-                Message::Goodbye(reason) => return Err(self.inner.end(Ended::Dropped(reason))),
-                other => {
-                    return Err(self.inner.give_up(format!(
-                        "the sender sent a {} message, which only receivers send",
-                        other.kind_name()
-                    )))
-                }
+                Ok(self.frame(slot, sequence, timestamp_ns, dropped_before))
             }
+            Message::Goodbye(reason) => self.after_end(self.inner.end(Ended::Dropped(reason))),
+            other => Err(self
+                .inner
+                .give_up(format!(
+                    "the sender sent a {} message, which only receivers send",
+                    other.kind_name()
+                ))
+                .error()),
+        }
+    }
+
+    /// After the connection ended: a frame a stopping sender left queued,
+    /// else the end's error.
+    fn after_end(&self, ended: Ended) -> Result<Frame, ConsumerError> {
+        let next = lock(&self.inner.state).pending.pop_front();
+        match next {
+            Some((slot, sequence, timestamp_ns)) if ended.is_graceful() => {
+                let dropped_before = self.inner.accept(slot, sequence, true)?;
+                Ok(self.frame(slot, sequence, timestamp_ns, dropped_before))
+            }
+            _ => Err(ended.error()),
+        }
+    }
+
+    fn frame(&self, slot: u32, sequence: u64, timestamp_ns: u64, dropped_before: u64) -> Frame {
+        Frame {
+            session: self.inner.clone(),
+            slot,
+            sequence,
+            timestamp_ns,
+            dropped_before,
+            released: false,
         }
     }
 
@@ -380,63 +421,87 @@ impl Session {
     /// Gives the connection up: shuts the socket down (the sender takes
     /// every slot back) and keeps `why` for later calls.
     pub fn close(&self, why: &str) {
-        let _ = self.inner.give_up(why.to_string());
+        self.inner.give_up(why.to_string());
     }
 }
 
 impl Inner {
-    /// An error if the connection is over, learning it from the kernel.
-    fn check_live(&self) -> Result<(), ConsumerError> {
+    /// How the connection ended, if it did (asking the kernel).
+    fn ended_now(&self) -> Result<Option<Ended>, ConsumerError> {
         if let Some(ended) = &lock(&self.state).ended {
-            return Err(ended.error());
+            return Ok(Some(ended.clone()));
         }
         if hung_up(&self.conn)? {
-            return Err(self.learn_end());
+            return Ok(Some(self.learn_end()));
         }
-        Ok(())
+        Ok(None)
+    }
+
+    /// An error if the frames this session holds may no longer be theirs:
+    /// the connection ended other than by the sender stopping.
+    fn check_live(&self) -> Result<(), ConsumerError> {
+        match self.ended_now()? {
+            Some(ended) if !ended.is_graceful() => Err(ended.error()),
+            _ => Ok(()),
+        }
     }
 
     /// The sender hung up: its goodbye (if it said one, among the queued
-    /// messages) is the reason. Every held slot is the sender's again.
-    fn learn_end(&self) -> ConsumerError {
+    /// messages) is the reason. Every held slot is the sender's again,
+    /// unless it is stopping: then the frames queued before its goodbye
+    /// are kept for [`Session::next`].
+    fn learn_end(&self) -> Ended {
         if let Some(ended) = &lock(&self.state).ended {
-            return ended.error();
+            return ended.clone();
         }
         // The queue is bounded by the socket's buffer: a few hundred
         // packets at most; the count bounds a misbehaving kernel too.
         let mut reason = Ended::Closed;
+        let mut frames = VecDeque::new();
         for _ in 0..100_000 {
             match try_recv_message(&self.conn) {
                 Ok(Some(Message::Goodbye(r))) => {
                     reason = Ended::Dropped(r);
                     break;
                 }
+                Ok(Some(Message::Frame {
+                    slot,
+                    sequence,
+                    timestamp_ns,
+                })) => frames.push_back((slot, sequence, timestamp_ns)),
                 Ok(Some(_)) => continue,
                 // A reset is reported once, before what is still queued.
                 Err(ConsumerError::Recv(_)) => continue,
                 Ok(None) | Err(_) => break,
             }
         }
+        if reason.is_graceful() {
+            lock(&self.state).pending = frames;
+        }
         self.end(reason)
     }
 
-    /// Marks the connection over for `why`; the error to return.
-    fn end(&self, why: Ended) -> ConsumerError {
+    /// Marks the connection over for `why` (the first reason given stays);
+    /// how it ended.
+    fn end(&self, why: Ended) -> Ended {
         let mut state = lock(&self.state);
         let ended = state.ended.get_or_insert(why).clone();
-        state.held.iter_mut().for_each(|h| *h = None);
+        if !ended.is_graceful() {
+            state.held.iter_mut().for_each(|h| *h = None);
+            state.pending.clear();
+        }
         drop(state);
         let _ = rustix::net::shutdown(&self.conn, rustix::net::Shutdown::Both);
-        ended.error()
+        ended
     }
 
     /// Gives up on a sender that broke the protocol or a socket that failed.
-    fn give_up(&self, why: String) -> ConsumerError {
+    fn give_up(&self, why: String) -> Ended {
         self.end(Ended::GivenUp(why))
     }
 
     /// A send failed: the sender left (learn why) or the socket is broken.
-    fn lost(&self, why: String) -> ConsumerError {
+    fn lost(&self, why: String) -> Ended {
         if hung_up(&self.conn).unwrap_or(true) {
             self.learn_end()
         } else {
@@ -446,7 +511,7 @@ impl Inner {
 
     /// Checks a frame message and marks its slot held; the frames dropped
     /// before it.
-    fn accept(&self, slot: u32, sequence: u64) -> Result<u64, ConsumerError> {
+    fn accept(&self, slot: u32, sequence: u64, queued: bool) -> Result<u64, ConsumerError> {
         let mut state = lock(&self.state);
         let n = state.held.len();
         let fault = if slot as usize >= n {
@@ -463,7 +528,7 @@ impl Inner {
                 "the sender sent frame {sequence} into slot {slot}, which still holds frame \
                  {old}: a sender bug"
             ))
-        } else if self.delivery == Delivery::Latest && !state.asked {
+        } else if self.delivery == Delivery::Latest && !state.asked && !queued {
             Some(format!(
                 "frame {sequence} came unasked to a latest receiver"
             ))
@@ -472,7 +537,7 @@ impl Inner {
         };
         if let Some(why) = fault {
             drop(state);
-            return Err(self.give_up(why));
+            return Err(self.give_up(why).error());
         }
         // Frames presented before this receiver's first are not dropped.
         let dropped_before = if state.last == 0 {
@@ -491,17 +556,29 @@ impl Inner {
     /// Sends the release of `sequence` in `slot`, if this session holds it.
     fn release(&self, slot: u32, sequence: u64, gpu_signalled: bool) -> Result<(), ConsumerError> {
         let mut state = lock(&self.state);
-        if let Some(ended) = &state.ended {
-            return Err(ended.error());
-        }
+        let graceful = match &state.ended {
+            Some(ended) if ended.is_graceful() => true,
+            Some(ended) => return Err(ended.error()),
+            None => false,
+        };
         if state.held.get(slot as usize).copied().flatten() != Some(sequence) {
             return Err(ConsumerError::NotHeld { slot, sequence });
+        }
+        if graceful {
+            // The sender is gone: nobody to tell.
+            state.held[slot as usize] = None;
+            return Ok(());
         }
         // Dropped while holding it? Then its slot may have been written:
         // the caller must hear of it.
         if hung_up(&self.conn)? {
             drop(state);
-            return Err(self.learn_end());
+            let ended = self.learn_end();
+            if !ended.is_graceful() {
+                return Err(ended.error());
+            }
+            lock(&self.state).held[slot as usize] = None;
+            return Ok(());
         }
         state.held[slot as usize] = None;
         drop(state);
@@ -512,11 +589,14 @@ impl Inner {
         };
         match send_message(&self.conn, &release) {
             Ok(()) => Ok(()),
-            Err(SendError::Timeout) => {
-                Err(self
-                    .give_up("the sender did not take a release within the send timeout".into()))
-            }
-            Err(e) => Err(self.lost(format!("cannot send a release: {e}"))),
+            Err(SendError::Timeout) => Err(self
+                .give_up("the sender did not take a release within the send timeout".into())
+                .error()),
+            Err(e) => match self.lost(format!("cannot send a release: {e}")) {
+                // It stopped meanwhile: the slot is its no more.
+                ended if ended.is_graceful() => Ok(()),
+                ended => Err(ended.error()),
+            },
         }
     }
 }

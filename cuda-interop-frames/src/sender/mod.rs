@@ -390,7 +390,12 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
                 (Listener::bind(path)?, None)
             }
         };
-        let socket = listener.path().to_owned();
+        // A named sender's listener was bound at a temporary name and
+        // renamed (see `discovery`): the entry says where it is.
+        let socket = match &announcement {
+            Some(a) => a.info().socket.clone(),
+            None => listener.path().to_owned(),
+        };
         let (events_tx, events) = mpsc::sync_channel(EVENT_QUEUE);
         let stop = Arc::new(AtomicBool::new(false));
         let acceptor = {

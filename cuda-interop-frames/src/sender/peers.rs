@@ -360,7 +360,8 @@ impl Receivers {
                     Some((slot, f, ts)) => match send_frame(peer, slot, f, ts) {
                         Ok(()) => None,
                         Err(reason) => {
-                            self.remove(id, reason, "its frame could not be sent");
+                            let why = reason.map_or("disconnected".to_string(), |r| r.to_string());
+                            self.remove(id, reason, &why);
                             return;
                         }
                     },
@@ -544,7 +545,8 @@ impl Receivers {
             }
         }
         for (id, reason) in faults {
-            self.remove(id, reason, "its frame could not be sent");
+            let why = reason.map_or("disconnected".to_string(), |r| r.to_string());
+            self.remove(id, reason, &why);
         }
     }
 }

@@ -114,6 +114,14 @@ pub(crate) fn read_messages(
                         | std::io::ErrorKind::TimedOut
                         | std::io::ErrorKind::Interrupted
                 ) => {}
+            // A receiver that closes with messages unread resets the
+            // connection: still a departure.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                break Event::Gone {
+                    id,
+                    why: "disconnected".into(),
+                }
+            }
             Err(e) => {
                 break Event::Gone {
                     id,
