@@ -96,7 +96,7 @@ fn receive(cli: &Cli) -> Res<u64> {
         rx.wait_on(&frame, &stream)?;
         stream.synchronize(timeout)?;
         if let Some(staging) = staging.as_mut() {
-            staging.stage(&stream, rx.slot(&frame)?, timeout)?;
+            staging.stage(&rx, &frame, &stream, timeout)?;
         }
         if i >= 1 {
             handoff_us.push(arrived.elapsed().as_secs_f64() * 1e6);
@@ -104,7 +104,7 @@ fn receive(cli: &Cli) -> Res<u64> {
         }
         let f = frame.sequence();
         let host = staging.as_ref().map(Staging::host);
-        if check && !cuda_host::check(&stream, &layout, rx.slot(&frame)?, host, f, timeout)? {
+        if check && !cuda_host::check(&rx, &frame, &stream, host, timeout)? {
             bad += 1;
             if bad <= 5 {
                 eprintln!("[frame_client] frame {f} (slot {}) is wrong", frame.slot());

@@ -250,6 +250,98 @@ impl CudaReceiver {
         Ok(via)
     }
 
+    /// Copies `dst.len()` bytes from byte `at` of `frame`'s slot memory to
+    /// `dst`, after the work already enqueued on `stream` (of this
+    /// receiver's device: [`CudaReceiver::wait_on`] first, so that the copy
+    /// sees the frame), waiting for it within `timeout`. A range outside the
+    /// slot is refused. For checks and tools: a zero-copy reader reads the
+    /// slot on the GPU.
+    pub fn copy_to_host(
+        &self,
+        frame: &Frame,
+        stream: &Stream,
+        at: u64,
+        dst: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), ConsumerError> {
+        let slot = self.slot(frame)?;
+        let len = dst.len() as u64;
+        if at.checked_add(len).is_none_or(|end| end > slot.len) {
+            return Err(ConsumerError::Protocol(format!(
+                "{len} bytes at {at} of a slot of {} bytes: outside the slot",
+                slot.len
+            )));
+        }
+        if stream.device().ordinal() != self.gpu.cuda.ordinal() {
+            return Err(ConsumerError::Protocol(format!(
+                "a stream of CUDA device {}, not of this receiver's device {}",
+                stream.device().ordinal(),
+                self.gpu.cuda.ordinal()
+            )));
+        }
+        // A copy into pageable memory blocks in the driver until it is done:
+        // queued behind a wait nobody signals it would never return, so the
+        // stream drains (bounded) first.
+        stream.synchronize(timeout)?;
+        let copy = cuda_interop::sys::Driver::global()
+            .map_err(|e| ConsumerError::Protocol(e.to_string()))?
+            .fns()
+            .cuMemcpyDtoHAsync
+            .ok_or_else(|| {
+                ConsumerError::Protocol("the CUDA driver lacks cuMemcpyDtoHAsync".into())
+            })?;
+        let current = self.gpu.cuda.enter()?;
+        // SAFETY: the slot belongs to this receiver, so its `len` bytes at
+        // `data` stay mapped device memory of this device (current here) for
+        // the call, and [at, at + len) lies inside them (checked above);
+        // `dst` is a live, writable host range of `len` bytes, pageable, so
+        // the copy has completed when the call returns (the driver's
+        // documented behaviour for device-to-pageable copies); `stream` is a
+        // live stream of this device's primary context (its ordinal checked
+        // above; every `Stream` is made on the primary context).
+        let status = unsafe {
+            copy(
+                dst.as_mut_ptr().cast(),
+                slot.data + at,
+                dst.len(),
+                stream.raw(),
+            )
+        };
+        drop(current);
+        if status != cuda_interop::sys::CUresult::CUDA_SUCCESS {
+            return Err(ConsumerError::Protocol(format!(
+                "cuMemcpyDtoHAsync from a slot failed: {status:?}"
+            )));
+        }
+        stream.synchronize(timeout)?;
+        // The frame must still be this receiver's: the copy read the frame.
+        self.session.check_held(frame)
+    }
+
+    /// [`CudaReceiver::wait_on`] for a foreign stream (the runtime's,
+    /// PyTorch's, CuPy's): the wait and an image ring's copy are enqueued on
+    /// the receiver's wait stream, and `stream` waits for them there (an
+    /// event), so reads enqueued on `stream` afterwards see the frame.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is 1 (the legacy default stream), 2 (the per-thread default
+    /// stream) or a live stream of this receiver's CUDA device, for the
+    /// call.
+    pub unsafe fn wait_on_raw(&self, frame: &Frame, stream: usize) -> Result<(), ConsumerError> {
+        let via = self.enqueue_readable(frame)?;
+        // SAFETY: the caller's guarantee: `stream` is a live stream of this
+        // device (or a default one) for the call. The wait on `via` again is
+        // for a value it already waited for; what it adds is the order
+        // `via` -> `stream`.
+        unsafe {
+            self.gpu
+                .produced
+                .wait_raw_stream(stream as _, frame.sequence(), &via)
+        }?;
+        Ok(())
+    }
+
     /// Releases `frame` after the work enqueued on `stream` so far: the
     /// slot's "released" timeline is signalled there with the frame's
     /// number, and the release promises it (see the module contract).
@@ -257,7 +349,9 @@ impl CudaReceiver {
         self.session.check_held(&frame)?;
         let released = &self.gpu.released[frame.slot() as usize];
         if released.last_signalled() < frame.sequence() {
-            released.signal(stream, frame.sequence())?;
+            if let Err(e) = released.signal(stream, frame.sequence()) {
+                return Err(self.unsignalled(frame, e));
+            }
         }
         self.session.release(frame, true)
     }
@@ -281,9 +375,26 @@ impl CudaReceiver {
             let via = lock_within(&self.gpu.release_stream, Stream::DEFAULT_TIMEOUT)?;
             // SAFETY: the caller's guarantee: `stream` is a live stream of
             // this device (or a default one) for the call.
-            unsafe { released.signal_raw_stream(stream as _, frame.sequence(), &via)? };
+            let signalled =
+                unsafe { released.signal_raw_stream(stream as _, frame.sequence(), &via) };
+            if let Err(e) = signalled {
+                drop(via);
+                return Err(self.unsignalled(frame, e));
+            }
         }
         self.session.release(frame, true)
+    }
+
+    /// A release whose GPU signal could not be enqueued: the reads may still
+    /// run, so the frame is not given back as done; the session is closed
+    /// instead (the sender counts the connection gone).
+    fn unsignalled(&self, frame: Frame, error: cuda_interop::Error) -> ConsumerError {
+        self.session.close(&format!(
+            "the release of frame {} could not be signalled",
+            frame.sequence()
+        ));
+        drop(frame);
+        ConsumerError::Cuda(error)
     }
 }
 

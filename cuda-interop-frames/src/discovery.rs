@@ -44,9 +44,10 @@
 //!   file of another user).
 //! * [`Directory::list`] and [`Directory::find`] return a sender only while
 //!   its byte 0 is held and its byte 1 is not (an announce in progress is
-//!   not listed yet), and only if `N.lock` and `N.info` are regular files of
-//!   this user (no symlinks) and `N.info` parses and names `N`; anything of
-//!   another user is ignored, never removed. [`SenderInfo::pid`] is the pid
+//!   not listed yet), and only if `N.lock` is a regular file of this user
+//!   and `N.info` a file of this user of at most 4 KiB (both opened without
+//!   following a symlink or blocking) that parses and names `N`; anything
+//!   of another user is ignored, never removed. [`SenderInfo::pid`] is the pid
 //!   as the sender sees itself: from another pid namespace it names another
 //!   process or none, and nothing here relies on it.
 //! * [`Directory::announce`] binds the listener at a hidden temporary name
@@ -249,7 +250,7 @@ pub struct SenderInfo {
     pub height: u32,
     /// Bytes from one row to the next (buffer rings).
     pub row_pitch: u64,
-    /// The pixel format (`"rgba8"`).
+    /// The pixel format: the `VkFormat` name in lower case (`"r8g8b8a8_unorm"`).
     pub format: String,
     /// What the slots are.
     pub kind: SlotKind,
@@ -558,9 +559,10 @@ impl Directory {
         Ok(file)
     }
 
-    /// `name`'s `.info` if it is a regular file of this user (not through a
-    /// symlink) of at most [`MAX_INFO_LEN`] bytes that parses and names
-    /// `name`; says nothing about liveness.
+    /// `name`'s `.info` if it is a file of this user (opened without
+    /// following a symlink or blocking: a FIFO gives what it holds) of at
+    /// most [`MAX_INFO_LEN`] bytes that parses and names `name`; says
+    /// nothing about liveness.
     fn read_info(&self, name: &str) -> Option<SenderInfo> {
         let path = self.info_path(name);
         let file = std::fs::OpenOptions::new()
@@ -569,14 +571,11 @@ impl Directory {
             .open(&path)
             .ok()?;
         let meta = file.metadata().ok()?;
-        if !meta.is_file() || meta.uid() != uid() || meta.len() > MAX_INFO_LEN {
+        if meta.uid() != uid() || meta.len() > MAX_INFO_LEN {
             return None;
         }
         let mut text = String::new();
-        file.take(MAX_INFO_LEN + 1).read_to_string(&mut text).ok()?;
-        if text.len() as u64 > MAX_INFO_LEN {
-            return None;
-        }
+        file.take(MAX_INFO_LEN).read_to_string(&mut text).ok()?;
         let info = SenderInfo::decode(&text, self.socket_path(name))?;
         (info.name == name).then_some(info)
     }
@@ -793,13 +792,23 @@ impl Announcement {
     /// the old one or the new one, whole.
     fn write(&self) -> Result<(), DiscoveryError> {
         let tmp = &self.tmp_path;
-        let _ = std::fs::remove_file(tmp);
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(tmp)
-            .map_err(io("create", tmp))?;
+        let create = || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(tmp)
+        };
+        // Something left there (by a killed owner, or planted) is removed,
+        // never written through.
+        let mut file = match create() {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let _ = std::fs::remove_file(tmp);
+                create()
+            }
+            other => other,
+        }
+        .map_err(io("create", tmp))?;
         file.write_all(self.info.encode().as_bytes())
             .map_err(io("write", tmp))?;
         drop(file);
@@ -1339,19 +1348,9 @@ mod tests {
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
         let _f = hold(&dir, "fifo");
-        // A FIFO with a valid entry waiting in it: not listed either.
-        let fed = dir.info_path("fed");
-        let fed_c =
-            std::ffi::CString::new(fed.clone().into_os_string().into_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(fed_c.as_ptr(), 0o600) }, 0);
-        let mut feeder = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&fed)
-            .unwrap();
-        feeder.write_all(info("fed").encode().as_bytes()).unwrap();
-        let _g = hold(&dir, "fed");
+        // Naming another sender: not listed.
+        std::fs::write(dir.info_path("alias"), info("cam").encode()).unwrap();
+        let _a = hold(&dir, "alias");
         let (tx, rx) = mpsc::channel();
         let lister = dir.clone();
         std::thread::spawn(move || tx.send(names(&lister)).unwrap());
@@ -1517,6 +1516,11 @@ mod tests {
         std::os::unix::fs::symlink(&path, base.join("link")).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).unwrap();
         assert!(Directory::new(base.join("link")).is_err());
+        let file = base.join("f");
+        std::fs::write(&file, b"").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let e = Directory::new(&file).unwrap_err();
+        assert!(e.to_string().contains("not a directory"), "{e}");
         let other = base.join("o");
         std::fs::create_dir(&other).unwrap();
         std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o700)).unwrap();

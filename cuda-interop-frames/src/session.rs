@@ -234,8 +234,16 @@ impl Session {
         timeout: Duration,
     ) -> Result<(Session, Received), ConsumerError> {
         let deadline = deadline_after(timeout);
-        send_message(&conn, &Message::Subscribe(delivery))
-            .map_err(|e| ConsumerError::Protocol(format!("cannot subscribe: {e}")))?;
+        if let Err(e) = send_message_until(&conn, &Message::Subscribe(delivery), deadline) {
+            // Refused at once (a limit)? Its goodbye says why.
+            if let Ok(Some(Message::Goodbye(reason))) = try_recv_message(&conn) {
+                return Err(ConsumerError::Dropped(reason));
+            }
+            return Err(match e {
+                SendError::Timeout => ConsumerError::Timeout(timeout),
+                e => ConsumerError::Protocol(format!("cannot subscribe: {e}")),
+            });
+        }
         let layout = match recv_message(&conn, deadline, timeout) {
             Ok(Message::Hello(layout)) => layout,
             Ok(Message::Goodbye(reason)) => return Err(ConsumerError::Dropped(reason)),
@@ -322,7 +330,12 @@ impl Session {
         }
         let message = match recv_message(&self.inner.conn, deadline, timeout) {
             Ok(message) => message,
+            // A sender closing with this receiver's messages unread resets
+            // the connection: a hang-up as well (its goodbye still queued).
             Err(ConsumerError::Closed) => return self.after_end(self.inner.learn_end()),
+            Err(ConsumerError::Recv(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return self.after_end(self.inner.learn_end())
+            }
             Err(e @ (ConsumerError::Timeout(_) | ConsumerError::Poll(_))) => return Err(e),
             Err(e) => return Err(self.inner.give_up(e.to_string()).error()),
         };

@@ -526,7 +526,12 @@ impl Frame {
                 // taken back by a drop) before its memory is handed out.
                 let slot = py
                     .detach(|| {
-                        ring.make_readable(frame, handle)?;
+                        // SAFETY: `handle` is 1, 2, or the handle of the
+                        // stream (object or bare handle) the consumer passed
+                        // to this very call and vouches for across it, as
+                        // DLPack has it (`stream_arg` refused what cannot be
+                        // a stream): a live stream for the call.
+                        unsafe { ring.make_readable(frame, handle) }?;
                         ring.slot(frame)
                     })
                     .map_err(consumer_error)?;

@@ -113,24 +113,33 @@ impl SharedRing {
     }
 
     /// Makes reads enqueued from now on see `frame` (see the module
-    /// contract), where that is needed: a consumer `stream` to order, or an
-    /// image ring, whose frame is this receiver's copy of the image. With
-    /// neither (a buffer ring handed out with stream `-1`), the consumer
-    /// orders its reads itself.
-    pub(crate) fn make_readable(
+    /// contract), where that is needed: a consumer `stream` is ordered after
+    /// "produced" (and an image ring's copy) on the GPU, without a host
+    /// wait; without one, an image ring's copy is waited for on the host
+    /// (bounded), and a buffer ring handed out with stream `-1` is ordered
+    /// by the consumer itself.
+    ///
+    /// # Safety
+    ///
+    /// `stream`, if given, is 1 (the legacy default stream), 2 (the calling
+    /// thread's default stream) or a live stream of the ring's device, for
+    /// the call.
+    pub(crate) unsafe fn make_readable(
         &self,
         frame: &Frame,
         stream: Option<usize>,
     ) -> Result<(), ConsumerError> {
         match &self.backend {
-            Backend::Cuda(cuda) => {
-                if stream.is_none() && !self.layout().is_image_ring() {
-                    return cuda.slot(frame).map(drop);
+            Backend::Cuda(cuda) => match stream {
+                // SAFETY: the caller's guarantee for `handle`.
+                Some(handle) => unsafe { cuda.wait_on_raw(frame, handle) },
+                None if !self.layout().is_image_ring() => cuda.slot(frame).map(drop),
+                None => {
+                    let via = cuda.enqueue_readable(frame)?;
+                    via.synchronize(via.timeout())?;
+                    Ok(())
                 }
-                let via = cuda.enqueue_readable(frame)?;
-                via.synchronize(via.timeout())?;
-                Ok(())
-            }
+            },
             #[cfg(feature = "test-hooks")]
             Backend::Recording(ring) => ring.session().check_held(frame),
         }

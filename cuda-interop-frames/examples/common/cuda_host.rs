@@ -5,9 +5,8 @@
 //!
 //! # Contract
 //!
-//! * [`read_slot`] copies a byte range of a slot to host memory after the
-//!   work already on the stream, bounded by the caller's timeout; a range
-//!   outside the slot is refused.
+//! * Slots are read back with `CudaReceiver::copy_to_host` (bounded, the
+//!   frame checked still held after the copy).
 //! * [`check`] tells whether frame `f` in a slot (or its staged copy) is
 //!   the demo pattern's: every row of an image ring (one copy of the
 //!   frame), five rows of a buffer ring (the first, the band's first and
@@ -18,63 +17,17 @@
 
 use std::time::Duration;
 
-use cuda_interop::sys::{CUresult, Driver};
 use cuda_interop::{CudaDevice, DeviceBuffer, Stream};
-use cuda_interop_frames::cuda_receiver::Slot;
-use cuda_interop_frames::protocol::RingLayout;
+use cuda_interop_frames::cuda_receiver::CudaReceiver;
+use cuda_interop_frames::session::Frame;
 
 use super::demo;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// Copies `dst.len()` bytes from byte `at` of `slot` to `dst`, after the
-/// work already enqueued on `stream` (of the slot's device), and waits for
-/// it within `timeout`.
-pub fn read_slot(
-    stream: &Stream,
-    slot: &Slot,
-    at: u64,
-    dst: &mut [u8],
-    timeout: Duration,
-) -> Res<()> {
-    let len = dst.len() as u64;
-    if at.checked_add(len).is_none_or(|end| end > slot.len) {
-        return Err(format!("{len} bytes at {at} of a slot of {} bytes", slot.len).into());
-    }
-    // A copy into pageable memory blocks in the driver until it is done:
-    // queued behind a wait nobody signals it would never return, so the
-    // stream drains (bounded) first.
-    stream.synchronize(timeout)?;
-    let copy = Driver::global()
-        .map_err(|e| e.to_string())?
-        .fns()
-        .cuMemcpyDtoHAsync
-        .ok_or("the CUDA driver lacks cuMemcpyDtoHAsync")?;
-    let current = stream.device().enter()?;
-    // SAFETY: `slot` is borrowed from a live CudaReceiver, so its `len`
-    // bytes at `data` stay mapped device memory of the stream's device
-    // (current here) for the call, and [at, at + len) lies inside them
-    // (checked above); `dst` is a live, writable host range of `len` bytes,
-    // pageable, so the copy has completed when the call returns (the
-    // driver's documented behaviour for device-to-pageable copies).
-    let status = unsafe {
-        copy(
-            dst.as_mut_ptr().cast(),
-            slot.data + at,
-            dst.len(),
-            stream.raw(),
-        )
-    };
-    drop(current);
-    if status != CUresult::CUDA_SUCCESS {
-        return Err(format!("cuMemcpyDtoHAsync from a slot failed: {status:?}").into());
-    }
-    Ok(stream.synchronize(timeout)?)
-}
-
 /// The ring in words: `image ring of R8G8B8A8_UNORM arrays` or `row pitch
 /// 7680`.
-pub fn ring_words(layout: &RingLayout) -> String {
+pub fn ring_words(layout: &cuda_interop_frames::protocol::RingLayout) -> String {
     let Some(f) = layout.vk_format() else {
         return format!("row pitch {}", layout.row_pitch);
     };
@@ -84,26 +37,26 @@ pub fn ring_words(layout: &RingLayout) -> String {
     }
 }
 
-/// Whether frame `f` in `slot` is the demo pattern's (see the module
-/// contract); `staged`: its host copy, read instead of the slot.
+/// Whether `frame` is the demo pattern's (see the module contract);
+/// `staged`: its host copy, read instead of the slot.
 pub fn check(
+    rx: &CudaReceiver,
+    frame: &Frame,
     stream: &Stream,
-    layout: &RingLayout,
-    slot: &Slot,
     staged: Option<&[u8]>,
-    f: u64,
     timeout: Duration,
 ) -> Res<bool> {
+    let (layout, f) = (rx.layout(), frame.sequence());
     let (height, pitch) = (layout.height, layout.row_pitch as usize);
     let row = layout.width as usize * layout.texel_bytes() as usize;
-    let mut frame = Vec::new();
+    let mut bytes = Vec::new();
     let (rows, whole): (Vec<u32>, Option<&[u8]>) = if layout.is_image_ring() || staged.is_some() {
         let whole = match staged {
             Some(host) => host,
             None => {
-                frame.resize(layout.checked_frame_bytes()? as usize, 0);
-                read_slot(stream, slot, 0, &mut frame, timeout)?;
-                &frame
+                bytes.resize(layout.checked_frame_bytes()? as usize, 0);
+                rx.copy_to_host(frame, stream, 0, &mut bytes, timeout)?;
+                &bytes
             }
         };
         let rows = if layout.is_image_ring() {
@@ -120,7 +73,7 @@ pub fn check(
         let at = y as usize * pitch;
         match whole {
             Some(bytes) => line.copy_from_slice(&bytes[at..at + row]),
-            None => read_slot(stream, slot, at as u64, &mut line, timeout)?,
+            None => rx.copy_to_host(frame, stream, at as u64, &mut line, timeout)?,
         }
         if !demo::check_demo_row(&line, f, y, height) {
             return Ok(false);
@@ -144,7 +97,10 @@ pub struct Staging {
 
 impl Staging {
     /// Buffers for one frame of `layout` on `cuda`.
-    pub fn new(cuda: &CudaDevice, layout: &RingLayout) -> Res<Staging> {
+    pub fn new(
+        cuda: &CudaDevice,
+        layout: &cuda_interop_frames::protocol::RingLayout,
+    ) -> Res<Staging> {
         let bytes = layout.checked_frame_bytes()? as usize;
         Ok(Staging {
             host: vec![0; bytes],
@@ -152,10 +108,16 @@ impl Staging {
         })
     }
 
-    /// Copies the frame in `slot` to host memory and uploads it again,
-    /// after the work on `stream`; waits for both.
-    pub fn stage(&mut self, stream: &Stream, slot: &Slot, timeout: Duration) -> Res<()> {
-        read_slot(stream, slot, 0, &mut self.host, timeout)?;
+    /// Copies `frame` to host memory and uploads it again, after the work
+    /// on `stream`; waits for both.
+    pub fn stage(
+        &mut self,
+        rx: &CudaReceiver,
+        frame: &Frame,
+        stream: &Stream,
+        timeout: Duration,
+    ) -> Res<()> {
+        rx.copy_to_host(frame, stream, 0, &mut self.host, timeout)?;
         Ok(stream.copy_from_host(&self.host, &mut self.uploaded)?)
     }
 
