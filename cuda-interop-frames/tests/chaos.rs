@@ -25,7 +25,9 @@ use cuda_interop_frames::protocol::{Delivery, Message};
 use cuda_interop_frames::sender::{self, AcquireError, Address, Sender, SenderOptions};
 use cuda_interop_frames::session::{ConnectError, Session};
 use cuda_interop_frames::transport::{self, ConsumerError};
-use cuda_interop_testkit::Mem;
+// Host-visible on every driver: the host reads need it (lavapipe offers no
+// other kind; NVIDIA offers it for buffers).
+type Mem = vk_export::markers::HostVisible;
 
 #[path = "../examples/common/demo.rs"]
 mod demo;

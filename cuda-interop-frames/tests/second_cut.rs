@@ -25,7 +25,9 @@ use cuda_interop_frames::protocol::{Delivery, DropReason, Message, RingLayout, S
 use cuda_interop_frames::sender::{self, AcquireError, Address, Sender, SenderOptions};
 use cuda_interop_frames::session::Session;
 use cuda_interop_frames::transport::{self, ConsumerError};
-use cuda_interop_testkit::Mem;
+// Host-visible on every driver: the host reads need it (lavapipe offers no
+// other kind; NVIDIA offers it for buffers).
+type Mem = vk_export::markers::HostVisible;
 use vk_export::socket::{Connection, Exported, Listener};
 
 #[path = "../examples/common/demo.rs"]
