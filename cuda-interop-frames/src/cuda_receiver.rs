@@ -552,7 +552,7 @@ mod sealed {
 
 /// What [`CudaReceiver::enqueue_readable`] does with an image slot, whatever its
 /// format (sealed: this crate's image slots only).
-pub trait CopyOut: sealed::Sealed + Send + Sync {
+pub(crate) trait CopyOut: sealed::Sealed + Send + Sync {
     /// Enqueues on `stream` the copy of the slot's image (level 0) into its
     /// pitched buffer ([`Slot::data`]); returns the engine that copies.
     fn enqueue_copy_out(&self, stream: &Stream) -> Result<CopyEngine, cuda_interop::Error>;

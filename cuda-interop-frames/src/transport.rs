@@ -283,7 +283,7 @@ pub fn try_recv_message(conn: &Connection) -> Result<Option<Message>, ConsumerEr
 
 /// Sends one message, waiting for room at most until `deadline` (a sender
 /// that stops reading cannot hold a receiver's call past its timeout).
-pub fn send_message_until(
+pub(crate) fn send_message_until(
     conn: &Connection,
     message: &Message,
     deadline: Instant,

@@ -421,3 +421,115 @@ impl<F: Format> SourceImage<F> {
         }
     }
 }
+
+/// The barriers of a resource handed back and forth with
+/// `VK_QUEUE_FAMILY_EXTERNAL` by commands the application records itself
+/// (a frame sender's slots): the crate's own helpers track ownership in
+/// [`Owner`]; these record the two halves where the caller tracks it.
+impl<M: crate::markers::MemoryLocation> crate::ExportableBuffer<M> {
+    /// Records the acquisition of the buffer by `family` from
+    /// `VK_QUEUE_FAMILY_EXTERNAL` (after a release there; nothing to record
+    /// for a buffer never released: `from_external` false).
+    ///
+    /// # Safety
+    ///
+    /// `cmd` is a command buffer of this buffer's device in the recording
+    /// state, for a queue of `family`; the buffer outlives the commands; if
+    /// `from_external`, the buffer's last use was a release to the external
+    /// family, ordered before these commands.
+    pub unsafe fn record_acquire_from_external(
+        &self,
+        device: &ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+        from_external: bool,
+    ) {
+        if from_external {
+            buffer_barrier(device, cmd, self.raw(), (vk::QUEUE_FAMILY_EXTERNAL, family));
+        }
+    }
+
+    /// Records the release of the buffer by `family` to
+    /// `VK_QUEUE_FAMILY_EXTERNAL`, after every earlier command's access.
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::record_acquire_from_external`]; `family` owns the buffer.
+    pub unsafe fn record_release_to_external(
+        &self,
+        device: &ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+    ) {
+        buffer_barrier(device, cmd, self.raw(), (family, vk::QUEUE_FAMILY_EXTERNAL));
+    }
+}
+
+impl<F: Format, M: crate::markers::MemoryLocation, U: crate::markers::Usage>
+    crate::ExportableImage<F, crate::markers::Optimal, M, U>
+{
+    /// Records the acquisition of the image by `family` in `GENERAL`: from
+    /// `VK_QUEUE_FAMILY_EXTERNAL` in `GENERAL` if `from_external` (every
+    /// release to the external family of these halves leaves it there), else
+    /// from `UNDEFINED` (its first use: nothing to keep).
+    ///
+    /// # Safety
+    ///
+    /// `cmd` is a command buffer of this image's device in the recording
+    /// state, for a queue of `family`; the image outlives the commands; if
+    /// `from_external`, its last use was a release to the external family in
+    /// `GENERAL`, ordered before these commands; if not, nothing uses it.
+    pub unsafe fn record_acquire_from_external(
+        &self,
+        device: &ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+        from_external: bool,
+    ) {
+        let general = vk::ImageLayout::GENERAL;
+        if from_external {
+            image_barrier(
+                device,
+                cmd,
+                self.raw(),
+                general,
+                general,
+                (vk::QUEUE_FAMILY_EXTERNAL, family),
+            );
+        } else {
+            image_barrier(
+                device,
+                cmd,
+                self.raw(),
+                vk::ImageLayout::UNDEFINED,
+                general,
+                (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED),
+            );
+        }
+    }
+
+    /// Records the release of the image by `family` to
+    /// `VK_QUEUE_FAMILY_EXTERNAL` in `GENERAL` (the layout CUDA uses and a
+    /// Vulkan receiver acquires from), after every earlier command's access.
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::record_acquire_from_external`]; `family` owns the image,
+    /// in `GENERAL`.
+    pub unsafe fn record_release_to_external(
+        &self,
+        device: &ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+    ) {
+        let general = vk::ImageLayout::GENERAL;
+        image_barrier(
+            device,
+            cmd,
+            self.raw(),
+            general,
+            general,
+            (family, vk::QUEUE_FAMILY_EXTERNAL),
+        );
+    }
+}

@@ -1,11 +1,12 @@
 //! What a ring's slots are ([`SlotResource`]: exportable buffers or
-//! OPTIMAL exportable images) and the queue-family ownership barriers the
-//! sender records around each frame's commands.
+//! OPTIMAL exportable images), and which of `vk-export`'s external-family
+//! barriers the sender records around each frame's commands.
 //!
 //! # Contract
 //!
-//! * Sealed: only this crate's two kinds are slots, so every barrier the
-//!   sender records is one written here.
+//! * Sealed: only this crate's two kinds are slots; their barriers are
+//!   `vk-export`'s (`record_acquire_from_external`,
+//!   `record_release_to_external` of the exportable types).
 //! * A slot is acquired by the recording family from
 //!   `VK_QUEUE_FAMILY_EXTERNAL` (in `GENERAL` for an image) after its first
 //!   frame, from nothing (`UNDEFINED`) on its first; it is released to the
@@ -51,7 +52,10 @@ pub trait SlotResource<M: MemoryLocation>: Exported + sealed::Sealed + Sized {
     ///
     /// # Safety
     /// `cmd` is a command buffer of `device` in the recording state, for a
-    /// queue of `family`; the slot outlives the commands.
+    /// queue of `family`; the slot outlives the commands; if
+    /// `from_external`, the slot's last use was a release to the external
+    /// family (an image in `GENERAL`) ordered before these commands, and if
+    /// not, nothing uses it.
     unsafe fn record_acquire(
         &self,
         device: &vk_export::ash::Device,
@@ -70,15 +74,6 @@ pub trait SlotResource<M: MemoryLocation>: Exported + sealed::Sealed + Sized {
         cmd: vk::CommandBuffer,
         family: u32,
     );
-}
-
-/// The acquire and release stages and accesses of both kinds: full
-/// barriers, as the crate's helpers use.
-fn acquire_access() -> (vk::AccessFlags, vk::AccessFlags) {
-    (
-        vk::AccessFlags::empty(),
-        vk::AccessFlags::MEMORY_WRITE | vk::AccessFlags::MEMORY_READ,
-    )
 }
 
 impl<M: MemoryLocation> SlotResource<M> for ExportableBuffer<M> {
@@ -112,23 +107,8 @@ impl<M: MemoryLocation> SlotResource<M> for ExportableBuffer<M> {
         family: u32,
         from_external: bool,
     ) {
-        if !from_external {
-            return;
-        }
-        let (src, dst) = acquire_access();
-        let barrier = buffer_barrier(self.raw(), vk::QUEUE_FAMILY_EXTERNAL, family, src, dst);
-        // SAFETY: the caller's recording command buffer; the buffer is alive.
-        unsafe {
-            device.cmd_pipeline_barrier(
-                cmd,
-                vk::PipelineStageFlags::TOP_OF_PIPE,
-                vk::PipelineStageFlags::ALL_COMMANDS,
-                vk::DependencyFlags::empty(),
-                &[],
-                &[barrier],
-                &[],
-            )
-        };
+        // SAFETY: the caller's guarantees are the method's.
+        unsafe { self.record_acquire_from_external(device, cmd, family, from_external) };
     }
 
     unsafe fn record_release(
@@ -137,43 +117,9 @@ impl<M: MemoryLocation> SlotResource<M> for ExportableBuffer<M> {
         cmd: vk::CommandBuffer,
         family: u32,
     ) {
-        let barrier = buffer_barrier(
-            self.raw(),
-            family,
-            vk::QUEUE_FAMILY_EXTERNAL,
-            vk::AccessFlags::MEMORY_WRITE,
-            vk::AccessFlags::empty(),
-        );
         // SAFETY: as in record_acquire.
-        unsafe {
-            device.cmd_pipeline_barrier(
-                cmd,
-                vk::PipelineStageFlags::ALL_COMMANDS,
-                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
-                vk::DependencyFlags::empty(),
-                &[],
-                &[barrier],
-                &[],
-            )
-        };
+        unsafe { self.record_release_to_external(device, cmd, family) };
     }
-}
-
-fn buffer_barrier(
-    buffer: vk::Buffer,
-    src_family: u32,
-    dst_family: u32,
-    src_access: vk::AccessFlags,
-    dst_access: vk::AccessFlags,
-) -> vk::BufferMemoryBarrier<'static> {
-    vk::BufferMemoryBarrier::default()
-        .src_access_mask(src_access)
-        .dst_access_mask(dst_access)
-        .src_queue_family_index(src_family)
-        .dst_queue_family_index(dst_family)
-        .buffer(buffer)
-        .offset(0)
-        .size(vk::WHOLE_SIZE)
 }
 
 /// The slot an image ring's [`WriteSlot::present_with`](super::WriteSlot::present_with) closure records
@@ -195,29 +141,6 @@ pub struct ImageTarget {
 /// textures need; every preset has transfer source and destination, which
 /// Vulkan receivers' read-backs need).
 pub type ImageSender<F, M, U = usage::Storage> = Sender<M, ExportableImage<F, Optimal, M, U>>;
-
-fn image_barrier(
-    image: vk::Image,
-    (old, new): (vk::ImageLayout, vk::ImageLayout),
-    (src_family, dst_family): (u32, u32),
-    (src_access, dst_access): (vk::AccessFlags, vk::AccessFlags),
-) -> vk::ImageMemoryBarrier<'static> {
-    vk::ImageMemoryBarrier::default()
-        .src_access_mask(src_access)
-        .dst_access_mask(dst_access)
-        .old_layout(old)
-        .new_layout(new)
-        .src_queue_family_index(src_family)
-        .dst_queue_family_index(dst_family)
-        .image(image)
-        .subresource_range(vk::ImageSubresourceRange {
-            aspect_mask: vk::ImageAspectFlags::COLOR,
-            base_mip_level: 0,
-            level_count: vk::REMAINING_MIP_LEVELS,
-            base_array_layer: 0,
-            layer_count: vk::REMAINING_ARRAY_LAYERS,
-        })
-}
 
 impl<F: Format, M: MemoryLocation, U: Usage> SlotResource<M> for ExportableImage<F, Optimal, M, U> {
     type Target = ImageTarget;
@@ -260,33 +183,8 @@ impl<F: Format, M: MemoryLocation, U: Usage> SlotResource<M> for ExportableImage
         family: u32,
         from_external: bool,
     ) {
-        // Its first frame: from UNDEFINED (nothing to keep), no transfer;
-        // later ones: acquired from the external family in GENERAL, the
-        // layout every release (the sender's, a Vulkan receiver's) leaves.
-        let (layouts, families) = if from_external {
-            (
-                (vk::ImageLayout::GENERAL, vk::ImageLayout::GENERAL),
-                (vk::QUEUE_FAMILY_EXTERNAL, family),
-            )
-        } else {
-            (
-                (vk::ImageLayout::UNDEFINED, vk::ImageLayout::GENERAL),
-                (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED),
-            )
-        };
-        let barrier = image_barrier(self.raw(), layouts, families, acquire_access());
-        // SAFETY: the caller's recording command buffer; the image is alive.
-        unsafe {
-            device.cmd_pipeline_barrier(
-                cmd,
-                vk::PipelineStageFlags::TOP_OF_PIPE,
-                vk::PipelineStageFlags::ALL_COMMANDS,
-                vk::DependencyFlags::empty(),
-                &[],
-                &[],
-                &[barrier],
-            )
-        };
+        // SAFETY: the caller's guarantees are the method's.
+        unsafe { self.record_acquire_from_external(device, cmd, family, from_external) };
     }
 
     unsafe fn record_release(
@@ -295,24 +193,7 @@ impl<F: Format, M: MemoryLocation, U: Usage> SlotResource<M> for ExportableImage
         cmd: vk::CommandBuffer,
         family: u32,
     ) {
-        let general = vk::ImageLayout::GENERAL;
-        let barrier = image_barrier(
-            self.raw(),
-            (general, general),
-            (family, vk::QUEUE_FAMILY_EXTERNAL),
-            (vk::AccessFlags::MEMORY_WRITE, vk::AccessFlags::empty()),
-        );
         // SAFETY: as in record_acquire.
-        unsafe {
-            device.cmd_pipeline_barrier(
-                cmd,
-                vk::PipelineStageFlags::ALL_COMMANDS,
-                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
-                vk::DependencyFlags::empty(),
-                &[],
-                &[],
-                &[barrier],
-            )
-        };
+        unsafe { self.record_release_to_external(device, cmd, family) };
     }
 }
