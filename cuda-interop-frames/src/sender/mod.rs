@@ -103,8 +103,9 @@
 //! for s in list_senders()? {
 //!     println!("{}: {}x{} {}, {:.0} frames/s", s.name, s.width, s.height, s.format, s.fps);
 //! }
-//! let mut rx = HostReceiver::connect_named("cam", Delivery::Latest, Duration::from_secs(5))?;
-//! let (frame, pixels) = rx.next(Duration::from_secs(5))?;
+//! let rx = HostReceiver::connect_named("cam", Delivery::Latest, Duration::from_secs(5))?;
+//! let frame = rx.next(Duration::from_secs(5))?;
+//! let pixels = rx.read(&frame, Duration::from_secs(5))?;
 //! println!("frame {} at {} ns: {} bytes", frame.sequence(), frame.timestamp_ns(), pixels.len());
 //! rx.release(frame)?;
 //! # Ok(())
