@@ -1,0 +1,260 @@
+//! The guards an application writes a frame through: [`WriteSlot`] (a free
+//! slot taken by `Sender::acquire`, presented with commands the crate
+//! records, or by a copy of the application's own image) and [`OpenSlot`]
+//! (a slot opened for the application's own submissions).
+//!
+//! # Contract
+//!
+//! * A guard borrows its sender mutably: one frame is written at a time.
+//! * A [`WriteSlot`] dropped unpresented leaves the slot free; an
+//!   [`OpenSlot`] dropped unpresented is released to the external family
+//!   (bounded, on the same queue) and no frame is numbered.
+//! * The sender's bookkeeping (frame numbers, the slot's owner, the
+//!   receivers' waits) is the sender's (`super`): the guards call it.
+
+use vk_export::ash::vk;
+use vk_export::format::Format;
+use vk_export::markers::{MemoryLocation, Optimal, Usage};
+use vk_export::{ExportableBuffer, ExportableImage, QueueRole, SourceImage, TimelineSemaphore};
+
+use super::{Sender, SenderError, SlotResource};
+
+impl<M: MemoryLocation, R: SlotResource<M>> std::fmt::Debug for WriteSlot<'_, M, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteSlot")
+            .field("slot", &self.slot)
+            .finish()
+    }
+}
+
+/// A slot taken for writing the next frame; [`WriteSlot::present_with`]
+/// publishes it. Dropped unpresented, the slot stays free.
+pub struct WriteSlot<'a, M: MemoryLocation, R: SlotResource<M> = ExportableBuffer<M>> {
+    pub(super) sender: &'a mut Sender<M, R>,
+    pub(super) slot: u32,
+}
+
+impl<M: MemoryLocation> WriteSlot<'_, M, ExportableBuffer<M>> {
+    /// The slot's buffer.
+    pub fn buffer(&self) -> &ExportableBuffer<M> {
+        &self.sender.slots[self.slot as usize]
+    }
+}
+
+impl<F: Format, M: MemoryLocation, U: Usage> WriteSlot<'_, M, ExportableImage<F, Optimal, M, U>> {
+    /// The slot's image.
+    pub fn image(&self) -> &ExportableImage<F, Optimal, M, U> {
+        &self.sender.slots[self.slot as usize]
+    }
+
+    /// Publishes an image the application made without external memory
+    /// (a render target: binding exportable memory to it after the fact
+    /// would give another layout, garbled pixels) by a GPU copy into the
+    /// slot: `vkCmdCopyImage` from `source` (its format is the ring's, by
+    /// type; its region at its offset is the ring's extent, checked before
+    /// anything is recorded), between the slot's ownership barriers, on the
+    /// transfer queue for a `CONCURRENT` source, one the transfer family
+    /// owns, or one the application released to it
+    /// ([`vk_export::SourceSharing::ReleasedToTransfer`]: the crate
+    /// records the acquire and the release back), else on the main queue
+    /// of the family that owns it ([`SourceImage::check_copy`]); after a GPU wait for `wait`'s timeline
+    /// value if given (the application's rendering signals it), and
+    /// leaving the source in its layout. Then as
+    /// [`WriteSlot::present_with`]: waits for the copy (bounded), announces
+    /// the frame, returns its sequence number. A refused copy
+    /// ([`SenderError::Vulkan`] with [`vk_export::Error::InvalidArgument`])
+    /// leaves the slot free and the frame unnumbered.
+    pub fn present_copy(
+        self,
+        timestamp_ns: u64,
+        source: &SourceImage<F>,
+        wait: Option<(&TimelineSemaphore, u64)>,
+    ) -> Result<u64, SenderError> {
+        let extent = [self.sender.opts.width, self.sender.opts.height];
+        let role = source.check_copy(&self.sender.ctx, extent)?;
+        self.sender.present(
+            self.slot,
+            timestamp_ns,
+            role,
+            wait,
+            |device, cmd, target| {
+                // SAFETY: check_copy returned `role` for this extent, and
+                // this is the recording command buffer of that role's queue
+                // (of `target.queue_family`); the slot's image is the
+                // sender's, of format F with transfer usage (every preset),
+                // of `extent`, in GENERAL owned by that family between the
+                // acquire and release barriers around this closure, and it
+                // outlives the submission (the sender's slots do; a timed-out
+                // one is waited for by their drops); the source's facts are
+                // `SourceImage::new`'s contract.
+                unsafe {
+                    source.record_copy_to(device, cmd, target.queue_family, target.image, extent)
+                }
+            },
+        )
+    }
+}
+
+impl<'a, M: MemoryLocation, R: SlotResource<M>> WriteSlot<'a, M, R> {
+    /// The slot's index.
+    pub fn index(&self) -> u32 {
+        self.slot
+    }
+
+    /// The sequence number the frame gets when presented.
+    pub fn sequence(&self) -> u64 {
+        self.sender.stats.presented + 1
+    }
+
+    /// Records `record`'s commands (given the device, the command buffer
+    /// and the slot: its buffer, or an [`ImageTarget`](super::ImageTarget) for an image ring)
+    /// between the crate's ownership barriers,
+    /// submits them (waiting on the GPU for receivers' releases of the slot),
+    /// waits for them (bounded), and announces the frame with
+    /// `timestamp_ns` ([`monotonic_ns`](super::monotonic_ns) for "now"). Returns its sequence
+    /// number.
+    pub fn present_with(
+        self,
+        timestamp_ns: u64,
+        record: impl FnOnce(&vk_export::ash::Device, vk::CommandBuffer, R::Target),
+    ) -> Result<u64, SenderError> {
+        let role = self.sender.opts.queue;
+        self.sender
+            .present(self.slot, timestamp_ns, role, None, record)
+    }
+
+    /// Opens the slot for the application's own submissions (another
+    /// queue of `role`'s family, as wgpu's or an engine's: commands this
+    /// crate does not record): one submission on `role`'s queue waits on
+    /// the GPU for the receivers' releases of the slot and acquires it for
+    /// that family (an image in `GENERAL`), and is waited for (bounded).
+    /// The application's work then waits for [`OpenSlot::ready`] on the
+    /// GPU, writes the slot on a queue of [`OpenSlot::queue_family`]
+    /// (leaving an image in `GENERAL`), signals a timeline of this context,
+    /// and [`OpenSlot::present`] publishes the frame after it.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use cuda_interop_frames::sender::{monotonic_ns, ImageSender};
+    /// # use vk_export::{format::Rgba8Unorm, markers::DeviceLocal, QueueRole, TimelineSemaphore};
+    /// # fn f(sender: &mut ImageSender<Rgba8Unorm, DeviceLocal>, done: &TimelineSemaphore, n: u64)
+    /// # -> Result<(), Box<dyn std::error::Error>> {
+    /// let slot = sender.acquire(Duration::from_millis(100))?.open(QueueRole::Main)?;
+    /// let (opened, value) = slot.ready();
+    /// // ... the application's submission: waits (opened, value), writes
+    /// // slot.resource() on a queue of slot.queue_family(), signals (done, n) ...
+    /// # let _ = (opened, value);
+    /// let sequence = slot.present(monotonic_ns(), (done, n))?;
+    /// # let _ = sequence; Ok(()) }
+    /// ```
+    pub fn open(self, role: QueueRole) -> Result<OpenSlot<'a, M, R>, SenderError> {
+        let WriteSlot { sender, slot } = self;
+        let ready = sender.open(slot, role)?;
+        let family = sender.ctx.queue_family_of(role);
+        Ok(OpenSlot {
+            sender,
+            slot,
+            role,
+            family,
+            ready,
+            closed: false,
+        })
+    }
+}
+
+/// A slot opened for the application's own submissions
+/// ([`WriteSlot::open`]): acquired for [`OpenSlot::queue_family`] until
+/// [`OpenSlot::present`] releases it and publishes the frame. Dropped
+/// without presenting, it is released (bounded, on the same queue) and
+/// left free with no frame numbered: work the application submitted that
+/// writes it must have completed by then (it would write a later frame).
+pub struct OpenSlot<'a, M: MemoryLocation, R: SlotResource<M> = ExportableBuffer<M>> {
+    sender: &'a mut Sender<M, R>,
+    slot: u32,
+    role: QueueRole,
+    family: u32,
+    ready: u64,
+    /// Released to the external family (or its release submitted).
+    closed: bool,
+}
+
+impl<M: MemoryLocation, R: SlotResource<M>> OpenSlot<'_, M, R> {
+    /// The slot's index.
+    pub fn index(&self) -> u32 {
+        self.slot
+    }
+
+    /// The slot's buffer or image.
+    pub fn resource(&self) -> &R {
+        &self.sender.slots[self.slot as usize]
+    }
+
+    /// The queue family the slot is acquired for: the application writes
+    /// it on a queue of this family only.
+    pub fn queue_family(&self) -> u32 {
+        self.family
+    }
+
+    /// The timeline value the application's writes wait for on the GPU
+    /// (already reached when `open` returned; waiting for it orders the
+    /// acquire's memory dependency before the writes on another queue).
+    pub fn ready(&self) -> (&TimelineSemaphore, u64) {
+        (
+            self.sender.opened.as_ref().expect("made by open"),
+            self.ready,
+        )
+    }
+
+    /// The sequence number the frame gets when presented.
+    pub fn sequence(&self) -> u64 {
+        self.sender.stats.presented + 1
+    }
+
+    /// Publishes the frame: one submission on the opening role's queue
+    /// waits on the GPU for `written` (the application's timeline value,
+    /// signalled after its last write; a timeline of the sender's context),
+    /// releases the slot to the external family, signals "produced", and is
+    /// waited for (bounded); then the frame is announced with
+    /// `timestamp_ns`. Returns its sequence number. On an error the slot is
+    /// released by the drop, unnumbered.
+    pub fn present(
+        mut self,
+        timestamp_ns: u64,
+        written: (&TimelineSemaphore, u64),
+    ) -> Result<u64, SenderError> {
+        let f = self.sender.stats.presented + 1;
+        let closed = self
+            .sender
+            .close(self.slot, self.role, Some(written), Some(f));
+        // Released (or its release submitted): the drop must not release
+        // it again.
+        self.closed = self.sender.released_to_external[self.slot as usize];
+        closed?;
+        self.sender.announce(self.slot, f, timestamp_ns);
+        Ok(f)
+    }
+}
+
+impl<M: MemoryLocation, R: SlotResource<M>> Drop for OpenSlot<'_, M, R> {
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        if let Err(e) = self.sender.close(self.slot, self.role, None, None) {
+            self.sender.note(format!(
+                "slot {} opened and dropped unpresented: its release failed: {e}",
+                self.slot
+            ));
+        }
+    }
+}
+
+impl<M: MemoryLocation, R: SlotResource<M>> std::fmt::Debug for OpenSlot<'_, M, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenSlot")
+            .field("slot", &self.slot)
+            .field("queue_family", &self.family)
+            .field("ready", &self.ready)
+            .finish()
+    }
+}
