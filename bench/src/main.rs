@@ -1,7 +1,7 @@
 //! The performance suite (issue 11; the scenarios of INTEROP-RULES B.3).
 //!
 //! ```text
-//! bench [--quick] [--vulkan-only] [--json PATH]
+//! bench [--quick] [--vulkan-only] [--s9-only] [--json PATH]
 //! ```
 //!
 //! `--vulkan-only` runs only what needs no CUDA (as on a machine without
@@ -44,6 +44,13 @@
 //!   (issue 19): on every queue family, both directions, each leg against a
 //!   CUDA-only floor, with `CUDA_DEVICE_MAX_CONNECTIONS` unset and `=1`
 //!   (child processes of this binary, `--s8-child`; run first).
+//! * **S9** (issue 30) the frame ring's hand-off against its CUDA-only
+//!   peer, a ring of `cuMemAlloc` slots shared with CUDA IPC memory and
+//!   event handles and the same 48-byte packets (`src/ipc_ring.rs`), with
+//!   1 and 4 receiving processes, without and with CUDA MPS (a private
+//!   daemon), and the latency by step (`src/s9.rs`; all in child
+//!   processes of this binary, run right after S8). `bench --s9-only
+//!   [--quick] [--json PATH]` runs it alone.
 //! * **Drift** per-cycle cost of the Vulkan export/import cycle (also on
 //!   lavapipe) and of the CUDA import cycle, the last 10% of the cycles
 //!   against the first 10% (goal <= 1.2x).
@@ -61,8 +68,13 @@
 mod common;
 mod drift;
 mod engine_switch;
+mod frame_ring;
+mod ipc_ring;
+mod mps;
 mod producer;
 mod report;
+mod s9;
+mod s9_wire;
 mod scenarios;
 mod two_process;
 mod variants;
@@ -70,6 +82,8 @@ mod variants;
 use std::process::ExitCode;
 
 pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
+/// A child process's entry point.
+type ChildMain = fn() -> Res<()>;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -78,6 +92,23 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("bench S7 producer: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    // S9's child processes (src/s9.rs).
+    let s9_child: Option<(&str, ChildMain)> = match args.first().map(String::as_str) {
+        Some(ipc_ring::PRODUCER_FLAG) => Some(("S9 IPC producer", ipc_ring::producer_main)),
+        Some(ipc_ring::CONSUMER_FLAG) => Some(("S9 IPC consumer", ipc_ring::consumer_main)),
+        Some(frame_ring::SENDER_FLAG) => Some(("S9 frame sender", frame_ring::sender_main)),
+        Some(frame_ring::RECEIVER_FLAG) => Some(("S9 frame receiver", frame_ring::receiver_main)),
+        _ => None,
+    };
+    if let Some((what, child_main)) = s9_child {
+        return match child_main() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench {what} (pid {}): {e}", std::process::id());
                 ExitCode::FAILURE
             }
         };
@@ -97,7 +128,13 @@ fn main() -> ExitCode {
         .position(|a| a == "--json")
         .and_then(|i| args.get(i + 1).cloned());
     let vulkan_only = args.iter().any(|a| a == "--vulkan-only");
-    match scenarios::run(quick, vulkan_only, json.as_deref()) {
+    let s9_only = args.iter().any(|a| a == "--s9-only");
+    let run = if s9_only {
+        scenarios::run_s9_only(quick, json.as_deref())
+    } else {
+        scenarios::run(quick, vulkan_only, json.as_deref())
+    };
+    match run {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench: {e}");

@@ -64,6 +64,8 @@ pub fn run(quick: bool, vulkan_only: bool, json: Option<&str>) -> Res<()> {
         report.note("--vulkan-only: S1-S8 and the CUDA drift cycle not run");
     } else {
         crate::engine_switch::s8(&mut report, quick)?;
+        // S9 in child processes too, before this process has a context.
+        crate::s9::s9(&mut report, quick)?;
     }
     let ctx = match Context::headless(&HeadlessOptions::default()) {
         Ok(ctx) => ctx,
@@ -217,6 +219,21 @@ pub fn run(quick: bool, vulkan_only: bool, json: Option<&str>) -> Res<()> {
 
 /// Prints the table, writes the JSON, and fails if the layer reported
 /// errors.
+/// `bench --s9-only`: S9 alone (child processes), its table and JSON.
+pub fn run_s9_only(quick: bool, json: Option<&str>) -> Res<()> {
+    let mut report = Report::default();
+    let header = vec![("commit", env!("BENCH_COMMIT").to_string())];
+    for (k, v) in &header {
+        println!("{k}: {v}");
+    }
+    crate::s9::s9(&mut report, quick)?;
+    if !report.rows.iter().any(|r| r.scenario == "S9") {
+        // Asked for S9 alone: nothing measured is a failure, not a skip.
+        report.fail("--s9-only measured nothing (see the notes above)");
+    }
+    finish(&report, &header, json, None)
+}
+
 fn finish(
     report: &Report,
     header: &[(&str, String)],
