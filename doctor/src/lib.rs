@@ -18,20 +18,25 @@
 //!   external semaphores per kind and handle type, SYNC_FD among them), the
 //!   validation layer, the CUDA driver (library, version) and devices, the
 //!   UUID pairing, and, on a paired device, CIG support and the measured
-//!   graphics-engine switch (module `switch`).
+//!   graphics-engine switch (module `switch`); and whether CUDA MPS runs
+//!   for this user, what several receiving processes cost without it, and
+//!   how to start it (module `mps`; never part of the verdict).
 //! * [`Report::ready`] is true when at least one Vulkan device with
 //!   OPAQUE_FD memory export and import is paired by UUID with a CUDA
 //!   device: the binary `cuda-interop-doctor` exits 0 then, 1 otherwise.
 //! * Modules: `vulkan` and `cuda` probe one side each, `switch` measures a
-//!   pair; none uses another; this file pairs and prints.
+//!   pair, `mps` looks for an MPS daemon; none uses another; this file
+//!   pairs and prints.
 
 use std::fmt;
 
 mod cuda;
+mod mps;
 mod switch;
 mod vulkan;
 
 pub use cuda::{CudaDeviceInfo, CudaReport};
+pub use mps::{MpsReport, DEFAULT_PIPE_DIRECTORY};
 pub use switch::SwitchReport;
 pub use vulkan::{Support, VulkanDeviceInfo, VulkanReport};
 
@@ -94,6 +99,8 @@ pub struct Report {
     /// CIG and the graphics-engine switch, measured where memory interop
     /// works (`None` elsewhere; `Err` when the measurement failed).
     pub switch: Option<Result<SwitchReport, Finding>>,
+    /// Whether CUDA MPS runs for this user (several receiving processes).
+    pub mps: MpsReport,
 }
 
 impl Report {
@@ -158,6 +165,7 @@ pub fn diagnose() -> Report {
         pairs,
         pairing,
         switch,
+        mps: mps::probe(),
     }
 }
 
@@ -215,6 +223,10 @@ impl fmt::Display for Report {
                 }
             }
             Some(Err(finding)) => write_finding(f, "  ", finding)?,
+        }
+        writeln!(f, "Several receiving processes (CUDA MPS)")?;
+        for finding in self.mps.findings() {
+            write_finding(f, "  ", &finding)?;
         }
         let verdict = if self.ready() {
             "interop works on this machine"

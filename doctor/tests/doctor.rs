@@ -35,6 +35,7 @@ fn the_doctor_reports_every_section_and_exits_with_its_verdict() {
         "CUDA\n",
         "Pairing",
         "Vulkan <-> CUDA hand-off",
+        "Several receiving processes (CUDA MPS)\n",
         "Verdict: ",
     ] {
         assert!(out.contains(section), "no {section:?} in\n{out}");
@@ -44,6 +45,24 @@ fn the_doctor_reports_every_section_and_exits_with_its_verdict() {
     if !works {
         assert!(out.contains("MISSING") && out.contains("fix: "), "{out}");
     }
+    // No MPS daemon here (CI): said so, with the cost and how to start it;
+    // never part of the verdict. (On a machine where one runs, it says so.)
+    let mps = diagnose().mps;
+    if !mps.running() {
+        assert!(
+            out.contains("CUDA MPS is not running")
+                || out.contains("but no nvidia-cuda-mps-control")
+                || out.contains("but not with the pipe"),
+            "{out}"
+        );
+        assert!(out.contains("-d`") && out.contains("echo quit |"), "{out}");
+    } else {
+        assert!(
+            out.contains("CUDA MPS: a control daemon runs for this user"),
+            "{out}"
+        );
+    }
+    assert!(out.contains("MPS caveats: one server per user"), "{out}");
     if cuda_interop::sys::Driver::load().is_err() {
         assert!(out.contains("MISSING no CUDA driver"), "{out}");
         assert!(out.contains("install the NVIDIA driver"), "{out}");
