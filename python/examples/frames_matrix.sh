@@ -27,7 +27,11 @@
 #            pixel of every frame read back and checked
 # in latest and in lossless delivery; then four receivers at once (two cuda,
 # torch, and vulkan for image rings or a third cuda for buffer rings), latest
-# and lossless. Each receiver prints its frames, bad frames, dropped frames,
+# and lossless; then the same four again with a private CUDA MPS daemon
+# running (issue 30; stopped after; "MPS: NOT RUN (why)" where there is
+# none, not a failure), and a "FOUR RECEIVERS:" line with the hand-off
+# medians of one cuda receiver alone and of the cuda receivers of four,
+# without and with MPS. Each receiver prints its frames, bad frames, dropped frames,
 # frames/s and per-frame cost; each sender its frame rate every 5 s (its log
 # is shown after its cells). `RATIO:` lines compare the staging baseline's
 # hand-off median with the zero-copy one's of the same sender.
@@ -49,7 +53,7 @@ cleanup() {
   [ -n "$SERVER" ] && kill -9 "$SERVER" 2>/dev/null
   rm -rf "$XDG_RUNTIME_DIR/cuda-interop-frames"
 }
-trap cleanup EXIT
+trap 'mps_stop; cleanup' EXIT
 check() { # what status
   if [ "$2" -eq 0 ]; then echo "PASS: $1"; else echo "FAIL: $1 (status $2)"; FAILED=1; fi
 }
@@ -68,6 +72,57 @@ cuda=("$D/frame_client" --name matrix --timeout 10)
 torch=("$PYTHON" "$D/gpu_consumer.py" --name matrix --lib torch --quiet --timeout 10)
 vulkan=("$D/vulkan_client" --name matrix --timeout 10)
 median() { sed -n 's/.*hand-off ([^)]*) median \([0-9.]*\) us.*/\1/p' "$1" | tail -n 1; }
+
+# Four receivers at once (two cuda, torch, and vulkan for image rings or a
+# third cuda for buffer rings): four TAG MODE KIND FLAG SUFFIX TITLE.
+four() {
+  local tag=$1 mode=$2 kind=$3 flag=$4 sfx=$5 pids=() names=() i
+  echo "=== $tag, $mode: $6"
+  timeout 120 "${cuda[@]}" --frames 2000 --no-check $flag >"$LOGS/$tag-four-$mode-$sfx-cuda1.log" 2>&1 &
+  pids+=($!); names+=(cuda1)
+  timeout 120 "${cuda[@]}" --frames 2000 --no-check $flag >"$LOGS/$tag-four-$mode-$sfx-cuda2.log" 2>&1 &
+  pids+=($!); names+=(cuda2)
+  timeout 120 "${torch[@]}" --frames 600 --delivery "$mode" >"$LOGS/$tag-four-$mode-$sfx-torch.log" 2>&1 &
+  pids+=($!); names+=(torch)
+  if [ "$kind" = image ]; then
+    timeout 120 "${vulkan[@]}" --frames 60 $flag >"$LOGS/$tag-four-$mode-$sfx-vulkan.log" 2>&1 &
+    pids+=($!); names+=(vulkan)
+  else
+    timeout 120 "${cuda[@]}" --frames 2000 --no-check $flag >"$LOGS/$tag-four-$mode-$sfx-cuda3.log" 2>&1 &
+    pids+=($!); names+=(cuda3)
+  fi
+  for i in 0 1 2 3; do
+    wait "${pids[$i]}"
+    local rc=$?
+    grep -v '^\[torch\] [0-9]* frames$' "$LOGS/$tag-four-$mode-$sfx-${names[$i]}.log" | grep -v 'stream rules' | tail -n 1
+    check "$tag $mode, ${names[$i]} of four ($sfx)" $rc
+  done
+}
+
+# CUDA MPS (issue 30): a private daemon (pipe and log folders in this run's
+# temporary folder) around the second four-receiver cell; MPS_CONTROL, else
+# PATH, else /usr/local/nvidia/bin. Unavailable: "MPS: NOT RUN (why)".
+MPS_CONTROL=${MPS_CONTROL:-$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)}
+MPS_WHY=
+mps_start() {
+  if [ ! -x "$MPS_CONTROL" ]; then MPS_WHY="no nvidia-cuda-mps-control (PATH, /usr/local/nvidia/bin; MPS_CONTROL=PATH)"; return 1; fi
+  export CUDA_MPS_PIPE_DIRECTORY=$XDG_RUNTIME_DIR/mps-pipe CUDA_MPS_LOG_DIRECTORY=$LOGS/mps
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if ! timeout 20 "$MPS_CONTROL" -d; then
+    MPS_WHY="$MPS_CONTROL -d failed"; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; return 1
+  fi
+  for _ in $(seq 100); do [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] && { echo "MPS: daemon started (pipe folder $CUDA_MPS_PIPE_DIRECTORY)"; return 0; }; sleep 0.1; done
+  MPS_WHY="no control socket in $CUDA_MPS_PIPE_DIRECTORY after 10 s"; mps_stop; return 1
+}
+mps_stop() {
+  [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] || return 0
+  local pid
+  pid=$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid" 2>/dev/null)
+  echo quit | timeout 20 "$MPS_CONTROL"
+  for _ in $(seq 100); do { [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; } && break; sleep 0.1; done
+  echo "MPS: daemon stopped"
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
 
 cells() { # tag kind
   local tag=$1 kind=$2 mode flag
@@ -96,28 +151,18 @@ cells() { # tag kind
       receiver "$tag-vulkan-$mode" 1 "${vulkan[@]}" --frames 60 $flag
       check "$tag $mode vulkan" $?
     fi
-    echo "=== $tag, $mode: four receivers at once"
-    local pids=() names=()
-    timeout 120 "${cuda[@]}" --frames 2000 --no-check $flag >"$LOGS/$tag-four-$mode-cuda1.log" 2>&1 &
-    pids+=($!); names+=(cuda1)
-    timeout 120 "${cuda[@]}" --frames 2000 --no-check $flag >"$LOGS/$tag-four-$mode-cuda2.log" 2>&1 &
-    pids+=($!); names+=(cuda2)
-    timeout 120 "${torch[@]}" --frames 600 --delivery "$mode" >"$LOGS/$tag-four-$mode-torch.log" 2>&1 &
-    pids+=($!); names+=(torch)
-    if [ "$kind" = image ]; then
-      timeout 120 "${vulkan[@]}" --frames 60 $flag >"$LOGS/$tag-four-$mode-vulkan.log" 2>&1 &
-      pids+=($!); names+=(vulkan)
+    four "$tag" "$mode" "$kind" "$flag" no-mps "four receivers at once"
+    local one with
+    one=$(median "$LOGS/$tag-cuda-$mode.log")
+    if mps_start; then
+      four "$tag" "$mode" "$kind" "$flag" mps "four receivers at once, CUDA MPS running"
+      mps_stop
+      with="with MPS: cuda1 $(median "$LOGS/$tag-four-$mode-mps-cuda1.log") us, cuda2 $(median "$LOGS/$tag-four-$mode-mps-cuda2.log") us"
     else
-      timeout 120 "${cuda[@]}" --frames 2000 --no-check $flag >"$LOGS/$tag-four-$mode-cuda3.log" 2>&1 &
-      pids+=($!); names+=(cuda3)
+      echo "MPS: NOT RUN ($MPS_WHY)"
+      with="MPS: NOT RUN ($MPS_WHY)"
     fi
-    local i
-    for i in 0 1 2 3; do
-      wait "${pids[$i]}"
-      local rc=$?
-      grep -v '^\[torch\] [0-9]* frames$' "$LOGS/$tag-four-$mode-${names[$i]}.log" | grep -v 'stream rules' | tail -n 1
-      check "$tag $mode, ${names[$i]} of four" $rc
-    done
+    echo "FOUR RECEIVERS: $tag $mode: hand-off medians, one cuda receiver alone ${one:-?} us; of four without MPS: cuda1 $(median "$LOGS/$tag-four-$mode-no-mps-cuda1.log") us, cuda2 $(median "$LOGS/$tag-four-$mode-no-mps-cuda2.log") us; $with"
   done
 }
 

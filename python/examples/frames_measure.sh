@@ -6,7 +6,11 @@
 #   2. one latest receiver, 3000 frames, hand-off only (--no-check)
 #   3. one latest receiver, 600 frames checked on the GPU; one lossless
 #   4. a slow receiver (holds each frame 500 ms) beside a fast one
-#   5. four receivers at once
+#   5. four receivers at once; then (issue 30) the same four again with a
+#      private CUDA MPS daemon running (nvidia-cuda-mps-control -d, its pipe
+#      and log folders in this run's temporary folder; stopped after), and a
+#      "FOUR RECEIVERS" line with each one's hand-off median in both and one
+#      receiver's. MPS unavailable: "MPS: NOT RUN (why)", not a failure.
 # then image rings (OPTIMAL RGBA8 at 4K, RGBA16F at 1080p) to CUDA receivers
 # that check every row, latest and lossless.
 # frame_client prints frames/s, dropped frames and the hand-off (frame packet
@@ -28,11 +32,47 @@ cleanup() {
   [ -n "$SERVER" ] && kill -9 "$SERVER" 2>/dev/null
   rm -rf "$XDG_RUNTIME_DIR"
 }
-trap cleanup EXIT
+trap 'mps_stop; cleanup' EXIT
+# CUDA MPS (issue 30): MPS_CONTROL, else PATH, else /usr/local/nvidia/bin.
+MPS_CONTROL=${MPS_CONTROL:-$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)}
+MPS_WHY=
+mps_start() { # sets MPS_WHY and returns 1 when MPS cannot run
+  if [ ! -x "$MPS_CONTROL" ]; then MPS_WHY="no nvidia-cuda-mps-control (PATH, /usr/local/nvidia/bin; MPS_CONTROL=PATH)"; return 1; fi
+  export CUDA_MPS_PIPE_DIRECTORY=$XDG_RUNTIME_DIR/mps-pipe CUDA_MPS_LOG_DIRECTORY=$XDG_RUNTIME_DIR/mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if ! timeout 20 "$MPS_CONTROL" -d; then
+    MPS_WHY="$MPS_CONTROL -d failed"; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; return 1
+  fi
+  for _ in $(seq 100); do [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] && { echo "MPS: daemon started (pipe folder $CUDA_MPS_PIPE_DIRECTORY)"; return 0; }; sleep 0.1; done
+  MPS_WHY="no control socket in $CUDA_MPS_PIPE_DIRECTORY after 10 s"; mps_stop; return 1
+}
+mps_stop() {
+  [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] || return 0
+  local pid
+  pid=$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid" 2>/dev/null)
+  echo quit | timeout 20 "$MPS_CONTROL"
+  for _ in $(seq 100); do { [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; } && break; sleep 0.1; done
+  echo "MPS: daemon stopped; its log:"; tail -n 5 "$CUDA_MPS_LOG_DIRECTORY"/control.log 2>/dev/null
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+median() { sed -n 's/.*hand-off ([^)]*) median \([0-9.]*\) us.*/\1/p' "$1" | tail -n 1; }
 check() { # name status
   if [ "$2" -eq 0 ]; then echo "PASS: $1"; else echo "FAIL: $1 (status $2)"; FAILED=1; fi
 }
-client() { timeout 90 "$D/frame_client" --name cam "$@" 2>&1 | tail -n 2; return "${PIPESTATUS[0]}"; }
+client() { timeout 90 "$D/frame_client" --name cam "$@" 2>&1 | tee "$XDG_RUNTIME_DIR/client.log" | tail -n 2; return "${PIPESTATUS[0]}"; }
+four() { # label: four receivers at once, 3000 frames each
+  local i pids=()
+  for i in 1 2 3 4; do
+    timeout 90 "$D/frame_client" --name cam --frames 3000 --no-check >"$XDG_RUNTIME_DIR/four-$1-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in 1 2 3 4; do
+    wait "${pids[$((i - 1))]}"
+    check "receiver $i of 4, $1 ($W)" $?
+    tail -n 1 "$XDG_RUNTIME_DIR/four-$1-$i.log"
+  done
+}
+medians() { local i; for i in 1 2 3 4; do printf '%s ' "$(median "$XDG_RUNTIME_DIR/four-$1-$i.log")"; done; }
 
 pass() { # width height
   echo
@@ -45,9 +85,11 @@ pass() { # width height
   echo "=== 1. frame_client --list"
   timeout 10 "$D/frame_client" --list
   check "discovery by name ($1x$2)" $?
+  W=$1x$2
   echo "=== 2. one latest receiver, 3000 frames, hand-off only"
   client --frames 3000 --no-check
   check "latest, hand-off ($1x$2)" $?
+  ONE=$(median "$XDG_RUNTIME_DIR/client.log")
   echo "=== 3. 600 frames checked on the GPU, latest; then lossless"
   client --frames 600
   check "latest, checked ($1x$2)" $?
@@ -62,17 +104,20 @@ pass() { # width height
   wait "$SLOW"
   check "slow receiver ($1x$2)" $?
   tail -n 2 "$XDG_RUNTIME_DIR/slow.log"
-  echo "=== 5. four receivers at once, 3000 frames each"
-  PIDS=()
-  for i in 1 2 3 4; do
-    timeout 90 "$D/frame_client" --name cam --frames 3000 --no-check >"$XDG_RUNTIME_DIR/four-$i.log" 2>&1 &
-    PIDS+=($!)
-  done
-  for i in 1 2 3 4; do
-    wait "${PIDS[$((i - 1))]}"
-    check "receiver $i of 4 ($1x$2)" $?
-    tail -n 1 "$XDG_RUNTIME_DIR/four-$i.log"
-  done
+  echo "=== 5. four receivers at once, 3000 frames each, without MPS"
+  four no-mps
+  echo "=== 5b. the same four receivers with CUDA MPS running"
+  local with="MPS: NOT RUN"
+  if mps_start; then
+    four mps
+    with="with MPS (us): $(medians mps)"
+    mps_stop
+  else
+    echo "MPS: NOT RUN ($MPS_WHY)"
+    with="MPS: NOT RUN ($MPS_WHY)"
+  fi
+  echo "FOUR RECEIVERS ($1x$2): hand-off medians, one receiver alone: ${ONE:-?} us; four without MPS (us): $(medians no-mps); four $with"
+
   echo "=== sender log"
   kill "$SERVER"
   wait "$SERVER" 2>/dev/null
