@@ -125,7 +125,7 @@ if [ "${GPU_RUN_ONLY:-}" = semaphore-repeat ]; then
   exit $status
 fi
 # GPU_RUN_ONLY=bench runs only the benchmarks, without the validation layer
-# (they measure): bench (S1-S4, S6-S8, drift) with its JSON and text in
+# (they measure): bench (S1-S4, S6-S9, drift) with its JSON and text in
 # $OUT, and host_wait.
 if [ "${GPU_RUN_ONLY:-}" = bench ]; then
   nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,mig.mode.current --format=csv
@@ -136,6 +136,23 @@ if [ "${GPU_RUN_ONLY:-}" = bench ]; then
   env -u VK_LAYER_PATH $b/host_wait 300 --json "$out/host_wait.json" 2>&1 | tee "$out/host_wait.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || { status=1; echo "=== FAILED: host_wait"; }
   echo; echo "gpu-run: $([ $status = 0 ] && echo all passed || echo FAILURES) (benchmarks only: GPU_RUN_ONLY=bench) ($(head -1 $b/BUILD))"
+  exit $status
+fi
+# GPU_RUN_ONLY=s9 runs only the bench's S9 (issue 30, without the
+# validation layer): the frame ring against the CUDA IPC ring, 1 and 4
+# receiving processes, without and with a private CUDA MPS daemon (the bench
+# starts and stops it), and the latency by step; JSON and text in $OUT; the
+# doctor's MPS section first. Fails when S9 measured nothing or a goal
+# row could not be made (a failed child); goals missed are reported, not
+# failures.
+if [ "${GPU_RUN_ONLY:-}" = s9 ]; then
+  nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,mig.mode.current,compute_mode --format=csv
+  echo; echo "=== $b/cuda-interop-doctor (its CUDA MPS section)"
+  $b/cuda-interop-doctor | sed -n '/^Several receiving processes/,/^Verdict/p'
+  echo; echo "=== $b/bench --s9-only --json $out/s9.json"
+  env -u VK_LAYER_PATH $b/bench --s9-only --json "$out/s9.json" 2>&1 | tee "$out/s9.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || { status=1; echo "=== FAILED: bench --s9-only"; }
+  echo; echo "gpu-run: $([ $status = 0 ] && echo all passed || echo FAILURES) (S9 only: GPU_RUN_ONLY=s9) ($(head -1 $b/BUILD))"
   exit $status
 fi
 # GPU_RUN_ONLY=sanitizer runs only the compute-sanitizer passes (to repeat
