@@ -27,7 +27,7 @@ use crate::Finding;
 /// The default pipe folder of the MPS control daemon.
 pub const DEFAULT_PIPE_DIRECTORY: &str = "/tmp/nvidia-mps";
 
-/// What [`probe`] found.
+/// What the MPS probe found (`Report::mps`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MpsReport {
     /// The pipe folder looked at, and whether it came from
@@ -53,7 +53,7 @@ impl MpsReport {
 }
 
 /// Looks at this machine (see the module contract).
-pub fn probe() -> MpsReport {
+pub(crate) fn probe() -> MpsReport {
     let (pipe, from_env) = match std::env::var_os("CUDA_MPS_PIPE_DIRECTORY") {
         Some(p) if !p.is_empty() => (PathBuf::from(p), true),
         _ => (PathBuf::from(DEFAULT_PIPE_DIRECTORY), false),
