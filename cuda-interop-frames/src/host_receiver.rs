@@ -20,8 +20,10 @@
 //!   ([`Session::check_held`]): `Ok` bytes are the frame's pixels; a
 //!   receiver the sender dropped during the read gets the drop's error,
 //!   never a later frame's pixels.
-//! * When `read` returns, this receiver has no GPU work on the slot left,
-//!   so the frame is released without a GPU signal.
+//! * When `read` returns `Ok`, this receiver has no GPU work on the slot
+//!   left, so the frame is released without a GPU signal. A read that fails
+//!   on the device (a timeout: its copy may still run) closes the session:
+//!   later calls say why.
 
 use std::time::Duration;
 
@@ -190,11 +192,26 @@ impl HostReceiver {
         if let Some(produced) = &self.produced {
             sync = sync.wait_timeline(produced, frame.sequence());
         }
-        let bytes = self.ctx.read_buffer(buffer, self.frame_bytes, sync)?;
-        // Back to the sender before the slot is released, as it acquires
-        // the slot from VK_QUEUE_FAMILY_EXTERNAL for its next write.
-        self.ctx
-            .release_buffer(buffer, SubmitSync::new().timeout(left(deadline)))?;
+        let read = self
+            .ctx
+            .read_buffer(buffer, self.frame_bytes, sync)
+            .and_then(|bytes| {
+                // Back to the sender before the slot is released, as it acquires
+                // the slot from VK_QUEUE_FAMILY_EXTERNAL for its next write.
+                self.ctx
+                    .release_buffer(buffer, SubmitSync::new().timeout(left(deadline)))
+                    .map(|()| bytes)
+            });
+        let bytes = match read {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                // A copy that timed out may still run, and the buffer's
+                // owner is no longer known here: this session reads no more.
+                self.session
+                    .close(&format!("a read of frame {} failed: {e}", frame.sequence()));
+                return Err(e.into());
+            }
+        };
         // The read is complete: if the sender had not dropped this
         // receiver by now, it had not written the slot during the read.
         self.session.check_held(frame)?;

@@ -51,7 +51,7 @@ use vk_export::wire::Received;
 use crate::discovery::{Directory, DiscoveryError};
 use crate::protocol::{Delivery, DropReason, Message, RingLayout, SETUP_TAG};
 use crate::transport::{
-    self, deadline_after, hung_up, left, recv_message, send_message, send_message_until,
+    self, deadline_after, hung_up, left, poll_readable, recv_message, send_message_until,
     try_recv_message, ConsumerError, SendError,
 };
 
@@ -65,6 +65,11 @@ pub enum ConnectError {
     #[error(transparent)]
     Consumer(#[from] ConsumerError),
 }
+
+/// How long a release waits for room in the socket: a sender that reads
+/// nothing for this long has stopped serving this receiver (its reader reads
+/// continuously), and the session gives up.
+pub const RELEASE_BOUND: Duration = Duration::from_secs(1);
 
 /// What a receiver has had.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -123,6 +128,10 @@ struct Inner {
     /// Held while receiving, so that frames are accepted in the order they
     /// arrived.
     receiving: Mutex<()>,
+    /// Held across each read of the socket (never across a wait): `next`
+    /// and a drain after a hang-up (which a release on another thread may
+    /// start) take messages one at a time, in order.
+    reading: Mutex<()>,
 }
 
 /// A receiver's session with a sender (see the module contract).
@@ -272,6 +281,7 @@ impl Session {
                     pending: VecDeque::new(),
                 }),
                 receiving: Mutex::new(()),
+                reading: Mutex::new(()),
             }),
         };
         Ok((session, setup))
@@ -302,11 +312,6 @@ impl Session {
         lock(&self.inner.state).ended.as_ref().map(Ended::error)
     }
 
-    /// The connection (its fd, to poll with an event loop).
-    pub fn connection(&self) -> &Connection {
-        &self.inner.conn
-    }
-
     /// The next frame, waiting at most `timeout` (see the module contract).
     pub fn next(&self, timeout: Duration) -> Result<Frame, ConsumerError> {
         let deadline = deadline_after(timeout);
@@ -315,7 +320,15 @@ impl Session {
             return self.after_end(ended);
         }
         if self.inner.delivery == Delivery::Latest {
-            let ask = !lock(&self.inner.state).asked;
+            let (ask, holding) = {
+                let state = lock(&self.inner.state);
+                (!state.asked, state.held.iter().flatten().next().copied())
+            };
+            // The sender gives a latest receiver one frame at a time (the
+            // ring-size rule rests on it): say so rather than wait.
+            if let Some(sequence) = holding {
+                return Err(ConsumerError::LatestHoldsOne { sequence });
+            }
             if ask {
                 match send_message_until(&self.inner.conn, &Message::Acquire, deadline) {
                     Ok(()) => lock(&self.inner.state).asked = true,
@@ -328,7 +341,7 @@ impl Session {
                 }
             }
         }
-        let message = match recv_message(&self.inner.conn, deadline, timeout) {
+        let message = match self.inner.recv(deadline, timeout) {
             Ok(message) => message,
             // A sender closing with this receiver's messages unread resets
             // the connection: a hang-up as well (its goodbye still queued).
@@ -439,6 +452,22 @@ impl Session {
 }
 
 impl Inner {
+    /// The next message, waiting at most until `deadline` (the socket read
+    /// under the `reading` lock, the wait outside it).
+    fn recv(&self, deadline: Instant, timeout: Duration) -> Result<Message, ConsumerError> {
+        loop {
+            if poll_readable(&self.conn, deadline)? {
+                let _reading = lock(&self.reading);
+                if let Some(message) = try_recv_message(&self.conn)? {
+                    return Ok(message);
+                }
+            }
+            if left(deadline).is_zero() {
+                return Err(ConsumerError::Timeout(timeout));
+            }
+        }
+    }
+
     /// How the connection ended, if it did (asking the kernel).
     fn ended_now(&self) -> Result<Option<Ended>, ConsumerError> {
         if let Some(ended) = &lock(&self.state).ended {
@@ -471,6 +500,7 @@ impl Inner {
         // packets at most; the count bounds a misbehaving kernel too.
         let mut reason = Ended::Closed;
         let mut frames = VecDeque::new();
+        let _reading = lock(&self.reading);
         for _ in 0..100_000 {
             match try_recv_message(&self.conn) {
                 Ok(Some(Message::Goodbye(r))) => {
@@ -600,10 +630,13 @@ impl Inner {
             sequence,
             gpu_signalled,
         };
-        match send_message(&self.conn, &release) {
+        match send_message_until(&self.conn, &release, deadline_after(RELEASE_BOUND)) {
             Ok(()) => Ok(()),
             Err(SendError::Timeout) => Err(self
-                .give_up("the sender did not take a release within the send timeout".into())
+                .give_up(format!(
+                    "the sender did not take a release within {RELEASE_BOUND:?}: it stopped \
+                     reading"
+                ))
                 .error()),
             Err(e) => match self.lost(format!("cannot send a release: {e}")) {
                 // It stopped meanwhile: the slot is its no more.

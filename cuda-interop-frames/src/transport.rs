@@ -80,6 +80,16 @@ pub enum ConsumerError {
         /// Its sequence number.
         sequence: u64,
     },
+    /// A latest receiver asked for a frame while it holds one: the sender
+    /// gives it one at a time.
+    #[error(
+        "a latest receiver holds one frame at a time: release frame {sequence} before asking for \
+         the next"
+    )]
+    LatestHoldsOne {
+        /// The frame it holds.
+        sequence: u64,
+    },
     /// A frame another receiver handed out.
     #[error("frame {sequence} was received by another receiver: release it there")]
     NotThisReceiver {
@@ -200,6 +210,12 @@ fn poll_until(
             Err(e) => return Err(ConsumerError::Poll(std::io::Error::from(e))),
         }
     }
+}
+
+/// Waits at most until `deadline` for `conn` to be readable (a message or
+/// a hang-up); whether it is.
+pub(crate) fn poll_readable(conn: &Connection, deadline: Instant) -> Result<bool, ConsumerError> {
+    Ok(!poll_until(conn, PollFlags::IN, deadline)?.is_empty())
 }
 
 /// Whether the sender shut this connection down or closed it, now,

@@ -23,11 +23,13 @@
 //!   gives the slot back. After the read it asks the session again: `Ok`
 //!   pixels are the frame's; a receiver the sender dropped meanwhile gets
 //!   the drop's error, never a later frame's pixels.
-//! * Every wait is bounded by the caller's timeout. After a failed
-//!   [`VulkanReceiver::read_pixels`] its copy may still be pending; the
-//!   sender may then write the slot while it runs once the frame is
-//!   released, which garbles only this receiver's read-back (the images'
-//!   drops wait, bounded, for that copy before the connection closes).
+//! * Every wait is bounded by the caller's timeout. A
+//!   [`VulkanReceiver::read_pixels`] that fails on the device (a timeout: its
+//!   copy may still be pending) closes the session, so no later read starts
+//!   from an image whose owner is unknown; the sender may then write the
+//!   slot while that copy runs, which garbles only this receiver's
+//!   read-back, already reported as failed (the images' drops wait, bounded,
+//!   for the copy).
 //! * Several Vulkan receivers of one frame each move the image through
 //!   `TRANSFER_SRC_OPTIMAL` and back on their own device at the same time;
 //!   on drivers whose layout transitions rewrite image memory that would
@@ -197,9 +199,21 @@ impl<F: Format, M: MemoryLocation, U: Usage> VulkanReceiver<F, M, U> {
         if let Some(produced) = &self.produced {
             sync = sync.wait_timeline(produced, frame.sequence());
         }
-        let pixels = self.ctx.read_image(image, 0, 0, sync)?;
-        self.ctx
-            .release_image(image, SubmitSync::new().timeout(left(deadline)))?;
+        let read = self.ctx.read_image(image, 0, 0, sync).and_then(|pixels| {
+            self.ctx
+                .release_image(image, SubmitSync::new().timeout(left(deadline)))
+                .map(|()| pixels)
+        });
+        let pixels = match read {
+            Ok(pixels) => pixels,
+            Err(e) => {
+                // A copy that timed out may still run, and the image's owner
+                // is no longer known here: this session reads no more.
+                self.session
+                    .close(&format!("a read of frame {} failed: {e}", frame.sequence()));
+                return Err(e.into());
+            }
+        };
         self.session.check_held(frame)?;
         Ok(pixels)
     }

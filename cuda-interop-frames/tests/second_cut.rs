@@ -516,6 +516,64 @@ fn idle_and_excess_connections_are_closed_and_refused() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Review finding: a latest receiver that keeps asking without releasing
+/// held every slot (and stalled everyone). It gets one frame at a time now;
+/// the session says so locally too.
+#[test]
+fn a_latest_receiver_holds_one_frame_at_a_time() {
+    let dir = test_dir("hog");
+    let socket = dir.join("hog.sock");
+    let stop = Arc::new(AtomicBool::new(false));
+    let _stop = StopOnDrop(stop.clone());
+    let (tx, _reports) = mpsc::channel();
+    let sender = sender_thread(socket.clone(), |o| o, stop.clone(), tx);
+    let path = socket.to_str().unwrap().to_string();
+    let honest = (0..)
+        .find_map(|i| {
+            assert!(i < 6000, "the sender never listened");
+            std::thread::sleep(Duration::from_millis(10));
+            Session::connect(&path, Delivery::Latest, Duration::from_secs(10)).ok()
+        })
+        .unwrap()
+        .0;
+    // The hog: asks again after every frame the honest one gets, never
+    // releases.
+    let hog = transport::connect(&path, BOUND).unwrap();
+    transport::send_message(&hog, &Message::Subscribe(Delivery::Latest)).unwrap();
+    for _ in 0..30 {
+        transport::send_message(&hog, &Message::Acquire).unwrap();
+        let frame = honest
+            .next(Duration::from_secs(10))
+            .expect("the honest receiver's frame");
+        honest.release(frame, false).unwrap();
+    }
+    let mut frames = 0;
+    loop {
+        match transport::try_recv_message(&hog) {
+            Ok(Some(Message::Frame { .. })) => frames += 1,
+            // The hello, and the ring's setup (a wire message, not a packet).
+            Ok(Some(_)) | Err(ConsumerError::Packet(_)) => {}
+            Ok(None) => break,
+            Err(e) => panic!("the hog's connection: {e}"),
+        }
+    }
+    assert_eq!(
+        frames, 1,
+        "a latest receiver got {frames} frames without releasing"
+    );
+    // The session's own rule, for a careless caller: one frame at a time.
+    let held = honest.next(Duration::from_secs(10)).unwrap();
+    match honest.next(Duration::from_secs(1)) {
+        Err(ConsumerError::LatestHoldsOne { sequence }) => assert_eq!(sequence, held.sequence()),
+        other => panic!("{other:?}"),
+    }
+    honest.release(held, false).unwrap();
+    drop(hog);
+    stop.store(true, Ordering::Relaxed);
+    sender.join().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The first message a fresh connection gets: a goodbye's reason, or `None`
 /// for a hello (served).
 fn goodbye_or_hello(conn: &Connection) -> Option<DropReason> {

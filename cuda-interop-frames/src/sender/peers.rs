@@ -13,6 +13,9 @@
 //!   anything is made for them.
 //! * The subscribe is answered with the hello and the ring's setup message
 //!   (the per-receiver "released" timelines are made then).
+//! * A latest receiver holds at most one frame: a request made while it
+//!   holds one is answered after its release (so `L` latest receivers never
+//!   hold more than `L` slots, whatever they send).
 //! * A slot is *free* when no receiver holds it and every GPU release
 //!   promised for it has been reached. Otherwise it is blocked by lossless
 //!   receivers alone (worth waiting for: their back-pressure) or by a
@@ -89,6 +92,13 @@ struct Peer {
     closed: Arc<AtomicBool>,
     acquire_queued: Arc<AtomicBool>,
     frames_sent: u64,
+}
+
+impl Peer {
+    /// Whether it holds a frame (a latest receiver holds one at a time).
+    fn holds_any(&self) -> bool {
+        self.held.iter().any(Option::is_some)
+    }
 }
 
 /// The promises of a receiver that left.
@@ -356,7 +366,8 @@ impl Receivers {
             (Mode::Subscribed(Delivery::Latest), Message::Acquire) => {
                 peer.acquire_queued.store(false, Ordering::Release);
                 peer.wants = true;
-                match newest.filter(|n| n.1 > peer.last_sent) {
+                // One frame at a time: the request waits for its release.
+                match newest.filter(|n| n.1 > peer.last_sent && !peer.holds_any()) {
                     Some((slot, f, ts)) => match send_frame(peer, slot, f, ts) {
                         Ok(()) => None,
                         Err(reason) => {
@@ -393,7 +404,22 @@ impl Receivers {
                                     reached: false,
                                 });
                             }
-                            None
+                            // A latest request that waited for this release.
+                            let due = peer.mode == Mode::Subscribed(Delivery::Latest)
+                                && peer.wants
+                                && !peer.holds_any();
+                            match newest.filter(|n| due && n.1 > peer.last_sent) {
+                                Some((slot, f, ts)) => match send_frame(peer, slot, f, ts) {
+                                    Ok(()) => None,
+                                    Err(reason) => {
+                                        let why = reason
+                                            .map_or("disconnected".to_string(), |r| r.to_string());
+                                        self.remove(id, reason, &why);
+                                        return;
+                                    }
+                                },
+                                None => None,
+                            }
                         }
                     }
                     _ => Some(Fault::NotHeld { sequence }),
@@ -536,7 +562,7 @@ impl Receivers {
             let due = match p.mode {
                 Mode::Pending => false,
                 Mode::Subscribed(Delivery::Lossless) => true,
-                Mode::Subscribed(Delivery::Latest) => p.wants,
+                Mode::Subscribed(Delivery::Latest) => p.wants && !p.holds_any(),
             };
             if due {
                 if let Err(reason) = send_frame(p, slot, f, timestamp_ns) {
