@@ -63,8 +63,9 @@
 //! * [`Directory::wait_for`], [`Directory::connect`] and
 //!   [`Directory::connect_info`] wait for a name to appear, looking every
 //!   [`POLL_INTERVAL`], up to their timeout ([`DiscoveryError::NotFound`]
-//!   says how long); connecting uses [`crate::consumer`] with what is left
-//!   of the timeout. [`Directory::find`] and [`Directory::list`] look once.
+//!   says how long); connecting uses `crate::consumer::connect` with what
+//!   is left of the timeout. [`Directory::find`] and [`Directory::list`]
+//!   look once.
 //!   Nothing here waits longer than its timeout or [`SETUP_WAIT`].
 
 use std::fs::File;
