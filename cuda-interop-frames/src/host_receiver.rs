@@ -22,8 +22,11 @@
 //!   never a later frame's pixels.
 //! * When `read` returns `Ok`, this receiver has no GPU work on the slot
 //!   left, so the frame is released without a GPU signal. A read that fails
-//!   on the device (a timeout: its copy may still run) closes the session:
-//!   later calls say why.
+//!   on the device (a timeout: its copy may still run) submits the buffer's
+//!   release to the external family behind it on the same queue, unwaited,
+//!   so the next read starts from a known owner (if even that fails, the
+//!   session closes); the sender may then write the slot while that copy
+//!   runs, which garbles only the read already reported as failed.
 
 use std::time::Duration;
 
@@ -205,10 +208,18 @@ impl HostReceiver {
         let bytes = match read {
             Ok(bytes) => bytes,
             Err(e) => {
-                // A copy that timed out may still run, and the buffer's
-                // owner is no longer known here: this session reads no more.
-                self.session
-                    .close(&format!("a read of frame {} failed: {e}", frame.sequence()));
+                // A copy that timed out may still run: the release back to
+                // the external family goes on the same queue after it, and
+                // is not waited for (a later read's acquire follows it in
+                // queue order). If even that cannot be submitted, the
+                // buffer's owner is unknown: this session reads no more.
+                let back = self
+                    .ctx
+                    .release_buffer(buffer, SubmitSync::new().timeout(Duration::ZERO));
+                if !matches!(back, Ok(()) | Err(vk_export::Error::Timeout(_))) {
+                    self.session
+                        .close(&format!("a read of frame {} failed: {e}", frame.sequence()));
+                }
                 return Err(e.into());
             }
         };

@@ -25,11 +25,12 @@
 //!   the drop's error, never a later frame's pixels.
 //! * Every wait is bounded by the caller's timeout. A
 //!   [`VulkanReceiver::read_pixels`] that fails on the device (a timeout: its
-//!   copy may still be pending) closes the session, so no later read starts
-//!   from an image whose owner is unknown; the sender may then write the
-//!   slot while that copy runs, which garbles only this receiver's
-//!   read-back, already reported as failed (the images' drops wait, bounded,
-//!   for the copy).
+//!   copy may still be pending) submits the image's release to the external
+//!   family behind it on the same queue, unwaited, so the next read starts
+//!   from a known owner (if even that fails, the session closes); the sender
+//!   may then write the slot while that copy runs, which garbles only the
+//!   read already reported as failed (the images' drops wait, bounded, for
+//!   the copy).
 //! * Several Vulkan receivers of one frame each move the image through
 //!   `TRANSFER_SRC_OPTIMAL` and back on their own device at the same time;
 //!   on drivers whose layout transitions rewrite image memory that would
@@ -207,10 +208,16 @@ impl<F: Format, M: MemoryLocation, U: Usage> VulkanReceiver<F, M, U> {
         let pixels = match read {
             Ok(pixels) => pixels,
             Err(e) => {
-                // A copy that timed out may still run, and the image's owner
-                // is no longer known here: this session reads no more.
-                self.session
-                    .close(&format!("a read of frame {} failed: {e}", frame.sequence()));
+                // As in `HostReceiver::read`: the release goes behind a copy
+                // that may still run, unwaited; if it cannot, the session
+                // closes.
+                let back = self
+                    .ctx
+                    .release_image(image, SubmitSync::new().timeout(Duration::ZERO));
+                if !matches!(back, Ok(()) | Err(vk_export::Error::Timeout(_))) {
+                    self.session
+                        .close(&format!("a read of frame {} failed: {e}", frame.sequence()));
+                }
                 return Err(e.into());
             }
         };
