@@ -63,7 +63,7 @@
 //! * [`Directory::wait_for`], [`Directory::connect`] and
 //!   [`Directory::connect_info`] wait for a name to appear, looking every
 //!   [`POLL_INTERVAL`], up to their timeout ([`DiscoveryError::NotFound`]
-//!   says how long); connecting uses `crate::consumer::connect` with what
+//!   says how long); connecting uses `crate::transport::connect` with what
 //!   is left of the timeout. [`Directory::find`] and [`Directory::list`]
 //!   look once.
 //!   Nothing here waits longer than its timeout or [`SETUP_WAIT`].
@@ -77,7 +77,7 @@ use std::time::{Duration, Instant};
 
 use vk_export::socket::{Connection, Listener};
 
-use crate::consumer::{self, ConsumerError};
+use crate::transport::{self, ConsumerError};
 
 /// The directory's name under `$XDG_RUNTIME_DIR` (and, with `-<uid>`, the
 /// fallback's under `$TMPDIR` or `/tmp`).
@@ -671,18 +671,33 @@ impl Directory {
         timeout: Duration,
     ) -> Result<(SenderInfo, Connection), DiscoveryError> {
         let start = Instant::now();
-        let info = self.wait_for(name, timeout)?;
-        let path = info
-            .socket
-            .to_str()
-            .ok_or_else(|| DiscoveryError::NotFound {
-                name: name.to_owned(),
-                dir: self.path.clone(),
-                waited: Duration::ZERO,
-            })?;
-        let left = timeout.saturating_sub(start.elapsed());
-        let connection = consumer::connect(path, left)?;
-        Ok((info, connection))
+        loop {
+            let info = self.wait_for(name, timeout.saturating_sub(start.elapsed()))?;
+            let path = info
+                .socket
+                .to_str()
+                .ok_or_else(|| DiscoveryError::NotFound {
+                    name: name.to_owned(),
+                    dir: self.path.clone(),
+                    waited: Duration::ZERO,
+                })?;
+            let left = timeout.saturating_sub(start.elapsed());
+            match transport::connect(path, left) {
+                Ok(connection) => return Ok((info, connection)),
+                // A sender going away (its listener closed before its
+                // entry): a successor may take the name; look again while
+                // time is left.
+                Err(ConsumerError::Connect { ref source, .. })
+                    if matches!(
+                        source.kind(),
+                        std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+                    ) && start.elapsed() + POLL_INTERVAL < timeout =>
+                {
+                    std::thread::sleep(POLL_INTERVAL);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Waits up to `timeout` for the sender named `name` to appear and
@@ -1034,7 +1049,7 @@ mod tests {
         let socket = entry.info().socket.to_str().unwrap().to_owned();
         let mut queued = Vec::new();
         let full = (0..256).any(
-            |_| match consumer::connect(&socket, Duration::from_micros(1)) {
+            |_| match transport::connect(&socket, Duration::from_micros(1)) {
                 Ok(c) => {
                     queued.push(c);
                     false
@@ -1122,7 +1137,7 @@ mod tests {
         drop(old_listener);
         assert!(dir.socket_path("cam").exists());
         let socket = entry.info().socket.to_str().unwrap().to_owned();
-        consumer::connect(&socket, Duration::from_secs(2)).unwrap();
+        transport::connect(&socket, Duration::from_secs(2)).unwrap();
         std::fs::remove_dir_all(&base).unwrap();
     }
 

@@ -37,8 +37,3 @@ pub mod vulkan_receiver;
 #[doc = include_str!("../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
-
-/// What `discovery` connects with (a name kept while it is rewritten).
-mod consumer {
-    pub(crate) use crate::transport::{connect, ConsumerError};
-}

@@ -574,6 +574,46 @@ fn a_latest_receiver_holds_one_frame_at_a_time() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Review finding: a receiver connecting by name while its sender is
+/// restarting (the old one's socket refuses, its entry not yet gone) failed
+/// at once instead of waiting for the successor within its timeout.
+#[test]
+fn connect_named_waits_through_a_restart() {
+    use cuda_interop_frames::discovery::{Directory, SenderInfo, SlotKind};
+    let base = test_dir("restart-name");
+    let dir = Directory::new(base.join("names")).unwrap();
+    let info = SenderInfo {
+        name: "cam".into(),
+        width: 4,
+        height: 4,
+        row_pitch: 16,
+        format: "r8g8b8a8_unorm".into(),
+        kind: SlotKind::Buffer,
+        slots: 2,
+        fps: 0.0,
+        pid: 0,
+        socket: PathBuf::new(),
+    };
+    let (listener, old) = dir.announce(info.clone()).unwrap();
+    // The old sender stops accepting first: its name is still listed, its
+    // socket refuses.
+    drop(listener);
+    let waiter = {
+        let dir = dir.clone();
+        std::thread::spawn(move || dir.connect("cam", Duration::from_secs(30)))
+    };
+    // Give the waiter time to meet the refusing socket (a shorter wait only
+    // makes this test weaker, never wrong).
+    std::thread::sleep(Duration::from_millis(200));
+    drop(old);
+    let (successor, _entry) = dir.announce(info).unwrap();
+    let accepted = successor.accept(BOUND);
+    let connected = waiter.join().unwrap();
+    assert!(connected.is_ok(), "{connected:?}");
+    assert!(accepted.is_ok());
+    std::fs::remove_dir_all(&base).unwrap();
+}
+
 /// The first message a fresh connection gets: a goodbye's reason, or `None`
 /// for a hello (served).
 fn goodbye_or_hello(conn: &Connection) -> Option<DropReason> {
