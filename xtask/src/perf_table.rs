@@ -137,6 +137,10 @@ fn bench_tables(bench: &Value) -> Vec<String> {
             "S8: the graphics-engine switch (each leg against the CUDA-only floor, per queue family, CUDA_DEVICE_MAX_CONNECTIONS unset and =1)",
         ),
         (
+            "S9",
+            "S9: the frame ring against the CUDA-only peer (a CUDA IPC ring: cudaMalloc slots, interprocess events), 1 and 4 receivers, without and with MPS",
+        ),
+        (
             "Drift",
             "Drift: per-cycle cost, last 10% of the cycles against the first 10%",
         ),
