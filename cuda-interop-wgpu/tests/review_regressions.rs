@@ -183,11 +183,21 @@ fn a_submission_that_panics_leaves_no_semaphore_staged() {
     assert_clean(&device);
 }
 
+/// Held by the tests that read the process-wide `vk_export::drop_errors()`
+/// count: one leaks on purpose (and counts it), another asserts that its
+/// drops count nothing; run side by side, the first's leak lands in the
+/// second's window.
+fn drop_errors_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// R5: the adapter's Drop with a submission that never completes (a wait on
 /// a gate nobody signals yet) returns within a bound, leaking (reported)
 /// rather than waiting for ever; then the gate opens.
 #[test]
 fn dropping_the_adapter_under_a_never_completing_submission_returns() {
+    let _counted = drop_errors_lock();
     let device = device();
     let gate = TimelineSemaphore::new_local(device.context()).unwrap();
     device
@@ -211,6 +221,7 @@ fn dropping_the_adapter_under_a_never_completing_submission_returns() {
 /// not freed under the GPU (the Drop keeps wgpu's queue until wgpu is idle).
 #[test]
 fn a_texture_destroyed_while_the_adapter_drops_is_not_freed_under_the_gpu() {
+    let _counted = drop_errors_lock();
     let device = device();
     let image = Image::new(device.context(), ImageDesc::new_2d(64, 64)).unwrap();
     // SAFETY: only wgpu uses the image while the texture lives.
