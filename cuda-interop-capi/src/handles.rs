@@ -1,0 +1,180 @@
+//! The registry of live handles: what makes every handle the C side passes
+//! in checkable.
+//!
+//! # Contract
+//!
+//! * A handle (`ci_context*`, `ci_sender*`, `ci_receiver*`, `ci_frame*`) is
+//!   an opaque pointer that is never dereferenced: its value is a key into
+//!   one global table (`Mutex<HashMap<usize, Object>>`) of the live objects,
+//!   each tagged with its kind. Keys come from a counter (a generation):
+//!   they are never reused, so a freed handle stays an unknown key forever,
+//!   even after other objects are made.
+//! * Looking a handle up ([`context`], [`sender`], [`receiver`], [`frame`])
+//!   returns a clone of the object's `Arc` (the table's lock is held only
+//!   for the lookup), or an error: [`Status::NullPointer`] for NULL,
+//!   [`Status::WrongHandle`] for an unknown key (freed, or never a handle:
+//!   any pointer value is only compared, never read) or a handle of another
+//!   kind. A call in flight on one thread keeps its object alive when
+//!   another thread frees the handle; the object goes when the last such
+//!   call returns.
+//! * [`remove`] takes an object out of the table; the caller drops it after
+//!   the table's lock is released (a sender's drop joins its threads).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+
+use cuda_interop_frames::host_receiver::HostReceiver;
+use cuda_interop_frames::session::Frame;
+use vk_export::markers::{DeviceLocal, HostVisible};
+use vk_export::Context;
+
+use crate::{CiError, Status};
+
+/// A sender of either memory.
+#[derive(Debug)]
+pub(crate) enum AnySender {
+    /// Host-visible slots (a device without device-local memory).
+    Host(cuda_interop_frames::sender::Sender<HostVisible>),
+    /// Device-local slots.
+    Device(cuda_interop_frames::sender::Sender<DeviceLocal>),
+}
+
+/// A frame handed out, with what `ci_frame_info` reports.
+#[derive(Debug)]
+pub(crate) struct FrameEntry {
+    /// The receiver handle it came from.
+    pub(crate) owner: usize,
+    /// Its description.
+    pub(crate) info: crate::ci_frame_info,
+    /// The frame (taken out when released).
+    pub(crate) frame: Mutex<Option<Frame>>,
+}
+
+/// One live object.
+#[derive(Debug)]
+pub(crate) enum Object {
+    Context(Context),
+    Sender(Arc<Mutex<AnySender>>),
+    Receiver(Arc<HostReceiver>),
+    Frame(Arc<FrameEntry>),
+}
+
+impl Object {
+    fn kind(&self) -> &'static str {
+        match self {
+            Object::Context(_) => "ci_context*",
+            Object::Sender(_) => "ci_sender*",
+            Object::Receiver(_) => "ci_receiver*",
+            Object::Frame(_) => "ci_frame*",
+        }
+    }
+}
+
+static TABLE: LazyLock<Mutex<HashMap<usize, Object>>> = LazyLock::new(Default::default);
+/// The next key's generation (keys are `generation * 16`: non-null, never
+/// reused, aligned like a pointer to a struct would be).
+static NEXT: AtomicUsize = AtomicUsize::new(1);
+
+fn table() -> std::sync::MutexGuard<'static, HashMap<usize, Object>> {
+    // The table is consistent between statements: a panic elsewhere while
+    // it was locked leaves it usable.
+    TABLE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Registers `object`; its handle's value.
+pub(crate) fn insert(object: Object) -> usize {
+    let key = NEXT.fetch_add(1, Ordering::Relaxed).wrapping_mul(16);
+    table().insert(key, object);
+    key
+}
+
+fn unknown(key: usize, expected: &str) -> CiError {
+    CiError::new(
+        Status::WrongHandle,
+        format!(
+            "{key:#x} is not a live {expected} handle (freed already, or never one): pass a \
+             handle the library returned and has not freed"
+        ),
+    )
+}
+
+fn lookup<T>(
+    key: usize,
+    expected: &'static str,
+    pick: impl FnOnce(&Object) -> Option<T>,
+) -> Result<T, CiError> {
+    if key == 0 {
+        return Err(CiError::new(
+            Status::NullPointer,
+            format!("the {expected} handle is NULL: pass one the library returned"),
+        ));
+    }
+    let table = table();
+    let object = table.get(&key).ok_or_else(|| unknown(key, expected))?;
+    pick(object).ok_or_else(|| {
+        CiError::new(
+            Status::WrongHandle,
+            format!(
+                "{key:#x} is a {}, not a {expected}: pass a handle of the kind the function \
+                 takes",
+                object.kind()
+            ),
+        )
+    })
+}
+
+/// The context of handle `key`.
+pub(crate) fn context(key: usize) -> Result<Context, CiError> {
+    lookup(key, "ci_context*", |o| match o {
+        Object::Context(c) => Some(c.clone()),
+        _ => None,
+    })
+}
+
+/// The sender of handle `key`.
+pub(crate) fn sender(key: usize) -> Result<Arc<Mutex<AnySender>>, CiError> {
+    lookup(key, "ci_sender*", |o| match o {
+        Object::Sender(s) => Some(s.clone()),
+        _ => None,
+    })
+}
+
+/// The receiver of handle `key`.
+pub(crate) fn receiver(key: usize) -> Result<Arc<HostReceiver>, CiError> {
+    lookup(key, "ci_receiver*", |o| match o {
+        Object::Receiver(r) => Some(r.clone()),
+        _ => None,
+    })
+}
+
+/// The frame of handle `key`.
+pub(crate) fn frame(key: usize) -> Result<Arc<FrameEntry>, CiError> {
+    lookup(key, "ci_frame*", |o| match o {
+        Object::Frame(f) => Some(f.clone()),
+        _ => None,
+    })
+}
+
+/// Takes handle `key` out of the table if it is a live handle that `is`
+/// accepts (checked as the lookups check); the caller drops it.
+pub(crate) fn remove(
+    key: usize,
+    expected: &'static str,
+    is: impl FnOnce(&Object) -> bool,
+) -> Result<Object, CiError> {
+    lookup(key, expected, |o| is(o).then_some(()))?;
+    // Between the check and here another thread may have removed it.
+    table().remove(&key).ok_or_else(|| unknown(key, expected))
+}
+
+/// Takes every frame that receiver `owner` handed out out of the table.
+pub(crate) fn remove_frames_of(owner: usize) -> Vec<Object> {
+    let mut table = table();
+    let keys: Vec<usize> = table
+        .iter()
+        .filter(|(_, o)| matches!(o, Object::Frame(f) if f.owner == owner))
+        .map(|(k, _)| *k)
+        .collect();
+    keys.into_iter().filter_map(|k| table.remove(&k)).collect()
+}

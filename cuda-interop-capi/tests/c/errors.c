@@ -1,0 +1,204 @@
+/* Every error path of the C ABI: NULL pointers, freed handles, handles of
+ * another kind, values that never were handles, bad names and arguments,
+ * timeouts, a missing name, a taken name, a too small buffer. Each call's
+ * status is checked, and its message: non-empty after an error, empty
+ * after CI_OK. `errors NAME`; exit status 0 when every check passed. Built
+ * with -fsanitize=address,undefined where the compiler has them. */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_interop.h"
+
+static int failures = 0;
+static int checks = 0;
+
+static void expect(ci_status got, ci_status want, const char *what, int line) {
+    const char *msg = ci_last_error_message();
+    checks++;
+    if (msg == NULL) {
+        fprintf(stderr, "line %d: %s: ci_last_error_message() is NULL\n", line, what);
+        failures++;
+        return;
+    }
+    if (got != want) {
+        fprintf(stderr, "line %d: %s -> %d, expected %d (%s)\n", line, what, (int)got, (int)want,
+                msg);
+        failures++;
+    } else if (want == CI_OK && msg[0] != '\0') {
+        fprintf(stderr, "line %d: %s -> CI_OK with message \"%s\"\n", line, what, msg);
+        failures++;
+    } else if (want != CI_OK && msg[0] == '\0') {
+        fprintf(stderr, "line %d: %s -> %d with an empty message\n", line, what, (int)got);
+        failures++;
+    } else {
+        printf("ok %d: %s -> %d%s%s\n", checks, what, (int)got, msg[0] ? ": " : "", msg);
+    }
+}
+
+#define EXPECT(call, want) expect((call), (want), #call, __LINE__)
+
+static ci_sender *g_sender;
+static atomic_int g_stop;
+
+/* The sender's side: serve one receiver, present one frame, then serve
+ * until told to stop (presenting nothing more). */
+static void *serve(void *arg) {
+    (void)arg;
+    ci_status s = ci_sender_wait_for_receivers(g_sender, 1, 60.0);
+    if (s != CI_OK) {
+        fprintf(stderr, "sender thread: wait -> %d: %s\n", (int)s, ci_last_error_message());
+        return (void *)1;
+    }
+    s = ci_sender_present_fill(g_sender, 0x11223344u, 0, 30.0, NULL);
+    if (s != CI_OK) {
+        fprintf(stderr, "sender thread: present -> %d: %s\n", (int)s, ci_last_error_message());
+        return (void *)1;
+    }
+    while (!atomic_load(&g_stop)) ci_sender_serve(g_sender, 0.01);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: errors NAME\n");
+        return 2;
+    }
+    const char *name = argv[1];
+    ci_context *ctx = NULL;
+    ci_sender *sender = NULL;
+    ci_receiver *rx = NULL;
+    ci_frame *frame = NULL;
+    ci_frame_info info;
+    ci_sender_stats stats;
+    int not_a_handle = 0;
+    ci_context *bogus = (ci_context *)(void *)&not_a_handle; /* never a handle */
+    ci_context *odd = (ci_context *)(uintptr_t)0x12345;     /* never a handle */
+
+    /* The message exists before any call. */
+    if (ci_last_error_message() == NULL) return 1;
+
+    /* Contexts: NULL out, bad options, then a good one. */
+    EXPECT(ci_context_new_headless(NULL, NULL), CI_NULL_POINTER);
+    ci_context_options options;
+    memset(&options, 0, sizeof options);
+    EXPECT(ci_context_new_headless(&options, &ctx), CI_INVALID_ARGUMENT); /* struct_size 0 */
+    options.struct_size = sizeof options;
+    options.validation = 7;
+    EXPECT(ci_context_new_headless(&options, &ctx), CI_INVALID_ARGUMENT);
+    options.validation = CI_VALIDATION_OFF;
+    EXPECT(ci_context_new_headless(&options, &ctx), CI_OK);
+    if (ctx == NULL) return 1;
+
+    /* Senders: NULL and non-handles, bad names and sizes. */
+    EXPECT(ci_sender_new(NULL, name, 16, 16, 2, &sender), CI_NULL_POINTER);
+    EXPECT(ci_sender_new(bogus, name, 16, 16, 2, &sender), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_new(odd, name, 16, 16, 2, &sender), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_new(ctx, NULL, 16, 16, 2, &sender), CI_NULL_POINTER);
+    EXPECT(ci_sender_new(ctx, name, 16, 16, 2, NULL), CI_NULL_POINTER);
+    EXPECT(ci_sender_new(ctx, "bad name!", 16, 16, 2, &sender), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_new(ctx, ".hidden", 16, 16, 2, &sender), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_new(ctx, "", 16, 16, 2, &sender), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_new(ctx, "\xff\xfe", 16, 16, 2, &sender), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_new(ctx, name, 0, 16, 2, &sender), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_new(ctx, name, 16, 16, 1, &sender), CI_INVALID_ARGUMENT);
+    if (sender != NULL) return 1; /* written only on CI_OK */
+    EXPECT(ci_sender_new(ctx, name, 16, 16, 2, &sender), CI_OK);
+    ci_sender *second = NULL;
+    EXPECT(ci_sender_new(ctx, name, 16, 16, 2, &second), CI_NAME_TAKEN);
+
+    /* Handles of another kind. */
+    EXPECT(ci_sender_new((ci_context *)sender, "other", 16, 16, 2, &second), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_free((ci_sender *)ctx), CI_WRONG_HANDLE);
+    EXPECT(ci_context_free((ci_context *)sender), CI_WRONG_HANDLE);
+    EXPECT(ci_receiver_next((ci_receiver *)sender, 0.0, &frame), CI_WRONG_HANDLE);
+    EXPECT(ci_frame_get_info((ci_frame *)ctx, &info), CI_WRONG_HANDLE);
+    EXPECT(ci_receiver_free((ci_receiver *)ctx), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_serve((ci_sender *)bogus, 0.0), CI_WRONG_HANDLE);
+
+    /* Sender calls: bad timeouts, a timeout, NULL out-pointers. */
+    EXPECT(ci_sender_wait_for_receivers(sender, 1, -1.0), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_wait_for_receivers(sender, 1, NAN), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_wait_for_receivers(sender, 1, INFINITY), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_wait_for_receivers(sender, 1, 0.0), CI_TIMEOUT);
+    EXPECT(ci_sender_wait_for_receivers(NULL, 1, 0.0), CI_NULL_POINTER);
+    EXPECT(ci_sender_stats_get(sender, NULL), CI_NULL_POINTER);
+    EXPECT(ci_sender_stats_get(sender, &stats), CI_OK);
+    EXPECT(ci_sender_present_fill(NULL, 0, 0, 0.0, NULL), CI_NULL_POINTER);
+
+    /* Receivers: bad arguments, a missing name. */
+    EXPECT(ci_receiver_connect_named(NULL, CI_DELIVERY_LATEST, 0.0, &rx), CI_NULL_POINTER);
+    EXPECT(ci_receiver_connect_named(name, CI_DELIVERY_LATEST, 0.0, NULL), CI_NULL_POINTER);
+    EXPECT(ci_receiver_connect_named(name, 5, 0.0, &rx), CI_INVALID_ARGUMENT);
+    EXPECT(ci_receiver_connect_named(name, CI_DELIVERY_LATEST, -3.0, &rx), CI_INVALID_ARGUMENT);
+    EXPECT(ci_receiver_connect_named("bad/name", CI_DELIVERY_LATEST, 0.0, &rx),
+           CI_INVALID_ARGUMENT);
+    EXPECT(ci_receiver_connect_named("nobody-has-this-name", CI_DELIVERY_LATEST, 0.2, &rx),
+           CI_NOT_FOUND);
+    if (rx != NULL) return 1;
+
+    /* A live connection: the sender served by a thread. */
+    g_sender = sender;
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, serve, NULL) != 0) return 1;
+    EXPECT(ci_receiver_connect_named(name, CI_DELIVERY_LOSSLESS, 60.0, &rx), CI_OK);
+    EXPECT(ci_receiver_next(rx, 30.0, NULL), CI_NULL_POINTER);
+    EXPECT(ci_receiver_next(rx, NAN, &frame), CI_INVALID_ARGUMENT);
+    EXPECT(ci_receiver_next(rx, 30.0, &frame), CI_OK);
+    EXPECT(ci_frame_get_info(frame, NULL), CI_NULL_POINTER);
+    EXPECT(ci_frame_get_info(NULL, &info), CI_NULL_POINTER);
+    EXPECT(ci_frame_get_info(frame, &info), CI_OK);
+    uint8_t small[4];
+    EXPECT(ci_receiver_read(rx, frame, small, sizeof small, 30.0), CI_BUFFER_TOO_SMALL);
+    EXPECT(ci_receiver_read(rx, frame, NULL, 4096, 30.0), CI_NULL_POINTER);
+    EXPECT(ci_receiver_read(rx, (ci_frame *)rx, small, sizeof small, 30.0), CI_WRONG_HANDLE);
+    EXPECT(ci_receiver_read((ci_receiver *)frame, frame, small, sizeof small, 30.0),
+           CI_WRONG_HANDLE);
+    uint8_t *pixels = calloc(1, (size_t)info.frame_bytes);
+    if (!pixels) return 1;
+    EXPECT(ci_receiver_read(rx, frame, pixels, (size_t)info.frame_bytes, 30.0), CI_OK);
+    uint32_t w;
+    memcpy(&w, pixels, 4);
+    if (w != 0x11223344u) {
+        fprintf(stderr, "the frame's first word is %08x\n", w);
+        failures++;
+    }
+    free(pixels);
+    EXPECT(ci_frame_release((ci_receiver *)ctx, frame), CI_WRONG_HANDLE);
+    EXPECT(ci_frame_release(rx, NULL), CI_NULL_POINTER);
+    EXPECT(ci_frame_release(rx, frame), CI_OK);
+    /* The frame handle is freed now. */
+    EXPECT(ci_frame_release(rx, frame), CI_WRONG_HANDLE);
+    EXPECT(ci_frame_get_info(frame, &info), CI_WRONG_HANDLE);
+    EXPECT(ci_receiver_read(rx, frame, small, sizeof small, 30.0), CI_WRONG_HANDLE);
+    /* Lossless, and the sender presents nothing more: a timeout. */
+    ci_frame *none = NULL;
+    EXPECT(ci_receiver_next(rx, 0.2, &none), CI_TIMEOUT);
+    if (none != NULL) failures++;
+
+    /* Frees: NULL is a no-op, a second free is a freed handle. */
+    EXPECT(ci_receiver_free(rx), CI_OK);
+    EXPECT(ci_receiver_free(rx), CI_WRONG_HANDLE);
+    EXPECT(ci_receiver_next(rx, 0.0, &frame), CI_WRONG_HANDLE);
+    EXPECT(ci_receiver_free(NULL), CI_OK);
+    atomic_store(&g_stop, 1);
+    void *thread_result = NULL;
+    pthread_join(thread, &thread_result);
+    if (thread_result != NULL) failures++;
+    EXPECT(ci_sender_free(sender), CI_OK);
+    EXPECT(ci_sender_free(sender), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_present_fill(sender, 0, 0, 0.0, NULL), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_free(NULL), CI_OK);
+    /* Its name is gone with it. */
+    EXPECT(ci_receiver_connect_named(name, CI_DELIVERY_LATEST, 0.0, &rx), CI_NOT_FOUND);
+    EXPECT(ci_context_free(ctx), CI_OK);
+    EXPECT(ci_context_free(ctx), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_new(ctx, name, 16, 16, 2, &sender), CI_WRONG_HANDLE);
+    EXPECT(ci_context_free(NULL), CI_OK);
+
+    printf("%d checks, %d failures\n", checks, failures);
+    return failures == 0 ? 0 : 1;
+}

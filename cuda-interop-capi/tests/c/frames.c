@@ -1,0 +1,109 @@
+/* A C sender and a C receiver of the frame ring, by name (one program,
+ * two roles, two processes): `frames send NAME FRAMES` presents FRAMES
+ * frames, frame n filled with the word 0xC0DE0000 + n, to one lossless
+ * receiver, then serves until it has left; `frames recv NAME FRAMES`
+ * takes every frame and checks every word of it. Exit status 0: all good;
+ * otherwise the failing call and its message are on stderr. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_interop.h"
+
+#define CHECK(call)                                                                   \
+    do {                                                                              \
+        ci_status s_ = (call);                                                        \
+        if (s_ != CI_OK) {                                                            \
+            fprintf(stderr, "%s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #call, (int)s_, \
+                    ci_last_error_message());                                         \
+            exit(1);                                                                  \
+        }                                                                             \
+    } while (0)
+
+static uint32_t word_of(uint64_t sequence) { return 0xC0DE0000u + (uint32_t)sequence; }
+
+static int do_send(const char *name, uint64_t frames) {
+    ci_context *ctx = NULL;
+    ci_sender *sender = NULL;
+    CHECK(ci_context_new_headless(NULL, &ctx));
+    CHECK(ci_sender_new(ctx, name, 64, 48, 3, &sender));
+    printf("sender %s up\n", name);
+    fflush(stdout);
+    CHECK(ci_sender_wait_for_receivers(sender, 1, 60.0));
+    for (uint64_t n = 1; n <= frames; n++) {
+        uint64_t sequence = 0;
+        /* Lossless: the acquire waits for the receiver's releases. */
+        CHECK(ci_sender_present_fill(sender, word_of(n), 0, 30.0, &sequence));
+        if (sequence != n) {
+            fprintf(stderr, "frame %" PRIu64 " got sequence %" PRIu64 "\n", n, sequence);
+            return 1;
+        }
+    }
+    /* Serve until the receiver has left (it releases everything first). */
+    ci_sender_stats stats;
+    for (int i = 0; i < 6000; i++) {
+        CHECK(ci_sender_serve(sender, 0.01));
+        CHECK(ci_sender_stats_get(sender, &stats));
+        if (stats.receivers == 0) break;
+    }
+    CHECK(ci_sender_stats_get(sender, &stats));
+    printf("sender: presented %" PRIu64 ", skipped %" PRIu64 ", receivers left %" PRIu64 "\n",
+           stats.presented, stats.skipped, stats.receivers);
+    if (stats.presented != frames || stats.receivers != 0) return 1;
+    CHECK(ci_sender_free(sender));
+    CHECK(ci_context_free(ctx));
+    return 0;
+}
+
+static int do_recv(const char *name, uint64_t frames) {
+    ci_receiver *rx = NULL;
+    CHECK(ci_receiver_connect_named(name, CI_DELIVERY_LOSSLESS, 60.0, &rx));
+    uint8_t *pixels = NULL;
+    size_t len = 0;
+    for (uint64_t n = 1; n <= frames; n++) {
+        ci_frame *frame = NULL;
+        ci_frame_info info;
+        CHECK(ci_receiver_next(rx, 30.0, &frame));
+        CHECK(ci_frame_get_info(frame, &info));
+        if (info.sequence != n || info.dropped_before != 0 || info.width != 64 ||
+            info.height != 48 || info.row_pitch != 64 * 4 ||
+            info.frame_bytes != info.row_pitch * info.height) {
+            fprintf(stderr, "frame %" PRIu64 ": unexpected info (sequence %" PRIu64 ")\n", n,
+                    info.sequence);
+            return 1;
+        }
+        if (len < info.frame_bytes) {
+            len = (size_t)info.frame_bytes;
+            pixels = realloc(pixels, len);
+            if (!pixels) return 1;
+        }
+        memset(pixels, 0, len);
+        CHECK(ci_receiver_read(rx, frame, pixels, len, 30.0));
+        for (size_t i = 0; i < info.frame_bytes / 4; i++) {
+            uint32_t w;
+            memcpy(&w, pixels + 4 * i, 4);
+            if (w != word_of(info.sequence)) {
+                fprintf(stderr, "frame %" PRIu64 " word %zu is %08x, not %08x\n", n, i, w,
+                        word_of(info.sequence));
+                return 1;
+            }
+        }
+        CHECK(ci_frame_release(rx, frame));
+    }
+    free(pixels);
+    CHECK(ci_receiver_free(rx));
+    printf("receiver: %" PRIu64 " frames checked\n", frames);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 4) {
+        fprintf(stderr, "usage: frames send|recv NAME FRAMES\n");
+        return 2;
+    }
+    uint64_t frames = strtoull(argv[3], NULL, 10);
+    if (strcmp(argv[1], "send") == 0) return do_send(argv[2], frames);
+    if (strcmp(argv[1], "recv") == 0) return do_recv(argv[2], frames);
+    return 2;
+}

@@ -1,0 +1,301 @@
+//! The C ABI from C: programs in `tests/c/` compiled with the system C
+//! compiler against `include/cuda_interop.h` and the crate's staticlib
+//! (`libcuda_interop.a`, which cargo builds before these tests), run on
+//! lavapipe (or whatever Vulkan driver is there).
+//!
+//! # Contract
+//!
+//! * `c_sender_and_c_receiver_by_name`: a C sender and a C receiver, two
+//!   processes, find each other by name in a private directory
+//!   (`XDG_RUNTIME_DIR`) and pass 30 frames losslessly; the receiver checks
+//!   every word of every frame against the sender's fill value.
+//! * `c_error_paths`: a C program calls every function with NULL pointers,
+//!   freed handles, handles of another kind, values that never were
+//!   handles, bad names and arguments, and provokes a timeout, a missing
+//!   name and a taken name, checking each status and that the message is
+//!   set. It is built with `-fsanitize=address,undefined` (errors fatal)
+//!   where the compiler can link that; where it cannot, the test says what
+//!   to install and runs it without the sanitizers.
+//! * `header_compiles_as_cpp`: the header compiles as C++ (where `g++` is).
+//! * Nothing depends on timing: the programs' waits are generous bounds,
+//!   and a child that outlives [`CHILD_BOUND`] fails the test (killed)
+//!   instead of hanging it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a C program may run before the test calls it hung.
+const CHILD_BOUND: Duration = Duration::from_secs(300);
+
+fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `target/<profile>/`, where cargo puts the staticlib.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    // target/<profile>/deps/<test binary>
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test binary lives in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// Builds the staticlib (cargo does not build a library without an rlib
+/// before integration tests) with the test's cargo, profile and target
+/// directory, once per test binary; its path.
+fn staticlib() -> PathBuf {
+    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let profile = profile_dir();
+    let built = BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let target_dir = profile.parent().expect("target/<profile> has a parent");
+        let name = profile
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("a profile directory name");
+        let profile_name = if name == "debug" { "dev" } else { name };
+        let output = Command::new(&cargo)
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "cuda-interop-capi",
+                "--lib",
+                "--profile",
+            ])
+            .arg(profile_name)
+            .arg("--target-dir")
+            .arg(target_dir)
+            .current_dir(crate_dir())
+            .output()
+            .map_err(|e| format!("cannot run {cargo}: {e}"))?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "`cargo build -p cuda-interop-capi --lib` failed:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            ))
+        }
+    });
+    if let Err(why) = built {
+        panic!("{why}");
+    }
+    let lib = profile.join("libcuda_interop.a");
+    assert!(
+        lib.exists(),
+        "{} is missing: run these tests with `cargo test -p cuda-interop-capi`, which builds it",
+        lib.display()
+    );
+    lib
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("capi-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a scratch directory in CARGO_TARGET_TMPDIR");
+    dir
+}
+
+/// A private runtime directory (mode 0700, as discovery wants).
+fn runtime_dir(scratch: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch.join("runtime");
+    std::fs::create_dir_all(&dir).expect("the runtime directory");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+        .expect("chmod 0700 the runtime directory");
+    dir
+}
+
+fn cc() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".into())
+}
+
+/// Compiles `tests/c/<source>` into `out` with `flags`; panics with the
+/// compiler's output on failure.
+fn compile(source: &str, out: &Path, flags: &[&str]) {
+    let mut cmd = Command::new(cc());
+    cmd.args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g"])
+        .args(flags)
+        .arg("-I")
+        .arg(crate_dir().join("include"))
+        .arg(crate_dir().join("tests/c").join(source))
+        .arg(staticlib())
+        .args(["-lpthread", "-ldl", "-lm", "-lrt", "-lgcc_s", "-lutil"])
+        .arg("-o")
+        .arg(out);
+    let output = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} ({e}): install gcc (or set CC)", cc()));
+    assert!(
+        output.status.success(),
+        "{cmd:?} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Waits for `child` within [`CHILD_BOUND`] (killing it past that).
+fn finish(mut child: Child, what: &str) -> Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().expect("waitpid").is_some() {
+            return child.wait_with_output().expect("the child's output");
+        }
+        if start.elapsed() > CHILD_BOUND {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("the child's output");
+            panic!(
+                "{what} ran past {CHILD_BOUND:?} (hung) and was killed:\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn spawn(exe: &Path, args: &[&str], runtime: &Path, env: &[(&str, &str)]) -> Child {
+    Command::new(exe)
+        .args(args)
+        .env("XDG_RUNTIME_DIR", runtime)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()))
+}
+
+fn assert_success(out: &Output, what: &str) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("--- {what} stdout:\n{stdout}--- {what} stderr:\n{stderr}");
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+}
+
+#[test]
+fn c_sender_and_c_receiver_by_name() {
+    let dir = scratch("frames");
+    let runtime = runtime_dir(&dir);
+    let exe = dir.join("frames");
+    compile("frames.c", &exe, &[]);
+    let name = format!("capi-frames-{}", std::process::id());
+    let sender = spawn(&exe, &["send", &name, "30"], &runtime, &[]);
+    let receiver = spawn(&exe, &["recv", &name, "30"], &runtime, &[]);
+    let received = finish(receiver, "the C receiver");
+    let sent = finish(sender, "the C sender");
+    assert_success(&received, "the C receiver");
+    assert_success(&sent, "the C sender");
+    assert!(String::from_utf8_lossy(&received.stdout).contains("30 frames checked"));
+}
+
+/// The sanitizer flags, if the compiler can build and run a program with
+/// them; else why not.
+fn sanitizers(dir: &Path) -> Result<Vec<&'static str>, String> {
+    let flags = vec![
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=all",
+        "-fno-omit-frame-pointer",
+    ];
+    let probe = dir.join("probe.c");
+    std::fs::write(&probe, "int main(void) { return 0; }\n").expect("write the probe");
+    let exe = dir.join("probe");
+    let built = Command::new(cc())
+        .args(&flags)
+        .arg(&probe)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", cc()))?;
+    if !built.status.success() {
+        return Err(format!(
+            "{} cannot link -fsanitize=address,undefined ({}): install libasan and libubsan \
+             for it (Debian: `apt-get install libasan8 libubsan1`)",
+            cc(),
+            String::from_utf8_lossy(&built.stderr).trim()
+        ));
+    }
+    let ran = Command::new(&exe)
+        .output()
+        .map_err(|e| format!("cannot run the sanitizer probe: {e}"))?;
+    if !ran.status.success() {
+        return Err(format!(
+            "a program built with the sanitizers does not run here ({}): {}",
+            ran.status,
+            String::from_utf8_lossy(&ran.stderr).trim()
+        ));
+    }
+    Ok(flags)
+}
+
+#[test]
+fn c_error_paths() {
+    let dir = scratch("errors");
+    let runtime = runtime_dir(&dir);
+    let exe = dir.join("errors");
+    let flags = match sanitizers(&dir) {
+        Ok(flags) => flags,
+        Err(why) => {
+            eprintln!("WARNING: the error-path program runs WITHOUT sanitizers: {why}");
+            Vec::new()
+        }
+    };
+    compile("errors.c", &exe, &flags);
+    let name = format!("capi-errors-{}", std::process::id());
+    // The library (Rust) and the Vulkan driver are not instrumented; leak
+    // reports would be about the driver's allocations, not the C side's.
+    let env = [
+        ("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=0"),
+        ("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"),
+    ];
+    let out = finish(
+        spawn(&exe, &[&name], &runtime, &env),
+        "the C error-path program",
+    );
+    assert_success(&out, "the C error-path program");
+    assert!(String::from_utf8_lossy(&out.stdout).contains(" 0 failures"));
+}
+
+#[test]
+fn header_compiles_as_cpp() {
+    let dir = scratch("cpp");
+    let source = dir.join("header.cpp");
+    std::fs::write(
+        &source,
+        "#include \"cuda_interop.h\"\nint main() { return ci_last_error_message() ? 0 : 1; }\n",
+    )
+    .expect("write the C++ source");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let output = match Command::new(&cxx)
+        .args([
+            "-std=c++11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-fsyntax-only",
+            "-I",
+        ])
+        .arg(crate_dir().join("include"))
+        .arg(&source)
+        .output()
+    {
+        Ok(output) => output,
+        Err(e) => {
+            eprintln!(
+                "WARNING: the header was not compiled as C++: cannot run {cxx} ({e}); install g++"
+            );
+            return;
+        }
+    };
+    assert!(
+        output.status.success(),
+        "the header does not compile as C++:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
