@@ -30,7 +30,7 @@ use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
 use vk_export::{Context, HeadlessOptions, TransferQueue, Validation};
 
 use crate::handles::{self, AnySender, FrameEntry, Object};
-use crate::{ci_frame_info, entry, non_null, seconds, CiError, Status};
+use crate::{ci_frame_info, ci_status, entry, non_null, seconds, CiError};
 
 /// An opaque Vulkan context (a headless one for now).
 #[allow(non_camel_case_types)]
@@ -92,7 +92,7 @@ pub struct ci_context_options {
     pub device_uuid: [u8; 16],
 }
 
-/// What a sender has done so far (`ci_sender_stats`).
+/// What a sender has done so far (`ci_sender_stats_get`).
 #[repr(C)]
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -127,7 +127,7 @@ unsafe fn string<'a>(p: *const c_char, what: &str) -> Result<&'a str, CiError> {
     let s = unsafe { CStr::from_ptr(p) };
     s.to_str().map_err(|_| {
         CiError::new(
-            Status::InvalidArgument,
+            ci_status::CI_INVALID_ARGUMENT,
             format!("{what} is not UTF-8: pass ASCII letters, digits, '-', '_' and '.'"),
         )
     })
@@ -135,22 +135,26 @@ unsafe fn string<'a>(p: *const c_char, what: &str) -> Result<&'a str, CiError> {
 
 fn vulkan(e: vk_export::Error) -> CiError {
     let status = match &e {
-        vk_export::Error::Timeout(_) => Status::Timeout,
-        vk_export::Error::Unsupported { .. } | vk_export::Error::NoDevice(_) => Status::Unsupported,
-        vk_export::Error::InvalidArgument(_) => Status::InvalidArgument,
-        vk_export::Error::Socket { .. } => Status::Io,
-        _ => Status::Vulkan,
+        vk_export::Error::Timeout(_) => ci_status::CI_TIMEOUT,
+        vk_export::Error::Unsupported { .. } | vk_export::Error::NoDevice(_) => {
+            ci_status::CI_UNSUPPORTED
+        }
+        vk_export::Error::InvalidArgument(_) => ci_status::CI_INVALID_ARGUMENT,
+        vk_export::Error::Socket { .. } => ci_status::CI_IO,
+        _ => ci_status::CI_VULKAN,
     };
     CiError::new(status, e.to_string())
 }
 
 fn discovery(e: DiscoveryError) -> CiError {
     let status = match &e {
-        DiscoveryError::Name { .. } => Status::InvalidArgument,
-        DiscoveryError::NameTaken { .. } | DiscoveryError::NameBusy { .. } => Status::NameTaken,
-        DiscoveryError::NotFound { .. } => Status::NotFound,
-        DiscoveryError::Directory { .. } | DiscoveryError::Io { .. } => Status::Io,
-        DiscoveryError::Socket(_) => Status::Io,
+        DiscoveryError::Name { .. } => ci_status::CI_INVALID_ARGUMENT,
+        DiscoveryError::NameTaken { .. } | DiscoveryError::NameBusy { .. } => {
+            ci_status::CI_NAME_TAKEN
+        }
+        DiscoveryError::NotFound { .. } => ci_status::CI_NOT_FOUND,
+        DiscoveryError::Directory { .. } | DiscoveryError::Io { .. } => ci_status::CI_IO,
+        DiscoveryError::Socket(_) => ci_status::CI_IO,
         DiscoveryError::Connect(c) => return consumer(c),
     };
     CiError::new(status, e.to_string())
@@ -158,35 +162,35 @@ fn discovery(e: DiscoveryError) -> CiError {
 
 fn consumer(e: &ConsumerError) -> CiError {
     let status = match e {
-        ConsumerError::ConnectTimeout { .. } | ConsumerError::Timeout(_) => Status::Timeout,
+        ConsumerError::ConnectTimeout { .. } | ConsumerError::Timeout(_) => ci_status::CI_TIMEOUT,
         ConsumerError::Connect { .. } | ConsumerError::Poll(_) | ConsumerError::Recv(_) => {
-            Status::Io
+            ci_status::CI_IO
         }
-        ConsumerError::Busy(_) => Status::Busy,
-        ConsumerError::Closed | ConsumerError::GivenUp(_) => Status::Closed,
-        ConsumerError::Dropped(_) => Status::Dropped,
+        ConsumerError::Busy(_) => ci_status::CI_BUSY,
+        ConsumerError::Closed | ConsumerError::GivenUp(_) => ci_status::CI_CLOSED,
+        ConsumerError::Dropped(_) => ci_status::CI_DROPPED,
         ConsumerError::NotHeld { .. }
         | ConsumerError::LatestHoldsOne { .. }
-        | ConsumerError::NotThisReceiver { .. } => Status::InvalidArgument,
-        ConsumerError::Packet(_) | ConsumerError::Protocol(_) => Status::Protocol,
+        | ConsumerError::NotThisReceiver { .. } => ci_status::CI_INVALID_ARGUMENT,
+        ConsumerError::Packet(_) | ConsumerError::Protocol(_) => ci_status::CI_PROTOCOL,
         ConsumerError::Vulkan(v) => match v {
-            vk_export::Error::Timeout(_) => Status::Timeout,
-            _ => Status::Vulkan,
+            vk_export::Error::Timeout(_) => ci_status::CI_TIMEOUT,
+            _ => ci_status::CI_VULKAN,
         },
-        ConsumerError::Cuda(_) => Status::Cuda,
+        ConsumerError::Cuda(_) => ci_status::CI_CUDA,
         #[allow(unreachable_patterns, reason = "the enum may grow")]
-        _ => Status::Protocol,
+        _ => ci_status::CI_PROTOCOL,
     };
     CiError::new(status, e.to_string())
 }
 
 fn sender_error(e: SenderError) -> CiError {
     match e {
-        SenderError::Options(why) => CiError::new(Status::InvalidArgument, why),
-        SenderError::Layout(p) => CiError::new(Status::InvalidArgument, p.to_string()),
+        SenderError::Options(why) => CiError::new(ci_status::CI_INVALID_ARGUMENT, why),
+        SenderError::Layout(p) => CiError::new(ci_status::CI_INVALID_ARGUMENT, p.to_string()),
         SenderError::Discovery(d) => discovery(d),
         SenderError::Vulkan(v) => vulkan(v),
-        SenderError::Io(io) => CiError::new(Status::Io, io.to_string()),
+        SenderError::Io(io) => CiError::new(ci_status::CI_IO, io.to_string()),
     }
 }
 
@@ -204,7 +208,7 @@ fn sender_error(e: SenderError) -> CiError {
 pub unsafe extern "C" fn ci_context_new_headless(
     options: *const ci_context_options,
     out: *mut *mut ci_context,
-) -> Status {
+) -> ci_status {
     entry(|| {
         non_null(out, "out")?;
         let mut headless = HeadlessOptions::default();
@@ -214,7 +218,7 @@ pub unsafe extern "C" fn ci_context_new_headless(
             let size = unsafe { std::ptr::read_unaligned(options.cast::<u32>()) };
             if (size as usize) < std::mem::size_of::<ci_context_options>() {
                 return Err(CiError::new(
-                    Status::InvalidArgument,
+                    ci_status::CI_INVALID_ARGUMENT,
                     format!(
                         "options->struct_size is {size}: set it to sizeof(ci_context_options) \
                          ({})",
@@ -230,7 +234,7 @@ pub unsafe extern "C" fn ci_context_new_headless(
                 CI_VALIDATION_REQUIRED => Validation::Required,
                 v => {
                     return Err(CiError::new(
-                        Status::InvalidArgument,
+                        ci_status::CI_INVALID_ARGUMENT,
                         format!("options->validation is {v}: pass a CI_VALIDATION_* value"),
                     ))
                 }
@@ -258,7 +262,7 @@ pub unsafe extern "C" fn ci_context_new_headless(
 /// # Safety
 /// None beyond the ABI: the handle is checked.
 #[no_mangle]
-pub unsafe extern "C" fn ci_context_free(ctx: *mut ci_context) -> Status {
+pub unsafe extern "C" fn ci_context_free(ctx: *mut ci_context) -> ci_status {
     entry(|| {
         if ctx.is_null() {
             return Ok(());
@@ -290,7 +294,7 @@ pub unsafe extern "C" fn ci_sender_new(
     height: u32,
     slots: u32,
     out: *mut *mut ci_sender,
-) -> Status {
+) -> ci_status {
     entry(|| {
         let ctx = handles::context(key(ctx))?;
         // SAFETY: NULL or NUL-terminated (the caller's promise).
@@ -298,7 +302,7 @@ pub unsafe extern "C" fn ci_sender_new(
         non_null(out, "out")?;
         if width == 0 || height == 0 {
             return Err(CiError::new(
-                Status::InvalidArgument,
+                ci_status::CI_INVALID_ARGUMENT,
                 format!("the ring is {width}x{height}: pass a width and a height of at least 1"),
             ));
         }
@@ -352,7 +356,7 @@ pub unsafe extern "C" fn ci_sender_wait_for_receivers(
     sender: *mut ci_sender,
     count: u32,
     timeout_s: f64,
-) -> Status {
+) -> ci_status {
     entry(|| {
         let timeout = seconds("timeout_s", timeout_s)?;
         let ok = with_sender(sender, |s| {
@@ -365,7 +369,7 @@ pub unsafe extern "C" fn ci_sender_wait_for_receivers(
             Ok(())
         } else {
             Err(CiError::new(
-                Status::Timeout,
+                ci_status::CI_TIMEOUT,
                 format!(
                     "fewer than {count} receivers subscribed within {timeout:?}: start them, or \
                      wait longer"
@@ -385,7 +389,7 @@ pub unsafe extern "C" fn ci_sender_wait_for_receivers(
 /// # Safety
 /// None beyond the ABI: the handle is checked.
 #[no_mangle]
-pub unsafe extern "C" fn ci_sender_serve(sender: *mut ci_sender, timeout_s: f64) -> Status {
+pub unsafe extern "C" fn ci_sender_serve(sender: *mut ci_sender, timeout_s: f64) -> ci_status {
     entry(|| {
         let timeout = seconds("timeout_s", timeout_s)?;
         with_sender(sender, |s| {
@@ -405,9 +409,9 @@ fn fill<M: MemoryLocation>(
     timeout: Duration,
 ) -> Result<u64, CiError> {
     let slot = s.acquire(timeout).map_err(|e| match e {
-        AcquireError::AllSlotsHeld => CiError::new(Status::Skipped, e.to_string()),
+        AcquireError::AllSlotsHeld => CiError::new(ci_status::CI_SKIPPED, e.to_string()),
         AcquireError::Timeout(_) => CiError::new(
-            Status::Timeout,
+            ci_status::CI_TIMEOUT,
             format!("{e}: they release within the hold timeout or are dropped; try again"),
         ),
     })?;
@@ -445,7 +449,7 @@ pub unsafe extern "C" fn ci_sender_present_fill(
     timestamp_ns: u64,
     timeout_s: f64,
     sequence_out: *mut u64,
-) -> Status {
+) -> ci_status {
     entry(|| {
         let timeout = seconds("timeout_s", timeout_s)?;
         let sequence = with_sender(sender, |s| match s {
@@ -470,7 +474,7 @@ pub unsafe extern "C" fn ci_sender_present_fill(
 pub unsafe extern "C" fn ci_sender_stats_get(
     sender: *mut ci_sender,
     stats: *mut ci_sender_stats,
-) -> Status {
+) -> ci_status {
     entry(|| {
         let s = with_sender(sender, |s| {
             Ok(match s {
@@ -504,7 +508,7 @@ pub unsafe extern "C" fn ci_sender_stats_get(
 /// # Safety
 /// None beyond the ABI: the handle is checked.
 #[no_mangle]
-pub unsafe extern "C" fn ci_sender_free(sender: *mut ci_sender) -> Status {
+pub unsafe extern "C" fn ci_sender_free(sender: *mut ci_sender) -> ci_status {
     entry(|| {
         if sender.is_null() {
             return Ok(());
@@ -534,7 +538,7 @@ pub unsafe extern "C" fn ci_receiver_connect_named(
     delivery: u32,
     timeout_s: f64,
     out: *mut *mut ci_receiver,
-) -> Status {
+) -> ci_status {
     entry(|| {
         // SAFETY: NULL or NUL-terminated (the caller's promise).
         let name = unsafe { string(name, "name") }?;
@@ -545,7 +549,7 @@ pub unsafe extern "C" fn ci_receiver_connect_named(
             CI_DELIVERY_LOSSLESS => Delivery::Lossless,
             d => {
                 return Err(CiError::new(
-                    Status::InvalidArgument,
+                    ci_status::CI_INVALID_ARGUMENT,
                     format!(
                         "delivery is {d}: pass CI_DELIVERY_LATEST (0) or CI_DELIVERY_LOSSLESS (1)"
                     ),
@@ -579,7 +583,7 @@ pub unsafe extern "C" fn ci_receiver_next(
     receiver: *mut ci_receiver,
     timeout_s: f64,
     out: *mut *mut ci_frame,
-) -> Status {
+) -> ci_status {
     entry(|| {
         let owner = key(receiver);
         let rx = handles::receiver(owner)?;
@@ -620,7 +624,7 @@ pub unsafe extern "C" fn ci_receiver_next(
 pub unsafe extern "C" fn ci_frame_get_info(
     frame: *const ci_frame,
     info: *mut ci_frame_info,
-) -> Status {
+) -> ci_status {
     entry(|| {
         let f = handles::frame(key(frame))?;
         non_null(info, "info")?;
@@ -635,7 +639,7 @@ fn owned_frame(receiver: usize, frame: usize) -> Result<Arc<FrameEntry>, CiError
     let f = handles::frame(frame)?;
     if f.owner != receiver {
         return Err(CiError::new(
-            Status::InvalidArgument,
+            ci_status::CI_INVALID_ARGUMENT,
             format!(
                 "frame {} was handed out by another receiver: pass the receiver it came from",
                 f.info.sequence
@@ -663,7 +667,7 @@ pub unsafe extern "C" fn ci_receiver_read(
     dst: *mut c_void,
     dst_len: usize,
     timeout_s: f64,
-) -> Status {
+) -> ci_status {
     entry(|| {
         let f = owned_frame(key(receiver), key(frame))?;
         let rx = handles::receiver(key(receiver))?;
@@ -672,7 +676,7 @@ pub unsafe extern "C" fn ci_receiver_read(
         let need = f.info.frame_bytes;
         if (dst_len as u64) < need {
             return Err(CiError::new(
-                Status::BufferTooSmall,
+                ci_status::CI_BUFFER_TOO_SMALL,
                 format!(
                     "dst_len is {dst_len} bytes; a frame has {need} (ci_frame_info's \
                      frame_bytes): pass a buffer at least that large"
@@ -682,7 +686,7 @@ pub unsafe extern "C" fn ci_receiver_read(
         let held = f.frame.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(frame) = held.as_ref() else {
             return Err(CiError::new(
-                Status::WrongHandle,
+                ci_status::CI_WRONG_HANDLE,
                 "the frame was released: read frames before ci_frame_release",
             ));
         };
@@ -709,7 +713,7 @@ pub unsafe extern "C" fn ci_receiver_read(
 pub unsafe extern "C" fn ci_frame_release(
     receiver: *mut ci_receiver,
     frame: *mut ci_frame,
-) -> Status {
+) -> ci_status {
     entry(|| {
         owned_frame(key(receiver), key(frame))?;
         let rx = handles::receiver(key(receiver))?;
@@ -739,7 +743,7 @@ pub unsafe extern "C" fn ci_frame_release(
 /// # Safety
 /// None beyond the ABI: the handle is checked.
 #[no_mangle]
-pub unsafe extern "C" fn ci_receiver_free(receiver: *mut ci_receiver) -> Status {
+pub unsafe extern "C" fn ci_receiver_free(receiver: *mut ci_receiver) -> ci_status {
     entry(|| {
         if receiver.is_null() {
             return Ok(());

@@ -11,8 +11,8 @@
 //!   even after other objects are made.
 //! * Looking a handle up ([`context`], [`sender`], [`receiver`], [`frame`])
 //!   returns a clone of the object's `Arc` (the table's lock is held only
-//!   for the lookup), or an error: [`Status::NullPointer`] for NULL,
-//!   [`Status::WrongHandle`] for an unknown key (freed, or never a handle:
+//!   for the lookup), or an error: [`ci_status::CI_NULL_POINTER`] for NULL,
+//!   [`ci_status::CI_WRONG_HANDLE`] for an unknown key (freed, or never a handle:
 //!   any pointer value is only compared, never read) or a handle of another
 //!   kind. A call in flight on one thread keeps its object alive when
 //!   another thread frees the handle; the object goes when the last such
@@ -29,7 +29,7 @@ use cuda_interop_frames::session::Frame;
 use vk_export::markers::{DeviceLocal, HostVisible};
 use vk_export::Context;
 
-use crate::{CiError, Status};
+use crate::{ci_status, CiError};
 
 /// A sender of either memory.
 #[derive(Debug)]
@@ -91,7 +91,7 @@ pub(crate) fn insert(object: Object) -> usize {
 
 fn unknown(key: usize, expected: &str) -> CiError {
     CiError::new(
-        Status::WrongHandle,
+        ci_status::CI_WRONG_HANDLE,
         format!(
             "{key:#x} is not a live {expected} handle (freed already, or never one): pass a \
              handle the library returned and has not freed"
@@ -106,7 +106,7 @@ fn lookup<T>(
 ) -> Result<T, CiError> {
     if key == 0 {
         return Err(CiError::new(
-            Status::NullPointer,
+            ci_status::CI_NULL_POINTER,
             format!("the {expected} handle is NULL: pass one the library returned"),
         ));
     }
@@ -114,7 +114,7 @@ fn lookup<T>(
     let object = table.get(&key).ok_or_else(|| unknown(key, expected))?;
     pick(object).ok_or_else(|| {
         CiError::new(
-            Status::WrongHandle,
+            ci_status::CI_WRONG_HANDLE,
             format!(
                 "{key:#x} is a {}, not a {expected}: pass a handle of the kind the function \
                  takes",

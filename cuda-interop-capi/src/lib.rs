@@ -6,14 +6,14 @@
 //!
 //! # Contract
 //!
-//! * Every exported function returns a [`Status`] (`ci_status`) and, on the
+//! * Every exported function returns a [`ci_status`] (`ci_status`) and, on the
 //!   calling thread, sets the message [`ci_last_error_message`] returns: the
 //!   empty string after `CI_OK`, else what went wrong and what to do.
 //! * No panic crosses the ABI: every entry point runs under
-//!   `catch_unwind`, and a panic becomes [`Status::Panic`] with its message.
+//!   `catch_unwind`, and a panic becomes [`ci_status::CI_PANIC`] with its message.
 //! * Every handle is checked before use (see `handles`): NULL is
-//!   [`Status::NullPointer`]; a freed handle, a value that never was a
-//!   handle, or a handle of another kind is [`Status::WrongHandle`]. Handle
+//!   [`ci_status::CI_NULL_POINTER`]; a freed handle, a value that never was a
+//!   handle, or a handle of another kind is [`ci_status::CI_WRONG_HANDLE`]. Handle
 //!   values are never dereferenced, so none of these is undefined
 //!   behaviour. What the library cannot check is what the C side promises
 //!   in each function's `# Safety`: out-pointers and buffers are valid for
@@ -25,7 +25,7 @@
 //!   called from any thread; calls on one sender are serialized (a second
 //!   thread waits for the first); a receiver's calls may run concurrently
 //!   (one thread receives at a time, `ci_receiver_next` on a second one
-//!   waits within its timeout and then returns [`Status::Busy`]).
+//!   waits within its timeout and then returns [`ci_status::CI_BUSY`]).
 
 mod ffi;
 mod handles;
@@ -37,60 +37,65 @@ use std::time::Duration;
 
 pub use ffi::*;
 
+/// The ABI's major version: the `N` of the soname `libcuda_interop.so.N`
+/// (see the README's stability rules).
+pub const CI_ABI_VERSION_MAJOR: u32 = 0;
+
 /// What a call did: `CI_OK` or why not. Values are stable; new ones may be
 /// added within 0.x (treat an unknown one as an error).
 #[repr(C)]
+#[allow(non_camel_case_types, reason = "the C names: ci_status, CI_OK")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
+pub enum ci_status {
     /// Success.
-    Ok = 0,
+    CI_OK = 0,
     /// An argument is out of range (the message says which).
-    InvalidArgument = 1,
+    CI_INVALID_ARGUMENT = 1,
     /// A required pointer (handle, out-pointer, string) is NULL.
-    NullPointer = 2,
+    CI_NULL_POINTER = 2,
     /// A handle that is not live (freed, or never one) or of another kind.
-    WrongHandle = 3,
+    CI_WRONG_HANDLE = 3,
     /// Nothing came within the timeout.
-    Timeout = 4,
+    CI_TIMEOUT = 4,
     /// The sender dropped this receiver (and said why): connect again.
-    Dropped = 5,
+    CI_DROPPED = 5,
     /// The connection is over (the sender stopped or crashed): connect
     /// again.
-    Closed = 6,
+    CI_CLOSED = 6,
     /// No sender has that name.
-    NotFound = 7,
+    CI_NOT_FOUND = 7,
     /// A live sender has that name already.
-    NameTaken = 8,
+    CI_NAME_TAKEN = 8,
     /// A Vulkan call failed.
-    Vulkan = 9,
+    CI_VULKAN = 9,
     /// A CUDA call failed.
-    Cuda = 10,
+    CI_CUDA = 10,
     /// The device or the ring lacks what the call needs.
-    Unsupported = 11,
+    CI_UNSUPPORTED = 11,
     /// A panic inside the library (a bug: please report the message).
-    Panic = 12,
+    CI_PANIC = 12,
     /// Every slot is held by latest receivers: the frame was skipped; try
     /// again for the next one.
-    Skipped = 13,
+    CI_SKIPPED = 13,
     /// Another thread was receiving on this receiver for the whole timeout.
-    Busy = 14,
+    CI_BUSY = 14,
     /// The peer broke the frame protocol.
-    Protocol = 15,
+    CI_PROTOCOL = 15,
     /// A system call failed.
-    Io = 16,
+    CI_IO = 16,
     /// The destination buffer is smaller than a frame.
-    BufferTooSmall = 17,
+    CI_BUFFER_TOO_SMALL = 17,
 }
 
 /// An error: the status and the message the thread gets.
 #[derive(Debug)]
 pub(crate) struct CiError {
-    status: Status,
+    status: ci_status,
     message: String,
 }
 
 impl CiError {
-    pub(crate) fn new(status: Status, message: impl Into<String>) -> CiError {
+    pub(crate) fn new(status: ci_status, message: impl Into<String>) -> CiError {
         CiError {
             status,
             message: message.into(),
@@ -109,11 +114,11 @@ fn set_message(message: &str) {
 
 /// Runs one entry point's body: its status, the thread's message set, no
 /// panic let out.
-pub(crate) fn entry(body: impl FnOnce() -> Result<(), CiError>) -> Status {
+pub(crate) fn entry(body: impl FnOnce() -> Result<(), CiError>) -> ci_status {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => {
             set_message("");
-            Status::Ok
+            ci_status::CI_OK
         }
         Ok(Err(e)) => {
             set_message(&e.message);
@@ -130,7 +135,7 @@ pub(crate) fn entry(body: impl FnOnce() -> Result<(), CiError>) -> Status {
             set_message(&format!(
                 "the library panicked ({what}): a bug, please report it with this message"
             ));
-            Status::Panic
+            ci_status::CI_PANIC
         }
     }
 }
@@ -151,7 +156,7 @@ pub extern "C" fn ci_last_error_message() -> *const c_char {
 pub(crate) fn seconds(what: &str, s: f64) -> Result<Duration, CiError> {
     if !(s.is_finite() && (0.0..=1.0e9).contains(&s)) {
         return Err(CiError::new(
-            Status::InvalidArgument,
+            ci_status::CI_INVALID_ARGUMENT,
             format!("{what} is {s}: pass a number of seconds from 0 to 1e9"),
         ));
     }
@@ -162,7 +167,7 @@ pub(crate) fn seconds(what: &str, s: f64) -> Result<Duration, CiError> {
 pub(crate) fn non_null<T>(p: *const T, what: &str) -> Result<(), CiError> {
     if p.is_null() {
         Err(CiError::new(
-            Status::NullPointer,
+            ci_status::CI_NULL_POINTER,
             format!("{what} is NULL: pass a valid pointer"),
         ))
     } else {
@@ -170,7 +175,7 @@ pub(crate) fn non_null<T>(p: *const T, what: &str) -> Result<(), CiError> {
     }
 }
 
-/// What `ci_frame_info` reports of a frame.
+/// A frame's description (`ci_frame_get_info`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ci_frame_info {

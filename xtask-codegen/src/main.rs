@@ -24,6 +24,10 @@
 //!   `--ptx FILE` takes the output of that nvcc command made elsewhere (the
 //!   GPU machine has nvcc but no Rust) instead of running nvcc; `ptxas` then
 //!   runs only if present, and the output says when it did not.
+//! * `codegen` (and `codegen --check`) also writes (or compares) the C
+//!   header of `libcuda_interop`, `cuda-interop-capi/include/cuda_interop.h`,
+//!   generated with cbindgen from that crate's source (see `c_header`);
+//!   `codegen capi [--check]` does only that.
 //! * The list of functions, types and constants stays in
 //!   `xtask/src/functions.rs`, the path the generated files name.
 
@@ -36,6 +40,8 @@ use quote::{format_ident, quote};
 use sha2::{Digest, Sha256};
 
 use crate::functions::{CONSTANTS, FUNCTIONS, TYPES};
+
+mod c_header;
 
 // Kept where it was before this crate existed: the checked-in bindings'
 // header tells readers to edit `xtask/src/functions.rs`.
@@ -91,6 +97,14 @@ fn run(args: &[String]) -> Result<(), String> {
     if args.first().map(String::as_str) == Some("ptx") {
         return generate_ptx(&args[1..]);
     }
+    if args.first().map(String::as_str) == Some("capi") {
+        let check = match &args[1..] {
+            [] => false,
+            [flag] if flag == "--check" => true,
+            other => return Err(format!("codegen capi: unknown arguments {other:?}")),
+        };
+        return c_header::ensure(&workspace_root(), check);
+    }
     let mut check = false;
     let mut include_dir: Option<PathBuf> = None;
     let mut it = args.iter();
@@ -108,6 +122,8 @@ fn run(args: &[String]) -> Result<(), String> {
     // The PTX first: it needs neither the header nor libclang.
     check_copy_ptx(&root)?;
     println!("xtask: codegen: {PTX_GENERATED} is fenced and matches {PTX_SOURCE}");
+    // The C header needs neither the CUDA header nor libclang either.
+    c_header::ensure(&root, check)?;
     let lock = read_lock(&root.join("xtask/cuda-header.lock"))?;
     let header = find_header(&root, &lock, include_dir)?;
     let files = generate(&header, &lock)?;
