@@ -52,6 +52,22 @@
 #define CI_VALIDATION_REQUIRED 2
 
 /**
+ * Bytes of `ci_sender_info::name`: a name (at most 64 bytes) and its NUL,
+ * padded.
+ */
+#define CI_NAME_CAPACITY 72
+
+/**
+ * `ci_sender_info::kind`: a ring of pitched buffers.
+ */
+#define CI_SLOTS_BUFFERS 0
+
+/**
+ * `ci_sender_info::kind`: a ring of images.
+ */
+#define CI_SLOTS_IMAGES 1
+
+/**
  * What a call did: `CI_OK` or why not. Values are stable; new ones may be
  * added within 0.x (treat an unknown one as an error).
  */
@@ -151,6 +167,48 @@ typedef struct ci_receiver ci_receiver;
  * An opaque sender of a buffer ring.
  */
 typedef struct ci_sender ci_sender;
+
+/**
+ * One named sender (`ci_list_senders`).
+ */
+typedef struct ci_sender_info {
+  /**
+   * Its name, NUL-terminated.
+   */
+  char name[CI_NAME_CAPACITY];
+  /**
+   * Bytes from one row to the next (buffer rings).
+   */
+  uint64_t row_pitch;
+  /**
+   * Frames presented per second over the last second or so (0 before).
+   */
+  double fps;
+  /**
+   * Pixels per row.
+   */
+  uint32_t width;
+  /**
+   * Rows.
+   */
+  uint32_t height;
+  /**
+   * Slots in the ring.
+   */
+  uint32_t slots;
+  /**
+   * Its process as it sees itself (for people, not liveness).
+   */
+  uint32_t pid;
+  /**
+   * `CI_SLOTS_BUFFERS` or `CI_SLOTS_IMAGES`.
+   */
+  uint32_t kind;
+  /**
+   * Zero (padding, for a layout without holes).
+   */
+  uint32_t reserved;
+} ci_sender_info;
 
 /**
  * Options of `ci_context_new_headless`; NULL options are the defaults.
@@ -273,6 +331,21 @@ extern "C" {
  * Thread safety: any thread; each thread has its own message.
  */
 const char *ci_last_error_message(void);
+
+/**
+ * Lists the live senders of the default directory
+ * (`$XDG_RUNTIME_DIR/cuda-interop-frames`): stores how many there are in
+ * `*count_out` and the first `min(count, capacity)` of them in `out`
+ * (call with capacity 0 to learn the count; senders may come and go
+ * between two calls).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `out` is NULL (only with `capacity` 0) or valid for writes of
+ * `capacity` `ci_sender_info`s; `count_out` is NULL or valid for a write.
+ */
+enum ci_status ci_list_senders(struct ci_sender_info *out, size_t capacity, size_t *count_out);
 
 /**
  * Makes a headless Vulkan context (its own instance and device: the first

@@ -18,7 +18,7 @@ use std::ffi::{c_char, c_void, CStr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use cuda_interop_frames::discovery::DiscoveryError;
+use cuda_interop_frames::discovery::{DiscoveryError, SlotKind};
 use cuda_interop_frames::host_receiver::HostReceiver;
 use cuda_interop_frames::protocol::Delivery;
 use cuda_interop_frames::sender::{
@@ -113,6 +113,96 @@ pub struct ci_sender_stats {
     pub refused: u64,
     /// Frames per second over the last second or so.
     pub fps: f64,
+}
+
+/// Bytes of `ci_sender_info::name`: a name (at most 64 bytes) and its NUL,
+/// padded.
+pub const CI_NAME_CAPACITY: usize = 72;
+
+/// `ci_sender_info::kind`: a ring of pitched buffers.
+pub const CI_SLOTS_BUFFERS: u32 = 0;
+/// `ci_sender_info::kind`: a ring of images.
+pub const CI_SLOTS_IMAGES: u32 = 1;
+
+/// One named sender (`ci_list_senders`).
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug)]
+pub struct ci_sender_info {
+    /// Its name, NUL-terminated.
+    pub name: [c_char; CI_NAME_CAPACITY],
+    /// Bytes from one row to the next (buffer rings).
+    pub row_pitch: u64,
+    /// Frames presented per second over the last second or so (0 before).
+    pub fps: f64,
+    /// Pixels per row.
+    pub width: u32,
+    /// Rows.
+    pub height: u32,
+    /// Slots in the ring.
+    pub slots: u32,
+    /// Its process as it sees itself (for people, not liveness).
+    pub pid: u32,
+    /// `CI_SLOTS_BUFFERS` or `CI_SLOTS_IMAGES`.
+    pub kind: u32,
+    /// Zero (padding, for a layout without holes).
+    pub reserved: u32,
+}
+
+/// Lists the live senders of the default directory
+/// (`$XDG_RUNTIME_DIR/cuda-interop-frames`): stores how many there are in
+/// `*count_out` and the first `min(count, capacity)` of them in `out`
+/// (call with capacity 0 to learn the count; senders may come and go
+/// between two calls).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// `out` is NULL (only with `capacity` 0) or valid for writes of
+/// `capacity` `ci_sender_info`s; `count_out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ci_list_senders(
+    out: *mut ci_sender_info,
+    capacity: usize,
+    count_out: *mut usize,
+) -> ci_status {
+    entry(|| {
+        non_null(count_out, "count_out")?;
+        if capacity > 0 {
+            non_null(out, "out (with a capacity above 0)")?;
+        }
+        let senders = cuda_interop_frames::discovery::list_senders().map_err(discovery)?;
+        for (i, s) in senders.iter().take(capacity).enumerate() {
+            let mut name = [0 as c_char; CI_NAME_CAPACITY];
+            // Names are at most 64 bytes (validated); the last byte stays NUL.
+            for (d, b) in name
+                .iter_mut()
+                .zip(s.name.bytes().take(CI_NAME_CAPACITY - 1))
+            {
+                *d = b as c_char;
+            }
+            let info = ci_sender_info {
+                name,
+                row_pitch: s.row_pitch,
+                fps: s.fps,
+                width: s.width,
+                height: s.height,
+                slots: s.slots,
+                pid: s.pid,
+                kind: match s.kind {
+                    SlotKind::Buffer => CI_SLOTS_BUFFERS,
+                    SlotKind::Image => CI_SLOTS_IMAGES,
+                },
+                reserved: 0,
+            };
+            // SAFETY: `i < capacity`, and `out` is valid for `capacity`
+            // entries (the caller's promise; not NULL, checked above).
+            unsafe { out.add(i).write(info) };
+        }
+        // SAFETY: not NULL, valid for a write (the caller's promise).
+        unsafe { count_out.write(senders.len()) };
+        Ok(())
+    })
 }
 
 fn key<T>(handle: *const T) -> usize {

@@ -140,6 +140,18 @@ int main(int argc, char **argv) {
            CI_NOT_FOUND);
     if (rx != NULL) return 1;
 
+    /* Listing: NULL pointers; then the sender is there. */
+    size_t count = 0;
+    ci_sender_info listed[4];
+    EXPECT(ci_list_senders(listed, 4, NULL), CI_NULL_POINTER);
+    EXPECT(ci_list_senders(NULL, 4, &count), CI_NULL_POINTER);
+    EXPECT(ci_list_senders(NULL, 0, &count), CI_OK);
+    EXPECT(ci_list_senders(listed, 4, &count), CI_OK);
+    if (count != 1 || strcmp(listed[0].name, name) != 0) {
+        fprintf(stderr, "ci_list_senders: %zu senders, expected %s alone\n", count, name);
+        failures++;
+    }
+
     /* A live connection: the sender served by a thread. */
     g_sender = sender;
     pthread_t thread;

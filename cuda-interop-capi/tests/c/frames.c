@@ -59,6 +59,22 @@ static int do_send(const char *name, uint64_t frames) {
 static int do_recv(const char *name, uint64_t frames) {
     ci_receiver *rx = NULL;
     CHECK(ci_receiver_connect_named(name, CI_DELIVERY_LOSSLESS, 60.0, &rx));
+    /* Connected: the sender is listed, with its ring. */
+    size_t count = 0;
+    CHECK(ci_list_senders(NULL, 0, &count));
+    ci_sender_info listed[8];
+    CHECK(ci_list_senders(listed, 8, &count));
+    int found = 0;
+    for (size_t i = 0; i < count && i < 8; i++) {
+        if (strcmp(listed[i].name, name) == 0 && listed[i].width == 64 &&
+            listed[i].height == 48 && listed[i].slots == 3 && listed[i].row_pitch == 64 * 4 &&
+            listed[i].kind == CI_SLOTS_BUFFERS)
+            found = 1;
+    }
+    if (!found) {
+        fprintf(stderr, "ci_list_senders did not list %s as a 64x48 ring of 3 buffers\n", name);
+        return 1;
+    }
     uint8_t *pixels = NULL;
     size_t len = 0;
     for (uint64_t n = 1; n <= frames; n++) {
