@@ -238,6 +238,19 @@ typedef struct ci_context_options {
 } ci_context_options;
 
 /**
+ * `ci_record_fn`: records a frame's commands for
+ * `ci_sender_present_record`. `device` is the context's `VkDevice`,
+ * `command_buffer` a `VkCommandBuffer` in the recording state, `buffer`
+ * the slot's `VkBuffer` (`size` bytes, `TRANSFER_SRC | TRANSFER_DST |
+ * STORAGE` usage), `user` the pointer given to `ci_sender_present_record`.
+ */
+typedef void (*ci_record_fn)(void *user,
+                             void *device,
+                             void *command_buffer,
+                             uint64_t buffer,
+                             uint64_t size);
+
+/**
  * What a sender has done so far (`ci_sender_stats_get`).
  */
 typedef struct ci_sender_stats {
@@ -440,6 +453,30 @@ enum ci_status ci_sender_present_fill(struct ci_sender *sender,
                                       uint64_t timestamp_ns,
                                       double timeout_s,
                                       uint64_t *sequence_out);
+
+/**
+ * Presents one frame whose commands `record` records (called once, on
+ * this thread, before this function returns) between the library's
+ * ownership barriers for the slot; otherwise as `ci_sender_present_fill`
+ * (slot, timeout, `CI_SKIPPED`, timestamp, sequence). The commands run
+ * on the context's main queue (graphics, compute and transfer).
+ *
+ * Thread safety: any thread; calls on one sender are serialized.
+ *
+ * # Safety
+ * `record` is NULL or a function that records only valid Vulkan commands
+ * for the given device into the given command buffer (it must not begin,
+ * end, submit or free it, nor use the slot's buffer beyond `size` bytes)
+ * and returns normally: no C++ exception and no `longjmp` may leave it;
+ * `user` is passed to it unchanged; `sequence_out` is NULL or valid for a
+ * write.
+ */
+enum ci_status ci_sender_present_record(struct ci_sender *sender,
+                                        ci_record_fn record,
+                                        void *user,
+                                        uint64_t timestamp_ns,
+                                        double timeout_s,
+                                        uint64_t *sequence_out);
 
 /**
  * Stores what the sender has done so far in `*stats`.

@@ -247,7 +247,11 @@ fn discovery(e: DiscoveryError) -> CiError {
         DiscoveryError::Socket(_) => ci_status::CI_IO,
         DiscoveryError::Connect(c) => return consumer(c),
     };
-    CiError::new(status, e.to_string())
+    // The C names of what the Rust messages suggest.
+    CiError::new(
+        status,
+        e.to_string().replace("list_senders()", "ci_list_senders()"),
+    )
 }
 
 fn consumer(e: &ConsumerError) -> CiError {
@@ -492,19 +496,26 @@ pub unsafe extern "C" fn ci_sender_serve(sender: *mut ci_sender, timeout_s: f64)
     })
 }
 
+fn acquire<M: MemoryLocation>(
+    s: &mut Sender<M>,
+    timeout: Duration,
+) -> Result<cuda_interop_frames::sender::WriteSlot<'_, M>, CiError> {
+    s.acquire(timeout).map_err(|e| match e {
+        AcquireError::AllSlotsHeld => CiError::new(ci_status::CI_SKIPPED, e.to_string()),
+        AcquireError::Timeout(_) => CiError::new(
+            ci_status::CI_TIMEOUT,
+            format!("{e}: they release within the hold timeout or are dropped; try again"),
+        ),
+    })
+}
+
 fn fill<M: MemoryLocation>(
     s: &mut Sender<M>,
     value: u32,
     timestamp_ns: u64,
     timeout: Duration,
 ) -> Result<u64, CiError> {
-    let slot = s.acquire(timeout).map_err(|e| match e {
-        AcquireError::AllSlotsHeld => CiError::new(ci_status::CI_SKIPPED, e.to_string()),
-        AcquireError::Timeout(_) => CiError::new(
-            ci_status::CI_TIMEOUT,
-            format!("{e}: they release within the hold timeout or are dropped; try again"),
-        ),
-    })?;
+    let slot = acquire(s, timeout)?;
     let size = slot.buffer().size();
     let timestamp = if timestamp_ns == 0 {
         monotonic_ns()
@@ -545,6 +556,100 @@ pub unsafe extern "C" fn ci_sender_present_fill(
         let sequence = with_sender(sender, |s| match s {
             AnySender::Host(s) => fill(s, value, timestamp_ns, timeout),
             AnySender::Device(s) => fill(s, value, timestamp_ns, timeout),
+        })?;
+        if !sequence_out.is_null() {
+            // SAFETY: not NULL, valid for a write (the caller's promise).
+            unsafe { sequence_out.write(sequence) };
+        }
+        Ok(())
+    })
+}
+
+/// `ci_record_fn`: records a frame's commands for
+/// `ci_sender_present_record`. `device` is the context's `VkDevice`,
+/// `command_buffer` a `VkCommandBuffer` in the recording state, `buffer`
+/// the slot's `VkBuffer` (`size` bytes, `TRANSFER_SRC | TRANSFER_DST |
+/// STORAGE` usage), `user` the pointer given to `ci_sender_present_record`.
+#[allow(non_camel_case_types)]
+pub type ci_record_fn = Option<
+    unsafe extern "C" fn(
+        user: *mut c_void,
+        device: *mut c_void,
+        command_buffer: *mut c_void,
+        buffer: u64,
+        size: u64,
+    ),
+>;
+
+fn record_with<M: MemoryLocation>(
+    s: &mut Sender<M>,
+    record: unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_void, u64, u64),
+    user: *mut c_void,
+    timestamp_ns: u64,
+    timeout: Duration,
+) -> Result<u64, CiError> {
+    use vk_export::ash::vk::Handle;
+    let slot = acquire(s, timeout)?;
+    let size = slot.buffer().size();
+    let timestamp = if timestamp_ns == 0 {
+        monotonic_ns()
+    } else {
+        timestamp_ns
+    };
+    slot.present_with(timestamp, |device, cmd, buffer| {
+        // SAFETY: the caller of ci_sender_present_record promised that
+        // `record` records only valid commands into this recording
+        // command buffer (for this buffer of `size` bytes), does not
+        // submit, end or free it, and returns normally (no unwinding or
+        // longjmp across the library); the handles are live for the call.
+        unsafe {
+            record(
+                user,
+                device.handle().as_raw() as *mut c_void,
+                cmd.as_raw() as *mut c_void,
+                buffer.as_raw(),
+                size,
+            )
+        };
+    })
+    .map_err(sender_error)
+}
+
+/// Presents one frame whose commands `record` records (called once, on
+/// this thread, before this function returns) between the library's
+/// ownership barriers for the slot; otherwise as `ci_sender_present_fill`
+/// (slot, timeout, `CI_SKIPPED`, timestamp, sequence). The commands run
+/// on the context's main queue (graphics, compute and transfer).
+///
+/// Thread safety: any thread; calls on one sender are serialized.
+///
+/// # Safety
+/// `record` is NULL or a function that records only valid Vulkan commands
+/// for the given device into the given command buffer (it must not begin,
+/// end, submit or free it, nor use the slot's buffer beyond `size` bytes)
+/// and returns normally: no C++ exception and no `longjmp` may leave it;
+/// `user` is passed to it unchanged; `sequence_out` is NULL or valid for a
+/// write.
+#[no_mangle]
+pub unsafe extern "C" fn ci_sender_present_record(
+    sender: *mut ci_sender,
+    record: ci_record_fn,
+    user: *mut c_void,
+    timestamp_ns: u64,
+    timeout_s: f64,
+    sequence_out: *mut u64,
+) -> ci_status {
+    entry(|| {
+        let timeout = seconds("timeout_s", timeout_s)?;
+        let Some(record) = record else {
+            return Err(CiError::new(
+                ci_status::CI_NULL_POINTER,
+                "record is NULL: pass a function that records the frame's commands",
+            ));
+        };
+        let sequence = with_sender(sender, |s| match s {
+            AnySender::Host(s) => record_with(s, record, user, timestamp_ns, timeout),
+            AnySender::Device(s) => record_with(s, record, user, timestamp_ns, timeout),
         })?;
         if !sequence_out.is_null() {
             // SAFETY: not NULL, valid for a write (the caller's promise).
@@ -698,6 +803,19 @@ pub unsafe extern "C" fn ci_receiver_next(
             frame: Mutex::new(Some(frame)),
         };
         let handle = handles::insert(Object::Frame(Arc::new(entry)));
+        // A ci_receiver_free on another thread during this call takes out
+        // the frames registered before its sweep; one registered after it
+        // is taken out here (the receiver is gone from the table by then),
+        // so no frame outlives its receiver's handle.
+        if handles::receiver(owner).is_err() {
+            let orphan = handles::remove(handle, "ci_frame*", |o| matches!(o, Object::Frame(_)));
+            drop(orphan);
+            return Err(CiError::new(
+                ci_status::CI_WRONG_HANDLE,
+                "the receiver was freed (on another thread) during ci_receiver_next: its frame \
+                 was released; free a receiver only after its last call",
+            ));
+        }
         // SAFETY: not NULL, valid for a write (the caller's promise).
         unsafe { out.write(handle as *mut ci_frame) };
         Ok(())

@@ -1,9 +1,13 @@
 /* A C sender and a C receiver of the frame ring, by name (one program,
  * two roles, two processes): `frames send NAME FRAMES` presents FRAMES
- * frames, frame n filled with the word 0xC0DE0000 + n, to one lossless
- * receiver, then serves until it has left; `frames recv NAME FRAMES`
+ * frames, frame n filled with the word 0xC0DE0000 + n (odd frames with
+ * ci_sender_present_fill, even ones with ci_sender_present_record and a
+ * vkCmdFillBuffer of the application's own, loaded from libvulkan.so.1),
+ * to one lossless receiver, then serves until it has left; `frames recv NAME FRAMES`
  * takes every frame and checks every word of it. Exit status 0: all good;
  * otherwise the failing call and its message are on stderr. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +27,27 @@
 
 static uint32_t word_of(uint64_t sequence) { return 0xC0DE0000u + (uint32_t)sequence; }
 
+/* The few Vulkan types the callback needs (no Vulkan headers needed). */
+typedef void (*vk_void_fn)(void);
+typedef vk_void_fn (*vk_get_device_proc_addr_fn)(void *device, const char *name);
+typedef void (*vk_cmd_fill_buffer_fn)(void *cmd, uint64_t buffer, uint64_t offset,
+                                      uint64_t size, uint32_t data);
+
+struct fill_job {
+    vk_get_device_proc_addr_fn get_device_proc_addr;
+    uint32_t word;
+    int calls;
+};
+
+static void record_fill(void *user, void *device, void *cmd, uint64_t buffer, uint64_t size) {
+    struct fill_job *job = user;
+    job->calls++;
+    vk_void_fn f = job->get_device_proc_addr(device, "vkCmdFillBuffer");
+    vk_cmd_fill_buffer_fn fill;
+    memcpy(&fill, &f, sizeof fill);
+    if (fill) fill(cmd, buffer, 0, size, job->word);
+}
+
 static int do_send(const char *name, uint64_t frames) {
     ci_context *ctx = NULL;
     ci_sender *sender = NULL;
@@ -30,11 +55,33 @@ static int do_send(const char *name, uint64_t frames) {
     CHECK(ci_sender_new(ctx, name, 64, 48, 3, &sender));
     printf("sender %s up\n", name);
     fflush(stdout);
+    struct fill_job job = {0};
+    void *vulkan = dlopen("libvulkan.so.1", RTLD_NOW);
+    if (!vulkan) {
+        fprintf(stderr, "dlopen(libvulkan.so.1): %s\n", dlerror());
+        return 1;
+    }
+    void *sym = dlsym(vulkan, "vkGetDeviceProcAddr");
+    memcpy(&job.get_device_proc_addr, &sym, sizeof sym);
+    if (!job.get_device_proc_addr) return 1;
+    CHECK(ci_sender_present_record(sender, NULL, NULL, 0, 1.0, NULL) == CI_NULL_POINTER
+              ? CI_OK
+              : CI_INVALID_ARGUMENT);
     CHECK(ci_sender_wait_for_receivers(sender, 1, 60.0));
     for (uint64_t n = 1; n <= frames; n++) {
         uint64_t sequence = 0;
         /* Lossless: the acquire waits for the receiver's releases. */
-        CHECK(ci_sender_present_fill(sender, word_of(n), 0, 30.0, &sequence));
+        if (n % 2 == 1) {
+            CHECK(ci_sender_present_fill(sender, word_of(n), 0, 30.0, &sequence));
+        } else {
+            job.word = word_of(n);
+            job.calls = 0;
+            CHECK(ci_sender_present_record(sender, record_fill, &job, 0, 30.0, &sequence));
+            if (job.calls != 1) {
+                fprintf(stderr, "the record callback ran %d times\n", job.calls);
+                return 1;
+            }
+        }
         if (sequence != n) {
             fprintf(stderr, "frame %" PRIu64 " got sequence %" PRIu64 "\n", n, sequence);
             return 1;
