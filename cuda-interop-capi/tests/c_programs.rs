@@ -16,6 +16,12 @@
 //!   set. It is built with `-fsanitize=address,undefined` (errors fatal)
 //!   where the compiler can link that; where it cannot, the test says what
 //!   to install and runs it without the sanitizers.
+//! * `c_handles_used_and_freed_concurrently`: threads call a sender's
+//!   functions while the main thread frees it, and threads free one
+//!   context at once: only `CI_OK` or `CI_WRONG_HANDLE`, exactly one free
+//!   succeeds (sanitizers as above).
+//! * No program may cause a Vulkan validation error (the library's
+//!   contexts enable the layer where it is installed; errors go to stderr).
 //! * `header_compiles_as_cpp`: the header compiles as C++ (where `g++` is).
 //! * Nothing depends on timing: the programs' waits are generous bounds,
 //!   and a child that outlives [`CHILD_BOUND`] fails the test (killed)
@@ -177,6 +183,12 @@ fn assert_success(out: &Output, what: &str) {
         "{what} failed ({}):\n{stdout}\n{stderr}",
         out.status
     );
+    // The contexts enable the validation layer where it is installed (CI's
+    // lavapipe has it); its errors go to stderr.
+    assert!(
+        !stderr.contains("[vulkan validation error]"),
+        "{what} caused Vulkan validation errors:\n{stderr}"
+    );
 }
 
 #[test]
@@ -260,6 +272,29 @@ fn c_error_paths() {
     );
     assert_success(&out, "the C error-path program");
     assert!(String::from_utf8_lossy(&out.stdout).contains(" 0 failures"));
+}
+
+#[test]
+fn c_handles_used_and_freed_concurrently() {
+    let dir = scratch("races");
+    let runtime = runtime_dir(&dir);
+    let exe = dir.join("races");
+    let flags = match sanitizers(&dir) {
+        Ok(flags) => flags,
+        Err(why) => {
+            eprintln!("WARNING: the race program runs WITHOUT sanitizers: {why}");
+            Vec::new()
+        }
+    };
+    compile("races.c", &exe, &flags);
+    let name = format!("capi-races-{}", std::process::id());
+    let env = [
+        ("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=0"),
+        ("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"),
+    ];
+    let out = finish(spawn(&exe, &[&name], &runtime, &env), "the C race program");
+    assert_success(&out, "the C race program");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("all held"));
 }
 
 #[test]
