@@ -20,6 +20,9 @@
 //!   functions while the main thread frees it, and threads free one
 //!   context at once: only `CI_OK` or `CI_WRONG_HANDLE`, exactly one free
 //!   succeeds (sanitizers as above).
+//! * `c_program_against_the_shared_library`: the error-path program linked
+//!   against `libcuda_interop.so` runs where only `libcuda_interop.so.0`
+//!   (the soname) is on the library path.
 //! * No program may cause a Vulkan validation error (the library's
 //!   contexts enable the layer where it is installed; errors go to stderr).
 //! * `header_compiles_as_cpp`: the header compiles as C++ (where `g++` is).
@@ -120,16 +123,21 @@ fn cc() -> String {
     std::env::var("CC").unwrap_or_else(|_| "cc".into())
 }
 
-/// Compiles `tests/c/<source>` into `out` with `flags`; panics with the
-/// compiler's output on failure.
+/// Compiles `tests/c/<source>` into `out` with `flags`, linked with the
+/// staticlib; panics with the compiler's output on failure.
 fn compile(source: &str, out: &Path, flags: &[&str]) {
+    compile_linked(source, out, flags, &[staticlib().into_os_string()]);
+}
+
+/// Compiles `tests/c/<source>` into `out` with `flags` and `link`.
+fn compile_linked(source: &str, out: &Path, flags: &[&str], link: &[std::ffi::OsString]) {
     let mut cmd = Command::new(cc());
     cmd.args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g"])
         .args(flags)
         .arg("-I")
         .arg(crate_dir().join("include"))
         .arg(crate_dir().join("tests/c").join(source))
-        .arg(staticlib())
+        .args(link)
         .args(["-lpthread", "-ldl", "-lm", "-lrt", "-lgcc_s", "-lutil"])
         .arg("-o")
         .arg(out);
@@ -295,6 +303,39 @@ fn c_handles_used_and_freed_concurrently() {
     let out = finish(spawn(&exe, &[&name], &runtime, &env), "the C race program");
     assert_success(&out, "the C race program");
     assert!(String::from_utf8_lossy(&out.stdout).contains("all held"));
+}
+
+#[test]
+fn c_program_against_the_shared_library() {
+    let dir = scratch("shared");
+    let runtime = runtime_dir(&dir);
+    staticlib(); // builds the shared library too
+    let so = profile_dir().join("libcuda_interop.so");
+    // Linked against `libcuda_interop.so`, loadable only as the soname
+    // `libcuda_interop.so.0`: running proves the program asks for that.
+    let (link_dir, run_dir) = (dir.join("link"), dir.join("run"));
+    for (d, file) in [
+        (&link_dir, "libcuda_interop.so"),
+        (&run_dir, "libcuda_interop.so.0"),
+    ] {
+        std::fs::create_dir_all(d).expect("a library directory");
+        std::os::unix::fs::symlink(&so, d.join(file)).expect("a library symlink");
+    }
+    let exe = dir.join("errors-shared");
+    let link = [
+        format!("-L{}", link_dir.display()).into(),
+        "-lcuda_interop".into(),
+    ];
+    compile_linked("errors.c", &exe, &[], &link);
+    let name = format!("capi-shared-{}", std::process::id());
+    let run_path = run_dir.display().to_string();
+    let env = [("LD_LIBRARY_PATH", run_path.as_str())];
+    let out = finish(
+        spawn(&exe, &[&name], &runtime, &env),
+        "the C error-path program (shared library)",
+    );
+    assert_success(&out, "the C error-path program (shared library)");
+    assert!(String::from_utf8_lossy(&out.stdout).contains(" 0 failures"));
 }
 
 #[test]

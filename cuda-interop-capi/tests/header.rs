@@ -145,3 +145,19 @@ fn header_matches_source() {
         rest = &after[1..];
     }
 }
+
+#[test]
+fn soname_is_the_abi_major_version() {
+    let src = source();
+    let major = src
+        .lines()
+        .find_map(|l| l.strip_prefix("pub const CI_ABI_VERSION_MAJOR: u32 = "))
+        .expect("CI_ABI_VERSION_MAJOR in src/lib.rs")
+        .trim_end_matches(';');
+    let build = read("build.rs");
+    assert!(
+        build.contains(&format!("-soname,libcuda_interop.so.{major}\"")),
+        "build.rs's soname is not libcuda_interop.so.{major} (CI_ABI_VERSION_MAJOR): change both \
+         together"
+    );
+}
