@@ -105,6 +105,8 @@ int main(int argc, char **argv) {
     EXPECT(ci_sender_new(ctx, "\xff\xfe", 16, 16, 2, &sender), CI_INVALID_ARGUMENT);
     EXPECT(ci_sender_new(ctx, name, 0, 16, 2, &sender), CI_INVALID_ARGUMENT);
     EXPECT(ci_sender_new(ctx, name, 16, 16, 1, &sender), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_new(ctx, name, 0xFFFFFFFFu, 0xFFFFFFFFu, 2, &sender), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_new(ctx, name, 16, 16, 1000, &sender), CI_INVALID_ARGUMENT);
     if (sender != NULL) return 1; /* written only on CI_OK */
     EXPECT(ci_sender_new(ctx, name, 16, 16, 2, &sender), CI_OK);
     ci_sender *second = NULL;
