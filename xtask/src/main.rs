@@ -3,7 +3,8 @@
 //! ```text
 //! cargo xtask demo [ARGS]                              system packages, then the main job (round_trip)
 //! cargo xtask test [ARGS]                              system packages, cargo test (the workspace, or -p PKG), pytest
-//! cargo xtask codegen [--check] [--cuda-include DIR]   regenerate (or check) the driver bindings; check the copy kernels' PTX against its source
+//! cargo xtask codegen [--check] [--cuda-include DIR]   regenerate (or check) the driver bindings and the C header (cuda-interop-capi); check the copy kernels' PTX against its source
+//! cargo xtask codegen capi [--check]                   regenerate (or check) only the C ABI's header, cuda-interop-capi/include/cuda_interop.h
 //! cargo xtask codegen ptx [--out FILE] [--ptx FILE]    regenerate the copy kernels' PTX (needs nvcc, or nvcc's output)
 //! cargo xtask wheel [--out DIR]                        the Python wheel and the GPU demo folder
 //! cargo xtask gpu-bundle                               the GPU machine's bundle (.gpu/, .gl/; run there: bash .gpu/bundle/run.sh)
@@ -162,8 +163,13 @@ tasks:
       match the lock. It first checks
       cuda-interop/src/generated/copy_ptx.rs: its DO NOT EDIT fence, and
       that its `source sha256` is that of cuda-interop/kernels/copy.cu.
-      codegen is the crate xtask-codegen (bindgen, syn), built on first
-      use: a minute or more on a cold machine.
+      It also regenerates (or checks) the C ABI's header (below).
+      codegen is the crate xtask-codegen (bindgen, syn, cbindgen), built
+      on first use: a minute or more on a cold machine.
+  codegen capi [--check]
+      Regenerate (or check) only the C ABI's header,
+      cuda-interop-capi/include/cuda_interop.h, with cbindgen from the
+      crate's source.
   codegen ptx [--out FILE] [--ptx FILE]
       Regenerate cuda-interop/src/generated/copy_ptx.rs from copy.cu with
       nvcc (lowered to PTX ISA 7.0 / sm_75, checked with ptxas for sm_75
