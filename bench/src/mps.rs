@@ -172,7 +172,7 @@ impl Mps {
             let exited = matches!(child.try_wait(), Ok(Some(_)));
             // The daemon's pid file where it wrote one, else its socket.
             let gone = match self.daemon_pid() {
-                Some(pid) => !Path::new(&format!("/proc/{pid}")).exists(),
+                Some(pid) => !process_runs(pid),
                 None => !self.pipe.join("control").exists(),
             };
             if exited && gone {
@@ -188,6 +188,19 @@ impl Mps {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+/// Whether process `pid` runs: it exists and is not a zombie (a daemon
+/// whose parent is a container's pid 1 may stay one, never reaped).
+fn process_runs(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
     }
 }
 

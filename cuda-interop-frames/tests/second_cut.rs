@@ -654,18 +654,16 @@ fn an_unkept_gpu_promise_never_stalls_the_sender() {
             let frame = rx.next(BOUND).expect("a frame");
             // The promise it will never keep.
             rx.release(frame, true).expect("release");
-            match rx.next(BOUND) {
-                Err(ConsumerError::Dropped(reason)) => reason,
-                Ok(frame) => {
-                    // A frame may come before the drop: give it back and
-                    // wait for the goodbye.
-                    let _ = rx.release(frame, false);
-                    match rx.next(BOUND) {
-                        Err(ConsumerError::Dropped(reason)) => reason,
-                        other => panic!("{other:?}"),
+            // It goes on receiving (the other slots are free) until the
+            // sender drops it for the promise.
+            loop {
+                match rx.next(BOUND) {
+                    Err(ConsumerError::Dropped(reason)) => break reason,
+                    Ok(frame) => {
+                        let _ = rx.release(frame, false);
                     }
+                    Err(e) => panic!("{e}"),
                 }
-                Err(e) => panic!("{e}"),
             }
         })
     };

@@ -425,7 +425,7 @@ impl<F: Format> SourceImage<F> {
 /// The barriers of a resource handed back and forth with
 /// `VK_QUEUE_FAMILY_EXTERNAL` by commands the application records itself
 /// (a frame sender's slots): the crate's own helpers track ownership in
-/// [`Owner`]; these record the two halves where the caller tracks it.
+/// `Owner`; these record the two halves where the caller tracks it.
 impl<M: crate::markers::MemoryLocation> crate::ExportableBuffer<M> {
     /// Records the acquisition of the buffer by `family` from
     /// `VK_QUEUE_FAMILY_EXTERNAL` (after a release there; nothing to record
