@@ -508,6 +508,7 @@ impl Context {
             let mut progress_type = vk::SemaphoreTypeCreateInfo::default()
                 .semaphore_type(vk::SemaphoreType::TIMELINE)
                 .initial_value(0);
+            let driver = crate::driver_locks::semaphore_driver_lock();
             // SAFETY: plain creation on a live device with timeline semaphores
             // enabled (the callers' contract).
             let progress = unsafe {
@@ -516,6 +517,7 @@ impl Context {
                     None,
                 )
             };
+            drop(driver);
             let progress = match progress {
                 Ok(p) => p,
                 Err(e) => {

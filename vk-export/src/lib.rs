@@ -40,6 +40,7 @@
 
 mod buffer;
 mod context;
+mod driver_locks;
 mod error;
 mod exported;
 mod image;
