@@ -1,14 +1,15 @@
 //! A Rust CUDA receiver (`cuda_receiver::CudaReceiver`), the baseline for
 //! the Python receivers: connects to `frame_server` or `renderer` by name
-//! or path, then per frame enqueues the wait for "produced" (and an image
-//! ring's copy out of its array) on its stream, checks the demo pattern
-//! (unless `--no-check`) and releases the slot after its reads with a GPU
-//! signal. Needs a ring with timelines in device-local memory (a GPU whose
+//! or path, then per frame enqueues the wait for "produced" on its stream
+//! (an image ring's array is usable then), checks the demo pattern (unless
+//! `--no-check`; an image ring's frame copied out of its array for that)
+//! and releases the slot after its reads with a GPU signal. Needs a ring with timelines in device-local memory (a GPU whose
 //! driver exports semaphores); the refusal of any other says what to run.
 //!
 //! At the end it prints frames received and checked, bad ones (the exit
 //! status is non-zero if any), dropped ones, frames/s, and the *hand-off*
-//! (from the frame message's arrival to the frame usable by CUDA; median
+//! (from the frame message's arrival to "produced" waited on the GPU, the
+//! frame usable by CUDA, as in GPU runs 19-21; median
 //! and p99: the lines `frames_matrix.sh` and `frames_measure.sh` read) and
 //! the latency from the sender's timestamp to that point. `--host-staging`
 //! is the baseline the zero-copy path is measured against: each frame
@@ -93,7 +94,12 @@ fn receive(cli: &Cli) -> Res<u64> {
         if i == 1 {
             (start, dropped_at_start) = (arrived, rx.session().stats().dropped);
         }
-        rx.wait_on(&frame, &stream)?;
+        // The hand-off: "produced" waited on the GPU (an image ring's array
+        // is readable then; its packed copy is the check's, below).
+        rx.wait_produced(&frame, &stream)?;
+        if staging.is_some() && layout.is_image_ring() {
+            rx.wait_on(&frame, &stream)?; // the packed copy staging reads
+        }
         stream.synchronize(timeout)?;
         if let Some(staging) = staging.as_mut() {
             staging.stage(&rx, &frame, &stream, timeout)?;
@@ -104,6 +110,9 @@ fn receive(cli: &Cli) -> Res<u64> {
         }
         let f = frame.sequence();
         let host = staging.as_ref().map(Staging::host);
+        if check && host.is_none() && layout.is_image_ring() {
+            rx.wait_on(&frame, &stream)?; // the image copied for the check
+        }
         if check && !cuda_host::check(&rx, &frame, &stream, host, timeout)? {
             bad += 1;
             if bad <= 5 {

@@ -13,9 +13,12 @@
 //!   kernel). The "produced" and "released" timelines are imported on the
 //!   same device; a ring without them is refused with what to use instead.
 //! * Frames come from the session ([`CudaReceiver::next`]); a frame's
-//!   memory is [`CudaReceiver::slot`]'s. Before reading it, order the
-//!   reads after "produced": [`CudaReceiver::wait_on`] enqueues that wait
-//!   (and an image ring's copy) on the caller's stream;
+//!   memory is [`CudaReceiver::slot`]'s (a buffer, or an image ring's
+//!   packed copy) or, for an image ring, [`CudaReceiver::array`] (the image
+//!   itself, zero copy). Before reading, order the reads after "produced":
+//!   [`CudaReceiver::wait_produced`] enqueues that wait alone,
+//!   [`CudaReceiver::wait_on`] that wait and an image ring's copy, on the
+//!   caller's stream;
 //!   [`CudaReceiver::enqueue_readable`] on the receiver's own wait stream.
 //!   Each refuses a frame the session no longer holds, or another
 //!   session's.
@@ -234,6 +237,34 @@ impl CudaReceiver {
             image.enqueue_copy_out(stream)?;
         }
         Ok(())
+    }
+
+    /// Enqueues on `stream` only the wait for `frame`'s "produced" value:
+    /// a buffer ring's slot, and an image ring's array
+    /// ([`CudaReceiver::array`]), are readable by work enqueued after it; an
+    /// image ring's packed copy ([`CudaReceiver::slot`]) is not made (that
+    /// is [`CudaReceiver::wait_on`]).
+    pub fn wait_produced(&self, frame: &Frame, stream: &Stream) -> Result<(), ConsumerError> {
+        self.session.check_held(frame)?;
+        Ok(self.gpu.produced.wait(stream, frame.sequence())?)
+    }
+
+    /// An image ring's frame as the slot's CUDA array (level 0, the image
+    /// itself, zero copy; `None` for a buffer ring): a raw `CUarray` of the
+    /// ring's primary context (also a `cudaArray_t` for the runtime API),
+    /// valid while this receiver lives. Read it only after
+    /// [`CudaReceiver::wait_produced`] (or [`CudaReceiver::wait_on`]) and
+    /// only while the frame is held: release it after those reads
+    /// ([`CudaReceiver::release_after`]).
+    pub fn array(
+        &self,
+        frame: &Frame,
+    ) -> Result<Option<cuda_interop::sys::CUarray>, ConsumerError> {
+        self.session.check_held(frame)?;
+        match &self.slots[frame.slot() as usize].image {
+            Some(image) => Ok(Some(image.level0()?)),
+            None => Ok(None),
+        }
     }
 
     /// [`CudaReceiver::wait_on`] on the receiver's own wait stream,
@@ -556,6 +587,8 @@ pub(crate) trait CopyOut: sealed::Sealed + Send + Sync {
     /// Enqueues on `stream` the copy of the slot's image (level 0) into its
     /// pitched buffer ([`Slot::data`]); returns the engine that copies.
     fn enqueue_copy_out(&self, stream: &Stream) -> Result<CopyEngine, cuda_interop::Error>;
+    /// The image's level 0 as a `CUarray`.
+    fn level0(&self) -> Result<cuda_interop::sys::CUarray, cuda_interop::Error>;
 }
 
 impl<F: vk_export::format::Format> sealed::Sealed for ImageSlot<F> {}
@@ -565,6 +598,10 @@ impl<F: vk_export::format::Format> CopyOut for ImageSlot<F> {
         let level = self.array.array().level(0)?;
         let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
         level.enqueue_copy_to(stream, PitchedMut::buffer(&mut rows))
+    }
+
+    fn level0(&self) -> Result<cuda_interop::sys::CUarray, cuda_interop::Error> {
+        Ok(self.array.array().level(0)?.raw())
     }
 }
 
