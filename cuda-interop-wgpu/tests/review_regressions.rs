@@ -38,6 +38,7 @@ fn invalid_commands(device: &InteropDevice) -> wgpu::CommandBuffer {
 /// does not destroy it under the submission.
 #[test]
 fn a_timeline_dropped_under_a_pending_wgpu_signal_lives_until_it_completes() {
+    let _serial = serial();
     let device = device();
     let gate = TimelineSemaphore::new_local(device.context()).unwrap();
     let t = TimelineSemaphore::new_local(device.context()).unwrap();
@@ -60,6 +61,7 @@ fn a_timeline_dropped_under_a_pending_wgpu_signal_lives_until_it_completes() {
 /// the same value (VUID 03242, then a hang) and a vk-export helper's.
 #[test]
 fn a_signal_at_or_below_a_pending_wgpu_signal_is_refused() {
+    let _serial = serial();
     let device = device();
     let ctx = device.context().clone();
     let gate = TimelineSemaphore::new_local(&ctx).unwrap();
@@ -96,6 +98,7 @@ fn a_signal_at_or_below_a_pending_wgpu_signal_is_refused() {
 /// R2: one call signalling one timeline twice is refused.
 #[test]
 fn one_timeline_signalled_twice_in_one_call_is_refused() {
+    let _serial = serial();
     let device = device();
     let t = TimelineSemaphore::new_local(device.context()).unwrap();
     let r = device.queue().submit_with(
@@ -112,6 +115,7 @@ fn one_timeline_signalled_twice_in_one_call_is_refused() {
 /// never complete: refused.
 #[test]
 fn a_wait_at_or_above_a_signal_of_the_same_call_is_refused() {
+    let _serial = serial();
     let device = device();
     let t = TimelineSemaphore::new_local(device.context()).unwrap();
     for (wait, signal) in [(1, 1), (2, 1)] {
@@ -143,6 +147,7 @@ fn a_wait_at_or_above_a_signal_of_the_same_call_is_refused() {
 /// otherwise carry the dropped semaphore.
 #[test]
 fn a_refused_submission_leaves_no_semaphore_staged() {
+    let _serial = serial();
     let device = device();
     device
         .device()
@@ -164,6 +169,7 @@ fn a_refused_submission_leaves_no_semaphore_staged() {
 /// submission (caught): unstaged on unwind.
 #[test]
 fn a_submission_that_panics_leaves_no_semaphore_staged() {
+    let _serial = serial();
     let device = device();
     let gate = TimelineSemaphore::new_local(device.context()).unwrap();
     let t = TimelineSemaphore::new_local(device.context()).unwrap();
@@ -183,11 +189,12 @@ fn a_submission_that_panics_leaves_no_semaphore_staged() {
     assert_clean(&device);
 }
 
-/// Held by the tests that read the process-wide `vk_export::drop_errors()`
-/// count: one leaks on purpose (and counts it), another asserts that its
-/// drops count nothing; run side by side, the first's leak lands in the
-/// second's window.
-fn drop_errors_lock() -> std::sync::MutexGuard<'static, ()> {
+/// Held by every test of this binary, one at a time: some read the
+/// process-wide `vk_export::drop_errors()` count (one leaks on purpose and
+/// counts it, another asserts its drops count nothing), and any test's
+/// teardown beside them can land in their window (a CI flake while only two
+/// of them took it).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -197,7 +204,7 @@ fn drop_errors_lock() -> std::sync::MutexGuard<'static, ()> {
 /// rather than waiting for ever; then the gate opens.
 #[test]
 fn dropping_the_adapter_under_a_never_completing_submission_returns() {
-    let _counted = drop_errors_lock();
+    let _serial = serial();
     let device = device();
     let gate = TimelineSemaphore::new_local(device.context()).unwrap();
     device
@@ -221,7 +228,7 @@ fn dropping_the_adapter_under_a_never_completing_submission_returns() {
 /// not freed under the GPU (the Drop keeps wgpu's queue until wgpu is idle).
 #[test]
 fn a_texture_destroyed_while_the_adapter_drops_is_not_freed_under_the_gpu() {
-    let _counted = drop_errors_lock();
+    let _serial = serial();
     let device = device();
     let image = Image::new(device.context(), ImageDesc::new_2d(64, 64)).unwrap();
     // SAFETY: only wgpu uses the image while the texture lives.
@@ -257,6 +264,7 @@ fn a_texture_destroyed_while_the_adapter_drops_is_not_freed_under_the_gpu() {
 /// `Err` instead of waiting for the lock its own thread holds.
 #[test]
 fn an_error_handler_that_submits_again_is_refused() {
+    let _serial = serial();
     let device = Arc::new(device());
     let seen: Arc<Mutex<Option<bool>>> = Arc::default();
     let weak = Arc::downgrade(&device);
@@ -280,6 +288,7 @@ fn an_error_handler_that_submits_again_is_refused() {
 /// the gate it waited on is not left staged for the next submission).
 #[test]
 fn a_refused_submission_naming_one_timeline_twice_leaves_every_timeline_usable() {
+    let _serial = serial();
     let device = device();
     device
         .device()
