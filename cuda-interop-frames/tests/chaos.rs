@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use cuda_interop_frames::discovery::Directory;
 use cuda_interop_frames::host_receiver::HostReceiver;
 use cuda_interop_frames::protocol::{Delivery, Message};
-use cuda_interop_frames::sender::{self, AcquireError, Address, Sender, SenderOptions};
+use cuda_interop_frames::sender::{Address, Sender, SenderOptions};
 use cuda_interop_frames::session::{ConnectError, Session};
 use cuda_interop_frames::transport::{self, ConsumerError};
 // Host-visible on every driver: the host reads need it (lavapipe offers no
@@ -149,33 +149,12 @@ fn child_chaos_sender() {
         ..SenderOptions::new(address, W, H, SLOTS)
     };
     let mut sender = Sender::<Mem>::new(&ctx, opts).expect("a sender");
-    let size = sender.buffers()[0].size();
+    let pattern = demo::Pattern::of(&sender);
     let present = |sender: &mut Sender<Mem>| {
         let t = Instant::now();
-        match sender.acquire(Duration::from_millis(20)) {
-            Ok(slot) => {
-                let f = slot.sequence();
-                slot.present_with(sender::monotonic_ns(), |device, cmd, buffer| {
-                    // SAFETY: the sender's recording command buffer and the
-                    // slot's buffer of `size` bytes (transfer usage), alive
-                    // past the submission's wait; a checked layout.
-                    unsafe {
-                        demo::record_demo_pattern(
-                            device,
-                            cmd,
-                            buffer,
-                            size,
-                            (W, H, u64::from(W) * 4),
-                            f,
-                        )
-                    }
-                })
-                .expect("present");
-            }
-            Err(AcquireError::AllSlotsHeld | AcquireError::Timeout(_)) => {
-                sender.serve(Duration::from_millis(1))
-            }
-        }
+        pattern
+            .present_next(sender, Duration::from_millis(20))
+            .expect("present");
         std::thread::sleep(Duration::from_millis(2).saturating_sub(t.elapsed()));
     };
     // Warm: a receiver of its own first (the others wait for `go`).

@@ -23,7 +23,6 @@ use cuda_interop_frames::transport::{self, ConsumerError};
 mod demo;
 use cuda_interop_testkit::child;
 use cuda_interop_testkit::Mem;
-use demo::record_demo_pattern;
 
 const W: u32 = 64;
 const H: u32 = 32;
@@ -101,22 +100,9 @@ fn make_sender(address: Address, hold_timeout: Duration) -> (vk_export::Context,
 /// One frame of the demo pattern, if a slot is free; `Ok(false)` if the
 /// frame was skipped or back-pressure held it.
 fn present_one(sender: &mut Sender<Mem>, acquire_timeout: Duration) -> bool {
-    let size = sender.buffers()[0].size();
-    match sender.acquire(acquire_timeout) {
-        Ok(slot) => {
-            let f = slot.sequence();
-            slot.present_with(sender::monotonic_ns(), |device, cmd, buffer| {
-                // SAFETY: the sender's recording command buffer and the
-                // slot's buffer of `size` bytes (transfer usage), alive past
-                // the submission's wait; the layout is a checked one.
-                unsafe { record_demo_pattern(device, cmd, buffer, size, (W, H, W as u64 * 4), f) }
-            })
-            .expect("present");
-            true
-        }
-        Err(AcquireError::AllSlotsHeld) => false,
-        Err(AcquireError::Timeout(_)) => false,
-    }
+    demo::Pattern::of(sender)
+        .present_next(sender, acquire_timeout)
+        .expect("present")
 }
 
 /// A sender named `CIF_NAME` in `CIF_DIR` at `CIF_FPS` frames/s (at most)

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use cuda_interop_frames::host_receiver::HostReceiver;
 use cuda_interop_frames::protocol::{Delivery, DropReason, Message, RingLayout, SETUP_TAG};
-use cuda_interop_frames::sender::{self, AcquireError, Address, Sender, SenderOptions};
+use cuda_interop_frames::sender::{Address, Sender, SenderOptions};
 use cuda_interop_frames::session::Session;
 use cuda_interop_frames::transport::{self, ConsumerError};
 // Host-visible on every driver: the host reads need it (lavapipe offers no
@@ -82,35 +82,14 @@ fn sender_thread(
             ..SenderOptions::new(Address::Path(socket), W, H, SLOTS)
         };
         let mut sender = Sender::<Mem>::new(&ctx, opts(base)).expect("a sender");
-        let size = sender.buffers()[0].size();
+        let pattern = demo::Pattern::of(&sender);
         let mut dropped_at = None;
         let start = Instant::now();
         while !stop.load(Ordering::Relaxed) {
             assert!(start.elapsed() < BOUND, "the sender ran past its bound");
-            match sender.acquire(Duration::from_millis(20)) {
-                Ok(slot) => {
-                    let f = slot.sequence();
-                    slot.present_with(sender::monotonic_ns(), |device, cmd, buffer| {
-                        // SAFETY: the sender's recording command buffer and
-                        // the slot's buffer of `size` bytes (transfer usage),
-                        // alive past the submission's wait; a checked layout.
-                        unsafe {
-                            demo::record_demo_pattern(
-                                device,
-                                cmd,
-                                buffer,
-                                size,
-                                (W, H, u64::from(W) * 4),
-                                f,
-                            )
-                        }
-                    })
-                    .expect("present");
-                }
-                Err(AcquireError::AllSlotsHeld | AcquireError::Timeout(_)) => {
-                    sender.serve(Duration::from_millis(1))
-                }
-            }
+            pattern
+                .present_next(&mut sender, Duration::from_millis(20))
+                .expect("present");
             let stats = sender.stats();
             match dropped_at {
                 None if stats.dropped > 0 => dropped_at = Some(stats.presented),
@@ -680,31 +659,15 @@ fn an_unkept_gpu_promise_never_stalls_the_sender() {
             n
         })
     };
-    let size = sender.buffers()[0].size();
+    let pattern = demo::Pattern::of(&sender);
     let start = Instant::now();
     let mut longest = Duration::ZERO;
     while !good.is_finished() || !promiser.is_finished() {
         assert!(start.elapsed() < BOUND);
         let t = Instant::now();
-        if let Ok(slot) = sender.acquire(Duration::from_millis(20)) {
-            let f = slot.sequence();
-            slot.present_with(sender::monotonic_ns(), |device, cmd, buffer| {
-                // SAFETY: as in `sender_thread`.
-                unsafe {
-                    demo::record_demo_pattern(
-                        device,
-                        cmd,
-                        buffer,
-                        size,
-                        (W, H, u64::from(W) * 4),
-                        f,
-                    )
-                }
-            })
+        pattern
+            .present_next(&mut sender, Duration::from_millis(20))
             .expect("present");
-        } else {
-            sender.serve(Duration::from_millis(1));
-        }
         longest = longest.max(t.elapsed());
     }
     assert_eq!(good.join().unwrap(), 300);

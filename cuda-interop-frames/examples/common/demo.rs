@@ -558,18 +558,58 @@ pub fn choose(ctx: &Context, opts: &ProducerOptions) -> Result<(Choice, String),
 
 fn run_buffers<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions, choice: Choice) -> Res<()> {
     let sender = Sender::<M>::new(&ctx, sender_options(opts, choice)?)?;
-    let size = sender.buffers()[0].size();
-    let geometry = (opts.width, opts.height, opts.row_pitch);
-    serve(&ctx, opts, sender, |slot| {
+    let pattern = Pattern::of(&sender);
+    serve(&ctx, opts, sender, |slot| pattern.present(slot))
+}
+
+/// What presenting the demo pattern into a buffer ring's slot needs: the
+/// slots' size and the ring's geometry.
+#[derive(Clone, Copy, Debug)]
+pub struct Pattern {
+    size: u64,
+    geometry: (u32, u32, u64),
+}
+
+impl Pattern {
+    /// For `sender`'s ring.
+    pub fn of<M: MemoryLocation>(sender: &Sender<M>) -> Pattern {
+        let layout = sender.layout();
+        Pattern {
+            size: sender.buffers()[0].size(),
+            geometry: (layout.width, layout.height, layout.row_pitch),
+        }
+    }
+
+    /// Presents frame `slot.sequence()` of the pattern in `slot`, stamped
+    /// now; its sequence number.
+    pub fn present<M: MemoryLocation>(self, slot: WriteSlot<'_, M>) -> Result<u64, SenderError> {
         let f = slot.sequence();
+        let Pattern { size, geometry } = self;
         slot.present_with(sender::monotonic_ns(), |device, cmd, buffer| {
             // SAFETY: the sender gives its recording command buffer and the
-            // slot's buffer (`size` bytes, transfer usage, kept alive past
-            // the submission's wait); the layout was checked, so the band
-            // lies inside it.
+            // slot's buffer (`size` bytes, every slot's, transfer usage, kept
+            // alive past the submission's wait); the layout was checked at
+            // the sender's making, so the band lies inside it.
             unsafe { record_demo_pattern(device, cmd, buffer, size, geometry, f) }
         })
-    })
+    }
+
+    /// One frame of the pattern, if `sender` gives a slot within `timeout`:
+    /// `Ok(false)` when every slot was held (skipped, or back-pressure),
+    /// after serving receivers for a millisecond.
+    pub fn present_next<M: MemoryLocation>(
+        self,
+        sender: &mut Sender<M>,
+        timeout: Duration,
+    ) -> Result<bool, SenderError> {
+        match sender.acquire(timeout) {
+            Ok(slot) => self.present(slot).map(|_| true),
+            Err(AcquireError::AllSlotsHeld | AcquireError::Timeout(_)) => {
+                sender.serve(Duration::from_millis(1));
+                Ok(false)
+            }
+        }
+    }
 }
 
 fn run_images<F: Format, M: MemoryLocation>(
