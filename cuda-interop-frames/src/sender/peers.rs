@@ -324,6 +324,12 @@ impl Receivers {
         drop(peer.conn);
     }
 
+    /// Receiver `id`'s frame could not be sent: `reason` (`None`: it left).
+    fn unsent(&mut self, id: u64, reason: Option<DropReason>) {
+        let why = reason.map_or("disconnected".to_string(), |r| r.to_string());
+        self.remove(id, reason, &why);
+    }
+
     /// Drops every receiver: the sender stops.
     pub(crate) fn remove_all(&mut self) {
         let ids: Vec<u64> = self.peers.iter().map(|p| p.id).collect();
@@ -371,8 +377,7 @@ impl Receivers {
                     Some((slot, f, ts)) => match send_frame(peer, slot, f, ts) {
                         Ok(()) => None,
                         Err(reason) => {
-                            let why = reason.map_or("disconnected".to_string(), |r| r.to_string());
-                            self.remove(id, reason, &why);
+                            self.unsent(id, reason);
                             return;
                         }
                     },
@@ -412,9 +417,7 @@ impl Receivers {
                                 Some((slot, f, ts)) => match send_frame(peer, slot, f, ts) {
                                     Ok(()) => None,
                                     Err(reason) => {
-                                        let why = reason
-                                            .map_or("disconnected".to_string(), |r| r.to_string());
-                                        self.remove(id, reason, &why);
+                                        self.unsent(id, reason);
                                         return;
                                     }
                                 },
@@ -571,8 +574,7 @@ impl Receivers {
             }
         }
         for (id, reason) in faults {
-            let why = reason.map_or("disconnected".to_string(), |r| r.to_string());
-            self.remove(id, reason, &why);
+            self.unsent(id, reason);
         }
     }
 }
