@@ -508,7 +508,6 @@ impl Context {
             let mut progress_type = vk::SemaphoreTypeCreateInfo::default()
                 .semaphore_type(vk::SemaphoreType::TIMELINE)
                 .initial_value(0);
-            let driver = crate::driver_locks::semaphore_driver_lock();
             // SAFETY: plain creation on a live device with timeline semaphores
             // enabled (the callers' contract).
             let progress = unsafe {
@@ -517,7 +516,6 @@ impl Context {
                     None,
                 )
             };
-            drop(driver);
             let progress = match progress {
                 Ok(p) => p,
                 Err(e) => {

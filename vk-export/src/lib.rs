@@ -40,7 +40,6 @@
 
 mod buffer;
 mod context;
-mod driver_locks;
 mod error;
 mod exported;
 mod image;

@@ -352,11 +352,9 @@ impl<K: SemaphoreKind> Semaphore<K> {
         if export {
             info = info.push_next(&mut export_info);
         }
-        let driver = crate::driver_locks::semaphore_driver_lock();
         // SAFETY: the chain lives across the call.
         let semaphore = unsafe { ctx.inner.device.create_semaphore(&info, None) }
             .map_err(vk_error("vkCreateSemaphore", "out of memory"))?;
-        drop(driver);
         Ok(Semaphore {
             ctx: ctx.clone(),
             semaphore,
@@ -489,7 +487,6 @@ impl<K: SemaphoreKind> Semaphore<K> {
             .handle_type(handle)
             .flags(flags)
             .fd(raw);
-        let _driver = crate::driver_locks::semaphore_driver_lock();
         // SAFETY: the semaphore has no pending operations (new, or `&mut
         // self` for temporary imports); on success Vulkan owns the fd.
         unsafe { loader.import_semaphore_fd(&info) }.map_err(|e| Error::Vulkan {
