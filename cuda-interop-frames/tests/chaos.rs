@@ -14,7 +14,6 @@
 //! sender's restart). Counts, not time ratios; processes meet by name and
 //! by marker files.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,6 +28,9 @@ use cuda_interop_frames::transport::{self, ConsumerError};
 // other kind; NVIDIA offers it for buffers).
 type Mem = vk_export::markers::HostVisible;
 
+mod common;
+use common::{env, num, results};
+
 #[path = "../examples/common/demo.rs"]
 mod demo;
 
@@ -42,27 +44,6 @@ const HOLD: Duration = Duration::from_secs(4);
 const BOUND: Duration = Duration::from_secs(120);
 /// What a bounded call may take beyond its timeout on a loaded machine.
 const MARGIN: Duration = Duration::from_secs(5);
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name}: started by the parent test"))
-}
-
-/// `RESULT key=value` lines of a child's stdout.
-fn results(stdout: &str) -> HashMap<String, String> {
-    stdout
-        .lines()
-        .filter_map(|l| l.find("RESULT ").map(|i| &l[i + "RESULT ".len()..]))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-fn num(r: &HashMap<String, String>, key: &str) -> u64 {
-    r.get(key)
-        .unwrap_or_else(|| panic!("no RESULT {key} in {r:?}"))
-        .parse()
-        .unwrap()
-}
 
 /// A child process running the ignored test `name` of this binary, its
 /// output in `dir`.

@@ -19,6 +19,9 @@ use cuda_interop_frames::sender::{self, AcquireError, Address, Sender, SenderOpt
 use cuda_interop_frames::session::{Frame, Session};
 use cuda_interop_frames::transport::{self, ConsumerError};
 
+mod common;
+use common::{env, num, results, seqs};
+
 #[path = "../examples/common/demo.rs"]
 mod demo;
 use cuda_interop_testkit::child;
@@ -29,10 +32,6 @@ const H: u32 = 32;
 const SLOTS: u32 = 3;
 /// Bound on every loop of these tests.
 const BOUND: Duration = Duration::from_secs(60);
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name}: started by the parent test"))
-}
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
@@ -52,33 +51,6 @@ fn test_dir(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&path);
     Directory::new(&path).expect("a private directory");
     path
-}
-
-/// `RESULT key=value` lines of a child's stdout.
-fn results(stdout: &str) -> HashMap<String, String> {
-    stdout
-        .lines()
-        // The first may follow libtest's "test NAME ... " on its line.
-        .filter_map(|l| l.find("RESULT ").map(|i| &l[i + "RESULT ".len()..]))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-fn num(r: &HashMap<String, String>, key: &str) -> u64 {
-    r.get(key)
-        .unwrap_or_else(|| panic!("no RESULT {key} in {r:?}"))
-        .parse()
-        .unwrap()
-}
-
-fn seqs(r: &HashMap<String, String>, key: &str) -> Vec<u64> {
-    r.get(key)
-        .unwrap_or_else(|| panic!("no RESULT {key} in {r:?}"))
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse().unwrap())
-        .collect()
 }
 
 fn make_sender(address: Address, hold_timeout: Duration) -> (vk_export::Context, Sender<Mem>) {

@@ -9,7 +9,6 @@
 //! The CUDA receiver of image slots needs a GPU
 //! (`cuda_receiver_of_an_image_ring`, ignored here).
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -29,6 +28,9 @@ use vk_export::markers::{DeviceLocal, MemoryLocation, Optimal};
 use vk_export::wire::Received;
 use vk_export::ExportableBuffer;
 
+mod common;
+use common::{env, num, results};
+
 #[path = "../examples/common/demo.rs"]
 mod demo;
 use demo::{check_demo_row, record_demo_pattern_image};
@@ -40,26 +42,6 @@ const SLOTS: u32 = 3;
 const FRAMES: u64 = 20;
 /// Bound on every loop of these tests.
 const BOUND: Duration = Duration::from_secs(60);
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name}: started by the parent test"))
-}
-
-fn results(stdout: &str) -> HashMap<String, String> {
-    stdout
-        .lines()
-        .filter_map(|l| l.find("RESULT ").map(|i| &l[i + "RESULT ".len()..]))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-fn num(r: &HashMap<String, String>, key: &str) -> u64 {
-    r.get(key)
-        .unwrap_or_else(|| panic!("no RESULT {key} in {r:?}"))
-        .parse()
-        .unwrap()
-}
 
 fn image_sender(ctx: &vk_export::Context, address: Address) -> ImageSender<Rgba8Unorm, Mem> {
     let opts = SenderOptions {
