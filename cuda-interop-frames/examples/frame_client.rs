@@ -21,7 +21,7 @@ mod common;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use common::cuda_host::{self, Staging};
+use common::cuda_host::{self, Checker, Staging};
 use common::{Cli, Opt};
 use cuda_interop::Stream;
 use cuda_interop_frames::cuda_receiver::CudaReceiver;
@@ -69,6 +69,7 @@ fn receive(cli: &Cli) -> Res<u64> {
         true => Some(Staging::new(rx.cuda(), &layout)?),
         false => None,
     };
+    let mut checker = Checker::new(&rx)?;
     let ring = cuda_host::ring_words(&layout);
     let (path, usable_at) = match staging {
         Some(_) => (
@@ -110,10 +111,7 @@ fn receive(cli: &Cli) -> Res<u64> {
         }
         let f = frame.sequence();
         let host = staging.as_ref().map(Staging::host);
-        if check && host.is_none() && layout.is_image_ring() {
-            rx.wait_on(&frame, &stream)?; // the image copied for the check
-        }
-        if check && !cuda_host::check(&rx, &frame, &stream, host, timeout)? {
+        if check && !checker.check(&rx, &frame, &stream, host, timeout)? {
             bad += 1;
             if bad <= 5 {
                 eprintln!("[frame_client] frame {f} (slot {}) is wrong", frame.slot());

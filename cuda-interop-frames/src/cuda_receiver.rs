@@ -267,6 +267,58 @@ impl CudaReceiver {
         }
     }
 
+    /// An image ring's frame as a surface object on the slot's array (level
+    /// 0, the image itself, zero copy; `None` for a buffer ring), for
+    /// kernels that read or write texels with `surf2Dread`/`surf2Dwrite`.
+    /// Launch with [`Stream::launch_tracked`] naming the surface in its
+    /// [`cuda_interop::KernelUses`]: its drop then waits for those kernels.
+    /// Use it, like [`CudaReceiver::array`], after
+    /// [`CudaReceiver::wait_produced`] and before
+    /// [`CudaReceiver::release_after`] of the frame; the surface may be kept
+    /// and used for later frames of the same slot ([`Frame::slot`]).
+    pub fn surface(
+        &self,
+        frame: &Frame,
+    ) -> Result<Option<cuda_interop::Surface<'_>>, ConsumerError> {
+        self.session.check_held(frame)?;
+        match &self.slots[frame.slot() as usize].image {
+            Some(image) => Ok(Some(image.surface()?)),
+            None => Ok(None),
+        }
+    }
+
+    /// An image ring's frame as a texture object (point sampling,
+    /// unnormalised coordinates, element-type reads; `None` for a buffer
+    /// ring), on the same terms as [`CudaReceiver::surface`].
+    pub fn texture(
+        &self,
+        frame: &Frame,
+    ) -> Result<Option<cuda_interop::Texture<'_>>, ConsumerError> {
+        self.session.check_held(frame)?;
+        match &self.slots[frame.slot() as usize].image {
+            Some(image) => Ok(Some(image.texture()?)),
+            None => Ok(None),
+        }
+    }
+
+    /// `frame`'s slot memory as pitched device memory: a buffer ring's
+    /// buffer (rows [`RingLayout::row_pitch`] apart), or an image ring's
+    /// tightly packed copy (made by [`CudaReceiver::wait_on`]). Read it
+    /// after [`CudaReceiver::wait_on`] (a buffer ring:
+    /// [`CudaReceiver::wait_produced`] suffices) and before
+    /// [`CudaReceiver::release_after`]; the address stays valid while this
+    /// receiver lives.
+    pub fn pitched(&self, frame: &Frame) -> Result<PitchedPlane, ConsumerError> {
+        let slot = self.slot(frame)?;
+        let layout = self.session.layout();
+        Ok(PitchedPlane {
+            ptr: slot.data,
+            pitch: layout.row_pitch,
+            row_bytes: u64::from(layout.width) * layout.texel_bytes(),
+            rows: layout.height,
+        })
+    }
+
     /// [`CudaReceiver::wait_on`] on the receiver's own wait stream,
     /// returned locked for the caller to order its reads after (or to
     /// wait for). The lock is waited for at most
@@ -589,6 +641,10 @@ pub(crate) trait CopyOut: sealed::Sealed + Send + Sync {
     fn enqueue_copy_out(&self, stream: &Stream) -> Result<CopyEngine, cuda_interop::Error>;
     /// The image's level 0 as a `CUarray`.
     fn level0(&self) -> Result<cuda_interop::sys::CUarray, cuda_interop::Error>;
+    /// A surface object on level 0.
+    fn surface(&self) -> Result<cuda_interop::Surface<'_>, cuda_interop::Error>;
+    /// A texture object on level 0.
+    fn texture(&self) -> Result<cuda_interop::Texture<'_>, cuda_interop::Error>;
 }
 
 impl<F: vk_export::format::Format> sealed::Sealed for ImageSlot<F> {}
@@ -602,6 +658,14 @@ impl<F: vk_export::format::Format> CopyOut for ImageSlot<F> {
 
     fn level0(&self) -> Result<cuda_interop::sys::CUarray, cuda_interop::Error> {
         Ok(self.array.array().level(0)?.raw())
+    }
+
+    fn surface(&self) -> Result<cuda_interop::Surface<'_>, cuda_interop::Error> {
+        self.array.array().level(0)?.surface()
+    }
+
+    fn texture(&self) -> Result<cuda_interop::Texture<'_>, cuda_interop::Error> {
+        self.array.array().level(0)?.texture()
     }
 }
 
@@ -631,6 +695,22 @@ impl SlotMemory {
     pub fn new(keep: Arc<dyn std::any::Any + Send + Sync>) -> SlotMemory {
         SlotMemory { _keep: keep }
     }
+}
+
+/// A frame's memory as pitched device memory ([`CudaReceiver::pitched`]):
+/// `rows` rows of `row_bytes` bytes each, the first at `ptr`, each `pitch`
+/// bytes after the one before: the layout NVENC, `cudaMemcpy2D` and a
+/// strided tensor take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PitchedPlane {
+    /// The first row's address (a `CUdeviceptr` of the receiver's device).
+    pub ptr: u64,
+    /// Bytes from one row to the next.
+    pub pitch: u64,
+    /// Bytes of pixels in a row (at most `pitch`).
+    pub row_bytes: u64,
+    /// Rows.
+    pub rows: u32,
 }
 
 /// A slot: its memory's keeper and address.

@@ -34,6 +34,11 @@ use common::{env, num, results};
 #[path = "../examples/common/demo.rs"]
 mod demo;
 use demo::{check_demo_row, record_demo_pattern_image};
+// The CUDA example's checker: it reads an image slot through the receiver's
+// surface object (frame_client's check).
+#[path = "../examples/common/cuda_host.rs"]
+#[allow(dead_code)]
+mod cuda_host;
 
 const W: u32 = 64;
 const H: u32 = 48;
@@ -426,11 +431,12 @@ fn vulkan_receiver_refuses_what_it_cannot_read() {
 
 /// The Rust CUDA receiver of image slots: a sender of DeviceLocal RGBA8
 /// images with timelines, and a lossless `CudaReceiver` (on a thread, over
-/// the socket) that imports each slot's image as a CUDA array, has each
-/// frame copied into the slot's packed rows after a GPU wait for
-/// "produced" (`enqueue_readable`), copies those rows back and checks
-/// every one, and releases with a GPU signal of "released"
-/// (`release_after`).
+/// the socket) that imports each slot's image as a CUDA array. Even frames
+/// are copied into the slot's packed rows after a GPU wait for "produced"
+/// (`enqueue_readable`), read back at `pitched`'s address and checked
+/// row by row; odd frames are read by the copy kernel through the
+/// receiver's `surface` (zero copy) and checked likewise. Each is released
+/// with a GPU signal of "released" (`release_after`).
 #[test]
 #[ignore = "GPU: needs a CUDA driver and a Vulkan device that exports timelines and \
             device-local OPTIMAL images (the H200); lavapipe has neither"]
@@ -501,23 +507,51 @@ fn cuda_receiver_of<F: Format>() {
         assert_eq!(layout.vk_format(), Some(F::VK.as_raw() as u32));
         let rx = CudaReceiver::from_session(session, setup, cuda_device_for).unwrap();
         let mut host = vec![0u8; (W * H * F::TEXEL_BYTES) as usize];
-        let (mut checked, mut bad) = (0, 0);
-        for _ in 0..FRAMES_GPU {
+        let mut checker = cuda_host::Checker::new(&rx).unwrap();
+        let mut own = cuda_interop::Stream::new(rx.cuda()).unwrap();
+        own.set_timeout(timeout);
+        let (mut checked, mut bad, mut through_surface) = (0, 0, 0);
+        for i in 0..FRAMES_GPU {
             let frame = rx.next(timeout).unwrap();
             let f = frame.sequence();
+            if i % 2 == 1 {
+                // Zero copy: the image itself, read by a kernel through
+                // the receiver's surface object after a wait for
+                // "produced" on the test's own stream.
+                rx.wait_produced(&frame, &own).unwrap();
+                if !checker.check(&rx, &frame, &own, None, timeout).unwrap() {
+                    bad += 1;
+                }
+                through_surface += 1;
+                checked += 1;
+                rx.release_after(frame, &own).unwrap();
+                continue;
+            }
             // The wait for "produced" and the copy of the image into the
             // slot's rows, on the receiver's wait stream.
             let stream = rx.enqueue_readable(&frame).unwrap();
             stream.synchronize(timeout).unwrap();
             let slot = rx.slot(&frame).unwrap();
             assert_eq!(slot.len, host.len() as u64);
-            copy_slot_to_host(rx.cuda(), slot.data, &mut host);
+            let rows = rx.pitched(&frame).unwrap();
+            assert_eq!(
+                (rows.ptr, rows.pitch, rows.row_bytes, rows.rows),
+                (
+                    slot.data,
+                    u64::from(W * F::TEXEL_BYTES),
+                    u64::from(W * F::TEXEL_BYTES),
+                    H
+                ),
+                "the packed copy as pitched memory"
+            );
+            copy_slot_to_host(rx.cuda(), rows.ptr, &mut host);
             if !bad_rows_of(&host, f, F::TEXEL_BYTES).is_empty() {
                 bad += 1;
             }
             checked += 1;
             rx.release_after(frame, &stream).unwrap();
         }
+        assert_eq!(through_surface, FRAMES_GPU / 2);
         (checked, bad)
     });
     let start = Instant::now();

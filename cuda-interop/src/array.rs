@@ -234,7 +234,7 @@ pub(crate) enum Linear {
     Device(CUdeviceptr),
 }
 
-impl<F: Format, U: Usage> LevelArray<'_, F, U> {
+impl<'m, F: Format, U: Usage> LevelArray<'m, F, U> {
     /// The `CUarray`.
     pub fn raw(&self) -> CUarray {
         self.array
@@ -436,8 +436,9 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
     }
 
     /// A surface object for reading and writing the level in kernels. Only
-    /// images with storage usage compile.
-    pub fn surface(&self) -> Result<Surface<'_>>
+    /// images with storage usage compile. It borrows the mapped array, not
+    /// this view of one level: it may outlive the view.
+    pub fn surface(&self) -> Result<Surface<'m>>
     where
         U: SurfaceUsage,
     {
@@ -457,8 +458,9 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
     }
 
     /// A texture object (point sampling, clamped, unnormalised coordinates,
-    /// element-type reads) for reading the level in kernels.
-    pub fn texture(&self) -> Result<Texture<'_>> {
+    /// element-type reads) for reading the level in kernels. Like
+    /// [`LevelArray::surface`], it borrows the mapped array.
+    pub fn texture(&self) -> Result<Texture<'m>> {
         let res = self.resource();
         let tex = sys::CUDA_TEXTURE_DESC {
             addressMode: [sys::CUaddress_mode::CU_TR_ADDRESS_MODE_CLAMP; 3],

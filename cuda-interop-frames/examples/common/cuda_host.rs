@@ -7,17 +7,19 @@
 //!
 //! * Slots are read back with `CudaReceiver::copy_to_host` (bounded, the
 //!   frame checked still held after the copy).
-//! * [`check`] tells whether frame `f` in a slot (or its staged copy) is
-//!   the demo pattern's: every row of an image ring (one copy of the
-//!   frame), five rows of a buffer ring (the first, the band's first and
+//! * [`Checker::check`] tells whether frame `f` in a slot (or its staged
+//!   copy) is the demo pattern's: every row of an image ring (read through
+//!   the receiver's surface object where the copy kernels take its texel
+//!   size), five rows of a buffer ring (the first, the band's first and
 //!   last, the row after the band, the last).
 //! * [`Staging::stage`] copies the frame whole into pageable host memory
 //!   and uploads it into a CUDA buffer of the receiver's own, waiting for
 //!   both.
 
+use std::ffi::c_void;
 use std::time::Duration;
 
-use cuda_interop::{CudaDevice, DeviceBuffer, Stream};
+use cuda_interop::{CudaDevice, DeviceBuffer, KernelUses, Module, Stream};
 use cuda_interop_frames::cuda_receiver::CudaReceiver;
 use cuda_interop_frames::session::Frame;
 
@@ -37,52 +39,135 @@ pub fn ring_words(layout: &cuda_interop_frames::protocol::RingLayout) -> String 
     }
 }
 
-/// Whether `frame` is the demo pattern's (see the module contract);
-/// `staged`: its host copy, read instead of the slot.
-pub fn check(
+/// Checks frames against the demo pattern (see the module contract): an
+/// image ring of 4-, 8- or 16-byte texels is read through
+/// `CudaReceiver::surface` (the crate's copy kernel, launched here as a
+/// user's kernel would be, into a buffer of this checker's), other image
+/// rings through `CudaReceiver::wait_on`'s packed copy.
+pub struct Checker {
+    /// The copy kernels' module and the buffer they copy into.
+    through_surface: Option<(Module, DeviceBuffer)>,
+    bytes: Vec<u8>,
+}
+
+impl Checker {
+    /// A checker for `rx`'s ring.
+    pub fn new(rx: &CudaReceiver) -> Res<Checker> {
+        let layout = rx.layout();
+        let through_surface =
+            match layout.is_image_ring() && [4, 8, 16].contains(&layout.texel_bytes()) {
+                true => Some((
+                    Module::load_ptx(rx.cuda(), cuda_interop::kernels::COPY_PTX)?,
+                    DeviceBuffer::new(rx.cuda(), layout.checked_frame_bytes()? as usize)?,
+                )),
+                false => None,
+            };
+        Ok(Checker {
+            through_surface,
+            bytes: Vec::new(),
+        })
+    }
+
+    /// Whether `frame` is the demo pattern's, read after the work on
+    /// `stream` (`CudaReceiver::wait_produced` first); `staged`: its host
+    /// copy, read instead of the slot.
+    pub fn check(
+        &mut self,
+        rx: &CudaReceiver,
+        frame: &Frame,
+        stream: &Stream,
+        staged: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Res<bool> {
+        let (layout, f) = (rx.layout(), frame.sequence());
+        let (height, pitch) = (layout.height, layout.row_pitch as usize);
+        let row = layout.width as usize * layout.texel_bytes() as usize;
+        let whole = match (staged, &self.through_surface) {
+            (Some(host), _) => Some(host),
+            (None, Some((module, scratch))) => {
+                self.bytes.resize(layout.checked_frame_bytes()? as usize, 0);
+                read_through_surface(rx, frame, stream, module, scratch, &mut self.bytes)?;
+                Some(&self.bytes[..])
+            }
+            (None, None) if layout.is_image_ring() => {
+                rx.wait_on(frame, stream)?; // the packed copy
+                self.bytes.resize(layout.checked_frame_bytes()? as usize, 0);
+                rx.copy_to_host(frame, stream, 0, &mut self.bytes, timeout)?;
+                Some(&self.bytes[..])
+            }
+            (None, None) => None,
+        };
+        let rows = match layout.is_image_ring() {
+            true => (0..height).collect(),
+            false => sampled(f, height),
+        };
+        let mut line = vec![0u8; row];
+        for y in rows {
+            let at = y as usize * pitch;
+            match whole {
+                Some(bytes) => line.copy_from_slice(&bytes[at..at + row]),
+                None => rx.copy_to_host(frame, stream, at as u64, &mut line, timeout)?,
+            }
+            if !demo::check_demo_row(&line, f, y, height) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// Copies an image ring's frame into `scratch` (tightly packed rows) with
+/// the copy kernel reading `CudaReceiver::surface`, then to `dst`; checks
+/// the frame is still held after the copy.
+fn read_through_surface(
     rx: &CudaReceiver,
     frame: &Frame,
     stream: &Stream,
-    staged: Option<&[u8]>,
-    timeout: Duration,
-) -> Res<bool> {
-    let (layout, f) = (rx.layout(), frame.sequence());
-    let (height, pitch) = (layout.height, layout.row_pitch as usize);
-    let row = layout.width as usize * layout.texel_bytes() as usize;
-    let mut bytes = Vec::new();
-    let (rows, whole): (Vec<u32>, Option<&[u8]>) = if layout.is_image_ring() || staged.is_some() {
-        let whole = match staged {
-            Some(host) => host,
-            None => {
-                bytes.resize(layout.checked_frame_bytes()? as usize, 0);
-                rx.copy_to_host(frame, stream, 0, &mut bytes, timeout)?;
-                &bytes
-            }
-        };
-        let rows = if layout.is_image_ring() {
-            (0..height).collect()
-        } else {
-            sampled(f, height)
-        };
-        (rows, Some(whole))
-    } else {
-        (sampled(f, height), None)
-    };
-    let mut line = vec![0u8; row];
-    for y in rows {
-        let at = y as usize * pitch;
-        match whole {
-            Some(bytes) => line.copy_from_slice(&bytes[at..at + row]),
-            None => rx.copy_to_host(frame, stream, at as u64, &mut line, timeout)?,
-        }
-        if !demo::check_demo_row(&line, f, y, height) {
-            return Ok(false);
-        }
-    }
-    Ok(true)
+    module: &Module,
+    scratch: &DeviceBuffer,
+    dst: &mut [u8],
+) -> Res<()> {
+    let layout = rx.layout();
+    let surface = rx
+        .surface(frame)?
+        .ok_or("an image ring without a surface")?;
+    let kernel = module.function(&format!("array_to_linear_{}b_r4", layout.texel_bytes()))?;
+    let (mut surf, mut ptr, mut pitch, mut width, mut height) = (
+        surface.raw(),
+        scratch.device_ptr(),
+        layout.row_pitch,
+        layout.width,
+        layout.height,
+    );
+    let mut args: [*mut c_void; 5] = [
+        (&mut surf as *mut u64).cast(),
+        (&mut ptr as *mut u64).cast(),
+        (&mut pitch as *mut u64).cast(),
+        (&mut width as *mut u32).cast(),
+        (&mut height as *mut u32).cast(),
+    ];
+    // The kernels' shape: 16 x 16 threads, each moving 4 rows of a column.
+    let grid = [width.div_ceil(16), height.div_ceil(64), 1];
+    // SAFETY: the arguments are the copy kernel's five parameters (u64
+    // surface, u64 destination, u64 pitch, u32 width, u32 height) in its
+    // order, alive across the call; it writes `height` rows of `width`
+    // texels of `texel_bytes` at `pitch` bytes apart: exactly the scratch
+    // buffer, sized for one frame; the surface and the buffer are named in
+    // the uses, so their drops wait for the kernel.
+    unsafe {
+        stream.launch_tracked(
+            &kernel,
+            grid,
+            [16, 16, 1],
+            0,
+            &mut args,
+            KernelUses::new().buffer(scratch).surface(&surface),
+        )
+    }?;
+    stream.copy_to_host(scratch, dst)?;
+    Ok(rx.session().check_held(frame)?)
 }
 
-/// The five rows checked of a buffer ring's frame `f`.
 fn sampled(f: u64, height: u32) -> Vec<u32> {
     let (start, end) = demo::band_rows(f, height);
     vec![0, start, end - 1, end.min(height - 1), height - 1]
