@@ -170,10 +170,13 @@ impl Mps {
         let start = Instant::now();
         loop {
             let exited = matches!(child.try_wait(), Ok(Some(_)));
-            // The daemon's pid file where it wrote one, else its socket.
-            let gone = match self.daemon_pid() {
+            // The daemon's pid file where it wrote one, else its socket: a
+            // socket file left behind by a daemon that exited refuses
+            // connections (runs 22a and 22b timed out on the file alone).
+            let pid = self.daemon_pid();
+            let gone = match pid {
                 Some(pid) => !process_runs(pid),
-                None => !self.pipe.join("control").exists(),
+                None => !accepts(&self.pipe.join("control")),
             };
             if exited && gone {
                 return Ok(());
@@ -182,8 +185,12 @@ impl Mps {
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(format!(
-                    "the MPS daemon in {} did not quit within {BOUND:?}",
-                    self.pipe.display()
+                    "the MPS daemon in {} did not quit within {BOUND:?} (`quit` client exited: \
+                     {exited}; pid file: {pid:?}, state {}; control socket accepts: {}); its log: {}",
+                    self.pipe.display(),
+                    pid.map_or("-".into(), process_state),
+                    accepts(&self.pipe.join("control")),
+                    self.log_tail()
                 ));
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -194,14 +201,26 @@ impl Mps {
 /// Whether process `pid` runs: it exists and is not a zombie (a daemon
 /// whose parent is a container's pid 1 may stay one, never reaped).
 fn process_runs(pid: u32) -> bool {
+    let state = process_state(pid);
+    state != "gone" && state != "Z" && state != "X"
+}
+
+/// Process `pid`'s state letter (`/proc/PID/stat`), or `gone`.
+fn process_state(pid: u32) -> String {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // The state follows the parenthesised command name.
         Ok(stat) => stat
             .rsplit_once(')')
             .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
+            .unwrap_or("?")
+            .to_string(),
+        Err(_) => "gone".into(),
     }
+}
+
+/// Whether something listens on the unix socket at `path`.
+fn accepts(path: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(path).is_ok()
 }
 
 impl Drop for Mps {
