@@ -452,7 +452,9 @@ impl InteropDevice {
         let exposed = hal_instance
             .expose_adapter(physical)
             .ok_or_else(|| Error::NoDevice(format!("wgpu-hal does not expose {name}")))?;
-        let wgpu_features = wgpu::Features::empty();
+        // What the vk-export formats need of wgpu where the adapter has it:
+        // R16 and R16G16 UNORM textures, BGRA8 storage bindings.
+        let wgpu_features = exposed.features & FORMAT_FEATURES;
         let limits = exposed.capabilities.limits.clone();
         let mut device_extensions = exposed.adapter.required_device_extensions(wgpu_features);
         for e in REQUIRED_DEVICE_EXTENSIONS
@@ -614,7 +616,9 @@ impl InteropDevice {
     /// layers and usage. The texture keeps the image alive (a keep-alive in
     /// wgpu-hal's drop callback) until wgpu has dropped it, after its last
     /// use. Refused: an image of another device, a format without a wgpu
-    /// equivalent (all of vk-export's have one), a cube image.
+    /// equivalent (all of vk-export's have one) or whose wgpu format needs a
+    /// feature the adapter lacks (R16 and R16G16 UNORM need
+    /// `TEXTURE_FORMAT_16BIT_NORM`, enabled where offered), a cube image.
     ///
     /// wgpu takes the image as uninitialised: its first use discards the
     /// contents (a render pass that clears, a compute shader that writes
@@ -650,6 +654,14 @@ impl InteropDevice {
         let info = image.info();
         let format = texture_format(info.format())
             .ok_or_else(|| Error::Refused(format!("{} has no wgpu texture format", F::NAME)))?;
+        let missing = format.required_features() - self.device.features();
+        if !missing.is_empty() {
+            return Err(Error::Refused(format!(
+                "{} is wgpu's {format:?}, which needs the wgpu features {missing:?}: the adapter \
+                 does not offer them",
+                F::NAME
+            )));
+        }
         if !info.flags().is_empty() {
             return Err(Error::Refused(format!(
                 "image flags {:?} (a cube image, or a mutable format): wgpu takes plain images",
@@ -1135,8 +1147,15 @@ impl Drop for HeldLock {
     }
 }
 
+/// The wgpu features [`InteropDevice`] enables where the adapter offers
+/// them, for textures of vk-export formats: `R16Unorm` and `Rg16Unorm`
+/// (`TEXTURE_FORMAT_16BIT_NORM`), `Bgra8Unorm` storage bindings.
+const FORMAT_FEATURES: wgpu::Features =
+    wgpu::Features::TEXTURE_FORMAT_16BIT_NORM.union(wgpu::Features::BGRA8UNORM_STORAGE);
+
 /// The wgpu format of a vk-export format (every format of
-/// `vk_export::format::SUPPORTED` has one).
+/// `vk_export::format::SUPPORTED` has one; wgpu's `Rgb10a2Unorm` is
+/// `A2B10G10R10_UNORM_PACK32`, red in the low bits).
 pub fn texture_format(format: vk::Format) -> Option<wgpu::TextureFormat> {
     use wgpu::TextureFormat as T;
     Some(match format {
@@ -1144,6 +1163,12 @@ pub fn texture_format(format: vk::Format) -> Option<wgpu::TextureFormat> {
         vk::Format::R8G8_UNORM => T::Rg8Unorm,
         vk::Format::R8G8B8A8_UNORM => T::Rgba8Unorm,
         vk::Format::R8G8B8A8_UINT => T::Rgba8Uint,
+        vk::Format::R8G8B8A8_SRGB => T::Rgba8UnormSrgb,
+        vk::Format::B8G8R8A8_UNORM => T::Bgra8Unorm,
+        vk::Format::B8G8R8A8_SRGB => T::Bgra8UnormSrgb,
+        vk::Format::A2B10G10R10_UNORM_PACK32 => T::Rgb10a2Unorm,
+        vk::Format::R16_UNORM => T::R16Unorm,
+        vk::Format::R16G16_UNORM => T::Rg16Unorm,
         vk::Format::R16_SFLOAT => T::R16Float,
         vk::Format::R16G16B16A16_SFLOAT => T::Rgba16Float,
         vk::Format::R16G16B16A16_UINT => T::Rgba16Uint,
@@ -1258,7 +1283,19 @@ mod tests {
         for (format, name, _, _) in vk_export::format::SUPPORTED {
             assert!(texture_format(*format).is_some(), "{name}");
         }
-        assert_eq!(texture_format(vk::Format::B8G8R8A8_UNORM), None);
+        assert_eq!(texture_format(vk::Format::R8G8B8_UNORM), None);
+        assert_eq!(
+            texture_format(vk::Format::B8G8R8A8_UNORM),
+            Some(wgpu::TextureFormat::Bgra8Unorm)
+        );
+        assert_eq!(
+            texture_format(vk::Format::A2B10G10R10_UNORM_PACK32),
+            Some(wgpu::TextureFormat::Rgb10a2Unorm)
+        );
+        assert!(FORMAT_FEATURES.contains(
+            wgpu::TextureFormat::R16Unorm.required_features()
+                | wgpu::TextureFormat::Rg16Unorm.required_features()
+        ));
     }
 
     #[test]

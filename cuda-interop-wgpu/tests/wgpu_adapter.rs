@@ -354,3 +354,42 @@ fn an_invalid_call_on_the_adapters_device_is_counted() {
     );
     assert_eq!(device.validation_errors(), 1);
 }
+
+/// Issue 31's formats as wgpu textures (BGRA, sRGB, A2B10G10R10 as
+/// `Rgb10a2Unorm`, R16 and R16G16 UNORM with `TEXTURE_FORMAT_16BIT_NORM`,
+/// which the device enables where the adapter offers it).
+#[test]
+fn the_bgra_srgb_packed_and_16_bit_formats_are_wgpu_textures() {
+    use vk_export::format::{
+        A2b10g10r10UnormPack32, Bgra8Srgb, Bgra8Unorm, Format, R16Unorm, Rg16Unorm, Rgba8Srgb,
+    };
+    use vk_export::markers::{usage, Optimal, Usage};
+    use vk_export::ExportableImage;
+    use wgpu::TextureFormat as T;
+    let device = device();
+    fn check<F: Format, U: Usage>(device: &InteropDevice, want: wgpu::TextureFormat) {
+        let image =
+            ExportableImage::<F, Optimal, Mem, U>::new(device.context(), ImageDesc::new_2d(8, 4))
+                .unwrap();
+        // SAFETY: only wgpu uses the image while the texture lives.
+        let texture = unsafe { device.texture_from_image(&image) }
+            .unwrap_or_else(|e| panic!("{}: {e}", F::NAME));
+        assert_eq!(texture.format(), want, "{}", F::NAME);
+    }
+    check::<Bgra8Unorm, usage::Storage>(&device, T::Bgra8Unorm);
+    check::<Bgra8Srgb, usage::ColorAttachment>(&device, T::Bgra8UnormSrgb);
+    check::<Rgba8Srgb, usage::Sampled>(&device, T::Rgba8UnormSrgb);
+    check::<A2b10g10r10UnormPack32, usage::Storage>(&device, T::Rgb10a2Unorm);
+    if device
+        .device()
+        .features()
+        .contains(wgpu::Features::TEXTURE_FORMAT_16BIT_NORM)
+    {
+        check::<R16Unorm, usage::Storage>(&device, T::R16Unorm);
+        check::<Rg16Unorm, usage::Storage>(&device, T::Rg16Unorm);
+    } else {
+        println!("the adapter offers no TEXTURE_FORMAT_16BIT_NORM: R16 and R16G16 not checked");
+    }
+    pattern::wait_idle(&device, Duration::from_secs(10)).unwrap();
+    assert_clean(&device);
+}

@@ -12,10 +12,18 @@ use crate::Finding;
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
 
-/// The formats the doctor asks about for optimal images (the common ones of
-/// `vk_export::format`).
+/// The formats the doctor asks about for optimal storage images (the
+/// common ones of `vk_export::format`; not the sRGB ones, which drivers
+/// rarely give storage usage).
 const IMAGE_FORMATS: &[(vk::Format, &str)] = &[
     (vk::Format::R8G8B8A8_UNORM, "Rgba8Unorm"),
+    (vk::Format::B8G8R8A8_UNORM, "Bgra8Unorm"),
+    (
+        vk::Format::A2B10G10R10_UNORM_PACK32,
+        "A2b10g10r10UnormPack32",
+    ),
+    (vk::Format::R16_UNORM, "R16Unorm"),
+    (vk::Format::R16G16_UNORM, "Rg16Unorm"),
     (vk::Format::R16G16B16A16_SFLOAT, "Rgba16Sfloat"),
     (vk::Format::R32_SFLOAT, "R32Sfloat"),
 ];
@@ -467,4 +475,29 @@ fn device_info(instance: &ash::Instance, physical: vk::PhysicalDevice) -> Vulkan
         }
     }
     info
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IMAGE_FORMATS;
+
+    /// The doctor asks only about formats vk-export exports, and about the
+    /// BGRA, packed and 16-bit UNORM ones of issue 31.
+    #[test]
+    fn the_formats_asked_about_are_vk_export_formats() {
+        for (format, label) in IMAGE_FORMATS {
+            assert!(
+                vk_export::format::describe(*format).is_some(),
+                "{label} is not a vk-export format"
+            );
+        }
+        for want in [
+            "Bgra8Unorm",
+            "A2b10g10r10UnormPack32",
+            "R16Unorm",
+            "Rg16Unorm",
+        ] {
+            assert!(IMAGE_FORMATS.iter().any(|(_, l)| *l == want), "{want}");
+        }
+    }
 }

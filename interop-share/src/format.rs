@@ -4,6 +4,27 @@
 //! map as an array with a matching channel layout (1, 2 or 4 channels of 8,
 //! 16 or 32 bits). Three-channel formats are absent on purpose: CUDA arrays
 //! cannot have three channels.
+//!
+//! # Contract
+//!
+//! * **CUDA and DLPack see the bytes in memory, in memory order.** A CUDA
+//!   array (and a DLPack tensor of a copy of it) has [`Format::CHANNELS`]
+//!   channels of [`Format::CHANNEL`] per texel, channel 0 first in memory.
+//!   Nothing is reordered or converted:
+//!   * BGRA formats ([`Bgra8Unorm`], [`Bgra8Srgb`]) arrive as B, G, R, A
+//!     bytes: channel 0 is **blue**.
+//!   * sRGB formats ([`Rgba8Srgb`], [`Bgra8Srgb`]) arrive as the encoded
+//!     bytes (no linearisation): the same array descriptor as their UNORM
+//!     twins, `UNSIGNED_INT8` x 4. Vulkan encodes on writes through views and
+//!     clears, and decodes on sampling; CUDA does neither.
+//!   * A packed format ([`Format::PACKED`], [`A2b10g10r10UnormPack32`]) is one
+//!     32-bit channel holding the packed word; its fields are for the reader
+//!     to unpack.
+//! * **Storage usage is the driver's to grant.** Most drivers (NVIDIA's and
+//!   lavapipe among them) give sRGB formats no `STORAGE_IMAGE` feature: such
+//!   an image is made with `usage::Sampled` or `usage::ColorAttachment` (CUDA
+//!   reads it through a texture, or copies it with the driver), and the
+//!   preflight refuses storage usage naming the missing feature.
 
 use ash::vk;
 
@@ -55,10 +76,15 @@ pub trait Format: sealed::Sealed + Send + Sync + 'static {
     const TEXEL_BYTES: u32 = Self::CHANNELS * Self::CHANNEL.bytes();
     /// The format's name, for messages.
     const NAME: &'static str;
+    /// The texel is one packed word ([`Format::CHANNELS`] is 1): its
+    /// components are bit fields of the one channel, which CUDA and DLPack
+    /// see as the whole word (an unsigned integer of
+    /// [`Format::TEXEL_BYTES`]), not as separate channels.
+    const PACKED: bool = false;
 }
 
 macro_rules! formats {
-    ($($(#[$doc:meta])* $name:ident => $vk:ident, $channels:expr, $ty:ident;)*) => {$(
+    ($($(#[$doc:meta])* $name:ident => $vk:ident, $channels:expr, $ty:ident $(, $packed:ident)?;)*) => {$(
         $(#[$doc])*
         #[derive(Debug)]
         pub enum $name {}
@@ -68,13 +94,19 @@ macro_rules! formats {
             const CHANNELS: u32 = $channels;
             const CHANNEL: ChannelType = ChannelType::$ty;
             const NAME: &'static str = stringify!($vk);
+            $(const PACKED: bool = formats!(@packed $packed);)?
         }
     )*
         /// `(VkFormat, name, channels, channel type)` of every supported format.
         pub const SUPPORTED: &[(vk::Format, &str, u32, ChannelType)] = &[
             $((vk::Format::$vk, stringify!($vk), $channels, ChannelType::$ty),)*
         ];
+
+        /// The packed formats of [`SUPPORTED`] ([`Format::PACKED`]).
+        pub const PACKED: &[vk::Format] = &[$($(formats!(@vk $vk $packed),)?)*];
     };
+    (@packed packed) => { true };
+    (@vk $vk:ident packed) => { vk::Format::$vk };
 }
 
 formats! {
@@ -86,6 +118,30 @@ formats! {
     Rgba8Unorm => R8G8B8A8_UNORM, 4, U8;
     /// `VK_FORMAT_R8G8B8A8_UINT`.
     Rgba8Uint => R8G8B8A8_UINT, 4, U8;
+    /// `VK_FORMAT_R8G8B8A8_SRGB`: CUDA sees `UNSIGNED_INT8` x 4 holding the
+    /// sRGB-encoded bytes (no linearisation), as for [`Rgba8Unorm`]. Drivers
+    /// rarely grant it storage usage (lavapipe and NVIDIA do not): make it
+    /// `usage::Sampled` or `usage::ColorAttachment`.
+    Rgba8Srgb => R8G8B8A8_SRGB, 4, U8;
+    /// `VK_FORMAT_B8G8R8A8_UNORM` (what swapchains and many capture APIs
+    /// give): CUDA sees `UNSIGNED_INT8` x 4 in memory order, **B, G, R, A**:
+    /// channel 0 (`x` of a `uchar4`, DLPack's `[..., 0]`) is blue.
+    Bgra8Unorm => B8G8R8A8_UNORM, 4, U8;
+    /// `VK_FORMAT_B8G8R8A8_SRGB`: B, G, R, A bytes as [`Bgra8Unorm`] (channel
+    /// 0 is blue), sRGB-encoded as [`Rgba8Srgb`] (no linearisation, and
+    /// rarely storage usage).
+    Bgra8Srgb => B8G8R8A8_SRGB, 4, U8;
+    /// `VK_FORMAT_A2B10G10R10_UNORM_PACK32`: one packed 32-bit word per
+    /// texel, bits 0-9 R, 10-19 G, 20-29 B, 30-31 A (little-endian in memory:
+    /// R's low 8 bits are byte 0). CUDA sees `UNSIGNED_INT32` x 1 (the whole
+    /// word), DLPack `uint32`: unpack the fields yourself.
+    A2b10g10r10UnormPack32 => A2B10G10R10_UNORM_PACK32, 1, U32, packed;
+    /// `VK_FORMAT_R16_UNORM`: CUDA sees `UNSIGNED_INT16` x 1 (the raw
+    /// integers, 65535 for 1.0), DLPack `uint16`.
+    R16Unorm => R16_UNORM, 1, U16;
+    /// `VK_FORMAT_R16G16_UNORM`: CUDA sees `UNSIGNED_INT16` x 2, DLPack
+    /// `uint16` with 2 channels.
+    Rg16Unorm => R16G16_UNORM, 2, U16;
     /// `VK_FORMAT_R16_SFLOAT`.
     R16Sfloat => R16_SFLOAT, 1, F16;
     /// `VK_FORMAT_R16G16B16A16_SFLOAT`: CUDA sees `HALF` x 4.
@@ -108,4 +164,45 @@ pub fn describe(format: vk::Format) -> Option<(&'static str, u32, ChannelType)> 
         .iter()
         .find(|f| f.0 == format)
         .map(|f| (f.1, f.2, f.3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A packed format is one channel holding the whole word, and the only
+    /// packed one is A2B10G10R10 (a new packed format needs its own note).
+    #[test]
+    fn packed_formats_are_one_word_channels() {
+        const { assert!(A2b10g10r10UnormPack32::PACKED) };
+        assert_eq!(PACKED, &[vk::Format::A2B10G10R10_UNORM_PACK32]);
+        assert_eq!(
+            describe(vk::Format::A2B10G10R10_UNORM_PACK32),
+            Some(("A2B10G10R10_UNORM_PACK32", 1, ChannelType::U32))
+        );
+        assert_eq!(A2b10g10r10UnormPack32::TEXEL_BYTES, 4);
+        const { assert!(!Bgra8Unorm::PACKED && !R16Unorm::PACKED && !Rgba8Srgb::PACKED) };
+    }
+
+    /// The new 8-bit formats share the UNORM8 x 4 layout; the 16-bit UNORMs
+    /// are unsigned 16-bit channels.
+    #[test]
+    fn layouts_of_the_bgra_srgb_and_16_bit_formats() {
+        for f in [
+            vk::Format::B8G8R8A8_UNORM,
+            vk::Format::B8G8R8A8_SRGB,
+            vk::Format::R8G8B8A8_SRGB,
+        ] {
+            assert_eq!(describe(f).map(|d| (d.1, d.2)), Some((4, ChannelType::U8)));
+        }
+        assert_eq!(
+            describe(vk::Format::R16_UNORM).map(|d| (d.1, d.2)),
+            Some((1, ChannelType::U16))
+        );
+        assert_eq!(
+            describe(vk::Format::R16G16_UNORM).map(|d| (d.1, d.2)),
+            Some((2, ChannelType::U16))
+        );
+        assert_eq!(SUPPORTED.len(), 17);
+    }
 }

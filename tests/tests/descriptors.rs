@@ -10,7 +10,10 @@ use cuda_interop::sys::{
 };
 use cuda_interop::{array_descriptor, CudaDevice, Error};
 use cuda_interop_testkit::sample::ImageFields;
-use vk_export::format::{Format, R32Sfloat, Rgba16Sfloat, Rgba8Unorm};
+use vk_export::format::{
+    A2b10g10r10UnormPack32, Bgra8Srgb, Bgra8Unorm, Format, R16Unorm, R32Sfloat, Rg16Unorm,
+    Rgba16Sfloat, Rgba8Srgb, Rgba8Unorm,
+};
 use vk_export::markers::{usage, DeviceLocal, Optimal, Usage};
 use vk_export::ImageRecord;
 
@@ -100,6 +103,42 @@ fn float_cube_and_3d() {
     assert_eq!((d.Width, d.Height, d.Depth, d.Flags), (16, 16, 8, 0));
     let cubes = array_descriptor(&record::<R32Sfloat, usage::Sampled>([8, 8, 1], 1, 12, true));
     assert_eq!(cubes.Flags, CUDA_ARRAY3D_CUBEMAP | CUDA_ARRAY3D_LAYERED);
+}
+
+/// The `(Format, NumChannels, Flags)` of a 2D `F` image's descriptor.
+fn layout_of<F: Format, U: Usage>() -> (CUarray_format, u32, u32) {
+    let d = array_descriptor(&record::<F, U>([64, 32, 1], 1, 1, false));
+    assert_eq!((d.Width, d.Height, d.Depth), (64, 32, 0), "{}", F::NAME);
+    (d.Format, d.NumChannels, d.Flags)
+}
+
+/// Issue 31's formats: BGRA and sRGB are the bytes as they lie
+/// (`UNSIGNED_INT8` x 4, channel 0 blue for BGRA, encoded sRGB); the packed
+/// A2B10G10R10 is one 32-bit word; R16 and R16G16 UNORM are 16-bit
+/// unsigned channels.
+#[test]
+fn bgra_srgb_packed_and_16_bit_unorm_descriptors() {
+    const U8: CUarray_format = CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8;
+    const U16: CUarray_format = CUarray_format::CU_AD_FORMAT_UNSIGNED_INT16;
+    const U32: CUarray_format = CUarray_format::CU_AD_FORMAT_UNSIGNED_INT32;
+    let ldst = CUDA_ARRAY3D_SURFACE_LDST;
+    assert_eq!(layout_of::<Bgra8Unorm, usage::Storage>(), (U8, 4, ldst));
+    assert_eq!(
+        layout_of::<Rgba8Srgb, usage::Sampled>(),
+        (U8, 4, 0),
+        "sRGB: the UNORM8 x 4 descriptor"
+    );
+    assert_eq!(
+        layout_of::<Bgra8Srgb, usage::ColorAttachment>(),
+        (U8, 4, CUDA_ARRAY3D_COLOR_ATTACHMENT)
+    );
+    assert_eq!(
+        layout_of::<A2b10g10r10UnormPack32, usage::Storage>(),
+        (U32, 1, ldst),
+        "one packed word"
+    );
+    assert_eq!(layout_of::<R16Unorm, usage::Storage>(), (U16, 1, ldst));
+    assert_eq!(layout_of::<Rg16Unorm, usage::Storage>(), (U16, 2, ldst));
 }
 
 #[test]

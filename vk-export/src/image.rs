@@ -236,7 +236,88 @@ impl CreateParams {
     }
 }
 
+/// The format features each usage flag needs of the format with the
+/// image's tiling (Vulkan's valid usage of `VkImageCreateInfo::usage`).
+const USAGE_FEATURES: [(vk::ImageUsageFlags, vk::FormatFeatureFlags, &str); 5] = [
+    (
+        vk::ImageUsageFlags::STORAGE,
+        vk::FormatFeatureFlags::STORAGE_IMAGE,
+        "STORAGE_IMAGE",
+    ),
+    (
+        vk::ImageUsageFlags::SAMPLED,
+        vk::FormatFeatureFlags::SAMPLED_IMAGE,
+        "SAMPLED_IMAGE",
+    ),
+    (
+        vk::ImageUsageFlags::COLOR_ATTACHMENT,
+        vk::FormatFeatureFlags::COLOR_ATTACHMENT,
+        "COLOR_ATTACHMENT",
+    ),
+    (
+        vk::ImageUsageFlags::TRANSFER_SRC,
+        vk::FormatFeatureFlags::TRANSFER_SRC,
+        "TRANSFER_SRC",
+    ),
+    (
+        vk::ImageUsageFlags::TRANSFER_DST,
+        vk::FormatFeatureFlags::TRANSFER_DST,
+        "TRANSFER_DST",
+    ),
+];
+
+/// The format features `usage` needs that `features` lacks, by name.
+fn missing_features(
+    usage: vk::ImageUsageFlags,
+    features: vk::FormatFeatureFlags,
+) -> Vec<&'static str> {
+    USAGE_FEATURES
+        .iter()
+        .filter(|(u, f, _)| usage.contains(*u) && !features.contains(*f))
+        .map(|(_, _, name)| *name)
+        .collect()
+}
+
+/// Refuses usage flags the format's features (`vkGetPhysicalDeviceFormatProperties`
+/// for the tiling) do not grant, naming them: the sRGB formats have no
+/// `STORAGE_IMAGE` on most drivers, and a bare `ERROR_FORMAT_NOT_SUPPORTED`
+/// would not say so.
+fn check_format_features(ctx: &Context, p: &CreateParams) -> Result<()> {
+    // SAFETY: plain query on the context's live instance and physical device.
+    let props = unsafe {
+        ctx.inner
+            .instance
+            .get_physical_device_format_properties(ctx.inner.physical, p.format)
+    };
+    let features = if p.tiling == vk::ImageTiling::LINEAR {
+        props.linear_tiling_features
+    } else {
+        props.optimal_tiling_features
+    };
+    let missing = missing_features(p.usage, features);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let hint = if missing == ["STORAGE_IMAGE"] {
+        "; CUDA needs storage usage only for a surface and the copy kernel: make the image \
+         usage::Sampled or usage::ColorAttachment (a texture, driver copies)"
+    } else {
+        ""
+    };
+    Err(unsupported(
+        p.what(),
+        format!(
+            "the driver gives {:?} with {:?} tiling the format features {features:?}, without {}, \
+             which the usage needs{hint}",
+            p.format,
+            p.tiling,
+            missing.join(" and ")
+        ),
+    ))
+}
+
 fn preflight(ctx: &Context, p: &CreateParams) -> Result<ImageCapability> {
+    check_format_features(ctx, p)?;
     let mut external =
         vk::PhysicalDeviceExternalImageFormatInfo::default().handle_type(MEMORY_HANDLE_TYPE);
     let info = vk::PhysicalDeviceImageFormatInfo2::default()
@@ -724,5 +805,28 @@ impl<F: Format, T: Tiling, M: MemoryLocation, U: Usage> ExportableImage<F, T, M,
     /// A handle that keeps this image (and its device) alive.
     pub fn keep_alive(&self) -> KeepAlive {
         KeepAlive::new(self.inner.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_usage_flag_needs_its_format_feature() {
+        use vk::FormatFeatureFlags as F;
+        use vk::ImageUsageFlags as U;
+        let srgb = F::SAMPLED_IMAGE | F::COLOR_ATTACHMENT | F::TRANSFER_SRC | F::TRANSFER_DST;
+        assert_eq!(
+            missing_features(U::STORAGE | U::SAMPLED | U::TRANSFER_SRC, srgb),
+            ["STORAGE_IMAGE"]
+        );
+        assert!(
+            missing_features(U::COLOR_ATTACHMENT | U::SAMPLED | U::TRANSFER_DST, srgb).is_empty()
+        );
+        assert_eq!(
+            missing_features(U::COLOR_ATTACHMENT | U::TRANSFER_DST, F::empty()),
+            ["COLOR_ATTACHMENT", "TRANSFER_DST"]
+        );
     }
 }
