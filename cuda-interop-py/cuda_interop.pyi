@@ -203,7 +203,12 @@ class Frame:
         """The tensor's shape: `(height, width, 4)` (`uint8`, a buffer
         ring), `(height, width, channels)` (an image ring: the format's
         channel type, e.g. `float16` for R16G16B16A16_SFLOAT, over this
-        module's copy of the image) or `(nbytes,)`."""
+        module's copy of the image) or `(nbytes,)`. An image ring's
+        channels are the texel's bytes in memory order: B8G8R8A8 frames are
+        `uint8` B, G, R, A (`[..., 0]` is blue), sRGB frames the encoded
+        bytes, A2B10G10R10_UNORM_PACK32 frames one `uint32` word a texel
+        (`channels` 1; bits 0-9 R, 10-19 G, 20-29 B, 30-31 A), R16_UNORM
+        and R16G16_UNORM `uint16` with 1 and 2 channels."""
         ...
     @property
     def strides(self) -> Tuple[int, ...]:

@@ -26,7 +26,7 @@ mod common;
 
 use std::process::ExitCode;
 
-use common::demo::{self, ProducerOptions};
+use common::demo::{self, ImageFormat, ProducerOptions};
 use common::{Cli, Opt};
 
 fn options() -> Result<ProducerOptions, String> {
@@ -43,12 +43,12 @@ fn options() -> Result<ProducerOptions, String> {
         ),
         Opt::optional(
             "--image",
-            "rgba8|rgba16f",
+            ImageFormat::NAMES,
             "serve OPTIMAL images of this format (default rgba8) instead of pitched RGBA8 buffers",
         ),
         Opt::valued(
             "--image-format",
-            "rgba8|rgba16f",
+            ImageFormat::NAMES,
             "the same as --image FORMAT",
         ),
         Opt::valued(

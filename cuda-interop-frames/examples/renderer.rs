@@ -35,7 +35,7 @@ use common::demo::{self, record_demo_pattern_image, Choice, ImageFormat, Produce
 use common::{Cli, Opt};
 use cuda_interop_frames::sender::{self, Address, ImageSender, ImageTarget, SenderOptions};
 use vk_export::ash::{self, vk};
-use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
+use vk_export::format::Format;
 use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
 use vk_export::{
     Context, DeviceRequirements, ExportableBuffer, QueueRole, TimelineSemaphore, WaitStrategy,
@@ -58,7 +58,7 @@ fn args() -> Result<Args, String> {
         ),
         Opt::valued(
             "--format",
-            "rgba8|rgba16f",
+            ImageFormat::NAMES,
             "the images' format (default rgba8)",
         ),
         Opt::valued(
@@ -205,10 +205,7 @@ fn run(args: &Args) -> Result<(), Error> {
         args.role,
         ctx.queue_family_of(args.role)
     );
-    let result = match args.format {
-        ImageFormat::Rgba8 => with_memory::<Rgba8Unorm>(&ctx, args),
-        ImageFormat::Rgba16f => with_memory::<Rgba16Sfloat>(&ctx, args),
-    };
+    let result = demo::with_image_format!(args.format, with_memory::<_>(&ctx, args));
     drop(ctx);
     result
 }

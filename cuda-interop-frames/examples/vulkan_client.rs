@@ -16,12 +16,13 @@ mod common;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use common::{demo, Cli, Opt};
+use common::demo::{self, ImageFormat};
+use common::{Cli, Opt};
 use cuda_interop_frames::discovery::Directory;
 use cuda_interop_frames::session::Session;
 use cuda_interop_frames::vulkan_receiver::VulkanReceiver;
 use vk_export::ash::vk;
-use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
+use vk_export::format::Format;
 use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
 use vk_export::wire::{Received, Resource};
 use vk_export::{Context, HeadlessOptions, Validation};
@@ -64,16 +65,19 @@ fn run(cli: &Cli) -> Res<u64> {
         return Err(format!("{name:?}'s slots are device-local: leave --host-visible out").into());
     }
     let a = (cli, session, setup);
-    match (vk::Format::from_raw(format as i32), host_visible) {
-        (Rgba8Unorm::VK, false) => receive::<Rgba8Unorm, DeviceLocal>(a),
-        (Rgba8Unorm::VK, true) => receive::<Rgba8Unorm, HostVisible>(a),
-        (Rgba16Sfloat::VK, false) => receive::<Rgba16Sfloat, DeviceLocal>(a),
-        (Rgba16Sfloat::VK, true) => receive::<Rgba16Sfloat, HostVisible>(a),
-        (other, _) => Err(format!(
-            "{name:?} shares images of {other:?}; this client reads the demo's: run the sender \
-             with --image rgba8 or --image rgba16f"
+    let raw = vk::Format::from_raw(format as i32);
+    let Some(&(image_format, _)) = ImageFormat::ALL.iter().find(|(f, _)| f.vk().0 == raw) else {
+        return Err(format!(
+            "{name:?} shares images of {raw:?}; this client reads the demo's: run the sender \
+             with --image {}",
+            ImageFormat::NAMES
         )
-        .into()),
+        .into());
+    };
+    if host_visible {
+        demo::with_image_format!(image_format, receive::<_, HostVisible>(a))
+    } else {
+        demo::with_image_format!(image_format, receive::<_, DeviceLocal>(a))
     }
 }
 

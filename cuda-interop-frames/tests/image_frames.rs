@@ -23,7 +23,9 @@ use cuda_interop_frames::session::{check_setup_shape, Session};
 use cuda_interop_frames::transport::{self, deadline_after, ConsumerError};
 use cuda_interop_frames::vulkan_receiver::{VulkanReceiver, VulkanReceiverError};
 use cuda_interop_testkit::{child, Mem};
-use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
+use vk_export::format::{
+    A2b10g10r10UnormPack32, Bgra8Unorm, Format, Rg16Unorm, Rgba16Sfloat, Rgba8Unorm,
+};
 use vk_export::markers::{DeviceLocal, MemoryLocation, Optimal};
 use vk_export::wire::Received;
 use vk_export::ExportableBuffer;
@@ -453,6 +455,18 @@ fn cuda_receiver_of_an_rgba16f_image_ring() {
     cuda_receiver_of::<Rgba16Sfloat>();
 }
 
+/// The same with issue 31's 4-byte formats (BGRA8, the packed A2B10G10R10,
+/// R16G16 UNORM): the pattern's words bit for bit. Needs the CUDA
+/// receiver's `image_formats!` to list them.
+#[test]
+#[ignore = "GPU: needs a CUDA driver and a Vulkan device that exports timelines and \
+            device-local OPTIMAL images (the H200); lavapipe has neither"]
+fn cuda_receiver_of_bgra8_rgb10a2_and_rg16_image_rings() {
+    cuda_receiver_of::<Bgra8Unorm>();
+    cuda_receiver_of::<A2b10g10r10UnormPack32>();
+    cuda_receiver_of::<Rg16Unorm>();
+}
+
 /// Copies `dst.len()` bytes at device address `src` to `dst` and waits for
 /// the copy. `src` is a slot's memory of a live [`CudaReceiver`] on `cuda`
 /// (what [`CudaReceiver::slot`] gives), with every write to it completed.
@@ -779,6 +793,29 @@ fn frame_server_rgba8_image_ring_is_the_demo_pattern() {
 #[test]
 fn frame_server_rgba16f_image_ring_is_the_demo_pattern() {
     frame_server_image_ring::<Rgba16Sfloat>(demo::ImageFormat::Rgba16f);
+}
+
+/// Issue 31's formats of the demo (BGRA8, the packed A2B10G10R10, R16G16
+/// UNORM): each texel one word of the pattern, bit for bit.
+#[test]
+fn frame_server_bgra8_rgb10a2_and_rg16_image_rings_are_the_demo_pattern() {
+    frame_server_image_ring::<Bgra8Unorm>(demo::ImageFormat::Bgra8);
+    frame_server_image_ring::<A2b10g10r10UnormPack32>(demo::ImageFormat::Rgb10a2);
+    frame_server_image_ring::<Rg16Unorm>(demo::ImageFormat::Rg16);
+}
+
+/// The demo's format names parse to formats whose `VkFormat` and texel
+/// size are the vk-export type's.
+#[test]
+fn the_demo_image_formats_are_vk_export_formats() {
+    for (format, name) in demo::ImageFormat::ALL {
+        assert_eq!(demo::ImageFormat::parse(name), Some(format));
+        assert!(demo::ImageFormat::NAMES.split('|').any(|n| n == name));
+        let (vk, texel) = format.vk();
+        let described = vk_export::format::describe(vk).expect("a vk-export format");
+        assert_eq!(described.1 * described.2.bytes(), texel, "{name}");
+    }
+    assert_eq!(demo::ImageFormat::parse("bgra"), None);
 }
 
 /// A Vulkan receiver of a ring with timelines (its reads wait on the GPU

@@ -327,7 +327,9 @@ impl Element {
         typestr: "|u1",
     };
 
-    /// One channel of an image ring's texels.
+    /// One channel of an image ring's texels: the bytes as they lie (a
+    /// BGRA texel's channel 0 is blue, sRGB bytes stay encoded, a packed
+    /// format's one channel is its whole word, `uint32` for A2B10G10R10).
     fn of_channel(channel: ChannelType) -> Element {
         let (code, bits, typestr) = match channel {
             ChannelType::U8 => (DLDataTypeCode::UInt, 8, "|u1"),

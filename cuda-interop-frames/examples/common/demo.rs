@@ -27,8 +27,10 @@
 //!   CUDA driver is there, `cuMemGetInfo`'s free memory, next to the values
 //!   before the first receiver; every 5 s a line gives frames/s, frames
 //!   presented and skipped, and back-pressure timeouts.
-//! * [`ProducerOptions::image`] serves a ring of OPTIMAL RGBA8 or RGBA16F
-//!   images instead ([`record_demo_pattern_image`]).
+//! * [`ProducerOptions::image`] serves a ring of OPTIMAL images of one of
+//!   the [`ImageFormat`]s instead (RGBA8, RGBA16F, BGRA8, A2B10G10R10,
+//!   R16G16: texels of 4 or 8 bytes, the pattern's words copied bit for bit
+//!   by [`record_demo_pattern_image`]).
 //! * Memory and semaphores are what the device offers unless told
 //!   ([`choose`], which says what it chose in one line): device-local slots
 //!   where the device has device-local memory that is not host-visible,
@@ -50,7 +52,9 @@ use cuda_interop_frames::sender::{
     SlotResource, WriteSlot,
 };
 use vk_export::ash::vk;
-use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
+use vk_export::format::{
+    A2b10g10r10UnormPack32, Bgra8Unorm, Format, Rg16Unorm, Rgba16Sfloat, Rgba8Unorm,
+};
 use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
 use vk_export::{Context, ExportableBuffer, HeadlessOptions, QueueRole};
 
@@ -110,26 +114,66 @@ pub enum ImageFormat {
     /// `VK_FORMAT_R16G16B16A16_SFLOAT` (the pattern's words are copied bit
     /// for bit: each 8-byte texel is two `u32` words of the pattern).
     Rgba16f,
+    /// `VK_FORMAT_B8G8R8A8_UNORM` (a receiver sees the word's bytes in
+    /// memory order: B, G, R, A).
+    Bgra8,
+    /// `VK_FORMAT_A2B10G10R10_UNORM_PACK32` (each texel one word of the
+    /// pattern).
+    Rgb10a2,
+    /// `VK_FORMAT_R16G16_UNORM` (each texel one word of the pattern).
+    Rg16,
 }
 
 impl ImageFormat {
-    /// `rgba8` or `rgba16f`.
+    /// Every format, with its option value.
+    pub const ALL: [(ImageFormat, &'static str); 5] = [
+        (ImageFormat::Rgba8, "rgba8"),
+        (ImageFormat::Rgba16f, "rgba16f"),
+        (ImageFormat::Bgra8, "bgra8"),
+        (ImageFormat::Rgb10a2, "rgb10a2"),
+        (ImageFormat::Rg16, "rg16"),
+    ];
+
+    /// The option values, for help texts and errors.
+    pub const NAMES: &'static str = "rgba8|rgba16f|bgra8|rgb10a2|rg16";
+
+    /// One of [`ImageFormat::NAMES`].
     pub fn parse(name: &str) -> Option<ImageFormat> {
-        match name {
-            "rgba8" => Some(ImageFormat::Rgba8),
-            "rgba16f" => Some(ImageFormat::Rgba16f),
-            _ => None,
-        }
+        Self::ALL.iter().find(|(_, n)| *n == name).map(|(f, _)| *f)
     }
 
     /// Its `VkFormat` and texel size.
     pub fn vk(self) -> (vk::Format, u32) {
+        fn of<F: Format>() -> (vk::Format, u32) {
+            (F::VK, F::TEXEL_BYTES)
+        }
         match self {
-            ImageFormat::Rgba8 => (Rgba8Unorm::VK, Rgba8Unorm::TEXEL_BYTES),
-            ImageFormat::Rgba16f => (Rgba16Sfloat::VK, Rgba16Sfloat::TEXEL_BYTES),
+            ImageFormat::Rgba8 => of::<Rgba8Unorm>(),
+            ImageFormat::Rgba16f => of::<Rgba16Sfloat>(),
+            ImageFormat::Bgra8 => of::<Bgra8Unorm>(),
+            ImageFormat::Rgb10a2 => of::<A2b10g10r10UnormPack32>(),
+            ImageFormat::Rg16 => of::<Rg16Unorm>(),
         }
     }
 }
+
+/// Calls `$run::<F, ..>($($arg),*)` with the vk-export format type `F` of
+/// `$format` (an [`ImageFormat`], which must be in scope by that name) as
+/// the first generic argument.
+macro_rules! with_image_format {
+    ($format:expr, $run:ident::<_ $(, $m:ty)*>($($arg:expr),*)) => {{
+        use vk_export::format::{A2b10g10r10UnormPack32, Bgra8Unorm, Rg16Unorm, Rgba16Sfloat, Rgba8Unorm};
+        match $format {
+            ImageFormat::Rgba8 => $run::<Rgba8Unorm $(, $m)*>($($arg),*),
+            ImageFormat::Rgba16f => $run::<Rgba16Sfloat $(, $m)*>($($arg),*),
+            ImageFormat::Bgra8 => $run::<Bgra8Unorm $(, $m)*>($($arg),*),
+            ImageFormat::Rgb10a2 => $run::<A2b10g10r10UnormPack32 $(, $m)*>($($arg),*),
+            ImageFormat::Rg16 => $run::<Rg16Unorm $(, $m)*>($($arg),*),
+        }
+    }};
+}
+#[allow(unused_imports, reason = "each example and test uses part of it")]
+pub(crate) use with_image_format;
 
 impl Default for ProducerOptions {
     /// The `frame_server` defaults: no name, `/tmp/cuda-interop-frames.sock`,
@@ -462,14 +506,15 @@ pub fn run(opts: &ProducerOptions) -> Result<(), ProducerError> {
     })?;
     let (choice, line) = choose(&ctx, opts)?;
     println!("{line}");
-    use ImageFormat::{Rgba16f, Rgba8};
     match (choice.host_visible, opts.image) {
         (true, None) => run_buffers::<HostVisible>(ctx, opts, choice),
         (false, None) => run_buffers::<DeviceLocal>(ctx, opts, choice),
-        (true, Some(Rgba8)) => run_images::<Rgba8Unorm, HostVisible>(ctx, opts, choice),
-        (false, Some(Rgba8)) => run_images::<Rgba8Unorm, DeviceLocal>(ctx, opts, choice),
-        (true, Some(Rgba16f)) => run_images::<Rgba16Sfloat, HostVisible>(ctx, opts, choice),
-        (false, Some(Rgba16f)) => run_images::<Rgba16Sfloat, DeviceLocal>(ctx, opts, choice),
+        (true, Some(format)) => {
+            with_image_format!(format, run_images::<_, HostVisible>(ctx, opts, choice))
+        }
+        (false, Some(format)) => {
+            with_image_format!(format, run_images::<_, DeviceLocal>(ctx, opts, choice))
+        }
     }
 }
 

@@ -318,7 +318,8 @@ pub fn producer_options(
 /// An image format option's value (`option` names it in the error).
 pub fn image_format(option: &str, value: Option<&str>) -> Result<ImageFormat, String> {
     let name = value.unwrap_or("rgba8");
-    ImageFormat::parse(name).ok_or_else(|| format!("{option}: rgba8 or rgba16f, not {name:?}"))
+    ImageFormat::parse(name)
+        .ok_or_else(|| format!("{option}: one of {}, not {name:?}", ImageFormat::NAMES))
 }
 
 /// The median and 99th percentile of `samples` (sorted here).
