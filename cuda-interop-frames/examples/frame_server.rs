@@ -28,6 +28,7 @@ use std::process::ExitCode;
 
 use common::demo::{self, ImageFormat, ProducerOptions};
 use common::{Cli, Opt};
+use cuda_interop_frames::protocol::Planar;
 
 fn options() -> Result<ProducerOptions, String> {
     let mut opts = vec![
@@ -52,6 +53,13 @@ fn options() -> Result<ProducerOptions, String> {
             "the same as --image FORMAT",
         ),
         Opt::valued(
+            "--format",
+            "rgba8|nv12|p010|IMAGE",
+            "pitched buffers of RGBA8 (the default) or planar YUV 4:2:0 (NV12, P010: \
+             the luma plane, then the chroma plane at row pitch x height), or an image \
+             format as --image takes",
+        ),
+        Opt::valued(
             "--row-pitch",
             "BYTES",
             "bytes between buffer rows (default: width * 4)",
@@ -67,14 +75,30 @@ fn options() -> Result<ProducerOptions, String> {
         "The demo sender: the demo pattern in a ring of buffers or images, by name or path.";
     let cli = Cli::parse("frame_server", about, &opts);
     let shared = common::producer_options(&cli, "[frame_server]", (1920, 1080), 300.0)?;
-    let image = cli.flag("--image") || cli.flag("--image-format");
-    let format = cli.value("--image").or(cli.value("--image-format"));
+    let planar = match cli.value("--format") {
+        Some("nv12") => Some(Planar::Nv12),
+        Some("p010") => Some(Planar::P010),
+        _ => None,
+    };
+    let buffer = matches!(cli.value("--format"), None | Some("rgba8")) || planar.is_some();
+    let image = cli.flag("--image") || cli.flag("--image-format") || !buffer;
+    let format = cli
+        .value("--image")
+        .or(cli.value("--image-format"))
+        .or(cli.value("--format").filter(|_| !buffer));
+    // A planar row is `width` samples: its default pitch is that, rounded
+    // to 4 bytes.
+    let default_pitch = match planar {
+        Some(p) => (u64::from(shared.width) * p.sample_bytes()).next_multiple_of(4),
+        None => shared.row_pitch,
+    };
     let opts = ProducerOptions {
         socket: cli
             .value("--socket")
             .unwrap_or("/tmp/cuda-interop-frames.sock")
             .to_string(),
-        row_pitch: cli.num("--row-pitch", shared.row_pitch)?,
+        row_pitch: cli.num("--row-pitch", default_pitch)?,
+        planar,
         device: cli
             .value("--device")
             .map(|u| {

@@ -302,9 +302,10 @@ impl CudaReceiver {
     }
 
     /// `frame`'s slot memory as pitched device memory: a buffer ring's
-    /// buffer (rows [`RingLayout::row_pitch`] apart), or an image ring's
-    /// tightly packed copy (made by [`CudaReceiver::wait_on`]). Read it
-    /// after [`CudaReceiver::wait_on`] (a buffer ring:
+    /// buffer (rows [`RingLayout::row_pitch`] apart; a planar ring's luma
+    /// plane, see [`CudaReceiver::chroma`]), or an image ring's tightly
+    /// packed copy (made by [`CudaReceiver::wait_on`]). Read it after
+    /// [`CudaReceiver::wait_on`] (a buffer ring:
     /// [`CudaReceiver::wait_produced`] suffices) and before
     /// [`CudaReceiver::release_after`]; the address stays valid while this
     /// receiver lives.
@@ -317,6 +318,24 @@ impl CudaReceiver {
             row_bytes: u64::from(layout.width) * layout.texel_bytes(),
             rows: layout.height,
         })
+    }
+
+    /// A planar ring's chroma plane of `frame` (`height / 2` rows of
+    /// `width / 2` interleaved Cb, Cr pairs, as wide in bytes as a luma
+    /// row), on the same terms as [`CudaReceiver::pitched`], which gives
+    /// the luma plane; `None` for other rings. With the luma plane's
+    /// address and pitch it is what NVENC takes as an NV12 or P010 input.
+    pub fn chroma(&self, frame: &Frame) -> Result<Option<PitchedPlane>, ConsumerError> {
+        let slot = self.slot(frame)?;
+        let layout = self.session.layout();
+        Ok(layout
+            .planar_format()
+            .map(|(planar, chroma_offset)| PitchedPlane {
+                ptr: slot.data + chroma_offset,
+                pitch: layout.row_pitch,
+                row_bytes: u64::from(layout.width) * planar.sample_bytes(),
+                rows: layout.height / 2,
+            }))
     }
 
     /// [`CudaReceiver::wait_on`] on the receiver's own wait stream,

@@ -251,7 +251,8 @@ pub struct SenderInfo {
     pub height: u32,
     /// Bytes from one row to the next (buffer rings).
     pub row_pitch: u64,
-    /// The pixel format: the `VkFormat` name in lower case (`"r8g8b8a8_unorm"`).
+    /// The pixel format: the `VkFormat` name in lower case (`"r8g8b8a8_unorm"`),
+    /// or `"nv12"` / `"p010"` for a planar buffer ring.
     pub format: String,
     /// What the slots are.
     pub kind: SlotKind,

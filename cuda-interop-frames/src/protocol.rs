@@ -69,6 +69,10 @@ pub const MAX_FRAME_BYTES: u64 = 1 << 31;
 
 /// The `format` field of a buffer ring's hello: 8-bit RGBA, 4 bytes a pixel.
 const FORMAT_RGBA8: u32 = 1;
+/// ... NV12: 8-bit luma plane, then interleaved 8-bit CbCr at half size.
+const FORMAT_NV12: u32 = 2;
+/// ... P010: as NV12 with 16-bit samples, the value in the top 10 bits.
+const FORMAT_P010: u32 = 3;
 /// The hello flag of an image ring.
 const HELLO_IMAGES: u32 = 1;
 /// The release flag of a GPU-signalled release.
@@ -94,11 +98,52 @@ impl Delivery {
     }
 }
 
+/// A planar YUV 4:2:0 layout of a buffer ring (what NVENC takes and NVDEC
+/// writes): a luma plane of `height` rows, then, at the layout's chroma
+/// offset, a chroma plane of `height / 2` rows of `width / 2` interleaved
+/// Cb, Cr pairs; both planes' rows [`RingLayout::row_pitch`] apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Planar {
+    /// 8-bit samples.
+    Nv12,
+    /// 16-bit little-endian samples holding 10-bit values in their top
+    /// bits (`value << 6`).
+    P010,
+}
+
+impl Planar {
+    /// Bytes of one sample (1 or 2): a luma row holds `width` samples, a
+    /// chroma row `width` too (Cb, Cr for every other column).
+    pub fn sample_bytes(self) -> u64 {
+        match self {
+            Planar::Nv12 => 1,
+            Planar::P010 => 2,
+        }
+    }
+
+    /// Its name: `nv12` or `p010`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Planar::Nv12 => "nv12",
+            Planar::P010 => "p010",
+        }
+    }
+}
+
 /// What a ring's slots hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SlotFormat {
     /// Pitched linear buffers of 8-bit RGBA pixels.
     Rgba8Buffer,
+    /// Pitched linear buffers of planar YUV 4:2:0 ([`Planar`]).
+    PlanarBuffer {
+        /// NV12 or P010.
+        planar: Planar,
+        /// Byte offset of the chroma plane's first row: a multiple of the
+        /// row pitch, at least `row_pitch * height` (more where the
+        /// producer aligns the luma plane's height, as decoders do).
+        chroma_offset: u64,
+    },
     /// OPTIMAL images of this `VkFormat` (its raw value).
     Image {
         /// The images' `VkFormat`.
@@ -134,6 +179,39 @@ impl RingLayout {
         }
     }
 
+    /// A ring of `slots` planar YUV buffers of `width` x `height` (both
+    /// even) with rows `row_pitch` bytes apart and the chroma plane right
+    /// after the luma plane (`row_pitch * height`), the layout NVENC takes.
+    pub fn planar(
+        slots: u32,
+        width: u32,
+        height: u32,
+        row_pitch: u64,
+        planar: Planar,
+    ) -> RingLayout {
+        RingLayout {
+            slots,
+            width,
+            height,
+            row_pitch,
+            format: SlotFormat::PlanarBuffer {
+                planar,
+                chroma_offset: row_pitch.saturating_mul(u64::from(height)),
+            },
+        }
+    }
+
+    /// The planar layout and the chroma plane's offset, for a planar ring.
+    pub fn planar_format(&self) -> Option<(Planar, u64)> {
+        match self.format {
+            SlotFormat::PlanarBuffer {
+                planar,
+                chroma_offset,
+            } => Some((planar, chroma_offset)),
+            _ => None,
+        }
+    }
+
     /// A ring of `slots` images of `vk_format` (a raw `VkFormat`) whose
     /// texels are `texel_bytes` bytes.
     pub fn images(
@@ -161,14 +239,16 @@ impl RingLayout {
     pub fn vk_format(&self) -> Option<u32> {
         match self.format {
             SlotFormat::Image { vk_format } => Some(vk_format),
-            SlotFormat::Rgba8Buffer => None,
+            SlotFormat::Rgba8Buffer | SlotFormat::PlanarBuffer { .. } => None,
         }
     }
 
-    /// Bytes of one texel (a pixel of a buffer ring: 4).
+    /// Bytes of one texel (a pixel of an RGBA8 buffer ring: 4; a planar
+    /// ring's luma sample: 1 or 2).
     pub fn texel_bytes(&self) -> u64 {
         match self.format {
             SlotFormat::Rgba8Buffer => 4,
+            SlotFormat::PlanarBuffer { planar, .. } => planar.sample_bytes(),
             SlotFormat::Image { .. } => self.row_pitch / u64::from(self.width.max(1)),
         }
     }
@@ -201,6 +281,39 @@ impl RingLayout {
                     ));
                 }
             }
+            SlotFormat::PlanarBuffer {
+                planar,
+                chroma_offset,
+            } => {
+                if self.width % 2 == 1 || self.height % 2 == 1 {
+                    return bad(format!(
+                        "a {} frame of {}x{} (4:2:0 needs an even width and height)",
+                        planar.name(),
+                        self.width,
+                        self.height
+                    ));
+                }
+                let row = u64::from(self.width) * planar.sample_bytes();
+                if self.row_pitch < row
+                    || !self.row_pitch.is_multiple_of(4)
+                    || self.row_pitch > MAX_FRAME_BYTES
+                {
+                    return bad(format!(
+                        "row pitch {} for {} rows of {row} bytes (at least a row, a multiple of \
+                         4, at most 2 GiB)",
+                        self.row_pitch,
+                        planar.name()
+                    ));
+                }
+                let luma = self.row_pitch * u64::from(self.height);
+                if chroma_offset < luma || !chroma_offset.is_multiple_of(self.row_pitch) {
+                    return bad(format!(
+                        "chroma plane at byte {chroma_offset} (a multiple of the row pitch {}, \
+                         after the luma plane's {luma} bytes)",
+                        self.row_pitch
+                    ));
+                }
+            }
             SlotFormat::Rgba8Buffer => {
                 let row = u64::from(self.width) * 4;
                 // The pitch becomes a tensor stride (an i64) and is bounded
@@ -229,11 +342,24 @@ impl RingLayout {
 
     /// Bytes a frame spans: all rows but the last at the pitch, the last
     /// one only as wide as the image (4 bytes a pixel in a buffer ring; an
-    /// image ring's rows are the pitch). `None` if it overflows.
+    /// image ring's rows are the pitch; a planar ring's last row is the
+    /// chroma plane's). `None` if it overflows.
     pub fn frame_bytes(&self) -> Option<u64> {
         let last_row = match self.format {
             SlotFormat::Image { .. } => self.row_pitch,
             SlotFormat::Rgba8Buffer => u64::from(self.width) * 4,
+            SlotFormat::PlanarBuffer {
+                planar,
+                chroma_offset,
+            } => {
+                // The chroma plane's rows: as wide as a luma row.
+                let row = u64::from(self.width) * planar.sample_bytes();
+                return u64::from(self.height / 2)
+                    .checked_sub(1)?
+                    .checked_mul(self.row_pitch)?
+                    .checked_add(row)?
+                    .checked_add(chroma_offset);
+            }
         };
         u64::from(self.height)
             .checked_sub(1)?
@@ -460,18 +586,26 @@ impl Message {
     pub fn encode(&self) -> [u8; PACKET_LEN] {
         let (kind, f) = match *self {
             Message::Hello(l) => {
-                let (flags, format) = match l.format {
-                    SlotFormat::Rgba8Buffer => (0, FORMAT_RGBA8),
-                    SlotFormat::Image { vk_format } => (HELLO_IMAGES, vk_format),
+                let (flags, format, chroma_offset) = match l.format {
+                    SlotFormat::Rgba8Buffer => (0, FORMAT_RGBA8, 0),
+                    SlotFormat::PlanarBuffer {
+                        planar: Planar::Nv12,
+                        chroma_offset,
+                    } => (0, FORMAT_NV12, chroma_offset),
+                    SlotFormat::PlanarBuffer {
+                        planar: Planar::P010,
+                        chroma_offset,
+                    } => (0, FORMAT_P010, chroma_offset),
+                    SlotFormat::Image { vk_format } => (HELLO_IMAGES, vk_format, 0),
                 };
                 let size = u64::from(l.width) | u64::from(l.height) << 32;
                 let f = Fields {
                     a: l.slots,
                     b: flags,
+                    c: chroma_offset,
                     d: size,
                     e: l.row_pitch,
                     g: format,
-                    ..Fields::default()
                 };
                 (KIND_HELLO, f)
             }
@@ -569,7 +703,8 @@ impl Message {
         let malformed = |why: String| PacketError::Malformed { kind: name, why };
         // Which of a, b, c, d, e, g the kind uses; the rest must be 0.
         let used: [bool; 6] = match kind {
-            KIND_HELLO => [true, true, false, true, true, true],
+            // A hello's c (the chroma offset) is checked with its format.
+            KIND_HELLO => [true, true, true, true, true, true],
             KIND_FRAME => [true, false, true, true, false, false],
             KIND_RELEASE => [true, true, true, false, false, false],
             KIND_SUBSCRIBE => [false, true, false, false, false, false],
@@ -595,11 +730,20 @@ impl Message {
         }
         let message = match kind {
             KIND_HELLO => {
+                let planar = |planar| SlotFormat::PlanarBuffer {
+                    planar,
+                    chroma_offset: f.c,
+                };
+                if f.c != 0 && !(f.b == 0 && [FORMAT_NV12, FORMAT_P010].contains(&f.g)) {
+                    return Err(malformed("bytes 16..24 are not 0".into()));
+                }
                 let format = match f.b {
                     0 if f.g == FORMAT_RGBA8 => SlotFormat::Rgba8Buffer,
+                    0 if f.g == FORMAT_NV12 => planar(Planar::Nv12),
+                    0 if f.g == FORMAT_P010 => planar(Planar::P010),
                     0 => {
                         return Err(PacketError::Layout(format!(
-                            "format {} (a buffer ring is RGBA8, 1)",
+                            "format {} (a buffer ring is RGBA8, 1; NV12, 2; or P010, 3)",
                             f.g
                         )))
                     }
@@ -754,6 +898,15 @@ mod tests {
         let mut all = vec![
             Message::Hello(RingLayout::buffers(4, 1920, 1080, 7680)),
             Message::Hello(RingLayout::images(3, 64, 32, 37, 4)),
+            Message::Hello(RingLayout::planar(3, 1920, 1080, 2048, Planar::Nv12)),
+            // A decoder's layout: the luma plane padded to 1088 rows.
+            Message::Hello(RingLayout {
+                format: SlotFormat::PlanarBuffer {
+                    planar: Planar::P010,
+                    chroma_offset: 4096 * 1088,
+                },
+                ..RingLayout::planar(2, 1920, 1080, 4096, Planar::P010)
+            }),
             Message::Frame {
                 slot: 3,
                 sequence: 99,
@@ -801,6 +954,44 @@ mod tests {
         for m in every_message() {
             assert_eq!(Message::decode(&m.encode()), Ok(m), "{m:?}");
         }
+    }
+
+    #[test]
+    fn planar_layouts_are_checked_and_span_both_planes() {
+        let nv12 = RingLayout::planar(2, 64, 32, 64, Planar::Nv12);
+        assert_eq!(nv12.check(), Ok(()));
+        // 32 luma rows, then 15 chroma rows at the pitch and a last one.
+        assert_eq!(nv12.frame_bytes(), Some(64 * 32 + 15 * 64 + 64));
+        assert_eq!(nv12.planar_format(), Some((Planar::Nv12, 64 * 32)));
+        let p010 = RingLayout::planar(2, 64, 32, 256, Planar::P010);
+        assert_eq!(p010.frame_bytes(), Some(256 * 32 + 15 * 256 + 128));
+        assert_eq!(p010.texel_bytes(), 2);
+        let refused = |l: RingLayout| {
+            let err = Message::decode(&Message::Hello(l).encode()).unwrap_err();
+            assert!(matches!(err, PacketError::Layout(_)), "{err}");
+            err.to_string()
+        };
+        assert!(refused(RingLayout::planar(2, 63, 32, 64, Planar::Nv12)).contains("even"));
+        assert!(refused(RingLayout::planar(2, 64, 31, 64, Planar::Nv12)).contains("even"));
+        // A P010 row of 64 samples is 128 bytes.
+        assert!(refused(RingLayout::planar(2, 64, 32, 64, Planar::P010)).contains("row pitch"));
+        let at = |chroma_offset| RingLayout {
+            format: SlotFormat::PlanarBuffer {
+                planar: Planar::Nv12,
+                chroma_offset,
+            },
+            ..nv12
+        };
+        assert!(refused(at(64 * 31)).contains("chroma plane"));
+        assert!(refused(at(64 * 32 + 4)).contains("chroma plane"));
+        assert_eq!(at(64 * 40).check(), Ok(()));
+        // A chroma offset in an RGBA8 hello: refused whole.
+        let mut bytes = Message::Hello(RingLayout::buffers(2, 4, 4, 16)).encode();
+        bytes[16] = 1;
+        assert!(matches!(
+            Message::decode(&bytes),
+            Err(PacketError::Malformed { .. })
+        ));
     }
 
     #[test]

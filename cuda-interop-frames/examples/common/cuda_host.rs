@@ -11,7 +11,8 @@
 //!   copy) is the demo pattern's: every row of an image ring (read through
 //!   the receiver's surface object where the copy kernels take its texel
 //!   size), five rows of a buffer ring (the first, the band's first and
-//!   last, the row after the band, the last).
+//!   last, the row after the band, the last; a planar ring's luma plane,
+//!   and three rows of its chroma plane, the background).
 //! * [`Staging::stage`] copies the frame whole into pageable host memory
 //!   and uploads it into a CUDA buffer of the receiver's own, waiting for
 //!   both.
@@ -110,6 +111,25 @@ impl Checker {
             }
             if !demo::check_demo_row(&line, f, y, height) {
                 return Ok(false);
+            }
+        }
+        // A planar ring's chroma plane: the background, read at the
+        // receiver's chroma address (its first, middle and last rows).
+        if let Some(chroma) = rx.chroma(frame)? {
+            let at = chroma.ptr - rx.slot(frame)?.data;
+            let rows = [0, chroma.rows / 2, chroma.rows - 1];
+            let mut line = vec![0u8; chroma.row_bytes as usize];
+            for y in rows {
+                let from = at + u64::from(y) * chroma.pitch;
+                let len = line.len();
+                match whole {
+                    Some(bytes) => line.copy_from_slice(&bytes[from as usize..][..len]),
+                    None => rx.copy_to_host(frame, stream, from, &mut line, timeout)?,
+                }
+                // Past the luma plane's band: the background's words.
+                if !demo::check_demo_row(&line, f, height, height) {
+                    return Ok(false);
+                }
             }
         }
         Ok(true)

@@ -46,7 +46,7 @@
 use std::time::{Duration, Instant};
 
 use cuda_interop_frames::discovery::DiscoveryError;
-use cuda_interop_frames::protocol::{PacketError, RingLayout};
+use cuda_interop_frames::protocol::{PacketError, Planar, RingLayout};
 use cuda_interop_frames::sender::{
     self, AcquireError, Address, ImageSender, ImageTarget, Sender, SenderError, SenderOptions,
     SlotResource, WriteSlot,
@@ -104,6 +104,9 @@ pub struct ProducerOptions {
     /// ([`ImageSender`]) instead of pitched buffers
     /// (`row_pitch` then unused).
     pub image: Option<ImageFormat>,
+    /// A buffer ring of planar YUV (NV12, P010) instead of RGBA8: the
+    /// pattern's words fill both planes, the band lies in the luma plane.
+    pub planar: Option<Planar>,
 }
 
 /// The formats of the demo's image rings.
@@ -202,6 +205,7 @@ impl Default for ProducerOptions {
             no_semaphores: false,
             semaphores: false,
             image: None,
+            planar: None,
         }
     }
 }
@@ -253,6 +257,8 @@ impl ProducerOptions {
                 vk_format.as_raw() as u32,
                 texel_bytes,
             )
+        } else if let Some(planar) = self.planar {
+            RingLayout::planar(self.slots, self.width, self.height, self.row_pitch, planar)
         } else {
             RingLayout::buffers(self.slots, self.width, self.height, self.row_pitch)
         }
@@ -339,26 +345,28 @@ pub fn band_rows(frame: u64, height: u32) -> (u32, u32) {
 }
 
 /// Records the demo pattern of frame `f` into `buffer` (`size` bytes, rows
-/// `pitch` apart): the whole buffer filled with `f`, then the band
-/// ([`band_rows`]) with `!f`, transfer commands only.
+/// of `row_bytes` bytes `pitch` apart): the whole buffer filled with `f`,
+/// then the band ([`band_rows`] of `height`) with `!f`, transfer commands
+/// only.
 ///
 /// # Safety
 ///
 /// `cmd` is a command buffer of `device` in the recording state, and
 /// `buffer` a buffer of `device` of at least `size` bytes, made with
-/// `TRANSFER_DST` usage, that outlives the commands' execution; `width * 4`
-/// is at most `pitch` and the band's rows lie inside the buffer.
+/// `TRANSFER_DST` usage, that outlives the commands' execution; `pitch` is
+/// a multiple of 4, `row_bytes` rounded up to one is at most `pitch`, and
+/// the band's rows lie inside the buffer.
 pub unsafe fn record_demo_pattern(
     device: &vk_export::ash::Device,
     cmd: vk::CommandBuffer,
     buffer: vk::Buffer,
     size: u64,
-    (width, height, pitch): (u32, u32, u64),
+    (row_bytes, height, pitch): (u64, u32, u64),
     f: u64,
 ) {
     let (band_start, band_end) = band_rows(f, height);
     let band_offset = u64::from(band_start) * pitch;
-    let band_size = u64::from(band_end - band_start - 1) * pitch + u64::from(width) * 4;
+    let band_size = u64::from(band_end - band_start - 1) * pitch + row_bytes.next_multiple_of(4);
     let barrier = vk::BufferMemoryBarrier::default()
         .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
         .dst_access_mask(vk::AccessFlags::TRANSFER_WRITE)
@@ -414,7 +422,7 @@ pub unsafe fn record_demo_pattern_image<F: Format>(
     );
     let words = width * (F::TEXEL_BYTES / 4);
     let size = u64::from(width) * u64::from(height) * u64::from(F::TEXEL_BYTES);
-    let geometry = (words, height, u64::from(words) * 4);
+    let geometry = (u64::from(words) * 4, height, u64::from(words) * 4);
     let barrier = vk::BufferMemoryBarrier::default()
         .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
         .dst_access_mask(vk::AccessFlags::TRANSFER_READ)
@@ -612,7 +620,7 @@ fn run_buffers<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions, choice: 
 #[derive(Clone, Copy, Debug)]
 pub struct Pattern {
     size: u64,
-    geometry: (u32, u32, u64),
+    geometry: (u64, u32, u64),
 }
 
 impl Pattern {
@@ -621,7 +629,11 @@ impl Pattern {
         let layout = sender.layout();
         Pattern {
             size: sender.buffers()[0].size(),
-            geometry: (layout.width, layout.height, layout.row_pitch),
+            geometry: (
+                u64::from(layout.width) * layout.texel_bytes(),
+                layout.height,
+                layout.row_pitch,
+            ),
         }
     }
 
@@ -692,6 +704,7 @@ fn sender_options(opts: &ProducerOptions, choice: Choice) -> Res<SenderOptions> 
     };
     Ok(SenderOptions {
         row_pitch: opts.row_pitch,
+        planar: opts.planar,
         hold_timeout: opts.hold_timeout,
         semaphores: choice.semaphores,
         // The demo pattern is transfer commands only.

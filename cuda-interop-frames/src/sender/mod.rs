@@ -133,7 +133,7 @@ use vk_export::{
 };
 
 use crate::discovery::{Announcement, Directory, DiscoveryError, SenderInfo};
-use crate::protocol::{PacketError, RingLayout};
+use crate::protocol::{PacketError, Planar, RingLayout};
 use peers::{Blocked, Limits, Receivers, Ring};
 use service::{accept_loop, Event};
 
@@ -184,9 +184,15 @@ pub struct SenderOptions {
     /// Rows.
     pub height: u32,
     /// Bytes from one row to the next (at least `width * 4`, a multiple of
-    /// 4) of a buffer ring; an image ring ignores it (its layout gives the
-    /// tightly packed row of its format).
+    /// 4) of a buffer ring (a planar one: of either plane, at least `width`
+    /// samples); an image ring ignores it (its layout gives the tightly
+    /// packed row of its format).
     pub row_pitch: u64,
+    /// A buffer ring of planar YUV 4:2:0 frames ([`Planar`]: NV12 or P010,
+    /// the layout NVENC takes, the chroma plane right after the luma plane)
+    /// instead of RGBA8; `None`, RGBA8. Image rings ignore it. Set with
+    /// [`SenderOptions::with_planar`], which sets the row pitch too.
+    pub planar: Option<Planar>,
     /// Slots in the ring (2 to [`crate::protocol::MAX_SLOTS`]).
     pub slots: u32,
     /// How long a receiver may hold a slot (or leave a GPU release
@@ -230,6 +236,7 @@ impl SenderOptions {
             width,
             height,
             row_pitch: u64::from(width) * 4,
+            planar: None,
             slots,
             hold_timeout: Duration::from_secs(5),
             subscribe_timeout: Duration::from_secs(2),
@@ -237,6 +244,16 @@ impl SenderOptions {
             connects_per_second: DEFAULT_CONNECTS_PER_SECOND,
             queue: QueueRole::Main,
             semaphores: true,
+        }
+    }
+
+    /// These options for a ring of `planar` frames, rows tightly packed
+    /// (rounded up to a multiple of 4 bytes).
+    pub fn with_planar(self, planar: Planar) -> SenderOptions {
+        SenderOptions {
+            row_pitch: (u64::from(self.width) * planar.sample_bytes()).next_multiple_of(4),
+            planar: Some(planar),
+            ..self
         }
     }
 
@@ -377,7 +394,7 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
                     width: opts.width,
                     height: opts.height,
                     row_pitch: layout.row_pitch,
-                    format: R::format_name(),
+                    format: R::format_name(&opts),
                     kind: R::KIND,
                     slots: opts.slots,
                     fps: 0.0,

@@ -41,7 +41,7 @@ pub trait SlotResource<M: MemoryLocation>: Exported + sealed::Sealed + Sized {
     /// The layout of a ring of these slots for `opts`, checked.
     fn layout(opts: &SenderOptions) -> Result<RingLayout, SenderError>;
     /// The format name discovery lists.
-    fn format_name() -> String;
+    fn format_name(opts: &SenderOptions) -> String;
     /// One slot for `opts`.
     fn create(ctx: &Context, opts: &SenderOptions) -> Result<Self, SenderError>;
     /// The closure's view of the slot, recorded on `family`.
@@ -81,19 +81,31 @@ impl<M: MemoryLocation> SlotResource<M> for ExportableBuffer<M> {
     const KIND: SlotKind = SlotKind::Buffer;
 
     fn layout(opts: &SenderOptions) -> Result<RingLayout, SenderError> {
-        let layout = RingLayout::buffers(opts.slots, opts.width, opts.height, opts.row_pitch);
+        let (slots, width, height, pitch) = (opts.slots, opts.width, opts.height, opts.row_pitch);
+        let layout = match opts.planar {
+            None => RingLayout::buffers(slots, width, height, pitch),
+            Some(planar) => RingLayout::planar(slots, width, height, pitch, planar),
+        };
         layout.check()?;
         Ok(layout)
     }
 
-    fn format_name() -> String {
-        "r8g8b8a8_unorm".into()
+    fn format_name(opts: &SenderOptions) -> String {
+        match opts.planar {
+            None => "r8g8b8a8_unorm".into(),
+            Some(planar) => planar.name().into(),
+        }
     }
 
     fn create(ctx: &Context, opts: &SenderOptions) -> Result<Self, SenderError> {
-        let frame_bytes = Self::layout(opts)?.checked_frame_bytes()?;
-        let size = (u64::from(opts.height) * opts.row_pitch).max(frame_bytes);
-        Ok(ExportableBuffer::<M>::new(ctx, size)?)
+        let layout = Self::layout(opts)?;
+        let frame_bytes = layout.checked_frame_bytes()?;
+        // Whole rows: a reader may address a plane's last row at the pitch.
+        let rows = match layout.planar_format() {
+            None => u64::from(opts.height) * opts.row_pitch,
+            Some((_, chroma)) => chroma + u64::from(opts.height / 2) * opts.row_pitch,
+        };
+        Ok(ExportableBuffer::<M>::new(ctx, rows.max(frame_bytes))?)
     }
 
     fn target(&self, _family: u32) -> vk::Buffer {
@@ -158,7 +170,7 @@ impl<F: Format, M: MemoryLocation, U: Usage> SlotResource<M> for ExportableImage
         Ok(layout)
     }
 
-    fn format_name() -> String {
+    fn format_name(_opts: &SenderOptions) -> String {
         F::NAME.to_ascii_lowercase()
     }
 
