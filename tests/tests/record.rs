@@ -75,7 +75,7 @@ fn records_that_cannot_describe_a_mappable_resource_are_rejected_by_the_decoder(
     // Case 16: formats outside the whitelist.
     for format in [
         vk::Format::R8G8B8_UNORM,
-        vk::Format::R8G8B8A8_SRGB,
+        vk::Format::R8G8B8A8_SNORM,
         vk::Format::BC1_RGBA_UNORM_BLOCK,
         vk::Format::D32_SFLOAT,
         vk::Format::R32G32B32_SFLOAT,
