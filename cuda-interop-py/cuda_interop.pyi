@@ -122,6 +122,25 @@ class Receiver:
         producer of one buffer per message."""
         ...
     @property
+    def format(self) -> Optional[str]:
+        """What the ring's frames are: `"r8g8b8a8_unorm"` (an RGBA8 buffer
+        ring, frames `(height, width, 4)` `uint8`); `"nv12"` or `"p010"` (a
+        planar YUV 4:2:0 buffer ring: a frame is one `(rows, width)` tensor of
+        `uint8` or `uint16` samples, the luma plane's `height` rows, then from
+        row `chroma_row` the chroma plane's `height // 2` rows of
+        `width // 2` Cb, Cr pairs; P010 holds 10-bit values in the top bits);
+        an image ring's `VkFormat` in lower case. `None` for a producer of one
+        buffer per message."""
+        ...
+    @property
+    def chroma_row(self) -> Optional[int]:
+        """A planar ring's first chroma row in a frame's tensor (`height`
+        when the chroma plane follows the luma plane):
+        `luma = t[:height]`, `chroma = t[chroma_row:].view(height // 2,
+        width // 2, 2)` in PyTorch (`reshape` in NumPy and CuPy), both views
+        of the frame. `None` for other rings."""
+        ...
+    @property
     def held(self) -> int:
         """How many ring slots this receiver holds (received, not released;
         a host ring's frames are released by `next()` itself)."""

@@ -34,7 +34,7 @@ use vk_export::ash::vk;
 use vk_export::format::ChannelType;
 use vk_export::markers::DeviceLocal;
 
-use cuda_interop_frames::protocol::RingLayout;
+use cuda_interop_frames::protocol::{Planar, RingLayout};
 use cuda_interop_frames::session::Frame as HeldFrame;
 
 use crate::errors::{consumer_error, cuda_error};
@@ -352,6 +352,34 @@ impl Element {
     }
 }
 
+/// A buffer ring's frame as one tensor: `(height, width, 4)` `uint8` rows
+/// of an RGBA8 ring; a planar ring's luma rows and, from row
+/// `chroma_offset / row_pitch` on, its chroma rows, as one `(rows, width)`
+/// tensor of its samples (`uint8` NV12, `uint16` P010): the `(height * 3 /
+/// 2, width)` view video tools take when the chroma plane follows the luma
+/// plane, the padding rows between them included otherwise.
+fn buffer_view(layout: &RingLayout) -> (Element, Vec<i64>, Vec<i64>) {
+    let (height, width) = (i64::from(layout.height), i64::from(layout.width));
+    match layout.planar_format() {
+        None => (
+            Element::U8,
+            vec![height, width, 4],
+            vec![layout.row_pitch as i64, 4, 1],
+        ),
+        Some((planar, chroma_offset)) => {
+            let element = match planar {
+                Planar::Nv12 => Element::U8,
+                Planar::P010 => Element::of_channel(ChannelType::U16),
+            };
+            // Checked layouts: the offset is a multiple of the pitch, the
+            // pitch of the sample size (a multiple of 4).
+            let rows = (chroma_offset / layout.row_pitch) as i64 + height / 2;
+            let pitch = layout.row_pitch as i64 / element.bytes();
+            (element, vec![rows, width], vec![pitch, 1])
+        }
+    }
+}
+
 /// What a host (kDLCPU) frame's tensor is: its size, device, element type
 /// and layout, for [`HostTensor::over`].
 struct HostTensor<'a> {
@@ -407,16 +435,17 @@ impl Frame {
     }
 
     /// Frame `frame` of a ring read on the host: `bytes` (laid out as the
-    /// layout says), a `(height, width, 4)` `uint8` host (kDLCPU) array with
-    /// pitched rows; its slot is released already.
+    /// layout says), a host (kDLCPU) array with pitched rows shaped as
+    /// [`buffer_view`] says; its slot is released already.
     pub(crate) fn host_copy(layout: &RingLayout, frame: u64, bytes: Vec<u8>) -> Frame {
+        let (element, shape, strides) = buffer_view(layout);
         Frame {
             tag: frame,
             size: bytes.len() as u64,
             device: (DL_CPU, 0),
-            element: Element::U8,
-            shape: vec![i64::from(layout.height), i64::from(layout.width), 4],
-            strides: vec![layout.row_pitch as i64, 4, 1],
+            element,
+            shape,
+            strides,
             source: Source::Single(Some(Payload::Copied(bytes.into_boxed_slice()))),
         }
     }
@@ -433,17 +462,24 @@ impl Frame {
         let described = layout
             .vk_format()
             .and_then(|f| vk_export::format::describe(vk::Format::from_raw(f as i32)));
-        let (element, channels) = match described {
-            Some((_, channels, channel)) => (Element::of_channel(channel), i64::from(channels)),
-            None => (Element::U8, 4),
+        let (element, shape, strides) = match described {
+            Some((_, channels, channel)) => {
+                let (element, channels) = (Element::of_channel(channel), i64::from(channels));
+                (
+                    element,
+                    vec![i64::from(layout.height), i64::from(layout.width), channels],
+                    vec![layout.row_pitch as i64 / element.bytes(), channels, 1],
+                )
+            }
+            None => buffer_view(&layout),
         };
         Frame {
             tag: frame.sequence(),
             size: ring.slot_len(frame.slot()),
             device,
             element,
-            shape: vec![i64::from(layout.height), i64::from(layout.width), channels],
-            strides: vec![layout.row_pitch as i64 / element.bytes(), channels, 1],
+            shape,
+            strides,
             source: Source::Ring(RingFrame {
                 slot: frame.slot(),
                 sequence: frame.sequence(),

@@ -492,6 +492,40 @@ impl Receiver {
         })
     }
 
+    /// What the ring's frames are: `"r8g8b8a8_unorm"` for an RGBA8 buffer
+    /// ring; `"nv12"` or `"p010"` for a planar one, whose frame is one
+    /// `(rows, width)` tensor of its samples (`uint8`, `uint16`): the luma
+    /// plane's `height` rows, then from row `chroma_row` the chroma plane's
+    /// `height // 2` rows of `width // 2` Cb, Cr pairs; an image ring's
+    /// `VkFormat` name in lower case. `None` for a producer of one buffer
+    /// per message.
+    #[getter]
+    fn format(&self) -> Option<String> {
+        self.mode.session().map(|s| {
+            let l = s.layout();
+            match (l.planar_format(), l.vk_format()) {
+                (Some((planar, _)), _) => planar.name().to_string(),
+                (None, Some(f)) => {
+                    vk_export::format::describe(vk_export::ash::vk::Format::from_raw(f as i32))
+                        .map_or_else(|| format!("vkformat_{f}"), |d| d.0.to_ascii_lowercase())
+                }
+                (None, None) => "r8g8b8a8_unorm".to_string(),
+            }
+        })
+    }
+
+    /// A planar ring's first chroma row in a frame's tensor (`height` when
+    /// the chroma plane follows the luma plane): `luma = t[:height]`,
+    /// `chroma = t[chroma_row:].view(height // 2, width // 2, 2)` in
+    /// PyTorch. `None` for other rings.
+    #[getter]
+    fn chroma_row(&self) -> Option<u64> {
+        self.mode.session().and_then(|s| {
+            let l = s.layout();
+            l.planar_format().map(|(_, offset)| offset / l.row_pitch)
+        })
+    }
+
     /// How many ring slots this receiver holds (frames received and not
     /// yet released; a host ring's frames are released by `next()`).
     #[getter]

@@ -135,6 +135,7 @@ def test_a_ring_without_semaphores_is_read_on_the_host_as_numpy(server):
     np = pytest.importorskip("numpy")  # Debian: python3-numpy
     with cuda_interop.connect(server.path, 5.0, delivery="lossless") as r:
         assert r.layout == (4, WIDTH, HEIGHT, PITCH) and r.delivery == "lossless"
+        assert r.format == "r8g8b8a8_unorm" and r.chroma_row is None
         assert server.path in repr(r)
         tags = []
         for _ in range(12):
@@ -155,6 +156,41 @@ def test_a_ring_without_semaphores_is_read_on_the_host_as_numpy(server):
             r.next(5.0).__dlpack__(stream=S[0])
     with pytest.raises(ConnectionError, match="was closed"):
         r.next(1.0)
+
+
+@pytest.mark.parametrize("fmt,sample_bytes", [("nv12", 1), ("p010", 2)])
+def test_a_planar_ring_frame_is_one_tensor_of_both_planes(tmp_path, fmt, sample_bytes):
+    """An NV12 or P010 ring (frame_server --format): each frame is one
+    `(height * 3 / 2, width)` array of its samples with pitched rows, the
+    luma plane then the chroma plane; both planes are views of it (the
+    chroma one as `(height / 2, width / 2, 2)` Cb, Cr pairs), and carry the
+    demo pattern of the frame's own number (the band in the luma plane, the
+    chroma plane the background)."""
+    np = pytest.importorskip("numpy")  # Debian: python3-numpy
+    s = Server(str(tmp_path), "--hold-timeout", "30", "--format", fmt).wait_listening()
+    try:
+        with cuda_interop.connect(s.path, 5.0, delivery="lossless") as r:
+            assert r.format == fmt and r.chroma_row == HEIGHT
+            for _ in range(6):
+                frame = r.next(5.0)
+                t = np.from_dlpack(frame)
+                assert t.dtype == np.dtype("uint8" if sample_bytes == 1 else "<u2")
+                assert t.shape == (HEIGHT * 3 // 2, WIDTH)
+                assert t.strides == (PITCH, sample_bytes)
+                luma = t[:HEIGHT]
+                chroma = t[r.chroma_row:].reshape(HEIGHT // 2, WIDTH // 2, 2)
+                assert np.shares_memory(luma, t) and np.shares_memory(chroma, t)
+                f = frame.tag & 0xFFFFFFFF
+                start, end = band_rows(frame.tag, HEIGHT)
+                words = luma.copy().view("<u4")
+                want = np.full(words.shape, f, dtype="<u4")
+                want[start:end] = ~np.uint32(f)
+                assert (words == want).all(), (frame.tag, fmt)
+                rows = chroma.copy().reshape(HEIGHT // 2, -1)
+                assert (rows.view("<u4") == f).all(), (frame.tag, fmt)
+                frame.release()
+    finally:
+        s.stop()
 
 
 def test_latest_and_lossless_receivers(server):
