@@ -8,7 +8,8 @@
 //!   shares: a buffer ring's slots are its buffers, mapped whole (pitched
 //!   memory of the layout's row pitch); an image ring's slots are its
 //!   images mapped as CUDA arrays (any format of
-//!   `vk_export::format::SUPPORTED`), each beside a tightly packed buffer
+//!   `vk_export::format::SUPPORTED`, made with the storage, sampled or
+//!   colour-attachment usage preset), each beside a tightly packed buffer
 //!   of this receiver that the frame is copied into (the crate's copy
 //!   kernel). The "produced" and "released" timelines are imported on the
 //!   same device; a ring without them is refused with what to use instead.
@@ -270,6 +271,9 @@ impl CudaReceiver {
     /// An image ring's frame as a surface object on the slot's array (level
     /// 0, the image itself, zero copy; `None` for a buffer ring), for
     /// kernels that read or write texels with `surf2Dread`/`surf2Dwrite`.
+    /// Images shared without storage usage (sRGB ones: no GPU offers sRGB
+    /// storage) have none: [`cuda_interop::Error::Unsupported`] says to
+    /// read them through [`CudaReceiver::texture`] or the array.
     /// Launch with [`Stream::launch_tracked`] naming the surface in its
     /// [`cuda_interop::KernelUses`]: its drop then waits for those kernels.
     /// Use it, like [`CudaReceiver::array`], after
@@ -593,14 +597,44 @@ fn image_slots(
     )))
 }
 
-/// [`image_slots`] for images of format `F`: each image imported and mapped
-/// as a CUDA array, beside a tightly packed buffer of its rows.
+/// [`image_slots`] for images of format `F`, of the usage preset the
+/// first image's record names (a sender of sRGB images, which have no
+/// storage usage, shares them sampled or as colour attachments).
 fn image_slots_of<F: vk_export::format::Format>(
     cuda: &CudaDevice,
     layout: &RingLayout,
     setup: &mut vk_export::wire::Received,
 ) -> Result<Vec<Slot>, ConsumerError> {
-    use vk_export::markers::{usage, Optimal};
+    use vk_export::markers::{usage, Usage};
+    let flags = match setup.message().resources.first() {
+        Some(vk_export::wire::Resource::Image(info)) => info.usage(),
+        // take_image refuses it with what it is.
+        _ => usage::Storage::VK,
+    };
+    if flags == usage::Storage::VK {
+        image_slots_with::<F, usage::Storage>(cuda, layout, setup)
+    } else if flags == usage::StorageColorAttachment::VK {
+        image_slots_with::<F, usage::StorageColorAttachment>(cuda, layout, setup)
+    } else if flags == usage::Sampled::VK {
+        image_slots_with::<F, usage::Sampled>(cuda, layout, setup)
+    } else if flags == usage::ColorAttachment::VK {
+        image_slots_with::<F, usage::ColorAttachment>(cuda, layout, setup)
+    } else {
+        Err(ConsumerError::Protocol(format!(
+            "the sender's images have usage {flags:?}: a CUDA receiver maps images made with \
+             storage, sampled or colour-attachment usage (vk_export::markers::usage)"
+        )))
+    }
+}
+
+/// [`image_slots_of`] for usage `U`: each image imported and mapped as a
+/// CUDA array, beside a tightly packed buffer of its rows.
+fn image_slots_with<F: vk_export::format::Format, U: SurfaceChoice>(
+    cuda: &CudaDevice,
+    layout: &RingLayout,
+    setup: &mut vk_export::wire::Received,
+) -> Result<Vec<Slot>, ConsumerError> {
+    use vk_export::markers::Optimal;
     let len = layout.checked_frame_bytes()?;
     if layout.row_pitch != u64::from(layout.width) * u64::from(F::TEXEL_BYTES) {
         return Err(ConsumerError::Protocol(format!(
@@ -612,7 +646,7 @@ fn image_slots_of<F: vk_export::format::Format>(
     }
     let mut slots = Vec::with_capacity(layout.slots as usize);
     for i in 0..layout.slots as usize {
-        let image = setup.take_image::<F, Optimal, DeviceLocal, usage::Storage>(i)?;
+        let image = setup.take_image::<F, Optimal, DeviceLocal, U>(i)?;
         let extent = image.record().info().extent();
         if extent != [layout.width, layout.height, 1] {
             return Err(ConsumerError::Protocol(format!(
@@ -644,13 +678,52 @@ fn image_slots_of<F: vk_export::format::Format>(
 
 /// An image slot: the image as a CUDA array, and the pitched buffer this
 /// consumer copies each frame into (what its tensors address).
-struct ImageSlot<F> {
+struct ImageSlot<F, U> {
     // Dropped first: the array's drop waits (bounded) for the copies out of
     // it; the buffer's own drop waits for them too (each is recorded on both).
-    array:
-        OwnedArray<F, vk_export::markers::Optimal, DeviceLocal, vk_export::markers::usage::Storage>,
+    array: OwnedArray<F, vk_export::markers::Optimal, DeviceLocal, U>,
     rows: Mutex<DeviceBuffer>,
 }
+
+/// The usage presets a CUDA receiver maps, and whether a surface object can
+/// be made on them (storage usage only).
+trait SurfaceChoice: vk_export::markers::Usage {
+    fn surface<'a, F: vk_export::format::Format>(
+        level: &cuda_interop::LevelArray<'a, F, Self>,
+    ) -> Result<cuda_interop::Surface<'a>, cuda_interop::Error>
+    where
+        Self: Sized;
+}
+
+macro_rules! with_surface {
+    ($($usage:ident),*) => {$(
+        impl SurfaceChoice for vk_export::markers::usage::$usage {
+            fn surface<'a, F: vk_export::format::Format>(
+                level: &cuda_interop::LevelArray<'a, F, Self>,
+            ) -> Result<cuda_interop::Surface<'a>, cuda_interop::Error> {
+                level.surface()
+            }
+        }
+    )*};
+}
+macro_rules! without_surface {
+    ($($usage:ident),*) => {$(
+        impl SurfaceChoice for vk_export::markers::usage::$usage {
+            fn surface<'a, F: vk_export::format::Format>(
+                _level: &cuda_interop::LevelArray<'a, F, Self>,
+            ) -> Result<cuda_interop::Surface<'a>, cuda_interop::Error> {
+                Err(cuda_interop::Error::Unsupported(format!(
+                    "a surface on {} images made without storage usage (the sender's \
+                     usage::{}): read them through CudaReceiver::texture or array",
+                    F::NAME,
+                    stringify!($usage)
+                )))
+            }
+        }
+    )*};
+}
+with_surface!(Storage, StorageColorAttachment);
+without_surface!(Sampled, ColorAttachment);
 
 mod sealed {
     /// Only this crate's image slots are [`super::CopyOut`]: the ring runs
@@ -672,9 +745,9 @@ pub(crate) trait CopyOut: sealed::Sealed + Send + Sync {
     fn texture(&self) -> Result<cuda_interop::Texture<'_>, cuda_interop::Error>;
 }
 
-impl<F: vk_export::format::Format> sealed::Sealed for ImageSlot<F> {}
+impl<F: vk_export::format::Format, U: SurfaceChoice> sealed::Sealed for ImageSlot<F, U> {}
 
-impl<F: vk_export::format::Format> CopyOut for ImageSlot<F> {
+impl<F: vk_export::format::Format, U: SurfaceChoice> CopyOut for ImageSlot<F, U> {
     fn enqueue_copy_out(&self, stream: &Stream) -> Result<CopyEngine, cuda_interop::Error> {
         let level = self.array.array().level(0)?;
         let mut rows = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
@@ -686,7 +759,7 @@ impl<F: vk_export::format::Format> CopyOut for ImageSlot<F> {
     }
 
     fn surface(&self) -> Result<cuda_interop::Surface<'_>, cuda_interop::Error> {
-        self.array.array().level(0)?.surface()
+        U::surface(&self.array.array().level(0)?)
     }
 
     fn texture(&self) -> Result<cuda_interop::Texture<'_>, cuda_interop::Error> {

@@ -24,7 +24,8 @@ use cuda_interop_frames::transport::{self, deadline_after, ConsumerError};
 use cuda_interop_frames::vulkan_receiver::{VulkanReceiver, VulkanReceiverError};
 use cuda_interop_testkit::{child, Mem};
 use vk_export::format::{
-    A2b10g10r10UnormPack32, Bgra8Unorm, Format, Rg16Unorm, Rgba16Sfloat, Rgba8Unorm,
+    A2b10g10r10UnormPack32, Bgra8Srgb, Bgra8Unorm, Format, Rg16Unorm, Rgba16Sfloat, Rgba8Srgb,
+    Rgba8Unorm,
 };
 use vk_export::markers::{DeviceLocal, MemoryLocation, Optimal};
 use vk_export::wire::Received;
@@ -62,8 +63,8 @@ fn image_sender(ctx: &vk_export::Context, address: Address) -> ImageSender<Rgba8
 }
 
 /// Presents one frame of the demo pattern if a slot is free.
-fn present_one<F: Format, M: MemoryLocation>(
-    sender: &mut ImageSender<F, M>,
+fn present_one<F: Format, M: MemoryLocation, U: vk_export::markers::Usage>(
+    sender: &mut ImageSender<F, M, U>,
     scratch: &ExportableBuffer<M>,
     timeout: Duration,
 ) -> bool {
@@ -491,7 +492,24 @@ fn copy_slot_to_host(cuda: &cuda_interop::CudaDevice, src: u64, dst: &mut [u8]) 
     );
 }
 
+/// An sRGB ring: its images have no storage usage (no GPU offers sRGB
+/// storage), so the sender shares them sampled; the CUDA receiver maps them
+/// by the usage their records name. The encoded bytes arrive as written;
+/// `CudaReceiver::surface` refuses (no storage), so the surface check reads
+/// the packed copy instead.
+#[test]
+#[ignore = "GPU: needs a CUDA driver and a Vulkan device that exports timelines and \
+            device-local OPTIMAL images (the H200); lavapipe has neither"]
+fn cuda_receiver_of_an_srgb_sampled_image_ring() {
+    cuda_receiver_of_usage::<Rgba8Srgb, vk_export::markers::usage::Sampled>();
+    cuda_receiver_of_usage::<Bgra8Srgb, vk_export::markers::usage::ColorAttachment>();
+}
+
 fn cuda_receiver_of<F: Format>() {
+    cuda_receiver_of_usage::<F, vk_export::markers::usage::Storage>();
+}
+
+fn cuda_receiver_of_usage<F: Format, U: vk_export::markers::Usage>() {
     const FRAMES_GPU: u64 = 30;
     let dir = std::env::temp_dir().join(format!("cif-img-cuda-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -509,7 +527,7 @@ fn cuda_receiver_of<F: Format>() {
             SLOTS,
         )
     };
-    let mut sender = ImageSender::<F, DeviceLocal>::new(&ctx, opts).unwrap();
+    let mut sender = ImageSender::<F, DeviceLocal, U>::new(&ctx, opts).unwrap();
     let scratch =
         ExportableBuffer::<DeviceLocal>::new(&ctx, u64::from(W * H * F::TEXEL_BYTES)).unwrap();
     let receiver = std::thread::spawn(move || -> (u64, u64) {

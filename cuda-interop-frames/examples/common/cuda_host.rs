@@ -83,20 +83,27 @@ impl Checker {
         let (layout, f) = (rx.layout(), frame.sequence());
         let (height, pitch) = (layout.height, layout.row_pitch as usize);
         let row = layout.width as usize * layout.texel_bytes() as usize;
-        let whole = match (staged, &self.through_surface) {
-            (Some(host), _) => Some(host),
-            (None, Some((module, scratch))) => {
+        // Images without storage usage (sRGB) have no surface: they are
+        // read through the packed copy instead.
+        let surface = match (staged, &self.through_surface) {
+            (None, Some(_)) => rx.surface(frame).ok().flatten(),
+            _ => None,
+        };
+        let whole = match (staged, &self.through_surface, surface) {
+            (Some(host), _, _) => Some(host),
+            (None, Some((module, scratch)), Some(surface)) => {
                 self.bytes.resize(layout.checked_frame_bytes()? as usize, 0);
-                read_through_surface(rx, frame, stream, module, scratch, &mut self.bytes)?;
+                let bytes = &mut self.bytes;
+                read_through_surface(rx, frame, stream, module, scratch, &surface, bytes)?;
                 Some(&self.bytes[..])
             }
-            (None, None) if layout.is_image_ring() => {
+            (None, _, _) if layout.is_image_ring() => {
                 rx.wait_on(frame, stream)?; // the packed copy
                 self.bytes.resize(layout.checked_frame_bytes()? as usize, 0);
                 rx.copy_to_host(frame, stream, 0, &mut self.bytes, timeout)?;
                 Some(&self.bytes[..])
             }
-            (None, None) => None,
+            (None, _, _) => None,
         };
         let rows = match layout.is_image_ring() {
             true => (0..height).collect(),
@@ -145,12 +152,10 @@ fn read_through_surface(
     stream: &Stream,
     module: &Module,
     scratch: &DeviceBuffer,
+    surface: &cuda_interop::Surface<'_>,
     dst: &mut [u8],
 ) -> Res<()> {
     let layout = rx.layout();
-    let surface = rx
-        .surface(frame)?
-        .ok_or("an image ring without a surface")?;
     let kernel = module.function(&format!("array_to_linear_{}b_r4", layout.texel_bytes()))?;
     let (mut surf, mut ptr, mut pitch, mut width, mut height) = (
         surface.raw(),
@@ -181,7 +186,7 @@ fn read_through_surface(
             [16, 16, 1],
             0,
             &mut args,
-            KernelUses::new().buffer(scratch).surface(&surface),
+            KernelUses::new().buffer(scratch).surface(surface),
         )
     }?;
     stream.copy_to_host(scratch, dst)?;
