@@ -62,6 +62,8 @@ pub(crate) struct DeviceInner {
     pub(crate) external_waits: ExternalWaits,
     /// The array <-> linear copy kernels, loaded on first use.
     pub(crate) copy_kernels: CopyKernels,
+    /// The colour conversion kernels, loaded on first use.
+    pub(crate) convert_kernels: ConvertKernels,
 }
 
 // SAFETY: CUdevice is an integer; the primary context is a process-wide
@@ -144,6 +146,7 @@ impl Drop for DeviceInner {
                     if push(self.context) == cuda_interop_sys::CUresult::CUDA_SUCCESS {
                         self.external_waits.destroy_all();
                         self.copy_kernels.unload();
+                        self.convert_kernels.unload();
                         let mut popped: CUcontext = std::ptr::null_mut();
                         pop(&mut popped);
                     }
@@ -319,6 +322,51 @@ impl CopyKernels {
             // import (each holds a clone of the device) has been dropped
             // after waiting for its uses, or marked the module kept.
             record_drop_error(unsafe { cu!(cuModuleUnload(kernels.module)) });
+        }
+    }
+}
+
+/// Per-device storage of the colour conversion kernels (`kernels/convert.cu`):
+/// the module loaded on first use, its functions looked up by name once
+/// each; unloaded when the device's last clone drops, unless a conversion
+/// may still run then.
+#[derive(Debug, Default)]
+pub(crate) struct ConvertKernels {
+    pub(crate) loaded: Mutex<ConvertLoaded>,
+    keep_loaded: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+pub(crate) enum ConvertLoaded {
+    #[default]
+    NotYet,
+    /// The module, and the functions looked up so far.
+    Ready(CUmodule, Vec<(String, CUfunction)>),
+    /// Loading failed once (a driver that cannot JIT the PTX): not retried.
+    Failed(String),
+}
+
+impl ConvertKernels {
+    /// A conversion may outlive the device: never unload the module.
+    pub(crate) fn keep_loaded(&self) {
+        self.keep_loaded.store(true, Ordering::Release);
+    }
+
+    /// Unloads the module, if loaded and not kept. For the device's drop, with
+    /// its context current.
+    pub(crate) fn unload(&self) {
+        let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
+        if let ConvertLoaded::Ready(module, _) = std::mem::take(&mut *loaded) {
+            if self.keep_loaded.load(Ordering::Acquire) {
+                return;
+            }
+            // SAFETY: the module `crate::convert` loaded in this context
+            // (current, the caller's contract), unloaded once. Every launch
+            // of its kernels was recorded as a use of tracked memory, which
+            // was dropped (each holds a clone of the device) after waiting for
+            // it, or marked the module kept; foreign memory's conversions are
+            // the caller's to complete before the device drops.
+            record_drop_error(unsafe { cu!(cuModuleUnload(module)) });
         }
     }
 }

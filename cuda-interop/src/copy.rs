@@ -73,7 +73,7 @@ pub enum CopyEngine {
 
 /// Who keeps the linear memory of a copy alive.
 #[derive(Clone, Copy, Debug)]
-enum Owner<'a> {
+pub(crate) enum Owner<'a> {
     /// Memory of this crate, freed after its recorded uses.
     Tracked {
         device: &'a CudaDevice,
@@ -105,10 +105,10 @@ enum Owner<'a> {
 /// ```
 #[derive(Clone, Copy, Debug)]
 pub struct Pitched<'a> {
-    ptr: CUdeviceptr,
-    len: u64,
-    row_pitch: Option<u64>,
-    owner: Owner<'a>,
+    pub(crate) ptr: CUdeviceptr,
+    pub(crate) len: u64,
+    pub(crate) row_pitch: Option<u64>,
+    pub(crate) owner: Owner<'a>,
 }
 
 impl<'a> Pitched<'a> {
@@ -239,7 +239,7 @@ impl<'a> Pitched<'a> {
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct PitchedMut<'a>(Pitched<'a>);
+pub struct PitchedMut<'a>(pub(crate) Pitched<'a>);
 
 impl<'a> PitchedMut<'a> {
     /// A crate-owned device buffer, tightly packed.

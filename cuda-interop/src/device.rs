@@ -159,6 +159,7 @@ impl CudaDevice {
                 vulkan,
                 external_waits: ExternalWaits::default(),
                 copy_kernels: Default::default(),
+                convert_kernels: Default::default(),
             }),
         })
     }

@@ -54,6 +54,7 @@ impl Drop for ExternalMemory {
             std::mem::forget(self.vulkan.take());
             // A copy kernel may still run: its module must stay loaded.
             self.device.inner.copy_kernels.keep_loaded();
+            self.device.inner.convert_kernels.keep_loaded();
             report_leak(
                 &format!(
                     "an import of {} bytes of Vulkan memory (and the Vulkan resource it keeps alive)",

@@ -99,6 +99,8 @@ mod import;
 
 // Operations on the resources.
 mod copy;
+// Colour conversion (uses the copies' linear memory views).
+pub mod convert;
 mod launch;
 mod semaphore;
 

@@ -430,6 +430,8 @@ impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         let idle = self.last_use.settle_before_device_wide_release();
         if let Err(why) = idle {
+            // A conversion kernel may still run: its module must stay loaded.
+            self.device.inner.convert_kernels.keep_loaded();
             report_leak(&format!("a device buffer of {} bytes", self.len), &why);
             return;
         }

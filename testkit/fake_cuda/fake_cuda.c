@@ -164,7 +164,7 @@ static long long now_ns(void) {
 }
 
 static void say(const char *fmt, ...) {
-    char line[512];
+    char line[1024];
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(line, sizeof line - 1, fmt, ap);
@@ -910,6 +910,26 @@ CUresult cuLaunchKernel(void *function, unsigned gx, unsigned gy, unsigned gz, u
     unsigned long long a[3];
     for (int i = 0; i < 3; i++) a[i] = *(const unsigned long long *)params[i];
     unsigned w = *(const unsigned *)params[3], h = *(const unsigned *)params[4];
+    if (!strncmp(f->name, "convert_", 8)) {
+        /* The colour conversion kernels (cuda-interop/kernels/convert.cu):
+           (a0, a1, a2, width, height, pitch a5, chroma a6, flags a7, coefficients a8), the
+           surface (if any) a0 when converting from one, a2 when into one. */
+        unsigned long long a5 = *(const unsigned long long *)params[5], a6 = *(const unsigned long long *)params[6];
+        unsigned flags = *(const unsigned *)params[7];
+        const float *c = (const float *)params[8];
+        size_t n = strlen(f->name);
+        int from_surface = strstr(f->name, "_surface_to_") != NULL;
+        int to_surface = n > 8 && !strcmp(f->name + n - 8, "_surface");
+        Obj *surface = from_surface ? (Obj *)(uintptr_t)a[0] : to_surface ? (Obj *)(uintptr_t)a[2] : NULL;
+        int surface_ok = surface && surface->kind == K_SURFACE && surface->ctx == current();
+        say("cuLaunchKernel ctx=%p kernel=%s grid=%u,%u,%u block=%u,%u,%u shared=%u extra_null=%d "
+            "a0=%llu a1=%llu a2=%llu width=%u height=%u pitch=%llu chroma=%llu flags=%u surface=%d surface_ok=%d "
+            "m0=%.6f off0=%.3f off1=%.3f",
+            current(), f->name, gx, gy, gz, bx, by, bz, shared, extra == NULL, a[0], a[1], a[2], w, h, a5, a6, flags,
+            surface != NULL, surface_ok, c[0], c[9], c[10]);
+        enqueue(stream);
+        return OK;
+    }
     int to_linear = !strncmp(f->name, "array_to_linear", 15);
     Obj *surface = (Obj *)(uintptr_t)(to_linear ? a[0] : a[2]);
     int surface_ok = surface && surface->kind == K_SURFACE && surface->ctx == current();
