@@ -13,7 +13,8 @@
 //!   has left, and prints one `s9_wire::SentLine` per frame: present called
 //!   (the frame's timestamp) and present returned (its GPU work done,
 //!   "produced" signalled and the packet sent: inside the library, one
-//!   step).
+//!   step). Its `present` blocks in `vkWaitForFences` (the default), or
+//!   polls the fence where [`POLL_ENV`] is set.
 //! * Each receiver is a child process ([`RECEIVER_FLAG`]): it connects
 //!   lossless, and per frame records when `next` returned the frame
 //!   (packet received) and when `wait_on` and a stream synchronisation
@@ -30,7 +31,7 @@ use cuda_interop_frames::cuda_receiver::CudaReceiver;
 use cuda_interop_frames::protocol::Delivery;
 use cuda_interop_frames::sender::{monotonic_ns, AcquireError, Address, Sender, SenderOptions};
 use vk_export::markers::DeviceLocal;
-use vk_export::{Context, HeadlessOptions, QueueRole};
+use vk_export::{Context, HeadlessOptions, QueueRole, WaitStrategy};
 
 use crate::ipc_ring::{HEIGHT, SLOTS, WIDTH};
 use crate::s9_wire::{FrameLine, SentLine};
@@ -40,6 +41,9 @@ pub(crate) const SENDER_FLAG: &str = "--s9-frame-sender";
 pub(crate) const RECEIVER_FLAG: &str = "--s9-frame-receiver";
 pub(crate) const SOCKET_ENV: &str = "BENCH_S9_SOCKET";
 pub(crate) const RECEIVERS_ENV: &str = "BENCH_S9_RECEIVERS";
+/// Set (to anything) for a sender whose `present` polls its fence
+/// (`WaitStrategy::ADAPTIVE`) instead of blocking in `vkWaitForFences`.
+pub(crate) const POLL_ENV: &str = "BENCH_S9_POLL_FENCE";
 const TIMEOUT: Duration = Duration::from_secs(20);
 /// The longest a sender runs.
 const RUN_LIMIT: Duration = Duration::from_secs(180);
@@ -49,8 +53,13 @@ pub(crate) fn sender_main() -> Res<()> {
     let socket = std::env::var(SOCKET_ENV)?;
     let receivers: usize = std::env::var(RECEIVERS_ENV)?.parse()?;
     let ctx = Context::headless(&HeadlessOptions::default())?;
+    let host_wait = match std::env::var_os(POLL_ENV) {
+        Some(_) => WaitStrategy::ADAPTIVE,
+        None => WaitStrategy::Block,
+    };
     let opts = SenderOptions {
         queue: QueueRole::Transfer,
+        host_wait,
         ..SenderOptions::for_context(
             &ctx,
             Address::Path(socket.into()),

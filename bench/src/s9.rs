@@ -361,7 +361,16 @@ fn s9_in(report: &mut Report, frames: u64, dir: &Path) -> Res<()> {
         ipc_ring::WIDTH,
         ipc_ring::HEIGHT
     ));
-    let off = run_mode(dir, frames, &mps::no_mps_env(dir)?, "without MPS");
+    let no_mps = mps::no_mps_env(dir)?;
+    let off = run_mode(dir, frames, &no_mps, "without MPS");
+    // The sender's wait for its own submission, the largest step of the
+    // frame ring's latency: blocked (the default, in `off`) against polled.
+    println!("S9 without MPS: 1 receiver, the frame ring with a polled fence wait");
+    let mut polled_env = no_mps.clone();
+    polled_env.push((frame_ring::POLL_ENV.into(), "1".into()));
+    let polled = frame_cell(dir, 1, frames, &polled_env)
+        .map_err(|e| e.to_string())
+        .and_then(|m| figures(&m));
     let on = match mps::control_binary() {
         Err(why) => {
             report.note(format!("S9 with MPS: NOT RUN ({why})"));
@@ -390,6 +399,38 @@ fn s9_in(report: &mut Report, frames: u64, dir: &Path) -> Res<()> {
         })
     };
     let (ipc_one, ring_one) = (one_without(&off, true), one_without(&off, false));
+    let blocked = off
+        .iter()
+        .find(|c| c.0 == 1)
+        .and_then(|c| c.2.as_ref().ok());
+    match (&polled, blocked) {
+        (Ok(p), Some(b)) => {
+            let step = |f: &Figures| f.steps.first().map_or(f64::NAN, |s| s.1);
+            report.add_vs(
+                "S9",
+                "frame ring, 1 receiver, no MPS, polled fence wait: present called -> present returned",
+                step(p),
+                "us",
+                ("blocked in vkWaitForFences", step(b)),
+            );
+            report.add_vs(
+                "S9",
+                "frame ring, 1 receiver, no MPS, polled fence wait: present called -> CUDA waited, median",
+                p.latency,
+                "us",
+                ("blocked in vkWaitForFences", b.latency),
+            );
+            report.add_vs(
+                "S9",
+                "frame ring, 1 receiver, no MPS, polled fence wait: hand-off median",
+                p.worst(),
+                "us",
+                ("blocked in vkWaitForFences", b.worst()),
+            );
+        }
+        (Err(e), _) => report.fail(format!("S9 frame ring with a polled fence wait: {e}")),
+        (Ok(_), None) => report.note("S9 polled fence wait: no blocked cell to compare with"),
+    }
     for (mode, cells) in [("no MPS", Some(&off)), ("MPS", on.as_ref())] {
         let Some(cells) = cells else { continue };
         for (n, ipc, ring) in cells {

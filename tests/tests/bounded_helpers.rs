@@ -130,3 +130,52 @@ fn a_host_signal_inside_a_recording_closure_that_signals_it_is_refused() {
     );
     assert!(after, "the lock is free again once the submission returned");
 }
+
+/// A helper's host wait for its own submission, polled
+/// (`SubmitSync::host_wait`, what a frame sender may choose for latency)
+/// as blocked: each sees the submission complete, and a submission that
+/// cannot complete (it waits for a timeline value nobody has signalled
+/// yet) is given up at the bound with `Error::Timeout`, whichever way the
+/// host waits.
+#[test]
+fn a_polled_wait_for_a_submission_sees_it_complete_and_is_bounded() {
+    use vk_export::WaitStrategy;
+    let ctx = vulkan(None);
+    let spin_only = WaitStrategy::Poll {
+        spin: Duration::from_secs(10),
+        yield_until: Duration::from_secs(10),
+        sleep: Duration::from_millis(1),
+    };
+    let sleep_only = WaitStrategy::Poll {
+        spin: Duration::ZERO,
+        yield_until: Duration::ZERO,
+        sleep: Duration::from_millis(1),
+    };
+    for strategy in [
+        WaitStrategy::Block,
+        WaitStrategy::ADAPTIVE,
+        spin_only,
+        sleep_only,
+    ] {
+        ctx.submit_and_wait(SubmitSync::new().host_wait(strategy), |_, _| {})
+            .unwrap_or_else(|e| panic!("{strategy:?}: {e}"));
+        let timeline = TimelineSemaphore::new_local(&ctx).unwrap();
+        let bound = Duration::from_millis(50);
+        let result = ctx.submit_and_wait(
+            SubmitSync::new()
+                .wait_timeline(&timeline, 1)
+                .timeout(bound)
+                .host_wait(strategy),
+            |_, _| {},
+        );
+        assert!(
+            matches!(result, Err(Error::Timeout(d)) if d == bound),
+            "{strategy:?}: {result:?}"
+        );
+        // The submission left pending completes once the value comes.
+        timeline.signal(1).unwrap();
+        timeline
+            .wait(1, Duration::from_secs(10), WaitStrategy::ADAPTIVE)
+            .unwrap();
+    }
+}

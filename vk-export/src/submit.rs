@@ -31,6 +31,7 @@ use std::time::Duration;
 use ash::vk;
 
 use crate::error::{unsupported, vk_error, Error, Result};
+use crate::semaphore::WaitStrategy;
 
 /// The queue, and the last progress value a submission to it signals.
 #[derive(Debug)]
@@ -112,8 +113,9 @@ unsafe impl Send for Engine {}
 /// Whether [`Engine::run`] waits for its submission.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Completion {
-    /// Waits up to this long; [`Error::Timeout`] after it.
-    Wait(Duration),
+    /// Waits up to this long, as the strategy says; [`Error::Timeout`]
+    /// after it.
+    Wait(Duration, WaitStrategy),
     /// Returns once submitted (what a later submission waits for on the GPU).
     DontWait,
 }
@@ -401,8 +403,8 @@ impl Engine {
             value
         };
         on_submitted(value);
-        let timeout = match wait {
-            Completion::Wait(timeout) => timeout,
+        let (timeout, strategy) = match wait {
+            Completion::Wait(timeout, strategy) => (timeout, strategy),
             Completion::DontWait => {
                 // Reclaimed by `reap` once its fence signals.
                 let slot = self.idle.take().expect("the slot in use");
@@ -411,8 +413,7 @@ impl Engine {
             }
         };
         let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
-        // SAFETY: the fence belongs to this submission.
-        match unsafe { device.wait_for_fences(&[fence], true, nanos) } {
+        match wait_fence(device, fence, timeout, strategy) {
             Ok(()) => {
                 // SAFETY: the fence signalled; nothing waits on it.
                 unsafe { device.reset_fences(&[fence]) }
@@ -514,5 +515,45 @@ pub(crate) fn wait_progress(
             result: e,
             hint: "the device was lost",
         }),
+    }
+}
+/// Waits for `fence` (of `device`, signalled by a submission) within
+/// `timeout`: [`WaitStrategy::Block`] in `vkWaitForFences`, which wakes
+/// with the driver's latency; [`WaitStrategy::Poll`] reads
+/// `vkGetFenceStatus`, spinning, then yielding, then sleeping in steps, as
+/// the semaphore waits do. `TIMEOUT` when it did not signal in time.
+fn wait_fence(
+    device: &ash::Device,
+    fence: vk::Fence,
+    timeout: Duration,
+    strategy: WaitStrategy,
+) -> std::result::Result<(), vk::Result> {
+    let WaitStrategy::Poll {
+        spin,
+        yield_until,
+        sleep,
+    } = strategy
+    else {
+        let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+        // SAFETY: a fence of `device` (the caller's).
+        return unsafe { device.wait_for_fences(&[fence], true, nanos) };
+    };
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: as above.
+        if unsafe { device.get_fence_status(fence) }? {
+            return Ok(());
+        }
+        let elapsed = start.elapsed();
+        if elapsed >= timeout {
+            return Err(vk::Result::TIMEOUT);
+        }
+        if elapsed < spin {
+            std::hint::spin_loop();
+        } else if elapsed < yield_until {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(sleep.min(timeout - elapsed));
+        }
     }
 }

@@ -72,6 +72,7 @@ pub struct SubmitSync<'a> {
     waits: Vec<Wait<'a>>,
     signals: Vec<(&'a Semaphore<Timeline>, u64)>,
     timeout: Duration,
+    host_wait: WaitStrategy,
 }
 
 impl Default for SubmitSync<'_> {
@@ -90,6 +91,7 @@ impl<'a> SubmitSync<'a> {
             waits: Vec::new(),
             signals: Vec::new(),
             timeout: Self::DEFAULT_TIMEOUT,
+            host_wait: WaitStrategy::Block,
         }
     }
 
@@ -114,6 +116,15 @@ impl<'a> SubmitSync<'a> {
     /// Waits at most `timeout` for the submission.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// How the host waits for the submission ([`WaitStrategy::Block`] by
+    /// default: `vkWaitForFences`, no CPU, the driver's wake-up latency;
+    /// [`WaitStrategy::Poll`] reads the fence's status, spinning first,
+    /// for the lowest latency at some CPU).
+    pub fn host_wait(mut self, strategy: WaitStrategy) -> Self {
+        self.host_wait = strategy;
         self
     }
 
@@ -329,7 +340,7 @@ impl Context {
     ) -> Result<Vec<u8>> {
         let _held = self.hold("a helper")?;
         let raw = sync.raw(self)?;
-        let timeout = sync.timeout;
+        let (timeout, host_wait) = (sync.timeout, sync.host_wait);
         let inner = &self.inner;
         // Held for the whole helper: no other helper can move the resource
         // between this one's release on another family and its acquire.
@@ -372,7 +383,7 @@ impl Context {
             &inner.lanes,
             lane,
             &raw,
-            Completion::Wait(timeout),
+            Completion::Wait(timeout, host_wait),
             |cmd| {
                 let mut access = match (&resource, owner.as_deref_mut()) {
                     (Some(r), Some(owner)) => Some(Access {
@@ -905,7 +916,7 @@ impl Context {
         let raw = sync.raw(self)?;
         sync.wait_timelines_on_host()?;
         let reservation = semaphore.payload().reserve_signal()?;
-        let timeout = sync.timeout;
+        let (timeout, host_wait) = (sync.timeout, sync.host_wait);
         let inner = &self.inner;
         let lane = self.lane_of(QueueRole::Transfer);
         let mut engine = inner.lanes[lane]
@@ -923,7 +934,7 @@ impl Context {
             &inner.lanes,
             lane,
             &raw,
-            Completion::Wait(timeout),
+            Completion::Wait(timeout, host_wait),
             |_| Ok(()),
             |value| {
                 submitted = true;

@@ -130,6 +130,7 @@ use vk_export::markers::{MemoryLocation, Optimal, Usage};
 use vk_export::socket::{Exported, Listener};
 use vk_export::{
     Context, ExportableBuffer, ExportableImage, QueueRole, SubmitSync, TimelineSemaphore,
+    WaitStrategy,
 };
 
 use crate::discovery::{Announcement, Directory, DiscoveryError, SenderInfo};
@@ -217,6 +218,12 @@ pub struct SenderOptions {
     /// [`SenderOptions::new`] sets it where the context can export
     /// semaphores only when made with [`SenderOptions::for_context`].
     pub semaphores: bool,
+    /// How `present` and `open` wait for their submission:
+    /// [`WaitStrategy::Block`] (the default: `vkWaitForFences`, no CPU, the
+    /// driver's wake-up latency) or [`WaitStrategy::Poll`] (reads the
+    /// fence's status, spinning first: the frame is announced sooner, at
+    /// some CPU; `bench` S9 measures both).
+    pub host_wait: WaitStrategy,
 }
 
 /// [`SenderOptions::max_receivers`]'s default.
@@ -244,6 +251,7 @@ impl SenderOptions {
             connects_per_second: DEFAULT_CONNECTS_PER_SECOND,
             queue: QueueRole::Main,
             semaphores: true,
+            host_wait: WaitStrategy::Block,
         }
     }
 
@@ -624,8 +632,9 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
     /// releases of slot `s` (reached already: the slot is free), with the
     /// sender's bound.
     fn release_waits(&self, s: usize) -> SubmitSync<'_> {
-        let mut sync =
-            SubmitSync::new().timeout(self.opts.hold_timeout.max(Duration::from_secs(5)));
+        let mut sync = SubmitSync::new()
+            .timeout(self.opts.hold_timeout.max(Duration::from_secs(5)))
+            .host_wait(self.opts.host_wait);
         for (semaphore, value) in self.receivers.release_waits(s) {
             sync = sync.wait_timeline(semaphore, value);
         }
