@@ -68,6 +68,66 @@
 #define CI_SLOTS_IMAGES 1
 
 /**
+ * `ci_ring_layout::format`: pitched buffers of 8-bit RGBA pixels.
+ */
+#define CI_FORMAT_RGBA8_BUFFER 0
+
+/**
+ * `ci_ring_layout::format`: pitched buffers of NV12 (8-bit luma plane,
+ * then interleaved CbCr at half size, at `chroma_offset`).
+ */
+#define CI_FORMAT_NV12 1
+
+/**
+ * `ci_ring_layout::format`: pitched buffers of P010 (as NV12 with 16-bit
+ * samples, the value in the top 10 bits).
+ */
+#define CI_FORMAT_P010 2
+
+/**
+ * `ci_ring_layout::format`: OPTIMAL images of `vk_format`.
+ */
+#define CI_FORMAT_IMAGE 3
+
+/**
+ * Bytes of `ci_ring_layout::format_name` and `ci_sender_info::format`: a
+ * lower-case name (at most 31 bytes) and its NUL, padded.
+ */
+#define CI_FORMAT_NAME_CAPACITY 32
+
+/**
+ * `ci_context_with_queue`'s role: the main queue.
+ */
+#define CI_QUEUE_MAIN 0
+
+/**
+ * `ci_context_with_queue`'s role: the transfer queue (the main queue where
+ * the context has none).
+ */
+#define CI_QUEUE_TRANSFER 1
+
+/**
+ * `ci_source_image::sharing`: `VK_SHARING_MODE_CONCURRENT` over families
+ * that include every family of the context (no ownership transfer).
+ */
+#define CI_SHARING_CONCURRENT 0
+
+/**
+ * `ci_source_image::sharing`: `VK_SHARING_MODE_EXCLUSIVE`, owned now by
+ * `queue_family` (the copy runs on the context's queue of that family).
+ */
+#define CI_SHARING_EXCLUSIVE 1
+
+/**
+ * `ci_source_image::sharing`: exclusive, owned by `queue_family`, which
+ * released it to the context's transfer family (whole-image barrier,
+ * layouts unchanged); the library records the acquire, the copy and the
+ * release back to `queue_family`, whose acquire half the application
+ * records before its next use.
+ */
+#define CI_SHARING_RELEASED_TO_TRANSFER 2
+
+/**
  * What a call did: `CI_OK` or why not. Values are stable; new ones may be
  * added within 0.x (treat an unknown one as an error).
  */
@@ -154,7 +214,12 @@ typedef enum ci_status {
 typedef struct ci_context ci_context;
 
 /**
- * An opaque frame a receiver handed out.
+ * An opaque CUDA receiver (`ci_cuda_receiver_connect_named`).
+ */
+typedef struct ci_cuda_receiver ci_cuda_receiver;
+
+/**
+ * An opaque frame a receiver (host or CUDA) handed out.
  */
 typedef struct ci_frame ci_frame;
 
@@ -208,6 +273,12 @@ typedef struct ci_sender_info {
    * Zero (padding, for a layout without holes).
    */
   uint32_t reserved;
+  /**
+   * The pixel format's lower-case name, NUL-terminated:
+   * `r8g8b8a8_unorm` (an RGBA8 buffer ring), `nv12`, `p010`, or an
+   * image ring's `VkFormat` without `VK_FORMAT_` (`b8g8r8a8_srgb`).
+   */
+  char format[CI_FORMAT_NAME_CAPACITY];
 } ci_sender_info;
 
 /**
@@ -331,6 +402,209 @@ typedef struct ci_frame_info {
    */
   uint32_t reserved;
 } ci_frame_info;
+
+/**
+ * A ring's layout (`ci_receiver_get_layout`,
+ * `ci_cuda_receiver_get_layout`).
+ */
+typedef struct ci_ring_layout {
+  /**
+   * `sizeof(ci_ring_layout)` as the caller compiled it: set it before
+   * the call (a smaller value is `CI_INVALID_ARGUMENT`).
+   */
+  uint32_t struct_size;
+  /**
+   * `CI_FORMAT_*`: what the slots hold.
+   */
+  uint32_t format;
+  /**
+   * Pixels per row.
+   */
+  uint32_t width;
+  /**
+   * Rows (a planar ring: of the luma plane).
+   */
+  uint32_t height;
+  /**
+   * Slots in the ring.
+   */
+  uint32_t slots;
+  /**
+   * The pixels' `VkFormat` (raw value): an image ring's images',
+   * `VK_FORMAT_R8G8B8A8_UNORM` (37) for an RGBA8 buffer ring, 0 for a
+   * planar one.
+   */
+  uint32_t vk_format;
+  /**
+   * Bytes from one row to the next (both planes of a planar ring; an
+   * image ring: the tightly packed row of its copies).
+   */
+  uint64_t row_pitch;
+  /**
+   * Bytes of a frame: what `ci_receiver_read` writes; for a planar ring
+   * up to the end of the chroma plane's last row.
+   */
+  uint64_t frame_bytes;
+  /**
+   * Bytes of one texel (a planar ring: of one luma sample).
+   */
+  uint64_t texel_bytes;
+  /**
+   * A planar ring's chroma plane's first byte, from the luma plane's
+   * (0 for other rings).
+   */
+  uint64_t chroma_offset;
+  /**
+   * The format's lower-case name, NUL-terminated: `r8g8b8a8_unorm`,
+   * `nv12`, `p010`, or an image ring's `VkFormat` without `VK_FORMAT_`.
+   */
+  char format_name[CI_FORMAT_NAME_CAPACITY];
+} ci_ring_layout;
+
+/**
+ * A frame's memory as pitched device memory (`ci_cuda_receiver_pitched`,
+ * `ci_cuda_receiver_chroma`): `rows` rows of `row_bytes` bytes, the first
+ * at `ptr`, each `pitch` bytes after the one before (what `cuMemcpy2D`,
+ * `cudaMemcpy2D` and NVENC take).
+ */
+typedef struct ci_pitched_plane {
+  /**
+   * The first row's address: a `CUdeviceptr` of the receiver's device
+   * (a `void *` for the runtime API), valid while the receiver lives.
+   */
+  uint64_t ptr;
+  /**
+   * Bytes from one row to the next.
+   */
+  uint64_t pitch;
+  /**
+   * Bytes of pixels in a row (at most `pitch`).
+   */
+  uint64_t row_bytes;
+  /**
+   * Rows.
+   */
+  uint32_t rows;
+  /**
+   * Zero (padding, for a layout without holes).
+   */
+  uint32_t reserved;
+} ci_pitched_plane;
+
+/**
+ * The application's Vulkan objects (`ci_context_new_from_vulkan`).
+ */
+typedef struct ci_vulkan_device {
+  /**
+   * `sizeof(ci_vulkan_device)` as the caller compiled it.
+   */
+  uint32_t struct_size;
+  /**
+   * The main queue's family (one with `GRAPHICS` or `COMPUTE`).
+   */
+  uint32_t main_queue_family;
+  /**
+   * The main queue's index in its family.
+   */
+  uint32_t main_queue_index;
+  /**
+   * Nonzero: `transfer_queue_*` name a second queue for copies.
+   */
+  uint32_t has_transfer_queue;
+  /**
+   * The transfer queue's family.
+   */
+  uint32_t transfer_queue_family;
+  /**
+   * The transfer queue's index in its family.
+   */
+  uint32_t transfer_queue_index;
+  /**
+   * Nonzero: the device was created with `VK_KHR_external_semaphore_fd`
+   * (senders then share timelines: CUDA receivers need them).
+   */
+  uint32_t semaphore_fd_enabled;
+  /**
+   * Zero (padding, for a layout without holes).
+   */
+  uint32_t reserved;
+  /**
+   * The loader's `vkGetInstanceProcAddr` (`PFN_vkGetInstanceProcAddr`,
+   * cast to `void *`).
+   */
+  void *get_instance_proc_addr;
+  /**
+   * The `VkInstance`.
+   */
+  void *instance;
+  /**
+   * The `VkPhysicalDevice` the device was created from.
+   */
+  void *physical_device;
+  /**
+   * The `VkDevice`.
+   */
+  void *device;
+} ci_vulkan_device;
+
+/**
+ * `ci_queue_fn`: called by `ci_context_with_queue` with the `VkQueue`
+ * (cast to `void *`) while the library's lock on it is held.
+ */
+typedef void (*ci_queue_fn)(void *user, void *queue);
+
+/**
+ * The application's image to copy from (`ci_sender_present_copy`).
+ */
+typedef struct ci_source_image {
+  /**
+   * `sizeof(ci_source_image)` as the caller compiled it.
+   */
+  uint32_t struct_size;
+  /**
+   * Its `VkFormat` (raw value): must be the ring's.
+   */
+  uint32_t vk_format;
+  /**
+   * The `VkImageLayout` it is in now (raw value; not `UNDEFINED` nor
+   * `PREINITIALIZED`); it is left in it.
+   */
+  uint32_t layout;
+  /**
+   * `CI_SHARING_*`.
+   */
+  uint32_t sharing;
+  /**
+   * The owning family (`CI_SHARING_EXCLUSIVE`,
+   * `CI_SHARING_RELEASED_TO_TRANSFER`).
+   */
+  uint32_t queue_family;
+  /**
+   * Texels of level 0 per row (at least the ring's width plus
+   * `offset_x`).
+   */
+  uint32_t width;
+  /**
+   * Rows of level 0.
+   */
+  uint32_t height;
+  /**
+   * The copied region's first texel column.
+   */
+  uint32_t offset_x;
+  /**
+   * The copied region's first row.
+   */
+  uint32_t offset_y;
+  /**
+   * Zero (padding, for a layout without holes).
+   */
+  uint32_t reserved;
+  /**
+   * The `VkImage` (a non-dispatchable handle's 64-bit value).
+   */
+  uint64_t image;
+} ci_source_image;
 
 #ifdef __cplusplus
 extern "C" {
@@ -595,6 +869,318 @@ enum ci_status ci_receiver_free(struct ci_receiver *receiver);
  * Thread safety: any thread.
  */
 uint64_t ci_monotonic_ns(void);
+
+/**
+ * Stores the layout of host receiver `receiver`'s ring in `*layout`
+ * (set `layout->struct_size = sizeof(ci_ring_layout)` first).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `layout` is NULL or points to a `ci_ring_layout` whose `struct_size` is
+ * set, valid for writes of that many bytes.
+ */
+enum ci_status ci_receiver_get_layout(const struct ci_receiver *receiver,
+                                      struct ci_ring_layout *layout);
+
+/**
+ * Stores the layout of CUDA receiver `receiver`'s ring in `*layout`
+ * (set `layout->struct_size = sizeof(ci_ring_layout)` first).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * As `ci_receiver_get_layout`.
+ */
+enum ci_status ci_cuda_receiver_get_layout(const struct ci_cuda_receiver *receiver,
+                                           struct ci_ring_layout *layout);
+
+/**
+ * Connects a CUDA receiver to the sender named `name` in the default
+ * directory (`$XDG_RUNTIME_DIR/cuda-interop-frames`), waiting up to
+ * `timeout_s` seconds for it to appear, in `delivery`
+ * (`CI_DELIVERY_LATEST` or `CI_DELIVERY_LOSSLESS`), imports its ring into
+ * CUDA on the device whose UUID the ring names (its primary context: what
+ * the CUDA runtime uses) and stores the receiver's handle in `*out`. A
+ * ring shared without timelines (a driver without
+ * `VK_KHR_external_semaphore_fd`, such as lavapipe) is refused
+ * (`CI_PROTOCOL`, saying what to use instead); no CUDA driver is
+ * `CI_CUDA`.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `name` is NULL or a NUL-terminated string; `out` is NULL or valid for a
+ * write.
+ */
+enum ci_status ci_cuda_receiver_connect_named(const char *name,
+                                              uint32_t delivery,
+                                              double timeout_s,
+                                              struct ci_cuda_receiver **out);
+
+/**
+ * Stores the ordinal of the CUDA device the ring is imported on (its
+ * primary context is the one to use: `cuDevicePrimaryCtxRetain`, or the
+ * runtime's `cudaSetDevice`) in `*ordinal_out`.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `ordinal_out` is NULL or valid for a write.
+ */
+enum ci_status ci_cuda_receiver_device(const struct ci_cuda_receiver *receiver,
+                                       int32_t *ordinal_out);
+
+/**
+ * Waits up to `timeout_s` seconds for the next frame (as
+ * `ci_receiver_next`) and stores its handle in `*out`. Its memory is
+ * readable only after `ci_cuda_receiver_wait_on` (on the GPU), and until
+ * `ci_cuda_receiver_release_after` / `ci_cuda_receiver_release`.
+ *
+ * Thread safety: any thread; one thread receives at a time (a second
+ * one's call waits within its timeout, then returns `CI_BUSY`).
+ *
+ * # Safety
+ * `out` is NULL or valid for a write.
+ */
+enum ci_status ci_cuda_receiver_next(struct ci_cuda_receiver *receiver,
+                                     double timeout_s,
+                                     struct ci_frame **out);
+
+/**
+ * Makes `stream` wait (on the GPU, the host does not block) until
+ * `frame` is written and, for an image ring, copied into its pitched
+ * memory: work the caller enqueues on `stream` afterwards reads the frame
+ * (`ci_cuda_receiver_pitched`, `ci_cuda_receiver_chroma`,
+ * `ci_cuda_receiver_array`). Enqueue it once per frame.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `stream` is NULL (the legacy default stream), `CU_STREAM_LEGACY`
+ * (`(void *)1`), `CU_STREAM_PER_THREAD` (`(void *)2`), or a `CUstream` /
+ * `cudaStream_t` of the receiver's CUDA device (`ci_cuda_receiver_device`;
+ * any context of it) that stays alive for the call. The library cannot
+ * check this: a destroyed stream or one of another device is undefined
+ * behaviour in the CUDA driver.
+ */
+enum ci_status ci_cuda_receiver_wait_on(struct ci_cuda_receiver *receiver,
+                                        const struct ci_frame *frame,
+                                        void *stream);
+
+/**
+ * Stores `frame`'s memory as pitched device memory in `*out`: a buffer
+ * ring's slot (a planar ring's luma plane: see `ci_cuda_receiver_chroma`),
+ * or an image ring's tightly packed copy of the image. Read it on a stream
+ * after `ci_cuda_receiver_wait_on`, before the frame's release.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `out` is NULL or valid for a write.
+ */
+enum ci_status ci_cuda_receiver_pitched(struct ci_cuda_receiver *receiver,
+                                        const struct ci_frame *frame,
+                                        struct ci_pitched_plane *out);
+
+/**
+ * Stores a planar (NV12, P010) ring's chroma plane of `frame` in `*out`
+ * (`height / 2` rows of `width / 2` interleaved Cb, Cr pairs); on the same
+ * terms as `ci_cuda_receiver_pitched`. Another ring is `CI_UNSUPPORTED`.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `out` is NULL or valid for a write.
+ */
+enum ci_status ci_cuda_receiver_chroma(struct ci_cuda_receiver *receiver,
+                                       const struct ci_frame *frame,
+                                       struct ci_pitched_plane *out);
+
+/**
+ * Stores an image ring's frame as the slot's CUDA array in `*array_out`:
+ * a `CUarray` of the device's primary context, also usable as a
+ * `cudaArray_t` (level 0 of the image itself, zero copy; cast the
+ * `void *`), valid while the receiver lives. Read it on a stream after
+ * `ci_cuda_receiver_wait_on` and before the frame's release; never write
+ * it, nor free it. A buffer ring is `CI_UNSUPPORTED` (use
+ * `ci_cuda_receiver_pitched`).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `array_out` is NULL or valid for a write.
+ */
+enum ci_status ci_cuda_receiver_array(struct ci_cuda_receiver *receiver,
+                                      const struct ci_frame *frame,
+                                      void **array_out);
+
+/**
+ * Gives `frame` back once the work enqueued on `stream` so far has
+ * completed (on the GPU: the slot's "released" timeline is signalled on
+ * `stream`; the host does not wait). The frame handle is consumed whatever
+ * the status, unless the status is `CI_NULL_POINTER`, `CI_WRONG_HANDLE`
+ * or `CI_INVALID_ARGUMENT` (a frame of another receiver), which change
+ * nothing. `CI_CUDA`: the signal could not be enqueued; the connection is
+ * closed (the reads may still run, so the slot is not given back).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * As `ci_cuda_receiver_wait_on` for `stream`.
+ */
+enum ci_status ci_cuda_receiver_release_after(struct ci_cuda_receiver *receiver,
+                                              struct ci_frame *frame,
+                                              void *stream);
+
+/**
+ * Gives `frame` back now, as if every read of it had completed: call it
+ * only after they have (a stream synchronised, an event waited for), or
+ * for a frame never read. The handle is consumed as by
+ * `ci_cuda_receiver_release_after`.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * None beyond the ABI: the handles are checked. (Releasing a frame whose
+ * reads still run lets the sender overwrite it under them: wrong pixels,
+ * not undefined behaviour of this library.)
+ */
+enum ci_status ci_cuda_receiver_release(struct ci_cuda_receiver *receiver, struct ci_frame *frame);
+
+/**
+ * Frees a CUDA receiver (NULL: nothing), releasing every frame it handed
+ * out that is not released yet (as `ci_cuda_receiver_release`: their
+ * reads must have completed) and unmapping the ring (waiting, bounded,
+ * for the receiver's own copies).
+ *
+ * Thread safety: any thread; the handle and its frames' handles are
+ * invalid for every thread after.
+ *
+ * # Safety
+ * None beyond the ABI: the handle is checked.
+ */
+enum ci_status ci_cuda_receiver_free(struct ci_cuda_receiver *receiver);
+
+/**
+ * Makes a context over the application's own Vulkan device, so that
+ * senders made on it (`ci_sender_new`, `ci_image_sender_new`) use the
+ * application's device and queues, and stores its handle in `*out`. The
+ * context never destroys or idles what it did not create; freeing it (and
+ * the senders made on it) waits, bounded, only for the library's own
+ * submissions. Refused (`CI_INVALID_ARGUMENT`, before anything is
+ * created): a queue family the device lacks, a queue index past the
+ * family's count, a main family without graphics or compute, the same
+ * queue named twice, a NULL handle.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `desc` is NULL or points to a readable `ci_vulkan_device` of at least
+ * `desc->struct_size` bytes, and (`vk_export::Context::from_raw`'s
+ * contract):
+ * * `device` was created from `physical_device`, which belongs to
+ *   `instance`, with API version 1.2 or later, the `timelineSemaphore`
+ *   feature and `VK_KHR_external_memory_fd` enabled
+ *   (`VK_KHR_external_semaphore_fd` too where `semaphore_fd_enabled`);
+ *   `get_instance_proc_addr` is the loader's, for that instance;
+ * * every queue named was created with `device`, and while the context
+ *   lives the application submits to those queues only inside
+ *   `ci_context_with_queue` (the library submits under the same locks),
+ *   or not at all;
+ * * the instance and device outlive the context and every sender made on
+ *   it (free those first);
+ * * the application's own work that uses the library's resources has
+ *   completed before they are freed.
+ *
+ * `out` is NULL or valid for a write.
+ */
+enum ci_status ci_context_new_from_vulkan(const struct ci_vulkan_device *desc,
+                                          struct ci_context **out);
+
+/**
+ * Calls `f(user, queue)` with the context's queue of `role`
+ * (`CI_QUEUE_MAIN` or `CI_QUEUE_TRANSFER`) while holding the lock the
+ * library submits under: the application's `vkQueueSubmit` /
+ * `vkQueuePresentKHR` to a queue it gave `ci_context_new_from_vulkan` go
+ * inside `f` (Vulkan requires external synchronisation of a queue). A
+ * call from inside `f` (or from a `ci_sender_present_record` callback) on
+ * the same context is refused (`CI_INVALID_ARGUMENT`) instead of
+ * deadlocking.
+ *
+ * Thread safety: any thread; calls on one queue are serialized.
+ *
+ * # Safety
+ * `f` is NULL or a function that returns normally (no C++ exception, no
+ * `longjmp` out of it) and does not keep the queue past its return;
+ * `user` is passed unchanged.
+ */
+enum ci_status ci_context_with_queue(struct ci_context *ctx,
+                                     uint32_t role,
+                                     ci_queue_fn f,
+                                     void *user);
+
+/**
+ * Makes a sender of a ring of `slots` OPTIMAL images of `vk_format` (a
+ * raw `VkFormat`: `VK_FORMAT_R8G8B8A8_UNORM` (37), `_SRGB` (43),
+ * `VK_FORMAT_B8G8R8A8_UNORM` (44), `_SRGB` (50),
+ * `VK_FORMAT_R16G16B16A16_SFLOAT` (97)), `width` x `height`, on `ctx`,
+ * announced as `name` (as `ci_sender_new`), and stores its handle in
+ * `*out`. Its frames are presented with `ci_sender_present_copy`. The
+ * images have storage usage (sampled for the sRGB formats, which no GPU
+ * offers as storage); device-local where the device has such memory.
+ * Receivers: CUDA (`ci_cuda_receiver_array`) or Vulkan ones; a host
+ * receiver refuses image rings.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `name` is NULL or a NUL-terminated string; `out` is NULL or valid for a
+ * write.
+ */
+enum ci_status ci_image_sender_new(struct ci_context *ctx,
+                                   const char *name,
+                                   uint32_t width,
+                                   uint32_t height,
+                                   uint32_t vk_format,
+                                   uint32_t slots,
+                                   struct ci_sender **out);
+
+/**
+ * Presents one frame of an image ring (`ci_image_sender_new`) by a GPU
+ * copy of the application's own `image` (made without external memory: a
+ * render target) into a free slot: the extent and region are checked
+ * before anything is recorded (`CI_INVALID_ARGUMENT`, the slot left free
+ * and no frame numbered); the copy runs on the transfer queue for a
+ * concurrent source or one released to it, else on the context's queue of
+ * the owning family, between the slot's ownership barriers, and leaves the
+ * source in its layout and with its owner. Waits (bounded) for the copy,
+ * then announces the frame with `timestamp_ns` (0: now) and stores its
+ * sequence number in `*sequence_out` if not NULL. `CI_SKIPPED` and the
+ * timeout as in `ci_sender_present_fill`. A buffer ring's sender is
+ * `CI_UNSUPPORTED`.
+ *
+ * Thread safety: any thread; calls on one sender are serialized.
+ *
+ * # Safety
+ * `source` is NULL or points to a readable `ci_source_image` of at least
+ * `source->struct_size` bytes that is true of the image
+ * (`vk_export::SourceImage::new`'s contract): `image` is a live 2D image
+ * of the context's device, of `vk_format`, one sample, made with
+ * `VK_IMAGE_USAGE_TRANSFER_SRC_BIT`, whose level 0 is at least
+ * `width` x `height`; it is in `layout` (all its levels and layers) and
+ * `sharing` is true of it; every write to it (and a release to transfer)
+ * was submitted before this call on the queue the copy runs on (inside
+ * `ci_context_with_queue`) or has completed; nothing writes it, changes
+ * its layout or destroys it until this call returns (after an error, until
+ * the context's queues are idle). `sequence_out` is NULL or valid for a
+ * write.
+ */
+enum ci_status ci_sender_present_copy(struct ci_sender *sender,
+                                      const struct ci_source_image *source,
+                                      uint64_t timestamp_ns,
+                                      double timeout_s,
+                                      uint64_t *sequence_out);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -53,7 +53,14 @@ pub struct ci_receiver {
     _opaque: [u8; 0],
 }
 
-/// An opaque frame a receiver handed out.
+/// An opaque CUDA receiver (`ci_cuda_receiver_connect_named`).
+#[allow(non_camel_case_types)]
+#[derive(Debug)]
+pub struct ci_cuda_receiver {
+    _opaque: [u8; 0],
+}
+
+/// An opaque frame a receiver (host or CUDA) handed out.
 #[allow(non_camel_case_types)]
 #[derive(Debug)]
 pub struct ci_frame {
@@ -147,6 +154,10 @@ pub struct ci_sender_info {
     pub kind: u32,
     /// Zero (padding, for a layout without holes).
     pub reserved: u32,
+    /// The pixel format's lower-case name, NUL-terminated:
+    /// `r8g8b8a8_unorm` (an RGBA8 buffer ring), `nv12`, `p010`, or an
+    /// image ring's `VkFormat` without `VK_FORMAT_` (`b8g8r8a8_srgb`).
+    pub format: [c_char; crate::receive::CI_FORMAT_NAME_CAPACITY],
 }
 
 /// Lists the live senders of the default directory
@@ -173,16 +184,9 @@ pub unsafe extern "C" fn ci_list_senders(
         }
         let senders = cuda_interop_frames::discovery::list_senders().map_err(discovery)?;
         for (i, s) in senders.iter().take(capacity).enumerate() {
-            let mut name = [0 as c_char; CI_NAME_CAPACITY];
             // Names are at most 64 bytes (validated); the last byte stays NUL.
-            for (d, b) in name
-                .iter_mut()
-                .zip(s.name.bytes().take(CI_NAME_CAPACITY - 1))
-            {
-                *d = b as c_char;
-            }
             let info = ci_sender_info {
-                name,
+                name: crate::receive::name_array(&s.name),
                 row_pitch: s.row_pitch,
                 fps: s.fps,
                 width: s.width,
@@ -194,6 +198,7 @@ pub unsafe extern "C" fn ci_list_senders(
                     SlotKind::Image => CI_SLOTS_IMAGES,
                 },
                 reserved: 0,
+                format: crate::receive::name_array(&s.format),
             };
             // SAFETY: `i < capacity`, and `out` is valid for `capacity`
             // entries (the caller's promise; not NULL, checked above).
@@ -205,13 +210,13 @@ pub unsafe extern "C" fn ci_list_senders(
     })
 }
 
-fn key<T>(handle: *const T) -> usize {
+pub(crate) fn key<T>(handle: *const T) -> usize {
     handle as usize
 }
 
 /// # Safety
 /// `p` is NULL or points to a NUL-terminated string.
-unsafe fn string<'a>(p: *const c_char, what: &str) -> Result<&'a str, CiError> {
+pub(crate) unsafe fn string<'a>(p: *const c_char, what: &str) -> Result<&'a str, CiError> {
     non_null(p, what)?;
     // SAFETY: not NULL, and NUL-terminated by the caller's promise.
     let s = unsafe { CStr::from_ptr(p) };
@@ -223,7 +228,7 @@ unsafe fn string<'a>(p: *const c_char, what: &str) -> Result<&'a str, CiError> {
     })
 }
 
-fn vulkan(e: vk_export::Error) -> CiError {
+pub(crate) fn vulkan(e: vk_export::Error) -> CiError {
     let status = match &e {
         vk_export::Error::Timeout(_) => ci_status::CI_TIMEOUT,
         vk_export::Error::Unsupported { .. } | vk_export::Error::NoDevice(_) => {
@@ -236,7 +241,7 @@ fn vulkan(e: vk_export::Error) -> CiError {
     CiError::new(status, e.to_string())
 }
 
-fn discovery(e: DiscoveryError) -> CiError {
+pub(crate) fn discovery(e: DiscoveryError) -> CiError {
     let status = match &e {
         DiscoveryError::Name { .. } => ci_status::CI_INVALID_ARGUMENT,
         DiscoveryError::NameTaken { .. } | DiscoveryError::NameBusy { .. } => {
@@ -254,7 +259,7 @@ fn discovery(e: DiscoveryError) -> CiError {
     )
 }
 
-fn consumer(e: &ConsumerError) -> CiError {
+pub(crate) fn consumer(e: &ConsumerError) -> CiError {
     let status = match e {
         ConsumerError::ConnectTimeout { .. } | ConsumerError::Timeout(_) => ci_status::CI_TIMEOUT,
         ConsumerError::Connect { .. } | ConsumerError::Poll(_) | ConsumerError::Recv(_) => {
@@ -278,7 +283,7 @@ fn consumer(e: &ConsumerError) -> CiError {
     CiError::new(status, e.to_string())
 }
 
-fn sender_error(e: SenderError) -> CiError {
+pub(crate) fn sender_error(e: SenderError) -> CiError {
     match e {
         SenderError::Options(why) => CiError::new(ci_status::CI_INVALID_ARGUMENT, why),
         SenderError::Layout(p) => CiError::new(ci_status::CI_INVALID_ARGUMENT, p.to_string()),
@@ -416,7 +421,7 @@ pub unsafe extern "C" fn ci_sender_new(
 
 /// Whether `ctx`'s device has device-local memory that is not host-visible
 /// (the frames examples' choice, `demo::choose`).
-fn offers_device_local(ctx: &Context) -> bool {
+pub(crate) fn offers_device_local(ctx: &Context) -> bool {
     // SAFETY: the context's live instance and one of its physical devices.
     let memory = unsafe {
         ctx.instance()
@@ -426,7 +431,7 @@ fn offers_device_local(ctx: &Context) -> bool {
     types.iter().any(|t| DeviceLocal::admits(t.property_flags))
 }
 
-fn with_sender<T>(
+pub(crate) fn with_sender<T>(
     sender: *mut ci_sender,
     f: impl FnOnce(&mut AnySender) -> Result<T, CiError>,
 ) -> Result<T, CiError> {
@@ -457,6 +462,7 @@ pub unsafe extern "C" fn ci_sender_wait_for_receivers(
             Ok(match s {
                 AnySender::Host(s) => s.wait_for_receivers(count as usize, timeout),
                 AnySender::Device(s) => s.wait_for_receivers(count as usize, timeout),
+                AnySender::Image(s) => s.wait_for_receivers(count as usize, timeout),
             })
         })?;
         if ok {
@@ -490,16 +496,28 @@ pub unsafe extern "C" fn ci_sender_serve(sender: *mut ci_sender, timeout_s: f64)
             match s {
                 AnySender::Host(s) => s.serve(timeout),
                 AnySender::Device(s) => s.serve(timeout),
+                AnySender::Image(s) => s.serve(timeout),
             }
             Ok(())
         })
     })
 }
 
-fn acquire<M: MemoryLocation>(
-    s: &mut Sender<M>,
+/// `what` called on an image ring's sender.
+fn image_ring(what: &str) -> CiError {
+    CiError::new(
+        ci_status::CI_UNSUPPORTED,
+        format!(
+            "{what} presents into a buffer ring; this sender's slots are images \
+             (ci_image_sender_new): present with ci_sender_present_copy"
+        ),
+    )
+}
+
+pub(crate) fn acquire<M: MemoryLocation, R: cuda_interop_frames::sender::SlotResource<M>>(
+    s: &mut Sender<M, R>,
     timeout: Duration,
-) -> Result<cuda_interop_frames::sender::WriteSlot<'_, M>, CiError> {
+) -> Result<cuda_interop_frames::sender::WriteSlot<'_, M, R>, CiError> {
     s.acquire(timeout).map_err(|e| match e {
         AcquireError::AllSlotsHeld => CiError::new(ci_status::CI_SKIPPED, e.to_string()),
         AcquireError::Timeout(_) => CiError::new(
@@ -556,6 +574,7 @@ pub unsafe extern "C" fn ci_sender_present_fill(
         let sequence = with_sender(sender, |s| match s {
             AnySender::Host(s) => fill(s, value, timestamp_ns, timeout),
             AnySender::Device(s) => fill(s, value, timestamp_ns, timeout),
+            AnySender::Image(_) => Err(image_ring("ci_sender_present_fill")),
         })?;
         if !sequence_out.is_null() {
             // SAFETY: not NULL, valid for a write (the caller's promise).
@@ -650,6 +669,7 @@ pub unsafe extern "C" fn ci_sender_present_record(
         let sequence = with_sender(sender, |s| match s {
             AnySender::Host(s) => record_with(s, record, user, timestamp_ns, timeout),
             AnySender::Device(s) => record_with(s, record, user, timestamp_ns, timeout),
+            AnySender::Image(_) => Err(image_ring("ci_sender_present_record")),
         })?;
         if !sequence_out.is_null() {
             // SAFETY: not NULL, valid for a write (the caller's promise).
@@ -675,6 +695,7 @@ pub unsafe extern "C" fn ci_sender_stats_get(
             Ok(match s {
                 AnySender::Host(s) => s.stats(),
                 AnySender::Device(s) => s.stats(),
+                AnySender::Image(s) => s.stats(),
             })
         })?;
         non_null(stats, "stats")?;
@@ -739,18 +760,7 @@ pub unsafe extern "C" fn ci_receiver_connect_named(
         let name = unsafe { string(name, "name") }?;
         non_null(out, "out")?;
         let timeout = seconds("timeout_s", timeout_s)?;
-        let delivery = match delivery {
-            CI_DELIVERY_LATEST => Delivery::Latest,
-            CI_DELIVERY_LOSSLESS => Delivery::Lossless,
-            d => {
-                return Err(CiError::new(
-                    ci_status::CI_INVALID_ARGUMENT,
-                    format!(
-                        "delivery is {d}: pass CI_DELIVERY_LATEST (0) or CI_DELIVERY_LOSSLESS (1)"
-                    ),
-                ))
-            }
-        };
+        let delivery = delivery_of(delivery)?;
         let receiver =
             HostReceiver::connect_named(name, delivery, timeout).map_err(|e| match e {
                 ConnectError::Discovery(d) => discovery(d),
@@ -761,6 +771,18 @@ pub unsafe extern "C" fn ci_receiver_connect_named(
         unsafe { out.write(handle as *mut ci_receiver) };
         Ok(())
     })
+}
+
+/// A `CI_DELIVERY_*` value, checked.
+pub(crate) fn delivery_of(delivery: u32) -> Result<Delivery, CiError> {
+    match delivery {
+        CI_DELIVERY_LATEST => Ok(Delivery::Latest),
+        CI_DELIVERY_LOSSLESS => Ok(Delivery::Lossless),
+        d => Err(CiError::new(
+            ci_status::CI_INVALID_ARGUMENT,
+            format!("delivery is {d}: pass CI_DELIVERY_LATEST (0) or CI_DELIVERY_LOSSLESS (1)"),
+        )),
+    }
 }
 
 /// Waits up to `timeout_s` seconds for the next frame (latest: the newest;
@@ -785,41 +807,60 @@ pub unsafe extern "C" fn ci_receiver_next(
         non_null(out, "out")?;
         let timeout = seconds("timeout_s", timeout_s)?;
         let frame = rx.next(timeout).map_err(|e| consumer(&e))?;
-        let layout = rx.session().layout();
-        let info = ci_frame_info {
-            sequence: frame.sequence(),
-            timestamp_ns: frame.timestamp_ns(),
-            dropped_before: frame.dropped_before(),
-            row_pitch: layout.row_pitch,
-            frame_bytes: rx.frame_bytes(),
-            slot: frame.slot(),
-            width: layout.width,
-            height: layout.height,
-            reserved: 0,
-        };
-        let entry = FrameEntry {
+        let handle = register_frame(
             owner,
-            info,
-            frame: Mutex::new(Some(frame)),
-        };
-        let handle = handles::insert(Object::Frame(Arc::new(entry)));
-        // A ci_receiver_free on another thread during this call takes out
-        // the frames registered before its sweep; one registered after it
-        // is taken out here (the receiver is gone from the table by then),
-        // so no frame outlives its receiver's handle.
-        if handles::receiver(owner).is_err() {
-            let orphan = handles::remove(handle, "ci_frame*", |o| matches!(o, Object::Frame(_)));
-            drop(orphan);
-            return Err(CiError::new(
-                ci_status::CI_WRONG_HANDLE,
-                "the receiver was freed (on another thread) during ci_receiver_next: its frame \
-                 was released; free a receiver only after its last call",
-            ));
-        }
+            frame,
+            rx.session().layout(),
+            rx.frame_bytes(),
+            || handles::receiver(owner).is_ok(),
+        )?;
         // SAFETY: not NULL, valid for a write (the caller's promise).
         unsafe { out.write(handle as *mut ci_frame) };
         Ok(())
     })
+}
+
+/// Registers `frame` of receiver `owner` (whose ring has `layout` and
+/// frames of `frame_bytes`); its handle's value. `owner_live` says whether
+/// the receiver's handle is still live after the registration.
+pub(crate) fn register_frame(
+    owner: usize,
+    frame: cuda_interop_frames::session::Frame,
+    layout: &cuda_interop_frames::protocol::RingLayout,
+    frame_bytes: u64,
+    owner_live: impl FnOnce() -> bool,
+) -> Result<usize, CiError> {
+    let info = ci_frame_info {
+        sequence: frame.sequence(),
+        timestamp_ns: frame.timestamp_ns(),
+        dropped_before: frame.dropped_before(),
+        row_pitch: layout.row_pitch,
+        frame_bytes,
+        slot: frame.slot(),
+        width: layout.width,
+        height: layout.height,
+        reserved: 0,
+    };
+    let entry = FrameEntry {
+        owner,
+        info,
+        frame: Mutex::new(Some(frame)),
+    };
+    let handle = handles::insert(Object::Frame(Arc::new(entry)));
+    // A receiver freed on another thread during this call takes out the
+    // frames registered before its sweep; one registered after it is taken
+    // out here (the receiver is gone from the table by then), so no frame
+    // outlives its receiver's handle.
+    if !owner_live() {
+        let orphan = handles::remove(handle, "ci_frame*", |o| matches!(o, Object::Frame(_)));
+        drop(orphan);
+        return Err(CiError::new(
+            ci_status::CI_WRONG_HANDLE,
+            "the receiver was freed (on another thread) while it received: its frame was \
+             released; free a receiver only after its last call",
+        ));
+    }
+    Ok(handle)
 }
 
 /// Stores `frame`'s description in `*info`.
@@ -842,8 +883,14 @@ pub unsafe extern "C" fn ci_frame_get_info(
     })
 }
 
-fn owned_frame(receiver: usize, frame: usize) -> Result<Arc<FrameEntry>, CiError> {
+pub(crate) fn owned_frame(receiver: usize, frame: usize) -> Result<Arc<FrameEntry>, CiError> {
     handles::receiver(receiver)?;
+    frame_of(receiver, frame)
+}
+
+/// Frame `frame`, checked to be one receiver `receiver` handed out (the
+/// receiver's own kind checked by the caller).
+pub(crate) fn frame_of(receiver: usize, frame: usize) -> Result<Arc<FrameEntry>, CiError> {
     let f = handles::frame(frame)?;
     if f.owner != receiver {
         return Err(CiError::new(

@@ -3,13 +3,15 @@
 //!
 //! # Contract
 //!
-//! * A handle (`ci_context*`, `ci_sender*`, `ci_receiver*`, `ci_frame*`) is
+//! * A handle (`ci_context*`, `ci_sender*`, `ci_receiver*`,
+//!   `ci_cuda_receiver*`, `ci_frame*`) is
 //!   an opaque pointer that is never dereferenced: its value is a key into
 //!   one global table (`Mutex<HashMap<usize, Object>>`) of the live objects,
 //!   each tagged with its kind. Keys come from a counter (a generation):
 //!   they are never reused, so a freed handle stays an unknown key forever,
 //!   even after other objects are made.
-//! * Looking a handle up ([`context`], [`sender`], [`receiver`], [`frame`])
+//! * Looking a handle up ([`context`], [`sender`], [`receiver`],
+//!   [`cuda_receiver`], [`frame`])
 //!   returns a clone of the object's `Arc` (the table's lock is held only
 //!   for the lookup), or an error: [`ci_status::CI_NULL_POINTER`] for NULL,
 //!   [`ci_status::CI_WRONG_HANDLE`] for an unknown key (freed, or never a handle:
@@ -24,6 +26,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
+use cuda_interop_frames::cuda_receiver::CudaReceiver;
 use cuda_interop_frames::host_receiver::HostReceiver;
 use cuda_interop_frames::session::Frame;
 use vk_export::markers::{DeviceLocal, HostVisible};
@@ -38,6 +41,9 @@ pub(crate) enum AnySender {
     Host(cuda_interop_frames::sender::Sender<HostVisible>),
     /// Device-local slots.
     Device(cuda_interop_frames::sender::Sender<DeviceLocal>),
+    /// A ring of images (`ci_image_sender_new`), of the format it was made
+    /// with.
+    Image(Box<dyn crate::vulkan::ImageRing>),
 }
 
 /// A frame handed out, with what `ci_frame_info` reports.
@@ -57,6 +63,7 @@ pub(crate) enum Object {
     Context(Context),
     Sender(Arc<Mutex<AnySender>>),
     Receiver(Arc<HostReceiver>),
+    CudaReceiver(Arc<CudaReceiver>),
     Frame(Arc<FrameEntry>),
 }
 
@@ -66,6 +73,7 @@ impl Object {
             Object::Context(_) => "ci_context*",
             Object::Sender(_) => "ci_sender*",
             Object::Receiver(_) => "ci_receiver*",
+            Object::CudaReceiver(_) => "ci_cuda_receiver*",
             Object::Frame(_) => "ci_frame*",
         }
     }
@@ -144,6 +152,14 @@ pub(crate) fn sender(key: usize) -> Result<Arc<Mutex<AnySender>>, CiError> {
 pub(crate) fn receiver(key: usize) -> Result<Arc<HostReceiver>, CiError> {
     lookup(key, "ci_receiver*", |o| match o {
         Object::Receiver(r) => Some(r.clone()),
+        _ => None,
+    })
+}
+
+/// The CUDA receiver of handle `key`.
+pub(crate) fn cuda_receiver(key: usize) -> Result<Arc<CudaReceiver>, CiError> {
+    lookup(key, "ci_cuda_receiver*", |o| match o {
+        Object::CudaReceiver(r) => Some(r.clone()),
         _ => None,
     })
 }

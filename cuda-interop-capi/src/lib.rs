@@ -29,6 +29,8 @@
 
 mod ffi;
 mod handles;
+mod receive;
+mod vulkan;
 
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
@@ -36,6 +38,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
 pub use ffi::*;
+pub use receive::*;
+pub use vulkan::*;
 
 /// The ABI's major version: the `N` of the soname `libcuda_interop.so.N`
 /// (see the README's stability rules).

@@ -20,11 +20,17 @@ fn read(path: &str) -> String {
 }
 
 fn source() -> String {
-    ["src/lib.rs", "src/ffi.rs", "src/handles.rs"]
-        .iter()
-        .map(|p| read(p))
-        .collect::<Vec<_>>()
-        .join("\n")
+    [
+        "src/lib.rs",
+        "src/ffi.rs",
+        "src/handles.rs",
+        "src/receive.rs",
+        "src/vulkan.rs",
+    ]
+    .iter()
+    .map(|p| read(p))
+    .collect::<Vec<_>>()
+    .join("\n")
 }
 
 /// The names of the `extern "C" fn`s after `#[no_mangle]`.
@@ -135,7 +141,7 @@ fn header_matches_source() {
             .map(|l| {
                 let decl = l.trim_end_matches(';');
                 let last = decl.split_whitespace().last().unwrap();
-                last.split('[').next().unwrap()
+                last.split('[').next().unwrap().trim_start_matches('*')
             })
             .collect();
         assert_eq!(
