@@ -217,13 +217,20 @@ enum Place<'a> {
 
 /// An RGB(A) image read by a conversion: a level of an image with storage
 /// usage, or pitched linear memory, of format `F`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct RgbaImage<'a, F> {
     place: Place<'a>,
     width: u32,
     height: u32,
     _format: std::marker::PhantomData<fn() -> F>,
 }
+
+impl<F> Clone for RgbaImage<'_, F> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<F> Copy for RgbaImage<'_, F> {}
 
 /// An RGB(A) image written by a conversion: like [`RgbaImage`], with linear
 /// memory from an exclusive borrow ([`PitchedMut`]; a level is written

@@ -35,6 +35,7 @@ pub mod gpu;
 pub mod sample;
 pub mod tamper;
 pub mod wire_gen;
+pub mod yuv;
 
 pub use fds::open_fd_count;
 
