@@ -23,6 +23,12 @@
 //! * `c_program_against_the_shared_library`: the error-path program linked
 //!   against `libcuda_interop.so` runs where only `libcuda_interop.so.0`
 //!   (the soname) is on the library path.
+//! * `installed_with_pkg_config`: `cargo xtask install-capi` (the test's
+//!   profile) into a fresh prefix; `frames.c` built with nothing but
+//!   `pkg-config --cflags --libs cuda-interop` (`PKG_CONFIG_PATH` the
+//!   prefix's) against the installed header and shared library, run as a
+//!   C sender and a named C host receiver (every word of 30 frames
+//!   checked) with only the prefix's `lib/` on the library path.
 //! * No program may cause a Vulkan validation error (the library's
 //!   contexts enable the layer where it is installed; errors go to stderr).
 //! * `header_compiles_as_cpp`: the header compiles as C++ (where `g++` is).
@@ -374,4 +380,91 @@ fn header_compiles_as_cpp() {
         "the header does not compile as C++:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+#[test]
+fn installed_with_pkg_config() {
+    let dir = scratch("install");
+    let runtime = runtime_dir(&dir);
+    let prefix = dir.join("prefix");
+    let profile = profile_dir();
+    let target_dir = profile.parent().expect("target/<profile> has a parent");
+    let profile_name = match profile.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev".to_string(),
+        Some(other) => other.to_string(),
+        None => panic!("a profile directory name"),
+    };
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let installed = Command::new(&cargo)
+        .args([
+            "run",
+            "--quiet",
+            "-p",
+            "xtask",
+            "--",
+            "install-capi",
+            "--profile",
+        ])
+        .arg(&profile_name)
+        .arg("--prefix")
+        .arg(&prefix)
+        .env("CARGO_TARGET_DIR", target_dir)
+        .current_dir(crate_dir())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cargo}: {e}"));
+    assert!(
+        installed.status.success(),
+        "cargo xtask install-capi failed:\n{}",
+        String::from_utf8_lossy(&installed.stderr)
+    );
+    for file in [
+        "lib/libcuda_interop.so.0",
+        "lib/libcuda_interop.so",
+        "lib/libcuda_interop.a",
+        "include/cuda_interop.h",
+        "lib/pkgconfig/cuda-interop.pc",
+    ] {
+        assert!(prefix.join(file).exists(), "{file} was not installed");
+    }
+    let pkgconfig = prefix.join("lib/pkgconfig");
+    let flags = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "cuda-interop"])
+        .env("PKG_CONFIG_PATH", &pkgconfig)
+        .output();
+    let flags = match flags {
+        Ok(out) if out.status.success() => String::from_utf8(out.stdout).expect("UTF-8 flags"),
+        Ok(out) => panic!(
+            "pkg-config --cflags --libs cuda-interop failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => panic!("cannot run pkg-config ({e}): install pkg-config"),
+    };
+    assert!(flags.contains("-lcuda_interop"), "pkg-config said {flags}");
+    // Only the installed files: the source's include directory is not on
+    // the command line.
+    let exe = dir.join("frames-installed");
+    let mut cc_cmd = Command::new(cc());
+    cc_cmd
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g"])
+        .arg(crate_dir().join("tests/c/frames.c"))
+        .args(flags.split_whitespace())
+        .arg("-ldl")
+        .arg("-o")
+        .arg(&exe);
+    let built = cc_cmd.output().expect("the C compiler");
+    assert!(
+        built.status.success(),
+        "{cc_cmd:?} failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let lib = prefix.join("lib").display().to_string();
+    let env = [("LD_LIBRARY_PATH", lib.as_str())];
+    let name = format!("capi-installed-{}", std::process::id());
+    let sender = spawn(&exe, &["send", &name, "30"], &runtime, &env);
+    let receiver = spawn(&exe, &["recv", &name, "30"], &runtime, &env);
+    let received = finish(receiver, "the installed C receiver");
+    let sent = finish(sender, "the installed C sender");
+    assert_success(&received, "the installed C receiver");
+    assert_success(&sent, "the installed C sender");
+    assert!(String::from_utf8_lossy(&received.stdout).contains("30 frames checked"));
 }

@@ -6,6 +6,7 @@
 //! cargo xtask codegen [--check] [--cuda-include DIR]   regenerate (or check) the driver bindings and the C header (cuda-interop-capi); check the copy kernels' PTX against its source
 //! cargo xtask codegen capi [--check]                   regenerate (or check) only the C ABI's header, cuda-interop-capi/include/cuda_interop.h
 //! cargo xtask codegen ptx [--out FILE] [--ptx FILE]    regenerate the copy kernels' PTX (needs nvcc, or nvcc's output)
+//! cargo xtask install-capi [--profile P] --prefix DIR   build the C ABI and install its library, header and pkg-config file under DIR
 //! cargo xtask wheel [--out DIR]                        the Python wheel and the GPU demo folder
 //! cargo xtask gpu-bundle                               the GPU machine's bundle (.gpu/, .gl/; run there: bash .gpu/bundle/run.sh)
 //! cargo xtask modgraph                                 each crate's module graph; fails on a cycle
@@ -29,6 +30,7 @@
 mod cargo_args;
 mod fresh;
 mod gpu_bundle;
+mod install_capi;
 mod modgraph;
 mod msrv;
 mod outdir;
@@ -55,6 +57,7 @@ fn main() -> ExitCode {
         Some("codegen") => codegen(&args[1..]),
         Some("test") => fresh::test(&args[1..]),
         Some("demo") => fresh::demo(&args[1..]),
+        Some("install-capi") => install_capi::install_capi(&args[1..]),
         Some("wheel") => wheel::wheel(&args[1..]),
         Some("modgraph") => modgraph::run(&args[1..]),
         Some("gpu-bundle") => gpu_bundle::gpu_bundle(&args[1..]),
@@ -175,6 +178,14 @@ tasks:
       nvcc (lowered to PTX ISA 7.0 / sm_75, checked with ptxas for sm_75
       and sm_90). Without nvcc it stops and says so; --ptx takes the output
       of `nvcc -ptx -arch=compute_75 -O3 copy.cu` made elsewhere.
+  install-capi [--profile PROFILE] --prefix DIR
+      The C ABI for C and C++ programs: builds cuda-interop-capi's
+      libraries (release unless --profile) and installs, under DIR,
+      lib/libcuda_interop.so.0 (the soname) with the lib/libcuda_interop.so
+      link, lib/libcuda_interop.a, include/cuda_interop.h and
+      lib/pkgconfig/cuda-interop.pc; then
+      `PKG_CONFIG_PATH=DIR/lib/pkgconfig pkg-config --cflags --libs
+      cuda-interop` builds against it. Overwrites only those files.
   wheel [--out DIR]
       The Python module in release (abi3, CPython >= 3.9, no test hooks)
       as target/gpu-demo/cuda_interop.abi3.so and a wheel next to it

@@ -115,11 +115,25 @@ static int do_recv(const char *name, uint64_t frames) {
     for (size_t i = 0; i < count && i < 8; i++) {
         if (strcmp(listed[i].name, name) == 0 && listed[i].width == 64 &&
             listed[i].height == 48 && listed[i].slots == 3 && listed[i].row_pitch == 64 * 4 &&
-            listed[i].kind == CI_SLOTS_BUFFERS)
+            listed[i].kind == CI_SLOTS_BUFFERS && strcmp(listed[i].format, "r8g8b8a8_unorm") == 0)
             found = 1;
     }
     if (!found) {
         fprintf(stderr, "ci_list_senders did not list %s as a 64x48 ring of 3 buffers\n", name);
+        return 1;
+    }
+    /* The ring's layout, as the receiver sees it. */
+    ci_ring_layout layout;
+    memset(&layout, 0, sizeof layout);
+    layout.struct_size = sizeof layout;
+    CHECK(ci_receiver_get_layout(rx, &layout));
+    if (layout.format != CI_FORMAT_RGBA8_BUFFER || layout.width != 64 || layout.height != 48 ||
+        layout.slots != 3 || layout.row_pitch != 64 * 4 || layout.vk_format != 37 ||
+        layout.frame_bytes != 64 * 4 * 48 || layout.texel_bytes != 4 ||
+        layout.chroma_offset != 0 || strcmp(layout.format_name, "r8g8b8a8_unorm") != 0) {
+        fprintf(stderr, "unexpected layout: format %u %ux%u, %u slots, pitch %" PRIu64 ", %s\n",
+                layout.format, layout.width, layout.height, layout.slots, layout.row_pitch,
+                layout.format_name);
         return 1;
     }
     uint8_t *pixels = NULL;
