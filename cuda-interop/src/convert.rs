@@ -94,10 +94,6 @@ use crate::generated::convert_ptx::CONVERT_PTX;
 use crate::markers::SurfaceUsage;
 use crate::stream::Stream;
 
-/// The PTX of the conversion kernels (`convert_*`, see `kernels/convert.cu`),
-/// for code that launches them itself.
-pub const PTX: &str = CONVERT_PTX;
-
 /// The Y'CbCr matrix: the luma coefficients Kr and Kb of an ITU-R
 /// recommendation (non-constant luminance).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -21,6 +21,10 @@
 /// them itself (a benchmark's C loop).
 pub const COPY_PTX: &str = crate::generated::copy_ptx::COPY_PTX;
 
+/// The PTX of the crate's colour conversion kernels (`convert_*`, see
+/// the `convert` module), generated from `kernels/convert.cu`.
+pub const CONVERT_PTX: &str = crate::generated::convert_ptx::CONVERT_PTX;
+
 /// The PTX module holding the kernels above.
 pub const PTX: &str = r#"
 .version 7.0

@@ -305,7 +305,11 @@ fn child_fake_conversions() {
     assert_eq!((call.num("width"), call.num("height")), (64, 32));
     assert_eq!(
         call.get("flags"),
-        if nv12.device_ptr().is_multiple_of(4) { "1" } else { "0" }
+        if nv12.device_ptr().is_multiple_of(4) {
+            "1"
+        } else {
+            "0"
+        }
     );
     assert_eq!(
         (call.get("m0"), call.get("off0"), call.get("off1")),
