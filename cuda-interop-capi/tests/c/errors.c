@@ -41,6 +41,26 @@ static void expect(ci_status got, ci_status want, const char *what, int line) {
 
 #define EXPECT(call, want) expect((call), (want), #call, __LINE__)
 
+static int g_queue_calls;
+static int g_nested;
+
+/* ci_context_with_queue's callback: the queue is there, and a nested call
+ * on the same context is refused instead of deadlocking. */
+static void on_queue(void *user, void *queue) {
+    g_queue_calls++;
+    if (queue == NULL) failures++;
+    ci_status s = ci_context_with_queue((ci_context *)user, CI_QUEUE_MAIN, on_queue, user);
+    if (s != CI_OK && ci_last_error_message()[0] != '\0') g_nested++;
+}
+
+static void record_nothing(void *user, void *device, void *cmd, uint64_t buffer, uint64_t size) {
+    (void)user;
+    (void)device;
+    (void)cmd;
+    (void)buffer;
+    (void)size;
+}
+
 static ci_sender *g_sender;
 static atomic_int g_stop;
 
@@ -131,6 +151,106 @@ int main(int argc, char **argv) {
     EXPECT(ci_sender_stats_get(sender, &stats), CI_OK);
     EXPECT(ci_sender_present_fill(NULL, 0, 0, 0.0, NULL), CI_NULL_POINTER);
 
+    /* The application's own device: NULL, a short struct, NULL handles
+     * (checked before anything is loaded through them). */
+    ci_context *app_ctx = NULL;
+    ci_vulkan_device vdev;
+    memset(&vdev, 0, sizeof vdev);
+    EXPECT(ci_context_new_from_vulkan(NULL, &app_ctx), CI_NULL_POINTER);
+    EXPECT(ci_context_new_from_vulkan(&vdev, &app_ctx), CI_INVALID_ARGUMENT);
+    vdev.struct_size = sizeof vdev;
+    EXPECT(ci_context_new_from_vulkan(&vdev, NULL), CI_NULL_POINTER);
+    EXPECT(ci_context_new_from_vulkan(&vdev, &app_ctx), CI_NULL_POINTER);
+    if (app_ctx != NULL) failures++;
+    /* The queue lock: bad role, NULL function, wrong handles, a nested call. */
+    EXPECT(ci_context_with_queue(ctx, 7, on_queue, ctx), CI_INVALID_ARGUMENT);
+    EXPECT(ci_context_with_queue(ctx, CI_QUEUE_MAIN, NULL, ctx), CI_NULL_POINTER);
+    EXPECT(ci_context_with_queue(NULL, CI_QUEUE_MAIN, on_queue, ctx), CI_NULL_POINTER);
+    EXPECT(ci_context_with_queue((ci_context *)sender, CI_QUEUE_MAIN, on_queue, ctx),
+           CI_WRONG_HANDLE);
+    EXPECT(ci_context_with_queue(ctx, CI_QUEUE_MAIN, on_queue, ctx), CI_OK);
+    EXPECT(ci_context_with_queue(ctx, CI_QUEUE_TRANSFER, on_queue, ctx), CI_OK);
+    if (g_queue_calls != 2 || g_nested != 2) {
+        fprintf(stderr, "with_queue: %d calls, %d nested refusals\n", g_queue_calls, g_nested);
+        failures++;
+    }
+
+    /* Image rings and present_copy: wrong ring kinds, bad sources (all
+     * refused before any Vulkan call; the image handle is never used). */
+    ci_sender *images = NULL;
+    ci_source_image src;
+    memset(&src, 0, sizeof src);
+    char image_name[96];
+    snprintf(image_name, sizeof image_name, "%s-images", name);
+    EXPECT(ci_image_sender_new(ctx, image_name, 16, 16, 1234, 2, &images), CI_INVALID_ARGUMENT);
+    EXPECT(ci_image_sender_new(ctx, image_name, 16, 16, 37, 2, NULL), CI_NULL_POINTER);
+    EXPECT(ci_image_sender_new(NULL, image_name, 16, 16, 37, 2, &images), CI_NULL_POINTER);
+    EXPECT(ci_image_sender_new(ctx, image_name, 0, 16, 37, 2, &images), CI_INVALID_ARGUMENT);
+    EXPECT(ci_image_sender_new(ctx, name, 16, 16, 37, 2, &images), CI_NAME_TAKEN);
+    EXPECT(ci_sender_present_copy(sender, &src, 0, 0.0, NULL), CI_UNSUPPORTED);
+    EXPECT(ci_sender_present_copy(NULL, &src, 0, 0.0, NULL), CI_NULL_POINTER);
+    EXPECT(ci_sender_present_copy((ci_sender *)ctx, &src, 0, 0.0, NULL), CI_WRONG_HANDLE);
+    EXPECT(ci_image_sender_new(ctx, image_name, 16, 16, 37, 2, &images), CI_OK);
+    EXPECT(ci_sender_present_fill(images, 0, 0, 0.0, NULL), CI_UNSUPPORTED);
+    EXPECT(ci_sender_present_record(images, record_nothing, NULL, 0, 0.0, NULL), CI_UNSUPPORTED);
+    EXPECT(ci_sender_present_copy(images, NULL, 0, 0.0, NULL), CI_NULL_POINTER);
+    EXPECT(ci_sender_present_copy(images, &src, 0, 0.0, NULL), CI_INVALID_ARGUMENT);
+    src.struct_size = sizeof src;
+    src.vk_format = 44; /* B8G8R8A8: not the ring's */
+    src.layout = 6;     /* TRANSFER_SRC_OPTIMAL */
+    src.sharing = CI_SHARING_EXCLUSIVE;
+    src.width = 16;
+    src.height = 16;
+    src.image = 0x1234;
+    EXPECT(ci_sender_present_copy(images, &src, 0, 0.0, NULL), CI_INVALID_ARGUMENT);
+    src.vk_format = 37;
+    src.sharing = 9;
+    EXPECT(ci_sender_present_copy(images, &src, 0, 0.0, NULL), CI_INVALID_ARGUMENT);
+    src.sharing = CI_SHARING_EXCLUSIVE;
+    src.layout = 0; /* UNDEFINED */
+    EXPECT(ci_sender_present_copy(images, &src, 0, 0.0, NULL), CI_INVALID_ARGUMENT);
+    src.layout = 6;
+    src.image = 0; /* VK_NULL_HANDLE */
+    EXPECT(ci_sender_present_copy(images, &src, 0, 0.0, NULL), CI_INVALID_ARGUMENT);
+    src.image = 0x1234;
+    src.width = 8; /* smaller than the ring: refused before recording */
+    EXPECT(ci_sender_present_copy(images, &src, 0, 0.0, NULL), CI_INVALID_ARGUMENT);
+    src.width = 16;
+    EXPECT(ci_sender_present_copy(images, &src, 0, NAN, NULL), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_stats_get(images, &stats), CI_OK);
+    if (stats.presented != 0) failures++;
+    EXPECT(ci_sender_free(images), CI_OK);
+    EXPECT(ci_sender_present_copy(images, &src, 0, 0.0, NULL), CI_WRONG_HANDLE);
+
+    /* CUDA receivers before connecting, and of another kind. */
+    ci_cuda_receiver *crx = NULL;
+    ci_ring_layout layout;
+    memset(&layout, 0, sizeof layout);
+    ci_pitched_plane plane;
+    void *array = NULL;
+    int32_t ordinal = -1;
+    EXPECT(ci_cuda_receiver_next(NULL, 0.0, &frame), CI_NULL_POINTER);
+    EXPECT(ci_cuda_receiver_next((ci_cuda_receiver *)sender, 0.0, &frame), CI_WRONG_HANDLE);
+    EXPECT(ci_cuda_receiver_next((ci_cuda_receiver *)bogus, 0.0, &frame), CI_WRONG_HANDLE);
+    EXPECT(ci_cuda_receiver_get_layout(NULL, &layout), CI_NULL_POINTER);
+    EXPECT(ci_cuda_receiver_device(NULL, &ordinal), CI_NULL_POINTER);
+    EXPECT(ci_cuda_receiver_wait_on(NULL, NULL, NULL), CI_NULL_POINTER);
+    EXPECT(ci_cuda_receiver_pitched(NULL, NULL, &plane), CI_NULL_POINTER);
+    EXPECT(ci_cuda_receiver_chroma(NULL, NULL, &plane), CI_NULL_POINTER);
+    EXPECT(ci_cuda_receiver_array(NULL, NULL, &array), CI_NULL_POINTER);
+    EXPECT(ci_cuda_receiver_release_after(NULL, NULL, NULL), CI_NULL_POINTER);
+    EXPECT(ci_cuda_receiver_release(NULL, NULL), CI_NULL_POINTER);
+    EXPECT(ci_cuda_receiver_free((ci_cuda_receiver *)ctx), CI_WRONG_HANDLE);
+    EXPECT(ci_cuda_receiver_free(NULL), CI_OK);
+    EXPECT(ci_cuda_receiver_connect_named(NULL, CI_DELIVERY_LATEST, 0.0, &crx), CI_NULL_POINTER);
+    EXPECT(ci_cuda_receiver_connect_named(name, CI_DELIVERY_LATEST, 0.0, NULL), CI_NULL_POINTER);
+    EXPECT(ci_cuda_receiver_connect_named(name, 9, 0.0, &crx), CI_INVALID_ARGUMENT);
+    EXPECT(ci_cuda_receiver_connect_named(name, CI_DELIVERY_LATEST, INFINITY, &crx),
+           CI_INVALID_ARGUMENT);
+    EXPECT(ci_cuda_receiver_connect_named("nobody-has-this-name", CI_DELIVERY_LATEST, 0.2, &crx),
+           CI_NOT_FOUND);
+    if (crx != NULL) failures++;
+
     /* Receivers: bad arguments, a missing name. */
     EXPECT(ci_receiver_connect_named(NULL, CI_DELIVERY_LATEST, 0.0, &rx), CI_NULL_POINTER);
     EXPECT(ci_receiver_connect_named(name, CI_DELIVERY_LATEST, 0.0, NULL), CI_NULL_POINTER);
@@ -181,6 +301,41 @@ int main(int argc, char **argv) {
         failures++;
     }
     free(pixels);
+    /* Layouts: a short struct_size, NULL, the host receiver's ring. */
+    EXPECT(ci_receiver_get_layout(rx, &layout), CI_INVALID_ARGUMENT);
+    EXPECT(ci_receiver_get_layout(rx, NULL), CI_NULL_POINTER);
+    EXPECT(ci_receiver_get_layout(NULL, &layout), CI_NULL_POINTER);
+    layout.struct_size = sizeof layout;
+    EXPECT(ci_receiver_get_layout((ci_receiver *)sender, &layout), CI_WRONG_HANDLE);
+    EXPECT(ci_cuda_receiver_get_layout((ci_cuda_receiver *)rx, &layout), CI_WRONG_HANDLE);
+    EXPECT(ci_receiver_get_layout(rx, &layout), CI_OK);
+    if (layout.width != 16 || layout.height != 16 || layout.format != CI_FORMAT_RGBA8_BUFFER ||
+        layout.frame_bytes != info.frame_bytes || strcmp(layout.format_name, "r8g8b8a8_unorm")) {
+        fprintf(stderr, "unexpected layout %ux%u %s\n", layout.width, layout.height,
+                layout.format_name);
+        failures++;
+    }
+    /* A host receiver's frame through the CUDA receiver's functions: the
+     * receiver is of another kind. */
+    EXPECT(ci_cuda_receiver_pitched((ci_cuda_receiver *)rx, frame, &plane), CI_WRONG_HANDLE);
+    EXPECT(ci_cuda_receiver_array((ci_cuda_receiver *)rx, frame, &array), CI_WRONG_HANDLE);
+    EXPECT(ci_cuda_receiver_wait_on((ci_cuda_receiver *)rx, frame, NULL), CI_WRONG_HANDLE);
+    EXPECT(ci_cuda_receiver_release((ci_cuda_receiver *)rx, frame), CI_WRONG_HANDLE);
+    EXPECT(ci_cuda_receiver_release_after((ci_cuda_receiver *)frame, frame, NULL),
+           CI_WRONG_HANDLE);
+    /* A CUDA receiver of this ring: lavapipe shares no timelines, so it is
+     * refused (CI_PROTOCOL, saying why); with a GPU it may connect. */
+    ci_status cs = ci_cuda_receiver_connect_named(name, CI_DELIVERY_LATEST, 10.0, &crx);
+    checks++;
+    if (cs == CI_OK) {
+        EXPECT(ci_cuda_receiver_free(crx), CI_OK);
+    } else if (ci_last_error_message()[0] == '\0') {
+        fprintf(stderr, "CUDA receiver refused (%d) without a message\n", (int)cs);
+        failures++;
+    } else {
+        printf("ok %d: a CUDA receiver of a lavapipe ring -> %d: %s\n", checks, (int)cs,
+               ci_last_error_message());
+    }
     EXPECT(ci_frame_release((ci_receiver *)ctx, frame), CI_WRONG_HANDLE);
     EXPECT(ci_frame_release(rx, NULL), CI_NULL_POINTER);
     EXPECT(ci_frame_release(rx, frame), CI_OK);
