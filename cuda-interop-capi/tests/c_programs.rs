@@ -29,6 +29,11 @@
 //!   prefix's) against the installed header and shared library, run as a
 //!   C sender and a named C host receiver (every word of 30 frames
 //!   checked) with only the prefix's `lib/` on the library path.
+//! * `c_cuda_receiver_gpu` (ignored here; the GPU bundle runs it):
+//!   `cuda_recv.c` receives 30 frames of `frames.c`'s sender through the
+//!   CUDA receiver, waits on its own `CUstream`, copies the pitched rows
+//!   with `cuMemcpy2DAsync` and checks every word; releasing twice is
+//!   `CI_WRONG_HANDLE`. `c_cuda_receiver_compiles` keeps it building in CI.
 //! * No program may cause a Vulkan validation error (the library's
 //!   contexts enable the layer where it is installed; errors go to stderr).
 //! * `header_compiles_as_cpp`: the header compiles as C++ (where `g++` is).
@@ -43,8 +48,16 @@ use std::time::{Duration, Instant};
 /// How long a C program may run before the test calls it hung.
 const CHILD_BOUND: Duration = Duration::from_secs(300);
 
+/// The crate's directory: where it was built, else `cuda-interop-capi/`
+/// of the working directory (the GPU bundle runs from the repository root
+/// of another checkout).
 fn crate_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if built.join("tests/c").is_dir() {
+        built
+    } else {
+        PathBuf::from("cuda-interop-capi")
+    }
 }
 
 /// `target/<profile>/`, where cargo puts the staticlib.
@@ -59,8 +72,13 @@ fn profile_dir() -> PathBuf {
 
 /// Builds the staticlib (cargo does not build a library without an rlib
 /// before integration tests) with the test's cargo, profile and target
-/// directory, once per test binary; its path.
+/// directory, once per test binary; its path. `CUDA_INTEROP_CAPI_STATICLIB`
+/// names a built one instead (no cargo run).
 fn staticlib() -> PathBuf {
+    // A machine without cargo (the GPU bundle) names a built one.
+    if let Some(lib) = std::env::var_os("CUDA_INTEROP_CAPI_STATICLIB") {
+        return PathBuf::from(lib);
+    }
     static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     let profile = profile_dir();
     let built = BUILT.get_or_init(|| {
@@ -467,4 +485,44 @@ fn installed_with_pkg_config() {
     assert_success(&received, "the installed C receiver");
     assert_success(&sent, "the installed C sender");
     assert!(String::from_utf8_lossy(&received.stdout).contains("30 frames checked"));
+}
+
+/// The GPU machine's C CUDA receiver: `cuda_recv.c` (libcuda by dlopen)
+/// receives 30 frames of `frames.c`'s C sender through
+/// `ci_cuda_receiver_*`, waits on its own stream, copies the pitched rows
+/// with `cuMemcpy2DAsync` and checks every word; built with the sanitizers
+/// where they link (LeakSanitizer off: the CUDA driver's allocations).
+#[test]
+#[ignore = "needs an NVIDIA GPU whose Vulkan driver exports memory and semaphores (the GPU bundle)"]
+fn c_cuda_receiver_gpu() {
+    let dir = scratch("cuda-recv");
+    let runtime = runtime_dir(&dir);
+    let flags = sanitizers(&dir).unwrap_or_default();
+    let (sender_exe, receiver_exe) = (dir.join("frames"), dir.join("cuda_recv"));
+    compile("frames.c", &sender_exe, &[]);
+    compile("cuda_recv.c", &receiver_exe, &flags);
+    let name = format!("capi-cuda-{}", std::process::id());
+    let env = [
+        (
+            "ASAN_OPTIONS",
+            "detect_leaks=0:abort_on_error=0:protect_shadow_gap=0",
+        ),
+        ("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"),
+    ];
+    let sender = spawn(&sender_exe, &["send", &name, "30"], &runtime, &[]);
+    let receiver = spawn(&receiver_exe, &[&name, "30"], &runtime, &env);
+    let received = finish(receiver, "the C CUDA receiver");
+    let sent = finish(sender, "the C sender");
+    assert_success(&received, "the C CUDA receiver");
+    assert_success(&sent, "the C sender");
+    assert!(String::from_utf8_lossy(&received.stdout).contains("30 frames checked"));
+}
+
+/// `cuda_recv.c` compiles (sanitizers included) where there is no GPU:
+/// the GPU test's program is kept building in CI.
+#[test]
+fn c_cuda_receiver_compiles() {
+    let dir = scratch("cuda-recv-build");
+    let flags = sanitizers(&dir).unwrap_or_default();
+    compile("cuda_recv.c", &dir.join("cuda_recv"), &flags);
 }
