@@ -25,6 +25,12 @@
 #define CI_ABI_VERSION_MAJOR 0
 
 /**
+ * Bytes of `ci_ring_layout::format_name` and `ci_sender_info::format`: a
+ * lower-case name (at most 31 bytes) and its NUL, padded.
+ */
+#define CI_FORMAT_NAME_CAPACITY 32
+
+/**
  * `ci_delivery`: the newest frame when the receiver asks; the sender never
  * waits for it.
  */
@@ -88,12 +94,6 @@
  * `ci_ring_layout::format`: OPTIMAL images of `vk_format`.
  */
 #define CI_FORMAT_IMAGE 3
-
-/**
- * Bytes of `ci_ring_layout::format_name` and `ci_sender_info::format`: a
- * lower-case name (at most 31 bytes) and its NUL, padded.
- */
-#define CI_FORMAT_NAME_CAPACITY 32
 
 /**
  * `ci_context_with_queue`'s role: the main queue.

@@ -157,7 +157,7 @@ pub struct ci_sender_info {
     /// The pixel format's lower-case name, NUL-terminated:
     /// `r8g8b8a8_unorm` (an RGBA8 buffer ring), `nv12`, `p010`, or an
     /// image ring's `VkFormat` without `VK_FORMAT_` (`b8g8r8a8_srgb`).
-    pub format: [c_char; crate::receive::CI_FORMAT_NAME_CAPACITY],
+    pub format: [c_char; crate::CI_FORMAT_NAME_CAPACITY],
 }
 
 /// Lists the live senders of the default directory
@@ -186,7 +186,7 @@ pub unsafe extern "C" fn ci_list_senders(
         for (i, s) in senders.iter().take(capacity).enumerate() {
             // Names are at most 64 bytes (validated); the last byte stays NUL.
             let info = ci_sender_info {
-                name: crate::receive::name_array(&s.name),
+                name: crate::name_array(&s.name),
                 row_pitch: s.row_pitch,
                 fps: s.fps,
                 width: s.width,
@@ -198,7 +198,7 @@ pub unsafe extern "C" fn ci_list_senders(
                     SlotKind::Image => CI_SLOTS_IMAGES,
                 },
                 reserved: 0,
-                format: crate::receive::name_array(&s.format),
+                format: crate::name_array(&s.format),
             };
             // SAFETY: `i < capacity`, and `out` is valid for `capacity`
             // entries (the caller's promise; not NULL, checked above).

@@ -43,7 +43,39 @@ pub(crate) enum AnySender {
     Device(cuda_interop_frames::sender::Sender<DeviceLocal>),
     /// A ring of images (`ci_image_sender_new`), of the format it was made
     /// with.
-    Image(Box<dyn crate::vulkan::ImageRing>),
+    Image(Box<dyn ImageRing>),
+}
+
+/// The application's image as a copy source (`ci_sender_present_copy`,
+/// parsed).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CopySource {
+    pub(crate) image: vk_export::ash::vk::Image,
+    pub(crate) extent: [u32; 2],
+    pub(crate) offset: [u32; 2],
+    pub(crate) layout: vk_export::ash::vk::ImageLayout,
+    pub(crate) sharing: vk_export::SourceSharing,
+}
+
+/// What an image ring's sender does, whatever its format (the C side
+/// picks the format at run time; implemented in `vulkan`).
+pub(crate) trait ImageRing: Send + std::fmt::Debug {
+    /// The images' raw `VkFormat`.
+    fn vk_format(&self) -> u32;
+    fn stats(&self) -> cuda_interop_frames::sender::SenderStats;
+    fn serve(&mut self, timeout: std::time::Duration);
+    fn wait_for_receivers(&mut self, count: usize, timeout: std::time::Duration) -> bool;
+    /// Presents a copy of `source` (as `WriteSlot::present_copy`).
+    ///
+    /// # Safety
+    /// `source` is true of the caller's image (`SourceImage::new`'s
+    /// contract).
+    unsafe fn present_copy(
+        &mut self,
+        source: CopySource,
+        timestamp_ns: u64,
+        timeout: std::time::Duration,
+    ) -> Result<u64, CiError>;
 }
 
 /// A frame handed out, with what `ci_frame_info` reports.

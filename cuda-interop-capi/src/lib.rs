@@ -156,6 +156,19 @@ pub extern "C" fn ci_last_error_message() -> *const c_char {
         .unwrap_or(c"(the thread is exiting: no message)".as_ptr())
 }
 
+/// Bytes of `ci_ring_layout::format_name` and `ci_sender_info::format`: a
+/// lower-case name (at most 31 bytes) and its NUL, padded.
+pub const CI_FORMAT_NAME_CAPACITY: usize = 32;
+
+/// `name` as a NUL-terminated, zero-padded array (cut to fit).
+pub(crate) fn name_array<const N: usize>(name: &str) -> [c_char; N] {
+    let mut out = [0 as c_char; N];
+    for (d, b) in out.iter_mut().zip(name.bytes().take(N - 1)) {
+        *d = b as c_char;
+    }
+    out
+}
+
 /// A timeout in seconds, checked.
 pub(crate) fn seconds(what: &str, s: f64) -> Result<Duration, CiError> {
     if !(s.is_finite() && (0.0..=1.0e9).contains(&s)) {

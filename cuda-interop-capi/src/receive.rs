@@ -34,7 +34,7 @@ use crate::ffi::{
     register_frame, string,
 };
 use crate::handles::{self, FrameEntry, Object};
-use crate::{ci_status, entry, non_null, seconds, CiError};
+use crate::{ci_status, entry, name_array, non_null, seconds, CiError, CI_FORMAT_NAME_CAPACITY};
 
 /// `ci_ring_layout::format`: pitched buffers of 8-bit RGBA pixels.
 pub const CI_FORMAT_RGBA8_BUFFER: u32 = 0;
@@ -46,10 +46,6 @@ pub const CI_FORMAT_NV12: u32 = 1;
 pub const CI_FORMAT_P010: u32 = 2;
 /// `ci_ring_layout::format`: OPTIMAL images of `vk_format`.
 pub const CI_FORMAT_IMAGE: u32 = 3;
-
-/// Bytes of `ci_ring_layout::format_name` and `ci_sender_info::format`: a
-/// lower-case name (at most 31 bytes) and its NUL, padded.
-pub const CI_FORMAT_NAME_CAPACITY: usize = 32;
 
 /// `VK_FORMAT_R8G8B8A8_UNORM`: the pixels of an RGBA8 buffer ring.
 const VK_FORMAT_R8G8B8A8_UNORM: u32 = 37;
@@ -89,15 +85,6 @@ pub struct ci_ring_layout {
     /// The format's lower-case name, NUL-terminated: `r8g8b8a8_unorm`,
     /// `nv12`, `p010`, or an image ring's `VkFormat` without `VK_FORMAT_`.
     pub format_name: [c_char; CI_FORMAT_NAME_CAPACITY],
-}
-
-/// `name` as a NUL-terminated, zero-padded array (cut to fit).
-pub(crate) fn name_array<const N: usize>(name: &str) -> [c_char; N] {
-    let mut out = [0 as c_char; N];
-    for (d, b) in out.iter_mut().zip(name.bytes().take(N - 1)) {
-        *d = b as c_char;
-    }
-    out
 }
 
 /// The lower-case name of a raw `VkFormat` among those vk-export maps, or

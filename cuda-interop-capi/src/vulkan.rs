@@ -32,7 +32,7 @@ use crate::ffi::{
     acquire, ci_context, ci_sender, discovery, key, offers_device_local, sender_error, string,
     vulkan, with_sender,
 };
-use crate::handles::{self, AnySender, Object};
+use crate::handles::{self, AnySender, CopySource, ImageRing, Object};
 use crate::{ci_status, entry, non_null, seconds, CiError};
 
 /// The application's Vulkan objects (`ci_context_new_from_vulkan`).
@@ -235,25 +235,6 @@ pub unsafe extern "C" fn ci_context_with_queue(
     })
 }
 
-/// What an image ring's sender does, whatever its format (the C side
-/// picks the format at run time).
-pub(crate) trait ImageRing: Send + std::fmt::Debug {
-    /// The images' raw `VkFormat`.
-    fn vk_format(&self) -> u32;
-    fn stats(&self) -> SenderStats;
-    fn serve(&mut self, timeout: Duration);
-    fn wait_for_receivers(&mut self, count: usize, timeout: Duration) -> bool;
-    /// # Safety
-    /// `source` describes the caller's image truthfully
-    /// (`SourceImage::new`'s contract).
-    unsafe fn present_copy(
-        &mut self,
-        source: &ci_source_image,
-        timestamp_ns: u64,
-        timeout: Duration,
-    ) -> Result<u64, CiError>;
-}
-
 impl<F: Format, M: MemoryLocation, U: Usage> ImageRing for ImageSender<F, M, U>
 where
     ImageSender<F, M, U>: Send,
@@ -276,35 +257,17 @@ where
 
     unsafe fn present_copy(
         &mut self,
-        source: &ci_source_image,
+        source: CopySource,
         timestamp_ns: u64,
         timeout: Duration,
     ) -> Result<u64, CiError> {
-        let sharing = match source.sharing {
-            CI_SHARING_CONCURRENT => SourceSharing::Concurrent,
-            CI_SHARING_EXCLUSIVE => SourceSharing::Exclusive(source.queue_family),
-            CI_SHARING_RELEASED_TO_TRANSFER => SourceSharing::ReleasedToTransfer {
-                from: source.queue_family,
-            },
-            s => {
-                return Err(CiError::new(
-                    ci_status::CI_INVALID_ARGUMENT,
-                    format!("source->sharing is {s}: pass a CI_SHARING_* value"),
-                ))
-            }
-        };
         // SAFETY: the caller's promise (SourceImage::new's contract, which
         // ci_sender_present_copy states).
         let image = unsafe {
-            SourceImage::<F>::new(
-                vk::Image::from_raw(source.image),
-                [source.width, source.height],
-                vk::ImageLayout::from_raw(source.layout as i32),
-                sharing,
-            )
+            SourceImage::<F>::new(source.image, source.extent, source.layout, source.sharing)
         }
         .map_err(vulkan)?
-        .with_offset([source.offset_x, source.offset_y]);
+        .with_offset(source.offset);
         let slot = acquire(self, timeout)?;
         let timestamp = if timestamp_ns == 0 {
             monotonic_ns()
@@ -510,8 +473,28 @@ pub unsafe extern "C" fn ci_sender_present_copy(
                     ),
                 ));
             }
+            let sharing = match src.sharing {
+                CI_SHARING_CONCURRENT => SourceSharing::Concurrent,
+                CI_SHARING_EXCLUSIVE => SourceSharing::Exclusive(src.queue_family),
+                CI_SHARING_RELEASED_TO_TRANSFER => SourceSharing::ReleasedToTransfer {
+                    from: src.queue_family,
+                },
+                other => {
+                    return Err(CiError::new(
+                        ci_status::CI_INVALID_ARGUMENT,
+                        format!("source->sharing is {other}: pass a CI_SHARING_* value"),
+                    ))
+                }
+            };
+            let copy = CopySource {
+                image: vk::Image::from_raw(src.image),
+                extent: [src.width, src.height],
+                offset: [src.offset_x, src.offset_y],
+                layout: vk::ImageLayout::from_raw(src.layout as i32),
+                sharing,
+            };
             // SAFETY: the caller's promise about the image, forwarded.
-            unsafe { ring.present_copy(&src, timestamp_ns, timeout) }
+            unsafe { ring.present_copy(copy, timestamp_ns, timeout) }
         })?;
         if !sequence_out.is_null() {
             // SAFETY: not NULL, valid for a write (the caller's promise).
