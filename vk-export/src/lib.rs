@@ -51,6 +51,7 @@ mod semaphore;
 mod submit;
 mod transfer;
 mod validation;
+mod wait;
 
 // What two processes agree on lives in `interop-share`; these are its
 // modules under their old paths here.
@@ -88,10 +89,11 @@ pub use requirements::{
 pub use semaphore::ASYNC_POLL_PERIOD;
 pub use semaphore::{
     Binary, BinarySemaphore, Semaphore, SemaphoreKind, SubmittedSignals, SyncFd, Timeline,
-    TimelineSemaphore, WaitStrategy,
+    TimelineSemaphore,
 };
 pub use transfer::SubmitSync;
 pub use validation::ValidationMessenger;
+pub use wait::WaitStrategy;
 
 pub use ash;
 pub use interop_share;

@@ -34,6 +34,7 @@ use crate::context::{record_drop_error, Context, HeldLock, DROP_WAIT};
 use crate::error::{unsupported, vk_error, Error, Result};
 use crate::memory::{check_same_device, import_dup};
 use crate::submit::LastUse;
+use crate::wait::WaitStrategy;
 use interop_share::fd::{check_export_fd, check_sync_file, ImportError, ImportFailure, KeepAlive};
 use interop_share::received::ReceivedSemaphore;
 use interop_share::record::SemaphoreRecord;
@@ -156,44 +157,6 @@ pub enum SyncFd {
     Fd(OwnedFd),
     /// The driver returned -1: the payload had already signalled.
     AlreadySignaled,
-}
-
-/// How a host thread waits for a timeline value.
-///
-/// NVIDIA's Linux driver was measured (H200, driver 580) to wake a thread
-/// blocked in `vkWaitSemaphores` about 10 ms after a CUDA stream signalled the
-/// semaphore, while `vkGetSemaphoreCounterValue` saw the new value within a
-/// microsecond. [`WaitStrategy::Poll`] therefore reads the counter: it spins
-/// first (lowest latency), then yields, then sleeps in short steps, so a long
-/// wait costs little CPU and a short one costs almost no latency.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WaitStrategy {
-    /// `vkWaitSemaphores`: no CPU use, but the driver's wake-up latency.
-    Block,
-    /// Read `vkGetSemaphoreCounterValue` until the value is reached.
-    Poll {
-        /// Busy-spin for this long.
-        spin: Duration,
-        /// Then `yield_now` until this much time has passed in all.
-        yield_until: Duration,
-        /// Then sleep this long between reads.
-        sleep: Duration,
-    },
-}
-
-impl WaitStrategy {
-    /// Spin 50 µs, yield up to 2 ms, then poll every 50 µs.
-    pub const ADAPTIVE: WaitStrategy = WaitStrategy::Poll {
-        spin: Duration::from_micros(50),
-        yield_until: Duration::from_millis(2),
-        sleep: Duration::from_micros(50),
-    };
-}
-
-impl Default for WaitStrategy {
-    fn default() -> Self {
-        WaitStrategy::ADAPTIVE
-    }
 }
 
 /// An exportable semaphore of kind `K` ([`Binary`] or [`Timeline`]).

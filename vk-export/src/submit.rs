@@ -31,7 +31,7 @@ use std::time::Duration;
 use ash::vk;
 
 use crate::error::{unsupported, vk_error, Error, Result};
-use crate::semaphore::WaitStrategy;
+use crate::wait::WaitStrategy;
 
 /// The queue, and the last progress value a submission to it signals.
 #[derive(Debug)]

@@ -43,8 +43,9 @@ use crate::ownership::{
     acquire_families, buffer_barrier, image_barrier, Owner, SharedLayout, SourceImage,
 };
 use crate::queues::QueueRole;
-use crate::semaphore::{Binary, Semaphore, SignalGuard, Timeline, WaitStrategy};
+use crate::semaphore::{Binary, Semaphore, SignalGuard, Timeline};
 use crate::submit::{Completion, LastUse, RawSync};
+use crate::wait::WaitStrategy;
 use interop_share::format::Format;
 use interop_share::markers::{MemoryLocation, Tiling, Usage};
 use interop_share::token::BinarySignal;
