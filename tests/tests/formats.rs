@@ -105,7 +105,9 @@ fn cleared_texel<F: Format, U: Usage>(ctx: &Context, color: [f32; 4]) -> Vec<u8>
 #[test]
 fn bgra8_texels_are_blue_green_red_alpha_in_memory() {
     let ctx = vulkan(None);
-    let orange = [1.0, 0.5, 0.0, 1.0];
+    // 128/255, not 0.5: 127.5 may round either way (NVIDIA 580 stores
+    // 127, lavapipe 128; GPU run 23).
+    let orange = [1.0, 128.0 / 255.0, 0.0, 1.0];
     assert_eq!(
         cleared_texel::<Rgba8Unorm, usage::Storage>(&ctx, orange),
         [255, 128, 0, 255]
@@ -297,7 +299,8 @@ mod gpu {
         let (ctx, cuda) = pair();
         let image = ExportableImage::<Bgra8Unorm>::new(&ctx, ImageDesc::new_2d(4, 4)).unwrap();
         let orange = vk::ClearColorValue {
-            float32: [1.0, 0.5, 0.0, 1.0],
+            // 128/255: exact in UNORM8 (0.5 may round to 127 or 128).
+            float32: [1.0, 128.0 / 255.0, 0.0, 1.0],
         };
         ctx.clear_image(&image, orange, SubmitSync::new()).unwrap();
         ctx.release_image(&image, SubmitSync::new()).unwrap();
