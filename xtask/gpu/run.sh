@@ -33,6 +33,8 @@ if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nv
 fi
 # The fake-driver parents' libcuda variants (see the testkit's fake.rs).
 export CUDA_INTEROP_FAKE_CUDA_DIR=$PWD/$b/fake
+# The C tests (cuda-interop-capi's c_programs) link this instead of cargo's.
+export CUDA_INTEROP_CAPI_STATICLIB=$PWD/$b/libcuda_interop.a
 run() { echo; echo "=== $*"; "$@" || { status=1; echo "=== FAILED: $*"; }; }
 
 # The manifest's lines, without comments and blank lines.

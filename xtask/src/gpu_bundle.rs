@@ -196,6 +196,9 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
         ("", "host_wait"),
         ("", "array_copy"),
         ("", "cuda-interop-doctor"),
+        // The C ABI's static library, for the C tests (c_programs), which
+        // compile C against it where there is no cargo.
+        ("", "libcuda_interop.a"),
     ];
     files.extend(binaries.iter().map(|(_, b)| b.to_string()));
     let listed: Vec<&str> = files.iter().map(String::as_str).collect();
@@ -231,6 +234,7 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
     build_gpu(&["-p", "cuda-interop-bench", "--bins"])?;
     // The doctor (crate doctor/): what the machine can do, first in run.sh.
     build_gpu(&["-p", "cuda-interop-doctor", "--bin", "cuda-interop-doctor"])?;
+    build_gpu(&["-p", "cuda-interop-capi", "--lib"])?;
     for (dir, name) in binaries {
         copy(&target.join("gpu").join(dir).join(name), &out.join(name))?;
     }
