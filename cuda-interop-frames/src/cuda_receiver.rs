@@ -798,7 +798,10 @@ impl SlotMemory {
 /// A frame's memory as pitched device memory ([`CudaReceiver::pitched`]):
 /// `rows` rows of `row_bytes` bytes each, the first at `ptr`, each `pitch`
 /// bytes after the one before: the layout NVENC, `cudaMemcpy2D` and a
-/// strided tensor take.
+/// strided tensor take. Only the rows' bytes are promised: the last row
+/// may end at its `row_bytes` (a sender's slot need not hold a whole
+/// `pitch` after it), so address `(rows - 1) * pitch + row_bytes` bytes,
+/// not `rows * pitch`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PitchedPlane {
     /// The first row's address (a `CUdeviceptr` of the receiver's device).

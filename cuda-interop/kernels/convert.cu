@@ -156,7 +156,7 @@ __device__ __forceinline__ void to_yuv(unsigned long long src, unsigned long lon
   unsigned cy = blockIdx.y * blockDim.y + threadIdx.y;
   unsigned y0 = cy * 2;
   if (x0 >= width || y0 >= height) return;
-  bool four = x0 + 4 <= width;
+  bool four = width - x0 >= 4;  // x0 < width: no wrap (x0 + 4 could)
   bool vec = flags & VEC;
   float max = P010 ? 1023.0f : 255.0f;
   float3 px[2][4];
@@ -193,7 +193,7 @@ __device__ __forceinline__ void from_yuv(const char* luma, unsigned long long pi
   unsigned cy = blockIdx.y * blockDim.y + threadIdx.y;
   unsigned y0 = cy * 2;
   if (x0 >= width || y0 >= height) return;
-  bool four = x0 + 4 <= width;
+  bool four = width - x0 >= 4;  // x0 < width: no wrap (x0 + 4 could)
   bool vec = flags & VEC;
   float y[2][4], uv[4];
   load_samples<P010>(luma + (unsigned long long)y0 * pitch, x0, y[0], four, vec);

@@ -227,6 +227,8 @@ pub fn half_to_f64(h: u16) -> f64 {
     let mant = f64::from(h & 0x3ff);
     sign * match exp {
         0 => mant * 2f64.powi(-24),
+        // A NaN is NaN (the kernels read it as 0), not infinity.
+        31 if mant != 0.0 => f64::NAN,
         31 => f64::INFINITY,
         e => (1.0 + mant / 1024.0) * 2f64.powi(e - 15),
     }
@@ -267,6 +269,19 @@ pub fn diff(a: impl IntoIterator<Item = i64>, b: impl IntoIterator<Item = i64>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A NaN half is NaN (read as 0, as the kernels do), infinity is
+    /// infinity (clamped to 1): GPU run 24 caught the reference reading the
+    /// first as the second.
+    #[test]
+    fn nan_and_infinite_halves() {
+        assert!(half_to_f64(0x7e00).is_nan());
+        assert_eq!(half_to_f64(0x7c00), f64::INFINITY);
+        assert_eq!(
+            from_rgba16f(&[0x00, 0x7e, 0x00, 0x7c, 0, 0x3c, 0, 0]),
+            [[0.0, 1.0, 1.0]]
+        );
+    }
 
     #[test]
     fn textbook_codes() {

@@ -412,7 +412,7 @@ impl Engine {
                 return Ok(());
             }
         };
-        let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+        let start = std::time::Instant::now();
         match wait_fence(device, fence, timeout, strategy) {
             Ok(()) => {
                 // SAFETY: the fence signalled; nothing waits on it.
@@ -433,6 +433,9 @@ impl Engine {
                 let info = vk::SemaphoreWaitInfo::default()
                     .semaphores(&semaphores)
                     .values(&values);
+                // What is left of the one bound: the fence took the rest.
+                let left = timeout.saturating_sub(start.elapsed());
+                let nanos = u64::try_from(left.as_nanos()).unwrap_or(u64::MAX);
                 // SAFETY: live timeline semaphores of this device (the
                 // callers borrow them for the call); arrays live across it.
                 match unsafe { device.wait_semaphores(&info, nanos) } {
@@ -451,7 +454,10 @@ impl Engine {
                 Err(Error::Timeout(timeout))
             }
             Err(e) => Err(Error::Vulkan {
-                call: "vkWaitForFences",
+                call: match strategy {
+                    WaitStrategy::Block => "vkWaitForFences",
+                    WaitStrategy::Poll { .. } => "vkGetFenceStatus",
+                },
                 result: e,
                 hint: "the device was lost",
             }),
