@@ -34,6 +34,19 @@
 //!   CUDA receiver, waits on its own `CUstream`, copies the pitched rows
 //!   with `cuMemcpy2DAsync` and checks every word; releasing twice is
 //!   `CI_WRONG_HANDLE`. `c_cuda_receiver_compiles` keeps it building in CI.
+//! * `cpp_app_publishes_its_own_vulkan_image`: `app_publish.cpp`, a C++17
+//!   Vulkan application (`<vulkan/vulkan.h>`, `-lvulkan`: the test fails
+//!   saying to install `libvulkan-dev` where they are missing), makes its
+//!   own instance, device and RGBA8 render target (no external memory),
+//!   renders each frame (a clear and a copied pattern) inside
+//!   `ci_context_with_queue`, leaves it in `COLOR_ATTACHMENT_OPTIMAL` or
+//!   `TRANSFER_SRC_OPTIMAL` (alternately, the layout passed in
+//!   `ci_source_image`, a region at an offset), and publishes 64 frames
+//!   through `ci_context_new_from_vulkan`, `ci_image_sender_new` and
+//!   `ci_sender_present_copy`; a lossless Vulkan receiver in the test's
+//!   process (the host receiver refuses image rings) checks every texel of
+//!   every frame. The app runs under the sanitizers as above and with its
+//!   own validation messenger where the layer is installed.
 //! * No program may cause a Vulkan validation error (the library's
 //!   contexts enable the layer where it is installed; errors go to stderr).
 //! * `header_compiles_as_cpp`: the header compiles as C++ (where `g++` is).
@@ -242,26 +255,31 @@ fn c_sender_and_c_receiver_by_name() {
 /// The sanitizer flags, if the compiler can build and run a program with
 /// them; else why not.
 fn sanitizers(dir: &Path) -> Result<Vec<&'static str>, String> {
+    sanitizers_of(&cc(), dir, "probe.c")
+}
+
+/// [`sanitizers`] for `compiler`, probed with a program named `probe`
+/// (its extension picks the language).
+fn sanitizers_of(compiler: &str, dir: &Path, probe: &str) -> Result<Vec<&'static str>, String> {
     let flags = vec![
         "-fsanitize=address,undefined",
         "-fno-sanitize-recover=all",
         "-fno-omit-frame-pointer",
     ];
-    let probe = dir.join("probe.c");
+    let probe = dir.join(probe);
     std::fs::write(&probe, "int main(void) { return 0; }\n").expect("write the probe");
     let exe = dir.join("probe");
-    let built = Command::new(cc())
+    let built = Command::new(compiler)
         .args(&flags)
         .arg(&probe)
         .arg("-o")
         .arg(&exe)
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", cc()))?;
+        .map_err(|e| format!("cannot run {compiler}: {e}"))?;
     if !built.status.success() {
         return Err(format!(
-            "{} cannot link -fsanitize=address,undefined ({}): install libasan and libubsan \
-             for it (Debian: `apt-get install libasan8 libubsan1`)",
-            cc(),
+            "{compiler} cannot link -fsanitize=address,undefined ({}): install libasan and \
+             libubsan for it (Debian: `apt-get install libasan8 libubsan1`)",
             String::from_utf8_lossy(&built.stderr).trim()
         ));
     }
@@ -525,4 +543,264 @@ fn c_cuda_receiver_compiles() {
     let dir = scratch("cuda-recv-build");
     let flags = sanitizers(&dir).unwrap_or_default();
     compile("cuda_recv.c", &dir.join("cuda_recv"), &flags);
+}
+
+fn cxx() -> String {
+    std::env::var("CXX").unwrap_or_else(|_| "g++".into())
+}
+
+/// Compiles the C++ program `tests/c/<source>` (C++17) into `out` with
+/// `flags`, linked with the staticlib and the Vulkan loader (`-lvulkan`).
+/// Fails saying what to install where the C++ compiler, the Vulkan headers
+/// or the loader's link library are missing.
+fn compile_cxx_vulkan(source: &str, out: &Path, flags: &[&str]) {
+    let dir = out.parent().expect("an output directory");
+    let probe = dir.join("vulkan_probe.cpp");
+    std::fs::write(
+        &probe,
+        "#include <vulkan/vulkan.h>\nint main() { return vkGetInstanceProcAddr ? 0 : 1; }\n",
+    )
+    .expect("write the Vulkan probe");
+    let probed = Command::new(cxx())
+        .args(["-std=c++17"])
+        .arg(&probe)
+        .arg("-lvulkan")
+        .arg("-o")
+        .arg(dir.join("vulkan_probe"))
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {} ({e}): install g++ (Debian/Ubuntu: `apt-get install g++`) or set CXX",
+                cxx()
+            )
+        });
+    assert!(
+        probed.status.success(),
+        "the Vulkan headers or the loader's link library are missing ({} cannot build \
+         `#include <vulkan/vulkan.h>` with -lvulkan): install libvulkan-dev (Debian/Ubuntu: \
+         `apt-get install libvulkan-dev`; `cargo xtask test` installs it)\n{}",
+        cxx(),
+        String::from_utf8_lossy(&probed.stderr)
+    );
+    let mut cmd = Command::new(cxx());
+    cmd.args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-g"])
+        .args(flags)
+        .arg("-I")
+        .arg(crate_dir().join("include"))
+        .arg(crate_dir().join("tests/c").join(source))
+        .arg(staticlib())
+        .args([
+            "-lvulkan",
+            "-lpthread",
+            "-ldl",
+            "-lm",
+            "-lrt",
+            "-lgcc_s",
+            "-lutil",
+        ])
+        .arg("-o")
+        .arg(out);
+    let output = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} ({e}): install g++ (or set CXX)", cxx()));
+    assert!(
+        output.status.success(),
+        "{cmd:?} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// `app_publish.cpp`'s ring and render target (the same constants).
+mod app {
+    pub const RING_W: u32 = 96;
+    pub const RING_H: u32 = 56;
+    pub const OFF_X: u32 = 5;
+    pub const OFF_Y: u32 = 3;
+    pub const SRC_H: u32 = 64;
+    pub const PATTERN_ROWS: u32 = SRC_H / 2;
+    pub const SLOTS: u32 = 3;
+    pub const FRAMES: u64 = 64;
+
+    /// Frame `f`'s texel at `(x, y)` of the render target (as the app's
+    /// `texel`).
+    pub fn texel(f: u64, x: u32, y: u32) -> [u8; 4] {
+        if y < PATTERN_ROWS {
+            [
+                (u64::from(x) * 3 + f) as u8,
+                (u64::from(y) * 5 + 2 * f) as u8,
+                (x ^ y) as u8,
+                (7 * f + 1) as u8,
+            ]
+        } else {
+            [(f * 11) as u8, (255 - f) as u8, (f * 29 + 3) as u8, 255]
+        }
+    }
+}
+
+/// A wrong texel: `(x, y, got, want)`.
+type WrongTexel = (u32, u32, [u8; 4], [u8; 4]);
+
+/// The texels of frame `f`'s read-back (the ring's `RING_W` x `RING_H`,
+/// tightly packed) that are not the render target's region at
+/// `(OFF_X, OFF_Y)`: how many, and the first few.
+fn wrong_texels(pixels: &[u8], f: u64) -> (usize, Vec<WrongTexel>) {
+    let mut wrong = (0, Vec::new());
+    for y in 0..app::RING_H {
+        for x in 0..app::RING_W {
+            let at = ((y * app::RING_W + x) * 4) as usize;
+            let got: [u8; 4] = pixels[at..at + 4].try_into().expect("4 bytes");
+            let want = app::texel(f, x + app::OFF_X, y + app::OFF_Y);
+            if got != want {
+                wrong.0 += 1;
+                if wrong.1.len() < 8 {
+                    wrong.1.push((x, y, got, want));
+                }
+            }
+        }
+    }
+    wrong
+}
+
+/// A Vulkan receiver (a device of its own, the validation layer required
+/// unless `CUDA_INTEROP_VALIDATION=off`) of `frames` frames of the image
+/// ring `name` in `runtime`'s default directory, lossless: checks every
+/// texel of every frame; a summary line.
+fn receive_app_frames(runtime: &Path, name: &str, frames: u64) -> String {
+    use cuda_interop_frames::discovery::{Directory, SlotKind};
+    use cuda_interop_frames::protocol::Delivery;
+    use cuda_interop_frames::session::Session;
+    use cuda_interop_frames::vulkan_receiver::VulkanReceiver;
+    use vk_export::format::Rgba8Unorm;
+
+    let directory = Directory::new(runtime.join(cuda_interop_frames::discovery::DIRECTORY_NAME))
+        .expect("the runtime directory's sender directory");
+    // The app builds under the sanitizers and starts its device first.
+    let (session, setup) =
+        Session::connect_named(&directory, name, Delivery::Lossless, CHILD_BOUND / 2)
+            .unwrap_or_else(|e| panic!("the app's sender {name} never answered: {e}"));
+    let info = directory.find(name).expect("the app's sender is listed");
+    assert_eq!(
+        (
+            info.kind,
+            info.format.as_str(),
+            info.width,
+            info.height,
+            info.slots
+        ),
+        (
+            SlotKind::Image,
+            "r8g8b8a8_unorm",
+            app::RING_W,
+            app::RING_H,
+            app::SLOTS
+        ),
+        "the app's ring as listed"
+    );
+    let ctx = cuda_interop_testkit::vulkan(None);
+    let vrx = VulkanReceiver::<Rgba8Unorm, cuda_interop_testkit::Mem>::new(&ctx, session, setup)
+        .expect("the app's image ring imported");
+    let mut slots = std::collections::BTreeSet::new();
+    for n in 1..=frames {
+        let frame = vrx
+            .next(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("frame {n}: {e}"));
+        assert_eq!(frame.sequence(), n, "lossless: every frame in order");
+        let pixels = vrx
+            .read_pixels(&frame, Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("frame {n}'s read-back: {e}"));
+        assert_eq!(
+            pixels.len(),
+            (app::RING_W * app::RING_H * 4) as usize,
+            "frame {n}'s bytes"
+        );
+        let (count, first) = wrong_texels(&pixels, n);
+        assert_eq!(
+            count,
+            0,
+            "frame {n} (slot {}): {count} texels are not the app's; the first \
+             (x, y, got, want): {first:?}",
+            frame.slot()
+        );
+        slots.insert(frame.slot());
+        vrx.release(frame)
+            .unwrap_or_else(|e| panic!("frame {n}'s release: {e}"));
+    }
+    assert_eq!(
+        vrx.session().stats().dropped,
+        0,
+        "lossless: nothing dropped"
+    );
+    drop(vrx);
+    cuda_interop_testkit::assert_no_validation_errors(&ctx);
+    format!(
+        "receiver: {frames} frames of {}x{} checked texel for texel, {} slots seen, \
+         no validation error",
+        app::RING_W,
+        app::RING_H,
+        slots.len()
+    )
+}
+
+/// Issue 33's success path: `app_publish.cpp`, a C++17 Vulkan application
+/// with its own instance, physical device, device and render target (no
+/// external memory), publishes [`app::FRAMES`] frames by name through
+/// `ci_context_new_from_vulkan`, `ci_image_sender_new` and
+/// `ci_sender_present_copy` (its rendering submitted inside
+/// `ci_context_with_queue`; the target left in `COLOR_ATTACHMENT_OPTIMAL`
+/// or `TRANSFER_SRC_OPTIMAL`, frame by frame; a region at an offset);
+/// a lossless Vulkan receiver in this process checks every texel of every
+/// frame. The app runs under ASan/UBSan where they link, with the
+/// validation layer where installed (and none of its errors); the receiver
+/// with the layer required.
+#[test]
+fn cpp_app_publishes_its_own_vulkan_image() {
+    let dir = scratch("app-publish");
+    let runtime = runtime_dir(&dir);
+    let exe = dir.join("app_publish");
+    let flags = match sanitizers_of(&cxx(), &dir, "probe.cpp") {
+        Ok(flags) => flags,
+        Err(why) => {
+            eprintln!("WARNING: the C++ application runs WITHOUT sanitizers: {why}");
+            Vec::new()
+        }
+    };
+    compile_cxx_vulkan("app_publish.cpp", &exe, &flags);
+    let name = format!("capi-app-{}", std::process::id());
+    let env = [
+        ("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=0"),
+        ("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"),
+    ];
+    let frames = app::FRAMES.to_string();
+    let mut app = Some(spawn(&exe, &[&name, &frames], &runtime, &env));
+    let received = {
+        let runtime = runtime.clone();
+        let name = name.clone();
+        std::thread::spawn(move || receive_app_frames(&runtime, &name, app::FRAMES)).join()
+    };
+    let summary = match received {
+        Ok(summary) => summary,
+        Err(panic) => {
+            // The app's output says why, where it was the app's fault.
+            let mut child = app.take().expect("the app");
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("the app's output");
+            eprintln!(
+                "--- the C++ app (killed) stdout:\n{}--- stderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::panic::resume_unwind(panic);
+        }
+    };
+    let out = finish(app.take().expect("the app"), "the C++ app");
+    assert_success(&out, "the C++ app");
+    println!("{summary}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "app: {} frames published, 0 validation errors",
+            app::FRAMES
+        )),
+        "{stdout}"
+    );
 }

@@ -60,13 +60,17 @@ use crate::runtime_dir::RuntimeDir;
 use crate::summary::Summary;
 
 /// What `cargo test --workspace` needs: the Vulkan loader, lavapipe, the
-/// Khronos validation layer (every Vulkan test runs with it), and a C
-/// compiler for the loader tests' fixture libraries.
+/// Khronos validation layer (every Vulkan test runs with it), a C compiler
+/// for the loader tests' fixture libraries and the C ABI's C programs, and
+/// a C++ compiler with the Vulkan headers and link library for the C ABI's
+/// C++ Vulkan application (`cuda-interop-capi/tests/c/app_publish.cpp`).
 pub const TEST_PACKAGES: &[&str] = &[
     "libvulkan1",
     "mesa-vulkan-drivers",
     "vulkan-validationlayers",
     "gcc",
+    "g++",
+    "libvulkan-dev",
 ];
 
 /// What the round-trip example needs: the loader, lavapipe (where there is no

@@ -1,0 +1,521 @@
+/* A C++ Vulkan application that publishes its own render target through the
+ * C ABI (issue 33's success path of ci_context_new_from_vulkan):
+ *
+ *   app_publish NAME FRAMES
+ *
+ * It creates its OWN VkInstance (Vulkan 1.2, the Khronos validation layer
+ * and a debug messenger where the layer is installed), picks a physical
+ * device with VK_KHR_external_memory_fd and timeline semaphores, creates a
+ * VkDevice with what ci_context_new_from_vulkan's contract asks for
+ * (VK_KHR_external_semaphore_fd too where offered), and a render target: an
+ * RGBA8 OPTIMAL image WITHOUT external memory (transfer src/dst and
+ * colour-attachment usage), bigger than the ring so that a region at an
+ * offset is copied. Each frame it renders into it (vkCmdClearColorImage of
+ * a per-frame colour, then a per-frame pattern copied from a host-visible
+ * staging buffer over the top half), leaves it as an engine would (odd
+ * frames COLOR_ATTACHMENT_OPTIMAL, even ones TRANSFER_SRC_OPTIMAL), submits
+ * inside ci_context_with_queue, and publishes it with
+ * ci_sender_present_copy on a ring made by ci_image_sender_new: frames
+ * f % 4 in {2, 3} wait for the rendering's fence first, the others only
+ * submit it before the copy (on the same queue). Frame f must get sequence
+ * number f (one lossless receiver). Then it serves until the receiver has
+ * left, frees everything and destroys its device and instance.
+ *
+ * The receiver (c_programs.rs, a Vulkan receiver in the test's process)
+ * checks every texel of every frame against texel() below.
+ *
+ * Exit status 0: all good, no validation error; otherwise what failed is on
+ * stderr (validation errors as "[vulkan validation error] ...").
+ */
+#if defined(__has_include)
+#if !__has_include(<vulkan/vulkan.h>)
+#error "<vulkan/vulkan.h> is missing: install the Vulkan headers (Debian/Ubuntu: apt-get install libvulkan-dev)"
+#endif
+#endif
+#include <vulkan/vulkan.h>
+
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda_interop.h"
+
+namespace {
+
+// The ring, and the render target it is copied from (at an offset).
+constexpr uint32_t RING_W = 96;
+constexpr uint32_t RING_H = 56;
+constexpr uint32_t SRC_W = 104;
+constexpr uint32_t SRC_H = 64;
+constexpr uint32_t OFF_X = 5;
+constexpr uint32_t OFF_Y = 3;
+// Rows [0, PATTERN_ROWS) of the render target hold the copied pattern, the
+// rest the clear colour.
+constexpr uint32_t PATTERN_ROWS = SRC_H / 2;
+constexpr uint32_t SLOTS = 3;
+
+// Frame f's texel at (x, y) of the render target: the receiver's reference
+// (c_programs.rs has the same function).
+void texel(uint64_t f, uint32_t x, uint32_t y, uint8_t out[4]) {
+    if (y < PATTERN_ROWS) {
+        out[0] = static_cast<uint8_t>(x * 3 + f);
+        out[1] = static_cast<uint8_t>(y * 5 + 2 * f);
+        out[2] = static_cast<uint8_t>(x ^ y);
+        out[3] = static_cast<uint8_t>(7 * f + 1);
+    } else {
+        out[0] = static_cast<uint8_t>(f * 11);
+        out[1] = static_cast<uint8_t>(255 - f);
+        out[2] = static_cast<uint8_t>(f * 29 + 3);
+        out[3] = 255;
+    }
+}
+
+int validation_errors = 0;
+// As the library's own messenger: warnings that are only performance
+// advice (the ring's GENERAL slots as a copy's destination, every frame)
+// are written only with CUDA_INTEROP_VALIDATION_PERF=1; errors always.
+bool show_performance = false;
+
+VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                          VkDebugUtilsMessageTypeFlagsEXT types,
+                                          const VkDebugUtilsMessengerCallbackDataEXT *data,
+                                          void *) {
+    const char *text = data && data->pMessage ? data->pMessage : "(no message)";
+    if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) {
+        validation_errors++;
+        std::fprintf(stderr, "[vulkan validation error] %s\n", text);
+    } else if (types != VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT || show_performance) {
+        std::fprintf(stderr, "[vulkan validation warning] %s\n", text);
+    }
+    return VK_FALSE;
+}
+
+[[noreturn]] void fail(const std::string &what) {
+    std::fprintf(stderr, "app_publish: %s\n", what.c_str());
+    std::fflush(stderr);
+    std::exit(1);
+}
+
+void vk_check(VkResult r, const char *call, int line) {
+    if (r != VK_SUCCESS) fail(std::string(call) + " -> VkResult " + std::to_string(r) +
+                              " (line " + std::to_string(line) + ")");
+}
+#define VK(call) vk_check((call), #call, __LINE__)
+
+void ci_check(ci_status s, const char *call, int line) {
+    if (s != CI_OK)
+        fail(std::string(call) + " -> ci_status " + std::to_string(static_cast<int>(s)) + ": " +
+             ci_last_error_message() + " (line " + std::to_string(line) + ")");
+}
+#define CI(call) ci_check((call), #call, __LINE__)
+
+bool has_layer(const char *name) {
+    uint32_t n = 0;
+    VK(vkEnumerateInstanceLayerProperties(&n, nullptr));
+    std::vector<VkLayerProperties> layers(n);
+    VK(vkEnumerateInstanceLayerProperties(&n, layers.data()));
+    for (const auto &l : layers)
+        if (std::strcmp(l.layerName, name) == 0) return true;
+    return false;
+}
+
+bool has_instance_extension(const char *layer, const char *name) {
+    uint32_t n = 0;
+    VK(vkEnumerateInstanceExtensionProperties(layer, &n, nullptr));
+    std::vector<VkExtensionProperties> exts(n);
+    VK(vkEnumerateInstanceExtensionProperties(layer, &n, exts.data()));
+    for (const auto &e : exts)
+        if (std::strcmp(e.extensionName, name) == 0) return true;
+    return false;
+}
+
+bool has_device_extension(VkPhysicalDevice pd, const char *name) {
+    uint32_t n = 0;
+    VK(vkEnumerateDeviceExtensionProperties(pd, nullptr, &n, nullptr));
+    std::vector<VkExtensionProperties> exts(n);
+    VK(vkEnumerateDeviceExtensionProperties(pd, nullptr, &n, exts.data()));
+    for (const auto &e : exts)
+        if (std::strcmp(e.extensionName, name) == 0) return true;
+    return false;
+}
+
+uint32_t memory_type(VkPhysicalDevice pd, uint32_t bits, VkMemoryPropertyFlags want) {
+    VkPhysicalDeviceMemoryProperties props;
+    vkGetPhysicalDeviceMemoryProperties(pd, &props);
+    for (uint32_t i = 0; i < props.memoryTypeCount; i++)
+        if ((bits & (1u << i)) && (props.memoryTypes[i].propertyFlags & want) == want) return i;
+    fail("no memory type with properties " + std::to_string(want) + " among bits " +
+         std::to_string(bits));
+}
+
+// What ci_context_with_queue calls: the application's submission, under
+// the library's queue lock.
+struct Submission {
+    VkCommandBuffer cmd;
+    VkFence fence;
+    VkResult result;
+    int calls;
+};
+
+extern "C" void submit_rendering(void *user, void *queue) {
+    auto *job = static_cast<Submission *>(user);
+    job->calls++;
+    VkSubmitInfo info{};
+    info.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+    info.commandBufferCount = 1;
+    info.pCommandBuffers = &job->cmd;
+    job->result = vkQueueSubmit(static_cast<VkQueue>(queue), 1, &info, job->fence);
+}
+
+void image_barrier(VkCommandBuffer cmd, VkImage image, VkImageLayout from, VkImageLayout to,
+                   VkPipelineStageFlags src_stage, VkAccessFlags src_access,
+                   VkPipelineStageFlags dst_stage, VkAccessFlags dst_access) {
+    VkImageMemoryBarrier b{};
+    b.sType = VK_STRUCTURE_TYPE_IMAGE_MEMORY_BARRIER;
+    b.srcAccessMask = src_access;
+    b.dstAccessMask = dst_access;
+    b.oldLayout = from;
+    b.newLayout = to;
+    b.srcQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED;
+    b.dstQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED;
+    b.image = image;
+    b.subresourceRange = {VK_IMAGE_ASPECT_COLOR_BIT, 0, 1, 0, 1};
+    vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 0, nullptr, 0, nullptr, 1, &b);
+}
+
+int run(const char *name, uint64_t frames) {
+    // The instance: Vulkan 1.2, the validation layer where installed.
+    const char *layer = "VK_LAYER_KHRONOS_validation";
+    const char *env = std::getenv("CUDA_INTEROP_VALIDATION");
+    bool validation = !(env && std::strcmp(env, "off") == 0) && has_layer(layer) &&
+                      has_instance_extension(layer, VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
+    const char *perf = std::getenv("CUDA_INTEROP_VALIDATION_PERF");
+    show_performance = perf && std::strcmp(perf, "1") == 0;
+    std::printf("app: validation layer %s\n", validation ? "on" : "off (not installed, or "
+                                                                  "CUDA_INTEROP_VALIDATION=off)");
+    VkApplicationInfo app{};
+    app.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO;
+    app.pApplicationName = "app_publish";
+    app.apiVersion = VK_API_VERSION_1_2;
+    VkDebugUtilsMessengerCreateInfoEXT messenger_info{};
+    messenger_info.sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT;
+    messenger_info.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT |
+                                     VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT;
+    messenger_info.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
+                                 VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                                 VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+    messenger_info.pfnUserCallback = on_message;
+    const char *instance_exts[] = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME};
+    VkInstanceCreateInfo ici{};
+    ici.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO;
+    ici.pApplicationInfo = &app;
+    if (validation) {
+        ici.enabledLayerCount = 1;
+        ici.ppEnabledLayerNames = &layer;
+        ici.enabledExtensionCount = 1;
+        ici.ppEnabledExtensionNames = instance_exts;
+        ici.pNext = &messenger_info;  // instance creation and destruction too
+    }
+    VkInstance instance = VK_NULL_HANDLE;
+    VK(vkCreateInstance(&ici, nullptr, &instance));
+    VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
+    PFN_vkDestroyDebugUtilsMessengerEXT destroy_messenger = nullptr;
+    if (validation) {
+        auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
+            vkGetInstanceProcAddr(instance, "vkCreateDebugUtilsMessengerEXT"));
+        destroy_messenger = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
+            vkGetInstanceProcAddr(instance, "vkDestroyDebugUtilsMessengerEXT"));
+        if (!create || !destroy_messenger) fail("no vkCreateDebugUtilsMessengerEXT");
+        VK(create(instance, &messenger_info, nullptr, &messenger));
+    }
+
+    // A physical device with what the library needs, and a family with
+    // graphics (the render target's colour-attachment layout).
+    uint32_t count = 0;
+    VK(vkEnumeratePhysicalDevices(instance, &count, nullptr));
+    std::vector<VkPhysicalDevice> devices(count);
+    VK(vkEnumeratePhysicalDevices(instance, &count, devices.data()));
+    VkPhysicalDevice physical = VK_NULL_HANDLE;
+    uint32_t family = 0;
+    std::string seen;
+    for (VkPhysicalDevice pd : devices) {
+        VkPhysicalDeviceProperties props;
+        vkGetPhysicalDeviceProperties(pd, &props);
+        VkPhysicalDeviceVulkan12Features f12{};
+        f12.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES;
+        VkPhysicalDeviceFeatures2 f2{};
+        f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
+        f2.pNext = &f12;
+        vkGetPhysicalDeviceFeatures2(pd, &f2);
+        seen += std::string(seen.empty() ? "" : ", ") + props.deviceName;
+        if (props.apiVersion < VK_API_VERSION_1_2 || !f12.timelineSemaphore ||
+            !has_device_extension(pd, VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME))
+            continue;
+        uint32_t nf = 0;
+        vkGetPhysicalDeviceQueueFamilyProperties(pd, &nf, nullptr);
+        std::vector<VkQueueFamilyProperties> families(nf);
+        vkGetPhysicalDeviceQueueFamilyProperties(pd, &nf, families.data());
+        for (uint32_t i = 0; i < nf; i++) {
+            if ((families[i].queueFlags & VK_QUEUE_GRAPHICS_BIT) &&
+                (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT)) {
+                physical = pd;
+                family = i;
+                break;
+            }
+        }
+        if (physical != VK_NULL_HANDLE) {
+            std::printf("app: device %s, queue family %u\n", props.deviceName, family);
+            break;
+        }
+    }
+    if (physical == VK_NULL_HANDLE)
+        fail("no physical device with Vulkan 1.2, timeline semaphores, " +
+             std::string(VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME) +
+             " and a graphics+compute family (found: " + seen + ")");
+
+    // The device: the library's extensions and feature, one queue.
+    std::vector<const char *> device_exts = {VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME};
+    bool semaphore_fd = has_device_extension(physical, VK_KHR_EXTERNAL_SEMAPHORE_FD_EXTENSION_NAME);
+    if (semaphore_fd) device_exts.push_back(VK_KHR_EXTERNAL_SEMAPHORE_FD_EXTENSION_NAME);
+    std::printf("app: %s\n", semaphore_fd ? "semaphore fds enabled" : "no semaphore fds");
+    float priority = 1.0f;
+    VkDeviceQueueCreateInfo qci{};
+    qci.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
+    qci.queueFamilyIndex = family;
+    qci.queueCount = 1;
+    qci.pQueuePriorities = &priority;
+    VkPhysicalDeviceVulkan12Features f12{};
+    f12.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES;
+    f12.timelineSemaphore = VK_TRUE;
+    VkDeviceCreateInfo dci{};
+    dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
+    dci.pNext = &f12;
+    dci.queueCreateInfoCount = 1;
+    dci.pQueueCreateInfos = &qci;
+    dci.enabledExtensionCount = static_cast<uint32_t>(device_exts.size());
+    dci.ppEnabledExtensionNames = device_exts.data();
+    VkDevice device = VK_NULL_HANDLE;
+    VK(vkCreateDevice(physical, &dci, nullptr, &device));
+
+    // The render target: no external memory, an engine's usage.
+    VkImageCreateInfo imci{};
+    imci.sType = VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO;
+    imci.imageType = VK_IMAGE_TYPE_2D;
+    imci.format = VK_FORMAT_R8G8B8A8_UNORM;
+    imci.extent = {SRC_W, SRC_H, 1};
+    imci.mipLevels = 1;
+    imci.arrayLayers = 1;
+    imci.samples = VK_SAMPLE_COUNT_1_BIT;
+    imci.tiling = VK_IMAGE_TILING_OPTIMAL;
+    imci.usage = VK_IMAGE_USAGE_COLOR_ATTACHMENT_BIT | VK_IMAGE_USAGE_TRANSFER_SRC_BIT |
+                 VK_IMAGE_USAGE_TRANSFER_DST_BIT;
+    imci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    imci.initialLayout = VK_IMAGE_LAYOUT_UNDEFINED;
+    VkImage image = VK_NULL_HANDLE;
+    VK(vkCreateImage(device, &imci, nullptr, &image));
+    VkMemoryRequirements ireq;
+    vkGetImageMemoryRequirements(device, image, &ireq);
+    VkMemoryAllocateInfo mai{};
+    mai.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO;
+    mai.allocationSize = ireq.size;
+    mai.memoryTypeIndex = memory_type(physical, ireq.memoryTypeBits, 0);
+    VkDeviceMemory image_memory = VK_NULL_HANDLE;
+    VK(vkAllocateMemory(device, &mai, nullptr, &image_memory));
+    VK(vkBindImageMemory(device, image, image_memory, 0));
+
+    // The staging buffer of the pattern rows.
+    const VkDeviceSize staging_size = VkDeviceSize{SRC_W} * PATTERN_ROWS * 4;
+    VkBufferCreateInfo bci{};
+    bci.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
+    bci.size = staging_size;
+    bci.usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT;
+    bci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    VkBuffer staging = VK_NULL_HANDLE;
+    VK(vkCreateBuffer(device, &bci, nullptr, &staging));
+    VkMemoryRequirements breq;
+    vkGetBufferMemoryRequirements(device, staging, &breq);
+    mai.allocationSize = breq.size;
+    mai.memoryTypeIndex =
+        memory_type(physical, breq.memoryTypeBits,
+                    VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+    VkDeviceMemory staging_memory = VK_NULL_HANDLE;
+    VK(vkAllocateMemory(device, &mai, nullptr, &staging_memory));
+    VK(vkBindBufferMemory(device, staging, staging_memory, 0));
+    void *mapped = nullptr;
+    VK(vkMapMemory(device, staging_memory, 0, staging_size, 0, &mapped));
+
+    VkCommandPoolCreateInfo pci{};
+    pci.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
+    pci.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+    pci.queueFamilyIndex = family;
+    VkCommandPool pool = VK_NULL_HANDLE;
+    VK(vkCreateCommandPool(device, &pci, nullptr, &pool));
+    VkCommandBufferAllocateInfo cbai{};
+    cbai.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO;
+    cbai.commandPool = pool;
+    cbai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    cbai.commandBufferCount = 1;
+    VkCommandBuffer cmd = VK_NULL_HANDLE;
+    VK(vkAllocateCommandBuffers(device, &cbai, &cmd));
+    VkFenceCreateInfo fci{};
+    fci.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
+    VkFence fence = VK_NULL_HANDLE;
+    VK(vkCreateFence(device, &fci, nullptr, &fence));
+
+    // The library's context over all of it, and the image ring.
+    ci_vulkan_device desc;
+    std::memset(&desc, 0, sizeof desc);
+    desc.struct_size = sizeof desc;
+    desc.main_queue_family = family;
+    desc.main_queue_index = 0;
+    desc.has_transfer_queue = 0;
+    desc.semaphore_fd_enabled = semaphore_fd ? 1 : 0;
+    desc.get_instance_proc_addr = reinterpret_cast<void *>(&vkGetInstanceProcAddr);
+    desc.instance = instance;
+    desc.physical_device = physical;
+    desc.device = device;
+    ci_context *ctx = nullptr;
+    CI(ci_context_new_from_vulkan(&desc, &ctx));
+    ci_sender *sender = nullptr;
+    CI(ci_image_sender_new(ctx, name, RING_W, RING_H, VK_FORMAT_R8G8B8A8_UNORM, SLOTS, &sender));
+    std::printf("app: sender %s up (%ux%u of a %ux%u render target at [%u, %u])\n", name, RING_W,
+                RING_H, SRC_W, SRC_H, OFF_X, OFF_Y);
+    std::fflush(stdout);
+    CI(ci_sender_wait_for_receivers(sender, 1, 60.0));
+
+    VkImageLayout current = VK_IMAGE_LAYOUT_UNDEFINED;
+    uint64_t waited_first = 0, color_frames = 0, transfer_frames = 0;
+    for (uint64_t f = 1; f <= frames; f++) {
+        const VkImageLayout layout = (f % 2 == 1) ? VK_IMAGE_LAYOUT_COLOR_ATTACHMENT_OPTIMAL
+                                                  : VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL;
+        const bool wait_first = (f % 4) >= 2;
+        // The pattern rows (the previous frame's submission has completed:
+        // its fence was waited for).
+        auto *bytes = static_cast<uint8_t *>(mapped);
+        for (uint32_t y = 0; y < PATTERN_ROWS; y++)
+            for (uint32_t x = 0; x < SRC_W; x++) texel(f, x, y, bytes + (size_t{y} * SRC_W + x) * 4);
+
+        VK(vkResetCommandBuffer(cmd, 0));
+        VkCommandBufferBeginInfo begin{};
+        begin.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+        begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+        VK(vkBeginCommandBuffer(cmd, &begin));
+        // After the library's copy of the previous frame (it completed:
+        // present_copy waits for it) and anything before.
+        image_barrier(cmd, image, current, VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL,
+                      VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_WRITE_BIT,
+                      VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+        uint8_t clear[4];
+        texel(f, 0, SRC_H - 1, clear);
+        VkClearColorValue colour{};
+        for (int i = 0; i < 4; i++) colour.float32[i] = static_cast<float>(clear[i]) / 255.0f;
+        VkImageSubresourceRange range = {VK_IMAGE_ASPECT_COLOR_BIT, 0, 1, 0, 1};
+        vkCmdClearColorImage(cmd, image, VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, &colour, 1, &range);
+        image_barrier(cmd, image, VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL,
+                      VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                      VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                      VK_ACCESS_TRANSFER_WRITE_BIT);
+        VkBufferImageCopy region{};
+        region.bufferRowLength = SRC_W;
+        region.bufferImageHeight = PATTERN_ROWS;
+        region.imageSubresource = {VK_IMAGE_ASPECT_COLOR_BIT, 0, 0, 1};
+        region.imageExtent = {SRC_W, PATTERN_ROWS, 1};
+        vkCmdCopyBufferToImage(cmd, staging, image, VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, 1,
+                               &region);
+        // Left as the engine would leave it: after its render pass, or
+        // ready for a blit.
+        image_barrier(cmd, image, VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, layout,
+                      VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                      VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
+                      VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT);
+        VK(vkEndCommandBuffer(cmd));
+        current = layout;
+
+        // Submitted under the library's queue lock.
+        Submission job{cmd, fence, VK_SUCCESS, 0};
+        CI(ci_context_with_queue(ctx, CI_QUEUE_MAIN, submit_rendering, &job));
+        if (job.calls != 1) fail("the queue callback ran " + std::to_string(job.calls) + " times");
+        VK(job.result);
+        if (wait_first) {
+            VK(vkWaitForFences(device, 1, &fence, VK_TRUE, 30ull * 1000 * 1000 * 1000));
+            waited_first++;
+        }
+
+        ci_source_image src;
+        std::memset(&src, 0, sizeof src);
+        src.struct_size = sizeof src;
+        src.vk_format = VK_FORMAT_R8G8B8A8_UNORM;
+        src.layout = static_cast<uint32_t>(layout);
+        src.sharing = CI_SHARING_EXCLUSIVE;
+        src.queue_family = family;
+        src.width = SRC_W;
+        src.height = SRC_H;
+        src.offset_x = OFF_X;
+        src.offset_y = OFF_Y;
+        src.image = reinterpret_cast<uint64_t>(image);
+        uint64_t sequence = 0;
+        // Lossless: the slot's acquire waits for the receiver's releases.
+        CI(ci_sender_present_copy(sender, &src, 0, 30.0, &sequence));
+        if (sequence != f)
+            fail("frame " + std::to_string(f) + " got sequence " + std::to_string(sequence));
+        if (layout == VK_IMAGE_LAYOUT_COLOR_ATTACHMENT_OPTIMAL)
+            color_frames++;
+        else
+            transfer_frames++;
+        // Before the command buffer and the staging buffer are reused.
+        VK(vkWaitForFences(device, 1, &fence, VK_TRUE, 30ull * 1000 * 1000 * 1000));
+        VK(vkResetFences(device, 1, &fence));
+    }
+
+    // Serve until the receiver has left (it releases everything first).
+    ci_sender_stats stats;
+    for (int i = 0; i < 6000; i++) {
+        CI(ci_sender_serve(sender, 0.01));
+        CI(ci_sender_stats_get(sender, &stats));
+        if (stats.receivers == 0) break;
+    }
+    CI(ci_sender_stats_get(sender, &stats));
+    std::printf("app: presented %" PRIu64 " (%" PRIu64 " from COLOR_ATTACHMENT_OPTIMAL, %" PRIu64
+                " from TRANSFER_SRC_OPTIMAL; %" PRIu64 " after waiting for the rendering), "
+                "skipped %" PRIu64 ", receivers left %" PRIu64 "\n",
+                stats.presented, color_frames, transfer_frames, waited_first, stats.skipped,
+                stats.receivers);
+    if (stats.presented != frames || stats.receivers != 0) fail("not every frame was taken");
+    CI(ci_sender_free(sender));
+    CI(ci_context_free(ctx));
+
+    // The application's own objects, after the library's.
+    VK(vkDeviceWaitIdle(device));
+    vkDestroyFence(device, fence, nullptr);
+    vkDestroyCommandPool(device, pool, nullptr);
+    vkUnmapMemory(device, staging_memory);
+    vkDestroyBuffer(device, staging, nullptr);
+    vkFreeMemory(device, staging_memory, nullptr);
+    vkDestroyImage(device, image, nullptr);
+    vkFreeMemory(device, image_memory, nullptr);
+    vkDestroyDevice(device, nullptr);
+    if (messenger != VK_NULL_HANDLE) destroy_messenger(instance, messenger, nullptr);
+    vkDestroyInstance(instance, nullptr);
+    std::printf("app: %" PRIu64 " frames published, %d validation errors\n", frames,
+                validation_errors);
+    return validation_errors == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        std::fprintf(stderr, "usage: app_publish NAME FRAMES\n");
+        return 2;
+    }
+    uint64_t frames = std::strtoull(argv[2], nullptr, 10);
+    if (frames == 0) {
+        std::fprintf(stderr, "FRAMES must be at least 1\n");
+        return 2;
+    }
+    return run(argv[1], frames);
+}
