@@ -8,12 +8,15 @@
 # gpu_consumer.py and cuda_interop.abi3.so; PYTHON (default python3) has torch.
 # LOGS (default: a temporary folder) keeps every process's whole output.
 #
-# A SENDER is one of (default: all six, in this order)
+# A SENDER is one of (default: all eight, in this order)
 #   image:rgba8:WxH    the `renderer` example: its own ash device wrapped by
 #   image:rgba16f:WxH  Context::from_raw, its own command buffers on its
 #                      transfer queue writing an OPTIMAL image ring by name
 #   buffer:WxH         `frame_server`: a pitched RGBA8 buffer ring, filled
 #                      on the transfer queue
+#   buffer:nv12:WxH    the same with planar NV12 or P010 frames (issue 31:
+#   buffer:p010:WxH    the luma plane, then the chroma plane; the checks
+#                      read both)
 # at 1920x1080 and 3840x2160. Each sender runs in its own process; against
 # each, every receiver below runs in a process of its own, connected by name:
 #   cuda     frame_client (Rust CUDA): --no-check for the hand-off (packet
@@ -169,7 +172,7 @@ cells() { # tag kind
 sender() { # spec
   local spec=$1 kind format size w h log
   IFS=: read -r kind format size <<<"$spec"
-  if [ "$kind" = buffer ]; then size=$format; format=rgba8; fi
+  if [ "$kind" = buffer ] && [ -z "$size" ]; then size=$format; format=rgba8; fi
   w=${size%x*}
   h=${size#*x}
   local tag="$kind-$format-$size"
@@ -179,7 +182,7 @@ sender() { # spec
   case $kind in
     image) "$D/renderer" --name matrix --format "$format" --width "$w" --height "$h" \
       --slots 4 --seconds 400 --hold-timeout 5 --queue transfer >"$log" 2>&1 & ;;
-    buffer) "$D/frame_server" --name matrix --width "$w" --height "$h" \
+    buffer) "$D/frame_server" --name matrix --format "$format" --width "$w" --height "$h" \
       --slots 4 --seconds 400 --hold-timeout 5 >"$log" 2>&1 & ;;
     *) echo "FAIL: unknown sender $spec (image:FORMAT:WxH or buffer:WxH)"; FAILED=1; return ;;
   esac
@@ -204,7 +207,8 @@ sender() { # spec
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>/dev/null
 if [ $# -eq 0 ]; then
   set -- image:rgba8:1920x1080 image:rgba8:3840x2160 image:rgba16f:1920x1080 \
-    image:rgba16f:3840x2160 buffer:1920x1080 buffer:3840x2160
+    image:rgba16f:3840x2160 buffer:1920x1080 buffer:3840x2160 buffer:nv12:3840x2160 \
+    buffer:p010:1920x1080
 fi
 for spec in "$@"; do sender "$spec"; done
 echo

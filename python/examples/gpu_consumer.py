@@ -38,6 +38,12 @@ def s32(x):
     return x - (1 << 32) if x >= 1 << 31 else x
 
 
+# The ring's frame height, once connected: a planar ring's tensor has more
+# rows than the frame (the chroma plane's follow the luma plane's), and the
+# band lies in the luma plane.
+GEOMETRY = {"height": None}
+
+
 def band_rows(frame, height):
     rows = max(height // 16, 1)
     start = (frame * 8) % (height - rows + 1)
@@ -63,10 +69,12 @@ def main():
         import torch
 
         def verify(t, tag):
-            h = t.shape[0]
             words = t.view(torch.int32)  # (height, width, words per pixel)
-            start, end = band_rows(tag, h)
-            want = torch.full((h, 1, 1), s32(tag), dtype=torch.int32, device=t.device)
+            if words.dim() == 2:  # a planar ring's (rows, width): both planes
+                words = words.unsqueeze(-1)
+            rows = words.shape[0]
+            start, end = band_rows(tag, GEOMETRY["height"] or rows)
+            want = torch.full((rows, 1, 1), s32(tag), dtype=torch.int32, device=t.device)
             want[start:end] = s32(~tag)
             return (words != want).any()
 
@@ -137,10 +145,12 @@ def main():
 
         def check(frame):
             a = cupy.asarray(frame)  # __cuda_array_interface__, synced on its stream
-            h = a.shape[0]
             words = a.view(cupy.int32)  # (height, width, words per pixel)
-            start, end = band_rows(frame.tag, h)
-            want = cupy.full((h, 1, 1), s32(frame.tag), dtype=cupy.int32)
+            if words.ndim == 2:  # a planar ring's (rows, width): both planes
+                words = words[:, :, None]
+            rows = words.shape[0]
+            start, end = band_rows(frame.tag, GEOMETRY["height"] or rows)
+            want = cupy.full((rows, 1, 1), s32(frame.tag), dtype=cupy.int32)
             want[start:end] = s32(~frame.tag)
             wrong = (words != want).any()
             frame.release(stream=current_stream())
@@ -173,6 +183,7 @@ def main():
         receiver = cuda_interop.connect_named(args.name, args.timeout, delivery=args.delivery)
     else:
         receiver = cuda_interop.connect(args.socket, timeout=args.timeout, delivery=args.delivery)
+    GEOMETRY["height"] = receiver.layout[2]
     first = receiver.next(args.timeout)
     slots, width, height, pitch = receiver.layout
     print(
