@@ -234,6 +234,11 @@ typedef struct ci_receiver ci_receiver;
 typedef struct ci_sender ci_sender;
 
 /**
+ * An opaque Vulkan receiver (`ci_vulkan_receiver_connect_named`).
+ */
+typedef struct ci_vulkan_receiver ci_vulkan_receiver;
+
+/**
  * One named sender (`ci_list_senders`).
  */
 typedef struct ci_sender_info {
@@ -605,6 +610,57 @@ typedef struct ci_source_image {
    */
   uint64_t image;
 } ci_source_image;
+
+/**
+ * A frame's image on the receiver's device
+ * (`ci_vulkan_receiver_image`): what the application needs to read it
+ * itself.
+ */
+typedef struct ci_vulkan_image {
+  /**
+   * `sizeof(ci_vulkan_image)` as the caller compiled it: set it before
+   * the call (a smaller value is `CI_INVALID_ARGUMENT`).
+   */
+  uint32_t struct_size;
+  /**
+   * The image's `VkFormat` (raw value): the ring's.
+   */
+  uint32_t vk_format;
+  /**
+   * The `VkImageLayout` it is in (raw value): always
+   * `VK_IMAGE_LAYOUT_GENERAL` (1).
+   */
+  uint32_t layout;
+  /**
+   * The queue family that owns it: always `VK_QUEUE_FAMILY_EXTERNAL`
+   * (`~1U`, 0xFFFFFFFE).
+   */
+  uint32_t queue_family;
+  /**
+   * Texels per row (level 0; the image has one level, one layer).
+   */
+  uint32_t width;
+  /**
+   * Rows.
+   */
+  uint32_t height;
+  /**
+   * Its `VkImageUsageFlags` (raw value: storage or sampled, with transfer
+   * source and destination).
+   */
+  uint32_t usage;
+  /**
+   * The frame's slot: the same slot is always the same image.
+   */
+  uint32_t slot;
+  /**
+   * The `VkImage` (a non-dispatchable handle's 64-bit value) of the
+   * receiver's context's device: 2D, optimal tiling, one sample,
+   * `VK_SHARING_MODE_EXCLUSIVE`, imported external memory. Valid while the
+   * receiver lives; never destroy it.
+   */
+  uint64_t image;
+} ci_vulkan_image;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1181,6 +1237,170 @@ enum ci_status ci_sender_present_copy(struct ci_sender *sender,
                                       uint64_t timestamp_ns,
                                       double timeout_s,
                                       uint64_t *sequence_out);
+
+/**
+ * Connects a Vulkan receiver to the sender named `name` in the default
+ * directory (`$XDG_RUNTIME_DIR/cuda-interop-frames`), waiting up to
+ * `timeout_s` seconds for it to appear, in `delivery`
+ * (`CI_DELIVERY_LATEST` or `CI_DELIVERY_LOSSLESS`); imports the ring's
+ * images (and its "produced" timeline, where the sender shares one) on
+ * `ctx`'s device, and stores the receiver's handle in `*out`. The ring
+ * must be an image ring of a format `ci_image_sender_new` makes
+ * (`VK_FORMAT_R8G8B8A8_UNORM` (37), `_SRGB` (43),
+ * `VK_FORMAT_B8G8R8A8_UNORM` (44), `_SRGB` (50),
+ * `VK_FORMAT_R16G16B16A16_SFLOAT` (97)), of storage or sampled usage:
+ * another format, a buffer ring (RGBA8, NV12, P010: use
+ * `ci_receiver_connect_named` or `ci_cuda_receiver_connect_named`) or an
+ * image the device cannot import is `CI_UNSUPPORTED`, saying why. The
+ * receiver keeps the context's device alive; on a context from
+ * `ci_context_new_from_vulkan`, the application's device must outlive the
+ * receiver (that function's contract).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `name` is NULL or a NUL-terminated string; `out` is NULL or valid for a
+ * write.
+ */
+enum ci_status ci_vulkan_receiver_connect_named(struct ci_context *ctx,
+                                                const char *name,
+                                                uint32_t delivery,
+                                                double timeout_s,
+                                                struct ci_vulkan_receiver **out);
+
+/**
+ * Stores the layout of Vulkan receiver `receiver`'s ring in `*layout`
+ * (set `layout->struct_size = sizeof(ci_ring_layout)` first).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * As `ci_receiver_get_layout`.
+ */
+enum ci_status ci_vulkan_receiver_get_layout(const struct ci_vulkan_receiver *receiver,
+                                             struct ci_ring_layout *layout);
+
+/**
+ * Waits up to `timeout_s` seconds for the next frame (latest: the newest;
+ * lossless: every frame in order) and stores its handle in `*out`. The
+ * frame holds its slot until `ci_vulkan_receiver_release`; a latest
+ * receiver holds one frame at a time (release it before the next call).
+ *
+ * Thread safety: any thread; one thread receives at a time (a second
+ * one's call waits within its timeout, then returns `CI_BUSY`).
+ *
+ * # Safety
+ * `out` is NULL or valid for a write.
+ */
+enum ci_status ci_vulkan_receiver_next(struct ci_vulkan_receiver *receiver,
+                                       double timeout_s,
+                                       struct ci_frame **out);
+
+/**
+ * Copies `frame`'s pixels (tightly packed rows of texels: `frame_bytes`
+ * of `ci_frame_get_info`, `width * height * texel_bytes`) into `dst` by a
+ * GPU copy on the receiver's device, waiting at most `timeout_s` seconds.
+ * `CI_OK` means the bytes are the frame's; `CI_DROPPED` or `CI_CLOSED`
+ * that the sender dropped this receiver meanwhile (the bytes are not
+ * valid). `dst_len` smaller than the frame is `CI_BUFFER_TOO_SMALL`.
+ * The library takes the image from `VK_QUEUE_FAMILY_EXTERNAL` in
+ * `VK_IMAGE_LAYOUT_GENERAL` and gives it back there before returning (the
+ * state `ci_vulkan_receiver_image` describes); it submits on the context's
+ * queues under their locks.
+ *
+ * Thread safety: any thread; a release of the same frame on another
+ * thread waits for the read. Do not call it while the application's own
+ * reads of the frame's image (`ci_vulkan_receiver_image`) may still run.
+ *
+ * # Safety
+ * `dst` is NULL or valid for writes of `dst_len` bytes.
+ */
+enum ci_status ci_vulkan_receiver_read(struct ci_vulkan_receiver *receiver,
+                                       const struct ci_frame *frame,
+                                       void *dst,
+                                       size_t dst_len,
+                                       double timeout_s);
+
+/**
+ * Stores `frame`'s image on the receiver's device in `*out` (set
+ * `out->struct_size = sizeof(ci_vulkan_image)` first), for the
+ * application to read it itself on the context's device
+ * (`ci_context_new_from_vulkan`'s; the device of a headless context is
+ * the library's own). When this call returns `CI_OK`, the sender's writes
+ * of the frame have completed and the image is in
+ * `VK_IMAGE_LAYOUT_GENERAL`, owned by `VK_QUEUE_FAMILY_EXTERNAL` (as
+ * `VulkanReceiver` leaves it between reads). On a ring with a "produced"
+ * timeline (a sender with `VK_KHR_external_semaphore_fd`), the call first
+ * waits on the host, within `timeout_s` seconds, for the sender's writes,
+ * by a read of the frame on the receiver's device (the receiver keeps its
+ * timeline to itself: this costs one GPU copy of the frame); on a ring
+ * without one (lavapipe), the frame was announced after its writes
+ * completed and nothing is waited for.
+ *
+ * To read the image, the application, on a queue of family `F` of the
+ * context's device, inside `ci_context_with_queue` where the queue is one
+ * it gave the context:
+ * 1. records an acquire: an image memory barrier with
+ *    `srcQueueFamilyIndex = VK_QUEUE_FAMILY_EXTERNAL`,
+ *    `dstQueueFamilyIndex = F`, `oldLayout = VK_IMAGE_LAYOUT_GENERAL`, the
+ *    layout it reads in as `newLayout`, the whole image (colour aspect,
+ *    level 0, layer 0);
+ * 2. records its reads only (never writes: the image is the sender's
+ *    slot);
+ * 3. records the release back: `srcQueueFamilyIndex = F`,
+ *    `dstQueueFamilyIndex = VK_QUEUE_FAMILY_EXTERNAL`, `newLayout =
+ *    VK_IMAGE_LAYOUT_GENERAL`, after its reads;
+ * 4. waits for that submission to complete (a fence) before
+ *    `ci_vulkan_receiver_release` of the frame, `ci_vulkan_receiver_read`
+ *    of it, or `ci_vulkan_receiver_free`: the release sends the sender no
+ *    GPU signal, so the sender may write the slot as soon as it is given
+ *    back.
+ *
+ * Thread safety: any thread; a release of the same frame on another
+ * thread waits for this call (not for the application's reads).
+ *
+ * # Safety
+ * `out` is NULL or points to a `ci_vulkan_image` whose `struct_size` is
+ * set, valid for writes of that many bytes.
+ */
+enum ci_status ci_vulkan_receiver_image(struct ci_vulkan_receiver *receiver,
+                                        const struct ci_frame *frame,
+                                        double timeout_s,
+                                        struct ci_vulkan_image *out);
+
+/**
+ * Gives `frame` back to the sender (no GPU signal: the library's reads
+ * have completed, and so must the application's, see
+ * `ci_vulkan_receiver_image`); the frame handle is consumed whatever the
+ * status, unless the status is `CI_NULL_POINTER`, `CI_WRONG_HANDLE` or
+ * `CI_INVALID_ARGUMENT` (a frame of another receiver), which change
+ * nothing. An error after the handle is consumed says the connection is
+ * over (`CI_DROPPED`, `CI_CLOSED`).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * None beyond the ABI: the handles are checked. (Releasing a frame whose
+ * image the application still reads, or left acquired, lets the sender
+ * overwrite it under those reads: wrong pixels, and a wrong owner for the
+ * next read.)
+ */
+enum ci_status ci_vulkan_receiver_release(struct ci_vulkan_receiver *receiver,
+                                          struct ci_frame *frame);
+
+/**
+ * Frees a Vulkan receiver (NULL: nothing), releasing every frame it
+ * handed out that is not released yet (their handles become invalid; the
+ * application's reads of their images must have completed) and the
+ * imported images (waiting, bounded, for the library's own copies).
+ *
+ * Thread safety: any thread; the handle and its frames' handles are
+ * invalid for every thread after.
+ *
+ * # Safety
+ * None beyond the ABI: the handle is checked.
+ */
+enum ci_status ci_vulkan_receiver_free(struct ci_vulkan_receiver *receiver);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -4,14 +4,14 @@
 //! # Contract
 //!
 //! * A handle (`ci_context*`, `ci_sender*`, `ci_receiver*`,
-//!   `ci_cuda_receiver*`, `ci_frame*`) is
+//!   `ci_cuda_receiver*`, `ci_vulkan_receiver*`, `ci_frame*`) is
 //!   an opaque pointer that is never dereferenced: its value is a key into
 //!   one global table (`Mutex<HashMap<usize, Object>>`) of the live objects,
 //!   each tagged with its kind. Keys come from a counter (a generation):
 //!   they are never reused, so a freed handle stays an unknown key forever,
 //!   even after other objects are made.
 //! * Looking a handle up ([`context`], [`sender`], [`receiver`],
-//!   [`cuda_receiver`], [`frame`])
+//!   [`cuda_receiver`], [`vulkan_receiver`], [`frame`])
 //!   returns a clone of the object's `Arc` (the table's lock is held only
 //!   for the lookup), or an error: [`ci_status::CI_NULL_POINTER`] for NULL,
 //!   [`ci_status::CI_WRONG_HANDLE`] for an unknown key (freed, or never a handle:
@@ -78,6 +78,31 @@ pub(crate) trait ImageRing: Send + std::fmt::Debug {
     ) -> Result<u64, CiError>;
 }
 
+/// What a Vulkan receiver does, whatever its format, memory and usage
+/// (picked at run time from the ring; implemented in `vulkan_receive`).
+pub(crate) trait VulkanRing: Send + Sync + std::fmt::Debug {
+    fn session(&self) -> &cuda_interop_frames::session::Session;
+    /// Slot `slot`'s imported image.
+    fn image(&self, slot: u32) -> Option<vk_export::ash::vk::Image>;
+    fn usage(&self) -> vk_export::ash::vk::ImageUsageFlags;
+    fn texel_bytes(&self) -> u64;
+    /// Whether the ring shares a "produced" timeline.
+    fn timeline(&self) -> bool;
+    fn next(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<Frame, cuda_interop_frames::vulkan_receiver::VulkanReceiverError>;
+    fn read_pixels(
+        &self,
+        frame: &Frame,
+        timeout: std::time::Duration,
+    ) -> Result<Vec<u8>, cuda_interop_frames::vulkan_receiver::VulkanReceiverError>;
+    fn release(
+        &self,
+        frame: Frame,
+    ) -> Result<(), cuda_interop_frames::vulkan_receiver::VulkanReceiverError>;
+}
+
 /// A frame handed out, with what `ci_frame_info` reports.
 #[derive(Debug)]
 pub(crate) struct FrameEntry {
@@ -96,6 +121,7 @@ pub(crate) enum Object {
     Sender(Arc<Mutex<AnySender>>),
     Receiver(Arc<HostReceiver>),
     CudaReceiver(Arc<CudaReceiver>),
+    VulkanReceiver(Arc<dyn VulkanRing>),
     Frame(Arc<FrameEntry>),
 }
 
@@ -106,6 +132,7 @@ impl Object {
             Object::Sender(_) => "ci_sender*",
             Object::Receiver(_) => "ci_receiver*",
             Object::CudaReceiver(_) => "ci_cuda_receiver*",
+            Object::VulkanReceiver(_) => "ci_vulkan_receiver*",
             Object::Frame(_) => "ci_frame*",
         }
     }
@@ -192,6 +219,14 @@ pub(crate) fn receiver(key: usize) -> Result<Arc<HostReceiver>, CiError> {
 pub(crate) fn cuda_receiver(key: usize) -> Result<Arc<CudaReceiver>, CiError> {
     lookup(key, "ci_cuda_receiver*", |o| match o {
         Object::CudaReceiver(r) => Some(r.clone()),
+        _ => None,
+    })
+}
+
+/// The Vulkan receiver of handle `key`.
+pub(crate) fn vulkan_receiver(key: usize) -> Result<Arc<dyn VulkanRing>, CiError> {
+    lookup(key, "ci_vulkan_receiver*", |o| match o {
+        Object::VulkanReceiver(r) => Some(r.clone()),
         _ => None,
     })
 }

@@ -31,6 +31,7 @@ mod ffi;
 mod handles;
 mod receive;
 mod vulkan;
+mod vulkan_receive;
 
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
@@ -40,6 +41,7 @@ use std::time::Duration;
 pub use ffi::*;
 pub use receive::*;
 pub use vulkan::*;
+pub use vulkan_receive::*;
 
 /// The ABI's major version: the `N` of the soname `libcuda_interop.so.N`
 /// (see the README's stability rules).

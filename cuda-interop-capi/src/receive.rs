@@ -142,7 +142,10 @@ fn layout_of(layout: &RingLayout) -> ci_ring_layout {
 /// # Safety
 /// `out` is NULL or valid for reads of 4 bytes and writes of its
 /// `struct_size` bytes.
-unsafe fn write_layout(out: *mut ci_ring_layout, layout: &RingLayout) -> Result<(), CiError> {
+pub(crate) unsafe fn write_layout(
+    out: *mut ci_ring_layout,
+    layout: &RingLayout,
+) -> Result<(), CiError> {
     non_null(out, "layout")?;
     // SAFETY: not NULL, readable (the caller's promise); the first field
     // alone, before trusting it.

@@ -26,6 +26,7 @@ fn source() -> String {
         "src/handles.rs",
         "src/receive.rs",
         "src/vulkan.rs",
+        "src/vulkan_receive.rs",
     ]
     .iter()
     .map(|p| read(p))

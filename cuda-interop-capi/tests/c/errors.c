@@ -251,6 +251,50 @@ int main(int argc, char **argv) {
            CI_NOT_FOUND);
     if (crx != NULL) failures++;
 
+    /* Vulkan receivers before connecting, and of another kind. */
+    ci_vulkan_receiver *vrx = NULL;
+    ci_vulkan_image vimage;
+    memset(&vimage, 0, sizeof vimage);
+    vimage.struct_size = sizeof vimage;
+    uint8_t vbytes[16];
+    EXPECT(ci_vulkan_receiver_connect_named(NULL, name, CI_DELIVERY_LATEST, 0.0, &vrx),
+           CI_NULL_POINTER);
+    EXPECT(ci_vulkan_receiver_connect_named((ci_context *)sender, name, CI_DELIVERY_LATEST, 0.0,
+                                            &vrx),
+           CI_WRONG_HANDLE);
+    EXPECT(ci_vulkan_receiver_connect_named(bogus, name, CI_DELIVERY_LATEST, 0.0, &vrx),
+           CI_WRONG_HANDLE);
+    EXPECT(ci_vulkan_receiver_connect_named(ctx, NULL, CI_DELIVERY_LATEST, 0.0, &vrx),
+           CI_NULL_POINTER);
+    EXPECT(ci_vulkan_receiver_connect_named(ctx, name, CI_DELIVERY_LATEST, 0.0, NULL),
+           CI_NULL_POINTER);
+    EXPECT(ci_vulkan_receiver_connect_named(ctx, name, 3, 0.0, &vrx), CI_INVALID_ARGUMENT);
+    EXPECT(ci_vulkan_receiver_connect_named(ctx, name, CI_DELIVERY_LATEST, NAN, &vrx),
+           CI_INVALID_ARGUMENT);
+    EXPECT(ci_vulkan_receiver_connect_named(ctx, "bad/name", CI_DELIVERY_LATEST, 0.0, &vrx),
+           CI_INVALID_ARGUMENT);
+    EXPECT(ci_vulkan_receiver_connect_named(ctx, "nobody-has-this-name", CI_DELIVERY_LATEST, 0.2,
+                                            &vrx),
+           CI_NOT_FOUND);
+    EXPECT(ci_vulkan_receiver_next(NULL, 0.0, &frame), CI_NULL_POINTER);
+    EXPECT(ci_vulkan_receiver_next((ci_vulkan_receiver *)sender, 0.0, &frame), CI_WRONG_HANDLE);
+    EXPECT(ci_vulkan_receiver_next((ci_vulkan_receiver *)bogus, 0.0, &frame), CI_WRONG_HANDLE);
+    EXPECT(ci_vulkan_receiver_next((ci_vulkan_receiver *)odd, 0.0, &frame), CI_WRONG_HANDLE);
+    EXPECT(ci_vulkan_receiver_get_layout(NULL, &layout), CI_NULL_POINTER);
+    EXPECT(ci_vulkan_receiver_get_layout((ci_vulkan_receiver *)ctx, &layout), CI_WRONG_HANDLE);
+    EXPECT(ci_vulkan_receiver_image(NULL, NULL, 0.0, &vimage), CI_NULL_POINTER);
+    EXPECT(ci_vulkan_receiver_image((ci_vulkan_receiver *)sender, NULL, 0.0, &vimage),
+           CI_WRONG_HANDLE);
+    EXPECT(ci_vulkan_receiver_read(NULL, NULL, vbytes, sizeof vbytes, 0.0), CI_NULL_POINTER);
+    EXPECT(ci_vulkan_receiver_read((ci_vulkan_receiver *)bogus, NULL, vbytes, sizeof vbytes, 0.0),
+           CI_WRONG_HANDLE);
+    EXPECT(ci_vulkan_receiver_release(NULL, NULL), CI_NULL_POINTER);
+    EXPECT(ci_vulkan_receiver_release((ci_vulkan_receiver *)ctx, NULL), CI_WRONG_HANDLE);
+    EXPECT(ci_vulkan_receiver_free((ci_vulkan_receiver *)ctx), CI_WRONG_HANDLE);
+    EXPECT(ci_vulkan_receiver_free((ci_vulkan_receiver *)bogus), CI_WRONG_HANDLE);
+    EXPECT(ci_vulkan_receiver_free(NULL), CI_OK);
+    if (vrx != NULL) failures++;
+
     /* Receivers: bad arguments, a missing name. */
     EXPECT(ci_receiver_connect_named(NULL, CI_DELIVERY_LATEST, 0.0, &rx), CI_NULL_POINTER);
     EXPECT(ci_receiver_connect_named(name, CI_DELIVERY_LATEST, 0.0, NULL), CI_NULL_POINTER);
@@ -341,6 +385,19 @@ int main(int argc, char **argv) {
         printf("ok %d: a CUDA receiver of a lavapipe ring -> %d: %s\n", checks, (int)cs,
                ci_last_error_message());
     }
+    /* A Vulkan receiver of this buffer ring: refused (CI_UNSUPPORTED),
+     * saying what takes buffer rings; a host receiver's handle and frame
+     * through the Vulkan receiver's functions: another kind. */
+    EXPECT(ci_vulkan_receiver_connect_named(ctx, name, CI_DELIVERY_LATEST, 10.0, &vrx),
+           CI_UNSUPPORTED);
+    if (vrx != NULL) failures++;
+    EXPECT(ci_vulkan_receiver_read((ci_vulkan_receiver *)rx, frame, vbytes, sizeof vbytes, 0.0),
+           CI_WRONG_HANDLE);
+    EXPECT(ci_vulkan_receiver_image((ci_vulkan_receiver *)rx, frame, 0.0, &vimage),
+           CI_WRONG_HANDLE);
+    EXPECT(ci_vulkan_receiver_release((ci_vulkan_receiver *)rx, frame), CI_WRONG_HANDLE);
+    EXPECT(ci_vulkan_receiver_get_layout((ci_vulkan_receiver *)rx, &layout), CI_WRONG_HANDLE);
+    EXPECT(ci_vulkan_receiver_free((ci_vulkan_receiver *)rx), CI_WRONG_HANDLE);
     EXPECT(ci_frame_release((ci_receiver *)ctx, frame), CI_WRONG_HANDLE);
     EXPECT(ci_frame_release(rx, NULL), CI_NULL_POINTER);
     EXPECT(ci_frame_release(rx, frame), CI_OK);
