@@ -12,7 +12,9 @@
 #      "FOUR RECEIVERS" line with each one's hand-off median in both and one
 #      receiver's. MPS unavailable: "MPS: NOT RUN (why)", not a failure.
 # then image rings (OPTIMAL RGBA8 at 4K, RGBA16F at 1080p) to CUDA receivers
-# that check every row, latest and lossless.
+# that check every row, latest and lossless; then (issue 31) RGBA8, NV12 and
+# P010 buffer rings at 4K in turn, each one's hand-off and a checked run
+# (both planes), and a "PLANAR" line with the NV12/RGBA8 hand-off ratio.
 # frame_client prints frames/s, dropped frames and the hand-off (frame packet
 # -> CUDA stream waited) median and p99; frame_server prints its frames/s,
 # skipped frames and back-pressure timeouts every 5 s.
@@ -144,11 +146,42 @@ image_pass() { # format width height
   grep -v '^$' "$LOG" | tail -n 5
 }
 
+planar_pass() { # width height: issue 31's goal, an NV12 frame's hand-off within
+  # 10% of an RGBA8 frame's of the same size: RGBA8, NV12 and P010 buffer
+  # rings in turn, 3000 frames each unchecked, then 300 checked (both planes)
+  echo
+  echo "##### planar buffer rings against RGBA8, $1x$2"
+  local f
+  for f in rgba8 nv12 p010; do
+    LOG=$XDG_RUNTIME_DIR/server-planar-$f.log
+    "$D/frame_server" --name cam --format "$f" --width "$1" --height "$2" \
+      --slots 6 --seconds 60 --hold-timeout 5 >"$LOG" 2>&1 &
+    SERVER=$!
+    for _ in $(seq 100); do "$D/frame_client" --list 2>/dev/null | grep -q '^cam:' && break; sleep 0.1; done
+    client --frames 3000 --no-check --lossless
+    check "$f $1x$2, hand-off" $?
+    cp "$XDG_RUNTIME_DIR/client.log" "$XDG_RUNTIME_DIR/planar-$f.log"
+    client --frames 300 --lossless
+    check "$f $1x$2, checked (every plane)" $?
+    kill "$SERVER"
+    wait "$SERVER" 2>/dev/null
+    SERVER=
+  done
+  local base nv12 p010
+  base=$(median "$XDG_RUNTIME_DIR/planar-rgba8.log")
+  nv12=$(median "$XDG_RUNTIME_DIR/planar-nv12.log")
+  p010=$(median "$XDG_RUNTIME_DIR/planar-p010.log")
+  echo "PLANAR ($1x$2): hand-off medians, RGBA8 $base us, NV12 $nv12 us, P010 $p010 us;" \
+    "NV12/RGBA8 $(awk -v a="$nv12" -v b="$base" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "?" }')x" \
+    "(goal <= 1.10x)"
+}
+
 [ -f "$D/BUILD" ] && { echo "=== built from:"; cat "$D/BUILD"; }
 pass 1920 1080
 pass 3840 2160
 image_pass rgba8 3840 2160
 image_pass rgba16f 1920 1080
+planar_pass 3840 2160
 echo
 if [ "$FAILED" -eq 0 ]; then echo "FRAMES MEASURE: ALL PASSED"; else echo "FRAMES MEASURE: FAILED"; fi
 exit "$FAILED"
