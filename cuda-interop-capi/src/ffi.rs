@@ -972,17 +972,7 @@ pub unsafe extern "C" fn ci_frame_release(
     entry(|| {
         owned_frame(key(receiver), key(frame))?;
         let rx = handles::receiver(key(receiver))?;
-        let Object::Frame(f) =
-            handles::remove(key(frame), "ci_frame*", |o| matches!(o, Object::Frame(_)))?
-        else {
-            unreachable!("remove checked the kind");
-        };
-        let taken = f
-            .frame
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        match taken {
+        match handles::take_frame(key(frame))? {
             Some(frame) => rx.release(frame).map_err(|e| consumer(&e)),
             None => Ok(()),
         }
@@ -1000,16 +990,9 @@ pub unsafe extern "C" fn ci_frame_release(
 #[no_mangle]
 pub unsafe extern "C" fn ci_receiver_free(receiver: *mut ci_receiver) -> ci_status {
     entry(|| {
-        if receiver.is_null() {
-            return Ok(());
-        }
-        let object = handles::remove(key(receiver), "ci_receiver*", |o| {
+        handles::free_receiver(key(receiver), "ci_receiver*", |o| {
             matches!(o, Object::Receiver(_))
-        })?;
-        let frames = handles::remove_frames_of(key(receiver));
-        drop(frames);
-        drop(object);
-        Ok(())
+        })
     })
 }
 

@@ -251,8 +251,39 @@ pub(crate) fn remove(
     table().remove(&key).ok_or_else(|| unknown(key, expected))
 }
 
+/// Takes frame handle `key` out of the table, and the frame out of it
+/// (`None`: it was given back already, by a free racing this call).
+pub(crate) fn take_frame(key: usize) -> Result<Option<Frame>, CiError> {
+    let Object::Frame(f) = remove(key, "ci_frame*", |o| matches!(o, Object::Frame(_)))? else {
+        unreachable!("remove checked the kind");
+    };
+    let taken = f
+        .frame
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    Ok(taken)
+}
+
+/// Frees receiver handle `key` (0, a NULL handle: nothing) if it is a live
+/// handle that `is` accepts: every frame it handed out is taken out of the
+/// table and dropped (released) first, then the receiver.
+pub(crate) fn free_receiver(
+    key: usize,
+    expected: &'static str,
+    is: impl FnOnce(&Object) -> bool,
+) -> Result<(), CiError> {
+    if key == 0 {
+        return Ok(());
+    }
+    let receiver = remove(key, expected, is)?;
+    drop(remove_frames_of(key));
+    drop(receiver);
+    Ok(())
+}
+
 /// Takes every frame that receiver `owner` handed out out of the table.
-pub(crate) fn remove_frames_of(owner: usize) -> Vec<Object> {
+fn remove_frames_of(owner: usize) -> Vec<Object> {
     let mut table = table();
     let keys: Vec<usize> = table
         .iter()

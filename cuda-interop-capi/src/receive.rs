@@ -33,7 +33,7 @@ use crate::ffi::{
     ci_cuda_receiver, ci_frame, ci_receiver, consumer, delivery_of, discovery, frame_of, key,
     register_frame, string,
 };
-use crate::handles::{self, FrameEntry, Object};
+use crate::handles::{self, Object};
 use crate::{ci_status, entry, name_array, non_null, seconds, CiError, CI_FORMAT_NAME_CAPACITY};
 
 /// `ci_ring_layout::format`: pitched buffers of 8-bit RGBA pixels.
@@ -500,18 +500,7 @@ fn consume(
 ) -> Result<(), CiError> {
     let rx = handles::cuda_receiver(key(receiver))?;
     frame_of(key(receiver), key(frame))?;
-    let Object::Frame(f) =
-        handles::remove(key(frame), "ci_frame*", |o| matches!(o, Object::Frame(_)))?
-    else {
-        unreachable!("remove checked the kind");
-    };
-    let f: Arc<FrameEntry> = f;
-    let taken = f
-        .frame
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take();
-    match taken {
+    match handles::take_frame(key(frame))? {
         Some(frame) => release(&rx, frame),
         None => Err(released()),
     }
@@ -580,15 +569,8 @@ pub unsafe extern "C" fn ci_cuda_receiver_release(
 #[no_mangle]
 pub unsafe extern "C" fn ci_cuda_receiver_free(receiver: *mut ci_cuda_receiver) -> ci_status {
     entry(|| {
-        if receiver.is_null() {
-            return Ok(());
-        }
-        let object = handles::remove(key(receiver), "ci_cuda_receiver*", |o| {
+        handles::free_receiver(key(receiver), "ci_cuda_receiver*", |o| {
             matches!(o, Object::CudaReceiver(_))
-        })?;
-        let frames = handles::remove_frames_of(key(receiver));
-        drop(frames);
-        drop(object);
-        Ok(())
+        })
     })
 }

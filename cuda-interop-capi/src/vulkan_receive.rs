@@ -525,17 +525,7 @@ pub unsafe extern "C" fn ci_vulkan_receiver_release(
     entry(|| {
         let rx = handles::vulkan_receiver(key(receiver))?;
         frame_of(key(receiver), key(frame))?;
-        let Object::Frame(f) =
-            handles::remove(key(frame), "ci_frame*", |o| matches!(o, Object::Frame(_)))?
-        else {
-            unreachable!("remove checked the kind");
-        };
-        let taken = f
-            .frame
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        match taken {
+        match handles::take_frame(key(frame))? {
             Some(frame) => rx.release(frame).map_err(receiver_error),
             None => Ok(()),
         }
@@ -555,15 +545,8 @@ pub unsafe extern "C" fn ci_vulkan_receiver_release(
 #[no_mangle]
 pub unsafe extern "C" fn ci_vulkan_receiver_free(receiver: *mut ci_vulkan_receiver) -> ci_status {
     entry(|| {
-        if receiver.is_null() {
-            return Ok(());
-        }
-        let object = handles::remove(key(receiver), "ci_vulkan_receiver*", |o| {
+        handles::free_receiver(key(receiver), "ci_vulkan_receiver*", |o| {
             matches!(o, Object::VulkanReceiver(_))
-        })?;
-        let frames = handles::remove_frames_of(key(receiver));
-        drop(frames);
-        drop(object);
-        Ok(())
+        })
     })
 }
