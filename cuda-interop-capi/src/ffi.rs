@@ -399,14 +399,7 @@ pub unsafe extern "C" fn ci_sender_new(
         // SAFETY: NULL or NUL-terminated (the caller's promise).
         let name = unsafe { string(name, "name") }?;
         non_null(out, "out")?;
-        if width == 0 || height == 0 {
-            return Err(CiError::new(
-                ci_status::CI_INVALID_ARGUMENT,
-                format!("the ring is {width}x{height}: pass a width and a height of at least 1"),
-            ));
-        }
-        let address = Address::named(name).map_err(discovery)?;
-        let opts = SenderOptions::for_context(&ctx, address, width, height, slots);
+        let opts = ring_options(&ctx, name, width, height, slots)?;
         let sender = if offers_device_local(&ctx) {
             AnySender::Device(Sender::<DeviceLocal>::new(&ctx, opts).map_err(sender_error)?)
         } else {
@@ -713,6 +706,27 @@ pub unsafe extern "C" fn ci_sender_stats_get(
         unsafe { stats.write(out) };
         Ok(())
     })
+}
+
+/// The options of a sender named `name` on `ctx` of `slots` frames of
+/// `width` x `height` (both at least 1).
+pub(crate) fn ring_options(
+    ctx: &Context,
+    name: &str,
+    width: u32,
+    height: u32,
+    slots: u32,
+) -> Result<SenderOptions, CiError> {
+    if width == 0 || height == 0 {
+        return Err(CiError::new(
+            ci_status::CI_INVALID_ARGUMENT,
+            format!("the ring is {width}x{height}: pass a width and a height of at least 1"),
+        ));
+    }
+    let address = Address::named(name).map_err(discovery)?;
+    Ok(SenderOptions::for_context(
+        ctx, address, width, height, slots,
+    ))
 }
 
 /// Frees a sender (NULL: nothing): says goodbye to its receivers, removes

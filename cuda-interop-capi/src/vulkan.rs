@@ -22,15 +22,15 @@ use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cuda_interop_frames::sender::{monotonic_ns, Address, ImageSender, SenderOptions, SenderStats};
+use cuda_interop_frames::sender::{monotonic_ns, ImageSender, SenderOptions, SenderStats};
 use vk_export::ash::{self, vk, vk::Handle};
 use vk_export::format::Format;
 use vk_export::markers::{usage, DeviceLocal, HostVisible, MemoryLocation, Usage};
 use vk_export::{Context, QueueChoice, QueueRole, Queues, SourceImage, SourceSharing};
 
 use crate::ffi::{
-    acquire, ci_context, ci_sender, discovery, key, offers_device_local, sender_error, string,
-    vulkan, with_sender,
+    acquire, ci_context, ci_sender, key, offers_device_local, sender_error, string, vulkan,
+    with_sender,
 };
 use crate::handles::{self, AnySender, CopySource, ImageRing, Object};
 use crate::{ci_status, entry, non_null, seconds, CiError};
@@ -327,14 +327,7 @@ pub unsafe extern "C" fn ci_image_sender_new(
         // SAFETY: NULL or NUL-terminated (the caller's promise).
         let name = unsafe { string(name, "name") }?;
         non_null(out, "out")?;
-        if width == 0 || height == 0 {
-            return Err(CiError::new(
-                ci_status::CI_INVALID_ARGUMENT,
-                format!("the ring is {width}x{height}: pass a width and a height of at least 1"),
-            ));
-        }
-        let address = Address::named(name).map_err(discovery)?;
-        let opts = SenderOptions::for_context(&ctx, address, width, height, slots);
+        let opts = crate::ffi::ring_options(&ctx, name, width, height, slots)?;
         use vk_export::format::{Bgra8Srgb, Bgra8Unorm, Rgba16Sfloat, Rgba8Srgb, Rgba8Unorm};
         let ring = match vk::Format::from_raw(vk_format as i32) {
             vk::Format::R8G8B8A8_UNORM => image_sender::<Rgba8Unorm, usage::Storage>(&ctx, opts),
