@@ -105,38 +105,37 @@ impl Checker {
             }
             (None, _, _) => None,
         };
-        let rows = match layout.is_image_ring() {
+        let rows: Vec<u32> = match layout.is_image_ring() {
             true => (0..height).collect(),
             false => sampled(f, height),
         };
-        let mut line = vec![0u8; row];
-        for y in rows {
-            let at = y as usize * pitch;
+        // (byte offset, bytes, the row the pattern expects): the rows
+        // above, then a planar ring's chroma plane at the receiver's chroma
+        // address (its first, middle and last rows), all the background (a
+        // row past the luma plane's band).
+        let mut lines: Vec<(u64, usize, u32)> = rows
+            .into_iter()
+            .map(|y| (u64::from(y) * pitch as u64, row, y))
+            .collect();
+        if let Some(chroma) = rx.chroma(frame)? {
+            let at = chroma.ptr - rx.slot(frame)?.data;
+            lines.extend([0, chroma.rows / 2, chroma.rows - 1].map(|y| {
+                (
+                    at + u64::from(y) * chroma.pitch,
+                    chroma.row_bytes as usize,
+                    height,
+                )
+            }));
+        }
+        let mut line = Vec::new();
+        for (at, len, y) in lines {
+            line.resize(len, 0);
             match whole {
-                Some(bytes) => line.copy_from_slice(&bytes[at..at + row]),
-                None => rx.copy_to_host(frame, stream, at as u64, &mut line, timeout)?,
+                Some(bytes) => line.copy_from_slice(&bytes[at as usize..][..len]),
+                None => rx.copy_to_host(frame, stream, at, &mut line, timeout)?,
             }
             if !demo::check_demo_row(&line, f, y, height) {
                 return Ok(false);
-            }
-        }
-        // A planar ring's chroma plane: the background, read at the
-        // receiver's chroma address (its first, middle and last rows).
-        if let Some(chroma) = rx.chroma(frame)? {
-            let at = chroma.ptr - rx.slot(frame)?.data;
-            let rows = [0, chroma.rows / 2, chroma.rows - 1];
-            let mut line = vec![0u8; chroma.row_bytes as usize];
-            for y in rows {
-                let from = at + u64::from(y) * chroma.pitch;
-                let len = line.len();
-                match whole {
-                    Some(bytes) => line.copy_from_slice(&bytes[from as usize..][..len]),
-                    None => rx.copy_to_host(frame, stream, from, &mut line, timeout)?,
-                }
-                // Past the luma plane's band: the background's words.
-                if !demo::check_demo_row(&line, f, height, height) {
-                    return Ok(false);
-                }
             }
         }
         Ok(true)
