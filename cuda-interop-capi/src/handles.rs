@@ -78,31 +78,6 @@ pub(crate) trait ImageRing: Send + std::fmt::Debug {
     ) -> Result<u64, CiError>;
 }
 
-/// What a Vulkan receiver does, whatever its format, memory and usage
-/// (picked at run time from the ring; implemented in `vulkan_receive`).
-pub(crate) trait VulkanRing: Send + Sync + std::fmt::Debug {
-    fn session(&self) -> &cuda_interop_frames::session::Session;
-    /// Slot `slot`'s imported image.
-    fn image(&self, slot: u32) -> Option<vk_export::ash::vk::Image>;
-    fn usage(&self) -> vk_export::ash::vk::ImageUsageFlags;
-    fn texel_bytes(&self) -> u64;
-    /// Whether the ring shares a "produced" timeline.
-    fn timeline(&self) -> bool;
-    fn next(
-        &self,
-        timeout: std::time::Duration,
-    ) -> Result<Frame, cuda_interop_frames::vulkan_receiver::VulkanReceiverError>;
-    fn read_pixels(
-        &self,
-        frame: &Frame,
-        timeout: std::time::Duration,
-    ) -> Result<Vec<u8>, cuda_interop_frames::vulkan_receiver::VulkanReceiverError>;
-    fn release(
-        &self,
-        frame: Frame,
-    ) -> Result<(), cuda_interop_frames::vulkan_receiver::VulkanReceiverError>;
-}
-
 /// A frame handed out, with what `ci_frame_info` reports.
 #[derive(Debug)]
 pub(crate) struct FrameEntry {
@@ -121,7 +96,7 @@ pub(crate) enum Object {
     Sender(Arc<Mutex<AnySender>>),
     Receiver(Arc<HostReceiver>),
     CudaReceiver(Arc<CudaReceiver>),
-    VulkanReceiver(Arc<dyn VulkanRing>),
+    VulkanReceiver(Arc<cuda_interop_frames::image_reader::ImageReader>),
     Frame(Arc<FrameEntry>),
 }
 
@@ -224,7 +199,9 @@ pub(crate) fn cuda_receiver(key: usize) -> Result<Arc<CudaReceiver>, CiError> {
 }
 
 /// The Vulkan receiver of handle `key`.
-pub(crate) fn vulkan_receiver(key: usize) -> Result<Arc<dyn VulkanRing>, CiError> {
+pub(crate) fn vulkan_receiver(
+    key: usize,
+) -> Result<Arc<cuda_interop_frames::image_reader::ImageReader>, CiError> {
     lookup(key, "ci_vulkan_receiver*", |o| match o {
         Object::VulkanReceiver(r) => Some(r.clone()),
         _ => None,

@@ -11,10 +11,11 @@
 //!   reverse) is `CI_WRONG_HANDLE`; a frame of another receiver is
 //!   `CI_INVALID_ARGUMENT`; a released frame's handle is `CI_WRONG_HANDLE`.
 //! * `VulkanReceiver` is generic over the images' format, memory class and
-//!   usage: `ci_vulkan_receiver_connect_named` picks them at run time from
-//!   the ring (its `VkFormat`, among those `ci_image_sender_new` makes, and
-//!   the first image record's memory and usage) and refuses other rings
-//!   with `CI_UNSUPPORTED` and why.
+//!   usage: `ci_vulkan_receiver_connect_named` takes the rings of the
+//!   formats `ci_image_sender_new` makes and leaves the rest of the choice
+//!   to `cuda_interop_frames::image_reader::ImageReader` (the first image
+//!   record's memory and usage); other rings are refused with
+//!   `CI_UNSUPPORTED` and why.
 //! * Frames are `ci_frame*` handles (`ci_frame_get_info` describes them).
 //!   `ci_vulkan_receiver_image` gives the frame's image on the context's
 //!   device, with the state `VulkanReceiver` leaves it in between reads
@@ -23,14 +24,12 @@
 
 use std::ffi::c_char;
 use std::sync::{Arc, PoisonError};
-use std::time::Duration;
 
 use cuda_interop_frames::discovery::Directory;
-use cuda_interop_frames::session::{has_semaphores, ConnectError, Frame, Session};
-use cuda_interop_frames::vulkan_receiver::{VulkanReceiver, VulkanReceiverError};
+use cuda_interop_frames::image_reader::{ImageReader, ImageReaderError};
+use cuda_interop_frames::session::{ConnectError, Frame, Session};
+use cuda_interop_frames::vulkan_receiver::VulkanReceiverError;
 use vk_export::ash::vk::{self, Handle};
-use vk_export::format::{Bgra8Srgb, Bgra8Unorm, Format, Rgba16Sfloat, Rgba8Srgb, Rgba8Unorm};
-use vk_export::markers::{usage, DeviceLocal, HostVisible, MemoryLocation, Usage};
 use vk_export::wire::Received;
 use vk_export::Context;
 
@@ -38,7 +37,7 @@ use crate::ffi::{
     ci_context, ci_frame, consumer, delivery_of, discovery, frame_of, key, register_frame, string,
     vulkan,
 };
-use crate::handles::{self, FrameEntry, Object, VulkanRing};
+use crate::handles::{self, FrameEntry, Object};
 use crate::receive::{ci_ring_layout, write_layout};
 use crate::{ci_status, entry, non_null, seconds, CiError};
 
@@ -49,60 +48,6 @@ pub struct ci_vulkan_receiver {
     _opaque: [u8; 0],
 }
 
-/// A `VulkanReceiver` of some format, memory and usage, and whether its
-/// ring shares a "produced" timeline.
-struct Typed<F: Format, M: MemoryLocation, U: Usage> {
-    rx: VulkanReceiver<F, M, U>,
-    timeline: bool,
-}
-
-impl<F: Format, M: MemoryLocation, U: Usage> std::fmt::Debug for Typed<F, M, U> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.rx.fmt(f)
-    }
-}
-
-impl<F: Format, M: MemoryLocation, U: Usage> VulkanRing for Typed<F, M, U>
-where
-    VulkanReceiver<F, M, U>: Send + Sync,
-{
-    fn session(&self) -> &Session {
-        self.rx.session()
-    }
-
-    fn image(&self, slot: u32) -> Option<vk::Image> {
-        self.rx.images().get(slot as usize).map(|i| i.raw())
-    }
-
-    fn usage(&self) -> vk::ImageUsageFlags {
-        U::VK
-    }
-
-    fn texel_bytes(&self) -> u64 {
-        u64::from(F::TEXEL_BYTES)
-    }
-
-    fn timeline(&self) -> bool {
-        self.timeline
-    }
-
-    fn next(&self, timeout: Duration) -> Result<Frame, VulkanReceiverError> {
-        self.rx.next(timeout)
-    }
-
-    fn read_pixels(
-        &self,
-        frame: &Frame,
-        timeout: Duration,
-    ) -> Result<Vec<u8>, VulkanReceiverError> {
-        self.rx.read_pixels(frame, timeout)
-    }
-
-    fn release(&self, frame: Frame) -> Result<(), VulkanReceiverError> {
-        self.rx.release(frame)
-    }
-}
-
 fn receiver_error(e: VulkanReceiverError) -> CiError {
     match e {
         VulkanReceiverError::Ring(why) => CiError::new(ci_status::CI_UNSUPPORTED, why),
@@ -111,52 +56,23 @@ fn receiver_error(e: VulkanReceiverError) -> CiError {
     }
 }
 
-fn typed<F: Format, M: MemoryLocation, U: Usage>(
-    ctx: &Context,
-    session: Session,
-    setup: Received,
-) -> Result<Arc<dyn VulkanRing>, CiError>
-where
-    VulkanReceiver<F, M, U>: Send + Sync,
-{
-    let timeline = has_semaphores(session.layout(), &setup);
-    let rx = VulkanReceiver::<F, M, U>::new(ctx, session, setup).map_err(receiver_error)?;
-    Ok(Arc::new(Typed { rx, timeline }))
-}
-
-/// [`typed`] for the memory class and usage the ring's first image
-/// record names.
-fn of_format<F: Format>(
-    ctx: &Context,
-    session: Session,
-    setup: Received,
-) -> Result<Arc<dyn VulkanRing>, CiError> {
-    let (flags, memory) = match setup.message().resources.first() {
-        Some(vk_export::wire::Resource::Image(info)) => (info.usage(), info.memory_flags()),
-        // VulkanReceiver::new refuses it with what it is.
-        _ => (usage::Storage::VK, vk::MemoryPropertyFlags::DEVICE_LOCAL),
-    };
-    let device_local = DeviceLocal::admits(memory) || !HostVisible::admits(memory);
-    match (device_local, flags) {
-        (true, f) if f == usage::Sampled::VK => {
-            typed::<F, DeviceLocal, usage::Sampled>(ctx, session, setup)
-        }
-        (false, f) if f == usage::Sampled::VK => {
-            typed::<F, HostVisible, usage::Sampled>(ctx, session, setup)
-        }
-        (true, f) if f == usage::Storage::VK => {
-            typed::<F, DeviceLocal, usage::Storage>(ctx, session, setup)
-        }
-        (false, f) if f == usage::Storage::VK => {
-            typed::<F, HostVisible, usage::Storage>(ctx, session, setup)
-        }
-        (_, f) => Err(CiError::new(
+/// The reader of `session`'s ring on `ctx` (its format checked against
+/// those the C ABI takes already), with the C ABI's words for a usage it
+/// does not take.
+fn reader(ctx: &Context, session: Session, setup: Received) -> Result<Arc<ImageReader>, CiError> {
+    match ImageReader::new(ctx, session, setup) {
+        Ok(rx) => Ok(Arc::new(rx)),
+        Err(ImageReaderError::Receiver(e)) => Err(receiver_error(e)),
+        Err(ImageReaderError::Usage(f)) => Err(CiError::new(
             ci_status::CI_UNSUPPORTED,
             format!(
                 "the sender's images have usage {f:?}: a Vulkan receiver of the C ABI takes \
                  images made with storage or sampled usage (what ci_image_sender_new makes)"
             ),
         )),
+        Err(e @ (ImageReaderError::NotImages { .. } | ImageReaderError::Format { .. })) => {
+            Err(CiError::new(ci_status::CI_UNSUPPORTED, e.to_string()))
+        }
     }
 }
 
@@ -220,12 +136,14 @@ pub unsafe extern "C" fn ci_vulkan_receiver_connect_named(
                 ),
             ));
         };
+        // The formats ci_image_sender_new makes, whatever else the reader
+        // takes.
         let rx = match vk::Format::from_raw(format as i32) {
-            vk::Format::R8G8B8A8_UNORM => of_format::<Rgba8Unorm>(&ctx, session, setup),
-            vk::Format::R8G8B8A8_SRGB => of_format::<Rgba8Srgb>(&ctx, session, setup),
-            vk::Format::B8G8R8A8_UNORM => of_format::<Bgra8Unorm>(&ctx, session, setup),
-            vk::Format::B8G8R8A8_SRGB => of_format::<Bgra8Srgb>(&ctx, session, setup),
-            vk::Format::R16G16B16A16_SFLOAT => of_format::<Rgba16Sfloat>(&ctx, session, setup),
+            vk::Format::R8G8B8A8_UNORM
+            | vk::Format::R8G8B8A8_SRGB
+            | vk::Format::B8G8R8A8_UNORM
+            | vk::Format::B8G8R8A8_SRGB
+            | vk::Format::R16G16B16A16_SFLOAT => reader(&ctx, session, setup),
             _ => Err(CiError::new(
                 ci_status::CI_UNSUPPORTED,
                 format!(
@@ -260,13 +178,6 @@ pub unsafe extern "C" fn ci_vulkan_receiver_get_layout(
     })
 }
 
-/// Bytes of a frame's host copy (`ci_vulkan_receiver_read`): tightly
-/// packed rows of texels.
-fn frame_bytes(rx: &dyn VulkanRing) -> u64 {
-    let layout = rx.session().layout();
-    u64::from(layout.width) * u64::from(layout.height) * rx.texel_bytes()
-}
-
 /// Waits up to `timeout_s` seconds for the next frame (latest: the newest;
 /// lossless: every frame in order) and stores its handle in `*out`. The
 /// frame holds its slot until `ci_vulkan_receiver_release`; a latest
@@ -290,7 +201,7 @@ pub unsafe extern "C" fn ci_vulkan_receiver_next(
         let timeout = seconds("timeout_s", timeout_s)?;
         let frame = rx.next(timeout).map_err(receiver_error)?;
         let layout = *rx.session().layout();
-        let handle = register_frame(owner, frame, &layout, frame_bytes(&*rx), || {
+        let handle = register_frame(owner, frame, &layout, rx.frame_bytes(), || {
             handles::vulkan_receiver(owner).is_ok()
         })?;
         // SAFETY: not NULL, valid for a write (the caller's promise).
@@ -305,7 +216,7 @@ pub unsafe extern "C" fn ci_vulkan_receiver_next(
 fn with_frame<T>(
     receiver: *const ci_vulkan_receiver,
     frame: *const ci_frame,
-    f: impl FnOnce(&dyn VulkanRing, &FrameEntry, &Frame) -> Result<T, CiError>,
+    f: impl FnOnce(&ImageReader, &FrameEntry, &Frame) -> Result<T, CiError>,
 ) -> Result<T, CiError> {
     let rx = handles::vulkan_receiver(key(receiver))?;
     let entry = frame_of(key(receiver), key(frame))?;
@@ -317,7 +228,7 @@ fn with_frame<T>(
              ci_vulkan_receiver_release",
         ));
     };
-    f(&*rx, &entry, held_frame)
+    f(&rx, &entry, held_frame)
 }
 
 /// Copies `frame`'s pixels (tightly packed rows of texels: `frame_bytes`
@@ -478,7 +389,7 @@ pub unsafe extern "C" fn ci_vulkan_receiver_image(
                     ),
                 )
             })?;
-            if rx.timeline() {
+            if rx.has_semaphores() {
                 // The only wait for "produced" VulkanReceiver offers.
                 rx.read_pixels(frame, timeout).map_err(receiver_error)?;
             }

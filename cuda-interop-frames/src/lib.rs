@@ -15,7 +15,8 @@
 //!   [`sender`] (the ring and its receivers' state machines) and
 //!   [`session`] (the one receiver state machine) <- the receivers:
 //!   [`cuda_receiver`], [`vulkan_receiver`], [`host_receiver`] (and the
-//!   Python module, outside this crate).
+//!   Python module, outside this crate); [`image_reader`] over
+//!   [`vulkan_receiver`] (its type parameters picked at run time).
 //! * A peer is untrusted: everything decoded is checked, every wait is
 //!   bounded by the caller's timeout, a receiver's fault never affects the
 //!   sender or the other receivers, and a frame handed out is the frame it
@@ -26,6 +27,7 @@
 pub mod cuda_receiver;
 pub mod discovery;
 pub mod host_receiver;
+pub mod image_reader;
 pub mod protocol;
 pub mod sender;
 pub mod session;
