@@ -1,0 +1,297 @@
+//! The receiving side of `cudainteropsrc`: one reader over the crate's
+//! three receivers, picked from the ring, each frame copied into bytes the
+//! element owns and released at once.
+//!
+//! # Contract
+//!
+//! * [`Reader::connect`] connects to a sender by name (waiting up to the
+//!   timeout for it to appear) or by socket path, refuses a ring GStreamer
+//!   has no format for (before importing anything), and imports the ring:
+//!   host-visible buffer rings with a [`HostReceiver`] (what lavapipe
+//!   gives), image rings with an [`ImageReader`] on a headless Vulkan
+//!   context of the records' device, device-local buffer rings with a
+//!   [`CudaReceiver`] (NVIDIA GPUs; its error says so where there is no
+//!   CUDA driver).
+//! * [`Reader::next`] waits at most its timeout and tells a frame, no
+//!   frame yet ([`Next::Timeout`]), a sender that stopped cleanly
+//!   ([`Next::Goodbye`]) and a fault ([`Next::Fault`], with what to do).
+//! * [`Reader::read`] takes the frame by value, copies it out (a transfer
+//!   on the receiver's Vulkan device; a CUDA device-to-host copy for a
+//!   device-local ring) and releases it before returning, whatever the
+//!   copy's outcome: no frame is held across a push.
+
+use std::time::Duration;
+
+use cuda_interop::Stream;
+use cuda_interop_frames::cuda_receiver::{cuda_device_for, CudaReceiver};
+use cuda_interop_frames::discovery::Directory;
+use cuda_interop_frames::host_receiver::HostReceiver;
+use cuda_interop_frames::image_reader::{ImageReader, ImageReaderError};
+use cuda_interop_frames::protocol::{Delivery, DropReason, RingLayout};
+use cuda_interop_frames::session::{ConnectError, Frame, Session};
+use cuda_interop_frames::transport::ConsumerError;
+use cuda_interop_frames::vulkan_receiver::VulkanReceiverError;
+use vk_export::markers::{HostVisible, MemoryLocation};
+use vk_export::wire::Resource;
+use vk_export::{Context, HeadlessOptions};
+
+use crate::formats::{ring_video, RingVideo};
+
+/// Where the sender is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// A name in the default directory.
+    Name(String),
+    /// A socket path.
+    Socket(String),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Name(name) => write!(f, "the sender named {name:?}"),
+            Target::Socket(path) => write!(f, "the sender at {path}"),
+        }
+    }
+}
+
+/// A receiver of one of the three kinds.
+#[derive(Debug)]
+pub(crate) enum Reader {
+    /// A host-visible buffer ring.
+    Host(HostReceiver),
+    /// An image ring.
+    Image(ImageReader),
+    /// A device-local buffer ring, read through CUDA.
+    Cuda {
+        /// The receiver.
+        rx: CudaReceiver,
+        /// The stream its copies go on.
+        stream: Stream,
+    },
+}
+
+/// What [`Reader::next`] got.
+#[derive(Debug)]
+pub(crate) enum Next {
+    /// A frame.
+    Frame(Frame),
+    /// None within the timeout.
+    Timeout,
+    /// The sender stopped and said goodbye: the end of the stream.
+    Goodbye,
+    /// The connection failed; what happened and what to do.
+    Fault(String),
+}
+
+/// A frame copied out.
+#[derive(Debug)]
+pub(crate) struct Copied {
+    /// Its bytes, laid out as [`RingVideo::planes`] says.
+    pub(crate) bytes: Vec<u8>,
+    /// Its sequence number.
+    pub(crate) sequence: u64,
+    /// Its `CLOCK_MONOTONIC` timestamp.
+    pub(crate) timestamp_ns: u64,
+    /// Frames presented between the previous one received and this one.
+    pub(crate) dropped_before: u64,
+    /// Copied from device memory by CUDA.
+    pub(crate) device_copy: bool,
+}
+
+/// `e` in the words of the element's error: what happened, what to do.
+fn fault(target: &Target, e: &ConsumerError) -> String {
+    match e {
+        ConsumerError::Closed => format!(
+            "{target} closed the connection without a goodbye (it crashed or was killed): \
+             restart it, then this pipeline"
+        ),
+        ConsumerError::Dropped(reason) => format!(
+            "{target} dropped this receiver: {reason}; restart the pipeline (a slow pipeline \
+             holds frames too long only if a copy stalls: see the debug log)"
+        ),
+        other => format!("receiving from {target} failed: {other}"),
+    }
+}
+
+fn classify(target: &Target, e: ConsumerError) -> Next {
+    match e {
+        ConsumerError::Timeout(_) | ConsumerError::Busy(_) => Next::Timeout,
+        ConsumerError::Dropped(DropReason::SenderStopping) => Next::Goodbye,
+        other => Next::Fault(fault(target, &other)),
+    }
+}
+
+fn vulkan_fault(target: &Target, e: VulkanReceiverError) -> Next {
+    match e {
+        VulkanReceiverError::Consumer(c) => classify(target, c),
+        other => Next::Fault(format!("receiving from {target} failed: {other}")),
+    }
+}
+
+impl Reader {
+    /// Connects to `target` in `delivery`, within `timeout`, and imports
+    /// its ring (see the module contract); the ring as GStreamer video.
+    pub(crate) fn connect(
+        target: &Target,
+        delivery: Delivery,
+        timeout: Duration,
+    ) -> Result<(Reader, RingVideo), String> {
+        let (session, setup) = match target {
+            Target::Name(name) => {
+                let directory = Directory::from_env().map_err(|e| e.to_string())?;
+                Session::connect_named(&directory, name, delivery, timeout).map_err(|e| {
+                    let hint = match &e {
+                        ConnectError::Discovery(_) => {
+                            " (is the sender running, under this user, with the same \
+                             XDG_RUNTIME_DIR? cuda-interop's list_senders() shows the names)"
+                        }
+                        ConnectError::Consumer(_) => "",
+                    };
+                    format!("cannot connect to {target} within {timeout:?}: {e}{hint}")
+                })?
+            }
+            Target::Socket(path) => Session::connect(path, delivery, timeout)
+                .map_err(|e| format!("cannot connect to {target} within {timeout:?}: {e}"))?,
+        };
+        let layout: RingLayout = *session.layout();
+        let video = ring_video(&layout)?;
+        let first = setup.message().resources.first();
+        let reader = if layout.is_image_ring() {
+            let Some(Resource::Image(info)) = first else {
+                return Err(format!(
+                    "{target} announced an image ring but shared no image first: a sender bug"
+                ));
+            };
+            let ctx = Context::headless(&HeadlessOptions {
+                device_uuid: Some(info.device_uuid()),
+                ..HeadlessOptions::default()
+            })
+            .map_err(|e| {
+                format!(
+                    "no Vulkan device to read {target}'s images on ({e}): install a Vulkan \
+                     driver (mesa-vulkan-drivers, or the GPU vendor's)"
+                )
+            })?;
+            let rx = ImageReader::new(&ctx, session, setup).map_err(|e| match e {
+                ImageReaderError::Receiver(e) => format!("cannot import {target}'s images: {e}"),
+                other => format!("cannot read {target}'s images: {other}"),
+            })?;
+            Reader::Image(rx)
+        } else {
+            let host_visible = match first {
+                Some(Resource::Buffer(info)) => HostVisible::admits(info.memory_flags()),
+                _ => true,
+            };
+            if host_visible {
+                let rx = HostReceiver::from_session(session, setup)
+                    .map_err(|e| format!("cannot import {target}'s buffers: {e}"))?;
+                Reader::Host(rx)
+            } else {
+                let rx =
+                    CudaReceiver::from_session(session, setup, cuda_device_for).map_err(|e| {
+                        format!(
+                            "{target} shares device-local buffers, which only CUDA reads here, \
+                             and that failed: {e}. On a machine with an NVIDIA GPU, install its \
+                             driver (libcuda.so.1); or run the sender with host-visible slots \
+                             (frame_server --host-visible)"
+                        )
+                    })?;
+                let stream = Stream::new(rx.cuda())
+                    .map_err(|e| format!("cannot make a CUDA stream for {target}: {e}"))?;
+                Reader::Cuda { rx, stream }
+            }
+        };
+        Ok((reader, video))
+    }
+
+    /// The session.
+    pub(crate) fn session(&self) -> &Session {
+        match self {
+            Reader::Host(rx) => rx.session(),
+            Reader::Image(rx) => rx.session(),
+            Reader::Cuda { rx, .. } => rx.session(),
+        }
+    }
+
+    /// The next frame within `timeout` (see the module contract).
+    pub(crate) fn next(&self, target: &Target, timeout: Duration) -> Next {
+        let next = match self {
+            Reader::Host(rx) => rx.next(timeout),
+            Reader::Image(rx) => {
+                return rx
+                    .next(timeout)
+                    .map_or_else(|e| vulkan_fault(target, e), Next::Frame)
+            }
+            Reader::Cuda { rx, .. } => rx.next(timeout),
+        };
+        next.map_or_else(|e| classify(target, e), Next::Frame)
+    }
+
+    /// Copies `frame` out within `timeout` and releases it (see the module
+    /// contract).
+    pub(crate) fn read(
+        &self,
+        target: &Target,
+        frame: Frame,
+        timeout: Duration,
+    ) -> Result<Copied, Next> {
+        let (sequence, timestamp_ns, dropped_before) = (
+            frame.sequence(),
+            frame.timestamp_ns(),
+            frame.dropped_before(),
+        );
+        let (bytes, device_copy) = match self {
+            Reader::Host(rx) => {
+                let read = rx.read(&frame, timeout);
+                let released = rx.release(frame);
+                let bytes = read.map_err(|e| classify_read(target, e))?;
+                released.map_err(|e| classify_read(target, e))?;
+                (bytes, false)
+            }
+            Reader::Image(rx) => {
+                let read = rx.read_pixels(&frame, timeout);
+                let released = rx.release(frame);
+                let bytes = read.map_err(|e| read_fault(vulkan_fault(target, e)))?;
+                released.map_err(|e| read_fault(vulkan_fault(target, e)))?;
+                (bytes, false)
+            }
+            Reader::Cuda { rx, stream } => {
+                let mut bytes = vec![0u8; rx.layout().frame_bytes().unwrap_or(0) as usize];
+                let copied = rx
+                    .wait_on(&frame, stream)
+                    .and_then(|()| rx.copy_to_host(&frame, stream, 0, &mut bytes, timeout));
+                // After the copy, on the same stream: the sender writes the
+                // slot only after it.
+                let released = rx.release_after(frame, stream);
+                copied.map_err(|e| classify_read(target, e))?;
+                released.map_err(|e| classify_read(target, e))?;
+                (bytes, true)
+            }
+        };
+        Ok(Copied {
+            bytes,
+            sequence,
+            timestamp_ns,
+            dropped_before,
+            device_copy,
+        })
+    }
+}
+
+/// A failed read's outcome: a timeout of the copy is a fault too (the
+/// frame is gone).
+fn read_fault(next: Next) -> Next {
+    match next {
+        Next::Timeout => Next::Fault(
+            "copying a frame out did not finish in time: the device is stalled or far too slow \
+             for the frame size (raise timeout=)"
+                .into(),
+        ),
+        other => other,
+    }
+}
+
+fn classify_read(target: &Target, e: ConsumerError) -> Next {
+    read_fault(classify(target, e))
+}

@@ -1,0 +1,432 @@
+//! `cudainteropsink`'s implementation (the contract is the parent module's).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use cuda_interop_frames::discovery::{validate_name, DiscoveryError};
+use cuda_interop_frames::sender::{Address, Sender, SenderError, SenderOptions};
+use gst::glib;
+use gst::prelude::*;
+use gst::subclass::prelude::*;
+use gst_base::prelude::*;
+use gst_base::subclass::prelude::*;
+use vk_export::markers::HostVisible;
+use vk_export::{Context, HeadlessOptions};
+
+use crate::formats::{sink_planar, Planes};
+
+static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
+    gst::DebugCategory::new(
+        "cudainteropsink",
+        gst::DebugColorFlags::empty(),
+        Some("cuda-interop frame sender"),
+    )
+});
+
+/// Slots in the ring: one being written, and three for receivers.
+const SLOTS: u32 = 4;
+
+/// `timeout`'s default, in milliseconds.
+const DEFAULT_TIMEOUT_MS: u32 = 50;
+
+/// How often the serving thread looks for receivers' messages.
+const SERVE_PERIOD: Duration = Duration::from_millis(2);
+
+/// Most bytes one `vkCmdUpdateBuffer` writes.
+const UPDATE_MAX: usize = 65536;
+
+#[derive(Clone, Debug)]
+struct Settings {
+    sender_name: Option<String>,
+    timeout_ms: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            sender_name: None,
+            timeout_ms: DEFAULT_TIMEOUT_MS,
+        }
+    }
+}
+
+/// The sender of the negotiated caps.
+#[derive(Debug)]
+struct Ring {
+    sender: Sender<HostVisible>,
+    info: gst_video::VideoInfo,
+    planes: Planes,
+    /// Bytes written per frame: the planes' whole rows.
+    bytes: usize,
+}
+
+/// The thread that serves receivers between frames.
+#[derive(Debug)]
+struct Server {
+    stop: mpsc::Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+/// The element's instance data.
+#[derive(Debug, Default)]
+pub struct CudaInteropSink {
+    settings: Mutex<Settings>,
+    /// The sender's name while started.
+    name: Mutex<Option<String>>,
+    ctx: Mutex<Option<Context>>,
+    ring: Arc<Mutex<Option<Ring>>>,
+    server: Mutex<Option<Server>>,
+    presented: AtomicU64,
+    skipped: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[glib::object_subclass]
+impl ObjectSubclass for CudaInteropSink {
+    const NAME: &'static str = "GstCudaInteropSink";
+    type Type = super::CudaInteropSink;
+    type ParentType = gst_base::BaseSink;
+}
+
+impl ObjectImpl for CudaInteropSink {
+    fn properties() -> &'static [glib::ParamSpec] {
+        static PROPERTIES: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
+            vec![
+                glib::ParamSpecString::builder("sender-name")
+                    .nick("Sender name")
+                    .blurb(
+                        "The name to publish under in $XDG_RUNTIME_DIR/cuda-interop-frames \
+                         (unset: this element's name)",
+                    )
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("timeout")
+                    .nick("Slot timeout (ms)")
+                    .blurb(
+                        "How long a buffer may wait for lossless receivers to free a slot \
+                         before it is dropped (frames-skipped)",
+                    )
+                    .default_value(DEFAULT_TIMEOUT_MS)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt64::builder("frames-presented")
+                    .nick("Frames presented")
+                    .blurb("Frames published since the start")
+                    .read_only()
+                    .build(),
+                glib::ParamSpecUInt64::builder("frames-skipped")
+                    .nick("Frames skipped")
+                    .blurb("Buffers dropped because no slot was free in time")
+                    .read_only()
+                    .build(),
+                glib::ParamSpecUInt::builder("receivers")
+                    .nick("Receivers")
+                    .blurb("Receivers connected now")
+                    .read_only()
+                    .build(),
+            ]
+        });
+        PROPERTIES.as_ref()
+    }
+
+    fn set_property(&self, _id: usize, value: &glib::Value, pspec: &glib::ParamSpec) {
+        let mut settings = lock(&self.settings);
+        match pspec.name() {
+            "sender-name" => settings.sender_name = value.get().expect("type checked upstream"),
+            "timeout" => settings.timeout_ms = value.get().expect("type checked upstream"),
+            other => unreachable!("no property {other}"),
+        }
+    }
+
+    fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
+        match pspec.name() {
+            "sender-name" => lock(&self.settings).sender_name.to_value(),
+            "timeout" => lock(&self.settings).timeout_ms.to_value(),
+            "frames-presented" => self.presented.load(Ordering::Relaxed).to_value(),
+            "frames-skipped" => self.skipped.load(Ordering::Relaxed).to_value(),
+            "receivers" => {
+                let receivers = lock(&self.ring)
+                    .as_ref()
+                    .map_or(0, |r| r.sender.stats().receivers);
+                (receivers as u32).to_value()
+            }
+            other => unreachable!("no property {other}"),
+        }
+    }
+}
+
+impl GstObjectImpl for CudaInteropSink {}
+
+impl ElementImpl for CudaInteropSink {
+    fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
+        static METADATA: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
+            gst::subclass::ElementMetadata::new(
+                "cuda-interop frame sender",
+                "Sink/Video",
+                "Publishes a video stream as a named cuda-interop sender (a ring of shared \
+                 Vulkan buffers)",
+                "cuda-interop developers",
+            )
+        });
+        Some(&*METADATA)
+    }
+
+    fn pad_templates() -> &'static [gst::PadTemplate] {
+        static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
+            use gst_video::VideoFormat as V;
+            let caps = gst_video::VideoCapsBuilder::new()
+                .format_list([V::Rgba, V::Nv12, V::P01010le])
+                .build();
+            vec![gst::PadTemplate::new(
+                "sink",
+                gst::PadDirection::Sink,
+                gst::PadPresence::Always,
+                &caps,
+            )
+            .expect("a valid template")]
+        });
+        TEMPLATES.as_ref()
+    }
+}
+
+impl CudaInteropSink {
+    /// Posts `why` as an element error; the error to return from a vfunc.
+    fn fail(&self, why: &str) -> gst::LoggableError {
+        gst::element_imp_error!(self, gst::ResourceError::OpenWrite, ("{}", why));
+        gst::loggable_error!(CAT, "{}", why)
+    }
+
+    fn stop_server(&self) {
+        if let Some(server) = lock(&self.server).take() {
+            let _ = server.stop.send(());
+            let _ = server.thread.join();
+        }
+    }
+
+    /// A sender of `info` under `name` on `ctx`.
+    fn make_ring(
+        &self,
+        ctx: &Context,
+        name: &str,
+        info: &gst_video::VideoInfo,
+    ) -> Result<Ring, String> {
+        let Some(planar) = sink_planar(info.format()) else {
+            return Err(format!(
+                "{} frames: cudainteropsink publishes RGBA, NV12 and P010_10LE (put videoconvert \
+                 before it)",
+                info.format()
+            ));
+        };
+        let (width, height) = (info.width(), info.height());
+        if planar.is_some() && (width % 2 == 1 || height % 2 == 1) {
+            return Err(format!(
+                "a {} frame of {width}x{height}: 4:2:0 rings need an even width and height \
+                 (videoscale or videocrop before it)",
+                info.format()
+            ));
+        }
+        let address = Address::named(name).map_err(|e| e.to_string())?;
+        let mut opts = SenderOptions::new(address, width, height, SLOTS);
+        if let Some(planar) = planar {
+            opts = opts.with_planar(planar);
+        }
+        // Timelines only where the device exports them (lavapipe does not).
+        opts.semaphores = ctx.supports_semaphore_fds();
+        let sender = Sender::<HostVisible>::new(ctx, opts).map_err(|e| match e {
+            SenderError::Discovery(e @ DiscoveryError::NameTaken { .. }) => format!(
+                "cannot publish as {name:?}: {e} (stop that sender, or set sender-name= to \
+                 another name)"
+            ),
+            other => format!("cannot publish as {name:?}: {other}"),
+        })?;
+        let planes = Planes::of_ring(sender.layout());
+        let slot_bytes = sender.buffers()[0].size() as usize;
+        let bytes = planes.span().next_multiple_of(4);
+        if bytes > slot_bytes {
+            return Err(format!(
+                "the ring's slots have {slot_bytes} bytes; a frame's rows need {bytes}"
+            ));
+        }
+        Ok(Ring {
+            sender,
+            info: info.clone(),
+            planes,
+            bytes,
+        })
+    }
+}
+
+impl BaseSinkImpl for CudaInteropSink {
+    fn start(&self) -> Result<(), gst::ErrorMessage> {
+        let settings = lock(&self.settings).clone();
+        let name = settings
+            .sender_name
+            .unwrap_or_else(|| self.obj().name().to_string());
+        validate_name(&name).map_err(|e| {
+            gst::error_msg!(
+                gst::ResourceError::Settings,
+                ("{} (set sender-name= to the name receivers connect to)", e)
+            )
+        })?;
+        let ctx = Context::headless(&HeadlessOptions::default()).map_err(|e| {
+            gst::error_msg!(
+                gst::ResourceError::OpenWrite,
+                (
+                    "no Vulkan device to publish frames from ({}): install a Vulkan driver (on \
+                     Debian or Ubuntu without a GPU: apt-get install mesa-vulkan-drivers)",
+                    e
+                )
+            )
+        })?;
+        gst::info!(
+            CAT,
+            imp = self,
+            "publishing as {name:?} from {}",
+            ctx.identity().name
+        );
+        *lock(&self.ctx) = Some(ctx);
+        *lock(&self.name) = Some(name);
+        self.presented.store(0, Ordering::Relaxed);
+        self.skipped.store(0, Ordering::Relaxed);
+        let ring = self.ring.clone();
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("cudainteropsink-serve".into())
+            .spawn(move || loop {
+                match stopped.recv_timeout(SERVE_PERIOD) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+                }
+                if let Some(r) = lock(&ring).as_mut() {
+                    r.sender.serve(Duration::ZERO);
+                }
+            })
+            .map_err(|e| {
+                gst::error_msg!(
+                    gst::CoreError::Thread,
+                    ("cannot start the thread that serves receivers: {}", e)
+                )
+            })?;
+        *lock(&self.server) = Some(Server { stop, thread });
+        Ok(())
+    }
+
+    fn stop(&self) -> Result<(), gst::ErrorMessage> {
+        self.stop_server();
+        // The sender's drop says goodbye and removes the name.
+        *lock(&self.ring) = None;
+        *lock(&self.ctx) = None;
+        *lock(&self.name) = None;
+        Ok(())
+    }
+
+    fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
+        let info = gst_video::VideoInfo::from_caps(caps)
+            .map_err(|e| self.fail(&format!("caps {caps} are not video: {e}")))?;
+        let mut ring = lock(&self.ring);
+        if let Some(r) = ring.as_mut() {
+            if (r.info.format(), r.info.width(), r.info.height())
+                == (info.format(), info.width(), info.height())
+            {
+                r.info.clone_from(&info);
+                return Ok(());
+            }
+            gst::info!(
+                CAT,
+                imp = self,
+                "caps changed to {caps}: the sender is made anew"
+            );
+        }
+        // The old sender goes first: its name is the new one's.
+        *ring = None;
+        let ctx = lock(&self.ctx).clone();
+        let name = lock(&self.name).clone();
+        let (Some(ctx), Some(name)) = (ctx, name) else {
+            return Err(self.fail("caps before the element started"));
+        };
+        let made = self
+            .make_ring(&ctx, &name, &info)
+            .map_err(|e| self.fail(&e))?;
+        gst::info!(
+            CAT,
+            imp = self,
+            "sender {name:?}: {:?}",
+            made.sender.layout()
+        );
+        *ring = Some(made);
+        Ok(())
+    }
+
+    fn render(&self, buffer: &gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
+        let timeout = Duration::from_millis(u64::from(lock(&self.settings).timeout_ms));
+        let element = self.obj();
+        let running = element
+            .segment()
+            .downcast_ref::<gst::ClockTime>()
+            .and_then(|s| s.to_running_time(buffer.pts()));
+        let timestamp = crate::clock::timestamp_of(element.upcast_ref(), running);
+        let mut guard = lock(&self.ring);
+        let Some(ring) = guard.as_mut() else {
+            gst::element_imp_error!(self, gst::CoreError::Negotiation, ("a buffer before caps"));
+            return Err(gst::FlowError::NotNegotiated);
+        };
+        let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), &ring.info)
+            .map_err(|e| {
+                gst::element_imp_error!(
+                    self,
+                    gst::StreamError::Format,
+                    ("a buffer that does not map as its caps' video: {}", e)
+                );
+                gst::FlowError::Error
+            })?;
+        let bytes = ring.planes.pack(&frame, ring.bytes).map_err(|e| {
+            gst::element_imp_error!(self, gst::StreamError::Format, ("{}", e));
+            gst::FlowError::Error
+        })?;
+        drop(frame);
+        let slot = match ring.sender.acquire(timeout) {
+            Ok(slot) => slot,
+            Err(e) => {
+                let n = self.skipped.fetch_add(1, Ordering::Relaxed) + 1;
+                gst::debug!(CAT, imp = self, "buffer dropped ({n} so far): {e}");
+                return Ok(gst::FlowSuccess::Ok);
+            }
+        };
+        let presented = slot.present_with(timestamp, |device, cmd, target| {
+            for (i, chunk) in bytes.chunks(UPDATE_MAX).enumerate() {
+                // SAFETY: the sender's command buffer, recording, and the
+                // slot's buffer (transfer-destination usage, alive past the
+                // submission's wait); each chunk is at most 65536 bytes, a
+                // multiple of 4 (the rows' span, rounded up to 4), at an
+                // offset that is a multiple of 4, and lies inside the slot
+                // (checked against its size when the ring was made).
+                unsafe { device.cmd_update_buffer(cmd, target, (i * UPDATE_MAX) as u64, chunk) };
+            }
+        });
+        match presented {
+            Ok(sequence) => {
+                self.presented.fetch_add(1, Ordering::Relaxed);
+                gst::trace!(
+                    CAT,
+                    imp = self,
+                    "frame {sequence} presented at {timestamp} ns"
+                );
+                Ok(gst::FlowSuccess::Ok)
+            }
+            Err(e) => {
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::Write,
+                    ("presenting a frame failed: {}", e)
+                );
+                Err(gst::FlowError::Error)
+            }
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! `cudainteropsink`: publishes a video stream as a named cuda-interop
+//! sender, which any receiver of the frames crate (the host, Vulkan and
+//! CUDA receivers, the Python module, `cudainteropsrc`) reads by name.
+//!
+//! # Contract
+//!
+//! * Caps: `RGBA`, `NV12` and `P010_10LE` (what buffer rings hold; NV12 and
+//!   P010 need an even width and height); put `videoconvert` before it for
+//!   anything else (BGRA, I420, ...).
+//! * READY -> PAUSED (`start`) makes a headless Vulkan context (its error
+//!   says to install a Vulkan driver) and starts a thread that serves
+//!   receivers (connections, requests, releases) between frames. The
+//!   sender itself is made at caps: a ring of 4 host-visible buffer slots
+//!   of the caps' size and format, rows at the ring's default pitch, with
+//!   the "produced" and "released" timelines where the device exports
+//!   semaphores (not lavapipe), under `sender-name` (else the element's
+//!   name). A name a live sender holds is an element error naming it. New
+//!   caps of another format or size replace the sender: the old one says
+//!   goodbye to its receivers (a `cudainteropsrc` gets EOS) and a new one
+//!   takes the name.
+//! * Each buffer: its rows (at its own strides, a `GstVideoMeta`'s
+//!   included) are copied into the ring's layout and written into a free
+//!   slot on the device's queue, and the frame is presented with the
+//!   buffer's running time as a `CLOCK_MONOTONIC` timestamp
+//!   (`crate::clock`). When no slot frees within `timeout` (latest
+//!   receivers holding them all, or lossless ones holding them that long)
+//!   the buffer is dropped and counted in `frames-skipped`: a slow
+//!   receiver never stalls the pipeline for longer than that.
+//! * PAUSED -> READY (`stop`) drops the sender: its receivers get a
+//!   goodbye, and its name and socket are removed.
+
+use gst::glib;
+use gst::prelude::*;
+
+mod imp;
+
+glib::wrapper! {
+    /// The `cudainteropsink` element (see the module contract).
+    pub struct CudaInteropSink(ObjectSubclass<imp::CudaInteropSink>)
+        @extends gst_base::BaseSink, gst::Element, gst::Object;
+}
+
+/// Registers `cudainteropsink` with `plugin`.
+pub(crate) fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    gst::Element::register(
+        Some(plugin),
+        "cudainteropsink",
+        gst::Rank::NONE,
+        CudaInteropSink::static_type(),
+    )
+}

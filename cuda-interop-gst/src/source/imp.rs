@@ -1,0 +1,438 @@
+//! `cudainteropsrc`'s implementation (the contract is the parent module's).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use cuda_interop_frames::protocol::Delivery;
+use gst::glib;
+use gst::prelude::*;
+use gst::subclass::prelude::*;
+use gst_base::prelude::*;
+use gst_base::subclass::base_src::CreateSuccess;
+use gst_base::subclass::prelude::*;
+
+use super::DeliveryMode;
+use crate::formats::{to_buffer, RingVideo};
+use crate::receive::{Next, Reader, Target};
+
+static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
+    gst::DebugCategory::new(
+        "cudainteropsrc",
+        gst::DebugColorFlags::empty(),
+        Some("cuda-interop frame receiver"),
+    )
+});
+
+/// How long one wait for a frame lasts before the flushing flag is looked
+/// at again: `unlock`'s bound.
+const STEP: Duration = Duration::from_millis(50);
+
+/// `timeout`'s default, in milliseconds.
+const DEFAULT_TIMEOUT_MS: u32 = 10_000;
+
+#[derive(Clone, Debug)]
+struct Settings {
+    sender_name: Option<String>,
+    socket: Option<String>,
+    delivery: DeliveryMode,
+    timeout_ms: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            sender_name: None,
+            socket: None,
+            delivery: DeliveryMode::Latest,
+            timeout_ms: DEFAULT_TIMEOUT_MS,
+        }
+    }
+}
+
+impl Settings {
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(u64::from(self.timeout_ms))
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    reader: Reader,
+    target: Target,
+    video: RingVideo,
+    info: gst_video::VideoInfo,
+    last_pts: Option<gst::ClockTime>,
+}
+
+/// The element's instance data.
+#[derive(Debug, Default)]
+pub struct CudaInteropSrc {
+    settings: Mutex<Settings>,
+    state: Mutex<Option<State>>,
+    /// The ring's caps while started (apart from `state`, which `create`
+    /// holds while it waits).
+    caps: Mutex<Option<gst::Caps>>,
+    flushing: AtomicBool,
+    /// Downstream accepts a `GstVideoMeta` (its allocation query said so).
+    video_meta: AtomicBool,
+    received: AtomicU64,
+    dropped: AtomicU64,
+    device_copies: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[glib::object_subclass]
+impl ObjectSubclass for CudaInteropSrc {
+    const NAME: &'static str = "GstCudaInteropSrc";
+    type Type = super::CudaInteropSrc;
+    type ParentType = gst_base::PushSrc;
+}
+
+impl ObjectImpl for CudaInteropSrc {
+    fn properties() -> &'static [glib::ParamSpec] {
+        static PROPERTIES: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
+            vec![
+                glib::ParamSpecString::builder("sender-name")
+                    .nick("Sender name")
+                    .blurb(
+                        "The sender's name in $XDG_RUNTIME_DIR/cuda-interop-frames, waited for \
+                         up to timeout (unset, with socket unset too: this element's name)",
+                    )
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecString::builder("socket")
+                    .nick("Socket path")
+                    .blurb("The sender's socket path (when sender-name is unset)")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecEnum::builder::<DeliveryMode>("delivery")
+                    .nick("Delivery")
+                    .blurb("latest: the newest frame, never waited for; lossless: every frame")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("timeout")
+                    .nick("Timeout (ms)")
+                    .blurb(
+                        "How long connecting, and waiting for each frame, may take before an \
+                         error",
+                    )
+                    .minimum(1)
+                    .default_value(DEFAULT_TIMEOUT_MS)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt64::builder("frames-received")
+                    .nick("Frames received")
+                    .blurb("Frames pushed since the start")
+                    .read_only()
+                    .build(),
+                glib::ParamSpecUInt64::builder("frames-dropped")
+                    .nick("Frames dropped")
+                    .blurb("Frames the sender presented between received ones (gaps)")
+                    .read_only()
+                    .build(),
+                glib::ParamSpecUInt64::builder("device-copies")
+                    .nick("Device copies")
+                    .blurb("Frames copied from device memory by CUDA (device-local rings)")
+                    .read_only()
+                    .build(),
+            ]
+        });
+        PROPERTIES.as_ref()
+    }
+
+    fn set_property(&self, _id: usize, value: &glib::Value, pspec: &glib::ParamSpec) {
+        let mut settings = lock(&self.settings);
+        match pspec.name() {
+            "sender-name" => settings.sender_name = value.get().expect("type checked upstream"),
+            "socket" => settings.socket = value.get().expect("type checked upstream"),
+            "delivery" => settings.delivery = value.get().expect("type checked upstream"),
+            "timeout" => settings.timeout_ms = value.get().expect("type checked upstream"),
+            other => unreachable!("no property {other}"),
+        }
+    }
+
+    fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
+        let settings = lock(&self.settings);
+        match pspec.name() {
+            "sender-name" => settings.sender_name.to_value(),
+            "socket" => settings.socket.to_value(),
+            "delivery" => settings.delivery.to_value(),
+            "timeout" => settings.timeout_ms.to_value(),
+            "frames-received" => self.received.load(Ordering::Relaxed).to_value(),
+            "frames-dropped" => self.dropped.load(Ordering::Relaxed).to_value(),
+            "device-copies" => self.device_copies.load(Ordering::Relaxed).to_value(),
+            other => unreachable!("no property {other}"),
+        }
+    }
+
+    fn constructed(&self) {
+        self.parent_constructed();
+        let obj = self.obj();
+        obj.set_live(true);
+        obj.set_format(gst::Format::Time);
+        obj.set_do_timestamp(false);
+    }
+}
+
+impl GstObjectImpl for CudaInteropSrc {}
+
+impl ElementImpl for CudaInteropSrc {
+    fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
+        static METADATA: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
+            gst::subclass::ElementMetadata::new(
+                "cuda-interop frame receiver",
+                "Source/Video",
+                "Receives the frames of a cuda-interop sender (by name or socket), copied into \
+                 system memory",
+                "cuda-interop developers",
+            )
+        });
+        Some(&*METADATA)
+    }
+
+    fn pad_templates() -> &'static [gst::PadTemplate] {
+        static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
+            use gst_video::VideoFormat as V;
+            let caps = gst_video::VideoCapsBuilder::new()
+                .format_list([
+                    V::Rgba,
+                    V::Bgra,
+                    V::Rgb10a2Le,
+                    V::Gray16Le,
+                    V::Nv12,
+                    V::P01010le,
+                ])
+                .framerate(gst::Fraction::new(0, 1))
+                .build();
+            vec![gst::PadTemplate::new(
+                "src",
+                gst::PadDirection::Src,
+                gst::PadPresence::Always,
+                &caps,
+            )
+            .expect("a valid template")]
+        });
+        TEMPLATES.as_ref()
+    }
+}
+
+impl CudaInteropSrc {
+    fn target(&self, settings: &Settings) -> Target {
+        match (&settings.sender_name, &settings.socket) {
+            (Some(name), _) => Target::Name(name.clone()),
+            (None, Some(socket)) => Target::Socket(socket.clone()),
+            (None, None) => Target::Name(self.obj().name().to_string()),
+        }
+    }
+
+    /// The error for a fault, posted; the flow return to give.
+    fn fail(&self, why: &str) -> gst::FlowError {
+        gst::element_imp_error!(self, gst::ResourceError::Read, ("{}", why));
+        gst::FlowError::Error
+    }
+
+    /// The next frame, copied, within the timeout, or the flow return that
+    /// ends the wait.
+    fn wait_frame(
+        &self,
+        state: &State,
+        timeout: Duration,
+    ) -> Result<crate::receive::Copied, gst::FlowError> {
+        let deadline = Instant::now() + timeout;
+        let frame = loop {
+            if self.flushing.load(Ordering::SeqCst) {
+                return Err(gst::FlowError::Flushing);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(self.fail(&format!(
+                    "no frame from {} within {timeout:?}: it stopped presenting (or is \
+                     paused); raise timeout= if that is expected",
+                    state.target
+                )));
+            }
+            match state.reader.next(&state.target, left.min(STEP)) {
+                Next::Frame(frame) => break frame,
+                Next::Timeout => continue,
+                Next::Goodbye => {
+                    gst::info!(CAT, imp = self, "{} stopped: end of stream", state.target);
+                    return Err(gst::FlowError::Eos);
+                }
+                Next::Fault(why) => return Err(self.fail(&why)),
+            }
+        };
+        state
+            .reader
+            .read(&state.target, frame, timeout)
+            .map_err(|next| match next {
+                Next::Goodbye => gst::FlowError::Eos,
+                Next::Fault(why) => self.fail(&why),
+                Next::Timeout | Next::Frame(_) => self.fail("a frame's copy failed"),
+            })
+    }
+}
+
+impl BaseSrcImpl for CudaInteropSrc {
+    fn start(&self) -> Result<(), gst::ErrorMessage> {
+        let settings = lock(&self.settings).clone();
+        let target = self.target(&settings);
+        let delivery = match settings.delivery {
+            DeliveryMode::Latest => Delivery::Latest,
+            DeliveryMode::Lossless => Delivery::Lossless,
+        };
+        gst::debug!(CAT, imp = self, "connecting to {target} ({delivery:?})");
+        let (reader, video) = Reader::connect(&target, delivery, settings.timeout())
+            .map_err(|e| gst::error_msg!(gst::ResourceError::OpenRead, ("{}", e)))?;
+        let info = video
+            .info()
+            .map_err(|e| gst::error_msg!(gst::CoreError::Negotiation, ("{}", e)))?;
+        let caps = info.to_caps().map_err(|e| {
+            gst::error_msg!(
+                gst::CoreError::Negotiation,
+                ("no caps for {:?}: {}", video, e)
+            )
+        })?;
+        gst::info!(
+            CAT,
+            imp = self,
+            "connected to {target}: {:?}, caps {caps}",
+            reader.session().layout()
+        );
+        self.received.store(0, Ordering::Relaxed);
+        self.dropped.store(0, Ordering::Relaxed);
+        self.device_copies.store(0, Ordering::Relaxed);
+        *lock(&self.state) = Some(State {
+            reader,
+            target,
+            video,
+            info,
+            last_pts: None,
+        });
+        *lock(&self.caps) = Some(caps);
+        Ok(())
+    }
+
+    fn stop(&self) -> Result<(), gst::ErrorMessage> {
+        // The receiver's drop closes the connection (the sender takes its
+        // slots back).
+        *lock(&self.state) = None;
+        *lock(&self.caps) = None;
+        Ok(())
+    }
+
+    fn is_seekable(&self) -> bool {
+        false
+    }
+
+    fn caps(&self, filter: Option<&gst::Caps>) -> Option<gst::Caps> {
+        let caps = lock(&self.caps)
+            .clone()
+            .unwrap_or_else(|| self.obj().src_pad().pad_template_caps());
+        Some(match filter {
+            Some(filter) => filter.intersect_with_mode(&caps, gst::CapsIntersectMode::First),
+            None => caps,
+        })
+    }
+
+    fn decide_allocation(
+        &self,
+        query: &mut gst::query::Allocation,
+    ) -> Result<(), gst::LoggableError> {
+        let meta = query
+            .find_allocation_meta::<gst_video::VideoMeta>()
+            .is_some();
+        gst::debug!(CAT, imp = self, "downstream takes GstVideoMeta: {meta}");
+        self.video_meta.store(meta, Ordering::SeqCst);
+        self.parent_decide_allocation(query)
+    }
+
+    fn unlock(&self) -> Result<(), gst::ErrorMessage> {
+        self.flushing.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn unlock_stop(&self) -> Result<(), gst::ErrorMessage> {
+        self.flushing.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+impl PushSrcImpl for CudaInteropSrc {
+    fn create(
+        &self,
+        _buffer: Option<&mut gst::BufferRef>,
+    ) -> Result<CreateSuccess, gst::FlowError> {
+        let timeout = lock(&self.settings).timeout();
+        let mut guard = lock(&self.state);
+        let Some(state) = guard.as_mut() else {
+            return Err(self.fail("cudainteropsrc produced a buffer before it started"));
+        };
+        let copied = self.wait_frame(state, timeout)?;
+        let meta = self.video_meta.load(Ordering::SeqCst);
+        let (mut buffer, repacked) =
+            to_buffer(copied.bytes, &state.video.planes, &state.info, meta)
+                .map_err(|e| self.fail(&e))?;
+        if repacked {
+            gst::trace!(
+                CAT,
+                imp = self,
+                "frame {} copied into GStreamer's default rows",
+                copied.sequence
+            );
+        }
+        let element = self.obj();
+        let pts = crate::clock::running_time_of(element.upcast_ref(), copied.timestamp_ns)
+            .map(|pts| state.last_pts.map_or(pts, |last| pts.max(last)));
+        state.last_pts = pts.or(state.last_pts);
+        {
+            let b = buffer.get_mut().expect("a new buffer is writable");
+            b.set_pts(pts);
+            b.set_offset(copied.sequence);
+            b.set_offset_end(copied.sequence + 1);
+            if copied.dropped_before > 0 {
+                b.set_flags(gst::BufferFlags::DISCONT);
+            }
+        }
+        let received = self.received.fetch_add(1, Ordering::Relaxed) + 1;
+        if copied.device_copy {
+            let n = self.device_copies.fetch_add(1, Ordering::Relaxed) + 1;
+            gst::debug!(
+                CAT,
+                imp = self,
+                "frame {} copied from device memory by CUDA ({} device copies)",
+                copied.sequence,
+                n
+            );
+        }
+        if copied.dropped_before > 0 {
+            let dropped = self
+                .dropped
+                .fetch_add(copied.dropped_before, Ordering::Relaxed)
+                + copied.dropped_before;
+            gst::debug!(
+                CAT,
+                imp = self,
+                "{} frames before frame {} were not received",
+                copied.dropped_before,
+                copied.sequence
+            );
+            let qos = gst::message::Qos::builder(true)
+                .running_time(pts)
+                .stream_time(pts)
+                .timestamp(pts)
+                .values(0, 1.0, 1_000_000)
+                .stats(
+                    gst::format::Buffers::from_u64(received),
+                    gst::format::Buffers::from_u64(dropped),
+                )
+                .src(&*element)
+                .build();
+            let _ = element.post_message(qos);
+        }
+        Ok(CreateSuccess::NewBuffer(buffer))
+    }
+}
