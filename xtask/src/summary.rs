@@ -12,7 +12,10 @@
 //!   `error: could not compile` is a failure too (nothing of it ran).
 //! * [`Summary::pytest_line`] takes pytest's `-rfEs` output: `SKIPPED [N]
 //!   PLACE: REASON`, `FAILED TEST - ..`, `ERROR TEST ..` lines, and the
-//!   closing counts (`3 passed, 1 skipped in 0.5s`).
+//!   closing counts (`3 passed, 1 skipped in 0.5s`), for the latest pytest
+//!   run: [`Summary::pytest_start`] starts one under a name (the first line
+//!   without one starts `pytest python/tests`). Each run is counted like a
+//!   test binary.
 //! * [`Summary::render`] is the report, with a `not run:` line for each
 //!   part the task chose to leave out (never a failure); its last line is
 //!   `xtask test: N passed, N failed, N ignored, N skipped`.
@@ -42,7 +45,8 @@ pub struct Summary {
     pub binaries: Vec<Binary>,
     /// Failures outside any binary (a crate that did not compile, a build).
     pub errors: Vec<String>,
-    pub pytest: Option<Binary>,
+    /// The pytest runs (`python/tests`, then the Ray tests').
+    pub pytest: Vec<Binary>,
     /// What the task chose not to run, and why (not a failure).
     pub not_run: Vec<String>,
 }
@@ -121,12 +125,22 @@ impl Summary {
         });
     }
 
-    /// One line of `pytest -q -rfEs` output.
-    pub fn pytest_line(&mut self, line: &str) {
-        let run = self.pytest.get_or_insert_with(|| Binary {
-            name: "pytest python/tests".into(),
+    /// Starts a pytest run named `name` (it should start with `pytest`).
+    pub fn pytest_start(&mut self, name: impl Into<String>) {
+        self.pytest.push(Binary {
+            name: name.into(),
             ..Binary::default()
         });
+    }
+
+    /// One line of `pytest -q -rfEs` output, of the latest run.
+    pub fn pytest_line(&mut self, line: &str) {
+        if self.pytest.is_empty() {
+            self.pytest_start("pytest python/tests");
+        }
+        let Some(run) = self.pytest.last_mut() else {
+            return;
+        };
         let trimmed = line.trim();
         if let Some(rest) = trimmed.strip_prefix("SKIPPED ") {
             // `SKIPPED [2] python/tests/test_x.py:12: needs a GPU`
@@ -243,7 +257,11 @@ impl Summary {
             sum(|b| b.ignored, false),
             sum(|b| b.ignored, true),
             self.binaries.len(),
-            if self.pytest.is_some() { " and pytest" } else { "" },
+            match self.pytest.len() {
+                0 => String::new(),
+                1 => " and pytest".into(),
+                n => format!(" and {n} pytest runs"),
+            },
         );
         out
     }
@@ -373,6 +391,35 @@ error: could not compile `cuda-interop-bench` (bin \"bench\" test) due to 1 prev
             "{text}"
         );
         assert!(text.ends_with("(1 test binaries)\n"), "{text}");
+    }
+
+    #[test]
+    fn each_pytest_run_is_counted_under_its_name() {
+        let mut s = Summary::default();
+        s.pytest_line("5 passed in 1.02s");
+        s.pytest_start("pytest python/tests/test_ray.py (Ray 2.60.0, xtask-ray)");
+        s.pytest_line("SKIPPED [1] python/tests/test_ray.py:9: no frame_server");
+        s.pytest_line("3 passed, 1 skipped in 20.1s");
+        assert!(!s.failed());
+        let text = s.render();
+        assert!(
+            text.contains("  ok   pytest python/tests: 5 passed, 0 failed, 0 skipped\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  ok   pytest python/tests/test_ray.py (Ray 2.60.0, xtask-ray): 3 passed, 0 failed, 1 skipped\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("xtask test: 8 passed, 0 failed, 0 ignored, 1 skipped (0 test binaries and 2 pytest runs)\n"),
+            "{text}"
+        );
+        // A run that started and never summarised (it died) is a failure.
+        s.pytest_start("pytest python/tests/test_ray.py (again)");
+        s.pytest_line("Fatal Python error: Segmentation fault");
+        assert!(s.failed());
     }
 
     #[test]
