@@ -40,7 +40,10 @@
 //!   `PYTHONPATH` naming that directory (and `CUDA_INTEROP_FRAME_SERVER`
 //!   naming the `frame_server` example, built with the same profile, for
 //!   the protocol tests). Any non-zero pytest status fails the task, 5 (no
-//!   tests collected) included.
+//!   tests collected) included. That run leaves out `python/tests/test_ray.py`
+//!   (`--ignore`): a second pytest run, with the same environment, runs it
+//!   alone with the interpreter of `TARGET/xtask-ray`, which has Ray (see
+//!   `ray_env.rs`; made before building).
 //! * `test` shows all output as it comes and ends with a summary (see
 //!   `summary.rs`): each binary's passed, failed and ignored counts, the
 //!   failed tests, the ignored and skipped ones by reason, what was not
@@ -56,6 +59,7 @@ use std::process::{Command, ExitStatus, Stdio};
 
 use crate::cargo_args::{BuildFlags, Selection};
 use crate::python_env::{self, Interpreter};
+use crate::ray_env::{self, RayPython};
 use crate::runtime_dir::RuntimeDir;
 use crate::summary::Summary;
 
@@ -98,7 +102,12 @@ pub fn test(args: &[String]) -> Result<(), String> {
         needed.join(", "),
         command.join(" "),
         match &python {
-            Ok(plan) => format!("pytest python/tests (python3: {})", plan.describe()),
+            Ok(plan) => format!(
+                "pytest python/tests (python3: {}), then its Ray tests (Ray {} in {})",
+                plan.describe(),
+                ray_env::RAY_VERSION,
+                ray_env::VENV_DIR
+            ),
             Err(why) => format!("no pytest: {why}"),
         }
     );
@@ -114,6 +123,11 @@ pub fn test(args: &[String]) -> Result<(), String> {
     };
     let runtime = RuntimeDir::new()?;
     let mut summary = Summary::default();
+    // The Ray tests' interpreter, before building too.
+    let ray = match &interpreter {
+        Ok(_) => ray_env::ready(&target, &mut summary.not_run)?,
+        Err(_) => None,
+    };
     eprintln!(
         "xtask test: building and running the tests; on a cold machine the first build of \
          the workspace takes many minutes (cargo shows its progress)"
@@ -129,7 +143,8 @@ pub fn test(args: &[String]) -> Result<(), String> {
     }
     match interpreter {
         Ok(python) => {
-            if let Err(e) = python_tests(&build, &target, &python, &runtime, &mut summary) {
+            let ray = ray.as_ref();
+            if let Err(e) = python_tests(&build, &target, &python, ray, &runtime, &mut summary) {
                 summary.errors.push(e);
             }
         }
@@ -181,12 +196,14 @@ fn stream(mut command: Command, mut each: impl FnMut(&str)) -> Result<ExitStatus
 /// The Python module's tests: builds `cuda-interop-py` with the profile,
 /// target directory and `--locked`/`--frozen`/`--offline` of `build`,
 /// copies the library to `TARGET/python/cuda_interop.abi3.so`, and runs
-/// `python -m pytest -q python/tests` with that directory on `PYTHONPATH`.
-/// Any non-zero pytest status fails, including 5 (no tests collected).
+/// `python -m pytest -q python/tests` with that directory on `PYTHONPATH`,
+/// then the Ray tests with `ray`'s interpreter. Any non-zero pytest status
+/// fails, including 5 (no tests collected).
 fn python_tests(
     build: &BuildFlags,
     target: &Path,
     python: &Interpreter,
+    ray: Option<&RayPython>,
     runtime: &RuntimeDir,
     summary: &mut Summary,
 ) -> Result<(), String> {
@@ -226,33 +243,42 @@ fn python_tests(
             module.display()
         )
     })?;
-    let mut pytest = python.command();
-    pytest
-        .args([
-            "-m",
-            "pytest",
-            "-q",
-            "-rfEs",
-            "-p",
-            "no:cacheprovider",
-            "python/tests",
-        ])
-        .current_dir(&root)
-        .env("PYTHONPATH", &module_dir)
-        .env(
-            "CUDA_INTEROP_FRAME_SERVER",
-            target
-                .join(&build.dir)
-                .join("examples")
-                .join("frame_server"),
-        )
-        .env("PYTHONDONTWRITEBYTECODE", "1");
-    runtime.apply(&mut pytest);
-    let status = stream(pytest, |line| summary.pytest_line(line))?;
+    let pytest = |mut pytest: Command, paths: &[&str]| {
+        pytest
+            .args(["-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider"])
+            .args(paths)
+            .current_dir(&root)
+            .env("PYTHONPATH", &module_dir)
+            .env(
+                "CUDA_INTEROP_FRAME_SERVER",
+                target
+                    .join(&build.dir)
+                    .join("examples")
+                    .join("frame_server"),
+            )
+            .env("PYTHONDONTWRITEBYTECODE", "1");
+        runtime.apply(&mut pytest);
+        pytest
+    };
+    summary.pytest_start("pytest python/tests");
+    let all = pytest(python.command(), &["python/tests", ray_env::IGNORE]);
+    let status = stream(all, |line| summary.pytest_line(line))?;
+    let mut failed = None;
     if !status.success() && !summary.failed() {
-        return Err(format!("pytest failed ({status}), see above"));
+        failed = Some(format!("pytest failed ({status}), see above"));
     }
-    Ok(())
+    if let Some(ray) = ray {
+        summary.pytest_start(ray.describe());
+        let status = stream(pytest(ray.command(), &[ray_env::TESTS]), |line| {
+            summary.pytest_line(line)
+        })?;
+        if !status.success() && !summary.failed() {
+            failed = Some(format!(
+                "the Ray tests' pytest failed ({status}), see above"
+            ));
+        }
+    }
+    failed.map_or(Ok(()), Err)
 }
 
 /// `cargo xtask demo [ARGS]`.

@@ -36,6 +36,7 @@ mod msrv;
 mod outdir;
 mod perf_table;
 mod python_env;
+mod ray_env;
 mod runtime_dir;
 mod summary;
 mod wheel;
@@ -135,7 +136,7 @@ tasks:
   test [ARGS]
       The tests: the same check for their packages (those above, gcc,
       and, with the distribution's python3 first on PATH or none,
-      python3, python3-pytest, python3-numpy and mypy), then
+      python3, python3-pytest, python3-numpy, mypy and python3-venv), then
       cargo test --workspace --no-fail-fast ARGS (e.g.
       `cargo xtask test --locked`); `-p PKG` tests only PKG (no
       --workspace), e.g.
@@ -148,7 +149,12 @@ tasks:
       distribution's and lacks pytest or numpy is left alone: the tests
       use a virtual environment xtask makes in target/xtask-python (its
       pip installs pytest, numpy and mypy; needs the network). pip never
-      installs into a system python3.
+      installs into a system python3. python/tests/test_ray.py is left
+      out of that run and runs after it in target/xtask-ray, a virtual
+      environment where xtask pip-installs Ray 2.60.0, numpy and pytest
+      (the package registry, once; it stops before building when that
+      fails; CUDA_INTEROP_XTASK_NO_RAY=1 leaves the Ray tests out, said
+      in the summary).
       Every test binary runs even when one fails; the task ends with a
       summary (each binary's passed/failed/ignored, the failures, the
       ignored and skipped tests by reason, what was not run, and

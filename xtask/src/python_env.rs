@@ -10,9 +10,10 @@
 //!   environment), or when there is no `python3` at all ([`plan`]).
 //! * With the distribution's interpreter, the modules the tests import are
 //!   system packages: [`Plan::apt_packages`] (`python3`, `python3-pytest`,
-//!   `python3-numpy`, and `mypy` for the stubs' type check) join the task's
-//!   `dpkg-query` check and are installed with apt like the others, or
-//!   printed as the command to run. pip never runs on that interpreter
+//!   `python3-numpy`, `mypy` for the stubs' type check, and `python3-venv`
+//!   for the Ray tests' virtual environment, see `ray_env.rs`) join the
+//!   task's `dpkg-query` check and are installed with apt like the others,
+//!   or printed as the command to run. pip never runs on that interpreter
 //!   (PEP 668 marks it externally managed, and root's pip would overwrite
 //!   apt's files).
 //! * Any interpreter that imports `pytest` and `numpy` is used as it is
@@ -34,7 +35,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// What the distribution's interpreter needs from apt for the tests.
-const APT_PACKAGES: &[&str] = &["python3", "python3-pytest", "python3-numpy", "mypy"];
+const APT_PACKAGES: &[&str] = &[
+    "python3",
+    "python3-pytest",
+    "python3-numpy",
+    "mypy",
+    "python3-venv",
+];
 
 /// The modules the tests cannot run without.
 const REQUIRED: &[&str] = &["pytest", "numpy"];
@@ -308,7 +315,13 @@ mod tests {
         let probe = Probe::parse("/usr/bin/python3\nTrue\n").unwrap();
         assert_eq!(
             Plan::Distribution(Some(probe.clone())).apt_packages(),
-            ["python3", "python3-pytest", "python3-numpy", "mypy"]
+            [
+                "python3",
+                "python3-pytest",
+                "python3-numpy",
+                "mypy",
+                "python3-venv"
+            ]
         );
         assert_eq!(Plan::Distribution(None).apt_packages(), APT_PACKAGES);
         assert!(Plan::Other(probe).apt_packages().is_empty());
