@@ -1,0 +1,340 @@
+//! `cudainteropsink` on lavapipe: buffers pushed by `appsrc` (rows at a
+//! padded stride described by a `GstVideoMeta`, so that a sink that
+//! assumed GStreamer's default stride would garble them) are read back by
+//! a lossless `HostReceiver` of the sink's name and compared byte for
+//! byte, RGBA and NV12, with their timestamps; a name a live sender holds
+//! is an error on the bus; stopping the pipeline removes the name; and
+//! `cudainteropsrc ! cudainteropsink` carries every pixel and timestamp of
+//! a sender to a receiver of the sink.
+
+use std::time::{Duration, Instant};
+
+use cuda_interop_frames::discovery::{list_senders, Directory};
+use cuda_interop_frames::host_receiver::HostReceiver;
+use cuda_interop_frames::protocol::{Delivery, RingLayout};
+use cuda_interop_frames::sender::{monotonic_ns, Address, Sender, SenderOptions};
+use gst::prelude::*;
+use vk_export::markers::HostVisible;
+use vk_export::{Context, HeadlessOptions};
+
+#[path = "../../cuda-interop-frames/examples/common/demo.rs"]
+mod demo;
+
+mod common;
+use common::{bus_error, init, pipeline, unique_name, BOUND};
+
+const W: u32 = 66;
+const H: u32 = 40;
+const FRAMES: u64 = 8;
+/// The receivers' bound on each call.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A frame as a GStreamer buffer: planes at `offsets`, rows `stride`
+/// bytes apart, every `u32` of row `y` of plane 0 the demo pattern of
+/// frame `f` (a chroma row: the background), padding bytes 0xee.
+fn frame_buffer(
+    format: gst_video::VideoFormat,
+    f: u64,
+    stride: usize,
+    pts: gst::ClockTime,
+) -> (gst::Buffer, Vec<Vec<u8>>) {
+    let row_bytes = match format {
+        gst_video::VideoFormat::Rgba => W as usize * 4,
+        _ => W as usize,
+    };
+    let planes: Vec<u32> = match format {
+        gst_video::VideoFormat::Nv12 => vec![H, H / 2],
+        _ => vec![H],
+    };
+    let mut bytes = Vec::new();
+    let mut offsets = Vec::new();
+    let mut rows = Vec::new();
+    for (plane, &n) in planes.iter().enumerate() {
+        offsets.push(bytes.len());
+        for y in 0..n {
+            let (start, end) = demo::band_rows(f, H);
+            let in_band = plane == 0 && (start..end).contains(&y);
+            let word = if in_band {
+                demo::band_value(f)
+            } else {
+                demo::background(f)
+            };
+            let mut row: Vec<u8> = word
+                .to_le_bytes()
+                .into_iter()
+                .cycle()
+                .take(row_bytes)
+                .collect();
+            rows.push(row.clone());
+            row.resize(stride, 0xee);
+            bytes.extend_from_slice(&row);
+        }
+    }
+    let strides = vec![stride as i32; planes.len()];
+    let mut buffer = gst::Buffer::from_mut_slice(bytes);
+    {
+        let b = buffer.get_mut().unwrap();
+        b.set_pts(pts);
+        gst_video::VideoMeta::add_full(
+            b,
+            gst_video::VideoFrameFlags::empty(),
+            format,
+            W,
+            H,
+            &offsets,
+            &strides,
+        )
+        .unwrap();
+    }
+    (buffer, rows)
+}
+
+/// The rows of a received frame of `layout` (plane 0, then the chroma
+/// plane), each `row_bytes` long.
+fn ring_rows(layout: &RingLayout, bytes: &[u8]) -> Vec<Vec<u8>> {
+    let pitch = layout.row_pitch as usize;
+    let row_bytes = (u64::from(layout.width) * layout.texel_bytes()) as usize;
+    let mut rows = Vec::new();
+    for y in 0..layout.height as usize {
+        rows.push(bytes[y * pitch..y * pitch + row_bytes].to_vec());
+    }
+    if let Some((_, chroma)) = layout.planar_format() {
+        for y in 0..layout.height as usize / 2 {
+            let at = chroma as usize + y * pitch;
+            rows.push(bytes[at..at + row_bytes].to_vec());
+        }
+    }
+    rows
+}
+
+fn appsrc_to_receiver(format: gst_video::VideoFormat, caps_format: &str) {
+    init();
+    let name = unique_name(&format!("sink-{caps_format}"));
+    let p = pipeline(&format!(
+        "appsrc name=src format=time caps=video/x-raw,format={caps_format},width={W},height={H},\
+         framerate=30/1 ! cudainteropsink sender-name={name} sync=false timeout=30000"
+    ));
+    let appsrc = p
+        .by_name("src")
+        .unwrap()
+        .downcast::<gst_app::AppSrc>()
+        .unwrap();
+    let bus = p.bus().unwrap();
+    p.set_state(gst::State::Playing)
+        .expect("the pipeline starts");
+    let row_bytes = if caps_format == "RGBA" { W * 4 } else { W } as usize;
+    // Padded rows: 12 bytes past GStreamer's default stride.
+    let stride = row_bytes.next_multiple_of(4) + 12;
+    let pts = |f: u64| gst::ClockTime::from_mseconds(33 * f);
+    // The first buffer makes the sender (at its caps); receivers connect
+    // to it from then on.
+    let mut pushed = Vec::new();
+    let (buffer, rows) = frame_buffer(format, 1, stride, pts(1));
+    pushed.push(rows);
+    appsrc.push_buffer(buffer).expect("appsrc takes a buffer");
+    let rx = HostReceiver::connect_named(&name, Delivery::Lossless, WAIT)
+        .unwrap_or_else(|e| panic!("connect to {name}: {e}"));
+    let layout = *rx.session().layout();
+    let base = p.base_time().expect("a playing pipeline has a base time");
+    for f in 2..=FRAMES {
+        let (buffer, rows) = frame_buffer(format, f, stride, pts(f));
+        pushed.push(rows);
+        appsrc.push_buffer(buffer).expect("appsrc takes a buffer");
+    }
+    appsrc.end_of_stream().expect("appsrc takes EOS");
+    // Frame 1 may have gone before this receiver subscribed; every frame
+    // after it comes.
+    let mut seen = Vec::new();
+    let start = Instant::now();
+    while seen.last() != Some(&FRAMES) {
+        assert!(start.elapsed() < BOUND, "frames stopped: {seen:?}");
+        if let Some(e) = bus_error(&bus, Duration::ZERO) {
+            panic!("the pipeline failed: {e}");
+        }
+        let frame = rx.next(WAIT).expect("a frame");
+        let f = frame.sequence();
+        let bytes = rx.read(&frame, WAIT).expect("the frame's bytes");
+        assert_eq!(
+            ring_rows(&layout, &bytes),
+            pushed[f as usize - 1],
+            "frame {f}: every row as pushed"
+        );
+        assert_eq!(
+            frame.timestamp_ns(),
+            (base + pts(f)).nseconds(),
+            "frame {f}: stamped with its running time on CLOCK_MONOTONIC"
+        );
+        rx.release(frame).expect("release");
+        seen.push(f);
+    }
+    assert!(
+        seen.ends_with(&(2..=FRAMES).collect::<Vec<_>>()),
+        "{seen:?}"
+    );
+    p.set_state(gst::State::Null).expect("the pipeline stops");
+}
+
+#[test]
+fn rgba_buffers_arrive_byte_for_byte_at_their_running_time() {
+    appsrc_to_receiver(gst_video::VideoFormat::Rgba, "RGBA");
+}
+
+#[test]
+fn nv12_buffers_arrive_byte_for_byte_in_both_planes() {
+    appsrc_to_receiver(gst_video::VideoFormat::Nv12, "NV12");
+}
+
+#[test]
+fn a_name_a_live_sender_holds_is_an_error_on_the_bus() {
+    init();
+    let name = unique_name("sink-taken");
+    let ctx = Context::headless(&HeadlessOptions::default()).expect("lavapipe");
+    let mut opts = SenderOptions::new(Address::named(&name).unwrap(), 16, 16, 2);
+    opts.semaphores = false;
+    let holder = Sender::<HostVisible>::new(&ctx, opts).expect("the first sender of the name");
+    let p = pipeline(&format!(
+        "videotestsrc num-buffers=3 ! video/x-raw,format=RGBA,width=32,height=16 ! \
+         cudainteropsink sender-name={name}"
+    ));
+    let bus = p.bus().unwrap();
+    let _ = p.set_state(gst::State::Playing);
+    let e = bus_error(&bus, BOUND).expect("an error on the bus");
+    p.set_state(gst::State::Null).expect("the pipeline stops");
+    assert!(e.contains(&name) && e.contains("sender-name="), "{e}");
+    // The holder keeps its name.
+    assert!(list_senders().unwrap().iter().any(|s| s.name == name));
+    drop(holder);
+}
+
+#[test]
+fn stopping_the_pipeline_removes_the_name() {
+    init();
+    let name = unique_name("sink-stop");
+    let p = pipeline(&format!(
+        "videotestsrc num-buffers=3 ! video/x-raw,format=RGBA,width=32,height=16 ! \
+         cudainteropsink sender-name={name} sync=false"
+    ));
+    let bus = p.bus().unwrap();
+    p.set_state(gst::State::Playing)
+        .expect("the pipeline starts");
+    Directory::from_env()
+        .unwrap()
+        .wait_for(&name, BOUND)
+        .unwrap_or_else(|e| panic!("the sink's name never appeared: {e}"));
+    let eos = bus.timed_pop_filtered(
+        gst::ClockTime::from_seconds(BOUND.as_secs()),
+        &[gst::MessageType::Eos, gst::MessageType::Error],
+    );
+    assert!(
+        matches!(
+            eos.as_ref().map(|m| m.view()),
+            Some(gst::MessageView::Eos(_))
+        ),
+        "{eos:?}"
+    );
+    // After EOS the sender is still there (until the pipeline stops).
+    assert!(list_senders().unwrap().iter().any(|s| s.name == name));
+    p.set_state(gst::State::Null).expect("the pipeline stops");
+    assert!(
+        !list_senders().unwrap().iter().any(|s| s.name == name),
+        "the name outlived the pipeline"
+    );
+}
+
+/// `cudainteropsrc name=a ! cudainteropsink name=b`: a sender `a` of
+/// the test presents the demo pattern; a receiver of `b` gets every frame
+/// with every pixel, and its timestamps are `a`'s.
+#[test]
+fn src_to_sink_round_trip_keeps_pixels_and_timestamps() {
+    init();
+    let (a, b) = (unique_name("trip-a"), unique_name("trip-b"));
+    let ctx = Context::headless(&HeadlessOptions::default()).expect("lavapipe");
+    let pitch = u64::from(W) * 4 + 8;
+    let mut opts = SenderOptions::new(Address::named(&a).unwrap(), W, H, 3);
+    opts.row_pitch = pitch;
+    opts.semaphores = false;
+    let mut sender = Sender::<HostVisible>::new(&ctx, opts).expect("sender a");
+    let size = sender.buffers()[0].size();
+    // The element names are the sender names (no sender-name property).
+    let p = pipeline(&format!(
+        "cudainteropsrc name={a} delivery=lossless timeout=30000 ! cudainteropsink name={b} \
+         sync=false timeout=30000"
+    ));
+    let bus = p.bus().unwrap();
+    // The source connects in its start, which needs `a` served: from here.
+    let starting = {
+        let p = p.clone();
+        std::thread::spawn(move || p.set_state(gst::State::Playing).map(drop))
+    };
+    assert!(
+        sender.wait_for_receivers(1, BOUND),
+        "the source never subscribed"
+    );
+    starting
+        .join()
+        .expect("the thread that starts the pipeline")
+        .expect("the pipeline starts");
+    let present = |sender: &mut Sender<HostVisible>| -> (u64, u64) {
+        let start = Instant::now();
+        loop {
+            assert!(start.elapsed() < BOUND, "no slot of a freed");
+            if let Ok(slot) = sender.acquire(Duration::from_millis(100)) {
+                let f = slot.sequence();
+                let ts = monotonic_ns();
+                slot.present_with(ts, |device, cmd, buffer| {
+                    // SAFETY: the sender's recording command buffer and the
+                    // slot's buffer of `size` bytes (transfer usage), alive
+                    // past the submission's wait; a checked layout, so the
+                    // band lies inside it.
+                    unsafe {
+                        demo::record_demo_pattern(
+                            device,
+                            cmd,
+                            buffer,
+                            size,
+                            (u64::from(W) * 4, H, pitch),
+                            f,
+                        )
+                    }
+                })
+                .expect("present");
+                return (f, ts);
+            }
+        }
+    };
+    // Frame 1 makes b (at its caps).
+    present(&mut sender);
+    let rx = HostReceiver::connect_named(&b, Delivery::Lossless, WAIT)
+        .unwrap_or_else(|e| panic!("connect to {b}: {e}"));
+    let layout = *rx.session().layout();
+    assert_eq!((layout.width, layout.height), (W, H));
+    for _ in 2..=FRAMES {
+        let (f, ts) = present(&mut sender);
+        let start = Instant::now();
+        let frame = loop {
+            assert!(start.elapsed() < BOUND, "frame {f} never came through b");
+            if let Some(e) = bus_error(&bus, Duration::ZERO) {
+                panic!("the pipeline failed: {e}");
+            }
+            // Serve a's source (its releases) while b's frame comes.
+            sender.serve(Duration::from_millis(1));
+            match rx.next(Duration::from_millis(50)) {
+                Ok(frame) => break frame,
+                Err(e) if !e.is_disconnected() => continue,
+                Err(e) => panic!("b dropped the receiver: {e}"),
+            }
+        };
+        // b's frame 1 was a's frame 1, and so on.
+        assert_eq!(frame.sequence(), f, "b's frame number is a's");
+        assert_eq!(frame.timestamp_ns(), ts, "frame {f}: a's timestamp");
+        let bytes = rx.read(&frame, WAIT).expect("the frame's bytes");
+        for (y, row) in ring_rows(&layout, &bytes).iter().enumerate() {
+            assert!(
+                demo::check_demo_row(row, f, y as u32, H),
+                "frame {f}: row {y} is not the frame's"
+            );
+        }
+        rx.release(frame).expect("release");
+    }
+    p.set_state(gst::State::Null).expect("the pipeline stops");
+}
