@@ -60,7 +60,8 @@ fn python_hint(reason: &DropReason) -> &'static str {
             "close receivers you no longer use (Receiver.close(), or `with` blocks), then \
              connect again"
         }
-        _ => "connect again (cuda_interop.connect or connect_named)",
+        // The error's own text ends "connect again": say with what.
+        _ => "with cuda_interop.connect or connect_named",
     }
 }
 
