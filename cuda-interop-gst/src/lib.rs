@@ -6,10 +6,10 @@
 //!
 //! # Contract
 //!
-//! * Modules depend downwards only: [`formats`] (ring layouts and
-//!   GStreamer video formats, row copies) and [`clock`] (frame timestamps
-//!   and running time) <- [`receive`] (one reader over the frames crate's
-//!   receivers) <- [`source`] (`cudainteropsrc`); [`formats`], [`clock`]
+//! * Modules depend downwards only: `formats` (ring layouts and
+//!   GStreamer video formats, row copies) and `clock` (frame timestamps
+//!   and running time) <- `receive` (one reader over the frames crate's
+//!   receivers) <- [`source`] (`cudainteropsrc`); `formats`, `clock`
 //!   <- [`sink`] (`cudainteropsink`).
 //! * Every frame goes through system memory (one copy out of the ring in
 //!   the source, one copy into it in the sink); every wait is bounded; a

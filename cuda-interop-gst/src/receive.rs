@@ -64,8 +64,8 @@ pub(crate) enum Reader {
     Image(ImageReader),
     /// A device-local buffer ring, read through CUDA.
     Cuda {
-        /// The receiver.
-        rx: CudaReceiver,
+        /// The receiver (boxed: the largest kind by far).
+        rx: Box<CudaReceiver>,
         /// The stream its copies go on.
         stream: Stream,
     },
@@ -199,7 +199,10 @@ impl Reader {
                     })?;
                 let stream = Stream::new(rx.cuda())
                     .map_err(|e| format!("cannot make a CUDA stream for {target}: {e}"))?;
-                Reader::Cuda { rx, stream }
+                Reader::Cuda {
+                    rx: Box::new(rx),
+                    stream,
+                }
             }
         };
         Ok((reader, video))

@@ -65,9 +65,13 @@ use crate::summary::Summary;
 
 /// What `cargo test --workspace` needs: the Vulkan loader, lavapipe, the
 /// Khronos validation layer (every Vulkan test runs with it), a C compiler
-/// for the loader tests' fixture libraries and the C ABI's C programs, and
-/// a C++ compiler with the Vulkan headers and link library for the C ABI's
-/// C++ Vulkan application (`cuda-interop-capi/tests/c/app_publish.cpp`).
+/// for the loader tests' fixture libraries and the C ABI's C programs, a
+/// C++ compiler with the Vulkan headers and link library for the C ABI's
+/// C++ Vulkan application (`cuda-interop-capi/tests/c/app_publish.cpp`),
+/// and for the GStreamer plugin (`cuda-interop-gst`) pkg-config and
+/// GStreamer's development files (its build), the base and good plugins
+/// (`appsrc`, `appsink`, `videotestsrc`, `videoconvert` in its tests) and
+/// `gst-inspect-1.0` (its registration test).
 pub const TEST_PACKAGES: &[&str] = &[
     "libvulkan1",
     "mesa-vulkan-drivers",
@@ -75,6 +79,12 @@ pub const TEST_PACKAGES: &[&str] = &[
     "gcc",
     "g++",
     "libvulkan-dev",
+    "pkg-config",
+    "libgstreamer1.0-dev",
+    "libgstreamer-plugins-base1.0-dev",
+    "gstreamer1.0-plugins-base",
+    "gstreamer1.0-plugins-good",
+    "gstreamer1.0-tools",
 ];
 
 /// What the round-trip example needs: the loader, lavapipe (where there is no

@@ -298,13 +298,12 @@ impl BaseSinkImpl for CudaInteropSink {
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("cudainteropsink-serve".into())
-            .spawn(move || loop {
-                match stopped.recv_timeout(SERVE_PERIOD) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
-                }
-                if let Some(r) = lock(&ring).as_mut() {
-                    r.sender.serve(Duration::ZERO);
+            .spawn(move || {
+                // Until told to stop (or the element is gone).
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(SERVE_PERIOD) {
+                    if let Some(r) = lock(&ring).as_mut() {
+                        r.sender.serve(Duration::ZERO);
+                    }
                 }
             })
             .map_err(|e| {
