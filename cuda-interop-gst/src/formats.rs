@@ -300,14 +300,29 @@ mod tests {
     }
 
     /// GStreamer's RGB10A2_LE is Vulkan's A2B10G10R10_UNORM_PACK32: R in
-    /// the low 10 bits of the little-endian word, then G, B, A.
+    /// the low 10 bits of the little-endian word, then G, B, A (GStreamer's
+    /// own unpacking of one pixel says so).
     #[test]
     fn rgb10a2_le_is_a2b10g10r10_pack32() {
         init();
         let info = gst_video::VideoFormatInfo::from_format(gst_video::VideoFormat::Rgb10a2Le);
-        assert_eq!(info.shift()[..4], [0, 10, 20, 30]);
-        assert_eq!(info.depth()[..4], [10, 10, 10, 2]);
-        assert!(info.is_le());
+        let word: u32 = 1 | (2 << 10) | (3 << 20) | (1 << 30);
+        let src = word.to_le_bytes();
+        assert_eq!(info.unpack_format(), gst_video::VideoFormat::Argb64);
+        let mut argb64 = [0u8; 8];
+        info.unpack(
+            gst_video::VideoPackFlags::empty(),
+            &mut argb64,
+            &[&src[..]],
+            &[4],
+            0,
+            0,
+            1,
+        );
+        let c = |i: usize| u16::from_ne_bytes([argb64[2 * i], argb64[2 * i + 1]]) >> 6;
+        // A (2 bits, 1 of 3), R, G, B (10 bits each).
+        assert_eq!((c(1), c(2), c(3)), (1, 2, 3));
+        assert_eq!(c(0) >> 8, 1, "alpha 1 of 3 is about a third");
     }
 
     #[test]

@@ -307,3 +307,150 @@ fn a_sender_that_never_comes_is_an_error_within_the_timeout() {
     };
     assert!(e.contains(&name) && e.contains("cannot connect"), "{e}");
 }
+
+/// A latest receiver that misses a frame (the sender presents two while
+/// the source is held inside a push, a probe holding it: no timing) marks
+/// the next buffer DISCONT, counts the frame in `frames-dropped` and posts
+/// a QoS message with the counts.
+#[test]
+fn a_gap_in_latest_delivery_is_discont_frames_dropped_and_qos() {
+    use std::sync::{mpsc, Mutex};
+
+    use cuda_interop_frames::sender::{monotonic_ns, Address, Sender, SenderOptions};
+    use vk_export::markers::HostVisible;
+    use vk_export::{Context, HeadlessOptions};
+
+    init();
+    let name = unique_name("src-gap");
+    let ctx = Context::headless(&HeadlessOptions::default()).expect("lavapipe");
+    let mut opts = SenderOptions::new(Address::named(&name).unwrap(), W, H, 3);
+    opts.semaphores = false;
+    let mut sender = Sender::<HostVisible>::new(&ctx, opts).expect("the sender");
+    let size = sender.buffers()[0].size();
+    let p = pipeline(&format!(
+        "cudainteropsrc name=src sender-name={name} delivery=latest timeout=30000 ! appsink \
+         name=sink sync=false"
+    ));
+    let appsink = p
+        .by_name("sink")
+        .unwrap()
+        .downcast::<gst_app::AppSink>()
+        .unwrap();
+    let src = p.by_name("src").unwrap();
+    // Frame 2's push waits here until the test says go.
+    let (held_tx, held_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (held_tx, go_rx) = (Mutex::new(held_tx), Mutex::new(go_rx));
+    src.static_pad("src")
+        .unwrap()
+        .add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+            if let Some(gst::PadProbeData::Buffer(buffer)) = &info.data {
+                if buffer.offset() == 2 {
+                    let _ = held_tx.lock().unwrap().send(());
+                    let _ = go_rx.lock().unwrap().recv_timeout(BOUND);
+                }
+            }
+            gst::PadProbeReturn::Ok
+        });
+    let starting = {
+        let p = p.clone();
+        std::thread::spawn(move || p.set_state(gst::State::Playing).map(drop))
+    };
+    assert!(
+        sender.wait_for_receivers(1, BOUND),
+        "the source never subscribed"
+    );
+    starting.join().unwrap().expect("the pipeline starts");
+    let present = |sender: &mut Sender<HostVisible>| {
+        let slot = sender
+            .acquire(Duration::from_secs(5))
+            .expect("a free slot (the source holds none)");
+        let f = slot.sequence();
+        slot.present_with(monotonic_ns(), |device, cmd, buffer| {
+            // SAFETY: the sender's recording command buffer and the slot's
+            // buffer of `size` bytes (transfer usage), alive past the
+            // submission's wait; unpadded rows inside it.
+            unsafe {
+                demo::record_demo_pattern(
+                    device,
+                    cmd,
+                    buffer,
+                    size,
+                    (u64::from(W) * 4, H, u64::from(W) * 4),
+                    f,
+                )
+            }
+        })
+        .expect("present");
+    };
+    let start = std::time::Instant::now();
+    let mut samples = Vec::new();
+    // Pulls samples, serving the sender, until one of frame `f` came.
+    let pull_until = |sender: &mut Sender<HostVisible>, f: u64, samples: &mut Vec<gst::Sample>| {
+        while samples
+            .last()
+            .is_none_or(|s: &gst::Sample| s.buffer().unwrap().offset() < f)
+        {
+            assert!(start.elapsed() < BOUND, "frame {f} never came");
+            sender.serve(Duration::from_millis(1));
+            if let Some(sample) = appsink.try_pull_sample(gst::ClockTime::from_mseconds(5)) {
+                samples.push(sample);
+            }
+        }
+    };
+    present(&mut sender);
+    pull_until(&mut sender, 1, &mut samples);
+    present(&mut sender);
+    // The source is inside frame 2's push: it asks for nothing.
+    while held_rx.try_recv().is_err() {
+        assert!(start.elapsed() < BOUND, "frame 2 never reached the probe");
+        sender.serve(Duration::from_millis(1));
+    }
+    present(&mut sender); // 3: never asked for
+    present(&mut sender); // 4: the newest when the source asks again
+    go_tx.send(()).unwrap();
+    pull_until(&mut sender, 4, &mut samples);
+    let offsets: Vec<u64> = samples
+        .iter()
+        .map(|s| s.buffer().unwrap().offset())
+        .collect();
+    assert_eq!(offsets, [1, 2, 4]);
+    let discont: Vec<bool> = samples
+        .iter()
+        .map(|s| {
+            s.buffer()
+                .unwrap()
+                .flags()
+                .contains(gst::BufferFlags::DISCONT)
+        })
+        .collect();
+    // The first buffer of a stream is DISCONT anyway (GstBaseSrc).
+    assert_eq!(discont[1..], [false, true], "DISCONT after the gap only");
+    assert_eq!(src.property::<u64>("frames-dropped"), 1);
+    assert_eq!(src.property::<u64>("frames-received"), 3);
+    let qos = p
+        .bus()
+        .unwrap()
+        .iter_filtered(&[gst::MessageType::Qos])
+        .filter_map(|m| match m.view() {
+            gst::MessageView::Qos(q) => {
+                let (processed, dropped) = q.stats();
+                Some((processed.value(), dropped.value()))
+            }
+            _ => None,
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(
+        qos,
+        [(3, 1)],
+        "one QoS message: 3 buffers received, 1 dropped"
+    );
+    for sample in &samples {
+        let f = sample.buffer().unwrap().offset();
+        for (_, y, row) in rows(sample) {
+            assert!(demo::check_demo_row(&row, f, y, H), "frame {f} row {y}");
+        }
+    }
+    drop(sender);
+    p.set_state(gst::State::Null).expect("the pipeline stops");
+}
