@@ -71,7 +71,9 @@ use crate::summary::Summary;
 /// and for the GStreamer plugin (`cuda-interop-gst`) pkg-config and
 /// GStreamer's development files (its build), the base and good plugins
 /// (`appsrc`, `appsink`, `videotestsrc`, `videoconvert` in its tests) and
-/// `gst-inspect-1.0` (its registration test).
+/// `gst-inspect-1.0` (its registration test), and `ip` (iproute2: its
+/// two-hosts test joins two network namespaces; without, it runs on
+/// loopback and says so).
 pub const TEST_PACKAGES: &[&str] = &[
     "libvulkan1",
     "mesa-vulkan-drivers",
@@ -85,6 +87,7 @@ pub const TEST_PACKAGES: &[&str] = &[
     "gstreamer1.0-plugins-base",
     "gstreamer1.0-plugins-good",
     "gstreamer1.0-tools",
+    "iproute2",
 ];
 
 /// What the round-trip example needs: the loader, lavapipe (where there is no
