@@ -122,6 +122,21 @@ impl<F: Format, M: MemoryLocation, U: Usage> VulkanReceiver<F, M, U> {
                 ),
             ));
         }
+        // The hello's rows are the peer's claim: a pitch that is not the
+        // format's texel size times the width would have readers lay the
+        // pixels out as something they are not.
+        if hello.row_pitch != u64::from(hello.width) * u64::from(F::TEXEL_BYTES) {
+            return Err(ring_error(
+                &hello,
+                format!(
+                    "its rows of {} texels are announced as {} bytes, {} makes {}",
+                    hello.width,
+                    hello.row_pitch,
+                    F::NAME,
+                    u64::from(hello.width) * u64::from(F::TEXEL_BYTES)
+                ),
+            ));
+        }
         let semaphores = has_semaphores(&hello, &setup);
         let n = hello.slots as usize;
         let mut images = Vec::with_capacity(n);

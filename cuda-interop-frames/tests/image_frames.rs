@@ -666,6 +666,57 @@ fn vulkan_receiver_refuses_images_of_another_size_than_the_hello() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// A hand-made sender whose hello announces RGBA8 images with rows of 16
+/// bytes a texel (a layout the protocol's own check takes): the Vulkan
+/// receiver refuses the ring, so no reader lays its pixels out at the
+/// peer's pitch (a GStreamer source panicked on it, a GRAY16 one handed out
+/// rows of the wrong bytes). Its twin, the right pitch, is every other
+/// test here.
+#[test]
+fn vulkan_receiver_refuses_a_hello_whose_rows_are_not_its_formats() {
+    use vk_export::socket::{Exported, Listener};
+    use vk_export::ImageDesc;
+    let path = std::env::temp_dir().join(format!("cif-img-pitch-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let listener = Listener::bind(&path).unwrap();
+    let ctx = cuda_interop_testkit::vulkan(None);
+    let images: Vec<vk_export::ExportableImage<Rgba8Unorm, Optimal, Mem>> = (0..2)
+        .map(|_| vk_export::ExportableImage::new(&ctx, ImageDesc::new_2d(W, H)).unwrap())
+        .collect();
+    let socket = path.display().to_string();
+    let receiver = std::thread::spawn(move || {
+        let (session, setup) =
+            Session::connect(&socket, Delivery::Lossless, Duration::from_secs(10))
+                .expect("connected");
+        let rctx = cuda_interop_testkit::vulkan(None);
+        let err = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, session, setup).unwrap_err();
+        cuda_interop_testkit::assert_no_validation_errors(&rctx);
+        err.to_string()
+    });
+    let conn = listener.accept(Duration::from_secs(10)).unwrap();
+    let t = Duration::from_secs(10);
+    assert_eq!(
+        transport::recv_message(&conn, deadline_after(t), t).unwrap(),
+        Message::Subscribe(Delivery::Lossless)
+    );
+    let layout = RingLayout::images(2, W, H, Rgba8Unorm::VK.as_raw() as u32, 16);
+    layout.check().expect("the protocol's check takes it");
+    transport::send_message(&conn, &Message::Hello(layout)).unwrap();
+    let resources: Vec<&dyn Exported> = images.iter().map(|i| i as &dyn Exported).collect();
+    conn.send_exported(SETUP_TAG, &resources).unwrap();
+    let err = receiver.join().unwrap();
+    assert!(
+        err.contains(&format!(
+            "its rows of {W} texels are announced as {} bytes, R8G8B8A8_UNORM makes {}",
+            W * 16,
+            W * 4
+        )),
+        "{err}"
+    );
+    drop(conn);
+    let _ = std::fs::remove_file(&path);
+}
+
 /// A hand-made sender whose hello announces no ring (0 rows; its fields
 /// are public, and encoding does not check them): the session refuses it
 /// at connect with a typed error, before any setup message, never a panic.

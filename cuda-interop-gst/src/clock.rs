@@ -13,7 +13,11 @@
 //!   before the element has a clock and a base time, the source stamps a
 //!   frame with the clock's now and the sink with `CLOCK_MONOTONIC`'s now.
 //! * A frame older than the base time (presented before the pipeline went
-//!   to PLAYING) gets running time 0.
+//!   to PLAYING) gets running time 0; one stamped later than the clock's now
+//!   (a sender's timestamps are claims) gets now's: a timestamp from the
+//!   future would hold every later buffer back.
+//! * A running time whose timestamp would overflow `u64` is stamped with
+//!   `CLOCK_MONOTONIC`'s now.
 
 use cuda_interop_frames::sender::monotonic_ns;
 use gst::prelude::*;
@@ -30,10 +34,15 @@ pub(crate) fn is_monotonic(clock: &gst::Clock) -> bool {
 pub(crate) fn running_time_of(element: &gst::Element, timestamp_ns: u64) -> Option<gst::ClockTime> {
     let clock = element.clock()?;
     let base = element.base_time()?;
+    let now = clock.time();
+    // A peer's timestamp is only a claim: one from the future (or
+    // GST_CLOCK_TIME_NONE's value) would hold every later buffer back, so
+    // no frame counts as captured after now.
     let at = if is_monotonic(&clock) {
-        gst::ClockTime::from_nseconds(timestamp_ns)
+        gst::ClockTime::try_from(std::time::Duration::from_nanos(timestamp_ns))
+            .map_or(now, |at| at.min(now))
     } else {
-        clock.time()
+        now
     };
     Some(at.checked_sub(base).unwrap_or(gst::ClockTime::ZERO))
 }
@@ -46,7 +55,8 @@ pub(crate) fn timestamp_of(element: &gst::Element, running: Option<gst::ClockTim
         return monotonic_ns();
     };
     if is_monotonic(&clock) {
-        (base + running).nseconds()
+        base.checked_add(running)
+            .map_or_else(monotonic_ns, gst::ClockTime::nseconds)
     } else {
         monotonic_ns()
     }

@@ -213,6 +213,46 @@ impl Planes {
         }
     }
 
+    /// Checks that `buffer`'s `GstVideoMeta`, if it has one, keeps every row
+    /// of every plane inside the buffer, before the buffer is mapped as
+    /// video: GStreamer checks only each plane's offset, and a mapped
+    /// plane's slice spans stride x rows whatever the buffer's size, so a
+    /// meta that lies would have the rows read from past the buffer.
+    pub(crate) fn check_meta(&self, buffer: &gst::BufferRef) -> Result<(), String> {
+        let Some(meta) = buffer.meta::<gst_video::VideoMeta>() else {
+            return Ok(());
+        };
+        if meta.n_planes() as usize != self.n {
+            return Err(format!(
+                "the buffer's video meta has {} planes, the caps {}",
+                meta.n_planes(),
+                self.n
+            ));
+        }
+        let size = buffer.size();
+        for i in 0..self.n {
+            let (row, rows) = (self.row_bytes[i], self.rows[i]);
+            let stride = meta.stride()[i];
+            let end = usize::try_from(stride)
+                .ok()
+                .filter(|&s| s >= row)
+                .and_then(|s| s.checked_mul(rows.saturating_sub(1)))
+                .and_then(|last| last.checked_add(meta.offset()[i]))
+                .and_then(|first| first.checked_add(row));
+            match end {
+                Some(end) if end <= size => {}
+                _ => {
+                    return Err(format!(
+                        "the buffer's video meta puts plane {i} ({rows} rows of {row} bytes) at \
+                         offset {} with stride {stride}, past the buffer's {size} bytes",
+                        meta.offset()[i]
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// `frame`'s pixels (each plane at its own stride, a `GstVideoMeta`'s
     /// if the buffer has one) laid out as `self`, `len` bytes (at least
     /// [`Planes::span`]).

@@ -338,3 +338,52 @@ fn src_to_sink_round_trip_keeps_pixels_and_timestamps() {
     }
     p.set_state(gst::State::Null).expect("the pipeline stops");
 }
+
+/// A buffer whose `GstVideoMeta` puts its rows past the buffer (a stride of
+/// 16 MiB on a buffer of 40 rows of 276 bytes, and a negative stride):
+/// GStreamer maps it as video anyway (it checks only the planes' offsets),
+/// so the sink checks every plane's extent first and posts an error naming
+/// the plane, never reading past the buffer. The twin, rows inside the
+/// buffer at a padded stride, is `rgba_buffers_arrive_byte_for_byte_at_their_running_time`.
+#[test]
+fn a_video_meta_whose_rows_lie_past_the_buffer_is_an_error_not_a_read() {
+    init();
+    for stride in [1i32 << 24, -276] {
+        let name = unique_name("sink-meta");
+        let p = pipeline(&format!(
+            "appsrc name=src format=time caps=video/x-raw,format=RGBA,width={W},height={H},\
+             framerate=30/1 ! cudainteropsink sender-name={name} sync=false"
+        ));
+        let appsrc = p
+            .by_name("src")
+            .unwrap()
+            .downcast::<gst_app::AppSrc>()
+            .unwrap();
+        let bus = p.bus().unwrap();
+        p.set_state(gst::State::Playing)
+            .expect("the pipeline starts");
+        let row_bytes = W as usize * 4 + 12;
+        let mut buffer = gst::Buffer::from_mut_slice(vec![0u8; row_bytes * H as usize]);
+        {
+            let b = buffer.get_mut().unwrap();
+            b.set_pts(gst::ClockTime::ZERO);
+            gst_video::VideoMeta::add_full(
+                b,
+                gst_video::VideoFrameFlags::empty(),
+                gst_video::VideoFormat::Rgba,
+                W,
+                H,
+                &[0],
+                &[stride],
+            )
+            .unwrap();
+        }
+        let _ = appsrc.push_buffer(buffer);
+        let e = bus_error(&bus, BOUND).expect("an error on the bus");
+        p.set_state(gst::State::Null).expect("the pipeline stops");
+        assert!(
+            e.contains("plane 0") && e.contains("past the buffer's"),
+            "stride {stride}: {e}"
+        );
+    }
+}

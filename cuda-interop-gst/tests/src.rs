@@ -454,3 +454,81 @@ fn a_gap_in_latest_delivery_is_discont_frames_dropped_and_qos() {
     drop(sender);
     p.set_state(gst::State::Null).expect("the pipeline stops");
 }
+
+/// A sender's timestamps are claims: frames stamped an hour ahead and with
+/// `u64::MAX` (GStreamer's NONE) get a PTS no later than the pipeline's
+/// running time when they arrive, so they hold nothing back and panic
+/// nothing; an honest frame after them keeps its own, later or equal, PTS.
+/// The twin, honest timestamps passing through exactly, is the sink's
+/// `src_to_sink_round_trip_keeps_pixels_and_timestamps`.
+#[test]
+fn timestamps_from_the_future_or_none_are_clamped_to_now() {
+    use cuda_interop_frames::sender::{monotonic_ns, Address, Sender, SenderOptions};
+    use vk_export::markers::HostVisible;
+    use vk_export::{Context, HeadlessOptions};
+
+    init();
+    let name = unique_name("src-future");
+    let ctx = Context::headless(&HeadlessOptions::default()).expect("lavapipe");
+    let mut opts = SenderOptions::new(Address::named(&name).unwrap(), W, H, 3);
+    opts.semaphores = false;
+    let mut sender = Sender::<HostVisible>::new(&ctx, opts).expect("the sender");
+    let size = sender.buffers()[0].size();
+    let p = pipeline(&format!(
+        "cudainteropsrc sender-name={name} delivery=lossless timeout=30000 ! appsink \
+         name=sink sync=false"
+    ));
+    let appsink = p
+        .by_name("sink")
+        .unwrap()
+        .downcast::<gst_app::AppSink>()
+        .unwrap();
+    let starting = {
+        let p = p.clone();
+        std::thread::spawn(move || p.set_state(gst::State::Playing).map(drop))
+    };
+    assert!(
+        sender.wait_for_receivers(1, BOUND),
+        "the source never subscribed"
+    );
+    starting.join().unwrap().expect("the pipeline starts");
+    let hour = 3_600_000_000_000u64;
+    let start = std::time::Instant::now();
+    let mut pts = Vec::new();
+    for stamp in [monotonic_ns() + hour, u64::MAX, monotonic_ns()] {
+        let slot = sender.acquire(BOUND).expect("a free slot");
+        let f = slot.sequence();
+        slot.present_with(stamp, |device, cmd, buffer| {
+            // SAFETY: the sender's recording command buffer and the slot's
+            // buffer of `size` bytes (transfer usage), alive past the
+            // submission's wait; unpadded rows inside it.
+            unsafe {
+                demo::record_demo_pattern(
+                    device,
+                    cmd,
+                    buffer,
+                    size,
+                    (u64::from(W) * 4, H, u64::from(W) * 4),
+                    f,
+                )
+            }
+        })
+        .expect("present");
+        let sample = loop {
+            assert!(start.elapsed() < BOUND, "frame {f} never came");
+            sender.serve(Duration::from_millis(1));
+            if let Some(sample) = appsink.try_pull_sample(gst::ClockTime::from_mseconds(5)) {
+                break sample;
+            }
+        };
+        let running = p.current_running_time().expect("a running time");
+        let at = sample.buffer().unwrap().pts().expect("a PTS");
+        assert!(
+            at <= running,
+            "frame {f}: PTS {at} after the running time {running}"
+        );
+        pts.push(at);
+    }
+    assert!(pts.windows(2).all(|w| w[0] <= w[1]), "{pts:?}");
+    p.set_state(gst::State::Null).expect("the pipeline stops");
+}

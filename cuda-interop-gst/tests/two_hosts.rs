@@ -16,7 +16,7 @@
 //! the test prints `LOOPBACK` with why. The frame rate at B is printed (a
 //! figure, not a condition: tests never depend on timing).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -181,17 +181,33 @@ fn hosts(tag: &str, subnet: u8) -> Hosts {
     }
 }
 
-/// The directory holding `libgstcudainterop.so`: cargo puts a package's
-/// cdylib beside the test binaries' directory (`target/<profile>/`).
+/// A directory holding only `libgstcudainterop.so`, made once: cargo puts
+/// the package's cdylib beside the test binaries (`target/<profile>/deps/`,
+/// and `target/<profile>/` after a `cargo build`), among other libraries
+/// GStreamer's scanner would try to load.
 fn plugin_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    assert!(
-        profile_dir.join("libgstcudainterop.so").exists(),
-        "no libgstcudainterop.so in {}: build the plugin first (cargo build -p cuda-interop-gst)",
-        profile_dir.display()
-    );
-    profile_dir
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let deps = exe.parent().unwrap();
+        let candidates = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()];
+        let built = candidates
+            .iter()
+            .map(|d| d.join("libgstcudainterop.so"))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no libgstcudainterop.so in {} or its parent: cargo test -p cuda-interop-gst \
+                     builds it",
+                    deps.display()
+                )
+            });
+        let dir = std::env::temp_dir().join(format!("cig-plugin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(&built, dir.join("libgstcudainterop.so")).unwrap();
+        dir
+    })
+    .clone()
 }
 
 /// A child process killed when dropped (a test that fails never leaves one).

@@ -375,6 +375,10 @@ impl BaseSinkImpl for CudaInteropSink {
             gst::element_imp_error!(self, gst::CoreError::Negotiation, ("a buffer before caps"));
             return Err(gst::FlowError::NotNegotiated);
         };
+        ring.planes.check_meta(buffer.as_ref()).map_err(|e| {
+            gst::element_imp_error!(self, gst::StreamError::Format, ("{}", e));
+            gst::FlowError::Error
+        })?;
         let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), &ring.info)
             .map_err(|e| {
                 gst::element_imp_error!(

@@ -392,7 +392,7 @@ impl PushSrcImpl for CudaInteropSrc {
             let b = buffer.get_mut().expect("a new buffer is writable");
             b.set_pts(pts);
             b.set_offset(copied.sequence);
-            b.set_offset_end(copied.sequence + 1);
+            b.set_offset_end(copied.sequence.saturating_add(1));
             if copied.dropped_before > 0 {
                 b.set_flags(gst::BufferFlags::DISCONT);
             }
