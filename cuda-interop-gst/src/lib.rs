@@ -26,6 +26,12 @@ pub(crate) mod receive;
 pub mod sink;
 pub mod source;
 
+/// `m`'s guard, also once a panic elsewhere poisoned it (what both
+/// elements did, each with a copy of its own).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 mod plugin {
     //! The plugin's descriptor (`gst_plugin_cudainterop_get_desc`, what
     //! GStreamer looks up in `libgstcudainterop.so`).

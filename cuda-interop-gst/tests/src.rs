@@ -308,6 +308,34 @@ fn a_sender_that_never_comes_is_an_error_within_the_timeout() {
     assert!(e.contains(&name) && e.contains("cannot connect"), "{e}");
 }
 
+/// Presents frame `slot.sequence()` of the demo pattern in `slot` (a
+/// buffer of `size` bytes holding unpadded rows of `W` x `H` RGBA8) at
+/// `timestamp`; the frame's number.
+fn present_demo(
+    slot: cuda_interop_frames::sender::WriteSlot<'_, vk_export::markers::HostVisible>,
+    size: u64,
+    timestamp: u64,
+) -> u64 {
+    let f = slot.sequence();
+    slot.present_with(timestamp, |device, cmd, buffer| {
+        // SAFETY: the sender's recording command buffer and the slot's
+        // buffer of `size` bytes (transfer usage), alive past the
+        // submission's wait; unpadded rows inside it.
+        unsafe {
+            demo::record_demo_pattern(
+                device,
+                cmd,
+                buffer,
+                size,
+                (u64::from(W) * 4, H, u64::from(W) * 4),
+                f,
+            )
+        }
+    })
+    .expect("present");
+    f
+}
+
 /// A latest receiver that misses a frame (the sender presents two while
 /// the source is held inside a push, a probe holding it: no timing) marks
 /// the next buffer DISCONT, counts the frame in `frames-dropped` and posts
@@ -365,23 +393,7 @@ fn a_gap_in_latest_delivery_is_discont_frames_dropped_and_qos() {
         let slot = sender
             .acquire(Duration::from_secs(5))
             .expect("a free slot (the source holds none)");
-        let f = slot.sequence();
-        slot.present_with(monotonic_ns(), |device, cmd, buffer| {
-            // SAFETY: the sender's recording command buffer and the slot's
-            // buffer of `size` bytes (transfer usage), alive past the
-            // submission's wait; unpadded rows inside it.
-            unsafe {
-                demo::record_demo_pattern(
-                    device,
-                    cmd,
-                    buffer,
-                    size,
-                    (u64::from(W) * 4, H, u64::from(W) * 4),
-                    f,
-                )
-            }
-        })
-        .expect("present");
+        present_demo(slot, size, monotonic_ns());
     };
     let start = std::time::Instant::now();
     let mut samples = Vec::new();
@@ -497,23 +509,7 @@ fn timestamps_from_the_future_or_none_are_clamped_to_now() {
     let mut pts = Vec::new();
     for stamp in [monotonic_ns() + hour, u64::MAX, monotonic_ns()] {
         let slot = sender.acquire(BOUND).expect("a free slot");
-        let f = slot.sequence();
-        slot.present_with(stamp, |device, cmd, buffer| {
-            // SAFETY: the sender's recording command buffer and the slot's
-            // buffer of `size` bytes (transfer usage), alive past the
-            // submission's wait; unpadded rows inside it.
-            unsafe {
-                demo::record_demo_pattern(
-                    device,
-                    cmd,
-                    buffer,
-                    size,
-                    (u64::from(W) * 4, H, u64::from(W) * 4),
-                    f,
-                )
-            }
-        })
-        .expect("present");
+        let f = present_demo(slot, size, stamp);
         let sample = loop {
             assert!(start.elapsed() < BOUND, "frame {f} never came");
             sender.serve(Duration::from_millis(1));

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use vk_export::markers::HostVisible;
 use vk_export::{Context, HeadlessOptions};
 
 use crate::formats::{sink_planar, Planes};
+use crate::lock;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
@@ -81,10 +82,6 @@ pub struct CudaInteropSink {
     server: Mutex<Option<Server>>,
     presented: AtomicU64,
     skipped: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[glib::object_subclass]

@@ -1,7 +1,7 @@
 //! `cudainteropsrc`'s implementation (the contract is the parent module's).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
+use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use cuda_interop_frames::protocol::Delivery;
@@ -14,6 +14,7 @@ use gst_base::subclass::prelude::*;
 
 use super::DeliveryMode;
 use crate::formats::{to_buffer, RingVideo};
+use crate::lock;
 use crate::receive::{Next, Reader, Target};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -79,10 +80,6 @@ pub struct CudaInteropSrc {
     received: AtomicU64,
     dropped: AtomicU64,
     device_copies: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[glib::object_subclass]
