@@ -20,6 +20,7 @@ import pytest
 
 import cuda_interop
 
+from frame_server_process import FrameServerProcess, need_server
 from test_module import DLManagedTensorVersioned, PyCapsule_GetPointer
 
 # Fake stream handles for the recording rings: addresses of readable
@@ -28,55 +29,28 @@ from test_module import DLManagedTensorVersioned, PyCapsule_GetPointer
 _STREAM_MEMORY = ctypes.create_string_buffer(4096)
 S = [ctypes.addressof(_STREAM_MEMORY) + 64 * i for i in range(8)]
 
-SERVER = os.environ.get("CUDA_INTEROP_FRAME_SERVER")
 WIDTH, HEIGHT, PITCH = 64, 32, 320
 
 
-def need_server():
-    if not SERVER or not os.path.exists(SERVER):
-        pytest.skip("CUDA_INTEROP_FRAME_SERVER (set by cargo xtask test) names no binary")
-
-
-class Server:
+class Server(FrameServerProcess):
     """A frame_server process serving a host-visible ring without
     semaphores (what lavapipe can export)."""
 
     def __init__(self, directory, *extra, name=None, env=None):
-        need_server()
         self.path = os.path.join(directory, "frames.sock")
-        self.log = open(os.path.join(directory, f"server-{name or 'socket'}.log"), "w+")
         where = ["--name", name] if name else ["--socket", self.path]
-        self.process = subprocess.Popen(
-            [SERVER, *where, "--width", str(WIDTH), "--height", str(HEIGHT),
+        super().__init__(
+            os.path.join(directory, f"server-{name or 'socket'}.log"),
+            [*where, "--width", str(WIDTH), "--height", str(HEIGHT),
              "--row-pitch", str(PITCH), "--slots", "4", "--seconds", "120",
              "--host-visible", "--no-semaphores", *extra],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env,
+            env=env,
         )
 
     def wait_listening(self):
         # The socket file exists from the bind, before the listen: the
         # sender's line says when it listens.
-        for _ in range(600):
-            if "listening on" in self.text() or self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        if "listening on" not in self.text():
-            pytest.skip("frame_server did not start (no Vulkan?): " + self.text())
-        return self
-
-    def text(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        return self.wait_for("listening on")
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ timeout)`), the server's (`--seconds`), and the subprocess's.
 """
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -30,48 +29,25 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examp
 EXAMPLE = os.path.join(EXAMPLES, "ray_pipeline.py")
 sys.path.insert(0, EXAMPLES)
 import ray_pipeline  # noqa: E402
+from frame_server_process import FrameServerProcess  # noqa: E402
 
-SERVER = os.environ.get("CUDA_INTEROP_FRAME_SERVER")
 WIDTH, HEIGHT = 256, 128
 
 
-class NamedServer:
+class NamedServer(FrameServerProcess):
     """frame_server announcing a host-visible ring without semaphores (what
     lavapipe can export) by `name`, presenting only once a receiver has
     subscribed (so a lossless receiver sees every frame from the first)."""
 
     def __init__(self, directory, name, *extra):
-        if not SERVER or not os.path.exists(SERVER):
-            pytest.skip("CUDA_INTEROP_FRAME_SERVER (set by cargo xtask test) names no binary")
         self.name = name
-        self.log = open(os.path.join(directory, f"server-{name}.log"), "w+")
-        self.process = subprocess.Popen(
-            [SERVER, "--name", name, "--width", str(WIDTH), "--height", str(HEIGHT),
+        super().__init__(
+            os.path.join(directory, f"server-{name}.log"),
+            ["--name", name, "--width", str(WIDTH), "--height", str(HEIGHT),
              "--slots", "4", "--seconds", "120", "--hold-timeout", "30",
              "--wait-for-receivers", "1", "--host-visible", "--no-semaphores", *extra],
-            stdout=self.log, stderr=subprocess.STDOUT,
         )
-        for _ in range(600):  # 30 s
-            if "announced as" in self.text() or self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        if "announced as" not in self.text():
-            self.stop()
-            pytest.skip("frame_server did not start (no Vulkan?): " + self.text())
-
-    def text(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        self.wait_for("announced as")
 
 
 @pytest.fixture(scope="module")
