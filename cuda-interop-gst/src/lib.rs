@@ -7,13 +7,16 @@
 //! # Contract
 //!
 //! * Modules depend downwards only: `formats` (ring layouts and
-//!   GStreamer video formats, row copies) and `clock` (frame timestamps
-//!   and running time) <- `receive` (one reader over the frames crate's
+//!   GStreamer video formats, row copies), `clock` (frame timestamps
+//!   and running time) and `cuda_memory` (GStreamer's CUDA library,
+//!   loaded at run time) <- `receive` (one reader over the frames crate's
 //!   receivers) <- [`source`] (`cudainteropsrc`); `formats`, `clock`
 //!   <- [`sink`] (`cudainteropsink`).
-//! * Every frame goes through system memory (one copy out of the ring in
-//!   the source, one copy into it in the sink); every wait is bounded; a
-//!   frame is released before its buffer is pushed.
+//! * Every frame is copied once out of the ring in the source (into
+//!   system memory, or device to device into `memory:CUDAMemory` from a
+//!   device-local ring where GStreamer's CUDA library is installed) and
+//!   once into it in the sink; every wait is bounded; a frame is released
+//!   before its buffer is pushed.
 //! * Errors reach the bus as element errors that say what happened and
 //!   what to do.
 //! * [`plugin_register_static`] registers both elements in this process
@@ -21,6 +24,7 @@
 //!   from a plugin path otherwise.
 
 pub(crate) mod clock;
+pub(crate) mod cuda_memory;
 pub(crate) mod formats;
 pub(crate) mod receive;
 pub mod sink;

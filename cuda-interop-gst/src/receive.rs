@@ -1,6 +1,7 @@
 //! The receiving side of `cudainteropsrc`: one reader over the crate's
-//! three receivers, picked from the ring, each frame copied into bytes the
-//! element owns and released at once.
+//! three receivers, picked from the ring, each frame copied into memory
+//! the element owns (bytes, or GStreamer's CUDA memory) and released at
+//! once.
 //!
 //! # Contract
 //!
@@ -11,14 +12,17 @@
 //!   gives), image rings with an [`ImageReader`] on a headless Vulkan
 //!   context of the records' device, device-local buffer rings with a
 //!   [`CudaReceiver`] (NVIDIA GPUs; its error says so where there is no
-//!   CUDA driver).
+//!   CUDA driver); a device-local ring's reader also wraps its CUDA
+//!   context for GStreamer's CUDA memory where that library loads
+//!   ([`Reader::cuda_out`]).
 //! * [`Reader::next`] waits at most its timeout and tells a frame, no
 //!   frame yet ([`Next::Timeout`]), a sender that stopped cleanly
 //!   ([`Next::Goodbye`]) and a fault ([`Next::Fault`], with what to do).
 //! * [`Reader::read`] takes the frame by value, copies it out (a transfer
-//!   on the receiver's Vulkan device; a CUDA device-to-host copy for a
-//!   device-local ring) and releases it before returning, whatever the
-//!   copy's outcome: no frame is held across a push.
+//!   on the receiver's Vulkan device; for a device-local ring a CUDA
+//!   device-to-host copy, or with [`Output::Cuda`] a device-to-device copy
+//!   into a `GstCudaMemory`, waited for) and releases it before returning,
+//!   whatever the copy's outcome: no frame is held across a push.
 
 use std::time::Duration;
 
@@ -35,6 +39,9 @@ use vk_export::markers::{HostVisible, MemoryLocation};
 use vk_export::wire::Resource;
 use vk_export::{Context, HeadlessOptions};
 
+use std::sync::Arc;
+
+use crate::cuda_memory::{CudaOut, DevicePlane, Filled, GstCuda};
 use crate::formats::{ring_video, RingVideo};
 
 /// Where the sender is.
@@ -68,7 +75,29 @@ pub(crate) enum Reader {
         rx: Box<CudaReceiver>,
         /// The stream its copies go on.
         stream: Stream,
+        /// GStreamer's CUDA memory around its context, or why there is
+        /// none.
+        cuda_out: Result<Arc<CudaOut>, String>,
     },
+}
+
+/// Where [`Reader::read`] puts a frame.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Output<'a> {
+    /// Bytes in system memory.
+    System,
+    /// A `GstCudaMemory` laid out for this video info (a device-local
+    /// ring's reader with [`Reader::cuda_out`] only).
+    Cuda(&'a gst_video::VideoInfo),
+}
+
+/// A frame's pixels, copied out.
+#[derive(Debug)]
+pub(crate) enum Pixels {
+    /// In system memory, laid out as [`RingVideo::planes`] says.
+    Bytes(Vec<u8>),
+    /// In a `GstCudaMemory`.
+    Cuda(Filled),
 }
 
 /// What [`Reader::next`] got.
@@ -87,8 +116,8 @@ pub(crate) enum Next {
 /// A frame copied out.
 #[derive(Debug)]
 pub(crate) struct Copied {
-    /// Its bytes, laid out as [`RingVideo::planes`] says.
-    pub(crate) bytes: Vec<u8>,
+    /// Its pixels.
+    pub(crate) pixels: Pixels,
     /// Its sequence number.
     pub(crate) sequence: u64,
     /// Its `CLOCK_MONOTONIC` timestamp.
@@ -199,9 +228,13 @@ impl Reader {
                     })?;
                 let stream = Stream::new(rx.cuda())
                     .map_err(|e| format!("cannot make a CUDA stream for {target}: {e}"))?;
+                let cuda_out = GstCuda::get()
+                    .and_then(|lib| CudaOut::new(lib, rx.cuda()))
+                    .map(Arc::new);
                 Reader::Cuda {
                     rx: Box::new(rx),
                     stream,
+                    cuda_out,
                 }
             }
         };
@@ -214,6 +247,19 @@ impl Reader {
             Reader::Host(rx) => rx.session(),
             Reader::Image(rx) => rx.session(),
             Reader::Cuda { rx, .. } => rx.session(),
+        }
+    }
+
+    /// GStreamer's CUDA memory for this reader's frames (a device-local
+    /// ring's, where GStreamer's CUDA library loads), or why not.
+    pub(crate) fn cuda_out(&self) -> Result<&Arc<CudaOut>, String> {
+        match self {
+            Reader::Cuda { cuda_out, .. } => cuda_out.as_ref().map_err(Clone::clone),
+            Reader::Host(_) | Reader::Image(_) => Err(
+                "the ring is not in device-local memory (only CUDA reads those): its frames \
+                 arrive in system memory"
+                    .into(),
+            ),
         }
     }
 
@@ -237,6 +283,7 @@ impl Reader {
         &self,
         target: &Target,
         frame: Frame,
+        into: Output<'_>,
         timeout: Duration,
     ) -> Result<Copied, Next> {
         let (sequence, timestamp_ns, dropped_before) = (
@@ -244,22 +291,61 @@ impl Reader {
             frame.timestamp_ns(),
             frame.dropped_before(),
         );
-        let (bytes, device_copy) = match self {
-            Reader::Host(rx) => {
+        let (pixels, device_copy) = match (self, into) {
+            (
+                Reader::Cuda {
+                    rx,
+                    stream,
+                    cuda_out,
+                },
+                Output::Cuda(info),
+            ) => {
+                let out = cuda_out.as_ref().map_err(|why| Next::Fault(why.clone()))?;
+                let filled = rx
+                    .wait_on(&frame, stream)
+                    .map_err(|e| classify_read(target, e))
+                    .and_then(|()| {
+                        let luma = rx.pitched(&frame).map_err(|e| classify_read(target, e))?;
+                        let chroma = rx.chroma(&frame).map_err(|e| classify_read(target, e))?;
+                        let planes: Vec<DevicePlane> = std::iter::once(luma)
+                            .chain(chroma)
+                            .map(|p| DevicePlane {
+                                ptr: p.ptr,
+                                pitch: p.pitch,
+                                row_bytes: p.row_bytes,
+                                rows: p.rows,
+                            })
+                            .collect();
+                        out.fill(info, &planes, stream, timeout)
+                            .map_err(|why| Next::Fault(format!("a frame from {target}: {why}")))
+                    });
+                // After the copy, on the same stream: the sender writes the
+                // slot only after it.
+                let released = rx.release_after(frame, stream);
+                let filled = filled?;
+                released.map_err(|e| classify_read(target, e))?;
+                (Pixels::Cuda(filled), false)
+            }
+            (_, Output::Cuda(_)) => {
+                return Err(Next::Fault(
+                    "CUDA memory asked of a ring in host memory: a cudainteropsrc bug".into(),
+                ))
+            }
+            (Reader::Host(rx), Output::System) => {
                 let read = rx.read(&frame, timeout);
                 let released = rx.release(frame);
                 let bytes = read.map_err(|e| classify_read(target, e))?;
                 released.map_err(|e| classify_read(target, e))?;
-                (bytes, false)
+                (Pixels::Bytes(bytes), false)
             }
-            Reader::Image(rx) => {
+            (Reader::Image(rx), Output::System) => {
                 let read = rx.read_pixels(&frame, timeout);
                 let released = rx.release(frame);
                 let bytes = read.map_err(|e| read_fault(vulkan_fault(target, e)))?;
                 released.map_err(|e| read_fault(vulkan_fault(target, e)))?;
-                (bytes, false)
+                (Pixels::Bytes(bytes), false)
             }
-            Reader::Cuda { rx, stream } => {
+            (Reader::Cuda { rx, stream, .. }, Output::System) => {
                 let mut bytes = vec![0u8; rx.layout().frame_bytes().unwrap_or(0) as usize];
                 let copied = rx
                     .wait_on(&frame, stream)
@@ -269,11 +355,11 @@ impl Reader {
                 let released = rx.release_after(frame, stream);
                 copied.map_err(|e| classify_read(target, e))?;
                 released.map_err(|e| classify_read(target, e))?;
-                (bytes, true)
+                (Pixels::Bytes(bytes), true)
             }
         };
         Ok(Copied {
-            bytes,
+            pixels,
             sequence,
             timestamp_ns,
             dropped_before,

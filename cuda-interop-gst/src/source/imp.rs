@@ -1,7 +1,7 @@
 //! `cudainteropsrc`'s implementation (the contract is the parent module's).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use cuda_interop_frames::protocol::Delivery;
@@ -13,9 +13,10 @@ use gst_base::subclass::base_src::CreateSuccess;
 use gst_base::subclass::prelude::*;
 
 use super::DeliveryMode;
+use crate::cuda_memory::{self, CudaOut};
 use crate::formats::{to_buffer, RingVideo};
 use crate::lock;
-use crate::receive::{Next, Reader, Target};
+use crate::receive::{Copied, Next, Output, Pixels, Reader, Target};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
@@ -31,6 +32,9 @@ const STEP: Duration = Duration::from_millis(50);
 
 /// `timeout`'s default, in milliseconds.
 const DEFAULT_TIMEOUT_MS: u32 = 10_000;
+
+/// GStreamer's caps feature for CUDA device memory.
+const CUDA_MEMORY: &str = "memory:CUDAMemory";
 
 #[derive(Clone, Debug)]
 struct Settings {
@@ -74,12 +78,18 @@ pub struct CudaInteropSrc {
     /// The ring's caps while started (apart from `state`, which `create`
     /// holds while it waits).
     caps: Mutex<Option<gst::Caps>>,
+    /// GStreamer's CUDA memory for the ring's frames while started, where
+    /// it is offered (for context queries, apart from `state` too).
+    cuda_out: Mutex<Option<Arc<CudaOut>>>,
+    /// The negotiated caps are `memory:CUDAMemory`.
+    cuda_output: AtomicBool,
     flushing: AtomicBool,
     /// Downstream accepts a `GstVideoMeta` (its allocation query said so).
     video_meta: AtomicBool,
     received: AtomicU64,
     dropped: AtomicU64,
     device_copies: AtomicU64,
+    cuda_buffers: AtomicU64,
 }
 
 #[glib::object_subclass]
@@ -133,7 +143,18 @@ impl ObjectImpl for CudaInteropSrc {
                     .build(),
                 glib::ParamSpecUInt64::builder("device-copies")
                     .nick("Device copies")
-                    .blurb("Frames copied from device memory by CUDA (device-local rings)")
+                    .blurb(
+                        "Frames copied from device memory to system memory by CUDA \
+                         (device-local rings)",
+                    )
+                    .read_only()
+                    .build(),
+                glib::ParamSpecUInt64::builder("cuda-memory-buffers")
+                    .nick("CUDA memory buffers")
+                    .blurb(
+                        "Frames pushed in memory:CUDAMemory (copied device to device, no host \
+                         copy)",
+                    )
                     .read_only()
                     .build(),
             ]
@@ -162,6 +183,7 @@ impl ObjectImpl for CudaInteropSrc {
             "frames-received" => self.received.load(Ordering::Relaxed).to_value(),
             "frames-dropped" => self.dropped.load(Ordering::Relaxed).to_value(),
             "device-copies" => self.device_copies.load(Ordering::Relaxed).to_value(),
+            "cuda-memory-buffers" => self.cuda_buffers.load(Ordering::Relaxed).to_value(),
             other => unreachable!("no property {other}"),
         }
     }
@@ -184,7 +206,7 @@ impl ElementImpl for CudaInteropSrc {
                 "cuda-interop frame receiver",
                 "Source/Video",
                 "Receives the frames of a cuda-interop sender (by name or socket), copied into \
-                 system memory",
+                 system memory, or into CUDA memory from a device-local ring",
                 "cuda-interop developers",
             )
         });
@@ -194,17 +216,25 @@ impl ElementImpl for CudaInteropSrc {
     fn pad_templates() -> &'static [gst::PadTemplate] {
         static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
             use gst_video::VideoFormat as V;
-            let caps = gst_video::VideoCapsBuilder::new()
-                .format_list([
-                    V::Rgba,
-                    V::Bgra,
-                    V::Rgb10a2Le,
-                    V::Gray16Le,
-                    V::Nv12,
-                    V::P01010le,
-                ])
+            let system = [
+                V::Rgba,
+                V::Bgra,
+                V::Rgb10a2Le,
+                V::Gray16Le,
+                V::Nv12,
+                V::P01010le,
+            ];
+            let mut caps = gst_video::VideoCapsBuilder::new()
+                .features([CUDA_MEMORY])
+                .format_list(system.into_iter().filter(|f| cuda_memory::supports(*f)))
                 .framerate(gst::Fraction::new(0, 1))
                 .build();
+            caps.merge(
+                gst_video::VideoCapsBuilder::new()
+                    .format_list(system)
+                    .framerate(gst::Fraction::new(0, 1))
+                    .build(),
+            );
             vec![gst::PadTemplate::new(
                 "src",
                 gst::PadDirection::Src,
@@ -232,15 +262,16 @@ impl CudaInteropSrc {
         gst::FlowError::Error
     }
 
-    /// The next frame, copied, within the timeout, or the flow return that
-    /// ends the wait.
+    /// The next frame, copied (into CUDA memory where the caps say so),
+    /// within the timeout, and its hand-off (frame received -> its copy
+    /// complete); or the flow return that ends the wait.
     fn wait_frame(
         &self,
         state: &State,
         timeout: Duration,
-    ) -> Result<crate::receive::Copied, gst::FlowError> {
+    ) -> Result<(Copied, Duration), gst::FlowError> {
         let deadline = Instant::now() + timeout;
-        let frame = loop {
+        let (frame, received) = loop {
             if self.flushing.load(Ordering::SeqCst) {
                 return Err(gst::FlowError::Flushing);
             }
@@ -253,7 +284,7 @@ impl CudaInteropSrc {
                 )));
             }
             match state.reader.next(&state.target, left.min(STEP)) {
-                Next::Frame(frame) => break frame,
+                Next::Frame(frame) => break (frame, Instant::now()),
                 Next::Timeout => continue,
                 Next::Goodbye => {
                     gst::info!(CAT, imp = self, "{} stopped: end of stream", state.target);
@@ -262,9 +293,15 @@ impl CudaInteropSrc {
                 Next::Fault(why) => return Err(self.fail(&why)),
             }
         };
+        let into = if self.cuda_output.load(Ordering::SeqCst) {
+            Output::Cuda(&state.info)
+        } else {
+            Output::System
+        };
         state
             .reader
-            .read(&state.target, frame, timeout)
+            .read(&state.target, frame, into, timeout)
+            .map(|copied| (copied, received.elapsed()))
             .map_err(|next| match next {
                 Next::Goodbye => gst::FlowError::Eos,
                 Next::Fault(why) => self.fail(&why),
@@ -287,12 +324,41 @@ impl BaseSrcImpl for CudaInteropSrc {
         let info = video
             .info()
             .map_err(|e| gst::error_msg!(gst::CoreError::Negotiation, ("{}", e)))?;
-        let caps = info.to_caps().map_err(|e| {
+        let system = info.to_caps().map_err(|e| {
             gst::error_msg!(
                 gst::CoreError::Negotiation,
                 ("no caps for {:?}: {}", video, e)
             )
         })?;
+        // CUDA memory first, where it is offered: negotiation takes it
+        // where downstream takes it.
+        let cuda_out = match reader.cuda_out() {
+            Ok(out) if cuda_memory::supports(info.format()) => Some(Arc::clone(out)),
+            Ok(_) => {
+                gst::info!(
+                    CAT,
+                    imp = self,
+                    "{:?} frames arrive in system memory (GStreamer's CUDA memory has no layout \
+                     for the format)",
+                    info.format()
+                );
+                None
+            }
+            Err(why) => {
+                gst::info!(CAT, imp = self, "{why}");
+                None
+            }
+        };
+        let caps = match &cuda_out {
+            Some(_) => {
+                let mut cuda = system.clone();
+                cuda.make_mut()
+                    .set_features_simple(Some(gst::CapsFeatures::new([CUDA_MEMORY])));
+                cuda.merge(system);
+                cuda
+            }
+            None => system,
+        };
         gst::info!(
             CAT,
             imp = self,
@@ -302,6 +368,9 @@ impl BaseSrcImpl for CudaInteropSrc {
         self.received.store(0, Ordering::Relaxed);
         self.dropped.store(0, Ordering::Relaxed);
         self.device_copies.store(0, Ordering::Relaxed);
+        self.cuda_buffers.store(0, Ordering::Relaxed);
+        self.cuda_output.store(false, Ordering::SeqCst);
+        *lock(&self.cuda_out) = cuda_out;
         *lock(&self.state) = Some(State {
             reader,
             target,
@@ -318,7 +387,38 @@ impl BaseSrcImpl for CudaInteropSrc {
         // slots back).
         *lock(&self.state) = None;
         *lock(&self.caps) = None;
+        *lock(&self.cuda_out) = None;
         Ok(())
+    }
+
+    fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
+        let cuda = caps.features(0).is_some_and(|f| f.contains(CUDA_MEMORY));
+        if cuda && lock(&self.cuda_out).is_none() {
+            return Err(gst::loggable_error!(
+                CAT,
+                "{CUDA_MEMORY} negotiated, but this ring's frames are not offered in it"
+            ));
+        }
+        gst::info!(
+            CAT,
+            imp = self,
+            "frames go downstream in {}",
+            if cuda { CUDA_MEMORY } else { "system memory" }
+        );
+        self.cuda_output.store(cuda, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn query(&self, query: &mut gst::QueryRef) -> bool {
+        if let gst::QueryViewMut::Context(_) = query.view_mut() {
+            let out = lock(&self.cuda_out).clone();
+            if let Some(out) = out {
+                if out.answer_context_query(self.obj().upcast_ref(), query) {
+                    return true;
+                }
+            }
+        }
+        BaseSrcImplExt::parent_query(self, query)
     }
 
     fn is_seekable(&self) -> bool {
@@ -368,19 +468,52 @@ impl PushSrcImpl for CudaInteropSrc {
         let Some(state) = guard.as_mut() else {
             return Err(self.fail("cudainteropsrc produced a buffer before it started"));
         };
-        let copied = self.wait_frame(state, timeout)?;
+        let (copied, handoff) = self.wait_frame(state, timeout)?;
         let meta = self.video_meta.load(Ordering::SeqCst);
-        let (mut buffer, repacked) =
-            to_buffer(copied.bytes, &state.video.planes, &state.info, meta)
-                .map_err(|e| self.fail(&e))?;
-        if repacked {
-            gst::trace!(
-                CAT,
-                imp = self,
-                "frame {} copied into GStreamer's default rows",
-                copied.sequence
-            );
-        }
+        let in_cuda = matches!(copied.pixels, Pixels::Cuda(_));
+        let mut buffer = match copied.pixels {
+            Pixels::Bytes(bytes) => {
+                let (buffer, repacked) = to_buffer(bytes, &state.video.planes, &state.info, meta)
+                    .map_err(|e| self.fail(&e))?;
+                if repacked {
+                    gst::trace!(
+                        CAT,
+                        imp = self,
+                        "frame {} copied into GStreamer's default rows",
+                        copied.sequence
+                    );
+                }
+                buffer
+            }
+            Pixels::Cuda(filled) => {
+                let mut buffer = gst::Buffer::new();
+                let b = buffer.get_mut().expect("a new buffer is writable");
+                b.append_memory(filled.memory);
+                gst_video::VideoMeta::add_full(
+                    b,
+                    gst_video::VideoFrameFlags::empty(),
+                    state.info.format(),
+                    state.info.width(),
+                    state.info.height(),
+                    &filled.offsets,
+                    &filled.strides,
+                )
+                .map_err(|e| self.fail(&format!("cannot add a GstVideoMeta: {e}")))?;
+                buffer
+            }
+        };
+        gst::debug!(
+            CAT,
+            imp = self,
+            "frame {} hand-off {:.1} us (received -> copied into {})",
+            copied.sequence,
+            handoff.as_secs_f64() * 1e6,
+            if in_cuda {
+                CUDA_MEMORY
+            } else {
+                "system memory"
+            }
+        );
         let element = self.obj();
         let pts = crate::clock::running_time_of(element.upcast_ref(), copied.timestamp_ns)
             .map(|pts| state.last_pts.map_or(pts, |last| pts.max(last)));
@@ -395,6 +528,9 @@ impl PushSrcImpl for CudaInteropSrc {
             }
         }
         let received = self.received.fetch_add(1, Ordering::Relaxed) + 1;
+        if in_cuda {
+            self.cuda_buffers.fetch_add(1, Ordering::Relaxed);
+        }
         if copied.device_copy {
             let n = self.device_copies.fetch_add(1, Ordering::Relaxed) + 1;
             gst::debug!(

@@ -1,0 +1,423 @@
+//! `memory:CUDAMemory` output for `cudainteropsrc`: GStreamer's CUDA
+//! library (`libgstcuda-1.0.so.0`, in gst-plugins-bad's library package),
+//! loaded at run time where it is installed, so the plugin neither builds
+//! against it nor needs it where it is absent.
+//!
+//! # Contract
+//!
+//! * [`GstCuda::get`] loads the library once per process, with the 1.22
+//!   API this module calls; where it or the CUDA driver is missing, the
+//!   reason, naming the package to install.
+//! * [`supports`] names the formats the library's allocator lays out
+//!   (RGBA, BGRA, RGB10A2_LE, NV12, P010_10LE); other formats stay in
+//!   system memory (the 1.22 allocator aborts on a format it does not
+//!   know, so it never sees one).
+//! * [`CudaOut::new`] wraps a CUDA device's primary context as a
+//!   `GstCudaContext` that keeps the device (and so the context) retained
+//!   while any memory made in it lives, also after the element stopped;
+//!   [`CudaOut::answer_context_query`] hands it to downstream CUDA
+//!   elements.
+//! * [`CudaOut::fill`] allocates a `GstCudaMemory` for the caps' video
+//!   info (GStreamer's pitch and plane offsets), checks every plane fits
+//!   it, copies the planes into it device to device on the given stream,
+//!   after what is already enqueued there, and waits for the copy
+//!   (bounded): the memory is complete when it is pushed (the 1.22 memory
+//!   carries no stream downstream could order on). No byte passes through
+//!   the host.
+
+use std::ffi::{c_int, c_void};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use cuda_interop::sys::{self, CUresult};
+use cuda_interop::{CudaDevice, Stream};
+use gst::glib;
+use gst::glib::translate::{from_glib_full, ToGlibPtr};
+use gst::prelude::ObjectType;
+
+/// `GST_MAP_CUDA` (`gstcudamemory.h`): map for the device pointer.
+const GST_MAP_CUDA: gst::ffi::GstMapFlags = gst::ffi::GST_MAP_FLAG_LAST << 1;
+
+/// `GST_CUDA_MEMORY_TYPE_NAME`: the allocator's registered name.
+const CUDA_ALLOCATOR: &str = "gst.cuda.memory";
+
+/// The library's file name (its soname).
+const LIBRARY: &str = "libgstcuda-1.0.so.0";
+
+/// The public head of `GstCudaMemory` (`gstcudamemory.h`, 1.22 to 1.26):
+/// the memory, its context, and the video info the allocator laid out.
+#[repr(C)]
+struct GstCudaMemoryHead {
+    mem: gst::ffi::GstMemory,
+    context: *mut c_void,
+    info: gst_video::ffi::GstVideoInfo,
+}
+
+type LoadLibrary = unsafe extern "C" fn() -> glib::ffi::gboolean;
+type InitOnce = unsafe extern "C" fn();
+type NewWrapped = unsafe extern "C" fn(*mut c_void, c_int) -> *mut gst::ffi::GstObject;
+type Alloc = unsafe extern "C" fn(
+    *mut gst::ffi::GstAllocator,
+    *mut gst::ffi::GstObject,
+    *const gst_video::ffi::GstVideoInfo,
+) -> *mut gst::ffi::GstMemory;
+type HandleQuery = unsafe extern "C" fn(
+    *mut gst::ffi::GstElement,
+    *mut gst::ffi::GstQuery,
+    *mut gst::ffi::GstObject,
+) -> glib::ffi::gboolean;
+type IsCudaMemory = unsafe extern "C" fn(*mut gst::ffi::GstMemory) -> glib::ffi::gboolean;
+
+/// GStreamer's CUDA library, loaded.
+pub(crate) struct GstCuda {
+    new_wrapped: NewWrapped,
+    alloc: Alloc,
+    handle_query: HandleQuery,
+    is_cuda_memory: IsCudaMemory,
+    allocator: gst::Allocator,
+    /// Keeps the functions above loaded (never unloaded: GStreamer keeps
+    /// types it registered).
+    _library: libloading::Library,
+}
+
+impl std::fmt::Debug for GstCuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GstCuda").finish_non_exhaustive()
+    }
+}
+
+impl GstCuda {
+    /// The library, loaded once per process (see the module contract).
+    pub(crate) fn get() -> Result<&'static GstCuda, String> {
+        static LOADED: OnceLock<Result<GstCuda, String>> = OnceLock::new();
+        LOADED
+            .get_or_init(GstCuda::load)
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    fn load() -> Result<GstCuda, String> {
+        let missing = |e: &dyn std::fmt::Display| {
+            format!(
+                "GStreamer's CUDA library ({LIBRARY}) is not usable ({e}): install \
+                 libgstreamer-plugins-bad1.0-0 (Debian, Ubuntu) for memory:CUDAMemory; frames \
+                 go through system memory meanwhile"
+            )
+        };
+        // SAFETY: loading runs the library's constructors: GStreamer's own
+        // library, with GLib's type registration as its only effect.
+        let library = unsafe { libloading::Library::new(LIBRARY) }.map_err(|e| missing(&e))?;
+        // SAFETY: each symbol is the 1.22 API's function of that name, with
+        // the signature its alias spells (gstcudaloader.h, gstcudamemory.h,
+        // gstcudacontext.h, gstcudautils.h); the library stays loaded while
+        // they are used (`_library`, kept for the process's life).
+        let (load_library, init_once, new_wrapped, alloc, handle_query, is_cuda_memory) = unsafe {
+            (
+                *library
+                    .get::<LoadLibrary>(b"gst_cuda_load_library\0")
+                    .map_err(|e| missing(&e))?,
+                *library
+                    .get::<InitOnce>(b"gst_cuda_memory_init_once\0")
+                    .map_err(|e| missing(&e))?,
+                *library
+                    .get::<NewWrapped>(b"gst_cuda_context_new_wrapped\0")
+                    .map_err(|e| missing(&e))?,
+                *library
+                    .get::<Alloc>(b"gst_cuda_allocator_alloc\0")
+                    .map_err(|e| missing(&e))?,
+                *library
+                    .get::<HandleQuery>(b"gst_cuda_handle_context_query\0")
+                    .map_err(|e| missing(&e))?,
+                *library
+                    .get::<IsCudaMemory>(b"gst_is_cuda_memory\0")
+                    .map_err(|e| missing(&e))?,
+            )
+        };
+        // SAFETY: no arguments; loads libcuda into the library's table
+        // (idempotent, thread-safe: a GOnce inside).
+        if unsafe { load_library() } == glib::ffi::GFALSE {
+            return Err(
+                "GStreamer's CUDA library cannot load the CUDA driver (libcuda.so.1): install \
+                 the NVIDIA driver"
+                    .into(),
+            );
+        }
+        // SAFETY: no arguments; registers the CUDA allocator once (a GOnce).
+        unsafe { init_once() };
+        let allocator = gst::Allocator::find(Some(CUDA_ALLOCATOR)).ok_or_else(|| {
+            format!("{LIBRARY} registered no allocator {CUDA_ALLOCATOR:?}: a broken install")
+        })?;
+        Ok(GstCuda {
+            new_wrapped,
+            alloc,
+            handle_query,
+            is_cuda_memory,
+            allocator,
+            _library: library,
+        })
+    }
+
+    /// Whether `memory` is a `GstCudaMemory`.
+    pub(crate) fn is_cuda_memory(&self, memory: &gst::MemoryRef) -> bool {
+        // SAFETY: a live memory for the call; the function only reads its
+        // allocator's type.
+        unsafe { (self.is_cuda_memory)(memory.as_mut_ptr()) != glib::ffi::GFALSE }
+    }
+}
+
+/// Whether the CUDA allocator lays out `format` (see the module contract).
+pub(crate) fn supports(format: gst_video::VideoFormat) -> bool {
+    use gst_video::VideoFormat as V;
+    matches!(
+        format,
+        V::Rgba | V::Bgra | V::Rgb10a2Le | V::Nv12 | V::P01010le
+    )
+}
+
+/// One plane to copy: device memory, rows `pitch` apart.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DevicePlane {
+    /// The first row's `CUdeviceptr`.
+    pub(crate) ptr: u64,
+    /// Bytes from one row to the next.
+    pub(crate) pitch: u64,
+    /// Bytes of a row.
+    pub(crate) row_bytes: u64,
+    /// Rows.
+    pub(crate) rows: u32,
+}
+
+/// A filled `GstCudaMemory` and where its planes are.
+#[derive(Debug)]
+pub(crate) struct Filled {
+    /// The memory.
+    pub(crate) memory: gst::Memory,
+    /// Each plane's offset in it.
+    pub(crate) offsets: Vec<usize>,
+    /// Each plane's stride.
+    pub(crate) strides: Vec<i32>,
+}
+
+/// A `GstCudaContext` around one device's primary context.
+pub(crate) struct CudaOut {
+    lib: &'static GstCuda,
+    /// The `GstCudaContext` (one reference, this value's).
+    context: *mut gst::ffi::GstObject,
+    device: CudaDevice,
+}
+
+// SAFETY: `context` is a GObject (reference counting and the functions
+// called on it are thread-safe); the rest is Send and Sync.
+unsafe impl Send for CudaOut {}
+// SAFETY: as above: nothing here is mutated through `&self` but GObject
+// reference counts.
+unsafe impl Sync for CudaOut {}
+
+impl std::fmt::Debug for CudaOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaOut")
+            .field("device", &self.device.name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Drops the `CudaDevice` a `GstCudaContext` keeps (its data's destroy
+/// notify).
+unsafe extern "C" fn drop_device(data: *mut c_void) {
+    // SAFETY: `data` is the `Box<CudaDevice>` `CudaOut::new` leaked into the
+    // context's data, given back once, when the context is finalized.
+    drop(unsafe { Box::from_raw(data.cast::<CudaDevice>()) });
+}
+
+/// `CudaDevice` may be dropped on whichever thread finalizes the context.
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<CudaDevice>();
+};
+
+impl CudaOut {
+    /// Wraps `device`'s primary context (see the module contract).
+    pub(crate) fn new(lib: &'static GstCuda, device: &CudaDevice) -> Result<CudaOut, String> {
+        // SAFETY: a primary context and its device, retained by `device`,
+        // which the context object keeps (below) for as long as it lives.
+        let context =
+            unsafe { (lib.new_wrapped)(device.raw_context().cast(), device.raw_device()) };
+        if context.is_null() {
+            return Err(format!(
+                "GStreamer's CUDA library refused to wrap {}'s context",
+                device.name()
+            ));
+        }
+        let keep = Box::into_raw(Box::new(device.clone()));
+        // SAFETY: a live GObject this value owns a reference to; the key is
+        // a NUL-terminated string; `drop_device` frees `keep` exactly once,
+        // when the object is finalized (or the key replaced: never).
+        unsafe {
+            glib::gobject_ffi::g_object_set_data_full(
+                context.cast(),
+                c"cuda-interop-device".as_ptr(),
+                keep.cast(),
+                Some(drop_device),
+            );
+        }
+        Ok(CudaOut {
+            lib,
+            context,
+            device: device.clone(),
+        })
+    }
+
+    /// Answers `query` with this context if it asks for a CUDA context;
+    /// whether it did.
+    pub(crate) fn answer_context_query(
+        &self,
+        element: &gst::Element,
+        query: &mut gst::QueryRef,
+    ) -> bool {
+        // SAFETY: a live element and query (the query writable: a query
+        // handler's), and this value's live context; the function reads
+        // the query's context type and, on a match, sets a GstContext
+        // holding its own reference to the context.
+        unsafe {
+            (self.lib.handle_query)(element.to_glib_none().0, query.as_mut_ptr(), self.context)
+                != glib::ffi::GFALSE
+        }
+    }
+
+    /// A `GstCudaMemory` for `info` holding `planes`, copied on `stream`
+    /// within `timeout` (see the module contract).
+    pub(crate) fn fill(
+        &self,
+        info: &gst_video::VideoInfo,
+        planes: &[DevicePlane],
+        stream: &Stream,
+        timeout: Duration,
+    ) -> Result<Filled, String> {
+        if !supports(info.format()) {
+            return Err(format!("no CUDA memory layout for {:?}", info.format()));
+        }
+        if planes.len() != info.n_planes() as usize {
+            return Err(format!(
+                "{} planes for {:?}, which has {}",
+                planes.len(),
+                info.format(),
+                info.n_planes()
+            ));
+        }
+        if stream.device().raw_context() != self.device.raw_context() {
+            return Err("a stream of another CUDA device".into());
+        }
+        let info_ptr: *const gst_video::ffi::GstVideoInfo = info.to_glib_none().0;
+        // SAFETY: the allocator is the library's CUDA allocator, the context
+        // this value's, the info a valid video info of a format the
+        // allocator lays out (checked above); returns a new memory (full
+        // transfer) or null.
+        let raw = unsafe { (self.lib.alloc)(self.lib.allocator.as_ptr(), self.context, info_ptr) };
+        if raw.is_null() {
+            return Err(format!(
+                "GStreamer's CUDA allocator could not allocate {}x{} {:?} (out of device memory?)",
+                info.width(),
+                info.height(),
+                info.format()
+            ));
+        }
+        // SAFETY: a new memory, owned from here on.
+        let memory: gst::Memory = unsafe { from_glib_full(raw) };
+        // SAFETY: a GstCudaMemory (made by its allocator just now), whose
+        // public head is `GstCudaMemoryHead`; read only.
+        let laid_out = unsafe { &(*raw.cast::<GstCudaMemoryHead>()).info };
+        let size = memory.maxsize();
+        let mut offsets = Vec::with_capacity(planes.len());
+        let mut strides = Vec::with_capacity(planes.len());
+        for (i, plane) in planes.iter().enumerate() {
+            let (offset, stride) = (laid_out.offset[i], laid_out.stride[i]);
+            let fits = u64::try_from(stride)
+                .ok()
+                .filter(|&s| s >= plane.row_bytes)
+                .and_then(|s| {
+                    let last = u64::from(plane.rows.checked_sub(1)?);
+                    (offset as u64)
+                        .checked_add(s.checked_mul(last)?)?
+                        .checked_add(plane.row_bytes)
+                });
+            if fits.is_none_or(|end| end > size as u64) {
+                return Err(format!(
+                    "plane {i} ({} rows of {} bytes) does not fit GStreamer's CUDA memory \
+                     ({size} bytes, offset {offset}, stride {stride})",
+                    plane.rows, plane.row_bytes
+                ));
+            }
+            offsets.push(offset);
+            strides.push(stride);
+        }
+        let copy = sys::Driver::global()
+            .map_err(|e| e.to_string())?
+            .fns()
+            .cuMemcpy2DAsync
+            .ok_or("the CUDA driver lacks cuMemcpy2DAsync")?;
+        let mut map = std::mem::MaybeUninit::<gst::ffi::GstMapInfo>::zeroed();
+        // SAFETY: a live memory this function owns; maps it for the device
+        // pointer, writable (the allocator then knows the host copy is
+        // stale); unmapped below on every path.
+        let mapped = unsafe {
+            gst::ffi::gst_memory_map(
+                raw,
+                map.as_mut_ptr(),
+                gst::ffi::GST_MAP_WRITE | GST_MAP_CUDA,
+            )
+        };
+        if mapped == glib::ffi::GFALSE {
+            return Err("GStreamer's CUDA memory does not map for the device".into());
+        }
+        // SAFETY: filled by the successful map above.
+        let mut map = unsafe { map.assume_init() };
+        let base = map.data as u64;
+        let copied = (|| {
+            let current = self.device.enter().map_err(|e| e.to_string())?;
+            for (i, plane) in planes.iter().enumerate() {
+                let params = sys::CUDA_MEMCPY2D {
+                    srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    srcDevice: plane.ptr,
+                    srcPitch: plane.pitch as usize,
+                    dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    dstDevice: base + offsets[i] as u64,
+                    dstPitch: strides[i] as usize,
+                    WidthInBytes: plane.row_bytes as usize,
+                    Height: plane.rows as usize,
+                    // SAFETY: the rest (offsets, host and array fields)
+                    // zero: unused for device-to-device copies.
+                    ..unsafe { std::mem::zeroed() }
+                };
+                // SAFETY: the source plane is live device memory of this
+                // device (the caller's: a held frame's slot) of `rows` rows
+                // `pitch` apart; the destination rows lie inside the mapped
+                // memory (checked above); `stream` is a live stream of this
+                // device's primary context, current here.
+                let status = unsafe { copy(&params, stream.raw()) };
+                if status != CUresult::CUDA_SUCCESS {
+                    return Err(format!(
+                        "cuMemcpy2DAsync into CUDA memory failed: {status:?}"
+                    ));
+                }
+            }
+            drop(current);
+            stream.synchronize(timeout).map_err(|e| e.to_string())
+        })();
+        // SAFETY: mapped above with this info; unmapped once.
+        unsafe { gst::ffi::gst_memory_unmap(raw, &mut map) };
+        copied?;
+        debug_assert!(self.lib.is_cuda_memory(memory.as_ref()));
+        Ok(Filled {
+            memory,
+            offsets,
+            strides,
+        })
+    }
+}
+
+impl Drop for CudaOut {
+    fn drop(&mut self) {
+        // SAFETY: this value's reference, given back once.
+        unsafe { gst::ffi::gst_object_unref(self.context.cast()) };
+    }
+}
