@@ -17,13 +17,15 @@
 //!   while any memory made in it lives, also after the element stopped;
 //!   [`CudaOut::answer_context_query`] hands it to downstream CUDA
 //!   elements.
-//! * [`CudaOut::fill`] allocates a `GstCudaMemory` for the caps' video
-//!   info (GStreamer's pitch and plane offsets), checks every plane fits
-//!   it, copies the planes into it device to device on the given stream,
-//!   after what is already enqueued there, and waits for the copy
-//!   (bounded): the memory is complete when it is pushed (the 1.22 memory
-//!   carries no stream downstream could order on). No byte passes through
-//!   the host.
+//! * [`CudaOut::fill`] takes a buffer of `GstCudaMemory` for the caps'
+//!   video info from the library's buffer pool (GStreamer's pitch and
+//!   plane offsets, in a `GstVideoMeta`; memory is allocated once per
+//!   buffer, and buffers come back when downstream drops them), checks
+//!   every plane fits it, copies the planes into it device to device on
+//!   the given stream, after what is already enqueued there, and waits for
+//!   the copy (bounded): the buffer is complete when it is pushed (the
+//!   1.22 memory carries no stream downstream could order on). No byte
+//!   passes through the host.
 
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
@@ -33,7 +35,7 @@ use cuda_interop::sys::{self, CUresult};
 use cuda_interop::{CudaDevice, Stream};
 use gst::glib;
 use gst::glib::translate::{from_glib_full, ToGlibPtr};
-use gst::prelude::ObjectType;
+use gst::prelude::{BufferPoolExt, BufferPoolExtManual};
 
 /// `GST_MAP_CUDA` (`gstcudamemory.h`): map for the device pointer.
 const GST_MAP_CUDA: gst::ffi::GstMapFlags = gst::ffi::GST_MAP_FLAG_LAST << 1;
@@ -56,25 +58,20 @@ struct GstCudaMemoryHead {
 type LoadLibrary = unsafe extern "C" fn() -> glib::ffi::gboolean;
 type InitOnce = unsafe extern "C" fn();
 type NewWrapped = unsafe extern "C" fn(*mut c_void, c_int) -> *mut gst::ffi::GstObject;
-type Alloc = unsafe extern "C" fn(
-    *mut gst::ffi::GstAllocator,
-    *mut gst::ffi::GstObject,
-    *const gst_video::ffi::GstVideoInfo,
-) -> *mut gst::ffi::GstMemory;
 type HandleQuery = unsafe extern "C" fn(
     *mut gst::ffi::GstElement,
     *mut gst::ffi::GstQuery,
     *mut gst::ffi::GstObject,
 ) -> glib::ffi::gboolean;
 type IsCudaMemory = unsafe extern "C" fn(*mut gst::ffi::GstMemory) -> glib::ffi::gboolean;
+type NewPool = unsafe extern "C" fn(*mut gst::ffi::GstObject) -> *mut gst::ffi::GstBufferPool;
 
 /// GStreamer's CUDA library, loaded.
 pub(crate) struct GstCuda {
     new_wrapped: NewWrapped,
-    alloc: Alloc,
+    new_pool: NewPool,
     handle_query: HandleQuery,
     is_cuda_memory: IsCudaMemory,
-    allocator: gst::Allocator,
     /// Keeps the functions above loaded (never unloaded: GStreamer keeps
     /// types it registered).
     _library: libloading::Library,
@@ -111,7 +108,7 @@ impl GstCuda {
         // the signature its alias spells (gstcudaloader.h, gstcudamemory.h,
         // gstcudacontext.h, gstcudautils.h); the library stays loaded while
         // they are used (`_library`, kept for the process's life).
-        let (load_library, init_once, new_wrapped, alloc, handle_query, is_cuda_memory) = unsafe {
+        let (load_library, init_once, new_wrapped, new_pool, handle_query, is_cuda_memory) = unsafe {
             (
                 *library
                     .get::<LoadLibrary>(b"gst_cuda_load_library\0")
@@ -123,7 +120,7 @@ impl GstCuda {
                     .get::<NewWrapped>(b"gst_cuda_context_new_wrapped\0")
                     .map_err(|e| missing(&e))?,
                 *library
-                    .get::<Alloc>(b"gst_cuda_allocator_alloc\0")
+                    .get::<NewPool>(b"gst_cuda_buffer_pool_new\0")
                     .map_err(|e| missing(&e))?,
                 *library
                     .get::<HandleQuery>(b"gst_cuda_handle_context_query\0")
@@ -144,15 +141,16 @@ impl GstCuda {
         }
         // SAFETY: no arguments; registers the CUDA allocator once (a GOnce).
         unsafe { init_once() };
-        let allocator = gst::Allocator::find(Some(CUDA_ALLOCATOR)).ok_or_else(|| {
-            format!("{LIBRARY} registered no allocator {CUDA_ALLOCATOR:?}: a broken install")
-        })?;
+        if gst::Allocator::find(Some(CUDA_ALLOCATOR)).is_none() {
+            return Err(format!(
+                "{LIBRARY} registered no allocator {CUDA_ALLOCATOR:?}: a broken install"
+            ));
+        }
         Ok(GstCuda {
             new_wrapped,
-            alloc,
+            new_pool,
             handle_query,
             is_cuda_memory,
-            allocator,
             _library: library,
         })
     }
@@ -187,23 +185,14 @@ pub(crate) struct DevicePlane {
     pub(crate) rows: u32,
 }
 
-/// A filled `GstCudaMemory` and where its planes are.
-#[derive(Debug)]
-pub(crate) struct Filled {
-    /// The memory.
-    pub(crate) memory: gst::Memory,
-    /// Each plane's offset in it.
-    pub(crate) offsets: Vec<usize>,
-    /// Each plane's stride.
-    pub(crate) strides: Vec<i32>,
-}
-
-/// A `GstCudaContext` around one device's primary context.
+/// A `GstCudaContext` around one device's primary context, and the
+/// buffer pool of the video info last filled.
 pub(crate) struct CudaOut {
     lib: &'static GstCuda,
     /// The `GstCudaContext` (one reference, this value's).
     context: *mut gst::ffi::GstObject,
     device: CudaDevice,
+    pool: std::sync::Mutex<Option<(gst_video::VideoInfo, gst::BufferPool)>>,
 }
 
 // SAFETY: `context` is a GObject (reference counting and the functions
@@ -264,6 +253,7 @@ impl CudaOut {
             lib,
             context,
             device: device.clone(),
+            pool: std::sync::Mutex::new(None),
         })
     }
 
@@ -284,15 +274,48 @@ impl CudaOut {
         }
     }
 
-    /// A `GstCudaMemory` for `info` holding `planes`, copied on `stream`
-    /// within `timeout` (see the module contract).
+    /// An active pool of buffers for `info` (made anew when the info
+    /// changed).
+    fn pool_for(&self, info: &gst_video::VideoInfo) -> Result<gst::BufferPool, String> {
+        let mut pool = crate::lock(&self.pool);
+        if let Some((pooled, p)) = pool.as_ref() {
+            if pooled == info {
+                return Ok(p.clone());
+            }
+            let _ = p.set_active(false);
+        }
+        *pool = None;
+        // SAFETY: this value's live context; returns a new pool (full
+        // transfer: the library sinks its floating reference) or null.
+        let raw = unsafe { (self.lib.new_pool)(self.context) };
+        if raw.is_null() {
+            return Err("GStreamer's CUDA library made no buffer pool".into());
+        }
+        // SAFETY: a new pool, owned from here on.
+        let made: gst::BufferPool = unsafe { from_glib_full(raw) };
+        let caps = info
+            .to_caps()
+            .map_err(|e| format!("no caps for {info:?}: {e}"))?;
+        let mut config = made.config();
+        config.set_params(Some(&caps), info.size() as u32, 2, 0);
+        config.add_option(gst_video::BUFFER_POOL_OPTION_VIDEO_META.as_ref());
+        made.set_config(config)
+            .map_err(|e| format!("GStreamer's CUDA buffer pool refused its config: {e}"))?;
+        made.set_active(true)
+            .map_err(|e| format!("GStreamer's CUDA buffer pool did not start: {e}"))?;
+        *pool = Some((info.clone(), made.clone()));
+        Ok(made)
+    }
+
+    /// A buffer of `GstCudaMemory` for `info` holding `planes`, copied on
+    /// `stream` within `timeout` (see the module contract).
     pub(crate) fn fill(
         &self,
         info: &gst_video::VideoInfo,
         planes: &[DevicePlane],
         stream: &Stream,
         timeout: Duration,
-    ) -> Result<Filled, String> {
+    ) -> Result<gst::Buffer, String> {
         if !supports(info.format()) {
             return Err(format!("no CUDA memory layout for {:?}", info.format()));
         }
@@ -307,26 +330,20 @@ impl CudaOut {
         if stream.device().raw_context() != self.device.raw_context() {
             return Err("a stream of another CUDA device".into());
         }
-        let info_ptr: *const gst_video::ffi::GstVideoInfo = info.to_glib_none().0;
-        // SAFETY: the allocator is the library's CUDA allocator, the context
-        // this value's, the info a valid video info of a format the
-        // allocator lays out (checked above); returns a new memory (full
-        // transfer) or null.
-        let raw = unsafe { (self.lib.alloc)(self.lib.allocator.as_ptr(), self.context, info_ptr) };
-        if raw.is_null() {
-            return Err(format!(
-                "GStreamer's CUDA allocator could not allocate {}x{} {:?} (out of device memory?)",
-                info.width(),
-                info.height(),
-                info.format()
-            ));
+        let buffer = self
+            .pool_for(info)?
+            .acquire_buffer(None)
+            .map_err(|e| format!("no buffer from GStreamer's CUDA buffer pool: {e:?}"))?;
+        if buffer.n_memory() != 1 || !self.lib.is_cuda_memory(buffer.peek_memory(0)) {
+            return Err(
+                "GStreamer's CUDA buffer pool gave a buffer that is not one CUDA memory".into(),
+            );
         }
-        // SAFETY: a new memory, owned from here on.
-        let memory: gst::Memory = unsafe { from_glib_full(raw) };
-        // SAFETY: a GstCudaMemory (made by its allocator just now), whose
-        // public head is `GstCudaMemoryHead`; read only.
+        let raw = buffer.peek_memory(0).as_mut_ptr();
+        // SAFETY: a GstCudaMemory (checked just above), whose public head is
+        // `GstCudaMemoryHead`; read only, while `buffer` holds the memory.
         let laid_out = unsafe { &(*raw.cast::<GstCudaMemoryHead>()).info };
-        let size = memory.maxsize();
+        let size = buffer.peek_memory(0).maxsize();
         let mut offsets = Vec::with_capacity(planes.len());
         let mut strides = Vec::with_capacity(planes.len());
         for (i, plane) in planes.iter().enumerate() {
@@ -347,8 +364,8 @@ impl CudaOut {
                     plane.rows, plane.row_bytes
                 ));
             }
-            offsets.push(offset);
-            strides.push(stride);
+            offsets.push(offset as u64);
+            strides.push(stride as usize);
         }
         let copy = sys::Driver::global()
             .map_err(|e| e.to_string())?
@@ -356,9 +373,10 @@ impl CudaOut {
             .cuMemcpy2DAsync
             .ok_or("the CUDA driver lacks cuMemcpy2DAsync")?;
         let mut map = std::mem::MaybeUninit::<gst::ffi::GstMapInfo>::zeroed();
-        // SAFETY: a live memory this function owns; maps it for the device
-        // pointer, writable (the allocator then knows the host copy is
-        // stale); unmapped below on every path.
+        // SAFETY: a live memory of a buffer this function owns alone (fresh
+        // from the pool); maps it for the device pointer, writable (the
+        // allocator then knows a host copy is stale); unmapped below on
+        // every path.
         let mapped = unsafe {
             gst::ffi::gst_memory_map(
                 raw,
@@ -380,8 +398,8 @@ impl CudaOut {
                     srcDevice: plane.ptr,
                     srcPitch: plane.pitch as usize,
                     dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                    dstDevice: base + offsets[i] as u64,
-                    dstPitch: strides[i] as usize,
+                    dstDevice: base + offsets[i],
+                    dstPitch: strides[i],
                     WidthInBytes: plane.row_bytes as usize,
                     Height: plane.rows as usize,
                     // SAFETY: the rest (offsets, host and array fields)
@@ -406,17 +424,16 @@ impl CudaOut {
         // SAFETY: mapped above with this info; unmapped once.
         unsafe { gst::ffi::gst_memory_unmap(raw, &mut map) };
         copied?;
-        debug_assert!(self.lib.is_cuda_memory(memory.as_ref()));
-        Ok(Filled {
-            memory,
-            offsets,
-            strides,
-        })
+        Ok(buffer)
     }
 }
 
 impl Drop for CudaOut {
     fn drop(&mut self) {
+        // Buffers downstream still holds are freed as they come back.
+        if let Some((_, pool)) = crate::lock(&self.pool).take() {
+            let _ = pool.set_active(false);
+        }
         // SAFETY: this value's reference, given back once.
         unsafe { gst::ffi::gst_object_unref(self.context.cast()) };
     }

@@ -41,7 +41,7 @@ use vk_export::{Context, HeadlessOptions};
 
 use std::sync::Arc;
 
-use crate::cuda_memory::{CudaOut, DevicePlane, Filled, GstCuda};
+use crate::cuda_memory::{CudaOut, DevicePlane, GstCuda};
 use crate::formats::{ring_video, RingVideo};
 
 /// Where the sender is.
@@ -96,8 +96,8 @@ pub(crate) enum Output<'a> {
 pub(crate) enum Pixels {
     /// In system memory, laid out as [`RingVideo::planes`] says.
     Bytes(Vec<u8>),
-    /// In a `GstCudaMemory`.
-    Cuda(Filled),
+    /// In a buffer of one `GstCudaMemory`, with its `GstVideoMeta`.
+    Cuda(gst::Buffer),
 }
 
 /// What [`Reader::next`] got.

@@ -485,22 +485,7 @@ impl PushSrcImpl for CudaInteropSrc {
                 }
                 buffer
             }
-            Pixels::Cuda(filled) => {
-                let mut buffer = gst::Buffer::new();
-                let b = buffer.get_mut().expect("a new buffer is writable");
-                b.append_memory(filled.memory);
-                gst_video::VideoMeta::add_full(
-                    b,
-                    gst_video::VideoFrameFlags::empty(),
-                    state.info.format(),
-                    state.info.width(),
-                    state.info.height(),
-                    &filled.offsets,
-                    &filled.strides,
-                )
-                .map_err(|e| self.fail(&format!("cannot add a GstVideoMeta: {e}")))?;
-                buffer
-            }
+            Pixels::Cuda(buffer) => buffer,
         };
         gst::debug!(
             CAT,
