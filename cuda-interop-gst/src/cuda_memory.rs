@@ -367,11 +367,13 @@ impl CudaOut {
             offsets.push(offset as u64);
             strides.push(stride as usize);
         }
-        let copy = sys::Driver::global()
-            .map_err(|e| e.to_string())?
-            .fns()
+        let fns = sys::Driver::global().map_err(|e| e.to_string())?.fns();
+        let copy_2d = fns
             .cuMemcpy2DAsync
             .ok_or("the CUDA driver lacks cuMemcpy2DAsync")?;
+        let copy_1d = fns
+            .cuMemcpyDtoDAsync
+            .ok_or("the CUDA driver lacks cuMemcpyDtoDAsync")?;
         let mut map = std::mem::MaybeUninit::<gst::ffi::GstMapInfo>::zeroed();
         // SAFETY: a live memory of a buffer this function owns alone (fresh
         // from the pool); maps it for the device pointer, writable (the
@@ -393,28 +395,40 @@ impl CudaOut {
         let copied = (|| {
             let current = self.device.enter().map_err(|e| e.to_string())?;
             for (i, plane) in planes.iter().enumerate() {
-                let params = sys::CUDA_MEMCPY2D {
-                    srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                    srcDevice: plane.ptr,
-                    srcPitch: plane.pitch as usize,
-                    dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                    dstDevice: base + offsets[i],
-                    dstPitch: strides[i],
-                    WidthInBytes: plane.row_bytes as usize,
-                    Height: plane.rows as usize,
-                    // SAFETY: the rest (offsets, host and array fields)
-                    // zero: unused for device-to-device copies.
-                    ..unsafe { std::mem::zeroed() }
+                let dst = base + offsets[i];
+                // Rows as far apart on both sides: one linear copy of the
+                // span (the driver's fastest device-to-device path), else a
+                // 2D copy.
+                let status = if plane.pitch == strides[i] as u64 {
+                    let span = plane.pitch * u64::from(plane.rows - 1) + plane.row_bytes;
+                    // SAFETY: the source span is live device memory of this
+                    // device (the caller's: a held frame's slot, `rows` rows
+                    // `pitch` apart); the destination span lies inside the
+                    // mapped memory (checked above, at the same pitch);
+                    // `stream` is a live stream of this device's primary
+                    // context, current here.
+                    unsafe { copy_1d(dst, plane.ptr, span as usize, stream.raw()) }
+                } else {
+                    let params = sys::CUDA_MEMCPY2D {
+                        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                        srcDevice: plane.ptr,
+                        srcPitch: plane.pitch as usize,
+                        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                        dstDevice: dst,
+                        dstPitch: strides[i],
+                        WidthInBytes: plane.row_bytes as usize,
+                        Height: plane.rows as usize,
+                        // SAFETY: the rest (offsets, host and array fields)
+                        // zero: unused for device-to-device copies.
+                        ..unsafe { std::mem::zeroed() }
+                    };
+                    // SAFETY: as above, row by row: `rows` rows of
+                    // `row_bytes`, each side at its own pitch.
+                    unsafe { copy_2d(&params, stream.raw()) }
                 };
-                // SAFETY: the source plane is live device memory of this
-                // device (the caller's: a held frame's slot) of `rows` rows
-                // `pitch` apart; the destination rows lie inside the mapped
-                // memory (checked above); `stream` is a live stream of this
-                // device's primary context, current here.
-                let status = unsafe { copy(&params, stream.raw()) };
                 if status != CUresult::CUDA_SUCCESS {
                     return Err(format!(
-                        "cuMemcpy2DAsync into CUDA memory failed: {status:?}"
+                        "copying a plane into CUDA memory failed: {status:?}"
                     ));
                 }
             }
