@@ -24,7 +24,7 @@
 //!   into a `GstCudaMemory`, waited for) and releases it before returning,
 //!   whatever the copy's outcome: no frame is held across a push.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cuda_interop::Stream;
 use cuda_interop_frames::cuda_receiver::{cuda_device_for, CudaReceiver};
@@ -126,6 +126,9 @@ pub(crate) struct Copied {
     pub(crate) dropped_before: u64,
     /// Copied from device memory by CUDA.
     pub(crate) device_copy: bool,
+    /// When the copy was complete (before the release): the end of the
+    /// hand-off.
+    pub(crate) ready_at: Instant,
 }
 
 /// `e` in the words of the element's error: what happened, what to do.
@@ -291,7 +294,7 @@ impl Reader {
             frame.timestamp_ns(),
             frame.dropped_before(),
         );
-        let (pixels, device_copy) = match (self, into) {
+        let (pixels, device_copy, ready_at) = match (self, into) {
             (
                 Reader::Cuda {
                     rx,
@@ -318,13 +321,14 @@ impl Reader {
                             .collect();
                         out.fill(info, &planes, stream, timeout)
                             .map_err(|why| Next::Fault(format!("a frame from {target}: {why}")))
-                    });
+                    })
+                    .map(|buffer| (buffer, Instant::now()));
                 // After the copy, on the same stream: the sender writes the
                 // slot only after it.
                 let released = rx.release_after(frame, stream);
-                let filled = filled?;
+                let (filled, ready_at) = filled?;
                 released.map_err(|e| classify_read(target, e))?;
-                (Pixels::Cuda(filled), false)
+                (Pixels::Cuda(filled), false, ready_at)
             }
             (_, Output::Cuda(_)) => {
                 return Err(Next::Fault(
@@ -336,26 +340,27 @@ impl Reader {
                 let released = rx.release(frame);
                 let bytes = read.map_err(|e| classify_read(target, e))?;
                 released.map_err(|e| classify_read(target, e))?;
-                (Pixels::Bytes(bytes), false)
+                (Pixels::Bytes(bytes), false, Instant::now())
             }
             (Reader::Image(rx), Output::System) => {
                 let read = rx.read_pixels(&frame, timeout);
                 let released = rx.release(frame);
                 let bytes = read.map_err(|e| read_fault(vulkan_fault(target, e)))?;
                 released.map_err(|e| read_fault(vulkan_fault(target, e)))?;
-                (Pixels::Bytes(bytes), false)
+                (Pixels::Bytes(bytes), false, Instant::now())
             }
             (Reader::Cuda { rx, stream, .. }, Output::System) => {
                 let mut bytes = vec![0u8; rx.layout().frame_bytes().unwrap_or(0) as usize];
                 let copied = rx
                     .wait_on(&frame, stream)
                     .and_then(|()| rx.copy_to_host(&frame, stream, 0, &mut bytes, timeout));
+                let ready_at = Instant::now();
                 // After the copy, on the same stream: the sender writes the
                 // slot only after it.
                 let released = rx.release_after(frame, stream);
                 copied.map_err(|e| classify_read(target, e))?;
                 released.map_err(|e| classify_read(target, e))?;
-                (Pixels::Bytes(bytes), true)
+                (Pixels::Bytes(bytes), true, ready_at)
             }
         };
         Ok(Copied {
@@ -364,6 +369,7 @@ impl Reader {
             timestamp_ns,
             dropped_before,
             device_copy,
+            ready_at,
         })
     }
 }

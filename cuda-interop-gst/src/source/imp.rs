@@ -264,7 +264,8 @@ impl CudaInteropSrc {
 
     /// The next frame, copied (into CUDA memory where the caps say so),
     /// within the timeout, and its hand-off (frame received -> its copy
-    /// complete); or the flow return that ends the wait.
+    /// complete, before the release); or the flow return that ends the
+    /// wait.
     fn wait_frame(
         &self,
         state: &State,
@@ -301,7 +302,10 @@ impl CudaInteropSrc {
         state
             .reader
             .read(&state.target, frame, into, timeout)
-            .map(|copied| (copied, received.elapsed()))
+            .map(|copied| {
+                let handoff = copied.ready_at.saturating_duration_since(received);
+                (copied, handoff)
+            })
             .map_err(|next| match next {
                 Next::Goodbye => gst::FlowError::Eos,
                 Next::Fault(why) => self.fail(&why),
