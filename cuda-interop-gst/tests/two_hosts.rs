@@ -14,7 +14,11 @@
 //! reach 30 dB. Where namespaces cannot be made (not root, no `ip`, no
 //! veth), both hosts run on loopback with directories of their own, and
 //! the test prints `LOOPBACK` with why. The frame rate at B is printed (a
-//! figure, not a condition: tests never depend on timing).
+//! figure, not a condition: tests never depend on timing), beside the
+//! raw run's baseline measured in the same test between the same hosts:
+//! GStreamer alone (`videotestsrc` on A, `appsink` on B, the same
+//! payloader and transport), what the machine carries without
+//! cuda-interop at either end.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -731,10 +735,119 @@ fn raw_rtp_over_udp_between_two_hosts_keeps_every_pixel() {
     raw_rtp("raw", 3, Transport::Udp);
 }
 
+/// Host B's end of the baseline: `tcpserversrc ! rtpstreamdepay !
+/// rtpvrawdepay ! appsink` (GStreamer alone), timing the frames it gets.
+#[test]
+#[ignore = "a child process of the two-hosts tests"]
+fn child_baseline_receiver() {
+    use gst::prelude::*;
+    assert_eq!(
+        std::env::var(ROLE).as_deref(),
+        Ok("child_baseline_receiver"),
+        "run by the parent test"
+    );
+    gst::init().unwrap();
+    let want: u64 = env("CIG_FRAMES").parse().unwrap();
+    let pipeline = gst::parse::launch(&env("CIG_PIPELINE"))
+        .unwrap()
+        .downcast::<gst::Pipeline>()
+        .unwrap();
+    let sink = pipeline
+        .by_name("sink")
+        .unwrap()
+        .downcast::<gst_app::AppSink>()
+        .unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    println!("RESULT listening=1");
+    let (mut first, mut last, mut n) = (None, None, 0u64);
+    while n < want {
+        match sink.try_pull_sample(gst::ClockTime::from_seconds(10)) {
+            Some(_) => {
+                let now = Instant::now();
+                first.get_or_insert(now);
+                last = Some(now);
+                n += 1;
+            }
+            None => break,
+        }
+    }
+    pipeline.set_state(gst::State::Null).unwrap();
+    let rate = match (first, last) {
+        (Some(a), Some(b)) if n > 1 => (n - 1) as f64 / b.duration_since(a).as_secs_f64(),
+        _ => 0.0,
+    };
+    println!("RESULT frames={n}");
+    println!("RESULT fps={rate:.1}");
+}
+
+/// The baseline of a raw run: GStreamer alone between the same hosts,
+/// `videotestsrc` at 75 frames/s on A, the same payloader and TCP
+/// framing, `appsink` on B; the frame rate at B.
+fn baseline(tag: &str, subnet: u8, size: (u32, u32), frames: u64) -> String {
+    let hosts = hosts(&format!("{tag}-base"), subnet);
+    let (w, h) = size;
+    let port = 5100 + u32::from(subnet);
+    let caps = format!(
+        "application/x-rtp-stream,media=video,clock-rate=90000,encoding-name=RAW,sampling=RGBA,\
+         depth=(string)8,width=(string){w},height=(string){h},colorimetry=(string)SMPTE240M,payload=96"
+    );
+    let b_pipe = format!(
+        "tcpserversrc host={} port={port} ! {caps} ! rtpstreamdepay ! rtpvrawdepay ! appsink \
+         name=sink sync=false max-buffers=4",
+        hosts.b.address
+    );
+    let mut receiver = role_command(
+        &hosts.b,
+        "child_baseline_receiver",
+        &[
+            ("CIG_FRAMES", frames.to_string()),
+            ("CIG_PIPELINE", b_pipe),
+        ],
+    );
+    // As host B's pipeline in the raw run: first for the CPU.
+    let mut niced = hosts.b.command("nice");
+    niced.args(["-n", "-20"]).arg(receiver.get_program());
+    niced.args(receiver.get_args()).envs(
+        receiver
+            .get_envs()
+            .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
+    );
+    let _ = &mut receiver;
+    let log = hosts.b.dir.join("baseline.log");
+    let receiving = Running::spawn("host B's baseline receiver", niced, log.clone());
+    let start = Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("RESULT listening=1")
+    {
+        assert!(start.elapsed() < BOUND, "host B's baseline receiver never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let a_pipe = format!(
+        "videotestsrc num-buffers={frames} is-live=true pattern=black ! \
+         video/x-raw,format=RGBA,width={w},height={h},framerate=75/1 ! rtpvrawpay mtu=8900 ! \
+         rtpstreampay ! tcpclientsink host={} port={port} sync=true",
+        hosts.b.address
+    );
+    let sending = Running::spawn(
+        "host A's baseline pipeline",
+        gst_launch(&hosts.a, &a_pipe),
+        hosts.a.dir.join("baseline-a.log"),
+    );
+    let (ok, out) = receiving.wait(BOUND);
+    let a_log = sending.stop();
+    assert!(ok, "the baseline receiver failed:\n{out}\n--- host A:\n{a_log}");
+    out
+}
+
 fn raw_rtp(tag: &str, subnet: u8, transport: Transport) {
     let _one = one_at_a_time();
     // Host A's sender offers 75 frames/s: a pipeline slower than 60 shows.
     let frames = 300;
+    let base = (transport == Transport::Tcp).then(|| {
+        let out = baseline(tag, subnet, (1920, 1080), frames);
+        (result(&out, "fps"), result(&out, "frames"))
+    });
     let out = across(tag, subnet, (1920, 1080), frames, 75, "raw", transport);
     let checked: u64 = result(&out, "checked").parse().unwrap();
     let bad: u64 = result(&out, "bad").parse().unwrap();
@@ -748,6 +861,16 @@ fn raw_rtp(tag: &str, subnet: u8, transport: Transport) {
         if transport == Transport::Tcp { "TCP" } else { "UDP" },
         result(&out, "fps")
     ));
+    if let Some((fps, n)) = &base {
+        let ours: f64 = result(&out, "fps").parse().unwrap();
+        let theirs: f64 = fps.parse().unwrap();
+        report(&format!(
+            "baseline, the same run and hosts: GStreamer alone (videotestsrc -> rtpvrawpay -> TCP -> \
+             rtpvrawdepay -> appsink) carried {n} frames at {fps} frames/s; with cuda-interop at \
+             both ends {ours:.1} frames/s ({:.2}x the baseline)",
+            if theirs > 0.0 { ours / theirs } else { 0.0 }
+        ));
+    }
     assert_eq!(bad, 0, "every pixel of every frame exact");
     assert_eq!(distinct, checked, "no frame twice");
     assert!(checked >= 30, "only {checked} frames reached the checker");
