@@ -412,3 +412,27 @@ fn a_video_meta_whose_rows_lie_past_the_buffer_is_an_error_not_a_read() {
         );
     }
 }
+
+/// `timeout` is bounded (a buffer being rendered is not interrupted, so a
+/// flush or a state change waits for it at most that long): 1000 ms is
+/// taken, more is refused by the property itself.
+#[test]
+fn the_slot_timeout_is_bounded_at_one_second() {
+    init();
+    let sink = gst::ElementFactory::make("cudainteropsink")
+        .build()
+        .unwrap();
+    let spec = sink
+        .find_property("timeout")
+        .unwrap()
+        .downcast::<gst::glib::ParamSpecUInt>()
+        .unwrap();
+    assert_eq!(spec.maximum(), 1000);
+    sink.set_property("timeout", 1000u32);
+    assert_eq!(sink.property::<u32>("timeout"), 1000);
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        sink.set_property("timeout", 1001u32)
+    }));
+    assert!(refused.is_err(), "1001 ms taken");
+    assert_eq!(sink.property::<u32>("timeout"), 1000);
+}

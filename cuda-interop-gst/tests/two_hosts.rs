@@ -799,10 +799,7 @@ fn baseline(tag: &str, subnet: u8, size: (u32, u32), frames: u64) -> String {
     let mut receiver = role_command(
         &hosts.b,
         "child_baseline_receiver",
-        &[
-            ("CIG_FRAMES", frames.to_string()),
-            ("CIG_PIPELINE", b_pipe),
-        ],
+        &[("CIG_FRAMES", frames.to_string()), ("CIG_PIPELINE", b_pipe)],
     );
     // As host B's pipeline in the raw run: first for the CPU.
     let mut niced = hosts.b.command("nice");
@@ -820,7 +817,10 @@ fn baseline(tag: &str, subnet: u8, size: (u32, u32), frames: u64) -> String {
         .unwrap_or_default()
         .contains("RESULT listening=1")
     {
-        assert!(start.elapsed() < BOUND, "host B's baseline receiver never started");
+        assert!(
+            start.elapsed() < BOUND,
+            "host B's baseline receiver never started"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let a_pipe = format!(
@@ -836,7 +836,10 @@ fn baseline(tag: &str, subnet: u8, size: (u32, u32), frames: u64) -> String {
     );
     let (ok, out) = receiving.wait(BOUND);
     let a_log = sending.stop();
-    assert!(ok, "the baseline receiver failed:\n{out}\n--- host A:\n{a_log}");
+    assert!(
+        ok,
+        "the baseline receiver failed:\n{out}\n--- host A:\n{a_log}"
+    );
     out
 }
 

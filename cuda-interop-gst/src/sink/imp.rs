@@ -33,6 +33,11 @@ const SLOTS: u32 = 4;
 /// `timeout`'s default, in milliseconds.
 const DEFAULT_TIMEOUT_MS: u32 = 50;
 
+/// `timeout`'s maximum: a buffer being rendered is not interrupted (the
+/// sender's acquire borrows it for the whole wait), so a flush or a state
+/// change waits for it at most this long.
+const MAX_TIMEOUT_MS: u32 = 1000;
+
 /// How often the serving thread looks for receivers' messages.
 const SERVE_PERIOD: Duration = Duration::from_millis(2);
 
@@ -107,9 +112,11 @@ impl ObjectImpl for CudaInteropSink {
                     .nick("Slot timeout (ms)")
                     .blurb(
                         "How long a buffer may wait for lossless receivers to free a slot \
-                         before it is dropped (frames-skipped)",
+                         before it is dropped (frames-skipped); at most 1000, the longest a \
+                         flush or a state change waits for a buffer being rendered",
                     )
                     .default_value(DEFAULT_TIMEOUT_MS)
+                    .maximum(MAX_TIMEOUT_MS)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt64::builder("frames-presented")

@@ -1,6 +1,7 @@
 //! `cudainteropsrc`: a live push source that receives a cuda-interop
 //! sender's frames and pushes them as `video/x-raw` buffers in system
-//! memory.
+//! memory, or in `memory:CUDAMemory` from a device-local ring where
+//! GStreamer's CUDA library is installed.
 //!
 //! # Contract
 //!
@@ -14,16 +15,24 @@
 //!   (see `crate::receive`): PTS from the frame's `CLOCK_MONOTONIC`
 //!   timestamp (`crate::clock`; never earlier than the previous buffer's),
 //!   no duration (framerate 0/1), OFFSET the frame's sequence number and
-//!   OFFSET_END the next. A gap (frames the sender presented that this
-//!   receiver did not get: `latest` delivery, or frames presented before
-//!   the connection) sets DISCONT on the buffer after it, adds to
-//!   `frames-dropped` and posts a QoS message whose stats are the frames
-//!   received and dropped so far (format `buffers`).
-//! * Rows: when the ring's strides and plane offsets are GStreamer's
-//!   default for the caps, the bytes go downstream as read; otherwise with
-//!   a `GstVideoMeta` when downstream's allocation query accepts one, else
-//!   copied into the default layout (tight rows, GStreamer's stride
-//!   rounding).
+//!   OFFSET_END the next. A gap (frames the sender presented between two
+//!   this receiver got: `latest` delivery; none before its first) sets
+//!   DISCONT on the buffer after it, adds to `frames-dropped` and posts
+//!   a QoS message whose stats are the frames received and dropped so far
+//!   (format `buffers`).
+//! * Memory: the caps offer `memory:CUDAMemory` first where the reader
+//!   has GStreamer's CUDA memory for the ring (`crate::cuda_memory`: a
+//!   device-local ring, the library loaded, a format its allocator lays
+//!   out); negotiated, every buffer is one `GstCudaMemory` of GStreamer's
+//!   CUDA buffer pool, complete when pushed, with its `GstVideoMeta`
+//!   (counted in `cuda-memory-buffers`), and CUDA context queries are
+//!   answered with the receiver's context. The debug log has each frame's
+//!   hand-off (received -> copy complete).
+//! * Rows (system memory): when the ring's strides and plane offsets are
+//!   GStreamer's default for the caps, the bytes go downstream as read;
+//!   otherwise with a `GstVideoMeta` when downstream's allocation query
+//!   accepts one, else copied into the default layout (tight rows,
+//!   GStreamer's stride rounding).
 //! * Live: no frames in PAUSED, not seekable (seeks fail, the stream goes
 //!   on). `unlock` makes a waiting `create` return within 50 ms. Every
 //!   wait is bounded by `timeout`: no frame for that long is an element
