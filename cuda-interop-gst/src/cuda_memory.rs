@@ -26,6 +26,11 @@
 //!   the copy (bounded): the buffer is complete when it is pushed (the
 //!   1.22 memory carries no stream downstream could order on). No byte
 //!   passes through the host.
+//! * [`CudaOut::read_into`] copies a buffer of one `GstCudaMemory` made in
+//!   this same CUDA context (its `GstVideoMeta`'s plane offsets and strides,
+//!   else the memory's own) into device planes, device to device on the
+//!   given stream, and waits (bounded); memory of another context, or
+//!   planes past the memory, are refused before anything is copied.
 
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
@@ -65,11 +70,13 @@ type HandleQuery = unsafe extern "C" fn(
 ) -> glib::ffi::gboolean;
 type IsCudaMemory = unsafe extern "C" fn(*mut gst::ffi::GstMemory) -> glib::ffi::gboolean;
 type NewPool = unsafe extern "C" fn(*mut gst::ffi::GstObject) -> *mut gst::ffi::GstBufferPool;
+type GetHandle = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
 
 /// GStreamer's CUDA library, loaded.
 pub(crate) struct GstCuda {
     new_wrapped: NewWrapped,
     new_pool: NewPool,
+    get_handle: GetHandle,
     handle_query: HandleQuery,
     is_cuda_memory: IsCudaMemory,
     /// Keeps the functions above loaded (never unloaded: GStreamer keeps
@@ -108,7 +115,15 @@ impl GstCuda {
         // the signature its alias spells (gstcudaloader.h, gstcudamemory.h,
         // gstcudacontext.h, gstcudautils.h); the library stays loaded while
         // they are used (`_library`, kept for the process's life).
-        let (load_library, init_once, new_wrapped, new_pool, handle_query, is_cuda_memory) = unsafe {
+        let (
+            load_library,
+            init_once,
+            new_wrapped,
+            new_pool,
+            get_handle,
+            handle_query,
+            is_cuda_memory,
+        ) = unsafe {
             (
                 *library
                     .get::<LoadLibrary>(b"gst_cuda_load_library\0")
@@ -121,6 +136,9 @@ impl GstCuda {
                     .map_err(|e| missing(&e))?,
                 *library
                     .get::<NewPool>(b"gst_cuda_buffer_pool_new\0")
+                    .map_err(|e| missing(&e))?,
+                *library
+                    .get::<GetHandle>(b"gst_cuda_context_get_handle\0")
                     .map_err(|e| missing(&e))?,
                 *library
                     .get::<HandleQuery>(b"gst_cuda_handle_context_query\0")
@@ -149,6 +167,7 @@ impl GstCuda {
         Ok(GstCuda {
             new_wrapped,
             new_pool,
+            get_handle,
             handle_query,
             is_cuda_memory,
             _library: library,
@@ -439,6 +458,136 @@ impl CudaOut {
         unsafe { gst::ffi::gst_memory_unmap(raw, &mut map) };
         copied?;
         Ok(buffer)
+    }
+
+    /// The device whose primary context this wraps.
+    pub(crate) fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+
+    /// Copies `buffer` (video of `info`, one `GstCudaMemory`) into `dst`,
+    /// one device plane per video plane, on `stream` within `timeout` (see
+    /// the module contract).
+    pub(crate) fn read_into(
+        &self,
+        buffer: &gst::BufferRef,
+        info: &gst_video::VideoInfo,
+        dst: &[DevicePlane],
+        stream: &Stream,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        if buffer.n_memory() != 1 || !self.lib.is_cuda_memory(buffer.peek_memory(0)) {
+            return Err("a buffer that is not one CUDA memory under memory:CUDAMemory caps".into());
+        }
+        if dst.len() != info.n_planes() as usize {
+            return Err(format!(
+                "{} planes for {:?}, which has {}",
+                dst.len(),
+                info.format(),
+                info.n_planes()
+            ));
+        }
+        if stream.device().raw_context() != self.device.raw_context() {
+            return Err("a stream of another CUDA device".into());
+        }
+        let memory = buffer.peek_memory(0);
+        let raw = memory.as_mut_ptr();
+        // SAFETY: a GstCudaMemory (checked above), whose public head is
+        // `GstCudaMemoryHead`; read only, while `buffer` holds the memory.
+        let head = unsafe { &*raw.cast::<GstCudaMemoryHead>() };
+        // SAFETY: the memory's context, a live GstCudaContext it holds a
+        // reference to; the function returns its CUcontext.
+        let context = unsafe { (self.lib.get_handle)(head.context) };
+        if context != self.device.raw_context().cast() {
+            return Err(format!(
+                "CUDA memory of another CUDA context than {}'s primary one (the element \
+                 upstream made its own: give it this pipeline's, or put cudadownload before \
+                 cudainteropsink)",
+                self.device.name()
+            ));
+        }
+        let (offsets, strides): (Vec<usize>, Vec<i32>) = match buffer.meta::<gst_video::VideoMeta>()
+        {
+            Some(meta) => (meta.offset().to_vec(), meta.stride().to_vec()),
+            None => (
+                head.info.offset[..dst.len()].to_vec(),
+                head.info.stride[..dst.len()].to_vec(),
+            ),
+        };
+        let size = memory.size() as u64;
+        let mut planes = Vec::with_capacity(dst.len());
+        for (i, d) in dst.iter().enumerate() {
+            let (offset, stride) = (offsets[i] as u64, strides[i]);
+            let fits = u64::try_from(stride)
+                .ok()
+                .filter(|&s| s >= d.row_bytes)
+                .and_then(|s| {
+                    let last = u64::from(d.rows.checked_sub(1)?);
+                    offset
+                        .checked_add(s.checked_mul(last)?)?
+                        .checked_add(d.row_bytes)
+                });
+            if fits.is_none_or(|end| end > size) {
+                return Err(format!(
+                    "plane {i} ({} rows of {} bytes at offset {offset}, stride {stride}) lies \
+                     past the CUDA memory's {size} bytes",
+                    d.rows, d.row_bytes
+                ));
+            }
+            planes.push((offset, stride as u64));
+        }
+        let mut map = std::mem::MaybeUninit::<gst::ffi::GstMapInfo>::zeroed();
+        // SAFETY: a live memory `buffer` holds; mapped readable for the
+        // device pointer, unmapped below on every path.
+        let mapped = unsafe {
+            gst::ffi::gst_memory_map(raw, map.as_mut_ptr(), gst::ffi::GST_MAP_READ | GST_MAP_CUDA)
+        };
+        if mapped == glib::ffi::GFALSE {
+            return Err("the CUDA memory does not map for the device".into());
+        }
+        // SAFETY: filled by the successful map above.
+        let mut map = unsafe { map.assume_init() };
+        let base = map.data as u64;
+        let copied = (|| {
+            let copy = sys::Driver::global()
+                .map_err(|e| e.to_string())?
+                .fns()
+                .cuMemcpy2DAsync
+                .ok_or("the CUDA driver lacks cuMemcpy2DAsync")?;
+            let current = self.device.enter().map_err(|e| e.to_string())?;
+            for (d, (offset, stride)) in dst.iter().zip(&planes) {
+                let params = sys::CUDA_MEMCPY2D {
+                    srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    srcDevice: base + offset,
+                    srcPitch: *stride as usize,
+                    dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    dstDevice: d.ptr,
+                    dstPitch: d.pitch as usize,
+                    WidthInBytes: d.row_bytes as usize,
+                    Height: d.rows as usize,
+                    // SAFETY: the rest (offsets, host and array fields)
+                    // zero: unused for device-to-device copies.
+                    ..unsafe { std::mem::zeroed() }
+                };
+                // SAFETY: the source rows lie inside the mapped memory
+                // (checked above), of this device's primary context (the
+                // memory's context's handle, checked above), current here;
+                // the destination plane is the caller's live device memory
+                // of `rows` rows `pitch` apart; `stream` is a live stream
+                // of this context.
+                let status = unsafe { copy(&params, stream.raw()) };
+                if status != CUresult::CUDA_SUCCESS {
+                    return Err(format!(
+                        "copying a plane out of CUDA memory failed: {status:?}"
+                    ));
+                }
+            }
+            drop(current);
+            stream.synchronize(timeout).map_err(|e| e.to_string())
+        })();
+        // SAFETY: mapped above with this info; unmapped once.
+        unsafe { gst::ffi::gst_memory_unmap(raw, &mut map) };
+        copied
     }
 }
 

@@ -6,12 +6,22 @@
 //! it, and the same device-local ring without a CUDA caps filter goes
 //! through system memory (counted as device copies).
 //!
+//! `cudainteropsink` takes `memory:CUDAMemory` where it can (an NVIDIA
+//! device, the library): a device-local ring that CUDA copies each buffer
+//! into; `cudainteropsrc ! CUDA memory ! cudainteropsink` republishes a
+//! ring without a host copy at either end, checked by a CUDA receiver of
+//! the second name. Where it cannot (lavapipe), CUDA caps do not
+//! negotiate.
+//!
 //! The device-local tests need an NVIDIA GPU and GStreamer's CUDA library
 //! (`libgstreamer-plugins-bad1.0-0`): `--ignored`, run on the GPU machine.
 
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-use cuda_interop_frames::protocol::Planar;
+use cuda_interop::Stream;
+use cuda_interop_frames::cuda_receiver::CudaReceiver;
+use cuda_interop_frames::protocol::{Delivery, Planar};
 use gst::prelude::*;
 
 #[path = "../../cuda-interop-frames/examples/common/demo.rs"]
@@ -200,4 +210,164 @@ fn a_device_local_ring_in_system_memory_is_copied_through_the_host() {
     check_frames(&run);
     assert_eq!(counter(&p, "cuda-memory-buffers"), 0);
     assert_eq!(counter(&p, "device-copies"), FRAMES);
+}
+
+/// The sink's twin on any machine: where it takes no CUDA memory
+/// (lavapipe: no NVIDIA device, no CUDA library), CUDA caps fail
+/// negotiation, and the template still lists them.
+#[test]
+fn the_sink_refuses_cuda_memory_where_it_cannot_take_it() {
+    init();
+    let factory = gst::ElementFactory::find("cudainteropsink").unwrap();
+    let template = factory
+        .static_pad_templates()
+        .into_iter()
+        .find(|t| t.name_template() == "sink")
+        .unwrap()
+        .caps();
+    assert!(template
+        .iter_with_features()
+        .any(|(_, f)| f.contains("memory:CUDAMemory")));
+    let name = unique_name("sink-no-cuda");
+    let p = pipeline(&format!(
+        "appsrc name=feed format=time caps=\"video/x-raw(memory:CUDAMemory),format=RGBA,\
+         width=64,height=48,framerate=0/1\" ! cudainteropsink sender-name={name}"
+    ));
+    let feed = p
+        .by_name("feed")
+        .unwrap()
+        .downcast::<gst_app::AppSrc>()
+        .unwrap();
+    p.set_state(gst::State::Playing).unwrap();
+    let mut buffer = gst::Buffer::with_size(64 * 48 * 4).unwrap();
+    buffer.get_mut().unwrap().set_pts(gst::ClockTime::ZERO);
+    let pushed = feed.push_buffer(buffer);
+    let _ = feed.end_of_stream();
+    let ended = p.bus().unwrap().timed_pop_filtered(
+        gst::ClockTime::from_seconds(BOUND.as_secs()),
+        &[gst::MessageType::Error, gst::MessageType::Eos],
+    );
+    p.set_state(gst::State::Null).unwrap();
+    let why = match ended.as_ref().map(|m| m.view()) {
+        Some(gst::MessageView::Error(e)) => format!("{} ({:?})", e.error(), e.debug()),
+        other => panic!("a sink without CUDA took CUDA memory ({pushed:?}, {other:?})"),
+    };
+    assert!(why.contains("negotiat"), "{why}");
+    assert!(list_senders_named(&name).is_empty(), "no sender was made");
+}
+
+fn list_senders_named(name: &str) -> Vec<String> {
+    cuda_interop_frames::discovery::list_senders()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|s| s.name == name)
+        .map(|s| s.name)
+        .collect()
+}
+
+/// The first word of `row` names the frame (the background is the frame
+/// number, the band its complement); the frame whose pattern row 0 is.
+fn frame_of(row: &[u8], h: u32) -> Option<u64> {
+    let word = u32::from_le_bytes([row[0], row[1], row[2], row[3]]);
+    [u64::from(word), u64::from(!word)]
+        .into_iter()
+        .find(|&f| demo::check_demo_row(row, f, 0, h))
+}
+
+fn republished(planar: Option<Planar>, caps_format: &str) {
+    init();
+    let (a, b) = (
+        unique_name(&format!("cuda-a-{caps_format}")),
+        unique_name(&format!("cuda-b-{caps_format}")),
+    );
+    let producer = produce(&a, true, planar);
+    let p = pipeline(&format!(
+        "cudainteropsrc name=src sender-name={a} delivery=lossless timeout=30000 ! \
+         video/x-raw(memory:CUDAMemory),format={caps_format} ! cudainteropsink name=sink \
+         sender-name={b} timeout=1000"
+    ));
+    p.set_state(gst::State::Playing).unwrap();
+    let rx = CudaReceiver::connect_named(&b, Delivery::Lossless, Duration::from_secs(60))
+        .expect("the sink's sender appears");
+    let layout = *rx.layout();
+    let stream = Stream::new(rx.cuda()).unwrap();
+    let mut bytes = vec![0u8; layout.frame_bytes().unwrap() as usize];
+    let pitch = layout.row_pitch as usize;
+    let mut seen = Vec::new();
+    loop {
+        let frame = match rx.next(Duration::from_secs(20)) {
+            Ok(frame) => frame,
+            Err(e) => {
+                // The sink says goodbye when the pipeline stops (EOS from
+                // the producer's end).
+                println!("{caps_format}: receiving ended: {e}");
+                break;
+            }
+        };
+        rx.wait_on(&frame, &stream).unwrap();
+        rx.copy_to_host(&frame, &stream, 0, &mut bytes, Duration::from_secs(10))
+            .unwrap();
+        rx.release_after(frame, &stream).unwrap();
+        let luma_row = |y: u32| &bytes[y as usize * pitch..][..(W as usize * 4).min(pitch)];
+        let f = frame_of(luma_row(0), H).expect("row 0 names a demo frame");
+        let row_bytes = match planar {
+            Some(p) => W as usize * p.sample_bytes() as usize,
+            None => W as usize * 4,
+        };
+        for y in 0..H {
+            let row = &bytes[y as usize * pitch..][..row_bytes];
+            assert!(
+                demo::check_demo_row(row, f, y, H),
+                "frame {f}: luma row {y}"
+            );
+        }
+        if let Some((_, chroma)) = layout.planar_format() {
+            for y in 0..H / 2 {
+                let row = &bytes[chroma as usize + y as usize * pitch..][..row_bytes];
+                assert!(
+                    demo::check_demo_row(row, f, H, H),
+                    "frame {f}: chroma row {y}"
+                );
+            }
+        }
+        seen.push(f);
+        if f == FRAMES {
+            break;
+        }
+    }
+    producer
+        .join()
+        .expect("the producer thread")
+        .expect("the producer ran");
+    let src = p.by_name("src").unwrap();
+    let sink = p.by_name("sink").unwrap();
+    let (in_cuda, copies, presented) = (
+        src.property::<u64>("cuda-memory-buffers"),
+        src.property::<u64>("device-copies"),
+        sink.property::<u64>("frames-presented"),
+    );
+    p.set_state(gst::State::Null).unwrap();
+    println!(
+        "{caps_format}: src pushed {in_cuda} buffers in CUDA memory ({copies} host copies); the \
+         sink presented {presented}; the CUDA receiver of the republished ring checked {} \
+         frames, every pixel exact",
+        seen.len()
+    );
+    assert_eq!(copies, 0, "no copy through the host");
+    assert_eq!(in_cuda, FRAMES);
+    assert!(seen.len() >= 10, "only {} frames checked", seen.len());
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "in order: {seen:?}");
+    assert_eq!(seen.last(), Some(&FRAMES));
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and libgstreamer-plugins-bad1.0-0: run on the GPU machine"]
+fn a_ring_republished_through_cuda_memory_keeps_every_pixel_rgba() {
+    republished(None, "RGBA");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and libgstreamer-plugins-bad1.0-0: run on the GPU machine"]
+fn a_ring_republished_through_cuda_memory_keeps_every_pixel_nv12() {
+    republished(Some(Planar::Nv12), "NV12");
 }

@@ -6,16 +6,19 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use cuda_interop::{CudaDevice, ImportedBuffer, Stream};
 use cuda_interop_frames::discovery::{validate_name, DiscoveryError};
-use cuda_interop_frames::sender::{Address, Sender, SenderError, SenderOptions};
+use cuda_interop_frames::protocol::RingLayout;
+use cuda_interop_frames::sender::{Address, Sender, SenderError, SenderOptions, SenderStats};
 use gst::glib;
 use gst::prelude::*;
 use gst::subclass::prelude::*;
 use gst_base::prelude::*;
 use gst_base::subclass::prelude::*;
-use vk_export::markers::HostVisible;
-use vk_export::{Context, HeadlessOptions};
+use vk_export::markers::{DeviceLocal, HostVisible};
+use vk_export::{Context, HeadlessOptions, QueueRole, TimelineSemaphore};
 
+use crate::cuda_memory::{CudaOut, DevicePlane, GstCuda};
 use crate::formats::{sink_planar, Planes};
 use crate::lock;
 
@@ -59,14 +62,68 @@ impl Default for Settings {
     }
 }
 
+/// GStreamer's caps feature for CUDA device memory.
+const CUDA_MEMORY: &str = "memory:CUDAMemory";
+
 /// The sender of the negotiated caps.
 #[derive(Debug)]
 struct Ring {
-    sender: Sender<HostVisible>,
+    slots: Slots,
     info: gst_video::VideoInfo,
     planes: Planes,
-    /// Bytes written per frame: the planes' whole rows.
-    bytes: usize,
+}
+
+/// The ring's slots, as the caps' memory decides.
+#[derive(Debug)]
+enum Slots {
+    /// System memory: host-visible buffers, written on the device's queue.
+    Host {
+        sender: Box<Sender<HostVisible>>,
+        /// Bytes written per frame: the planes' whole rows.
+        bytes: usize,
+    },
+    /// `memory:CUDAMemory`: device-local buffers, imported into CUDA in
+    /// this process and written by CUDA copies (boxed: the larger kind).
+    Cuda(Box<CudaSlots>),
+}
+
+/// A device-local ring CUDA writes.
+#[derive(Debug)]
+struct CudaSlots {
+    sender: Sender<DeviceLocal>,
+    imported: Vec<ImportedBuffer<DeviceLocal>>,
+    out: Arc<CudaOut>,
+    stream: Stream,
+    /// Signalled from the host once CUDA's copy into a slot completed.
+    written: TimelineSemaphore,
+    value: u64,
+}
+
+impl Slots {
+    fn serve(&mut self) {
+        match self {
+            Slots::Host { sender, .. } => sender.serve(Duration::ZERO),
+            Slots::Cuda(c) => c.sender.serve(Duration::ZERO),
+        }
+    }
+
+    fn stats(&self) -> SenderStats {
+        match self {
+            Slots::Host { sender, .. } => sender.stats(),
+            Slots::Cuda(c) => c.sender.stats(),
+        }
+    }
+
+    fn layout(&self) -> &RingLayout {
+        match self {
+            Slots::Host { sender, .. } => sender.layout(),
+            Slots::Cuda(c) => c.sender.layout(),
+        }
+    }
+
+    fn in_cuda(&self) -> bool {
+        matches!(self, Slots::Cuda(_))
+    }
 }
 
 /// The thread that serves receivers between frames.
@@ -83,6 +140,9 @@ pub struct CudaInteropSink {
     /// The sender's name while started.
     name: Mutex<Option<String>>,
     ctx: Mutex<Option<Context>>,
+    /// GStreamer's CUDA memory in the context's CUDA device, where the
+    /// library loads and the device is NVIDIA's (while started).
+    cuda_out: Mutex<Option<Arc<CudaOut>>>,
     ring: Arc<Mutex<Option<Ring>>>,
     server: Mutex<Option<Server>>,
     presented: AtomicU64,
@@ -157,7 +217,7 @@ impl ObjectImpl for CudaInteropSink {
             "receivers" => {
                 let receivers = lock(&self.ring)
                     .as_ref()
-                    .map_or(0, |r| r.sender.stats().receivers);
+                    .map_or(0, |r| r.slots.stats().receivers);
                 (receivers as u32).to_value()
             }
             other => unreachable!("no property {other}"),
@@ -174,7 +234,7 @@ impl ElementImpl for CudaInteropSink {
                 "cuda-interop frame sender",
                 "Sink/Video",
                 "Publishes a video stream as a named cuda-interop sender (a ring of shared \
-                 Vulkan buffers)",
+                 Vulkan buffers; written by CUDA from memory:CUDAMemory)",
                 "cuda-interop developers",
             )
         });
@@ -184,9 +244,16 @@ impl ElementImpl for CudaInteropSink {
     fn pad_templates() -> &'static [gst::PadTemplate] {
         static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
             use gst_video::VideoFormat as V;
-            let caps = gst_video::VideoCapsBuilder::new()
-                .format_list([V::Rgba, V::Nv12, V::P01010le])
+            let formats = [V::Rgba, V::Nv12, V::P01010le];
+            let mut caps = gst_video::VideoCapsBuilder::new()
+                .features([CUDA_MEMORY])
+                .format_list(formats)
                 .build();
+            caps.merge(
+                gst_video::VideoCapsBuilder::new()
+                    .format_list(formats)
+                    .build(),
+            );
             vec![gst::PadTemplate::new(
                 "sink",
                 gst::PadDirection::Sink,
@@ -213,12 +280,15 @@ impl CudaInteropSink {
         }
     }
 
-    /// A sender of `info` under `name` on `ctx`.
+    /// A sender of `info` under `name` on `ctx`: device-local slots that
+    /// CUDA writes where `cuda` is given (the caps are CUDA memory),
+    /// host-visible ones otherwise.
     fn make_ring(
         &self,
         ctx: &Context,
         name: &str,
         info: &gst_video::VideoInfo,
+        cuda: Option<&Arc<CudaOut>>,
     ) -> Result<Ring, String> {
         let Some(planar) = sink_planar(info.format()) else {
             return Err(format!(
@@ -242,27 +312,119 @@ impl CudaInteropSink {
         }
         // Timelines only where the device exports them (lavapipe does not).
         opts.semaphores = ctx.supports_semaphore_fds();
-        let sender = Sender::<HostVisible>::new(ctx, opts).map_err(|e| match e {
+        let named = |e: SenderError| match e {
             SenderError::Discovery(e @ DiscoveryError::NameTaken { .. }) => format!(
                 "cannot publish as {name:?}: {e} (stop that sender, or set sender-name= to \
                  another name)"
             ),
             other => format!("cannot publish as {name:?}: {other}"),
-        })?;
-        let planes = Planes::of_ring(sender.layout());
-        let slot_bytes = sender.buffers()[0].size() as usize;
-        let bytes = planes.span().next_multiple_of(4);
-        if bytes > slot_bytes {
-            return Err(format!(
-                "the ring's slots have {slot_bytes} bytes; a frame's rows need {bytes}"
-            ));
-        }
+        };
+        let (slots, layout) = match cuda {
+            None => {
+                let sender = Box::new(Sender::<HostVisible>::new(ctx, opts).map_err(named)?);
+                let slot_bytes = sender.buffers()[0].size() as usize;
+                let bytes = Planes::of_ring(sender.layout()).span().next_multiple_of(4);
+                if bytes > slot_bytes {
+                    return Err(format!(
+                        "the ring's slots have {slot_bytes} bytes; a frame's rows need {bytes}"
+                    ));
+                }
+                let layout = *sender.layout();
+                (Slots::Host { sender, bytes }, layout)
+            }
+            Some(out) => {
+                let sender = Sender::<DeviceLocal>::new(ctx, opts).map_err(named)?;
+                let device: &CudaDevice = out.device();
+                let imported = sender
+                    .buffers()
+                    .iter()
+                    .map(|b| device.import_buffer(b))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| format!("CUDA cannot import the ring's slots: {e}"))?;
+                let span = Planes::of_ring(sender.layout()).span() as u64;
+                if let Some(small) = imported.iter().find(|b| b.size() < span) {
+                    return Err(format!(
+                        "the ring's slots have {} bytes; a frame's rows need {span}",
+                        small.size()
+                    ));
+                }
+                let stream =
+                    Stream::new(device).map_err(|e| format!("cannot make a CUDA stream: {e}"))?;
+                let written = TimelineSemaphore::new_local(ctx)
+                    .map_err(|e| format!("cannot make a timeline: {e}"))?;
+                let layout = *sender.layout();
+                (
+                    Slots::Cuda(Box::new(CudaSlots {
+                        sender,
+                        imported,
+                        out: Arc::clone(out),
+                        stream,
+                        written,
+                        value: 0,
+                    })),
+                    layout,
+                )
+            }
+        };
         Ok(Ring {
-            sender,
+            slots,
             info: info.clone(),
-            planes,
-            bytes,
+            planes: Planes::of_ring(&layout),
         })
+    }
+
+    /// Writes `buffer` (CUDA memory) into a free slot by CUDA copies and
+    /// presents it: the frame's sequence number, or `None` when no slot
+    /// freed within `timeout`.
+    fn render_cuda(
+        ring: &mut Ring,
+        buffer: &gst::BufferRef,
+        timestamp: u64,
+        timeout: Duration,
+    ) -> Result<Option<u64>, String> {
+        let Slots::Cuda(cuda) = &mut ring.slots else {
+            return Err("a CUDA write into a host-visible ring: a cudainteropsink bug".into());
+        };
+        let CudaSlots {
+            sender,
+            imported,
+            out,
+            stream,
+            written,
+            value,
+        } = &mut **cuda;
+        let slot = match sender.acquire(timeout) {
+            Ok(slot) => slot,
+            Err(_) => return Ok(None),
+        };
+        let index = slot.index() as usize;
+        // Acquired for the main queue's family, already reached on return:
+        // CUDA may write the slot from here on.
+        let slot = slot
+            .open(QueueRole::Main)
+            .map_err(|e| format!("opening a slot failed: {e}"))?;
+        let mapped = imported[index]
+            .map()
+            .map_err(|e| format!("mapping a slot into CUDA failed: {e}"))?;
+        let planes = &ring.planes;
+        let dst: Vec<DevicePlane> = (0..planes.n)
+            .map(|i| DevicePlane {
+                ptr: mapped.device_ptr() + planes.offsets[i] as u64,
+                pitch: planes.strides[i] as u64,
+                row_bytes: planes.row_bytes[i] as u64,
+                rows: planes.rows[i] as u32,
+            })
+            .collect();
+        // On an error the open slot's drop releases it unpresented.
+        out.read_into(buffer, &ring.info, &dst, stream, timeout)?;
+        drop(mapped);
+        *value += 1;
+        written
+            .signal(*value)
+            .map_err(|e| format!("signalling the copy's timeline failed: {e}"))?;
+        slot.present(timestamp, (written, *value))
+            .map(Some)
+            .map_err(|e| format!("presenting a frame failed: {e}"))
     }
 }
 
@@ -294,6 +456,23 @@ impl BaseSinkImpl for CudaInteropSink {
             "publishing as {name:?} from {}",
             ctx.identity().name
         );
+        // CUDA memory in: the library and an NVIDIA device for this context.
+        let cuda_out = GstCuda::get()
+            .and_then(|lib| {
+                let device = CudaDevice::for_vulkan(&ctx)
+                    .map_err(|e| format!("{} has no CUDA device ({e})", ctx.identity().name))?;
+                CudaOut::new(lib, &device)
+            })
+            .map(Arc::new);
+        match &cuda_out {
+            Ok(_) => gst::info!(
+                CAT,
+                imp = self,
+                "{CUDA_MEMORY} taken (written by CUDA copies)"
+            ),
+            Err(why) => gst::info!(CAT, imp = self, "{CUDA_MEMORY} not taken: {why}"),
+        }
+        *lock(&self.cuda_out) = cuda_out.ok();
         *lock(&self.ctx) = Some(ctx);
         *lock(&self.name) = Some(name);
         self.presented.store(0, Ordering::Relaxed);
@@ -306,7 +485,7 @@ impl BaseSinkImpl for CudaInteropSink {
                 // Until told to stop (or the element is gone).
                 while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(SERVE_PERIOD) {
                     if let Some(r) = lock(&ring).as_mut() {
-                        r.sender.serve(Duration::ZERO);
+                        r.slots.serve();
                     }
                 }
             })
@@ -324,18 +503,63 @@ impl BaseSinkImpl for CudaInteropSink {
         self.stop_server();
         // The sender's drop says goodbye and removes the name.
         *lock(&self.ring) = None;
+        *lock(&self.cuda_out) = None;
         *lock(&self.ctx) = None;
         *lock(&self.name) = None;
         Ok(())
     }
 
+    fn caps(&self, filter: Option<&gst::Caps>) -> Option<gst::Caps> {
+        let template = self.obj().sink_pad().pad_template_caps();
+        // CUDA memory only where it is taken.
+        let caps = if lock(&self.cuda_out).is_some() {
+            template
+        } else {
+            let mut system = gst::Caps::new_empty();
+            for (s, f) in template.iter_with_features() {
+                if !f.contains(CUDA_MEMORY) {
+                    system.merge_structure_full(s.to_owned(), Some(f.to_owned()));
+                }
+            }
+            system
+        };
+        Some(match filter {
+            Some(filter) => filter.intersect_with_mode(&caps, gst::CapsIntersectMode::First),
+            None => caps,
+        })
+    }
+
+    fn query(&self, query: &mut gst::QueryRef) -> bool {
+        if let gst::QueryViewMut::Context(_) = query.view_mut() {
+            let out = lock(&self.cuda_out).clone();
+            if let Some(out) = out {
+                if out.answer_context_query(self.obj().upcast_ref(), query) {
+                    return true;
+                }
+            }
+        }
+        BaseSinkImplExt::parent_query(self, query)
+    }
+
     fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
         let info = gst_video::VideoInfo::from_caps(caps)
             .map_err(|e| self.fail(&format!("caps {caps} are not video: {e}")))?;
+        let cuda = caps.features(0).is_some_and(|f| f.contains(CUDA_MEMORY));
+        let cuda_out = lock(&self.cuda_out).clone();
+        if cuda && cuda_out.is_none() {
+            return Err(self.fail(&format!(
+                "{CUDA_MEMORY} caps, but this sink takes no CUDA memory here (it needs an NVIDIA \
+                 GPU and libgstreamer-plugins-bad1.0-0): put cudadownload before it"
+            )));
+        }
         let mut ring = lock(&self.ring);
         if let Some(r) = ring.as_mut() {
-            if (r.info.format(), r.info.width(), r.info.height())
-                == (info.format(), info.width(), info.height())
+            if (
+                r.info.format(),
+                r.info.width(),
+                r.info.height(),
+                r.slots.in_cuda(),
+            ) == (info.format(), info.width(), info.height(), cuda)
             {
                 r.info.clone_from(&info);
                 return Ok(());
@@ -354,13 +578,14 @@ impl BaseSinkImpl for CudaInteropSink {
             return Err(self.fail("caps before the element started"));
         };
         let made = self
-            .make_ring(&ctx, &name, &info)
+            .make_ring(&ctx, &name, &info, cuda_out.as_ref().filter(|_| cuda))
             .map_err(|e| self.fail(&e))?;
         gst::info!(
             CAT,
             imp = self,
-            "sender {name:?}: {:?}",
-            made.sender.layout()
+            "sender {name:?}: {:?}{}",
+            made.slots.layout(),
+            if cuda { ", written by CUDA" } else { "" }
         );
         *ring = Some(made);
         Ok(())
@@ -379,6 +604,28 @@ impl BaseSinkImpl for CudaInteropSink {
             gst::element_imp_error!(self, gst::CoreError::Negotiation, ("a buffer before caps"));
             return Err(gst::FlowError::NotNegotiated);
         };
+        if ring.slots.in_cuda() {
+            return match Self::render_cuda(ring, buffer.as_ref(), timestamp, timeout) {
+                Ok(Some(sequence)) => {
+                    self.presented.fetch_add(1, Ordering::Relaxed);
+                    gst::trace!(CAT, imp = self, "frame {sequence} presented by CUDA");
+                    Ok(gst::FlowSuccess::Ok)
+                }
+                Ok(None) => {
+                    let n = self.skipped.fetch_add(1, Ordering::Relaxed) + 1;
+                    gst::debug!(CAT, imp = self, "buffer dropped ({n} so far): no free slot");
+                    Ok(gst::FlowSuccess::Ok)
+                }
+                Err(e) => {
+                    gst::element_imp_error!(self, gst::ResourceError::Write, ("{}", e));
+                    Err(gst::FlowError::Error)
+                }
+            };
+        }
+        let Slots::Host { sender, bytes } = &mut ring.slots else {
+            gst::element_imp_error!(self, gst::CoreError::Failed, ("a ring of neither kind"));
+            return Err(gst::FlowError::Error);
+        };
         ring.planes.check_meta(buffer.as_ref()).map_err(|e| {
             gst::element_imp_error!(self, gst::StreamError::Format, ("{}", e));
             gst::FlowError::Error
@@ -392,12 +639,12 @@ impl BaseSinkImpl for CudaInteropSink {
                 );
                 gst::FlowError::Error
             })?;
-        let bytes = ring.planes.pack(&frame, ring.bytes).map_err(|e| {
+        let bytes = ring.planes.pack(&frame, *bytes).map_err(|e| {
             gst::element_imp_error!(self, gst::StreamError::Format, ("{}", e));
             gst::FlowError::Error
         })?;
         drop(frame);
-        let slot = match ring.sender.acquire(timeout) {
+        let slot = match sender.acquire(timeout) {
             Ok(slot) => slot,
             Err(e) => {
                 let n = self.skipped.fetch_add(1, Ordering::Relaxed) + 1;
