@@ -6,7 +6,10 @@
 //!
 //! * Caps: `RGBA`, `NV12` and `P010_10LE` (what buffer rings hold; NV12 and
 //!   P010 need an even width and height); put `videoconvert` before it for
-//!   anything else (BGRA, I420, ...).
+//!   anything else (BGRA, I420, ...). In system memory everywhere, and in
+//!   `memory:CUDAMemory` where the sink takes it: GStreamer's CUDA library
+//!   loads and the Vulkan device is an NVIDIA GPU with CUDA (its caps
+//!   offer CUDA memory only then; the INFO log says why not).
 //! * READY -> PAUSED (`start`) makes a headless Vulkan context (its error
 //!   says to install a Vulkan driver) and starts a thread that serves
 //!   receivers (connections, requests, releases) between frames. The
@@ -14,13 +17,20 @@
 //!   of the caps' size and format, rows at the ring's default pitch, with
 //!   the "produced" and "released" timelines where the device exports
 //!   semaphores (not lavapipe), under `sender-name` (else the element's
-//!   name). A name a live sender holds is an element error naming it. New
+//!   name); for CUDA memory, device-local slots imported into CUDA in this
+//!   process. A name a live sender holds is an element error naming it. New
 //!   caps of another format or size replace the sender: the old one says
 //!   goodbye to its receivers (a `cudainteropsrc` gets EOS) and a new one
 //!   takes the name.
 //! * Each buffer: its rows (at its own strides, a `GstVideoMeta`'s
 //!   included) are copied into the ring's layout and written into a free
-//!   slot on the device's queue, and the frame is presented with the
+//!   slot on the device's queue (system memory), or copied device to
+//!   device by CUDA into a slot opened for it, waited for (bounded), and
+//!   ordered before the present by a timeline signalled from the host
+//!   (CUDA memory: one `GstCudaMemory` of this CUDA context, which CUDA
+//!   context queries are answered with; memory of another context is an
+//!   element error saying to put `cudadownload` before the sink). The
+//!   frame is presented with the
 //!   buffer's running time as a `CLOCK_MONOTONIC` timestamp
 //!   (`crate::clock`). When no slot frees within `timeout` (latest
 //!   receivers holding them all, or lossless ones holding them that long)
