@@ -386,13 +386,6 @@ impl CudaOut {
             offsets.push(offset as u64);
             strides.push(stride as usize);
         }
-        let fns = sys::Driver::global().map_err(|e| e.to_string())?.fns();
-        let copy_2d = fns
-            .cuMemcpy2DAsync
-            .ok_or("the CUDA driver lacks cuMemcpy2DAsync")?;
-        let copy_1d = fns
-            .cuMemcpyDtoDAsync
-            .ok_or("the CUDA driver lacks cuMemcpyDtoDAsync")?;
         let mut map = std::mem::MaybeUninit::<gst::ffi::GstMapInfo>::zeroed();
         // SAFETY: a live memory of a buffer this function owns alone (fresh
         // from the pool); maps it for the device pointer, writable (the
@@ -414,42 +407,20 @@ impl CudaOut {
         let copied = (|| {
             let current = self.device.enter().map_err(|e| e.to_string())?;
             for (i, plane) in planes.iter().enumerate() {
-                let dst = base + offsets[i];
-                // Rows as far apart on both sides: one linear copy of the
-                // span (the driver's fastest device-to-device path), else a
-                // 2D copy.
-                let status = if plane.pitch == strides[i] as u64 {
-                    let span = plane.pitch * u64::from(plane.rows - 1) + plane.row_bytes;
-                    // SAFETY: the source span is live device memory of this
-                    // device (the caller's: a held frame's slot, `rows` rows
-                    // `pitch` apart); the destination span lies inside the
-                    // mapped memory (checked above, at the same pitch);
-                    // `stream` is a live stream of this device's primary
-                    // context, current here.
-                    unsafe { copy_1d(dst, plane.ptr, span as usize, stream.raw()) }
-                } else {
-                    let params = sys::CUDA_MEMCPY2D {
-                        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                        srcDevice: plane.ptr,
-                        srcPitch: plane.pitch as usize,
-                        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                        dstDevice: dst,
-                        dstPitch: strides[i],
-                        WidthInBytes: plane.row_bytes as usize,
-                        Height: plane.rows as usize,
-                        // SAFETY: the rest (offsets, host and array fields)
-                        // zero: unused for device-to-device copies.
-                        ..unsafe { std::mem::zeroed() }
-                    };
-                    // SAFETY: as above, row by row: `rows` rows of
-                    // `row_bytes`, each side at its own pitch.
-                    unsafe { copy_2d(&params, stream.raw()) }
-                };
-                if status != CUresult::CUDA_SUCCESS {
-                    return Err(format!(
-                        "copying a plane into CUDA memory failed: {status:?}"
-                    ));
+                // SAFETY: the source plane is live device memory of this
+                // device (the caller's: a held frame's slot, `rows` rows
+                // `pitch` apart); the destination rows lie inside the
+                // mapped memory (checked above); this device's primary
+                // context is current, `stream` one of its streams.
+                unsafe {
+                    copy_plane(
+                        (plane.ptr, plane.pitch),
+                        (base + offsets[i], strides[i] as u64),
+                        (plane.row_bytes, plane.rows),
+                        stream,
+                    )
                 }
+                .map_err(|e| format!("copying a plane into CUDA memory failed: {e}"))?;
             }
             drop(current);
             stream.synchronize(timeout).map_err(|e| e.to_string())
@@ -549,38 +520,23 @@ impl CudaOut {
         let mut map = unsafe { map.assume_init() };
         let base = map.data as u64;
         let copied = (|| {
-            let copy = sys::Driver::global()
-                .map_err(|e| e.to_string())?
-                .fns()
-                .cuMemcpy2DAsync
-                .ok_or("the CUDA driver lacks cuMemcpy2DAsync")?;
             let current = self.device.enter().map_err(|e| e.to_string())?;
             for (d, (offset, stride)) in dst.iter().zip(&planes) {
-                let params = sys::CUDA_MEMCPY2D {
-                    srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                    srcDevice: base + offset,
-                    srcPitch: *stride as usize,
-                    dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                    dstDevice: d.ptr,
-                    dstPitch: d.pitch as usize,
-                    WidthInBytes: d.row_bytes as usize,
-                    Height: d.rows as usize,
-                    // SAFETY: the rest (offsets, host and array fields)
-                    // zero: unused for device-to-device copies.
-                    ..unsafe { std::mem::zeroed() }
-                };
                 // SAFETY: the source rows lie inside the mapped memory
                 // (checked above), of this device's primary context (the
                 // memory's context's handle, checked above), current here;
                 // the destination plane is the caller's live device memory
                 // of `rows` rows `pitch` apart; `stream` is a live stream
                 // of this context.
-                let status = unsafe { copy(&params, stream.raw()) };
-                if status != CUresult::CUDA_SUCCESS {
-                    return Err(format!(
-                        "copying a plane out of CUDA memory failed: {status:?}"
-                    ));
+                unsafe {
+                    copy_plane(
+                        (base + offset, *stride),
+                        (d.ptr, d.pitch),
+                        (d.row_bytes, d.rows),
+                        stream,
+                    )
                 }
+                .map_err(|e| format!("copying a plane out of CUDA memory failed: {e}"))?;
             }
             drop(current);
             stream.synchronize(timeout).map_err(|e| e.to_string())
@@ -588,6 +544,63 @@ impl CudaOut {
         // SAFETY: mapped above with this info; unmapped once.
         unsafe { gst::ffi::gst_memory_unmap(raw, &mut map) };
         copied
+    }
+}
+
+/// Enqueues a copy of `rows` rows of `row_bytes` from `src` to `dst`
+/// (each `(address, pitch)`) on `stream`: one linear copy of the span
+/// where the pitches are equal (the driver's device-to-device copy runs
+/// near the memory's bandwidth; its 2D copy at a fraction, the copy-kernel
+/// exploration in `docs/evidence.md`), else a 2D copy.
+///
+/// # Safety
+///
+/// Both ranges are live device memory of the current context's device,
+/// `rows` rows `pitch` apart each with `row_bytes <= pitch`, and stay so
+/// until the copy completes; `stream` is a live stream of the current
+/// context.
+unsafe fn copy_plane(
+    src: (u64, u64),
+    dst: (u64, u64),
+    (row_bytes, rows): (u64, u32),
+    stream: &Stream,
+) -> Result<(), String> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let fns = sys::Driver::global().map_err(|e| e.to_string())?.fns();
+    let status = if src.1 == dst.1 {
+        let copy = fns
+            .cuMemcpyDtoDAsync
+            .ok_or("the CUDA driver lacks cuMemcpyDtoDAsync")?;
+        let span = src.1 * u64::from(rows - 1) + row_bytes;
+        // SAFETY: the caller's: both spans live device memory of the
+        // current context's device, `stream` its stream.
+        unsafe { copy(dst.0, src.0, span as usize, stream.raw()) }
+    } else {
+        let copy = fns
+            .cuMemcpy2DAsync
+            .ok_or("the CUDA driver lacks cuMemcpy2DAsync")?;
+        let params = sys::CUDA_MEMCPY2D {
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcDevice: src.0,
+            srcPitch: src.1 as usize,
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstDevice: dst.0,
+            dstPitch: dst.1 as usize,
+            WidthInBytes: row_bytes as usize,
+            Height: rows as usize,
+            // SAFETY: the rest (offsets, host and array fields) zero:
+            // unused for device-to-device copies.
+            ..unsafe { std::mem::zeroed() }
+        };
+        // SAFETY: the caller's, row by row.
+        unsafe { copy(&params, stream.raw()) }
+    };
+    if status == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{status:?}"))
     }
 }
 
