@@ -253,6 +253,31 @@ impl Planes {
         Ok(())
     }
 
+    /// Whether `buffer` (video of `info`, laid out as its `GstVideoMeta`
+    /// says if it has one) holds its planes exactly where `self` puts them
+    /// (the same offsets and strides), in one memory of at least `len`
+    /// bytes: then its bytes go into a slot as they are, without
+    /// [`Planes::pack`]'s copy.
+    pub(crate) fn same_layout(
+        &self,
+        buffer: &gst::BufferRef,
+        info: &gst_video::VideoInfo,
+        len: usize,
+    ) -> bool {
+        if buffer.n_memory() != 1 || buffer.size() < len || info.n_planes() as usize != self.n {
+            return false;
+        }
+        let meta = buffer.meta::<gst_video::VideoMeta>();
+        let (offsets, strides): (&[usize], &[i32]) = match &meta {
+            Some(meta) => (meta.offset(), meta.stride()),
+            None => (info.offset(), info.stride()),
+        };
+        (0..self.n).all(|i| {
+            offsets.get(i) == Some(&self.offsets[i])
+                && strides.get(i).and_then(|&s| usize::try_from(s).ok()) == Some(self.strides[i])
+        })
+    }
+
     /// `frame`'s pixels (each plane at its own stride, a `GstVideoMeta`'s
     /// if the buffer has one) laid out as `self`, `len` bytes (at least
     /// [`Planes::span`]).

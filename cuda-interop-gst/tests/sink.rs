@@ -107,9 +107,9 @@ fn ring_rows(layout: &RingLayout, bytes: &[u8]) -> Vec<Vec<u8>> {
     rows
 }
 
-fn appsrc_to_receiver(format: gst_video::VideoFormat, caps_format: &str) {
+fn appsrc_to_receiver(format: gst_video::VideoFormat, caps_format: &str, padded: bool) {
     init();
-    let name = unique_name(&format!("sink-{caps_format}"));
+    let name = unique_name(&format!("sink-{caps_format}-{padded}"));
     let p = pipeline(&format!(
         "appsrc name=src format=time caps=video/x-raw,format={caps_format},width={W},height={H},\
          framerate=30/1 ! cudainteropsink sender-name={name} sync=false timeout=30000"
@@ -123,8 +123,14 @@ fn appsrc_to_receiver(format: gst_video::VideoFormat, caps_format: &str) {
     p.set_state(gst::State::Playing)
         .expect("the pipeline starts");
     let row_bytes = if caps_format == "RGBA" { W * 4 } else { W } as usize;
-    // Padded rows: 12 bytes past GStreamer's default stride.
-    let stride = row_bytes.next_multiple_of(4) + 12;
+    // Padded rows (12 bytes past GStreamer's default stride): packed into
+    // the ring's layout; else the ring's own layout (its pitch is the
+    // row's bytes): the buffer goes in as it is.
+    let stride = if padded {
+        row_bytes.next_multiple_of(4) + 12
+    } else {
+        row_bytes
+    };
     let pts = |f: u64| gst::ClockTime::from_mseconds(33 * f);
     // The first buffer makes the sender (at its caps); receivers connect
     // to it from then on.
@@ -176,12 +182,22 @@ fn appsrc_to_receiver(format: gst_video::VideoFormat, caps_format: &str) {
 
 #[test]
 fn rgba_buffers_arrive_byte_for_byte_at_their_running_time() {
-    appsrc_to_receiver(gst_video::VideoFormat::Rgba, "RGBA");
+    appsrc_to_receiver(gst_video::VideoFormat::Rgba, "RGBA", true);
+}
+
+#[test]
+fn rgba_buffers_in_the_rings_layout_arrive_byte_for_byte() {
+    appsrc_to_receiver(gst_video::VideoFormat::Rgba, "RGBA", false);
 }
 
 #[test]
 fn nv12_buffers_arrive_byte_for_byte_in_both_planes() {
-    appsrc_to_receiver(gst_video::VideoFormat::Nv12, "NV12");
+    appsrc_to_receiver(gst_video::VideoFormat::Nv12, "NV12", true);
+}
+
+#[test]
+fn nv12_buffers_in_the_rings_layout_arrive_byte_for_byte() {
+    appsrc_to_receiver(gst_video::VideoFormat::Nv12, "NV12", false);
 }
 
 #[test]

@@ -630,20 +630,37 @@ impl BaseSinkImpl for CudaInteropSink {
             gst::element_imp_error!(self, gst::StreamError::Format, ("{}", e));
             gst::FlowError::Error
         })?;
-        let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), &ring.info)
-            .map_err(|e| {
+        // A buffer already in the ring's layout goes in as it is; any other
+        // is packed into it first.
+        let mapped;
+        let packed;
+        let bytes: &[u8] = if ring.planes.same_layout(buffer.as_ref(), &ring.info, *bytes) {
+            mapped = buffer.map_readable().map_err(|e| {
                 gst::element_imp_error!(
                     self,
                     gst::StreamError::Format,
-                    ("a buffer that does not map as its caps' video: {}", e)
+                    ("a buffer that does not map: {}", e)
                 );
                 gst::FlowError::Error
             })?;
-        let bytes = ring.planes.pack(&frame, *bytes).map_err(|e| {
-            gst::element_imp_error!(self, gst::StreamError::Format, ("{}", e));
-            gst::FlowError::Error
-        })?;
-        drop(frame);
+            &mapped.as_slice()[..*bytes]
+        } else {
+            let frame =
+                gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), &ring.info)
+                    .map_err(|e| {
+                        gst::element_imp_error!(
+                            self,
+                            gst::StreamError::Format,
+                            ("a buffer that does not map as its caps' video: {}", e)
+                        );
+                        gst::FlowError::Error
+                    })?;
+            packed = ring.planes.pack(&frame, *bytes).map_err(|e| {
+                gst::element_imp_error!(self, gst::StreamError::Format, ("{}", e));
+                gst::FlowError::Error
+            })?;
+            &packed
+        };
         let slot = match sender.acquire(timeout) {
             Ok(slot) => slot,
             Err(e) => {
