@@ -26,6 +26,13 @@
 //!   the copy (bounded): the buffer is complete when it is pushed (the
 //!   1.22 memory carries no stream downstream could order on). No byte
 //!   passes through the host.
+//! * [`CudaOut::wrap`] (GStreamer 1.24 and later: [`CudaOut::can_wrap`])
+//!   hands out device memory the caller keeps valid as a `GstCudaMemory`
+//!   that wraps it, laid out as the caller says (`GstVideoMeta` included),
+//!   without a copy; the caller's `keep` runs once, when GStreamer frees
+//!   the memory (or at once if wrapping fails). GStreamer's rule for
+//!   buffers applies: whoever drops the buffer is done with it, its GPU
+//!   reads included, as with a buffer pool that reuses the memory.
 //! * [`CudaOut::read_into`] copies a buffer of one `GstCudaMemory` made in
 //!   this same CUDA context (its `GstVideoMeta`'s plane offsets and strides,
 //!   else the memory's own) into device planes, device to device on the
@@ -71,6 +78,15 @@ type HandleQuery = unsafe extern "C" fn(
 type IsCudaMemory = unsafe extern "C" fn(*mut gst::ffi::GstMemory) -> glib::ffi::gboolean;
 type NewPool = unsafe extern "C" fn(*mut gst::ffi::GstObject) -> *mut gst::ffi::GstBufferPool;
 type GetHandle = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
+type AllocWrapped = unsafe extern "C" fn(
+    *mut gst::ffi::GstAllocator,
+    *mut gst::ffi::GstObject,
+    *mut c_void,
+    *const gst_video::ffi::GstVideoInfo,
+    u64,
+    *mut c_void,
+    Option<unsafe extern "C" fn(*mut c_void)>,
+) -> *mut gst::ffi::GstMemory;
 
 /// GStreamer's CUDA library, loaded.
 pub(crate) struct GstCuda {
@@ -79,6 +95,8 @@ pub(crate) struct GstCuda {
     get_handle: GetHandle,
     handle_query: HandleQuery,
     is_cuda_memory: IsCudaMemory,
+    /// `gst_cuda_allocator_alloc_wrapped`: GStreamer 1.24 and later.
+    alloc_wrapped: Option<AllocWrapped>,
     /// Keeps the functions above loaded (never unloaded: GStreamer keeps
     /// types it registered).
     _library: libloading::Library,
@@ -148,6 +166,14 @@ impl GstCuda {
                     .map_err(|e| missing(&e))?,
             )
         };
+        // SAFETY: the 1.24 API's function of that name, with the signature
+        // its alias spells (gstcudamemory.h, 1.24); absent before 1.24.
+        let alloc_wrapped = unsafe {
+            library
+                .get::<AllocWrapped>(b"gst_cuda_allocator_alloc_wrapped\0")
+                .ok()
+                .map(|f| *f)
+        };
         // SAFETY: no arguments; loads libcuda into the library's table
         // (idempotent, thread-safe: a GOnce inside).
         if unsafe { load_library() } == glib::ffi::GFALSE {
@@ -170,6 +196,7 @@ impl GstCuda {
             get_handle,
             handle_query,
             is_cuda_memory,
+            alloc_wrapped,
             _library: library,
         })
     }
@@ -235,6 +262,15 @@ unsafe extern "C" fn drop_device(data: *mut c_void) {
     // SAFETY: `data` is the `Box<CudaDevice>` `CudaOut::new` leaked into the
     // context's data, given back once, when the context is finalized.
     drop(unsafe { Box::from_raw(data.cast::<CudaDevice>()) });
+}
+
+/// Runs and frees the `keep` of [`CudaOut::wrap`] (the wrapped memory's
+/// destroy notify).
+unsafe extern "C" fn run_keep(data: *mut c_void) {
+    // SAFETY: `data` is the `Box<Box<dyn FnOnce() + Send>>` `CudaOut::wrap`
+    // leaked into the memory, given back once, when it is freed.
+    let keep = unsafe { Box::from_raw(data.cast::<Box<dyn FnOnce() + Send>>()) };
+    keep();
 }
 
 /// `CudaDevice` may be dropped on whichever thread finalizes the context.
@@ -428,6 +464,89 @@ impl CudaOut {
         // SAFETY: mapped above with this info; unmapped once.
         unsafe { gst::ffi::gst_memory_unmap(raw, &mut map) };
         copied?;
+        Ok(buffer)
+    }
+
+    /// Whether [`CudaOut::wrap`] is available (GStreamer 1.24 or later).
+    pub(crate) fn can_wrap(&self) -> bool {
+        self.lib.alloc_wrapped.is_some()
+    }
+
+    /// A buffer of one `GstCudaMemory` wrapping `span` bytes at `ptr`,
+    /// video of `info` with its planes at `offsets` and `strides`, and
+    /// `keep` run once when GStreamer frees the memory (see the module
+    /// contract).
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is device memory of this value's device, `span` bytes long,
+    /// holding the frame's planes at `offsets` and `strides` (each plane's
+    /// rows inside the span), readable by CUDA work enqueued on any stream
+    /// of its primary context from now until `keep` runs, and written by
+    /// nothing in that time.
+    pub(crate) unsafe fn wrap(
+        &self,
+        info: &gst_video::VideoInfo,
+        ptr: u64,
+        span: usize,
+        (offsets, strides): (&[usize], &[i32]),
+        keep: Box<dyn FnOnce() + Send>,
+    ) -> Result<gst::Buffer, String> {
+        let Some(alloc_wrapped) = self.lib.alloc_wrapped else {
+            keep();
+            return Err("wrapping device memory needs GStreamer 1.24 or later".into());
+        };
+        let n = info.n_planes() as usize;
+        if offsets.len() != n || strides.len() != n {
+            keep();
+            return Err(format!("{} planes described for {n}", offsets.len()));
+        }
+        let info_ptr: *const gst_video::ffi::GstVideoInfo = info.to_glib_none().0;
+        // SAFETY: a valid video info, copied: a plain C struct.
+        let mut laid_out = unsafe { *info_ptr };
+        laid_out.size = span;
+        laid_out.offset[..n].copy_from_slice(offsets);
+        laid_out.stride[..n].copy_from_slice(strides);
+        let user_data = Box::into_raw(Box::new(keep));
+        // SAFETY: the default CUDA allocator (null), this value's live
+        // context, no stream (the memory is complete now: the caller's),
+        // an info that describes `ptr`'s layout (the caller's), and
+        // `run_keep` with the boxed `keep` it frees once; GStreamer does
+        // not free `ptr` itself when a notify is given.
+        let raw = unsafe {
+            alloc_wrapped(
+                std::ptr::null_mut(),
+                self.context,
+                std::ptr::null_mut(),
+                &laid_out,
+                ptr,
+                user_data.cast(),
+                Some(run_keep),
+            )
+        };
+        if raw.is_null() {
+            // SAFETY: not handed to GStreamer: still this function's.
+            let keep = unsafe { Box::from_raw(user_data) };
+            keep();
+            return Err("GStreamer's CUDA allocator would not wrap the frame".into());
+        }
+        // SAFETY: a new memory, owned from here on.
+        let memory: gst::Memory = unsafe { from_glib_full(raw) };
+        let mut buffer = gst::Buffer::new();
+        {
+            let b = buffer.get_mut().expect("a new buffer is writable");
+            b.append_memory(memory);
+            gst_video::VideoMeta::add_full(
+                b,
+                gst_video::VideoFrameFlags::empty(),
+                info.format(),
+                info.width(),
+                info.height(),
+                offsets,
+                strides,
+            )
+            .map_err(|e| format!("cannot add a GstVideoMeta: {e}"))?;
+        }
         Ok(buffer)
     }
 

@@ -22,7 +22,11 @@
 //!   on the receiver's Vulkan device; for a device-local ring a CUDA
 //!   device-to-host copy, or with [`Output::Cuda`] a device-to-device copy
 //!   into a `GstCudaMemory`, waited for) and releases it before returning,
-//!   whatever the copy's outcome: no frame is held across a push.
+//!   whatever the copy's outcome. One exception, with [`Output::Cuda`]
+//!   where GStreamer is 1.24 or later: the frame, waited for, goes
+//!   downstream as a `GstCudaMemory` wrapping its slot (no copy), and is
+//!   released (on the reader's stream) when GStreamer frees that memory;
+//!   the buffer keeps the receiver, and so the imported slots, alive.
 
 use std::time::{Duration, Instant};
 
@@ -39,10 +43,11 @@ use vk_export::markers::{HostVisible, MemoryLocation};
 use vk_export::wire::Resource;
 use vk_export::{Context, HeadlessOptions};
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::cuda_memory::{CudaOut, DevicePlane, GstCuda};
-use crate::formats::{ring_video, RingVideo};
+use crate::formats::{ring_video, Planes, RingVideo};
+use crate::lock;
 
 /// Where the sender is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,10 +76,10 @@ pub(crate) enum Reader {
     Image(ImageReader),
     /// A device-local buffer ring, read through CUDA.
     Cuda {
-        /// The receiver (boxed: the largest kind by far).
-        rx: Box<CudaReceiver>,
-        /// The stream its copies go on.
-        stream: Stream,
+        /// The receiver (shared with the buffers that wrap its slots).
+        rx: Arc<CudaReceiver>,
+        /// The stream its copies and releases go on (shared likewise).
+        stream: Arc<Mutex<Stream>>,
         /// GStreamer's CUDA memory around its context, or why there is
         /// none.
         cuda_out: Result<Arc<CudaOut>, String>,
@@ -235,8 +240,8 @@ impl Reader {
                     .and_then(|lib| CudaOut::new(lib, rx.cuda()))
                     .map(Arc::new);
                 Reader::Cuda {
-                    rx: Box::new(rx),
-                    stream,
+                    rx: Arc::new(rx),
+                    stream: Arc::new(Mutex::new(stream)),
                     cuda_out,
                 }
             }
@@ -304,31 +309,81 @@ impl Reader {
                 Output::Cuda(info),
             ) => {
                 let out = cuda_out.as_ref().map_err(|why| Next::Fault(why.clone()))?;
-                let filled = rx
-                    .wait_on(&frame, stream)
-                    .map_err(|e| classify_read(target, e))
-                    .and_then(|()| {
-                        let luma = rx.pitched(&frame).map_err(|e| classify_read(target, e))?;
-                        let chroma = rx.chroma(&frame).map_err(|e| classify_read(target, e))?;
-                        let planes: Vec<DevicePlane> = std::iter::once(luma)
-                            .chain(chroma)
-                            .map(|p| DevicePlane {
-                                ptr: p.ptr,
-                                pitch: p.pitch,
-                                row_bytes: p.row_bytes,
-                                rows: p.rows,
-                            })
-                            .collect();
-                        out.fill(info, &planes, stream, timeout)
-                            .map_err(|why| Next::Fault(format!("a frame from {target}: {why}")))
-                    })
-                    .map(|buffer| (buffer, Instant::now()));
-                // After the copy, on the same stream: the sender writes the
-                // slot only after it.
-                let released = rx.release_after(frame, stream);
-                let (filled, ready_at) = filled?;
-                released.map_err(|e| classify_read(target, e))?;
-                (Pixels::Cuda(filled), false, ready_at)
+                let guard = lock(stream);
+                if out.can_wrap() {
+                    // GStreamer 1.24 and later: the slot itself goes
+                    // downstream, the frame held until GStreamer frees it.
+                    let waited = rx
+                        .wait_on(&frame, &guard)
+                        .and_then(|()| guard.synchronize(timeout).map_err(Into::into))
+                        .and_then(|()| rx.pitched(&frame));
+                    let slot = match waited {
+                        Ok(slot) => slot,
+                        Err(e) => {
+                            let _ = rx.release_after(frame, &guard);
+                            return Err(classify_read(target, e));
+                        }
+                    };
+                    drop(guard);
+                    let ready_at = Instant::now();
+                    let planes = Planes::of_ring(rx.layout());
+                    let strides: Vec<i32> = planes.strides[..planes.n]
+                        .iter()
+                        .map(|&s| s as i32)
+                        .collect();
+                    let (keep_rx, keep_stream) = (Arc::clone(rx), Arc::clone(stream));
+                    let keep: Box<dyn FnOnce() + Send> = Box::new(move || {
+                        // Downstream is done with the buffer (GStreamer's
+                        // rule): the sender may write the slot again.
+                        let s = lock(&keep_stream);
+                        let _ = keep_rx.release_after(frame, &s);
+                    });
+                    // SAFETY: the slot is device memory of the receiver's
+                    // device (its CUDA context is `out`'s: the reader made
+                    // `out` from it), laid out as the ring's planes, whose
+                    // span the ring's layout checked against the slot at
+                    // import; the frame in it is complete (the wait above,
+                    // synchronized), and the sender writes the slot again
+                    // only after `keep` released the frame; `keep` holds
+                    // the receiver, so the imported memory lives as long.
+                    let buffer = unsafe {
+                        out.wrap(
+                            info,
+                            slot.ptr,
+                            planes.span(),
+                            (&planes.offsets[..planes.n], &strides),
+                            keep,
+                        )
+                    }
+                    .map_err(|why| Next::Fault(format!("a frame from {target}: {why}")))?;
+                    (Pixels::Cuda(buffer), false, ready_at)
+                } else {
+                    let filled = rx
+                        .wait_on(&frame, &guard)
+                        .map_err(|e| classify_read(target, e))
+                        .and_then(|()| {
+                            let luma = rx.pitched(&frame).map_err(|e| classify_read(target, e))?;
+                            let chroma = rx.chroma(&frame).map_err(|e| classify_read(target, e))?;
+                            let planes: Vec<DevicePlane> = std::iter::once(luma)
+                                .chain(chroma)
+                                .map(|p| DevicePlane {
+                                    ptr: p.ptr,
+                                    pitch: p.pitch,
+                                    row_bytes: p.row_bytes,
+                                    rows: p.rows,
+                                })
+                                .collect();
+                            out.fill(info, &planes, &guard, timeout)
+                                .map_err(|why| Next::Fault(format!("a frame from {target}: {why}")))
+                        })
+                        .map(|buffer| (buffer, Instant::now()));
+                    // After the copy, on the same stream: the sender writes
+                    // the slot only after it.
+                    let released = rx.release_after(frame, &guard);
+                    let (filled, ready_at) = filled?;
+                    released.map_err(|e| classify_read(target, e))?;
+                    (Pixels::Cuda(filled), false, ready_at)
+                }
             }
             (_, Output::Cuda(_)) => {
                 return Err(Next::Fault(
@@ -350,6 +405,7 @@ impl Reader {
                 (Pixels::Bytes(bytes), false, Instant::now())
             }
             (Reader::Cuda { rx, stream, .. }, Output::System) => {
+                let stream = &*lock(stream);
                 let mut bytes = vec![0u8; rx.layout().frame_bytes().unwrap_or(0) as usize];
                 let copied = rx
                     .wait_on(&frame, stream)

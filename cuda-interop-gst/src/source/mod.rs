@@ -23,9 +23,13 @@
 //! * Memory: the caps offer `memory:CUDAMemory` first where the reader
 //!   has GStreamer's CUDA memory for the ring (`crate::cuda_memory`: a
 //!   device-local ring, the library loaded, a format its allocator lays
-//!   out); negotiated, every buffer is one `GstCudaMemory` of GStreamer's
-//!   CUDA buffer pool, complete when pushed, with its `GstVideoMeta`
-//!   (counted in `cuda-memory-buffers`), and CUDA context queries are
+//!   out); negotiated, every buffer is one `GstCudaMemory` with its
+//!   `GstVideoMeta`, complete when pushed (counted in
+//!   `cuda-memory-buffers`): on GStreamer 1.24 and later the ring's slot
+//!   itself, the frame held until downstream drops the buffer (drop it
+//!   once done with it, GPU reads included, as with any pooled buffer;
+//!   holding every slot starves the source, bounded by `timeout`), before
+//!   1.24 a copy in GStreamer's CUDA buffer pool. CUDA context queries are
 //!   answered with the receiver's context. The debug log has each frame's
 //!   hand-off (received -> copy complete).
 //! * Rows (system memory): when the ring's strides and plane offsets are
