@@ -784,7 +784,8 @@ fn child_baseline_receiver() {
 /// `videotestsrc` at 75 frames/s on A, the same payloader and TCP
 /// framing, `appsink` on B; the frame rate at B.
 fn baseline(tag: &str, subnet: u8, size: (u32, u32), frames: u64) -> String {
-    let hosts = hosts(&format!("{tag}-base"), subnet);
+    // A tag of its own, short: veth names hold 15 bytes.
+    let hosts = hosts(&format!("{}b", &tag[..tag.len().min(6)]), subnet);
     let (w, h) = size;
     let port = 5100 + u32::from(subnet);
     let caps = format!(
