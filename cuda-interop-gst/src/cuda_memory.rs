@@ -76,6 +76,8 @@ type HandleQuery = unsafe extern "C" fn(
     *mut gst::ffi::GstObject,
 ) -> glib::ffi::gboolean;
 type IsCudaMemory = unsafe extern "C" fn(*mut gst::ffi::GstMemory) -> glib::ffi::gboolean;
+type MemoryGetStream = unsafe extern "C" fn(*mut gst::ffi::GstMemory) -> *mut c_void;
+type StreamGetHandle = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
 type NewPool = unsafe extern "C" fn(*mut gst::ffi::GstObject) -> *mut gst::ffi::GstBufferPool;
 type GetHandle = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
 type AllocWrapped = unsafe extern "C" fn(
@@ -97,6 +99,9 @@ pub(crate) struct GstCuda {
     is_cuda_memory: IsCudaMemory,
     /// `gst_cuda_allocator_alloc_wrapped`: GStreamer 1.24 and later.
     alloc_wrapped: Option<AllocWrapped>,
+    /// `gst_cuda_memory_get_stream` and `gst_cuda_stream_get_handle`:
+    /// GStreamer 1.24 and later.
+    memory_stream: Option<(MemoryGetStream, StreamGetHandle)>,
     /// Keeps the functions above loaded (never unloaded: GStreamer keeps
     /// types it registered).
     _library: libloading::Library,
@@ -174,6 +179,22 @@ impl GstCuda {
                 .ok()
                 .map(|f| *f)
         };
+        // SAFETY: as above (gstcudamemory.h and gstcudastream.h, 1.24:
+        // `GstCudaStream * gst_cuda_memory_get_stream (GstCudaMemory *)`,
+        // transfer none; `CUstream gst_cuda_stream_get_handle
+        // (GstCudaStream *)`).
+        let memory_stream = unsafe {
+            library
+                .get::<MemoryGetStream>(b"gst_cuda_memory_get_stream\0")
+                .ok()
+                .map(|f| *f)
+                .zip(
+                    library
+                        .get::<StreamGetHandle>(b"gst_cuda_stream_get_handle\0")
+                        .ok()
+                        .map(|f| *f),
+                )
+        };
         // SAFETY: no arguments; loads libcuda into the library's table
         // (idempotent, thread-safe: a GOnce inside).
         if unsafe { load_library() } == glib::ffi::GFALSE {
@@ -197,6 +218,7 @@ impl GstCuda {
             handle_query,
             is_cuda_memory,
             alloc_wrapped,
+            memory_stream,
             _library: library,
         })
     }
@@ -270,7 +292,8 @@ unsafe extern "C" fn run_keep(data: *mut c_void) {
     // SAFETY: `data` is the `Box<Box<dyn FnOnce() + Send>>` `CudaOut::wrap`
     // leaked into the memory, given back once, when it is freed.
     let keep = unsafe { Box::from_raw(data.cast::<Box<dyn FnOnce() + Send>>()) };
-    keep();
+    // A panic must not unwind into GStreamer's C frames.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(keep));
 }
 
 /// `CudaDevice` may be dropped on whichever thread finalizes the context.
@@ -398,7 +421,7 @@ impl CudaOut {
         // SAFETY: a GstCudaMemory (checked just above), whose public head is
         // `GstCudaMemoryHead`; read only, while `buffer` holds the memory.
         let laid_out = unsafe { &(*raw.cast::<GstCudaMemoryHead>()).info };
-        let size = buffer.peek_memory(0).maxsize();
+        let size = buffer.peek_memory(0).size();
         let mut offsets = Vec::with_capacity(planes.len());
         let mut strides = Vec::with_capacity(planes.len());
         for (i, plane) in planes.iter().enumerate() {
@@ -550,6 +573,35 @@ impl CudaOut {
         Ok(buffer)
     }
 
+    /// Polls `stream` (a live stream of this context) until its work ran,
+    /// within `timeout`.
+    fn wait_for_stream(&self, stream: sys::CUstream, timeout: Duration) -> Result<(), String> {
+        let query = sys::Driver::global()
+            .map_err(|e| e.to_string())?
+            .fns()
+            .cuStreamQuery
+            .ok_or("the CUDA driver lacks cuStreamQuery")?;
+        let current = self.device.enter().map_err(|e| e.to_string())?;
+        let start = std::time::Instant::now();
+        loop {
+            // SAFETY: the caller's: a live stream of this context, current.
+            match unsafe { query(stream) } {
+                CUresult::CUDA_SUCCESS => break,
+                CUresult::CUDA_ERROR_NOT_READY if start.elapsed() < timeout => {
+                    std::thread::sleep(Duration::from_micros(20));
+                }
+                CUresult::CUDA_ERROR_NOT_READY => {
+                    return Err(format!(
+                        "the element upstream's CUDA work did not finish within {timeout:?}"
+                    ))
+                }
+                other => return Err(format!("cuStreamQuery upstream's stream: {other:?}")),
+            }
+        }
+        drop(current);
+        Ok(())
+    }
+
     /// The device whose primary context this wraps.
     pub(crate) fn device(&self) -> &CudaDevice {
         &self.device
@@ -596,13 +648,32 @@ impl CudaOut {
                 self.device.name()
             ));
         }
+        // Offsets from the start of the memory's mapping (which begins at
+        // its offset into the allocation, where the allocator's info
+        // counts from).
         let (offsets, strides): (Vec<usize>, Vec<i32>) = match buffer.meta::<gst_video::VideoMeta>()
         {
-            Some(meta) => (meta.offset().to_vec(), meta.stride().to_vec()),
-            None => (
-                head.info.offset[..dst.len()].to_vec(),
-                head.info.stride[..dst.len()].to_vec(),
+            Some(meta) if meta.n_planes() as usize != dst.len() => {
+                return Err(format!(
+                    "a video meta of {} planes for {:?}, which has {}",
+                    meta.n_planes(),
+                    info.format(),
+                    dst.len()
+                ))
+            }
+            Some(meta) => (
+                meta.offset()[..dst.len()].to_vec(),
+                meta.stride()[..dst.len()].to_vec(),
             ),
+            None => {
+                let skipped = memory.offset();
+                let offsets = head.info.offset[..dst.len()]
+                    .iter()
+                    .map(|o| o.checked_sub(skipped))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or("a CUDA memory resized past its planes")?;
+                (offsets, head.info.stride[..dst.len()].to_vec())
+            }
         };
         let size = memory.size() as u64;
         let mut planes = Vec::with_capacity(dst.len());
@@ -625,6 +696,23 @@ impl CudaOut {
                 ));
             }
             planes.push((offset, stride as u64));
+        }
+        // 1.24 and later: the element upstream may push before its work on
+        // its stream ran; wait (bounded) for that stream to drain.
+        if let Some((get_stream, get_handle)) = self.lib.memory_stream {
+            // SAFETY: a live GstCudaMemory `buffer` holds; the stream (if
+            // any) is the memory's, alive while it is.
+            let upstream = unsafe {
+                let s = get_stream(raw);
+                if s.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    get_handle(s)
+                }
+            };
+            if !upstream.is_null() {
+                self.wait_for_stream(upstream.cast(), timeout)?;
+            }
         }
         let mut map = std::mem::MaybeUninit::<gst::ffi::GstMapInfo>::zeroed();
         // SAFETY: a live memory `buffer` holds; mapped readable for the

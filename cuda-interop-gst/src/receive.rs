@@ -23,7 +23,8 @@
 //!   device-to-host copy, or with [`Output::Cuda`] a device-to-device copy
 //!   into a `GstCudaMemory`, waited for) and releases it before returning,
 //!   whatever the copy's outcome. One exception, with [`Output::Cuda`]
-//!   where GStreamer is 1.24 or later: the frame, waited for, goes
+//!   asked to wrap where GStreamer is 1.24 or later: the frame, waited
+//!   for, goes
 //!   downstream as a `GstCudaMemory` wrapping its slot (no copy), and is
 //!   released (on the reader's stream) when GStreamer frees that memory;
 //!   the buffer keeps the receiver, and so the imported slots, alive.
@@ -43,11 +44,10 @@ use vk_export::markers::{HostVisible, MemoryLocation};
 use vk_export::wire::Resource;
 use vk_export::{Context, HeadlessOptions};
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::cuda_memory::{CudaOut, DevicePlane, GstCuda};
 use crate::formats::{ring_video, Planes, RingVideo};
-use crate::lock;
 
 /// Where the sender is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,8 +78,8 @@ pub(crate) enum Reader {
     Cuda {
         /// The receiver (shared with the buffers that wrap its slots).
         rx: Arc<CudaReceiver>,
-        /// The stream its copies and releases go on (shared likewise).
-        stream: Arc<Mutex<Stream>>,
+        /// The stream its copies and releases go on.
+        stream: Stream,
         /// GStreamer's CUDA memory around its context, or why there is
         /// none.
         cuda_out: Result<Arc<CudaOut>, String>,
@@ -92,8 +92,14 @@ pub(crate) enum Output<'a> {
     /// Bytes in system memory.
     System,
     /// A `GstCudaMemory` laid out for this video info (a device-local
-    /// ring's reader with [`Reader::cuda_out`] only).
-    Cuda(&'a gst_video::VideoInfo),
+    /// ring's reader with [`Reader::cuda_out`] only); `wrap`: the slot
+    /// itself where GStreamer can wrap it (1.24 or later), else a copy.
+    Cuda {
+        /// The caps' video.
+        info: &'a gst_video::VideoInfo,
+        /// Hand out the slot itself where possible.
+        wrap: bool,
+    },
 }
 
 /// A frame's pixels, copied out.
@@ -241,7 +247,7 @@ impl Reader {
                     .map(Arc::new);
                 Reader::Cuda {
                     rx: Arc::new(rx),
-                    stream: Arc::new(Mutex::new(stream)),
+                    stream,
                     cuda_out,
                 }
             }
@@ -306,46 +312,60 @@ impl Reader {
                     stream,
                     cuda_out,
                 },
-                Output::Cuda(info),
+                Output::Cuda { info, wrap },
             ) => {
                 let out = cuda_out.as_ref().map_err(|why| Next::Fault(why.clone()))?;
-                let guard = lock(stream);
-                if out.can_wrap() {
+                // The slot itself only where the wrapped memory can say it
+                // is no larger than the slot and its strides fit an i32;
+                // and only for lossless delivery, where a receiver may hold
+                // several frames (a latest one holds one at a time).
+                let planes = Planes::of_ring(rx.layout());
+                let strides: Option<Vec<i32>> = planes.strides[..planes.n]
+                    .iter()
+                    .map(|&s| i32::try_from(s).ok())
+                    .collect();
+                let fits = rx
+                    .slot(&frame)
+                    .is_ok_and(|slot| planes.span() as u64 <= slot.len);
+                let wrap = wrap
+                    && out.can_wrap()
+                    && fits
+                    && strides.is_some()
+                    && self.session().delivery() == Delivery::Lossless;
+                if let (true, Some(strides)) = (wrap, strides) {
                     // GStreamer 1.24 and later: the slot itself goes
                     // downstream, the frame held until GStreamer frees it.
                     let waited = rx
-                        .wait_on(&frame, &guard)
-                        .and_then(|()| guard.synchronize(timeout).map_err(Into::into))
+                        .wait_on(&frame, stream)
+                        .and_then(|()| stream.synchronize(timeout).map_err(Into::into))
                         .and_then(|()| rx.pitched(&frame));
                     let slot = match waited {
                         Ok(slot) => slot,
                         Err(e) => {
-                            let _ = rx.release_after(frame, &guard);
+                            let _ = rx.release_after(frame, stream);
                             return Err(classify_read(target, e));
                         }
                     };
-                    drop(guard);
                     let ready_at = Instant::now();
-                    let planes = Planes::of_ring(rx.layout());
-                    let strides: Vec<i32> = planes.strides[..planes.n]
-                        .iter()
-                        .map(|&s| s as i32)
-                        .collect();
-                    let (keep_rx, keep_stream) = (Arc::clone(rx), Arc::clone(stream));
+                    let keep_rx = Arc::clone(rx);
                     let keep: Box<dyn FnOnce() + Send> = Box::new(move || {
-                        // Downstream is done with the buffer (GStreamer's
-                        // rule): the sender may write the slot again.
-                        let s = lock(&keep_stream);
-                        let _ = keep_rx.release_after(frame, &s);
+                        // Released after everything enqueued on the legacy
+                        // default stream, which waits for the context's
+                        // blocking streams: GStreamer's CUDA elements read
+                        // on such streams and may drop a buffer before
+                        // their reads ran.
+                        // SAFETY: 1 is the legacy default stream.
+                        let _ = unsafe { keep_rx.release_after_raw(frame, 1) };
                     });
                     // SAFETY: the slot is device memory of the receiver's
                     // device (its CUDA context is `out`'s: the reader made
                     // `out` from it), laid out as the ring's planes, whose
-                    // span the ring's layout checked against the slot at
-                    // import; the frame in it is complete (the wait above,
-                    // synchronized), and the sender writes the slot again
-                    // only after `keep` released the frame; `keep` holds
-                    // the receiver, so the imported memory lives as long.
+                    // span is within the slot (checked above); the frame in
+                    // it is complete (the wait above, synchronized), and
+                    // the sender writes the slot again only after `keep`
+                    // released the frame, after the context's work queued
+                    // by then; `keep` holds the receiver, so the imported
+                    // memory lives as long.
                     let buffer = unsafe {
                         out.wrap(
                             info,
@@ -359,7 +379,7 @@ impl Reader {
                     (Pixels::Cuda(buffer), false, ready_at)
                 } else {
                     let filled = rx
-                        .wait_on(&frame, &guard)
+                        .wait_on(&frame, stream)
                         .map_err(|e| classify_read(target, e))
                         .and_then(|()| {
                             let luma = rx.pitched(&frame).map_err(|e| classify_read(target, e))?;
@@ -373,19 +393,19 @@ impl Reader {
                                     rows: p.rows,
                                 })
                                 .collect();
-                            out.fill(info, &planes, &guard, timeout)
+                            out.fill(info, &planes, stream, timeout)
                                 .map_err(|why| Next::Fault(format!("a frame from {target}: {why}")))
                         })
                         .map(|buffer| (buffer, Instant::now()));
                     // After the copy, on the same stream: the sender writes
                     // the slot only after it.
-                    let released = rx.release_after(frame, &guard);
+                    let released = rx.release_after(frame, stream);
                     let (filled, ready_at) = filled?;
                     released.map_err(|e| classify_read(target, e))?;
                     (Pixels::Cuda(filled), false, ready_at)
                 }
             }
-            (_, Output::Cuda(_)) => {
+            (_, Output::Cuda { .. }) => {
                 return Err(Next::Fault(
                     "CUDA memory asked of a ring in host memory: a cudainteropsrc bug".into(),
                 ))
@@ -405,7 +425,6 @@ impl Reader {
                 (Pixels::Bytes(bytes), false, Instant::now())
             }
             (Reader::Cuda { rx, stream, .. }, Output::System) => {
-                let stream = &*lock(stream);
                 let mut bytes = vec![0u8; rx.layout().frame_bytes().unwrap_or(0) as usize];
                 let copied = rx
                     .wait_on(&frame, stream)

@@ -371,3 +371,14 @@ fn a_ring_republished_through_cuda_memory_keeps_every_pixel_rgba() {
 fn a_ring_republished_through_cuda_memory_keeps_every_pixel_nv12() {
     republished(Some(Planar::Nv12), "NV12");
 }
+
+/// `zero-copy` is off until asked for: a copy that is released at once is
+/// the default (the slot itself stays held while downstream keeps it).
+#[test]
+fn zero_copy_is_off_unless_asked_for() {
+    init();
+    let src = gst::ElementFactory::make("cudainteropsrc").build().unwrap();
+    assert!(!src.property::<bool>("zero-copy"));
+    src.set_property("zero-copy", true);
+    assert!(src.property::<bool>("zero-copy"));
+}

@@ -36,6 +36,10 @@ const SLOTS: u32 = 4;
 /// `timeout`'s default, in milliseconds.
 const DEFAULT_TIMEOUT_MS: u32 = 50;
 
+/// How long a CUDA copy of a buffer into a slot may take (the device
+/// busy with other work: not `timeout`, which bounds waiting for a slot).
+const COPY_BOUND: Duration = Duration::from_secs(2);
+
 /// `timeout`'s maximum: a buffer being rendered is not interrupted (the
 /// sender's acquire borrows it for the whole wait), so a flush or a state
 /// change waits for it at most this long.
@@ -173,7 +177,8 @@ impl ObjectImpl for CudaInteropSink {
                     .blurb(
                         "How long a buffer may wait for lossless receivers to free a slot \
                          before it is dropped (frames-skipped); at most 1000, the longest a \
-                         flush or a state change waits for a buffer being rendered",
+                         flush or a state change waits for a buffer being rendered (a CUDA \
+                         copy of one may take up to 2 s more)",
                     )
                     .default_value(DEFAULT_TIMEOUT_MS)
                     .maximum(MAX_TIMEOUT_MS)
@@ -415,8 +420,13 @@ impl CudaInteropSink {
                 rows: planes.rows[i] as u32,
             })
             .collect();
-        // On an error the open slot's drop releases it unpresented.
-        out.read_into(buffer, &ring.info, &dst, stream, timeout)?;
+        // On an error the open slot's drop releases it unpresented; the
+        // mapping is leaked, not freed, since a copy that timed out may
+        // still be writing through it.
+        if let Err(e) = out.read_into(buffer, &ring.info, &dst, stream, COPY_BOUND) {
+            std::mem::forget(mapped);
+            return Err(e);
+        }
         drop(mapped);
         *value += 1;
         written

@@ -42,6 +42,7 @@ struct Settings {
     socket: Option<String>,
     delivery: DeliveryMode,
     timeout_ms: u32,
+    zero_copy: bool,
 }
 
 impl Default for Settings {
@@ -51,6 +52,7 @@ impl Default for Settings {
             socket: None,
             delivery: DeliveryMode::Latest,
             timeout_ms: DEFAULT_TIMEOUT_MS,
+            zero_copy: false,
         }
     }
 }
@@ -131,6 +133,17 @@ impl ObjectImpl for CudaInteropSrc {
                     .default_value(DEFAULT_TIMEOUT_MS)
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecBoolean::builder("zero-copy")
+                    .nick("Zero copy")
+                    .blurb(
+                        "memory:CUDAMemory only: hand downstream the ring's slot itself, no copy \
+                         (GStreamer 1.24 or later; earlier, a copy): the frame stays held until \
+                         downstream drops the buffer, so a pipeline that keeps buffers holds the \
+                         sender's slots. Off: each frame is copied and released at once",
+                    )
+                    .default_value(false)
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecUInt64::builder("frames-received")
                     .nick("Frames received")
                     .blurb("Frames pushed since the start")
@@ -169,6 +182,7 @@ impl ObjectImpl for CudaInteropSrc {
             "socket" => settings.socket = value.get().expect("type checked upstream"),
             "delivery" => settings.delivery = value.get().expect("type checked upstream"),
             "timeout" => settings.timeout_ms = value.get().expect("type checked upstream"),
+            "zero-copy" => settings.zero_copy = value.get().expect("type checked upstream"),
             other => unreachable!("no property {other}"),
         }
     }
@@ -180,6 +194,7 @@ impl ObjectImpl for CudaInteropSrc {
             "socket" => settings.socket.to_value(),
             "delivery" => settings.delivery.to_value(),
             "timeout" => settings.timeout_ms.to_value(),
+            "zero-copy" => settings.zero_copy.to_value(),
             "frames-received" => self.received.load(Ordering::Relaxed).to_value(),
             "frames-dropped" => self.dropped.load(Ordering::Relaxed).to_value(),
             "device-copies" => self.device_copies.load(Ordering::Relaxed).to_value(),
@@ -270,6 +285,7 @@ impl CudaInteropSrc {
         &self,
         state: &State,
         timeout: Duration,
+        zero_copy: bool,
     ) -> Result<(Copied, Duration), gst::FlowError> {
         let deadline = Instant::now() + timeout;
         let (frame, received) = loop {
@@ -295,7 +311,10 @@ impl CudaInteropSrc {
             }
         };
         let into = if self.cuda_output.load(Ordering::SeqCst) {
-            Output::Cuda(&state.info)
+            Output::Cuda {
+                info: &state.info,
+                wrap: zero_copy,
+            }
         } else {
             Output::System
         };
@@ -467,12 +486,15 @@ impl PushSrcImpl for CudaInteropSrc {
         &self,
         _buffer: Option<&mut gst::BufferRef>,
     ) -> Result<CreateSuccess, gst::FlowError> {
-        let timeout = lock(&self.settings).timeout();
+        let (timeout, zero_copy) = {
+            let settings = lock(&self.settings);
+            (settings.timeout(), settings.zero_copy)
+        };
         let mut guard = lock(&self.state);
         let Some(state) = guard.as_mut() else {
             return Err(self.fail("cudainteropsrc produced a buffer before it started"));
         };
-        let (copied, handoff) = self.wait_frame(state, timeout)?;
+        let (copied, handoff) = self.wait_frame(state, timeout, zero_copy)?;
         let meta = self.video_meta.load(Ordering::SeqCst);
         let in_cuda = matches!(copied.pixels, Pixels::Cuda(_));
         let mut buffer = match copied.pixels {

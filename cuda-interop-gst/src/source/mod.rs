@@ -25,11 +25,12 @@
 //!   device-local ring, the library loaded, a format its allocator lays
 //!   out); negotiated, every buffer is one `GstCudaMemory` with its
 //!   `GstVideoMeta`, complete when pushed (counted in
-//!   `cuda-memory-buffers`): on GStreamer 1.24 and later the ring's slot
-//!   itself, the frame held until downstream drops the buffer (drop it
-//!   once done with it, GPU reads included, as with any pooled buffer;
-//!   holding every slot starves the source, bounded by `timeout`), before
-//!   1.24 a copy in GStreamer's CUDA buffer pool. CUDA context queries are
+//!   `cuda-memory-buffers`): a copy in GStreamer's CUDA buffer pool,
+//!   released at once; with `zero-copy` on GStreamer 1.24 and later, the
+//!   ring's slot itself, the frame held until downstream drops the buffer
+//!   (drop it once done with it, GPU reads included, as with any pooled
+//!   buffer; holding every slot starves the source, bounded by
+//!   `timeout`). CUDA context queries are
 //!   answered with the receiver's context. The debug log has each frame's
 //!   hand-off (received -> copy complete).
 //! * Rows (system memory): when the ring's strides and plane offsets are
