@@ -452,3 +452,42 @@ fn the_slot_timeout_is_bounded_at_one_second() {
     assert!(refused.is_err(), "1001 ms taken");
     assert_eq!(sink.property::<u32>("timeout"), 1000);
 }
+
+/// A ring's frame has no fields: interlaced video does not negotiate
+/// (deinterlace before the sink), progressive does.
+#[test]
+fn interlaced_video_is_refused_at_negotiation() {
+    init();
+    for (mode, refused) in [("interleaved", true), ("progressive", false)] {
+        let name = unique_name(&format!("sink-{mode}"));
+        let p = pipeline(&format!(
+            "appsrc name=feed format=time caps=video/x-raw,format=RGBA,width=16,height=16,\
+             framerate=0/1,interlace-mode={mode} ! cudainteropsink sender-name={name}"
+        ));
+        let feed = p
+            .by_name("feed")
+            .unwrap()
+            .downcast::<gst_app::AppSrc>()
+            .unwrap();
+        p.set_state(gst::State::Playing).unwrap();
+        let mut buffer = gst::Buffer::with_size(16 * 16 * 4).unwrap();
+        buffer.get_mut().unwrap().set_pts(gst::ClockTime::ZERO);
+        let _ = feed.push_buffer(buffer);
+        let _ = feed.end_of_stream();
+        let ended = p.bus().unwrap().timed_pop_filtered(
+            gst::ClockTime::from_seconds(BOUND.as_secs()),
+            &[gst::MessageType::Error, gst::MessageType::Eos],
+        );
+        p.set_state(gst::State::Null).unwrap();
+        let error = match ended.as_ref().map(|m| m.view()) {
+            Some(gst::MessageView::Error(e)) => Some(format!("{} ({:?})", e.error(), e.debug())),
+            Some(gst::MessageView::Eos(_)) => None,
+            other => panic!("{mode}: neither EOS nor an error: {other:?}"),
+        };
+        match (refused, error) {
+            (true, Some(why)) => assert!(why.contains("negotiat"), "{mode}: {why}"),
+            (false, None) => {}
+            (r, e) => panic!("{mode}: refused {r} expected, got {e:?}"),
+        }
+    }
+}

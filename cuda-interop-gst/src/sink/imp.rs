@@ -250,13 +250,16 @@ impl ElementImpl for CudaInteropSink {
         static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
             use gst_video::VideoFormat as V;
             let formats = [V::Rgba, V::Nv12, V::P01010le];
+            // Progressive only: a ring's frame has no fields.
             let mut caps = gst_video::VideoCapsBuilder::new()
                 .features([CUDA_MEMORY])
                 .format_list(formats)
+                .field("interlace-mode", "progressive")
                 .build();
             caps.merge(
                 gst_video::VideoCapsBuilder::new()
                     .format_list(formats)
+                    .field("interlace-mode", "progressive")
                     .build(),
             );
             vec![gst::PadTemplate::new(
@@ -555,6 +558,17 @@ impl BaseSinkImpl for CudaInteropSink {
         let info = gst_video::VideoInfo::from_caps(caps)
             .map_err(|e| self.fail(&format!("caps {caps} are not video: {e}")))?;
         let cuda = caps.features(0).is_some_and(|f| f.contains(CUDA_MEMORY));
+        // A ring carries square pixels and no colorimetry: say what is lost.
+        if info.par() != gst::Fraction::new(1, 1) {
+            gst::warning!(
+                CAT,
+                imp = self,
+                "pixel-aspect-ratio {} is not carried (receivers see square pixels): put \
+                 videoscale and a caps filter with pixel-aspect-ratio=1/1 before the sink to \
+                 keep the picture's shape",
+                info.par()
+            );
+        }
         let cuda_out = lock(&self.cuda_out).clone();
         if cuda && cuda_out.is_none() {
             return Err(self.fail(&format!(

@@ -6,7 +6,10 @@
 //!
 //! * Caps: `RGBA`, `NV12` and `P010_10LE` (what buffer rings hold; NV12 and
 //!   P010 need an even width and height); put `videoconvert` before it for
-//!   anything else (BGRA, I420, ...). In system memory everywhere, and in
+//!   anything else (BGRA, I420, ...). Progressive only (a ring's frame
+//!   has no fields: `deinterlace` before it); a pixel aspect ratio other
+//!   than 1/1 is taken with a warning that it is lost. In system memory
+//!   everywhere, and in
 //!   `memory:CUDAMemory` where the sink takes it: GStreamer's CUDA library
 //!   loads and the Vulkan device is an NVIDIA GPU with CUDA (its caps
 //!   offer CUDA memory only then; the INFO log says why not).
