@@ -1,5 +1,5 @@
-//! `memory:CUDAMemory` output for `cudainteropsrc`: GStreamer's CUDA
-//! library (`libgstcuda-1.0.so.0`, in gst-plugins-bad's library package),
+//! `memory:CUDAMemory` for both elements (out of `cudainteropsrc`, into
+//! `cudainteropsink`): GStreamer's CUDA library (`libgstcuda-1.0.so.0`, in gst-plugins-bad's library package),
 //! loaded at run time where it is installed, so the plugin neither builds
 //! against it nor needs it where it is absent.
 //!
@@ -30,14 +30,16 @@
 //!   hands out device memory the caller keeps valid as a `GstCudaMemory`
 //!   that wraps it, laid out as the caller says (`GstVideoMeta` included),
 //!   without a copy; the caller's `keep` runs once, when GStreamer frees
-//!   the memory (or at once if wrapping fails). GStreamer's rule for
-//!   buffers applies: whoever drops the buffer is done with it, its GPU
-//!   reads included, as with a buffer pool that reuses the memory.
+//!   the memory (or at once if wrapping fails). GStreamer's CUDA elements
+//!   may drop a buffer before their GPU reads of it ran: `keep` orders
+//!   what it gives back after the context's queued work (the caller's).
 //! * [`CudaOut::read_into`] copies a buffer of one `GstCudaMemory` made in
 //!   this same CUDA context (its `GstVideoMeta`'s plane offsets and strides,
 //!   else the memory's own) into device planes, device to device on the
-//!   given stream, and waits (bounded); memory of another context, or
-//!   planes past the memory, are refused before anything is copied.
+//!   given stream, and waits (bounded), after the stream the memory was
+//!   written on drained (1.24 and later, bounded); memory of another
+//!   context, or planes past the memory, are refused before anything is
+//!   copied.
 
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
