@@ -165,8 +165,8 @@ impl ObjectImpl for CudaInteropSrc {
                 glib::ParamSpecUInt64::builder("cuda-memory-buffers")
                     .nick("CUDA memory buffers")
                     .blurb(
-                        "Frames pushed in memory:CUDAMemory (copied device to device, no host \
-                         copy)",
+                        "Frames pushed in memory:CUDAMemory (a device-to-device copy, or the \
+                         slot itself with zero-copy: no host copy)",
                     )
                     .read_only()
                     .build(),
