@@ -1,15 +1,17 @@
 //! `cudainteropsink`'s implementation (the contract is the parent module's).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cuda_interop::{CudaDevice, ImportedBuffer, Stream};
 use cuda_interop_frames::discovery::{validate_name, DiscoveryError};
 use cuda_interop_frames::protocol::RingLayout;
-use cuda_interop_frames::sender::{Address, Sender, SenderError, SenderOptions, SenderStats};
+use cuda_interop_frames::sender::{
+    AcquireError, Address, Sender, SenderError, SenderOptions, SenderStats, WriteSlot,
+};
 use gst::glib;
 use gst::prelude::*;
 use gst::subclass::prelude::*;
@@ -36,14 +38,17 @@ const SLOTS: u32 = 4;
 /// `timeout`'s default, in milliseconds.
 const DEFAULT_TIMEOUT_MS: u32 = 50;
 
+/// How long one wait for a free slot lasts before the flushing flag is
+/// looked at again: `unlock`'s bound.
+const STEP: Duration = Duration::from_millis(50);
+
 /// How long a CUDA copy of a buffer into a slot may take (the device
 /// busy with other work: not `timeout`, which bounds waiting for a slot).
 const COPY_BOUND: Duration = Duration::from_secs(2);
 
-/// `timeout`'s maximum: a buffer being rendered is not interrupted (the
-/// sender's acquire borrows it for the whole wait), so a flush or a state
-/// change waits for it at most this long.
-const MAX_TIMEOUT_MS: u32 = 1000;
+/// `timeout`'s maximum (a minute: a lossless receiver that holds a slot
+/// longer is dropped by the sender's hold timeout well before).
+const MAX_TIMEOUT_MS: u32 = 60_000;
 
 /// How often the serving thread looks for receivers' messages.
 const SERVE_PERIOD: Duration = Duration::from_millis(2);
@@ -151,6 +156,8 @@ pub struct CudaInteropSink {
     server: Mutex<Option<Server>>,
     presented: AtomicU64,
     skipped: AtomicU64,
+    /// Set by `unlock`: a waiting `render` gives up its buffer.
+    flushing: AtomicBool,
 }
 
 #[glib::object_subclass]
@@ -176,9 +183,8 @@ impl ObjectImpl for CudaInteropSink {
                     .nick("Slot timeout (ms)")
                     .blurb(
                         "How long a buffer may wait for lossless receivers to free a slot \
-                         before it is dropped (frames-skipped); at most 1000, the longest a \
-                         flush or a state change waits for a buffer being rendered (a CUDA \
-                         copy of one may take up to 2 s more)",
+                         before it is dropped (frames-skipped); a flush or a state change \
+                         interrupts the wait within 50 ms",
                     )
                     .default_value(DEFAULT_TIMEOUT_MS)
                     .maximum(MAX_TIMEOUT_MS)
@@ -250,16 +256,13 @@ impl ElementImpl for CudaInteropSink {
         static TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
             use gst_video::VideoFormat as V;
             let formats = [V::Rgba, V::Nv12, V::P01010le];
-            // Progressive only: a ring's frame has no fields.
             let mut caps = gst_video::VideoCapsBuilder::new()
                 .features([CUDA_MEMORY])
                 .format_list(formats)
-                .field("interlace-mode", "progressive")
                 .build();
             caps.merge(
                 gst_video::VideoCapsBuilder::new()
                     .format_list(formats)
-                    .field("interlace-mode", "progressive")
                     .build(),
             );
             vec![gst::PadTemplate::new(
@@ -389,6 +392,7 @@ impl CudaInteropSink {
         buffer: &gst::BufferRef,
         timestamp: u64,
         timeout: Duration,
+        flushing: &AtomicBool,
     ) -> Result<Option<u64>, String> {
         let Slots::Cuda(cuda) = &mut ring.slots else {
             return Err("a CUDA write into a host-visible ring: a cudainteropsink bug".into());
@@ -401,44 +405,94 @@ impl CudaInteropSink {
             written,
             value,
         } = &mut **cuda;
-        let slot = match sender.acquire(timeout) {
-            Ok(slot) => slot,
-            Err(_) => return Ok(None),
-        };
-        let index = slot.index() as usize;
-        // Acquired for the main queue's family, already reached on return:
-        // CUDA may write the slot from here on.
-        let slot = slot
-            .open(QueueRole::Main)
-            .map_err(|e| format!("opening a slot failed: {e}"))?;
-        let mapped = imported[index]
-            .map()
-            .map_err(|e| format!("mapping a slot into CUDA failed: {e}"))?;
-        let planes = &ring.planes;
-        let dst: Vec<DevicePlane> = (0..planes.n)
-            .map(|i| DevicePlane {
-                ptr: mapped.device_ptr() + planes.offsets[i] as u64,
-                pitch: planes.strides[i] as u64,
-                row_bytes: planes.row_bytes[i] as u64,
-                rows: planes.rows[i] as u32,
-            })
-            .collect();
-        // On an error the open slot's drop releases it unpresented; the
-        // mapping is leaked, not freed, since a copy that timed out may
-        // still be writing through it.
-        if let Err(e) = out.read_into(buffer, &ring.info, &dst, stream, COPY_BOUND) {
-            std::mem::forget(mapped);
-            return Err(e);
+        let deadline = Instant::now() + timeout;
+        loop {
+            match sender.acquire(step_until(deadline)) {
+                // The whole write in this arm: the slot borrows the sender.
+                Ok(slot) => {
+                    return write_by_cuda(
+                        slot,
+                        CudaWrite {
+                            imported,
+                            out,
+                            stream,
+                            written,
+                            value,
+                        },
+                        buffer,
+                        &ring.info,
+                        &ring.planes,
+                        timestamp,
+                    )
+                    .map(Some)
+                }
+                Err(AcquireError::Timeout(_)) if keep_waiting(flushing, deadline) => continue,
+                Err(_) => return Ok(None),
+            }
         }
-        drop(mapped);
-        *value += 1;
-        written
-            .signal(*value)
-            .map_err(|e| format!("signalling the copy's timeline failed: {e}"))?;
-        slot.present(timestamp, (written, *value))
-            .map(Some)
-            .map_err(|e| format!("presenting a frame failed: {e}"))
     }
+}
+
+/// One step of a wait for a slot that ends at `deadline`.
+fn step_until(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now()).min(STEP)
+}
+
+/// Whether a wait for a slot goes on after a step that found none.
+fn keep_waiting(flushing: &AtomicBool, deadline: Instant) -> bool {
+    !flushing.load(Ordering::SeqCst) && Instant::now() < deadline
+}
+
+/// What a CUDA write into a slot uses besides the slot.
+struct CudaWrite<'a> {
+    imported: &'a mut [ImportedBuffer<DeviceLocal>],
+    out: &'a CudaOut,
+    stream: &'a Stream,
+    written: &'a TimelineSemaphore,
+    value: &'a mut u64,
+}
+
+/// Copies `buffer` (CUDA memory of `info`) into `slot` by CUDA and
+/// presents it after a host-signalled timeline; its sequence number.
+fn write_by_cuda(
+    slot: WriteSlot<'_, DeviceLocal>,
+    w: CudaWrite<'_>,
+    buffer: &gst::BufferRef,
+    info: &gst_video::VideoInfo,
+    planes: &Planes,
+    timestamp: u64,
+) -> Result<u64, String> {
+    let index = slot.index() as usize;
+    // Acquired for the main queue's family, already reached on return:
+    // CUDA may write the slot from here on.
+    let slot = slot
+        .open(QueueRole::Main)
+        .map_err(|e| format!("opening a slot failed: {e}"))?;
+    let mapped = w.imported[index]
+        .map()
+        .map_err(|e| format!("mapping a slot into CUDA failed: {e}"))?;
+    let dst: Vec<DevicePlane> = (0..planes.n)
+        .map(|i| DevicePlane {
+            ptr: mapped.device_ptr() + planes.offsets[i] as u64,
+            pitch: planes.strides[i] as u64,
+            row_bytes: planes.row_bytes[i] as u64,
+            rows: planes.rows[i] as u32,
+        })
+        .collect();
+    // On an error the open slot's drop releases it unpresented; the
+    // mapping is leaked, not freed, since a copy that timed out may still
+    // be writing through it.
+    if let Err(e) = w.out.read_into(buffer, info, &dst, w.stream, COPY_BOUND) {
+        std::mem::forget(mapped);
+        return Err(e);
+    }
+    drop(mapped);
+    *w.value += 1;
+    w.written
+        .signal(*w.value)
+        .map_err(|e| format!("signalling the copy's timeline failed: {e}"))?;
+    slot.present(timestamp, (w.written, *w.value))
+        .map_err(|e| format!("presenting a frame failed: {e}"))
 }
 
 impl BaseSinkImpl for CudaInteropSink {
@@ -554,10 +608,30 @@ impl BaseSinkImpl for CudaInteropSink {
         BaseSinkImplExt::parent_query(self, query)
     }
 
+    fn unlock(&self) -> Result<(), gst::ErrorMessage> {
+        self.flushing.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn unlock_stop(&self) -> Result<(), gst::ErrorMessage> {
+        self.flushing.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
     fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
         let info = gst_video::VideoInfo::from_caps(caps)
             .map_err(|e| self.fail(&format!("caps {caps} are not video: {e}")))?;
         let cuda = caps.features(0).is_some_and(|f| f.contains(CUDA_MEMORY));
+        // A ring's frame has no fields (caps without interlace-mode are
+        // progressive, so the template does not restrict it: that would
+        // refuse them).
+        if info.interlace_mode() != gst_video::VideoInterlaceMode::Progressive {
+            return Err(self.fail(&format!(
+                "{:?} video: a ring's frame has no fields (put deinterlace before \
+                 cudainteropsink)",
+                info.interlace_mode()
+            )));
+        }
         // A ring carries square pixels and no colorimetry: say what is lost.
         if info.par() != gst::Fraction::new(1, 1) {
             gst::warning!(
@@ -629,7 +703,13 @@ impl BaseSinkImpl for CudaInteropSink {
             return Err(gst::FlowError::NotNegotiated);
         };
         if ring.slots.in_cuda() {
-            return match Self::render_cuda(ring, buffer.as_ref(), timestamp, timeout) {
+            return match Self::render_cuda(
+                ring,
+                buffer.as_ref(),
+                timestamp,
+                timeout,
+                &self.flushing,
+            ) {
                 Ok(Some(sequence)) => {
                     self.presented.fetch_add(1, Ordering::Relaxed);
                     gst::trace!(CAT, imp = self, "frame {sequence} presented by CUDA");
@@ -685,25 +765,41 @@ impl BaseSinkImpl for CudaInteropSink {
             })?;
             &packed
         };
-        let slot = match sender.acquire(timeout) {
-            Ok(slot) => slot,
-            Err(e) => {
-                let n = self.skipped.fetch_add(1, Ordering::Relaxed) + 1;
-                gst::debug!(CAT, imp = self, "buffer dropped ({n} so far): {e}");
-                return Ok(gst::FlowSuccess::Ok);
+        let deadline = Instant::now() + timeout;
+        let presented = loop {
+            match sender.acquire(step_until(deadline)) {
+                // The whole write in this arm: the slot borrows the sender.
+                Ok(slot) => {
+                    break slot.present_with(timestamp, |device, cmd, target| {
+                        for (i, chunk) in bytes.chunks(UPDATE_MAX).enumerate() {
+                            // SAFETY: the sender's command buffer, recording,
+                            // and the slot's buffer (transfer-destination
+                            // usage, alive past the submission's wait); each
+                            // chunk is at most 65536 bytes, a multiple of 4
+                            // (the rows' span, rounded up to 4), at an offset
+                            // that is a multiple of 4, and lies inside the
+                            // slot (checked against its size when the ring
+                            // was made).
+                            unsafe {
+                                device.cmd_update_buffer(
+                                    cmd,
+                                    target,
+                                    (i * UPDATE_MAX) as u64,
+                                    chunk,
+                                )
+                            };
+                        }
+                    });
+                }
+                Err(AcquireError::Timeout(_)) if keep_waiting(&self.flushing, deadline) => continue,
+                Err(e) => {
+                    let n = self.skipped.fetch_add(1, Ordering::Relaxed) + 1;
+                    gst::debug!(CAT, imp = self, "buffer dropped ({n} so far): {e}");
+                    return Ok(gst::FlowSuccess::Ok);
+                }
             }
         };
-        let presented = slot.present_with(timestamp, |device, cmd, target| {
-            for (i, chunk) in bytes.chunks(UPDATE_MAX).enumerate() {
-                // SAFETY: the sender's command buffer, recording, and the
-                // slot's buffer (transfer-destination usage, alive past the
-                // submission's wait); each chunk is at most 65536 bytes, a
-                // multiple of 4 (the rows' span, rounded up to 4), at an
-                // offset that is a multiple of 4, and lies inside the slot
-                // (checked against its size when the ring was made).
-                unsafe { device.cmd_update_buffer(cmd, target, (i * UPDATE_MAX) as u64, chunk) };
-            }
-        });
+
         match presented {
             Ok(sequence) => {
                 self.presented.fetch_add(1, Ordering::Relaxed);

@@ -7,7 +7,8 @@
 //! * Caps: `RGBA`, `NV12` and `P010_10LE` (what buffer rings hold; NV12 and
 //!   P010 need an even width and height); put `videoconvert` before it for
 //!   anything else (BGRA, I420, ...). Progressive only (a ring's frame
-//!   has no fields: `deinterlace` before it); a pixel aspect ratio other
+//!   has no fields: interlaced caps are an error saying to put
+//!   `deinterlace` before it); a pixel aspect ratio other
 //!   than 1/1 is taken with a warning that it is lost. In system memory
 //!   everywhere, and in
 //!   `memory:CUDAMemory` where the sink takes it: GStreamer's CUDA library
@@ -38,7 +39,9 @@
 //!   (`crate::clock`). When no slot frees within `timeout` (latest
 //!   receivers holding them all, or lossless ones holding them that long)
 //!   the buffer is dropped and counted in `frames-skipped`: a slow
-//!   receiver never stalls the pipeline for longer than that.
+//!   receiver never stalls the pipeline for longer than that; `unlock`
+//!   (a flush, a state change) ends the wait within 50 ms, the buffer
+//!   dropped likewise.
 //! * PAUSED -> READY (`stop`) drops the sender: its receivers get a
 //!   goodbye, and its name and socket are removed.
 
