@@ -51,6 +51,29 @@ use gst::glib;
 use gst::glib::translate::{from_glib_full, ToGlibPtr};
 use gst::prelude::{BufferPoolExt, BufferPoolExtManual};
 
+/// GStreamer's caps feature for CUDA device memory.
+pub(crate) const CUDA_MEMORY: &str = "memory:CUDAMemory";
+
+/// Whether `caps` (negotiated, fixed) are in [`CUDA_MEMORY`].
+pub(crate) fn in_cuda_memory(caps: &gst::CapsRef) -> bool {
+    caps.features(0).is_some_and(|f| f.contains(CUDA_MEMORY))
+}
+
+/// An element's answer to `query` where it is a CUDA context query and
+/// `out` (the element's, while started) has a context: whether it
+/// answered (else the parent's handler should).
+pub(crate) fn answer_context_query(
+    out: &std::sync::Mutex<Option<std::sync::Arc<CudaOut>>>,
+    element: &gst::Element,
+    query: &mut gst::QueryRef,
+) -> bool {
+    if !matches!(query.view_mut(), gst::QueryViewMut::Context(_)) {
+        return false;
+    }
+    let out = crate::lock(out).clone();
+    out.is_some_and(|out| out.answer_context_query(element, query))
+}
+
 /// `GST_MAP_CUDA` (`gstcudamemory.h`): map for the device pointer.
 const GST_MAP_CUDA: gst::ffi::GstMapFlags = gst::ffi::GST_MAP_FLAG_LAST << 1;
 

@@ -319,20 +319,21 @@ impl Reader {
                 // is no larger than the slot and its strides fit an i32;
                 // and only for lossless delivery, where a receiver may hold
                 // several frames (a latest one holds one at a time).
-                let planes = Planes::of_ring(rx.layout());
-                let strides: Option<Vec<i32>> = planes.strides[..planes.n]
-                    .iter()
-                    .map(|&s| i32::try_from(s).ok())
-                    .collect();
-                let fits = rx
-                    .slot(&frame)
-                    .is_ok_and(|slot| planes.span() as u64 <= slot.len);
-                let wrap = wrap
-                    && out.can_wrap()
-                    && fits
-                    && strides.is_some()
-                    && self.session().delivery() == Delivery::Lossless;
-                if let (true, Some(strides)) = (wrap, strides) {
+                let wrapped =
+                    (wrap && out.can_wrap() && self.session().delivery() == Delivery::Lossless)
+                        .then(|| Planes::of_ring(rx.layout()))
+                        .filter(|planes| {
+                            rx.slot(&frame)
+                                .is_ok_and(|slot| planes.span() as u64 <= slot.len)
+                        })
+                        .and_then(|planes| {
+                            let strides = planes.strides[..planes.n]
+                                .iter()
+                                .map(|&s| i32::try_from(s).ok())
+                                .collect::<Option<Vec<i32>>>()?;
+                            Some((planes, strides))
+                        });
+                if let Some((planes, strides)) = wrapped {
                     // GStreamer 1.24 and later: the slot itself goes
                     // downstream, the frame held until GStreamer frees it.
                     let waited = rx

@@ -229,29 +229,12 @@ fn the_sink_refuses_cuda_memory_where_it_cannot_take_it() {
         .iter_with_features()
         .any(|(_, f)| f.contains("memory:CUDAMemory")));
     let name = unique_name("sink-no-cuda");
-    let p = pipeline(&format!(
-        "appsrc name=feed format=time caps=\"video/x-raw(memory:CUDAMemory),format=RGBA,\
-         width=64,height=48,framerate=0/1\" ! cudainteropsink sender-name={name}"
-    ));
-    let feed = p
-        .by_name("feed")
-        .unwrap()
-        .downcast::<gst_app::AppSrc>()
-        .unwrap();
-    p.set_state(gst::State::Playing).unwrap();
-    let mut buffer = gst::Buffer::with_size(64 * 48 * 4).unwrap();
-    buffer.get_mut().unwrap().set_pts(gst::ClockTime::ZERO);
-    let pushed = feed.push_buffer(buffer);
-    let _ = feed.end_of_stream();
-    let ended = p.bus().unwrap().timed_pop_filtered(
-        gst::ClockTime::from_seconds(BOUND.as_secs()),
-        &[gst::MessageType::Error, gst::MessageType::Eos],
-    );
-    p.set_state(gst::State::Null).unwrap();
-    let why = match ended.as_ref().map(|m| m.view()) {
-        Some(gst::MessageView::Error(e)) => format!("{} ({:?})", e.error(), e.debug()),
-        other => panic!("a sink without CUDA took CUDA memory ({pushed:?}, {other:?})"),
-    };
+    let why = common::one_buffer_into_sink(
+        "video/x-raw(memory:CUDAMemory),format=RGBA,width=64,height=48,framerate=0/1",
+        &name,
+        64 * 48 * 4,
+    )
+    .expect("a sink without CUDA took CUDA memory");
     assert!(why.contains("negotiat"), "{why}");
     assert!(list_senders_named(&name).is_empty(), "no sender was made");
 }

@@ -21,7 +21,7 @@ use vk_export::{Context, HeadlessOptions};
 mod demo;
 
 mod common;
-use common::{bus_error, init, pipeline, unique_name, BOUND};
+use common::{bus_error, init, one_buffer_into_sink, pipeline, unique_name, BOUND};
 
 const W: u32 = 66;
 const H: u32 = 40;
@@ -508,30 +508,13 @@ fn interlaced_video_is_refused_at_negotiation() {
     init();
     for (mode, refused) in [("interleaved", true), ("progressive", false)] {
         let name = unique_name(&format!("sink-{mode}"));
-        let p = pipeline(&format!(
-            "appsrc name=feed format=time caps=video/x-raw,format=RGBA,width=16,height=16,\
-             framerate=0/1,interlace-mode={mode} ! cudainteropsink sender-name={name}"
-        ));
-        let feed = p
-            .by_name("feed")
-            .unwrap()
-            .downcast::<gst_app::AppSrc>()
-            .unwrap();
-        p.set_state(gst::State::Playing).unwrap();
-        let mut buffer = gst::Buffer::with_size(16 * 16 * 4).unwrap();
-        buffer.get_mut().unwrap().set_pts(gst::ClockTime::ZERO);
-        let _ = feed.push_buffer(buffer);
-        let _ = feed.end_of_stream();
-        let ended = p.bus().unwrap().timed_pop_filtered(
-            gst::ClockTime::from_seconds(BOUND.as_secs()),
-            &[gst::MessageType::Error, gst::MessageType::Eos],
+        let error = one_buffer_into_sink(
+            &format!(
+                "video/x-raw,format=RGBA,width=16,height=16,framerate=0/1,interlace-mode={mode}"
+            ),
+            &name,
+            16 * 16 * 4,
         );
-        p.set_state(gst::State::Null).unwrap();
-        let error = match ended.as_ref().map(|m| m.view()) {
-            Some(gst::MessageView::Error(e)) => Some(format!("{} ({:?})", e.error(), e.debug())),
-            Some(gst::MessageView::Eos(_)) => None,
-            other => panic!("{mode}: neither EOS nor an error: {other:?}"),
-        };
         match (refused, error) {
             (true, Some(why)) => assert!(why.contains("deinterlace"), "{mode}: {why}"),
             (false, None) => {}

@@ -20,7 +20,7 @@ use gst_base::subclass::prelude::*;
 use vk_export::markers::{DeviceLocal, HostVisible};
 use vk_export::{Context, HeadlessOptions, QueueRole, TimelineSemaphore};
 
-use crate::cuda_memory::{CudaOut, DevicePlane, GstCuda};
+use crate::cuda_memory::{self, CudaOut, DevicePlane, GstCuda, CUDA_MEMORY};
 use crate::formats::{sink_planar, Planes};
 use crate::lock;
 
@@ -70,9 +70,6 @@ impl Default for Settings {
         }
     }
 }
-
-/// GStreamer's caps feature for CUDA device memory.
-const CUDA_MEMORY: &str = "memory:CUDAMemory";
 
 /// The sender of the negotiated caps.
 #[derive(Debug)]
@@ -597,15 +594,8 @@ impl BaseSinkImpl for CudaInteropSink {
     }
 
     fn query(&self, query: &mut gst::QueryRef) -> bool {
-        if let gst::QueryViewMut::Context(_) = query.view_mut() {
-            let out = lock(&self.cuda_out).clone();
-            if let Some(out) = out {
-                if out.answer_context_query(self.obj().upcast_ref(), query) {
-                    return true;
-                }
-            }
-        }
-        BaseSinkImplExt::parent_query(self, query)
+        cuda_memory::answer_context_query(&self.cuda_out, self.obj().upcast_ref(), query)
+            || BaseSinkImplExt::parent_query(self, query)
     }
 
     fn unlock(&self) -> Result<(), gst::ErrorMessage> {
@@ -621,7 +611,7 @@ impl BaseSinkImpl for CudaInteropSink {
     fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
         let info = gst_video::VideoInfo::from_caps(caps)
             .map_err(|e| self.fail(&format!("caps {caps} are not video: {e}")))?;
-        let cuda = caps.features(0).is_some_and(|f| f.contains(CUDA_MEMORY));
+        let cuda = cuda_memory::in_cuda_memory(caps);
         // A ring's frame has no fields (caps without interlace-mode are
         // progressive, so the template does not restrict it: that would
         // refuse them).

@@ -13,7 +13,7 @@ use gst_base::subclass::base_src::CreateSuccess;
 use gst_base::subclass::prelude::*;
 
 use super::DeliveryMode;
-use crate::cuda_memory::{self, CudaOut};
+use crate::cuda_memory::{self, CudaOut, CUDA_MEMORY};
 use crate::formats::{to_buffer, RingVideo};
 use crate::lock;
 use crate::receive::{Copied, Next, Output, Pixels, Reader, Target};
@@ -32,9 +32,6 @@ const STEP: Duration = Duration::from_millis(50);
 
 /// `timeout`'s default, in milliseconds.
 const DEFAULT_TIMEOUT_MS: u32 = 10_000;
-
-/// GStreamer's caps feature for CUDA device memory.
-const CUDA_MEMORY: &str = "memory:CUDAMemory";
 
 #[derive(Clone, Debug)]
 struct Settings {
@@ -415,7 +412,7 @@ impl BaseSrcImpl for CudaInteropSrc {
     }
 
     fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
-        let cuda = caps.features(0).is_some_and(|f| f.contains(CUDA_MEMORY));
+        let cuda = cuda_memory::in_cuda_memory(caps);
         if cuda && lock(&self.cuda_out).is_none() {
             return Err(gst::loggable_error!(
                 CAT,
@@ -433,15 +430,8 @@ impl BaseSrcImpl for CudaInteropSrc {
     }
 
     fn query(&self, query: &mut gst::QueryRef) -> bool {
-        if let gst::QueryViewMut::Context(_) = query.view_mut() {
-            let out = lock(&self.cuda_out).clone();
-            if let Some(out) = out {
-                if out.answer_context_query(self.obj().upcast_ref(), query) {
-                    return true;
-                }
-            }
-        }
-        BaseSrcImplExt::parent_query(self, query)
+        cuda_memory::answer_context_query(&self.cuda_out, self.obj().upcast_ref(), query)
+            || BaseSrcImplExt::parent_query(self, query)
     }
 
     fn is_seekable(&self) -> bool {

@@ -173,3 +173,32 @@ pub fn rows(sample: &gst::Sample) -> Vec<(usize, u32, Vec<u8>)> {
     }
     out
 }
+
+/// Runs `appsrc caps=CAPS ! cudainteropsink sender-name=NAME`, pushes one
+/// zeroed buffer of `bytes` and EOS: the first error's text and debug
+/// string, or `None` for EOS (bounded by [`BOUND`]).
+pub fn one_buffer_into_sink(caps: &str, name: &str, bytes: usize) -> Option<String> {
+    let p = pipeline(&format!(
+        "appsrc name=feed format=time caps=\"{caps}\" ! cudainteropsink sender-name={name}"
+    ));
+    let feed = p
+        .by_name("feed")
+        .unwrap()
+        .downcast::<gst_app::AppSrc>()
+        .unwrap();
+    p.set_state(gst::State::Playing).unwrap();
+    let mut buffer = gst::Buffer::with_size(bytes).unwrap();
+    buffer.get_mut().unwrap().set_pts(gst::ClockTime::ZERO);
+    let pushed = feed.push_buffer(buffer);
+    let _ = feed.end_of_stream();
+    let ended = p.bus().unwrap().timed_pop_filtered(
+        gst::ClockTime::from_seconds(BOUND.as_secs()),
+        &[gst::MessageType::Error, gst::MessageType::Eos],
+    );
+    p.set_state(gst::State::Null).unwrap();
+    match ended.as_ref().map(|m| m.view()) {
+        Some(gst::MessageView::Error(e)) => Some(format!("{} ({:?})", e.error(), e.debug())),
+        Some(gst::MessageView::Eos(_)) => None,
+        other => panic!("{caps}: neither EOS nor an error ({pushed:?}, {other:?})"),
+    }
+}
