@@ -107,8 +107,11 @@ pub(crate) enum Output<'a> {
 pub(crate) enum Pixels {
     /// In system memory, laid out as [`RingVideo::planes`] says.
     Bytes(Vec<u8>),
-    /// In a buffer of one `GstCudaMemory`, with its `GstVideoMeta`.
+    /// In a buffer of one `GstCudaMemory`, with its `GstVideoMeta`: a copy.
     Cuda(gst::Buffer),
+    /// The same, wrapping the ring's slot itself (no copy; the frame held
+    /// until GStreamer frees the memory).
+    Slot(gst::Buffer),
 }
 
 /// What [`Reader::next`] got.
@@ -137,8 +140,8 @@ pub(crate) struct Copied {
     pub(crate) dropped_before: u64,
     /// Copied from device memory by CUDA.
     pub(crate) device_copy: bool,
-    /// When the copy was complete (before the release): the end of the
-    /// hand-off.
+    /// When the copy was complete (before the release), or the slot
+    /// wrapped: the end of the hand-off.
     pub(crate) ready_at: Instant,
 }
 
@@ -347,7 +350,6 @@ impl Reader {
                             return Err(classify_read(target, e));
                         }
                     };
-                    let ready_at = Instant::now();
                     let keep_rx = Arc::clone(rx);
                     let keep: Box<dyn FnOnce() + Send> = Box::new(move || {
                         // Released after everything enqueued on the legacy
@@ -377,7 +379,7 @@ impl Reader {
                         )
                     }
                     .map_err(|why| Next::Fault(format!("a frame from {target}: {why}")))?;
-                    (Pixels::Cuda(buffer), false, ready_at)
+                    (Pixels::Slot(buffer), false, Instant::now())
                 } else {
                     let filled = rx
                         .wait_on(&frame, stream)

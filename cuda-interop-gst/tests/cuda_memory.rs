@@ -54,6 +54,8 @@ fn produce(
         frames: Some(FRAMES),
         wait_for_receivers: 1,
         wait_timeout: BOUND,
+        // A zero-copy test holds slots for the whole run.
+        hold_timeout: BOUND,
         host_visible: !device_local,
         device_local,
         no_semaphores: !device_local,
@@ -364,4 +366,84 @@ fn zero_copy_is_off_unless_asked_for() {
     assert!(!src.property::<bool>("zero-copy"));
     src.set_property("zero-copy", true);
     assert!(src.property::<bool>("zero-copy"));
+}
+
+/// `zero-copy` on a lossless reader: on GStreamer 1.24 and later every
+/// buffer is the ring's slot itself (`zero-copy-buffers`), earlier a copy
+/// (0 of them). Either way a buffer's pixels stay the frame's for as long
+/// as it is held: the test keeps the first `HELD` buffers (one slot short
+/// of the ring's four) while every later frame goes through the one slot
+/// left, then checks the kept ones again. A slot released on the push
+/// instead of when GStreamer frees the buffer would have been written by
+/// later frames (57 of them through four slots).
+#[test]
+#[ignore = "needs an NVIDIA GPU and libgstreamer-plugins-bad1.0-0: run on the GPU machine"]
+fn zero_copy_buffers_keep_their_frame_until_dropped() {
+    const HELD: usize = 3;
+    init();
+    let name = unique_name("cuda-zero-copy");
+    let producer = produce(&name, true, None);
+    // No last-sample: the sink would keep one more buffer, and with it a
+    // slot.
+    let p = pipeline(&format!(
+        "cudainteropsrc name=src sender-name={name} delivery=lossless timeout=30000 \
+         zero-copy=true ! video/x-raw(memory:CUDAMemory),format=RGBA ! \
+         appsink name=sink sync=false enable-last-sample=false"
+    ));
+    let appsink = p
+        .by_name("sink")
+        .unwrap()
+        .downcast::<gst_app::AppSink>()
+        .unwrap();
+    p.set_state(gst::State::Playing).unwrap();
+    let check = |sample: &gst::Sample| -> u64 {
+        assert!(in_cuda_memory(sample), "every buffer is a GstCudaMemory");
+        let f = sample.buffer().unwrap().offset();
+        for (_, y, row) in rows(sample) {
+            assert!(
+                demo::check_demo_row(&row, f, y, H),
+                "frame {f}: row {y} is not the frame's: {:?}",
+                &row[..8]
+            );
+        }
+        f
+    };
+    let (mut held, mut seen) = (Vec::new(), Vec::new());
+    while seen.last() != Some(&FRAMES) {
+        let sample = appsink
+            .try_pull_sample(gst::ClockTime::from_seconds(BOUND.as_secs()))
+            .unwrap_or_else(|| panic!("no sample within {BOUND:?} after {seen:?}"));
+        seen.push(check(&sample));
+        if held.len() < HELD {
+            held.push(sample);
+        }
+    }
+    let again: Vec<u64> = held.iter().map(check).collect();
+    assert_eq!(again, (1..=HELD as u64).collect::<Vec<_>>());
+    let src = p.by_name("src").unwrap();
+    let (in_cuda, slots, copies) = (
+        src.property::<u64>("cuda-memory-buffers"),
+        src.property::<u64>("zero-copy-buffers"),
+        src.property::<u64>("device-copies"),
+    );
+    drop(held);
+    p.set_state(gst::State::Null).unwrap();
+    producer
+        .join()
+        .expect("the producer thread")
+        .expect("the producer ran");
+    assert_eq!(
+        seen,
+        (1..=FRAMES).collect::<Vec<_>>(),
+        "every frame, in order"
+    );
+    assert_eq!((in_cuda, copies), (FRAMES, 0));
+    let wraps = gst::version() >= (1, 24, 0, 0);
+    assert_eq!(slots, if wraps { FRAMES } else { 0 });
+    println!(
+        "zero-copy on GStreamer {}: {slots} of {in_cuda} buffers were the ring's slot itself; the \
+         {HELD} held while {} more frames went by kept every pixel",
+        gst::version_string(),
+        FRAMES - HELD as u64
+    );
 }

@@ -89,6 +89,7 @@ pub struct CudaInteropSrc {
     dropped: AtomicU64,
     device_copies: AtomicU64,
     cuda_buffers: AtomicU64,
+    slot_buffers: AtomicU64,
 }
 
 #[glib::object_subclass]
@@ -167,6 +168,15 @@ impl ObjectImpl for CudaInteropSrc {
                     )
                     .read_only()
                     .build(),
+                glib::ParamSpecUInt64::builder("zero-copy-buffers")
+                    .nick("Zero-copy buffers")
+                    .blurb(
+                        "Of the cuda-memory-buffers, those that are the ring's slot itself \
+                         (zero-copy where it applies: GStreamer 1.24 or later, lossless \
+                         delivery)",
+                    )
+                    .read_only()
+                    .build(),
             ]
         });
         PROPERTIES.as_ref()
@@ -196,6 +206,7 @@ impl ObjectImpl for CudaInteropSrc {
             "frames-dropped" => self.dropped.load(Ordering::Relaxed).to_value(),
             "device-copies" => self.device_copies.load(Ordering::Relaxed).to_value(),
             "cuda-memory-buffers" => self.cuda_buffers.load(Ordering::Relaxed).to_value(),
+            "zero-copy-buffers" => self.slot_buffers.load(Ordering::Relaxed).to_value(),
             other => unreachable!("no property {other}"),
         }
     }
@@ -389,6 +400,7 @@ impl BaseSrcImpl for CudaInteropSrc {
         self.dropped.store(0, Ordering::Relaxed);
         self.device_copies.store(0, Ordering::Relaxed);
         self.cuda_buffers.store(0, Ordering::Relaxed);
+        self.slot_buffers.store(0, Ordering::Relaxed);
         self.cuda_output.store(false, Ordering::SeqCst);
         *lock(&self.cuda_out) = cuda_out;
         *lock(&self.state) = Some(State {
@@ -486,7 +498,8 @@ impl PushSrcImpl for CudaInteropSrc {
         };
         let (copied, handoff) = self.wait_frame(state, timeout, zero_copy)?;
         let meta = self.video_meta.load(Ordering::SeqCst);
-        let in_cuda = matches!(copied.pixels, Pixels::Cuda(_));
+        let in_cuda = matches!(copied.pixels, Pixels::Cuda(_) | Pixels::Slot(_));
+        let in_slot = matches!(copied.pixels, Pixels::Slot(_));
         let mut buffer = match copied.pixels {
             Pixels::Bytes(bytes) => {
                 let (buffer, repacked) = to_buffer(bytes, &state.video.planes, &state.info, meta)
@@ -501,18 +514,20 @@ impl PushSrcImpl for CudaInteropSrc {
                 }
                 buffer
             }
-            Pixels::Cuda(buffer) => buffer,
+            Pixels::Cuda(buffer) | Pixels::Slot(buffer) => buffer,
         };
         gst::debug!(
             CAT,
             imp = self,
-            "frame {} hand-off {:.1} us (received -> copied into {})",
+            "frame {} hand-off {:.1} us (received -> {})",
             copied.sequence,
             handoff.as_secs_f64() * 1e6,
-            if in_cuda {
-                CUDA_MEMORY
+            if in_slot {
+                "its slot wrapped in CUDA memory"
+            } else if in_cuda {
+                "copied into CUDA memory"
             } else {
-                "system memory"
+                "copied into system memory"
             }
         );
         let element = self.obj();
@@ -531,6 +546,9 @@ impl PushSrcImpl for CudaInteropSrc {
         let received = self.received.fetch_add(1, Ordering::Relaxed) + 1;
         if in_cuda {
             self.cuda_buffers.fetch_add(1, Ordering::Relaxed);
+        }
+        if in_slot {
+            self.slot_buffers.fetch_add(1, Ordering::Relaxed);
         }
         if copied.device_copy {
             let n = self.device_copies.fetch_add(1, Ordering::Relaxed) + 1;

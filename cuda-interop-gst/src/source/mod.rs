@@ -27,12 +27,12 @@
 //!   `GstVideoMeta`, complete when pushed (counted in
 //!   `cuda-memory-buffers`): a copy in GStreamer's CUDA buffer pool,
 //!   released at once; with `zero-copy` on GStreamer 1.24 and later, the
-//!   ring's slot itself, the frame held until downstream drops the buffer
-//!   (drop it once done with it, GPU reads included, as with any pooled
-//!   buffer; holding every slot starves the source, bounded by
-//!   `timeout`). CUDA context queries are
+//!   ring's slot itself (counted in `zero-copy-buffers`), the frame held
+//!   until downstream drops the buffer (drop it once done with it, GPU
+//!   reads included, as with any pooled buffer; holding every slot
+//!   starves the source, bounded by `timeout`). CUDA context queries are
 //!   answered with the receiver's context. The debug log has each frame's
-//!   hand-off (received -> copy complete).
+//!   hand-off (received -> copied, or the slot wrapped).
 //! * Rows (system memory): when the ring's strides and plane offsets are
 //!   GStreamer's default for the caps, the bytes go downstream as read;
 //!   otherwise with a `GstVideoMeta` when downstream's allocation query
