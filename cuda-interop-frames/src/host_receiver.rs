@@ -11,22 +11,23 @@
 //!   `deviceUUID` the records name (verified there, as every import is).
 //!   An image ring, or a ring in device-local memory, is refused with an
 //!   error that says which receiver reads it.
-//! * [`HostReceiver::read`] copies a frame's rows out on that device's
-//!   transfer queue, after the "produced" timeline reached the frame's
-//!   number (when the sender shares it; without, the sender announced the
-//!   frame after its writes completed, so the frame message orders the
-//!   read), and waits for the copy, bounded by the caller's timeout. It
-//!   then asks the session whether the frame is still this receiver's
-//!   ([`Session::check_held`]): `Ok` bytes are the frame's pixels; a
-//!   receiver the sender dropped during the read gets the drop's error,
-//!   never a later frame's pixels.
+//! * [`HostReceiver::read`] (or [`HostReceiver::read_into`], into memory
+//!   the caller reuses) copies a frame's rows out through a host mapping of
+//!   the slot, with no device copy, after one submission on that device's
+//!   transfer queue acquired the slot, waited for the "produced" timeline
+//!   to reach the frame's number (when the sender shares it; without, the
+//!   sender announced the frame after its writes completed, so the frame
+//!   message orders the read) and made the writes visible to the host,
+//!   waited for within the caller's timeout. It then asks the session
+//!   whether the frame is still this receiver's ([`Session::check_held`]):
+//!   `Ok` bytes are the frame's pixels; a receiver the sender dropped
+//!   during the read gets the drop's error, never a later frame's pixels.
 //! * When `read` returns `Ok`, this receiver has no GPU work on the slot
-//!   left, so the frame is released without a GPU signal. A read that fails
-//!   on the device (a timeout: its copy may still run) submits the buffer's
-//!   release to the external family behind it on the same queue, unwaited,
-//!   so the next read starts from a known owner (if even that fails, the
-//!   session closes); the sender may then write the slot while that copy
-//!   runs, which garbles only the read already reported as failed.
+//!   left, so the frame is released without a GPU signal. A read whose
+//!   submission fails (a timeout: it may still run; nothing was copied)
+//!   submits the buffer's release to the external family behind it on the
+//!   same queue, unwaited, so the next read starts from a known owner (if
+//!   even that fails, the session closes).
 
 use std::time::Duration;
 
@@ -180,8 +181,47 @@ impl HostReceiver {
     /// `frame`'s bytes, rows as the layout lays them out, or an error (see
     /// the module contract). Each read takes the buffer over from the
     /// sender (`VK_QUEUE_FAMILY_EXTERNAL`) and gives it back, both waited
-    /// for within `timeout`.
+    /// for within `timeout`. [`HostReceiver::read_into`] reads into memory
+    /// the caller keeps.
     pub fn read(&self, frame: &Frame, timeout: Duration) -> Result<Vec<u8>, ConsumerError> {
+        let mut bytes = vec![0u8; self.frame_bytes as usize];
+        self.read_into(frame, &mut bytes, timeout)?;
+        Ok(bytes)
+    }
+
+    /// As [`HostReceiver::read`], into `out`, which must hold exactly
+    /// [`HostReceiver::frame_bytes`] bytes (else
+    /// [`ConsumerError::Protocol`], nothing read): memory reused from frame
+    /// to frame (a pool's buffer) saves an allocation and its first-touch
+    /// page faults per frame.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use cuda_interop_frames::host_receiver::HostReceiver;
+    /// # fn f(rx: &HostReceiver) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut bytes = vec![0u8; rx.frame_bytes() as usize];
+    /// loop {
+    ///     let frame = rx.next(Duration::from_secs(1))?;
+    ///     let read = rx.read_into(&frame, &mut bytes, Duration::from_secs(1));
+    ///     rx.release(frame)?;
+    ///     read?;
+    ///     // ... use `bytes`
+    /// }
+    /// # }
+    /// ```
+    pub fn read_into(
+        &self,
+        frame: &Frame,
+        out: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), ConsumerError> {
+        if out.len() as u64 != self.frame_bytes {
+            return Err(ConsumerError::Protocol(format!(
+                "a frame of {} bytes read into {} bytes: size the memory by frame_bytes()",
+                self.frame_bytes,
+                out.len()
+            )));
+        }
         let deadline = deadline_after(timeout);
         self.session.check_held(frame)?;
         let buffer = &self.buffers[frame.slot() as usize];
@@ -195,38 +235,36 @@ impl HostReceiver {
         if let Some(produced) = &self.produced {
             sync = sync.wait_timeline(produced, frame.sequence());
         }
+        // The host reads the slot's memory through a mapping: no device
+        // copy (the ring is host-visible by construction).
         let read = self
             .ctx
-            .read_buffer(buffer, self.frame_bytes, sync)
-            .and_then(|bytes| {
+            .read_buffer_mapped(buffer, out, sync)
+            .and_then(|()| {
                 // Back to the sender before the slot is released, as it acquires
                 // the slot from VK_QUEUE_FAMILY_EXTERNAL for its next write.
                 self.ctx
                     .release_buffer(buffer, SubmitSync::new().timeout(left(deadline)))
-                    .map(|()| bytes)
             });
-        let bytes = match read {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                // A copy that timed out may still run: the release back to
-                // the external family goes on the same queue after it, and
-                // is not waited for (a later read's acquire follows it in
-                // queue order). If even that cannot be submitted, the
-                // buffer's owner is unknown: this session reads no more.
-                let back = self
-                    .ctx
-                    .release_buffer(buffer, SubmitSync::new().timeout(Duration::ZERO));
-                if !matches!(back, Ok(()) | Err(vk_export::Error::Timeout(_))) {
-                    self.session
-                        .close(&format!("a read of frame {} failed: {e}", frame.sequence()));
-                }
-                return Err(e.into());
+        if let Err(e) = read {
+            // A wait that timed out may still run: the release back to
+            // the external family goes on the same queue after it, and
+            // is not waited for (a later read's acquire follows it in
+            // queue order). If even that cannot be submitted, the
+            // buffer's owner is unknown: this session reads no more.
+            let back = self
+                .ctx
+                .release_buffer(buffer, SubmitSync::new().timeout(Duration::ZERO));
+            if !matches!(back, Ok(()) | Err(vk_export::Error::Timeout(_))) {
+                self.session
+                    .close(&format!("a read of frame {} failed: {e}", frame.sequence()));
             }
-        };
+            return Err(e.into());
+        }
         // The read is complete: if the sender had not dropped this
         // receiver by now, it had not written the slot during the read.
         self.session.check_held(frame)?;
-        Ok(bytes)
+        Ok(())
     }
 
     /// Gives `frame` back ([`Session::release`]; no GPU signal: a read

@@ -26,6 +26,11 @@
 //!   copies a mapped GStreamer frame (its own strides, a `GstVideoMeta`'s
 //!   included) into a ring's layout.
 //! * [`sink_planar`] tells what ring the sink makes for negotiated caps.
+//! * [`FrameBytes`] from a [`Recycler`] go back to it when GStreamer frees
+//!   the buffer that wraps them: a stream reuses a few allocations instead
+//!   of allocating (and first touching) a frame's bytes per frame.
+
+use std::sync::{Arc, Mutex};
 
 use cuda_interop_frames::protocol::{Planar, RingLayout, SlotFormat};
 use gst_video::prelude::*;
@@ -317,23 +322,99 @@ impl Planes {
     }
 }
 
+/// How many freed allocations a [`Recycler`] keeps (a pipeline holds a
+/// few buffers at once; more are freed, not kept).
+const RECYCLED_MAX: usize = 8;
+
+/// Allocations of freed [`FrameBytes`], for the next frames.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Recycler(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl Recycler {
+    /// `len` bytes, in a kept allocation where there is one; their
+    /// contents are unspecified (the caller overwrites them).
+    pub(crate) fn take(&self, len: usize) -> FrameBytes {
+        let kept = self.0.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut bytes = kept.unwrap_or_default();
+        bytes.resize(len, 0);
+        FrameBytes {
+            bytes,
+            home: Some(self.clone()),
+        }
+    }
+}
+
+/// A frame's bytes, given back to their [`Recycler`] (if any) when dropped.
+#[derive(Debug)]
+pub(crate) struct FrameBytes {
+    bytes: Vec<u8>,
+    home: Option<Recycler>,
+}
+
+impl FrameBytes {
+    /// Bytes of no recycler.
+    pub(crate) fn new(bytes: Vec<u8>) -> FrameBytes {
+        FrameBytes { bytes, home: None }
+    }
+
+    fn resize(&mut self, len: usize) {
+        self.bytes.resize(len, 0);
+    }
+}
+
+impl std::ops::Deref for FrameBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl std::ops::DerefMut for FrameBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+}
+
+impl AsRef<[u8]> for FrameBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl AsMut<[u8]> for FrameBytes {
+    fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+}
+
+impl Drop for FrameBytes {
+    fn drop(&mut self) {
+        if let Some(home) = &self.home {
+            let mut kept = home.0.lock().unwrap_or_else(|p| p.into_inner());
+            if kept.len() < RECYCLED_MAX {
+                kept.push(std::mem::take(&mut self.bytes));
+            }
+        }
+    }
+}
+
 /// Makes the GStreamer buffer of a ring's read `bytes` (laid out as
 /// `planes`) for `info` (see the module contract): `meta` says whether
 /// downstream accepts a `GstVideoMeta`. The second value says whether the
 /// rows were copied into the default layout.
 pub(crate) fn to_buffer(
-    mut bytes: Vec<u8>,
+    mut bytes: FrameBytes,
     planes: &Planes,
     info: &gst_video::VideoInfo,
     meta: bool,
 ) -> Result<(gst::Buffer, bool), String> {
     let default = Planes::of_info(info, planes);
     if default == *planes {
-        bytes.resize(info.size().max(bytes.len()), 0);
+        bytes.resize(info.size().max(bytes.len()));
         return Ok((gst::Buffer::from_mut_slice(bytes), false));
     }
     if meta {
-        bytes.resize(planes.span().max(bytes.len()), 0);
+        bytes.resize(planes.span().max(bytes.len()));
         let mut buffer = gst::Buffer::from_mut_slice(bytes);
         let strides: Vec<i32> = planes.strides[..planes.n]
             .iter()
@@ -397,12 +478,14 @@ mod tests {
         let video = ring_video(&layout).unwrap();
         let info = video.info().unwrap();
         let bytes: Vec<u8> = (0..layout.frame_bytes().unwrap() as u8).collect();
-        let (copied, repacked) = to_buffer(bytes.clone(), &video.planes, &info, false).unwrap();
+        let (copied, repacked) =
+            to_buffer(FrameBytes::new(bytes.clone()), &video.planes, &info, false).unwrap();
         assert!(repacked);
         let map = copied.map_readable().unwrap();
         assert_eq!(&map[..12], &bytes[..12]);
         assert_eq!(&map[12..24], &bytes[16..28]);
-        let (with_meta, repacked) = to_buffer(bytes, &video.planes, &info, true).unwrap();
+        let (with_meta, repacked) =
+            to_buffer(FrameBytes::new(bytes), &video.planes, &info, true).unwrap();
         assert!(!repacked);
         let meta = with_meta.meta::<gst_video::VideoMeta>().unwrap();
         assert_eq!(meta.stride()[0], 16);

@@ -47,7 +47,7 @@ use vk_export::{Context, HeadlessOptions};
 use std::sync::Arc;
 
 use crate::cuda_memory::{CudaOut, DevicePlane, GstCuda};
-use crate::formats::{ring_video, Planes, RingVideo};
+use crate::formats::{ring_video, FrameBytes, Planes, Recycler, RingVideo};
 
 /// Where the sender is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,8 +70,8 @@ impl std::fmt::Display for Target {
 /// A receiver of one of the three kinds.
 #[derive(Debug)]
 pub(crate) enum Reader {
-    /// A host-visible buffer ring.
-    Host(HostReceiver),
+    /// A host-visible buffer ring, and the allocations its frames reuse.
+    Host(HostReceiver, Recycler),
     /// An image ring.
     Image(ImageReader),
     /// A device-local buffer ring, read through CUDA.
@@ -106,7 +106,7 @@ pub(crate) enum Output<'a> {
 #[derive(Debug)]
 pub(crate) enum Pixels {
     /// In system memory, laid out as [`RingVideo::planes`] says.
-    Bytes(Vec<u8>),
+    Bytes(FrameBytes),
     /// In a buffer of one `GstCudaMemory`, with its `GstVideoMeta`: a copy.
     Cuda(gst::Buffer),
     /// The same, wrapping the ring's slot itself (no copy; the frame held
@@ -232,7 +232,7 @@ impl Reader {
             if host_visible {
                 let rx = HostReceiver::from_session(session, setup)
                     .map_err(|e| format!("cannot import {target}'s buffers: {e}"))?;
-                Reader::Host(rx)
+                Reader::Host(rx, Recycler::default())
             } else {
                 let rx =
                     CudaReceiver::from_session(session, setup, cuda_device_for).map_err(|e| {
@@ -261,7 +261,7 @@ impl Reader {
     /// The session.
     pub(crate) fn session(&self) -> &Session {
         match self {
-            Reader::Host(rx) => rx.session(),
+            Reader::Host(rx, _) => rx.session(),
             Reader::Image(rx) => rx.session(),
             Reader::Cuda { rx, .. } => rx.session(),
         }
@@ -272,7 +272,7 @@ impl Reader {
     pub(crate) fn cuda_out(&self) -> Result<&Arc<CudaOut>, String> {
         match self {
             Reader::Cuda { cuda_out, .. } => cuda_out.as_ref().map_err(Clone::clone),
-            Reader::Host(_) | Reader::Image(_) => Err(
+            Reader::Host(..) | Reader::Image(_) => Err(
                 "the ring is not in device-local memory (only CUDA reads those): its frames \
                  arrive in system memory"
                     .into(),
@@ -283,7 +283,7 @@ impl Reader {
     /// The next frame within `timeout` (see the module contract).
     pub(crate) fn next(&self, target: &Target, timeout: Duration) -> Next {
         let next = match self {
-            Reader::Host(rx) => rx.next(timeout),
+            Reader::Host(rx, _) => rx.next(timeout),
             Reader::Image(rx) => {
                 return rx
                     .next(timeout)
@@ -413,10 +413,11 @@ impl Reader {
                     "CUDA memory asked of a ring in host memory: a cudainteropsrc bug".into(),
                 ))
             }
-            (Reader::Host(rx), Output::System) => {
-                let read = rx.read(&frame, timeout);
+            (Reader::Host(rx, recycler), Output::System) => {
+                let mut bytes = recycler.take(rx.frame_bytes() as usize);
+                let read = rx.read_into(&frame, &mut bytes, timeout);
                 let released = rx.release(frame);
-                let bytes = read.map_err(|e| classify_read(target, e))?;
+                read.map_err(|e| classify_read(target, e))?;
                 released.map_err(|e| classify_read(target, e))?;
                 (Pixels::Bytes(bytes), false, Instant::now())
             }
@@ -425,7 +426,7 @@ impl Reader {
                 let released = rx.release(frame);
                 let bytes = read.map_err(|e| read_fault(vulkan_fault(target, e)))?;
                 released.map_err(|e| read_fault(vulkan_fault(target, e)))?;
-                (Pixels::Bytes(bytes), false, Instant::now())
+                (Pixels::Bytes(FrameBytes::new(bytes)), false, Instant::now())
             }
             (Reader::Cuda { rx, stream, .. }, Output::System) => {
                 let mut bytes = vec![0u8; rx.layout().frame_bytes().unwrap_or(0) as usize];
@@ -438,7 +439,7 @@ impl Reader {
                 let released = rx.release_after(frame, stream);
                 copied.map_err(|e| classify_read(target, e))?;
                 released.map_err(|e| classify_read(target, e))?;
-                (Pixels::Bytes(bytes), true, ready_at)
+                (Pixels::Bytes(FrameBytes::new(bytes)), true, ready_at)
             }
         };
         Ok(Copied {

@@ -431,6 +431,8 @@ fn child_checker() {
     let layout = *session.layout();
     let rx = HostReceiver::from_session(session, setup).unwrap();
     let (w, h, pitch) = (layout.width, layout.height, layout.row_pitch as usize);
+    // One allocation for every frame.
+    let mut bytes = vec![0u8; rx.frame_bytes() as usize];
     let row = (w * 4) as usize;
     println!("RESULT size={w}x{h}");
     let (mut checked, mut bad, mut worst_psnr) = (0u64, 0u64, f64::INFINITY);
@@ -457,7 +459,8 @@ fn child_checker() {
         idle_since = Instant::now();
         let sequence = frame.sequence();
         sequences.get_or_insert((sequence, sequence)).1 = sequence;
-        let bytes = rx.read(&frame, Duration::from_secs(10)).expect("read");
+        rx.read_into(&frame, &mut bytes, Duration::from_secs(10))
+            .expect("read");
         rx.release(frame).expect("release");
         let now = Instant::now();
         first.get_or_insert(now);

@@ -25,7 +25,7 @@ use crate::ownership::Owner;
 use crate::submit::LastUse;
 use crate::MEMORY_HANDLE_TYPE;
 use interop_share::fd::{check_export_fd, ImportError, ImportFailure, KeepAlive};
-use interop_share::markers::{DeviceLocal, MemoryLocation};
+use interop_share::markers::{DeviceLocal, HostVisible, MemoryLocation};
 use interop_share::received::ReceivedBuffer;
 use interop_share::record::{BufferFields, BufferInfo, BufferRecord};
 
@@ -39,6 +39,11 @@ pub(crate) struct BufferInner {
     pub(crate) owner: Mutex<Owner>,
     /// Per queue, the progress value of this crate's last submission that used the buffer.
     pub(crate) last_use: LastUse,
+    /// The host mapping of the whole memory (host-visible buffers only),
+    /// made on first use and kept until the memory is freed (which unmaps
+    /// it); 0 while unmapped. An address, as a pointer is neither `Send`
+    /// nor `Sync`.
+    pub(crate) mapping: Mutex<usize>,
 }
 
 impl Drop for BufferInner {
@@ -282,6 +287,7 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
                 info: record.info().clone(),
                 owner: Mutex::new(Owner::Unused),
                 last_use: LastUse::default(),
+                mapping: Mutex::new(0),
             }),
             record,
         })
@@ -386,5 +392,87 @@ impl<M: MemoryLocation> ExportableBuffer<M> {
     /// A handle that keeps this buffer (and its device) alive.
     pub fn keep_alive(&self) -> KeepAlive {
         KeepAlive::new(self.inner.clone())
+    }
+}
+
+/// Host access to a host-visible buffer's memory through a mapping of its
+/// own (made once, on first use).
+impl ExportableBuffer<HostVisible> {
+    /// The start of the mapping of the whole allocation.
+    fn mapped(&self) -> Result<*mut u8> {
+        let mut address = self.inner.mapping.lock().unwrap_or_else(|p| p.into_inner());
+        if *address == 0 {
+            // SAFETY: the memory is HOST_VISIBLE (the type `HostVisible`
+            // was checked at creation and import) and not mapped (the lock
+            // held, 0 recorded); offset 0, the whole size. The mapping lives
+            // until vkFreeMemory in the drop unmaps it.
+            let ptr = unsafe {
+                self.inner.ctx.inner.device.map_memory(
+                    self.inner.memory,
+                    0,
+                    vk::WHOLE_SIZE,
+                    vk::MemoryMapFlags::empty(),
+                )
+            }
+            .map_err(vk_error(
+                "vkMapMemory",
+                "the host-visible memory could not be mapped (out of address space?)",
+            ))?;
+            *address = ptr as usize;
+        }
+        Ok(*address as *mut u8)
+    }
+
+    /// Checks that `len` bytes at `offset` lie in the buffer.
+    fn check_span(&self, offset: u64, len: usize) -> Result<()> {
+        let end = offset.checked_add(len as u64);
+        if len == 0 || end.is_none_or(|end| end > self.size()) {
+            return Err(Error::InvalidArgument(format!(
+                "{len} bytes at {offset} of a buffer of {}",
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies `data` into the buffer at `offset` through a host mapping:
+    /// no device copy. Host writes to `HOST_COHERENT` memory are visible
+    /// to every submission made after this returns.
+    ///
+    /// # Safety
+    /// No device work that accesses the buffer (in any process that
+    /// imported it) runs or is pending, and its earlier device writes were
+    /// made available (a release barrier, then a completed wait); device
+    /// work that reads the bytes is submitted after this returns.
+    pub unsafe fn write_mapped(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_span(offset, data.len())?;
+        let base = self.mapped()?;
+        // SAFETY: the span lies in the buffer (checked), whose allocation
+        // is at least its size and mapped whole; `data` is ours, not the
+        // mapping. Device access is excluded by the caller.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(offset as usize), data.len())
+        };
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes at `offset` out of the buffer through a
+    /// host mapping: no device copy. The bytes are the device's writes
+    /// only where those were made visible to the host first (a barrier
+    /// whose destination is `HOST_READ`, then a completed wait: as
+    /// [`Context::read_buffer_mapped`] records).
+    pub(crate) fn read_mapped(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.check_span(offset, out.len())?;
+        let base = self.mapped()?;
+        // SAFETY: the span lies in the mapped allocation (checked); `out`
+        // is ours, never the mapping. The mapping is only ever copied from
+        // through this raw pointer, never borrowed as a slice: a write that
+        // races with the copy (another thread's submission on the buffer,
+        // a peer process breaking the ring's protocol) tears the bytes,
+        // which `u8` allows.
+        unsafe {
+            std::ptr::copy_nonoverlapping(base.add(offset as usize), out.as_mut_ptr(), out.len())
+        };
+        Ok(())
     }
 }

@@ -167,6 +167,26 @@ pub(crate) fn buffer_barrier(
     };
 }
 
+/// Records a memory barrier that makes every earlier device write visible
+/// to host reads (after the submission's completion is waited for).
+pub(crate) fn host_read_barrier(device: &ash::Device, cmd: vk::CommandBuffer) {
+    let barrier = vk::MemoryBarrier::default()
+        .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+        .dst_access_mask(vk::AccessFlags::HOST_READ);
+    // SAFETY: recording into a command buffer in the recording state.
+    unsafe {
+        device.cmd_pipeline_barrier(
+            cmd,
+            vk::PipelineStageFlags::ALL_COMMANDS,
+            vk::PipelineStageFlags::HOST,
+            vk::DependencyFlags::empty(),
+            &[barrier],
+            &[],
+            &[],
+        )
+    };
+}
+
 /// The family pair of a barrier that acquires a resource owned by `owner`
 /// for `family` (for another family of the context: the acquire half, after
 /// that family's release).

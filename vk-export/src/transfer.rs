@@ -40,14 +40,15 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::image::ExportableImage;
 use crate::ownership::{
-    acquire_families, buffer_barrier, image_barrier, Owner, SharedLayout, SourceImage,
+    acquire_families, buffer_barrier, host_read_barrier, image_barrier, Owner, SharedLayout,
+    SourceImage,
 };
 use crate::queues::QueueRole;
 use crate::semaphore::{Binary, Semaphore, SignalGuard, Timeline};
 use crate::submit::{Completion, LastUse, RawSync};
 use crate::wait::WaitStrategy;
 use interop_share::format::Format;
-use interop_share::markers::{MemoryLocation, Tiling, Usage};
+use interop_share::markers::{HostVisible, MemoryLocation, Tiling, Usage};
 use interop_share::token::BinarySignal;
 
 /// A semaphore wait of a submission.
@@ -867,6 +868,44 @@ impl Context {
                     .cmd_copy_buffer(cmd, buffer.raw(), dst, &[region])
             };
         })
+    }
+
+    /// Reads `out.len()` bytes from the start of a host-visible `buffer`
+    /// through its host mapping, with no device copy: one submission
+    /// acquires the buffer (as [`Context::read_buffer`] does) and makes
+    /// the device's writes visible to the host, is waited for, then the
+    /// bytes are copied out. Fewer copies than `read_buffer`, which copies
+    /// on the device into staging memory first.
+    pub fn read_buffer_mapped(
+        &self,
+        buffer: &ExportableBuffer<HostVisible>,
+        out: &mut [u8],
+        sync: SubmitSync<'_>,
+    ) -> Result<()> {
+        self.check_buffer(buffer)?;
+        if out.len() as u64 > buffer.size() || out.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "{} bytes from a buffer of {}",
+                out.len(),
+                buffer.size()
+            )));
+        }
+        let place = Placement::Role(QueueRole::Transfer);
+        let device = &self.inner.device;
+        self.submit_tracked(
+            place,
+            sync,
+            Some(buffer.into()),
+            Staged::None,
+            |cmd, _, a| {
+                a.expect("submit_tracked passes the resource it was given")
+                    .take(cmd, vk::ImageLayout::UNDEFINED);
+                host_read_barrier(device, cmd);
+            },
+        )?;
+        // The submission made every device write before it visible to the
+        // host, and completed (submit_tracked waited for it).
+        buffer.read_mapped(0, out)
     }
 
     /// Releases `buffer` to `VK_QUEUE_FAMILY_EXTERNAL`.

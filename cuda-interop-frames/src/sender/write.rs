@@ -14,7 +14,7 @@
 
 use vk_export::ash::vk;
 use vk_export::format::Format;
-use vk_export::markers::{MemoryLocation, Optimal, Usage};
+use vk_export::markers::{HostVisible, MemoryLocation, Optimal, Usage};
 use vk_export::{ExportableBuffer, ExportableImage, QueueRole, SourceImage, TimelineSemaphore};
 
 use super::{Sender, SenderError, SlotResource};
@@ -38,6 +38,47 @@ impl<M: MemoryLocation> WriteSlot<'_, M, ExportableBuffer<M>> {
     /// The slot's buffer.
     pub fn buffer(&self) -> &ExportableBuffer<M> {
         &self.sender.slots[self.slot as usize]
+    }
+}
+
+impl WriteSlot<'_, HostVisible, ExportableBuffer<HostVisible>> {
+    /// Publishes `data`, the frame's bytes from the start of the slot (at
+    /// most its size), copied in by the host through a mapping of the
+    /// slot: no device copy, no command buffer of pixels. One submission
+    /// waits on the GPU for the receivers' releases of the slot and
+    /// acquires it, and is waited for (bounded); the host copies `data`
+    /// in; a second submission releases the slot and signals "produced",
+    /// and is waited for; then the frame is announced. Returns its
+    /// sequence number. For frames the CPU made (a decoder's output, a
+    /// GStreamer buffer), the cheapest way into a host-visible ring. An
+    /// empty or oversized `data` is [`SenderError::Vulkan`] with
+    /// [`vk_export::Error::InvalidArgument`], the slot left free.
+    pub fn present_bytes(self, timestamp_ns: u64, data: &[u8]) -> Result<u64, SenderError> {
+        let size = self.buffer().size();
+        if data.is_empty() || data.len() as u64 > size {
+            return Err(vk_export::Error::InvalidArgument(format!(
+                "a frame of {} bytes into a slot of {size}",
+                data.len()
+            ))
+            .into());
+        }
+        let role = self.sender.opts.queue;
+        let open = self.open(role)?;
+        // SAFETY: `open` returned Ok: its submission waited on the GPU for
+        // every receiver's release of the slot (their reads of it ran
+        // before), acquired it after this sender's last release of it (its
+        // writes made available), and completed. So no device work reads
+        // or writes the slot until the release below, submitted after this
+        // write returns; a receiver the sender dropped for holding the slot
+        // too long may still read it, and reads torn bytes of a frame it no
+        // longer holds (its read fails `check_held`).
+        if let Err(e) = unsafe { open.resource().write_mapped(0, data) } {
+            // Dropped: released unpresented, no frame numbered.
+            return Err(e.into());
+        }
+        // The host's writes are visible to the release's submission
+        // (HOST_COHERENT memory, written before vkQueueSubmit).
+        open.close_and_announce(timestamp_ns, None)
     }
 }
 
@@ -218,14 +259,22 @@ impl<M: MemoryLocation, R: SlotResource<M>> OpenSlot<'_, M, R> {
     /// `timestamp_ns`. Returns its sequence number. On an error the slot is
     /// released by the drop, unnumbered.
     pub fn present(
-        mut self,
+        self,
         timestamp_ns: u64,
         written: (&TimelineSemaphore, u64),
     ) -> Result<u64, SenderError> {
+        self.close_and_announce(timestamp_ns, Some(written))
+    }
+
+    /// Releases the slot (after a GPU wait for `written`, if given),
+    /// signals "produced" and announces the frame.
+    fn close_and_announce(
+        mut self,
+        timestamp_ns: u64,
+        written: Option<(&TimelineSemaphore, u64)>,
+    ) -> Result<u64, SenderError> {
         let f = self.sender.stats.presented + 1;
-        let closed = self
-            .sender
-            .close(self.slot, self.role, Some(written), Some(f));
+        let closed = self.sender.close(self.slot, self.role, written, Some(f));
         // Released (or its release submitted): the drop must not release
         // it again.
         self.closed = self.sender.released_to_external[self.slot as usize];

@@ -53,9 +53,6 @@ const MAX_TIMEOUT_MS: u32 = 60_000;
 /// How often the serving thread looks for receivers' messages.
 const SERVE_PERIOD: Duration = Duration::from_millis(2);
 
-/// Most bytes one `vkCmdUpdateBuffer` writes.
-const UPDATE_MAX: usize = 65536;
-
 #[derive(Clone, Debug)]
 struct Settings {
     sender_name: Option<String>,
@@ -82,7 +79,8 @@ struct Ring {
 /// The ring's slots, as the caps' memory decides.
 #[derive(Debug)]
 enum Slots {
-    /// System memory: host-visible buffers, written on the device's queue.
+    /// System memory: host-visible buffers, written by the host through
+    /// their mapping.
     Host {
         sender: Box<Sender<HostVisible>>,
         /// Bytes written per frame: the planes' whole rows.
@@ -331,7 +329,7 @@ impl CudaInteropSink {
             None => {
                 let sender = Box::new(Sender::<HostVisible>::new(ctx, opts).map_err(named)?);
                 let slot_bytes = sender.buffers()[0].size() as usize;
-                let bytes = Planes::of_ring(sender.layout()).span().next_multiple_of(4);
+                let bytes = Planes::of_ring(sender.layout()).span();
                 if bytes > slot_bytes {
                     return Err(format!(
                         "the ring's slots have {slot_bytes} bytes; a frame's rows need {bytes}"
@@ -759,28 +757,8 @@ impl BaseSinkImpl for CudaInteropSink {
         let presented = loop {
             match sender.acquire(step_until(deadline)) {
                 // The whole write in this arm: the slot borrows the sender.
-                Ok(slot) => {
-                    break slot.present_with(timestamp, |device, cmd, target| {
-                        for (i, chunk) in bytes.chunks(UPDATE_MAX).enumerate() {
-                            // SAFETY: the sender's command buffer, recording,
-                            // and the slot's buffer (transfer-destination
-                            // usage, alive past the submission's wait); each
-                            // chunk is at most 65536 bytes, a multiple of 4
-                            // (the rows' span, rounded up to 4), at an offset
-                            // that is a multiple of 4, and lies inside the
-                            // slot (checked against its size when the ring
-                            // was made).
-                            unsafe {
-                                device.cmd_update_buffer(
-                                    cmd,
-                                    target,
-                                    (i * UPDATE_MAX) as u64,
-                                    chunk,
-                                )
-                            };
-                        }
-                    });
-                }
+                // Copied in by the host through the slot's mapping.
+                Ok(slot) => break slot.present_bytes(timestamp, bytes),
                 Err(AcquireError::Timeout(_)) if keep_waiting(&self.flushing, deadline) => continue,
                 Err(e) => {
                     let n = self.skipped.fetch_add(1, Ordering::Relaxed) + 1;

@@ -27,8 +27,9 @@
 //!   goodbye to its receivers (a `cudainteropsrc` gets EOS) and a new one
 //!   takes the name.
 //! * Each buffer: its rows (at its own strides, a `GstVideoMeta`'s
-//!   included) are copied into the ring's layout and written into a free
-//!   slot on the device's queue (system memory), or copied device to
+//!   included; as mapped when already in the ring's layout) are written
+//!   into a free slot by the host through the slot's mapping (system
+//!   memory: `WriteSlot::present_bytes`), or copied device to
 //!   device by CUDA into a slot opened for it, waited for (bounded), and
 //!   ordered before the present by a timeline signalled from the host
 //!   (CUDA memory: one `GstCudaMemory` of this CUDA context, which CUDA
