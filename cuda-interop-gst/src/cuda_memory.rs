@@ -644,7 +644,12 @@ impl CudaOut {
         timeout: Duration,
     ) -> Result<(), String> {
         if buffer.n_memory() != 1 || !self.lib.is_cuda_memory(buffer.peek_memory(0)) {
-            return Err("a buffer that is not one CUDA memory under memory:CUDAMemory caps".into());
+            return Err(
+                "a buffer that is not one CUDA memory under memory:CUDAMemory caps: the element \
+                 upstream mislabels its memory (put cudaupload before the sink, or let it \
+                 negotiate video/x-raw)"
+                    .into(),
+            );
         }
         if dst.len() != info.n_planes() as usize {
             return Err(format!(

@@ -573,8 +573,11 @@ impl BaseSinkImpl for CudaInteropSink {
 
     fn caps(&self, filter: Option<&gst::Caps>) -> Option<gst::Caps> {
         let template = self.obj().sink_pad().pad_template_caps();
-        // CUDA memory only where it is taken.
-        let caps = if lock(&self.cuda_out).is_some() {
+        // CUDA memory only where it is taken; before `start` that is not
+        // known yet, and the template lets a pipeline description link
+        // (negotiation comes after `start`).
+        let started = lock(&self.ctx).is_some();
+        let caps = if !started || lock(&self.cuda_out).is_some() {
             template
         } else {
             let mut system = gst::Caps::new_empty();
