@@ -269,3 +269,66 @@ fn child_fake_import_twice() {
     drop(cuda);
     assert_eq!(fake.all_live(), []);
 }
+
+/// A host-visible buffer read and written by the host through its mapping
+/// (`ExportableBuffer::write_mapped`, `Context::read_buffer_mapped`), in
+/// the device that made it and in another that imported it: bytes the
+/// host wrote are what the other device's copy reads, and bytes a device
+/// copy wrote are what the host reads, both ways. Spans outside the buffer,
+/// and empty ones, are refused (each beside an exact read or write).
+#[test]
+fn a_host_visible_buffer_is_read_and_written_through_its_mapping() {
+    use vk_export::markers::HostVisible;
+    let _fds = fds::lock();
+    let (a, b) = (vulkan(None), vulkan(None));
+    let size = 4096 + 3;
+    let made = ExportableBuffer::<HostVisible>::new(&a, size).unwrap();
+    let imported = ExportableBuffer::<HostVisible>::import_from(&b, &made).unwrap();
+    let first = pattern(size as usize, 1);
+    // SAFETY: no device work has touched either buffer yet; the reads below
+    // are submitted after this returns.
+    unsafe { made.write_mapped(0, &first) }.unwrap();
+    let seen = b
+        .read_buffer(&imported, size, SubmitSync::new().timeout(TIMEOUT))
+        .unwrap();
+    assert!(seen == first, "a device copy of the host's write differs");
+    let mut out = vec![0u8; size as usize];
+    b.read_buffer_mapped(&imported, &mut out, SubmitSync::new().timeout(TIMEOUT))
+        .unwrap();
+    assert!(out == first, "the other device's mapped read differs");
+
+    let second = pattern(size as usize, 2);
+    b.write_buffer(&imported, &second, SubmitSync::new().timeout(TIMEOUT))
+        .unwrap();
+    a.read_buffer_mapped(&made, &mut out, SubmitSync::new().timeout(TIMEOUT))
+        .unwrap();
+    assert!(out == second, "the host's read of a device write differs");
+
+    // Refused: past the end, empty, an offset that overflows.
+    let mut long = vec![0u8; size as usize + 1];
+    let e = a
+        .read_buffer_mapped(&made, &mut long, SubmitSync::new())
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    let e = a
+        .read_buffer_mapped(&made, &mut [], SubmitSync::new())
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    for (offset, len) in [(size - 2, 4), (0, 0), (u64::MAX, 1)] {
+        // SAFETY: refused before any byte is written (the span check).
+        let e = unsafe { made.write_mapped(offset, &vec![0u8; len]) }.unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument(_)),
+            "{offset}+{len}: {e}"
+        );
+    }
+    // The twin of the first refusal: the last two bytes, in bounds.
+    // SAFETY: every submission above was waited for.
+    unsafe { made.write_mapped(size - 2, &[7, 9]) }.unwrap();
+    a.read_buffer_mapped(&made, &mut out, SubmitSync::new().timeout(TIMEOUT))
+        .unwrap();
+    assert_eq!(&out[size as usize - 2..], &[7, 9]);
+    drop((imported, made));
+    assert_no_validation_errors(&a);
+    assert_no_validation_errors(&b);
+}
