@@ -71,9 +71,10 @@ use crate::summary::Summary;
 /// and for the GStreamer plugin (`cuda-interop-gst`) pkg-config and
 /// GStreamer's development files (its build), the base and good plugins
 /// (`appsrc`, `appsink`, `videotestsrc`, `videoconvert` in its tests) and
-/// `gst-inspect-1.0` (its registration test), and `ip` (iproute2: its
+/// `gst-inspect-1.0` (its registration test), `ip` (iproute2: its
 /// two-hosts test joins two network namespaces; without, it runs on
-/// loopback and says so).
+/// loopback and says so), and EGL with Mesa's OpenGL (`cuda-interop-gl`'s
+/// tests: a headless llvmpipe context imports lavapipe's images).
 pub const TEST_PACKAGES: &[&str] = &[
     "libvulkan1",
     "mesa-vulkan-drivers",
@@ -88,6 +89,9 @@ pub const TEST_PACKAGES: &[&str] = &[
     "gstreamer1.0-plugins-good",
     "gstreamer1.0-tools",
     "iproute2",
+    "libegl1",
+    "libegl-mesa0",
+    "libgl1-mesa-dri",
 ];
 
 /// What the round-trip example needs: the loader, lavapipe (where there is no

@@ -1,0 +1,89 @@
+//! OpenGL receivers of cuda-interop frame rings: the tools that receive in
+//! OpenGL (OBS sources, Processing, openFrameworks, a GL viewer) read a
+//! named sender's image slots as GL textures, zero copy.
+//!
+//! # Contract
+//!
+//! * [`GlReceiver`] imports each image slot of a ring into the caller's GL
+//!   context: its memory as a memory object (`GL_EXT_memory_object_fd`,
+//!   the fd owned by GL once imported, closed here if the import fails),
+//!   a 2D texture of the slot's format on it (optimal tiling, as the slot
+//!   was made). The GL implementation must be on the ring's device
+//!   (`GL_DEVICE_UUID_EXT` among the context's, `GL_DRIVER_UUID_EXT`
+//!   equal to the ring's): otherwise [`Error::Mismatch`] with both sides.
+//! * Formats: `R8G8B8A8_UNORM` and `_SRGB` (`GL_RGBA8`,
+//!   `GL_SRGB8_ALPHA8`), `B8G8R8A8_UNORM` and `_SRGB` (the same, with a
+//!   swizzle so that sampling returns R, G, B, A; the texture's bytes stay
+//!   B, G, R, A), `R16G16B16A16_SFLOAT` (`GL_RGBA16F`). Buffer rings and
+//!   other formats are [`Error::Unsupported`], saying which receiver takes
+//!   them.
+//! * A frame's texture ([`GlReceiver::texture`]) is handed out once the
+//!   frame is complete: after a host wait for the ring's "produced"
+//!   timeline, imported on a Vulkan device of its own, where the sender
+//!   shares one; else the frame message, sent after the sender's writes
+//!   completed, orders it. [`GlReceiver::release`] fences the GL work
+//!   submitted so far and waits for it (bounded) before it gives the frame
+//!   back: a timeout closes the session instead, as the reads may still
+//!   run.
+//! * Every GL call needs the context current on the calling thread: the
+//!   constructor is `unsafe` with that contract, the receiver is neither
+//!   `Send` nor `Sync`. [`HeadlessGl`] makes a windowless context through
+//!   EGL for tools and tests.
+
+mod gl;
+mod headless;
+mod receiver;
+
+pub use gl::Gl;
+pub use headless::HeadlessGl;
+pub use receiver::GlReceiver;
+
+/// What went wrong, in words that say what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No GL (or EGL) to work with: what is missing and what to install.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The loader found no address for this GL entry point.
+    #[error(
+        "the GL implementation has no {0} (OpenGL 4.5 with GL_EXT_memory_object_fd is needed)"
+    )]
+    Missing(String),
+    /// The context lacks an extension the receiver needs.
+    #[error("{renderer} lacks {extension}: importing Vulkan memory into OpenGL needs it")]
+    Extension {
+        /// The GL renderer string.
+        renderer: String,
+        /// The extension.
+        extension: &'static str,
+    },
+    /// The GL implementation is not on the ring's device and driver.
+    #[error("{0}")]
+    Mismatch(String),
+    /// A ring this receiver does not take.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A GL call failed.
+    #[error("{call} failed with GL error {code:#x}")]
+    Gl {
+        /// What was called.
+        call: &'static str,
+        /// `glGetError`'s code.
+        code: u32,
+    },
+    /// The GL work did not complete in time.
+    #[error("the GL work on frame {0}'s texture did not complete in time")]
+    Timeout(u64),
+    /// The session (connection, protocol, the sender's drop).
+    #[error(transparent)]
+    Consumer(#[from] cuda_interop_frames::transport::ConsumerError),
+    /// The Vulkan side (the "produced" timeline's import or wait).
+    #[error(transparent)]
+    Vulkan(#[from] vk_export::Error),
+}
+
+/// The README's example, compiled as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

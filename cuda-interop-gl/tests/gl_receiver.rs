@@ -1,0 +1,231 @@
+//! An OpenGL receiver on the CPU (issue 33 item 4): an image sender on
+//! lavapipe, and in the same process a headless GL 4.5 context on llvmpipe
+//! (Mesa's surfaceless EGL) whose `GlReceiver` imports the ring's slots as
+//! textures (`GL_EXT_memory_object_fd`, matched by device and driver
+//! UUID); every texel of every frame GL reads back is the demo pattern of
+//! the frame's own number. llvmpipe has no `GL_EXT_semaphore_fd`, and
+//! lavapipe's rings no semaphores: the frame message orders the reads.
+//! Buffer rings are refused with the receiver that takes them.
+
+use std::time::{Duration, Instant};
+
+use cuda_interop_frames::discovery::Directory;
+use cuda_interop_frames::protocol::Delivery;
+use cuda_interop_frames::sender::{self, Address, ImageSender, Sender, SenderOptions};
+use cuda_interop_frames::session::Session;
+use cuda_interop_gl::{Error, GlReceiver, HeadlessGl};
+use cuda_interop_testkit::{assert_no_validation_errors, vulkan, Mem};
+use vk_export::format::{Bgra8Unorm, Format, Rg16Unorm, Rgba16Sfloat, Rgba8Unorm};
+use vk_export::markers::MemoryLocation;
+use vk_export::ExportableBuffer;
+
+#[path = "../../cuda-interop-frames/examples/common/demo.rs"]
+mod demo;
+
+const W: u32 = 64;
+const H: u32 = 48;
+const FRAMES: u64 = 12;
+const BOUND: Duration = Duration::from_secs(60);
+
+/// Connects to `name` (lossless) while `serve` answers the subscribe.
+fn connect(
+    directory: &Directory,
+    name: &str,
+    mut serve: impl FnMut(),
+) -> (Session, vk_export::wire::Received) {
+    let (dir, name) = (directory.clone(), name.to_string());
+    let t = std::thread::spawn(move || {
+        Session::connect_named(&dir, &name, Delivery::Lossless, Duration::from_secs(10))
+    });
+    let start = Instant::now();
+    while !t.is_finished() {
+        assert!(start.elapsed() < BOUND);
+        serve();
+    }
+    t.join().unwrap().expect("connected")
+}
+
+/// Presents frame `f` of the demo pattern into a free slot.
+fn present<F: Format, M: MemoryLocation>(
+    sender: &mut ImageSender<F, M>,
+    scratch: &ExportableBuffer<M>,
+) -> u64 {
+    let slot = sender.acquire(BOUND).expect("a free slot");
+    let f = slot.sequence();
+    slot.present_with(sender::monotonic_ns(), |device, cmd, target| {
+        // SAFETY: the sender's recording command buffer and its W x H slot
+        // of F; the scratch buffer holds W * H texels of F (transfer usage)
+        // and each present waits for its commands, so no earlier copy still
+        // reads it; it outlives the sender's submissions (dropped after).
+        unsafe {
+            demo::record_demo_pattern_image::<F>(device, cmd, scratch.raw(), target, (W, H), f)
+        }
+    })
+    .expect("present")
+}
+
+/// A sender of `F` images named `name` in a fresh directory, and a
+/// scratch buffer for the demo pattern.
+fn image_sender<F: Format>(
+    ctx: &vk_export::Context,
+    tag: &str,
+) -> (
+    Directory,
+    std::path::PathBuf,
+    ImageSender<F, Mem>,
+    ExportableBuffer<Mem>,
+) {
+    let dir = std::env::temp_dir().join(format!("cig-gl-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let directory = Directory::new(&dir).unwrap();
+    let opts = SenderOptions {
+        semaphores: false,
+        queue: vk_export::QueueRole::Transfer,
+        ..SenderOptions::new(
+            Address::Named {
+                directory: directory.clone(),
+                name: "gl".into(),
+            },
+            W,
+            H,
+            3,
+        )
+    };
+    let sender = ImageSender::<F, Mem>::new(ctx, opts).unwrap();
+    let scratch = ExportableBuffer::<Mem>::new(ctx, u64::from(W * H * F::TEXEL_BYTES)).unwrap();
+    (directory, dir, sender, scratch)
+}
+
+/// `FRAMES` frames of `F` through GL textures, every texel checked as GL
+/// reads it back.
+fn every_texel<F: Format>(tag: &str) {
+    let ctx = vulkan(None);
+    let gl = HeadlessGl::on_device(ctx.identity().device_uuid).expect(
+        "a headless GL context on the sender's device (cargo xtask test installs Mesa's EGL)",
+    );
+    let (directory, dir, mut sender, scratch) = image_sender::<F>(&ctx, tag);
+    let (session, setup) = connect(&directory, "gl", || sender.serve(Duration::from_millis(5)));
+    // SAFETY: `gl` made its context current on this thread, and nothing
+    // else here makes another one current; the receiver is dropped before
+    // `gl`.
+    let rx = unsafe { GlReceiver::new(gl.gl(), session, setup) }.expect("the slots import into GL");
+    assert_eq!(rx.textures().len(), 3);
+    let start = Instant::now();
+    for _ in 0..FRAMES {
+        assert!(start.elapsed() < BOUND);
+        let f = present(&mut sender, &scratch);
+        let frame = loop {
+            sender.serve(Duration::ZERO);
+            match rx.next(Duration::from_millis(50)) {
+                Ok(frame) => break frame,
+                Err(Error::Consumer(cuda_interop_frames::transport::ConsumerError::Timeout(_))) => {
+                    assert!(start.elapsed() < BOUND)
+                }
+                Err(e) => panic!("frame {f}: {e}"),
+            }
+        };
+        assert_eq!(frame.sequence(), f);
+        let pixels = rx.read_pixels(&frame, Duration::from_secs(10)).unwrap();
+        let row = (W * F::TEXEL_BYTES) as usize;
+        let bad: Vec<u32> = (0..H)
+            .filter(|&y| !demo::check_demo_row(&pixels[y as usize * row..][..row], f, y, H))
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "{}: frame {f}: rows {bad:?} are not the frame's",
+            F::NAME
+        );
+        rx.release(frame, Duration::from_secs(10)).unwrap();
+        sender.serve(Duration::ZERO);
+    }
+    println!(
+        "{}: {FRAMES} frames through OpenGL textures, every texel exact ({gl:?})",
+        F::NAME
+    );
+    drop(rx);
+    drop(gl);
+    drop(sender);
+    drop(scratch);
+    assert_no_validation_errors(&ctx);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn every_texel_of_every_rgba8_frame_reaches_an_opengl_texture() {
+    every_texel::<Rgba8Unorm>("rgba8");
+}
+
+/// BGRA8: the texture holds the ring's bytes (B, G, R, A), read back as
+/// they are; sampling swizzles them to R, G, B, A.
+#[test]
+fn every_texel_of_every_bgra8_frame_reaches_an_opengl_texture() {
+    every_texel::<Bgra8Unorm>("bgra8");
+}
+
+#[test]
+fn every_texel_of_every_rgba16f_frame_reaches_an_opengl_texture() {
+    every_texel::<Rgba16Sfloat>("rgba16f");
+}
+
+/// A context asked for on a device EGL has none of is a mismatch naming
+/// the device (the tests above are its twin: the sender's device).
+#[test]
+fn a_context_on_a_device_egl_lacks_is_refused() {
+    let e = HeadlessGl::on_device(vk_export::DeviceUuid::from_bytes([0xab; 16])).unwrap_err();
+    assert!(
+        matches!(&e, Error::Mismatch(why) if why.contains("abababab")),
+        "{e}"
+    );
+}
+
+/// An image ring of a format GL is not given (RG16) is refused, naming
+/// the ones it takes.
+#[test]
+fn an_image_ring_of_another_format_is_refused_with_the_formats_it_takes() {
+    let ctx = vulkan(None);
+    let gl = HeadlessGl::on_device(ctx.identity().device_uuid).expect("a headless GL context");
+    let (directory, dir, mut sender, _scratch) = image_sender::<Rg16Unorm>(&ctx, "rg16");
+    let (session, setup) = connect(&directory, "gl", || sender.serve(Duration::from_millis(5)));
+    // SAFETY: as above.
+    let e = unsafe { GlReceiver::new(gl.gl(), session, setup) }.unwrap_err();
+    assert!(
+        matches!(&e, Error::Unsupported(why) if why.contains("R8G8B8A8_UNORM")),
+        "{e}"
+    );
+    drop(sender);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A buffer ring is refused, naming the receivers that read one.
+#[test]
+fn a_buffer_ring_is_refused_with_the_receiver_that_takes_it() {
+    let gl = HeadlessGl::new().expect("a headless GL context");
+    let dir = std::env::temp_dir().join(format!("cig-gl-buf-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let directory = Directory::new(&dir).unwrap();
+    let ctx = vulkan(None);
+    let opts = SenderOptions {
+        semaphores: false,
+        ..SenderOptions::new(
+            Address::Named {
+                directory: directory.clone(),
+                name: "buffers".into(),
+            },
+            W,
+            H,
+            2,
+        )
+    };
+    let mut sender = Sender::<vk_export::markers::HostVisible>::new(&ctx, opts).unwrap();
+    let (session, setup) = connect(&directory, "buffers", || {
+        sender.serve(Duration::from_millis(5))
+    });
+    // SAFETY: as above.
+    let e = unsafe { GlReceiver::new(gl.gl(), session, setup) }.unwrap_err();
+    assert!(
+        matches!(&e, Error::Unsupported(why) if why.contains("HostReceiver")),
+        "{e}"
+    );
+    drop(sender);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
