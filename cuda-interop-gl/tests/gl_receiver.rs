@@ -3,8 +3,10 @@
 //! (Mesa's surfaceless EGL) whose `GlReceiver` imports the ring's slots as
 //! textures (`GL_EXT_memory_object_fd`, matched by device and driver
 //! UUID); every texel of every frame GL reads back is the demo pattern of
-//! the frame's own number. llvmpipe has no `GL_EXT_semaphore_fd`, and
-//! lavapipe's rings no semaphores: the frame message orders the reads.
+//! the frame's own number. lavapipe's rings have no semaphores: the frame
+//! message orders the reads; on an NVIDIA GPU (built with the testkit's
+//! `device-local` feature) the ring shares its "produced" timeline and the
+//! receiver waits for it.
 //! Buffer rings are refused with the receiver that takes them.
 
 use std::time::{Duration, Instant};
@@ -79,7 +81,9 @@ fn image_sender<F: Format>(
     let _ = std::fs::remove_dir_all(&dir);
     let directory = Directory::new(&dir).unwrap();
     let opts = SenderOptions {
-        semaphores: false,
+        // lavapipe: none (the frame message orders the reads); NVIDIA: the
+        // "produced" timeline, waited for by the receiver.
+        semaphores: ctx.supports_semaphore_fds(),
         queue: vk_export::QueueRole::Transfer,
         ..SenderOptions::new(
             Address::Named {
