@@ -224,6 +224,11 @@ typedef struct ci_cuda_receiver ci_cuda_receiver;
 typedef struct ci_frame ci_frame;
 
 /**
+ * An opaque OpenGL receiver (`ci_gl_receiver_connect_named`).
+ */
+typedef struct ci_gl_receiver ci_gl_receiver;
+
+/**
  * An opaque host receiver.
  */
 typedef struct ci_receiver ci_receiver;
@@ -407,6 +412,13 @@ typedef struct ci_frame_info {
    */
   uint32_t reserved;
 } ci_frame_info;
+
+/**
+ * `ci_gl_loader_fn`: returns the address of the GL function `name` of the
+ * application's context (`eglGetProcAddress`, `glXGetProcAddress`,
+ * `SDL_GL_GetProcAddress`), or NULL.
+ */
+typedef const void *(*ci_gl_loader_fn)(void *user, const char *name);
 
 /**
  * A ring's layout (`ci_receiver_get_layout`,
@@ -925,6 +937,104 @@ enum ci_status ci_receiver_free(struct ci_receiver *receiver);
  * Thread safety: any thread.
  */
 uint64_t ci_monotonic_ns(void);
+
+/**
+ * Connects an OpenGL receiver to the image ring of the sender named
+ * `name` in the default directory (`$XDG_RUNTIME_DIR/cuda-interop-frames`),
+ * waiting up to `timeout_s` seconds for it to appear, in `delivery`
+ * (`CI_DELIVERY_LATEST` or `CI_DELIVERY_LOSSLESS`), and imports every slot
+ * into the GL context current on this thread as a texture
+ * (`GL_EXT_memory_object_fd`): `loader(user, name)` resolves that
+ * context's functions. The context must be on the sender's GPU and
+ * driver (`GL_DEVICE_UUID_EXT`, `GL_DRIVER_UUID_EXT`): another, a context
+ * without the extensions or below OpenGL 4.5, a buffer ring or a format
+ * other than `R8G8B8A8_UNORM`/`_SRGB`, `B8G8R8A8_UNORM`/`_SRGB` and
+ * `R16G16B16A16_SFLOAT` is `CI_UNSUPPORTED`, saying why. The receiver is
+ * bound to this thread.
+ *
+ * Thread safety: the receiver's calls on this thread only.
+ *
+ * # Safety
+ * A GL context is current on this thread, and stays current on it (or
+ * one sharing its objects) for every call on the receiver and its free;
+ * `loader` is NULL or returns that context's functions (or NULL); `name`
+ * is NULL or a NUL-terminated string; `out` is NULL or valid for a write.
+ */
+enum ci_status ci_gl_receiver_connect_named(ci_gl_loader_fn loader,
+                                            void *user,
+                                            const char *name,
+                                            uint32_t delivery,
+                                            double timeout_s,
+                                            struct ci_gl_receiver **out);
+
+/**
+ * Stores the layout of OpenGL receiver `receiver`'s ring in `*layout`
+ * (set `layout->struct_size = sizeof(ci_ring_layout)` first).
+ *
+ * Thread safety: the receiver's thread.
+ *
+ * # Safety
+ * As `ci_receiver_get_layout`.
+ */
+enum ci_status ci_gl_receiver_get_layout(const struct ci_gl_receiver *receiver,
+                                         struct ci_ring_layout *layout);
+
+/**
+ * Waits up to `timeout_s` seconds for the next frame and stores its
+ * handle in `*out` (as `ci_vulkan_receiver_next`).
+ *
+ * Thread safety: the receiver's thread.
+ *
+ * # Safety
+ * `out` is NULL or valid for a write.
+ */
+enum ci_status ci_gl_receiver_next(struct ci_gl_receiver *receiver,
+                                   double timeout_s,
+                                   struct ci_frame **out);
+
+/**
+ * Stores `frame`'s texture (a GL name of the receiver's context, a 2D
+ * texture of the ring's format) in `*texture_out` once the frame is
+ * complete (after the ring's "produced" timeline, where it has one),
+ * within `timeout_s` seconds. Sample or copy it, then
+ * `ci_gl_receiver_release` the frame.
+ *
+ * Thread safety: the receiver's thread.
+ *
+ * # Safety
+ * `texture_out` is NULL or valid for a write.
+ */
+enum ci_status ci_gl_receiver_texture(struct ci_gl_receiver *receiver,
+                                      const struct ci_frame *frame,
+                                      double timeout_s,
+                                      uint32_t *texture_out);
+
+/**
+ * Fences the GL work submitted so far on this thread's context, waits for
+ * it (at most `timeout_s` seconds), then gives `frame` back and frees its
+ * handle. A fence that does not signal in time closes the session
+ * (`CI_TIMEOUT`; the frame's handle is freed).
+ *
+ * Thread safety: the receiver's thread.
+ *
+ * # Safety
+ * None beyond the receiver's (`ci_gl_receiver_connect_named`).
+ */
+enum ci_status ci_gl_receiver_release(struct ci_gl_receiver *receiver,
+                                      struct ci_frame *frame,
+                                      double timeout_s);
+
+/**
+ * Frees `receiver` (NULL: nothing) and its frames, deleting its textures
+ * and memory objects after the GL work on them (bounded). On another
+ * thread than the receiver's: `CI_INVALID_ARGUMENT`, nothing freed.
+ *
+ * Thread safety: the receiver's thread.
+ *
+ * # Safety
+ * None beyond the receiver's (`ci_gl_receiver_connect_named`).
+ */
+enum ci_status ci_gl_receiver_free(struct ci_gl_receiver *receiver);
 
 /**
  * Stores the layout of host receiver `receiver`'s ring in `*layout`

@@ -4,14 +4,15 @@
 //! # Contract
 //!
 //! * A handle (`ci_context*`, `ci_sender*`, `ci_receiver*`,
-//!   `ci_cuda_receiver*`, `ci_vulkan_receiver*`, `ci_frame*`) is
+//!   `ci_cuda_receiver*`, `ci_vulkan_receiver*`, `ci_gl_receiver*`,
+//!   `ci_frame*`) is
 //!   an opaque pointer that is never dereferenced: its value is a key into
 //!   one global table (`Mutex<HashMap<usize, Object>>`) of the live objects,
 //!   each tagged with its kind. Keys come from a counter (a generation):
 //!   they are never reused, so a freed handle stays an unknown key forever,
 //!   even after other objects are made.
 //! * Looking a handle up ([`context`], [`sender`], [`receiver`],
-//!   [`cuda_receiver`], [`vulkan_receiver`], [`frame`])
+//!   [`cuda_receiver`], [`vulkan_receiver`], [`gl_receiver`], [`frame`])
 //!   returns a clone of the object's `Arc` (the table's lock is held only
 //!   for the lookup), or an error: [`ci_status::CI_NULL_POINTER`] for NULL,
 //!   [`ci_status::CI_WRONG_HANDLE`] for an unknown key (freed, or never a handle:
@@ -97,6 +98,7 @@ pub(crate) enum Object {
     Receiver(Arc<HostReceiver>),
     CudaReceiver(Arc<CudaReceiver>),
     VulkanReceiver(Arc<cuda_interop_frames::image_reader::ImageReader>),
+    GlReceiver(Arc<crate::gl_receive::ThreadBound>),
     Frame(Arc<FrameEntry>),
 }
 
@@ -108,6 +110,7 @@ impl Object {
             Object::Receiver(_) => "ci_receiver*",
             Object::CudaReceiver(_) => "ci_cuda_receiver*",
             Object::VulkanReceiver(_) => "ci_vulkan_receiver*",
+            Object::GlReceiver(_) => "ci_gl_receiver*",
             Object::Frame(_) => "ci_frame*",
         }
     }
@@ -204,6 +207,14 @@ pub(crate) fn vulkan_receiver(
 ) -> Result<Arc<cuda_interop_frames::image_reader::ImageReader>, CiError> {
     lookup(key, "ci_vulkan_receiver*", |o| match o {
         Object::VulkanReceiver(r) => Some(r.clone()),
+        _ => None,
+    })
+}
+
+/// The OpenGL receiver of handle `key`.
+pub(crate) fn gl_receiver(key: usize) -> Result<Arc<crate::gl_receive::ThreadBound>, CiError> {
+    lookup(key, "ci_gl_receiver*", |o| match o {
+        Object::GlReceiver(r) => Some(r.clone()),
         _ => None,
     })
 }

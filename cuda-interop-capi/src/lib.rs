@@ -28,6 +28,7 @@
 //!   waits within its timeout and then returns [`ci_status::CI_BUSY`]).
 
 mod ffi;
+mod gl_receive;
 mod handles;
 mod receive;
 mod vulkan;
@@ -39,6 +40,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
 pub use ffi::*;
+pub use gl_receive::*;
 pub use receive::*;
 pub use vulkan::*;
 pub use vulkan_receive::*;

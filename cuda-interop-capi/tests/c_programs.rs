@@ -869,3 +869,57 @@ fn c_vulkan_receiver_checks_every_texel() {
         "the app's summary"
     );
 }
+
+/// Issue 33 item 4 from C: `gl_recv.c`, an OpenGL receiver written in C (a
+/// windowless EGL context of its own, `ci_gl_receiver_*`, a second
+/// process), receives `app_publish.cpp`'s image ring, lossless, and checks
+/// every texel of every frame's GL texture (read back with
+/// `glGetTextureImage`), and the error paths: every call from another
+/// thread refused, a NULL loader, a released frame, other kinds' handles,
+/// a freed receiver. Both under ASan/UBSan where they link.
+#[test]
+fn c_gl_receiver_checks_every_texel() {
+    let dir = scratch("gl-recv");
+    let runtime = runtime_dir(&dir);
+    let app_exe = dir.join("app_publish");
+    let recv_exe = dir.join("gl_recv");
+    let cxx_flags = match sanitizers_of(&cxx(), &dir, "probe.cpp") {
+        Ok(flags) => flags,
+        Err(why) => {
+            eprintln!("WARNING: the C++ application runs WITHOUT sanitizers: {why}");
+            Vec::new()
+        }
+    };
+    let c_flags = match sanitizers(&dir) {
+        Ok(flags) => flags,
+        Err(why) => {
+            eprintln!("WARNING: the C receiver runs WITHOUT sanitizers: {why}");
+            Vec::new()
+        }
+    };
+    compile_cxx_vulkan("app_publish.cpp", &app_exe, &cxx_flags);
+    compile("gl_recv.c", &recv_exe, &c_flags);
+    let name = format!("capi-gl-recv-{}", std::process::id());
+    let env = [
+        ("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=0"),
+        ("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"),
+    ];
+    let frames = app::FRAMES.to_string();
+    let app = spawn(&app_exe, &[&name, &frames], &runtime, &env);
+    let receiver = spawn(&recv_exe, &[&name, &frames], &runtime, &env);
+    let received = finish(receiver, "the C OpenGL receiver");
+    let published = finish(app, "the C++ app");
+    assert_success(&received, "the C OpenGL receiver");
+    assert_success(&published, "the C++ app");
+    let stdout = String::from_utf8_lossy(&received.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "gl_recv: {} frames of {}x{} checked texel for texel through GL textures (0 wrong), \
+             0 failures",
+            app::FRAMES,
+            app::RING_W,
+            app::RING_H
+        )),
+        "{stdout}"
+    );
+}

@@ -23,6 +23,7 @@ fn source() -> String {
     [
         "src/lib.rs",
         "src/ffi.rs",
+        "src/gl_receive.rs",
         "src/handles.rs",
         "src/receive.rs",
         "src/vulkan.rs",
