@@ -324,10 +324,9 @@ pub struct ci_vulkan_image {
 /// `VK_IMAGE_LAYOUT_GENERAL`, owned by `VK_QUEUE_FAMILY_EXTERNAL` (as
 /// `VulkanReceiver` leaves it between reads). On a ring with a "produced"
 /// timeline (a sender with `VK_KHR_external_semaphore_fd`), the call first
-/// waits on the host, within `timeout_s` seconds, for the sender's writes,
-/// by a read of the frame on the receiver's device (the receiver keeps its
-/// timeline to itself: this costs one GPU copy of the frame); on a ring
-/// without one (lavapipe), the frame was announced after its writes
+/// waits on the host, within `timeout_s` seconds, for that timeline to
+/// reach the frame's number (`VulkanReceiver::wait_produced`: no copy); on
+/// a ring without one (lavapipe), the frame was announced after its writes
 /// completed and nothing is waited for.
 ///
 /// To read the image, the application, on a queue of family `F` of the
@@ -389,10 +388,9 @@ pub unsafe extern "C" fn ci_vulkan_receiver_image(
                     ),
                 )
             })?;
-            if rx.has_semaphores() {
-                // The only wait for "produced" VulkanReceiver offers.
-                rx.read_pixels(frame, timeout).map_err(receiver_error)?;
-            }
+            // The sender's writes of the frame completed ("produced", where
+            // the ring shares it), before the image is handed out.
+            rx.wait_produced(frame, timeout).map_err(receiver_error)?;
             let layout = rx.session().layout();
             let info = ci_vulkan_image {
                 struct_size: need as u32,

@@ -102,6 +102,7 @@ trait Reader: Send + Sync + std::fmt::Debug {
     fn next(&self, timeout: Duration) -> Result<Frame, VulkanReceiverError>;
     fn read_pixels(&self, frame: &Frame, timeout: Duration)
         -> Result<Vec<u8>, VulkanReceiverError>;
+    fn wait_produced(&self, frame: &Frame, timeout: Duration) -> Result<(), VulkanReceiverError>;
     fn release(&self, frame: Frame) -> Result<(), VulkanReceiverError>;
 }
 
@@ -127,6 +128,10 @@ where
         timeout: Duration,
     ) -> Result<Vec<u8>, VulkanReceiverError> {
         VulkanReceiver::read_pixels(self, frame, timeout)
+    }
+
+    fn wait_produced(&self, frame: &Frame, timeout: Duration) -> Result<(), VulkanReceiverError> {
+        VulkanReceiver::wait_produced(self, frame, timeout)
     }
 
     fn release(&self, frame: Frame) -> Result<(), VulkanReceiverError> {
@@ -280,6 +285,16 @@ impl ImageReader {
         timeout: Duration,
     ) -> Result<Vec<u8>, VulkanReceiverError> {
         self.reader.read_pixels(frame, timeout)
+    }
+
+    /// Waits until the sender's writes of `frame` completed
+    /// ([`VulkanReceiver::wait_produced`]).
+    pub fn wait_produced(
+        &self,
+        frame: &Frame,
+        timeout: Duration,
+    ) -> Result<(), VulkanReceiverError> {
+        self.reader.wait_produced(frame, timeout)
     }
 
     /// Gives `frame` back ([`VulkanReceiver::release`]).

@@ -188,6 +188,27 @@ impl<F: Format, M: MemoryLocation, U: Usage> VulkanReceiver<F, M, U> {
         Ok(self.session.next(timeout)?)
     }
 
+    /// Waits on the host, within `timeout`, until the sender's writes of
+    /// `frame` completed: its "produced" timeline reached the frame's
+    /// number, where the ring shares one (otherwise the frame message,
+    /// sent after the writes completed, already orders them). For an
+    /// application that reads [`VulkanReceiver::images`] itself.
+    pub fn wait_produced(
+        &self,
+        frame: &Frame,
+        timeout: Duration,
+    ) -> Result<(), VulkanReceiverError> {
+        self.session.check_held(frame)?;
+        if let Some(produced) = &self.produced {
+            produced.wait(
+                frame.sequence(),
+                timeout,
+                vk_export::WaitStrategy::default(),
+            )?;
+        }
+        Ok(())
+    }
+
     /// The frame's pixels, tightly packed rows of `F` texels, or an error
     /// (see the module contract); all of it within `timeout`.
     pub fn read_pixels(
