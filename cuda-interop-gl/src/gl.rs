@@ -23,6 +23,9 @@ pub(crate) type GLuint64 = u64;
 pub(crate) type GLsync = *const c_void;
 
 pub(crate) const NO_ERROR: GLenum = 0;
+pub(crate) const INVALID_ENUM: GLenum = 0x0500;
+pub(crate) const INVALID_VALUE: GLenum = 0x0501;
+pub(crate) const INVALID_OPERATION: GLenum = 0x0502;
 pub(crate) const EXTENSIONS: GLenum = 0x1F03;
 pub(crate) const NUM_EXTENSIONS: GLenum = 0x821D;
 pub(crate) const RENDERER: GLenum = 0x1F01;

@@ -9,10 +9,12 @@
 //!   core context is missing, [`HeadlessGl::new`] says which and what to
 //!   install.
 //! * The context is made current on the creating thread and the value is
-//!   neither `Send` nor `Sync`: the context stays with that thread.
+//!   neither `Send` nor `Sync`: the context stays with that thread. When
+//!   no context is made, the one current before the call is current again.
 //!   [`HeadlessGl::make_current`] makes it current again (after other GL
 //!   code on the thread made another one current).
-//! * Dropping it releases and destroys the context; the display is left
+//! * Dropping it releases the context from the thread (only if it is the
+//!   current one) and destroys it; the display is left
 //!   initialised (EGL displays are shared within a process), and
 //!   `libEGL.so.1` stays loaded for the process's life: EGL registers
 //!   thread-exit destructors that must find its code.
@@ -51,6 +53,12 @@ type MakeCurrent =
 type DestroyContext = unsafe extern "system" fn(EglDisplay, EglContext) -> EglBoolean;
 type GetError = unsafe extern "system" fn() -> EglInt;
 type QueryString = unsafe extern "system" fn(EglDisplay, EglInt) -> *const c_char;
+type GetCurrentContext = unsafe extern "system" fn() -> EglContext;
+type GetCurrentDisplay = unsafe extern "system" fn() -> EglDisplay;
+type GetCurrentSurface = unsafe extern "system" fn(EglInt) -> *mut c_void;
+
+const DRAW: EglInt = 0x3059;
+const READ: EglInt = 0x305A;
 
 /// A headless GL context, current on the thread that made it (see the
 /// module contract).
@@ -59,6 +67,7 @@ pub struct HeadlessGl {
     context: EglContext,
     make_current: MakeCurrent,
     destroy_context: DestroyContext,
+    get_current_context: GetCurrentContext,
     /// `None` only while being made.
     gl: Option<Gl>,
     vendor: String,
@@ -116,6 +125,17 @@ impl HeadlessGl {
     fn first(accept: impl Fn(&Gl) -> bool) -> Result<HeadlessGl, Error> {
         let library = egl_library()?;
         let egl = Egl::load(library)?;
+        // What was current on this thread, made current again if no
+        // candidate is taken (a rejected one's drop leaves nothing current).
+        // SAFETY: plain queries of this thread's EGL state.
+        let previous = unsafe {
+            (
+                (egl.get_current_display)(),
+                (egl.get_current_surface)(DRAW),
+                (egl.get_current_surface)(READ),
+                (egl.get_current_context)(),
+            )
+        };
         let mut why = String::from("no display");
         for display in candidate_displays(&egl)? {
             match egl.context_on(display) {
@@ -127,6 +147,11 @@ impl HeadlessGl {
                 }
                 Err(e) => why = e.to_string(),
             }
+        }
+        if !previous.3.is_null() {
+            // SAFETY: the display, surfaces and context that were current
+            // on this thread when the call began.
+            unsafe { (egl.make_current)(previous.0, previous.1, previous.2, previous.3) };
         }
         Err(Error::Unavailable(format!(
             "no EGL display gave a GL 4.5 core context without a window (last: {why}): {INSTALL}"
@@ -159,15 +184,18 @@ impl HeadlessGl {
 
 impl Drop for HeadlessGl {
     fn drop(&mut self) {
-        // SAFETY: this value's display and context, on their thread: released
-        // from the thread, then destroyed.
+        // SAFETY: this value's display and context, on their thread; the
+        // thread's current context is released only if it is this one
+        // (releasing another would take it from whoever made it current).
         unsafe {
-            (self.make_current)(
-                self.display,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            );
+            if (self.get_current_context)() == self.context {
+                (self.make_current)(
+                    self.display,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                );
+            }
             (self.destroy_context)(self.display, self.context);
         }
     }
@@ -203,6 +231,9 @@ struct Egl {
     destroy_context: DestroyContext,
     get_error: GetError,
     query_string: QueryString,
+    get_current_context: GetCurrentContext,
+    get_current_display: GetCurrentDisplay,
+    get_current_surface: GetCurrentSurface,
 }
 
 impl Egl {
@@ -219,6 +250,9 @@ impl Egl {
                 destroy_context: *library.get(b"eglDestroyContext\0").map_err(missing)?,
                 get_error: *library.get(b"eglGetError\0").map_err(missing)?,
                 query_string: *library.get(b"eglQueryString\0").map_err(missing)?,
+                get_current_context: *library.get(b"eglGetCurrentContext\0").map_err(missing)?,
+                get_current_display: *library.get(b"eglGetCurrentDisplay\0").map_err(missing)?,
+                get_current_surface: *library.get(b"eglGetCurrentSurface\0").map_err(missing)?,
             })
         }
     }
@@ -298,6 +332,7 @@ impl Egl {
             context,
             make_current: self.make_current,
             destroy_context: self.destroy_context,
+            get_current_context: self.get_current_context,
             // Set below; on an error the drop releases the context.
             gl: None,
             vendor,

@@ -6,7 +6,8 @@
 //!
 //! * [`GlReceiver`] imports each image slot of a ring into the caller's GL
 //!   context: its memory as a memory object (`GL_EXT_memory_object_fd`,
-//!   the fd owned by GL once imported, closed here if the import fails),
+//!   the fd owned by GL once imported, closed here if GL refused its
+//!   arguments, leaked after any other error),
 //!   a 2D texture of the slot's format on it (optimal tiling, as the slot
 //!   was made). The GL implementation must be on the ring's device
 //!   (`GL_DEVICE_UUID_EXT` among the context's, `GL_DRIVER_UUID_EXT`
@@ -21,10 +22,17 @@
 //!   frame is complete: after a host wait for the ring's "produced"
 //!   timeline, imported on a Vulkan device of its own, where the sender
 //!   shares one; else the frame message, sent after the sender's writes
-//!   completed, orders it. [`GlReceiver::release`] fences the GL work
-//!   submitted so far and waits for it (bounded) before it gives the frame
-//!   back: a timeout closes the session instead, as the reads may still
-//!   run.
+//!   completed, orders it. No GL-side acquire (`glWaitSemaphoreEXT`) is
+//!   made: GL reads the memory as the sender left it (`GENERAL`, released
+//!   to the external family); llvmpipe and NVIDIA read it exact (the
+//!   tests), a driver that needs the acquire for optimal tiling would not.
+//!   [`GlReceiver::release`] fences the GL work submitted so far and waits
+//!   for it (bounded) before it gives the frame back; a fence that does
+//!   not signal in time ends the session, and the sender may then write
+//!   the slots under reads still running.
+//! * Each slot's record is verified on a Vulkan device of the ring's (a
+//!   headless context the receiver keeps) as a Vulkan import would be,
+//!   before GL is given its size and dedicated flag.
 //! * Every GL call needs the context current on the calling thread: the
 //!   constructor is `unsafe` with that contract, the receiver is neither
 //!   `Send` nor `Sync`. [`HeadlessGl`] makes a windowless context through

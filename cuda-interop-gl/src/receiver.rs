@@ -51,9 +51,10 @@ pub struct GlReceiver {
     textures: Vec<GLuint>,
     memories: Vec<GLuint>,
     format: GlFormat,
-    /// The "produced" timeline on a Vulkan device of its own, where the
-    /// sender shares one.
-    produced: Option<(TimelineSemaphore, Context)>,
+    /// The "produced" timeline, where the sender shares one.
+    produced: Option<TimelineSemaphore>,
+    /// A Vulkan device of the ring's (its records verified there).
+    _vulkan: Context,
     session: Session,
     /// GL calls need the thread's current context.
     _thread: PhantomData<*const ()>,
@@ -77,27 +78,51 @@ fn refused(layout: &RingLayout, why: &str) -> Error {
 }
 
 /// Slot `index`'s record and fd, whatever memory class and usage preset
-/// the sender made it with (GL takes any).
+/// the sender made it with (GL takes any), verified on `ctx` (a Vulkan
+/// device of the ring's) as a Vulkan import would be: the size, memory
+/// type, alignment and dedicated flag GL is given are what this device
+/// derives for the image, not merely what the peer claims.
 fn take_image<F: Format>(
+    ctx: &Context,
     setup: &mut Received,
     index: usize,
 ) -> Result<(ImageInfo, OwnedFd), Error> {
     fn attempt<F: Format, M: MemoryLocation, U: Usage>(
+        ctx: &Context,
         setup: &mut Received,
         index: usize,
     ) -> Result<(ImageInfo, OwnedFd), vk_export::Error> {
-        let (record, fd, _) = setup.take_image::<F, Optimal, M, U>(index)?.into_parts();
+        let received = setup.take_image::<F, Optimal, M, U>(index)?;
+        ctx.verify_image(received.record())?;
+        let (record, fd, _) = received.into_parts();
         Ok((record.into_info(), fd))
     }
-    attempt::<F, DeviceLocal, usage::Storage>(setup, index)
-        .or_else(|_| attempt::<F, HostVisible, usage::Storage>(setup, index))
-        .or_else(|_| attempt::<F, DeviceLocal, usage::Sampled>(setup, index))
-        .or_else(|_| attempt::<F, HostVisible, usage::Sampled>(setup, index))
-        .or_else(|_| attempt::<F, DeviceLocal, usage::ColorAttachment>(setup, index))
-        .or_else(|_| attempt::<F, HostVisible, usage::ColorAttachment>(setup, index))
-        .or_else(|_| attempt::<F, DeviceLocal, usage::StorageColorAttachment>(setup, index))
-        .or_else(|_| attempt::<F, HostVisible, usage::StorageColorAttachment>(setup, index))
-        .map_err(Error::from)
+    // The typed takes refuse a record of another class or preset before
+    // any check of the device: the first error that is not such a refusal
+    // is the one to report.
+    let attempts = [
+        attempt::<F, DeviceLocal, usage::Storage>,
+        attempt::<F, HostVisible, usage::Storage>,
+        attempt::<F, DeviceLocal, usage::Sampled>,
+        attempt::<F, HostVisible, usage::Sampled>,
+        attempt::<F, DeviceLocal, usage::ColorAttachment>,
+        attempt::<F, HostVisible, usage::ColorAttachment>,
+        attempt::<F, DeviceLocal, usage::StorageColorAttachment>,
+        attempt::<F, HostVisible, usage::StorageColorAttachment>,
+    ];
+    let mut refusals = Vec::new();
+    for attempt in attempts {
+        match attempt(ctx, setup, index) {
+            Ok(taken) => return Ok(taken),
+            Err(e) => refusals.push(e.to_string()),
+        }
+    }
+    Err(Error::Unsupported(format!(
+        "its record is not an OPTIMAL {} image of a memory class and usage this device \
+         imports ({})",
+        F::NAME,
+        refusals.join("; ")
+    )))
 }
 
 /// Whether the GL context (its device UUIDs, driver UUID, renderer) is on
@@ -130,9 +155,11 @@ impl GlReceiver {
     /// context current on this thread.
     ///
     /// # Safety
-    /// A GL context of the implementation `gl` was loaded from is current
-    /// on this thread, and is current on it again (or one sharing its
-    /// objects) for every later call on the receiver and for its drop.
+    /// Every address in `gl` is its named function of one GL
+    /// implementation (what [`Gl::load`] resolves with that
+    /// implementation's loader); a context of it is current on this
+    /// thread, and is current on it again (or one sharing its objects) for
+    /// every later call on the receiver and for its drop.
     pub unsafe fn new(gl: Gl, session: Session, mut setup: Received) -> Result<GlReceiver, Error> {
         let layout = *session.layout();
         let Some(vk_format) = layout.vk_format() else {
@@ -166,22 +193,31 @@ impl GlReceiver {
         // SAFETY: as above; the context has GL_EXT_memory_object (checked).
         let (devices, driver) = unsafe { gl.uuids() };
         let n = layout.slots as usize;
+        let uuid = match setup.message().resources.first() {
+            Some(vk_export::wire::Resource::Image(info)) => info.device_uuid(),
+            _ => return Err(refused(&layout, "its first resource is not an image")),
+        };
+        let vulkan = Context::headless(&HeadlessOptions {
+            device_uuid: Some(uuid),
+            ..HeadlessOptions::default()
+        })?;
         let mut receiver = GlReceiver {
             gl,
             textures: Vec::with_capacity(n),
             memories: Vec::with_capacity(n),
             format,
             produced: None,
+            _vulkan: vulkan.clone(),
             session,
             _thread: PhantomData,
         };
         for i in 0..n {
             let (info, fd) = match vk_format {
-                37 => take_image::<Rgba8Unorm>(&mut setup, i),
-                43 => take_image::<Rgba8Srgb>(&mut setup, i),
-                44 => take_image::<Bgra8Unorm>(&mut setup, i),
-                50 => take_image::<Bgra8Srgb>(&mut setup, i),
-                _ => take_image::<Rgba16Sfloat>(&mut setup, i),
+                37 => take_image::<Rgba8Unorm>(&vulkan, &mut setup, i),
+                43 => take_image::<Rgba8Srgb>(&vulkan, &mut setup, i),
+                44 => take_image::<Bgra8Unorm>(&vulkan, &mut setup, i),
+                50 => take_image::<Bgra8Srgb>(&vulkan, &mut setup, i),
+                _ => take_image::<Rgba16Sfloat>(&vulkan, &mut setup, i),
             }
             .map_err(|e| refused(&layout, &format!("slot {i}: {e}")))?;
             check_device(
@@ -211,18 +247,10 @@ impl GlReceiver {
             unsafe { receiver.import_slot(&info, fd) }?;
         }
         if has_semaphores(&layout, &setup) {
-            let uuid = match setup.message().resources.first() {
-                Some(vk_export::wire::Resource::Image(info)) => info.device_uuid(),
-                _ => return Err(refused(&layout, "its first resource is not an image")),
-            };
-            let ctx = Context::headless(&HeadlessOptions {
-                device_uuid: Some(uuid),
-                ..HeadlessOptions::default()
-            })?;
             let received = setup.take_semaphore(n)?;
-            let produced =
-                TimelineSemaphore::import_received(&ctx, received).map_err(|e| e.into_error())?;
-            receiver.produced = Some((produced, ctx));
+            let produced = TimelineSemaphore::import_received(&vulkan, received)
+                .map_err(|e| e.into_error())?;
+            receiver.produced = Some(produced);
         }
         Ok(receiver)
     }
@@ -235,7 +263,8 @@ impl GlReceiver {
         let gl = self.gl;
         // SAFETY: the receiver's current context for every GL call below;
         // each pointer is to a live local of the written type and count;
-        // `raw` is given to GL, or taken back and closed on a failed import.
+        // `raw` is given to GL, or taken back and closed only after an
+        // argument error (which takes nothing).
         unsafe {
             gl.take_error();
             let mut memory = 0;
@@ -243,6 +272,18 @@ impl GlReceiver {
             if info.dedicated() {
                 let yes = 1;
                 (gl.memory_object_parameteriv)(memory, gl::DEDICATED_MEMORY_OBJECT, &yes);
+            }
+            // Before the fd is given: a failure here leaves it ours (the
+            // drop of `fd` closes it).
+            let code = gl.take_error();
+            if code != gl::NO_ERROR || memory == 0 {
+                if memory != 0 {
+                    (gl.delete_memory_objects)(1, &memory);
+                }
+                return Err(Error::Gl {
+                    call: "glCreateMemoryObjectsEXT",
+                    code,
+                });
             }
             let raw = fd.into_raw_fd();
             (gl.import_memory_fd)(
@@ -253,9 +294,15 @@ impl GlReceiver {
             );
             let code = gl.take_error();
             if code != gl::NO_ERROR {
-                // GL takes the fd only on success: it is still ours, closed
-                // here.
-                drop(OwnedFd::from_raw_fd(raw));
+                // A refused argument leaves the fd with the caller (GL takes
+                // it only on success); after any other error whether GL
+                // took it is unknown: leaked rather than closed twice.
+                if matches!(
+                    code,
+                    gl::INVALID_ENUM | gl::INVALID_VALUE | gl::INVALID_OPERATION
+                ) {
+                    drop(OwnedFd::from_raw_fd(raw));
+                }
                 (gl.delete_memory_objects)(1, &memory);
                 return Err(Error::Gl {
                     call: "glImportMemoryFdEXT",
@@ -312,7 +359,7 @@ impl GlReceiver {
     /// [`GlReceiver::release`] the frame.
     pub fn texture(&self, frame: &Frame, timeout: Duration) -> Result<u32, Error> {
         self.session.check_held(frame)?;
-        if let Some((produced, _)) = &self.produced {
+        if let Some(produced) = &self.produced {
             produced.wait(frame.sequence(), timeout, WaitStrategy::default())?;
         }
         Ok(self.textures[frame.slot() as usize])
@@ -353,16 +400,22 @@ impl GlReceiver {
     }
 
     /// Fences the GL work submitted so far, waits for it within `timeout`,
-    /// then gives `frame` back. A fence that does not signal in time closes
-    /// the session (the reads may still run) and is [`Error::Timeout`].
+    /// then gives `frame` back. A fence that does not signal in time (or
+    /// fails) ends the session ([`Error::Timeout`], or the GL error): the
+    /// sender then counts every slot free, and may write them while those
+    /// reads still run.
     pub fn release(&self, frame: Frame, timeout: Duration) -> Result<(), Error> {
         let sequence = frame.sequence();
-        if !self.gl_idle(timeout)? {
+        let idle = self.gl_idle(timeout);
+        if !matches!(idle, Ok(true)) {
+            // The reads may still run: this receiver ends, and the sender,
+            // which counts its slots as free then, may write them under
+            // those reads (torn texels of frames no longer held).
             self.session.close(&format!(
                 "the GL work reading frame {sequence} did not complete in time"
             ));
             drop(frame);
-            return Err(Error::Timeout(sequence));
+            return Err(idle.err().unwrap_or(Error::Timeout(sequence)));
         }
         Ok(self.session.release(frame, false)?)
     }

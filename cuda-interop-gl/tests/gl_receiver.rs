@@ -233,3 +233,47 @@ fn a_buffer_ring_is_refused_with_the_receiver_that_takes_it() {
     drop(sender);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Another `HeadlessGl` dropped while not current, and a failed
+/// `on_device` (each candidate made current, then dropped), leave the
+/// receiver's context current: its frames still read back exact. Without
+/// that, GL would run these calls with no context (llvmpipe reads zeros).
+#[test]
+fn contexts_made_or_dropped_meanwhile_leave_the_receivers_current() {
+    let ctx = vulkan(None);
+    let other = HeadlessGl::new().expect("a headless GL context");
+    let gl = HeadlessGl::on_device(ctx.identity().device_uuid).expect("a headless GL context");
+    let (directory, dir, mut sender, scratch) = image_sender::<Rgba8Unorm>(&ctx, "current");
+    let (session, setup) = connect(&directory, "gl", || sender.serve(Duration::from_millis(5)));
+    // SAFETY: `gl` is current on this thread (made last); the calls below
+    // keep it current (what this test checks); the receiver is dropped
+    // before `gl`.
+    let rx = unsafe { GlReceiver::new(gl.gl(), session, setup) }.expect("the slots import into GL");
+    drop(other);
+    let e = HeadlessGl::on_device(vk_export::DeviceUuid::from_bytes([0xcd; 16])).unwrap_err();
+    assert!(matches!(e, Error::Mismatch(_)), "{e}");
+    let start = Instant::now();
+    let f = present(&mut sender, &scratch);
+    let frame = loop {
+        sender.serve(Duration::ZERO);
+        match rx.next(Duration::from_millis(50)) {
+            Ok(frame) => break frame,
+            Err(Error::Consumer(cuda_interop_frames::transport::ConsumerError::Timeout(_))) => {
+                assert!(start.elapsed() < BOUND)
+            }
+            Err(e) => panic!("frame {f}: {e}"),
+        }
+    };
+    let pixels = rx.read_pixels(&frame, Duration::from_secs(10)).unwrap();
+    let row = (W * 4) as usize;
+    assert!(
+        (0..H).all(|y| demo::check_demo_row(&pixels[y as usize * row..][..row], f, y, H)),
+        "frame {f} read back wrong: the receiver's context was not current"
+    );
+    rx.release(frame, Duration::from_secs(10)).unwrap();
+    drop(rx);
+    drop(gl);
+    drop(sender);
+    drop(scratch);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

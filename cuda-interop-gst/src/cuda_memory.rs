@@ -529,9 +529,10 @@ impl CudaOut {
     ///
     /// `ptr` is device memory of this value's device, `span` bytes long,
     /// holding the frame's planes at `offsets` and `strides` (each plane's
-    /// rows inside the span), readable by CUDA work enqueued on any stream
-    /// of its primary context from now until `keep` runs, and written by
-    /// nothing in that time.
+    /// rows inside the span), allocated and readable by CUDA work enqueued
+    /// on any stream of its primary context from now until `keep` runs.
+    /// (Whatever writes it in that time changes the pixels GStreamer reads,
+    /// never memory GStreamer does not own.)
     pub(crate) unsafe fn wrap(
         &self,
         info: &gst_video::VideoInfo,

@@ -18,8 +18,9 @@
 //! * [`Reader::next`] waits at most its timeout and tells a frame, no
 //!   frame yet ([`Next::Timeout`]), a sender that stopped cleanly
 //!   ([`Next::Goodbye`]) and a fault ([`Next::Fault`], with what to do).
-//! * [`Reader::read`] takes the frame by value, copies it out (a transfer
-//!   on the receiver's Vulkan device; for a device-local ring a CUDA
+//! * [`Reader::read`] takes the frame by value, copies it out (through the
+//!   slot's host mapping for a host-visible ring, into a reused allocation;
+//!   an image ring's by a Vulkan copy; for a device-local ring a CUDA
 //!   device-to-host copy, or with [`Output::Cuda`] a device-to-device copy
 //!   into a `GstCudaMemory`, waited for) and releases it before returning,
 //!   whatever the copy's outcome. One exception, with [`Output::Cuda`]
@@ -363,12 +364,15 @@ impl Reader {
                     // SAFETY: the slot is device memory of the receiver's
                     // device (its CUDA context is `out`'s: the reader made
                     // `out` from it), laid out as the ring's planes, whose
-                    // span is within the slot (checked above); the frame in
-                    // it is complete (the wait above, synchronized), and
-                    // the sender writes the slot again only after `keep`
-                    // released the frame, after the context's work queued
-                    // by then; `keep` holds the receiver, so the imported
-                    // memory lives as long.
+                    // span is within the slot (checked above); `keep` holds
+                    // the receiver, so the imported memory stays allocated
+                    // until it runs. The frame in it is complete (the wait
+                    // above, synchronized), and a sender keeping to the
+                    // protocol writes the slot again only after `keep`
+                    // released the frame, or after it dropped this receiver
+                    // for holding the frame past its hold timeout (the
+                    // documented limit of zero-copy: the pixels then change
+                    // under the buffer).
                     let buffer = unsafe {
                         out.wrap(
                             info,

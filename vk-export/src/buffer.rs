@@ -11,6 +11,7 @@
 
 use std::fmt;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
@@ -437,22 +438,25 @@ impl ExportableBuffer<HostVisible> {
 
     /// Copies `data` into the buffer at `offset` through a host mapping:
     /// no device copy. Host writes to `HOST_COHERENT` memory are visible
-    /// to every submission made after this returns.
+    /// to every submission made after this returns. The copy is made of
+    /// relaxed atomic stores: a host read of the same memory running at the
+    /// same time (this process's, through another import) sees some bytes
+    /// old and some new, never undefined behaviour.
     ///
     /// # Safety
     /// No device work that accesses the buffer (in any process that
     /// imported it) runs or is pending, and its earlier device writes were
-    /// made available (a release barrier, then a completed wait); device
-    /// work that reads the bytes is submitted after this returns.
+    /// made available to the host (a barrier whose destination is
+    /// `HOST_WRITE`, then a completed wait); device work that reads the
+    /// bytes is submitted after this returns. (Broken, the device reads or
+    /// writes a frame torn between two: what is promised here is that the
+    /// bytes are what they claim to be.)
     pub unsafe fn write_mapped(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_span(offset, data.len())?;
         let base = self.mapped()?;
         // SAFETY: the span lies in the buffer (checked), whose allocation
-        // is at least its size and mapped whole; `data` is ours, not the
-        // mapping. Device access is excluded by the caller.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(offset as usize), data.len())
-        };
+        // is at least its size and mapped whole, for as long as `self`.
+        unsafe { copy_to_shared(base.add(offset as usize), data) };
         Ok(())
     }
 
@@ -464,15 +468,67 @@ impl ExportableBuffer<HostVisible> {
     pub(crate) fn read_mapped(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         self.check_span(offset, out.len())?;
         let base = self.mapped()?;
-        // SAFETY: the span lies in the mapped allocation (checked); `out`
-        // is ours, never the mapping. The mapping is only ever copied from
-        // through this raw pointer, never borrowed as a slice: a write that
-        // races with the copy (another thread's submission on the buffer,
-        // a peer process breaking the ring's protocol) tears the bytes,
-        // which `u8` allows.
-        unsafe {
-            std::ptr::copy_nonoverlapping(base.add(offset as usize), out.as_mut_ptr(), out.len())
-        };
+        // SAFETY: the span lies in the mapped allocation (checked), mapped
+        // for as long as `self`; `out` is ours, never the mapping.
+        unsafe { copy_from_shared(out, base.add(offset as usize)) };
         Ok(())
+    }
+}
+
+/// Copies `src` into `len` bytes at `dst`, memory shared with the device
+/// and other processes, by relaxed atomic stores: 8 bytes at a time where
+/// aligned, bytes at the ends. The memory is never borrowed as a slice, and
+/// every access this program makes to it is atomic: a writer or reader
+/// racing with it in this process is no data race; one outside it (the
+/// device, another process) can only tear the bytes.
+///
+/// # Safety
+/// `dst` is valid for writes of `src.len()` bytes for the call.
+unsafe fn copy_to_shared(dst: *mut u8, src: &[u8]) {
+    let head = dst.align_offset(8).min(src.len());
+    let words = (src.len() - head) / 8;
+    for (i, &b) in src[..head].iter().enumerate() {
+        // SAFETY: within the span (the caller's); AtomicU8 has u8's
+        // alignment.
+        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(b, Ordering::Relaxed);
+    }
+    for w in 0..words {
+        let at = head + w * 8;
+        let word = u64::from_ne_bytes(src[at..at + 8].try_into().expect("8 bytes"));
+        // SAFETY: within the span; `dst + at` is 8-aligned (`head` aligns
+        // it, and `at - head` is a multiple of 8).
+        unsafe { AtomicU64::from_ptr(dst.add(at).cast::<u64>()) }.store(word, Ordering::Relaxed);
+    }
+    for (i, &b) in src.iter().enumerate().skip(head + words * 8) {
+        // SAFETY: within the span.
+        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(b, Ordering::Relaxed);
+    }
+}
+
+/// Copies `dst.len()` bytes at `src`, memory shared with the device and
+/// other processes, into `dst` by relaxed atomic loads (see
+/// [`copy_to_shared`]).
+///
+/// # Safety
+/// `src` is valid for reads of `dst.len()` bytes for the call.
+unsafe fn copy_from_shared(dst: &mut [u8], src: *const u8) {
+    let head = src.align_offset(8).min(dst.len());
+    let words = (dst.len() - head) / 8;
+    let src = src.cast_mut();
+    for (i, b) in dst[..head].iter_mut().enumerate() {
+        // SAFETY: within the span (the caller's); loads only.
+        *b = unsafe { AtomicU8::from_ptr(src.add(i)) }.load(Ordering::Relaxed);
+    }
+    for w in 0..words {
+        let at = head + w * 8;
+        // SAFETY: within the span; `src + at` is 8-aligned; loads only.
+        let word =
+            unsafe { AtomicU64::from_ptr(src.add(at).cast::<u64>()) }.load(Ordering::Relaxed);
+        dst[at..at + 8].copy_from_slice(&word.to_ne_bytes());
+    }
+    let tail = head + words * 8;
+    for (i, b) in dst.iter_mut().enumerate().skip(tail) {
+        // SAFETY: within the span; loads only.
+        *b = unsafe { AtomicU8::from_ptr(src.add(i)) }.load(Ordering::Relaxed);
     }
 }

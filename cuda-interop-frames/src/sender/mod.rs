@@ -699,6 +699,19 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
     /// recorded in one submission, waited for (bounded), which signals the
     /// returned value of the sender's "opened" timeline.
     fn open(&mut self, slot: u32, role: QueueRole) -> Result<u64, SenderError> {
+        self.open_for(slot, role, false)
+    }
+
+    /// [`Sender::open`]; with `host_writes`, the submission also makes
+    /// every earlier device access of the slot's memory available to the
+    /// host and ordered before host writes (a barrier whose destination is
+    /// `HOST_WRITE`), for a write through the slot's mapping.
+    pub(super) fn open_for(
+        &mut self,
+        slot: u32,
+        role: QueueRole,
+        host_writes: bool,
+    ) -> Result<u64, SenderError> {
         let s = slot as usize;
         if self.opened.is_none() {
             self.opened = Some(TimelineSemaphore::new_local(&self.ctx)?);
@@ -714,6 +727,26 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
                 // SAFETY: as in `present`: the sender's command buffer for a
                 // queue of `family`, the slot alive beyond the submission.
                 unsafe { resource.record_acquire(device, cmd, family, from_external) };
+                if host_writes {
+                    let barrier = vk::MemoryBarrier::default()
+                        .src_access_mask(
+                            vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE,
+                        )
+                        .dst_access_mask(vk::AccessFlags::HOST_WRITE | vk::AccessFlags::HOST_READ);
+                    // SAFETY: the sender's command buffer, recording; a
+                    // global memory barrier names no resource.
+                    unsafe {
+                        device.cmd_pipeline_barrier(
+                            cmd,
+                            vk::PipelineStageFlags::ALL_COMMANDS,
+                            vk::PipelineStageFlags::HOST,
+                            vk::DependencyFlags::empty(),
+                            &[barrier],
+                            &[],
+                            &[],
+                        )
+                    };
+                }
             });
         // Submitted (a timeout too: it still runs): the value is used, and
         // the slot is owned by the family now (in GENERAL for an image),

@@ -45,14 +45,17 @@ impl WriteSlot<'_, HostVisible, ExportableBuffer<HostVisible>> {
     /// Publishes `data`, the frame's bytes from the start of the slot (at
     /// most its size), copied in by the host through a mapping of the
     /// slot: no device copy, no command buffer of pixels. One submission
-    /// waits on the GPU for the receivers' releases of the slot and
-    /// acquires it, and is waited for (bounded); the host copies `data`
-    /// in; a second submission releases the slot and signals "produced",
-    /// and is waited for; then the frame is announced. Returns its
-    /// sequence number. For frames the CPU made (a decoder's output, a
-    /// GStreamer buffer), the cheapest way into a host-visible ring. An
-    /// empty or oversized `data` is [`SenderError::Vulkan`] with
-    /// [`vk_export::Error::InvalidArgument`], the slot left free.
+    /// waits on the GPU for the receivers' releases of the slot, acquires
+    /// it and makes earlier device accesses of it available to the host,
+    /// and is waited for (bounded); the host copies `data` in; a second
+    /// submission releases the slot and signals "produced", and is waited
+    /// for; then the frame is announced. Returns its sequence number. For
+    /// frames the CPU made (a decoder's output, a GStreamer buffer), the
+    /// cheapest way into a host-visible ring. An empty or oversized `data`
+    /// is [`SenderError::Vulkan`] with [`vk_export::Error::InvalidArgument`],
+    /// the slot left free. A shorter `data` leaves the rest of the slot as
+    /// an earlier frame wrote it: receivers read the layout's whole frame,
+    /// so give every byte of it.
     pub fn present_bytes(self, timestamp_ns: u64, data: &[u8]) -> Result<u64, SenderError> {
         let size = self.buffer().size();
         if data.is_empty() || data.len() as u64 > size {
@@ -63,15 +66,28 @@ impl WriteSlot<'_, HostVisible, ExportableBuffer<HostVisible>> {
             .into());
         }
         let role = self.sender.opts.queue;
-        let open = self.open(role)?;
-        // SAFETY: `open` returned Ok: its submission waited on the GPU for
-        // every receiver's release of the slot (their reads of it ran
-        // before), acquired it after this sender's last release of it (its
-        // writes made available), and completed. So no device work reads
-        // or writes the slot until the release below, submitted after this
-        // write returns; a receiver the sender dropped for holding the slot
-        // too long may still read it, and reads torn bytes of a frame it no
-        // longer holds (its read fails `check_held`).
+        let WriteSlot { sender, slot } = self;
+        let ready = sender.open_for(slot, role, true)?;
+        let family = sender.ctx.queue_family_of(role);
+        let open = OpenSlot {
+            sender,
+            slot,
+            role,
+            family,
+            ready,
+            closed: false,
+        };
+        // SAFETY: `open_for` returned Ok: its submission waited on the GPU
+        // for every receiver's release of the slot (their device reads of
+        // it ran before), acquired it after this sender's last release of
+        // it, made every earlier device access available to the host and
+        // ordered before host writes, and completed. No device work of
+        // this sender touches the slot until the release below, submitted
+        // after this returns. (A receiver the sender dropped for holding
+        // the slot past the hold timeout may still read it: it gets torn
+        // bytes of a frame it no longer holds, and its read then fails
+        // `check_held`; the copy is atomic, so no data race in this
+        // process.)
         if let Err(e) = unsafe { open.resource().write_mapped(0, data) } {
             // Dropped: released unpresented, no frame numbered.
             return Err(e.into());

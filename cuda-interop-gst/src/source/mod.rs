@@ -30,7 +30,9 @@
 //!   ring's slot itself (counted in `zero-copy-buffers`), the frame held
 //!   until downstream drops the buffer (drop it once done with it, GPU
 //!   reads included, as with any pooled buffer; holding every slot
-//!   starves the source, bounded by `timeout`). CUDA context queries are
+//!   starves the source, bounded by `timeout`; a buffer held past the
+//!   sender's hold timeout, 5 s by default, gets this receiver dropped,
+//!   an element error, and its pixels may then change under it). CUDA context queries are
 //!   answered with the receiver's context. The debug log has each frame's
 //!   hand-off (received -> copied, or the slot wrapped).
 //! * Rows (system memory): when the ring's strides and plane offsets are
