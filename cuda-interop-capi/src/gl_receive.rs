@@ -15,9 +15,7 @@
 //! * Frames are `ci_frame*` handles, as for the other receivers.
 
 use std::ffi::{c_char, c_void, CStr};
-use std::mem::ManuallyDrop;
 use std::sync::{Arc, PoisonError};
-use std::thread::ThreadId;
 
 use cuda_interop_frames::discovery::Directory;
 use cuda_interop_frames::session::{ConnectError, Session};
@@ -28,6 +26,7 @@ use crate::ffi::{
 };
 use crate::handles::{self, Object};
 use crate::receive::{ci_ring_layout, write_layout};
+use crate::thread_bound::ThreadBound;
 use crate::{ci_status, entry, non_null, seconds, CiError};
 
 /// An opaque OpenGL receiver (`ci_gl_receiver_connect_named`).
@@ -43,48 +42,6 @@ pub struct ci_gl_receiver {
 #[allow(non_camel_case_types)]
 pub type ci_gl_loader_fn =
     Option<unsafe extern "C" fn(user: *mut c_void, name: *const c_char) -> *const c_void>;
-
-/// A GL receiver used and dropped only on the thread that made it.
-#[derive(Debug)]
-pub(crate) struct ThreadBound {
-    thread: ThreadId,
-    receiver: ManuallyDrop<GlReceiver>,
-}
-
-// SAFETY: the receiver is reached only through `get`, which refuses every
-// thread but `thread`, and dropped only on `thread` (elsewhere it is
-// leaked): it never leaves the thread whose GL context it uses.
-unsafe impl Send for ThreadBound {}
-// SAFETY: as above: no reference to the receiver is given out on another
-// thread.
-unsafe impl Sync for ThreadBound {}
-
-impl ThreadBound {
-    fn get(&self) -> Result<&GlReceiver, CiError> {
-        if std::thread::current().id() != self.thread {
-            return Err(CiError::new(
-                ci_status::CI_INVALID_ARGUMENT,
-                "an OpenGL receiver is used on another thread than the one that connected it: \
-                 call ci_gl_receiver_* on that thread, with its GL context current",
-            ));
-        }
-        Ok(&self.receiver)
-    }
-}
-
-impl Drop for ThreadBound {
-    fn drop(&mut self) {
-        if std::thread::current().id() == self.thread {
-            // SAFETY: dropped once, here, on its own thread.
-            unsafe { ManuallyDrop::drop(&mut self.receiver) };
-        } else {
-            vk_export::report_drop_error(format_args!(
-                "an OpenGL receiver's last reference went on another thread than its own: its \
-                 textures and memory objects are leaked (free it on the thread that connected it)"
-            ));
-        }
-    }
-}
 
 fn gl_error(e: cuda_interop_gl::Error) -> CiError {
     use cuda_interop_gl::Error as E;
@@ -152,11 +109,7 @@ pub unsafe extern "C" fn ci_gl_receiver_connect_named(
         // is current on this thread now and for every later call; the
         // receiver is only used and dropped on this thread (ThreadBound).
         let rx = unsafe { GlReceiver::new(gl, session, setup) }.map_err(gl_error)?;
-        let bound = ThreadBound {
-            thread: std::thread::current().id(),
-            receiver: ManuallyDrop::new(rx),
-        };
-        let handle = handles::insert(Object::GlReceiver(Arc::new(bound)));
+        let handle = handles::insert(Object::GlReceiver(Arc::new(ThreadBound::new(rx))));
         // SAFETY: not NULL, valid for a write (the caller's promise).
         unsafe { out.write(handle as *mut ci_gl_receiver) };
         Ok(())

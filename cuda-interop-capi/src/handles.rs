@@ -98,7 +98,7 @@ pub(crate) enum Object {
     Receiver(Arc<HostReceiver>),
     CudaReceiver(Arc<CudaReceiver>),
     VulkanReceiver(Arc<cuda_interop_frames::image_reader::ImageReader>),
-    GlReceiver(Arc<crate::gl_receive::ThreadBound>),
+    GlReceiver(Arc<crate::thread_bound::ThreadBound>),
     Frame(Arc<FrameEntry>),
 }
 
@@ -212,7 +212,7 @@ pub(crate) fn vulkan_receiver(
 }
 
 /// The OpenGL receiver of handle `key`.
-pub(crate) fn gl_receiver(key: usize) -> Result<Arc<crate::gl_receive::ThreadBound>, CiError> {
+pub(crate) fn gl_receiver(key: usize) -> Result<Arc<crate::thread_bound::ThreadBound>, CiError> {
     lookup(key, "ci_gl_receiver*", |o| match o {
         Object::GlReceiver(r) => Some(r.clone()),
         _ => None,

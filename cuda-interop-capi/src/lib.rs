@@ -31,6 +31,7 @@ mod ffi;
 mod gl_receive;
 mod handles;
 mod receive;
+mod thread_bound;
 mod vulkan;
 mod vulkan_receive;
 
