@@ -1012,8 +1012,9 @@ enum ci_status ci_gl_receiver_texture(struct ci_gl_receiver *receiver,
 /**
  * Fences the GL work submitted so far on this thread's context, waits for
  * it (at most `timeout_s` seconds), then gives `frame` back and frees its
- * handle. A fence that does not signal in time closes the session
- * (`CI_TIMEOUT`; the frame's handle is freed).
+ * handle. A fence that does not signal in time (`CI_TIMEOUT`) or fails
+ * (`CI_UNSUPPORTED`, the GL error) ends the session; the frame's handle is
+ * freed.
  *
  * Thread safety: the receiver's thread.
  *
@@ -1025,8 +1026,10 @@ enum ci_status ci_gl_receiver_release(struct ci_gl_receiver *receiver,
                                       double timeout_s);
 
 /**
- * Frees `receiver` (NULL: nothing) and its frames, deleting its textures
- * and memory objects after the GL work on them (bounded). On another
+ * Frees `receiver` (NULL: nothing) and its frames: the GL work submitted
+ * so far is fenced and waited for first (at most 5 s; beyond, the
+ * session ends), then the frames still held are given back and the
+ * textures and memory objects deleted. On another
  * thread than the receiver's: `CI_INVALID_ARGUMENT`, nothing freed.
  *
  * Thread safety: the receiver's thread.

@@ -207,8 +207,9 @@ pub unsafe extern "C" fn ci_gl_receiver_texture(
 
 /// Fences the GL work submitted so far on this thread's context, waits for
 /// it (at most `timeout_s` seconds), then gives `frame` back and frees its
-/// handle. A fence that does not signal in time closes the session
-/// (`CI_TIMEOUT`; the frame's handle is freed).
+/// handle. A fence that does not signal in time (`CI_TIMEOUT`) or fails
+/// (`CI_UNSUPPORTED`, the GL error) ends the session; the frame's handle is
+/// freed.
 ///
 /// Thread safety: the receiver's thread.
 ///
@@ -232,8 +233,10 @@ pub unsafe extern "C" fn ci_gl_receiver_release(
     })
 }
 
-/// Frees `receiver` (NULL: nothing) and its frames, deleting its textures
-/// and memory objects after the GL work on them (bounded). On another
+/// Frees `receiver` (NULL: nothing) and its frames: the GL work submitted
+/// so far is fenced and waited for first (at most 5 s; beyond, the
+/// session ends), then the frames still held are given back and the
+/// textures and memory objects deleted. On another
 /// thread than the receiver's: `CI_INVALID_ARGUMENT`, nothing freed.
 ///
 /// Thread safety: the receiver's thread.
@@ -244,7 +247,12 @@ pub unsafe extern "C" fn ci_gl_receiver_release(
 pub unsafe extern "C" fn ci_gl_receiver_free(receiver: *mut ci_gl_receiver) -> ci_status {
     entry(|| {
         if !receiver.is_null() {
-            handles::gl_receiver(key(receiver))?.get()?;
+            // The GL work on the textures first (bounded), as the frames
+            // still held are given back with the receiver: a fence that
+            // does not complete ends the session before they go.
+            let _ = handles::gl_receiver(key(receiver))?
+                .get()?
+                .finish(std::time::Duration::from_secs(5));
         }
         handles::free_receiver(key(receiver), "ci_gl_receiver*", |o| {
             matches!(o, Object::GlReceiver(_))

@@ -18,7 +18,6 @@ use cuda_interop_gl::GlReceiver;
 use crate::{ci_status, CiError};
 
 /// A GL receiver used and dropped only on the thread that made it.
-#[derive(Debug)]
 pub(crate) struct ThreadBound {
     thread: ThreadId,
     receiver: ManuallyDrop<GlReceiver>,
@@ -29,8 +28,18 @@ pub(crate) struct ThreadBound {
 // leaked): it never leaves the thread whose GL context it uses.
 unsafe impl Send for ThreadBound {}
 // SAFETY: as above: no reference to the receiver is given out on another
-// thread.
+// thread (Debug prints the thread only; the wrong-thread drop reads only
+// the session, which is Sync, and touches no GL).
 unsafe impl Sync for ThreadBound {}
+
+impl std::fmt::Debug for ThreadBound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The thread only: the receiver is not touched off its thread.
+        f.debug_struct("ThreadBound")
+            .field("thread", &self.thread)
+            .finish_non_exhaustive()
+    }
+}
 
 impl ThreadBound {
     /// Binds `receiver` to the calling thread.
@@ -60,9 +69,15 @@ impl Drop for ThreadBound {
             // SAFETY: dropped once, here, on its own thread.
             unsafe { ManuallyDrop::drop(&mut self.receiver) };
         } else {
+            // No GL here; the session (no GL) ends, so the sender stops
+            // waiting for this receiver.
+            self.receiver
+                .session()
+                .close("the OpenGL receiver was dropped on another thread than its own: leaked");
             vk_export::report_drop_error(format_args!(
                 "an OpenGL receiver's last reference went on another thread than its own: its \
-                 textures and memory objects are leaked (free it on the thread that connected it)"
+                 textures, memory objects and Vulkan device are leaked (free it on the thread \
+                 that connected it)"
             ));
         }
     }

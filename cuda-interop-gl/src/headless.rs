@@ -54,6 +54,7 @@ type DestroyContext = unsafe extern "system" fn(EglDisplay, EglContext) -> EglBo
 type GetError = unsafe extern "system" fn() -> EglInt;
 type QueryString = unsafe extern "system" fn(EglDisplay, EglInt) -> *const c_char;
 type GetCurrentContext = unsafe extern "system" fn() -> EglContext;
+type QueryApi = unsafe extern "system" fn() -> u32;
 type GetCurrentDisplay = unsafe extern "system" fn() -> EglDisplay;
 type GetCurrentSurface = unsafe extern "system" fn(EglInt) -> *mut c_void;
 
@@ -125,6 +126,18 @@ impl HeadlessGl {
     fn first(accept: impl Fn(&Gl) -> bool) -> Result<HeadlessGl, Error> {
         let library = egl_library()?;
         let egl = Egl::load(library)?;
+        // The thread's bound API (eglBindAPI below sets it; the default is
+        // OpenGL ES), given back on every return.
+        // SAFETY: a plain query of this thread's EGL state.
+        let api = unsafe { (egl.query_api)() };
+        let made = Self::first_with(&egl, accept);
+        // SAFETY: a plain call with the API value EGL gave.
+        unsafe { (egl.bind_api)(api) };
+        made
+    }
+
+    /// [`HeadlessGl::first`], the bound API left to the caller.
+    fn first_with(egl: &Egl, accept: impl Fn(&Gl) -> bool) -> Result<HeadlessGl, Error> {
         // What was current on this thread, made current again if no
         // candidate is taken (a rejected one's drop leaves nothing current).
         // SAFETY: plain queries of this thread's EGL state.
@@ -137,7 +150,7 @@ impl HeadlessGl {
             )
         };
         let mut why = String::from("no display");
-        for display in candidate_displays(&egl)? {
+        for display in candidate_displays(egl)? {
             match egl.context_on(display) {
                 Ok(made) => {
                     if accept(&made.gl()) {
@@ -234,6 +247,7 @@ struct Egl {
     get_current_context: GetCurrentContext,
     get_current_display: GetCurrentDisplay,
     get_current_surface: GetCurrentSurface,
+    query_api: QueryApi,
 }
 
 impl Egl {
@@ -253,6 +267,7 @@ impl Egl {
                 get_current_context: *library.get(b"eglGetCurrentContext\0").map_err(missing)?,
                 get_current_display: *library.get(b"eglGetCurrentDisplay\0").map_err(missing)?,
                 get_current_surface: *library.get(b"eglGetCurrentSurface\0").map_err(missing)?,
+                query_api: *library.get(b"eglQueryAPI\0").map_err(missing)?,
             })
         }
     }

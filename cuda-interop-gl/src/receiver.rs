@@ -87,19 +87,22 @@ fn take_image<F: Format>(
     setup: &mut Received,
     index: usize,
 ) -> Result<(ImageInfo, OwnedFd), Error> {
+    /// `Err`: a record of another class or preset (the fd stays in
+    /// `setup`); `Ok(Err)`: taken, and refused on this device (the fd
+    /// closed with it).
+    #[allow(clippy::type_complexity)]
     fn attempt<F: Format, M: MemoryLocation, U: Usage>(
         ctx: &Context,
         setup: &mut Received,
         index: usize,
-    ) -> Result<(ImageInfo, OwnedFd), vk_export::Error> {
+    ) -> Result<Result<(ImageInfo, OwnedFd), vk_export::Error>, vk_export::Error> {
         let received = setup.take_image::<F, Optimal, M, U>(index)?;
-        ctx.verify_image(received.record())?;
+        if let Err(e) = ctx.verify_image(received.record()) {
+            return Ok(Err(e));
+        }
         let (record, fd, _) = received.into_parts();
-        Ok((record.into_info(), fd))
+        Ok(Ok((record.into_info(), fd)))
     }
-    // The typed takes refuse a record of another class or preset before
-    // any check of the device: the first error that is not such a refusal
-    // is the one to report.
     let attempts = [
         attempt::<F, DeviceLocal, usage::Storage>,
         attempt::<F, HostVisible, usage::Storage>,
@@ -113,7 +116,9 @@ fn take_image<F: Format>(
     let mut refusals = Vec::new();
     for attempt in attempts {
         match attempt(ctx, setup, index) {
-            Ok(taken) => return Ok(taken),
+            Ok(Ok(taken)) => return Ok(taken),
+            // Taken: this device refuses the record itself.
+            Ok(Err(e)) => return Err(e.into()),
             Err(e) => refusals.push(e.to_string()),
         }
     }
@@ -399,8 +404,9 @@ impl GlReceiver {
         Ok(pixels)
     }
 
-    /// Fences the GL work submitted so far, waits for it within `timeout`,
-    /// then gives `frame` back. A fence that does not signal in time (or
+    /// Fences the GL work submitted so far on the context current now (read
+    /// the textures there: a shared context's work is not fenced), waits
+    /// for it within `timeout`, then gives `frame` back. A fence that does not signal in time (or
     /// fails) ends the session ([`Error::Timeout`], or the GL error): the
     /// sender then counts every slot free, and may write them while those
     /// reads still run.
@@ -412,12 +418,28 @@ impl GlReceiver {
             // which counts its slots as free then, may write them under
             // those reads (torn texels of frames no longer held).
             self.session.close(&format!(
-                "the GL work reading frame {sequence} did not complete in time"
+                "the GL work reading frame {sequence} did not complete in time (or its fence \
+                 failed)"
             ));
             drop(frame);
             return Err(idle.err().unwrap_or(Error::Timeout(sequence)));
         }
         Ok(self.session.release(frame, false)?)
+    }
+
+    /// Fences the GL work submitted so far and waits for it within
+    /// `timeout`; where it does not complete (or the fence fails), ends the
+    /// session (the sender may then write every slot). Before frames are
+    /// dropped without [`GlReceiver::release`] (which releases them with no
+    /// fence): `Ok(false)` when the session was ended.
+    pub fn finish(&self, timeout: Duration) -> Result<bool, Error> {
+        let idle = self.gl_idle(timeout);
+        if !matches!(idle, Ok(true)) {
+            self.session.close(
+                "the GL work on the textures did not complete in time (or its fence failed)",
+            );
+        }
+        idle
     }
 
     /// Whether the GL work submitted so far completed within `timeout`.

@@ -424,6 +424,12 @@ impl ExportableBuffer<HostVisible> {
         Ok(*address as *mut u8)
     }
 
+    /// The mapping's length: the whole allocation (`mapped` maps
+    /// `VK_WHOLE_SIZE` at offset 0).
+    fn mapped_len(&self) -> usize {
+        self.inner.info.allocation_size() as usize
+    }
+
     /// Checks that `len` bytes at `offset` lie in the buffer.
     fn check_span(&self, offset: u64, len: usize) -> Result<()> {
         let end = offset.checked_add(len as u64);
@@ -439,9 +445,10 @@ impl ExportableBuffer<HostVisible> {
     /// Copies `data` into the buffer at `offset` through a host mapping:
     /// no device copy. Host writes to `HOST_COHERENT` memory are visible
     /// to every submission made after this returns. The copy is made of
-    /// relaxed atomic stores: a host read of the same memory running at the
-    /// same time (this process's, through another import) sees some bytes
-    /// old and some new, never undefined behaviour.
+    /// relaxed atomic stores (each 8-byte word of the mapping whole, by
+    /// address): a host read or write of this buffer on another thread at
+    /// the same time, over any span, sees some bytes old and some new, never
+    /// undefined behaviour.
     ///
     /// # Safety
     /// No device work that accesses the buffer (in any process that
@@ -454,9 +461,10 @@ impl ExportableBuffer<HostVisible> {
     pub unsafe fn write_mapped(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_span(offset, data.len())?;
         let base = self.mapped()?;
-        // SAFETY: the span lies in the buffer (checked), whose allocation
-        // is at least its size and mapped whole, for as long as `self`.
-        unsafe { copy_to_shared(base.add(offset as usize), data) };
+        // SAFETY: the mapping of the whole allocation (at least the
+        // buffer's size, page-aligned) lives as long as `self`; the span
+        // lies in the buffer (checked).
+        unsafe { copy_to_shared(base, self.mapped_len(), offset as usize, data) };
         Ok(())
     }
 
@@ -468,67 +476,174 @@ impl ExportableBuffer<HostVisible> {
     pub(crate) fn read_mapped(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         self.check_span(offset, out.len())?;
         let base = self.mapped()?;
-        // SAFETY: the span lies in the mapped allocation (checked), mapped
-        // for as long as `self`; `out` is ours, never the mapping.
-        unsafe { copy_from_shared(out, base.add(offset as usize)) };
+        // SAFETY: as in `write_mapped`; `out` is ours, never the mapping.
+        unsafe { copy_from_shared(base, self.mapped_len(), offset as usize, out) };
         Ok(())
     }
 }
 
-/// Copies `src` into `len` bytes at `dst`, memory shared with the device
-/// and other processes, by relaxed atomic stores: 8 bytes at a time where
-/// aligned, bytes at the ends. The memory is never borrowed as a slice, and
-/// every access this program makes to it is atomic: a writer or reader
-/// racing with it in this process is no data race; one outside it (the
-/// device, another process) can only tear the bytes.
+/// How the shared mapping is accessed, by address alone: the 8-byte word
+/// at a multiple of 8 from the mapping's start is read and written whole,
+/// by `AtomicU64`, wherever it lies inside the mapping, also when a copy
+/// covers only part of it (its other bytes are kept: a compare-exchange);
+/// a word that would reach past the mapping is accessed byte by byte. So
+/// two copies racing in this process, over any spans, always access a
+/// byte with atomics of one size: no data race and no mixed-size race. A
+/// writer outside the program (the device, another process) can only tear
+/// the bytes.
+const WORD: usize = 8;
+
+/// Whether word `w` (bytes `w * 8 ..`) lies inside a mapping of `mapped`
+/// bytes.
+fn whole_word(w: usize, mapped: usize) -> bool {
+    (w + 1) * WORD <= mapped
+}
+
+/// Copies `src` to byte `at` of the mapping at `base` (`mapped` bytes;
+/// the access rule above): whole words in a tight loop, the partial words
+/// at either end merged.
 ///
 /// # Safety
-/// `dst` is valid for writes of `src.len()` bytes for the call.
-unsafe fn copy_to_shared(dst: *mut u8, src: &[u8]) {
-    let head = dst.align_offset(8).min(src.len());
-    let words = (src.len() - head) / 8;
-    for (i, &b) in src[..head].iter().enumerate() {
-        // SAFETY: within the span (the caller's); AtomicU8 has u8's
-        // alignment.
-        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(b, Ordering::Relaxed);
+/// `base` is the start of a live mapping of `mapped` bytes, aligned to 8,
+/// and `at + src.len() <= mapped`.
+unsafe fn copy_to_shared(base: *mut u8, mapped: usize, at: usize, src: &[u8]) {
+    let end = at + src.len();
+    let (first, last) = (at.div_ceil(WORD), end / WORD);
+    if first >= last {
+        // SAFETY: the caller's.
+        unsafe { copy_to_partial(base, mapped, at, end, src) };
+        return;
     }
-    for w in 0..words {
-        let at = head + w * 8;
-        let word = u64::from_ne_bytes(src[at..at + 8].try_into().expect("8 bytes"));
-        // SAFETY: within the span; `dst + at` is 8-aligned (`head` aligns
-        // it, and `at - head` is a multiple of 8).
-        unsafe { AtomicU64::from_ptr(dst.add(at).cast::<u64>()) }.store(word, Ordering::Relaxed);
+    // SAFETY: the caller's; the range lies in `at..end`.
+    unsafe { copy_to_partial(base, mapped, at, first * WORD, &src[..first * WORD - at]) };
+    let middle = &src[first * WORD - at..last * WORD - at];
+    for (w, bytes) in (first..last).zip(middle.chunks_exact(WORD)) {
+        let bytes: [u8; WORD] = bytes.try_into().expect("a word");
+        // SAFETY: a word inside the span, so inside the mapping; 8-aligned.
+        unsafe { AtomicU64::from_ptr(base.add(w * WORD).cast::<u64>()) }
+            .store(u64::from_ne_bytes(bytes), Ordering::Relaxed);
     }
-    for (i, &b) in src.iter().enumerate().skip(head + words * 8) {
-        // SAFETY: within the span.
-        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(b, Ordering::Relaxed);
+    // SAFETY: the caller's; the range lies in `at..end`.
+    unsafe { copy_to_partial(base, mapped, last * WORD, end, &src[last * WORD - at..]) };
+}
+
+/// [`copy_to_shared`] of `src` to bytes `from..to` (within at most one
+/// word, or none), each word merged by a compare-exchange, or bytes past
+/// the mapping's last whole word.
+///
+/// # Safety
+/// As [`copy_to_shared`] for `from..to`; `src.len() == to - from`.
+unsafe fn copy_to_partial(base: *mut u8, mapped: usize, from: usize, to: usize, src: &[u8]) {
+    let mut pos = from;
+    while pos < to {
+        let w = pos / WORD;
+        let word_start = w * WORD;
+        let upto = (word_start + WORD).min(to);
+        let part = &src[pos - from..upto - from];
+        if whole_word(w, mapped) {
+            // SAFETY: the word lies in the mapping (checked), 8-aligned.
+            let word = unsafe { AtomicU64::from_ptr(base.add(word_start).cast::<u64>()) };
+            let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                let mut bytes = old.to_ne_bytes();
+                bytes[pos - word_start..upto - word_start].copy_from_slice(part);
+                Some(u64::from_ne_bytes(bytes))
+            });
+        } else {
+            for (i, &b) in (pos..upto).zip(part) {
+                // SAFETY: inside the mapping (`i < to <= mapped`).
+                unsafe { AtomicU8::from_ptr(base.add(i)) }.store(b, Ordering::Relaxed);
+            }
+        }
+        pos = upto;
     }
 }
 
-/// Copies `dst.len()` bytes at `src`, memory shared with the device and
-/// other processes, into `dst` by relaxed atomic loads (see
-/// [`copy_to_shared`]).
+/// Copies `dst.len()` bytes from byte `at` of the mapping at `base`
+/// (`mapped` bytes; the access rule above) into `dst`.
 ///
 /// # Safety
-/// `src` is valid for reads of `dst.len()` bytes for the call.
-unsafe fn copy_from_shared(dst: &mut [u8], src: *const u8) {
-    let head = src.align_offset(8).min(dst.len());
-    let words = (dst.len() - head) / 8;
-    let src = src.cast_mut();
-    for (i, b) in dst[..head].iter_mut().enumerate() {
-        // SAFETY: within the span (the caller's); loads only.
-        *b = unsafe { AtomicU8::from_ptr(src.add(i)) }.load(Ordering::Relaxed);
+/// As [`copy_to_shared`], with `at + dst.len() <= mapped`.
+unsafe fn copy_from_shared(base: *mut u8, mapped: usize, at: usize, dst: &mut [u8]) {
+    let end = at + dst.len();
+    let (first, last) = (at.div_ceil(WORD), end / WORD);
+    if first >= last {
+        // SAFETY: the caller's.
+        unsafe { copy_from_partial(base, mapped, at, end, dst) };
+        return;
     }
-    for w in 0..words {
-        let at = head + w * 8;
-        // SAFETY: within the span; `src + at` is 8-aligned; loads only.
-        let word =
-            unsafe { AtomicU64::from_ptr(src.add(at).cast::<u64>()) }.load(Ordering::Relaxed);
-        dst[at..at + 8].copy_from_slice(&word.to_ne_bytes());
+    let (head, rest) = dst.split_at_mut(first * WORD - at);
+    let (middle, tail) = rest.split_at_mut((last - first) * WORD);
+    // SAFETY: the caller's; the range lies in `at..end`.
+    unsafe { copy_from_partial(base, mapped, at, first * WORD, head) };
+    for (w, bytes) in (first..last).zip(middle.chunks_exact_mut(WORD)) {
+        // SAFETY: a word inside the span, so inside the mapping; 8-aligned;
+        // a load only.
+        let word = unsafe { AtomicU64::from_ptr(base.add(w * WORD).cast::<u64>()) }
+            .load(Ordering::Relaxed);
+        bytes.copy_from_slice(&word.to_ne_bytes());
     }
-    let tail = head + words * 8;
-    for (i, b) in dst.iter_mut().enumerate().skip(tail) {
-        // SAFETY: within the span; loads only.
-        *b = unsafe { AtomicU8::from_ptr(src.add(i)) }.load(Ordering::Relaxed);
+    // SAFETY: the caller's; the range lies in `at..end`.
+    unsafe { copy_from_partial(base, mapped, last * WORD, end, tail) };
+}
+
+/// [`copy_from_shared`] of bytes `from..to` (within at most one word, or
+/// none) into `dst`.
+///
+/// # Safety
+/// As [`copy_from_shared`] for `from..to`; `dst.len() == to - from`.
+unsafe fn copy_from_partial(base: *mut u8, mapped: usize, from: usize, to: usize, dst: &mut [u8]) {
+    let mut pos = from;
+    while pos < to {
+        let w = pos / WORD;
+        let word_start = w * WORD;
+        let upto = (word_start + WORD).min(to);
+        if whole_word(w, mapped) {
+            // SAFETY: the word lies in the mapping (checked), 8-aligned; a
+            // load only.
+            let word = unsafe { AtomicU64::from_ptr(base.add(word_start).cast::<u64>()) }
+                .load(Ordering::Relaxed)
+                .to_ne_bytes();
+            dst[pos - from..upto - from]
+                .copy_from_slice(&word[pos - word_start..upto - word_start]);
+        } else {
+            for i in pos..upto {
+                // SAFETY: inside the mapping; a load only.
+                dst[i - from] = unsafe { AtomicU8::from_ptr(base.add(i)) }.load(Ordering::Relaxed);
+            }
+        }
+        pos = upto;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every span of a 45-byte mapping (the last word partial: bytes):
+    /// written bytes land where they should and nowhere else, and read back
+    /// exact.
+    #[test]
+    fn shared_copies_touch_exactly_their_span() {
+        const MAPPED: usize = 45;
+        for at in 0..MAPPED {
+            for len in 0..=MAPPED - at {
+                let mut memory = [0u64; 6];
+                let base = memory.as_mut_ptr().cast::<u8>();
+                let src: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(7) | 1).collect();
+                // SAFETY: `memory` holds 48 >= MAPPED bytes, 8-aligned, ours.
+                unsafe { copy_to_shared(base, MAPPED, at, &src) };
+                let mut back = vec![0u8; len];
+                // SAFETY: as above.
+                unsafe { copy_from_shared(base, MAPPED, at, &mut back) };
+                assert_eq!(back, src, "at {at}, len {len}");
+                // SAFETY: plain reads of our own array, no copy running.
+                let all = unsafe { std::slice::from_raw_parts(base, 48) };
+                for (i, &b) in all.iter().enumerate() {
+                    if !(at..at + len).contains(&i) {
+                        assert_eq!(b, 0, "byte {i} outside {at}..{} written", at + len);
+                    }
+                }
+            }
+        }
     }
 }
