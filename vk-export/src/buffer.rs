@@ -517,11 +517,18 @@ unsafe fn copy_to_shared(base: *mut u8, mapped: usize, at: usize, src: &[u8]) {
     // SAFETY: the caller's; the range lies in `at..end`.
     unsafe { copy_to_partial(base, mapped, at, first * WORD, &src[..first * WORD - at]) };
     let middle = &src[first * WORD - at..last * WORD - at];
-    for (w, bytes) in (first..last).zip(middle.chunks_exact(WORD)) {
-        let bytes: [u8; WORD] = bytes.try_into().expect("a word");
-        // SAFETY: a word inside the span, so inside the mapping; 8-aligned.
-        unsafe { AtomicU64::from_ptr(base.add(w * WORD).cast::<u64>()) }
-            .store(u64::from_ne_bytes(bytes), Ordering::Relaxed);
+    // Raw pointers in the hot loop: no bounds or overflow checks per word,
+    // which test builds keep (1080p is a million words).
+    let words = base.wrapping_add(first * WORD).cast::<u64>();
+    let from = middle.as_ptr().cast::<[u8; WORD]>();
+    for i in 0..last - first {
+        // SAFETY: word `first + i` lies inside the span, so inside the
+        // mapping, and is 8-aligned; `middle` holds `last - first` words
+        // (read unaligned: a byte slice).
+        unsafe {
+            let bytes = from.add(i).read_unaligned();
+            AtomicU64::from_ptr(words.add(i)).store(u64::from_ne_bytes(bytes), Ordering::Relaxed);
+        }
     }
     // SAFETY: the caller's; the range lies in `at..end`.
     unsafe { copy_to_partial(base, mapped, last * WORD, end, &src[last * WORD - at..]) };
@@ -575,12 +582,17 @@ unsafe fn copy_from_shared(base: *mut u8, mapped: usize, at: usize, dst: &mut [u
     let (middle, tail) = rest.split_at_mut((last - first) * WORD);
     // SAFETY: the caller's; the range lies in `at..end`.
     unsafe { copy_from_partial(base, mapped, at, first * WORD, head) };
-    for (w, bytes) in (first..last).zip(middle.chunks_exact_mut(WORD)) {
-        // SAFETY: a word inside the span, so inside the mapping; 8-aligned;
-        // a load only.
-        let word = unsafe { AtomicU64::from_ptr(base.add(w * WORD).cast::<u64>()) }
-            .load(Ordering::Relaxed);
-        bytes.copy_from_slice(&word.to_ne_bytes());
+    // Raw pointers in the hot loop, as in `copy_to_shared`.
+    let words = base.wrapping_add(first * WORD).cast::<u64>();
+    let to = middle.as_mut_ptr().cast::<[u8; WORD]>();
+    for i in 0..last - first {
+        // SAFETY: word `first + i` lies inside the span, so inside the
+        // mapping, and is 8-aligned (a load only); `middle` holds
+        // `last - first` words (written unaligned: a byte slice).
+        unsafe {
+            let word = AtomicU64::from_ptr(words.add(i)).load(Ordering::Relaxed);
+            to.add(i).write_unaligned(word.to_ne_bytes());
+        }
     }
     // SAFETY: the caller's; the range lies in `at..end`.
     unsafe { copy_from_partial(base, mapped, last * WORD, end, tail) };
