@@ -805,23 +805,16 @@ fn cpp_app_publishes_its_own_vulkan_image() {
     );
 }
 
-/// Issue 33 item 1 from C: `vk_recv.c`, a Vulkan receiver written in C
-/// (`ci_vulkan_receiver_*` on a headless context, a second process),
-/// receives `app_publish.cpp`'s image ring (a C++ sender through
-/// `ci_image_sender_new` and `ci_sender_present_copy`), lossless, and
-/// checks every texel of every frame through `ci_vulkan_receiver_read`,
-/// each frame's image through `ci_vulkan_receiver_image` (`GENERAL`, owned
-/// by `VK_QUEUE_FAMILY_EXTERNAL`, one `VkImage` per slot), and the error
-/// paths that need a live receiver and frame (a too-small buffer, a short
-/// struct, a released frame, other kinds' handles, a freed receiver). Both
-/// under ASan/UBSan where they link, with the validation layer where
-/// installed (and none of its errors).
-#[test]
-fn c_vulkan_receiver_checks_every_texel() {
-    let dir = scratch("vk-recv");
+/// `app_publish.cpp` (C++) publishes its image ring as `capi-TAG-PID`
+/// while the C receiver `tests/c/RECEIVER.c` takes and checks
+/// `app::FRAMES` frames in a second process, both under ASan/UBSan where
+/// they link (a warning says when not); both must succeed. The receiver's
+/// output, and the app's.
+fn app_and_c_receiver(tag: &str, receiver: &str) -> (Output, Output) {
+    let dir = scratch(tag);
     let runtime = runtime_dir(&dir);
     let app_exe = dir.join("app_publish");
-    let recv_exe = dir.join("vk_recv");
+    let recv_exe = dir.join(receiver);
     let cxx_flags = match sanitizers_of(&cxx(), &dir, "probe.cpp") {
         Ok(flags) => flags,
         Err(why) => {
@@ -837,19 +830,36 @@ fn c_vulkan_receiver_checks_every_texel() {
         }
     };
     compile_cxx_vulkan("app_publish.cpp", &app_exe, &cxx_flags);
-    compile("vk_recv.c", &recv_exe, &c_flags);
-    let name = format!("capi-vk-recv-{}", std::process::id());
+    compile(&format!("{receiver}.c"), &recv_exe, &c_flags);
+    let name = format!("capi-{tag}-{}", std::process::id());
     let env = [
         ("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=0"),
         ("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"),
     ];
     let frames = app::FRAMES.to_string();
     let app = spawn(&app_exe, &[&name, &frames], &runtime, &env);
-    let receiver = spawn(&recv_exe, &[&name, &frames], &runtime, &env);
-    let received = finish(receiver, "the C Vulkan receiver");
+    let recv = spawn(&recv_exe, &[&name, &frames], &runtime, &env);
+    let received = finish(recv, receiver);
     let published = finish(app, "the C++ app");
-    assert_success(&received, "the C Vulkan receiver");
+    assert_success(&received, receiver);
     assert_success(&published, "the C++ app");
+    (received, published)
+}
+
+/// Issue 33 item 1 from C: `vk_recv.c`, a Vulkan receiver written in C
+/// (`ci_vulkan_receiver_*` on a headless context, a second process),
+/// receives `app_publish.cpp`'s image ring (a C++ sender through
+/// `ci_image_sender_new` and `ci_sender_present_copy`), lossless, and
+/// checks every texel of every frame through `ci_vulkan_receiver_read`,
+/// each frame's image through `ci_vulkan_receiver_image` (`GENERAL`, owned
+/// by `VK_QUEUE_FAMILY_EXTERNAL`, one `VkImage` per slot), and the error
+/// paths that need a live receiver and frame (a too-small buffer, a short
+/// struct, a released frame, other kinds' handles, a freed receiver). Both
+/// under ASan/UBSan where they link, with the validation layer where
+/// installed (and none of its errors).
+#[test]
+fn c_vulkan_receiver_checks_every_texel() {
+    let (received, published) = app_and_c_receiver("vk-recv", "vk_recv");
     let stdout = String::from_utf8_lossy(&received.stdout);
     assert!(
         stdout.contains(&format!(
@@ -879,38 +889,7 @@ fn c_vulkan_receiver_checks_every_texel() {
 /// a freed receiver. Both under ASan/UBSan where they link.
 #[test]
 fn c_gl_receiver_checks_every_texel() {
-    let dir = scratch("gl-recv");
-    let runtime = runtime_dir(&dir);
-    let app_exe = dir.join("app_publish");
-    let recv_exe = dir.join("gl_recv");
-    let cxx_flags = match sanitizers_of(&cxx(), &dir, "probe.cpp") {
-        Ok(flags) => flags,
-        Err(why) => {
-            eprintln!("WARNING: the C++ application runs WITHOUT sanitizers: {why}");
-            Vec::new()
-        }
-    };
-    let c_flags = match sanitizers(&dir) {
-        Ok(flags) => flags,
-        Err(why) => {
-            eprintln!("WARNING: the C receiver runs WITHOUT sanitizers: {why}");
-            Vec::new()
-        }
-    };
-    compile_cxx_vulkan("app_publish.cpp", &app_exe, &cxx_flags);
-    compile("gl_recv.c", &recv_exe, &c_flags);
-    let name = format!("capi-gl-recv-{}", std::process::id());
-    let env = [
-        ("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=0"),
-        ("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"),
-    ];
-    let frames = app::FRAMES.to_string();
-    let app = spawn(&app_exe, &[&name, &frames], &runtime, &env);
-    let receiver = spawn(&recv_exe, &[&name, &frames], &runtime, &env);
-    let received = finish(receiver, "the C OpenGL receiver");
-    let published = finish(app, "the C++ app");
-    assert_success(&received, "the C OpenGL receiver");
-    assert_success(&published, "the C++ app");
+    let (received, _) = app_and_c_receiver("gl-recv", "gl_recv");
     let stdout = String::from_utf8_lossy(&received.stdout);
     assert!(
         stdout.contains(&format!(

@@ -118,16 +118,7 @@ fn every_texel<F: Format>(tag: &str) {
     for _ in 0..FRAMES {
         assert!(start.elapsed() < BOUND);
         let f = present(&mut sender, &scratch);
-        let frame = loop {
-            sender.serve(Duration::ZERO);
-            match rx.next(Duration::from_millis(50)) {
-                Ok(frame) => break frame,
-                Err(Error::Consumer(cuda_interop_frames::transport::ConsumerError::Timeout(_))) => {
-                    assert!(start.elapsed() < BOUND)
-                }
-                Err(e) => panic!("frame {f}: {e}"),
-            }
-        };
+        let frame = next_frame(&rx, &mut sender, start, f);
         assert_eq!(frame.sequence(), f);
         let pixels = rx.read_pixels(&frame, Duration::from_secs(10)).unwrap();
         let row = (W * F::TEXEL_BYTES) as usize;
@@ -152,6 +143,26 @@ fn every_texel<F: Format>(tag: &str) {
     drop(scratch);
     assert_no_validation_errors(&ctx);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The receiver's next frame (frame `f`, just presented), the sender
+/// serving meanwhile; bounded by [`BOUND`] from `start`.
+fn next_frame<F: Format, M: MemoryLocation>(
+    rx: &GlReceiver,
+    sender: &mut ImageSender<F, M>,
+    start: Instant,
+    f: u64,
+) -> cuda_interop_frames::session::Frame {
+    loop {
+        sender.serve(Duration::ZERO);
+        match rx.next(Duration::from_millis(50)) {
+            Ok(frame) => return frame,
+            Err(Error::Consumer(cuda_interop_frames::transport::ConsumerError::Timeout(_))) => {
+                assert!(start.elapsed() < BOUND, "frame {f} never came")
+            }
+            Err(e) => panic!("frame {f}: {e}"),
+        }
+    }
 }
 
 #[test]
@@ -254,16 +265,7 @@ fn contexts_made_or_dropped_meanwhile_leave_the_receivers_current() {
     assert!(matches!(e, Error::Mismatch(_)), "{e}");
     let start = Instant::now();
     let f = present(&mut sender, &scratch);
-    let frame = loop {
-        sender.serve(Duration::ZERO);
-        match rx.next(Duration::from_millis(50)) {
-            Ok(frame) => break frame,
-            Err(Error::Consumer(cuda_interop_frames::transport::ConsumerError::Timeout(_))) => {
-                assert!(start.elapsed() < BOUND)
-            }
-            Err(e) => panic!("frame {f}: {e}"),
-        }
-    };
+    let frame = next_frame(&rx, &mut sender, start, f);
     let pixels = rx.read_pixels(&frame, Duration::from_secs(10)).unwrap();
     let row = (W * 4) as usize;
     assert!(

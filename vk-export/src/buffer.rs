@@ -430,8 +430,9 @@ impl ExportableBuffer<HostVisible> {
         self.inner.info.allocation_size() as usize
     }
 
-    /// Checks that `len` bytes at `offset` lie in the buffer.
-    fn check_span(&self, offset: u64, len: usize) -> Result<()> {
+    /// Checks that `len` bytes at `offset` lie in the buffer (and that
+    /// there is at least one).
+    pub(crate) fn check_span(&self, offset: u64, len: usize) -> Result<()> {
         let end = offset.checked_add(len as u64);
         if len == 0 || end.is_none_or(|end| end > self.size()) {
             return Err(Error::InvalidArgument(format!(

@@ -883,13 +883,8 @@ impl Context {
         sync: SubmitSync<'_>,
     ) -> Result<()> {
         self.check_buffer(buffer)?;
-        if out.len() as u64 > buffer.size() || out.is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "{} bytes from a buffer of {}",
-                out.len(),
-                buffer.size()
-            )));
-        }
+        // Before anything is submitted: the copy's own check, early.
+        buffer.check_span(0, out.len())?;
         let place = Placement::Role(QueueRole::Transfer);
         let device = &self.inner.device;
         self.submit_tracked(
