@@ -315,6 +315,11 @@ impl<F: Format> SourceImage<F> {
         self.layout
     }
 
+    /// Which queue families may access it, as the application said.
+    pub fn sharing(&self) -> SourceSharing {
+        self.sharing
+    }
+
     /// Checks a copy of this source into a destination of `dst_extent`
     /// on `ctx`: the region fits the source, and a queue of the context
     /// may access it. Returns the queue the copy runs on. Nothing Vulkan is
@@ -369,8 +374,9 @@ impl<F: Format> SourceImage<F> {
     /// # Safety
     /// [`SourceImage::check_copy`] returned `Ok(role)` for `ctx` and
     /// `dst_extent`; `cmd` is a command buffer of `ctx`'s device in the
-    /// recording state, for a queue of `ctx.queue_family_of(role)` ==
-    /// `family`; `dst` is a live image of that device of format `F`, one
+    /// recording state, for a queue of `family`, which is
+    /// `ctx.queue_family_of(role)`, or any family of the context for a
+    /// source `CONCURRENT` or exclusively owned by `family`; `dst` is a live image of that device of format `F`, one
     /// sample, with transfer destination usage, at least `dst_extent`, in
     /// `GENERAL` and owned by `family` when the copy runs; both images
     /// outlive the commands.

@@ -30,6 +30,17 @@
 //!   signals a timeline of the context; [`OpenSlot::present`] waits for it
 //!   on the GPU, releases, signals "produced" and announces the frame. A
 //!   slot opened and dropped is released unnumbered.
+//! * Commands recorded into the application's own command buffer (an
+//!   engine's, still open, that it submits itself and that signals nothing
+//!   this crate made): [`WriteSlot::record_into`] records the slot's
+//!   acquire, the application's commands and the release there, and hands
+//!   back a [`RecordedFrame`] (no borrow: the engine goes on with other
+//!   frames); once the application knows its command buffer completed,
+//!   [`Sender::present_recorded`] signals "produced" from the host and
+//!   announces the frame. A recorded slot is out of the ring until then
+//!   ([`Sender::abandon_recorded`] for one never submitted); a sender
+//!   dropped with one outstanding leaks that slot (its image or buffer and
+//!   memory), which the application's commands may still write.
 //! * An image the application made itself (not exportable: a render
 //!   target) is published by a GPU copy into the slot
 //!   ([`WriteSlot::present_copy`] of a [`vk_export::SourceImage`], whose
@@ -118,7 +129,7 @@ mod slots;
 mod write;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver as EventReceiver, SyncSender as EventSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -141,7 +152,10 @@ use service::{accept_loop, Event};
 pub use peers::LOG_LINES;
 pub use service::{EVENT_QUEUE, POLL};
 pub use slots::{ImageSender, ImageTarget, SlotResource};
-pub use write::{OpenSlot, WriteSlot};
+pub use write::{OpenSlot, RecordedFrame, WriteSlot};
+
+/// The next sender's [`Sender::id`](Sender).
+static NEXT_SENDER_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Nanoseconds of `CLOCK_MONOTONIC` now: the clock of frame timestamps.
 pub fn monotonic_ns() -> u64 {
@@ -358,6 +372,11 @@ pub struct Sender<M: MemoryLocation, R: SlotResource<M> = ExportableBuffer<M>> {
     announcement: Option<Announcement>,
     socket: PathBuf,
     released_to_external: Vec<bool>,
+    /// Slots recorded into the application's command buffers and not yet
+    /// presented or abandoned ([`RecordedFrame`]): not handed out.
+    recorded: Vec<bool>,
+    /// Tells this sender's [`RecordedFrame`]s from another's.
+    id: u64,
     /// The newest presented frame: `(slot, frame, timestamp)`.
     newest: Option<(u32, u64, u64)>,
     next_slot: u32,
@@ -440,6 +459,8 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         Ok(Sender {
             ctx: ctx.clone(),
             released_to_external: vec![false; opts.slots as usize],
+            recorded: vec![false; opts.slots as usize],
+            id: NEXT_SENDER_ID.fetch_add(1, Ordering::Relaxed),
             receivers: Receivers::new(limits, opts.slots as usize),
             opts,
             layout,
@@ -580,6 +601,9 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         let mut worth_waiting = false;
         for i in 0..n {
             let s = (self.next_slot + i) % n;
+            if self.recorded[s as usize] {
+                continue;
+            }
             match self.receivers.blocked(s as usize) {
                 None => return Ok(s),
                 Some(Blocked::ByLossless) => worth_waiting = true,
@@ -679,6 +703,66 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         presented?;
         self.announce(slot, f, timestamp_ns);
         Ok(f)
+    }
+
+    /// Presents a frame recorded into the application's command buffer
+    /// ([`WriteSlot::record_into`]): signals "produced" with its sequence
+    /// number from the host (where the ring has timelines), announces it
+    /// with `timestamp_ns` and puts the slot back into the ring. Returns the
+    /// sequence number. A frame of another sender is refused
+    /// ([`vk_export::Error::InvalidArgument`], nothing changed); a failed
+    /// signal leaves the slot out of the ring (its state is unknown) and
+    /// numbers no frame.
+    ///
+    /// # Safety
+    /// The command buffer `frame` was recorded into was submitted, to a
+    /// queue of the context's main family, and has completed execution
+    /// (an engine knows it from its frame fences). Receivers read the slot
+    /// from the announcement on: presented early, they read a frame the GPU
+    /// is still writing.
+    pub unsafe fn present_recorded(
+        &mut self,
+        frame: RecordedFrame,
+        timestamp_ns: u64,
+    ) -> Result<u64, SenderError> {
+        let s = self.check_recorded(&frame)?;
+        let f = self.stats.presented + 1;
+        if let Some(produced) = &self.produced {
+            produced.signal(f)?;
+        }
+        self.recorded[s] = false;
+        self.submitted(s, f, &Ok(()));
+        self.announce(frame.slot, f, timestamp_ns);
+        Ok(f)
+    }
+
+    /// Puts a recorded slot back into the ring unpresented: no frame is
+    /// numbered. A frame of another sender is refused, as in
+    /// [`Sender::present_recorded`].
+    ///
+    /// # Safety
+    /// The command buffer `frame` was recorded into was never submitted and
+    /// never will be (reset or freed). (A submitted one is presented once it
+    /// completed.)
+    pub unsafe fn abandon_recorded(&mut self, frame: RecordedFrame) -> Result<(), SenderError> {
+        let s = self.check_recorded(&frame)?;
+        self.recorded[s] = false;
+        // The acquire and release never ran: the slot's owner is what it
+        // was before the recording.
+        self.released_to_external[s] = frame.was_released;
+        Ok(())
+    }
+
+    fn check_recorded(&self, frame: &RecordedFrame) -> Result<usize, SenderError> {
+        let s = frame.slot as usize;
+        if frame.sender != self.id || !self.recorded.get(s).copied().unwrap_or(false) {
+            return Err(vk_export::Error::InvalidArgument(format!(
+                "a recorded frame (slot {}) of another sender",
+                frame.slot
+            ))
+            .into());
+        }
+        Ok(s)
     }
 
     /// After a present-like submission of frame `f` into slot `s`: one that
@@ -856,6 +940,15 @@ impl<M: MemoryLocation, R: SlotResource<M>> Drop for Sender<M, R> {
         while self.events.try_recv().is_ok() {}
         // Last: the entry, and the lock that owns the name.
         self.announcement = None;
+        // A recorded slot may still be written by the application's
+        // commands, which this sender cannot wait for: leaked, not
+        // destroyed under them.
+        let recorded = std::mem::take(&mut self.recorded);
+        for (slot, recorded) in std::mem::take(&mut self.slots).into_iter().zip(recorded) {
+            if recorded {
+                std::mem::forget(slot);
+            }
+        }
     }
 }
 

@@ -15,7 +15,9 @@
 use vk_export::ash::vk;
 use vk_export::format::Format;
 use vk_export::markers::{HostVisible, MemoryLocation, Optimal, Usage};
-use vk_export::{ExportableBuffer, ExportableImage, QueueRole, SourceImage, TimelineSemaphore};
+use vk_export::{
+    ExportableBuffer, ExportableImage, QueueRole, SourceImage, SourceSharing, TimelineSemaphore,
+};
 
 use super::{Sender, SenderError, SlotResource};
 
@@ -152,7 +154,102 @@ impl<F: Format, M: MemoryLocation, U: Usage> WriteSlot<'_, M, ExportableImage<F,
     }
 }
 
+impl<F: Format, M: MemoryLocation, U: Usage> WriteSlot<'_, M, ExportableImage<F, Optimal, M, U>> {
+    /// [`WriteSlot::record_into`] of a copy of `source` (as
+    /// [`WriteSlot::present_copy`] records it: the region checked before
+    /// anything is recorded, the source left in its layout): an engine's
+    /// render texture published from inside its own command buffer. The
+    /// source must be one the main queue family may copy (exclusively
+    /// owned by it; refused otherwise, the slot left free).
+    ///
+    /// # Safety
+    /// As [`WriteSlot::record_into`]; `source`'s facts
+    /// ([`SourceImage::new`]) hold when the command buffer executes, its
+    /// writes recorded (or submitted) before these commands.
+    pub unsafe fn record_copy_into(
+        self,
+        cmd: vk::CommandBuffer,
+        source: &SourceImage<F>,
+    ) -> Result<RecordedFrame, SenderError> {
+        let extent = [self.sender.opts.width, self.sender.opts.height];
+        let main = self.sender.ctx.queue_family();
+        source.check_copy(&self.sender.ctx, extent)?;
+        match source.sharing() {
+            SourceSharing::Concurrent => {}
+            SourceSharing::Exclusive(f) if f == main => {}
+            other => {
+                return Err(vk_export::Error::InvalidArgument(format!(
+                    "a copy source {other:?} recorded into a command buffer of the main queue \
+                     family {main}: only a source that family owns (SourceSharing::Exclusive of \
+                     it) or a CONCURRENT one can be copied there"
+                ))
+                .into())
+            }
+        }
+        // SAFETY: the caller's promises; check_copy accepted the region,
+        // and the source is CONCURRENT or owned by the main family, which
+        // `cmd` and the closure's family are; the closure gets the slot's
+        // image in GENERAL, owned by that family (record_into's barriers
+        // around it).
+        Ok(unsafe {
+            self.record_into(cmd, |device, cmd, target| {
+                source.record_copy_to(device, cmd, target.queue_family, target.image, extent)
+            })
+        })
+    }
+}
+
 impl<'a, M: MemoryLocation, R: SlotResource<M>> WriteSlot<'a, M, R> {
+    /// Records the frame into the application's own command buffer `cmd`
+    /// instead of a submission of the crate's: the slot's acquire by the
+    /// main family, `record`'s commands (given the device, `cmd` and the
+    /// slot, as [`WriteSlot::present_with`]), the release to the external
+    /// family. Nothing is submitted or waited for: the receivers' releases
+    /// of the slot were reached on the host before it was handed out (a
+    /// read finished before a write needs no more), and the application
+    /// submits `cmd` with its own work. Returns the frame to present with
+    /// [`Sender::present_recorded`] once `cmd` completed; until then the
+    /// slot is out of the ring and the sender is free for other frames.
+    ///
+    /// # Safety
+    /// * `cmd` is a command buffer of the sender's device in the recording
+    ///   state, outside a render pass, for a queue of the context's main
+    ///   family ([`vk_export::Context::queue_family`]), and `record` records
+    ///   only valid commands there that leave the slot in `GENERAL`;
+    /// * the application submits `cmd` at most once, to a queue of that
+    ///   family, and presents or abandons the frame as those functions
+    ///   require.
+    pub unsafe fn record_into(
+        self,
+        cmd: vk::CommandBuffer,
+        record: impl FnOnce(&vk_export::ash::Device, vk::CommandBuffer, R::Target),
+    ) -> RecordedFrame {
+        let WriteSlot { sender, slot } = self;
+        let s = slot as usize;
+        let family = sender.ctx.queue_family();
+        let was_released = sender.released_to_external[s];
+        let resource = &sender.slots[s];
+        let device = sender.ctx.device();
+        // SAFETY: the caller's promises on `cmd`; the slot lives until the
+        // sender drops, which leaks a recorded slot rather than destroying
+        // it; `was_released` is its owner now (a release to the external
+        // family ordered before, or nothing: its first frame).
+        unsafe { resource.record_acquire(device, cmd, family, was_released) };
+        record(device, cmd, resource.target(family));
+        // SAFETY: as above.
+        unsafe { resource.record_release(device, cmd, family) };
+        // Its old frame is gone (acquire already took it out of `newest`),
+        // the receivers' promises spent; released when `cmd` runs.
+        sender.receivers.written(s);
+        sender.released_to_external[s] = true;
+        sender.recorded[s] = true;
+        RecordedFrame {
+            sender: sender.id,
+            slot,
+            was_released,
+        }
+    }
+
     /// The slot's index.
     pub fn index(&self) -> u32 {
         self.slot
@@ -216,6 +313,27 @@ impl<'a, M: MemoryLocation, R: SlotResource<M>> WriteSlot<'a, M, R> {
             ready,
             closed: false,
         })
+    }
+}
+
+/// A frame recorded into the application's command buffer
+/// ([`WriteSlot::record_into`]), presented with
+/// [`Sender::present_recorded`] once that command buffer completed (or
+/// abandoned with [`Sender::abandon_recorded`] if it is never submitted).
+/// Dropped instead, its slot stays out of the ring for the sender's life.
+#[must_use = "present the frame (Sender::present_recorded) once its command buffer completed"]
+#[derive(Debug)]
+pub struct RecordedFrame {
+    pub(super) sender: u64,
+    pub(super) slot: u32,
+    /// The slot's owner before the recording (what abandoning restores).
+    pub(super) was_released: bool,
+}
+
+impl RecordedFrame {
+    /// The slot's index.
+    pub fn slot(&self) -> u32 {
+        self.slot
     }
 }
 
