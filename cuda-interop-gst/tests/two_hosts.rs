@@ -19,21 +19,36 @@
 //! GStreamer alone (`videotestsrc` on A, `appsink` on B, the same
 //! payloader and transport), what the machine carries without
 //! cuda-interop at either end.
+//!
+//! On the GPU machine (`--ignored`: an NVIDIA GPU and GStreamer's nvcodec
+//! plugin) the raw run goes once more with CUDA memory at both ends: A's
+//! sender a device-local ring, `cudainteropsrc ! video/x-raw(memory:CUDAMemory)
+//! ! cudadownload ! <payloader>` (the caps filter fails negotiation unless
+//! the source gives CUDA memory), and on B `<depayloader> ! cudaupload !
+//! video/x-raw(memory:CUDAMemory) ! cudainteropsink`, whose device-local ring
+//! the checker reads with a CUDA receiver (each frame copied to the host,
+//! the same every-pixel check).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cuda_interop::Stream;
+use cuda_interop_frames::cuda_receiver::{cuda_device_for, CudaReceiver};
 use cuda_interop_frames::discovery::Directory;
 use cuda_interop_frames::host_receiver::HostReceiver;
 use cuda_interop_frames::protocol::Delivery;
-use cuda_interop_frames::session::Session;
+use cuda_interop_frames::session::{Frame, Session};
+use cuda_interop_frames::transport::ConsumerError;
+use vk_export::wire::Received;
 
 #[path = "../../cuda-interop-frames/examples/common/demo.rs"]
 mod demo;
 
 /// Bound on every wait of these tests.
 const BOUND: Duration = Duration::from_secs(90);
+/// How long a process is still waited for once another of the run failed.
+const GRACE: Duration = Duration::from_secs(15);
 const ROLE: &str = "CIG_TWO_HOSTS_ROLE";
 
 /// Where each host's frame directory and logs live, and how a command runs
@@ -55,8 +70,15 @@ impl Host {
             }
             None => Command::new(program),
         };
+        // The plugin under test first, then what the environment adds (the
+        // GPU run's nvcodec plugin, unpacked beside the bundle).
+        let mut plugins = plugin_dir().into_os_string();
+        if let Some(more) = std::env::var_os("GST_PLUGIN_PATH").filter(|p| !p.is_empty()) {
+            plugins.push(":");
+            plugins.push(more);
+        }
         c.env("XDG_RUNTIME_DIR", &self.dir)
-            .env("GST_PLUGIN_PATH", plugin_dir())
+            .env("GST_PLUGIN_PATH", plugins)
             // The plugin registry of this run only.
             .env("GST_REGISTRY", self.dir.join("registry.bin"));
         c
@@ -237,15 +259,38 @@ impl Running {
         }
     }
 
-    /// Waits (bounded) for the process to exit; its output.
-    fn wait(mut self, bound: Duration) -> (bool, String) {
+    /// Waits (bounded) for the process to exit; its output. Where one of
+    /// `watched` exits unsuccessfully first (a pipeline that did not
+    /// negotiate: its own log says why), it waits [`GRACE`] more at most,
+    /// then stops the process and says so: such a run fails in seconds,
+    /// not at the bound.
+    fn wait(mut self, bound: Duration, watched: &mut [&mut Running]) -> (bool, String) {
         let start = Instant::now();
+        let mut failed: Option<(String, Instant)> = None;
         let status = loop {
             if let Some(s) = self.child.try_wait().unwrap() {
                 break Some(s);
             }
             if start.elapsed() > bound {
                 break None;
+            }
+            if failed.is_none() {
+                for w in watched.iter_mut() {
+                    if let Ok(Some(s)) = w.child.try_wait() {
+                        if !s.success() {
+                            failed =
+                                Some((format!("{} exited first ({s})", w.what), Instant::now()));
+                        }
+                    }
+                }
+            }
+            if let Some((why, since)) = &failed {
+                if since.elapsed() > GRACE {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+                    return (false, format!("{text}\n{} stopped: {why}", self.what));
+                }
             }
             std::thread::sleep(Duration::from_millis(50));
         };
@@ -372,8 +417,10 @@ fn psnr_rgb(rows: &[&[u8]], f: u64) -> f64 {
     }
 }
 
-/// Host A's sender: the demo producer named `cam`, host-visible, no
-/// semaphores (what lavapipe exports), `CIG_FRAMES` frames at `CIG_FPS`.
+/// Host A's sender: the demo producer named `cam`, `CIG_FRAMES` frames at
+/// `CIG_FPS`; host-visible with no semaphores (what lavapipe exports), or
+/// with `CIG_MEMORY=cuda` device-local with its timelines (what a CUDA
+/// reader, the source's CUDA memory, needs).
 #[test]
 #[ignore = "a child process of the two-hosts tests"]
 fn child_sender() {
@@ -382,6 +429,7 @@ fn child_sender() {
         Ok("child_sender"),
         "run by the parent test"
     );
+    let cuda = env("CIG_MEMORY") == "cuda";
     let opts = demo::ProducerOptions {
         tag: "[host A sender]",
         name: Some("cam".into()),
@@ -394,15 +442,65 @@ fn child_sender() {
         fps: env("CIG_FPS").parse().unwrap(),
         wait_for_receivers: 1,
         wait_timeout: BOUND,
-        host_visible: true,
-        no_semaphores: true,
+        host_visible: !cuda,
+        no_semaphores: !cuda,
+        device_local: cuda,
+        semaphores: cuda,
         ..demo::ProducerOptions::default()
     };
     demo::run(&opts).expect("the sender ran");
 }
 
-/// Host B's receiver: reads `remote` (lossless) until `CIG_FRAMES` frames
-/// or the sender's goodbye, checks every frame, prints RESULT lines.
+/// How host B's checker reads `remote`: a host-visible ring on the host,
+/// or a device-local one (the sink's, in CUDA memory) through CUDA, each
+/// frame copied to the host.
+enum Reader {
+    Host(HostReceiver),
+    /// Boxed: the larger kind.
+    Cuda(Box<CudaReceiver>, Stream),
+}
+
+impl Reader {
+    fn new(cuda: bool, session: Session, setup: Received) -> Reader {
+        if cuda {
+            let rx = CudaReceiver::from_session(session, setup, cuda_device_for)
+                .expect("a CUDA receiver takes `remote`'s ring");
+            let stream = Stream::new(rx.cuda()).expect("a CUDA stream");
+            Reader::Cuda(Box::new(rx), stream)
+        } else {
+            Reader::Host(HostReceiver::from_session(session, setup).unwrap())
+        }
+    }
+
+    fn next(&self, timeout: Duration) -> Result<Frame, ConsumerError> {
+        match self {
+            Reader::Host(rx) => rx.next(timeout),
+            Reader::Cuda(rx, _) => rx.next(timeout),
+        }
+    }
+
+    /// `frame`'s bytes into `bytes` (the layout's frame), and the frame
+    /// released.
+    fn read(&self, frame: Frame, bytes: &mut [u8]) {
+        let timeout = Duration::from_secs(10);
+        match self {
+            Reader::Host(rx) => {
+                rx.read_into(&frame, bytes, timeout).expect("read");
+                rx.release(frame).expect("release");
+            }
+            Reader::Cuda(rx, stream) => {
+                rx.wait_on(&frame, stream).expect("wait for the frame");
+                rx.copy_to_host(&frame, stream, 0, bytes, timeout)
+                    .expect("copy to the host");
+                rx.release_after(frame, stream).expect("release");
+            }
+        }
+    }
+}
+
+/// Host B's receiver: reads `remote` (on the host, or with
+/// `CIG_MEMORY=cuda` through CUDA) until `CIG_FRAMES` frames or the
+/// sender's goodbye, checks every frame, prints RESULT lines.
 #[test]
 #[ignore = "a child process of the two-hosts tests"]
 fn child_checker() {
@@ -429,10 +527,10 @@ fn child_checker() {
         }
     };
     let layout = *session.layout();
-    let rx = HostReceiver::from_session(session, setup).unwrap();
+    let rx = Reader::new(env("CIG_MEMORY") == "cuda", session, setup);
     let (w, h, pitch) = (layout.width, layout.height, layout.row_pitch as usize);
     // One allocation for every frame.
-    let mut bytes = vec![0u8; rx.frame_bytes() as usize];
+    let mut bytes = vec![0u8; layout.frame_bytes().unwrap() as usize];
     let row = (w * 4) as usize;
     println!("RESULT size={w}x{h}");
     let (mut checked, mut bad, mut worst_psnr) = (0u64, 0u64, f64::INFINITY);
@@ -459,9 +557,7 @@ fn child_checker() {
         idle_since = Instant::now();
         let sequence = frame.sequence();
         sequences.get_or_insert((sequence, sequence)).1 = sequence;
-        rx.read_into(&frame, &mut bytes, Duration::from_secs(10))
-            .expect("read");
-        rx.release(frame).expect("release");
+        rx.read(frame, &mut bytes);
         let now = Instant::now();
         first.get_or_insert(now);
         last = Some(now);
@@ -576,16 +672,88 @@ enum Transport {
     Tcp,
 }
 
-fn across(
-    tag: &str,
-    subnet: u8,
-    size: (u32, u32),
-    frames: u64,
-    fps: u32,
-    codec: &str,
+/// Where the frames are at either end.
+#[derive(Clone, Copy, PartialEq)]
+enum Memory {
+    /// Host-visible rings, GStreamer's system memory (what lavapipe does).
+    System,
+    /// Device-local rings, GStreamer's CUDA memory: host A's sender
+    /// device-local, `cudainteropsrc ! CUDA memory ! cudadownload`; host B
+    /// `cudaupload ! CUDA memory ! cudainteropsink`, read through CUDA.
+    Cuda,
+}
+
+impl Memory {
+    /// `CIG_MEMORY` for the sender and the checker.
+    fn name(self) -> &'static str {
+        match self {
+            Memory::System => "system",
+            Memory::Cuda => "cuda",
+        }
+    }
+
+    /// Host A's elements between `cudainteropsrc` and the payloader: the
+    /// caps filter fails negotiation unless the source gives CUDA memory.
+    fn after_src(self) -> &'static str {
+        match self {
+            Memory::System => "",
+            Memory::Cuda => "video/x-raw(memory:CUDAMemory) ! cudadownload ! ",
+        }
+    }
+
+    /// Host B's elements between the depayloader and `cudainteropsink`.
+    fn before_sink(self) -> &'static str {
+        match self {
+            Memory::System => "",
+            Memory::Cuda => "cudaupload ! video/x-raw(memory:CUDAMemory) ! ",
+        }
+    }
+}
+
+/// What a run carries, how, and in which memory.
+#[derive(Clone, Copy)]
+struct Link {
+    /// `raw` (every pixel exact) or `vp8` (close by PSNR).
+    codec: &'static str,
     transport: Transport,
-) -> String {
+    memory: Memory,
+}
+
+/// Where `cudaupload` and `cudadownload` come from, and when they are there.
+const NVCODEC: &str = "GStreamer's nvcodec plugin (libgstnvcodec.so, from \
+    gstreamer1.0-plugins-bad; it registers cudaupload and cudadownload only where it \
+    loads libcuda.so.1 and NVDEC or NVENC, libnvcuvid.so.1 or libnvidia-encode.so.1, \
+    and finds a CUDA device)";
+
+/// GStreamer's elements a run needs beyond the plugin under test: a test
+/// without them fails, naming the plugin.
+fn require_elements(host: &Host, elements: &[&str], plugin: &str) {
+    for e in elements {
+        let out = host
+            .command("gst-inspect-1.0")
+            .arg(e)
+            .output()
+            .unwrap_or_else(|err| panic!("gst-inspect-1.0 {e}: {err}"));
+        assert!(
+            out.status.success(),
+            "no {e} element: {plugin} must be installed and load; gst-inspect-1.0 {e} said: {}{}",
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+}
+
+fn across(tag: &str, subnet: u8, size: (u32, u32), frames: u64, fps: u32, link: Link) -> String {
+    let Link {
+        codec,
+        transport,
+        memory,
+    } = link;
     let hosts = hosts(tag, subnet);
+    if memory == Memory::Cuda {
+        require_elements(&hosts.a, &["cudadownload"], NVCODEC);
+        require_elements(&hosts.b, &["cudaupload"], NVCODEC);
+    }
     let (w, h) = size;
     let port = 5000 + u32::from(subnet);
     let exact = codec == "raw";
@@ -613,23 +781,25 @@ fn across(
             ("CIG_FRAMES", frames.to_string()),
             ("CIG_FPS", fps.to_string()),
             ("CIG_MODE", mode.to_string()),
+            ("CIG_MEMORY", memory.name().to_string()),
         ]
     };
     let mode = if exact { "exact" } else { "psnr" };
     let logs = hosts.b.dir.clone();
+    let to_sink = memory.before_sink();
     let b_pipe = match transport {
         Transport::Udp => format!(
-            "udpsrc address={} port={port} buffer-size=67108864 caps={caps} ! queue max-size-buffers=0 max-size-time=0 max-size-bytes=268435456 ! {depay} ! cudainteropsink name=remote",
+            "udpsrc address={} port={port} buffer-size=67108864 caps={caps} ! queue max-size-buffers=0 max-size-time=0 max-size-bytes=268435456 ! {depay} ! {to_sink}cudainteropsink name=remote",
             hosts.b.address
         ),
         Transport::Tcp => format!(
-            "tcpserversrc host={} port={port} ! {} ! rtpstreamdepay ! {depay} ! cudainteropsink name=remote",
+            "tcpserversrc host={} port={port} ! {} ! rtpstreamdepay ! {depay} ! {to_sink}cudainteropsink name=remote",
             hosts.b.address,
             caps.replacen("application/x-rtp,", "application/x-rtp-stream,", 1)
         ),
     };
     println!("host B: gst-launch-1.0 {b_pipe}");
-    let b_gst = Running::spawn(
+    let mut b_gst = Running::spawn(
         "host B's pipeline",
         receiving_gst_launch(&hosts.b, &b_pipe),
         logs.join("b-gst.log"),
@@ -655,23 +825,24 @@ fn across(
         role_command(&hosts.a, "child_sender", &envs(mode)),
         hosts.a.dir.join("sender.log"),
     );
+    let from_src = memory.after_src();
     let a_pipe = match transport {
         Transport::Udp => format!(
-            "cudainteropsrc name=cam delivery=lossless ! {pay} ! udpsink host={} port={port} sync=true",
+            "cudainteropsrc name=cam delivery=lossless ! {from_src}{pay} ! udpsink host={} port={port} sync=true",
             hosts.b.address
         ),
         Transport::Tcp => format!(
-            "cudainteropsrc name=cam delivery=lossless ! {pay} ! rtpstreampay ! tcpclientsink host={} port={port} sync=true",
+            "cudainteropsrc name=cam delivery=lossless ! {from_src}{pay} ! rtpstreampay ! tcpclientsink host={} port={port} sync=true",
             hosts.b.address
         ),
     };
     println!("host A: gst-launch-1.0 {a_pipe}");
-    let a_gst = Running::spawn(
+    let mut a_gst = Running::spawn(
         "host A's pipeline",
         gst_launch(&hosts.a, &a_pipe),
         hosts.a.dir.join("a-gst.log"),
     );
-    let (ok, out) = checker.wait(BOUND);
+    let (ok, out) = checker.wait(BOUND, &mut [&mut a_gst, &mut b_gst]);
     // What host B's kernel says of the datagrams (loss shows here, as
     // RcvbufErrors, before any frame is wrong).
     if let Ok(o) = hosts.b.command("cat").arg("/proc/net/snmp").output() {
@@ -688,10 +859,18 @@ fn across(
         }
     }
     let a_log = a_gst.stop();
-    let (_, sender_log) = sender.wait(BOUND);
+    // A failed run's sender may wait for a receiver that never comes.
+    let sender_log = if ok {
+        sender.wait(BOUND, &mut []).1
+    } else {
+        sender.stop()
+    };
     let b_log = b_gst.stop();
     println!("--- host A sender:\n{sender_log}\n--- host A pipeline:\n{a_log}\n--- host B pipeline:\n{b_log}\n--- host B checker:\n{out}");
-    assert!(ok, "the checker failed");
+    assert!(
+        ok,
+        "the checker failed (a pipeline's error, if any, is in its log above)"
+    );
     assert!(
         !Directory::new(hosts.a.frames_dir())
             .unwrap()
@@ -725,7 +904,18 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 /// machine (CI's 2 cores).
 #[test]
 fn raw_rtp_between_two_hosts_keeps_every_pixel() {
-    raw_rtp("raw-tcp", 1, Transport::Tcp);
+    raw_rtp("raw-tcp", 1, Transport::Tcp, Memory::System);
+}
+
+/// The same with CUDA memory at both ends (issue 32's GPU run): a
+/// device-local ring on A, `cudainteropsrc ! CUDA memory ! cudadownload`;
+/// on B `cudaupload ! CUDA memory ! cudainteropsink`, a device-local ring
+/// the checker reads through CUDA. Without cudaupload or cudadownload the
+/// test fails, naming the plugin.
+#[test]
+#[ignore = "needs an NVIDIA GPU and GStreamer's nvcodec plugin (cudadownload, cudaupload): the GPU machine's run"]
+fn raw_rtp_in_cuda_memory_at_both_ends_keeps_every_pixel() {
+    raw_rtp("cuda", 4, Transport::Tcp, Memory::Cuda);
 }
 
 /// Raw RTP over UDP (the issue's `udpsink`/`udpsrc`): exact where host B
@@ -735,7 +925,7 @@ fn raw_rtp_between_two_hosts_keeps_every_pixel() {
 #[test]
 #[ignore = "UDP loses datagrams on a loaded machine: run with --ignored (GPU run 27: 76 frames/s, exact)"]
 fn raw_rtp_over_udp_between_two_hosts_keeps_every_pixel() {
-    raw_rtp("raw", 3, Transport::Udp);
+    raw_rtp("raw", 3, Transport::Udp, Memory::System);
 }
 
 /// Host B's end of the baseline: `tcpserversrc ! rtpstreamdepay !
@@ -838,7 +1028,7 @@ fn baseline(tag: &str, subnet: u8, size: (u32, u32), frames: u64) -> String {
         gst_launch(&hosts.a, &a_pipe),
         hosts.a.dir.join("baseline-a.log"),
     );
-    let (ok, out) = receiving.wait(BOUND);
+    let (ok, out) = receiving.wait(BOUND, &mut []);
     let a_log = sending.stop();
     assert!(
         ok,
@@ -847,7 +1037,7 @@ fn baseline(tag: &str, subnet: u8, size: (u32, u32), frames: u64) -> String {
     out
 }
 
-fn raw_rtp(tag: &str, subnet: u8, transport: Transport) {
+fn raw_rtp(tag: &str, subnet: u8, transport: Transport, memory: Memory) {
     let _one = one_at_a_time();
     // Host A's sender offers 75 frames/s: a pipeline slower than 60 shows.
     let frames = 300;
@@ -855,17 +1045,28 @@ fn raw_rtp(tag: &str, subnet: u8, transport: Transport) {
         let out = baseline(tag, subnet, (1920, 1080), frames);
         (result(&out, "fps"), result(&out, "frames"))
     });
-    let out = across(tag, subnet, (1920, 1080), frames, 75, "raw", transport);
+    let link = Link {
+        codec: "raw",
+        transport,
+        memory,
+    };
+    let out = across(tag, subnet, (1920, 1080), frames, 75, link);
     let checked: u64 = result(&out, "checked").parse().unwrap();
     let bad: u64 = result(&out, "bad").parse().unwrap();
     let distinct: u64 = result(&out, "distinct").parse().unwrap();
     let presented: u64 = result(&out, "presented").parse().unwrap();
     let sent: u64 = result(&out, "sent").parse().unwrap();
     report(&format!(
-        "RTP raw 1920x1080 RGBA between two hosts over {}: {checked} frames checked at host B (every pixel), \
+        "RTP raw 1920x1080 RGBA between two hosts over {}{}: {checked} frames checked at host B (every pixel), \
          {bad} bad; the sink presented {presented} frames of the {sent} host A sent meanwhile, \
          {} frames/s",
         if transport == Transport::Tcp { "TCP" } else { "UDP" },
+        match memory {
+            Memory::System => "",
+            Memory::Cuda => ", CUDA memory at both ends (A: device-local ring -> cudainteropsrc -> \
+                             CUDA memory -> cudadownload; B: cudaupload -> CUDA memory -> \
+                             cudainteropsink -> device-local ring, read by CUDA)",
+        },
         result(&out, "fps")
     ));
     if let Some((fps, n)) = &base {
@@ -891,7 +1092,12 @@ fn raw_rtp(tag: &str, subnet: u8, transport: Transport) {
 fn vp8_rtp_between_two_hosts_is_close_by_psnr() {
     let _one = one_at_a_time();
     let frames = 90;
-    let out = across("vp8", 2, (640, 360), frames, 30, "vp8", Transport::Udp);
+    let link = Link {
+        codec: "vp8",
+        transport: Transport::Udp,
+        memory: Memory::System,
+    };
+    let out = across("vp8", 2, (640, 360), frames, 30, link);
     let checked: u64 = result(&out, "checked").parse().unwrap();
     let bad: u64 = result(&out, "bad").parse().unwrap();
     report(&format!(
