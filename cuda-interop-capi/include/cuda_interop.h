@@ -1256,6 +1256,9 @@ enum ci_status ci_cuda_receiver_free(struct ci_cuda_receiver *receiver);
  * * every queue named was created with `device`, and while the context
  *   lives the application submits to those queues only inside
  *   `ci_context_with_queue` (the library submits under the same locks),
+ *   or only on the one thread that also makes every call on this context
+ *   and on the senders made on it (an engine's render thread, where its
+ *   plugin's events run: the library submits only inside those calls),
  *   or not at all;
  * * the instance and device outlive the context and every sender made on
  *   it (free those first);
@@ -1350,6 +1353,74 @@ enum ci_status ci_sender_present_copy(struct ci_sender *sender,
                                       uint64_t timestamp_ns,
                                       double timeout_s,
                                       uint64_t *sequence_out);
+
+/**
+ * Records one frame of an image ring into the application's own command
+ * buffer `command_buffer` (an engine's, still open: the engine submits
+ * it): takes a free slot (as `ci_sender_present_copy`: `CI_SKIPPED`, the
+ * timeout), records its acquire, a copy of `source` (checked first, as
+ * `ci_sender_present_copy`'s, and owned by the context's main family or
+ * `CI_SHARING_CONCURRENT`: `CI_INVALID_ARGUMENT` otherwise, the slot left
+ * free) and its release, submits nothing, and stores in `*recorded_out` a
+ * token (never 0) for `ci_sender_present_recorded`, to call once the
+ * command buffer completed. Until then the slot is out of the ring (a
+ * sender freed with one outstanding leaks that slot, which the command
+ * buffer may still write); the sender is free for other frames meanwhile.
+ * A buffer ring's sender is `CI_UNSUPPORTED`.
+ *
+ * Thread safety: any thread; calls on one sender are serialized.
+ *
+ * # Safety
+ * As `ci_sender_present_copy` for `source`, with "before this call"
+ * meaning "recorded into `command_buffer` before this call, or submitted
+ * before it"; and `command_buffer` is a `VkCommandBuffer` of the context's
+ * device in the recording state, outside a render pass, for a queue of the
+ * context's main family; the application submits it at most once, to a
+ * queue of that family, and then calls `ci_sender_present_recorded` only
+ * after it completed, or `ci_sender_abandon_recorded` if it never submits
+ * it. `recorded_out` is NULL or valid for a write.
+ */
+enum ci_status ci_sender_record_copy(struct ci_sender *sender,
+                                     void *command_buffer,
+                                     const struct ci_source_image *source,
+                                     double timeout_s,
+                                     uint64_t *recorded_out);
+
+/**
+ * Presents a frame recorded by `ci_sender_record_copy` (its token
+ * `recorded`) once its command buffer completed: signals the ring's
+ * "produced" timeline from the host (where the ring has timelines),
+ * announces the frame with `timestamp_ns` (0: now), puts the slot back
+ * into the ring and stores its sequence number in `*sequence_out` if not
+ * NULL. A token this sender did not give, or one already used, is
+ * `CI_INVALID_ARGUMENT` (nothing changes).
+ *
+ * Thread safety: any thread; calls on one sender are serialized.
+ *
+ * # Safety
+ * The command buffer the frame was recorded into was submitted (to a
+ * queue of the context's main family) and has completed execution (the
+ * engine's fence for it is signalled). `sequence_out` is NULL or valid for
+ * a write.
+ */
+enum ci_status ci_sender_present_recorded(struct ci_sender *sender,
+                                          uint64_t recorded,
+                                          uint64_t timestamp_ns,
+                                          uint64_t *sequence_out);
+
+/**
+ * Puts the slot of a recorded frame (token `recorded`) back into the ring
+ * unpresented, when its command buffer will never be submitted (the
+ * engine dropped the frame): no frame is numbered. Tokens as in
+ * `ci_sender_present_recorded`.
+ *
+ * Thread safety: any thread; calls on one sender are serialized.
+ *
+ * # Safety
+ * The command buffer the frame was recorded into was never submitted and
+ * never will be (reset or freed).
+ */
+enum ci_status ci_sender_abandon_recorded(struct ci_sender *sender, uint64_t recorded);
 
 /**
  * Connects a Vulkan receiver to the sender named `name` in the default

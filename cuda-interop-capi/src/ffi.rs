@@ -455,7 +455,7 @@ pub unsafe extern "C" fn ci_sender_wait_for_receivers(
             Ok(match s {
                 AnySender::Host(s) => s.wait_for_receivers(count as usize, timeout),
                 AnySender::Device(s) => s.wait_for_receivers(count as usize, timeout),
-                AnySender::Image(s) => s.wait_for_receivers(count as usize, timeout),
+                AnySender::Image(s, _) => s.wait_for_receivers(count as usize, timeout),
             })
         })?;
         if ok {
@@ -489,7 +489,7 @@ pub unsafe extern "C" fn ci_sender_serve(sender: *mut ci_sender, timeout_s: f64)
             match s {
                 AnySender::Host(s) => s.serve(timeout),
                 AnySender::Device(s) => s.serve(timeout),
-                AnySender::Image(s) => s.serve(timeout),
+                AnySender::Image(s, _) => s.serve(timeout),
             }
             Ok(())
         })
@@ -567,7 +567,7 @@ pub unsafe extern "C" fn ci_sender_present_fill(
         let sequence = with_sender(sender, |s| match s {
             AnySender::Host(s) => fill(s, value, timestamp_ns, timeout),
             AnySender::Device(s) => fill(s, value, timestamp_ns, timeout),
-            AnySender::Image(_) => Err(image_ring("ci_sender_present_fill")),
+            AnySender::Image(..) => Err(image_ring("ci_sender_present_fill")),
         })?;
         if !sequence_out.is_null() {
             // SAFETY: not NULL, valid for a write (the caller's promise).
@@ -662,7 +662,7 @@ pub unsafe extern "C" fn ci_sender_present_record(
         let sequence = with_sender(sender, |s| match s {
             AnySender::Host(s) => record_with(s, record, user, timestamp_ns, timeout),
             AnySender::Device(s) => record_with(s, record, user, timestamp_ns, timeout),
-            AnySender::Image(_) => Err(image_ring("ci_sender_present_record")),
+            AnySender::Image(..) => Err(image_ring("ci_sender_present_record")),
         })?;
         if !sequence_out.is_null() {
             // SAFETY: not NULL, valid for a write (the caller's promise).
@@ -688,7 +688,7 @@ pub unsafe extern "C" fn ci_sender_stats_get(
             Ok(match s {
                 AnySender::Host(s) => s.stats(),
                 AnySender::Device(s) => s.stats(),
-                AnySender::Image(s) => s.stats(),
+                AnySender::Image(s, _) => s.stats(),
             })
         })?;
         non_null(stats, "stats")?;

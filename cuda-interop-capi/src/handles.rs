@@ -43,8 +43,42 @@ pub(crate) enum AnySender {
     /// Device-local slots.
     Device(cuda_interop_frames::sender::Sender<DeviceLocal>),
     /// A ring of images (`ci_image_sender_new`), of the format it was made
-    /// with.
-    Image(Box<dyn ImageRing>),
+    /// with, and the frames recorded into the application's command
+    /// buffers (`ci_sender_record_copy`) not yet presented.
+    Image(Box<dyn ImageRing>, Recorded),
+}
+
+/// The frames an image ring's C sender recorded and has not presented or
+/// abandoned, by the token the C side holds (never reused: a counter).
+#[derive(Debug, Default)]
+pub(crate) struct Recorded {
+    frames: HashMap<u64, cuda_interop_frames::sender::RecordedFrame>,
+    last_token: u64,
+}
+
+impl Recorded {
+    /// Keeps `frame`; its token (never 0).
+    pub(crate) fn insert(&mut self, frame: cuda_interop_frames::sender::RecordedFrame) -> u64 {
+        self.last_token += 1;
+        self.frames.insert(self.last_token, frame);
+        self.last_token
+    }
+
+    /// Takes the frame of `token` out, or says why there is none.
+    pub(crate) fn take(
+        &mut self,
+        token: u64,
+    ) -> Result<cuda_interop_frames::sender::RecordedFrame, CiError> {
+        self.frames.remove(&token).ok_or_else(|| {
+            CiError::new(
+                ci_status::CI_INVALID_ARGUMENT,
+                format!(
+                    "recorded is {token}: not a frame this sender recorded \
+                     (ci_sender_record_copy), or one already presented or abandoned"
+                ),
+            )
+        })
+    }
 }
 
 /// The application's image as a copy source (`ci_sender_present_copy`,
@@ -77,6 +111,34 @@ pub(crate) trait ImageRing: Send + std::fmt::Debug {
         timestamp_ns: u64,
         timeout: std::time::Duration,
     ) -> Result<u64, CiError>;
+    /// Records a copy of `source` into `cmd` (as
+    /// `WriteSlot::record_copy_into`).
+    ///
+    /// # Safety
+    /// `record_copy_into`'s contract, and `source` is true of the image.
+    unsafe fn record_copy(
+        &mut self,
+        cmd: vk_export::ash::vk::CommandBuffer,
+        source: CopySource,
+        timeout: std::time::Duration,
+    ) -> Result<cuda_interop_frames::sender::RecordedFrame, CiError>;
+    /// `Sender::present_recorded`.
+    ///
+    /// # Safety
+    /// Its contract.
+    unsafe fn present_recorded(
+        &mut self,
+        frame: cuda_interop_frames::sender::RecordedFrame,
+        timestamp_ns: u64,
+    ) -> Result<u64, CiError>;
+    /// `Sender::abandon_recorded`.
+    ///
+    /// # Safety
+    /// Its contract.
+    unsafe fn abandon_recorded(
+        &mut self,
+        frame: cuda_interop_frames::sender::RecordedFrame,
+    ) -> Result<(), CiError>;
 }
 
 /// A frame handed out, with what `ci_frame_info` reports.

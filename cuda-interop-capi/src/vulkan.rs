@@ -22,7 +22,9 @@ use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cuda_interop_frames::sender::{monotonic_ns, ImageSender, SenderOptions, SenderStats};
+use cuda_interop_frames::sender::{
+    monotonic_ns, ImageSender, RecordedFrame, SenderOptions, SenderStats,
+};
 use vk_export::ash::{self, vk, vk::Handle};
 use vk_export::format::Format;
 use vk_export::markers::{usage, DeviceLocal, HostVisible, MemoryLocation, Usage};
@@ -92,6 +94,9 @@ pub struct ci_vulkan_device {
 /// * every queue named was created with `device`, and while the context
 ///   lives the application submits to those queues only inside
 ///   `ci_context_with_queue` (the library submits under the same locks),
+///   or only on the one thread that also makes every call on this context
+///   and on the senders made on it (an engine's render thread, where its
+///   plugin's events run: the library submits only inside those calls),
 ///   or not at all;
 /// * the instance and device outlive the context and every sender made on
 ///   it (free those first);
@@ -277,6 +282,44 @@ where
         slot.present_copy(timestamp, &image, None)
             .map_err(sender_error)
     }
+
+    unsafe fn record_copy(
+        &mut self,
+        cmd: vk::CommandBuffer,
+        source: CopySource,
+        timeout: Duration,
+    ) -> Result<RecordedFrame, CiError> {
+        // SAFETY: the caller's promise (SourceImage::new's contract, which
+        // ci_sender_record_copy states).
+        let image = unsafe {
+            SourceImage::<F>::new(source.image, source.extent, source.layout, source.sharing)
+        }
+        .map_err(vulkan)?
+        .with_offset(source.offset);
+        let slot = acquire(self, timeout)?;
+        // SAFETY: the caller's promise on `cmd` and on what becomes of it
+        // (ci_sender_record_copy's contract is record_copy_into's).
+        unsafe { slot.record_copy_into(cmd, &image) }.map_err(sender_error)
+    }
+
+    unsafe fn present_recorded(
+        &mut self,
+        frame: RecordedFrame,
+        timestamp_ns: u64,
+    ) -> Result<u64, CiError> {
+        let timestamp = if timestamp_ns == 0 {
+            monotonic_ns()
+        } else {
+            timestamp_ns
+        };
+        // SAFETY: the caller's promise (its command buffer completed).
+        unsafe { ImageSender::present_recorded(self, frame, timestamp) }.map_err(sender_error)
+    }
+
+    unsafe fn abandon_recorded(&mut self, frame: RecordedFrame) -> Result<(), CiError> {
+        // SAFETY: the caller's promise (never submitted).
+        unsafe { ImageSender::abandon_recorded(self, frame) }.map_err(sender_error)
+    }
 }
 
 /// Makes an image sender of `F` on `ctx`, of the memory its device offers.
@@ -342,7 +385,10 @@ pub unsafe extern "C" fn ci_image_sender_new(
                 format!("vk_format is {vk_format}: pass one of {IMAGE_FORMATS}"),
             )),
         }?;
-        let handle = handles::insert(Object::Sender(Arc::new(Mutex::new(AnySender::Image(ring)))));
+        let handle = handles::insert(Object::Sender(Arc::new(Mutex::new(AnySender::Image(
+            ring,
+            handles::Recorded::default(),
+        )))));
         // SAFETY: not NULL, valid for a write (the caller's promise).
         unsafe { out.write(handle as *mut ci_sender) };
         Ok(())
@@ -433,59 +479,11 @@ pub unsafe extern "C" fn ci_sender_present_copy(
     entry(|| {
         let timeout = seconds("timeout_s", timeout_s)?;
         let sequence = with_sender(sender, |s| {
-            let AnySender::Image(ring) = s else {
-                return Err(CiError::new(
-                    ci_status::CI_UNSUPPORTED,
-                    "ci_sender_present_copy presents into an image ring; this sender's slots \
-                     are buffers (ci_sender_new): make it with ci_image_sender_new",
-                ));
+            let AnySender::Image(ring, _) = s else {
+                return Err(buffer_ring("ci_sender_present_copy"));
             };
-            non_null(source, "source")?;
-            // SAFETY: not NULL, readable (the caller's promise); the first
-            // field alone before trusting it.
-            let size = unsafe { std::ptr::read_unaligned(source.cast::<u32>()) };
-            let need = std::mem::size_of::<ci_source_image>();
-            if (size as usize) < need {
-                return Err(CiError::new(
-                    ci_status::CI_INVALID_ARGUMENT,
-                    format!(
-                        "source->struct_size is {size}: set it to sizeof(ci_source_image) ({need})"
-                    ),
-                ));
-            }
-            // SAFETY: readable for its size (the caller's promise).
-            let src = unsafe { std::ptr::read_unaligned(source) };
-            if src.vk_format != ring.vk_format() {
-                return Err(CiError::new(
-                    ci_status::CI_INVALID_ARGUMENT,
-                    format!(
-                        "source->vk_format is {}, the ring's images are VkFormat {}: a copy \
-                         keeps the format; render into an image of the ring's format",
-                        src.vk_format,
-                        ring.vk_format()
-                    ),
-                ));
-            }
-            let sharing = match src.sharing {
-                CI_SHARING_CONCURRENT => SourceSharing::Concurrent,
-                CI_SHARING_EXCLUSIVE => SourceSharing::Exclusive(src.queue_family),
-                CI_SHARING_RELEASED_TO_TRANSFER => SourceSharing::ReleasedToTransfer {
-                    from: src.queue_family,
-                },
-                other => {
-                    return Err(CiError::new(
-                        ci_status::CI_INVALID_ARGUMENT,
-                        format!("source->sharing is {other}: pass a CI_SHARING_* value"),
-                    ))
-                }
-            };
-            let copy = CopySource {
-                image: vk::Image::from_raw(src.image),
-                extent: [src.width, src.height],
-                offset: [src.offset_x, src.offset_y],
-                layout: vk::ImageLayout::from_raw(src.layout as i32),
-                sharing,
-            };
+            // SAFETY: the caller's promise on `source`, forwarded.
+            let copy = unsafe { copy_source(ring.as_ref(), source) }?;
             // SAFETY: the caller's promise about the image, forwarded.
             unsafe { ring.present_copy(copy, timestamp_ns, timeout) }
         })?;
@@ -495,4 +493,191 @@ pub unsafe extern "C" fn ci_sender_present_copy(
         }
         Ok(())
     })
+}
+
+/// Records one frame of an image ring into the application's own command
+/// buffer `command_buffer` (an engine's, still open: the engine submits
+/// it): takes a free slot (as `ci_sender_present_copy`: `CI_SKIPPED`, the
+/// timeout), records its acquire, a copy of `source` (checked first, as
+/// `ci_sender_present_copy`'s, and owned by the context's main family or
+/// `CI_SHARING_CONCURRENT`: `CI_INVALID_ARGUMENT` otherwise, the slot left
+/// free) and its release, submits nothing, and stores in `*recorded_out` a
+/// token (never 0) for `ci_sender_present_recorded`, to call once the
+/// command buffer completed. Until then the slot is out of the ring (a
+/// sender freed with one outstanding leaks that slot, which the command
+/// buffer may still write); the sender is free for other frames meanwhile.
+/// A buffer ring's sender is `CI_UNSUPPORTED`.
+///
+/// Thread safety: any thread; calls on one sender are serialized.
+///
+/// # Safety
+/// As `ci_sender_present_copy` for `source`, with "before this call"
+/// meaning "recorded into `command_buffer` before this call, or submitted
+/// before it"; and `command_buffer` is a `VkCommandBuffer` of the context's
+/// device in the recording state, outside a render pass, for a queue of the
+/// context's main family; the application submits it at most once, to a
+/// queue of that family, and then calls `ci_sender_present_recorded` only
+/// after it completed, or `ci_sender_abandon_recorded` if it never submits
+/// it. `recorded_out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ci_sender_record_copy(
+    sender: *mut ci_sender,
+    command_buffer: *mut c_void,
+    source: *const ci_source_image,
+    timeout_s: f64,
+    recorded_out: *mut u64,
+) -> ci_status {
+    entry(|| {
+        let timeout = seconds("timeout_s", timeout_s)?;
+        non_null(command_buffer, "command_buffer")?;
+        non_null(recorded_out, "recorded_out")?;
+        let token = with_sender(sender, |s| {
+            let AnySender::Image(ring, recorded) = s else {
+                return Err(buffer_ring("ci_sender_record_copy"));
+            };
+            // SAFETY: the caller's promise on `source`, forwarded.
+            let copy = unsafe { copy_source(ring.as_ref(), source) }?;
+            let cmd = vk::CommandBuffer::from_raw(command_buffer as u64);
+            // SAFETY: the caller's promises on the image and the command
+            // buffer, forwarded.
+            let frame = unsafe { ring.record_copy(cmd, copy, timeout) }?;
+            Ok(recorded.insert(frame))
+        })?;
+        // SAFETY: not NULL, valid for a write (the caller's promise).
+        unsafe { recorded_out.write(token) };
+        Ok(())
+    })
+}
+
+/// Presents a frame recorded by `ci_sender_record_copy` (its token
+/// `recorded`) once its command buffer completed: signals the ring's
+/// "produced" timeline from the host (where the ring has timelines),
+/// announces the frame with `timestamp_ns` (0: now), puts the slot back
+/// into the ring and stores its sequence number in `*sequence_out` if not
+/// NULL. A token this sender did not give, or one already used, is
+/// `CI_INVALID_ARGUMENT` (nothing changes).
+///
+/// Thread safety: any thread; calls on one sender are serialized.
+///
+/// # Safety
+/// The command buffer the frame was recorded into was submitted (to a
+/// queue of the context's main family) and has completed execution (the
+/// engine's fence for it is signalled). `sequence_out` is NULL or valid for
+/// a write.
+#[no_mangle]
+pub unsafe extern "C" fn ci_sender_present_recorded(
+    sender: *mut ci_sender,
+    recorded: u64,
+    timestamp_ns: u64,
+    sequence_out: *mut u64,
+) -> ci_status {
+    entry(|| {
+        let sequence = with_sender(sender, |s| {
+            let AnySender::Image(ring, tokens) = s else {
+                return Err(buffer_ring("ci_sender_present_recorded"));
+            };
+            let frame = tokens.take(recorded)?;
+            // SAFETY: the caller's promise (its command buffer completed).
+            unsafe { ring.present_recorded(frame, timestamp_ns) }
+        })?;
+        if !sequence_out.is_null() {
+            // SAFETY: not NULL, valid for a write (the caller's promise).
+            unsafe { sequence_out.write(sequence) };
+        }
+        Ok(())
+    })
+}
+
+/// Puts the slot of a recorded frame (token `recorded`) back into the ring
+/// unpresented, when its command buffer will never be submitted (the
+/// engine dropped the frame): no frame is numbered. Tokens as in
+/// `ci_sender_present_recorded`.
+///
+/// Thread safety: any thread; calls on one sender are serialized.
+///
+/// # Safety
+/// The command buffer the frame was recorded into was never submitted and
+/// never will be (reset or freed).
+#[no_mangle]
+pub unsafe extern "C" fn ci_sender_abandon_recorded(
+    sender: *mut ci_sender,
+    recorded: u64,
+) -> ci_status {
+    entry(|| {
+        with_sender(sender, |s| {
+            let AnySender::Image(ring, tokens) = s else {
+                return Err(buffer_ring("ci_sender_abandon_recorded"));
+            };
+            let frame = tokens.take(recorded)?;
+            // SAFETY: the caller's promise (never submitted).
+            unsafe { ring.abandon_recorded(frame) }
+        })
+    })
+}
+
+/// `CI_UNSUPPORTED` for `call` on a buffer ring's sender.
+fn buffer_ring(call: &str) -> CiError {
+    CiError::new(
+        ci_status::CI_UNSUPPORTED,
+        format!(
+            "{call} works on an image ring; this sender's slots are buffers (ci_sender_new): \
+             make it with ci_image_sender_new"
+        ),
+    )
+}
+
+/// `source`, checked against `ring` and parsed.
+///
+/// # Safety
+/// `source` is NULL or points to a readable `ci_source_image` of at least
+/// `source->struct_size` bytes.
+unsafe fn copy_source(
+    ring: &dyn ImageRing,
+    source: *const ci_source_image,
+) -> Result<CopySource, CiError> {
+    non_null(source, "source")?;
+    // SAFETY: not NULL, readable (the caller's promise); the first
+    // field alone before trusting it.
+    let size = unsafe { std::ptr::read_unaligned(source.cast::<u32>()) };
+    let need = std::mem::size_of::<ci_source_image>();
+    if (size as usize) < need {
+        return Err(CiError::new(
+            ci_status::CI_INVALID_ARGUMENT,
+            format!("source->struct_size is {size}: set it to sizeof(ci_source_image) ({need})"),
+        ));
+    }
+    // SAFETY: readable for its size (the caller's promise).
+    let src = unsafe { std::ptr::read_unaligned(source) };
+    if src.vk_format != ring.vk_format() {
+        return Err(CiError::new(
+            ci_status::CI_INVALID_ARGUMENT,
+            format!(
+                "source->vk_format is {}, the ring's images are VkFormat {}: a copy \
+                     keeps the format; render into an image of the ring's format",
+                src.vk_format,
+                ring.vk_format()
+            ),
+        ));
+    }
+    let sharing = match src.sharing {
+        CI_SHARING_CONCURRENT => SourceSharing::Concurrent,
+        CI_SHARING_EXCLUSIVE => SourceSharing::Exclusive(src.queue_family),
+        CI_SHARING_RELEASED_TO_TRANSFER => SourceSharing::ReleasedToTransfer {
+            from: src.queue_family,
+        },
+        other => {
+            return Err(CiError::new(
+                ci_status::CI_INVALID_ARGUMENT,
+                format!("source->sharing is {other}: pass a CI_SHARING_* value"),
+            ))
+        }
+    };
+    let copy = CopySource {
+        image: vk::Image::from_raw(src.image),
+        extent: [src.width, src.height],
+        offset: [src.offset_x, src.offset_y],
+        layout: vk::ImageLayout::from_raw(src.layout as i32),
+        sharing,
+    };
+    Ok(copy)
 }

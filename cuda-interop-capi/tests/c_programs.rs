@@ -47,6 +47,16 @@
 //!   process (the host receiver refuses image rings) checks every texel of
 //!   every frame. The app runs under the sanitizers as above and with its
 //!   own validation messenger where the layer is installed.
+//! * `engine_plugin_publishes_the_render_texture`: the engine-plugin
+//!   harness. `engine_host.cpp` plays a game engine's native-plugin
+//!   Vulkan interface (`engine_harness.h`: each call and how it maps to
+//!   Unity's) and loads `engine_plugin.c`, a C plugin (a shared object
+//!   with the staticlib) that publishes the engine's render texture (no
+//!   external memory) with the engine's command buffer open at the event
+//!   (`ci_sender_record_copy`, `ci_sender_present_recorded` after the
+//!   engine's fence) and closed (`ci_sender_present_copy` after the
+//!   engine's submission): 600 frames at 1080p and 4K each, every texel of
+//!   every frame checked by a lossless Vulkan receiver in this process.
 //! * No program may cause a Vulkan validation error (the library's
 //!   contexts enable the layer where it is installed; errors go to stderr).
 //! * `header_compiles_as_cpp`: the header compiles as C++ (where `g++` is).
@@ -554,34 +564,7 @@ fn cxx() -> String {
 /// Fails saying what to install where the C++ compiler, the Vulkan headers
 /// or the loader's link library are missing.
 fn compile_cxx_vulkan(source: &str, out: &Path, flags: &[&str]) {
-    let dir = out.parent().expect("an output directory");
-    let probe = dir.join("vulkan_probe.cpp");
-    std::fs::write(
-        &probe,
-        "#include <vulkan/vulkan.h>\nint main() { return vkGetInstanceProcAddr ? 0 : 1; }\n",
-    )
-    .expect("write the Vulkan probe");
-    let probed = Command::new(cxx())
-        .args(["-std=c++17"])
-        .arg(&probe)
-        .arg("-lvulkan")
-        .arg("-o")
-        .arg(dir.join("vulkan_probe"))
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run {} ({e}): install g++ (Debian/Ubuntu: `apt-get install g++`) or set CXX",
-                cxx()
-            )
-        });
-    assert!(
-        probed.status.success(),
-        "the Vulkan headers or the loader's link library are missing ({} cannot build \
-         `#include <vulkan/vulkan.h>` with -lvulkan): install libvulkan-dev (Debian/Ubuntu: \
-         `apt-get install libvulkan-dev`; `cargo xtask test` installs it)\n{}",
-        cxx(),
-        String::from_utf8_lossy(&probed.stderr)
-    );
+    require_vulkan_headers(out.parent().expect("an output directory"));
     let mut cmd = Command::new(cxx());
     cmd.args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-g"])
         .args(flags)
@@ -610,6 +593,38 @@ fn compile_cxx_vulkan(source: &str, out: &Path, flags: &[&str]) {
     );
 }
 
+/// Fails saying what to install where the C++ compiler, the Vulkan headers
+/// or the loader's link library are missing (a probe built in `dir`).
+fn require_vulkan_headers(dir: &Path) {
+    let probe = dir.join("vulkan_probe.cpp");
+    std::fs::write(
+        &probe,
+        "#include <vulkan/vulkan.h>\nint main() { return vkGetInstanceProcAddr ? 0 : 1; }\n",
+    )
+    .expect("write the Vulkan probe");
+    let probed = Command::new(cxx())
+        .args(["-std=c++17"])
+        .arg(&probe)
+        .arg("-lvulkan")
+        .arg("-o")
+        .arg(dir.join("vulkan_probe"))
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {} ({e}): install g++ (Debian/Ubuntu: `apt-get install g++`) or set CXX",
+                cxx()
+            )
+        });
+    assert!(
+        probed.status.success(),
+        "the Vulkan headers or the loader's link library are missing ({} cannot build \
+         `#include <vulkan/vulkan.h>` with -lvulkan): install libvulkan-dev (Debian/Ubuntu: \
+         `apt-get install libvulkan-dev`; `cargo xtask test` installs it)\n{}",
+        cxx(),
+        String::from_utf8_lossy(&probed.stderr)
+    );
+}
+
 /// `app_publish.cpp`'s ring and render target (the same constants).
 mod app {
     pub const RING_W: u32 = 96;
@@ -621,35 +636,62 @@ mod app {
     pub const SLOTS: u32 = 3;
     pub const FRAMES: u64 = 64;
 
-    /// Frame `f`'s texel at `(x, y)` of the render target (as the app's
-    /// `texel`).
-    pub fn texel(f: u64, x: u32, y: u32) -> [u8; 4] {
-        if y < PATTERN_ROWS {
-            [
-                (u64::from(x) * 3 + f) as u8,
-                (u64::from(y) * 5 + 2 * f) as u8,
-                (x ^ y) as u8,
-                (7 * f + 1) as u8,
-            ]
-        } else {
-            [(f * 11) as u8, (255 - f) as u8, (f * 29 + 3) as u8, 255]
-        }
+    /// The ring as the receiver checks it.
+    pub const RING: super::Ring = super::Ring {
+        width: RING_W,
+        height: RING_H,
+        offset: [OFF_X, OFF_Y],
+        pattern_rows: PATTERN_ROWS,
+        slots: SLOTS,
+    };
+}
+
+/// An image ring of RGBA8 frames published by the C++ programs: the
+/// region at `offset` of a render target whose rows `[0, pattern_rows)`
+/// hold frame `f`'s pattern and the rest its clear colour (`vk_app.hpp`'s
+/// `texel`).
+#[derive(Clone, Copy, Debug)]
+struct Ring {
+    width: u32,
+    height: u32,
+    offset: [u32; 2],
+    pattern_rows: u32,
+    slots: u32,
+}
+
+/// Frame `f`'s texel at `(x, y)` of a render target whose first
+/// `pattern_rows` rows hold the pattern (as `vk_app::texel`).
+fn texel(f: u64, x: u32, y: u32, pattern_rows: u32) -> [u8; 4] {
+    if y < pattern_rows {
+        [
+            (u64::from(x) * 3 + f) as u8,
+            (u64::from(y) * 5 + 2 * f) as u8,
+            (x ^ y) as u8,
+            (7 * f + 1) as u8,
+        ]
+    } else {
+        // As the C++ programs compute it: modulo 256.
+        [
+            (f * 11) as u8,
+            255u64.wrapping_sub(f) as u8,
+            (f * 29 + 3) as u8,
+            255,
+        ]
     }
 }
 
 /// A wrong texel: `(x, y, got, want)`.
 type WrongTexel = (u32, u32, [u8; 4], [u8; 4]);
 
-/// The texels of frame `f`'s read-back (the ring's `RING_W` x `RING_H`,
-/// tightly packed) that are not the render target's region at
-/// `(OFF_X, OFF_Y)`: how many, and the first few.
-fn wrong_texels(pixels: &[u8], f: u64) -> (usize, Vec<WrongTexel>) {
+/// The texels of frame `f`'s read-back (the ring's extent, tightly packed)
+/// that are not the render target's region: how many, and the first few.
+fn wrong_texels(ring: &Ring, pixels: &[u8], f: u64) -> (usize, Vec<WrongTexel>) {
     let mut wrong = (0, Vec::new());
-    for y in 0..app::RING_H {
-        for x in 0..app::RING_W {
-            let at = ((y * app::RING_W + x) * 4) as usize;
+    for y in 0..ring.height {
+        for x in 0..ring.width {
+            let at = ((y * ring.width + x) * 4) as usize;
             let got: [u8; 4] = pixels[at..at + 4].try_into().expect("4 bytes");
-            let want = app::texel(f, x + app::OFF_X, y + app::OFF_Y);
+            let want = texel(f, x + ring.offset[0], y + ring.offset[1], ring.pattern_rows);
             if got != want {
                 wrong.0 += 1;
                 if wrong.1.len() < 8 {
@@ -665,7 +707,7 @@ fn wrong_texels(pixels: &[u8], f: u64) -> (usize, Vec<WrongTexel>) {
 /// unless `CUDA_INTEROP_VALIDATION=off`) of `frames` frames of the image
 /// ring `name` in `runtime`'s default directory, lossless: checks every
 /// texel of every frame; a summary line.
-fn receive_app_frames(runtime: &Path, name: &str, frames: u64) -> String {
+fn receive_app_frames(runtime: &Path, name: &str, frames: u64, ring: Ring) -> String {
     use cuda_interop_frames::discovery::{Directory, SlotKind};
     use cuda_interop_frames::protocol::Delivery;
     use cuda_interop_frames::session::Session;
@@ -690,9 +732,9 @@ fn receive_app_frames(runtime: &Path, name: &str, frames: u64) -> String {
         (
             SlotKind::Image,
             "r8g8b8a8_unorm",
-            app::RING_W,
-            app::RING_H,
-            app::SLOTS
+            ring.width,
+            ring.height,
+            ring.slots
         ),
         "the app's ring as listed"
     );
@@ -710,10 +752,10 @@ fn receive_app_frames(runtime: &Path, name: &str, frames: u64) -> String {
             .unwrap_or_else(|e| panic!("frame {n}'s read-back: {e}"));
         assert_eq!(
             pixels.len(),
-            (app::RING_W * app::RING_H * 4) as usize,
+            (ring.width * ring.height * 4) as usize,
             "frame {n}'s bytes"
         );
-        let (count, first) = wrong_texels(&pixels, n);
+        let (count, first) = wrong_texels(&ring, &pixels, n);
         assert_eq!(
             count,
             0,
@@ -735,8 +777,8 @@ fn receive_app_frames(runtime: &Path, name: &str, frames: u64) -> String {
     format!(
         "receiver: {frames} frames of {}x{} checked texel for texel, {} slots seen, \
          no validation error",
-        app::RING_W,
-        app::RING_H,
+        ring.width,
+        ring.height,
         slots.len()
     )
 }
@@ -775,7 +817,8 @@ fn cpp_app_publishes_its_own_vulkan_image() {
     let received = {
         let runtime = runtime.clone();
         let name = name.clone();
-        std::thread::spawn(move || receive_app_frames(&runtime, &name, app::FRAMES)).join()
+        std::thread::spawn(move || receive_app_frames(&runtime, &name, app::FRAMES, app::RING))
+            .join()
     };
     let summary = match received {
         Ok(summary) => summary,
@@ -901,4 +944,163 @@ fn c_gl_receiver_checks_every_texel() {
         )),
         "{stdout}"
     );
+}
+
+/// Builds the engine-plugin harness in `dir`: `engine_host.cpp` (C++17,
+/// the Vulkan loader and `dlopen`, not the library) and
+/// `engine_plugin.c` as a shared object with the staticlib linked in, both
+/// with `flags` (the sanitizers where they link). Their paths.
+fn build_engine_harness(dir: &Path, flags: &[&str]) -> (PathBuf, PathBuf) {
+    let host = dir.join("engine_host");
+    let plugin = dir.join("libengine_plugin.so");
+    require_vulkan_headers(dir);
+    let tests_c = crate_dir().join("tests/c");
+    let mut cmd = Command::new(cxx());
+    cmd.args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-g"])
+        .args(flags)
+        .arg("-I")
+        .arg(crate_dir().join("include"))
+        .arg(tests_c.join("engine_host.cpp"))
+        .args(["-lvulkan", "-ldl"])
+        .arg("-o")
+        .arg(&host);
+    let out = cmd.output().expect("the C++ compiler");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut cmd = Command::new(cc());
+    cmd.args([
+        "-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-shared", "-fPIC",
+    ])
+    .args(flags)
+    .arg("-I")
+    .arg(crate_dir().join("include"))
+    .arg(tests_c.join("engine_plugin.c"))
+    .arg(staticlib())
+    .args(["-lpthread", "-ldl", "-lm", "-lrt", "-lgcc_s", "-lutil"])
+    .arg("-o")
+    .arg(&plugin);
+    let out = cmd.output().expect("the C compiler");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (host, plugin)
+}
+
+/// One run of the harness: the engine renders `frames` frames of
+/// `width` x `height` and its plugin publishes each (`mode`: `record` into
+/// the engine's open command buffer, or `submit` after the engine flushed
+/// it); a lossless Vulkan receiver in this process checks every texel of
+/// every frame. Returns the receiver's summary and the engine's output.
+fn engine_run(
+    host: &Path,
+    plugin: &Path,
+    runtime: &Path,
+    (width, height): (u32, u32),
+    frames: u64,
+    mode: &str,
+) -> (String, String) {
+    let name = format!("capi-engine-{mode}-{width}-{}", std::process::id());
+    let env = [
+        ("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=0"),
+        ("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"),
+    ];
+    let args = [
+        plugin.to_str().expect("a UTF-8 path"),
+        &name,
+        &width.to_string(),
+        &height.to_string(),
+        &frames.to_string(),
+        mode,
+    ];
+    let mut engine = Some(spawn(host, &args, runtime, &env));
+    let ring = Ring {
+        width,
+        height,
+        offset: [0, 0],
+        pattern_rows: height / 2,
+        slots: 4,
+    };
+    let received = {
+        let runtime = runtime.to_path_buf();
+        std::thread::spawn(move || receive_app_frames(&runtime, &name, frames, ring)).join()
+    };
+    let summary = match received {
+        Ok(summary) => summary,
+        Err(panic) => {
+            let mut child = engine.take().expect("the engine");
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("the engine's output");
+            eprintln!(
+                "--- the engine (killed) stdout:\n{}--- stderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::panic::resume_unwind(panic);
+        }
+    };
+    let out = finish(engine.take().expect("the engine"), "the engine");
+    assert_success(&out, "the engine");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        stdout.contains(&format!(
+            "engine_host: {frames} frames rendered, 0 validation errors"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("engine_plugin: presented {frames} (")),
+        "{stdout}"
+    );
+    (summary, stdout)
+}
+
+/// Frames per run of the harness (the issue's 600).
+const ENGINE_FRAMES: u64 = 600;
+
+/// Issue 33 item 3, the engine path: `engine_host.cpp` plays a game
+/// engine's native-plugin Vulkan interface (`engine_harness.h`: its own
+/// instance, device, queue and frame command buffers, a render texture
+/// made without external memory, a publish event at the end of each
+/// frame) and loads `engine_plugin.c`, a C plugin that publishes the
+/// render texture through the C ABI. With the engine's command buffer open
+/// at the event (`record`: `ci_sender_record_copy` into it, frames
+/// presented with `ci_sender_present_recorded` once the engine's fence says
+/// they ran) and closed (`submit`: the engine flushed it,
+/// `ci_sender_present_copy` on its queue), at 1080p and 4K, 600 frames
+/// each: a lossless Vulkan receiver in this process checks every texel of
+/// every frame; the engine and the plugin under ASan/UBSan where they link,
+/// with the validation layer where installed and none of its errors.
+#[test]
+fn engine_plugin_publishes_the_render_texture() {
+    let dir = scratch("engine");
+    let runtime = runtime_dir(&dir);
+    let flags = match sanitizers_of(&cxx(), &dir, "probe.cpp") {
+        Ok(flags) => flags,
+        Err(why) => {
+            eprintln!("WARNING: the engine and its plugin run WITHOUT sanitizers: {why}");
+            Vec::new()
+        }
+    };
+    let (host, plugin) = build_engine_harness(&dir, &flags);
+    for size in [(1920, 1080), (3840, 2160)] {
+        for mode in ["record", "submit"] {
+            let start = Instant::now();
+            let (summary, stdout) = engine_run(&host, &plugin, &runtime, size, ENGINE_FRAMES, mode);
+            let plugin_line = stdout
+                .lines()
+                .find(|l| l.starts_with("engine_plugin: presented"))
+                .unwrap_or_default();
+            println!(
+                "engine {mode} {}x{}: {summary}; {plugin_line} ({:.1} s)",
+                size.0,
+                size.1,
+                start.elapsed().as_secs_f64()
+            );
+        }
+    }
 }

@@ -271,18 +271,18 @@ fn a_recorded_slot_is_out_of_the_ring_until_presented_or_abandoned() {
     // SAFETY: c2 is never submitted.
     unsafe { sender.abandon_recorded(second) }.unwrap();
     assert_eq!(sender.stats().presented, 0);
-    let back = sender
+    sender
         .acquire(Duration::from_millis(100))
         .expect("the abandoned slot");
-    drop(back);
     // Presented after its command buffer ran: numbered 1, its slot back.
     let fence = engine.submit(c1);
     engine.wait(fence);
     // SAFETY: c1 completed.
     assert_eq!(unsafe { sender.present_recorded(first, 5) }.unwrap(), 1);
     assert_eq!(sender.stats().presented, 1);
-    let w1 = sender.acquire(Duration::from_millis(100)).unwrap();
-    drop(w1);
+    sender
+        .acquire(Duration::from_millis(100))
+        .expect("the presented slot back in the ring");
     // SAFETY: a valid handle of ours, not pending (never submitted).
     unsafe { ctx.device().free_command_buffers(engine.pool, &[c2, c3]) };
     drop((sender, other, engine, app));

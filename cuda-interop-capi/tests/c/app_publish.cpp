@@ -27,22 +27,9 @@
  * Exit status 0: all good, no validation error; otherwise what failed is on
  * stderr (validation errors as "[vulkan validation error] ...").
  */
-#if defined(__has_include)
-#if !__has_include(<vulkan/vulkan.h>)
-#error "<vulkan/vulkan.h> is missing: install the Vulkan headers (Debian/Ubuntu: apt-get install libvulkan-dev)"
-#endif
-#endif
-#include <vulkan/vulkan.h>
-
 #include <cinttypes>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <string>
-#include <vector>
 
-#include "cuda_interop.h"
+#include "vk_app.hpp"
 
 namespace {
 
@@ -61,96 +48,11 @@ constexpr uint32_t SLOTS = 3;
 // Frame f's texel at (x, y) of the render target: the receiver's reference
 // (c_programs.rs has the same function).
 void texel(uint64_t f, uint32_t x, uint32_t y, uint8_t out[4]) {
-    if (y < PATTERN_ROWS) {
-        out[0] = static_cast<uint8_t>(x * 3 + f);
-        out[1] = static_cast<uint8_t>(y * 5 + 2 * f);
-        out[2] = static_cast<uint8_t>(x ^ y);
-        out[3] = static_cast<uint8_t>(7 * f + 1);
-    } else {
-        out[0] = static_cast<uint8_t>(f * 11);
-        out[1] = static_cast<uint8_t>(255 - f);
-        out[2] = static_cast<uint8_t>(f * 29 + 3);
-        out[3] = 255;
-    }
+    vk_app::texel(f, x, y, PATTERN_ROWS, out);
 }
 
-int validation_errors = 0;
-// As the library's own messenger: warnings that are only performance
-// advice (the ring's GENERAL slots as a copy's destination, every frame)
-// are written only with CUDA_INTEROP_VALIDATION_PERF=1; errors always.
-bool show_performance = false;
-
-VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
-                                          VkDebugUtilsMessageTypeFlagsEXT types,
-                                          const VkDebugUtilsMessengerCallbackDataEXT *data,
-                                          void *) {
-    const char *text = data && data->pMessage ? data->pMessage : "(no message)";
-    if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) {
-        validation_errors++;
-        std::fprintf(stderr, "[vulkan validation error] %s\n", text);
-    } else if (types != VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT || show_performance) {
-        std::fprintf(stderr, "[vulkan validation warning] %s\n", text);
-    }
-    return VK_FALSE;
-}
-
-[[noreturn]] void fail(const std::string &what) {
-    std::fprintf(stderr, "app_publish: %s\n", what.c_str());
-    std::fflush(stderr);
-    std::exit(1);
-}
-
-void vk_check(VkResult r, const char *call, int line) {
-    if (r != VK_SUCCESS) fail(std::string(call) + " -> VkResult " + std::to_string(r) +
-                              " (line " + std::to_string(line) + ")");
-}
-#define VK(call) vk_check((call), #call, __LINE__)
-
-void ci_check(ci_status s, const char *call, int line) {
-    if (s != CI_OK)
-        fail(std::string(call) + " -> ci_status " + std::to_string(static_cast<int>(s)) + ": " +
-             ci_last_error_message() + " (line " + std::to_string(line) + ")");
-}
-#define CI(call) ci_check((call), #call, __LINE__)
-
-bool has_layer(const char *name) {
-    uint32_t n = 0;
-    VK(vkEnumerateInstanceLayerProperties(&n, nullptr));
-    std::vector<VkLayerProperties> layers(n);
-    VK(vkEnumerateInstanceLayerProperties(&n, layers.data()));
-    for (const auto &l : layers)
-        if (std::strcmp(l.layerName, name) == 0) return true;
-    return false;
-}
-
-bool has_instance_extension(const char *layer, const char *name) {
-    uint32_t n = 0;
-    VK(vkEnumerateInstanceExtensionProperties(layer, &n, nullptr));
-    std::vector<VkExtensionProperties> exts(n);
-    VK(vkEnumerateInstanceExtensionProperties(layer, &n, exts.data()));
-    for (const auto &e : exts)
-        if (std::strcmp(e.extensionName, name) == 0) return true;
-    return false;
-}
-
-bool has_device_extension(VkPhysicalDevice pd, const char *name) {
-    uint32_t n = 0;
-    VK(vkEnumerateDeviceExtensionProperties(pd, nullptr, &n, nullptr));
-    std::vector<VkExtensionProperties> exts(n);
-    VK(vkEnumerateDeviceExtensionProperties(pd, nullptr, &n, exts.data()));
-    for (const auto &e : exts)
-        if (std::strcmp(e.extensionName, name) == 0) return true;
-    return false;
-}
-
-uint32_t memory_type(VkPhysicalDevice pd, uint32_t bits, VkMemoryPropertyFlags want) {
-    VkPhysicalDeviceMemoryProperties props;
-    vkGetPhysicalDeviceMemoryProperties(pd, &props);
-    for (uint32_t i = 0; i < props.memoryTypeCount; i++)
-        if ((bits & (1u << i)) && (props.memoryTypes[i].propertyFlags & want) == want) return i;
-    fail("no memory type with properties " + std::to_string(want) + " among bits " +
-         std::to_string(bits));
-}
+using vk_app::fail;
+using vk_app::image_barrier;
 
 // What ci_context_with_queue calls: the application's submission, under
 // the library's queue lock.
@@ -171,135 +73,13 @@ extern "C" void submit_rendering(void *user, void *queue) {
     job->result = vkQueueSubmit(static_cast<VkQueue>(queue), 1, &info, job->fence);
 }
 
-void image_barrier(VkCommandBuffer cmd, VkImage image, VkImageLayout from, VkImageLayout to,
-                   VkPipelineStageFlags src_stage, VkAccessFlags src_access,
-                   VkPipelineStageFlags dst_stage, VkAccessFlags dst_access) {
-    VkImageMemoryBarrier b{};
-    b.sType = VK_STRUCTURE_TYPE_IMAGE_MEMORY_BARRIER;
-    b.srcAccessMask = src_access;
-    b.dstAccessMask = dst_access;
-    b.oldLayout = from;
-    b.newLayout = to;
-    b.srcQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED;
-    b.dstQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED;
-    b.image = image;
-    b.subresourceRange = {VK_IMAGE_ASPECT_COLOR_BIT, 0, 1, 0, 1};
-    vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 0, nullptr, 0, nullptr, 1, &b);
-}
-
 int run(const char *name, uint64_t frames) {
-    // The instance: Vulkan 1.2, the validation layer where installed.
-    const char *layer = "VK_LAYER_KHRONOS_validation";
-    const char *env = std::getenv("CUDA_INTEROP_VALIDATION");
-    bool validation = !(env && std::strcmp(env, "off") == 0) && has_layer(layer) &&
-                      has_instance_extension(layer, VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
-    const char *perf = std::getenv("CUDA_INTEROP_VALIDATION_PERF");
-    show_performance = perf && std::strcmp(perf, "1") == 0;
-    std::printf("app: validation layer %s\n", validation ? "on" : "off (not installed, or "
-                                                                  "CUDA_INTEROP_VALIDATION=off)");
-    VkApplicationInfo app{};
-    app.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO;
-    app.pApplicationName = "app_publish";
-    app.apiVersion = VK_API_VERSION_1_2;
-    VkDebugUtilsMessengerCreateInfoEXT messenger_info{};
-    messenger_info.sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT;
-    messenger_info.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT |
-                                     VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT;
-    messenger_info.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
-                                 VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
-                                 VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
-    messenger_info.pfnUserCallback = on_message;
-    const char *instance_exts[] = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME};
-    VkInstanceCreateInfo ici{};
-    ici.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO;
-    ici.pApplicationInfo = &app;
-    if (validation) {
-        ici.enabledLayerCount = 1;
-        ici.ppEnabledLayerNames = &layer;
-        ici.enabledExtensionCount = 1;
-        ici.ppEnabledExtensionNames = instance_exts;
-        ici.pNext = &messenger_info;  // instance creation and destruction too
-    }
-    VkInstance instance = VK_NULL_HANDLE;
-    VK(vkCreateInstance(&ici, nullptr, &instance));
-    VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
-    PFN_vkDestroyDebugUtilsMessengerEXT destroy_messenger = nullptr;
-    if (validation) {
-        auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
-            vkGetInstanceProcAddr(instance, "vkCreateDebugUtilsMessengerEXT"));
-        destroy_messenger = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
-            vkGetInstanceProcAddr(instance, "vkDestroyDebugUtilsMessengerEXT"));
-        if (!create || !destroy_messenger) fail("no vkCreateDebugUtilsMessengerEXT");
-        VK(create(instance, &messenger_info, nullptr, &messenger));
-    }
-
-    // A physical device with what the library needs, and a family with
-    // graphics (the render target's colour-attachment layout).
-    uint32_t count = 0;
-    VK(vkEnumeratePhysicalDevices(instance, &count, nullptr));
-    std::vector<VkPhysicalDevice> devices(count);
-    VK(vkEnumeratePhysicalDevices(instance, &count, devices.data()));
-    VkPhysicalDevice physical = VK_NULL_HANDLE;
-    uint32_t family = 0;
-    std::string seen;
-    for (VkPhysicalDevice pd : devices) {
-        VkPhysicalDeviceProperties props;
-        vkGetPhysicalDeviceProperties(pd, &props);
-        VkPhysicalDeviceVulkan12Features f12{};
-        f12.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES;
-        VkPhysicalDeviceFeatures2 f2{};
-        f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
-        f2.pNext = &f12;
-        vkGetPhysicalDeviceFeatures2(pd, &f2);
-        seen += std::string(seen.empty() ? "" : ", ") + props.deviceName;
-        if (props.apiVersion < VK_API_VERSION_1_2 || !f12.timelineSemaphore ||
-            !has_device_extension(pd, VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME))
-            continue;
-        uint32_t nf = 0;
-        vkGetPhysicalDeviceQueueFamilyProperties(pd, &nf, nullptr);
-        std::vector<VkQueueFamilyProperties> families(nf);
-        vkGetPhysicalDeviceQueueFamilyProperties(pd, &nf, families.data());
-        for (uint32_t i = 0; i < nf; i++) {
-            if ((families[i].queueFlags & VK_QUEUE_GRAPHICS_BIT) &&
-                (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT)) {
-                physical = pd;
-                family = i;
-                break;
-            }
-        }
-        if (physical != VK_NULL_HANDLE) {
-            std::printf("app: device %s, queue family %u\n", props.deviceName, family);
-            break;
-        }
-    }
-    if (physical == VK_NULL_HANDLE)
-        fail("no physical device with Vulkan 1.2, timeline semaphores, " +
-             std::string(VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME) +
-             " and a graphics+compute family (found: " + seen + ")");
-
-    // The device: the library's extensions and feature, one queue.
-    std::vector<const char *> device_exts = {VK_KHR_EXTERNAL_MEMORY_FD_EXTENSION_NAME};
-    bool semaphore_fd = has_device_extension(physical, VK_KHR_EXTERNAL_SEMAPHORE_FD_EXTENSION_NAME);
-    if (semaphore_fd) device_exts.push_back(VK_KHR_EXTERNAL_SEMAPHORE_FD_EXTENSION_NAME);
-    std::printf("app: %s\n", semaphore_fd ? "semaphore fds enabled" : "no semaphore fds");
-    float priority = 1.0f;
-    VkDeviceQueueCreateInfo qci{};
-    qci.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
-    qci.queueFamilyIndex = family;
-    qci.queueCount = 1;
-    qci.pQueuePriorities = &priority;
-    VkPhysicalDeviceVulkan12Features f12{};
-    f12.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES;
-    f12.timelineSemaphore = VK_TRUE;
-    VkDeviceCreateInfo dci{};
-    dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
-    dci.pNext = &f12;
-    dci.queueCreateInfoCount = 1;
-    dci.pQueueCreateInfos = &qci;
-    dci.enabledExtensionCount = static_cast<uint32_t>(device_exts.size());
-    dci.ppEnabledExtensionNames = device_exts.data();
-    VkDevice device = VK_NULL_HANDLE;
-    VK(vkCreateDevice(physical, &dci, nullptr, &device));
+    // The instance, device and queue family: vk_app.hpp (Vulkan 1.2, the
+    // validation layer where installed, what the library needs).
+    vk_app::Device dev = vk_app::make_device("app_publish");
+    VkPhysicalDevice physical = dev.physical;
+    VkDevice device = dev.device;
+    const uint32_t family = dev.family;
 
     // The render target: no external memory, an engine's usage.
     VkImageCreateInfo imci{};
@@ -322,7 +102,7 @@ int run(const char *name, uint64_t frames) {
     VkMemoryAllocateInfo mai{};
     mai.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO;
     mai.allocationSize = ireq.size;
-    mai.memoryTypeIndex = memory_type(physical, ireq.memoryTypeBits, 0);
+    mai.memoryTypeIndex = vk_app::memory_type(physical, ireq.memoryTypeBits, 0);
     VkDeviceMemory image_memory = VK_NULL_HANDLE;
     VK(vkAllocateMemory(device, &mai, nullptr, &image_memory));
     VK(vkBindImageMemory(device, image, image_memory, 0));
@@ -340,7 +120,7 @@ int run(const char *name, uint64_t frames) {
     vkGetBufferMemoryRequirements(device, staging, &breq);
     mai.allocationSize = breq.size;
     mai.memoryTypeIndex =
-        memory_type(physical, breq.memoryTypeBits,
+        vk_app::memory_type(physical, breq.memoryTypeBits,
                     VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
     VkDeviceMemory staging_memory = VK_NULL_HANDLE;
     VK(vkAllocateMemory(device, &mai, nullptr, &staging_memory));
@@ -367,17 +147,7 @@ int run(const char *name, uint64_t frames) {
     VK(vkCreateFence(device, &fci, nullptr, &fence));
 
     // The library's context over all of it, and the image ring.
-    ci_vulkan_device desc;
-    std::memset(&desc, 0, sizeof desc);
-    desc.struct_size = sizeof desc;
-    desc.main_queue_family = family;
-    desc.main_queue_index = 0;
-    desc.has_transfer_queue = 0;
-    desc.semaphore_fd_enabled = semaphore_fd ? 1 : 0;
-    desc.get_instance_proc_addr = reinterpret_cast<void *>(&vkGetInstanceProcAddr);
-    desc.instance = instance;
-    desc.physical_device = physical;
-    desc.device = device;
+    ci_vulkan_device desc = dev.describe();
     ci_context *ctx = nullptr;
     CI(ci_context_new_from_vulkan(&desc, &ctx));
     ci_sender *sender = nullptr;
@@ -497,17 +267,16 @@ int run(const char *name, uint64_t frames) {
     vkFreeMemory(device, staging_memory, nullptr);
     vkDestroyImage(device, image, nullptr);
     vkFreeMemory(device, image_memory, nullptr);
-    vkDestroyDevice(device, nullptr);
-    if (messenger != VK_NULL_HANDLE) destroy_messenger(instance, messenger, nullptr);
-    vkDestroyInstance(instance, nullptr);
+    dev.destroy();
     std::printf("app: %" PRIu64 " frames published, %d validation errors\n", frames,
-                validation_errors);
-    return validation_errors == 0 ? 0 : 1;
+                vk_app::validation_errors);
+    return vk_app::validation_errors == 0 ? 0 : 1;
 }
 
 }  // namespace
 
 int main(int argc, char **argv) {
+    vk_app::program = "app_publish";
     if (argc != 3) {
         std::fprintf(stderr, "usage: app_publish NAME FRAMES\n");
         return 2;

@@ -217,10 +217,42 @@ int main(int argc, char **argv) {
     EXPECT(ci_sender_present_copy(images, &src, 0, 0.0, NULL), CI_INVALID_ARGUMENT);
     src.width = 16;
     EXPECT(ci_sender_present_copy(images, &src, 0, NAN, NULL), CI_INVALID_ARGUMENT);
+    /* Recording into the application's command buffer: the same checks of
+     * the source, and a source the main family cannot copy (released to
+     * another family), all before anything is recorded (the command buffer
+     * handle is never used); tokens that never were. */
+    void *cmd = (void *)(uintptr_t)0x5678;
+    uint64_t token = 0;
+    EXPECT(ci_sender_record_copy(images, NULL, &src, 1.0, &token), CI_NULL_POINTER);
+    EXPECT(ci_sender_record_copy(images, cmd, &src, 1.0, NULL), CI_NULL_POINTER);
+    EXPECT(ci_sender_record_copy(images, cmd, NULL, 1.0, &token), CI_NULL_POINTER);
+    EXPECT(ci_sender_record_copy(NULL, cmd, &src, 1.0, &token), CI_NULL_POINTER);
+    EXPECT(ci_sender_record_copy((ci_sender *)ctx, cmd, &src, 1.0, &token), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_record_copy(sender, cmd, &src, 1.0, &token), CI_UNSUPPORTED);
+    EXPECT(ci_sender_record_copy(images, cmd, &src, -1.0, &token), CI_INVALID_ARGUMENT);
+    src.width = 8;
+    EXPECT(ci_sender_record_copy(images, cmd, &src, 1.0, &token), CI_INVALID_ARGUMENT);
+    src.width = 16;
+    src.sharing = CI_SHARING_RELEASED_TO_TRANSFER;
+    src.queue_family = 5;
+    EXPECT(ci_sender_record_copy(images, cmd, &src, 1.0, &token), CI_INVALID_ARGUMENT);
+    src.sharing = CI_SHARING_EXCLUSIVE;
+    src.queue_family = 0;
+    if (token != 0) failures++; /* written only on CI_OK */
+    EXPECT(ci_sender_present_recorded(images, 0, 0, NULL), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_present_recorded(images, 12345, 0, NULL), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_present_recorded(sender, 1, 0, NULL), CI_UNSUPPORTED);
+    EXPECT(ci_sender_present_recorded(NULL, 1, 0, NULL), CI_NULL_POINTER);
+    EXPECT(ci_sender_abandon_recorded(images, 1), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_abandon_recorded(sender, 1), CI_UNSUPPORTED);
+    EXPECT(ci_sender_abandon_recorded((ci_sender *)ctx, 1), CI_WRONG_HANDLE);
     EXPECT(ci_sender_stats_get(images, &stats), CI_OK);
     if (stats.presented != 0) failures++;
     EXPECT(ci_sender_free(images), CI_OK);
     EXPECT(ci_sender_present_copy(images, &src, 0, 0.0, NULL), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_record_copy(images, cmd, &src, 1.0, &token), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_present_recorded(images, 1, 0, NULL), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_abandon_recorded(images, 1), CI_WRONG_HANDLE);
 
     /* CUDA receivers before connecting, and of another kind. */
     ci_cuda_receiver *crx = NULL;

@@ -1,0 +1,216 @@
+/* A native rendering plugin written in C (a shared object the engine loads
+ * with dlopen), publishing the engine's render texture by name through the
+ * C ABI: what a "Spout for Linux" plugin for a game engine does. See
+ * engine_harness.h for the engine interface and how it maps to Unity's.
+ *
+ * At load: a context over the engine's own instance, device and graphics
+ * queue (ci_context_new_from_vulkan; nothing of the engine's is rebound or
+ * recreated), an image ring of the render texture's size and format
+ * (ci_image_sender_new), the publish event configured, and a wait for the
+ * first receiver. At each publish event, either
+ *
+ *  - record mode (the engine's command buffer is open, the plugin may not
+ *    submit): access_texture records the render texture's transition to
+ *    TRANSFER_SRC_OPTIMAL into the frame's command buffer, and
+ *    ci_sender_record_copy records the slot's acquire, the copy and the
+ *    release there; frames whose command buffer completed (the recording
+ *    state's safe_frame_number) are presented with
+ *    ci_sender_present_recorded, oldest first; or
+ *  - submit mode (the engine flushed its command buffers, the plugin may
+ *    submit): the texture observed in the layout the engine left it in,
+ *    ci_sender_present_copy copies it on the engine's queue, after the
+ *    engine's submission, and leaves it in that layout.
+ *
+ * At unload (the engine has waited for its device), the frames still
+ * pending are presented, the plugin serves until the receiver has left,
+ * and frees its sender and context. Frame n must get sequence number n.
+ * Anything wrong is counted and printed; unload returns 1 then.
+ */
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <vulkan/vulkan.h>
+
+#include "cuda_interop.h"
+#include "engine_harness.h"
+
+#define SLOTS 4
+#define MAX_PENDING 8
+
+static const harness_vulkan_interface *vk;
+static void *texture;
+static int record_mode;
+static ci_context *ctx;
+static ci_sender *sender;
+static uint32_t family;
+static struct {
+    uint64_t token;
+    uint64_t frame;
+} pending[MAX_PENDING];
+static int npending;
+static uint64_t published, recorded, failures;
+
+#define CHECK(call)                                                                        \
+    do {                                                                                   \
+        ci_status s_ = (call);                                                             \
+        if (s_ != CI_OK) {                                                                 \
+            failures++;                                                                    \
+            fprintf(stderr, "engine_plugin: %s -> %d: %s (line %d)\n", #call, (int)s_,    \
+                    ci_last_error_message(), __LINE__);                                    \
+            return 1;                                                                      \
+        }                                                                                  \
+    } while (0)
+
+static int expect(int ok, const char *what) {
+    if (!ok) {
+        failures++;
+        fprintf(stderr, "engine_plugin: %s\n", what);
+    }
+    return ok;
+}
+
+static ci_source_image source_of(const harness_image *img) {
+    ci_source_image src;
+    memset(&src, 0, sizeof src);
+    src.struct_size = sizeof src;
+    src.vk_format = img->format;
+    src.layout = img->layout;
+    src.sharing = CI_SHARING_EXCLUSIVE;
+    src.queue_family = family;
+    src.width = img->width;
+    src.height = img->height;
+    src.image = img->image;
+    return src;
+}
+
+/* Presents the pending frames whose command buffer completed (frame number
+ * at or before `safe`), oldest first. */
+static int present_completed(uint64_t safe) {
+    while (npending > 0 && pending[0].frame <= safe) {
+        uint64_t sequence = 0;
+        CHECK(ci_sender_present_recorded(sender, pending[0].token, 0, &sequence));
+        published++;
+        if (!expect(sequence == published, "a recorded frame got another sequence number"))
+            return 1;
+        memmove(&pending[0], &pending[1], sizeof pending[0] * (size_t)(npending - 1));
+        npending--;
+    }
+    return 0;
+}
+
+static int publish(void) {
+    harness_recording_state state;
+    harness_image img;
+    if (record_mode) {
+        if (!expect(vk->command_recording_state(&state, HARNESS_QUEUE_ACCESS_DONT_CARE) == 1,
+                    "no recording state"))
+            return 1;
+        if (present_completed(state.safe_frame_number)) return 1;
+        if (!expect(npending < MAX_PENDING, "too many frames in flight")) return 1;
+        if (!expect(vk->access_texture(texture, VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL,
+                                       VK_PIPELINE_STAGE_TRANSFER_BIT,
+                                       VK_ACCESS_TRANSFER_READ_BIT,
+                                       HARNESS_ACCESS_PIPELINE_BARRIER, &img) == 1,
+                    "access_texture refused the render texture"))
+            return 1;
+        ci_source_image src = source_of(&img);
+        uint64_t token = 0;
+        /* Lossless receiver: waits (bounded) for a slot it released. */
+        CHECK(ci_sender_record_copy(sender, state.command_buffer, &src, 30.0, &token));
+        pending[npending].token = token;
+        pending[npending].frame = state.current_frame_number;
+        npending++;
+        recorded++;
+    } else {
+        if (!expect(vk->command_recording_state(&state, HARNESS_QUEUE_ACCESS_ALLOW) == 1,
+                    "no recording state"))
+            return 1;
+        if (!expect(vk->access_texture(texture, 0, 0, 0, HARNESS_ACCESS_OBSERVE_ONLY, &img) == 1,
+                    "access_texture refused the render texture"))
+            return 1;
+        ci_source_image src = source_of(&img);
+        uint64_t sequence = 0;
+        CHECK(ci_sender_present_copy(sender, &src, 0, 30.0, &sequence));
+        published++;
+        if (!expect(sequence == published, "a copied frame got another sequence number"))
+            return 1;
+    }
+    return 0;
+}
+
+int harness_plugin_load(const harness_plugin_args *args) {
+    vk = args->vulkan;
+    texture = args->render_texture;
+    record_mode = args->record_in_engine_command_buffer;
+    harness_vulkan_instance inst = vk->instance();
+    family = inst.queue_family_index;
+    ci_vulkan_device desc;
+    memset(&desc, 0, sizeof desc);
+    desc.struct_size = sizeof desc;
+    desc.main_queue_family = inst.queue_family_index;
+    desc.main_queue_index = 0;
+    desc.semaphore_fd_enabled = inst.semaphore_fd_enabled;
+    desc.get_instance_proc_addr = inst.get_instance_proc_addr;
+    desc.instance = inst.instance;
+    desc.physical_device = inst.physical_device;
+    desc.device = inst.device;
+    CHECK(ci_context_new_from_vulkan(&desc, &ctx));
+    harness_image img;
+    if (!expect(vk->access_texture(texture, 0, 0, 0, HARNESS_ACCESS_OBSERVE_ONLY, &img) == 1,
+                "access_texture refused the render texture"))
+        return 1;
+    CHECK(ci_image_sender_new(ctx, args->name, img.width, img.height, img.format, SLOTS, &sender));
+    harness_event_config config;
+    config.flags = record_mode ? 0u : (uint32_t)HARNESS_EVENT_FLUSH_COMMAND_BUFFERS;
+    config.graphics_queue_access =
+        record_mode ? HARNESS_QUEUE_ACCESS_DONT_CARE : HARNESS_QUEUE_ACCESS_ALLOW;
+    vk->configure_event(HARNESS_PUBLISH_EVENT, &config);
+    printf("engine_plugin: publishing %s (%ux%u, VkFormat %u) %s\n", args->name, img.width,
+           img.height, img.format,
+           record_mode ? "from inside the engine's command buffer (ci_sender_record_copy)"
+                       : "by its own submission after the engine's (ci_sender_present_copy)");
+    fflush(stdout);
+    CHECK(ci_sender_wait_for_receivers(sender, 1, 60.0));
+    return 0;
+}
+
+void harness_render_event(int event_id) {
+    if (event_id != HARNESS_PUBLISH_EVENT || !sender || failures) return;
+    (void)publish();
+}
+
+int harness_plugin_unload(void) {
+    if (sender) {
+        harness_recording_state state;
+        /* Outside a frame, after the engine waited for its device: every
+         * frame completed. */
+        if (expect(vk->command_recording_state(&state, HARNESS_QUEUE_ACCESS_DONT_CARE) == 1,
+                   "no recording state at unload") &&
+            expect(state.safe_frame_number == state.current_frame_number,
+                   "frames still running at unload"))
+            (void)present_completed(state.safe_frame_number);
+        (void)expect(npending == 0, "recorded frames never presented");
+        ci_sender_stats stats;
+        memset(&stats, 0, sizeof stats);
+        for (int i = 0; i < 6000; i++) {
+            CHECK(ci_sender_serve(sender, 0.01));
+            CHECK(ci_sender_stats_get(sender, &stats));
+            if (stats.receivers == 0) break;
+        }
+        printf("engine_plugin: presented %" PRIu64 " (%" PRIu64
+               " recorded in the engine's command buffers), skipped %" PRIu64
+               ", receivers left %" PRIu64 "\n",
+               stats.presented, recorded, stats.skipped, stats.receivers);
+        (void)expect(stats.presented == published, "the sender's count differs");
+        CHECK(ci_sender_free(sender));
+        sender = NULL;
+    }
+    if (ctx) {
+        CHECK(ci_context_free(ctx));
+        ctx = NULL;
+    }
+    fflush(stdout);
+    return failures == 0 ? 0 : 1;
+}
