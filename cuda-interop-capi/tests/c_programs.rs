@@ -546,13 +546,16 @@ fn c_cuda_receiver_gpu() {
     assert!(String::from_utf8_lossy(&received.stdout).contains("30 frames checked"));
 }
 
-/// `cuda_recv.c` compiles (sanitizers included) where there is no GPU:
-/// the GPU test's program is kept building in CI.
+/// `cuda_recv.c` and `cuda_handoff.c` (the C ABI's CUDA hand-off, timed
+/// as `frame_client` times the Rust receiver's, on the GPU machine)
+/// compile (sanitizers included) where there is no GPU: the GPU runs'
+/// programs are kept building in CI.
 #[test]
 fn c_cuda_receiver_compiles() {
     let dir = scratch("cuda-recv-build");
     let flags = sanitizers(&dir).unwrap_or_default();
     compile("cuda_recv.c", &dir.join("cuda_recv"), &flags);
+    compile("cuda_handoff.c", &dir.join("cuda_handoff"), &flags);
 }
 
 fn cxx() -> String {

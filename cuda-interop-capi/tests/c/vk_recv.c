@@ -1,6 +1,8 @@
 /* A Vulkan receiver written in C: `vk_recv NAME FRAMES` connects to the
  * image ring NAME (app_publish.cpp's: RGBA8, 96x56, 3 slots, a region at
- * [5, 3] of its render target) through ci_vulkan_receiver_connect_named on
+ * [5, 3] of its render target, whose first 32 rows hold the pattern; or,
+ * with `vk_recv NAME FRAMES W H OFF_X OFF_Y PATTERN_ROWS SLOTS`, another
+ * ring of the same pattern: engine_host.cpp's) through ci_vulkan_receiver_connect_named on
  * a headless context, lossless, takes FRAMES frames and checks every texel
  * of every frame (ci_vulkan_receiver_read) against texel() below (the
  * app's), describes each frame's image (ci_vulkan_receiver_image: GENERAL,
@@ -15,13 +17,9 @@
 
 #include "cuda_interop.h"
 
-#define RING_W 96u
-#define RING_H 56u
-#define SRC_H 64u
-#define OFF_X 5u
-#define OFF_Y 3u
-#define PATTERN_ROWS (SRC_H / 2)
-#define SLOTS 3u
+/* The ring and its render target (app_publish.cpp's unless given). */
+static uint32_t RING_W = 96, RING_H = 56, OFF_X = 5, OFF_Y = 3, PATTERN_ROWS = 32, SLOTS = 3;
+#define MAX_SLOTS 16u
 
 static int failures = 0;
 
@@ -66,8 +64,17 @@ static void texel(uint64_t f, uint32_t x, uint32_t y, uint8_t out[4]) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: vk_recv NAME FRAMES\n");
+    if (argc != 3 && argc != 9) {
+        fprintf(stderr, "usage: vk_recv NAME FRAMES [W H OFF_X OFF_Y PATTERN_ROWS SLOTS]\n");
+        return 2;
+    }
+    if (argc == 9) {
+        uint32_t *given[] = {&RING_W, &RING_H, &OFF_X, &OFF_Y, &PATTERN_ROWS, &SLOTS};
+        for (int i = 0; i < 6; i++) *given[i] = (uint32_t)strtoul(argv[3 + i], NULL, 10);
+    }
+    if (RING_W == 0 || RING_H == 0 || SLOTS == 0 || SLOTS > MAX_SLOTS) {
+        fprintf(stderr, "vk_recv: a ring of %ux%u, %u slots: not one to check\n", RING_W, RING_H,
+                SLOTS);
         return 2;
     }
     const char *name = argv[1];
@@ -92,7 +99,7 @@ int main(int argc, char **argv) {
     const size_t bytes = (size_t)RING_W * RING_H * 4;
     uint8_t *pixels = malloc(bytes);
     if (!pixels) return 1;
-    uint64_t images[SLOTS] = {0};
+    uint64_t images[MAX_SLOTS] = {0};
     uint64_t wrong_texels = 0;
     for (uint64_t n = 1; n <= frames; n++) {
         ci_frame *frame = NULL;
