@@ -624,6 +624,23 @@ typedef struct ci_source_image {
 } ci_source_image;
 
 /**
+ * `ci_record_image_fn`: records the application's commands that write an
+ * image ring's slot, for `ci_sender_record_into`. `device` is the
+ * context's `VkDevice`, `command_buffer` the application's own command
+ * buffer (recording), `image` the slot's `VkImage` (`width` x `height`,
+ * `vk_format`, in `VK_IMAGE_LAYOUT_GENERAL`, owned by the context's main
+ * queue family; leave it in `GENERAL`), `user` the pointer given to
+ * `ci_sender_record_into`.
+ */
+typedef void (*ci_record_image_fn)(void *user,
+                                   void *device,
+                                   void *command_buffer,
+                                   uint64_t image,
+                                   uint32_t width,
+                                   uint32_t height,
+                                   uint32_t vk_format);
+
+/**
  * A frame's image on the receiver's device
  * (`ci_vulkan_receiver_image`): what the application needs to read it
  * itself.
@@ -1387,8 +1404,39 @@ enum ci_status ci_sender_record_copy(struct ci_sender *sender,
                                      uint64_t *recorded_out);
 
 /**
- * Presents a frame recorded by `ci_sender_record_copy` (its token
- * `recorded`) once its command buffer completed: signals the ring's
+ * Records one frame of an image ring written by the application's own
+ * commands into its own command buffer `command_buffer` (recording: the
+ * application submits it): takes a free slot (as
+ * `ci_sender_present_copy`: `CI_SKIPPED`, the timeout), records the slot's
+ * acquire, calls `record` once (on this thread, before returning) to
+ * record the application's writes of the slot's image, records the
+ * release, and stores a token for `ci_sender_present_recorded` in
+ * `*recorded_out`, as `ci_sender_record_copy` does (the same rules after).
+ * A buffer ring's sender is `CI_UNSUPPORTED`.
+ *
+ * Thread safety: any thread; calls on one sender are serialized; `record`
+ * must not call this library on the same sender (it would wait for
+ * itself).
+ *
+ * # Safety
+ * As `ci_sender_record_copy` for `command_buffer` and what becomes of it;
+ * `record` is NULL or a function that records only valid Vulkan commands
+ * for the given device into the given command buffer (it must not begin,
+ * end, submit or free it) that leave the image in `GENERAL`, and returns
+ * normally (no C++ exception, no `longjmp`); `user` is passed to it
+ * unchanged; `recorded_out` is NULL or valid for a write.
+ */
+enum ci_status ci_sender_record_into(struct ci_sender *sender,
+                                     void *command_buffer,
+                                     ci_record_image_fn record,
+                                     void *user,
+                                     double timeout_s,
+                                     uint64_t *recorded_out);
+
+/**
+ * Presents a frame recorded by `ci_sender_record_copy` or
+ * `ci_sender_record_into` (its token `recorded`) once its command buffer
+ * completed: signals the ring's
  * "produced" timeline from the host (where the ring has timelines),
  * announces the frame with `timestamp_ns` (0: now), puts the slot back
  * into the ring and stores its sequence number in `*sequence_out` if not

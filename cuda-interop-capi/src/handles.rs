@@ -122,6 +122,24 @@ pub(crate) trait ImageRing: Send + std::fmt::Debug {
         source: CopySource,
         timeout: std::time::Duration,
     ) -> Result<cuda_interop_frames::sender::RecordedFrame, CiError>;
+    /// Records the application's own commands into `cmd` (as
+    /// `WriteSlot::record_into`): `record` gets the device, `cmd` and the
+    /// slot's image (in `GENERAL`, owned by the main family).
+    ///
+    /// # Safety
+    /// `record_into`'s contract for `cmd` and what `record` records.
+    unsafe fn record_into(
+        &mut self,
+        cmd: vk_export::ash::vk::CommandBuffer,
+        record: &mut dyn FnMut(
+            &vk_export::ash::Device,
+            vk_export::ash::vk::CommandBuffer,
+            vk_export::ash::vk::Image,
+        ),
+        timeout: std::time::Duration,
+    ) -> Result<cuda_interop_frames::sender::RecordedFrame, CiError>;
+    /// The images' extent.
+    fn extent(&self) -> [u32; 2];
     /// `Sender::present_recorded`.
     ///
     /// # Safety

@@ -302,6 +302,25 @@ where
         unsafe { slot.record_copy_into(cmd, &image) }.map_err(sender_error)
     }
 
+    unsafe fn record_into(
+        &mut self,
+        cmd: vk::CommandBuffer,
+        record: &mut dyn FnMut(&ash::Device, vk::CommandBuffer, vk::Image),
+        timeout: Duration,
+    ) -> Result<RecordedFrame, CiError> {
+        let slot = acquire(self, timeout)?;
+        // SAFETY: the caller's promises on `cmd` and on what `record`
+        // records (ci_sender_record_into's contract is record_into's).
+        Ok(unsafe {
+            slot.record_into(cmd, |device, cmd, target| record(device, cmd, target.image))
+        })
+    }
+
+    fn extent(&self) -> [u32; 2] {
+        let options = self.options();
+        [options.width, options.height]
+    }
+
     unsafe fn present_recorded(
         &mut self,
         frame: RecordedFrame,
@@ -549,8 +568,102 @@ pub unsafe extern "C" fn ci_sender_record_copy(
     })
 }
 
-/// Presents a frame recorded by `ci_sender_record_copy` (its token
-/// `recorded`) once its command buffer completed: signals the ring's
+/// `ci_record_image_fn`: records the application's commands that write an
+/// image ring's slot, for `ci_sender_record_into`. `device` is the
+/// context's `VkDevice`, `command_buffer` the application's own command
+/// buffer (recording), `image` the slot's `VkImage` (`width` x `height`,
+/// `vk_format`, in `VK_IMAGE_LAYOUT_GENERAL`, owned by the context's main
+/// queue family; leave it in `GENERAL`), `user` the pointer given to
+/// `ci_sender_record_into`.
+#[allow(non_camel_case_types)]
+pub type ci_record_image_fn = Option<
+    unsafe extern "C" fn(
+        user: *mut c_void,
+        device: *mut c_void,
+        command_buffer: *mut c_void,
+        image: u64,
+        width: u32,
+        height: u32,
+        vk_format: u32,
+    ),
+>;
+
+/// Records one frame of an image ring written by the application's own
+/// commands into its own command buffer `command_buffer` (recording: the
+/// application submits it): takes a free slot (as
+/// `ci_sender_present_copy`: `CI_SKIPPED`, the timeout), records the slot's
+/// acquire, calls `record` once (on this thread, before returning) to
+/// record the application's writes of the slot's image, records the
+/// release, and stores a token for `ci_sender_present_recorded` in
+/// `*recorded_out`, as `ci_sender_record_copy` does (the same rules after).
+/// A buffer ring's sender is `CI_UNSUPPORTED`.
+///
+/// Thread safety: any thread; calls on one sender are serialized; `record`
+/// must not call this library on the same sender (it would wait for
+/// itself).
+///
+/// # Safety
+/// As `ci_sender_record_copy` for `command_buffer` and what becomes of it;
+/// `record` is NULL or a function that records only valid Vulkan commands
+/// for the given device into the given command buffer (it must not begin,
+/// end, submit or free it) that leave the image in `GENERAL`, and returns
+/// normally (no C++ exception, no `longjmp`); `user` is passed to it
+/// unchanged; `recorded_out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ci_sender_record_into(
+    sender: *mut ci_sender,
+    command_buffer: *mut c_void,
+    record: ci_record_image_fn,
+    user: *mut c_void,
+    timeout_s: f64,
+    recorded_out: *mut u64,
+) -> ci_status {
+    entry(|| {
+        let timeout = seconds("timeout_s", timeout_s)?;
+        non_null(command_buffer, "command_buffer")?;
+        non_null(recorded_out, "recorded_out")?;
+        let Some(record) = record else {
+            return Err(CiError::new(
+                ci_status::CI_NULL_POINTER,
+                "record is NULL: pass a function that records the frame's commands",
+            ));
+        };
+        let token = with_sender(sender, |s| {
+            let AnySender::Image(ring, recorded) = s else {
+                return Err(buffer_ring("ci_sender_record_into"));
+            };
+            let ([width, height], format) = (ring.extent(), ring.vk_format());
+            let cmd = vk::CommandBuffer::from_raw(command_buffer as u64);
+            let mut call = |device: &ash::Device, cmd: vk::CommandBuffer, image: vk::Image| {
+                // SAFETY: the caller's promise on `record`; the handles are
+                // live for the call, the image in GENERAL owned by the
+                // main family between the library's barriers.
+                unsafe {
+                    record(
+                        user,
+                        device.handle().as_raw() as *mut c_void,
+                        cmd.as_raw() as *mut c_void,
+                        image.as_raw(),
+                        width,
+                        height,
+                        format,
+                    )
+                }
+            };
+            // SAFETY: the caller's promises on the command buffer and on
+            // `record`, forwarded.
+            let frame = unsafe { ring.record_into(cmd, &mut call, timeout) }?;
+            Ok(recorded.insert(frame))
+        })?;
+        // SAFETY: not NULL, valid for a write (the caller's promise).
+        unsafe { recorded_out.write(token) };
+        Ok(())
+    })
+}
+
+/// Presents a frame recorded by `ci_sender_record_copy` or
+/// `ci_sender_record_into` (its token `recorded`) once its command buffer
+/// completed: signals the ring's
 /// "produced" timeline from the host (where the ring has timelines),
 /// announces the frame with `timestamp_ns` (0: now), puts the slot back
 /// into the ring and stores its sequence number in `*sequence_out` if not

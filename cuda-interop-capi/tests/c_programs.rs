@@ -1075,7 +1075,8 @@ const ENGINE_FRAMES: u64 = 600;
 /// presented with `ci_sender_present_recorded` once the engine's fence says
 /// they ran) and closed (`submit`: the engine flushed it,
 /// `ci_sender_present_copy` on its queue), at 1080p and 4K, 600 frames
-/// each: a lossless Vulkan receiver in this process checks every texel of
+/// each; and with the plugin's own commands writing the slot in the open
+/// command buffer (`own`: `ci_sender_record_into`) at 1080p: a lossless Vulkan receiver in this process checks every texel of
 /// every frame; the engine and the plugin under ASan/UBSan where they link,
 /// with the validation layer where installed and none of its errors.
 #[test]
@@ -1090,8 +1091,14 @@ fn engine_plugin_publishes_the_render_texture() {
         }
     };
     let (host, plugin) = build_engine_harness(&dir, &flags);
-    for size in [(1920, 1080), (3840, 2160)] {
-        for mode in ["record", "submit"] {
+    // `own`: the plugin's own commands write the slot
+    // (`ci_sender_record_into`), in the open command buffer, at 1080p.
+    let runs = [(1920, 1080), (3840, 2160)]
+        .into_iter()
+        .flat_map(|size| [(size, "record"), (size, "submit")])
+        .chain([((1920, 1080), "own")]);
+    for (size, mode) in runs {
+        {
             let start = Instant::now();
             let (summary, stdout) = engine_run(&host, &plugin, &runtime, size, ENGINE_FRAMES, mode);
             let plugin_line = stdout

@@ -107,10 +107,20 @@ typedef struct harness_plugin_args {
     const harness_vulkan_interface *vulkan;
     void *render_texture;
     const char *name;
-    /* 1: the plugin records into the engine's open command buffer; 0: it
-     * asks for the command buffers flushed and submits its own copy. */
-    int record_in_engine_command_buffer;
+    /* HARNESS_PLUGIN_*: how the plugin publishes. */
+    int mode;
 } harness_plugin_args;
+
+/* The plugin records the library's copy into the engine's open command
+ * buffer (ci_sender_record_copy). */
+#define HARNESS_PLUGIN_RECORD 1
+/* It asks for the command buffers flushed and has the library submit the
+ * copy (ci_sender_present_copy). */
+#define HARNESS_PLUGIN_SUBMIT 0
+/* It records its own commands that write the slot into the engine's open
+ * command buffer (ci_sender_record_into; here a vkCmdCopyImage of its
+ * own). */
+#define HARNESS_PLUGIN_OWN_COMMANDS 2
 
 /* Exported by the plugin. The event id the engine issues each frame. */
 #define HARNESS_PUBLISH_EVENT 1

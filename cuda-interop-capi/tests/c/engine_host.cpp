@@ -2,7 +2,7 @@
  * engine's side of its native-plugin Vulkan interface exactly, and loads a
  * rendering plugin (a shared object) that publishes its render texture.
  *
- *   engine_host PLUGIN.so NAME WIDTH HEIGHT FRAMES record|submit
+ *   engine_host PLUGIN.so NAME WIDTH HEIGHT FRAMES record|submit|own
  *
  * It owns everything: its instance, device and graphics queue (vk_app.hpp),
  * an RGBA8 render texture WITHOUT external memory, two frames in flight
@@ -12,9 +12,10 @@
  * over the top half: vk_app::texel), leaves it in COLOR_ATTACHMENT_OPTIMAL
  * as a render pass would, and issues the plugin's publish event:
  *
- *  - record: the event is configured with graphics_queue_access DONT_CARE:
- *    the plugin gets the frame's command buffer, still recording, and the
- *    engine ends and submits it (with the frame's fence) after the event;
+ *  - record (and own: the plugin's own commands write the slot): the event
+ *    is configured with graphics_queue_access DONT_CARE: the plugin gets
+ *    the frame's command buffer, still recording, and the engine ends and
+ *    submits it (with the frame's fence) after the event;
  *  - submit: FLUSH_COMMAND_BUFFERS and ALLOW: the engine submits the frame's
  *    command buffer first, and the plugin may submit to the queue.
  *
@@ -171,7 +172,7 @@ void retire(int slot) {
 }
 
 int run(const char *plugin_path, const char *name, uint32_t width, uint32_t height,
-        uint64_t frames, bool record) {
+        uint64_t frames, int mode) {
     engine.device = vk_app::make_device("engine_host");
     engine.width = width;
     engine.height = height;
@@ -202,7 +203,7 @@ int run(const char *plugin_path, const char *name, uint32_t width, uint32_t heig
     auto unload =
         reinterpret_cast<harness_plugin_unload_fn>(dlsym(plugin, "harness_plugin_unload"));
     if (!load || !event || !unload) vk_app::fail("the plugin lacks a harness_* export");
-    harness_plugin_args args{&interface_table, &engine.texture, name, record ? 1 : 0};
+    harness_plugin_args args{&interface_table, &engine.texture, name, mode};
     if (load(&args) != 0) vk_app::fail("the plugin's load failed");
     if (!engine.configured) vk_app::fail("the plugin never configured its event");
     const bool flush = (engine.config.flags & HARNESS_EVENT_FLUSH_COMMAND_BUFFERS) != 0;
@@ -251,9 +252,15 @@ int run(const char *plugin_path, const char *name, uint32_t width, uint32_t heig
 
 int main(int argc, char **argv) {
     vk_app::program = "engine_host";
-    if (argc != 7 || (std::strcmp(argv[6], "record") != 0 && std::strcmp(argv[6], "submit") != 0)) {
+    int mode = -1;
+    if (argc == 7) {
+        if (std::strcmp(argv[6], "record") == 0) mode = HARNESS_PLUGIN_RECORD;
+        if (std::strcmp(argv[6], "submit") == 0) mode = HARNESS_PLUGIN_SUBMIT;
+        if (std::strcmp(argv[6], "own") == 0) mode = HARNESS_PLUGIN_OWN_COMMANDS;
+    }
+    if (mode < 0) {
         std::fprintf(stderr,
-                     "usage: engine_host PLUGIN.so NAME WIDTH HEIGHT FRAMES record|submit\n");
+                     "usage: engine_host PLUGIN.so NAME WIDTH HEIGHT FRAMES record|submit|own\n");
         return 2;
     }
     const uint32_t width = static_cast<uint32_t>(std::strtoul(argv[3], nullptr, 10));
@@ -263,5 +270,5 @@ int main(int argc, char **argv) {
         std::fprintf(stderr, "WIDTH, HEIGHT (at least 2) and FRAMES must be positive\n");
         return 2;
     }
-    return run(argv[1], argv[2], width, height, frames, std::strcmp(argv[6], "record") == 0);
+    return run(argv[1], argv[2], width, height, frames, mode);
 }

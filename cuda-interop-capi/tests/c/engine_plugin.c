@@ -16,6 +16,10 @@
  *    release there; frames whose command buffer completed (the recording
  *    state's safe_frame_number) are presented with
  *    ci_sender_present_recorded, oldest first; or
+ *  - own-commands mode (the command buffer open, as record mode): the
+ *    plugin records its own vkCmdCopyImage of the render texture into the
+ *    slot's image through ci_sender_record_into's callback (what a plugin
+ *    that renders into the slot itself does), presented as record mode's;
  *  - submit mode (the engine flushed its command buffers, the plugin may
  *    submit): the texture observed in the layout the engine left it in,
  *    ci_sender_present_copy copies it on the engine's queue, after the
@@ -41,7 +45,8 @@
 
 static const harness_vulkan_interface *vk;
 static void *texture;
-static int record_mode;
+static int mode;
+static PFN_vkCmdCopyImage cmd_copy_image;
 static ci_context *ctx;
 static ci_sender *sender;
 static uint32_t family;
@@ -100,10 +105,35 @@ static int present_completed(uint64_t safe) {
     return 0;
 }
 
+/* ci_record_image_fn: the plugin's own commands, a copy of the render
+ * texture (in TRANSFER_SRC_OPTIMAL: access_texture's barrier) into the
+ * slot's image (GENERAL). */
+static void copy_texture(void *user, void *device, void *command_buffer, uint64_t image,
+                         uint32_t width, uint32_t height, uint32_t vk_format) {
+    const harness_image *src = user;
+    (void)device;
+    if (width != src->width || height != src->height || vk_format != src->format) {
+        failures++;
+        fprintf(stderr, "engine_plugin: the slot is %ux%u VkFormat %u\n", width, height, vk_format);
+        return;
+    }
+    VkImageCopy region;
+    memset(&region, 0, sizeof region);
+    region.srcSubresource.aspectMask = VK_IMAGE_ASPECT_COLOR_BIT;
+    region.srcSubresource.layerCount = 1;
+    region.dstSubresource = region.srcSubresource;
+    region.extent.width = width;
+    region.extent.height = height;
+    region.extent.depth = 1;
+    cmd_copy_image((VkCommandBuffer)command_buffer, (VkImage)(uintptr_t)src->image,
+                   (VkImageLayout)src->layout, (VkImage)(uintptr_t)image, VK_IMAGE_LAYOUT_GENERAL,
+                   1, &region);
+}
+
 static int publish(void) {
     harness_recording_state state;
     harness_image img;
-    if (record_mode) {
+    if (mode != HARNESS_PLUGIN_SUBMIT) {
         if (!expect(vk->command_recording_state(&state, HARNESS_QUEUE_ACCESS_DONT_CARE) == 1,
                     "no recording state"))
             return 1;
@@ -118,7 +148,11 @@ static int publish(void) {
         ci_source_image src = source_of(&img);
         uint64_t token = 0;
         /* Lossless receiver: waits (bounded) for a slot it released. */
-        CHECK(ci_sender_record_copy(sender, state.command_buffer, &src, 30.0, &token));
+        if (mode == HARNESS_PLUGIN_RECORD)
+            CHECK(ci_sender_record_copy(sender, state.command_buffer, &src, 30.0, &token));
+        else
+            CHECK(ci_sender_record_into(sender, state.command_buffer, copy_texture, &img, 30.0,
+                                        &token));
         pending[npending].token = token;
         pending[npending].frame = state.current_frame_number;
         npending++;
@@ -143,8 +177,14 @@ static int publish(void) {
 int harness_plugin_load(const harness_plugin_args *args) {
     vk = args->vulkan;
     texture = args->render_texture;
-    record_mode = args->record_in_engine_command_buffer;
+    mode = args->mode;
     harness_vulkan_instance inst = vk->instance();
+    PFN_vkGetInstanceProcAddr gipa = (PFN_vkGetInstanceProcAddr)inst.get_instance_proc_addr;
+    PFN_vkGetDeviceProcAddr gdpa =
+        (PFN_vkGetDeviceProcAddr)gipa((VkInstance)inst.instance, "vkGetDeviceProcAddr");
+    if (!expect(gdpa != NULL, "no vkGetDeviceProcAddr")) return 1;
+    cmd_copy_image = (PFN_vkCmdCopyImage)gdpa((VkDevice)inst.device, "vkCmdCopyImage");
+    if (!expect(cmd_copy_image != NULL, "no vkCmdCopyImage")) return 1;
     family = inst.queue_family_index;
     ci_vulkan_device desc;
     memset(&desc, 0, sizeof desc);
@@ -163,14 +203,18 @@ int harness_plugin_load(const harness_plugin_args *args) {
         return 1;
     CHECK(ci_image_sender_new(ctx, args->name, img.width, img.height, img.format, SLOTS, &sender));
     harness_event_config config;
-    config.flags = record_mode ? 0u : (uint32_t)HARNESS_EVENT_FLUSH_COMMAND_BUFFERS;
+    const int flush = mode == HARNESS_PLUGIN_SUBMIT;
+    config.flags = flush ? (uint32_t)HARNESS_EVENT_FLUSH_COMMAND_BUFFERS : 0u;
     config.graphics_queue_access =
-        record_mode ? HARNESS_QUEUE_ACCESS_DONT_CARE : HARNESS_QUEUE_ACCESS_ALLOW;
+        flush ? HARNESS_QUEUE_ACCESS_ALLOW : HARNESS_QUEUE_ACCESS_DONT_CARE;
     vk->configure_event(HARNESS_PUBLISH_EVENT, &config);
     printf("engine_plugin: publishing %s (%ux%u, VkFormat %u) %s\n", args->name, img.width,
            img.height, img.format,
-           record_mode ? "from inside the engine's command buffer (ci_sender_record_copy)"
-                       : "by its own submission after the engine's (ci_sender_present_copy)");
+           mode == HARNESS_PLUGIN_RECORD
+               ? "from inside the engine's command buffer (ci_sender_record_copy)"
+           : mode == HARNESS_PLUGIN_OWN_COMMANDS
+               ? "by its own commands in the engine's command buffer (ci_sender_record_into)"
+               : "by its own submission after the engine's (ci_sender_present_copy)");
     fflush(stdout);
     CHECK(ci_sender_wait_for_receivers(sender, 1, 60.0));
     return 0;

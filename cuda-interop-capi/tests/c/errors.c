@@ -61,6 +61,19 @@ static void record_nothing(void *user, void *device, void *cmd, uint64_t buffer,
     (void)size;
 }
 
+/* Never called: every ci_sender_record_into below is refused first. */
+static void record_image_nothing(void *user, void *device, void *cmd, uint64_t image,
+                                 uint32_t width, uint32_t height, uint32_t vk_format) {
+    (void)user;
+    (void)device;
+    (void)cmd;
+    (void)image;
+    (void)width;
+    (void)height;
+    (void)vk_format;
+    failures++;
+}
+
 static ci_sender *g_sender;
 static atomic_int g_stop;
 
@@ -238,6 +251,15 @@ int main(int argc, char **argv) {
     EXPECT(ci_sender_record_copy(images, cmd, &src, 1.0, &token), CI_INVALID_ARGUMENT);
     src.sharing = CI_SHARING_EXCLUSIVE;
     src.queue_family = 0;
+    EXPECT(ci_sender_record_into(images, cmd, NULL, NULL, 1.0, &token), CI_NULL_POINTER);
+    EXPECT(ci_sender_record_into(images, NULL, record_image_nothing, NULL, 1.0, &token),
+           CI_NULL_POINTER);
+    EXPECT(ci_sender_record_into(images, cmd, record_image_nothing, NULL, 1.0, NULL),
+           CI_NULL_POINTER);
+    EXPECT(ci_sender_record_into(sender, cmd, record_image_nothing, NULL, 1.0, &token),
+           CI_UNSUPPORTED);
+    EXPECT(ci_sender_record_into(images, cmd, record_image_nothing, NULL, NAN, &token),
+           CI_INVALID_ARGUMENT);
     if (token != 0) failures++; /* written only on CI_OK */
     EXPECT(ci_sender_present_recorded(images, 0, 0, NULL), CI_INVALID_ARGUMENT);
     EXPECT(ci_sender_present_recorded(images, 12345, 0, NULL), CI_INVALID_ARGUMENT);
