@@ -424,15 +424,43 @@ pub(crate) fn offers_device_local(ctx: &Context) -> bool {
     types.iter().any(|t| DeviceLocal::admits(t.property_flags))
 }
 
+std::thread_local! {
+    /// The senders whose lock this thread holds (inside `with_sender`): a
+    /// callback of a call on a sender (`ci_record_fn`, `ci_record_image_fn`)
+    /// that calls the library on the same sender is refused instead of
+    /// waiting for itself forever.
+    static SENDERS_HELD: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Takes `key` out of [`SENDERS_HELD`] when dropped.
+struct SenderHeld(usize);
+
+impl Drop for SenderHeld {
+    fn drop(&mut self) {
+        SENDERS_HELD.with(|held| held.borrow_mut().retain(|&k| k != self.0));
+    }
+}
+
 pub(crate) fn with_sender<T>(
     sender: *mut ci_sender,
     f: impl FnOnce(&mut AnySender) -> Result<T, CiError>,
 ) -> Result<T, CiError> {
-    let sender = handles::sender(key(sender))?;
+    let key = key(sender);
+    let sender = handles::sender(key)?;
+    if SENDERS_HELD.with(|held| held.borrow().contains(&key)) {
+        return Err(CiError::new(
+            ci_status::CI_INVALID_ARGUMENT,
+            "a call on a sender from inside a callback of a call on the same sender (a \
+             ci_record_fn or ci_record_image_fn): it would wait for itself; make the call after \
+             the outer one returned",
+        ));
+    }
     // A panic in an earlier call left the sender in an unknown state: it is
     // still memory-safe to use (its own invariants hold between calls), and
     // its next error says what is wrong.
     let mut guard = sender.lock().unwrap_or_else(PoisonError::into_inner);
+    SENDERS_HELD.with(|held| held.borrow_mut().push(key));
+    let _held = SenderHeld(key);
     f(&mut guard)
 }
 
@@ -633,7 +661,11 @@ fn record_with<M: MemoryLocation>(
 /// (slot, timeout, `CI_SKIPPED`, timestamp, sequence). The commands run
 /// on the context's main queue (graphics, compute and transfer).
 ///
-/// Thread safety: any thread; calls on one sender are serialized.
+/// Thread safety: any thread; calls on one sender are serialized; a call
+/// on the same sender from inside `record` is refused
+/// (`CI_INVALID_ARGUMENT`); `record` must not call into another sender
+/// whose own callback, on another thread, may call into this one (the two
+/// would wait for each other).
 ///
 /// # Safety
 /// `record` is NULL or a function that records only valid Vulkan commands

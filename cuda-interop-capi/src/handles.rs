@@ -24,7 +24,7 @@
 //!   the table's lock is released (a sender's drop joins its threads).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use cuda_interop_frames::cuda_receiver::CudaReceiver;
@@ -49,19 +49,22 @@ pub(crate) enum AnySender {
 }
 
 /// The frames an image ring's C sender recorded and has not presented or
-/// abandoned, by the token the C side holds (never reused: a counter).
+/// abandoned, by the token the C side holds: from one counter for the whole
+/// process, so a token is never reused and never another sender's.
 #[derive(Debug, Default)]
 pub(crate) struct Recorded {
     frames: HashMap<u64, cuda_interop_frames::sender::RecordedFrame>,
-    last_token: u64,
 }
+
+/// The last token given out (by any sender).
+static LAST_TOKEN: AtomicU64 = AtomicU64::new(0);
 
 impl Recorded {
     /// Keeps `frame`; its token (never 0).
     pub(crate) fn insert(&mut self, frame: cuda_interop_frames::sender::RecordedFrame) -> u64 {
-        self.last_token += 1;
-        self.frames.insert(self.last_token, frame);
-        self.last_token
+        let token = LAST_TOKEN.fetch_add(1, Ordering::Relaxed) + 1;
+        self.frames.insert(token, frame);
+        token
     }
 
     /// Takes the frame of `token` out, or says why there is none.
@@ -74,7 +77,8 @@ impl Recorded {
                 ci_status::CI_INVALID_ARGUMENT,
                 format!(
                     "recorded is {token}: not a frame this sender recorded \
-                     (ci_sender_record_copy), or one already presented or abandoned"
+                     (ci_sender_record_copy, ci_sender_record_into), or one already presented or \
+                     abandoned"
                 ),
             )
         })

@@ -95,9 +95,9 @@ pub struct ci_vulkan_device {
 ///   lives the application submits to those queues only inside
 ///   `ci_context_with_queue` (the library submits under the same locks),
 ///   or only on the one thread that also makes every call on this context
-///   and on the senders made on it (an engine's render thread, where its
-///   plugin's events run: the library submits only inside those calls),
-///   or not at all;
+///   and on every sender and Vulkan receiver made on it (an engine's
+///   render thread, where its plugin's events run: the library submits
+///   only inside those calls), or not at all;
 /// * the instance and device outlive the context and every sender made on
 ///   it (free those first);
 /// * the application's own work that uses the library's resources has
@@ -521,10 +521,15 @@ pub unsafe extern "C" fn ci_sender_present_copy(
 /// `ci_sender_present_copy`'s, and owned by the context's main family or
 /// `CI_SHARING_CONCURRENT`: `CI_INVALID_ARGUMENT` otherwise, the slot left
 /// free) and its release, submits nothing, and stores in `*recorded_out` a
-/// token (never 0) for `ci_sender_present_recorded`, to call once the
-/// command buffer completed. Until then the slot is out of the ring (a
-/// sender freed with one outstanding leaks that slot, which the command
-/// buffer may still write); the sender is free for other frames meanwhile.
+/// token (never 0, never another sender's) for
+/// `ci_sender_present_recorded`, to call once the command buffer
+/// completed. Until then the slot is out of the ring; the sender is free
+/// for other frames meanwhile (a ring needs a slot for each frame in
+/// flight, each frame receivers may hold, and one more). A sender freed
+/// with a frame outstanding leaks that slot, which the command buffer may
+/// still write, and keeps the context's device objects alive with it:
+/// present or abandon every recorded frame before freeing the sender where
+/// the device is to be destroyed.
 /// A buffer ring's sender is `CI_UNSUPPORTED`.
 ///
 /// Thread safety: any thread; calls on one sender are serialized.
@@ -532,9 +537,11 @@ pub unsafe extern "C" fn ci_sender_present_copy(
 /// # Safety
 /// As `ci_sender_present_copy` for `source`, with "before this call"
 /// meaning "recorded into `command_buffer` before this call, or submitted
-/// before it"; and `command_buffer` is a `VkCommandBuffer` of the context's
-/// device in the recording state, outside a render pass, for a queue of the
-/// context's main family; the application submits it at most once, to a
+/// before it"; and `command_buffer` is a primary `VkCommandBuffer` of the
+/// context's device in the recording state, outside a render pass, for a
+/// queue of the context's main family; no submission of this sender that
+/// timed out (`CI_TIMEOUT` from a present) may still run; the application
+/// submits it at most once, to a
 /// queue of that family, and then calls `ci_sender_present_recorded` only
 /// after it completed, or `ci_sender_abandon_recorded` if it never submits
 /// it. `recorded_out` is NULL or valid for a write.
@@ -598,9 +605,11 @@ pub type ci_record_image_fn = Option<
 /// `*recorded_out`, as `ci_sender_record_copy` does (the same rules after).
 /// A buffer ring's sender is `CI_UNSUPPORTED`.
 ///
-/// Thread safety: any thread; calls on one sender are serialized; `record`
-/// must not call this library on the same sender (it would wait for
-/// itself).
+/// Thread safety: any thread; calls on one sender are serialized; a call
+/// on the same sender from inside `record` is refused
+/// (`CI_INVALID_ARGUMENT`); `record` must not call into another sender
+/// whose own callback, on another thread, may call into this one (the two
+/// would wait for each other).
 ///
 /// # Safety
 /// As `ci_sender_record_copy` for `command_buffer` and what becomes of it;
@@ -668,7 +677,10 @@ pub unsafe extern "C" fn ci_sender_record_into(
 /// announces the frame with `timestamp_ns` (0: now), puts the slot back
 /// into the ring and stores its sequence number in `*sequence_out` if not
 /// NULL. A token this sender did not give, or one already used, is
-/// `CI_INVALID_ARGUMENT` (nothing changes).
+/// `CI_INVALID_ARGUMENT` (nothing changes). A refused host signal (a present
+/// of this sender that timed out still has its signal pending on the GPU)
+/// is an error, with the slot back in the ring and the frame unannounced
+/// (its number used: receivers count the gap); the token is spent.
 ///
 /// Thread safety: any thread; calls on one sender are serialized.
 ///

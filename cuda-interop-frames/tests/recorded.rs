@@ -261,7 +261,7 @@ fn a_recorded_slot_is_out_of_the_ring_until_presented_or_abandoned() {
     // frame is spent: `other` keeps that slot out of its ring).
     let c3 = engine.begin();
     let foreign = record(&mut other, c3);
-    // SAFETY: refused before anything happens (and c3 completed anyway).
+    // SAFETY: refused before anything happens (c3 is never submitted).
     let e = unsafe { sender.present_recorded(foreign, 1) }.unwrap_err();
     assert!(
         matches!(&e, SenderError::Vulkan(vk_export::Error::InvalidArgument(m)) if m.contains("another sender")),

@@ -530,7 +530,7 @@ unsafe fn copy_to_shared(base: *mut u8, mapped: usize, at: usize, src: &[u8]) {
 /// `words`, each as one relaxed atomic 8-byte store (the access rule
 /// above).
 ///
-/// On x86-64 the stores are non-temporal (`movnti`, followed by `sfence`):
+/// On x86-64 (not under Miri) the stores are non-temporal (`movnti`, followed by `sfence`):
 /// a frame written once and read by another process or the device gains
 /// nothing from the cache, and a plain store first reads each line it
 /// writes (a 1080p frame took twice as long as a `memcpy` in a profile).
@@ -544,7 +544,7 @@ unsafe fn copy_to_shared(base: *mut u8, mapped: usize, at: usize, src: &[u8]) {
 /// mapping; `src.len()` is a multiple of 8.
 unsafe fn store_words(words: *mut u64, src: &[u8]) {
     let n = src.len() / WORD;
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     // SAFETY: the caller's: `n` aligned words at `words` are writable
     // memory of the mapping; `src` holds `n * 8` readable bytes. The block
     // touches no stack and only the named registers and flags.
@@ -568,7 +568,7 @@ unsafe fn store_words(words: *mut u64, src: &[u8]) {
             options(nostack),
         );
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     {
         // Raw pointers in the hot loop: no bounds or overflow checks per
         // word, which test builds keep (1080p is a million words).

@@ -17,6 +17,9 @@
  *   vk->configure_event(id, &config)        IUnityGraphicsVulkan::ConfigureEvent(id, UnityVulkanPluginEventConfig*)
  *     .flags FLUSH_COMMAND_BUFFERS            kUnityVulkanEventConfigFlag_FlushCommandBuffers
  *     .graphics_queue_access ALLOW/DONT_CARE  kUnityVulkanGraphicsQueueAccess_Allow / _DontCare
+ *     .render_pass_precondition               .renderPassPrecondition: ENSURE_OUTSIDE =
+ *                                             kUnityVulkanRenderPass_EnsureOutside (barriers and
+ *                                             copies are not allowed inside a render pass)
  *   vk->command_recording_state(&s, access) IUnityGraphicsVulkan::CommandRecordingState(UnityVulkanRecordingState*, access)
  *     s.command_buffer                        .commandBuffer (the frame's, recording)
  *     s.current_frame_number                  .currentFrameNumber
@@ -34,6 +37,18 @@
  * queue from the event; every engine submission is on the render thread.
  * The render texture was created without external memory (its layout is
  * the driver's, not an exportable image's).
+ *
+ * What the harness does not play: a real engine's device may lack what the
+ * library needs (VK_KHR_external_memory_fd, timeline semaphores; for CUDA
+ * receivers VK_KHR_external_semaphore_fd): a Unity plugin adds them by
+ * intercepting Vulkan initialization (IUnityGraphicsVulkanV2's
+ * AddInterceptInitialization, changing vkCreateDevice's arguments); here the
+ * engine creates its device with them, standing for that step. The
+ * engine's command buffer is a primary one (Unity may hand a secondary one
+ * inside a render pass; ENSURE_OUTSIDE asks for the primary). The engine
+ * records no render pass, and refuses a plugin that does not ask to be
+ * outside one. UnityVulkanInstance has no queue index: the plugin checks
+ * that queue 0 of the family is the graphics queue it was given.
  */
 #ifndef ENGINE_HARNESS_H
 #define ENGINE_HARNESS_H
@@ -68,9 +83,16 @@ typedef struct harness_vulkan_instance {
     uint32_t semaphore_fd_enabled; /* VK_KHR_external_semaphore_fd enabled */
 } harness_vulkan_instance;
 
+enum harness_render_pass {
+    HARNESS_RENDER_PASS_DONT_CARE = 0,
+    HARNESS_RENDER_PASS_ENSURE_INSIDE = 1,
+    HARNESS_RENDER_PASS_ENSURE_OUTSIDE = 2,
+};
+
 typedef struct harness_event_config {
-    uint32_t flags;                 /* harness_event_flags */
-    uint32_t graphics_queue_access; /* harness_queue_access */
+    uint32_t render_pass_precondition; /* harness_render_pass */
+    uint32_t graphics_queue_access;    /* harness_queue_access */
+    uint32_t flags;                    /* harness_event_flags */
 } harness_event_config;
 
 typedef struct harness_recording_state {

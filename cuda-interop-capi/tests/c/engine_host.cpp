@@ -206,6 +206,10 @@ int run(const char *plugin_path, const char *name, uint32_t width, uint32_t heig
     harness_plugin_args args{&interface_table, &engine.texture, name, mode};
     if (load(&args) != 0) vk_app::fail("the plugin's load failed");
     if (!engine.configured) vk_app::fail("the plugin never configured its event");
+    // This engine records no render pass; a plugin that records barriers
+    // and copies must ask to be outside one, as it would of the real engine.
+    if (engine.config.render_pass_precondition != HARNESS_RENDER_PASS_ENSURE_OUTSIDE)
+        vk_app::fail("the plugin's event does not ask to be outside a render pass");
     const bool flush = (engine.config.flags & HARNESS_EVENT_FLUSH_COMMAND_BUFFERS) != 0;
     std::printf("engine_host: %ux%u, %" PRIu64 " frames, the publish event %s\n", width, height,
                 frames,

@@ -25,6 +25,10 @@
  *    ci_sender_present_copy copies it on the engine's queue, after the
  *    engine's submission, and leaves it in that layout.
  *
+ * In record mode a second sender (NAME-twin, no receiver) also records
+ * frame 1 into the same command buffer: each sender refuses the other's
+ * token, and the twin presents its own once frame 1 completed.
+ *
  * At unload (the engine has waited for its device), the frames still
  * pending are presented, the plugin serves until the receiver has left,
  * and frees its sender and context. Frame n must get sequence number n.
@@ -49,6 +53,8 @@ static int mode;
 static PFN_vkCmdCopyImage cmd_copy_image;
 static ci_context *ctx;
 static ci_sender *sender;
+static ci_sender *twin;
+static uint64_t twin_token, twin_frame;
 static uint32_t family;
 static struct {
     uint64_t token;
@@ -93,6 +99,12 @@ static ci_source_image source_of(const harness_image *img) {
 /* Presents the pending frames whose command buffer completed (frame number
  * at or before `safe`), oldest first. */
 static int present_completed(uint64_t safe) {
+    if (twin_token && twin_frame <= safe) {
+        uint64_t sequence = 0;
+        CHECK(ci_sender_present_recorded(twin, twin_token, 0, &sequence));
+        twin_token = 0;
+        if (!expect(sequence == 1, "the twin's frame got another sequence number")) return 1;
+    }
     while (npending > 0 && pending[0].frame <= safe) {
         uint64_t sequence = 0;
         CHECK(ci_sender_present_recorded(sender, pending[0].token, 0, &sequence));
@@ -157,6 +169,19 @@ static int publish(void) {
         pending[npending].frame = state.current_frame_number;
         npending++;
         recorded++;
+        if (twin && state.current_frame_number == 1) {
+            /* Two senders' frames in one command buffer; tokens are never
+             * another sender's. */
+            CHECK(ci_sender_record_copy(twin, state.command_buffer, &src, 30.0, &twin_token));
+            twin_frame = 1;
+            if (!expect(ci_sender_present_recorded(twin, token, 0, NULL) == CI_INVALID_ARGUMENT &&
+                            ci_sender_abandon_recorded(twin, token) == CI_INVALID_ARGUMENT &&
+                            ci_sender_present_recorded(sender, twin_token, 0, NULL) ==
+                                CI_INVALID_ARGUMENT &&
+                            twin_token != token,
+                        "a sender took another sender's token"))
+                return 1;
+        }
     } else {
         if (!expect(vk->command_recording_state(&state, HARNESS_QUEUE_ACCESS_ALLOW) == 1,
                     "no recording state"))
@@ -185,6 +210,15 @@ int harness_plugin_load(const harness_plugin_args *args) {
     if (!expect(gdpa != NULL, "no vkGetDeviceProcAddr")) return 1;
     cmd_copy_image = (PFN_vkCmdCopyImage)gdpa((VkDevice)inst.device, "vkCmdCopyImage");
     if (!expect(cmd_copy_image != NULL, "no vkCmdCopyImage")) return 1;
+    /* The engine names its graphics queue, not its index: the library is
+     * told queue 0 of the family, so check that it is that queue. */
+    PFN_vkGetDeviceQueue get_queue =
+        (PFN_vkGetDeviceQueue)gdpa((VkDevice)inst.device, "vkGetDeviceQueue");
+    VkQueue queue0 = VK_NULL_HANDLE;
+    if (get_queue) get_queue((VkDevice)inst.device, inst.queue_family_index, 0, &queue0);
+    if (!expect(queue0 == (VkQueue)inst.graphics_queue,
+                "the graphics queue is not queue 0 of its family"))
+        return 1;
     family = inst.queue_family_index;
     ci_vulkan_device desc;
     memset(&desc, 0, sizeof desc);
@@ -202,7 +236,14 @@ int harness_plugin_load(const harness_plugin_args *args) {
                 "access_texture refused the render texture"))
         return 1;
     CHECK(ci_image_sender_new(ctx, args->name, img.width, img.height, img.format, SLOTS, &sender));
+    if (mode == HARNESS_PLUGIN_RECORD) {
+        char twin_name[256];
+        snprintf(twin_name, sizeof twin_name, "%s-twin", args->name);
+        CHECK(ci_image_sender_new(ctx, twin_name, img.width, img.height, img.format, 2, &twin));
+    }
     harness_event_config config;
+    memset(&config, 0, sizeof config);
+    config.render_pass_precondition = HARNESS_RENDER_PASS_ENSURE_OUTSIDE;
     const int flush = mode == HARNESS_PLUGIN_SUBMIT;
     config.flags = flush ? (uint32_t)HARNESS_EVENT_FLUSH_COMMAND_BUFFERS : 0u;
     config.graphics_queue_access =
@@ -250,6 +291,14 @@ int harness_plugin_unload(void) {
         (void)expect(stats.presented == published, "the sender's count differs");
         CHECK(ci_sender_free(sender));
         sender = NULL;
+    }
+    if (twin) {
+        (void)expect(twin_token == 0, "the twin's frame was never presented");
+        ci_sender_stats stats;
+        CHECK(ci_sender_stats_get(twin, &stats));
+        (void)expect(stats.presented == 1, "the twin presented other than one frame");
+        CHECK(ci_sender_free(twin));
+        twin = NULL;
     }
     if (ctx) {
         CHECK(ci_context_free(ctx));

@@ -61,6 +61,20 @@ static void record_nothing(void *user, void *device, void *cmd, uint64_t buffer,
     (void)size;
 }
 
+/* A ci_record_fn that calls the library on its own sender (`user`): the
+ * call must be refused (CI_INVALID_ARGUMENT, with a message), not wait for
+ * itself. */
+static int g_reentered = -1;
+static void record_reenter(void *user, void *device, void *cmd, uint64_t buffer, uint64_t size) {
+    (void)device;
+    (void)cmd;
+    (void)buffer;
+    (void)size;
+    ci_sender_stats stats;
+    ci_status s = ci_sender_stats_get((ci_sender *)user, &stats);
+    g_reentered = (s == CI_INVALID_ARGUMENT && ci_last_error_message()[0] != '\0') ? 1 : 0;
+}
+
 /* Never called: every ci_sender_record_into below is refused first. */
 static void record_image_nothing(void *user, void *device, void *cmd, uint64_t image,
                                  uint32_t width, uint32_t height, uint32_t vk_format) {
@@ -473,6 +487,16 @@ int main(int argc, char **argv) {
     void *thread_result = NULL;
     pthread_join(thread, &thread_result);
     if (thread_result != NULL) failures++;
+    /* A callback calling back into its own sender is refused, and the outer
+     * call completes (no one waits for the receiver here: a latest-free
+     * ring, a slot is free). */
+    EXPECT(ci_sender_present_record(sender, record_reenter, sender, 0, 5.0, NULL), CI_OK);
+    if (g_reentered != 1) {
+        fprintf(stderr, "a callback's call on its own sender was not refused (%d)\n",
+                g_reentered);
+        failures++;
+    }
+    EXPECT(ci_sender_stats_get(sender, &stats), CI_OK); /* usable after */
     EXPECT(ci_sender_free(sender), CI_OK);
     EXPECT(ci_sender_free(sender), CI_WRONG_HANDLE);
     EXPECT(ci_sender_present_fill(sender, 0, 0, 0.0, NULL), CI_WRONG_HANDLE);

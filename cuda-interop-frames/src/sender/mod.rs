@@ -40,7 +40,11 @@
 //!   announces the frame. A recorded slot is out of the ring until then
 //!   ([`Sender::abandon_recorded`] for one never submitted); a sender
 //!   dropped with one outstanding leaks that slot (its image or buffer and
-//!   memory), which the application's commands may still write.
+//!   memory), which the application's commands may still write, and with
+//!   it the context's device objects (the slot keeps the context): present
+//!   or abandon every recorded frame before dropping the sender where the
+//!   device is to be destroyed. A ring for recorded frames needs a slot for
+//!   each frame in flight, each frame receivers may hold, and one more.
 //! * An image the application made itself (not exportable: a render
 //!   target) is published by a GPU copy into the slot
 //!   ([`WriteSlot::present_copy`] of a [`vk_export::SourceImage`], whose
@@ -61,7 +65,8 @@
 //!   [`SenderOptions::connects_per_second`] per process.
 //! * GPU safety: a slot is written only when no receiver holds it and
 //!   every "released" value promised for it has been reached (and the
-//!   write waits for those values on the GPU too).
+//!   crate's own writes wait for those values on the GPU too; a recorded
+//!   write needs no more: a read finished before it).
 //! * Never unbounded, and latest receivers never make it wait, their GPU
 //!   promises included: when no slot is free, [`Sender::acquire`] waits (up
 //!   to its timeout) only if a slot is blocked by lossless receivers alone;
@@ -319,9 +324,10 @@ pub enum SenderError {
 /// Why [`Sender::acquire`] gave no slot.
 #[derive(Debug, thiserror::Error)]
 pub enum AcquireError {
-    /// Every slot is held by latest receivers or waits for a GPU release
-    /// not worth waiting for: the frame is skipped (counted in
-    /// [`SenderStats::skipped`]); try again for the next frame.
+    /// Every slot is held by latest receivers, waits for a GPU release
+    /// not worth waiting for, or is recorded into the application's command
+    /// buffers ([`WriteSlot::record_into`]): the frame is skipped (counted
+    /// in [`SenderStats::skipped`]); try again for the next frame.
     #[error("every slot of the ring is held by a receiver: frame skipped")]
     AllSlotsHeld,
     /// Lossless receivers held every free-able slot for the whole timeout
@@ -709,10 +715,13 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
     /// ([`WriteSlot::record_into`]): signals "produced" with its sequence
     /// number from the host (where the ring has timelines), announces it
     /// with `timestamp_ns` and puts the slot back into the ring. Returns the
-    /// sequence number. A frame of another sender is refused
-    /// ([`vk_export::Error::InvalidArgument`], nothing changed); a failed
-    /// signal leaves the slot out of the ring (its state is unknown) and
-    /// numbers no frame.
+    /// sequence number; frames are numbered in the order they are
+    /// presented. A frame of another sender is refused
+    /// ([`vk_export::Error::InvalidArgument`]) and spent: this sender is
+    /// unchanged, and the other keeps that slot out of its ring. A refused
+    /// host signal (a present of this sender that timed out still has its
+    /// signal pending on the GPU) puts the slot back into the ring
+    /// unannounced: its number is used, and receivers count the gap.
     ///
     /// # Safety
     /// The command buffer `frame` was recorded into was submitted, to a
@@ -727,11 +736,15 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
     ) -> Result<u64, SenderError> {
         let s = self.check_recorded(&frame)?;
         let f = self.stats.presented + 1;
-        if let Some(produced) = &self.produced {
-            produced.signal(f)?;
-        }
+        let signalled = match &self.produced {
+            Some(produced) => produced.signal(f),
+            None => Ok(()),
+        };
+        // The commands completed (the caller's promise): the slot is
+        // released to the external family and free again, `f` used.
         self.recorded[s] = false;
         self.submitted(s, f, &Ok(()));
+        signalled?;
         self.announce(frame.slot, f, timestamp_ns);
         Ok(f)
     }

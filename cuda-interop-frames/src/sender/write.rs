@@ -164,8 +164,11 @@ impl<F: Format, M: MemoryLocation, U: Usage> WriteSlot<'_, M, ExportableImage<F,
     ///
     /// # Safety
     /// As [`WriteSlot::record_into`]; `source`'s facts
-    /// ([`SourceImage::new`]) hold when the command buffer executes, its
-    /// writes recorded (or submitted) before these commands.
+    /// ([`SourceImage::new`]) hold when the command buffer executes: its
+    /// writes recorded into `cmd` before this call, or submitted earlier to
+    /// the queue `cmd` goes to, or ordered before it by a semaphore or a
+    /// host wait; a write recorded after the copy (in `cmd`, or later on
+    /// the same queue) is ordered after it by the copy's closing barrier.
     pub unsafe fn record_copy_into(
         self,
         cmd: vk::CommandBuffer,
@@ -212,10 +215,14 @@ impl<'a, M: MemoryLocation, R: SlotResource<M>> WriteSlot<'a, M, R> {
     /// slot is out of the ring and the sender is free for other frames.
     ///
     /// # Safety
-    /// * `cmd` is a command buffer of the sender's device in the recording
-    ///   state, outside a render pass, for a queue of the context's main
-    ///   family ([`vk_export::Context::queue_family`]), and `record` records
-    ///   only valid commands there that leave the slot in `GENERAL`;
+    /// * `cmd` is a primary command buffer of the sender's device in the
+    ///   recording state, outside a render pass, for a queue of the
+    ///   context's main family ([`vk_export::Context::queue_family`]), and
+    ///   `record` records only valid commands there that leave the slot in
+    ///   `GENERAL`, and uses the slot it is given only in those commands;
+    /// * no submission of this sender that timed out may still run (after
+    ///   a [`vk_export::Error::Timeout`] from it, the context's queues were
+    ///   idle since);
     /// * the application submits `cmd` at most once, to a queue of that
     ///   family, and presents or abandons the frame as those functions
     ///   require.
