@@ -77,56 +77,16 @@ int run(const char *name, uint64_t frames) {
     // The instance, device and queue family: vk_app.hpp (Vulkan 1.2, the
     // validation layer where installed, what the library needs).
     vk_app::Device dev = vk_app::make_device("app_publish");
-    VkPhysicalDevice physical = dev.physical;
     VkDevice device = dev.device;
     const uint32_t family = dev.family;
 
-    // The render target: no external memory, an engine's usage.
-    VkImageCreateInfo imci{};
-    imci.sType = VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO;
-    imci.imageType = VK_IMAGE_TYPE_2D;
-    imci.format = VK_FORMAT_R8G8B8A8_UNORM;
-    imci.extent = {SRC_W, SRC_H, 1};
-    imci.mipLevels = 1;
-    imci.arrayLayers = 1;
-    imci.samples = VK_SAMPLE_COUNT_1_BIT;
-    imci.tiling = VK_IMAGE_TILING_OPTIMAL;
-    imci.usage = VK_IMAGE_USAGE_COLOR_ATTACHMENT_BIT | VK_IMAGE_USAGE_TRANSFER_SRC_BIT |
-                 VK_IMAGE_USAGE_TRANSFER_DST_BIT;
-    imci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-    imci.initialLayout = VK_IMAGE_LAYOUT_UNDEFINED;
-    VkImage image = VK_NULL_HANDLE;
-    VK(vkCreateImage(device, &imci, nullptr, &image));
-    VkMemoryRequirements ireq;
-    vkGetImageMemoryRequirements(device, image, &ireq);
-    VkMemoryAllocateInfo mai{};
-    mai.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO;
-    mai.allocationSize = ireq.size;
-    mai.memoryTypeIndex = vk_app::memory_type(physical, ireq.memoryTypeBits, 0);
-    VkDeviceMemory image_memory = VK_NULL_HANDLE;
-    VK(vkAllocateMemory(device, &mai, nullptr, &image_memory));
-    VK(vkBindImageMemory(device, image, image_memory, 0));
-
-    // The staging buffer of the pattern rows.
-    const VkDeviceSize staging_size = VkDeviceSize{SRC_W} * PATTERN_ROWS * 4;
-    VkBufferCreateInfo bci{};
-    bci.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
-    bci.size = staging_size;
-    bci.usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT;
-    bci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-    VkBuffer staging = VK_NULL_HANDLE;
-    VK(vkCreateBuffer(device, &bci, nullptr, &staging));
-    VkMemoryRequirements breq;
-    vkGetBufferMemoryRequirements(device, staging, &breq);
-    mai.allocationSize = breq.size;
-    mai.memoryTypeIndex =
-        vk_app::memory_type(physical, breq.memoryTypeBits,
-                    VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
-    VkDeviceMemory staging_memory = VK_NULL_HANDLE;
-    VK(vkAllocateMemory(device, &mai, nullptr, &staging_memory));
-    VK(vkBindBufferMemory(device, staging, staging_memory, 0));
-    void *mapped = nullptr;
-    VK(vkMapMemory(device, staging_memory, 0, staging_size, 0, &mapped));
+    // The render target (no external memory, an engine's usage) and the
+    // staging buffer of the pattern rows: vk_app.hpp.
+    vk_app::Image target = vk_app::make_render_target(dev, SRC_W, SRC_H);
+    VkImage image = target.image;
+    vk_app::Buffer staging_buffer = vk_app::make_staging(dev, VkDeviceSize{SRC_W} * PATTERN_ROWS * 4);
+    VkBuffer staging = staging_buffer.buffer;
+    void *mapped = staging_buffer.mapped;
 
     VkCommandPoolCreateInfo pci{};
     pci.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
@@ -262,11 +222,8 @@ int run(const char *name, uint64_t frames) {
     VK(vkDeviceWaitIdle(device));
     vkDestroyFence(device, fence, nullptr);
     vkDestroyCommandPool(device, pool, nullptr);
-    vkUnmapMemory(device, staging_memory);
-    vkDestroyBuffer(device, staging, nullptr);
-    vkFreeMemory(device, staging_memory, nullptr);
-    vkDestroyImage(device, image, nullptr);
-    vkFreeMemory(device, image_memory, nullptr);
+    staging_buffer.destroy(device);
+    target.destroy(device);
     dev.destroy();
     std::printf("app: %" PRIu64 " frames published, %d validation errors\n", frames,
                 vk_app::validation_errors);

@@ -7,60 +7,13 @@
  * cuStreamSynchronize); then ci_cuda_receiver_release_after. The first
  * frame is not timed (the import). Prints
  * "c hand-off (packet -> CUDA waited) median M us p99 P us over N frames".
- * libcuda is loaded with dlopen, as cuda_recv.c does. */
-#define _GNU_SOURCE
-#include <dlfcn.h>
+ * libcuda is loaded with dlopen (cuda_dl.h). */
+#define _POSIX_C_SOURCE 199309L
 #include <inttypes.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "cuda_interop.h"
-
-#define CHECK(call)                                                                   \
-    do {                                                                              \
-        ci_status s_ = (call);                                                        \
-        if (s_ != CI_OK) {                                                            \
-            fprintf(stderr, "%s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #call, (int)s_, \
-                    ci_last_error_message());                                         \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
-
-#define CU(call)                                                                  \
-    do {                                                                          \
-        int r_ = (call);                                                          \
-        if (r_ != 0) {                                                            \
-            fprintf(stderr, "%s:%d: %s -> CUresult %d\n", __FILE__, __LINE__, #call, r_); \
-            exit(1);                                                              \
-        }                                                                         \
-    } while (0)
-
-/* The driver API's types this program uses, as cuda.h declares them. */
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef void *CUstream;
-typedef unsigned long long CUdeviceptr;
-
-static CUresult (*cuInit)(unsigned);
-static CUresult (*cuDeviceGet)(CUdevice *, int);
-static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-static CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
-static CUresult (*cuCtxSetCurrent)(CUcontext);
-static CUresult (*cuStreamCreate)(CUstream *, unsigned);
-static CUresult (*cuStreamDestroy)(CUstream);
-static CUresult (*cuStreamSynchronize)(CUstream);
-
-static void load(void **fn, void *lib, const char *name) {
-    *fn = dlsym(lib, name);
-    if (!*fn) {
-        fprintf(stderr, "libcuda.so.1 lacks %s\n", name);
-        exit(1);
-    }
-}
-
+#include "cuda_dl.h"
 
 static double now_us(void) {
     struct timespec t;
@@ -84,20 +37,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "FRAMES must be at least 2\n");
         return 2;
     }
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        fprintf(stderr, "cannot load libcuda.so.1: %s\n", dlerror());
-        return 1;
-    }
-    load((void **)&cuInit, lib, "cuInit");
-    load((void **)&cuDeviceGet, lib, "cuDeviceGet");
-    load((void **)&cuDevicePrimaryCtxRetain, lib, "cuDevicePrimaryCtxRetain");
-    load((void **)&cuDevicePrimaryCtxRelease, lib, "cuDevicePrimaryCtxRelease_v2");
-    load((void **)&cuCtxSetCurrent, lib, "cuCtxSetCurrent");
-    load((void **)&cuStreamCreate, lib, "cuStreamCreate");
-    load((void **)&cuStreamDestroy, lib, "cuStreamDestroy_v2");
-    load((void **)&cuStreamSynchronize, lib, "cuStreamSynchronize");
-    CU(cuInit(0));
+    cuda_open();
 
     ci_cuda_receiver *rx = NULL;
     CHECK(ci_cuda_receiver_connect_named(name, CI_DELIVERY_LOSSLESS, 60.0, &rx));

@@ -9,40 +9,11 @@
  * twice), the layout matches. libcuda is loaded with dlopen: the header
  * names CUDA objects as void * and uint64_t, so no CUDA header is needed.
  * Exit status 0: all good. */
-#define _GNU_SOURCE
-#include <dlfcn.h>
 #include <inttypes.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-#include "cuda_interop.h"
+#include "cuda_dl.h"
 
-#define CHECK(call)                                                                   \
-    do {                                                                              \
-        ci_status s_ = (call);                                                        \
-        if (s_ != CI_OK) {                                                            \
-            fprintf(stderr, "%s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #call, (int)s_, \
-                    ci_last_error_message());                                         \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
-
-#define CU(call)                                                                  \
-    do {                                                                          \
-        int r_ = (call);                                                          \
-        if (r_ != 0) {                                                            \
-            fprintf(stderr, "%s:%d: %s -> CUresult %d\n", __FILE__, __LINE__, #call, r_); \
-            exit(1);                                                              \
-        }                                                                         \
-    } while (0)
-
-/* The driver API's types this program uses, as cuda.h declares them. */
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef void *CUstream;
-typedef unsigned long long CUdeviceptr;
 enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2 };
 typedef struct {
     size_t srcXInBytes, srcY;
@@ -60,23 +31,7 @@ typedef struct {
     size_t WidthInBytes, Height;
 } CUDA_MEMCPY2D;
 
-static CUresult (*cuInit)(unsigned);
-static CUresult (*cuDeviceGet)(CUdevice *, int);
-static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-static CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
-static CUresult (*cuCtxSetCurrent)(CUcontext);
-static CUresult (*cuStreamCreate)(CUstream *, unsigned);
-static CUresult (*cuStreamDestroy)(CUstream);
-static CUresult (*cuStreamSynchronize)(CUstream);
 static CUresult (*cuMemcpy2DAsync)(const CUDA_MEMCPY2D *, CUstream);
-
-static void load(void **fn, void *lib, const char *name) {
-    *fn = dlsym(lib, name);
-    if (!*fn) {
-        fprintf(stderr, "libcuda.so.1 lacks %s\n", name);
-        exit(1);
-    }
-}
 
 static uint32_t word_of(uint64_t sequence) { return 0xC0DE0000u + (uint32_t)sequence; }
 
@@ -87,21 +42,8 @@ int main(int argc, char **argv) {
     }
     const char *name = argv[1];
     uint64_t frames = strtoull(argv[2], NULL, 10);
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        fprintf(stderr, "cannot load libcuda.so.1: %s\n", dlerror());
-        return 1;
-    }
-    load((void **)&cuInit, lib, "cuInit");
-    load((void **)&cuDeviceGet, lib, "cuDeviceGet");
-    load((void **)&cuDevicePrimaryCtxRetain, lib, "cuDevicePrimaryCtxRetain");
-    load((void **)&cuDevicePrimaryCtxRelease, lib, "cuDevicePrimaryCtxRelease_v2");
-    load((void **)&cuCtxSetCurrent, lib, "cuCtxSetCurrent");
-    load((void **)&cuStreamCreate, lib, "cuStreamCreate");
-    load((void **)&cuStreamDestroy, lib, "cuStreamDestroy_v2");
-    load((void **)&cuStreamSynchronize, lib, "cuStreamSynchronize");
+    void *lib = cuda_open();
     load((void **)&cuMemcpy2DAsync, lib, "cuMemcpy2DAsync_v2");
-    CU(cuInit(0));
 
     ci_cuda_receiver *rx = NULL;
     CHECK(ci_cuda_receiver_connect_named(name, CI_DELIVERY_LOSSLESS, 60.0, &rx));
