@@ -148,12 +148,34 @@ fn staticlib() -> PathBuf {
     lib
 }
 
-fn scratch(name: &str) -> PathBuf {
+/// A test's scratch directory in CARGO_TARGET_TMPDIR: removed when the test
+/// passes (the builds in it run to hundreds of MB, and CI's disk is small),
+/// kept for a look when it fails.
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("scratch directory kept: {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn scratch(name: &str) -> Scratch {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("capi-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a scratch directory in CARGO_TARGET_TMPDIR");
-    dir
+    Scratch(dir)
 }
 
 /// A private runtime directory (mode 0700, as discovery wants).

@@ -230,7 +230,13 @@ fn plugin_dir() -> PathBuf {
             });
         let dir = std::env::temp_dir().join(format!("cig-plugin-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(&built, dir.join("libgstcudainterop.so")).unwrap();
+        // A hard link where it can be (the debug build is some 80 MB, and a
+        // copy per test run stays behind in the temporary directory).
+        let plugin = dir.join("libgstcudainterop.so");
+        let _ = std::fs::remove_file(&plugin);
+        if std::fs::hard_link(&built, &plugin).is_err() {
+            std::fs::copy(&built, &plugin).unwrap();
+        }
         dir
     })
     .clone()
