@@ -68,9 +68,11 @@ impl Interop {
     ///
     /// # Safety
     /// While the returned [`Interop`] or anything made from its context
-    /// lives, the application submits to `main` and `transfer` only inside
-    /// [`Interop::with_queue`] / [`Interop::locked`] (the context submits
-    /// under the same lock), or not at all, and calls no vulkano function
+    /// lives, the application submits to `main` only inside
+    /// [`Interop::with_queue`] / [`Interop::locked`] / [`Interop::submit`]
+    /// (the context submits under the same lock), or not at all, and to
+    /// `transfer` not at all (give the context a queue of its own for
+    /// that role); it calls no vulkano function
     /// that uses every queue of the device (`Device::wait_idle`) outside
     /// them. Work the application submits that uses vk-export resources
     /// (through this crate's images, or their raw handles) completes
