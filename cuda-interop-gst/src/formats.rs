@@ -197,6 +197,18 @@ impl Planes {
         planes
     }
 
+    /// Whether GStreamer's default layout of `info` (its strides and
+    /// offsets, no `GstVideoMeta`) is `self`'s: then an element writing a
+    /// frame of `info` into memory the sink offers writes the ring's rows.
+    pub(crate) fn is_default_of(&self, info: &gst_video::VideoInfo) -> bool {
+        info.n_planes() as usize == self.n
+            && (0..self.n).all(|i| {
+                info.offset().get(i) == Some(&self.offsets[i])
+                    && info.stride().get(i).and_then(|&s| usize::try_from(s).ok())
+                        == Some(self.strides[i])
+            })
+    }
+
     /// Bytes up to the end of the last plane's last whole row.
     pub(crate) fn span(&self) -> usize {
         (0..self.n)

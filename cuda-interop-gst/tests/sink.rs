@@ -522,3 +522,126 @@ fn interlaced_video_is_refused_at_negotiation() {
         }
     }
 }
+
+/// The buffer pool the sink offers upstream (its allocation answer in
+/// system memory): a buffer of it is a ring slot, the element before the
+/// sink writes the frame into it, and the sink presents it without a copy
+/// (`frames-in-place` counts those), every row as written. Its twin: a
+/// pool buffer that something else still holds is copied into a free slot
+/// instead (still exact, not counted). Pool buffers dropped unpushed give
+/// their slots back: more of them than the ring has slots, and frames
+/// after are still written in place.
+#[test]
+fn buffers_from_the_sinks_pool_are_presented_in_place() {
+    init();
+    let name = unique_name("sink-pool");
+    let caps = format!("video/x-raw,format=RGBA,width={W},height={H},framerate=30/1");
+    let p = pipeline(&format!(
+        "appsrc name=src format=time caps={caps} ! cudainteropsink name=sink \
+         sender-name={name} sync=false timeout=30000"
+    ));
+    let appsrc = p
+        .by_name("src")
+        .unwrap()
+        .downcast::<gst_app::AppSrc>()
+        .unwrap();
+    let sink = p.by_name("sink").unwrap();
+    let bus = p.bus().unwrap();
+    p.set_state(gst::State::Playing)
+        .expect("the pipeline starts");
+    let pts = |f: u64| gst::ClockTime::from_mseconds(33 * f);
+    let row_bytes = W as usize * 4;
+    // Frame 1, a buffer of appsrc's own: makes the ring at its caps.
+    let (first, _) = frame_buffer(gst_video::VideoFormat::Rgba, 1, row_bytes, pts(1));
+    appsrc.push_buffer(first).expect("appsrc takes a buffer");
+    let rx = HostReceiver::connect_named(&name, Delivery::Lossless, WAIT)
+        .unwrap_or_else(|e| panic!("connect to {name}: {e}"));
+    let layout = *rx.session().layout();
+
+    // The pool, as an element before the sink asks for it.
+    let caps = caps.parse::<gst::Caps>().unwrap();
+    let mut query = gst::query::Allocation::new(Some(&caps), true);
+    assert!(appsrc.static_pad("src").unwrap().peer_query(&mut query));
+    let (pool, size, _, _) = query
+        .allocation_pools()
+        .next()
+        .expect("the sink offers a pool for its ring's caps");
+    let pool = pool.expect("a pool, not only a size");
+    let mut config = pool.config();
+    config.set_params(Some(&caps), size, 0, 0);
+    pool.set_config(config).unwrap();
+    pool.set_active(true).unwrap();
+    // A frame written into a buffer of the pool, as a depayloader writes.
+    let pool_frame = |f: u64| {
+        let (plain, rows) = frame_buffer(gst_video::VideoFormat::Rgba, f, row_bytes, pts(f));
+        let mut buffer = pool.acquire_buffer(None).expect("a buffer of the pool");
+        {
+            let b = buffer.get_mut().unwrap();
+            b.copy_from_slice(0, &plain.map_readable().unwrap())
+                .unwrap();
+            b.set_pts(pts(f));
+        }
+        (buffer, rows)
+    };
+
+    let expect_frame = |f: u64, rows: &[Vec<u8>]| {
+        let start = Instant::now();
+        loop {
+            assert!(start.elapsed() < BOUND, "frame {f} never came");
+            if let Some(e) = bus_error(&bus, Duration::ZERO) {
+                panic!("the pipeline failed: {e}");
+            }
+            let frame = rx.next(WAIT).expect("a frame");
+            let got = frame.sequence();
+            let bytes = rx.read(&frame, WAIT).expect("the frame's bytes");
+            rx.release(frame).expect("release");
+            // Frame 1 may have gone before the receiver subscribed.
+            if got == 1 && f > 1 {
+                continue;
+            }
+            assert_eq!(got, f);
+            assert_eq!(ring_rows(&layout, &bytes), rows, "frame {f}: every row");
+            return;
+        }
+    };
+    let in_place = || sink.property::<u64>("frames-in-place");
+
+    // Frames 2..=5: written in place, one at a time (each read and
+    // released before the next is written: the ring always has a slot to
+    // lend).
+    for f in 2..=5 {
+        let (buffer, rows) = pool_frame(f);
+        appsrc.push_buffer(buffer).expect("appsrc takes a buffer");
+        expect_frame(f, &rows);
+    }
+    assert_eq!(in_place(), 4, "frames 2..=5 were presented in place");
+
+    // The twin: a pool buffer still held elsewhere (a tee's other branch,
+    // a last sample) is copied, the same bytes arriving.
+    let (buffer, rows) = pool_frame(6);
+    let held = buffer.clone();
+    appsrc.push_buffer(buffer).expect("appsrc takes a buffer");
+    expect_frame(6, &rows);
+    assert_eq!(
+        in_place(),
+        4,
+        "a shared pool buffer was not presented in place"
+    );
+    drop(held);
+
+    // Pool buffers dropped unpushed, more than the ring's slots: each gives
+    // its slot back, so frames after them are still lent slots.
+    for _ in 0..10 {
+        drop(pool.acquire_buffer(None).unwrap());
+    }
+    for f in 7..=8 {
+        let (buffer, rows) = pool_frame(f);
+        appsrc.push_buffer(buffer).expect("appsrc takes a buffer");
+        expect_frame(f, &rows);
+    }
+    assert_eq!(in_place(), 6, "slots of dropped pool buffers came back");
+    assert_eq!(sink.property::<u64>("frames-presented"), 8);
+    appsrc.end_of_stream().unwrap();
+    pool.set_active(false).unwrap();
+    p.set_state(gst::State::Null).expect("the pipeline stops");
+}

@@ -424,6 +424,20 @@ impl ExportableBuffer<HostVisible> {
         Ok(*address as *mut u8)
     }
 
+    /// The start of the host mapping of the buffer's memory (made on first
+    /// use, like [`ExportableBuffer::write_mapped`]'s), valid for
+    /// [`ExportableBuffer::size`] bytes while the buffer lives: for a
+    /// writer that cannot take a slice (GStreamer's memory over a frame
+    /// slot). Getting it is safe; every access through it is the caller's
+    /// `unsafe`, under `write_mapped`'s rules, and, since `write_mapped` and
+    /// this crate's mapped reads use atomic accesses, no other thread of
+    /// this process accesses the same bytes meanwhile.
+    pub fn mapped_ptr(&self) -> Result<std::ptr::NonNull<u8>> {
+        let base = self.mapped()?;
+        std::ptr::NonNull::new(base)
+            .ok_or_else(|| Error::InvalidArgument("vkMapMemory returned a null mapping".into()))
+    }
+
     /// The mapping's length: the whole allocation (`mapped` maps
     /// `VK_WHOLE_SIZE` at offset 0).
     fn mapped_len(&self) -> usize {

@@ -45,6 +45,15 @@
 //!   or abandon every recorded frame before dropping the sender where the
 //!   device is to be destroyed. A ring for recorded frames needs a slot for
 //!   each frame in flight, each frame receivers may hold, and one more.
+//! * A host writer that cannot take a slice (a GStreamer element writing
+//!   into memory a sink offered it) writes a *lent* slot of a host-visible
+//!   buffer ring: [`WriteSlot::lend`] opens it for host writes as
+//!   [`WriteSlot::present_bytes`] does and hands out a [`LentSlot`] (no
+//!   borrow) whose pointer the writer writes the frame through;
+//!   [`Sender::present_lent`] releases and announces it. A lent slot is out
+//!   of the ring; dropped unpresented it comes back, no frame numbered. A
+//!   sender dropped first hands the slot's buffer to the `LentSlot`, which
+//!   destroys it in turn: nothing leaks, and the pointer stays valid.
 //! * An image the application made itself (not exportable: a render
 //!   target) is published by a GPU copy into the slot
 //!   ([`WriteSlot::present_copy`] of a [`vk_export::SourceImage`], whose
@@ -157,7 +166,7 @@ use service::{accept_loop, Event};
 pub use peers::LOG_LINES;
 pub use service::{EVENT_QUEUE, POLL};
 pub use slots::{ImageSender, ImageTarget, SlotResource};
-pub use write::{OpenSlot, RecordedFrame, WriteSlot};
+pub use write::{LentSlot, OpenSlot, RecordedFrame, WriteSlot};
 
 /// The next sender's [`Sender::id`](Sender).
 static NEXT_SENDER_ID: AtomicU64 = AtomicU64::new(1);
@@ -381,6 +390,10 @@ pub struct Sender<M: MemoryLocation, R: SlotResource<M> = ExportableBuffer<M>> {
     /// Slots recorded into the application's command buffers and not yet
     /// presented or abandoned ([`RecordedFrame`]): not handed out.
     recorded: Vec<bool>,
+    /// Slots lent to a host writer ([`LentSlot`]): out of the ring while
+    /// the [`LentSlot`] lives (its drop gives the slot back), handed the
+    /// slot's buffer if the sender is dropped first.
+    lent: Vec<Option<write::Custody<R>>>,
     /// Tells this sender's [`RecordedFrame`]s from another's.
     id: u64,
     /// The newest presented frame: `(slot, frame, timestamp)`.
@@ -466,6 +479,7 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
             ctx: ctx.clone(),
             released_to_external: vec![false; opts.slots as usize],
             recorded: vec![false; opts.slots as usize],
+            lent: (0..opts.slots).map(|_| None).collect(),
             id: NEXT_SENDER_ID.fetch_add(1, Ordering::Relaxed),
             receivers: Receivers::new(limits, opts.slots as usize),
             opts,
@@ -607,7 +621,7 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         let mut worth_waiting = false;
         for i in 0..n {
             let s = (self.next_slot + i) % n;
-            if self.recorded[s as usize] {
+            if self.recorded[s as usize] || self.is_lent(s as usize) {
                 continue;
             }
             match self.receivers.blocked(s as usize) {
@@ -617,6 +631,20 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
             }
         }
         Err(worth_waiting)
+    }
+
+    /// Whether slot `s` is lent out; one whose [`LentSlot`] was dropped
+    /// is taken back (owned by the sender's family, not released: the next
+    /// acquire of it starts from there).
+    fn is_lent(&mut self, s: usize) -> bool {
+        match &self.lent[s] {
+            Some(custody) if Arc::strong_count(custody) > 1 => true,
+            Some(_) => {
+                self.lent[s] = None;
+                false
+            }
+            None => false,
+        }
     }
 
     /// A slot to write the next frame into (see the module contract):
@@ -957,9 +985,15 @@ impl<M: MemoryLocation, R: SlotResource<M>> Drop for Sender<M, R> {
         // commands, which this sender cannot wait for: leaked, not
         // destroyed under them.
         let recorded = std::mem::take(&mut self.recorded);
-        for (slot, recorded) in std::mem::take(&mut self.slots).into_iter().zip(recorded) {
+        let lent = std::mem::take(&mut self.lent);
+        let slots = std::mem::take(&mut self.slots);
+        for ((slot, recorded), lent) in slots.into_iter().zip(recorded).zip(lent) {
             if recorded {
                 std::mem::forget(slot);
+            } else if let Some(custody) = lent.filter(|c| Arc::strong_count(c) > 1) {
+                // A host writer may still write it through its mapping:
+                // its `LentSlot` keeps the buffer, destroyed with it.
+                *custody.lock().unwrap_or_else(|p| p.into_inner()) = Some(slot);
             }
         }
     }

@@ -12,6 +12,9 @@
 //! * The sender's bookkeeping (frame numbers, the slot's owner, the
 //!   receivers' waits) is the sender's (`super`): the guards call it.
 
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
 use vk_export::ash::vk;
 use vk_export::format::Format;
 use vk_export::markers::{HostVisible, MemoryLocation, Optimal, Usage};
@@ -95,6 +98,140 @@ impl WriteSlot<'_, HostVisible, ExportableBuffer<HostVisible>> {
             return Err(e.into());
         }
         // The host's writes are visible to the release's submission
+        // (HOST_COHERENT memory, written before vkQueueSubmit).
+        open.close_and_announce(timestamp_ns, None)
+    }
+
+    /// Lends the slot to a host writer that cannot take a slice (a
+    /// GStreamer element writing into memory the sink offered it): the
+    /// slot opened for host writes as [`WriteSlot::present_bytes`] opens
+    /// it (the receivers' releases waited for, acquired, earlier device
+    /// accesses made available to the host, completed), then handed out as
+    /// a [`LentSlot`] that does not borrow the sender. The writer writes
+    /// the frame through [`LentSlot::as_mut_ptr`]; [`Sender::present_lent`]
+    /// publishes it. Until then the slot is out of the ring; a `LentSlot`
+    /// dropped unpresented gives it back, no frame numbered. A sender
+    /// dropped first hands the slot's buffer to the `LentSlot`, so the
+    /// pointer stays valid while the `LentSlot` lives: nothing leaks.
+    pub fn lend(self) -> Result<LentSlot, SenderError> {
+        let role = self.sender.opts.queue;
+        let WriteSlot { sender, slot } = self;
+        let s = slot as usize;
+        // Mapped before the slot is opened: a mapping that fails leaves it
+        // free as it was.
+        let base = sender.slots[s].mapped_ptr()?;
+        let size = sender.slots[s].size() as usize;
+        let ready = sender.open_for(slot, role, true)?;
+        let custody: Custody<ExportableBuffer<HostVisible>> = Arc::new(Mutex::new(None));
+        sender.lent[s] = Some(Arc::clone(&custody));
+        Ok(LentSlot {
+            sender: sender.id,
+            slot,
+            role,
+            ready,
+            base,
+            size,
+            custody,
+        })
+    }
+}
+
+/// Where a lent slot's buffer goes if its sender is dropped before the
+/// [`LentSlot`]: the sender and the `LentSlot` each hold the `Arc`.
+pub(super) type Custody<R> = Arc<Mutex<Option<R>>>;
+
+/// A host-visible slot lent to a host writer ([`WriteSlot::lend`]),
+/// published with [`Sender::present_lent`]. Dropped unpresented, the slot
+/// goes back into the ring (no frame numbered).
+#[must_use = "present the frame (Sender::present_lent), or drop it to give the slot back"]
+pub struct LentSlot {
+    sender: u64,
+    slot: u32,
+    role: QueueRole,
+    ready: u64,
+    base: NonNull<u8>,
+    size: usize,
+    /// Keeps the slot's buffer (and so `base`'s mapping) alive if the
+    /// sender goes first.
+    custody: Custody<ExportableBuffer<HostVisible>>,
+}
+
+// SAFETY: `base` is an address in a mapping owned by the slot's buffer,
+// which the sender or `custody` keeps alive on any thread (the buffer is
+// `Send`); a `LentSlot` gives no access through it by itself.
+unsafe impl Send for LentSlot {}
+
+impl LentSlot {
+    /// The slot's index.
+    pub fn index(&self) -> u32 {
+        self.slot
+    }
+
+    /// The slot's bytes (its buffer's size; the ring's layout says where
+    /// the frame's rows go).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The start of the slot's bytes, mapped for the host: valid for
+    /// [`LentSlot::size`] bytes while this `LentSlot` lives (also after the
+    /// sender is dropped: then this `LentSlot` keeps the slot's buffer).
+    /// Writing through it is the caller's `unsafe`: only while this
+    /// `LentSlot` lives and before it is presented, from one writer at a
+    /// time, and with no receiver of this ring in this process (a receiver
+    /// dropped for holding a slot past the hold timeout may still read the
+    /// slot with atomic loads, and a plain write beside them is a data race:
+    /// receivers in other processes read their own mapping and see, at
+    /// worst, torn bytes of a frame they no longer hold).
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+}
+
+impl std::fmt::Debug for LentSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LentSlot")
+            .field("slot", &self.slot)
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sender<HostVisible, ExportableBuffer<HostVisible>> {
+    /// Publishes a lent slot's frame, written through
+    /// [`LentSlot::as_mut_ptr`]: as [`WriteSlot::present_bytes`] after its
+    /// copy (a submission releases the slot and signals "produced", waited
+    /// for; then the frame is announced with `timestamp_ns`). Returns its
+    /// sequence number. A slot of another sender is refused
+    /// ([`vk_export::Error::InvalidArgument`]) and dropped, which gives it
+    /// back to its own sender. On an error after that the slot is released
+    /// unpresented, no frame announced.
+    pub fn present_lent(&mut self, lent: LentSlot, timestamp_ns: u64) -> Result<u64, SenderError> {
+        let s = lent.slot as usize;
+        let ours = lent.sender == self.id
+            && self
+                .lent
+                .get(s)
+                .and_then(Option::as_ref)
+                .is_some_and(|c| Arc::ptr_eq(c, &lent.custody));
+        if !ours {
+            return Err(vk_export::Error::InvalidArgument(format!(
+                "a lent slot (slot {}) of another sender",
+                lent.slot
+            ))
+            .into());
+        }
+        self.lent[s] = None;
+        let family = self.ctx.queue_family_of(lent.role);
+        let open = OpenSlot {
+            sender: self,
+            slot: lent.slot,
+            role: lent.role,
+            family,
+            ready: lent.ready,
+            closed: false,
+        };
+        // The writer's host writes are visible to the release's submission
         // (HOST_COHERENT memory, written before vkQueueSubmit).
         open.close_and_announce(timestamp_ns, None)
     }

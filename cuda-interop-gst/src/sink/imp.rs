@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,8 @@ use vk_export::{Context, HeadlessOptions, QueueRole, TimelineSemaphore};
 use crate::cuda_memory::{self, CudaOut, DevicePlane, GstCuda, CUDA_MEMORY};
 use crate::formats::{sink_planar, Planes};
 use crate::lock;
+
+use super::pool::{self, LentCell, SlotPool};
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
@@ -74,6 +76,9 @@ struct Ring {
     slots: Slots,
     info: gst_video::VideoInfo,
     planes: Planes,
+    /// Which ring of this element it is: a pool offered for an earlier
+    /// one lends nothing from this one.
+    generation: u64,
 }
 
 /// The ring's slots, as the caps' memory decides.
@@ -85,6 +90,8 @@ enum Slots {
         sender: Box<Sender<HostVisible>>,
         /// Bytes written per frame: the planes' whole rows.
         bytes: usize,
+        /// The slots lent to the offered pool's buffers (`pool`).
+        lent: Vec<Weak<LentCell>>,
     },
     /// `memory:CUDAMemory`: device-local buffers, imported into CUDA in
     /// this process and written by CUDA copies (boxed: the larger kind).
@@ -150,9 +157,13 @@ pub struct CudaInteropSink {
     ring: Arc<Mutex<Option<Ring>>>,
     server: Mutex<Option<Server>>,
     presented: AtomicU64,
+    /// Of those, frames written into a lent slot upstream (no copy).
+    in_place: AtomicU64,
     skipped: AtomicU64,
     /// Set by `unlock`: a waiting `render` gives up its buffer.
     flushing: AtomicBool,
+    /// Rings made so far (`Ring::generation`).
+    rings_made: AtomicU64,
 }
 
 #[glib::object_subclass]
@@ -163,6 +174,14 @@ impl ObjectSubclass for CudaInteropSink {
 }
 
 impl ObjectImpl for CudaInteropSink {
+    fn constructed(&self) {
+        self.parent_constructed();
+        // A last sample is a second reference to each buffer: the offered
+        // pool's buffers would then be copied instead of presented as they
+        // are (`pool`). Set it to true again to have one.
+        self.obj().set_enable_last_sample(false);
+    }
+
     fn properties() -> &'static [glib::ParamSpec] {
         static PROPERTIES: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
             vec![
@@ -188,6 +207,15 @@ impl ObjectImpl for CudaInteropSink {
                 glib::ParamSpecUInt64::builder("frames-presented")
                     .nick("Frames presented")
                     .blurb("Frames published since the start")
+                    .read_only()
+                    .build(),
+                glib::ParamSpecUInt64::builder("frames-in-place")
+                    .nick("Frames in place")
+                    .blurb(
+                        "Of frames-presented, those the element before the sink wrote straight \
+                         into a slot (the buffer pool this sink offers) and presented without a \
+                         copy",
+                    )
                     .read_only()
                     .build(),
                 glib::ParamSpecUInt64::builder("frames-skipped")
@@ -219,6 +247,7 @@ impl ObjectImpl for CudaInteropSink {
             "sender-name" => lock(&self.settings).sender_name.to_value(),
             "timeout" => lock(&self.settings).timeout_ms.to_value(),
             "frames-presented" => self.presented.load(Ordering::Relaxed).to_value(),
+            "frames-in-place" => self.in_place.load(Ordering::Relaxed).to_value(),
             "frames-skipped" => self.skipped.load(Ordering::Relaxed).to_value(),
             "receivers" => {
                 let receivers = lock(&self.ring)
@@ -336,7 +365,14 @@ impl CudaInteropSink {
                     ));
                 }
                 let layout = *sender.layout();
-                (Slots::Host { sender, bytes }, layout)
+                (
+                    Slots::Host {
+                        sender,
+                        bytes,
+                        lent: Vec::new(),
+                    },
+                    layout,
+                )
             }
             Some(out) => {
                 let sender = Sender::<DeviceLocal>::new(ctx, opts).map_err(named)?;
@@ -376,6 +412,7 @@ impl CudaInteropSink {
             slots,
             info: info.clone(),
             planes: Planes::of_ring(&layout),
+            generation: self.rings_made.fetch_add(1, Ordering::Relaxed) + 1,
         })
     }
 
@@ -423,6 +460,96 @@ impl CudaInteropSink {
                 }
                 Err(AcquireError::Timeout(_)) if keep_waiting(flushing, deadline) => continue,
                 Err(_) => return Ok(None),
+            }
+        }
+    }
+}
+
+impl CudaInteropSink {
+    /// Offers upstream a pool whose buffers are the ring's slots (`pool`'s
+    /// contract), where the caps are the host-visible ring's and
+    /// GStreamer's default layout of them is the ring's: the element before
+    /// the sink then writes each frame into a slot, and `render` presents
+    /// it without a copy.
+    fn offer_slot_pool(&self, query: &mut gst::query::Allocation) {
+        let (Some(caps), true) = query.get() else {
+            return;
+        };
+        if cuda_memory::in_cuda_memory(caps) {
+            return;
+        }
+        let Ok(info) = gst_video::VideoInfo::from_caps(caps) else {
+            return;
+        };
+        let generation = {
+            let guard = lock(&self.ring);
+            let Some(ring) = guard.as_ref() else {
+                return;
+            };
+            let same_video = (ring.info.format(), ring.info.width(), ring.info.height())
+                == (info.format(), info.width(), info.height());
+            if !matches!(ring.slots, Slots::Host { .. })
+                || !same_video
+                || !ring.planes.is_default_of(&info)
+            {
+                return;
+            }
+            ring.generation
+        };
+        let ring = Arc::downgrade(&self.ring);
+        let pool = SlotPool::new(Box::new(move |size| {
+            let ring = ring.upgrade()?;
+            let mut guard = lock(&ring);
+            let r = guard.as_mut().filter(|r| r.generation == generation)?;
+            let Slots::Host { sender, lent, .. } = &mut r.slots else {
+                return None;
+            };
+            // A slot free now, or a plain buffer: the wait for a slot is
+            // `render`'s, bounded by `timeout`.
+            let slot = sender.acquire(Duration::ZERO).ok()?;
+            let slot = match slot.lend() {
+                Ok(slot) => slot,
+                Err(e) => {
+                    gst::warning!(CAT, "lending a slot failed ({e}): a plain buffer instead");
+                    return None;
+                }
+            };
+            let (buffer, cell) = pool::lent_buffer(slot, size)?;
+            lent.push(cell);
+            Some(buffer)
+        }));
+        gst::debug!(
+            CAT,
+            imp = self,
+            "offering a pool of the ring's slots for {caps}"
+        );
+        query.add_allocation_pool(Some(&pool), info.size() as u32, 0, 0);
+    }
+
+    /// What a present's outcome is for the pipeline.
+    fn presented(
+        &self,
+        outcome: Result<u64, SenderError>,
+        timestamp: u64,
+        how: &str,
+    ) -> Result<gst::FlowSuccess, gst::FlowError> {
+        match outcome {
+            Ok(sequence) => {
+                self.presented.fetch_add(1, Ordering::Relaxed);
+                gst::trace!(
+                    CAT,
+                    imp = self,
+                    "frame {sequence} presented at {timestamp} ns ({how})"
+                );
+                Ok(gst::FlowSuccess::Ok)
+            }
+            Err(e) => {
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::Write,
+                    ("presenting a frame failed: {}", e)
+                );
+                Err(gst::FlowError::Error)
             }
         }
     }
@@ -538,6 +665,7 @@ impl BaseSinkImpl for CudaInteropSink {
         *lock(&self.ctx) = Some(ctx);
         *lock(&self.name) = Some(name);
         self.presented.store(0, Ordering::Relaxed);
+        self.in_place.store(0, Ordering::Relaxed);
         self.skipped.store(0, Ordering::Relaxed);
         let ring = self.ring.clone();
         let (stop, stopped) = mpsc::channel::<()>();
@@ -592,6 +720,14 @@ impl BaseSinkImpl for CudaInteropSink {
             Some(filter) => filter.intersect_with_mode(&caps, gst::CapsIntersectMode::First),
             None => caps,
         })
+    }
+
+    fn propose_allocation(
+        &self,
+        query: &mut gst::query::Allocation,
+    ) -> Result<(), gst::LoggableError> {
+        self.offer_slot_pool(query);
+        self.parent_propose_allocation(query)
     }
 
     fn query(&self, query: &mut gst::QueryRef) -> bool {
@@ -717,7 +853,12 @@ impl BaseSinkImpl for CudaInteropSink {
                 }
             };
         }
-        let Slots::Host { sender, bytes } = &mut ring.slots else {
+        let Slots::Host {
+            sender,
+            bytes,
+            lent,
+        } = &mut ring.slots
+        else {
             gst::element_imp_error!(self, gst::CoreError::Failed, ("a ring of neither kind"));
             return Err(gst::FlowError::Error);
         };
@@ -725,11 +866,21 @@ impl BaseSinkImpl for CudaInteropSink {
             gst::element_imp_error!(self, gst::StreamError::Format, ("{}", e));
             gst::FlowError::Error
         })?;
+        let in_layout = ring.planes.same_layout(buffer.as_ref(), &ring.info, *bytes);
+        // A buffer of the offered pool, written into a lent slot in the
+        // ring's layout and now the sink's alone: presented as it is.
+        if let Some(slot) = in_layout.then(|| pool::take_lent(buffer, lent)).flatten() {
+            let presented = sender.present_lent(slot, timestamp);
+            if presented.is_ok() {
+                self.in_place.fetch_add(1, Ordering::Relaxed);
+            }
+            return self.presented(presented, timestamp, "in place");
+        }
         // A buffer already in the ring's layout goes in as it is; any other
         // is packed into it first.
         let mapped;
         let packed;
-        let bytes: &[u8] = if ring.planes.same_layout(buffer.as_ref(), &ring.info, *bytes) {
+        let bytes: &[u8] = if in_layout {
             mapped = buffer.map_readable().map_err(|e| {
                 gst::element_imp_error!(
                     self,
@@ -771,24 +922,6 @@ impl BaseSinkImpl for CudaInteropSink {
             }
         };
 
-        match presented {
-            Ok(sequence) => {
-                self.presented.fetch_add(1, Ordering::Relaxed);
-                gst::trace!(
-                    CAT,
-                    imp = self,
-                    "frame {sequence} presented at {timestamp} ns"
-                );
-                Ok(gst::FlowSuccess::Ok)
-            }
-            Err(e) => {
-                gst::element_imp_error!(
-                    self,
-                    gst::ResourceError::Write,
-                    ("presenting a frame failed: {}", e)
-                );
-                Err(gst::FlowError::Error)
-            }
-        }
+        self.presented(presented, timestamp, "copied")
     }
 }

@@ -43,6 +43,16 @@
 //!   receiver never stalls the pipeline for longer than that; `unlock`
 //!   (a flush, a state change) ends the wait within 50 ms, the buffer
 //!   dropped likewise.
+//! * In system memory the sink offers upstream a buffer pool whose buffers
+//!   are the ring's slots (`pool`), for caps whose GStreamer default layout
+//!   is the ring's: the element before it (`rtpvrawdepay`, `videotestsrc`,
+//!   a decoder that takes downstream pools) writes each frame straight
+//!   into a slot, and a buffer of the pool that reaches the sink held by it
+//!   alone is presented as it is, with no copy (`frames-in-place` counts
+//!   them). Any other buffer (a plain one, a pool buffer shared by a `tee`)
+//!   is copied as above. `enable-last-sample` is off by default here: a
+//!   last sample is a second reference to each buffer, so setting it makes
+//!   every frame a copy.
 //! * PAUSED -> READY (`stop`) drops the sender: its receivers get a
 //!   goodbye, and its name and socket are removed.
 
@@ -50,6 +60,7 @@ use gst::glib;
 use gst::prelude::*;
 
 mod imp;
+mod pool;
 
 glib::wrapper! {
     /// The `cudainteropsink` element (see the module contract).
