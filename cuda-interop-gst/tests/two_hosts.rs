@@ -348,8 +348,18 @@ fn gst_launch(host: &Host, pipeline: &str) -> Command {
 fn receiving_gst_launch(host: &Host, pipeline: &str) -> Command {
     let mut c = host.command("nice");
     c.args(["-n", "-20", "gst-launch-1.0", "-e"])
-        .args(pipeline.split_whitespace());
+        .args(pipeline.split_whitespace())
+        // The sink's count of frames written in place, at its stop.
+        .env("GST_DEBUG", "cudainteropsink:4");
     c
+}
+
+/// How many of its frames host B's sink presented in place (written into
+/// its slots by the depayloader, no copy), from its log at stop.
+fn in_place(b_log: &str) -> Option<u64> {
+    let line = b_log.lines().rev().find(|l| l.contains("frames presented ("))?;
+    let after = line.split("frames presented (").nth(1)?;
+    after.split(" in place").next()?.trim().parse().ok()
 }
 
 fn role_command(host: &Host, role: &str, envs: &[(&str, String)]) -> Command {
@@ -873,6 +883,10 @@ fn across(tag: &str, subnet: u8, size: (u32, u32), frames: u64, fps: u32, link: 
     };
     let b_log = b_gst.stop();
     println!("--- host A sender:\n{sender_log}\n--- host A pipeline:\n{a_log}\n--- host B pipeline:\n{b_log}\n--- host B checker:\n{out}");
+    let out = match in_place(&b_log) {
+        Some(n) => format!("{out}\nRESULT in_place={n}\n"),
+        None => out,
+    };
     assert!(
         ok,
         "the checker failed (a pipeline's error, if any, is in its log above)"
@@ -1062,10 +1076,11 @@ fn raw_rtp(tag: &str, subnet: u8, transport: Transport, memory: Memory) {
     let distinct: u64 = result(&out, "distinct").parse().unwrap();
     let presented: u64 = result(&out, "presented").parse().unwrap();
     let sent: u64 = result(&out, "sent").parse().unwrap();
+    let in_place = result(&out, "in_place");
     report(&format!(
         "RTP raw 1920x1080 RGBA between two hosts over {}{}: {checked} frames checked at host B (every pixel), \
-         {bad} bad; the sink presented {presented} frames of the {sent} host A sent meanwhile, \
-         {} frames/s",
+         {bad} bad; the sink presented {presented} frames of the {sent} host A sent meanwhile \
+         ({in_place} of all it presented written in place by rtpvrawdepay), {} frames/s",
         if transport == Transport::Tcp { "TCP" } else { "UDP" },
         match memory {
             Memory::System => "",
@@ -1088,6 +1103,16 @@ fn raw_rtp(tag: &str, subnet: u8, transport: Transport, memory: Memory) {
     assert_eq!(bad, 0, "every pixel of every frame exact");
     assert_eq!(distinct, checked, "no frame twice");
     assert!(checked >= 30, "only {checked} frames reached the checker");
+    if memory == Memory::System {
+        // The depayloader takes the sink's pool: its frames go into the
+        // ring's slots without the sink's copy (a frame is copied only
+        // where no slot was free to lend at once).
+        assert!(
+            in_place.parse::<u64>().is_ok_and(|n| n > 0),
+            "host B's sink presented no frame in place ({in_place}): rtpvrawdepay did not \
+             write into its pool"
+        );
+    }
     assert_eq!(
         presented, sent,
         "every frame host A sent reached host B's sink"

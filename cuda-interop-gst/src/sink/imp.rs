@@ -690,6 +690,14 @@ impl BaseSinkImpl for CudaInteropSink {
     }
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {
+        gst::info!(
+            CAT,
+            imp = self,
+            "stopping: {} frames presented ({} in place), {} skipped",
+            self.presented.load(Ordering::Relaxed),
+            self.in_place.load(Ordering::Relaxed),
+            self.skipped.load(Ordering::Relaxed)
+        );
         self.stop_server();
         // The sender's drop says goodbye and removes the name.
         *lock(&self.ring) = None;
