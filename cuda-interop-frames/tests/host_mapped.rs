@@ -14,10 +14,11 @@ use cuda_interop_frames::discovery::Directory;
 use cuda_interop_frames::host_receiver::HostReceiver;
 use cuda_interop_frames::protocol::Delivery;
 use cuda_interop_frames::sender::{self, Address, Sender, SenderError, SenderOptions};
-use cuda_interop_frames::session::Session;
 use cuda_interop_frames::transport::ConsumerError;
 use cuda_interop_testkit::{assert_no_validation_errors, vulkan};
 use vk_export::markers::HostVisible;
+
+mod common;
 
 const W: u32 = 48;
 const H: u32 = 20;
@@ -55,18 +56,10 @@ fn bytes_presented_by_the_host_are_read_back_exact_through_the_mappings() {
     let slot_size = sender.buffers()[0].size() as usize;
     let len = (W * H * 4) as usize;
     assert!(slot_size >= len);
-    let (session, setup) = {
-        let dir = directory.clone();
-        let t = std::thread::spawn(move || {
-            Session::connect_named(&dir, "mapped", Delivery::Lossless, Duration::from_secs(10))
+    let (session, setup) =
+        common::connect_serving(&directory, "mapped", Delivery::Lossless, BOUND, || {
+            sender.serve(Duration::from_millis(5))
         });
-        let start = Instant::now();
-        while !t.is_finished() {
-            assert!(start.elapsed() < BOUND);
-            sender.serve(Duration::from_millis(5));
-        }
-        t.join().unwrap().expect("connected")
-    };
     // A context of its own: imports the sender's fds as another process.
     let rx = HostReceiver::from_session(session, setup).unwrap();
     let frame_len = rx.frame_bytes() as usize;

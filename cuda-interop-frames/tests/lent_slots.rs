@@ -23,11 +23,12 @@ use cuda_interop_frames::protocol::Delivery;
 use cuda_interop_frames::sender::{
     monotonic_ns, AcquireError, Address, LentSlot, Sender, SenderError, SenderOptions,
 };
-use cuda_interop_frames::session::Session;
 use cuda_interop_frames::transport::ConsumerError;
 use cuda_interop_testkit::{assert_no_validation_errors, vulkan};
 use vk_export::markers::HostVisible;
 use vk_export::Context;
+
+mod common;
 
 const W: u32 = 40;
 const H: u32 = 18;
@@ -78,18 +79,10 @@ fn frames_written_through_lent_slots_are_read_back_exact() {
     let directory = directory("frames");
     let ctx = vulkan(None);
     let mut tx = sender(&ctx, &directory, "lent", 3);
-    let (session, setup) = {
-        let dir = directory.clone();
-        let t = std::thread::spawn(move || {
-            Session::connect_named(&dir, "lent", Delivery::Lossless, Duration::from_secs(10))
+    let (session, setup) =
+        common::connect_serving(&directory, "lent", Delivery::Lossless, BOUND, || {
+            tx.serve(Duration::from_millis(5))
         });
-        let start = Instant::now();
-        while !t.is_finished() {
-            assert!(start.elapsed() < BOUND);
-            tx.serve(Duration::from_millis(5));
-        }
-        t.join().unwrap().expect("connected")
-    };
     let rx = HostReceiver::from_session(session, setup).unwrap();
     let len = rx.frame_bytes() as usize;
     assert_eq!(len, (W * H * 4) as usize);

@@ -13,12 +13,13 @@ use std::time::{Duration, Instant};
 use cuda_interop_frames::discovery::Directory;
 use cuda_interop_frames::protocol::Delivery;
 use cuda_interop_frames::sender::{self, Address, ImageSender, SenderError, SenderOptions};
-use cuda_interop_frames::session::Session;
 use cuda_interop_frames::vulkan_receiver::VulkanReceiver;
 use cuda_interop_testkit::{assert_no_validation_errors, vulkan, Mem};
 use vk_export::ash::vk;
 use vk_export::format::Rgba8Unorm;
 use vk_export::{Context, QueueRole, TimelineSemaphore};
+
+mod common;
 
 const W: u32 = 40;
 const H: u32 = 24;
@@ -136,18 +137,10 @@ fn a_slot_written_by_the_applications_own_submission_is_received_texel_for_texel
     };
     let mut sender = ImageSender::<Rgba8Unorm, Mem>::new(&ctx, opts).unwrap();
     // Connected once the sender answered its subscribe (served here).
-    let (session, setup) = {
-        let dir = directory.clone();
-        let t = std::thread::spawn(move || {
-            Session::connect_named(&dir, "opened", Delivery::Lossless, Duration::from_secs(10))
+    let (session, setup) =
+        common::connect_serving(&directory, "opened", Delivery::Lossless, BOUND, || {
+            sender.serve(Duration::from_millis(5))
         });
-        let start = Instant::now();
-        while !t.is_finished() {
-            assert!(start.elapsed() < BOUND);
-            sender.serve(Duration::from_millis(5));
-        }
-        t.join().unwrap().expect("connected")
-    };
     let vrx = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, session, setup).unwrap();
     let written = TimelineSemaphore::new_local(&ctx).unwrap();
 

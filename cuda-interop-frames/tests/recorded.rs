@@ -19,13 +19,14 @@ use cuda_interop_frames::protocol::Delivery;
 use cuda_interop_frames::sender::{
     self, AcquireError, Address, ImageSender, RecordedFrame, SenderError, SenderOptions,
 };
-use cuda_interop_frames::session::Session;
 use cuda_interop_frames::vulkan_receiver::VulkanReceiver;
 use cuda_interop_testkit::app_image::AppImage;
 use cuda_interop_testkit::{assert_no_validation_errors, pattern, vulkan, Mem};
 use vk_export::ash::vk;
 use vk_export::format::Rgba8Unorm;
 use vk_export::{Context, QueueRole, SourceImage, SourceSharing};
+
+mod common;
 
 const W: u32 = 40;
 const H: u32 = 24;
@@ -145,18 +146,10 @@ fn frames_recorded_in_the_engines_command_buffer_arrive_texel_for_texel() {
     let rctx = vulkan(None);
     let mut sender =
         ImageSender::<Rgba8Unorm, Mem>::new(&ctx, options(&directory, "rec", 3)).unwrap();
-    let (session, setup) = {
-        let dir = directory.clone();
-        let t = std::thread::spawn(move || {
-            Session::connect_named(&dir, "rec", Delivery::Lossless, Duration::from_secs(10))
+    let (session, setup) =
+        common::connect_serving(&directory, "rec", Delivery::Lossless, BOUND, || {
+            sender.serve(Duration::from_millis(5))
         });
-        let start = Instant::now();
-        while !t.is_finished() {
-            assert!(start.elapsed() < BOUND);
-            sender.serve(Duration::from_millis(5));
-        }
-        t.join().unwrap().expect("connected")
-    };
     let vrx = VulkanReceiver::<Rgba8Unorm, Mem>::new(&rctx, session, setup).unwrap();
     let engine = Engine::new(&ctx);
 

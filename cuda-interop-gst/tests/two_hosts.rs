@@ -357,7 +357,10 @@ fn receiving_gst_launch(host: &Host, pipeline: &str) -> Command {
 /// How many of its frames host B's sink presented in place (written into
 /// its slots by the depayloader, no copy), from its log at stop.
 fn in_place(b_log: &str) -> Option<u64> {
-    let line = b_log.lines().rev().find(|l| l.contains("frames presented ("))?;
+    let line = b_log
+        .lines()
+        .rev()
+        .find(|l| l.contains("frames presented ("))?;
     let after = line.split("frames presented (").nth(1)?;
     after.split(" in place").next()?.trim().parse().ok()
 }

@@ -38,3 +38,33 @@ pub fn seqs(r: &HashMap<String, String>, key: &str) -> Vec<u64> {
         .map(|s| s.parse().unwrap())
         .collect()
 }
+
+/// A session connected to `name` in `directory` on another thread while
+/// `serve` runs here (the sender answers the subscribe only when served),
+/// within `bound`.
+pub fn connect_serving(
+    directory: &cuda_interop_frames::discovery::Directory,
+    name: &str,
+    delivery: cuda_interop_frames::protocol::Delivery,
+    bound: std::time::Duration,
+    mut serve: impl FnMut(),
+) -> (
+    cuda_interop_frames::session::Session,
+    vk_export::wire::Received,
+) {
+    let (dir, name) = (directory.clone(), name.to_string());
+    let t = std::thread::spawn(move || {
+        cuda_interop_frames::session::Session::connect_named(
+            &dir,
+            &name,
+            delivery,
+            std::time::Duration::from_secs(10),
+        )
+    });
+    let start = std::time::Instant::now();
+    while !t.is_finished() {
+        assert!(start.elapsed() < bound, "no connection within {bound:?}");
+        serve();
+    }
+    t.join().unwrap().expect("connected")
+}
