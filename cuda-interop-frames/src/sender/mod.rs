@@ -30,6 +30,14 @@
 //!   signals a timeline of the context; [`OpenSlot::present`] waits for it
 //!   on the GPU, releases, signals "produced" and announces the frame. A
 //!   slot opened and dropped is released unnumbered.
+//!   [`WriteSlot::open_detached`] opens it the same way without the borrow
+//!   (an [`OpenedFrame`]: the sender is free meanwhile, and the frame can
+//!   cross the C ABI); [`Sender::present_opened`] publishes it as
+//!   [`OpenSlot::present`] does, [`Sender::abandon_opened`] (`unsafe`: no
+//!   write of the application's may be pending) releases it unnumbered.
+//!   An opened frame's slot is out of the ring until then; a sender
+//!   dropped with one out leaks it as it leaks a recorded one (below), and
+//!   its "opened" timeline with it.
 //! * Commands recorded into the application's own command buffer (an
 //!   engine's, still open, that it submits itself and that signals nothing
 //!   this crate made): [`WriteSlot::record_into`] records the slot's
@@ -166,7 +174,17 @@ use service::{accept_loop, Event};
 pub use peers::LOG_LINES;
 pub use service::{EVENT_QUEUE, POLL};
 pub use slots::{ImageSender, ImageTarget, SlotResource};
-pub use write::{LentSlot, OpenSlot, RecordedFrame, WriteSlot};
+pub use write::{LentSlot, OpenSlot, OpenedFrame, RecordedFrame, WriteSlot};
+
+/// Why a slot is out of the ring with the application's GPU work on it
+/// ([`Sender`]'s `outside`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Outside {
+    /// Recorded into the application's command buffer ([`RecordedFrame`]).
+    Recorded,
+    /// Opened for the application's own submissions ([`OpenedFrame`]).
+    Opened,
+}
 
 /// The next sender's [`Sender::id`](Sender).
 static NEXT_SENDER_ID: AtomicU64 = AtomicU64::new(1);
@@ -376,8 +394,10 @@ pub struct Sender<M: MemoryLocation, R: SlotResource<M> = ExportableBuffer<M>> {
     _memory: std::marker::PhantomData<M>,
     produced: Option<TimelineSemaphore>,
     /// What [`WriteSlot::open`] signals (local, made on first use), and its
-    /// last value.
-    opened: Option<TimelineSemaphore>,
+    /// last value. Shared with the [`OpenedFrame`]s handed out (their
+    /// `ready`), and leaked at the drop while one is out: the application's
+    /// pending submission may wait for it.
+    opened: Option<Arc<TimelineSemaphore>>,
     opened_value: u64,
     receivers: Receivers,
     events_tx: EventSender<Event>,
@@ -387,14 +407,18 @@ pub struct Sender<M: MemoryLocation, R: SlotResource<M> = ExportableBuffer<M>> {
     announcement: Option<Announcement>,
     socket: PathBuf,
     released_to_external: Vec<bool>,
-    /// Slots recorded into the application's command buffers and not yet
-    /// presented or abandoned ([`RecordedFrame`]): not handed out.
-    recorded: Vec<bool>,
+    /// Slots out of the ring that the application's own GPU work may still
+    /// write, which this sender cannot wait for: recorded into its command
+    /// buffers ([`RecordedFrame`]) or opened for its own submissions
+    /// ([`OpenedFrame`]) and not yet presented or abandoned. Not handed
+    /// out; leaked, not destroyed, at the drop.
+    outside: Vec<Option<Outside>>,
     /// Slots lent to a host writer ([`LentSlot`]): out of the ring while
     /// the [`LentSlot`] lives (its drop gives the slot back), handed the
     /// slot's buffer if the sender is dropped first.
     lent: Vec<Option<write::Custody<R>>>,
-    /// Tells this sender's [`RecordedFrame`]s from another's.
+    /// Tells this sender's [`RecordedFrame`]s, [`OpenedFrame`]s and
+    /// [`LentSlot`]s from another's.
     id: u64,
     /// The newest presented frame: `(slot, frame, timestamp)`.
     newest: Option<(u32, u64, u64)>,
@@ -478,7 +502,7 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         Ok(Sender {
             ctx: ctx.clone(),
             released_to_external: vec![false; opts.slots as usize],
-            recorded: vec![false; opts.slots as usize],
+            outside: vec![None; opts.slots as usize],
             lent: (0..opts.slots).map(|_| None).collect(),
             id: NEXT_SENDER_ID.fetch_add(1, Ordering::Relaxed),
             receivers: Receivers::new(limits, opts.slots as usize),
@@ -505,6 +529,12 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
     /// The socket receivers connect to.
     pub fn socket(&self) -> &std::path::Path {
         &self.socket
+    }
+
+    /// The context it was made on (what the `written` timeline of
+    /// [`Sender::present_opened`] must belong to).
+    pub fn context(&self) -> &Context {
+        &self.ctx
     }
 
     /// The options it was made with.
@@ -621,7 +651,7 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         let mut worth_waiting = false;
         for i in 0..n {
             let s = (self.next_slot + i) % n;
-            if self.recorded[s as usize] || self.is_lent(s as usize) {
+            if self.outside[s as usize].is_some() || self.is_lent(s as usize) {
                 continue;
             }
             match self.receivers.blocked(s as usize) {
@@ -762,7 +792,7 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         frame: RecordedFrame,
         timestamp_ns: u64,
     ) -> Result<u64, SenderError> {
-        let s = self.check_recorded(&frame)?;
+        let s = self.check_outside(frame.sender, frame.slot, Outside::Recorded)?;
         let f = self.stats.presented + 1;
         let signalled = match &self.produced {
             Some(produced) => produced.signal(f),
@@ -770,7 +800,7 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         };
         // The commands completed (the caller's promise): the slot is
         // released to the external family and free again, `f` used.
-        self.recorded[s] = false;
+        self.outside[s] = None;
         self.submitted(s, f, &Ok(()));
         signalled?;
         self.announce(frame.slot, f, timestamp_ns);
@@ -786,20 +816,30 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
     /// never will be (reset or freed). (A submitted one is presented once it
     /// completed.)
     pub unsafe fn abandon_recorded(&mut self, frame: RecordedFrame) -> Result<(), SenderError> {
-        let s = self.check_recorded(&frame)?;
-        self.recorded[s] = false;
+        let s = self.check_outside(frame.sender, frame.slot, Outside::Recorded)?;
+        self.outside[s] = None;
         // The acquire and release never ran: the slot's owner is what it
         // was before the recording.
         self.released_to_external[s] = frame.was_released;
         Ok(())
     }
 
-    fn check_recorded(&self, frame: &RecordedFrame) -> Result<usize, SenderError> {
-        let s = frame.slot as usize;
-        if frame.sender != self.id || !self.recorded.get(s).copied().unwrap_or(false) {
+    /// Slot `slot` of a frame of sender `sender` that is out of the ring
+    /// as `how`: its index, or refused as another sender's.
+    pub(super) fn check_outside(
+        &self,
+        sender: u64,
+        slot: u32,
+        how: Outside,
+    ) -> Result<usize, SenderError> {
+        let s = slot as usize;
+        if sender != self.id || self.outside.get(s).copied().flatten() != Some(how) {
+            let what = match how {
+                Outside::Recorded => "a recorded frame",
+                Outside::Opened => "an opened frame",
+            };
             return Err(vk_export::Error::InvalidArgument(format!(
-                "a recorded frame (slot {}) of another sender",
-                frame.slot
+                "{what} (slot {slot}) of another sender"
             ))
             .into());
         }
@@ -839,10 +879,10 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
     ) -> Result<u64, SenderError> {
         let s = slot as usize;
         if self.opened.is_none() {
-            self.opened = Some(TimelineSemaphore::new_local(&self.ctx)?);
+            self.opened = Some(Arc::new(TimelineSemaphore::new_local(&self.ctx)?));
         }
         let value = self.opened_value + 1;
-        let opened = self.opened.as_ref().expect("made above");
+        let opened = self.opened.as_deref().expect("made above");
         let sync = self.release_waits(s).signal_timeline(opened, value);
         let resource = &self.slots[s];
         let from_external = self.released_to_external[s];
@@ -981,14 +1021,18 @@ impl<M: MemoryLocation, R: SlotResource<M>> Drop for Sender<M, R> {
         while self.events.try_recv().is_ok() {}
         // Last: the entry, and the lock that owns the name.
         self.announcement = None;
-        // A recorded slot may still be written by the application's
-        // commands, which this sender cannot wait for: leaked, not
-        // destroyed under them.
-        let recorded = std::mem::take(&mut self.recorded);
+        // A recorded or opened slot may still be written by the
+        // application's GPU work, which this sender cannot wait for: leaked,
+        // not destroyed under it; with an opened one, the "opened" timeline
+        // too (the application's submission may wait for it).
+        let outside = std::mem::take(&mut self.outside);
+        if outside.contains(&Some(Outside::Opened)) {
+            std::mem::forget(self.opened.clone());
+        }
         let lent = std::mem::take(&mut self.lent);
         let slots = std::mem::take(&mut self.slots);
-        for ((slot, recorded), lent) in slots.into_iter().zip(recorded).zip(lent) {
-            if recorded {
+        for ((slot, outside), lent) in slots.into_iter().zip(outside).zip(lent) {
+            if outside.is_some() {
                 std::mem::forget(slot);
             } else if let Some(custody) = lent.filter(|c| Arc::strong_count(c) > 1) {
                 // A host writer may still write it through its mapping:

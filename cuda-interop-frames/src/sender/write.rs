@@ -6,9 +6,17 @@
 //! # Contract
 //!
 //! * A guard borrows its sender mutably: one frame is written at a time.
+//!   The non-borrowing shapes ([`RecordedFrame`], [`OpenedFrame`],
+//!   [`LentSlot`]) carry their sender's id and slot; the sender takes them
+//!   back (`present_*`, `abandon_*`) only if they are its own and the slot
+//!   is out of its ring in that shape, else refuses them.
 //! * A [`WriteSlot`] dropped unpresented leaves the slot free; an
 //!   [`OpenSlot`] dropped unpresented is released to the external family
-//!   (bounded, on the same queue) and no frame is numbered.
+//!   (bounded, on the same queue) and no frame is numbered. An
+//!   [`OpenedFrame`] is an [`OpenSlot`] detached from the borrow: its
+//!   present and abandon rebuild the [`OpenSlot`] and run its close (one
+//!   implementation of each); dropped, it leaves its slot out of the ring
+//!   (the application's GPU work may still write it).
 //! * The sender's bookkeeping (frame numbers, the slot's owner, the
 //!   receivers' waits) is the sender's (`super`): the guards call it.
 
@@ -22,7 +30,7 @@ use vk_export::{
     ExportableBuffer, ExportableImage, QueueRole, SourceImage, SourceSharing, TimelineSemaphore,
 };
 
-use super::{Sender, SenderError, SlotResource};
+use super::{Outside, Sender, SenderError, SlotResource};
 
 impl<M: MemoryLocation, R: SlotResource<M>> std::fmt::Debug for WriteSlot<'_, M, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -386,7 +394,7 @@ impl<'a, M: MemoryLocation, R: SlotResource<M>> WriteSlot<'a, M, R> {
         // the receivers' promises spent; released when `cmd` runs.
         sender.receivers.written(s);
         sender.released_to_external[s] = true;
-        sender.recorded[s] = true;
+        sender.outside[s] = Some(Outside::Recorded);
         RecordedFrame {
             sender: sender.id,
             slot,
@@ -458,6 +466,183 @@ impl<'a, M: MemoryLocation, R: SlotResource<M>> WriteSlot<'a, M, R> {
             closed: false,
         })
     }
+
+    /// [`WriteSlot::open`] without the borrow: the slot is opened the same
+    /// way (acquired for `role`'s family after a GPU wait for the
+    /// receivers' releases, the submission waited for, bounded) and handed
+    /// back as an [`OpenedFrame`], so that the sender is free meanwhile
+    /// (other frames, serving receivers) and the frame can cross an API
+    /// that cannot hold a borrow (the C ABI's `ci_sender_open`). The slot is
+    /// out of the ring until [`Sender::present_opened`] publishes it or
+    /// [`Sender::abandon_opened`] releases it unpresented; dropped instead,
+    /// it stays out for the sender's life. A sender dropped with an opened
+    /// frame out leaks that slot (its image or buffer and memory, which the
+    /// application's submission may still write), the "opened" timeline
+    /// (which it may wait for) and with them the context's device objects:
+    /// present or abandon every opened frame before dropping the sender
+    /// where the device is to be destroyed.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use cuda_interop_frames::sender::{monotonic_ns, ImageSender};
+    /// # use vk_export::{format::Rgba8Unorm, markers::DeviceLocal, QueueRole, TimelineSemaphore};
+    /// # fn f(sender: &mut ImageSender<Rgba8Unorm, DeviceLocal>, done: &TimelineSemaphore, n: u64)
+    /// # -> Result<(), Box<dyn std::error::Error>> {
+    /// let frame = sender.acquire(Duration::from_millis(100))?.open_detached(QueueRole::Main)?;
+    /// let image = sender.images()[frame.index() as usize].raw();
+    /// let (opened, value) = frame.ready();
+    /// // ... the application's submission: waits (opened, value), writes
+    /// // `image` on a queue of frame.queue_family(), signals (done, n) ...
+    /// # let _ = (opened, value, image);
+    /// let sequence = sender.present_opened(frame, monotonic_ns(), (done, n))?;
+    /// # let _ = sequence; Ok(()) }
+    /// ```
+    pub fn open_detached(self, role: QueueRole) -> Result<OpenedFrame, SenderError> {
+        let open = self.open(role)?;
+        // Out of the ring from here; the guard's drop must not release it.
+        let mut open = std::mem::ManuallyDrop::new(open);
+        let s = open.slot as usize;
+        open.sender.outside[s] = Some(Outside::Opened);
+        let opened = open.sender.opened.clone().expect("made by open");
+        Ok(OpenedFrame {
+            sender: open.sender.id,
+            slot: open.slot,
+            role: open.role,
+            family: open.family,
+            ready: open.ready,
+            opened,
+        })
+    }
+}
+
+/// A slot opened for the application's own submissions without a borrow
+/// of its sender ([`WriteSlot::open_detached`]): acquired for
+/// [`OpenedFrame::queue_family`] until [`Sender::present_opened`] releases
+/// it and publishes the frame, or [`Sender::abandon_opened`] releases it
+/// unpresented. Dropped instead, its slot stays out of the ring for the
+/// sender's life (it is never released under the application's writes).
+#[must_use = "present the frame (Sender::present_opened) or abandon it (Sender::abandon_opened)"]
+pub struct OpenedFrame {
+    sender: u64,
+    slot: u32,
+    role: QueueRole,
+    family: u32,
+    ready: u64,
+    /// The sender's "opened" timeline (kept alive for `ready`).
+    opened: Arc<TimelineSemaphore>,
+}
+
+impl OpenedFrame {
+    /// The slot's index ([`Sender::resources`] has its buffer or image).
+    pub fn index(&self) -> u32 {
+        self.slot
+    }
+
+    /// The queue family the slot is acquired for: the application writes
+    /// it on a queue of this family only.
+    pub fn queue_family(&self) -> u32 {
+        self.family
+    }
+
+    /// The role whose queue opened the slot, and releases it.
+    pub fn role(&self) -> QueueRole {
+        self.role
+    }
+
+    /// The timeline value the application's writes wait for on the GPU
+    /// (reached already when the slot was opened; waiting for it orders
+    /// the acquire's memory dependency before the writes on another
+    /// queue). `raw()` of the semaphore is the `VkSemaphore` to name in a
+    /// submission; it stays valid while this frame lives.
+    pub fn ready(&self) -> (&TimelineSemaphore, u64) {
+        (&self.opened, self.ready)
+    }
+}
+
+impl std::fmt::Debug for OpenedFrame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenedFrame")
+            .field("slot", &self.slot)
+            .field("queue_family", &self.family)
+            .field("ready", &self.ready)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
+    /// Publishes an opened frame ([`WriteSlot::open_detached`]) as
+    /// [`OpenSlot::present`] does (the same close): one submission on the
+    /// opening role's queue waits on the GPU for `written` (the
+    /// application's timeline value, signalled after its last write of the
+    /// slot; a timeline of this sender's context), releases the slot to
+    /// the external family, signals "produced", and is waited for
+    /// (bounded); then the frame is announced with `timestamp_ns`. Returns
+    /// its sequence number; frames are numbered in the order they are
+    /// presented.
+    ///
+    /// Refused ([`vk_export::Error::InvalidArgument`]) and spent: a frame
+    /// of another sender (this sender is unchanged; the other keeps that
+    /// slot out of its ring). Refused ([`vk_export::Error::ForeignResource`])
+    /// before anything is submitted: `written` of another context; the
+    /// frame is spent and its slot stays out of the ring (the
+    /// application's writes may be pending: nothing releases it under
+    /// them). A present that times out keeps its number (the release still
+    /// runs once `written` arrives, and receivers count the gap); another
+    /// error releases the slot unnumbered, as [`OpenSlot::present`] does.
+    pub fn present_opened(
+        &mut self,
+        frame: OpenedFrame,
+        timestamp_ns: u64,
+        written: (&TimelineSemaphore, u64),
+    ) -> Result<u64, SenderError> {
+        let s = self.check_outside(frame.sender, frame.slot, Outside::Opened)?;
+        if !self.ctx.is_same(written.0.context()) {
+            return Err(vk_export::Error::ForeignResource(format!(
+                "the written timeline of opened slot {} belongs to another Context: signal a \
+                 timeline of the sender's context; the slot stays out of the ring",
+                frame.slot
+            ))
+            .into());
+        }
+        self.outside[s] = None;
+        frame.reopen(self).present(timestamp_ns, written)
+    }
+
+    /// Releases an opened frame's slot unpresented, as an [`OpenSlot`]
+    /// dropped unpresented is (the same close: a release to the external
+    /// family on the opening role's queue, bounded), and puts it back into
+    /// the ring; no frame is numbered. A frame of another sender is
+    /// refused and spent, as in [`Sender::present_opened`].
+    ///
+    /// # Safety
+    /// No submission of the application that writes the slot is pending:
+    /// none was submitted, or every one has completed (the application
+    /// knows it from its fence or its timeline's value). The release does
+    /// not wait for the application's work; a write still running would
+    /// race the release and the next frame written into the slot.
+    pub unsafe fn abandon_opened(&mut self, frame: OpenedFrame) -> Result<(), SenderError> {
+        let s = self.check_outside(frame.sender, frame.slot, Outside::Opened)?;
+        self.outside[s] = None;
+        frame.reopen(self).release_unpresented()
+    }
+}
+
+impl OpenedFrame {
+    /// The [`OpenSlot`] this frame was, on `sender` (checked by the
+    /// caller to be its own, and taken back into the ring's bookkeeping).
+    fn reopen<M: MemoryLocation, R: SlotResource<M>>(
+        self,
+        sender: &mut Sender<M, R>,
+    ) -> OpenSlot<'_, M, R> {
+        OpenSlot {
+            sender,
+            slot: self.slot,
+            role: self.role,
+            family: self.family,
+            ready: self.ready,
+            closed: false,
+        }
+    }
 }
 
 /// A frame recorded into the application's command buffer
@@ -519,7 +704,7 @@ impl<M: MemoryLocation, R: SlotResource<M>> OpenSlot<'_, M, R> {
     /// acquire's memory dependency before the writes on another queue).
     pub fn ready(&self) -> (&TimelineSemaphore, u64) {
         (
-            self.sender.opened.as_ref().expect("made by open"),
+            self.sender.opened.as_deref().expect("made by open"),
             self.ready,
         )
     }
@@ -562,12 +747,21 @@ impl<M: MemoryLocation, R: SlotResource<M>> OpenSlot<'_, M, R> {
     }
 }
 
+impl<M: MemoryLocation, R: SlotResource<M>> OpenSlot<'_, M, R> {
+    /// Releases the slot unpresented (once: nothing after a close), no
+    /// frame numbered: what the drop does.
+    fn release_unpresented(&mut self) -> Result<(), SenderError> {
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        self.sender.close(self.slot, self.role, None, None)
+    }
+}
+
 impl<M: MemoryLocation, R: SlotResource<M>> Drop for OpenSlot<'_, M, R> {
     fn drop(&mut self) {
-        if self.closed {
-            return;
-        }
-        if let Err(e) = self.sender.close(self.slot, self.role, None, None) {
+        if let Err(e) = self.release_unpresented() {
             self.sender.note(format!(
                 "slot {} opened and dropped unpresented: its release failed: {e}",
                 self.slot
