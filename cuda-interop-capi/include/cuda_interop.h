@@ -239,6 +239,12 @@ typedef struct ci_receiver ci_receiver;
 typedef struct ci_sender ci_sender;
 
 /**
+ * An opaque timeline semaphore the application signals in its own
+ * submissions (`ci_timeline_new`).
+ */
+typedef struct ci_timeline ci_timeline;
+
+/**
  * An opaque Vulkan receiver (`ci_vulkan_receiver_connect_named`).
  */
 typedef struct ci_vulkan_receiver ci_vulkan_receiver;
@@ -477,6 +483,81 @@ typedef struct ci_ring_layout {
    */
   char format_name[CI_FORMAT_NAME_CAPACITY];
 } ci_ring_layout;
+
+/**
+ * A slot opened for the application's own submission (`ci_sender_open`).
+ */
+typedef struct ci_opened_slot {
+  /**
+   * `sizeof(ci_opened_slot)` as the caller compiled it (set by the
+   * caller before the call).
+   */
+  uint32_t struct_size;
+  /**
+   * The slot's index in the ring.
+   */
+  uint32_t slot;
+  /**
+   * The queue family the slot is acquired for: the application writes
+   * it on a queue of this family only.
+   */
+  uint32_t queue_family;
+  /**
+   * `CI_SLOTS_BUFFERS` (`buffer` is set) or `CI_SLOTS_IMAGES` (`image`
+   * is set).
+   */
+  uint32_t kind;
+  /**
+   * The token for `ci_sender_present_opened` or
+   * `ci_sender_abandon_opened` (never 0).
+   */
+  uint64_t token;
+  /**
+   * The slot's `VkBuffer` (a buffer ring), else 0.
+   */
+  uint64_t buffer;
+  /**
+   * Bytes of the buffer (a buffer ring), else 0.
+   */
+  uint64_t buffer_size;
+  /**
+   * Bytes from one row to the next (a buffer ring), else 0.
+   */
+  uint64_t row_pitch;
+  /**
+   * The slot's `VkImage` (an image ring: in `VK_IMAGE_LAYOUT_GENERAL`,
+   * owned by `queue_family`; leave it in `GENERAL`), else 0.
+   */
+  uint64_t image;
+  /**
+   * The `VkSemaphore` (timeline) the application's submission waits for
+   * before it writes the slot; valid until the token is presented or
+   * abandoned.
+   */
+  uint64_t ready_semaphore;
+  /**
+   * The value of `ready_semaphore` to wait for (reached already: the
+   * wait orders the library's acquire before the writes on the GPU).
+   */
+  uint64_t ready_value;
+  /**
+   * Pixels per row.
+   */
+  uint32_t width;
+  /**
+   * Rows.
+   */
+  uint32_t height;
+  /**
+   * The slots' `VkFormat` (raw value; `VK_FORMAT_R8G8B8A8_UNORM` for an
+   * RGBA8 buffer ring).
+   */
+  uint32_t vk_format;
+  /**
+   * Zero (padding, for a layout without holes).
+   */
+  uint32_t reserved;
+} ci_opened_slot;
 
 /**
  * A frame's memory as pitched device memory (`ci_cuda_receiver_pitched`,
@@ -1059,6 +1140,153 @@ enum ci_status ci_gl_receiver_release(struct ci_gl_receiver *receiver,
  * None beyond the receiver's (`ci_gl_receiver_connect_named`).
  */
 enum ci_status ci_gl_receiver_free(struct ci_gl_receiver *receiver);
+
+/**
+ * Makes a timeline semaphore on `ctx` (local: never exported; it starts
+ * at 0) for the application to signal in its own submissions, and stores
+ * its handle in `*out`. `ci_sender_present_opened` waits for one of its
+ * values on the GPU. Rules (the library never signals it, only waits for
+ * it, so its own bookkeeping of signals stays right whatever the
+ * application signals):
+ * * the application signals it in its submissions
+ *   (`VkTimelineSemaphoreSubmitInfo`) or from the host
+ *   (`vkSignalSemaphore`), each value above the current one and every
+ *   value already signalled or pending (Vulkan's rules), on queues it
+ *   submits to as `ci_context_new_from_vulkan`'s contract says;
+ * * it is used only with senders of the same context
+ *   (`ci_sender_present_opened` refuses another's);
+ * * the application's submissions that wait for or signal it complete
+ *   before `ci_timeline_free` (which waits only for the library's own
+ *   use of it).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `out` is NULL or valid for a write.
+ */
+enum ci_status ci_timeline_new(struct ci_context *ctx, struct ci_timeline **out);
+
+/**
+ * Stores the timeline's `VkSemaphore` (a non-dispatchable handle's 64-bit
+ * value, valid until `ci_timeline_free`) in `*out`, to name in the
+ * application's submissions (`ci_timeline_new`'s rules).
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `out` is NULL or valid for a write.
+ */
+enum ci_status ci_timeline_vk_semaphore(const struct ci_timeline *timeline, uint64_t *out);
+
+/**
+ * Stores the timeline's current value (`vkGetSemaphoreCounterValue`) in
+ * `*out`.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `out` is NULL or valid for a write.
+ */
+enum ci_status ci_timeline_value(const struct ci_timeline *timeline, uint64_t *out);
+
+/**
+ * Frees a timeline (NULL: nothing). The semaphore is destroyed once the
+ * library's last use of it completed (a present waiting for it that
+ * timed out keeps it until then).
+ *
+ * Thread safety: any thread; the handle is invalid for every thread after.
+ *
+ * # Safety
+ * The application's submissions that wait for or signal the timeline have
+ * completed (`ci_timeline_new`'s rules).
+ */
+enum ci_status ci_timeline_free(struct ci_timeline *timeline);
+
+/**
+ * Opens a free slot of `sender` (a buffer or an image ring) for the
+ * application's own submission and describes it in `*out` (the caller
+ * sets `out->struct_size`): takes a free slot (as `ci_sender_present_fill`:
+ * `CI_SKIPPED` when latest receivers hold every slot, waiting up to
+ * `timeout_s` only for lossless receivers), then one submission on the
+ * context's queue of `role` (`CI_QUEUE_MAIN` or `CI_QUEUE_TRANSFER`) waits
+ * on the GPU for the receivers' releases of the slot, acquires it for that
+ * queue's family (an image in `GENERAL`) and signals `ready_value`; it is
+ * waited for (bounded). The application's submission then, on a queue of
+ * `out->queue_family`: waits for `ready_semaphore` = `ready_value`, writes
+ * the slot (`buffer`, or `image` leaving it in `GENERAL`), and signals a
+ * `ci_timeline` of the same context; `ci_sender_present_opened` publishes
+ * the frame after it, or `ci_sender_abandon_opened` gives the slot back.
+ * Until then the slot is out of the ring, and the sender is free for
+ * other calls (other frames, serving). A sender freed with a slot opened
+ * leaks that slot (which the application's submission may still write)
+ * and its ready semaphore, and keeps the context's device objects alive
+ * with them: present or abandon every opened slot before freeing the
+ * sender where the device is to be destroyed.
+ *
+ * Thread safety: any thread; calls on one sender are serialized.
+ *
+ * # Safety
+ * `out` is NULL or points to a `ci_opened_slot` whose `struct_size` is
+ * set, readable, and valid for writes of `struct_size` bytes.
+ */
+enum ci_status ci_sender_open(struct ci_sender *sender,
+                              uint32_t role,
+                              double timeout_s,
+                              struct ci_opened_slot *out);
+
+/**
+ * Publishes the slot opened as `opened` (`ci_sender_open`'s token) once
+ * the application's submission that writes it signals `value` on
+ * `timeline`: one submission on the opening queue waits on the GPU for
+ * that value, releases the slot to the external family, signals the
+ * ring's "produced" timeline, and is waited for (bounded); then the frame
+ * is announced with `timestamp_ns` (0: now) and its sequence number
+ * stored in `*sequence_out` if not NULL. Frames are numbered in the order
+ * they are presented.
+ *
+ * Refused, nothing changed and the token still valid: a token this sender
+ * did not give or already spent (`CI_INVALID_ARGUMENT`), a NULL, freed or
+ * wrong-kind timeline (`CI_NULL_POINTER`, `CI_WRONG_HANDLE`), a timeline
+ * of another context or a `value` of 0 (`CI_INVALID_ARGUMENT`). After
+ * that the token is spent: `CI_TIMEOUT` when `value` was not reached
+ * within the bound (the frame keeps its number and is not announced:
+ * receivers count the gap; the release runs once the value arrives);
+ * another error releases the slot unnumbered.
+ *
+ * Thread safety: any thread; calls on one sender are serialized.
+ *
+ * # Safety
+ * The application's submission that writes the slot waits for the slot's
+ * ready value before its writes, runs on a queue of the slot's
+ * `queue_family` (submitted as `ci_context_new_from_vulkan`'s contract
+ * says: inside `ci_context_with_queue`), writes only the slot's buffer
+ * (within `buffer_size`) or image (left in `GENERAL`), and signals `value`
+ * after its last write; that signal is submitted before this call (or
+ * made within the bound), and nothing of the application's writes the
+ * slot after it. `sequence_out` is NULL or valid for a write.
+ */
+enum ci_status ci_sender_present_opened(struct ci_sender *sender,
+                                        uint64_t opened,
+                                        const struct ci_timeline *timeline,
+                                        uint64_t value,
+                                        uint64_t timestamp_ns,
+                                        uint64_t *sequence_out);
+
+/**
+ * Gives the slot opened as `opened` back to the ring unpresented (the
+ * application's submission failed, or it dropped the frame): a release to
+ * the external family on the opening queue, waited for (bounded); no
+ * frame is numbered. Tokens as in `ci_sender_present_opened` (another
+ * sender's, unknown or spent: `CI_INVALID_ARGUMENT`, nothing changed).
+ *
+ * Thread safety: any thread; calls on one sender are serialized.
+ *
+ * # Safety
+ * No submission of the application that writes the slot is pending: none
+ * was submitted, or every one has completed (its fence, or its timeline's
+ * value, says so). The release does not wait for the application's work.
+ */
+enum ci_status ci_sender_abandon_opened(struct ci_sender *sender, uint64_t opened);
 
 /**
  * Stores the layout of host receiver `receiver`'s ring in `*layout`

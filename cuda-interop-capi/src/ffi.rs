@@ -401,9 +401,15 @@ pub unsafe extern "C" fn ci_sender_new(
         non_null(out, "out")?;
         let opts = ring_options(&ctx, name, width, height, slots)?;
         let sender = if offers_device_local(&ctx) {
-            AnySender::Device(Sender::<DeviceLocal>::new(&ctx, opts).map_err(sender_error)?)
+            AnySender::Device(
+                Sender::<DeviceLocal>::new(&ctx, opts).map_err(sender_error)?,
+                handles::Tokens::default(),
+            )
         } else {
-            AnySender::Host(Sender::<HostVisible>::new(&ctx, opts).map_err(sender_error)?)
+            AnySender::Host(
+                Sender::<HostVisible>::new(&ctx, opts).map_err(sender_error)?,
+                handles::Tokens::default(),
+            )
         };
         let handle = handles::insert(Object::Sender(Arc::new(Mutex::new(sender))));
         // SAFETY: not NULL, valid for a write (the caller's promise).
@@ -481,8 +487,8 @@ pub unsafe extern "C" fn ci_sender_wait_for_receivers(
         let timeout = seconds("timeout_s", timeout_s)?;
         let ok = with_sender(sender, |s| {
             Ok(match s {
-                AnySender::Host(s) => s.wait_for_receivers(count as usize, timeout),
-                AnySender::Device(s) => s.wait_for_receivers(count as usize, timeout),
+                AnySender::Host(s, _) => s.wait_for_receivers(count as usize, timeout),
+                AnySender::Device(s, _) => s.wait_for_receivers(count as usize, timeout),
                 AnySender::Image(s, _) => s.wait_for_receivers(count as usize, timeout),
             })
         })?;
@@ -515,8 +521,8 @@ pub unsafe extern "C" fn ci_sender_serve(sender: *mut ci_sender, timeout_s: f64)
         let timeout = seconds("timeout_s", timeout_s)?;
         with_sender(sender, |s| {
             match s {
-                AnySender::Host(s) => s.serve(timeout),
-                AnySender::Device(s) => s.serve(timeout),
+                AnySender::Host(s, _) => s.serve(timeout),
+                AnySender::Device(s, _) => s.serve(timeout),
                 AnySender::Image(s, _) => s.serve(timeout),
             }
             Ok(())
@@ -593,8 +599,8 @@ pub unsafe extern "C" fn ci_sender_present_fill(
     entry(|| {
         let timeout = seconds("timeout_s", timeout_s)?;
         let sequence = with_sender(sender, |s| match s {
-            AnySender::Host(s) => fill(s, value, timestamp_ns, timeout),
-            AnySender::Device(s) => fill(s, value, timestamp_ns, timeout),
+            AnySender::Host(s, _) => fill(s, value, timestamp_ns, timeout),
+            AnySender::Device(s, _) => fill(s, value, timestamp_ns, timeout),
             AnySender::Image(..) => Err(image_ring("ci_sender_present_fill")),
         })?;
         if !sequence_out.is_null() {
@@ -692,8 +698,8 @@ pub unsafe extern "C" fn ci_sender_present_record(
             ));
         };
         let sequence = with_sender(sender, |s| match s {
-            AnySender::Host(s) => record_with(s, record, user, timestamp_ns, timeout),
-            AnySender::Device(s) => record_with(s, record, user, timestamp_ns, timeout),
+            AnySender::Host(s, _) => record_with(s, record, user, timestamp_ns, timeout),
+            AnySender::Device(s, _) => record_with(s, record, user, timestamp_ns, timeout),
             AnySender::Image(..) => Err(image_ring("ci_sender_present_record")),
         })?;
         if !sequence_out.is_null() {
@@ -718,8 +724,8 @@ pub unsafe extern "C" fn ci_sender_stats_get(
     entry(|| {
         let s = with_sender(sender, |s| {
             Ok(match s {
-                AnySender::Host(s) => s.stats(),
-                AnySender::Device(s) => s.stats(),
+                AnySender::Host(s, _) => s.stats(),
+                AnySender::Device(s, _) => s.stats(),
                 AnySender::Image(s, _) => s.stats(),
             })
         })?;

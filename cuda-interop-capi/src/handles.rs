@@ -5,14 +5,15 @@
 //!
 //! * A handle (`ci_context*`, `ci_sender*`, `ci_receiver*`,
 //!   `ci_cuda_receiver*`, `ci_vulkan_receiver*`, `ci_gl_receiver*`,
-//!   `ci_frame*`) is
+//!   `ci_frame*`, `ci_timeline*`) is
 //!   an opaque pointer that is never dereferenced: its value is a key into
 //!   one global table (`Mutex<HashMap<usize, Object>>`) of the live objects,
 //!   each tagged with its kind. Keys come from a counter (a generation):
 //!   they are never reused, so a freed handle stays an unknown key forever,
 //!   even after other objects are made.
 //! * Looking a handle up ([`context`], [`sender`], [`receiver`],
-//!   [`cuda_receiver`], [`vulkan_receiver`], [`gl_receiver`], [`frame`])
+//!   [`cuda_receiver`], [`vulkan_receiver`], [`gl_receiver`], [`frame`],
+//!   [`timeline`])
 //!   returns a clone of the object's `Arc` (the table's lock is held only
 //!   for the lookup), or an error: [`ci_status::CI_NULL_POINTER`] for NULL,
 //!   [`ci_status::CI_WRONG_HANDLE`] for an unknown key (freed, or never a handle:
@@ -38,33 +39,85 @@ use crate::{ci_status, CiError};
 /// A sender of either memory.
 #[derive(Debug)]
 pub(crate) enum AnySender {
-    /// Host-visible slots (a device without device-local memory).
-    Host(cuda_interop_frames::sender::Sender<HostVisible>),
-    /// Device-local slots.
-    Device(cuda_interop_frames::sender::Sender<DeviceLocal>),
+    /// Host-visible slots (a device without device-local memory), and its
+    /// opened frames' tokens.
+    Host(cuda_interop_frames::sender::Sender<HostVisible>, Tokens),
+    /// Device-local slots, and its opened frames' tokens.
+    Device(cuda_interop_frames::sender::Sender<DeviceLocal>, Tokens),
     /// A ring of images (`ci_image_sender_new`), of the format it was made
     /// with, and the frames recorded into the application's command
-    /// buffers (`ci_sender_record_copy`) not yet presented.
-    Image(Box<dyn ImageRing>, Recorded),
+    /// buffers (`ci_sender_record_copy`) or opened for its submissions
+    /// (`ci_sender_open`) not yet presented.
+    Image(Box<dyn ImageRing>, Tokens),
 }
 
-/// The frames an image ring's C sender recorded and has not presented or
-/// abandoned, by the token the C side holds: from one counter for the whole
-/// process, so a token is never reused and never another sender's.
+impl AnySender {
+    /// The sender as a ring that opens slots for the application's
+    /// submissions, and its tokens.
+    pub(crate) fn opened_parts(&mut self) -> (&mut dyn OpenedRing, &mut Tokens) {
+        match self {
+            AnySender::Host(s, t) => (s, t),
+            AnySender::Device(s, t) => (s, t),
+            AnySender::Image(s, t) => (s.as_opened(), t),
+        }
+    }
+}
+
+/// The frames a C sender recorded (`ci_sender_record_copy`, an image ring's)
+/// or opened (`ci_sender_open`) and has not presented or abandoned, by the
+/// token the C side holds: from one counter for the whole process, so a
+/// token is never reused and never another sender's (nor a recorded
+/// frame's an opened one's).
 #[derive(Debug, Default)]
-pub(crate) struct Recorded {
+pub(crate) struct Tokens {
     frames: HashMap<u64, cuda_interop_frames::sender::RecordedFrame>,
+    opened: HashMap<u64, cuda_interop_frames::sender::OpenedFrame>,
 }
 
 /// The last token given out (by any sender).
 static LAST_TOKEN: AtomicU64 = AtomicU64::new(0);
 
-impl Recorded {
+fn next_token() -> u64 {
+    LAST_TOKEN.fetch_add(1, Ordering::Relaxed) + 1
+}
+
+impl Tokens {
     /// Keeps `frame`; its token (never 0).
     pub(crate) fn insert(&mut self, frame: cuda_interop_frames::sender::RecordedFrame) -> u64 {
-        let token = LAST_TOKEN.fetch_add(1, Ordering::Relaxed) + 1;
+        let token = next_token();
         self.frames.insert(token, frame);
         token
+    }
+
+    /// Keeps opened `frame`; its token (never 0).
+    pub(crate) fn insert_opened(&mut self, frame: cuda_interop_frames::sender::OpenedFrame) -> u64 {
+        let token = next_token();
+        self.opened.insert(token, frame);
+        token
+    }
+
+    /// Whether `token` is an opened frame of this sender's, or why not.
+    pub(crate) fn check_opened(&self, token: u64) -> Result<(), CiError> {
+        if self.opened.contains_key(&token) {
+            Ok(())
+        } else {
+            Err(CiError::new(
+                ci_status::CI_INVALID_ARGUMENT,
+                format!(
+                    "opened is {token}: not a slot this sender opened (ci_sender_open), or one \
+                     already presented or abandoned"
+                ),
+            ))
+        }
+    }
+
+    /// Takes the opened frame of `token` out, or says why there is none.
+    pub(crate) fn take_opened(
+        &mut self,
+        token: u64,
+    ) -> Result<cuda_interop_frames::sender::OpenedFrame, CiError> {
+        self.check_opened(token)?;
+        Ok(self.opened.remove(&token).expect("checked above"))
     }
 
     /// Takes the frame of `token` out, or says why there is none.
@@ -99,6 +152,8 @@ pub(crate) struct CopySource {
 /// What an image ring's sender does, whatever its format (the C side
 /// picks the format at run time; implemented in `vulkan`).
 pub(crate) trait ImageRing: Send + std::fmt::Debug {
+    /// The ring as one that opens slots for the application's submissions.
+    fn as_opened(&mut self) -> &mut dyn OpenedRing;
     /// The images' raw `VkFormat`.
     fn vk_format(&self) -> u32;
     fn stats(&self) -> cuda_interop_frames::sender::SenderStats;
@@ -163,6 +218,53 @@ pub(crate) trait ImageRing: Send + std::fmt::Debug {
     ) -> Result<(), CiError>;
 }
 
+/// What `ci_opened_slot` says of a slot's resource.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SlotView {
+    pub(crate) kind: u32,
+    pub(crate) buffer: u64,
+    pub(crate) buffer_size: u64,
+    pub(crate) image: u64,
+    pub(crate) vk_format: u32,
+}
+
+/// A sender of either slot kind, as the opened-slot calls use it.
+pub(crate) trait OpenedRing {
+    /// The context the sender was made on.
+    fn context(&self) -> &vk_export::Context;
+    /// Takes a free slot (within `timeout`) and opens it for `role`'s
+    /// family: the frame, what the slot is, and the ring's extent and row
+    /// pitch.
+    fn open(
+        &mut self,
+        role: vk_export::QueueRole,
+        timeout: std::time::Duration,
+    ) -> Result<
+        (
+            cuda_interop_frames::sender::OpenedFrame,
+            SlotView,
+            [u32; 2],
+            u64,
+        ),
+        CiError,
+    >;
+    /// `Sender::present_opened`.
+    fn present_opened(
+        &mut self,
+        frame: cuda_interop_frames::sender::OpenedFrame,
+        written: (&vk_export::TimelineSemaphore, u64),
+        timestamp_ns: u64,
+    ) -> Result<u64, CiError>;
+    /// `Sender::abandon_opened`.
+    ///
+    /// # Safety
+    /// Its contract.
+    unsafe fn abandon_opened(
+        &mut self,
+        frame: cuda_interop_frames::sender::OpenedFrame,
+    ) -> Result<(), CiError>;
+}
+
 /// A frame handed out, with what `ci_frame_info` reports.
 #[derive(Debug)]
 pub(crate) struct FrameEntry {
@@ -184,6 +286,7 @@ pub(crate) enum Object {
     VulkanReceiver(Arc<cuda_interop_frames::image_reader::ImageReader>),
     GlReceiver(Arc<crate::thread_bound::ThreadBound>),
     Frame(Arc<FrameEntry>),
+    Timeline(Arc<vk_export::TimelineSemaphore>),
 }
 
 impl Object {
@@ -196,6 +299,7 @@ impl Object {
             Object::VulkanReceiver(_) => "ci_vulkan_receiver*",
             Object::GlReceiver(_) => "ci_gl_receiver*",
             Object::Frame(_) => "ci_frame*",
+            Object::Timeline(_) => "ci_timeline*",
         }
     }
 }
@@ -307,6 +411,14 @@ pub(crate) fn gl_receiver(key: usize) -> Result<Arc<crate::thread_bound::ThreadB
 pub(crate) fn frame(key: usize) -> Result<Arc<FrameEntry>, CiError> {
     lookup(key, "ci_frame*", |o| match o {
         Object::Frame(f) => Some(f.clone()),
+        _ => None,
+    })
+}
+
+/// The timeline of handle `key`.
+pub(crate) fn timeline(key: usize) -> Result<Arc<vk_export::TimelineSemaphore>, CiError> {
+    lookup(key, "ci_timeline*", |o| match o {
+        Object::Timeline(t) => Some(t.clone()),
         _ => None,
     })
 }

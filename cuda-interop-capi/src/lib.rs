@@ -30,6 +30,7 @@
 mod ffi;
 mod gl_receive;
 mod handles;
+mod opened;
 mod receive;
 mod thread_bound;
 mod vulkan;
@@ -42,6 +43,7 @@ use std::time::Duration;
 
 pub use ffi::*;
 pub use gl_receive::*;
+pub use opened::*;
 pub use receive::*;
 pub use vulkan::*;
 pub use vulkan_receive::*;

@@ -244,6 +244,10 @@ impl<F: Format, M: MemoryLocation, U: Usage> ImageRing for ImageSender<F, M, U>
 where
     ImageSender<F, M, U>: Send,
 {
+    fn as_opened(&mut self) -> &mut dyn crate::handles::OpenedRing {
+        self
+    }
+
     fn vk_format(&self) -> u32 {
         F::VK.as_raw() as u32
     }
@@ -406,7 +410,7 @@ pub unsafe extern "C" fn ci_image_sender_new(
         }?;
         let handle = handles::insert(Object::Sender(Arc::new(Mutex::new(AnySender::Image(
             ring,
-            handles::Recorded::default(),
+            handles::Tokens::default(),
         )))));
         // SAFETY: not NULL, valid for a write (the caller's promise).
         unsafe { out.write(handle as *mut ci_sender) };

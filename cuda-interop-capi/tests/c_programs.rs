@@ -47,6 +47,11 @@
 //!   process (the host receiver refuses image rings) checks every texel of
 //!   every frame. The app runs under the sanitizers as above and with its
 //!   own validation messenger where the layer is installed.
+//! * `cpp_app_writes_opened_slots_in_its_own_submissions`: `app_open.cpp`
+//!   writes slots opened with `ci_sender_open` in its own submissions
+//!   (waiting for the ready value, signalling its `ci_timeline`) and
+//!   presents them with `ci_sender_present_opened` (two open at once, a
+//!   junk one abandoned); `vk_recv.c` checks every texel of 64 frames.
 //! * `engine_plugin_publishes_the_render_texture`: the engine-plugin
 //!   harness. `engine_host.cpp` plays a game engine's native-plugin
 //!   Vulkan interface (`engine_harness.h`: each call and how it maps to
@@ -879,9 +884,21 @@ fn cpp_app_publishes_its_own_vulkan_image() {
 /// they link (a warning says when not); both must succeed. The receiver's
 /// output, and the app's.
 fn app_and_c_receiver(tag: &str, receiver: &str) -> (Output, Output) {
+    app_of_and_c_receiver(tag, "app_publish", receiver, &[])
+}
+
+/// As [`app_and_c_receiver`] with the C++ application `tests/c/APP.cpp`
+/// and `receiver_ring`, the receiver's arguments after `NAME FRAMES` (its
+/// ring when not `app_publish.cpp`'s).
+fn app_of_and_c_receiver(
+    tag: &str,
+    app: &str,
+    receiver: &str,
+    receiver_ring: &[&str],
+) -> (Output, Output) {
     let dir = scratch(tag);
     let runtime = runtime_dir(&dir);
-    let app_exe = dir.join("app_publish");
+    let app_exe = dir.join(app);
     let recv_exe = dir.join(receiver);
     let cxx_flags = match sanitizers_of(&cxx(), &dir, "probe.cpp") {
         Ok(flags) => flags,
@@ -897,7 +914,7 @@ fn app_and_c_receiver(tag: &str, receiver: &str) -> (Output, Output) {
             Vec::new()
         }
     };
-    compile_cxx_vulkan("app_publish.cpp", &app_exe, &cxx_flags);
+    compile_cxx_vulkan(&format!("{app}.cpp"), &app_exe, &cxx_flags);
     compile(&format!("{receiver}.c"), &recv_exe, &c_flags);
     let name = format!("capi-{tag}-{}", std::process::id());
     let env = [
@@ -906,7 +923,9 @@ fn app_and_c_receiver(tag: &str, receiver: &str) -> (Output, Output) {
     ];
     let frames = app::FRAMES.to_string();
     let app = spawn(&app_exe, &[&name, &frames], &runtime, &env);
-    let recv = spawn(&recv_exe, &[&name, &frames], &runtime, &env);
+    let mut recv_args = vec![name.as_str(), frames.as_str()];
+    recv_args.extend_from_slice(receiver_ring);
+    let recv = spawn(&recv_exe, &recv_args, &runtime, &env);
     let received = finish(recv, receiver);
     let published = finish(app, "the C++ app");
     assert_success(&received, receiver);
@@ -945,6 +964,43 @@ fn c_vulkan_receiver_checks_every_texel() {
             app::FRAMES
         )),
         "the app's summary"
+    );
+}
+
+/// Issue 33's "a slot written by the application's own submission":
+/// `app_open.cpp`, a C++17 Vulkan application with its own device, opens
+/// slots of an image ring (`ci_sender_open`: the slot's `VkImage` and the
+/// ready semaphore and value), writes each in its own command buffer
+/// submitted inside `ci_context_with_queue` (waiting for the ready value,
+/// signalling its `ci_timeline`), and publishes it with
+/// `ci_sender_present_opened` after that value; two slots open at once
+/// every fourth frame (written in reverse, presented in order), a junk
+/// slot abandoned every fifth iteration (`ci_sender_abandon_opened`,
+/// numbering nothing). `vk_recv.c` (a second process, lossless) checks
+/// every texel of every frame. Both under ASan/UBSan where they link, with
+/// the validation layer where installed (and none of its errors).
+#[test]
+fn cpp_app_writes_opened_slots_in_its_own_submissions() {
+    let ring = ["96", "56", "0", "0", "28", "3"];
+    let (received, published) = app_of_and_c_receiver("app-open", "app_open", "vk_recv", &ring);
+    let stdout = String::from_utf8_lossy(&received.stdout);
+    print!("{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "vk_recv: {} frames of 96x56 checked texel for texel (0 wrong)",
+            app::FRAMES
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains(" 0 failures"), "{stdout}");
+    let published = String::from_utf8_lossy(&published.stdout);
+    print!("{published}");
+    assert!(
+        published.contains(&format!(
+            "app: {} frames written in the app's own submissions, 0 validation errors",
+            app::FRAMES
+        )),
+        "{published}"
     );
 }
 

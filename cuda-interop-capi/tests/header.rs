@@ -25,6 +25,7 @@ fn source() -> String {
         "src/ffi.rs",
         "src/gl_receive.rs",
         "src/handles.rs",
+        "src/opened.rs",
         "src/receive.rs",
         "src/vulkan.rs",
         "src/vulkan_receive.rs",

@@ -282,9 +282,137 @@ int main(int argc, char **argv) {
     EXPECT(ci_sender_abandon_recorded(images, 1), CI_INVALID_ARGUMENT);
     EXPECT(ci_sender_abandon_recorded(sender, 1), CI_UNSUPPORTED);
     EXPECT(ci_sender_abandon_recorded((ci_sender *)ctx, 1), CI_WRONG_HANDLE);
+
+    /* Timelines and opened slots (ci_sender_open): NULL, freed, wrong-kind
+     * and never-handles; bad arguments; unknown, spent and another sender's
+     * tokens; a timeline of another context and a value of 0, refused
+     * before the token is spent (it is abandoned after); an opened slot
+     * out of the ring. Nothing writes the slots: abandoning is safe. */
+    ci_timeline *tl = NULL;
+    uint64_t vk_sem = 0, tl_value = 7;
+    EXPECT(ci_timeline_new(NULL, &tl), CI_NULL_POINTER);
+    EXPECT(ci_timeline_new(ctx, NULL), CI_NULL_POINTER);
+    EXPECT(ci_timeline_new((ci_context *)sender, &tl), CI_WRONG_HANDLE);
+    EXPECT(ci_timeline_new(bogus, &tl), CI_WRONG_HANDLE);
+    if (tl != NULL) failures++; /* written only on CI_OK */
+    EXPECT(ci_timeline_new(ctx, &tl), CI_OK);
+    EXPECT(ci_timeline_vk_semaphore(tl, NULL), CI_NULL_POINTER);
+    EXPECT(ci_timeline_vk_semaphore(NULL, &vk_sem), CI_NULL_POINTER);
+    EXPECT(ci_timeline_vk_semaphore((ci_timeline *)ctx, &vk_sem), CI_WRONG_HANDLE);
+    EXPECT(ci_timeline_vk_semaphore((ci_timeline *)odd, &vk_sem), CI_WRONG_HANDLE);
+    if (vk_sem != 0) failures++;
+    EXPECT(ci_timeline_vk_semaphore(tl, &vk_sem), CI_OK);
+    if (vk_sem == 0) failures++;
+    EXPECT(ci_timeline_value(tl, NULL), CI_NULL_POINTER);
+    EXPECT(ci_timeline_value((ci_timeline *)sender, &tl_value), CI_WRONG_HANDLE);
+    EXPECT(ci_timeline_value(tl, &tl_value), CI_OK);
+    if (tl_value != 0) failures++;
+    EXPECT(ci_timeline_free((ci_timeline *)ctx), CI_WRONG_HANDLE);
+    EXPECT(ci_context_free((ci_context *)tl), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_serve((ci_sender *)tl, 0.0), CI_WRONG_HANDLE);
+    ci_context *ctx2 = NULL;
+    ci_timeline *tl2 = NULL;
+    EXPECT(ci_context_new_headless(&options, &ctx2), CI_OK);
+    EXPECT(ci_timeline_new(ctx2, &tl2), CI_OK);
+
+    ci_opened_slot op, op2, op_img, spare;
+    memset(&op, 0, sizeof op);
+    memset(&spare, 0, sizeof spare);
+    spare.struct_size = sizeof spare;
+    EXPECT(ci_sender_open(sender, CI_QUEUE_MAIN, 1.0, NULL), CI_NULL_POINTER);
+    EXPECT(ci_sender_open(sender, CI_QUEUE_MAIN, 1.0, &op), CI_INVALID_ARGUMENT); /* size 0 */
+    op.struct_size = sizeof op - 8;
+    EXPECT(ci_sender_open(sender, CI_QUEUE_MAIN, 1.0, &op), CI_INVALID_ARGUMENT); /* short */
+    op.struct_size = sizeof op;
+    EXPECT(ci_sender_open(sender, 7, 1.0, &op), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_open(sender, CI_QUEUE_MAIN, NAN, &op), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_open(sender, CI_QUEUE_MAIN, -1.0, &op), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_open(NULL, CI_QUEUE_MAIN, 1.0, &op), CI_NULL_POINTER);
+    EXPECT(ci_sender_open((ci_sender *)ctx, CI_QUEUE_MAIN, 1.0, &op), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_open((ci_sender *)tl, CI_QUEUE_MAIN, 1.0, &op), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_open((ci_sender *)bogus, CI_QUEUE_MAIN, 1.0, &op), CI_WRONG_HANDLE);
+    if (op.token != 0) failures++; /* written only on CI_OK */
+    /* A buffer ring's slot: its buffer, no image. */
+    EXPECT(ci_sender_open(sender, CI_QUEUE_MAIN, 1.0, &op), CI_OK);
+    if (op.token == 0 || op.kind != CI_SLOTS_BUFFERS || op.buffer == 0 || op.image != 0 ||
+        op.buffer_size < 16 * 16 * 4 || op.row_pitch != 64 || op.ready_semaphore == 0 ||
+        op.ready_value == 0 || op.width != 16 || op.height != 16 || op.vk_format != 37 ||
+        op.slot >= 2 || op.struct_size != sizeof op) {
+        fprintf(stderr, "ci_sender_open described a buffer slot wrongly\n");
+        failures++;
+    }
+    memset(&op2, 0, sizeof op2);
+    op2.struct_size = sizeof op2;
+    EXPECT(ci_sender_open(sender, CI_QUEUE_TRANSFER, 1.0, &op2), CI_OK);
+    if (op2.slot == op.slot || op2.token == op.token) failures++;
+    /* Both slots opened: out of the ring, nothing to hand out. */
+    EXPECT(ci_sender_open(sender, CI_QUEUE_MAIN, 0.0, &spare), CI_SKIPPED);
+    /* An image ring's slot: its image, no buffer. */
+    memset(&op_img, 0, sizeof op_img);
+    op_img.struct_size = sizeof op_img;
+    EXPECT(ci_sender_open(images, CI_QUEUE_MAIN, 1.0, &op_img), CI_OK);
+    if (op_img.kind != CI_SLOTS_IMAGES || op_img.image == 0 || op_img.buffer != 0 ||
+        op_img.buffer_size != 0 || op_img.row_pitch != 0 || op_img.vk_format != 37 ||
+        op_img.token == 0 || op_img.token == op.token || op_img.token == op2.token) {
+        fprintf(stderr, "ci_sender_open described an image slot wrongly\n");
+        failures++;
+    }
+    /* Refused, the tokens left valid. */
+    EXPECT(ci_sender_present_opened(sender, op.token, NULL, 1, 0, NULL), CI_NULL_POINTER);
+    EXPECT(ci_sender_present_opened(sender, op.token, (ci_timeline *)ctx, 1, 0, NULL),
+           CI_WRONG_HANDLE);
+    EXPECT(ci_sender_present_opened(sender, op.token, (ci_timeline *)odd, 1, 0, NULL),
+           CI_WRONG_HANDLE);
+    EXPECT(ci_sender_present_opened(sender, op.token, tl, 0, 0, NULL), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_present_opened(sender, op.token, tl2, 1, 0, NULL), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_present_opened(sender, 0, tl, 1, 0, NULL), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_present_opened(sender, 0xdeadbeefull, tl, 1, 0, NULL), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_present_opened(NULL, op.token, tl, 1, 0, NULL), CI_NULL_POINTER);
+    EXPECT(ci_sender_present_opened((ci_sender *)tl, op.token, tl, 1, 0, NULL), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_present_opened((ci_sender *)ctx, op.token, tl, 1, 0, NULL), CI_WRONG_HANDLE);
+    /* Another sender's token, both ways. */
+    EXPECT(ci_sender_present_opened(sender, op_img.token, tl, 1, 0, NULL), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_present_opened(images, op.token, tl, 1, 0, NULL), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_abandon_opened(sender, op_img.token), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_abandon_opened(images, op.token), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_abandon_opened(sender, 0), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_abandon_opened(NULL, op.token), CI_NULL_POINTER);
+    EXPECT(ci_sender_abandon_opened((ci_sender *)ctx, op.token), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_abandon_opened((ci_sender *)tl, op.token), CI_WRONG_HANDLE);
+    /* Opened tokens are not recorded frames' (and recorded ones' calls
+     * refuse them). */
+    EXPECT(ci_sender_present_recorded(images, op_img.token, 0, NULL), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_abandon_recorded(images, op_img.token), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_stats_get(sender, &stats), CI_OK);
+    if (stats.presented != 0) failures++;
+    /* The refusals left the tokens valid: abandoned now, then spent. */
+    EXPECT(ci_sender_abandon_opened(sender, op.token), CI_OK);
+    EXPECT(ci_sender_abandon_opened(sender, op.token), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_present_opened(sender, op.token, tl, 1, 0, NULL), CI_INVALID_ARGUMENT);
+    EXPECT(ci_sender_abandon_opened(images, op_img.token), CI_OK);
+    /* Back in the ring: the abandoned slot is handed out again. */
+    EXPECT(ci_sender_open(sender, CI_QUEUE_MAIN, 1.0, &spare), CI_OK);
+    if (spare.slot != op.slot) failures++;
+    /* A freed timeline: refused, the token still valid. */
+    EXPECT(ci_timeline_free(tl), CI_OK);
+    EXPECT(ci_timeline_free(tl), CI_WRONG_HANDLE);
+    EXPECT(ci_timeline_free(NULL), CI_OK);
+    EXPECT(ci_timeline_vk_semaphore(tl, &vk_sem), CI_WRONG_HANDLE);
+    EXPECT(ci_timeline_value(tl, &tl_value), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_present_opened(sender, spare.token, tl, 1, 0, NULL), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_abandon_opened(sender, spare.token), CI_OK);
+    EXPECT(ci_sender_abandon_opened(sender, op2.token), CI_OK);
+    EXPECT(ci_sender_stats_get(sender, &stats), CI_OK);
+    if (stats.presented != 0) failures++;
+    EXPECT(ci_timeline_free(tl2), CI_OK);
+    EXPECT(ci_context_free(ctx2), CI_OK);
+
     EXPECT(ci_sender_stats_get(images, &stats), CI_OK);
     if (stats.presented != 0) failures++;
     EXPECT(ci_sender_free(images), CI_OK);
+    EXPECT(ci_sender_open(images, CI_QUEUE_MAIN, 1.0, &spare), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_present_opened(images, op_img.token, tl2, 1, 0, NULL), CI_WRONG_HANDLE);
+    EXPECT(ci_sender_abandon_opened(images, op_img.token), CI_WRONG_HANDLE);
     EXPECT(ci_sender_present_copy(images, &src, 0, 0.0, NULL), CI_WRONG_HANDLE);
     EXPECT(ci_sender_record_copy(images, cmd, &src, 1.0, &token), CI_WRONG_HANDLE);
     EXPECT(ci_sender_present_recorded(images, 1, 0, NULL), CI_WRONG_HANDLE);
