@@ -22,6 +22,11 @@
 //!   whether the frame is still this receiver's ([`Session::check_held`]):
 //!   `Ok` bytes are the frame's pixels; a receiver the sender dropped
 //!   during the read gets the drop's error, never a later frame's pixels.
+//! * [`HostReceiver::read_in_place`] makes the same submissions and hands
+//!   out the start of the frame's bytes in this receiver's mapping instead
+//!   of copying them: for a reader that passes them on while it holds the
+//!   frame (a GStreamer buffer over the slot). Reading through it is the
+//!   caller's `unsafe`, under the rules its docs state.
 //! * When `read` returns `Ok`, this receiver has no GPU work on the slot
 //!   left, so the frame is released without a GPU signal. A read whose
 //!   submission fails (a timeout: it may still run; nothing was copied)
@@ -223,6 +228,52 @@ impl HostReceiver {
             )));
         }
         let deadline = deadline_after(timeout);
+        let buffer = self.host_readable(frame, deadline)?;
+        // The host reads the slot's memory through a mapping: no device
+        // copy (the ring is host-visible by construction).
+        buffer.read_mapped(0, out)?;
+        // The read is complete: if the sender had not dropped this
+        // receiver by now, it had not written the slot during the read.
+        self.session.check_held(frame)?;
+        Ok(())
+    }
+
+    /// Makes `frame`'s bytes readable in place, through this receiver's
+    /// mapping of its slot, with no copy at all: the same submissions as
+    /// [`HostReceiver::read_into`] (the slot taken over from the sender,
+    /// the device's writes made visible to the host, the slot given back),
+    /// waited for within `timeout`, then the start of the frame's
+    /// [`HostReceiver::frame_bytes`] bytes, rows as the layout lays them
+    /// out. For a reader that hands the bytes on without copying them (a
+    /// GStreamer buffer over the slot).
+    ///
+    /// Getting the pointer is safe; reading through it is the caller's
+    /// `unsafe`: only while `frame` is held (before its release) and this
+    /// receiver lives, and where no other thread of this process writes
+    /// the slot (a sender of the ring in this process writes its own
+    /// mapping of the same memory with atomic stores: read with atomic
+    /// loads then, as `read_into` does). The sender writes the slot again
+    /// only after the release, or after dropping this receiver for holding
+    /// the frame past its hold timeout: the bytes may then change under
+    /// the reader, and [`Session::check_held`] after the read tells.
+    pub fn read_in_place(
+        &self,
+        frame: &Frame,
+        timeout: Duration,
+    ) -> Result<*const u8, ConsumerError> {
+        let buffer = self.host_readable(frame, deadline_after(timeout))?;
+        Ok(buffer.mapped_ptr()?.as_ptr().cast_const())
+    }
+
+    /// Takes `frame`'s slot over from the sender, makes the device's writes
+    /// visible to the host and gives the slot back, waited for by
+    /// `deadline`: the slot's buffer, readable through its mapping while
+    /// the frame is held.
+    fn host_readable(
+        &self,
+        frame: &Frame,
+        deadline: std::time::Instant,
+    ) -> Result<&ExportableBuffer<HostVisible>, ConsumerError> {
         self.session.check_held(frame)?;
         let buffer = &self.buffers[frame.slot() as usize];
         // SAFETY: the sender releases each slot to VK_QUEUE_FAMILY_EXTERNAL
@@ -235,18 +286,20 @@ impl HostReceiver {
         if let Some(produced) = &self.produced {
             sync = sync.wait_timeline(produced, frame.sequence());
         }
-        // The host reads the slot's memory through a mapping: no device
-        // copy (the ring is host-visible by construction).
-        let read = self
+        let made = self
             .ctx
-            .read_buffer_mapped(buffer, out, sync)
+            .make_buffer_host_readable(buffer, sync)
             .and_then(|()| {
-                // Back to the sender before the slot is released, as it acquires
-                // the slot from VK_QUEUE_FAMILY_EXTERNAL for its next write.
+                // Back to the sender before the slot is released, as it
+                // acquires the slot from VK_QUEUE_FAMILY_EXTERNAL for its
+                // next write. (A host read after the release still reads
+                // the frame: an ownership transfer leaves a buffer's bytes
+                // as they are, and the sender writes again only after the
+                // frame's release.)
                 self.ctx
                     .release_buffer(buffer, SubmitSync::new().timeout(left(deadline)))
             });
-        if let Err(e) = read {
+        if let Err(e) = made {
             // A wait that timed out may still run: the release back to
             // the external family goes on the same queue after it, and
             // is not waited for (a later read's acquire follows it in
@@ -261,10 +314,7 @@ impl HostReceiver {
             }
             return Err(e.into());
         }
-        // The read is complete: if the sender had not dropped this
-        // receiver by now, it had not written the slot during the read.
-        self.session.check_held(frame)?;
-        Ok(())
+        Ok(buffer)
     }
 
     /// Gives `frame` back ([`Session::release`]; no GPU signal: a read

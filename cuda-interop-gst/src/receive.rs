@@ -71,8 +71,9 @@ impl std::fmt::Display for Target {
 /// A receiver of one of the three kinds.
 #[derive(Debug)]
 pub(crate) enum Reader {
-    /// A host-visible buffer ring, and the allocations its frames reuse.
-    Host(HostReceiver, Recycler),
+    /// A host-visible buffer ring (shared with the buffers that wrap its
+    /// slots), and the allocations its frames reuse.
+    Host(Arc<HostReceiver>, Recycler),
     /// An image ring.
     Image(ImageReader),
     /// A device-local buffer ring, read through CUDA.
@@ -90,8 +91,15 @@ pub(crate) enum Reader {
 /// Where [`Reader::read`] puts a frame.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Output<'a> {
-    /// Bytes in system memory.
-    System,
+    /// Bytes in system memory; `wrap`: a host-visible ring's slot itself
+    /// where its rows are GStreamer's default for `info` and delivery is
+    /// lossless, else a copy.
+    System {
+        /// The caps' video.
+        info: &'a gst_video::VideoInfo,
+        /// Hand out the slot itself where possible.
+        wrap: bool,
+    },
     /// A `GstCudaMemory` laid out for this video info (a device-local
     /// ring's reader with [`Reader::cuda_out`] only); `wrap`: the slot
     /// itself where GStreamer can wrap it (1.24 or later), else a copy.
@@ -113,6 +121,10 @@ pub(crate) enum Pixels {
     /// The same, wrapping the ring's slot itself (no copy; the frame held
     /// until GStreamer frees the memory).
     Slot(gst::Buffer),
+    /// In a buffer of one system memory that is a host-visible ring's slot
+    /// in this receiver's mapping (no copy; the frame held until GStreamer
+    /// frees the memory), rows at GStreamer's default strides.
+    HostSlot(gst::Buffer),
 }
 
 /// What [`Reader::next`] got.
@@ -233,7 +245,7 @@ impl Reader {
             if host_visible {
                 let rx = HostReceiver::from_session(session, setup)
                     .map_err(|e| format!("cannot import {target}'s buffers: {e}"))?;
-                Reader::Host(rx, Recycler::default())
+                Reader::Host(Arc::new(rx), Recycler::default())
             } else {
                 let rx =
                     CudaReceiver::from_session(session, setup, cuda_device_for).map_err(|e| {
@@ -417,7 +429,31 @@ impl Reader {
                     "CUDA memory asked of a ring in host memory: a cudainteropsrc bug".into(),
                 ))
             }
-            (Reader::Host(rx, recycler), Output::System) => {
+            (Reader::Host(rx, _), Output::System { info, wrap: true })
+                if self.session().delivery() == Delivery::Lossless
+                    && Planes::of_ring(rx.session().layout()).is_default_of(info) =>
+            {
+                let start = match rx.read_in_place(&frame, timeout) {
+                    Ok(start) => start,
+                    Err(e) => {
+                        let _ = rx.release(frame);
+                        return Err(classify_read(target, e));
+                    }
+                };
+                let held = HeldSlot {
+                    len: rx.frame_bytes() as usize,
+                    start,
+                    frame: Some(frame),
+                    rx: Arc::clone(rx),
+                };
+                let mut buffer = gst::Buffer::new();
+                buffer
+                    .get_mut()
+                    .expect("a buffer just made is writable")
+                    .append_memory(gst::Memory::from_slice(held));
+                (Pixels::HostSlot(buffer), false, Instant::now())
+            }
+            (Reader::Host(rx, recycler), Output::System { .. }) => {
                 let mut bytes = recycler.take(rx.frame_bytes() as usize);
                 let read = rx.read_into(&frame, &mut bytes, timeout);
                 let released = rx.release(frame);
@@ -425,14 +461,14 @@ impl Reader {
                 released.map_err(|e| classify_read(target, e))?;
                 (Pixels::Bytes(bytes), false, Instant::now())
             }
-            (Reader::Image(rx), Output::System) => {
+            (Reader::Image(rx), Output::System { .. }) => {
                 let read = rx.read_pixels(&frame, timeout);
                 let released = rx.release(frame);
                 let bytes = read.map_err(|e| read_fault(vulkan_fault(target, e)))?;
                 released.map_err(|e| read_fault(vulkan_fault(target, e)))?;
                 (Pixels::Bytes(FrameBytes::new(bytes)), false, Instant::now())
             }
-            (Reader::Cuda { rx, stream, .. }, Output::System) => {
+            (Reader::Cuda { rx, stream, .. }, Output::System { .. }) => {
                 let mut bytes = vec![0u8; rx.layout().frame_bytes().unwrap_or(0) as usize];
                 let copied = rx
                     .wait_on(&frame, stream)
@@ -454,6 +490,49 @@ impl Reader {
             device_copy,
             ready_at,
         })
+    }
+}
+
+/// A host-visible slot's frame as the bytes of a `GstMemory`: held until
+/// GStreamer frees the memory, then released; keeps the receiver, and so
+/// its mapping of the slot, alive.
+struct HeldSlot {
+    rx: Arc<HostReceiver>,
+    frame: Option<Frame>,
+    start: *const u8,
+    len: usize,
+}
+
+// SAFETY: `start` points into the mapping `rx` owns (a receiver is shared
+// between threads already, as `Arc<HostReceiver>` in `Reader`); the slice
+// over it is taken once, when GStreamer makes the memory, and the frame is
+// released from whichever thread frees it (`Session::release` is
+// thread-safe).
+unsafe impl Send for HeldSlot {}
+
+impl AsRef<[u8]> for HeldSlot {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `start` is the frame's first byte in the receiver's
+        // mapping of its slot (`read_in_place`, which made the device's
+        // writes visible to the host), `len` of them (`frame_bytes`, within
+        // the slot), mapped while `rx` lives; the frame is held until this
+        // drops, so a sender keeping to the protocol does not write them
+        // meanwhile, and this process writes no receiver's mapping. A
+        // sender that drops this receiver for holding the frame past its
+        // hold timeout may write the slot from its own process: the
+        // documented limit of zero-copy (the pixels change under the
+        // buffer), as for CUDA slots.
+        unsafe { std::slice::from_raw_parts(self.start, self.len) }
+    }
+}
+
+impl Drop for HeldSlot {
+    fn drop(&mut self) {
+        if let Some(frame) = self.frame.take() {
+            // No GPU work of this receiver is left on the slot: a plain
+            // release (an error means the session is gone already).
+            let _ = self.rx.release(frame);
+        }
     }
 }
 

@@ -628,20 +628,83 @@ fn buffers_from_the_sinks_pool_are_presented_in_place() {
         "a shared pool buffer was not presented in place"
     );
     drop(held);
+    // Nor one whose memory someone kept a reference to (it could map the
+    // memory again after the present).
+    let (buffer, rows) = pool_frame(7);
+    let kept = buffer.memory(0).unwrap();
+    appsrc.push_buffer(buffer).expect("appsrc takes a buffer");
+    expect_frame(7, &rows);
+    assert_eq!(
+        in_place(),
+        4,
+        "a pool buffer whose memory is referenced elsewhere was not presented in place"
+    );
+    drop(kept);
 
     // Pool buffers dropped unpushed, more than the ring's slots: each gives
     // its slot back, so frames after them are still lent slots.
     for _ in 0..10 {
         drop(pool.acquire_buffer(None).unwrap());
     }
-    for f in 7..=8 {
+    for f in 8..=9 {
         let (buffer, rows) = pool_frame(f);
         appsrc.push_buffer(buffer).expect("appsrc takes a buffer");
         expect_frame(f, &rows);
     }
     assert_eq!(in_place(), 6, "slots of dropped pool buffers came back");
-    assert_eq!(sink.property::<u64>("frames-presented"), 8);
+    assert_eq!(sink.property::<u64>("frames-presented"), 9);
     appsrc.end_of_stream().unwrap();
     pool.set_active(false).unwrap();
     p.set_state(gst::State::Null).expect("the pipeline stops");
+}
+
+/// A queue before the sink holds pool buffers: the pool lends only while
+/// two slots stay unlent, so the plain buffers it hands out after that are
+/// copied into those, and no frame is skipped (with no receiver, no slot
+/// is ever held; the twin is the same pipeline with the pool refused).
+#[test]
+fn a_queue_before_the_sink_skips_no_frame() {
+    init();
+    for refuse_pool in [false, true] {
+        let name = unique_name(&format!("sink-queue-{refuse_pool}"));
+        let refuse = if refuse_pool {
+            "identity drop-allocation=true ! "
+        } else {
+            ""
+        };
+        let p = pipeline(&format!(
+            "videotestsrc num-buffers=60 ! video/x-raw,format=RGBA,width=64,height=48,\
+             framerate=60/1 ! queue ! {refuse}cudainteropsink name=sink sender-name={name} \
+             sync=false"
+        ));
+        let sink = p.by_name("sink").unwrap();
+        let bus = p.bus().unwrap();
+        p.set_state(gst::State::Playing).unwrap();
+        let msg = bus
+            .timed_pop_filtered(
+                gst::ClockTime::from_seconds(BOUND.as_secs()),
+                &[gst::MessageType::Eos, gst::MessageType::Error],
+            )
+            .expect("the pipeline ends within the bound");
+        assert!(
+            matches!(msg.view(), gst::MessageView::Eos(_)),
+            "the pipeline failed: {msg:?}"
+        );
+        let (presented, skipped, in_place) = (
+            sink.property::<u64>("frames-presented"),
+            sink.property::<u64>("frames-skipped"),
+            sink.property::<u64>("frames-in-place"),
+        );
+        p.set_state(gst::State::Null).unwrap();
+        assert_eq!(
+            (presented, skipped),
+            (60, 0),
+            "pool refused: {refuse_pool}; {in_place} in place"
+        );
+        if refuse_pool {
+            assert_eq!(in_place, 0);
+        } else {
+            assert!(in_place > 0, "the queue's buffers came from the pool");
+        }
+    }
 }

@@ -528,3 +528,62 @@ fn timestamps_from_the_future_or_none_are_clamped_to_now() {
     assert!(pts.windows(2).all(|w| w[0] <= w[1]), "{pts:?}");
     p.set_state(gst::State::Null).expect("the pipeline stops");
 }
+
+/// `zero-copy` with a host-visible ring in system memory: each buffer is
+/// the slot itself in the receiver's mapping (counted in
+/// `zero-copy-buffers`), the frame held until the buffer is freed (the
+/// appsink here keeps one at a time), every pixel of every frame as sent;
+/// the twin, without `zero-copy`, copies each frame (none counted).
+#[test]
+fn zero_copy_hands_out_a_host_visible_slot_itself() {
+    init();
+    for zero_copy in [true, false] {
+        let name = unique_name(&format!("src-zero-copy-{zero_copy}"));
+        // Rows at GStreamer's default stride for RGBA: the slot goes out
+        // as it is.
+        let producer = produce(&name, |_| {});
+        let p = pipeline(&format!(
+            "cudainteropsrc name=src sender-name={name} delivery=lossless zero-copy={zero_copy} \
+             timeout=30000 ! appsink name=sink sync=false max-buffers=1"
+        ));
+        let src = p.by_name("src").unwrap();
+        let sink = p
+            .by_name("sink")
+            .unwrap()
+            .downcast::<gst_app::AppSink>()
+            .unwrap();
+        p.set_state(gst::State::Playing).unwrap();
+        let mut seen = Vec::new();
+        while let Some(sample) = sink.try_pull_sample(gst::ClockTime::from_seconds(30)) {
+            let f = sample.buffer().unwrap().offset();
+            for (plane, y, row) in rows(&sample) {
+                assert!(
+                    demo::check_demo_row(&row, f, y, H),
+                    "zero-copy {zero_copy}: frame {f} plane {plane} row {y} is not the frame's"
+                );
+            }
+            seen.push(f);
+            // Dropped: the frame goes back to the sender.
+        }
+        assert!(
+            sink.is_eos(),
+            "zero-copy {zero_copy}: no EOS within the bound"
+        );
+        let in_slot = src.property::<u64>("zero-copy-buffers");
+        p.set_state(gst::State::Null).unwrap();
+        producer
+            .join()
+            .expect("the producer thread")
+            .expect("the producer ran");
+        assert_eq!(
+            seen,
+            (1..=FRAMES).collect::<Vec<_>>(),
+            "zero-copy {zero_copy}"
+        );
+        assert_eq!(
+            in_slot,
+            if zero_copy { FRAMES } else { 0 },
+            "zero-copy {zero_copy}: buffers that were the slot itself"
+        );
+    }
+}

@@ -337,7 +337,10 @@ impl Drop for Running {
 
 fn gst_launch(host: &Host, pipeline: &str) -> Command {
     let mut c = host.command("gst-launch-1.0");
-    c.arg("-e").args(pipeline.split_whitespace());
+    c.arg("-e")
+        .args(pipeline.split_whitespace())
+        // The source's count of buffers that were the slot itself, at stop.
+        .env("GST_DEBUG", "cudainteropsrc:4");
     c
 }
 
@@ -354,15 +357,18 @@ fn receiving_gst_launch(host: &Host, pipeline: &str) -> Command {
     c
 }
 
+/// The number before `marker` on the last line of `log` that has it (an
+/// element's count at stop).
+fn count_before(log: &str, after: &str, marker: &str) -> Option<u64> {
+    let line = log.lines().rev().find(|l| l.contains(after))?;
+    let rest = line.split(after).nth(1)?;
+    rest.split(marker).next()?.trim().parse().ok()
+}
+
 /// How many of its frames host B's sink presented in place (written into
 /// its slots by the depayloader, no copy), from its log at stop.
 fn in_place(b_log: &str) -> Option<u64> {
-    let line = b_log
-        .lines()
-        .rev()
-        .find(|l| l.contains("frames presented ("))?;
-    let after = line.split("frames presented (").nth(1)?;
-    after.split(" in place").next()?.trim().parse().ok()
+    count_before(b_log, "frames presented (", " in place")
 }
 
 fn role_command(host: &Host, role: &str, envs: &[(&str, String)]) -> Command {
@@ -845,13 +851,20 @@ fn across(tag: &str, subnet: u8, size: (u32, u32), frames: u64, fps: u32, link: 
         hosts.a.dir.join("sender.log"),
     );
     let from_src = memory.after_src();
+    // System memory from host A's host-visible ring: the slot itself goes
+    // to the payloader (no copy at host A either).
+    let zero_copy = if memory == Memory::System {
+        " zero-copy=true"
+    } else {
+        ""
+    };
     let a_pipe = match transport {
         Transport::Udp => format!(
-            "cudainteropsrc name=cam delivery=lossless ! {from_src}{pay} ! udpsink host={} port={port} sync=true",
+            "cudainteropsrc name=cam delivery=lossless{zero_copy} ! {from_src}{pay} ! udpsink host={} port={port} sync=true",
             hosts.b.address
         ),
         Transport::Tcp => format!(
-            "cudainteropsrc name=cam delivery=lossless ! {from_src}{pay} ! rtpstreampay ! tcpclientsink host={} port={port} sync=true",
+            "cudainteropsrc name=cam delivery=lossless{zero_copy} ! {from_src}{pay} ! rtpstreampay ! tcpclientsink host={} port={port} sync=true",
             hosts.b.address
         ),
     };
@@ -888,6 +901,10 @@ fn across(tag: &str, subnet: u8, size: (u32, u32), frames: u64, fps: u32, link: 
     println!("--- host A sender:\n{sender_log}\n--- host A pipeline:\n{a_log}\n--- host B pipeline:\n{b_log}\n--- host B checker:\n{out}");
     let out = match in_place(&b_log) {
         Some(n) => format!("{out}\nRESULT in_place={n}\n"),
+        None => out,
+    };
+    let out = match count_before(&a_log, "frames received (", " the slot itself") {
+        Some(n) => format!("{out}\nRESULT src_slots={n}\n"),
         None => out,
     };
     assert!(
@@ -1080,10 +1097,12 @@ fn raw_rtp(tag: &str, subnet: u8, transport: Transport, memory: Memory) {
     let presented: u64 = result(&out, "presented").parse().unwrap();
     let sent: u64 = result(&out, "sent").parse().unwrap();
     let in_place = result(&out, "in_place");
+    let src_slots = result(&out, "src_slots");
     report(&format!(
         "RTP raw 1920x1080 RGBA between two hosts over {}{}: {checked} frames checked at host B (every pixel), \
          {bad} bad; the sink presented {presented} frames of the {sent} host A sent meanwhile \
-         ({in_place} of all it presented written in place by rtpvrawdepay), {} frames/s",
+         ({in_place} of all it presented written in place by rtpvrawdepay; host A's source \
+         handed out {src_slots} slots themselves), {} frames/s",
         if transport == Transport::Tcp { "TCP" } else { "UDP" },
         match memory {
             Memory::System => "",
@@ -1114,6 +1133,10 @@ fn raw_rtp(tag: &str, subnet: u8, transport: Transport, memory: Memory) {
             in_place.parse::<u64>().is_ok_and(|n| n > 0),
             "host B's sink presented no frame in place ({in_place}): rtpvrawdepay did not \
              write into its pool"
+        );
+        assert!(
+            src_slots.parse::<u64>().is_ok_and(|n| n > 0),
+            "host A's source handed out no slot itself ({src_slots}) with zero-copy=true"
         );
     }
     assert_eq!(

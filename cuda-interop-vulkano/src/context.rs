@@ -74,7 +74,11 @@ impl Interop {
     /// `transfer` not at all (give the context a queue of its own for
     /// that role); it calls no vulkano function
     /// that uses every queue of the device (`Device::wait_idle`) outside
-    /// them. Work the application submits that uses vk-export resources
+    /// them. vulkano's `GpuFuture`s submit when they are flushed, and in
+    /// their `Drop` (an unflushed future flushes and waits there): such a
+    /// future on `main` is created, flushed and dropped inside
+    /// [`Interop::locked`], or not used at all ([`Interop::submit`] needs
+    /// none). Work the application submits that uses vk-export resources
     /// (through this crate's images, or their raw handles) completes
     /// before the last handle to such a resource goes ([`InteropImage`]
     /// keeps its image alive while vulkano holds it).

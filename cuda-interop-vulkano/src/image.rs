@@ -87,11 +87,31 @@ impl Drop for InteropImage {
     }
 }
 
+/// The layout vulkano 0.35 leaves an image of `usage` in after each of its
+/// command buffers (its `RawImage::default_layout`, which it does not
+/// export): `GENERAL` unless every usage but the transfers is sampling or
+/// input attachment, colour attachment, or depth/stencil attachment alone.
+fn layout_vulkano_leaves(usage: ImageUsage) -> ImageLayout {
+    let usage = usage.difference(ImageUsage::TRANSFER_SRC | ImageUsage::TRANSFER_DST);
+    let only = |these: ImageUsage| usage.intersects(these) && usage.difference(these).is_empty();
+    if only(ImageUsage::SAMPLED | ImageUsage::INPUT_ATTACHMENT) {
+        ImageLayout::ShaderReadOnlyOptimal
+    } else if only(ImageUsage::COLOR_ATTACHMENT) {
+        ImageLayout::ColorAttachmentOptimal
+    } else if only(ImageUsage::DEPTH_STENCIL_ATTACHMENT) {
+        ImageLayout::DepthStencilAttachmentOptimal
+    } else {
+        ImageLayout::General
+    }
+}
+
 impl Interop {
     /// `image` (of this context) as a vulkano [`Image`] with the same
     /// format, extent, levels, layers, tiling and usage, taken by vulkano
     /// in `layout`. Refused: an image of another context, a format vulkano
-    /// does not know.
+    /// does not know, a usage vulkano would leave in another layout than
+    /// `GENERAL` after its command buffers (sampling alone:
+    /// `usage::Sampled`; attachments alone).
     ///
     /// # Safety
     /// While the [`InteropImage`] (or any clone of its [`Image`]) lives:
@@ -142,6 +162,15 @@ impl Interop {
             external_memory_handle_types: ExternalMemoryHandleTypes::OPAQUE_FD,
             ..Default::default()
         };
+        let usage = ImageUsage::from(info.usage());
+        let after = layout_vulkano_leaves(usage);
+        if after != ImageLayout::General {
+            return Err(Error::Refused(format!(
+                "an image of usage {usage:?}: vulkano leaves it in {after:?} after each command \
+                 buffer, and frame rings, CUDA and vk-export expect GENERAL; give it the storage \
+                 usage (vk_export::markers::usage::Storage)"
+            )));
+        }
         let keep = image.keep_alive();
         // SAFETY: the VkImage is of this device (same context, checked
         // above) and was created with exactly these parameters but the

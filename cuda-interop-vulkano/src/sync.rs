@@ -170,6 +170,13 @@ impl Interop {
                 )));
             }
         }
+        let pairs: Vec<_> = signals.iter().map(|p| (p.semaphore, p.value)).collect();
+        // Checked and reserved under each timeline's signal lock, taken
+        // before the queue's as vk-export's own submissions take them (the
+        // other order deadlocks against one of them signalling the same
+        // timeline), held until the submission is recorded: no other signal
+        // of this process slips in.
+        let reservation = TimelineSemaphore::reserve_submitted_signals(&pairs)?;
         let device = self.context().device();
         // SAFETY: plain creation on the live device.
         let fence = unsafe { device.create_fence(&vk::FenceCreateInfo::default(), None) }.map_err(
@@ -185,11 +192,7 @@ impl Interop {
         let signal_semaphores: Vec<vk::Semaphore> =
             signals.iter().map(|p| p.semaphore.raw()).collect();
         let signal_values: Vec<u64> = signals.iter().map(|p| p.value).collect();
-        let pairs: Vec<_> = signals.iter().map(|p| (p.semaphore, p.value)).collect();
         let run = || -> Result<()> {
-            // Checked and reserved under each timeline's signal lock (and
-            // the queue's): no other signal of this process slips in.
-            let reservation = TimelineSemaphore::reserve_submitted_signals(&pairs)?;
             let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()
                 .wait_semaphore_values(&wait_values)
                 .signal_semaphore_values(&signal_values);
@@ -213,15 +216,17 @@ impl Interop {
                 .map_err(|result| Error::Vulkan {
                     call: "vkQueueSubmit",
                     result,
-                })?;
-            reservation.submitted();
-            Ok(())
+                })
         };
         let submitted = self
             .context()
             .with_queue_of(QueueRole::Main, |_| run())
             .map_err(Error::from)
             .and_then(|r| r);
+        match &submitted {
+            Ok(()) => reservation.submitted(),
+            Err(_) => drop(reservation),
+        }
         if let Err(e) = submitted {
             // SAFETY: nothing was submitted with the fence.
             unsafe { device.destroy_fence(fence, None) };

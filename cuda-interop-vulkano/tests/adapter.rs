@@ -265,3 +265,97 @@ fn a_timeline_as_a_vulkano_semaphore_or_refused_without_semaphore_fds() {
     }
     vk.assert_clean();
 }
+
+/// `Interop::submit` takes the timelines' signal locks before the queue's,
+/// as vk-export's own submissions do: one thread signalling a timeline
+/// through vulkano submissions and another signalling the same timeline
+/// through vk-export (a clear) both finish. In the other order the two
+/// waited for each other for good (the reviewer's reproduction hung within
+/// ten submissions); the bound below is only there to turn such a hang into
+/// a failure.
+#[test]
+fn vulkano_and_vk_export_signalling_one_timeline_do_not_deadlock() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    const EACH: u64 = 200;
+    let vk = Vk::new(VERSION);
+    let interop = Arc::new(vk.interop());
+    let timeline = Arc::new(TimelineSemaphore::new_local(interop.context()).unwrap());
+    let next = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let by_vulkano = {
+        let (interop, timeline, next, tx) =
+            (interop.clone(), timeline.clone(), next.clone(), tx.clone());
+        std::thread::spawn(move || {
+            for _ in 0..EACH {
+                let v = next.fetch_add(1, Ordering::SeqCst) + 1;
+                // SAFETY: no command buffers, no waits; one signal (refused
+                // by the bookkeeping if another thread signalled higher).
+                let submitted = unsafe {
+                    interop.submit::<vulkano::command_buffer::PrimaryAutoCommandBuffer>(
+                        &[],
+                        &[],
+                        &[TimelinePoint::new(&timeline, v)],
+                    )
+                };
+                if let Ok(mut s) = submitted {
+                    s.wait(Duration::from_secs(30)).unwrap();
+                }
+            }
+            tx.send(()).unwrap();
+        })
+    };
+    let by_vk_export = {
+        let (interop, timeline, next) = (interop.clone(), timeline.clone(), next.clone());
+        std::thread::spawn(move || {
+            let ctx = interop.context().clone();
+            let image = Image::new(&ctx, ImageDesc::new_2d(4, 4)).unwrap();
+            for _ in 0..EACH {
+                let v = next.fetch_add(1, Ordering::SeqCst) + 1;
+                let _ = ctx.clear_image(
+                    &image,
+                    vk_export::ash::vk::ClearColorValue { float32: [0.0; 4] },
+                    vk_export::SubmitSync::new().signal_timeline(&timeline, v),
+                );
+            }
+            tx.send(()).unwrap();
+        })
+    };
+    for _ in 0..2 {
+        rx.recv_timeout(Duration::from_secs(120))
+            .expect("both threads finish: no lock-order deadlock");
+    }
+    by_vulkano.join().unwrap();
+    by_vk_export.join().unwrap();
+    drop(interop);
+    vk.assert_clean();
+}
+
+/// An image vulkano would leave in another layout than `GENERAL` after its
+/// command buffers (sampling alone: vulkano's `SHADER_READ_ONLY_OPTIMAL`)
+/// is refused, naming the storage usage; the twin, a storage image, is
+/// taken (and read back exactly in `an_image_written_by_vulkano_reads_back_exactly`).
+#[test]
+fn an_image_vulkano_would_leave_outside_general_is_refused() {
+    let vk = Vk::new(VERSION);
+    let interop = vk.interop();
+    let sampled = ExportableImage::<Rgba8Unorm, Optimal, HostVisible, usage::Sampled>::new(
+        interop.context(),
+        ImageDesc::new_2d(8, 8),
+    )
+    .unwrap();
+    // SAFETY: refused before anything is wrapped.
+    match unsafe { interop.image(&sampled, CurrentLayout::Undefined) } {
+        Err(Error::Refused(why)) => assert!(
+            why.contains("ShaderReadOnlyOptimal") && why.contains("usage::Storage"),
+            "{why}"
+        ),
+        other => panic!("a sampled image was not refused: {other:?}"),
+    }
+    let storage = Image::new(interop.context(), ImageDesc::new_2d(8, 8)).unwrap();
+    // SAFETY: only vulkano uses the image while it is wrapped (not at all).
+    let wrapped = unsafe { interop.image(&storage, CurrentLayout::Undefined) }.unwrap();
+    drop(wrapped);
+    drop((sampled, storage, interop));
+    vk.assert_clean();
+}

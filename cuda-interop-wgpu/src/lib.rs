@@ -965,21 +965,29 @@ impl InteropQueue {
                     .into(),
             )
         })?;
-        let run = || -> Result<wgpu::SubmissionIndex> {
-            let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-            let queue = self.queue();
-            if waits.is_empty() && signals.is_empty() {
-                return Ok(queue.submit(commands));
-            }
-            // Checked and reserved under each timeline's signal lock (held
-            // until the submission is recorded): no other signal of this
-            // process slips in between.
+        // Checked and reserved under each timeline's signal lock (held
+        // until the submission is recorded: no other signal of this process
+        // slips in between), taken before the queue locks, in vk-export's
+        // order (signal locks, then the context's queue lock, which a shared
+        // queue's submission holds): the other order deadlocks against a
+        // vk-export submission signalling the same timeline.
+        let reservation = if waits.is_empty() && signals.is_empty() {
+            None
+        } else {
             let pairs: Vec<_> = signals.iter().map(|p| (p.semaphore, p.value)).collect();
-            let reservation =
+            Some(
                 TimelineSemaphore::reserve_submitted_signals(&pairs).map_err(|e| match e {
                     vk_export::Error::InvalidArgument(m) => Error::Refused(m),
                     e => Error::VkExport(e),
-                })?;
+                })?,
+            )
+        };
+        let run = move || -> Result<wgpu::SubmissionIndex> {
+            let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            let queue = self.queue();
+            let Some(reservation) = reservation else {
+                return Ok(queue.submit(commands));
+            };
             // SAFETY: wgpu's queue is a Vulkan queue (made in `create`);
             // nothing is destroyed through the guard.
             let hal = unsafe { queue.as_hal::<Vulkan>() }

@@ -378,3 +378,59 @@ fn a_refused_submission_naming_one_timeline_twice_leaves_every_timeline_usable()
     idle(&device);
     assert_clean(&device);
 }
+
+/// `submit_with` takes the timelines' signal locks before the shared
+/// queue's lock, as vk-export's own submissions do: one thread signalling a
+/// timeline through wgpu and another signalling the same timeline through
+/// vk-export (a clear) both finish. In the other order the two could wait
+/// for each other for good (found in the vulkano adapter, the same shape);
+/// the bound only turns such a hang into a failure.
+#[test]
+fn wgpu_and_vk_export_signalling_one_timeline_do_not_deadlock() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const EACH: u64 = 200;
+    let _serial = serial();
+    let device = Arc::new(device());
+    let timeline = Arc::new(TimelineSemaphore::new_local(device.context()).unwrap());
+    let next = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let by_wgpu = {
+        let (device, timeline, next, tx) =
+            (device.clone(), timeline.clone(), next.clone(), tx.clone());
+        std::thread::spawn(move || {
+            for _ in 0..EACH {
+                let v = next.fetch_add(1, Ordering::SeqCst) + 1;
+                // Refused by the bookkeeping if the other thread signalled
+                // higher already: either way it returns.
+                let _ = device
+                    .queue()
+                    .submit_with([], &[], &[TimelinePoint::new(&timeline, v)]);
+            }
+            tx.send(()).unwrap();
+        })
+    };
+    let by_vk_export = {
+        let (device, timeline, next) = (device.clone(), timeline.clone(), next.clone());
+        std::thread::spawn(move || {
+            let ctx = device.context().clone();
+            let image = Image::new(&ctx, ImageDesc::new_2d(4, 4)).unwrap();
+            for _ in 0..EACH {
+                let v = next.fetch_add(1, Ordering::SeqCst) + 1;
+                let _ = ctx.clear_image(
+                    &image,
+                    vk_export::ash::vk::ClearColorValue { float32: [0.0; 4] },
+                    SubmitSync::new().signal_timeline(&timeline, v),
+                );
+            }
+            tx.send(()).unwrap();
+        })
+    };
+    for _ in 0..2 {
+        rx.recv_timeout(Duration::from_secs(120))
+            .expect("both threads finish: no lock-order deadlock");
+    }
+    by_wgpu.join().unwrap();
+    by_vk_export.join().unwrap();
+    idle(&device);
+    assert_clean(&device);
+}

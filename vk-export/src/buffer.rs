@@ -487,8 +487,11 @@ impl ExportableBuffer<HostVisible> {
     /// host mapping: no device copy. The bytes are the device's writes
     /// only where those were made visible to the host first (a barrier
     /// whose destination is `HOST_READ`, then a completed wait: as
-    /// [`Context::read_buffer_mapped`] records).
-    pub(crate) fn read_mapped(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+    /// [`Context::read_buffer_mapped`] records, or
+    /// [`Context::make_buffer_host_readable`]). Relaxed atomic loads, as
+    /// [`ExportableBuffer::write_mapped`] stores: a write of the same bytes
+    /// on another thread is no undefined behaviour.
+    pub fn read_mapped(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         self.check_span(offset, out.len())?;
         let base = self.mapped()?;
         // SAFETY: as in `write_mapped`; `out` is ours, never the mapping.

@@ -882,9 +882,27 @@ impl Context {
         out: &mut [u8],
         sync: SubmitSync<'_>,
     ) -> Result<()> {
-        self.check_buffer(buffer)?;
         // Before anything is submitted: the copy's own check, early.
         buffer.check_span(0, out.len())?;
+        self.make_buffer_host_readable(buffer, sync)?;
+        // The submission made every device write before it visible to the
+        // host, and completed.
+        buffer.read_mapped(0, out)
+    }
+
+    /// Makes the device's writes of a host-visible `buffer` visible to host
+    /// reads through its mapping: one submission acquires the buffer (as
+    /// [`Context::read_buffer`] does) with a barrier whose destination is
+    /// `HOST_READ`, and is waited for. What [`Context::read_buffer_mapped`]
+    /// does before its copy, for a reader that reads the mapping in place
+    /// ([`ExportableBuffer::mapped_ptr`]) or copies later
+    /// ([`ExportableBuffer::read_mapped`]).
+    pub fn make_buffer_host_readable(
+        &self,
+        buffer: &ExportableBuffer<HostVisible>,
+        sync: SubmitSync<'_>,
+    ) -> Result<()> {
+        self.check_buffer(buffer)?;
         let place = Placement::Role(QueueRole::Transfer);
         let device = &self.inner.device;
         self.submit_tracked(
@@ -897,10 +915,8 @@ impl Context {
                     .take(cmd, vk::ImageLayout::UNDEFINED);
                 host_read_barrier(device, cmd);
             },
-        )?;
-        // The submission made every device write before it visible to the
-        // host, and completed (submit_tracked waited for it).
-        buffer.read_mapped(0, out)
+        )
+        .map(drop)
     }
 
     /// Releases `buffer` to `VK_QUEUE_FAMILY_EXTERNAL`.

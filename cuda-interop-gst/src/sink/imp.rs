@@ -40,6 +40,11 @@ const SLOTS: u32 = 4;
 /// `timeout`'s default, in milliseconds.
 const DEFAULT_TIMEOUT_MS: u32 = 50;
 
+/// Slots the offered pool never lends: a queue before the sink holds as
+/// many pool buffers as it likes, and the buffers it gets once the pool
+/// lends no more (plain ones) are copied into these.
+const UNLENT: usize = 2;
+
 /// How long one wait for a free slot lasts before the flushing flag is
 /// looked at again: `unlock`'s bound.
 const STEP: Duration = Duration::from_millis(50);
@@ -504,6 +509,15 @@ impl CudaInteropSink {
             let Slots::Host { sender, lent, .. } = &mut r.slots else {
                 return None;
             };
+            lent.retain(|c| c.strong_count() > 0);
+            let out = lent
+                .iter()
+                .filter_map(Weak::upgrade)
+                .filter(|c| lock(c).is_some())
+                .count();
+            if out + UNLENT >= SLOTS as usize {
+                return None;
+            }
             // A slot free now, or a plain buffer: the wait for a slot is
             // `render`'s, bounded by `timeout`.
             let slot = sender.acquire(Duration::ZERO).ok()?;

@@ -32,7 +32,8 @@ use gst::subclass::prelude::*;
 
 use crate::lock;
 
-/// A lent slot while a pool buffer holds it; taken out by the sink.
+/// A lent slot while a pool buffer holds it; taken out by the sink (`None`
+/// after that).
 pub(crate) type LentCell = Mutex<Option<LentSlot>>;
 
 /// What the pool calls for each buffer: a buffer of `size` bytes over a
@@ -48,9 +49,11 @@ struct SlotBytes {
 }
 
 // SAFETY: `base` is an address in the lent slot's mapping, which the
-// `LentSlot` in `_cell` (or, once the sink took it, the sender) keeps alive;
-// it is dereferenced only by `as_mut` (below), on whichever thread holds the
-// memory.
+// `LentSlot` in `_cell` keeps alive until the sink takes it; it is
+// dereferenced only by `as_mut` (below), once, while the slot is still in
+// `_cell`. After the sink took the slot (`take_lent`: the memory referenced
+// by its buffer alone, the buffer by the sink alone) no one can map the
+// memory again before it is freed, right after `render`.
 unsafe impl Send for SlotBytes {}
 
 impl AsMut<[u8]> for SlotBytes {
@@ -99,6 +102,7 @@ pub(crate) fn take_lent(buffer: &gst::Buffer, cells: &mut Vec<Weak<LentCell>>) -
         || buffer.n_memory() != 1
         || !buffer.is_writable()
         || !buffer.is_all_memory_writable()
+        || !held_by_its_buffer_alone(buffer.peek_memory(0))
     {
         return None;
     }
@@ -118,6 +122,24 @@ pub(crate) fn take_lent(buffer: &gst::Buffer, cells: &mut Vec<Weak<LentCell>>) -
             None
         }
     })
+}
+
+/// Whether `memory` has no reference but its buffer's: `GstMemory` is a
+/// lockable object, so its writability counts the buffers that lock it,
+/// not a plain reference someone kept (`gst_buffer_get_memory`), which
+/// could still map it after the present.
+fn held_by_its_buffer_alone(memory: &gst::MemoryRef) -> bool {
+    let object = memory.as_ptr() as *mut gst::ffi::GstMemory;
+    // SAFETY: `memory` is a live `GstMemory` (borrowed from a buffer the
+    // caller holds); its refcount is an `int` that GStreamer changes only
+    // with atomic operations, read here atomically, in place.
+    let refcount = unsafe {
+        std::sync::atomic::AtomicI32::from_ptr(std::ptr::addr_of_mut!(
+            (*object).mini_object.refcount
+        ))
+        .load(std::sync::atomic::Ordering::Acquire)
+    };
+    refcount == 1 && memory.parent().is_none()
 }
 
 glib::wrapper! {

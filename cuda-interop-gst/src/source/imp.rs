@@ -134,10 +134,12 @@ impl ObjectImpl for CudaInteropSrc {
                 glib::ParamSpecBoolean::builder("zero-copy")
                     .nick("Zero copy")
                     .blurb(
-                        "memory:CUDAMemory only: hand downstream the ring's slot itself, no copy \
-                         (GStreamer 1.24 or later; earlier, a copy): the frame stays held until \
-                         downstream drops the buffer, so a pipeline that keeps buffers holds the \
-                         sender's slots. Off: each frame is copied and released at once",
+                        "Hand downstream the ring's slot itself, no copy, with lossless delivery: \
+                         in memory:CUDAMemory (GStreamer 1.24 or later; earlier, a copy), and in \
+                         system memory from a host-visible ring whose rows are GStreamer's \
+                         default for the caps. The frame stays held until downstream drops the \
+                         buffer, so a pipeline that keeps buffers holds the sender's slots. Off: \
+                         each frame is copied and released at once",
                     )
                     .default_value(false)
                     .mutable_ready()
@@ -171,9 +173,9 @@ impl ObjectImpl for CudaInteropSrc {
                 glib::ParamSpecUInt64::builder("zero-copy-buffers")
                     .nick("Zero-copy buffers")
                     .blurb(
-                        "Of the cuda-memory-buffers, those that are the ring's slot itself \
-                         (zero-copy where it applies: GStreamer 1.24 or later, lossless \
-                         delivery)",
+                        "Buffers that are the ring's slot itself (zero-copy where it applies: \
+                         lossless delivery; CUDA memory on GStreamer 1.24 or later, or system \
+                         memory from a host-visible ring in GStreamer's default rows)",
                     )
                     .read_only()
                     .build(),
@@ -324,7 +326,10 @@ impl CudaInteropSrc {
                 wrap: zero_copy,
             }
         } else {
-            Output::System
+            Output::System {
+                info: &state.info,
+                wrap: zero_copy,
+            }
         };
         state
             .reader
@@ -415,6 +420,13 @@ impl BaseSrcImpl for CudaInteropSrc {
     }
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {
+        gst::info!(
+            CAT,
+            imp = self,
+            "stopping: {} frames received ({} the slot itself)",
+            self.received.load(Ordering::Relaxed),
+            self.slot_buffers.load(Ordering::Relaxed)
+        );
         // The receiver's drop closes the connection (the sender takes its
         // slots back).
         *lock(&self.state) = None;
@@ -499,7 +511,7 @@ impl PushSrcImpl for CudaInteropSrc {
         let (copied, handoff) = self.wait_frame(state, timeout, zero_copy)?;
         let meta = self.video_meta.load(Ordering::SeqCst);
         let in_cuda = matches!(copied.pixels, Pixels::Cuda(_) | Pixels::Slot(_));
-        let in_slot = matches!(copied.pixels, Pixels::Slot(_));
+        let in_slot = matches!(copied.pixels, Pixels::Slot(_) | Pixels::HostSlot(_));
         let mut buffer = match copied.pixels {
             Pixels::Bytes(bytes) => {
                 let (buffer, repacked) = to_buffer(bytes, &state.video.planes, &state.info, meta)
@@ -514,7 +526,7 @@ impl PushSrcImpl for CudaInteropSrc {
                 }
                 buffer
             }
-            Pixels::Cuda(buffer) | Pixels::Slot(buffer) => buffer,
+            Pixels::Cuda(buffer) | Pixels::Slot(buffer) | Pixels::HostSlot(buffer) => buffer,
         };
         gst::debug!(
             CAT,

@@ -35,6 +35,13 @@
 //!   an element error, and its pixels may then change under it). CUDA context queries are
 //!   answered with the receiver's context. The debug log has each frame's
 //!   hand-off (received -> copied, or the slot wrapped).
+//! * System memory with `zero-copy` and lossless delivery, from a
+//!   host-visible ring whose rows are GStreamer's default for the caps:
+//!   each buffer is one memory over the slot in the receiver's own mapping
+//!   (`HostReceiver::read_in_place`: the device's writes made visible to
+//!   the host, no copy), counted in `zero-copy-buffers`, the frame held
+//!   until downstream frees the buffer, under the same rules as CUDA slots
+//!   above; other rings, or without `zero-copy`, are copied as below.
 //! * Rows (system memory): when the ring's strides and plane offsets are
 //!   GStreamer's default for the caps, the bytes go downstream as read;
 //!   otherwise with a `GstVideoMeta` when downstream's allocation query
