@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use cuda_interop_frames::discovery::Directory;
 use cuda_interop_frames::protocol::Delivery;
-use cuda_interop_frames::sender::{self, Address, ImageSender, SenderError, SenderOptions};
+use cuda_interop_frames::sender::{
+    self, AcquireError, Address, ImageSender, SenderError, SenderOptions,
+};
 use cuda_interop_frames::vulkan_receiver::VulkanReceiver;
 use cuda_interop_testkit::{assert_no_validation_errors, vulkan, Mem};
 use vk_export::ash::vk;
@@ -145,7 +147,9 @@ fn a_slot_written_by_the_applications_own_submission_is_received_texel_for_texel
     let written = TimelineSemaphore::new_local(&ctx).unwrap();
 
     // A present after a timeline of another device: refused, unnumbered;
-    // the slot is released by the drop and free again.
+    // the slot is not released under writes this sender cannot wait for:
+    // it stays out of the ring (the twin below: a slot opened and dropped
+    // is released and free again).
     let elsewhere = TimelineSemaphore::new_local(&rctx).unwrap();
     let slot = sender
         .acquire(BOUND)
@@ -162,15 +166,41 @@ fn a_slot_written_by_the_applications_own_submission_is_received_texel_for_texel
         ),
         "{e}"
     );
-    // Opened and dropped: released, no frame.
-    drop(
-        sender
+    let kept_out = e.to_string();
+    assert!(kept_out.contains("stays out of the ring"), "{kept_out}");
+    // Opened and dropped: released, no frame, and free again.
+    let (opened, reopened) = {
+        let slot = sender
             .acquire(BOUND)
             .unwrap()
             .open(QueueRole::Main)
-            .unwrap(),
-    );
+            .unwrap();
+        let index = slot.index();
+        drop(slot);
+        (index, sender.acquire(BOUND).unwrap().index())
+    };
+    assert_eq!(opened, reopened, "a slot opened and dropped is free again");
     assert_eq!(sender.stats().presented, 0, "no frame was numbered");
+    // The refused slot is out of the ring: two more taken out leave none
+    // of the three.
+    let two = [(); 2].map(|()| {
+        sender
+            .acquire(BOUND)
+            .unwrap()
+            .open_detached(QueueRole::Main)
+            .unwrap()
+    });
+    assert!(
+        matches!(
+            sender.acquire(Duration::ZERO),
+            Err(AcquireError::AllSlotsHeld)
+        ),
+        "the slot of the refused present was handed out again"
+    );
+    for frame in two {
+        // SAFETY: nothing was submitted that writes the slot.
+        unsafe { sender.abandon_opened(frame) }.unwrap();
+    }
 
     // Frames, lossless from the receiver's subscription on: every one read.
     let mut received = Vec::new();

@@ -720,12 +720,27 @@ impl<M: MemoryLocation, R: SlotResource<M>> OpenSlot<'_, M, R> {
     /// releases the slot to the external family, signals "produced", and is
     /// waited for (bounded); then the frame is announced with
     /// `timestamp_ns`. Returns its sequence number. On an error the slot is
-    /// released by the drop, unnumbered.
+    /// released by the drop, unnumbered; except for a `written` timeline of
+    /// another context ([`vk_export::Error::ForeignResource`]), which this
+    /// sender cannot wait for: the application's writes may still be
+    /// running, so the slot is not released under them but kept out of the
+    /// ring for the sender's life (and leaked at its drop, as an opened
+    /// frame's is).
     pub fn present(
-        self,
+        mut self,
         timestamp_ns: u64,
         written: (&TimelineSemaphore, u64),
     ) -> Result<u64, SenderError> {
+        if !self.sender.ctx.is_same(written.0.context()) {
+            self.sender.outside[self.slot as usize] = Some(Outside::Opened);
+            self.closed = true;
+            return Err(vk_export::Error::ForeignResource(format!(
+                "the written timeline of opened slot {} belongs to another Context: signal a \
+                 timeline of the sender's context; the slot stays out of the ring",
+                self.slot
+            ))
+            .into());
+        }
         self.close_and_announce(timestamp_ns, Some(written))
     }
 
