@@ -119,10 +119,19 @@ fn a_lent_slot_is_out_of_the_ring_until_presented_or_dropped() {
     let first = tx.acquire(BOUND).unwrap().lend().unwrap();
     let second = tx.acquire(BOUND).unwrap().lend().unwrap();
     assert_ne!(first.index(), second.index());
+    // No slot free now: `acquire_free` says so and counts nothing (the
+    // caller has somewhere else for the frame); its twin `acquire` counts
+    // a skipped frame.
+    assert!(
+        tx.acquire_free().is_none(),
+        "a ring of two with two slots lent handed one out"
+    );
+    assert_eq!(tx.stats().skipped, 0);
     assert!(
         matches!(tx.acquire(Duration::ZERO), Err(AcquireError::AllSlotsHeld)),
         "a ring of two with two slots lent handed one out"
     );
+    assert_eq!(tx.stats().skipped, 1);
     // Dropped unpresented: the slot is back, no frame numbered.
     let dropped = first.index();
     drop(first);

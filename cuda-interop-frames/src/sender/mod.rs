@@ -352,10 +352,15 @@ pub enum SenderError {
 #[derive(Debug, thiserror::Error)]
 pub enum AcquireError {
     /// Every slot is held by latest receivers, waits for a GPU release
-    /// not worth waiting for, or is recorded into the application's command
-    /// buffers ([`WriteSlot::record_into`]): the frame is skipped (counted
-    /// in [`SenderStats::skipped`]); try again for the next frame.
-    #[error("every slot of the ring is held by a receiver: frame skipped")]
+    /// not worth waiting for, or is out of the ring with the application
+    /// (recorded into its command buffers, [`WriteSlot::record_into`];
+    /// opened for its submissions, [`WriteSlot::open_detached`]; lent to a
+    /// host writer, [`WriteSlot::lend`]): the frame is skipped (counted in
+    /// [`SenderStats::skipped`]); try again for the next frame.
+    #[error(
+        "every slot of the ring is held by a receiver or out of the ring (recorded, opened or \
+         lent): frame skipped"
+    )]
     AllSlotsHeld,
     /// Lossless receivers held every free-able slot for the whole timeout
     /// (their back-pressure); receivers that hold a slot past the hold
@@ -675,6 +680,20 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
             }
             None => false,
         }
+    }
+
+    /// A slot free now, without waiting and without counting anything when
+    /// there is none: for a writer with somewhere else to put the frame (a
+    /// GStreamer pool that hands out a plain buffer instead), where no
+    /// frame is skipped. Receivers' messages are handled first, as
+    /// [`Sender::acquire`] does.
+    pub fn acquire_free(&mut self) -> Option<WriteSlot<'_, M, R>> {
+        self.pump();
+        let slot = self.pick().ok()?;
+        if self.newest.is_some_and(|n| n.0 == slot) {
+            self.newest = None;
+        }
+        Some(WriteSlot { sender: self, slot })
     }
 
     /// A slot to write the next frame into (see the module contract):

@@ -518,9 +518,10 @@ impl CudaInteropSink {
             if out + UNLENT >= SLOTS as usize {
                 return None;
             }
-            // A slot free now, or a plain buffer: the wait for a slot is
-            // `render`'s, bounded by `timeout`.
-            let slot = sender.acquire(Duration::ZERO).ok()?;
+            // A slot free now, or a plain buffer (no frame skipped: none
+            // counted): the wait for a slot is `render`'s, bounded by
+            // `timeout`.
+            let slot = sender.acquire_free()?;
             let slot = match slot.lend() {
                 Ok(slot) => slot,
                 Err(e) => {

@@ -52,7 +52,15 @@
 //!   them). Any other buffer (a plain one, a pool buffer shared by a `tee`)
 //!   is copied as above. `enable-last-sample` is off by default here: a
 //!   last sample is a second reference to each buffer, so setting it makes
-//!   every frame a copy.
+//!   every frame a copy. The pool lends while two slots stay unlent (a
+//!   `queue` before the sink holds pool buffers; its plain ones are copied
+//!   into those), and hands out plain buffers otherwise, no frame skipped
+//!   for it. The upstream element's writes are plain stores: a receiver of
+//!   the sink's ring in the sink's own process (a `cudainteropsrc` of the
+//!   same name in one program) reads the slots with atomic loads, which
+//!   such a write would race if that receiver were dropped for a hold
+//!   timeout mid-frame; receive in another process, or refuse the pool
+//!   (`identity drop-allocation=true` before the sink).
 //! * PAUSED -> READY (`stop`) drops the sender: its receivers get a
 //!   goodbye, and its name and socket are removed.
 
