@@ -816,8 +816,11 @@ enum ci_status ci_context_new_headless(const struct ci_context_options *options,
                                        struct ci_context **out);
 
 /**
- * Frees a context handle (NULL: nothing). The device goes when the
- * senders made on it are freed too.
+ * Frees a context handle (NULL: nothing). The context's own objects go
+ * when everything made on it (senders, receivers, `ci_timeline`s) is
+ * freed too: a context made on the application's device
+ * (`ci_context_new_from_vulkan`) needs all of those freed before the
+ * application destroys its device.
  *
  * Thread safety: any thread; the handle is invalid for every thread after.
  *
@@ -1198,7 +1201,9 @@ enum ci_status ci_timeline_value(const struct ci_timeline *timeline, uint64_t *o
  *
  * # Safety
  * The application's submissions that wait for or signal the timeline have
- * completed (`ci_timeline_new`'s rules).
+ * completed (`ci_timeline_new`'s rules), and the device it was made on
+ * still exists (a context made on the application's device: free the
+ * timeline before destroying the device).
  */
 enum ci_status ci_timeline_free(struct ci_timeline *timeline);
 
@@ -1247,11 +1252,14 @@ enum ci_status ci_sender_open(struct ci_sender *sender,
  * Refused, nothing changed and the token still valid: a token this sender
  * did not give or already spent (`CI_INVALID_ARGUMENT`), a NULL, freed or
  * wrong-kind timeline (`CI_NULL_POINTER`, `CI_WRONG_HANDLE`), a timeline
- * of another context or a `value` of 0 (`CI_INVALID_ARGUMENT`). After
- * that the token is spent: `CI_TIMEOUT` when `value` was not reached
- * within the bound (the frame keeps its number and is not announced:
- * receivers count the gap; the release runs once the value arrives);
- * another error releases the slot unnumbered.
+ * of another context, a `value` of 0, or a call from inside
+ * `ci_context_with_queue` of the sender's context (`CI_INVALID_ARGUMENT`).
+ * After that the token is spent: `CI_TIMEOUT` when `value` was not
+ * reached within the bound (the frame keeps its number and is not
+ * announced: receivers count the gap; the release runs once the value
+ * arrives); another error (nothing was submitted, so nothing waited for
+ * the application's writes) keeps the slot out of the ring for the
+ * sender's life rather than release it under those writes.
  *
  * Thread safety: any thread; calls on one sender are serialized.
  *
@@ -1509,8 +1517,8 @@ enum ci_status ci_cuda_receiver_free(struct ci_cuda_receiver *receiver);
  *   and on every sender and Vulkan receiver made on it (an engine's
  *   render thread, where its plugin's events run: the library submits
  *   only inside those calls), or not at all;
- * * the instance and device outlive the context and every sender made on
- *   it (free those first);
+ * * the instance and device outlive the context and everything made on
+ *   it: senders, Vulkan receivers and `ci_timeline`s (free those first);
  * * the application's own work that uses the library's resources has
  *   completed before they are freed.
  *

@@ -353,8 +353,11 @@ pub unsafe extern "C" fn ci_context_new_headless(
     })
 }
 
-/// Frees a context handle (NULL: nothing). The device goes when the
-/// senders made on it are freed too.
+/// Frees a context handle (NULL: nothing). The context's own objects go
+/// when everything made on it (senders, receivers, `ci_timeline`s) is
+/// freed too: a context made on the application's device
+/// (`ci_context_new_from_vulkan`) needs all of those freed before the
+/// application destroys its device.
 ///
 /// Thread safety: any thread; the handle is invalid for every thread after.
 ///

@@ -14,9 +14,10 @@
 //!   nothing.
 //! * What is checked before the token is spent (so the application can
 //!   retry or abandon): the timeline handle, its context (the sender's),
-//!   the value (above 0). After that, the sender's rules: a present that
-//!   times out keeps its number; another error releases the slot
-//!   unnumbered.
+//!   the value (above 0), the calling thread (not inside
+//!   `ci_context_with_queue`). After that, the sender's rules: a present
+//!   that times out keeps its number; another error keeps the slot out of
+//!   the ring (never released under the application's writes).
 //! * A `ci_timeline*` is a local timeline semaphore of a context. The
 //!   library never signals it; it only waits for it on the GPU
 //!   (`ci_sender_present_opened`). vk-export's signal bookkeeping covers
@@ -252,7 +253,9 @@ pub unsafe extern "C" fn ci_timeline_value(
 ///
 /// # Safety
 /// The application's submissions that wait for or signal the timeline have
-/// completed (`ci_timeline_new`'s rules).
+/// completed (`ci_timeline_new`'s rules), and the device it was made on
+/// still exists (a context made on the application's device: free the
+/// timeline before destroying the device).
 #[no_mangle]
 pub unsafe extern "C" fn ci_timeline_free(timeline: *mut ci_timeline) -> ci_status {
     entry(|| {
@@ -367,11 +370,14 @@ pub unsafe extern "C" fn ci_sender_open(
 /// Refused, nothing changed and the token still valid: a token this sender
 /// did not give or already spent (`CI_INVALID_ARGUMENT`), a NULL, freed or
 /// wrong-kind timeline (`CI_NULL_POINTER`, `CI_WRONG_HANDLE`), a timeline
-/// of another context or a `value` of 0 (`CI_INVALID_ARGUMENT`). After
-/// that the token is spent: `CI_TIMEOUT` when `value` was not reached
-/// within the bound (the frame keeps its number and is not announced:
-/// receivers count the gap; the release runs once the value arrives);
-/// another error releases the slot unnumbered.
+/// of another context, a `value` of 0, or a call from inside
+/// `ci_context_with_queue` of the sender's context (`CI_INVALID_ARGUMENT`).
+/// After that the token is spent: `CI_TIMEOUT` when `value` was not
+/// reached within the bound (the frame keeps its number and is not
+/// announced: receivers count the gap; the release runs once the value
+/// arrives); another error (nothing was submitted, so nothing waited for
+/// the application's writes) keeps the slot out of the ring for the
+/// sender's life rather than release it under those writes.
 ///
 /// Thread safety: any thread; calls on one sender are serialized.
 ///
@@ -410,6 +416,14 @@ pub unsafe extern "C" fn ci_sender_present_opened(
                     ci_status::CI_INVALID_ARGUMENT,
                     "value is 0: pass the value the submission that writes the slot signals \
                      (above 0; the token is still valid)",
+                ));
+            }
+            if ring.context().is_held_by_this_thread() {
+                return Err(CiError::new(
+                    ci_status::CI_INVALID_ARGUMENT,
+                    "ci_sender_present_opened called from inside ci_context_with_queue of the \
+                     sender's context: it would wait for the queue lock its caller holds; call \
+                     it after that returns (the token is still valid)",
                 ));
             }
             let frame = tokens.take_opened(opened)?;

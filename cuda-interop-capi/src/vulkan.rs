@@ -98,8 +98,8 @@ pub struct ci_vulkan_device {
 ///   and on every sender and Vulkan receiver made on it (an engine's
 ///   render thread, where its plugin's events run: the library submits
 ///   only inside those calls), or not at all;
-/// * the instance and device outlive the context and every sender made on
-///   it (free those first);
+/// * the instance and device outlive the context and everything made on
+///   it: senders, Vulkan receivers and `ci_timeline`s (free those first);
 /// * the application's own work that uses the library's resources has
 ///   completed before they are freed.
 ///

@@ -444,3 +444,52 @@ fn a_frame_of_another_sender_or_a_foreign_timeline_is_refused() {
     assert_no_validation_errors(&other_ctx);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A present refused before anything was submitted (called from inside
+/// `with_queue`, which would wait for its own lock) waited for nothing:
+/// the slot is kept out of the ring, never released and handed out under
+/// the application's writes. The twin: the same slot presented normally
+/// comes back.
+#[test]
+fn a_present_refused_before_submitting_keeps_the_slot_out_of_the_ring() {
+    let (dir, directory) = temp_dir("refused-in-queue");
+    let ctx = vulkan(None);
+    let mut sender = image_sender(&ctx, &directory, "refused", 2);
+    let written = TimelineSemaphore::new_local(&ctx).unwrap();
+    // Twin: opened, written, presented: the slot comes back.
+    let a = sender
+        .acquire(BOUND)
+        .unwrap()
+        .open_detached(QueueRole::Main)
+        .unwrap();
+    let a_index = a.index();
+    write(&sender, &a, &written, 1, colour(1));
+    sender
+        .present_opened(a, sender::monotonic_ns(), (&written, 1))
+        .unwrap();
+    // Refused: presented from inside with_queue.
+    let b = sender
+        .acquire(BOUND)
+        .unwrap()
+        .open_detached(QueueRole::Main)
+        .unwrap();
+    let b_index = b.index();
+    let ctx2 = ctx.clone();
+    let refused = ctx2
+        .with_queue(|_| sender.present_opened(b, sender::monotonic_ns(), (&written, 2)))
+        .unwrap();
+    assert!(
+        refused.is_err(),
+        "a present from inside with_queue was taken"
+    );
+    assert_eq!(sender.stats().presented, 1, "nothing numbered");
+    // Only the presented slot is handed out from now on.
+    for _ in 0..3 {
+        let next = sender.acquire(BOUND).unwrap().index();
+        assert_ne!(next, b_index, "the refused slot was handed out again");
+        assert_eq!(next, a_index);
+    }
+    drop(sender);
+    assert_no_validation_errors(&ctx);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -431,7 +431,11 @@ impl Reader {
             }
             (Reader::Host(rx, _), Output::System { info, wrap: true })
                 if self.session().delivery() == Delivery::Lossless
-                    && Planes::of_ring(rx.session().layout()).is_default_of(info) =>
+                    && Planes::of_ring(rx.session().layout()).is_default_of(info)
+                    // GStreamer maps a video buffer only if it holds the
+                    // caps' whole size, the last row's padding included,
+                    // which a frame need not (NV12 at a width of 2 mod 4).
+                    && rx.frame_bytes() >= info.size() as u64 =>
             {
                 let start = match rx.read_in_place(&frame, timeout) {
                     Ok(start) => start,

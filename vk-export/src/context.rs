@@ -684,6 +684,16 @@ impl Context {
         Ok(f(state.queue))
     }
 
+    /// Whether this thread is inside [`Context::with_queue`] (or a
+    /// recording closure) of this context now: any call that submits on
+    /// it from here is refused (it would wait for the lock its caller
+    /// holds). For a caller that must refuse before it spends something
+    /// (a token, a frame) rather than after.
+    pub fn is_held_by_this_thread(&self) -> bool {
+        let key = Arc::as_ptr(&self.inner) as usize;
+        HELD.with(|held| held.borrow().contains(&key))
+    }
+
     /// Marks this thread as inside a call that holds this context's queue
     /// or submission lock; a nested call on the same thread is refused
     /// instead of deadlocking.

@@ -53,6 +53,23 @@ static void on_queue(void *user, void *queue) {
     if (s != CI_OK && ci_last_error_message()[0] != '\0') g_nested++;
 }
 
+/* ci_sender_present_opened called from inside ci_context_with_queue of the
+ * sender's context: refused before its token is spent. */
+struct present_in_queue {
+    ci_sender *sender;
+    uint64_t token;
+    ci_timeline *timeline;
+    ci_status got;
+    int said_why;
+};
+
+static void present_inside(void *user, void *queue) {
+    struct present_in_queue *p = (struct present_in_queue *)user;
+    (void)queue;
+    p->got = ci_sender_present_opened(p->sender, p->token, p->timeline, 1, 0, NULL);
+    p->said_why = strstr(ci_last_error_message(), "ci_context_with_queue") != NULL;
+}
+
 static void record_nothing(void *user, void *device, void *cmd, uint64_t buffer, uint64_t size) {
     (void)user;
     (void)device;
@@ -370,6 +387,16 @@ int main(int argc, char **argv) {
     EXPECT(ci_sender_present_opened(NULL, op.token, tl, 1, 0, NULL), CI_NULL_POINTER);
     EXPECT(ci_sender_present_opened((ci_sender *)tl, op.token, tl, 1, 0, NULL), CI_WRONG_HANDLE);
     EXPECT(ci_sender_present_opened((ci_sender *)ctx, op.token, tl, 1, 0, NULL), CI_WRONG_HANDLE);
+    /* From inside ci_context_with_queue: it would wait for its own lock. */
+    {
+        struct present_in_queue inside = {sender, op.token, tl, CI_OK, 0};
+        EXPECT(ci_context_with_queue(ctx, CI_QUEUE_MAIN, present_inside, &inside), CI_OK);
+        if (inside.got != CI_INVALID_ARGUMENT || !inside.said_why) {
+            fprintf(stderr, "present_opened inside ci_context_with_queue: %d, reason named: %d\n",
+                    (int)inside.got, inside.said_why);
+            failures++;
+        }
+    }
     /* Another sender's token, both ways. */
     EXPECT(ci_sender_present_opened(sender, op_img.token, tl, 1, 0, NULL), CI_INVALID_ARGUMENT);
     EXPECT(ci_sender_present_opened(images, op.token, tl, 1, 0, NULL), CI_INVALID_ARGUMENT);

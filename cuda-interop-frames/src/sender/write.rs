@@ -719,13 +719,14 @@ impl<M: MemoryLocation, R: SlotResource<M>> OpenSlot<'_, M, R> {
     /// signalled after its last write; a timeline of the sender's context),
     /// releases the slot to the external family, signals "produced", and is
     /// waited for (bounded); then the frame is announced with
-    /// `timestamp_ns`. Returns its sequence number. On an error the slot is
-    /// released by the drop, unnumbered; except for a `written` timeline of
-    /// another context ([`vk_export::Error::ForeignResource`]), which this
-    /// sender cannot wait for: the application's writes may still be
-    /// running, so the slot is not released under them but kept out of the
-    /// ring for the sender's life (and leaked at its drop, as an opened
-    /// frame's is).
+    /// `timestamp_ns`. Returns its sequence number. A present whose
+    /// submission timed out keeps its number (receivers count the gap);
+    /// one refused before anything was submitted (a `written` timeline of
+    /// another context, [`vk_export::Error::ForeignResource`]; a call from
+    /// inside `Context::with_queue`; a failed submission) waited for
+    /// nothing, and the application's writes may still be running: the slot
+    /// is not released under them but kept out of the ring for the
+    /// sender's life (and leaked at its drop, as an opened frame's is).
     pub fn present(
         mut self,
         timestamp_ns: u64,
@@ -756,6 +757,14 @@ impl<M: MemoryLocation, R: SlotResource<M>> OpenSlot<'_, M, R> {
         // Released (or its release submitted): the drop must not release
         // it again.
         self.closed = self.sender.released_to_external[self.slot as usize];
+        if closed.is_err() && !self.closed && written.is_some() {
+            // Nothing submitted, so nothing waited for `written`: the
+            // application's writes may still run. The drop would release
+            // the slot under them; it is kept out of the ring instead (for
+            // the sender's life, as for a timeline of another context).
+            self.sender.outside[self.slot as usize] = Some(Outside::Opened);
+            self.closed = true;
+        }
         closed?;
         self.sender.announce(self.slot, f, timestamp_ns);
         Ok(f)

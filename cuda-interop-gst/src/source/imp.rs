@@ -534,8 +534,10 @@ impl PushSrcImpl for CudaInteropSrc {
             "frame {} hand-off {:.1} us (received -> {})",
             copied.sequence,
             handoff.as_secs_f64() * 1e6,
-            if in_slot {
+            if in_slot && in_cuda {
                 "its slot wrapped in CUDA memory"
+            } else if in_slot {
+                "its slot wrapped in system memory"
             } else if in_cuda {
                 "copied into CUDA memory"
             } else {
