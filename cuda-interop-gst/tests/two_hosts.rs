@@ -504,20 +504,37 @@ impl Reader {
         }
     }
 
-    /// `frame`'s bytes into `bytes` (the layout's frame), and the frame
-    /// released.
-    fn read(&self, frame: Frame, bytes: &mut [u8]) {
+    /// Runs `check` on `frame`'s bytes (the layout's frame), then releases
+    /// the frame: a host-visible ring's in place in this receiver's mapping
+    /// (no copy: the checker's CPU competes with both pipelines on CI's 2
+    /// cores), a device-local one's copied into `bytes` first.
+    fn check<T>(&self, frame: Frame, bytes: &mut [u8], check: impl FnOnce(&[u8]) -> T) -> T {
         let timeout = Duration::from_secs(10);
         match self {
             Reader::Host(rx) => {
-                rx.read_into(&frame, bytes, timeout).expect("read");
+                let start = rx.read_in_place(&frame, timeout).expect("read");
+                // SAFETY: `start` is the frame's first byte in this
+                // receiver's mapping of its slot, `frame_bytes` of them,
+                // mapped while `rx` lives; the frame is held until the
+                // release below, so the sink (in another process) writes
+                // the slot again only after it, or after dropping this
+                // receiver for a hold timeout, which `check_held` below
+                // turns into a failure; nothing in this process writes it.
+                let in_place =
+                    unsafe { std::slice::from_raw_parts(start, rx.frame_bytes() as usize) };
+                let out = check(in_place);
+                rx.session()
+                    .check_held(&frame)
+                    .expect("the frame stayed held while it was checked");
                 rx.release(frame).expect("release");
+                out
             }
             Reader::Cuda(rx, stream) => {
                 rx.wait_on(&frame, stream).expect("wait for the frame");
                 rx.copy_to_host(&frame, stream, 0, bytes, timeout)
                     .expect("copy to the host");
                 rx.release_after(frame, stream).expect("release");
+                check(bytes)
             }
         }
     }
@@ -582,68 +599,69 @@ fn child_checker() {
         idle_since = Instant::now();
         let sequence = frame.sequence();
         sequences.get_or_insert((sequence, sequence)).1 = sequence;
-        rx.read(frame, &mut bytes);
-        let now = Instant::now();
-        first.get_or_insert(now);
-        last = Some(now);
-        let rows: Vec<&[u8]> = (0..h as usize)
-            .map(|y| &bytes[y * pitch..][..row])
-            .collect();
-        let word = u32::from_le_bytes([rows[0][0], rows[0][1], rows[0][2], rows[0][3]]);
-        if exact {
-            // Row 0 is the background, or the band (its bits flipped).
-            let f = [u64::from(word), u64::from(!word)]
-                .into_iter()
-                .find(|&f| is_demo_frame(&rows, f));
-            match f {
-                Some(f) => numbers.push(f),
-                None => {
+        rx.check(frame, &mut bytes, |bytes| {
+            let now = Instant::now();
+            first.get_or_insert(now);
+            last = Some(now);
+            let rows: Vec<&[u8]> = (0..h as usize)
+                .map(|y| &bytes[y * pitch..][..row])
+                .collect();
+            let word = u32::from_le_bytes([rows[0][0], rows[0][1], rows[0][2], rows[0][3]]);
+            if exact {
+                // Row 0 is the background, or the band (its bits flipped).
+                let f = [u64::from(word), u64::from(!word)]
+                    .into_iter()
+                    .find(|&f| is_demo_frame(&rows, f));
+                match f {
+                    Some(f) => numbers.push(f),
+                    None => {
+                        bad += 1;
+                        let f = u64::from(word);
+                        let (start, end) = demo::band_rows(f, h);
+                        let wrong: Vec<(usize, u32)> = rows
+                            .iter()
+                            .enumerate()
+                            .filter(|(y, r)| {
+                                let y = *y as u32;
+                                **r != demo_row(f, y, h, row).as_slice()
+                            })
+                            .map(|(y, r)| (y, u32::from_le_bytes([r[0], r[1], r[2], r[3]])))
+                            .collect();
+                        println!(
+                            "bad frame: first word {word:#x} names no demo frame it equals; \
+                             as frame {f} (band rows {start}..{end}): {} wrong rows, first {:?}, last {:?}",
+                            wrong.len(),
+                            wrong.first(),
+                            wrong.last()
+                        );
+                    }
+                }
+            } else {
+                // Lossy: the band (green 255, where the background's is 0 for
+                // frames under 256) names the frame; a frame whose band starts
+                // within 2 rows of it is a candidate, the closest by PSNR wins.
+                let green =
+                    |r: &[u8]| r.chunks_exact(4).map(|p| u64::from(p[1])).sum::<u64>() / u64::from(w);
+                let band = rows.iter().position(|r| green(r) > 128).unwrap_or(0) as u32;
+                let (f, p) = (0..256u64)
+                    .filter(|&f| demo::band_rows(f, h).0.abs_diff(band) <= 2)
+                    .map(|f| (f, psnr_rgb(&rows, f)))
+                    .max_by(|x, y| x.1.total_cmp(&y.1))
+                    .unwrap_or((0, 0.0));
+                worst_psnr = worst_psnr.min(p);
+                if p < 30.0 {
                     bad += 1;
-                    let f = u64::from(word);
-                    let (start, end) = demo::band_rows(f, h);
-                    let wrong: Vec<(usize, u32)> = rows
-                        .iter()
-                        .enumerate()
-                        .filter(|(y, r)| {
-                            let y = *y as u32;
-                            **r != demo_row(f, y, h, row).as_slice()
-                        })
-                        .map(|(y, r)| (y, u32::from_le_bytes([r[0], r[1], r[2], r[3]])))
-                        .collect();
+                    let mid = rows[rows.len() / 2];
                     println!(
-                        "bad frame: first word {word:#x} names no demo frame it equals; \
-                         as frame {f} (band rows {start}..{end}): {} wrong rows, first {:?}, last {:?}",
-                        wrong.len(),
-                        wrong.first(),
-                        wrong.last()
+                        "bad frame: best match frame {f} at {p:.1} dB (first pixel {:?}, middle row's {:?})",
+                        &rows[0][..4],
+                        &mid[..4]
                     );
+                } else {
+                    numbers.push(f);
                 }
             }
-        } else {
-            // Lossy: the band (green 255, where the background's is 0 for
-            // frames under 256) names the frame; a frame whose band starts
-            // within 2 rows of it is a candidate, the closest by PSNR wins.
-            let green =
-                |r: &[u8]| r.chunks_exact(4).map(|p| u64::from(p[1])).sum::<u64>() / u64::from(w);
-            let band = rows.iter().position(|r| green(r) > 128).unwrap_or(0) as u32;
-            let (f, p) = (0..256u64)
-                .filter(|&f| demo::band_rows(f, h).0.abs_diff(band) <= 2)
-                .map(|f| (f, psnr_rgb(&rows, f)))
-                .max_by(|x, y| x.1.total_cmp(&y.1))
-                .unwrap_or((0, 0.0));
-            worst_psnr = worst_psnr.min(p);
-            if p < 30.0 {
-                bad += 1;
-                let mid = rows[rows.len() / 2];
-                println!(
-                    "bad frame: best match frame {f} at {p:.1} dB (first pixel {:?}, middle row's {:?})",
-                    &rows[0][..4],
-                    &mid[..4]
-                );
-            } else {
-                numbers.push(f);
-            }
-        }
+        });
         checked += 1;
     }
     let span = match (first, last) {
