@@ -17,9 +17,8 @@ use cuda_interop_frames::sender::{
 };
 use cuda_interop_frames::vulkan_receiver::VulkanReceiver;
 use cuda_interop_testkit::{assert_no_validation_errors, vulkan, Mem};
-use vk_export::ash::vk;
 use vk_export::format::Rgba8Unorm;
-use vk_export::{Context, QueueRole, TimelineSemaphore};
+use vk_export::{QueueRole, TimelineSemaphore};
 
 mod common;
 
@@ -31,91 +30,6 @@ const BOUND: Duration = Duration::from_secs(60);
 /// The texel frame `f` is cleared to.
 fn colour(f: u64) -> [u8; 4] {
     [(f * 40 % 256) as u8, (f * 7 % 256) as u8, 200, 255]
-}
-
-/// The application's own submission on the main queue: clears `image`
-/// (in GENERAL, acquired for this family by `open`) to frame `f`'s colour
-/// after a GPU wait for `ready`, and signals `written` = `f`.
-fn clear_on_own_queue(
-    ctx: &Context,
-    family: u32,
-    image: vk::Image,
-    ready: (&TimelineSemaphore, u64),
-    written: &TimelineSemaphore,
-    f: u64,
-) {
-    let device = ctx.device();
-    // SAFETY: plain creation on the live device; destroyed below after the
-    // submission completed (the written value reached, waited for).
-    let (pool, cmd) = unsafe {
-        let pool = device
-            .create_command_pool(
-                &vk::CommandPoolCreateInfo::default().queue_family_index(family),
-                None,
-            )
-            .unwrap();
-        let cmd = device
-            .allocate_command_buffers(
-                &vk::CommandBufferAllocateInfo::default()
-                    .command_pool(pool)
-                    .level(vk::CommandBufferLevel::PRIMARY)
-                    .command_buffer_count(1),
-            )
-            .unwrap()[0];
-        (pool, cmd)
-    };
-    let [r, g, b, a] = colour(f).map(|c| f32::from(c) / 255.0);
-    let range = vk::ImageSubresourceRange {
-        aspect_mask: vk::ImageAspectFlags::COLOR,
-        base_mip_level: 0,
-        level_count: 1,
-        base_array_layer: 0,
-        layer_count: 1,
-    };
-    // SAFETY: recording a fresh command buffer of the slot's family; the
-    // image is the sender's, alive for the sender's life, in GENERAL.
-    unsafe {
-        device
-            .begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default())
-            .unwrap();
-        device.cmd_clear_color_image(
-            cmd,
-            image,
-            vk::ImageLayout::GENERAL,
-            &vk::ClearColorValue {
-                float32: [r, g, b, a],
-            },
-            &[range],
-        );
-        device.end_command_buffer(cmd).unwrap();
-    }
-    let waits = [ready.0.raw()];
-    let wait_values = [ready.1];
-    let stages = [vk::PipelineStageFlags::ALL_COMMANDS];
-    let signals = [written.raw()];
-    let signal_values = [f];
-    let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()
-        .wait_semaphore_values(&wait_values)
-        .signal_semaphore_values(&signal_values);
-    let cmds = [cmd];
-    let submit = vk::SubmitInfo::default()
-        .wait_semaphores(&waits)
-        .wait_dst_stage_mask(&stages)
-        .command_buffers(&cmds)
-        .signal_semaphores(&signals)
-        .push_next(&mut timeline);
-    // SAFETY: the main queue under the context's lock; everything the
-    // submission names lives until it completed (waited for below).
-    ctx.with_queue_of(QueueRole::Main, |q| unsafe {
-        device.queue_submit(q, &[submit], vk::Fence::null())
-    })
-    .unwrap()
-    .unwrap();
-    written
-        .wait(f, Duration::from_secs(10), vk_export::WaitStrategy::Block)
-        .unwrap();
-    // SAFETY: the submission completed (its signal was reached).
-    unsafe { device.destroy_command_pool(pool, None) };
 }
 
 #[test]
@@ -213,7 +127,15 @@ fn a_slot_written_by_the_applications_own_submission_is_received_texel_for_texel
             f += 1;
             assert_eq!(slot.sequence(), f);
             let image = slot.resource().raw();
-            clear_on_own_queue(&ctx, slot.queue_family(), image, slot.ready(), &written, f);
+            common::clear_on_own_queue(
+                &ctx,
+                slot.queue_family(),
+                image,
+                slot.ready(),
+                &written,
+                f,
+                colour(f),
+            );
             assert_eq!(
                 slot.present(sender::monotonic_ns(), (&written, f)).unwrap(),
                 f
@@ -295,7 +217,15 @@ fn a_present_that_times_out_keeps_its_number_and_the_next_frame_goes_out() {
         .unwrap();
     assert_eq!(slot.sequence(), 2);
     let image = slot.resource().raw();
-    clear_on_own_queue(&ctx, slot.queue_family(), image, slot.ready(), &written, 11);
+    common::clear_on_own_queue(
+        &ctx,
+        slot.queue_family(),
+        image,
+        slot.ready(),
+        &written,
+        11,
+        colour(11),
+    );
     assert_eq!(
         slot.present(sender::monotonic_ns(), (&written, 11))
             .unwrap(),

@@ -28,7 +28,6 @@ use cuda_interop_frames::sender::{
 };
 use cuda_interop_frames::vulkan_receiver::VulkanReceiver;
 use cuda_interop_testkit::{assert_no_validation_errors, vulkan, Mem};
-use vk_export::ash::vk;
 use vk_export::format::Rgba8Unorm;
 use vk_export::{Context, QueueRole, TimelineSemaphore};
 
@@ -69,97 +68,6 @@ fn image_sender(
     ImageSender::<Rgba8Unorm, Mem>::new(ctx, opts).unwrap()
 }
 
-/// The application's own submission on the main queue: clears `image` (in
-/// GENERAL, acquired for `family` by the open) to `texel` after a GPU wait
-/// for `ready`, and signals `written` = `value`; waits for it.
-fn clear_on_own_queue(
-    ctx: &Context,
-    family: u32,
-    image: vk::Image,
-    ready: (&TimelineSemaphore, u64),
-    written: &TimelineSemaphore,
-    value: u64,
-    texel: [u8; 4],
-) {
-    let device = ctx.device();
-    // SAFETY: plain creation on the live device; destroyed below after the
-    // submission completed (the written value reached, waited for).
-    let (pool, cmd) = unsafe {
-        let pool = device
-            .create_command_pool(
-                &vk::CommandPoolCreateInfo::default().queue_family_index(family),
-                None,
-            )
-            .unwrap();
-        let cmd = device
-            .allocate_command_buffers(
-                &vk::CommandBufferAllocateInfo::default()
-                    .command_pool(pool)
-                    .level(vk::CommandBufferLevel::PRIMARY)
-                    .command_buffer_count(1),
-            )
-            .unwrap()[0];
-        (pool, cmd)
-    };
-    let [r, g, b, a] = texel.map(|c| f32::from(c) / 255.0);
-    let range = vk::ImageSubresourceRange {
-        aspect_mask: vk::ImageAspectFlags::COLOR,
-        base_mip_level: 0,
-        level_count: 1,
-        base_array_layer: 0,
-        layer_count: 1,
-    };
-    // SAFETY: recording a fresh command buffer of the slot's family; the
-    // image is a slot of the sender (alive for its life, leaked after an
-    // opened frame's drop), in GENERAL.
-    unsafe {
-        device
-            .begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default())
-            .unwrap();
-        device.cmd_clear_color_image(
-            cmd,
-            image,
-            vk::ImageLayout::GENERAL,
-            &vk::ClearColorValue {
-                float32: [r, g, b, a],
-            },
-            &[range],
-        );
-        device.end_command_buffer(cmd).unwrap();
-    }
-    let waits = [ready.0.raw()];
-    let wait_values = [ready.1];
-    let stages = [vk::PipelineStageFlags::ALL_COMMANDS];
-    let signals = [written.raw()];
-    let signal_values = [value];
-    let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()
-        .wait_semaphore_values(&wait_values)
-        .signal_semaphore_values(&signal_values);
-    let cmds = [cmd];
-    let submit = vk::SubmitInfo::default()
-        .wait_semaphores(&waits)
-        .wait_dst_stage_mask(&stages)
-        .command_buffers(&cmds)
-        .signal_semaphores(&signals)
-        .push_next(&mut timeline);
-    // SAFETY: the main queue under the context's lock; everything the
-    // submission names lives until it completed (waited for below).
-    ctx.with_queue_of(QueueRole::Main, |q| unsafe {
-        device.queue_submit(q, &[submit], vk::Fence::null())
-    })
-    .unwrap()
-    .unwrap();
-    written
-        .wait(
-            value,
-            Duration::from_secs(10),
-            vk_export::WaitStrategy::Block,
-        )
-        .unwrap();
-    // SAFETY: the submission completed (its signal was reached).
-    unsafe { device.destroy_command_pool(pool, None) };
-}
-
 /// Clears opened `frame`'s image to `texel` in the application's own
 /// submission, signalling `written` = `value`.
 fn write(
@@ -171,7 +79,7 @@ fn write(
 ) {
     let image = sender.images()[frame.index() as usize].raw();
     let ctx = written.context();
-    clear_on_own_queue(
+    common::clear_on_own_queue(
         ctx,
         frame.queue_family(),
         image,
@@ -428,7 +336,7 @@ fn a_frame_of_another_sender_or_a_foreign_timeline_is_refused() {
         .unwrap();
     let image = one.images()[late.index() as usize].raw();
     drop(one);
-    clear_on_own_queue(
+    common::clear_on_own_queue(
         &ctx,
         late.queue_family(),
         image,
