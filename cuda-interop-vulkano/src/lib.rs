@@ -104,4 +104,7 @@ pub use context::Interop;
 pub use error::{Error, Result};
 pub use image::{CurrentLayout, InteropImage};
 pub use requirements::{device_extensions, device_features, MIN_API_VERSION};
-pub use sync::{Submission, TimelinePoint};
+pub use sync::Submission;
+/// A timeline value to wait for or to signal in [`Interop::submit`] (a
+/// timeline of the interop's context).
+pub use vk_export::TimelinePoint;

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ash::vk;
-use vk_export::{Context, KeepAlive, QueueRole, TimelineSemaphore, DROP_WAIT};
+use vk_export::{Context, KeepAlive, QueueRole, TimelinePoint, TimelineSemaphore, DROP_WAIT};
 use vulkano::device::DeviceOwned;
 use vulkano::sync::semaphore::{
     ExternalSemaphoreHandleType, ImportSemaphoreFdInfo, Semaphore, SemaphoreCreateInfo,
@@ -38,22 +38,6 @@ use vulkano::VulkanObject;
 
 use crate::context::Interop;
 use crate::error::{Error, Result};
-
-/// A timeline value to wait for or to signal in [`Interop::submit`].
-#[derive(Clone, Copy, Debug)]
-pub struct TimelinePoint<'a> {
-    /// The timeline (of the interop's context).
-    pub semaphore: &'a TimelineSemaphore,
-    /// The value.
-    pub value: u64,
-}
-
-impl<'a> TimelinePoint<'a> {
-    /// `semaphore` at `value`.
-    pub fn new(semaphore: &'a TimelineSemaphore, value: u64) -> Self {
-        TimelinePoint { semaphore, value }
-    }
-}
 
 /// What a submission keeps alive until its fence signals.
 struct Kept {
@@ -158,17 +142,11 @@ impl Interop {
                 ));
             }
         }
-        for w in waits {
-            if let Some(s) = signals
-                .iter()
-                .find(|s| s.semaphore.same_payload(w.semaphore) && w.value >= s.value)
-            {
-                return Err(Error::Refused(format!(
-                    "a wait for {} and a signal of {} on one timeline in one submission: it \
-                     would wait for its own signal",
-                    w.value, s.value
-                )));
-            }
+        if let Some((wait, signal)) = TimelinePoint::wait_on_own_signal(waits, signals) {
+            return Err(Error::Refused(format!(
+                "a wait for {wait} and a signal of {signal} on one timeline in one submission: \
+                 it would wait for its own signal"
+            )));
         }
         let pairs: Vec<_> = signals.iter().map(|p| (p.semaphore, p.value)).collect();
         // Checked and reserved under each timeline's signal lock, taken

@@ -816,21 +816,9 @@ impl Drop for InteropDevice {
     }
 }
 
-/// A timeline value to wait for or to signal in a wgpu submission.
-#[derive(Clone, Copy, Debug)]
-pub struct TimelinePoint<'a> {
-    /// The semaphore (of the adapter's context).
-    pub semaphore: &'a TimelineSemaphore,
-    /// The value.
-    pub value: u64,
-}
-
-impl<'a> TimelinePoint<'a> {
-    /// `semaphore` at `value`.
-    pub fn new(semaphore: &'a TimelineSemaphore, value: u64) -> Self {
-        TimelinePoint { semaphore, value }
-    }
-}
+/// A timeline value to wait for or to signal in a wgpu submission (a
+/// timeline of the adapter's context).
+pub use vk_export::TimelinePoint;
 
 /// wgpu's queue, with the semaphores of vk-export in its submissions.
 pub struct InteropQueue {
@@ -935,17 +923,13 @@ impl InteropQueue {
                 ));
             }
         }
+        if let Some((wait, signal)) = TimelinePoint::wait_on_own_signal(waits, signals) {
+            return Err(Error::Refused(format!(
+                "a wait for {wait} and a signal of {signal} on one timeline in one submission: \
+                 it would wait for its own signal and never complete"
+            )));
+        }
         for w in waits {
-            if let Some(s) = signals
-                .iter()
-                .find(|s| s.semaphore.same_payload(w.semaphore) && w.value >= s.value)
-            {
-                return Err(Error::Refused(format!(
-                    "a wait for {} and a signal of {} on one timeline in one submission: it \
-                     would wait for its own signal and never complete",
-                    w.value, s.value
-                )));
-            }
             let current = w.semaphore.value()?;
             let max = self.context.max_timeline_difference();
             if w.value > current && w.value - current > max {

@@ -89,7 +89,7 @@ pub use requirements::{
 pub use semaphore::ASYNC_POLL_PERIOD;
 pub use semaphore::{
     Binary, BinarySemaphore, Semaphore, SemaphoreKind, SubmittedSignals, SyncFd, Timeline,
-    TimelineSemaphore,
+    TimelinePoint, TimelineSemaphore,
 };
 pub use transfer::SubmitSync;
 pub use validation::ValidationMessenger;

@@ -149,6 +149,40 @@ pub type BinarySemaphore = Semaphore<Binary>;
 /// A timeline semaphore that can be exported.
 pub type TimelineSemaphore = Semaphore<Timeline>;
 
+/// A timeline value to wait for or to signal in a submission this crate
+/// does not make (the wgpu and vulkano adapters' submissions, which reserve
+/// their signals with [`Semaphore::reserve_submitted_signals`]).
+#[derive(Clone, Copy, Debug)]
+pub struct TimelinePoint<'a> {
+    /// The timeline.
+    pub semaphore: &'a TimelineSemaphore,
+    /// The value.
+    pub value: u64,
+}
+
+impl<'a> TimelinePoint<'a> {
+    /// `semaphore` at `value`.
+    pub fn new(semaphore: &'a TimelineSemaphore, value: u64) -> Self {
+        TimelinePoint { semaphore, value }
+    }
+
+    /// The first wait of `waits` at or above a signal of the same timeline
+    /// (the same payload) in `signals`, as `(wait, signal)` values: one
+    /// submission with both would wait for its own signal and never
+    /// complete.
+    pub fn wait_on_own_signal(
+        waits: &[TimelinePoint<'_>],
+        signals: &[TimelinePoint<'_>],
+    ) -> Option<(u64, u64)> {
+        waits.iter().find_map(|w| {
+            signals
+                .iter()
+                .find(|s| s.semaphore.same_payload(w.semaphore) && w.value >= s.value)
+                .map(|s| (w.value, s.value))
+        })
+    }
+}
+
 /// A binary semaphore's payload as a SYNC_FD (Vulkan ⇄ Vulkan only: CUDA has
 /// no SYNC_FD semaphores).
 #[derive(Debug)]
