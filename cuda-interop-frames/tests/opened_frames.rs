@@ -90,6 +90,16 @@ fn write(
     );
 }
 
+/// A slot of `sender` opened for the application's own submissions on the
+/// main queue.
+fn open(sender: &mut ImageSender<Rgba8Unorm, Mem>) -> OpenedFrame {
+    sender
+        .acquire(BOUND)
+        .unwrap()
+        .open_detached(QueueRole::Main)
+        .unwrap()
+}
+
 fn temp_dir(what: &str) -> (std::path::PathBuf, Directory) {
     let dir = std::env::temp_dir().join(format!("cif-opened-{what}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -114,17 +124,9 @@ fn frames_written_by_the_applications_own_submissions_arrive_texel_for_texel() {
     let mut received = Vec::new();
     for pair in 0..PAIRS {
         // Two frames open at once, the sender free between (it serves).
-        let a = sender
-            .acquire(BOUND)
-            .unwrap()
-            .open_detached(QueueRole::Main)
-            .unwrap();
+        let a = open(&mut sender);
         sender.serve(Duration::ZERO);
-        let b = sender
-            .acquire(BOUND)
-            .unwrap()
-            .open_detached(QueueRole::Main)
-            .unwrap();
+        let b = open(&mut sender);
         assert_ne!(a.index(), b.index());
         let next = sender.stats().presented + 1;
         // Written in the reverse order, presented in order: a is `next`.
@@ -133,11 +135,7 @@ fn frames_written_by_the_applications_own_submissions_arrive_texel_for_texel() {
         value += 2;
         if pair == 1 {
             // Opened, written, abandoned: no number, never received.
-            let c = sender
-                .acquire(BOUND)
-                .unwrap()
-                .open_detached(QueueRole::Main)
-                .unwrap();
+            let c = open(&mut sender);
             value += 1;
             write(&sender, &c, &written, value, JUNK);
             // SAFETY: the application's write of the slot completed
@@ -182,17 +180,9 @@ fn an_opened_slot_is_out_of_the_ring_until_presented_or_abandoned() {
     let ctx = vulkan(None);
     let mut sender = image_sender(&ctx, &directory, "ring", 2);
     let written = TimelineSemaphore::new_local(&ctx).unwrap();
-    let a = sender
-        .acquire(BOUND)
-        .unwrap()
-        .open_detached(QueueRole::Main)
-        .unwrap();
+    let a = open(&mut sender);
     // Twin: with one slot opened, the other is still handed out.
-    let b = sender
-        .acquire(BOUND)
-        .unwrap()
-        .open_detached(QueueRole::Main)
-        .unwrap();
+    let b = open(&mut sender);
     assert_ne!(a.index(), b.index());
     // Both opened: nothing is handed out (at once: no receiver holds them).
     assert!(matches!(
@@ -214,16 +204,8 @@ fn an_opened_slot_is_out_of_the_ring_until_presented_or_abandoned() {
             .unwrap(),
         1
     );
-    let c = sender
-        .acquire(BOUND)
-        .unwrap()
-        .open_detached(QueueRole::Main)
-        .unwrap();
-    let d = sender
-        .acquire(BOUND)
-        .unwrap()
-        .open_detached(QueueRole::Main)
-        .unwrap();
+    let c = open(&mut sender);
+    let d = open(&mut sender);
     assert_ne!(c.index(), d.index());
     // SAFETY: no submission of the application writes either slot.
     unsafe {
@@ -247,11 +229,7 @@ fn a_frame_of_another_sender_or_a_foreign_timeline_is_refused() {
     let elsewhere = TimelineSemaphore::new_local(&other_ctx).unwrap();
 
     // Another sender's frame: refused, `two` unchanged.
-    let theirs = one
-        .acquire(BOUND)
-        .unwrap()
-        .open_detached(QueueRole::Main)
-        .unwrap();
+    let theirs = open(&mut one);
     write(&one, &theirs, &written, 1, colour(1));
     let e = two
         .present_opened(theirs, sender::monotonic_ns(), (&written, 1))
@@ -265,11 +243,7 @@ fn a_frame_of_another_sender_or_a_foreign_timeline_is_refused() {
     );
     assert_eq!(two.stats().presented, 0);
     // Spent: `one` keeps that slot out of its ring (one slot left).
-    let left = one
-        .acquire(BOUND)
-        .unwrap()
-        .open_detached(QueueRole::Main)
-        .unwrap();
+    let left = open(&mut one);
     assert!(matches!(
         one.acquire(Duration::from_millis(10)),
         Err(AcquireError::AllSlotsHeld)
@@ -284,11 +258,7 @@ fn a_frame_of_another_sender_or_a_foreign_timeline_is_refused() {
 
     // A written timeline of another context: refused before any release;
     // the slot stays out of the ring (the writes may be pending).
-    let mine = two
-        .acquire(BOUND)
-        .unwrap()
-        .open_detached(QueueRole::Main)
-        .unwrap();
+    let mine = open(&mut two);
     let e = two
         .present_opened(mine, sender::monotonic_ns(), (&elsewhere, 1))
         .unwrap_err();
@@ -301,11 +271,7 @@ fn a_frame_of_another_sender_or_a_foreign_timeline_is_refused() {
     );
     assert_eq!(two.stats().presented, 0);
     // Twin: the same with the context's own timeline is presented.
-    let ok = two
-        .acquire(BOUND)
-        .unwrap()
-        .open_detached(QueueRole::Main)
-        .unwrap();
+    let ok = open(&mut two);
     write(&two, &ok, &written, 3, colour(1));
     assert_eq!(
         two.present_opened(ok, sender::monotonic_ns(), (&written, 3))
@@ -314,11 +280,7 @@ fn a_frame_of_another_sender_or_a_foreign_timeline_is_refused() {
     );
     // ...and the refused slot is still out: only the presented one comes.
     let back_index = two.acquire(BOUND).unwrap().index();
-    let out = two
-        .acquire(BOUND)
-        .unwrap()
-        .open_detached(QueueRole::Main)
-        .unwrap();
+    let out = open(&mut two);
     assert_eq!(out.index(), back_index);
     assert!(matches!(
         two.acquire(Duration::from_millis(10)),
@@ -329,11 +291,7 @@ fn a_frame_of_another_sender_or_a_foreign_timeline_is_refused() {
 
     // A sender dropped with a frame opened leaks the slot (and the ready
     // timeline): the application's write after the drop is valid.
-    let late = one
-        .acquire(BOUND)
-        .unwrap()
-        .open_detached(QueueRole::Main)
-        .unwrap();
+    let late = open(&mut one);
     let image = one.images()[late.index() as usize].raw();
     drop(one);
     common::clear_on_own_queue(
@@ -365,22 +323,14 @@ fn a_present_refused_before_submitting_keeps_the_slot_out_of_the_ring() {
     let mut sender = image_sender(&ctx, &directory, "refused", 2);
     let written = TimelineSemaphore::new_local(&ctx).unwrap();
     // Twin: opened, written, presented: the slot comes back.
-    let a = sender
-        .acquire(BOUND)
-        .unwrap()
-        .open_detached(QueueRole::Main)
-        .unwrap();
+    let a = open(&mut sender);
     let a_index = a.index();
     write(&sender, &a, &written, 1, colour(1));
     sender
         .present_opened(a, sender::monotonic_ns(), (&written, 1))
         .unwrap();
     // Refused: presented from inside with_queue.
-    let b = sender
-        .acquire(BOUND)
-        .unwrap()
-        .open_detached(QueueRole::Main)
-        .unwrap();
+    let b = open(&mut sender);
     let b_index = b.index();
     let ctx2 = ctx.clone();
     let refused = ctx2
