@@ -425,9 +425,11 @@ impl CudaReceiver {
     }
 
     /// [`CudaReceiver::wait_on`] for a foreign stream (the runtime's,
-    /// PyTorch's, CuPy's): the wait and an image ring's copy are enqueued on
-    /// the receiver's wait stream, and `stream` waits for them there (an
-    /// event), so reads enqueued on `stream` afterwards see the frame.
+    /// PyTorch's, CuPy's), so reads enqueued on `stream` afterwards see the
+    /// frame. A buffer ring's wait goes on `stream` itself where it is a
+    /// stream of the primary context (theirs are: no extra hop); an image
+    /// ring's wait and copy are enqueued on the receiver's wait stream, and
+    /// `stream` waits for them there (an event).
     ///
     /// # Safety
     ///
@@ -435,11 +437,15 @@ impl CudaReceiver {
     /// stream) or a live stream of this receiver's CUDA device, for the
     /// call.
     pub unsafe fn wait_on_raw(&self, frame: &Frame, stream: usize) -> Result<(), ConsumerError> {
-        let via = self.enqueue_readable(frame)?;
-        // SAFETY: the caller's guarantee: `stream` is a live stream of this
-        // device (or a default one) for the call. The wait on `via` again is
-        // for a value it already waited for; what it adds is the order
-        // `via` -> `stream`.
+        self.session.check_held(frame)?;
+        if self.slots[frame.slot() as usize].image.is_some() {
+            let via = self.enqueue_readable(frame)?;
+            // SAFETY: the caller's guarantee: `stream` is a live stream of
+            // this device (or a default one) for the call.
+            return Ok(unsafe { via.join_raw(stream as _) }?);
+        }
+        let via = lock_within(&self.gpu.wait_stream, Stream::DEFAULT_TIMEOUT)?;
+        // SAFETY: the caller's guarantee, as above.
         unsafe {
             self.gpu
                 .produced

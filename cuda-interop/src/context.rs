@@ -24,7 +24,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cuda_interop_sys::{CUcontext, CUdevice, CUfunction, CUmodule};
+use cuda_interop_sys::{CUcontext, CUdevice, CUfunction, CUmodule, CUstream};
 
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, Result};
@@ -119,6 +119,22 @@ impl CudaDevice {
             device: self,
             _stays_on_its_thread: PhantomData,
         })
+    }
+
+    /// Whether `stream` belongs to this device's primary context (the
+    /// runtime's streams, PyTorch's and CuPy's do; the default stream
+    /// handles count as the primary context's, which this call makes
+    /// current): work of this crate may then be enqueued on it directly.
+    ///
+    /// # Safety
+    /// `stream` is null, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD` or a live
+    /// stream (of any context), alive for the duration of the call.
+    pub(crate) unsafe fn is_primary_context_stream(&self, stream: CUstream) -> Result<bool> {
+        let _guard = self.enter()?;
+        let mut context: CUcontext = std::ptr::null_mut();
+        // SAFETY: the caller vouches for `stream`; writes one context handle.
+        unsafe { cu!(cuStreamGetCtx(stream, &mut context)) }?;
+        Ok(context == self.inner.context)
     }
 
     pub(crate) fn check_resource_device(&self, resource_uuid: &DeviceUuid) -> Result<()> {

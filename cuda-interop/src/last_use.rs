@@ -57,6 +57,7 @@ use crate::error::{Error, Result};
 use crate::events::{Events, SharedEvent, DROP_WAIT_LIMIT};
 use crate::stream::Stream;
 use crate::wait::{poll_until, HostWait};
+use cuda_interop_sys::CUstream;
 
 /// The events recorded after the operations on one resource that may not
 /// have completed yet.
@@ -115,7 +116,19 @@ impl LastUse {
     /// If this fails, the use is untracked and the resource will be leaked
     /// by its destructor rather than freed under the GPU.
     pub(crate) fn record(&self, stream: &Stream) -> Result<()> {
-        let recorded = self.record_event(stream);
+        // SAFETY: a live stream (borrowed) of this resource's device (the
+        // caller checked).
+        unsafe { self.record_raw(stream.raw()) }
+    }
+
+    /// [`LastUse::record`] for a stream this crate does not own.
+    ///
+    /// # Safety
+    /// `stream` is a default stream handle or a live stream of this
+    /// resource's device's primary context, alive for the call.
+    pub(crate) unsafe fn record_raw(&self, stream: CUstream) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        let recorded = unsafe { self.record_event(stream) };
         if recorded.is_err() {
             self.gave_up.store(true, Ordering::Release);
         }
@@ -142,13 +155,15 @@ impl LastUse {
         self.gave_up.store(true, Ordering::Release);
     }
 
-    fn record_event(&self, stream: &Stream) -> Result<()> {
+    /// # Safety
+    /// As [`LastUse::record_raw`].
+    unsafe fn record_event(&self, stream: CUstream) -> Result<()> {
         let _guard = self.device.enter()?;
         // An event whose query fails stays pending, and the destructor's
         // wait reports the error: this use is recorded either way.
-        // SAFETY: a live stream (borrowed) of this resource's device (the
-        // caller checked), whose context the guard made current.
-        unsafe { self.lock().record(stream.raw()) }
+        // SAFETY: a live stream of this resource's device's primary context
+        // (the caller's contract), which the guard made current.
+        unsafe { self.lock().record(stream) }
     }
 
     /// Waits until every recorded use has completed, at most `limit`

@@ -219,18 +219,29 @@ impl<K> ExternalSemaphore<K> {
     /// nothing.
     fn enqueue_signal(&self, stream: &Stream, value: u64) -> Result<()> {
         stream.check_device(&self.device)?;
+        // SAFETY: a live stream (borrowed) of this semaphore's device.
+        unsafe { self.enqueue_signal_on(stream.raw(), value) }
+    }
+
+    /// [`Self::enqueue_signal`] on a raw stream.
+    ///
+    /// # Safety
+    /// `stream` is a default stream handle or a live stream of this
+    /// semaphore's device's primary context, alive for the call.
+    unsafe fn enqueue_signal_on(&self, stream: sys::CUstream, value: u64) -> Result<()> {
         let mut params = sys::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS::default();
         params.params.fence.value = value;
         let _guard = self.device.enter()?;
         // SAFETY: one zeroed parameter block (flags 0) for one live semaphore,
-        // on a live stream, both of the current context; the semaphore is
-        // destroyed only after this signal completes (recorded by callers).
+        // on a live stream (the caller's contract), both of the current
+        // context; the semaphore is destroyed only after this signal
+        // completes (recorded by callers).
         unsafe {
             cu!(cuSignalExternalSemaphoresAsync(
                 &self.handle,
                 &params,
                 1,
-                stream.raw()
+                stream
             ))
         }
     }
@@ -246,19 +257,29 @@ impl<K> ExternalSemaphore<K> {
     /// the wait is enqueued (and must be tracked with [`Self::track_wait`]).
     fn enqueue_wait(&self, stream: &Stream, value: u64) -> Result<()> {
         stream.check_device(&self.device)?;
+        // SAFETY: a live stream (borrowed) of this semaphore's device.
+        unsafe { self.enqueue_wait_on(stream.raw(), value) }
+    }
+
+    /// [`Self::enqueue_wait`] on a raw stream.
+    ///
+    /// # Safety
+    /// `stream` is a default stream handle or a live stream of this
+    /// semaphore's device's primary context, alive for the call.
+    unsafe fn enqueue_wait_on(&self, stream: sys::CUstream, value: u64) -> Result<()> {
         let mut params = sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS::default();
         params.params.fence.value = value;
         let _guard = self.device.enter()?;
         // SAFETY: one zeroed parameter block (flags 0) for one live
-        // semaphore, on a live stream, both of the current context; the
-        // semaphore is destroyed only after this wait completes (tracked by
-        // the caller).
+        // semaphore, on a live stream (the caller's contract), both of the
+        // current context; the semaphore is destroyed only after this wait
+        // completes (tracked by the caller).
         unsafe {
             cu!(cuWaitExternalSemaphoresAsync(
                 &self.handle,
                 &params,
                 1,
-                stream.raw()
+                stream
             ))
         }
     }
@@ -266,21 +287,31 @@ impl<K> ExternalSemaphore<K> {
     /// Records an enqueued wait as a use of the semaphore and as a pending
     /// external wait of the device.
     fn track_wait(&self, stream: &Stream) -> Result<()> {
+        // SAFETY: a live stream (borrowed) of this semaphore's device.
+        unsafe { self.track_wait_on(stream.raw()) }
+    }
+
+    /// [`Self::track_wait`] on a raw stream.
+    ///
+    /// # Safety
+    /// As [`Self::enqueue_wait_on`].
+    unsafe fn track_wait_on(&self, stream: sys::CUstream) -> Result<()> {
         // Both records are made whatever the other's outcome: a failed one
         // marks its list as unreliable (its owner then leaks instead of
         // trusting it), and must not keep the other from recording.
         let waits = &self.device.inner.external_waits;
         let device_wide = match self.device.enter() {
             // Device-wide destroys check this before they could block on it.
-            // SAFETY: a live stream (borrowed) of this semaphore's device,
-            // whose context the guard made current.
-            Ok(_guard) => unsafe { waits.record(stream.raw()) },
+            // SAFETY: a live stream of this semaphore's device's primary
+            // context (the caller's contract), which the guard made current.
+            Ok(_guard) => unsafe { waits.record(stream) },
             Err(e) => {
                 waits.mark_untracked();
                 Err(e)
             }
         };
-        let own = self.last_use.record(stream);
+        // SAFETY: as above.
+        let own = unsafe { self.last_use.record_raw(stream) };
         device_wide.and(own)
     }
 }
@@ -345,15 +376,28 @@ impl ExternalSemaphore<Timeline> {
     /// The check, the enqueue and the update of the last value happen under
     /// one lock, and the last value changes only when the enqueue succeeded.
     pub fn signal(&self, stream: &Stream, value: u64) -> Result<()> {
+        stream.check_device(&self.device)?;
+        // SAFETY: a live stream (borrowed) of this semaphore's device.
+        unsafe { self.signal_on(stream.raw(), value) }
+    }
+
+    /// [`Self::signal`] on a raw stream.
+    ///
+    /// # Safety
+    /// `stream` is a default stream handle or a live stream of this
+    /// semaphore's device's primary context, alive for the call.
+    unsafe fn signal_on(&self, stream: sys::CUstream, value: u64) -> Result<()> {
         let mut last = self
             .last_signalled
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         self.check_signal_value(*last, value)?;
-        self.enqueue_signal(stream, value)?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.enqueue_signal_on(stream, value) }?;
         *last = value;
         drop(last);
-        self.last_use.record(stream)
+        // SAFETY: forwarded from the caller.
+        unsafe { self.last_use.record_raw(stream) }
     }
 
     /// `Ok` if `value` may follow `previous`, the last value this handle
@@ -396,17 +440,22 @@ impl ExternalSemaphore<Timeline> {
     }
 }
 
-/// Ordering with CUDA streams this crate does not own: a PyTorch or CuPy
-/// stream handed over as a raw handle (the DLPack and CUDA Array Interface
-/// `stream` arguments). The semaphore operation itself is enqueued on a
-/// [`Stream`] of this crate and tracked as a use there, like [`Self::wait`]
-/// and [`Self::signal`]; the foreign stream is joined to it with an event.
+/// Ordering with CUDA streams this crate does not own: a runtime, PyTorch
+/// or CuPy stream handed over as a raw handle (the C ABI's and the DLPack
+/// and CUDA Array Interface `stream` arguments). A stream of this device's
+/// primary context (theirs are, and the default stream handles count as
+/// its) takes the semaphore operation itself, tracked as a use there like
+/// [`Self::wait`] and [`Self::signal`]: no extra hop. A stream of another
+/// context of the device is joined with an event to `via`, a [`Stream`] of
+/// this crate that takes the operation.
 impl ExternalSemaphore<Timeline> {
     /// Makes the foreign `stream` wait until the value is at least `value`:
-    /// the wait is enqueued on `via` (a tracked use), an event is recorded on
-    /// `via` after it, and `stream` waits for that event
-    /// (`cuStreamWaitEvent`). Work the caller enqueues on `stream` afterwards
-    /// runs after the value is reached.
+    /// work the caller enqueues on `stream` afterwards runs after the value
+    /// is reached. The wait is enqueued on `stream` itself where it is a
+    /// stream of this device's primary context; otherwise on `via` (a
+    /// tracked use), with `stream` waiting for an event recorded on `via`
+    /// after it (`cuStreamWaitEvent`). Either way nothing else on `via` is
+    /// ordered before `stream`: that is [`Stream::join_raw`].
     ///
     /// # Safety
     /// `stream` is `CU_STREAM_LEGACY` (`1`), `CU_STREAM_PER_THREAD` (`2`), or
@@ -418,6 +467,14 @@ impl ExternalSemaphore<Timeline> {
         value: u64,
         via: &Stream,
     ) -> Result<()> {
+        // SAFETY: the caller vouches for `stream`.
+        if unsafe { self.device.is_primary_context_stream(stream) }? {
+            // SAFETY: a live stream (or a default one) of this device's
+            // primary context, just checked; alive for the call.
+            unsafe { self.enqueue_wait_on(stream, value) }?;
+            // SAFETY: as above.
+            return unsafe { self.track_wait_on(stream) };
+        }
         self.wait(via, value)?;
         // SAFETY: `via` is a live stream of this device (checked by the
         // wait); the caller vouches for `stream`.
@@ -425,10 +482,11 @@ impl ExternalSemaphore<Timeline> {
     }
 
     /// Signals `value` once the work enqueued so far on the foreign `stream`
-    /// has completed: an event is recorded on `stream`, `via` waits for it,
-    /// and [`Self::signal`] enqueues the signal on `via` (same checks, a
-    /// tracked use). A value not above the last one signalled is refused
-    /// before anything is enqueued.
+    /// has completed, with [`Self::signal`]'s checks (a value not above the
+    /// last one signalled is refused before anything is enqueued). The
+    /// signal is enqueued on `stream` itself where it is a stream of this
+    /// device's primary context; otherwise an event is recorded on `stream`,
+    /// `via` waits for it and takes the signal.
     ///
     /// # Safety
     /// As for [`Self::wait_raw_stream`].
@@ -443,6 +501,12 @@ impl ExternalSemaphore<Timeline> {
             return Err(Error::InvalidArgument(format!(
                 "timeline signal {value} is not above the last value signalled ({last}): values only go up"
             )));
+        }
+        // SAFETY: the caller vouches for `stream`.
+        if unsafe { self.device.is_primary_context_stream(stream) }? {
+            // SAFETY: a live stream (or a default one) of this device's
+            // primary context, just checked; alive for the call.
+            return unsafe { self.signal_on(stream, value) };
         }
         via.check_device(&self.device)?;
         // SAFETY: `via` is a live stream of this device (checked above); the

@@ -110,6 +110,21 @@ impl Stream {
         unsafe { cu_query!(cuStreamQuery(self.stream)) }
     }
 
+    /// Makes the foreign stream `later` (the runtime's, PyTorch's, CuPy's)
+    /// wait for the work enqueued on this stream so far: an event recorded
+    /// here, waited for there (`cuStreamWaitEvent`); nothing blocks on the
+    /// host. Work enqueued on `later` afterwards runs after it.
+    ///
+    /// # Safety
+    /// `later` is `CU_STREAM_LEGACY` (`1`), `CU_STREAM_PER_THREAD` (`2`), or
+    /// a live stream of this stream's device (any context of it), alive for
+    /// the duration of the call.
+    pub unsafe fn join_raw(&self, later: CUstream) -> Result<()> {
+        // SAFETY: this stream is live (borrowed) and of its device's primary
+        // context; the caller vouches for `later`.
+        unsafe { order_streams(&self.device, self.stream, later) }
+    }
+
     /// Waits until all work enqueued so far is done, at most `timeout`
     /// ([`Error::Timeout`]; the work stays enqueued), with the default
     /// strategy [`HostWait::ADAPTIVE`]: spins 50 µs on `cuStreamQuery`, then

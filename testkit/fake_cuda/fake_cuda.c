@@ -146,6 +146,7 @@ static long long sticky = 0;            /* a sticky error (e.g. 700): every call
 static long long close_on_fail = 0;     /* a failed import closes its fd (Mesa's habit) */
 static long long alloc_size = 0;        /* the allocation behind every fd (0: as large as imported) */
 static long long latency_ms = 0;        /* enqueued work completes after this (-1: never) */
+static long long streams_of_another_context = 0; /* cuStreamGetCtx reports a context of its own for each stream */
 static long long max_surface2d = 131072;
 static long long max_tex2d_mipmapped = 32768;
 static int device_count = 1;
@@ -304,6 +305,7 @@ int fake_cuda_set(const char *key, long long value) {
     else if (!strcmp(key, "sticky")) sticky = value;
     else if (!strcmp(key, "alloc_size")) alloc_size = value;
     else if (!strcmp(key, "latency_ms")) latency_ms = value;
+    else if (!strcmp(key, "streams_of_another_context")) streams_of_another_context = value;
     else if (!strcmp(key, "max_surface2d")) max_surface2d = value;
     else if (!strcmp(key, "max_tex2d_mipmapped")) max_tex2d_mipmapped = value;
     else return -1;
@@ -705,6 +707,25 @@ CUresult cuStreamDestroy_v2(void *h) {
         if (streams[i] == o) streams[i] = NULL;
     pthread_mutex_unlock(&lock);
     unmake(o);
+    return OK;
+}
+
+/* The stream's context; the default stream handles (NULL, CU_STREAM_LEGACY,
+ * CU_STREAM_PER_THREAD) are the current context's, as the driver has it. */
+CUresult cuStreamGetCtx(void *h, CUcontext *out) {
+    CUresult r = need(NULL, 0, "cuStreamGetCtx");
+    if (r) return r;
+    uintptr_t v = (uintptr_t)h;
+    if (v == 0 || v == 1 || v == 2) {
+        *out = current();
+        return OK;
+    }
+    Obj *o = h;
+    if (o->kind != K_STREAM) return INVALID_HANDLE;
+    /* A stand-in for a stream of a context the caller created (not the
+     * primary one): the streams are the fake's all the same. */
+    *out = streams_of_another_context ? (CUcontext)(uintptr_t)0xC0FFEE000 : o->ctx;
+    say("cuStreamGetCtx ctx=%p", *out);
     return OK;
 }
 

@@ -135,11 +135,11 @@ fn child_fake_pending_work() {
     std::mem::forget(stuck);
 }
 
-/// Joining a foreign stream (a PyTorch or CuPy stream handed over as a raw
-/// handle) to a semaphore wait or signal never blocks the host, whatever the
-/// GPU is doing: the join's event is destroyed at once, pending or not, so a
-/// wait nobody signals costs neither a bounded drop wait nor a leak. The
-/// foreign stream really is ordered after the wait, and the signal after the
+/// Joining a foreign stream of another context of the device to a
+/// semaphore wait or signal never blocks the host, whatever the GPU is
+/// doing: the join's event is destroyed at once, pending or not, so a wait
+/// nobody signals costs neither a bounded drop wait nor a leak. The foreign
+/// stream really is ordered after the wait, and the signal after the
 /// foreign stream's work.
 #[test]
 fn foreign_stream_joins_never_block_and_leak_nothing() {
@@ -151,6 +151,8 @@ fn foreign_stream_joins_never_block_and_leak_nothing() {
 #[ignore = "entry point of a child process of drop_order.rs, with a fake libcuda: run by foreign_stream_joins_never_block_and_leak_nothing"]
 fn child_fake_foreign_streams() {
     let fake = fake::Fake::open();
+    // Every stream counts as another context's: the join path.
+    fake.set("streams_of_another_context", 1);
     let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
     let errors = cuda_interop::drop_errors();
     let pending = Duration::from_millis(300);
@@ -211,6 +213,67 @@ fn child_fake_foreign_streams() {
     // The semaphore and both streams stay stuck for ever (their drops would
     // leak them, after DROP_WAIT_LIMIT); the process ends here.
     std::mem::forget((semaphore, stuck_via, stuck_foreign, via, foreign));
+}
+
+/// A foreign stream of the device's primary context (the runtime's,
+/// PyTorch's, CuPy's) takes the semaphore wait and signal itself: one driver
+/// call each on that stream, no join (no event made, waited for or
+/// destroyed), the use tracked there (the semaphore's drop waits for it),
+/// and the signal's value checks unchanged.
+#[test]
+fn primary_context_foreign_streams_take_the_semaphore_calls_themselves() {
+    let _fds = fds::lock();
+    fake::run("child_fake_primary_foreign_streams", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of drop_order.rs, with a fake libcuda: run by primary_context_foreign_streams_take_the_semaphore_calls_themselves"]
+fn child_fake_primary_foreign_streams() {
+    let fake = fake::Fake::open();
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let (via, foreign) = (Stream::new(&cuda).unwrap(), Stream::new(&cuda).unwrap());
+    // SAFETY: the driver is the fake: it records, holds the fd, reads nothing.
+    let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    let joins = || fake.calls("cuStreamWaitEvent").len() + fake.calls("cuEventDestroy").len();
+    let before = joins();
+    fake.set("latency_ms", 300);
+    // SAFETY: `foreign` is a live stream of this device for the whole call.
+    unsafe { semaphore.wait_raw_stream(foreign.raw(), 1, &via) }.unwrap();
+    assert_eq!(fake.last("cuWaitExternalSemaphoresAsync").num("value"), 1);
+    assert!(
+        !foreign.query().unwrap(),
+        "the wait is on the foreign stream"
+    );
+    assert!(via.query().unwrap(), "nothing went through `via`");
+    assert_eq!(joins(), before, "no join");
+
+    // SAFETY: as above.
+    unsafe { semaphore.signal_raw_stream(foreign.raw(), 2, &via) }.unwrap();
+    assert_eq!(fake.last("cuSignalExternalSemaphoresAsync").num("value"), 2);
+    assert!(via.query().unwrap(), "nothing went through `via`");
+    assert_eq!(joins(), before, "no join");
+    assert_eq!(semaphore.last_signalled(), 2);
+    // The value checks hold on this path too: nothing is enqueued.
+    let signals = fake.calls("cuSignalExternalSemaphoresAsync").len();
+    // SAFETY: as above.
+    let again = unsafe { semaphore.signal_raw_stream(foreign.raw(), 2, &via) };
+    assert!(
+        matches!(again, Err(cuda_interop::Error::InvalidArgument(_))),
+        "{again:?}"
+    );
+    assert_eq!(fake.calls("cuSignalExternalSemaphoresAsync").len(), signals);
+
+    // The uses were recorded on the foreign stream: the semaphore's drop
+    // waits for them, and destroys it with no stream busy.
+    drop(semaphore);
+    assert_eq!(
+        fake.last("cuDestroyExternalSemaphore").num("busy_streams"),
+        0,
+        "destroyed under the foreign stream's pending wait"
+    );
+    assert!(foreign.query().unwrap());
 }
 
 /// A device copy is only enqueued: the mapping it reads is forgotten, the

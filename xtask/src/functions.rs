@@ -39,6 +39,7 @@ pub const FUNCTIONS: &[&str] = &[
     "cuStreamDestroy",
     "cuStreamSynchronize",
     "cuStreamQuery",
+    "cuStreamGetCtx",
     "cuStreamWaitEvent",
     "cuLaunchHostFunc",
     "cuStreamWriteValue64",

@@ -3,8 +3,10 @@
  * the sender NAME (frame_server --name NAME) with
  * ci_cuda_receiver_connect_named, lossless, and for each frame: the
  * hand-off is from ci_cuda_receiver_next returning to the frame usable on
- * this program's CUstream (ci_cuda_receiver_wait_on, then
- * cuStreamSynchronize); then ci_cuda_receiver_release_after. The first
+ * this program's CUstream (ci_cuda_receiver_wait_on, then cuStreamQuery
+ * until the stream is idle: the spin the Rust receiver's
+ * Stream::synchronize does first, so that both time the library's path,
+ * not two ways of waiting); then ci_cuda_receiver_release_after. The first
  * frame is not timed (the import). Prints
  * "c hand-off (packet -> CUDA waited) median M us p99 P us over N frames".
  * libcuda is loaded with dlopen (cuda_dl.h). */
@@ -37,7 +39,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "FRAMES must be at least 2\n");
         return 2;
     }
-    cuda_open();
+    void *lib = cuda_open();
+    CUresult (*cuStreamQuery)(CUstream);
+    load((void **)&cuStreamQuery, lib, "cuStreamQuery");
 
     ci_cuda_receiver *rx = NULL;
     CHECK(ci_cuda_receiver_connect_named(name, CI_DELIVERY_LOSSLESS, 60.0, &rx));
@@ -59,7 +63,10 @@ int main(int argc, char **argv) {
         CHECK(ci_cuda_receiver_next(rx, 30.0, &frame));
         double arrived = now_us();
         CHECK(ci_cuda_receiver_wait_on(rx, frame, stream));
-        CU(cuStreamSynchronize(stream));
+        CUresult idle;
+        while ((idle = cuStreamQuery(stream)) == 600 /* CUDA_ERROR_NOT_READY */) {
+        }
+        CU(idle);
         if (n > 1) handoff[timed++] = now_us() - arrived;
         CHECK(ci_cuda_receiver_release_after(rx, frame, stream));
     }

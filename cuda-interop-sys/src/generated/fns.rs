@@ -93,6 +93,9 @@ pub struct DriverFns {
     pub cuStreamSynchronize: Option<unsafe extern "C" fn(hStream: CUstream) -> CUresult>,
     #[doc = "`cuStreamQuery`, resolved as the symbol `cuStreamQuery`."]
     pub cuStreamQuery: Option<unsafe extern "C" fn(hStream: CUstream) -> CUresult>,
+    #[doc = "`cuStreamGetCtx`, resolved as the symbol `cuStreamGetCtx`."]
+    pub cuStreamGetCtx:
+        Option<unsafe extern "C" fn(hStream: CUstream, pctx: *mut CUcontext) -> CUresult>,
     #[doc = "`cuStreamWaitEvent`, resolved as the symbol `cuStreamWaitEvent`."]
     pub cuStreamWaitEvent: Option<
         unsafe extern "C" fn(
@@ -386,7 +389,7 @@ pub struct DriverFns {
     >,
 }
 #[doc = r" `(API name, exported symbol)` for every function in [`DriverFns`]."]
-pub const SYMBOLS: [(&str, &str); 74usize] = [
+pub const SYMBOLS: [(&str, &str); 75usize] = [
     ("cuInit", "cuInit"),
     ("cuDriverGetVersion", "cuDriverGetVersion"),
     ("cuGetProcAddress", "cuGetProcAddress_v2"),
@@ -411,6 +414,7 @@ pub const SYMBOLS: [(&str, &str); 74usize] = [
     ("cuStreamDestroy", "cuStreamDestroy_v2"),
     ("cuStreamSynchronize", "cuStreamSynchronize"),
     ("cuStreamQuery", "cuStreamQuery"),
+    ("cuStreamGetCtx", "cuStreamGetCtx"),
     ("cuStreamWaitEvent", "cuStreamWaitEvent"),
     ("cuLaunchHostFunc", "cuLaunchHostFunc"),
     ("cuStreamWriteValue64", "cuStreamWriteValue64_v2"),
@@ -699,6 +703,15 @@ impl DriverFns {
                     *mut core::ffi::c_void,
                     Option<unsafe extern "C" fn(hStream: CUstream) -> CUresult>,
                 >(load(c"cuStreamQuery"))
+            },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
+            cuStreamGetCtx: unsafe {
+                core::mem::transmute::<
+                    *mut core::ffi::c_void,
+                    Option<
+                        unsafe extern "C" fn(hStream: CUstream, pctx: *mut CUcontext) -> CUresult,
+                    >,
+                >(load(c"cuStreamGetCtx"))
             },
             // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuStreamWaitEvent: unsafe {
@@ -1261,7 +1274,7 @@ impl DriverFns {
         }
     }
     #[doc = r" `(API name, symbol, resolved)` for every function in the table."]
-    pub fn presence(&self) -> [(&'static str, &'static str, bool); 74usize] {
+    pub fn presence(&self) -> [(&'static str, &'static str, bool); 75usize] {
         [
             ("cuInit", "cuInit", self.cuInit.is_some()),
             (
@@ -1374,6 +1387,11 @@ impl DriverFns {
                 "cuStreamQuery",
                 "cuStreamQuery",
                 self.cuStreamQuery.is_some(),
+            ),
+            (
+                "cuStreamGetCtx",
+                "cuStreamGetCtx",
+                self.cuStreamGetCtx.is_some(),
             ),
             (
                 "cuStreamWaitEvent",
