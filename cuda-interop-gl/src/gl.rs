@@ -445,7 +445,8 @@ mod tests {
     }
 
     /// The real GL's refusal: a memory import of a handle type GL does not
-    /// take (`INVALID_ENUM`) leaves the fd with us, and `give_fd` closes it.
+    /// take (`INVALID_ENUM`) leaves the fd with us, and `give_fd` closes it
+    /// (once: the peer sees end of file).
     #[test]
     fn a_real_refused_import_closes_the_fd_once() {
         let headless = crate::HeadlessGl::new().expect("a headless GL context");
@@ -467,7 +468,11 @@ mod tests {
             (gl.delete_memory_objects)(1, &memory);
             r
         };
-        assert_eq!(r, Err(INVALID_ENUM));
+        // INVALID_ENUM by the spec; any argument error takes nothing.
+        assert!(
+            matches!(r, Err(INVALID_ENUM | INVALID_VALUE | INVALID_OPERATION)),
+            "{r:?}"
+        );
         assert!(!is_open(&mut peer), "the refused fd was not closed");
     }
 }
