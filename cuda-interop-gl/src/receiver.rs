@@ -777,30 +777,39 @@ impl GlReceiver {
 
     /// Whether the GL work submitted so far completed within `timeout`.
     fn gl_idle(&self, timeout: Duration) -> Result<bool, Error> {
-        let gl = self.gl;
-        let deadline = deadline_after(timeout);
-        // SAFETY: the receiver's current context; the sync made here is
-        // deleted here.
-        unsafe {
-            let sync = (gl.fence_sync)(gl::SYNC_GPU_COMMANDS_COMPLETE, 0);
-            if sync.is_null() {
-                return Err(Error::Gl {
-                    call: "glFenceSync",
-                    code: gl.take_error(),
-                });
-            }
-            let mut flags = gl::SYNC_FLUSH_COMMANDS_BIT;
-            let done = loop {
-                let ns = u64::try_from(left(deadline).as_nanos()).unwrap_or(u64::MAX);
-                match (gl.client_wait_sync)(sync, flags, ns.min(50_000_000)) {
-                    gl::ALREADY_SIGNALED | gl::CONDITION_SATISFIED => break true,
-                    gl::TIMEOUT_EXPIRED if !left(deadline).is_zero() => flags = 0,
-                    _ => break false,
-                }
-            };
-            (gl.delete_sync)(sync);
-            Ok(done)
+        // SAFETY: the receiver's current context.
+        unsafe { gl_idle(&self.gl, timeout) }
+    }
+}
+
+/// Whether the GL work submitted so far on the current context completed
+/// within `timeout` (a fence, flushed, waited for in slices).
+///
+/// # Safety
+/// A context of `gl`'s implementation is current on this thread.
+unsafe fn gl_idle(gl: &Gl, timeout: Duration) -> Result<bool, Error> {
+    let deadline = deadline_after(timeout);
+    // SAFETY: the caller's current context; the sync made here is deleted
+    // here.
+    unsafe {
+        let sync = (gl.fence_sync)(gl::SYNC_GPU_COMMANDS_COMPLETE, 0);
+        if sync.is_null() {
+            return Err(Error::Gl {
+                call: "glFenceSync",
+                code: gl.take_error(),
+            });
         }
+        let mut flags = gl::SYNC_FLUSH_COMMANDS_BIT;
+        let done = loop {
+            let ns = u64::try_from(left(deadline).as_nanos()).unwrap_or(u64::MAX);
+            match (gl.client_wait_sync)(sync, flags, ns.min(50_000_000)) {
+                gl::ALREADY_SIGNALED | gl::CONDITION_SATISFIED => break true,
+                gl::TIMEOUT_EXPIRED if !left(deadline).is_zero() => flags = 0,
+                _ => break false,
+            }
+        };
+        (gl.delete_sync)(sync);
+        Ok(done)
     }
 }
 
@@ -842,6 +851,91 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    /// The GPU machine's (`--ignored`, `.gpu-run/gl_wait.sh`): GL's
+    /// timeline wait and signal, as the receiver makes them, on Vulkan
+    /// timelines of this process (NVIDIA's GL; fails, never skips,
+    /// elsewhere). A GL wait for a value not reached yet holds the GL work
+    /// behind it (a fence after it does not signal) until the host signals
+    /// the value; a GL signal of a value sets the Vulkan timeline to it.
+    /// (The ring tests cannot show the first: a sender announces a frame
+    /// once its writes completed.)
+    #[test]
+    #[ignore = "the GPU machine's: NVIDIA's EGL with GL_NV_timeline_semaphore (.gpu-run/gl_wait.sh)"]
+    fn gpu_side_wait_holds_gl_until_the_value_and_signal_sets_it() {
+        let ctx = cuda_interop_testkit::vulkan(None);
+        assert!(
+            ctx.supports_semaphore_fds(),
+            "{}: no exportable timelines: this test is for the GPU machine",
+            ctx.identity().name
+        );
+        let headless = crate::HeadlessGl::on_device(ctx.identity().device_uuid).unwrap();
+        let gl = headless.gl();
+        // SAFETY: `headless` made its context current on this thread.
+        let extensions = unsafe { gl.extensions() };
+        let fns = gl
+            .semaphores(&extensions)
+            .expect("the context offers the GPU-side wait");
+        let waited = TimelineSemaphore::new(&ctx).unwrap();
+        let signalled = TimelineSemaphore::new(&ctx).unwrap();
+        // SAFETY: the context is current and offers `fns`; each fd is a
+        // fresh export of a timeline of this context's device.
+        let (w, s) = unsafe {
+            (
+                import_timeline(&gl, &fns, waited.export_fd().unwrap()).unwrap(),
+                import_timeline(&gl, &fns, signalled.export_fd().unwrap()).unwrap(),
+            )
+        };
+        // SAFETY: the current context; `w` and `s` are its semaphores; the
+        // values are live locals; no textures or buffers.
+        unsafe {
+            gl.take_error();
+            (fns.parameterui64v)(w, gl::TIMELINE_SEMAPHORE_VALUE_NV, &3);
+            (fns.wait)(
+                w,
+                0,
+                std::ptr::null(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            );
+            assert_eq!(gl.take_error(), gl::NO_ERROR);
+            assert!(
+                !gl_idle(&gl, Duration::from_millis(300)).unwrap(),
+                "GL's work ran past a wait for a value not reached"
+            );
+        }
+        waited.signal(3).unwrap();
+        // SAFETY: as above.
+        unsafe {
+            assert!(
+                gl_idle(&gl, Duration::from_secs(10)).unwrap(),
+                "GL's wait did not end once the value was reached"
+            );
+            (fns.parameterui64v)(s, gl::TIMELINE_SEMAPHORE_VALUE_NV, &7);
+            (fns.signal)(
+                s,
+                0,
+                std::ptr::null(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            );
+            (gl.flush)();
+            assert_eq!(gl.take_error(), gl::NO_ERROR);
+        }
+        signalled
+            .wait(7, Duration::from_secs(10), WaitStrategy::default())
+            .expect("GL's signal set the Vulkan timeline");
+        assert_eq!(signalled.value().unwrap(), 7);
+        // SAFETY: the current context; the semaphores are idle (waited
+        // for above).
+        unsafe {
+            assert!(gl_idle(&gl, Duration::from_secs(10)).unwrap());
+            (fns.delete)(2, [w, s].as_ptr());
+        }
+        println!("GL timeline wait held until the value, GL signal set it (7): {headless:?}");
     }
 
     /// The wait chosen: the frame message without semaphores, else the
