@@ -140,6 +140,8 @@ pub(crate) struct SemaphoreFns {
 impl Gl {
     /// Resolves every entry point with `loader` (given each name, returns
     /// its address or null); the first one missing is [`Error::Missing`].
+    /// The GPU-side wait's entry points are optional: without one of them
+    /// the table has none of them (see the module contract).
     pub fn load(mut loader: impl FnMut(&CStr) -> *const c_void) -> Result<Gl, Error> {
         let mut address = |name: &CStr| {
             let address = loader(name);
