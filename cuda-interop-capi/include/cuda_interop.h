@@ -74,6 +74,33 @@
 #define CI_SLOTS_IMAGES 1
 
 /**
+ * `ci_gl_receiver_get_wait_mode`: GL waits on the GPU. The context has
+ * `GL_EXT_semaphore_fd` and `GL_NV_timeline_semaphore` and the ring
+ * shares its timelines: `ci_gl_receiver_texture` returns at once, with a
+ * GL wait for the frame ahead of the GL work submitted after it, and
+ * `ci_gl_receiver_release` has GL signal the sender's "released" timeline
+ * after the GL work submitted so far (no host wait).
+ */
+#define CI_GL_WAIT_GPU 0
+
+/**
+ * `ci_gl_receiver_get_wait_mode`: the host waits. The ring shares its
+ * timelines but the context lacks the GPU-side wait's extensions (or
+ * `CUDA_INTEROP_GL_WAIT=host` was set): `ci_gl_receiver_texture` waits for
+ * the frame on the host, `ci_gl_receiver_release` fences the GL work and
+ * waits for it.
+ */
+#define CI_GL_WAIT_HOST 1
+
+/**
+ * `ci_gl_receiver_get_wait_mode`: the ring shares no semaphores (a sender
+ * on lavapipe, or without semaphores): the frame message, sent once the
+ * writes completed, orders the reads; `ci_gl_receiver_release` fences the
+ * GL work and waits for it.
+ */
+#define CI_GL_WAIT_FRAME_MESSAGE 2
+
+/**
  * `ci_ring_layout::format`: pitched buffers of 8-bit RGBA pixels.
  */
 #define CI_FORMAT_RGBA8_BUFFER 0
@@ -1085,6 +1112,19 @@ enum ci_status ci_gl_receiver_get_layout(const struct ci_gl_receiver *receiver,
                                          struct ci_ring_layout *layout);
 
 /**
+ * Stores how OpenGL receiver `receiver` waits for frames and gives them
+ * back in `*mode_out`: `CI_GL_WAIT_GPU`, `CI_GL_WAIT_HOST` or
+ * `CI_GL_WAIT_FRAME_MESSAGE` (chosen when it connected).
+ *
+ * Thread safety: the receiver's thread.
+ *
+ * # Safety
+ * `mode_out` is NULL or valid for a write.
+ */
+enum ci_status ci_gl_receiver_get_wait_mode(const struct ci_gl_receiver *receiver,
+                                            uint32_t *mode_out);
+
+/**
  * Waits up to `timeout_s` seconds for the next frame and stores its
  * handle in `*out` (as `ci_vulkan_receiver_next`).
  *
@@ -1100,8 +1140,12 @@ enum ci_status ci_gl_receiver_next(struct ci_gl_receiver *receiver,
 /**
  * Stores `frame`'s texture (a GL name of the receiver's context, a 2D
  * texture of the ring's format) in `*texture_out` once the frame is
- * complete (after the ring's "produced" timeline, where it has one),
- * within `timeout_s` seconds. Sample or copy it, then
+ * complete: with `CI_GL_WAIT_GPU`, at once, behind a GL wait for the
+ * ring's "produced" timeline that the GL work submitted afterwards waits
+ * for on the GPU (a blocking GL read such as `glGetTextureImage` then
+ * blocks until the frame is written); with `CI_GL_WAIT_HOST`, after a host
+ * wait for that timeline within `timeout_s` seconds; with
+ * `CI_GL_WAIT_FRAME_MESSAGE`, at once. Sample or copy it, then
  * `ci_gl_receiver_release` the frame.
  *
  * Thread safety: the receiver's thread.
@@ -1115,11 +1159,13 @@ enum ci_status ci_gl_receiver_texture(struct ci_gl_receiver *receiver,
                                       uint32_t *texture_out);
 
 /**
- * Fences the GL work submitted so far on this thread's context, waits for
- * it (at most `timeout_s` seconds), then gives `frame` back and frees its
- * handle. A fence that does not signal in time (`CI_TIMEOUT`) or fails
- * (`CI_UNSUPPORTED`, the GL error) ends the session; the frame's handle is
- * freed.
+ * Gives `frame` back once the GL work submitted so far on this thread's
+ * context is done, and frees its handle. With `CI_GL_WAIT_GPU`, GL signals
+ * the sender's "released" timeline after that work and nothing waits here
+ * (`timeout_s` unused; the sender waits on the GPU). Otherwise the work is
+ * fenced and waited for (at most `timeout_s` seconds): a fence that does
+ * not signal in time (`CI_TIMEOUT`) or fails (`CI_UNSUPPORTED`, the GL
+ * error) ends the session; the frame's handle is freed.
  *
  * Thread safety: the receiver's thread.
  *

@@ -13,13 +13,17 @@
 //! * The GL context the loader's functions belong to must be current on
 //!   that thread for every call (the `# Safety` of each function).
 //! * Frames are `ci_frame*` handles, as for the other receivers.
+//! * Which wait the receiver uses (GL's on the GPU, the host's, or the
+//!   frame message alone) is chosen when it connects, as
+//!   `cuda_interop_gl::GlReceiver::wait_mode` says, and read back with
+//!   `ci_gl_receiver_get_wait_mode` (`CI_GL_WAIT_*`).
 
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::{Arc, PoisonError};
 
 use cuda_interop_frames::discovery::Directory;
 use cuda_interop_frames::session::{ConnectError, Session};
-use cuda_interop_gl::{Gl, GlReceiver};
+use cuda_interop_gl::{Gl, GlReceiver, WaitMode};
 
 use crate::ffi::{
     ci_frame, consumer, delivery_of, discovery, frame_of, key, register_frame, string, vulkan,
@@ -42,6 +46,25 @@ pub struct ci_gl_receiver {
 #[allow(non_camel_case_types)]
 pub type ci_gl_loader_fn =
     Option<unsafe extern "C" fn(user: *mut c_void, name: *const c_char) -> *const c_void>;
+
+/// `ci_gl_receiver_get_wait_mode`: GL waits on the GPU. The context has
+/// `GL_EXT_semaphore_fd` and `GL_NV_timeline_semaphore` and the ring
+/// shares its timelines: `ci_gl_receiver_texture` returns at once, with a
+/// GL wait for the frame ahead of the GL work submitted after it, and
+/// `ci_gl_receiver_release` has GL signal the sender's "released" timeline
+/// after the GL work submitted so far (no host wait).
+pub const CI_GL_WAIT_GPU: u32 = 0;
+/// `ci_gl_receiver_get_wait_mode`: the host waits. The ring shares its
+/// timelines but the context lacks the GPU-side wait's extensions (or
+/// `CUDA_INTEROP_GL_WAIT=host` was set): `ci_gl_receiver_texture` waits for
+/// the frame on the host, `ci_gl_receiver_release` fences the GL work and
+/// waits for it.
+pub const CI_GL_WAIT_HOST: u32 = 1;
+/// `ci_gl_receiver_get_wait_mode`: the ring shares no semaphores (a sender
+/// on lavapipe, or without semaphores): the frame message, sent once the
+/// writes completed, orders the reads; `ci_gl_receiver_release` fences the
+/// GL work and waits for it.
+pub const CI_GL_WAIT_FRAME_MESSAGE: u32 = 2;
 
 fn gl_error(e: cuda_interop_gl::Error) -> CiError {
     use cuda_interop_gl::Error as E;
@@ -136,6 +159,40 @@ pub unsafe extern "C" fn ci_gl_receiver_get_layout(
     })
 }
 
+/// Stores how OpenGL receiver `receiver` waits for frames and gives them
+/// back in `*mode_out`: `CI_GL_WAIT_GPU`, `CI_GL_WAIT_HOST` or
+/// `CI_GL_WAIT_FRAME_MESSAGE` (chosen when it connected).
+///
+/// Thread safety: the receiver's thread.
+///
+/// # Safety
+/// `mode_out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ci_gl_receiver_get_wait_mode(
+    receiver: *const ci_gl_receiver,
+    mode_out: *mut u32,
+) -> ci_status {
+    entry(|| {
+        let bound = handles::gl_receiver(key(receiver))?;
+        let rx = bound.get()?;
+        non_null(mode_out, "mode_out")?;
+        let mode = match rx.wait_mode() {
+            WaitMode::Gpu => CI_GL_WAIT_GPU,
+            WaitMode::Host => CI_GL_WAIT_HOST,
+            WaitMode::FrameMessage => CI_GL_WAIT_FRAME_MESSAGE,
+            other => {
+                return Err(CiError::new(
+                    ci_status::CI_UNSUPPORTED,
+                    format!("a wait mode this C ABI has no value for: {other:?}"),
+                ))
+            }
+        };
+        // SAFETY: not NULL, valid for a write (the caller's promise).
+        unsafe { mode_out.write(mode) };
+        Ok(())
+    })
+}
+
 /// Waits up to `timeout_s` seconds for the next frame and stores its
 /// handle in `*out` (as `ci_vulkan_receiver_next`).
 ///
@@ -169,8 +226,12 @@ pub unsafe extern "C" fn ci_gl_receiver_next(
 
 /// Stores `frame`'s texture (a GL name of the receiver's context, a 2D
 /// texture of the ring's format) in `*texture_out` once the frame is
-/// complete (after the ring's "produced" timeline, where it has one),
-/// within `timeout_s` seconds. Sample or copy it, then
+/// complete: with `CI_GL_WAIT_GPU`, at once, behind a GL wait for the
+/// ring's "produced" timeline that the GL work submitted afterwards waits
+/// for on the GPU (a blocking GL read such as `glGetTextureImage` then
+/// blocks until the frame is written); with `CI_GL_WAIT_HOST`, after a host
+/// wait for that timeline within `timeout_s` seconds; with
+/// `CI_GL_WAIT_FRAME_MESSAGE`, at once. Sample or copy it, then
 /// `ci_gl_receiver_release` the frame.
 ///
 /// Thread safety: the receiver's thread.
@@ -205,11 +266,13 @@ pub unsafe extern "C" fn ci_gl_receiver_texture(
     })
 }
 
-/// Fences the GL work submitted so far on this thread's context, waits for
-/// it (at most `timeout_s` seconds), then gives `frame` back and frees its
-/// handle. A fence that does not signal in time (`CI_TIMEOUT`) or fails
-/// (`CI_UNSUPPORTED`, the GL error) ends the session; the frame's handle is
-/// freed.
+/// Gives `frame` back once the GL work submitted so far on this thread's
+/// context is done, and frees its handle. With `CI_GL_WAIT_GPU`, GL signals
+/// the sender's "released" timeline after that work and nothing waits here
+/// (`timeout_s` unused; the sender waits on the GPU). Otherwise the work is
+/// fenced and waited for (at most `timeout_s` seconds): a fence that does
+/// not signal in time (`CI_TIMEOUT`) or fails (`CI_UNSUPPORTED`, the GL
+/// error) ends the session; the frame's handle is freed.
 ///
 /// Thread safety: the receiver's thread.
 ///

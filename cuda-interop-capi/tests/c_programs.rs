@@ -1010,11 +1010,18 @@ fn cpp_app_writes_opened_slots_in_its_own_submissions() {
 /// every texel of every frame's GL texture (read back with
 /// `glGetTextureImage`), and the error paths: every call from another
 /// thread refused, a NULL loader, a released frame, other kinds' handles,
-/// a freed receiver. Both under ASan/UBSan where they link.
+/// a freed receiver; it prints its wait mode (`ci_gl_receiver_get_wait_mode`,
+/// one of the three). Both under ASan/UBSan where they link.
 #[test]
 fn c_gl_receiver_checks_every_texel() {
     let (received, _) = app_and_c_receiver("gl-recv", "gl_recv");
     let stdout = String::from_utf8_lossy(&received.stdout);
+    assert!(
+        ["GPU-side wait", "host wait", "frame message"]
+            .iter()
+            .any(|m| stdout.contains(&format!("gl_recv: wait: {m}\n"))),
+        "{stdout}"
+    );
     assert!(
         stdout.contains(&format!(
             "gl_recv: {} frames of {}x{} checked texel for texel through GL textures (0 wrong), \

@@ -18,18 +18,49 @@
 //!   B, G, R, A), `R16G16B16A16_SFLOAT` (`GL_RGBA16F`). Buffer rings and
 //!   other formats are [`Error::Unsupported`], saying which receiver takes
 //!   them.
-//! * A frame's texture ([`GlReceiver::texture`]) is handed out once the
-//!   frame is complete: after a host wait for the ring's "produced"
-//!   timeline, imported on a Vulkan device of its own, where the sender
-//!   shares one; else the frame message, sent after the sender's writes
-//!   completed, orders it. No GL-side acquire (`glWaitSemaphoreEXT`) is
-//!   made: GL reads the memory as the sender left it (`GENERAL`, released
-//!   to the external family); llvmpipe and NVIDIA read it exact (the
-//!   tests), a driver that needs the acquire for optimal tiling would not.
-//!   [`GlReceiver::release`] fences the GL work submitted so far and waits
-//!   for it (bounded) before it gives the frame back; a fence that does
-//!   not signal in time ends the session, and the sender may then write
-//!   the slots under reads still running.
+//! * Which wait a receiver uses is [`GlReceiver::wait_mode`] (its `Debug`
+//!   also says why), chosen once, when it is made:
+//!   * [`WaitMode::Gpu`] where the ring shares its timelines and the
+//!     context lists `GL_EXT_semaphore`, `GL_EXT_semaphore_fd` and
+//!     `GL_NV_timeline_semaphore` (NVIDIA's GL; the ring's semaphores are
+//!     Vulkan timelines, which `GL_EXT_semaphore` alone would wait for as
+//!     binary ones): the "produced" timeline (GL's own duplicate of its
+//!     fd) and this receiver's per-slot "released" timelines are imported
+//!     into GL. [`GlReceiver::texture`] returns at once, behind
+//!     `glWaitSemaphoreEXT` for the frame's number (the texture from
+//!     `GL_LAYOUT_GENERAL_EXT`, where the sender released it): the GL work
+//!     submitted after it waits on the GPU. [`GlReceiver::release`] has GL
+//!     signal the slot's "released" timeline with the frame's number after
+//!     the GL work submitted so far (`glSignalSemaphoreEXT`, to
+//!     `GL_LAYOUT_GENERAL_EXT`, flushed) and tells the sender so; the
+//!     sender waits for that value on the GPU before it writes the slot,
+//!     and drops a receiver whose value is not reached within its hold
+//!     timeout. Nothing waits on the host; a GL wait a sender never
+//!     satisfies stalls the context's later work (the bounded
+//!     [`GlReceiver::read_pixels`], [`GlReceiver::finish`] and the drop
+//!     report it as a timeout).
+//!   * [`WaitMode::Host`] where the ring shares its timelines but the
+//!     context lacks one of those extensions (Mesa's llvmpipe, 22.3, has
+//!     none of the three), or `CUDA_INTEROP_GL_WAIT=host` ([`WAIT_ENV`])
+//!     asks for it, or GL refused the timelines' import: the texture is
+//!     handed out after a host wait (within the caller's timeout) for the
+//!     "produced" timeline, imported on a Vulkan device of the receiver's,
+//!     and a release fences the GL work submitted so far and waits for it
+//!     (bounded) before it gives the frame back; a fence that does not
+//!     signal in time ends the session, and the sender may then write the
+//!     slots under reads still running.
+//!   * [`WaitMode::FrameMessage`] where the ring shares no semaphores
+//!     (lavapipe's): the frame message, sent after the sender's writes
+//!     completed, orders the reads; releases are fenced as in `Host`.
+//!
+//!   Outside `Gpu`, no GL-side acquire (`glWaitSemaphoreEXT`) is made: GL
+//!   reads the memory as the sender left it (`GENERAL`, released to the
+//!   external family); llvmpipe and NVIDIA read it exact (the tests), a
+//!   driver that needs the acquire for optimal tiling would not.
+//! * Every fd given to GL (a slot's memory, a timeline) is GL's once the
+//!   import succeeded, closed here after GL refused its arguments (the
+//!   import had no effect), and leaked after any other GL error (whether
+//!   GL took it is unknown).
 //! * Each slot's record is verified on a Vulkan device of the ring's (a
 //!   headless context the receiver keeps) as a Vulkan import would be,
 //!   before GL is given its size and dedicated flag.
@@ -44,7 +75,7 @@ mod receiver;
 
 pub use gl::Gl;
 pub use headless::HeadlessGl;
-pub use receiver::GlReceiver;
+pub use receiver::{GlReceiver, WaitMode, WAIT_ENV};
 
 /// What went wrong, in words that say what to do.
 #[derive(Debug, thiserror::Error)]

@@ -4,9 +4,13 @@
 //! textures (`GL_EXT_memory_object_fd`, matched by device and driver
 //! UUID); every texel of every frame GL reads back is the demo pattern of
 //! the frame's own number. lavapipe's rings have no semaphores: the frame
-//! message orders the reads; on an NVIDIA GPU (built with the testkit's
-//! `device-local` feature) the ring shares its "produced" timeline and the
-//! receiver waits for it.
+//! message orders the reads ([`WaitMode::FrameMessage`], asserted); on an
+//! NVIDIA GPU (built with the testkit's `device-local` feature) the ring
+//! shares its timelines and the receiver waits for "produced" on the GPU
+//! ([`WaitMode::Gpu`], where the context has `GL_EXT_semaphore_fd` and
+//! `GL_NV_timeline_semaphore`) or on the host. The `#[ignore]`d
+//! `gpu_side_wait_*` tests are the GPU machine's (`.gpu-run/gl_wait.sh`):
+//! they assert the GPU-side wait.
 //! Buffer rings are refused with the receiver that takes them.
 
 use std::time::{Duration, Instant};
@@ -15,7 +19,7 @@ use cuda_interop_frames::discovery::Directory;
 use cuda_interop_frames::protocol::Delivery;
 use cuda_interop_frames::sender::{self, Address, ImageSender, Sender, SenderOptions};
 use cuda_interop_frames::session::Session;
-use cuda_interop_gl::{Error, GlReceiver, HeadlessGl};
+use cuda_interop_gl::{Error, GlReceiver, HeadlessGl, WaitMode};
 use cuda_interop_testkit::{assert_no_validation_errors, vulkan, Mem};
 use vk_export::format::{Bgra8Unorm, Format, Rg16Unorm, Rgba16Sfloat, Rgba8Unorm};
 use vk_export::markers::MemoryLocation;
@@ -101,21 +105,34 @@ fn image_sender<F: Format>(
 }
 
 /// `FRAMES` frames of `F` through GL textures, every texel checked as GL
-/// reads it back.
+/// reads it back; the wait is the one this device's ring and GL give (the
+/// frame message without exportable semaphores, as on lavapipe).
 fn every_texel<F: Format>(tag: &str) {
     let ctx = vulkan(None);
+    let mode = frames_through_gl::<F>(&ctx, tag, FRAMES);
+    if ctx.supports_semaphore_fds() {
+        assert_ne!(mode, WaitMode::FrameMessage);
+    } else {
+        assert_eq!(mode, WaitMode::FrameMessage);
+    }
+}
+
+/// `frames` frames of `F` through GL textures, every texel checked as GL
+/// reads it back; the receiver's wait mode.
+fn frames_through_gl<F: Format>(ctx: &vk_export::Context, tag: &str, frames: u64) -> WaitMode {
     let gl = HeadlessGl::on_device(ctx.identity().device_uuid).expect(
         "a headless GL context on the sender's device (cargo xtask test installs Mesa's EGL)",
     );
-    let (directory, dir, mut sender, scratch) = image_sender::<F>(&ctx, tag);
+    let (directory, dir, mut sender, scratch) = image_sender::<F>(ctx, tag);
     let (session, setup) = connect(&directory, "gl", || sender.serve(Duration::from_millis(5)));
     // SAFETY: `gl` made its context current on this thread, and nothing
     // else here makes another one current; the receiver is dropped before
     // `gl`.
     let rx = unsafe { GlReceiver::new(gl.gl(), session, setup) }.expect("the slots import into GL");
     assert_eq!(rx.textures().len(), 3);
+    let mode = rx.wait_mode();
     let start = Instant::now();
-    for _ in 0..FRAMES {
+    for _ in 0..frames {
         assert!(start.elapsed() < BOUND);
         let f = present(&mut sender, &scratch);
         let frame = next_frame(&rx, &mut sender, start, f);
@@ -134,15 +151,55 @@ fn every_texel<F: Format>(tag: &str) {
         sender.serve(Duration::ZERO);
     }
     println!(
-        "{}: {FRAMES} frames through OpenGL textures, every texel exact ({gl:?})",
+        "{}: {frames} frames through OpenGL textures, every texel exact ({gl:?}, {rx:?})",
         F::NAME
     );
     drop(rx);
     drop(gl);
     drop(sender);
     drop(scratch);
-    assert_no_validation_errors(&ctx);
+    assert_no_validation_errors(ctx);
     std::fs::remove_dir_all(&dir).unwrap();
+    mode
+}
+
+/// The GPU machine's (run with `--ignored`, `.gpu-run/gl_wait.sh`): on a
+/// device with exportable timelines and a GL context with
+/// `GL_EXT_semaphore_fd` and `GL_NV_timeline_semaphore` (NVIDIA's EGL),
+/// every texel of 240 frames of `F` is exact with the GPU-side wait, and
+/// that wait is the one used. Fails (never skips) anywhere else.
+fn gpu_side_wait<F: Format>(tag: &str) {
+    let ctx = vulkan(None);
+    assert!(
+        ctx.supports_semaphore_fds(),
+        "{}: no exportable timeline semaphores: this test is for the GPU machine",
+        ctx.identity().name
+    );
+    assert!(
+        std::env::var_os(cuda_interop_gl::WAIT_ENV).is_none_or(|v| v != "host"),
+        "{}=host turns the GPU-side wait off",
+        cuda_interop_gl::WAIT_ENV
+    );
+    let mode = frames_through_gl::<F>(&ctx, tag, 240);
+    assert_eq!(mode, WaitMode::Gpu, "the GPU-side wait was not used");
+}
+
+#[test]
+#[ignore = "the GPU machine's: NVIDIA's EGL with GL_NV_timeline_semaphore (.gpu-run/gl_wait.sh)"]
+fn gpu_side_wait_every_texel_of_rgba8_frames() {
+    gpu_side_wait::<Rgba8Unorm>("gpu-rgba8");
+}
+
+#[test]
+#[ignore = "the GPU machine's: NVIDIA's EGL with GL_NV_timeline_semaphore (.gpu-run/gl_wait.sh)"]
+fn gpu_side_wait_every_texel_of_bgra8_frames() {
+    gpu_side_wait::<Bgra8Unorm>("gpu-bgra8");
+}
+
+#[test]
+#[ignore = "the GPU machine's: NVIDIA's EGL with GL_NV_timeline_semaphore (.gpu-run/gl_wait.sh)"]
+fn gpu_side_wait_every_texel_of_rgba16f_frames() {
+    gpu_side_wait::<Rgba16Sfloat>("gpu-rgba16f");
 }
 
 /// The receiver's next frame (frame `f`, just presented), the sender

@@ -7,7 +7,11 @@
  * (ci_gl_receiver_texture, read back with glGetTextureImage) against
  * texel() below (the app's), and the error paths of a GL receiver: calls
  * from another thread (refused, nothing touched), a NULL loader, a released
- * frame, other kinds' handles, a freed receiver. Exit status 0: all good;
+ * frame, other kinds' handles, a freed receiver. It reads the receiver's
+ * wait mode (ci_gl_receiver_get_wait_mode: one of the three CI_GL_WAIT_*,
+ * printed; the frame message on lavapipe, whose rings share no semaphores)
+ * and reads each texture right after ci_gl_receiver_texture, which with
+ * CI_GL_WAIT_GPU relies on GL's wait alone. Exit status 0: all good;
  * otherwise what failed is on stderr. */
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -115,7 +119,7 @@ static void make_context(void) {
 struct other_thread {
     ci_gl_receiver *rx;
     ci_frame *frame;
-    ci_status next, texture, release, free_;
+    ci_status next, texture, release, free_, wait_mode;
 };
 
 /* Every call of a receiver on a thread that is not its own is refused. */
@@ -123,6 +127,8 @@ static void *on_other_thread(void *arg) {
     struct other_thread *t = arg;
     ci_frame *none = NULL;
     uint32_t texture = 0;
+    uint32_t mode = 0;
+    t->wait_mode = ci_gl_receiver_get_wait_mode(t->rx, &mode);
     t->next = ci_gl_receiver_next(t->rx, 0.0, &none);
     t->texture = ci_gl_receiver_texture(t->rx, t->frame, 1.0, &texture);
     t->release = ci_gl_receiver_release(t->rx, t->frame, 1.0);
@@ -151,6 +157,19 @@ int main(int argc, char **argv) {
     EXPECT(ci_gl_receiver_connect_named(NULL, NULL, name, CI_DELIVERY_LOSSLESS, 1.0, &rx),
            CI_NULL_POINTER);
     CHECK(ci_gl_receiver_connect_named(loader, NULL, name, CI_DELIVERY_LOSSLESS, 120.0, &rx));
+    uint32_t wait_mode = 99;
+    EXPECT(ci_gl_receiver_get_wait_mode(rx, NULL), CI_NULL_POINTER);
+    EXPECT(ci_gl_receiver_get_wait_mode(NULL, &wait_mode), CI_NULL_POINTER);
+    CHECK(ci_gl_receiver_get_wait_mode(rx, &wait_mode));
+    const char *wait_name = wait_mode == CI_GL_WAIT_GPU             ? "GPU-side wait"
+                            : wait_mode == CI_GL_WAIT_HOST          ? "host wait"
+                            : wait_mode == CI_GL_WAIT_FRAME_MESSAGE ? "frame message"
+                                                                    : NULL;
+    if (!wait_name) {
+        fprintf(stderr, "ci_gl_receiver_get_wait_mode: %u is no CI_GL_WAIT_*\n", wait_mode);
+        failures++;
+        wait_name = "?";
+    }
     ci_ring_layout layout;
     memset(&layout, 0, sizeof layout);
     layout.struct_size = sizeof layout;
@@ -175,16 +194,17 @@ int main(int argc, char **argv) {
         }
         uint32_t texture = 0;
         if (n == 1) {
-            struct other_thread t = {rx, frame, CI_OK, CI_OK, CI_OK, CI_OK};
+            struct other_thread t = {rx, frame, CI_OK, CI_OK, CI_OK, CI_OK, CI_OK};
             pthread_t thread;
             if (pthread_create(&thread, NULL, on_other_thread, &t) != 0) return 1;
             pthread_join(thread, NULL);
             if (t.next != CI_INVALID_ARGUMENT || t.texture != CI_INVALID_ARGUMENT ||
-                t.release != CI_INVALID_ARGUMENT || t.free_ != CI_INVALID_ARGUMENT) {
-                fprintf(stderr, "another thread's calls: next %d, texture %d, release %d, free %d "
-                                "(all %d expected)\n",
+                t.release != CI_INVALID_ARGUMENT || t.free_ != CI_INVALID_ARGUMENT ||
+                t.wait_mode != CI_INVALID_ARGUMENT) {
+                fprintf(stderr, "another thread's calls: next %d, texture %d, release %d, free %d, "
+                                "wait mode %d (all %d expected)\n",
                         (int)t.next, (int)t.texture, (int)t.release, (int)t.free_,
-                        (int)CI_INVALID_ARGUMENT);
+                        (int)t.wait_mode, (int)CI_INVALID_ARGUMENT);
                 failures++;
             }
             EXPECT(ci_gl_receiver_texture(rx, frame, 30.0, NULL), CI_NULL_POINTER);
@@ -225,11 +245,13 @@ int main(int argc, char **argv) {
     CHECK(ci_gl_receiver_free(rx));
     EXPECT(ci_gl_receiver_free(rx), CI_WRONG_HANDLE);
     EXPECT(ci_gl_receiver_next(rx, 0.0, &none), CI_WRONG_HANDLE);
+    EXPECT(ci_gl_receiver_get_wait_mode(rx, &wait_mode), CI_WRONG_HANDLE);
     free(pixels);
     if (wrong_texels != 0) {
         fprintf(stderr, "%" PRIu64 " texels were not the app's\n", wrong_texels);
         failures++;
     }
+    printf("gl_recv: wait: %s\n", wait_name);
     printf("gl_recv: %" PRIu64 " frames of %ux%u checked texel for texel through GL textures (%"
            PRIu64 " wrong), %d failures\n",
            frames, RING_W, RING_H, wrong_texels, failures);
