@@ -98,6 +98,27 @@ fn drift_rows(report: &mut Report, name: &str, samples: &[Sample]) {
         format!("<= {GOAL}x the first 10%"),
         last / last_ref <= GOAL * first / first_ref,
     );
+    // The profile over the run: each tenth's p10, in µs and in units of
+    // the reference work. A cost that grows per cycle rises tenth after
+    // tenth; noise moves single tenths either way.
+    let tenths: Vec<(f64, f64)> = samples
+        .chunks(tenth)
+        .take(10)
+        .map(|w| {
+            let cycle = p10(w, |s| s.cycle);
+            (cycle, cycle / p10(w, |s| s.reference))
+        })
+        .collect();
+    let rises = tenths.windows(2).filter(|w| w[1].1 > w[0].1).count();
+    report.note(format!(
+        "Drift: {name}: p10 per tenth of the run, µs (x reference): {}; {rises} of {} steps up",
+        tenths
+            .iter()
+            .map(|(c, r)| format!("{c:.1} ({r:.2})"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        tenths.len().saturating_sub(1)
+    ));
     // Least-squares slope of cycle time over cycle number, in ns per cycle.
     let n = samples.len() as f64;
     let mean_x = (n - 1.0) / 2.0;

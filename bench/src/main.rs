@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! bench [--quick] [--vulkan-only] [--s9-only] [--json PATH]
+//! bench --drift-only [--cycles N] [--json PATH]
 //! ```
 //!
 //! `--vulkan-only` runs only what needs no CUDA (as on a machine without
@@ -53,7 +54,9 @@
 //!   [--quick] [--json PATH]` runs it alone.
 //! * **Drift** per-cycle cost of the Vulkan export/import cycle (also on
 //!   lavapipe) and of the CUDA import cycle, the last 10% of the cycles
-//!   against the first 10% (goal <= 1.2x).
+//!   against the first 10% (goal <= 1.2x), with each tenth's profile.
+//!   `bench --drift-only [--cycles N]` runs the two cycles alone, 50,000
+//!   times each by default (issue 30 item 6: growth or noise).
 //!
 //! S5 (array <-> linear copies) is this package's `array_copy` binary
 //! (`src/bin/array_copy.rs`); how soon and at what CPU cost the host learns
@@ -129,8 +132,21 @@ fn main() -> ExitCode {
         .and_then(|i| args.get(i + 1).cloned());
     let vulkan_only = args.iter().any(|a| a == "--vulkan-only");
     let s9_only = args.iter().any(|a| a == "--s9-only");
+    let drift_only = args.iter().any(|a| a == "--drift-only");
+    let cycles = match args.iter().position(|a| a == "--cycles") {
+        None => 50_000,
+        Some(i) => match args.get(i + 1).and_then(|n| n.parse::<usize>().ok()) {
+            Some(n) if n >= 100 => n,
+            _ => {
+                eprintln!("bench: --cycles takes a number of cycles, at least 100");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let run = if s9_only {
         scenarios::run_s9_only(quick, json.as_deref())
+    } else if drift_only {
+        scenarios::run_drift_only(cycles, json.as_deref())
     } else {
         scenarios::run(quick, vulkan_only, json.as_deref())
     };

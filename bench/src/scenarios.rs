@@ -220,6 +220,29 @@ pub fn run(quick: bool, vulkan_only: bool, json: Option<&str>) -> Res<()> {
 /// Prints the table, writes the JSON, and fails if the layer reported
 /// errors.
 /// `bench --s9-only`: S9 alone (child processes), its table and JSON.
+/// `bench --drift-only [--cycles N] [--json PATH]` (issue 30 item 6): the
+/// Vulkan and CUDA drift cycles alone, `cycles` each (default 50,000: five
+/// times the full suite's), with each tenth's profile, to tell a cost that
+/// grows per cycle from noise.
+pub fn run_drift_only(cycles: usize, json: Option<&str>) -> Res<()> {
+    let mut report = Report::default();
+    let mut header = vec![("commit", env!("BENCH_COMMIT").to_string())];
+    let ctx = Context::headless(&HeadlessOptions::default())?;
+    header.push(("vulkan_device", ctx.identity().name.clone()));
+    header.push(("validation", ctx.validation_enabled().to_string()));
+    for (k, v) in &header {
+        println!("{k}: {v}");
+    }
+    crate::drift::vulkan(&ctx, &mut report, cycles)?;
+    match CudaDevice::for_vulkan(&ctx) {
+        Ok(cuda) => crate::drift::cuda(&ctx, &cuda, &mut report, cycles)?,
+        Err(e) => report.note(format!(
+            "the CUDA drift cycle not run: no CUDA device ({e})"
+        )),
+    }
+    finish(&report, &header, json, Some(&ctx))
+}
+
 pub fn run_s9_only(quick: bool, json: Option<&str>) -> Res<()> {
     let mut report = Report::default();
     let header = vec![("commit", env!("BENCH_COMMIT").to_string())];
