@@ -1441,6 +1441,24 @@ enum ci_status ci_cuda_receiver_wait_on(struct ci_cuda_receiver *receiver,
                                         void *stream);
 
 /**
+ * Makes `stream` wait (on the GPU, the host does not block) until
+ * `frame` is written, and nothing more: an image ring's array
+ * (`ci_cuda_receiver_array`, the image itself) and a buffer ring's memory
+ * are readable by work the caller enqueues on `stream` afterwards; an
+ * image ring's pitched copy is not made (that is `ci_cuda_receiver_wait_on`,
+ * one copy of the frame on the GPU). The zero-copy way to read an image
+ * ring. Enqueue it once per frame.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * As `ci_cuda_receiver_wait_on` for `stream`.
+ */
+enum ci_status ci_cuda_receiver_wait_produced(struct ci_cuda_receiver *receiver,
+                                              const struct ci_frame *frame,
+                                              void *stream);
+
+/**
  * Stores `frame`'s memory as pitched device memory in `*out`: a buffer
  * ring's slot (a planar ring's luma plane: see `ci_cuda_receiver_chroma`),
  * or an image ring's tightly packed copy of the image. Read it on a stream
@@ -1474,7 +1492,7 @@ enum ci_status ci_cuda_receiver_chroma(struct ci_cuda_receiver *receiver,
  * a `CUarray` of the device's primary context, also usable as a
  * `cudaArray_t` (level 0 of the image itself, zero copy; cast the
  * `void *`), valid while the receiver lives. Read it on a stream after
- * `ci_cuda_receiver_wait_on` and before the frame's release; never write
+ * `ci_cuda_receiver_wait_produced` (or `ci_cuda_receiver_wait_on`) and before the frame's release; never write
  * it, nor free it. A buffer ring is `CI_UNSUPPORTED` (use
  * `ci_cuda_receiver_pitched`).
  *

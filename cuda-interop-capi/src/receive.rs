@@ -365,6 +365,32 @@ pub unsafe extern "C" fn ci_cuda_receiver_wait_on(
     })
 }
 
+/// Makes `stream` wait (on the GPU, the host does not block) until
+/// `frame` is written, and nothing more: an image ring's array
+/// (`ci_cuda_receiver_array`, the image itself) and a buffer ring's memory
+/// are readable by work the caller enqueues on `stream` afterwards; an
+/// image ring's pitched copy is not made (that is `ci_cuda_receiver_wait_on`,
+/// one copy of the frame on the GPU). The zero-copy way to read an image
+/// ring. Enqueue it once per frame.
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// As `ci_cuda_receiver_wait_on` for `stream`.
+#[no_mangle]
+pub unsafe extern "C" fn ci_cuda_receiver_wait_produced(
+    receiver: *mut ci_cuda_receiver,
+    frame: *const ci_frame,
+    stream: *mut c_void,
+) -> ci_status {
+    entry(|| {
+        with_frame(receiver, frame, |rx, frame| {
+            // SAFETY: the caller's promise on `stream`, forwarded.
+            unsafe { rx.wait_produced_raw(frame, raw_stream(stream)) }.map_err(|e| consumer(&e))
+        })
+    })
+}
+
 /// A frame's memory as pitched device memory (`ci_cuda_receiver_pitched`,
 /// `ci_cuda_receiver_chroma`): `rows` rows of `row_bytes` bytes, the first
 /// at `ptr`, each `pitch` bytes after the one before (what `cuMemcpy2D`,
@@ -458,7 +484,7 @@ pub unsafe extern "C" fn ci_cuda_receiver_chroma(
 /// a `CUarray` of the device's primary context, also usable as a
 /// `cudaArray_t` (level 0 of the image itself, zero copy; cast the
 /// `void *`), valid while the receiver lives. Read it on a stream after
-/// `ci_cuda_receiver_wait_on` and before the frame's release; never write
+/// `ci_cuda_receiver_wait_produced` (or `ci_cuda_receiver_wait_on`) and before the frame's release; never write
 /// it, nor free it. A buffer ring is `CI_UNSUPPORTED` (use
 /// `ci_cuda_receiver_pitched`).
 ///

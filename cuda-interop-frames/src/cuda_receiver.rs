@@ -444,8 +444,30 @@ impl CudaReceiver {
             // this device (or a default one) for the call.
             return Ok(unsafe { via.join_raw(stream as _) }?);
         }
-        let via = lock_within(&self.gpu.wait_stream, Stream::DEFAULT_TIMEOUT)?;
         // SAFETY: the caller's guarantee, as above.
+        unsafe { self.wait_produced_raw(frame, stream) }
+    }
+
+    /// [`CudaReceiver::wait_produced`] for a foreign stream (the runtime's,
+    /// PyTorch's, CuPy's): the wait goes on `stream` itself where it is a
+    /// stream of the primary context (theirs are), else through the
+    /// receiver's wait stream and an event. A buffer ring's slot and an
+    /// image ring's array ([`CudaReceiver::array`]) are readable by work
+    /// enqueued on `stream` afterwards; an image ring's packed copy is not
+    /// made.
+    ///
+    /// # Safety
+    ///
+    /// As [`CudaReceiver::wait_on_raw`].
+    pub unsafe fn wait_produced_raw(
+        &self,
+        frame: &Frame,
+        stream: usize,
+    ) -> Result<(), ConsumerError> {
+        self.session.check_held(frame)?;
+        let via = lock_within(&self.gpu.wait_stream, Stream::DEFAULT_TIMEOUT)?;
+        // SAFETY: the caller's guarantee: `stream` is a live stream of this
+        // device (or a default one) for the call.
         unsafe {
             self.gpu
                 .produced

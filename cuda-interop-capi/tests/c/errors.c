@@ -458,6 +458,7 @@ int main(int argc, char **argv) {
     EXPECT(ci_cuda_receiver_get_layout(NULL, &layout), CI_NULL_POINTER);
     EXPECT(ci_cuda_receiver_device(NULL, &ordinal), CI_NULL_POINTER);
     EXPECT(ci_cuda_receiver_wait_on(NULL, NULL, NULL), CI_NULL_POINTER);
+    EXPECT(ci_cuda_receiver_wait_produced(NULL, NULL, NULL), CI_NULL_POINTER);
     EXPECT(ci_cuda_receiver_pitched(NULL, NULL, &plane), CI_NULL_POINTER);
     EXPECT(ci_cuda_receiver_chroma(NULL, NULL, &plane), CI_NULL_POINTER);
     EXPECT(ci_cuda_receiver_array(NULL, NULL, &array), CI_NULL_POINTER);
@@ -592,6 +593,7 @@ int main(int argc, char **argv) {
     EXPECT(ci_cuda_receiver_pitched((ci_cuda_receiver *)rx, frame, &plane), CI_WRONG_HANDLE);
     EXPECT(ci_cuda_receiver_array((ci_cuda_receiver *)rx, frame, &array), CI_WRONG_HANDLE);
     EXPECT(ci_cuda_receiver_wait_on((ci_cuda_receiver *)rx, frame, NULL), CI_WRONG_HANDLE);
+    EXPECT(ci_cuda_receiver_wait_produced((ci_cuda_receiver *)rx, frame, NULL), CI_WRONG_HANDLE);
     EXPECT(ci_cuda_receiver_release((ci_cuda_receiver *)rx, frame), CI_WRONG_HANDLE);
     EXPECT(ci_cuda_receiver_release_after((ci_cuda_receiver *)frame, frame, NULL),
            CI_WRONG_HANDLE);

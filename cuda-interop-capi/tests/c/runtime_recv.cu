@@ -10,9 +10,10 @@
  * - `cudaSetDevice` on the ring's device, a `cudaStream_t` of its own,
  *   passed to `ci_cuda_receiver_wait_on` and `ci_cuda_receiver_release_after`
  *   as it is (a `cudaStream_t` is a `CUstream`);
- * - an image ring: the frame as a `cudaArray_t` (`ci_cuda_receiver_array`,
- *   zero copy), read by this program's own kernel through a texture object
- *   and copied out with `cudaMemcpy2DFromArrayAsync`;
+ * - an image ring: `ci_cuda_receiver_wait_produced` (no pitched copy) and
+ *   the frame as a `cudaArray_t` (`ci_cuda_receiver_array`, zero copy),
+ *   read by this program's own kernel through a texture object and copied
+ *   out with `cudaMemcpy2DFromArrayAsync`;
  * - a buffer ring: the frame as pitched device memory
  *   (`ci_cuda_receiver_pitched`), read by the same kernel and copied out
  *   with `cudaMemcpy2DAsync`.
@@ -161,7 +162,12 @@ int main(int argc, char **argv) {
         }
         last = info.sequence;
         const Pattern p = pattern_of(info.sequence, height);
-        CHECK(ci_cuda_receiver_wait_on(rx, frame, stream));
+        /* An image ring is read through its array alone: the "produced"
+         * wait only, no pitched copy (zero copy). */
+        if (image)
+            CHECK(ci_cuda_receiver_wait_produced(rx, frame, stream));
+        else
+            CHECK(ci_cuda_receiver_wait_on(rx, frame, stream));
         RT(cudaMemsetAsync(wrong_dev, 0, sizeof *wrong_dev, stream));
         cudaTextureObject_t tex = 0;
         if (image) {
