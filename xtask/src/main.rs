@@ -12,7 +12,7 @@
 //! cargo xtask modgraph                                 each crate's module graph; fails on a cycle
 //! cargo xtask msrv [--deps-only]                      the stated rust-version is true for the locked dependencies and the code
 //! cargo xtask doctor [ARGS]                            can this machine do Vulkan-CUDA interop, and what is missing
-//! cargo xtask perf-table RUN_PREFIX [--note T] [--update FILE]   a GPU run's JSON as the README's tables
+//! cargo xtask perf-table RUN_PREFIX [--note T] [--update FILE] [--array-copy FILE]   a GPU run's JSON as the README's tables
 //! cargo xtask help                                     the tasks (also -h, --help)
 //! ```
 //!
@@ -227,9 +227,10 @@ tasks:
       each missing piece what to install or change. Runs the
       cuda-interop-doctor binary (crate doctor/, also in the GPU bundle);
       fails when interop does not work. Never needs a driver to run.
-  perf-table RUN_PREFIX [--note TEXT] [--update FILE]
+  perf-table RUN_PREFIX [--note TEXT] [--update FILE] [--array-copy FILE]
       The README's performance tables from RUN_PREFIX-{bench,host_wait,
-      array_copy}.json (printed, or put between FILE's perf-table lines).
+      array_copy}.json (printed, or put between FILE's perf-table lines);
+      --array-copy takes that JSON from another run's FILE.
   help
       This text (also -h, --help).";
 

@@ -7,6 +7,8 @@
 //!   `RUN_PREFIX-bench.json` (`bench --json`), `RUN_PREFIX-host_wait.json`
 //!   and `RUN_PREFIX-array_copy.json` (the bench package's `host_wait` and
 //!   `array_copy` binaries, `--json`), as saved under `docs/gpu-runs/`.
+//! * `--array-copy FILE` takes the `array_copy` JSON from FILE instead (a
+//!   run that did not run `array_copy`), and the tables say so.
 //! * Prints the markdown; with `--update FILE`, replaces what lies between
 //!   the `<!-- perf-table:start -->` and `<!-- perf-table:end -->` lines of
 //!   FILE instead. Nothing is typed in by hand: every figure comes from
@@ -14,7 +16,8 @@
 
 use serde_json::Value;
 
-const USAGE: &str = "usage: cargo xtask perf-table RUN_PREFIX [--note TEXT] [--update FILE]";
+const USAGE: &str =
+    "usage: cargo xtask perf-table RUN_PREFIX [--note TEXT] [--update FILE] [--array-copy FILE]";
 
 /// `cargo xtask perf-table ..`.
 pub fn run(args: &[String]) -> Result<(), String> {
@@ -30,18 +33,31 @@ pub fn run(args: &[String]) -> Result<(), String> {
     };
     let note = value_of("--note")?;
     let update = value_of("--update")?;
-    let load = |kind: &str| -> Result<Value, String> {
-        let path = format!("{prefix}-{kind}.json");
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let array_copy = value_of("--array-copy")?;
+    let read = |path: &str| -> Result<Value, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
         serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))
+    };
+    let load = |kind: &str| read(&format!("{prefix}-{kind}.json"));
+    let copies = match array_copy {
+        Some(path) => read(path)?,
+        None => load("array_copy")?,
+    };
+    let from_elsewhere = array_copy.map(|path| {
+        format!(
+            "S5 (array copies) is from `{path}`, another run: this one did not run `array_copy`."
+        )
+    });
+    let note = match (note, from_elsewhere) {
+        (Some(n), Some(e)) => Some(format!("{n} {e}")),
+        (n, e) => n.cloned().or(e),
     };
     let text = tables(
         prefix,
-        note.map(String::as_str),
+        note.as_deref(),
         &load("bench")?,
         &load("host_wait")?,
-        &load("array_copy")?,
+        &copies,
     );
     match update {
         None => println!("{text}"),
