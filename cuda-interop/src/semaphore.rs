@@ -454,8 +454,9 @@ impl ExternalSemaphore<Timeline> {
     /// is reached. The wait is enqueued on `stream` itself where it is a
     /// stream of this device's primary context; otherwise on `via` (a
     /// tracked use), with `stream` waiting for an event recorded on `via`
-    /// after it (`cuStreamWaitEvent`). Either way nothing else on `via` is
-    /// ordered before `stream`: that is [`Stream::join_raw`].
+    /// after it (`cuStreamWaitEvent`). Which one is the driver's answer for
+    /// `stream`, so do not rely on `via`'s other work being ordered before
+    /// `stream`: say so with [`Stream::join_raw`].
     ///
     /// # Safety
     /// `stream` is `CU_STREAM_LEGACY` (`1`), `CU_STREAM_PER_THREAD` (`2`), or
