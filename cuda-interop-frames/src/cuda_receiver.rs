@@ -132,6 +132,10 @@ impl CudaReceiver {
         cuda_for: impl FnOnce(vk_export::DeviceUuid) -> Result<CudaDevice, ConsumerError>,
     ) -> Result<CudaReceiver, ConsumerError> {
         let layout = *session.layout();
+        if layout.is_multi_image() {
+            let parts = session.parts().iter().map(|p| p.name.to_string()).collect();
+            return Err(ConsumerError::MultiImage { parts });
+        }
         if !has_semaphores(&layout, &setup) {
             let (what, instead) = if layout.is_image_ring() {
                 (
