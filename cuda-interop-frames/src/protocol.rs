@@ -584,6 +584,13 @@ pub fn check_parts(layout: &RingLayout, parts: &[PartLayout]) -> Result<(), Pack
         if parts[..i].iter().any(|q| q.name == p.name) {
             return bad(format!("two parts named {}", p.name));
         }
+        let bytes = p.row_bytes(layout.width) * u64::from(layout.height);
+        if bytes > MAX_FRAME_BYTES {
+            return bad(format!(
+                "part {} of {}x{} is {bytes} bytes, larger than 2 GiB",
+                p.name, layout.width, layout.height
+            ));
+        }
     }
     if let Some(first) = parts.first() {
         if layout.vk_format() != Some(first.vk_format)
@@ -1393,9 +1400,18 @@ mod tests {
         let mut odd = parts.clone();
         odd[1].texel_bytes = 3;
         assert!(check_parts(&hello, &odd).is_err());
-        let mut undefined = parts;
+        let mut undefined = parts.clone();
         undefined[2].vk_format = 0;
         assert!(check_parts(&hello, &undefined).is_err());
+        // A part larger than a frame may be, though part 0 is not.
+        let mut huge = parts;
+        huge[1].texel_bytes = 16;
+        let wide = RingLayout::multi_image(2, 8192, 16385, &huge);
+        assert_eq!(wide.check(), Ok(()));
+        assert!(check_parts(&wide, &huge)
+            .unwrap_err()
+            .to_string()
+            .contains("larger than 2 GiB"));
         // A part message's own checks: texel size, format, index.
         let part = |index, texel_bytes, vk_format| {
             Message::decode(
