@@ -197,6 +197,7 @@ fn cuda_interop_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<senders::SenderInfo>()?;
     m.add_class::<receiver::Receiver>()?;
     m.add_class::<frame::Frame>()?;
+    m.add_class::<frame::Part>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("PROTOCOL_VERSION", cuda_interop_frames::protocol::VERSION)?;
     Ok(())
