@@ -334,6 +334,10 @@ pub trait PartSource: sealed::Sealed {
     fn check_copy(&self, ctx: &Context, extent: [u32; 2]) -> vk_export::Result<QueueRole>;
     /// Who may access it.
     fn sharing(&self) -> SourceSharing;
+    /// Whether its copy goes through the slot's staging buffer (a depth
+    /// attachment's does).
+    #[doc(hidden)]
+    fn needs_staging(&self) -> bool;
     /// Records the copy into `dst`.
     ///
     /// # Safety
@@ -365,6 +369,10 @@ impl<F: Format> PartSource for SourceImage<F> {
         SourceImage::sharing(self)
     }
 
+    fn needs_staging(&self) -> bool {
+        false
+    }
+
     unsafe fn record(
         &self,
         device: &vk_export::ash::Device,
@@ -392,6 +400,10 @@ impl PartSource for DepthSource {
         DepthSource::sharing(self)
     }
 
+    fn needs_staging(&self) -> bool {
+        true
+    }
+
     unsafe fn record(
         &self,
         device: &vk_export::ash::Device,
@@ -402,7 +414,8 @@ impl PartSource for DepthSource {
         staging: Option<(vk::Buffer, u64)>,
     ) {
         let Some((buffer, offset)) = staging else {
-            // present_copy gives every depth-target part its range.
+            // present_copy refuses a depth source without a staging range
+            // before anything is recorded.
             return;
         };
         // SAFETY: forwarded; the staging range is the slot's for this part.
@@ -486,6 +499,16 @@ impl<M: MemoryLocation, U: Usage> WriteSlot<'_, M, ImageSet<M, U>> {
         let staging = slot.staging.as_ref().map(|b| b.raw());
         let ranges: Vec<Option<(vk::Buffer, u64)>> =
             slot.staging_at.iter().map(|at| staging.zip(*at)).collect();
+        for ((source, part), range) in sources.iter().zip(parts).zip(&ranges) {
+            // Every R32_SFLOAT and R16_UNORM part has its range (create):
+            // a depth source of any other part was refused by format above.
+            if source.needs_staging() && range.is_none() {
+                return Err(invalid(format!(
+                    "part {} has no staging range for a depth copy",
+                    part.name()
+                )));
+            }
+        }
         self.sender.present(
             self.slot,
             timestamp_ns,

@@ -20,6 +20,9 @@ impl PartSource for Mine {
     fn sharing(&self) -> vk_export::SourceSharing {
         vk_export::SourceSharing::Concurrent
     }
+    fn needs_staging(&self) -> bool {
+        false
+    }
     unsafe fn record(
         &self,
         _device: &vk_export::ash::Device,
