@@ -522,6 +522,71 @@ fn refusals_and_one_frame_in_one_process() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The open path is the same one state machine: the application's own
+/// submissions (one per part, each waiting for the opened slot's `ready`)
+/// write every part of an opened slot, and its present releases all of
+/// them as one frame, which a parts reader gets whole.
+#[test]
+fn an_opened_slot_is_written_part_by_part_by_the_applications_own_submissions() {
+    let dir = std::env::temp_dir().join(format!("cif-parts-open-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let directory = Directory::new(&dir).unwrap();
+    let ctx = cuda_interop_testkit::vulkan(None);
+    let rctx = cuda_interop_testkit::vulkan(None);
+    let address = Address::Named {
+        directory: directory.clone(),
+        name: "opened".into(),
+    };
+    let mut sender = MultiImageSender::<Mem>::new(&ctx, options(address)).unwrap();
+    let (session, setup) = connect_with(
+        &directory,
+        "opened",
+        |d, n| Session::connect_named_any(d, n, Delivery::Lossless, Duration::from_secs(10)),
+        || sender.serve(Duration::from_millis(5)),
+    )
+    .expect("connected");
+    let rx = PartsReader::new(&rctx, session, setup).expect("imported");
+    let written = vk_export::TimelineSemaphore::new_local(&ctx).unwrap();
+    let texel = [10u8, 20, 30, 40];
+    let open = sender
+        .acquire(BOUND)
+        .unwrap()
+        .open(QueueRole::Main)
+        .unwrap();
+    let family = open.queue_family();
+    let images = open.resource().images();
+    assert_eq!(open.resource().image("depth"), Some(images[1]));
+    for (i, &image) in images.iter().enumerate() {
+        common::clear_on_own_queue(
+            &ctx,
+            family,
+            image,
+            open.ready(),
+            &written,
+            i as u64 + 1,
+            texel,
+        );
+    }
+    let f = open
+        .present(sender::monotonic_ns(), (&written, images.len() as u64))
+        .unwrap();
+    let frame = rx.next(Duration::from_secs(10)).unwrap();
+    assert_eq!(frame.sequence(), f);
+    let parts = rx.read_parts(&frame, Duration::from_secs(10)).unwrap();
+    // The clear's first channel, 10 / 255: RGBA8 back to the bytes, the
+    // float as is, the labels its bits (a UINT clear reads the union so).
+    let red = 10.0f32 / 255.0;
+    assert!(parts[0].chunks(4).all(|t| t == texel));
+    assert!(parts[1].chunks(4).all(|t| t == red.to_le_bytes()));
+    assert!(parts[2].chunks(4).all(|t| t == red.to_bits().to_le_bytes()));
+    rx.release(frame).unwrap();
+    drop(rx);
+    drop(sender);
+    cuda_interop_testkit::assert_no_validation_errors(&ctx);
+    cuda_interop_testkit::assert_no_validation_errors(&rctx);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// What a hand-made sender sends after the receiver's subscribe.
 struct Lie {
     hello: RingLayout,
