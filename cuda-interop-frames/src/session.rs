@@ -780,7 +780,8 @@ pub fn check_setup_shape(layout: &RingLayout, setup: &Received) -> Result<(), Co
     Ok(())
 }
 
-/// Checks a multi-image ring's setup message against its parts: resource
+/// Checks a multi-image ring's setup message against its parts: each part
+/// of a known format has its texel size, and resource
 /// [`RingLayout::resource_of`] `(slot, part)` is an image record of the
 /// part's format and the hello's size (nothing to check for other rings:
 /// their receivers check their own records). The records are the peer's
@@ -791,6 +792,19 @@ fn check_setup_parts(
     setup: &Received,
 ) -> Result<(), ConsumerError> {
     let resources = &setup.message().resources;
+    for part in parts {
+        // A format the receivers know must have the texel size it says.
+        let format = vk_export::ash::vk::Format::from_raw(part.vk_format as i32);
+        if let Some((_, channels, channel)) = vk_export::format::describe(format) {
+            let bytes = channels * channel.bytes();
+            if bytes != part.texel_bytes {
+                return Err(ConsumerError::Protocol(format!(
+                    "part {} is VkFormat {} ({bytes}-byte texels) announced with {}-byte texels",
+                    part.name, part.vk_format, part.texel_bytes
+                )));
+            }
+        }
+    }
     for slot in 0..layout.slots {
         for (p, part) in parts.iter().enumerate() {
             let i = layout.resource_of(slot, p as u32);

@@ -762,6 +762,19 @@ fn a_first_part_other_than_the_hello_is_refused() {
 }
 
 #[test]
+fn a_part_whose_texel_size_is_not_its_formats_is_refused() {
+    let mut lie = good_lie();
+    let Message::Part { part, .. } = &mut lie.messages[1] else {
+        unreachable!()
+    };
+    part.texel_bytes = 16;
+    refused_with(
+        lie,
+        "part depth is VkFormat 100 (4-byte texels) announced with 16-byte texels",
+    );
+}
+
+#[test]
 fn an_image_of_another_format_than_its_part_is_refused() {
     let mut lie = good_lie();
     // Slot 1's depth image is R32_UINT (also 4 bytes a texel).
