@@ -480,6 +480,10 @@ fn with_depth_senders_to_a_vulkan_client_every_texel_of_every_part_checked() {
             log.contains("3 slots of 64x48 color + depth + segmentation images each"),
             "{log}"
         );
+        // Where the layer is installed (CI), the render and copies are clean.
+        if log.contains("validation errors:") {
+            assert!(log.contains("validation errors: 0 []"), "{log}");
+        }
         if let Some(stdout) = stdout {
             assert!(
                 stdout.contains("40 frames (40 checked, every texel of every part, 0 bad)"),

@@ -69,7 +69,7 @@ use vk_export::format::{
 use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
 use vk_export::{
     Context, DepthFormat, DepthSource, ExportableBuffer, HeadlessOptions, QueueRole, SourceImage,
-    SourceSharing, SubmitSync,
+    SourceSharing, SubmitSync, TimelineSemaphore,
 };
 
 type Res<T> = Result<T, ProducerError>;
@@ -807,14 +807,26 @@ fn run_parts<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions, choice: Ch
     let mut targets = AppTargets::new(&ctx, opts.width, opts.height)?;
     let result = serve(&ctx, opts, sender, |slot| {
         let f = slot.sequence();
-        targets.render(f)?;
+        // Rendered on the GPU, not waited for: the copies wait for it.
+        let rendered = targets.render(f)?;
         let (color, depth, labels) = targets.sources()?;
         let sources: [&dyn PartSource; 3] = [&color, &depth, &labels];
-        slot.present_copy(sender::monotonic_ns(), &sources, None)
+        let wait = Some((targets.timeline(), rendered));
+        slot.present_copy(sender::monotonic_ns(), &sources, wait)
     });
     if result.is_err() {
         // A failed submission may still use them: leaked, not destroyed.
         std::mem::forget(targets);
+    } else {
+        drop(targets);
+    }
+    if ctx.validation_enabled() {
+        let ids = ctx.validation_error_ids();
+        println!(
+            "{} validation errors: {} {ids:?}",
+            opts.tag,
+            ctx.validation_errors()
+        );
     }
     result
 }
@@ -840,9 +852,12 @@ const TARGET_LAYOUTS: [vk::ImageLayout; 3] = [
 /// memory: a renderer's colour target, depth attachment and label target:
 /// RGBA8, `D32_SFLOAT`, R32_UINT), and a scratch buffer each frame's
 /// pattern is written into before it is copied into them. "Rendering" is
-/// one submission on the main queue, waited for, that leaves each image in
-/// its [`TARGET_LAYOUTS`] layout, owned by the main family. Dropped, it
-/// waits (bounded) for the context's queues, or leaks the images.
+/// one submission of its own command buffer on the main queue, not waited
+/// for, that leaves each image in its [`TARGET_LAYOUTS`] layout, owned by
+/// the main family, and signals its timeline, which the present's copies
+/// wait for on the GPU (one host wait a frame, the present's, as for a
+/// ring of one image). Dropped, it waits (bounded) for its last render and
+/// the context's queues, or leaks the images.
 pub struct AppTargets {
     ctx: Context,
     extent: [u32; 2],
@@ -851,6 +866,12 @@ pub struct AppTargets {
     scratch_memory: vk::DeviceMemory,
     /// Whether the images hold a frame (else they are in `UNDEFINED`).
     rendered: bool,
+    /// The render's command pool and buffer (main family).
+    pool: vk::CommandPool,
+    cmd: vk::CommandBuffer,
+    /// What each render signals, and the last value.
+    timeline: TimelineSemaphore,
+    value: u64,
 }
 
 impl AppTargets {
@@ -885,7 +906,29 @@ impl AppTargets {
             scratch: vk::Buffer::null(),
             scratch_memory: vk::DeviceMemory::null(),
             rendered: false,
+            pool: vk::CommandPool::null(),
+            cmd: vk::CommandBuffer::null(),
+            timeline: TimelineSemaphore::new_local(ctx)?,
+            value: 0,
         };
+        // SAFETY: creation on the context's live device, kept in `made`,
+        // whose drop destroys it once.
+        unsafe {
+            made.pool = device
+                .create_command_pool(
+                    &vk::CommandPoolCreateInfo::default().queue_family_index(ctx.queue_family()),
+                    None,
+                )
+                .map_err(vkerr("vkCreateCommandPool"))?;
+            made.cmd = device
+                .allocate_command_buffers(
+                    &vk::CommandBufferAllocateInfo::default()
+                        .command_pool(made.pool)
+                        .level(vk::CommandBufferLevel::PRIMARY)
+                        .command_buffer_count(1),
+                )
+                .map_err(vkerr("vkAllocateCommandBuffers"))?[0];
+        }
         for (i, format) in Self::FORMATS.into_iter().enumerate() {
             let attachment = match format {
                 vk::Format::D32_SFLOAT => vk::ImageUsageFlags::DEPTH_STENCIL_ATTACHMENT,
@@ -964,109 +1007,168 @@ impl AppTargets {
     }
 
     /// "Renders" frame `f`: each image filled with its part's pattern
-    /// ([`part_words`]) by one submission on the main queue, waited for.
-    pub fn render(&mut self, f: u64) -> Result<(), vk_export::Error> {
+    /// ([`part_words`]) by one submission of the application's own on the
+    /// main queue, not waited for: it signals the returned value of
+    /// [`AppTargets::timeline`], which the present waits for on the GPU.
+    pub fn render(&mut self, f: u64) -> Result<u64, vk_export::Error> {
+        let device = self.ctx.device();
+        // The last render completed (the present that waited for it on the
+        // GPU returned after its copies completed); said here, bounded,
+        // before its command buffer is recorded again.
+        if self.value > 0 {
+            self.timeline.wait(
+                self.value,
+                Duration::from_secs(5),
+                vk_export::WaitStrategy::Block,
+            )?;
+        }
+        let cmd = self.cmd;
+        // SAFETY: the pool and its one command buffer are this value's, for
+        // the main family; the buffer's last submission completed (above).
+        unsafe {
+            device
+                .reset_command_pool(self.pool, vk::CommandPoolResetFlags::empty())
+                .map_err(vkerr("vkResetCommandPool"))?;
+            device
+                .begin_command_buffer(
+                    cmd,
+                    &vk::CommandBufferBeginInfo::default()
+                        .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+                )
+                .map_err(vkerr("vkBeginCommandBuffer"))?;
+        }
+        // SAFETY: `cmd` is recording, for a queue of the main family.
+        unsafe { self.record(device, cmd, f) };
+        // SAFETY: as above.
+        unsafe { device.end_command_buffer(cmd) }.map_err(vkerr("vkEndCommandBuffer"))?;
+        let value = self.value + 1;
+        let signals = [self.timeline.raw()];
+        let signal_values = [value];
+        let mut timeline =
+            vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&signal_values);
+        let cmds = [cmd];
+        let submit = vk::SubmitInfo::default()
+            .command_buffers(&cmds)
+            .signal_semaphores(&signals)
+            .push_next(&mut timeline);
+        let submit_on = |q| {
+            // SAFETY: the main queue under the context's lock; the command
+            // buffer, images, scratch buffer and timeline live until the
+            // submission completed (the next render and the drop wait for
+            // its value).
+            unsafe { device.queue_submit(q, &[submit], vk::Fence::null()) }
+        };
+        self.ctx
+            .with_queue_of(QueueRole::Main, submit_on)?
+            .map_err(vkerr("vkQueueSubmit"))?;
+        self.value = value;
+        self.rendered = true;
+        Ok(value)
+    }
+
+    /// What each render signals (its value [`AppTargets::render`] returns).
+    pub fn timeline(&self) -> &TimelineSemaphore {
+        &self.timeline
+    }
+
+    /// Records the fills and copies of frame `f` into `cmd`.
+    ///
+    /// # Safety
+    /// `cmd` is a command buffer of the context's device in the recording
+    /// state, for a queue of the main family, submitted once after the last
+    /// render completed; every earlier use of the images (the last frame's
+    /// copies out) completed or is on the main queue before it.
+    unsafe fn record(&self, device: &vk_export::ash::Device, cmd: vk::CommandBuffer, f: u64) {
         let [width, height] = self.extent;
         let part_bytes = u64::from(width) * u64::from(height) * 4;
         let row = u64::from(width) * 4;
         let (images, scratch, rendered) = (self.images, self.scratch, self.rendered);
-        let sync = SubmitSync::new().timeout(Duration::from_secs(5));
-        self.ctx
-            .submit_and_wait_on(QueueRole::Main, sync, |device, cmd, _family| {
-                let barrier = |image, aspect, old, new| {
-                    vk::ImageMemoryBarrier::default()
-                        .src_access_mask(
-                            vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE,
-                        )
-                        .dst_access_mask(
-                            vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE,
-                        )
-                        .old_layout(old)
-                        .new_layout(new)
-                        .src_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
-                        .dst_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
-                        .image(image)
-                        .subresource_range(vk::ImageSubresourceRange {
-                            aspect_mask: aspect,
-                            base_mip_level: 0,
-                            level_count: 1,
-                            base_array_layer: 0,
-                            layer_count: 1,
-                        })
-                };
-                let all = vk::PipelineStageFlags::ALL_COMMANDS;
-                for (p, &(image, _)) in images.iter().enumerate() {
-                    let aspect = match p {
-                        1 => vk::ImageAspectFlags::DEPTH,
-                        _ => vk::ImageAspectFlags::COLOR,
-                    };
-                    let at = part_bytes * p as u64;
-                    let old = match rendered {
-                        true => TARGET_LAYOUTS[p],
-                        false => vk::ImageLayout::UNDEFINED,
-                    };
-                    let dst = vk::ImageLayout::TRANSFER_DST_OPTIMAL;
-                    let region = vk::BufferImageCopy::default()
-                        .buffer_offset(at)
-                        .image_subresource(vk::ImageSubresourceLayers {
-                            aspect_mask: aspect,
-                            mip_level: 0,
-                            base_array_layer: 0,
-                            layer_count: 1,
-                        })
-                        .image_extent(vk::Extent3D {
-                            width,
-                            height,
-                            depth: 1,
-                        });
-                    let written = vk::MemoryBarrier::default()
-                        .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
-                        .dst_access_mask(
-                            vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE,
-                        );
-                    // SAFETY: the recording command buffer of a main-queue
-                    // submission that is waited for; the images and the
-                    // scratch buffer are this value's, alive past it (its
-                    // drop waits for the queues); part `p`'s range of the
-                    // scratch buffer holds its whole image, 4-byte words,
-                    // the depth ones floats in [0, 1) (part_words), which a
-                    // D32_SFLOAT copy requires; every earlier use of the
-                    // images (the last frame's copies out) is on this queue,
-                    // ordered by the full barriers.
-                    unsafe {
-                        record_pattern_words(
-                            device,
-                            cmd,
-                            scratch,
-                            (at, part_bytes),
-                            (row, height, row),
-                            f,
-                            part_words(p, f),
-                        );
-                        device.cmd_pipeline_barrier(
-                            cmd,
-                            all,
-                            all,
-                            vk::DependencyFlags::empty(),
-                            &[written],
-                            &[],
-                            &[barrier(image, aspect, old, dst)],
-                        );
-                        device.cmd_copy_buffer_to_image(cmd, scratch, image, dst, &[region]);
-                        device.cmd_pipeline_barrier(
-                            cmd,
-                            all,
-                            all,
-                            vk::DependencyFlags::empty(),
-                            &[],
-                            &[],
-                            &[barrier(image, aspect, dst, TARGET_LAYOUTS[p])],
-                        );
-                    }
-                }
-            })?;
-        self.rendered = true;
-        Ok(())
+        let barrier = |image, aspect, old, new| {
+            vk::ImageMemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)
+                .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)
+                .old_layout(old)
+                .new_layout(new)
+                .src_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+                .dst_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+                .image(image)
+                .subresource_range(vk::ImageSubresourceRange {
+                    aspect_mask: aspect,
+                    base_mip_level: 0,
+                    level_count: 1,
+                    base_array_layer: 0,
+                    layer_count: 1,
+                })
+        };
+        let all = vk::PipelineStageFlags::ALL_COMMANDS;
+        for (p, &(image, _)) in images.iter().enumerate() {
+            let aspect = match p {
+                1 => vk::ImageAspectFlags::DEPTH,
+                _ => vk::ImageAspectFlags::COLOR,
+            };
+            let at = part_bytes * p as u64;
+            let old = match rendered {
+                true => TARGET_LAYOUTS[p],
+                false => vk::ImageLayout::UNDEFINED,
+            };
+            let dst = vk::ImageLayout::TRANSFER_DST_OPTIMAL;
+            let region = vk::BufferImageCopy::default()
+                .buffer_offset(at)
+                .image_subresource(vk::ImageSubresourceLayers {
+                    aspect_mask: aspect,
+                    mip_level: 0,
+                    base_array_layer: 0,
+                    layer_count: 1,
+                })
+                .image_extent(vk::Extent3D {
+                    width,
+                    height,
+                    depth: 1,
+                });
+            let written = vk::MemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+                .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE);
+            // SAFETY: the caller's: a recording command buffer of a
+            // main-queue submission whose timeline value the next render,
+            // the present and the drop wait for; the images and the
+            // scratch buffer are this value's, alive past it (its
+            // drop waits for the queues); part `p`'s range of the
+            // scratch buffer holds its whole image, 4-byte words,
+            // the depth ones floats in [0, 1) (part_words), which a
+            // D32_SFLOAT copy requires; every earlier use of the
+            // images (the last frame's copies out) is on this queue,
+            // ordered by the full barriers.
+            unsafe {
+                record_pattern_words(
+                    device,
+                    cmd,
+                    scratch,
+                    (at, part_bytes),
+                    (row, height, row),
+                    f,
+                    part_words(p, f),
+                );
+                device.cmd_pipeline_barrier(
+                    cmd,
+                    all,
+                    all,
+                    vk::DependencyFlags::empty(),
+                    &[written],
+                    &[],
+                    &[barrier(image, aspect, old, dst)],
+                );
+                device.cmd_copy_buffer_to_image(cmd, scratch, image, dst, &[region]);
+                device.cmd_pipeline_barrier(
+                    cmd,
+                    all,
+                    all,
+                    vk::DependencyFlags::empty(),
+                    &[],
+                    &[],
+                    &[barrier(image, aspect, dst, TARGET_LAYOUTS[p])],
+                );
+            }
+        }
     }
 
     /// The copy sources of the last rendered frame, in [`DEPTH_PARTS`]
@@ -1102,8 +1204,21 @@ impl AppTargets {
 
 impl Drop for AppTargets {
     fn drop(&mut self) {
-        // An empty submission waited for on each queue: every earlier one
-        // (the renders, the copies out) completed.
+        // The last render, then an empty submission waited for on each
+        // queue: every earlier one (the renders, the copies out) completed.
+        let rendered = self.value == 0
+            || self
+                .timeline
+                .wait(
+                    self.value,
+                    Duration::from_secs(10),
+                    vk_export::WaitStrategy::Block,
+                )
+                .is_ok();
+        if !rendered {
+            eprintln!("the application's images are leaked: its last render did not finish");
+            return;
+        }
         for role in [QueueRole::Main, QueueRole::Transfer] {
             let sync = SubmitSync::new().timeout(Duration::from_secs(10));
             if self
@@ -1126,6 +1241,7 @@ impl Drop for AppTargets {
             }
             device.destroy_buffer(self.scratch, None);
             device.free_memory(self.scratch_memory, None);
+            device.destroy_command_pool(self.pool, None);
         }
     }
 }
