@@ -69,6 +69,14 @@
 //!   knows of its image): same format by type, the extent checked, on the
 //!   transfer queue where the source's sharing allows, the source left in
 //!   its layout and with its owner.
+//! * A multi-image ring ([`MultiImageSender`], [`SenderOptions::with_parts`]):
+//!   every slot holds one image of each named part (colour, depth,
+//!   segmentation, ...), the slot one resource of the state machine above
+//!   (one sequence number, timestamp, "produced" value and "released"
+//!   promise for all its images; every barrier covers them all); its
+//!   [`WriteSlot::present_copy`] takes one [`PartSource`] per part (a
+//!   depth attachment's through a buffer of the slot). See `parts`'s
+//!   contract.
 //! * Frames are announced after their submission completed (the present
 //!   waits for it, bounded), so a receiver without timelines is ordered by
 //!   the frame message.
