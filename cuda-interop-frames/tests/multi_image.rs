@@ -587,6 +587,89 @@ fn an_opened_slot_is_written_part_by_part_by_the_applications_own_submissions() 
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A `D16_UNORM` attachment goes into an `R16_UNORM` part bit for bit,
+/// beside a colour part (the other depth format `DepthSource` copies).
+#[test]
+fn a_d16_depth_attachment_is_copied_into_an_r16_part() {
+    let dir = std::env::temp_dir().join(format!("cif-parts-d16-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let directory = Directory::new(&dir).unwrap();
+    let ctx = cuda_interop_testkit::vulkan(None);
+    let rctx = cuda_interop_testkit::vulkan(None);
+    let address = Address::Named {
+        directory: directory.clone(),
+        name: "d16".into(),
+    };
+    let opts = options(address).with_parts([
+        ImagePart::new::<Rgba8Unorm>("color").unwrap(),
+        ImagePart::new::<vk_export::format::R16Unorm>("depth16").unwrap(),
+    ]);
+    let mut sender = MultiImageSender::<Mem>::new(&ctx, opts).unwrap();
+    let (session, setup) = connect_with(
+        &directory,
+        "d16",
+        |d, n| Session::connect_named_any(d, n, Delivery::Lossless, Duration::from_secs(10)),
+        || sender.serve(Duration::from_millis(5)),
+    )
+    .expect("connected");
+    let rx = PartsReader::new(&rctx, session, setup).expect("imported");
+    let [color_texels, ..] = texels(7);
+    let depth_texels: Vec<u8> = (0..W * H)
+        .flat_map(|i| ((i * 37 + 7) as u16).to_le_bytes())
+        .collect();
+    let main = QueueRole::Main;
+    let color = AppImage::of_format(
+        &ctx,
+        (vk::Format::R8G8B8A8_UNORM, 4),
+        [W, H],
+        &color_texels,
+        vk::ImageLayout::GENERAL,
+        main,
+    );
+    let depth = AppImage::of_format(
+        &ctx,
+        (vk::Format::D16_UNORM, 2),
+        [W, H],
+        &depth_texels,
+        vk::ImageLayout::DEPTH_STENCIL_READ_ONLY_OPTIMAL,
+        main,
+    );
+    // SAFETY: as in `present`.
+    let (c, d) = unsafe {
+        (
+            SourceImage::<Rgba8Unorm>::new(
+                color.image,
+                [W, H],
+                color.layout,
+                SourceSharing::Exclusive(color.family),
+            )
+            .unwrap(),
+            DepthSource::new(
+                depth.image,
+                DepthFormat::D16Unorm,
+                [W, H],
+                depth.layout,
+                SourceSharing::Exclusive(depth.family),
+            )
+            .unwrap(),
+        )
+    };
+    let slot = sender.acquire(BOUND).unwrap();
+    let f = slot
+        .present_copy(sender::monotonic_ns(), &[&c, &d], None)
+        .unwrap();
+    let frame = rx.next(Duration::from_secs(10)).unwrap();
+    assert_eq!(frame.sequence(), f);
+    let parts = rx.read_parts(&frame, Duration::from_secs(10)).unwrap();
+    assert!(parts[0] == color_texels, "the colour part");
+    assert!(parts[1] == depth_texels, "the depth part, bit for bit");
+    rx.release(frame).unwrap();
+    drop((rx, sender, color, depth));
+    cuda_interop_testkit::assert_no_validation_errors(&ctx);
+    cuda_interop_testkit::assert_no_validation_errors(&rctx);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// What a hand-made sender sends after the receiver's subscribe.
 struct Lie {
     hello: RingLayout,

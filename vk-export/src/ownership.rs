@@ -21,7 +21,10 @@
 //!   application's to start (the release must follow its last write, on
 //!   its queue: only it can order that) and to finish (the acquire back):
 //!   the crate records the halves in between
-//!   ([`SourceSharing::ReleasedToTransfer`]).
+//!   ([`SourceSharing::ReleasedToTransfer`]). A depth attachment
+//!   ([`DepthSource`]) is copied the same way into a colour image of its
+//!   texels' format, through a buffer the caller gives (depth and colour
+//!   formats cannot be copied between with `vkCmdCopyImage`).
 
 use std::marker::PhantomData;
 
