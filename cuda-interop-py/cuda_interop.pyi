@@ -227,7 +227,8 @@ class Frame:
         `uint8` B, G, R, A (`[..., 0]` is blue), sRGB frames the encoded
         bytes, A2B10G10R10_UNORM_PACK32 frames one `uint32` word a texel
         (`channels` 1; bits 0-9 R, 10-19 G, 20-29 B, 30-31 A), R16_UNORM
-        and R16G16_UNORM `uint16` with 1 and 2 channels."""
+        and R16G16_UNORM `uint16` with 1 and 2 channels. A multi-image
+        ring's frame: its first part's (its parts are `tensors()`)."""
         ...
     @property
     def strides(self) -> Tuple[int, ...]:
