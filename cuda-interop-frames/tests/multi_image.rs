@@ -587,6 +587,91 @@ fn an_opened_slot_is_written_part_by_part_by_the_applications_own_submissions() 
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `present_with` of a multi-image ring: the closure gets every part's
+/// image by name (`PartTargets`), in `GENERAL`, owned by the command
+/// buffer's family, and the frame is every part it wrote.
+#[test]
+fn present_with_gets_every_part_by_name() {
+    let dir = std::env::temp_dir().join(format!("cif-parts-with-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let directory = Directory::new(&dir).unwrap();
+    let ctx = cuda_interop_testkit::vulkan(None);
+    let rctx = cuda_interop_testkit::vulkan(None);
+    let address = Address::Named {
+        directory: directory.clone(),
+        name: "with".into(),
+    };
+    let mut sender = MultiImageSender::<Mem>::new(&ctx, options(address)).unwrap();
+    let (session, setup) = connect_with(
+        &directory,
+        "with",
+        |d, n| Session::connect_named_any(d, n, Delivery::Lossless, Duration::from_secs(10)),
+        || sender.serve(Duration::from_millis(5)),
+    )
+    .expect("connected");
+    let rx = PartsReader::new(&rctx, session, setup).expect("imported");
+    let slot = sender.acquire(BOUND).unwrap();
+    let f = slot
+        .present_with(sender::monotonic_ns(), |device, cmd, targets| {
+            assert_eq!(targets.images().len(), 3);
+            assert_eq!(targets.image("nope"), None);
+            let range = vk::ImageSubresourceRange {
+                aspect_mask: vk::ImageAspectFlags::COLOR,
+                base_mip_level: 0,
+                level_count: 1,
+                base_array_layer: 0,
+                layer_count: 1,
+            };
+            let values = [
+                (
+                    "color",
+                    vk::ClearColorValue {
+                        float32: [1.0, 0.0, 1.0, 0.0],
+                    },
+                ),
+                (
+                    "depth",
+                    vk::ClearColorValue {
+                        float32: [0.25, 0.0, 0.0, 0.0],
+                    },
+                ),
+                (
+                    "segmentation",
+                    vk::ClearColorValue {
+                        uint32: [42, 0, 0, 0],
+                    },
+                ),
+            ];
+            for (name, value) in &values {
+                let image = targets.image(name).expect("a part of that name");
+                // SAFETY: the sender's recording command buffer; the part's
+                // image in GENERAL, owned by its family, with transfer
+                // destination usage (every preset), left in GENERAL.
+                unsafe {
+                    device.cmd_clear_color_image(
+                        cmd,
+                        image,
+                        vk::ImageLayout::GENERAL,
+                        value,
+                        &[range],
+                    )
+                };
+            }
+        })
+        .unwrap();
+    let frame = rx.next(Duration::from_secs(10)).unwrap();
+    assert_eq!(frame.sequence(), f);
+    let parts = rx.read_parts(&frame, Duration::from_secs(10)).unwrap();
+    assert!(parts[0].chunks(4).all(|t| t == [255, 0, 255, 0]));
+    assert!(parts[1].chunks(4).all(|t| t == 0.25f32.to_le_bytes()));
+    assert!(parts[2].chunks(4).all(|t| t == 42u32.to_le_bytes()));
+    rx.release(frame).unwrap();
+    drop((rx, sender));
+    cuda_interop_testkit::assert_no_validation_errors(&ctx);
+    cuda_interop_testkit::assert_no_validation_errors(&rctx);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A `D16_UNORM` attachment goes into an `R16_UNORM` part bit for bit,
 /// beside a colour part (the other depth format `DepthSource` copies).
 #[test]
