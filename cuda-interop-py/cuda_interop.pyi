@@ -227,7 +227,8 @@ class Frame:
         `uint8` B, G, R, A (`[..., 0]` is blue), sRGB frames the encoded
         bytes, A2B10G10R10_UNORM_PACK32 frames one `uint32` word a texel
         (`channels` 1; bits 0-9 R, 10-19 G, 20-29 B, 30-31 A), R16_UNORM
-        and R16G16_UNORM `uint16` with 1 and 2 channels."""
+        and R16G16_UNORM `uint16` with 1 and 2 channels. A multi-image
+        ring's frame: its first part's (its parts are `tensors()`)."""
         ...
     @property
     def strides(self) -> Tuple[int, ...]:
@@ -240,6 +241,21 @@ class Frame:
     @property
     def available(self) -> bool:
         """Whether the frame can still be handed out."""
+        ...
+    @property
+    def part_names(self) -> List[str]:
+        """A multi-image ring's parts (e.g. `["color", "depth",
+        "segmentation"]`), in slot order; empty for any other frame."""
+        ...
+    def tensors(self, stream: StreamArg = None) -> dict[str, Part]:
+        """A multi-image ring's frame as its images by name, all of one
+        frame: the frame is ordered on `stream` once (as `__dlpack__` takes
+        it: the sender's write, every part's copy), then each `Part` is
+        handed to a DLPack consumer once (`torch.from_dlpack(part)`), which
+        must pass that same stream. Handed out once; `release()` orders
+        after that stream. `TypeError` for a frame of any other ring (the
+        frame itself is the tensor there); such a frame's own `__dlpack__`
+        and `__cuda_array_interface__` raise `BufferError`."""
         ...
     def release(self, stream: StreamArg = None) -> None:
         """Gives the frame back (idempotent): the sender's next write of
@@ -259,4 +275,33 @@ class Frame:
     ) -> None:
         """Releases the frame as `release()` does; if the block raised, its
         exception wins (never swallowed)."""
+        ...
+
+class Part:
+    """One image of a multi-image frame (`Frame.tensors`): a DLPack
+    producer of a `(height, width, channels)` tensor of its format's
+    channel type (`uint8` RGBA8, `float32` depth, `uint32` labels), handed
+    out once; the frame's release covers it."""
+
+    def __dlpack__(
+        self,
+        *,
+        stream: StreamArg = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any:
+        """The part as a DLPack capsule, handed out once; `stream` must be
+        the one given to `Frame.tensors` (`BufferError` otherwise)."""
+        ...
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        """The frame's `(device_type, device_id)`."""
+        ...
+    @property
+    def name(self) -> str:
+        """The part's name."""
+        ...
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        """`(height, width, channels)`."""
         ...

@@ -3,7 +3,9 @@
 //! or path, then per frame enqueues the wait for "produced" on its stream
 //! (an image ring's array is usable then), checks the demo pattern (unless
 //! `--no-check`; an image ring's frame copied out of its array for that)
-//! and releases the slot after its reads with a GPU signal. Needs a ring with timelines in device-local memory (a GPU whose
+//! and releases the slot after its reads with a GPU signal. A multi-image
+//! ring (`frame_server --with-depth`): every part of every frame copied out
+//! and every texel checked against its part's pattern. Needs a ring with timelines in device-local memory (a GPU whose
 //! driver exports semaphores); the refusal of any other says what to run.
 //!
 //! At the end it prints frames received and checked, bad ones (the exit
@@ -54,12 +56,12 @@ fn receive(cli: &Cli) -> Res<u64> {
     let hold = Duration::try_from_secs_f64(cli.num("--hold-ms", 0.0)? / 1e3)
         .map_err(|_| "--hold-ms needs a number of milliseconds, 0 or more")?;
     let rx = match cli.value("--name") {
-        Some(name) => CudaReceiver::connect_named(name, delivery, timeout)?,
+        Some(name) => CudaReceiver::connect_named_any(name, delivery, timeout)?,
         None => {
             let socket = cli
                 .value("--socket")
                 .unwrap_or("/tmp/cuda-interop-frames.sock");
-            CudaReceiver::connect(socket, delivery, timeout)?
+            CudaReceiver::connect_any(socket, delivery, timeout)?
         }
     };
     let layout = *rx.layout();

@@ -11,7 +11,10 @@
 //! timelines (Vulkan receivers of an image ring, host receivers of a
 //! buffer ring). `--wait-for-receivers N` presents nothing until N
 //! receivers have subscribed; `--seconds` and `--frames` bound the run.
-//! `--help` lists every option with its default.
+//! `--with-depth` serves a multi-image ring instead: every slot a colour
+//! (RGBA8), a depth (R32_SFLOAT, copied from a `D32_SFLOAT` attachment)
+//! and a segmentation (R32_UINT) image of one frame (3 slots unless
+//! `--slots` says fewer). `--help` lists every option with its default.
 //!
 //! The Vulkan-to-Vulkan pair that runs on lavapipe (no GPU), in two shells
 //! (the sender waits for the receiver, the receiver takes every frame it
@@ -64,6 +67,10 @@ fn options() -> Result<ProducerOptions, String> {
             "BYTES",
             "bytes between buffer rows (default: width * 4)",
         ),
+        Opt::flag(
+            "--with-depth",
+            "serve colour + depth + segmentation images a slot (a multi-image ring, 3 slots)",
+        ),
         Opt::valued(
             "--device",
             "UUID",
@@ -109,8 +116,19 @@ fn options() -> Result<ProducerOptions, String> {
         image: image
             .then(|| common::image_format("--image", format))
             .transpose()?,
+        with_depth: cli.flag("--with-depth"),
+        // Three images a slot: at most 3 slots fit one setup message.
+        slots: match (cli.flag("--with-depth"), cli.value("--slots")) {
+            (true, None) => 3,
+            _ => shared.slots,
+        },
         ..shared
     };
+    if opts.with_depth && (cli.value("--format").is_some() || image) {
+        return Err(
+            "--with-depth serves its own three formats: leave out --format and --image".into(),
+        );
+    }
     opts.validate().map_err(|e| e.to_string())?;
     Ok(opts)
 }

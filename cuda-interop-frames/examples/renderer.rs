@@ -23,6 +23,13 @@
 //!   NVIDIA; host-visible slots without timelines on lavapipe), said in
 //!   one line, or as told (`--host-visible`, `--device-local`,
 //!   `--no-semaphores`, `--semaphores`).
+//! * `--with-depth`: a multi-image ring (`MultiImageSender`) on the same
+//!   own device, every slot a colour (RGBA8), a depth (R32_SFLOAT) and a
+//!   segmentation (R32_UINT) image of one frame: the application renders
+//!   into its own colour target, `D32_SFLOAT` depth attachment and label
+//!   target and publishes the three with one `present_copy`
+//!   (`demo::run_with_depth`, as `frame_server --with-depth`; 3 slots
+//!   unless `--slots` says fewer; `--format` and `--queue` do not apply).
 //! * The progress lines are `frame_server`'s (`demo::serve`), tagged
 //!   `[renderer]`, so the measurement scripts read both alike.
 
@@ -61,6 +68,10 @@ fn args() -> Result<Args, String> {
             ImageFormat::NAMES,
             "the images' format (default rgba8)",
         ),
+        Opt::flag(
+            "--with-depth",
+            "publish colour + depth + segmentation images a slot (a multi-image ring, 3 slots)",
+        ),
         Opt::valued(
             "--queue",
             "main|transfer",
@@ -78,9 +89,15 @@ fn args() -> Result<Args, String> {
         other => return Err(format!("--queue: main or transfer, not {other:?}")),
     };
     let shared = common::producer_options(&cli, "[renderer]", (3840, 2160), 60.0)?;
+    let with_depth = cli.flag("--with-depth");
     let opts = ProducerOptions {
         name: Some(shared.name.clone().unwrap_or_else(|| "renderer".into())),
-        image: Some(format),
+        image: (!with_depth).then_some(format),
+        with_depth,
+        slots: match (with_depth, cli.value("--slots")) {
+            (true, None) => 3,
+            _ => shared.slots,
+        },
         ..shared
     };
     opts.validate().map_err(|e| e.to_string())?;
@@ -205,7 +222,13 @@ fn run(args: &Args) -> Result<(), Error> {
         args.role,
         ctx.queue_family_of(args.role)
     );
-    let result = demo::with_image_format!(args.format, with_memory::<_>(&ctx, args));
+    let result = if args.opts.with_depth {
+        let (choice, line) = demo::choose(&ctx, &args.opts)?;
+        println!("{line}");
+        demo::run_with_depth(ctx.clone(), &args.opts, choice).map_err(Error::from)
+    } else {
+        demo::with_image_format!(args.format, with_memory::<_>(&ctx, args))
+    };
     drop(ctx);
     result
 }

@@ -28,6 +28,14 @@
 //!   the release with the GPU promise; the sender does not write the slot
 //!   before the signal. A frame dropped instead is released as if its
 //!   reads had completed: drop one only after they have.
+//! * A multi-image ring (a session of `Session::connect_named_any`, or
+//!   [`CudaReceiver::connect_any`]): every part of every slot is imported
+//!   as an image ring's slot is (its format, a CUDA array, a packed
+//!   copy); [`CudaReceiver::part`], [`CudaReceiver::part_array`] and
+//!   [`CudaReceiver::part_pitched`] give one part of a frame by name, the
+//!   slot-wide methods part 0; [`CudaReceiver::wait_on`] copies every part,
+//!   after the one "produced" wait; one release ("released" signal) covers
+//!   the whole frame.
 //! * Every host wait is bounded; nothing here blocks on the sender.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
@@ -43,7 +51,7 @@ use vk_export::wire::Received;
 use vk_export::{Context, HeadlessOptions};
 
 use crate::discovery::Directory;
-use crate::protocol::{Delivery, RingLayout};
+use crate::protocol::{Delivery, PartLayout, RingLayout};
 use crate::session::{has_semaphores, ConnectError, Frame, Session};
 use crate::transport::{deadline_after, left, ConsumerError};
 
@@ -84,6 +92,9 @@ pub struct CudaReceiver {
     // Dropped first: the slots' drops wait (bounded) for this receiver's
     // copies out of them, before the connection closes.
     slots: Vec<Slot>,
+    /// Per slot, every part's slot (one, `slots[i]`'s twin, for a ring of
+    /// one image or buffer a slot).
+    parts: Vec<Vec<Slot>>,
     gpu: GpuSync,
     session: Session,
 }
@@ -107,6 +118,27 @@ impl CudaReceiver {
     ) -> Result<CudaReceiver, ConsumerError> {
         let (session, setup) = Session::connect(path, delivery, timeout)?;
         CudaReceiver::from_session(session, setup, cuda_device_for)
+    }
+
+    /// [`CudaReceiver::connect`] that takes multi-image rings too.
+    pub fn connect_any(
+        path: &str,
+        delivery: Delivery,
+        timeout: Duration,
+    ) -> Result<CudaReceiver, ConsumerError> {
+        let (session, setup) = Session::connect_any(path, delivery, timeout)?;
+        CudaReceiver::from_session(session, setup, cuda_device_for)
+    }
+
+    /// [`CudaReceiver::connect_named`] that takes multi-image rings too.
+    pub fn connect_named_any(
+        name: &str,
+        delivery: Delivery,
+        timeout: Duration,
+    ) -> Result<CudaReceiver, ConnectError> {
+        let directory = Directory::from_env()?;
+        let (session, setup) = Session::connect_named_any(&directory, name, delivery, timeout)?;
+        Ok(CudaReceiver::from_session(session, setup, cuda_device_for)?)
     }
 
     /// Connects to the sender named `name` in the default directory
@@ -164,20 +196,39 @@ impl CudaReceiver {
             }
         };
         let cuda = cuda_for(uuid)?;
-        let slots = if layout.is_image_ring() {
-            image_slots(&cuda, &layout, &mut setup)?
+        let n = layout.slots as usize;
+        let parts: Vec<Vec<Slot>> = if layout.is_multi_image() {
+            // Part by part (one format each), then slot by slot.
+            let mut by_part = Vec::with_capacity(session.parts().len());
+            for (p, part) in (0u32..).zip(session.parts()) {
+                let images = Images::of_part(&layout, part, p);
+                by_part.push(image_slots(&cuda, &images, &mut setup)?);
+            }
+            (0..n)
+                .map(|i| by_part.iter().map(|slots| slots[i].share()).collect())
+                .collect()
+        } else if layout.is_image_ring() {
+            let images = Images::of_ring(&layout);
+            image_slots(&cuda, &images, &mut setup)?
+                .into_iter()
+                .map(|s| vec![s])
+                .collect()
         } else {
             buffer_slots(&cuda, &layout, &mut setup)?
+                .into_iter()
+                .map(|s| vec![s])
+                .collect()
         };
-        let n = slots.len();
+        let slots = parts.iter().map(|p| p[0].share()).collect();
         let semaphore = |setup: &mut Received, i: usize| {
             let received = setup.take_semaphore::<Timeline>(i)?;
             cuda.import_received_semaphore(received)
                 .map_err(|e| ConsumerError::Cuda(e.into_error()))
         };
-        let produced = semaphore(&mut setup, n)?;
+        let produced_at = layout.produced_index();
+        let produced = semaphore(&mut setup, produced_at)?;
         let released = (0..n)
-            .map(|i| semaphore(&mut setup, n + 1 + i))
+            .map(|i| semaphore(&mut setup, produced_at + 1 + i))
             .collect::<Result<Vec<_>, _>>()?;
         let gpu = GpuSync {
             wait_stream: Mutex::new(Stream::new(&cuda)?),
@@ -188,6 +239,7 @@ impl CudaReceiver {
         };
         Ok(CudaReceiver {
             slots,
+            parts,
             gpu,
             session,
         })
@@ -222,9 +274,70 @@ impl CudaReceiver {
         Ok(&self.slots[frame.slot() as usize])
     }
 
-    /// The slots, by index (what a frame's memory is kept alive by).
+    /// The slots, by index (what a frame's memory is kept alive by; a
+    /// multi-image ring's: part 0's).
     pub fn slots(&self) -> &[Slot] {
         &self.slots
+    }
+
+    /// A multi-image ring's parts, in slot order (empty for other rings).
+    pub fn parts(&self) -> &[PartLayout] {
+        self.session.parts()
+    }
+
+    /// The index of the part named `name`, or an error naming the parts.
+    fn part_index(&self, name: &str) -> Result<usize, ConsumerError> {
+        self.session.part_index(name).ok_or_else(|| {
+            let names: Vec<String> = self.parts().iter().map(|p| p.name.to_string()).collect();
+            ConsumerError::Protocol(format!(
+                "no part named {name:?}: the ring's parts are [{}]",
+                names.join(", ")
+            ))
+        })
+    }
+
+    /// The packed copy of part `name` of `frame` (a multi-image ring's;
+    /// filled by [`CudaReceiver::wait_on`], as [`CudaReceiver::slot`]).
+    pub fn part(&self, frame: &Frame, name: &str) -> Result<&Slot, ConsumerError> {
+        self.session.check_held(frame)?;
+        let p = self.part_index(name)?;
+        Ok(&self.parts[frame.slot() as usize][p])
+    }
+
+    /// Every part's packed copy of `frame`, in part order (one for a ring
+    /// of one image or buffer a slot).
+    pub fn part_slots(&self, frame: &Frame) -> Result<&[Slot], ConsumerError> {
+        self.session.check_held(frame)?;
+        Ok(&self.parts[frame.slot() as usize])
+    }
+
+    /// Part `name` of `frame` as its CUDA array (the image itself, zero
+    /// copy), on [`CudaReceiver::array`]'s terms.
+    pub fn part_array(
+        &self,
+        frame: &Frame,
+        name: &str,
+    ) -> Result<cuda_interop::sys::CUarray, ConsumerError> {
+        let slot = self.part(frame, name)?;
+        match &slot.image {
+            Some(image) => Ok(image.level0()?),
+            None => Err(ConsumerError::Protocol("a buffer slot has no array".into())),
+        }
+    }
+
+    /// Part `name` of `frame`'s packed copy as pitched device memory, on
+    /// [`CudaReceiver::pitched`]'s terms.
+    pub fn part_pitched(&self, frame: &Frame, name: &str) -> Result<PitchedPlane, ConsumerError> {
+        let p = self.part_index(name)?;
+        let slot = self.part(frame, name)?;
+        let layout = self.session.layout();
+        let row = self.parts()[p].row_bytes(layout.width);
+        Ok(PitchedPlane {
+            ptr: slot.data,
+            pitch: row,
+            row_bytes: row,
+            rows: layout.height,
+        })
     }
 
     /// Enqueues on `stream` (of this receiver's device) the wait for
@@ -234,8 +347,10 @@ impl CudaReceiver {
     pub fn wait_on(&self, frame: &Frame, stream: &Stream) -> Result<(), ConsumerError> {
         self.session.check_held(frame)?;
         self.gpu.produced.wait(stream, frame.sequence())?;
-        if let Some(image) = &self.slots[frame.slot() as usize].image {
-            image.enqueue_copy_out(stream)?;
+        for part in &self.parts[frame.slot() as usize] {
+            if let Some(image) = &part.image {
+                image.enqueue_copy_out(stream)?;
+            }
         }
         Ok(())
     }
@@ -371,6 +486,33 @@ impl CudaReceiver {
         timeout: Duration,
     ) -> Result<(), ConsumerError> {
         let slot = self.slot(frame)?;
+        self.copy_slot_to_host(frame, slot, stream, at, dst, timeout)
+    }
+
+    /// [`CudaReceiver::copy_to_host`] of part `name`'s packed copy (a
+    /// multi-image ring's).
+    pub fn copy_part_to_host(
+        &self,
+        frame: &Frame,
+        name: &str,
+        stream: &Stream,
+        at: u64,
+        dst: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), ConsumerError> {
+        let slot = self.part(frame, name)?;
+        self.copy_slot_to_host(frame, slot, stream, at, dst, timeout)
+    }
+
+    fn copy_slot_to_host(
+        &self,
+        frame: &Frame,
+        slot: &Slot,
+        stream: &Stream,
+        at: u64,
+        dst: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), ConsumerError> {
         let len = dst.len() as u64;
         if at.checked_add(len).is_none_or(|end| end > slot.len) {
             return Err(ConsumerError::Protocol(format!(
@@ -599,15 +741,58 @@ macro_rules! image_formats {
     };
 }
 
-/// The slots of an image ring, for the format the layout names (one of
-/// `vk_export::format::SUPPORTED`).
+/// The images [`image_slots`] imports: one per slot, all of one format.
+struct Images {
+    /// What they are, for errors: "slot" or "part NAME of slot".
+    what: String,
+    width: u32,
+    height: u32,
+    /// The announced row (the format's texel size times the width).
+    row_pitch: u64,
+    vk_format: u32,
+    /// Per slot, the image's index in the setup message.
+    indices: Vec<usize>,
+}
+
+impl Images {
+    /// The images of a ring of one image a slot.
+    fn of_ring(layout: &RingLayout) -> Images {
+        Images {
+            what: "slot".into(),
+            width: layout.width,
+            height: layout.height,
+            row_pitch: layout.row_pitch,
+            vk_format: layout.vk_format().unwrap_or(0),
+            indices: (0..layout.slots)
+                .map(|i| layout.resource_of(i, 0))
+                .collect(),
+        }
+    }
+
+    /// Part `p` of every slot of a multi-image ring.
+    fn of_part(layout: &RingLayout, part: &PartLayout, p: u32) -> Images {
+        Images {
+            what: format!("part {} of slot", part.name),
+            width: layout.width,
+            height: layout.height,
+            row_pitch: part.row_bytes(layout.width),
+            vk_format: part.vk_format,
+            indices: (0..layout.slots)
+                .map(|i| layout.resource_of(i, p))
+                .collect(),
+        }
+    }
+}
+
+/// The slots of an image ring (or one part of a multi-image ring's), for
+/// the format `images` names (one of `vk_export::format::SUPPORTED`).
 fn image_slots(
     cuda: &CudaDevice,
-    layout: &RingLayout,
+    layout: &Images,
     setup: &mut vk_export::wire::Received,
 ) -> Result<Vec<Slot>, ConsumerError> {
     use vk_export::format::*;
-    let format = layout.vk_format().unwrap_or(0);
+    let format = layout.vk_format;
     let raw = vk_export::ash::vk::Format::from_raw(format as i32);
     macro_rules! by_format {
         ($($format:ty),*) => {
@@ -630,7 +815,7 @@ fn image_slots(
 /// storage usage, shares them sampled or as colour attachments).
 fn image_slots_of<F: vk_export::format::Format>(
     cuda: &CudaDevice,
-    layout: &RingLayout,
+    layout: &Images,
     setup: &mut vk_export::wire::Received,
 ) -> Result<Vec<Slot>, ConsumerError> {
     use vk_export::markers::{usage, Usage};
@@ -659,11 +844,12 @@ fn image_slots_of<F: vk_export::format::Format>(
 /// CUDA array, beside a tightly packed buffer of its rows.
 fn image_slots_with<F: vk_export::format::Format, U: SurfaceChoice>(
     cuda: &CudaDevice,
-    layout: &RingLayout,
+    layout: &Images,
     setup: &mut vk_export::wire::Received,
 ) -> Result<Vec<Slot>, ConsumerError> {
     use vk_export::markers::Optimal;
-    let len = layout.checked_frame_bytes()?;
+    // Checked layouts: at most 2^16 x 2^16 texels of 16 bytes.
+    let len = layout.row_pitch * u64::from(layout.height);
     if layout.row_pitch != u64::from(layout.width) * u64::from(F::TEXEL_BYTES) {
         return Err(ConsumerError::Protocol(format!(
             "an image ring of {} announces rows of {} bytes for {} texels",
@@ -672,14 +858,14 @@ fn image_slots_with<F: vk_export::format::Format, U: SurfaceChoice>(
             layout.width
         )));
     }
-    let mut slots = Vec::with_capacity(layout.slots as usize);
-    for i in 0..layout.slots as usize {
-        let image = setup.take_image::<F, Optimal, DeviceLocal, U>(i)?;
+    let mut slots = Vec::with_capacity(layout.indices.len());
+    for (i, &index) in layout.indices.iter().enumerate() {
+        let image = setup.take_image::<F, Optimal, DeviceLocal, U>(index)?;
         let extent = image.record().info().extent();
         if extent != [layout.width, layout.height, 1] {
             return Err(ConsumerError::Protocol(format!(
-                "slot {i}'s image is {}x{}x{}, not the layout's {}x{}",
-                extent[0], extent[1], extent[2], layout.width, layout.height
+                "{} {i}'s image is {}x{}x{}, not the layout's {}x{}",
+                layout.what, extent[0], extent[1], extent[2], layout.width, layout.height
             )));
         }
         let array = cuda
@@ -853,6 +1039,18 @@ pub struct Slot {
     pub len: u64,
     /// An image ring's slot: what copies the image to `data`.
     pub(crate) image: Option<Arc<dyn CopyOut>>,
+}
+
+impl Slot {
+    /// Another handle on the same slot (its memory kept by both).
+    fn share(&self) -> Slot {
+        Slot {
+            memory: self.memory.clone(),
+            data: self.data,
+            len: self.len,
+            image: self.image.clone(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Slot {

@@ -34,6 +34,18 @@
 //!   image to `VK_QUEUE_FAMILY_EXTERNAL` in `VK_IMAGE_LAYOUT_GENERAL`; a
 //!   Vulkan receiver acquires it from there and releases it back the same
 //!   way before its release message.
+//! * Multi-image rings (a hello whose [`RingLayout::parts`] is not 0):
+//!   each slot holds that many named images (a frame's colour, depth,
+//!   segmentation, ...), all written by one present and sharing the slot's
+//!   one sequence number, timestamp and "produced"/"released" timeline
+//!   pair. The hello is followed by one [`Message::Part`] per image, in
+//!   order ([`PartLayout`]: a unique name, the `VkFormat`, the texel
+//!   size; part 0 is the hello's format), then by the setup message, whose
+//!   images come slot by slot, part by part (resource `slot * parts +
+//!   part`; [`RingLayout::resource_of`]), then "produced", then the
+//!   "released" timelines. Every image is the hello's size. A receiver of
+//!   one image per slot refuses such a ring (its hello flag is unknown to
+//!   builds before it): see `crate::session`.
 //! * Ending: a sender that drops a receiver sends [`Message::Goodbye`]
 //!   with the [`DropReason`] and then shuts the socket down, before it can
 //!   write any slot that receiver held. A receiver therefore tells a frame
@@ -66,6 +78,14 @@ pub const MAX_SLOTS: u32 = 7;
 pub const IMAGE_TEXEL_BYTES: [u64; 5] = [1, 2, 4, 8, 16];
 /// Largest frame a layout may announce, in bytes.
 pub const MAX_FRAME_BYTES: u64 = 1 << 31;
+/// Most named images a slot of a multi-image ring may hold.
+pub const MAX_PARTS: u32 = 4;
+/// Longest name of a part, in bytes.
+pub const MAX_PART_NAME: usize = 16;
+/// Most resources one setup message may carry (the `vk-export` wire
+/// message's bound, `interop_share::wire::MAX_RESOURCES`): a multi-image
+/// ring's `slots * (parts + 1) + 1` must fit it.
+pub const MAX_SETUP_RESOURCES: u32 = 16;
 
 /// The `format` field of a buffer ring's hello: 8-bit RGBA, 4 bytes a pixel.
 const FORMAT_RGBA8: u32 = 1;
@@ -75,6 +95,9 @@ const FORMAT_NV12: u32 = 2;
 const FORMAT_P010: u32 = 3;
 /// The hello flag of an image ring.
 const HELLO_IMAGES: u32 = 1;
+/// The hello flag of a multi-image ring (with [`HELLO_IMAGES`]): the
+/// part count is in the hello's bytes 16..24.
+const HELLO_PARTS: u32 = 2;
 /// The release flag of a GPU-signalled release.
 const RELEASE_GPU_SIGNALLED: u32 = 1;
 
@@ -162,8 +185,12 @@ pub struct RingLayout {
     pub height: u32,
     /// Bytes from one row to the next (an image ring: the tightly packed row).
     pub row_pitch: u64,
-    /// What the slots are.
+    /// What the slots are (a multi-image ring: part 0's format).
     pub format: SlotFormat,
+    /// Named images a slot holds, for a multi-image ring (1 to
+    /// [`MAX_PARTS`]; their [`PartLayout`]s follow the hello); 0 for every
+    /// other ring (one unnamed image or buffer a slot).
+    pub parts: u32,
 }
 
 impl RingLayout {
@@ -176,6 +203,7 @@ impl RingLayout {
             height,
             row_pitch,
             format: SlotFormat::Rgba8Buffer,
+            parts: 0,
         }
     }
 
@@ -198,6 +226,7 @@ impl RingLayout {
                 planar,
                 chroma_offset: row_pitch.saturating_mul(u64::from(height)),
             },
+            parts: 0,
         }
     }
 
@@ -227,7 +256,45 @@ impl RingLayout {
             height,
             row_pitch: u64::from(width) * u64::from(texel_bytes),
             format: SlotFormat::Image { vk_format },
+            parts: 0,
         }
+    }
+
+    /// A multi-image ring of `slots` slots of `width` x `height`, each
+    /// holding one image of each of `parts` (1 to [`MAX_PARTS`]; the hello
+    /// carries part 0's format, the part messages all of them).
+    pub fn multi_image(slots: u32, width: u32, height: u32, parts: &[PartLayout]) -> RingLayout {
+        let (vk_format, texel_bytes) = parts
+            .first()
+            .map_or((0, 0), |p| (p.vk_format, p.texel_bytes));
+        RingLayout {
+            parts: u32::try_from(parts.len()).unwrap_or(u32::MAX),
+            ..RingLayout::images(slots, width, height, vk_format, texel_bytes)
+        }
+    }
+
+    /// Whether it is a multi-image ring ([`RingLayout::parts`] is not 0).
+    pub fn is_multi_image(&self) -> bool {
+        self.parts != 0
+    }
+
+    /// Images (or buffers) in one slot: the parts of a multi-image ring, 1
+    /// otherwise.
+    pub fn images_per_slot(&self) -> u32 {
+        self.parts.max(1)
+    }
+
+    /// Index in the setup message of slot `slot`'s image of part `part`
+    /// (part 0 for a ring of one image or buffer a slot).
+    pub fn resource_of(&self, slot: u32, part: u32) -> usize {
+        slot as usize * self.images_per_slot() as usize + part as usize
+    }
+
+    /// Index in the setup message of the "produced" timeline (after every
+    /// slot's images); the "released" timeline of slot `i` follows it at
+    /// `produced_index() + 1 + i`.
+    pub fn produced_index(&self) -> usize {
+        self.slots as usize * self.images_per_slot() as usize
     }
 
     /// Whether the slots are images.
@@ -265,6 +332,22 @@ impl RingLayout {
         }
         if self.width == 0 || self.height == 0 {
             return bad(format!("{}x{} pixels", self.width, self.height));
+        }
+        if self.parts != 0 {
+            if !self.is_image_ring() {
+                return bad(format!("{} parts in a buffer ring", self.parts));
+            }
+            if self.parts > MAX_PARTS {
+                return bad(format!("{} images a slot (1 to {MAX_PARTS})", self.parts));
+            }
+            let resources = u64::from(self.slots) * u64::from(self.parts + 1) + 1;
+            if resources > u64::from(MAX_SETUP_RESOURCES) {
+                return bad(format!(
+                    "{} slots of {} images: {resources} resources to share, one setup message \
+                     carries at most {MAX_SETUP_RESOURCES} (fewer slots or parts)",
+                    self.slots, self.parts
+                ));
+            }
         }
         match self.format {
             SlotFormat::Image { vk_format } => {
@@ -373,6 +456,158 @@ impl RingLayout {
         self.frame_bytes()
             .ok_or_else(|| PacketError::Layout("frame size overflows".into()))
     }
+}
+
+/// The name of one image of a multi-image ring's slots: 1 to
+/// [`MAX_PART_NAME`] bytes of ASCII letters, digits, `_`, `-` and `.`,
+/// starting with a letter (`color`, `depth`, `segmentation`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PartName {
+    bytes: [u8; MAX_PART_NAME],
+    len: u8,
+}
+
+impl PartName {
+    /// `name`, checked.
+    pub fn new(name: &str) -> Result<PartName, PacketError> {
+        let b = name.as_bytes();
+        let valid = !b.is_empty()
+            && b.len() <= MAX_PART_NAME
+            && b[0].is_ascii_alphabetic()
+            && b.iter()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.'));
+        if !valid {
+            return Err(PacketError::Layout(format!(
+                "part name {name:?}: 1 to {MAX_PART_NAME} ASCII letters, digits, '_', '-' or \
+                 '.', starting with a letter"
+            )));
+        }
+        let mut bytes = [0u8; MAX_PART_NAME];
+        bytes[..b.len()].copy_from_slice(b);
+        Ok(PartName {
+            bytes,
+            len: b.len() as u8,
+        })
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        // Only `new` makes one, from a str of ASCII bytes.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
+
+    /// The name's wire bytes: the name, then zeros.
+    fn wire(&self) -> [u8; MAX_PART_NAME] {
+        self.bytes
+    }
+
+    /// A name from its wire bytes: the name, then zeros only.
+    fn from_wire(bytes: [u8; MAX_PART_NAME]) -> Result<PartName, PacketError> {
+        let len = bytes.iter().position(|&b| b == 0).unwrap_or(MAX_PART_NAME);
+        if bytes[len..].iter().any(|&b| b != 0) {
+            return Err(PacketError::Layout(
+                "a part name with bytes after its end (a name is zero-padded)".into(),
+            ));
+        }
+        let name = std::str::from_utf8(&bytes[..len]).map_err(|_| {
+            PacketError::Layout(format!(
+                "part name bytes {:02x?} are not ASCII",
+                &bytes[..len]
+            ))
+        })?;
+        PartName::new(name)
+    }
+}
+
+impl std::fmt::Debug for PartName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
+
+impl std::fmt::Display for PartName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One named image of a multi-image ring's slots: what a
+/// [`Message::Part`] announces. Every part is the ring's width and height.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PartLayout {
+    /// Its name, unique in the ring.
+    pub name: PartName,
+    /// Its raw `VkFormat` (not 0).
+    pub vk_format: u32,
+    /// Bytes of one texel of the format (one of [`IMAGE_TEXEL_BYTES`]).
+    pub texel_bytes: u32,
+}
+
+impl PartLayout {
+    /// Checks it: a format, and a texel size of [`IMAGE_TEXEL_BYTES`].
+    pub fn check(&self) -> Result<(), PacketError> {
+        if self.vk_format == 0 {
+            return Err(PacketError::Layout(format!(
+                "part {} of VK_FORMAT_UNDEFINED",
+                self.name
+            )));
+        }
+        if !IMAGE_TEXEL_BYTES.contains(&u64::from(self.texel_bytes)) {
+            return Err(PacketError::Layout(format!(
+                "part {} with texels of {} bytes (1, 2, 4, 8 or 16)",
+                self.name, self.texel_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Bytes of one tightly packed row of `width` texels.
+    pub fn row_bytes(&self, width: u32) -> u64 {
+        u64::from(width) * u64::from(self.texel_bytes)
+    }
+}
+
+/// Checks a multi-image ring's parts against its hello: as many as it
+/// announces, each valid, names unique, part 0 the hello's format and row.
+pub fn check_parts(layout: &RingLayout, parts: &[PartLayout]) -> Result<(), PacketError> {
+    let bad = |why: String| Err(PacketError::Layout(why));
+    layout.check()?;
+    if parts.len() != layout.parts as usize {
+        return bad(format!(
+            "{} part layouts for a hello of {} parts",
+            parts.len(),
+            layout.parts
+        ));
+    }
+    for (i, p) in parts.iter().enumerate() {
+        p.check()?;
+        if parts[..i].iter().any(|q| q.name == p.name) {
+            return bad(format!("two parts named {}", p.name));
+        }
+        let bytes = p.row_bytes(layout.width) * u64::from(layout.height);
+        if bytes > MAX_FRAME_BYTES {
+            return bad(format!(
+                "part {} of {}x{} is {bytes} bytes, larger than 2 GiB",
+                p.name, layout.width, layout.height
+            ));
+        }
+    }
+    if let Some(first) = parts.first() {
+        if layout.vk_format() != Some(first.vk_format)
+            || layout.row_pitch != first.row_bytes(layout.width)
+        {
+            return bad(format!(
+                "the hello says VkFormat {:?} with rows of {} bytes, part 0 ({}) is VkFormat {} \
+                 with rows of {}",
+                layout.vk_format(),
+                layout.row_pitch,
+                first.name,
+                first.vk_format,
+                first.row_bytes(layout.width)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Why a sender dropped a receiver: what [`Message::Goodbye`] says.
@@ -499,6 +734,14 @@ impl std::fmt::Display for DropReason {
 pub enum Message {
     /// Sender to receiver, once, after the subscribe: the ring's layout.
     Hello(RingLayout),
+    /// Sender to receiver, right after the hello of a multi-image ring:
+    /// one per part, `index` 0, 1, ... in order.
+    Part {
+        /// Its place in the slot (0 to [`RingLayout::parts`] - 1).
+        index: u32,
+        /// Its name, format and texel size.
+        part: PartLayout,
+    },
     /// Sender to receiver: frame `sequence` is in `slot`.
     Frame {
         /// The slot.
@@ -564,6 +807,7 @@ const KIND_RELEASE: u16 = 3;
 const KIND_SUBSCRIBE: u16 = 4;
 const KIND_ACQUIRE: u16 = 5;
 const KIND_GOODBYE: u16 = 6;
+const KIND_PART: u16 = 7;
 
 /// The raw fields of a packet: `a` at 8..12, `b` at 12..16, `c` at 16..24,
 /// `d` at 24..32, `e` at 32..40, `g` at 40..44; 44..48 is always 0.
@@ -596,6 +840,9 @@ impl Message {
                         planar: Planar::P010,
                         chroma_offset,
                     } => (0, FORMAT_P010, chroma_offset),
+                    SlotFormat::Image { vk_format } if l.parts != 0 => {
+                        (HELLO_IMAGES | HELLO_PARTS, vk_format, u64::from(l.parts))
+                    }
                     SlotFormat::Image { vk_format } => (HELLO_IMAGES, vk_format, 0),
                 };
                 let size = u64::from(l.width) | u64::from(l.height) << 32;
@@ -608,6 +855,25 @@ impl Message {
                     g: format,
                 };
                 (KIND_HELLO, f)
+            }
+            Message::Part { index, part } => {
+                let name = part.name.wire();
+                let half = |h: usize| {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(&name[h * 8..h * 8 + 8]);
+                    u64::from_le_bytes(b)
+                };
+                (
+                    KIND_PART,
+                    Fields {
+                        a: index,
+                        b: part.texel_bytes,
+                        c: half(0),
+                        d: half(1),
+                        g: part.vk_format,
+                        ..Fields::default()
+                    },
+                )
             }
             Message::Frame {
                 slot,
@@ -698,6 +964,7 @@ impl Message {
             KIND_SUBSCRIBE => "subscribe",
             KIND_ACQUIRE => "acquire",
             KIND_GOODBYE => "goodbye",
+            KIND_PART => "part",
             k => return Err(PacketError::Kind(k)),
         };
         let malformed = |why: String| PacketError::Malformed { kind: name, why };
@@ -709,6 +976,7 @@ impl Message {
             KIND_RELEASE => [true, true, true, false, false, false],
             KIND_SUBSCRIBE => [false, true, false, false, false, false],
             KIND_ACQUIRE => [false; 6],
+            KIND_PART => [true, true, true, true, false, true],
             _ => [false, true, true, false, true, false],
         };
         let values = [
@@ -734,9 +1002,23 @@ impl Message {
                     planar,
                     chroma_offset: f.c,
                 };
-                if f.c != 0 && !(f.b == 0 && [FORMAT_NV12, FORMAT_P010].contains(&f.g)) {
+                let multi = f.b == HELLO_IMAGES | HELLO_PARTS;
+                if f.c != 0 && !multi && !(f.b == 0 && [FORMAT_NV12, FORMAT_P010].contains(&f.g)) {
                     return Err(malformed("bytes 16..24 are not 0".into()));
                 }
+                let parts = if multi {
+                    match u32::try_from(f.c) {
+                        Ok(n @ 1..) => n,
+                        _ => {
+                            return Err(PacketError::Layout(format!(
+                                "a multi-image hello of {} parts (1 to {MAX_PARTS})",
+                                f.c
+                            )))
+                        }
+                    }
+                } else {
+                    0
+                };
                 let format = match f.b {
                     0 if f.g == FORMAT_RGBA8 => SlotFormat::Rgba8Buffer,
                     0 if f.g == FORMAT_NV12 => planar(Planar::Nv12),
@@ -748,9 +1030,11 @@ impl Message {
                         )))
                     }
                     HELLO_IMAGES => SlotFormat::Image { vk_format: f.g },
+                    _ if multi => SlotFormat::Image { vk_format: f.g },
                     flags => {
                         return Err(PacketError::Layout(format!(
-                            "hello flags {flags:#x} (only 1, images, is known)"
+                            "hello flags {flags:#x} (1, images, and 3, images of several parts, \
+                             are known)"
                         )))
                     }
                 };
@@ -760,6 +1044,7 @@ impl Message {
                     height: (f.d >> 32) as u32,
                     row_pitch: f.e,
                     format,
+                    parts,
                 };
                 layout.check()?;
                 Message::Hello(layout)
@@ -788,6 +1073,25 @@ impl Message {
                 }
             }),
             KIND_ACQUIRE => Message::Acquire,
+            KIND_PART => {
+                let mut name = [0u8; MAX_PART_NAME];
+                name[..8].copy_from_slice(&f.c.to_le_bytes());
+                name[8..].copy_from_slice(&f.d.to_le_bytes());
+                let part = PartLayout {
+                    name: PartName::from_wire(name)?,
+                    vk_format: f.g,
+                    texel_bytes: f.b,
+                };
+                part.check()?;
+                if f.a >= MAX_PARTS {
+                    return Err(PacketError::Layout(format!(
+                        "part {} of a slot (0 to {})",
+                        f.a,
+                        MAX_PARTS - 1
+                    )));
+                }
+                Message::Part { index: f.a, part }
+            }
             _ => Message::Goodbye(decode_reason(&f).ok_or_else(|| {
                 malformed(format!(
                     "reason {}.{} is not known",
@@ -811,6 +1115,7 @@ impl Message {
     pub fn kind_name(&self) -> &'static str {
         match self {
             Message::Hello(_) => "hello",
+            Message::Part { .. } => "part",
             Message::Frame { .. } => "frame",
             Message::Release { .. } => "release",
             Message::Subscribe(_) => "subscribe",
@@ -925,6 +1230,19 @@ mod tests {
             Message::Subscribe(Delivery::Latest),
             Message::Subscribe(Delivery::Lossless),
             Message::Acquire,
+            Message::Hello(RingLayout::multi_image(3, 64, 32, &three_parts())),
+            Message::Part {
+                index: 2,
+                part: three_parts()[2],
+            },
+            Message::Part {
+                index: 0,
+                part: PartLayout {
+                    name: PartName::new("sixteen-bytes.ok").unwrap(),
+                    vk_format: 109,
+                    texel_bytes: 16,
+                },
+            },
         ];
         let reasons = [
             DropReason::HeldTooLong {
@@ -947,6 +1265,171 @@ mod tests {
         ];
         all.extend(reasons.into_iter().map(Message::Goodbye));
         all
+    }
+
+    /// RGBA8 colour, R32_SFLOAT depth, R32_UINT segmentation.
+    fn three_parts() -> Vec<PartLayout> {
+        [("color", 37, 4), ("depth", 100, 4), ("segmentation", 98, 4)]
+            .map(|(name, vk_format, texel_bytes)| PartLayout {
+                name: PartName::new(name).unwrap(),
+                vk_format,
+                texel_bytes,
+            })
+            .to_vec()
+    }
+
+    #[test]
+    fn part_names_are_short_ascii_and_start_with_a_letter() {
+        for good in [
+            "color",
+            "depth",
+            "seg_1",
+            "a",
+            "normals.xyz",
+            "sixteen-bytes.ok",
+        ] {
+            assert_eq!(PartName::new(good).unwrap().as_str(), good);
+        }
+        for bad in [
+            "",
+            "1st",
+            "_x",
+            "seventeen-bytes.x",
+            "dépth",
+            "a b",
+            "a\0b",
+            "a/b",
+        ] {
+            let e = PartName::new(bad).unwrap_err();
+            assert!(e.to_string().contains("part name"), "{bad:?}: {e}");
+        }
+        // On the wire: the name, then zeros only.
+        let mut p = Message::Part {
+            index: 0,
+            part: three_parts()[0],
+        }
+        .encode();
+        p[16 + 6] = b'x';
+        assert!(
+            matches!(Message::decode(&p), Err(PacketError::Layout(m)) if m.contains("after its end"))
+        );
+        let mut p = Message::Part {
+            index: 0,
+            part: three_parts()[0],
+        }
+        .encode();
+        p[16] = 0xc3;
+        assert!(Message::decode(&p).is_err());
+        p[16] = 0;
+        assert!(Message::decode(&p).is_err(), "an empty name");
+    }
+
+    #[test]
+    fn multi_image_hellos_and_parts_are_checked() {
+        let parts = three_parts();
+        let hello = RingLayout::multi_image(3, 64, 32, &parts);
+        assert_eq!(
+            (hello.parts, hello.row_pitch, hello.vk_format()),
+            (3, 256, Some(37))
+        );
+        assert_eq!(check_parts(&hello, &parts), Ok(()));
+        assert_eq!(hello.resource_of(2, 1), 7);
+        assert_eq!(hello.produced_index(), 9);
+        let single = RingLayout::images(3, 64, 32, 37, 4);
+        assert_eq!((single.images_per_slot(), single.produced_index()), (1, 3));
+        // The hello's bytes: flags 3, the part count at 16..24.
+        let b = Message::Hello(hello).encode();
+        assert_eq!(&b[12..16], &3u32.to_le_bytes());
+        assert_eq!(&b[16..24], &3u64.to_le_bytes());
+        let refused = |l: RingLayout| Message::decode(&Message::Hello(l).encode()).unwrap_err();
+        // Too many parts; too many resources for one setup message.
+        let five = RingLayout {
+            parts: MAX_PARTS + 1,
+            ..hello
+        };
+        assert!(
+            refused(five).to_string().contains("images a slot"),
+            "{}",
+            refused(five)
+        );
+        let big = RingLayout { slots: 4, ..hello };
+        assert!(
+            refused(big).to_string().contains("resources"),
+            "{}",
+            refused(big)
+        );
+        assert!(RingLayout {
+            slots: 5,
+            parts: 2,
+            ..hello
+        }
+        .check()
+        .is_ok());
+        // Parts of a buffer ring.
+        let buffers = RingLayout {
+            parts: 2,
+            ..RingLayout::buffers(2, 4, 4, 16)
+        };
+        assert!(buffers.check().is_err());
+        // A zero part count with the multi flag.
+        let mut b = Message::Hello(hello).encode();
+        b[16..24].copy_from_slice(&0u64.to_le_bytes());
+        assert!(matches!(Message::decode(&b), Err(PacketError::Layout(_))));
+        let mut b = Message::Hello(hello).encode();
+        b[16..24].copy_from_slice(&(1u64 << 32).to_le_bytes());
+        assert!(Message::decode(&b).is_err());
+        // The parts against the hello.
+        let named = |n: &str| PartName::new(n).unwrap();
+        let mut dup = parts.clone();
+        dup[2].name = named("color");
+        assert!(check_parts(&hello, &dup)
+            .unwrap_err()
+            .to_string()
+            .contains("two parts named color"));
+        assert!(check_parts(&hello, &parts[..2]).is_err());
+        let mut other = parts.clone();
+        other.swap(0, 1);
+        other[0].vk_format = 100;
+        assert!(check_parts(&hello, &other)
+            .unwrap_err()
+            .to_string()
+            .contains("part 0"));
+        let mut wide = parts.clone();
+        wide[0].texel_bytes = 8;
+        assert!(check_parts(&hello, &wide).is_err());
+        let mut odd = parts.clone();
+        odd[1].texel_bytes = 3;
+        assert!(check_parts(&hello, &odd).is_err());
+        let mut undefined = parts.clone();
+        undefined[2].vk_format = 0;
+        assert!(check_parts(&hello, &undefined).is_err());
+        // A part larger than a frame may be, though part 0 is not.
+        let mut huge = parts;
+        huge[1].texel_bytes = 16;
+        let wide = RingLayout::multi_image(2, 8192, 16385, &huge);
+        assert_eq!(wide.check(), Ok(()));
+        assert!(check_parts(&wide, &huge)
+            .unwrap_err()
+            .to_string()
+            .contains("larger than 2 GiB"));
+        // A part message's own checks: texel size, format, index.
+        let part = |index, texel_bytes, vk_format| {
+            Message::decode(
+                &Message::Part {
+                    index,
+                    part: PartLayout {
+                        name: named("depth"),
+                        vk_format,
+                        texel_bytes,
+                    },
+                }
+                .encode(),
+            )
+        };
+        assert!(part(0, 4, 100).is_ok());
+        assert!(part(0, 3, 100).is_err());
+        assert!(part(0, 4, 0).is_err());
+        assert!(part(MAX_PARTS, 4, 100).is_err());
     }
 
     #[test]
@@ -1069,7 +1552,7 @@ mod tests {
         let mut b = good;
         b[4..6].copy_from_slice(&2u16.to_le_bytes());
         assert_eq!(Message::decode(&b), Err(PacketError::Version(2)));
-        for kind in [0u16, 7, u16::MAX] {
+        for kind in [0u16, 8, u16::MAX] {
             let mut b = good;
             b[6..8].copy_from_slice(&kind.to_le_bytes());
             assert_eq!(Message::decode(&b), Err(PacketError::Kind(kind)));

@@ -36,6 +36,15 @@
 //!   time (another's `next` waits for it within its own timeout and then
 //!   returns [`ConsumerError::Busy`]); frames may be released from any
 //!   thread.
+//! * Multi-image rings (`crate::protocol`: a slot of several named images
+//!   sharing one frame): [`Session::connect`], [`Session::connect_named`]
+//!   and [`Session::start`] refuse them ([`ConsumerError::MultiImage`]),
+//!   so a receiver of one image per slot never mistakes part 1 of slot 0
+//!   for slot 1; their `_any` twins take them, after checking the part
+//!   messages ([`check_parts`]: count, order, names, formats) and every
+//!   image record of the setup message (each part's format, the hello's
+//!   size). A frame of such a ring is every part of its slot: one
+//!   sequence number, one "produced" value, one release.
 //! * A sender that breaks the protocol (a frame for a slot out of range or
 //!   still held, sequence numbers that do not go up, a message only
 //!   receivers send) is given up on: the session shuts its socket down,
@@ -49,7 +58,9 @@ use vk_export::socket::Connection;
 use vk_export::wire::Received;
 
 use crate::discovery::{Directory, DiscoveryError};
-use crate::protocol::{Delivery, DropReason, Message, RingLayout, SETUP_TAG};
+use crate::protocol::{
+    check_parts, Delivery, DropReason, Message, PartLayout, RingLayout, SETUP_TAG,
+};
 use crate::transport::{
     self, deadline_after, hung_up, left, poll_readable, recv_message, send_message_until,
     try_recv_message, ConsumerError, SendError,
@@ -123,6 +134,8 @@ struct State {
 struct Inner {
     conn: Connection,
     layout: RingLayout,
+    /// A multi-image ring's parts (empty otherwise).
+    parts: Vec<PartLayout>,
     delivery: Delivery,
     state: Mutex<State>,
     /// Held while receiving, so that frames are accepted in the order they
@@ -212,7 +225,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Session {
     /// Connects to the sender at socket `path`, subscribes in `delivery`
     /// and takes the ring's layout and setup message, all within
-    /// `timeout`.
+    /// `timeout`. A multi-image ring is refused
+    /// ([`ConsumerError::MultiImage`]; [`Session::connect_any`] takes it).
     pub fn connect(
         path: &str,
         delivery: Delivery,
@@ -221,6 +235,18 @@ impl Session {
         let deadline = deadline_after(timeout);
         let conn = transport::connect(path, timeout)?;
         Session::start(conn, delivery, left(deadline))
+    }
+
+    /// [`Session::connect`] that takes multi-image rings too
+    /// ([`Session::parts`]).
+    pub fn connect_any(
+        path: &str,
+        delivery: Delivery,
+        timeout: Duration,
+    ) -> Result<(Session, Received), ConsumerError> {
+        let deadline = deadline_after(timeout);
+        let conn = transport::connect(path, timeout)?;
+        Session::start_any(conn, delivery, left(deadline))
     }
 
     /// Connects to the sender named `name` in `directory`, waiting up to
@@ -236,11 +262,42 @@ impl Session {
         Ok(Session::start(conn, delivery, left(deadline))?)
     }
 
-    /// Subscribes on `conn` and takes the layout and the setup message.
+    /// [`Session::connect_named`] that takes multi-image rings too.
+    pub fn connect_named_any(
+        directory: &Directory,
+        name: &str,
+        delivery: Delivery,
+        timeout: Duration,
+    ) -> Result<(Session, Received), ConnectError> {
+        let deadline = deadline_after(timeout);
+        let conn = directory.connect(name, timeout)?;
+        Ok(Session::start_any(conn, delivery, left(deadline))?)
+    }
+
+    /// Subscribes on `conn` and takes the layout and the setup message; a
+    /// multi-image ring is refused ([`ConsumerError::MultiImage`]).
     pub fn start(
         conn: Connection,
         delivery: Delivery,
         timeout: Duration,
+    ) -> Result<(Session, Received), ConsumerError> {
+        Session::start_with(conn, delivery, timeout, false)
+    }
+
+    /// [`Session::start`] that takes multi-image rings too.
+    pub fn start_any(
+        conn: Connection,
+        delivery: Delivery,
+        timeout: Duration,
+    ) -> Result<(Session, Received), ConsumerError> {
+        Session::start_with(conn, delivery, timeout, true)
+    }
+
+    fn start_with(
+        conn: Connection,
+        delivery: Delivery,
+        timeout: Duration,
+        multi: bool,
     ) -> Result<(Session, Received), ConsumerError> {
         let deadline = deadline_after(timeout);
         if let Err(e) = send_message_until(&conn, &Message::Subscribe(delivery), deadline) {
@@ -264,13 +321,35 @@ impl Session {
             }
             Err(e) => return Err(e),
         };
+        let mut parts = Vec::with_capacity(layout.parts as usize);
+        for index in 0..layout.parts {
+            match recv_message(&conn, deadline, timeout)? {
+                Message::Part { index: i, part } if i == index => parts.push(part),
+                other => {
+                    return Err(ConsumerError::Protocol(format!(
+                        "after a hello of {} parts the sender must send part {index}, not a {} \
+                         ({other:?})",
+                        layout.parts,
+                        other.kind_name()
+                    )))
+                }
+            }
+        }
+        check_parts(&layout, &parts)?;
+        if layout.is_multi_image() && !multi {
+            return Err(ConsumerError::MultiImage {
+                parts: parts.iter().map(|p| p.name.to_string()).collect(),
+            });
+        }
         let setup = conn.recv(left(deadline))?;
         check_setup_shape(&layout, &setup)?;
+        check_setup_parts(&layout, &parts, &setup)?;
         let n = layout.slots as usize;
         let session = Session {
             inner: Arc::new(Inner {
                 conn,
                 layout,
+                parts,
                 delivery,
                 state: Mutex::new(State {
                     held: vec![None; n],
@@ -290,6 +369,20 @@ impl Session {
     /// The ring's layout.
     pub fn layout(&self) -> &RingLayout {
         &self.inner.layout
+    }
+
+    /// A multi-image ring's parts, in slot order (empty for any other
+    /// ring).
+    pub fn parts(&self) -> &[PartLayout] {
+        &self.inner.parts
+    }
+
+    /// The index of the part named `name`, if the ring has one.
+    pub fn part_index(&self, name: &str) -> Option<usize> {
+        self.inner
+            .parts
+            .iter()
+            .position(|p| p.name.as_str() == name)
     }
 
     /// The delivery it subscribed in.
@@ -667,23 +760,85 @@ fn lock_within<'m>(
 }
 
 /// Checks that `setup` is the ring `layout` announces: tagged
-/// [`SETUP_TAG`], with `slots` resources (no semaphores) or `2 * slots + 1`.
+/// [`SETUP_TAG`], with its images or buffers (`slots` times
+/// [`RingLayout::images_per_slot`]) alone (no semaphores) or followed by
+/// "produced" and `slots` "released" timelines.
 pub fn check_setup_shape(layout: &RingLayout, setup: &Received) -> Result<(), ConsumerError> {
     layout.check()?;
     let n = layout.slots as usize;
+    let images = layout.produced_index();
     let (tag, count) = (setup.message().tag, setup.message().resources.len());
-    if tag != SETUP_TAG || (count != n && count != 2 * n + 1) {
+    if tag != SETUP_TAG || (count != images && count != images + n + 1) {
         return Err(ConsumerError::Protocol(format!(
-            "after a hello for {n} slots the sender must send the ring: a message tagged \
-             {SETUP_TAG:#x} with {n} resources, or {} with the semaphores; got tag {tag:#x} with \
-             {count}",
-            2 * n + 1
+            "after a hello for {n} slots of {} the sender must send the ring: a message tagged \
+             {SETUP_TAG:#x} with {images} resources, or {} with the semaphores; got tag {tag:#x} \
+             with {count}",
+            layout.images_per_slot(),
+            images + n + 1
         )));
+    }
+    Ok(())
+}
+
+/// Checks a multi-image ring's setup message against its parts: each part
+/// of a known format has its texel size, and resource
+/// [`RingLayout::resource_of`] `(slot, part)` is an image record of the
+/// part's format and the hello's size (nothing to check for other rings:
+/// their receivers check their own records). The records are the peer's
+/// claims; importing verifies them against the device too.
+fn check_setup_parts(
+    layout: &RingLayout,
+    parts: &[PartLayout],
+    setup: &Received,
+) -> Result<(), ConsumerError> {
+    let resources = &setup.message().resources;
+    for part in parts {
+        // A format the receivers know must have the texel size it says.
+        let format = vk_export::ash::vk::Format::from_raw(part.vk_format as i32);
+        if let Some((_, channels, channel)) = vk_export::format::describe(format) {
+            let bytes = channels * channel.bytes();
+            if bytes != part.texel_bytes {
+                return Err(ConsumerError::Protocol(format!(
+                    "part {} is VkFormat {} ({bytes}-byte texels) announced with {}-byte texels",
+                    part.name, part.vk_format, part.texel_bytes
+                )));
+            }
+        }
+    }
+    for slot in 0..layout.slots {
+        for (p, part) in parts.iter().enumerate() {
+            let i = layout.resource_of(slot, p as u32);
+            let why = match resources.get(i) {
+                Some(vk_export::wire::Resource::Image(info)) => {
+                    if info.format().as_raw() as u32 != part.vk_format {
+                        format!(
+                            "is VkFormat {}, the part message says {}",
+                            info.format().as_raw(),
+                            part.vk_format
+                        )
+                    } else if info.extent() != [layout.width, layout.height, 1] {
+                        let e = info.extent();
+                        format!(
+                            "is {}x{}x{}, the hello says {}x{}",
+                            e[0], e[1], e[2], layout.width, layout.height
+                        )
+                    } else {
+                        continue;
+                    }
+                }
+                Some(_) => "is not an image".to_string(),
+                None => "is missing".to_string(),
+            };
+            return Err(ConsumerError::Protocol(format!(
+                "slot {slot}'s image of part {} (resource {i}) {why}",
+                part.name
+            )));
+        }
     }
     Ok(())
 }
 
 /// Whether the setup message shares the ring's semaphores.
 pub fn has_semaphores(layout: &RingLayout, setup: &Received) -> bool {
-    setup.message().resources.len() == 2 * layout.slots as usize + 1
+    setup.message().resources.len() == layout.produced_index() + layout.slots as usize + 1
 }

@@ -102,6 +102,18 @@ pub enum ConsumerError {
     /// A valid message the protocol does not allow here.
     #[error("{0}")]
     Protocol(String),
+    /// The sender shares a multi-image ring (several named images a slot),
+    /// which this receiver of one image a slot does not take.
+    #[error(
+        "the sender shares a multi-image ring (parts {}): a receiver of one image per slot \
+         cannot take it; receive it with vulkan_receiver::PartsReader, a CudaReceiver made from \
+         Session::connect_named_any, or the Python Receiver (a dict of tensors)",
+        parts.join(", ")
+    )]
+    MultiImage {
+        /// The parts' names, in slot order.
+        parts: Vec<String>,
+    },
     /// A Vulkan-side error (wire message, record, device).
     #[error(transparent)]
     Vulkan(#[from] vk_export::Error),

@@ -101,6 +101,10 @@ impl<F: Format, M: MemoryLocation, U: Usage> VulkanReceiver<F, M, U> {
         mut setup: Received,
     ) -> Result<Self, VulkanReceiverError> {
         let hello = *session.layout();
+        if hello.is_multi_image() {
+            let parts = session.parts().iter().map(|p| p.name.to_string()).collect();
+            return Err(ConsumerError::MultiImage { parts }.into());
+        }
         let Some(format) = hello.vk_format() else {
             return Err(ring_error(
                 &hello,

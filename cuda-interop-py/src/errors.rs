@@ -80,9 +80,11 @@ pub(crate) fn consumer_error(error: ConsumerError) -> PyErr {
         E::Connect { .. } | E::Poll(_) | E::Recv(_) | E::Closed | E::GivenUp(_) => {
             PyConnectionError::new_err(error.to_string())
         }
-        E::Packet(_) | E::Protocol(_) | E::NotHeld { .. } | E::NotThisReceiver { .. } => {
-            PyValueError::new_err(error.to_string())
-        }
+        E::Packet(_)
+        | E::Protocol(_)
+        | E::MultiImage { .. }
+        | E::NotHeld { .. }
+        | E::NotThisReceiver { .. } => PyValueError::new_err(error.to_string()),
         E::LatestHoldsOne { sequence } => PyRuntimeError::new_err(format!(
             "a latest receiver holds one frame at a time: release frame {sequence} first \
              (frame.release(), or leave its `with` block) before the next next()"

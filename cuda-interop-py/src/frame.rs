@@ -14,6 +14,13 @@
 //!   drop. Whether the frame is still held is the session's to say; this
 //!   module keeps only what the Python protocols need (handed out, the
 //!   consumer's stream).
+//! * A frame of a multi-image ring (several named images a slot, one
+//!   frame) is handed out whole by `Frame.tensors`: one ordering on the
+//!   consumer's stream (one "produced" wait, every part's copy), then a
+//!   dict of [`Part`]s, each a DLPack producer of its image handed out
+//!   once, on that stream only; the frame's one release covers them all.
+//!   The frame itself is no tensor then (`__dlpack__` and
+//!   `__cuda_array_interface__` refuse, saying so).
 //! * Uses `errors`, `ring` and (feature `test-hooks`) `host` of this crate;
 //!   none of them uses this module.
 
@@ -46,6 +53,147 @@ const VERSIONED: &CStr = c"dltensor_versioned";
 const USED_VERSIONED: &CStr = c"used_dltensor_versioned";
 const LEGACY: &CStr = c"dltensor";
 const USED_LEGACY: &CStr = c"used_dltensor";
+
+/// One image of a multi-image frame (`Frame.tensors`): a DLPack producer
+/// handed out once, on the stream the frame was ordered on.
+#[pyclass(module = "cuda_interop")]
+pub(crate) struct Part {
+    name: String,
+    /// Taken once (a mutex: a class Python may share across threads).
+    tensor: std::sync::Mutex<Option<ManagedTensor>>,
+    device: (i32, i32),
+    /// The handle `Frame.tensors` ordered the frame on (`None`: `-1`).
+    ordered_on: Option<usize>,
+    shape: Vec<i64>,
+}
+
+#[pymethods]
+impl Part {
+    /// The DLPack protocol: the part's image as a tensor (`(height, width,
+    /// channels)` of its format's channel type), handed out once. `stream`
+    /// must be the one `Frame.tensors` was given (its ordering is the only
+    /// one made).
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &mut self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let stream = stream_arg(stream.as_ref())?;
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err(
+                "cuda_interop frames are shared memory; they cannot be exported as a copy",
+            ));
+        }
+        if let Some(wanted) = dl_device.filter(|&d| d != self.device) {
+            return Err(PyBufferError::new_err(format!(
+                "the part is on DLPack device {:?}, not {wanted:?}",
+                self.device
+            )));
+        }
+        if stream.handle() != self.ordered_on {
+            return Err(PyBufferError::new_err(format!(
+                "part {} was ordered on stream {:?} by frame.tensors(); its consumer passed \
+                 {:?}: pass the consumer's stream to frame.tensors(stream=...)",
+                self.name,
+                self.ordered_on,
+                stream.handle()
+            )));
+        }
+        let taken = self
+            .tensor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let tensor = taken.ok_or_else(|| {
+            PyBufferError::new_err(format!("part {} was already handed out", self.name))
+        })?;
+        capsule(py, tensor, max_version)
+    }
+
+    /// `(device_type, device_id)`, the frame's.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        self.device
+    }
+
+    /// Its name.
+    #[getter]
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    /// The tensor's shape: `(height, width, channels)`.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.shape)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Part({:?}, shape={:?}, {})",
+            self.name,
+            self.shape,
+            if self
+                .tensor
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_some()
+            {
+                "available"
+            } else {
+                "handed out"
+            }
+        )
+    }
+}
+
+/// `tensor` in a DLPack capsule a consumer takes once:
+/// `"dltensor_versioned"` for `max_version` major >= 1, else `"dltensor"`.
+fn capsule<'py>(
+    py: Python<'py>,
+    tensor: ManagedTensor,
+    max_version: Option<(u32, u32)>,
+) -> PyResult<Bound<'py, PyCapsule>> {
+    if max_version.is_some_and(|(major, _)| major >= 1) {
+        let managed = tensor.into_versioned();
+        let pointer = NonNull::new(managed.cast::<c_void>()).expect("a Box is not null");
+        // SAFETY: `pointer` is a DLManagedTensorVersioned this capsule
+        // now owns; its destructor frees it unless a consumer took it.
+        let capsule = unsafe {
+            PyCapsule::new_with_pointer_and_destructor(
+                py,
+                pointer,
+                VERSIONED,
+                Some(delete_versioned_capsule),
+            )
+        };
+        if capsule.is_err() {
+            // SAFETY: no capsule took `managed`; its deleter runs once, here.
+            unsafe { call_versioned_deleter(managed) };
+        }
+        capsule
+    } else {
+        let managed = tensor.into_legacy().map_err(cuda_error)?;
+        let pointer = NonNull::new(managed.cast::<c_void>()).expect("a Box is not null");
+        // SAFETY: as above, for the legacy structure.
+        let capsule = unsafe {
+            PyCapsule::new_with_pointer_and_destructor(
+                py,
+                pointer,
+                LEGACY,
+                Some(delete_legacy_capsule),
+            )
+        };
+        if capsule.is_err() {
+            // SAFETY: no capsule took `managed`; its deleter runs once, here.
+            unsafe { call_legacy_deleter(managed) };
+        }
+        capsule
+    }
+}
 
 /// `CU_STREAM_LEGACY`: what a `None` stream means for a CUDA frame (the
 /// DLPack protocol's default).
@@ -312,6 +460,31 @@ pub(crate) struct Frame {
     /// In elements.
     strides: Vec<i64>,
     source: Source,
+    /// A multi-image ring's parts (empty for any other frame).
+    parts: Vec<PartView>,
+}
+
+/// One part of a multi-image ring's frames: its name and tensor layout.
+#[derive(Clone)]
+struct PartView {
+    name: String,
+    element: Element,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+}
+
+/// The tensor layout of an image of `vk_format` (raw), `width` x `height`,
+/// tightly packed: `(height, width, channels)` of the format's channel
+/// type; `None` for a format outside `vk_export::format::SUPPORTED`.
+fn image_view(vk_format: u32, width: u32, height: u32) -> Option<(Element, Vec<i64>, Vec<i64>)> {
+    let (_, channels, channel) =
+        vk_export::format::describe(vk::Format::from_raw(vk_format as i32))?;
+    let (element, channels) = (Element::of_channel(channel), i64::from(channels));
+    Some((
+        element,
+        vec![i64::from(height), i64::from(width), channels],
+        vec![i64::from(width) * channels, channels, 1],
+    ))
 }
 
 /// A frame's element type, for DLPack and the array interfaces.
@@ -431,6 +604,7 @@ impl Frame {
             shape: vec![size as i64],
             strides: vec![1],
             source: Source::Single(Some(payload)),
+            parts: Vec::new(),
         }
     }
 
@@ -447,6 +621,7 @@ impl Frame {
             shape,
             strides,
             source: Source::Single(Some(Payload::Copied(bytes.into_boxed_slice()))),
+            parts: Vec::new(),
         }
     }
 
@@ -473,6 +648,23 @@ impl Frame {
             }
             None => buffer_view(&layout),
         };
+        // The session checked every part's format against its image
+        // records, and the receiver imported each as an array of it.
+        let parts = ring
+            .session()
+            .parts()
+            .iter()
+            .filter_map(|part| {
+                let (element, shape, strides) =
+                    image_view(part.vk_format, layout.width, layout.height)?;
+                Some(PartView {
+                    name: part.name.to_string(),
+                    element,
+                    shape,
+                    strides,
+                })
+            })
+            .collect();
         Frame {
             tag: frame.sequence(),
             size: ring.slot_len(frame.slot()),
@@ -489,7 +681,88 @@ impl Frame {
                 consumer_stream: None,
                 interface_stream: None,
             }),
+            parts,
         }
+    }
+
+    /// A multi-image frame's error for a call that treats it as one tensor.
+    fn refuse_whole(&self, what: &str) -> PyResult<()> {
+        if self.parts.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<&str> = self.parts.iter().map(|p| p.name.as_str()).collect();
+        Err(PyBufferError::new_err(format!(
+            "a frame of a multi-image ring ({}) is several images, not one tensor: \
+             frame.tensors(stream=...) gives them by name ({what} refused)",
+            names.join(", ")
+        )))
+    }
+
+    /// Hands every part of a multi-image frame out once (see the module
+    /// contract): the frame ordered on `stream` once, then each part's
+    /// tensor over its memory.
+    fn part_tensors(
+        &mut self,
+        py: Python<'_>,
+        stream: &StreamArg,
+    ) -> PyResult<Vec<(PartView, ManagedTensor)>> {
+        let device = DLDevice {
+            device_type: self.device.0,
+            device_id: self.device.1,
+        };
+        let parts = self.parts.clone();
+        let Source::Ring(rf) = &mut self.source else {
+            return Err(PyTypeError::new_err(
+                "only frames of a multi-image ring have tensors(): use the frame itself",
+            ));
+        };
+        if parts.is_empty() {
+            return Err(PyTypeError::new_err(
+                "only frames of a multi-image ring have tensors(): this ring has one image or \
+                 buffer a slot; use the frame itself (torch.from_dlpack(frame))",
+            ));
+        }
+        let frame = match &rf.frame {
+            Some(frame) if !rf.handed_out && rf.interface_stream.is_none() => frame,
+            _ => {
+                return Err(PyBufferError::new_err(
+                    "the frame was already handed out or released",
+                ))
+            }
+        };
+        let handle = stream.handle();
+        let ring = &rf.ring;
+        let slots = py
+            .detach(|| {
+                // SAFETY: as in `tensor`: `handle` is 1, 2, or the stream the
+                // consumer passed to this very call and vouches for.
+                unsafe { ring.make_readable(frame, handle) }?;
+                ring.part_slots(frame)
+            })
+            .map_err(consumer_error)?;
+        rf.consumer_stream = ConsumerStream::of(py, stream);
+        rf.handed_out = true;
+        let mut out = Vec::with_capacity(parts.len());
+        for (part, slot) in parts.into_iter().zip(slots) {
+            // SAFETY: `slot.data` is the address of the part's `len` bytes
+            // (its packed copy, or host memory for the test hook), which
+            // stay mapped while any clone of its SlotMemory lives.
+            let tensor = unsafe {
+                ManagedTensor::new(
+                    Box::new(slot.memory),
+                    slot.data,
+                    slot.len,
+                    device,
+                    part.element.dtype,
+                    &part.shape,
+                    Some(&part.strides),
+                    false,
+                )
+            }
+            .map_err(cuda_error)?;
+            out.push((part, tensor));
+        }
+        Ok(out)
     }
 
     /// Hands the memory out once as a DLPack tensor, ordering `stream` after
@@ -870,43 +1143,9 @@ impl Frame {
                 self.device
             )));
         }
+        self.refuse_whole("__dlpack__")?;
         let tensor = self.tensor(py, stream)?;
-        if max_version.is_some_and(|(major, _)| major >= 1) {
-            let managed = tensor.into_versioned();
-            let pointer = NonNull::new(managed.cast::<c_void>()).expect("a Box is not null");
-            // SAFETY: `pointer` is a DLManagedTensorVersioned this capsule
-            // now owns; its destructor frees it unless a consumer took it.
-            let capsule = unsafe {
-                PyCapsule::new_with_pointer_and_destructor(
-                    py,
-                    pointer,
-                    VERSIONED,
-                    Some(delete_versioned_capsule),
-                )
-            };
-            if capsule.is_err() {
-                // SAFETY: no capsule took `managed`; its deleter runs once, here.
-                unsafe { call_versioned_deleter(managed) };
-            }
-            capsule
-        } else {
-            let managed = tensor.into_legacy().map_err(cuda_error)?;
-            let pointer = NonNull::new(managed.cast::<c_void>()).expect("a Box is not null");
-            // SAFETY: as above, for the legacy structure.
-            let capsule = unsafe {
-                PyCapsule::new_with_pointer_and_destructor(
-                    py,
-                    pointer,
-                    LEGACY,
-                    Some(delete_legacy_capsule),
-                )
-            };
-            if capsule.is_err() {
-                // SAFETY: no capsule took `managed`; its deleter runs once, here.
-                unsafe { call_legacy_deleter(managed) };
-            }
-            capsule
-        }
+        capsule(py, tensor, max_version)
     }
 
     /// `(device_type, device_id)`: `(2, ordinal)` (kDLCUDA, the CUDA device's
@@ -925,6 +1164,7 @@ impl Frame {
     /// consumer must order its work after it (CuPy does).
     #[getter]
     fn __cuda_array_interface__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.refuse_whole("__cuda_array_interface__")?;
         let ring_frame = matches!(&self.source, Source::Ring(_));
         if self.device.0 != DL_CUDA && !ring_frame {
             return Err(PyAttributeError::new_err(
@@ -957,6 +1197,41 @@ impl Frame {
         // The consumer's stream is not known: a release must name it.
         rf.consumer_stream = Some(ConsumerStream::Interface);
         self.interface(py, data, Some(stream))
+    }
+
+    /// A multi-image ring's frame as its images by name (see the module
+    /// contract): a dict of `Part`s, each handed to a DLPack consumer once
+    /// (`torch.from_dlpack(parts["depth"])`), after the frame was ordered
+    /// on `stream` (as `__dlpack__` takes it: the sender's write waited
+    /// for, every part copied) once for all of them; a part's consumer must
+    /// pass the same stream. `release()` orders after that stream.
+    #[pyo3(signature = (stream=None))]
+    fn tensors<'py>(
+        &mut self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let stream = stream_arg(stream.as_ref())?;
+        let parts = self.part_tensors(py, &stream)?;
+        let dict = PyDict::new(py);
+        for (view, tensor) in parts {
+            let part = Part {
+                name: view.name.clone(),
+                tensor: std::sync::Mutex::new(Some(tensor)),
+                device: self.device,
+                ordered_on: stream.handle(),
+                shape: view.shape,
+            };
+            dict.set_item(view.name, Py::new(py, part)?)?;
+        }
+        Ok(dict)
+    }
+
+    /// The names of a multi-image ring's parts, in slot order (empty for
+    /// any other frame).
+    #[getter]
+    fn part_names(&self) -> Vec<String> {
+        self.parts.iter().map(|p| p.name.clone()).collect()
     }
 
     /// The producer's tag: the frame number for a ring frame.

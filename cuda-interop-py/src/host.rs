@@ -8,7 +8,9 @@
 //! * A [`RecordingRing`] is a real library session (with a real sender:
 //!   the `frame_server` example) whose slots are host memory of this
 //!   process instead of the sender's (slot `i`'s byte `b` is `b + i`
-//!   modulo 256): its frames take stream arguments as CUDA frames do, and
+//!   modulo 256; a multi-image ring's part `p`: `b + i + 64 * p`, each
+//!   part as many bytes as its texels fill): its frames take stream
+//!   arguments as CUDA frames do, and
 //!   each "released" signal is recorded as `(slot, frame, stream)` instead
 //!   of enqueued. Its releases carry no GPU promise (the test sender shares
 //!   no semaphores).
@@ -52,6 +54,8 @@ impl Drop for HostBytes {
 /// A session whose slots are host memory here (see the module contract).
 pub(crate) struct RecordingRing {
     slots: Vec<Arc<HostBytes>>,
+    /// Per slot, a multi-image ring's parts (empty otherwise).
+    parts: Vec<Vec<Arc<HostBytes>>>,
     signals: Mutex<Vec<(u32, u64, usize)>>,
     session: Session,
 }
@@ -69,8 +73,23 @@ impl RecordingRing {
                 ))
             })
             .collect();
+        let parts = (0..layout.slots)
+            .map(|i| {
+                (0u8..)
+                    .zip(session.parts())
+                    .map(|(p, part)| {
+                        let len = part.row_bytes(layout.width) * u64::from(layout.height);
+                        let first = (i as u8).wrapping_add(p.wrapping_mul(64));
+                        Arc::new(HostBytes::new(
+                            (0..len).map(|b| (b as u8).wrapping_add(first)).collect(),
+                        ))
+                    })
+                    .collect()
+            })
+            .collect();
         Ok(RecordingRing {
             slots,
+            parts,
             signals: Mutex::new(Vec::new()),
             session,
         })
@@ -83,6 +102,12 @@ impl RecordingRing {
     /// Slot `index`'s memory: what keeps it alive, its address, its bytes.
     pub(crate) fn slot(&self, index: u32) -> (SlotMemory, u64, u64) {
         let bytes = &self.slots[index as usize];
+        (SlotMemory::new(bytes.clone()), bytes.data(), bytes.len())
+    }
+
+    /// Part `part` of slot `index` of a multi-image ring, as [`Self::slot`].
+    pub(crate) fn part(&self, index: u32, part: usize) -> (SlotMemory, u64, u64) {
+        let bytes = &self.parts[index as usize][part];
         (SlotMemory::new(bytes.clone()), bytes.data(), bytes.len())
     }
 

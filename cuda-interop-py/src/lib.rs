@@ -42,6 +42,12 @@
 //!     `tag` = the frame number, held until released; without semaphores,
 //!     a host (kDLCPU) copy of the frame for NumPy, checked after the read
 //!     to be the frame's, whose slot is released before `next()` returns.
+//!     A multi-image ring (several named images a slot, one frame;
+//!     `frame_server --with-depth`): `Frame.tensors(stream=None)` orders
+//!     the frame on `stream` once and gives a dict name -> `Part` (each a
+//!     DLPack producer of its image, handed out once, on that stream);
+//!     `Frame.part_names` names them; the frame itself is no tensor, and
+//!     its one release covers every part.
 //!   - **one buffer per message** (a producer that speaks first, with
 //!     `vk_export` wire messages): resource 0 must be a device-local
 //!     buffer, handed out whole as a 1-D `uint8` tensor; the other
@@ -197,6 +203,7 @@ fn cuda_interop_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<senders::SenderInfo>()?;
     m.add_class::<receiver::Receiver>()?;
     m.add_class::<frame::Frame>()?;
+    m.add_class::<frame::Part>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("PROTOCOL_VERSION", cuda_interop_frames::protocol::VERSION)?;
     Ok(())

@@ -235,7 +235,9 @@ impl Mode {
         let fd = rustix::io::fcntl_dupfd_cloexec(&conn, 0)
             .map_err(|e| ConsumerError::Poll(std::io::Error::from(e)))?;
         let theirs = Connection::from_fd(fd)?;
-        match Session::start(theirs, delivery, left(deadline)) {
+        // Multi-image rings too: their frames are dicts of tensors
+        // (`Frame.tensors`).
+        match Session::start_any(theirs, delivery, left(deadline)) {
             Ok((session, setup)) => {
                 drop(conn);
                 Mode::of_ring(session, setup, open)

@@ -112,6 +112,32 @@ impl SharedRing {
         }
     }
 
+    /// Every part's memory of `frame` of a multi-image ring, in part
+    /// order, if this receiver still holds it.
+    pub(crate) fn part_slots(&self, frame: &Frame) -> Result<Vec<SlotView>, ConsumerError> {
+        match &self.backend {
+            Backend::Cuda(cuda) => Ok(cuda
+                .part_slots(frame)?
+                .iter()
+                .map(|slot| SlotView {
+                    memory: slot.memory.clone(),
+                    data: slot.data,
+                    len: slot.len,
+                })
+                .collect()),
+            #[cfg(feature = "test-hooks")]
+            Backend::Recording(ring) => {
+                ring.session().check_held(frame)?;
+                Ok((0..ring.session().parts().len())
+                    .map(|p| {
+                        let (memory, data, len) = ring.part(frame.slot(), p);
+                        SlotView { memory, data, len }
+                    })
+                    .collect())
+            }
+        }
+    }
+
     /// Makes reads enqueued from now on see `frame` (see the module
     /// contract), where that is needed: a consumer `stream` is ordered after
     /// "produced" (and an image ring's copy) on the GPU, without a host

@@ -19,12 +19,20 @@ is its bitwise NOT. Buffer rings give (height, width, 4) uint8 tensors with
 pitched rows; image rings (height, width, channels) tensors of the channel
 type (uint8 for RGBA8, float16 for RGBA16F), whose words are the same pattern
 bit for bit: the check views every frame as int32 words.
+A multi-image ring (`frame_server --with-depth`, torch only): each frame is
+`frame.tensors(stream)`, a dict of colour (uint8 RGBA), depth (float32) and
+segmentation (uint32) tensors of one frame; every value of every part is
+checked against its part's words (`part_words`, as `demo::part_words` has
+them: the colour's are the pattern above, the depth's the float bits of
+k/4096 and (2k+1)/8192 for k = frame % 4096, the labels' frame << 8 | 1 and
+| 2), so a part of another frame counts as bad.
 Bad frames are counted on the GPU and read once at the end; the exit status is
 non-zero if any frame was bad or not all frames came.
 """
 
 import argparse
 import gc
+import struct
 import sys
 import time
 import weakref
@@ -42,6 +50,22 @@ def s32(x):
 # rows than the frame (the chroma plane's follow the luma plane's), and the
 # band lies in the luma plane.
 GEOMETRY = {"height": None}
+
+
+def float_bits(x):
+    """The bits of `x` as a 32-bit float, as a u32."""
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def part_words(part, frame):
+    """(background, band) words of part `part` of frame `frame` of a
+    `--with-depth` ring (cuda-interop-frames/examples/common/demo.rs)."""
+    if part == 0:
+        return frame, ~frame
+    if part == 1:
+        k = frame % 4096
+        return float_bits(k / 4096.0), float_bits((2 * k + 1) / 8192.0)
+    return (frame << 8) | 1, (frame << 8) | 2
 
 
 def band_rows(frame, height):
@@ -68,20 +92,33 @@ def main():
     if args.lib == "torch":
         import torch
 
-        def verify(t, tag):
+        def verify(t, tag, words_of=None):
             words = t.view(torch.int32)  # (height, width, words per pixel)
             if words.dim() == 2:  # a planar ring's (rows, width): both planes
                 words = words.unsqueeze(-1)
             rows = words.shape[0]
             start, end = band_rows(tag, GEOMETRY["height"] or rows)
-            want = torch.full((rows, 1, 1), s32(tag), dtype=torch.int32, device=t.device)
-            want[start:end] = s32(~tag)
+            background, band = words_of or (tag, ~tag)
+            want = torch.full((rows, 1, 1), s32(background), dtype=torch.int32, device=t.device)
+            want[start:end] = s32(band)
             return (words != want).any()
+
+        def check_parts(frame):
+            # One ordering on the current stream for the whole frame.
+            parts = frame.tensors(stream=torch.cuda.current_stream())
+            wrong = zero()
+            for p, name in enumerate(frame.part_names):
+                t = torch.from_dlpack(parts[name])
+                wrong = wrong | verify(t, frame.tag, part_words(p, frame.tag))
+            frame.release()  # after that stream
+            return wrong
 
         def release(frame):
             frame.release()  # on the stream torch.from_dlpack named
 
         def check(frame):
+            if frame.part_names:
+                return check_parts(frame)
             t = torch.from_dlpack(frame)  # (height, width, channels)
             wrong = verify(t, frame.tag)
             frame.release()  # on the stream from_dlpack ordered after the write
@@ -129,6 +166,12 @@ def main():
             torch.cuda.synchronize()
 
         def layout(frame):
+            if frame.part_names:
+                parts = frame.tensors(stream=torch.cuda.current_stream())
+                return {
+                    name: (tuple(t.shape), str(t.dtype))
+                    for name, t in ((n, torch.from_dlpack(parts[n])) for n in frame.part_names)
+                }
             t = torch.from_dlpack(frame)
             return tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device)
 
@@ -185,6 +228,10 @@ def main():
         receiver = cuda_interop.connect(args.socket, timeout=args.timeout, delivery=args.delivery)
     GEOMETRY["height"] = receiver.layout[2]
     first = receiver.next(args.timeout)
+    multi = bool(first.part_names)
+    if multi and args.lib != "torch":
+        print(f"[{args.lib}] a multi-image ring ({first.part_names}): use --lib torch", flush=True)
+        return 1
     slots, width, height, pitch = receiver.layout
     print(
         f"[{args.lib}] ring of {slots} slots, {width}x{height}, row pitch {pitch}; "
@@ -228,7 +275,9 @@ def main():
         flush=True,
     )
     rules_ok = True
-    if args.lib == "torch":
+    if args.lib == "torch" and multi:
+        print(f"[torch] parts {first.part_names}: every value of every part checked", flush=True)
+    elif args.lib == "torch":
         rules_bad, rules_ok, notes = stream_rules(receiver)
         rules_ok = rules_ok and rules_bad == 0
         print(f"[torch] stream rules on a side stream: {notes}; {rules_bad} bad", flush=True)

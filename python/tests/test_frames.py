@@ -776,3 +776,89 @@ def test_two_receivers_and_a_killed_one(server):
     fds = last.split(" fds=")[1].split()[0]
     before = last.split("before any consumer: fds=")[1].split()[0]
     assert fds == before, last
+
+
+# Multi-image rings (frame_server --with-depth): a frame is a dict of
+# tensors, all of one present.
+
+
+class DepthServer(FrameServerProcess):
+    """frame_server --with-depth: colour (RGBA8), depth (R32_SFLOAT) and
+    segmentation (R32_UINT) images a slot, 3 slots, host-visible, no
+    semaphores."""
+
+    def __init__(self, directory):
+        self.path = os.path.join(directory, "depth.sock")
+        super().__init__(
+            os.path.join(directory, "server-depth.log"),
+            ["--socket", self.path, "--width", str(WIDTH), "--height", str(HEIGHT),
+             "--with-depth", "--seconds", "120", "--hold-timeout", "30",
+             "--host-visible", "--no-semaphores"],
+        )
+
+
+@pytest.fixture
+def depth_server(tmp_path):
+    s = DepthServer(str(tmp_path)).wait_for("listening on")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_multi_image_frames_are_dicts_of_tensors(depth_server):
+    gc.collect()
+    before = cuda_interop._host_frames_alive()
+    r = cuda_interop._connect_recording(depth_server.path, 5.0, delivery="lossless")
+    # The stand-in ring: 3 slots, and 3 parts of each.
+    assert cuda_interop._host_frames_alive() == before + 3 + 9
+    frame = r.next(5.0)
+    names = ["color", "depth", "segmentation"]
+    assert frame.part_names == names
+    # Not one tensor.
+    with pytest.raises(BufferError, match="tensors"):
+        frame.__dlpack__()
+    with pytest.raises(BufferError, match="tensors"):
+        frame.__cuda_array_interface__
+    parts = frame.tensors()
+    assert sorted(parts) == sorted(names)
+    with pytest.raises(BufferError):
+        frame.tensors()  # handed out once
+    # (DLPack type code, bits, channels) of each part.
+    kinds = {"color": (1, 8, 4), "depth": (2, 32, 1), "segmentation": (1, 32, 1)}
+    slot = frame.slot
+    for p, name in enumerate(names):
+        part = parts[name]
+        assert part.name == name and part.__dlpack_device__() == (1, 0)
+        code, bits, channels = kinds[name]
+        assert part.shape == (HEIGHT, WIDTH, channels)
+        capsule = part.__dlpack__(max_version=(1, 0))
+        m = DLManagedTensorVersioned.from_address(
+            PyCapsule_GetPointer(capsule, b"dltensor_versioned"))
+        t = m.dl_tensor
+        assert (t.ndim, t.code, t.bits, t.lanes) == (3, code, bits, 1)
+        assert [t.shape[i] for i in range(3)] == [HEIGHT, WIDTH, channels]
+        assert [t.strides[i] for i in range(3)] == [WIDTH * channels, channels, 1]
+        # The stand-in part's bytes are (index + slot + 64 * part) mod 256.
+        for at in (0, 7, WIDTH * 4 * HEIGHT - 1):
+            want = (at + slot + 64 * p) % 256
+            assert ctypes.string_at(t.data + at, 1)[0] == want, (name, at)
+        with pytest.raises(BufferError, match="already handed out"):
+            part.__dlpack__()
+        del m, t, capsule
+    frame.release()
+    assert r.held == 0
+    # A part's consumer must pass the stream the frame was ordered on.
+    stream = FakeStream(ctypes.addressof(_STREAM_MEMORY), r, [])
+    frame = r.next(5.0)
+    parts = frame.tensors(stream=stream)
+    with pytest.raises(BufferError, match="ordered on stream"):
+        parts["depth"].__dlpack__()
+    parts["depth"].__dlpack__(stream=stream)
+    frame.release()
+    # The release ordered after that stream, once for the whole frame.
+    assert cuda_interop._signals(r)[-1][1:] == (frame.tag, stream.ptr)
+    r.close()
+    del frame, parts, r, stream
+    gc.collect()
+    assert cuda_interop._host_frames_alive() == before

@@ -7,7 +7,8 @@
 use ash::vk;
 use vk_export::{Context, QueueRole, SubmitSync};
 
-/// A non-exportable RGBA8 OPTIMAL image with transfer source, transfer
+/// A non-exportable OPTIMAL image (RGBA8 unless made with
+/// [`AppImage::of_format`]) with transfer source, transfer
 /// destination and colour attachment usage, and its memory. Its drop
 /// waits (at most 10 s a queue) for the context's queues to finish what
 /// was submitted before it.
@@ -95,12 +96,71 @@ impl AppImage {
         families: &[u32],
         want: vk::MemoryPropertyFlags,
     ) -> AppImage {
+        AppImage::make(
+            ctx,
+            (vk::Format::R8G8B8A8_UNORM, 4),
+            extent,
+            texels,
+            layout,
+            role,
+            families,
+            want,
+        )
+    }
+
+    /// [`AppImage::new`] of another `format` of `texel_bytes` bytes a
+    /// texel: a colour format, or a depth one (`D32_SFLOAT`: texels in
+    /// [0, 1]; `D16_UNORM`), then with depth-attachment usage instead of
+    /// colour-attachment and the depth aspect.
+    pub fn of_format(
+        ctx: &Context,
+        (format, texel_bytes): (vk::Format, u32),
+        extent: [u32; 2],
+        texels: &[u8],
+        layout: vk::ImageLayout,
+        role: QueueRole,
+    ) -> AppImage {
+        AppImage::make(
+            ctx,
+            (format, texel_bytes),
+            extent,
+            texels,
+            layout,
+            role,
+            &[],
+            vk::MemoryPropertyFlags::empty(),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments, reason = "one image's facts")]
+    fn make(
+        ctx: &Context,
+        (format, texel_bytes): (vk::Format, u32),
+        extent: [u32; 2],
+        texels: &[u8],
+        layout: vk::ImageLayout,
+        role: QueueRole,
+        families: &[u32],
+        want: vk::MemoryPropertyFlags,
+    ) -> AppImage {
         let device = ctx.device();
-        let size = u64::from(extent[0]) * u64::from(extent[1]) * 4;
+        let depth = matches!(format, vk::Format::D32_SFLOAT | vk::Format::D16_UNORM);
+        let (aspect, attachment) = if depth {
+            (
+                vk::ImageAspectFlags::DEPTH,
+                vk::ImageUsageFlags::DEPTH_STENCIL_ATTACHMENT,
+            )
+        } else {
+            (
+                vk::ImageAspectFlags::COLOR,
+                vk::ImageUsageFlags::COLOR_ATTACHMENT,
+            )
+        };
+        let size = u64::from(extent[0]) * u64::from(extent[1]) * u64::from(texel_bytes);
         assert_eq!(texels.len() as u64, size, "texels of the extent");
         let info = vk::ImageCreateInfo::default()
             .image_type(vk::ImageType::TYPE_2D)
-            .format(vk::Format::R8G8B8A8_UNORM)
+            .format(format)
             .extent(vk::Extent3D {
                 width: extent[0],
                 height: extent[1],
@@ -111,9 +171,7 @@ impl AppImage {
             .samples(vk::SampleCountFlags::TYPE_1)
             .tiling(vk::ImageTiling::OPTIMAL)
             .usage(
-                vk::ImageUsageFlags::TRANSFER_SRC
-                    | vk::ImageUsageFlags::TRANSFER_DST
-                    | vk::ImageUsageFlags::COLOR_ATTACHMENT,
+                vk::ImageUsageFlags::TRANSFER_SRC | vk::ImageUsageFlags::TRANSFER_DST | attachment,
             )
             .initial_layout(vk::ImageLayout::UNDEFINED);
         let info = if families.is_empty() {
@@ -162,7 +220,7 @@ impl AppImage {
             (buffer, staging)
         };
         let range = vk::ImageSubresourceRange {
-            aspect_mask: vk::ImageAspectFlags::COLOR,
+            aspect_mask: aspect,
             base_mip_level: 0,
             level_count: 1,
             base_array_layer: 0,
@@ -184,7 +242,7 @@ impl AppImage {
             family = f;
             let region = vk::BufferImageCopy {
                 image_subresource: vk::ImageSubresourceLayers {
-                    aspect_mask: vk::ImageAspectFlags::COLOR,
+                    aspect_mask: aspect,
                     mip_level: 0,
                     base_array_layer: 0,
                     layer_count: 1,

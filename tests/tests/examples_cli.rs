@@ -447,6 +447,97 @@ fn frame_server_waits_for_a_vulkan_client_that_checks_every_pixel() {
     std::fs::remove_dir_all(&runtime).unwrap();
 }
 
+/// `--with-depth` (issue 31 item 5): `frame_server` and the `from_raw`
+/// renderer each publish colour + depth + segmentation frames (a
+/// multi-image ring; the depth a `D32_SFLOAT` attachment copied into an
+/// `R32_SFLOAT` part), and the Vulkan client checks every texel of every
+/// part of every frame it takes (lavapipe: host-visible, no semaphores).
+#[test]
+fn with_depth_senders_to_a_vulkan_client_every_texel_of_every_part_checked() {
+    use std::io::BufRead;
+    let size = ["--width", "64", "--height", "48", "--with-depth"];
+    // frame_server, waiting for its one receiver.
+    let runtime = runtime_dir("depth");
+    let mut args = size.to_vec();
+    args.extend([
+        "--frames",
+        "120",
+        "--wait-for-receivers",
+        "1",
+        "--seconds",
+        "60",
+    ]);
+    if let Some((mut server, lines, mut log)) = start_frame_server("sim", &args, &runtime) {
+        let client = ["--name", "sim", "--frames", "40", "--lossless"];
+        let stdout = run_example("vulkan_client", &client, &[("XDG_RUNTIME_DIR", &runtime)]);
+        for line in lines {
+            log += &line.unwrap();
+            log.push('\n');
+        }
+        let status = server.wait().unwrap();
+        print!("{log}");
+        assert!(
+            log.contains("3 slots of 64x48 color + depth + segmentation images each"),
+            "{log}"
+        );
+        // Where the layer is installed (CI), the render and copies are clean.
+        if log.contains("validation errors:") {
+            assert!(log.contains("validation errors: 0 []"), "{log}");
+        }
+        if let Some(stdout) = stdout {
+            assert!(
+                stdout.contains("40 frames (40 checked, every texel of every part, 0 bad)"),
+                "{stdout}"
+            );
+            assert!(status.success(), "{log}");
+        }
+        let _ = server.kill();
+    }
+    std::fs::remove_dir_all(&runtime).unwrap();
+    // The renderer on its own device, its run time bounding it.
+    let renderer = examples_dir().join("renderer");
+    if !renderer.is_file() || !examples_dir().join("vulkan_client").is_file() {
+        println!("NOT CHECKED: renderer or vulkan_client is not built next to this test");
+        return;
+    }
+    let runtime = runtime_dir("depth-renderer");
+    let mut server = Command::new(&renderer)
+        .args(size)
+        .args(["--seconds", "120"])
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(server.stdout.take().unwrap()).lines();
+    let mut log = String::new();
+    loop {
+        let line = lines
+            .next()
+            .unwrap_or_else(|| panic!("the renderer exited before announcing itself: {log}"))
+            .unwrap();
+        log += &line;
+        log.push('\n');
+        if line.contains("announced as \"renderer\"") {
+            break;
+        }
+    }
+    for mode in [&["--lossless"][..], &[][..]] {
+        let mut args = vec!["--name", "renderer", "--frames", "15"];
+        args.extend(mode);
+        let stdout = run_example("vulkan_client", &args, &[("XDG_RUNTIME_DIR", &runtime)])
+            .expect("built: checked above");
+        assert!(
+            stdout.contains("15 frames (15 checked, every texel of every part, 0 bad)"),
+            "{stdout}"
+        );
+    }
+    let _ = server.kill();
+    server.wait().unwrap();
+    assert!(log.contains("(Context::from_raw)"), "{log}");
+    std::fs::remove_dir_all(&runtime).unwrap();
+}
+
 /// Refusals name the flag to pass: a buffer ring to the Vulkan client,
 /// contradicting flags, and (on a device without them, lavapipe)
 /// device-local memory or semaphores asked for.

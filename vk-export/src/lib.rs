@@ -80,7 +80,7 @@ pub use interop_share::record::{
 };
 pub use interop_share::token::{BinaryPayload, BinarySignal, SignalReservation};
 pub use interop_share::uuid::{DeviceUuid, DriverUuid, ParseUuidError};
-pub use ownership::{SharedLayout, SourceImage, SourceSharing};
+pub use ownership::{DepthFormat, DepthSource, SharedLayout, SourceImage, SourceSharing};
 pub use queues::{QueueChoice, QueueRole, Queues};
 pub use requirements::{
     DeviceRequirements, OPTIONAL_DEVICE_EXTENSIONS, REQUIRED_DEVICE_EXTENSIONS,

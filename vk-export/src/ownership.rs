@@ -21,7 +21,10 @@
 //!   application's to start (the release must follow its last write, on
 //!   its queue: only it can order that) and to finish (the acquire back):
 //!   the crate records the halves in between
-//!   ([`SourceSharing::ReleasedToTransfer`]).
+//!   ([`SourceSharing::ReleasedToTransfer`]). A depth attachment
+//!   ([`DepthSource`]) is copied the same way into a colour image of its
+//!   texels' format, through a buffer the caller gives (depth and colour
+//!   formats cannot be copied between with `vkCmdCopyImage`).
 
 use std::marker::PhantomData;
 
@@ -107,6 +110,27 @@ pub(crate) fn image_barrier(
     new: vk::ImageLayout,
     families: (u32, u32),
 ) {
+    image_barrier_of(
+        device,
+        cmd,
+        image,
+        vk::ImageAspectFlags::COLOR,
+        old,
+        new,
+        families,
+    )
+}
+
+/// [`image_barrier`] of the image's `aspect` (a depth image's: `DEPTH`).
+fn image_barrier_of(
+    device: &ash::Device,
+    cmd: vk::CommandBuffer,
+    image: vk::Image,
+    aspect: vk::ImageAspectFlags,
+    old: vk::ImageLayout,
+    new: vk::ImageLayout,
+    families: (u32, u32),
+) {
     let barrier = vk::ImageMemoryBarrier::default()
         .src_access_mask(ALL_ACCESS)
         .dst_access_mask(ALL_ACCESS)
@@ -116,7 +140,7 @@ pub(crate) fn image_barrier(
         .dst_queue_family_index(families.1)
         .image(image)
         .subresource_range(vk::ImageSubresourceRange {
-            aspect_mask: vk::ImageAspectFlags::COLOR,
+            aspect_mask: aspect,
             base_mip_level: 0,
             level_count: vk::REMAINING_MIP_LEVELS,
             base_array_layer: 0,
@@ -325,40 +349,7 @@ impl<F: Format> SourceImage<F> {
     /// may access it. Returns the queue the copy runs on. Nothing Vulkan is
     /// called.
     pub fn check_copy(&self, ctx: &Context, dst_extent: [u32; 2]) -> Result<QueueRole> {
-        for axis in 0..2 {
-            if i32::try_from(self.offset[axis]).is_err() {
-                return Err(Error::InvalidArgument(format!(
-                    "a copy source offset {:?} beyond 2^31",
-                    self.offset
-                )));
-            }
-            let end = u64::from(self.offset[axis]) + u64::from(dst_extent[axis]);
-            if end > u64::from(self.extent[axis]) {
-                return Err(Error::InvalidArgument(format!(
-                    "a {}x{} region at {:?} of a {}x{} source does not fit it",
-                    dst_extent[0], dst_extent[1], self.offset, self.extent[0], self.extent[1]
-                )));
-            }
-        }
-        let transfer = ctx.queue_family_of(QueueRole::Transfer);
-        match self.sharing {
-            SourceSharing::Concurrent => Ok(QueueRole::Transfer),
-            SourceSharing::Exclusive(f) if f == transfer => Ok(QueueRole::Transfer),
-            SourceSharing::Exclusive(f) if f == ctx.queue_family() => Ok(QueueRole::Main),
-            SourceSharing::ReleasedToTransfer { from } if from == transfer => {
-                Err(Error::InvalidArgument(format!(
-                    "a copy source released from queue family {from} to {transfer}, the same \
-                     family: no transfer took place; describe it as SourceSharing::Exclusive"
-                )))
-            }
-            SourceSharing::ReleasedToTransfer { .. } => Ok(QueueRole::Transfer),
-            SourceSharing::Exclusive(f) => Err(Error::InvalidArgument(format!(
-                "the copy source is owned by queue family {f}, and this context has queues of \
-                 family {} (main) and {transfer} (transfer) only: release it to one of them \
-                 (and say so), or create it CONCURRENT",
-                ctx.queue_family()
-            ))),
-        }
+        check_source(ctx, self.offset, self.extent, self.sharing, dst_extent)
     }
 
     /// Records the copy into `dst` (level 0, layer 0, in `GENERAL`, owned
@@ -444,6 +435,298 @@ impl<F: Format> SourceImage<F> {
             // The release back, whose acquire half is the application's.
             let layout = self.layout;
             image_barrier(device, cmd, self.image, layout, layout, (family, from));
+        }
+    }
+}
+
+/// [`SourceImage::check_copy`] and [`DepthSource::check_copy`]: the region
+/// of `dst_extent` at `offset` fits a source of `extent`, and a queue of
+/// the context may access a source shared as `sharing`.
+fn check_source(
+    ctx: &Context,
+    offset: [u32; 2],
+    extent: [u32; 2],
+    sharing: SourceSharing,
+    dst_extent: [u32; 2],
+) -> Result<QueueRole> {
+    for axis in 0..2 {
+        if i32::try_from(offset[axis]).is_err() {
+            return Err(Error::InvalidArgument(format!(
+                "a copy source offset {:?} beyond 2^31",
+                offset
+            )));
+        }
+        let end = u64::from(offset[axis]) + u64::from(dst_extent[axis]);
+        if end > u64::from(extent[axis]) {
+            return Err(Error::InvalidArgument(format!(
+                "a {}x{} region at {:?} of a {}x{} source does not fit it",
+                dst_extent[0], dst_extent[1], offset, extent[0], extent[1]
+            )));
+        }
+    }
+    let transfer = ctx.queue_family_of(QueueRole::Transfer);
+    match sharing {
+        SourceSharing::Concurrent => Ok(QueueRole::Transfer),
+        SourceSharing::Exclusive(f) if f == transfer => Ok(QueueRole::Transfer),
+        SourceSharing::Exclusive(f) if f == ctx.queue_family() => Ok(QueueRole::Main),
+        SourceSharing::ReleasedToTransfer { from } if from == transfer => {
+            Err(Error::InvalidArgument(format!(
+                "a copy source released from queue family {from} to {transfer}, the same \
+                     family: no transfer took place; describe it as SourceSharing::Exclusive"
+            )))
+        }
+        SourceSharing::ReleasedToTransfer { .. } => Ok(QueueRole::Transfer),
+        SourceSharing::Exclusive(f) => Err(Error::InvalidArgument(format!(
+            "the copy source is owned by queue family {f}, and this context has queues of \
+                 family {} (main) and {transfer} (transfer) only: release it to one of them \
+                 (and say so), or create it CONCURRENT",
+            ctx.queue_family()
+        ))),
+    }
+}
+
+/// The depth formats a [`DepthSource`] may have, each with the colour
+/// format its texels are copied into (the same bits: CUDA and DLPack cannot
+/// see a depth format, so depth travels in a colour image).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DepthFormat {
+    /// `VK_FORMAT_D32_SFLOAT`, copied into `VK_FORMAT_R32_SFLOAT`.
+    D32Sfloat,
+    /// `VK_FORMAT_D16_UNORM`, copied into `VK_FORMAT_R16_UNORM`.
+    D16Unorm,
+}
+
+impl DepthFormat {
+    /// The depth format.
+    pub fn vk(self) -> vk::Format {
+        match self {
+            DepthFormat::D32Sfloat => vk::Format::D32_SFLOAT,
+            DepthFormat::D16Unorm => vk::Format::D16_UNORM,
+        }
+    }
+
+    /// The colour format of the same texels it is copied into.
+    pub fn color_format(self) -> vk::Format {
+        match self {
+            DepthFormat::D32Sfloat => vk::Format::R32_SFLOAT,
+            DepthFormat::D16Unorm => vk::Format::R16_UNORM,
+        }
+    }
+
+    /// Bytes of one texel (of both formats).
+    pub fn texel_bytes(self) -> u32 {
+        match self {
+            DepthFormat::D32Sfloat => 4,
+            DepthFormat::D16Unorm => 2,
+        }
+    }
+}
+
+/// An application's own depth image (a depth attachment: no external
+/// memory, any layout its renderer uses) to copy into a colour image of
+/// [`DepthFormat::color_format`], as [`SourceImage`] is for colour images.
+/// `vkCmdCopyImage` between a depth and a colour format is not allowed
+/// (their formats must match for depth/stencil images), so the copy goes
+/// through a buffer: `vkCmdCopyImageToBuffer` of the depth aspect, then
+/// `vkCmdCopyBufferToImage` into the colour image, the layouts and texel
+/// bits the spec defines for both (D32_SFLOAT: 4-byte floats; D16_UNORM:
+/// 2-byte integers). Made per copy: its layout and owner are the image's
+/// state at that copy.
+#[derive(Debug)]
+pub struct DepthSource {
+    image: vk::Image,
+    format: DepthFormat,
+    extent: [u32; 2],
+    offset: [u32; 2],
+    layout: vk::ImageLayout,
+    sharing: SourceSharing,
+}
+
+impl DepthSource {
+    /// Describes `image` (level 0, layer 0, its depth aspect) as a copy
+    /// source of `extent` texels of `format`, now in `layout` and accessible
+    /// as `sharing` says. `UNDEFINED` and `PREINITIALIZED` are refused.
+    ///
+    /// # Safety
+    /// As [`SourceImage::new`], with: `image` is of format `format.vk()`
+    /// (its only aspect is depth), created with
+    /// `VK_IMAGE_USAGE_TRANSFER_SRC_BIT`; for
+    /// [`SourceSharing::ReleasedToTransfer`] the application's release
+    /// barrier names the depth aspect (`VK_IMAGE_ASPECT_DEPTH_BIT`) over the
+    /// same whole-image range.
+    pub unsafe fn new(
+        image: vk::Image,
+        format: DepthFormat,
+        extent: [u32; 2],
+        layout: vk::ImageLayout,
+        sharing: SourceSharing,
+    ) -> Result<Self> {
+        if matches!(
+            layout,
+            vk::ImageLayout::UNDEFINED | vk::ImageLayout::PREINITIALIZED
+        ) {
+            return Err(Error::InvalidArgument(format!(
+                "a depth copy source in {layout:?}: its texels are undefined (and a barrier \
+                 cannot return it there); give the layout it was rendered into"
+            )));
+        }
+        if image == vk::Image::null() || extent.contains(&0) {
+            return Err(Error::InvalidArgument(format!(
+                "a depth copy source with a null handle or an empty extent {extent:?}"
+            )));
+        }
+        Ok(DepthSource {
+            image,
+            format,
+            extent,
+            offset: [0, 0],
+            layout,
+            sharing,
+        })
+    }
+
+    /// Copies the region that starts at `offset` (texels) instead of the
+    /// image's corner; the region is the destination's extent.
+    pub fn with_offset(mut self, offset: [u32; 2]) -> Self {
+        self.offset = offset;
+        self
+    }
+
+    /// The image.
+    pub fn raw(&self) -> vk::Image {
+        self.image
+    }
+
+    /// Its depth format.
+    pub fn format(&self) -> DepthFormat {
+        self.format
+    }
+
+    /// The layout it is in (and is left in after a copy).
+    pub fn layout(&self) -> vk::ImageLayout {
+        self.layout
+    }
+
+    /// Which queue families may access it, as the application said.
+    pub fn sharing(&self) -> SourceSharing {
+        self.sharing
+    }
+
+    /// As [`SourceImage::check_copy`]: the region fits, a queue of the
+    /// context may access it; the queue the copy runs on.
+    pub fn check_copy(&self, ctx: &Context, dst_extent: [u32; 2]) -> Result<QueueRole> {
+        check_source(ctx, self.offset, self.extent, self.sharing, dst_extent)
+    }
+
+    /// Bytes of the buffer a copy of a `dst_extent` region goes through.
+    pub fn staging_bytes(&self, dst_extent: [u32; 2]) -> u64 {
+        u64::from(dst_extent[0]) * u64::from(dst_extent[1]) * u64::from(self.format.texel_bytes())
+    }
+
+    /// Records the copy of the region into `dst` (level 0, layer 0, of
+    /// [`DepthFormat::color_format`], in `GENERAL`, owned by `family`) of
+    /// `dst_extent` through `staging` at `staging_offset`: a barrier into a
+    /// copy layout (`TRANSFER_SRC_OPTIMAL` unless the source is in
+    /// `GENERAL` or there already), `vkCmdCopyImageToBuffer` of the depth
+    /// aspect, a buffer barrier, `vkCmdCopyBufferToImage`, and a barrier
+    /// back into the source's layout; the halves of a
+    /// [`SourceSharing::ReleasedToTransfer`] transfer as
+    /// [`SourceImage::record_copy_to`] records them. Full barriers.
+    ///
+    /// # Safety
+    /// As [`SourceImage::record_copy_to`] (with `dst` of the colour format);
+    /// `staging` is a live buffer of the device with transfer source and
+    /// destination usage, of at least `staging_offset +
+    /// self.staging_bytes(dst_extent)` bytes, `staging_offset` a multiple of
+    /// 4, that nothing else uses until the commands completed.
+    #[allow(clippy::too_many_arguments, reason = "one copy's facts")]
+    pub unsafe fn record_copy_via(
+        &self,
+        device: &ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+        staging: vk::Buffer,
+        staging_offset: u64,
+        dst: vk::Image,
+        dst_extent: [u32; 2],
+    ) {
+        let depth = vk::ImageAspectFlags::DEPTH;
+        let copy_layout = match self.layout {
+            vk::ImageLayout::GENERAL | vk::ImageLayout::TRANSFER_SRC_OPTIMAL => self.layout,
+            _ => vk::ImageLayout::TRANSFER_SRC_OPTIMAL,
+        };
+        let ignored = (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED);
+        let transferred = match self.sharing {
+            SourceSharing::ReleasedToTransfer { from } => Some(from),
+            _ => None,
+        };
+        let layout = self.layout;
+        if let Some(from) = transferred {
+            image_barrier_of(
+                device,
+                cmd,
+                self.image,
+                depth,
+                layout,
+                layout,
+                (from, family),
+            );
+        }
+        image_barrier_of(device, cmd, self.image, depth, layout, copy_layout, ignored);
+        let extent = vk::Extent3D {
+            width: dst_extent[0],
+            height: dst_extent[1],
+            depth: 1,
+        };
+        let out = vk::BufferImageCopy {
+            buffer_offset: staging_offset,
+            buffer_row_length: 0,
+            buffer_image_height: 0,
+            image_subresource: vk::ImageSubresourceLayers {
+                aspect_mask: depth,
+                mip_level: 0,
+                base_array_layer: 0,
+                layer_count: 1,
+            },
+            image_offset: vk::Offset3D {
+                // check_copy refused offsets beyond i32.
+                x: self.offset[0] as i32,
+                y: self.offset[1] as i32,
+                z: 0,
+            },
+            image_extent: extent,
+        };
+        let into = vk::BufferImageCopy {
+            image_subresource: vk::ImageSubresourceLayers {
+                aspect_mask: vk::ImageAspectFlags::COLOR,
+                ..out.image_subresource
+            },
+            image_offset: vk::Offset3D::default(),
+            ..out
+        };
+        // SAFETY: forwarded from the caller: a recording command buffer of
+        // this device; the source in `copy_layout` after the barrier above,
+        // its region inside it (check_copy); the staging range is the
+        // caller's, large enough and 4-aligned (a depth copy's rule); the
+        // buffer barrier orders the copy out before the copy in; the
+        // destination is of the colour format of the same texel size, in
+        // GENERAL, at least `dst_extent`.
+        unsafe {
+            device.cmd_copy_image_to_buffer(cmd, self.image, copy_layout, staging, &[out]);
+            buffer_barrier(device, cmd, staging, ignored);
+            device.cmd_copy_buffer_to_image(cmd, staging, dst, vk::ImageLayout::GENERAL, &[into]);
+        }
+        image_barrier_of(device, cmd, self.image, depth, copy_layout, layout, ignored);
+        if let Some(from) = transferred {
+            image_barrier_of(
+                device,
+                cmd,
+                self.image,
+                depth,
+                layout,
+                layout,
+                (family, from),
+            );
         }
     }
 }

@@ -31,6 +31,9 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 /// The ring in words: `image ring of R8G8B8A8_UNORM arrays` or `row pitch
 /// 7680`.
 pub fn ring_words(layout: &cuda_interop_frames::protocol::RingLayout) -> String {
+    if layout.is_multi_image() {
+        return format!("multi-image ring of {} parts", layout.parts);
+    }
     let Some(f) = layout.vk_format() else {
         return format!("row pitch {}", layout.row_pitch);
     };
@@ -55,14 +58,16 @@ impl Checker {
     /// A checker for `rx`'s ring.
     pub fn new(rx: &CudaReceiver) -> Res<Checker> {
         let layout = rx.layout();
-        let through_surface =
-            match layout.is_image_ring() && [4, 8, 16].contains(&layout.texel_bytes()) {
-                true => Some((
-                    Module::load_ptx(rx.cuda(), cuda_interop::kernels::COPY_PTX)?,
-                    DeviceBuffer::new(rx.cuda(), layout.checked_frame_bytes()? as usize)?,
-                )),
-                false => None,
-            };
+        let through_surface = match layout.is_image_ring()
+            && !layout.is_multi_image()
+            && [4, 8, 16].contains(&layout.texel_bytes())
+        {
+            true => Some((
+                Module::load_ptx(rx.cuda(), cuda_interop::kernels::COPY_PTX)?,
+                DeviceBuffer::new(rx.cuda(), layout.checked_frame_bytes()? as usize)?,
+            )),
+            false => None,
+        };
         Ok(Checker {
             through_surface,
             bytes: Vec::new(),
@@ -81,6 +86,9 @@ impl Checker {
         timeout: Duration,
     ) -> Res<bool> {
         let (layout, f) = (rx.layout(), frame.sequence());
+        if layout.is_multi_image() {
+            return self.check_parts(rx, frame, stream, timeout);
+        }
         let (height, pitch) = (layout.height, layout.row_pitch as usize);
         let row = layout.width as usize * layout.texel_bytes() as usize;
         // Images without storage usage (sRGB) have no surface: they are
@@ -135,6 +143,37 @@ impl Checker {
                 None => rx.copy_to_host(frame, stream, at, &mut line, timeout)?,
             }
             if !demo::check_demo_row(&line, f, y, height) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+impl Checker {
+    /// A multi-image ring's frame (`frame_server --with-depth`): every
+    /// part copied out (`CudaReceiver::wait_on`), read back whole, every
+    /// texel checked against its part's pattern (`demo::check_part_row`).
+    fn check_parts(
+        &mut self,
+        rx: &CudaReceiver,
+        frame: &Frame,
+        stream: &Stream,
+        timeout: Duration,
+    ) -> Res<bool> {
+        let (layout, f) = (*rx.layout(), frame.sequence());
+        rx.wait_on(frame, stream)?; // every part's packed copy
+        for (p, part) in rx.parts().iter().enumerate() {
+            let row = part.row_bytes(layout.width) as usize;
+            self.bytes.resize(row * layout.height as usize, 0);
+            let name = part.name.as_str();
+            rx.copy_part_to_host(frame, name, stream, 0, &mut self.bytes, timeout)?;
+            let ok = self
+                .bytes
+                .chunks_exact(row)
+                .zip(0..)
+                .all(|(line, y)| demo::check_part_row(line, p, f, y, layout.height));
+            if !ok {
                 return Ok(false);
             }
         }

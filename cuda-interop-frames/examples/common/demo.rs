@@ -31,6 +31,16 @@
 //!   the [`ImageFormat`]s instead (RGBA8, RGBA16F, BGRA8, A2B10G10R10,
 //!   R16G16: texels of 4 or 8 bytes, the pattern's words copied bit for bit
 //!   by [`record_demo_pattern_image`]).
+//! * [`ProducerOptions::with_depth`] serves a multi-image ring instead
+//!   (`--with-depth`): every slot a colour (RGBA8), a depth (R32_SFLOAT)
+//!   and a segmentation (R32_UINT) image ([`DEPTH_PARTS`]), one frame.
+//!   The application renders frame `f` into images of its own (RGBA8, a
+//!   `D32_SFLOAT` depth attachment, R32_UINT; [`AppTargets`]) and
+//!   publishes them with one `present_copy` (the depth by
+//!   `vk_export::DepthSource`). Each part is the pattern's band over a
+//!   background, with words of its own ([`part_words`]: the colour's are
+//!   the image ring's, the depth's floats in [0, 1), the labels integers),
+//!   all derived from `f`; [`check_part_row`] checks a row of any part.
 //! * Memory and semaphores are what the device offers unless told
 //!   ([`choose`], which says what it chose in one line): device-local slots
 //!   where the device has device-local memory that is not host-visible,
@@ -48,15 +58,19 @@ use std::time::{Duration, Instant};
 use cuda_interop_frames::discovery::DiscoveryError;
 use cuda_interop_frames::protocol::{PacketError, Planar, RingLayout};
 use cuda_interop_frames::sender::{
-    self, AcquireError, Address, ImageSender, ImageTarget, Sender, SenderError, SenderOptions,
-    SlotResource, WriteSlot,
+    self, AcquireError, Address, ImagePart, ImageSender, ImageTarget, MultiImageSender, PartSource,
+    Sender, SenderError, SenderOptions, SlotResource, WriteSlot,
 };
 use vk_export::ash::vk;
 use vk_export::format::{
-    A2b10g10r10UnormPack32, Bgra8Unorm, Format, Rg16Unorm, Rgba16Sfloat, Rgba8Unorm,
+    A2b10g10r10UnormPack32, Bgra8Unorm, Format, R32Sfloat, R32Uint, Rg16Unorm, Rgba16Sfloat,
+    Rgba8Unorm,
 };
 use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
-use vk_export::{Context, ExportableBuffer, HeadlessOptions, QueueRole};
+use vk_export::{
+    Context, DepthFormat, DepthSource, ExportableBuffer, HeadlessOptions, QueueRole, SourceImage,
+    SourceSharing, SubmitSync, TimelineSemaphore,
+};
 
 type Res<T> = Result<T, ProducerError>;
 
@@ -107,6 +121,10 @@ pub struct ProducerOptions {
     /// A buffer ring of planar YUV (NV12, P010) instead of RGBA8: the
     /// pattern's words fill both planes, the band lies in the luma plane.
     pub planar: Option<Planar>,
+    /// A multi-image ring of colour, depth and segmentation
+    /// ([`DEPTH_PARTS`]) instead (`image`, `planar` and `row_pitch` then
+    /// unused; at most 3 slots).
+    pub with_depth: bool,
 }
 
 /// The formats of the demo's image rings.
@@ -206,6 +224,7 @@ impl Default for ProducerOptions {
             semaphores: false,
             image: None,
             planar: None,
+            with_depth: false,
         }
     }
 }
@@ -248,7 +267,10 @@ impl ProducerOptions {
 
     /// The layout every receiver gets.
     pub fn layout(&self) -> RingLayout {
-        if let Some(format) = self.image {
+        if self.with_depth {
+            let parts: Vec<_> = depth_parts().iter().map(ImagePart::layout).collect();
+            RingLayout::multi_image(self.slots, self.width, self.height, &parts)
+        } else if let Some(format) = self.image {
             let (vk_format, texel_bytes) = format.vk();
             RingLayout::images(
                 self.slots,
@@ -361,11 +383,32 @@ pub unsafe fn record_demo_pattern(
     cmd: vk::CommandBuffer,
     buffer: vk::Buffer,
     size: u64,
-    (row_bytes, height, pitch): (u64, u32, u64),
+    geometry: (u64, u32, u64),
     f: u64,
 ) {
+    let words = (background(f), band_value(f));
+    // SAFETY: the caller's guarantees are the function's.
+    unsafe { record_pattern_words(device, cmd, buffer, (0, size), geometry, f, words) }
+}
+
+/// [`record_demo_pattern`] of words `(background, band)` into the `size`
+/// bytes at `offset` of `buffer`.
+///
+/// # Safety
+///
+/// As [`record_demo_pattern`], for that range of the buffer (`offset` and
+/// `size` multiples of 4).
+pub unsafe fn record_pattern_words(
+    device: &vk_export::ash::Device,
+    cmd: vk::CommandBuffer,
+    buffer: vk::Buffer,
+    (offset, size): (u64, u64),
+    (row_bytes, height, pitch): (u64, u32, u64),
+    f: u64,
+    (background, band): (u32, u32),
+) {
     let (band_start, band_end) = band_rows(f, height);
-    let band_offset = u64::from(band_start) * pitch;
+    let band_offset = offset + u64::from(band_start) * pitch;
     let band_size = u64::from(band_end - band_start - 1) * pitch + row_bytes.next_multiple_of(4);
     let barrier = vk::BufferMemoryBarrier::default()
         .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
@@ -378,7 +421,7 @@ pub unsafe fn record_demo_pattern(
     // SAFETY: the caller's guarantees; offsets and sizes are multiples of 4
     // inside the buffer.
     unsafe {
-        device.cmd_fill_buffer(cmd, buffer, 0, size & !3, background(f));
+        device.cmd_fill_buffer(cmd, buffer, offset, size & !3, background);
         device.cmd_pipeline_barrier(
             cmd,
             vk::PipelineStageFlags::TRANSFER,
@@ -388,7 +431,7 @@ pub unsafe fn record_demo_pattern(
             &[barrier],
             &[],
         );
-        device.cmd_fill_buffer(cmd, buffer, band_offset, band_size, band_value(f));
+        device.cmd_fill_buffer(cmd, buffer, band_offset, band_size, band);
     }
 }
 
@@ -493,11 +536,50 @@ pub unsafe fn record_demo_pattern_image<F: Format>(
 /// Whether row `y` of frame `f` (`height` rows; read as little-endian
 /// `u32` words, whatever the texel size) is the demo pattern's.
 pub fn check_demo_row(row: &[u8], f: u64, y: u32, height: u32) -> bool {
+    check_part_row(row, 0, f, y, height)
+}
+
+/// The parts of a `--with-depth` ring, in slot order.
+pub const DEPTH_PARTS: [&str; 3] = ["color", "depth", "segmentation"];
+
+/// The parts of a `--with-depth` ring: RGBA8 colour, R32_SFLOAT depth (a
+/// `D32_SFLOAT` attachment's copy), R32_UINT segmentation.
+pub fn depth_parts() -> Vec<ImagePart> {
+    let part = |r: Result<ImagePart, PacketError>| r.expect("a valid part");
+    vec![
+        part(ImagePart::new::<Rgba8Unorm>(DEPTH_PARTS[0])),
+        part(ImagePart::new::<R32Sfloat>(DEPTH_PARTS[1])),
+        part(ImagePart::new::<R32Uint>(DEPTH_PARTS[2])),
+    ]
+}
+
+/// The `(background, band)` words (little-endian `u32`s) of part `part` of
+/// frame `f` of a `--with-depth` ring: the colour's are the image ring's
+/// ([`background`], [`band_value`]); the depth's are the bits of `k /
+/// 4096` and `(2k + 1) / 8192` for `k = f % 4096` (floats in [0, 1), exact
+/// in 32 bits, as a `D32_SFLOAT` attachment holds them); the labels'
+/// `f << 8 | 1` and `f << 8 | 2`.
+pub fn part_words(part: usize, f: u64) -> (u32, u32) {
+    match part {
+        0 => (background(f), band_value(f)),
+        1 => {
+            let k = (f % 4096) as f32;
+            ((k / 4096.0).to_bits(), ((2.0 * k + 1.0) / 8192.0).to_bits())
+        }
+        _ => (((f as u32) << 8) | 1, ((f as u32) << 8) | 2),
+    }
+}
+
+/// Whether row `y` of part `part` of frame `f` (`height` rows, read as
+/// little-endian `u32` words) is the pattern's ([`part_words`]; part 0 is
+/// [`check_demo_row`]'s).
+pub fn check_part_row(row: &[u8], part: usize, f: u64, y: u32, height: u32) -> bool {
     let (band_start, band_end) = band_rows(f, height);
+    let (background, band) = part_words(part, f);
     let want = if (band_start..band_end).contains(&y) {
-        band_value(f)
+        band
     } else {
-        background(f)
+        background
     };
     row.chunks_exact(4)
         .all(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]) == want)
@@ -514,6 +596,9 @@ pub fn run(opts: &ProducerOptions) -> Result<(), ProducerError> {
     })?;
     let (choice, line) = choose(&ctx, opts)?;
     println!("{line}");
+    if opts.with_depth {
+        return run_with_depth(ctx, opts, choice);
+    }
     match (choice.host_visible, opts.image) {
         (true, None) => run_buffers::<HostVisible>(ctx, opts, choice),
         (false, None) => run_buffers::<DeviceLocal>(ctx, opts, choice),
@@ -577,7 +662,11 @@ pub fn choose(ctx: &Context, opts: &ProducerOptions) -> Result<(Choice, String),
         (false, false) => "the device exports none",
     };
     let cuda = !choice.host_visible && choice.semaphores;
-    let takers = match (opts.image.is_some(), cuda, choice.host_visible) {
+    let takers = match (
+        opts.image.is_some() || opts.with_depth,
+        cuda,
+        choice.host_visible,
+    ) {
         (true, true, _) => "CUDA and Vulkan receivers take the ring",
         (true, false, _) => {
             "Vulkan receivers take the ring (vulkan_client); CUDA ones need device-local slots \
@@ -697,6 +786,466 @@ fn run_images<F: Format, M: MemoryLocation>(
     result
 }
 
+/// Serves a `--with-depth` ring on `ctx` (the memory `choice` says): each
+/// frame rendered into the application's [`AppTargets`] and published with
+/// one `present_copy` (see the module contract).
+pub fn run_with_depth(ctx: Context, opts: &ProducerOptions, choice: Choice) -> Res<()> {
+    match choice.host_visible {
+        true => run_parts::<HostVisible>(ctx, opts, choice),
+        false => run_parts::<DeviceLocal>(ctx, opts, choice),
+    }
+}
+
+fn run_parts<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions, choice: Choice) -> Res<()> {
+    let sender_opts = SenderOptions {
+        // The copies run where the application's images are: the main queue.
+        queue: QueueRole::Main,
+        ..sender_options(opts, choice)?
+    }
+    .with_parts(depth_parts());
+    let sender = MultiImageSender::<M>::new(&ctx, sender_opts)?;
+    let mut targets = AppTargets::new(&ctx, opts.width, opts.height)?;
+    let result = serve(&ctx, opts, sender, |slot| {
+        let f = slot.sequence();
+        // Rendered on the GPU, not waited for: the copies wait for it.
+        let rendered = targets.render(f)?;
+        let (color, depth, labels) = targets.sources()?;
+        let sources: [&dyn PartSource; 3] = [&color, &depth, &labels];
+        let wait = Some((targets.timeline(), rendered));
+        slot.present_copy(sender::monotonic_ns(), &sources, wait)
+    });
+    if result.is_err() {
+        // A failed submission may still use them: leaked, not destroyed.
+        std::mem::forget(targets);
+    } else {
+        drop(targets);
+    }
+    if ctx.validation_enabled() {
+        let ids = ctx.validation_error_ids();
+        println!(
+            "{} validation errors: {} {ids:?}",
+            opts.tag,
+            ctx.validation_errors()
+        );
+    }
+    result
+}
+
+/// A failed `call` of the application's own.
+fn vkerr(call: &'static str) -> impl Fn(vk::Result) -> vk_export::Error {
+    move |result| vk_export::Error::Vulkan {
+        call,
+        result,
+        hint: "",
+    }
+}
+
+/// The layouts the application keeps its `--with-depth` images in between
+/// frames (as a renderer's attachments are).
+const TARGET_LAYOUTS: [vk::ImageLayout; 3] = [
+    vk::ImageLayout::COLOR_ATTACHMENT_OPTIMAL,
+    vk::ImageLayout::DEPTH_STENCIL_ATTACHMENT_OPTIMAL,
+    vk::ImageLayout::COLOR_ATTACHMENT_OPTIMAL,
+];
+
+/// The application's own images of a `--with-depth` frame (no external
+/// memory: a renderer's colour target, depth attachment and label target:
+/// RGBA8, `D32_SFLOAT`, R32_UINT), and a scratch buffer each frame's
+/// pattern is written into before it is copied into them. "Rendering" is
+/// one submission of its own command buffer on the main queue, not waited
+/// for, that leaves each image in its [`TARGET_LAYOUTS`] layout, owned by
+/// the main family, and signals its timeline, which the present's copies
+/// wait for on the GPU (one host wait a frame, the present's, as for a
+/// ring of one image). Dropped, it waits (bounded) for its last render and
+/// the context's queues, or leaks the images.
+pub struct AppTargets {
+    ctx: Context,
+    extent: [u32; 2],
+    images: [(vk::Image, vk::DeviceMemory); 3],
+    scratch: vk::Buffer,
+    scratch_memory: vk::DeviceMemory,
+    /// Whether the images hold a frame (else they are in `UNDEFINED`).
+    rendered: bool,
+    /// The render's command pool and buffer (main family).
+    pool: vk::CommandPool,
+    cmd: vk::CommandBuffer,
+    /// What each render signals, and the last value.
+    timeline: TimelineSemaphore,
+    value: u64,
+}
+
+impl AppTargets {
+    const FORMATS: [vk::Format; 3] = [
+        vk::Format::R8G8B8A8_UNORM,
+        vk::Format::D32_SFLOAT,
+        vk::Format::R32_UINT,
+    ];
+
+    /// The three images and the scratch buffer on `ctx`'s device.
+    pub fn new(ctx: &Context, width: u32, height: u32) -> Result<AppTargets, vk_export::Error> {
+        let device = ctx.device();
+        // SAFETY: a plain query on the context's live instance.
+        let props = unsafe {
+            ctx.instance()
+                .get_physical_device_memory_properties(ctx.physical_device())
+        };
+        let memory_type = |bits: u32, want: vk::MemoryPropertyFlags| {
+            (0..props.memory_type_count)
+                .find(|&i| {
+                    bits & (1 << i) != 0
+                        && props.memory_types[i as usize].property_flags.contains(want)
+                })
+                .ok_or_else(|| {
+                    vk_export::Error::InvalidArgument(format!("no memory type with {want:?}"))
+                })
+        };
+        let mut made = AppTargets {
+            ctx: ctx.clone(),
+            extent: [width, height],
+            images: [(vk::Image::null(), vk::DeviceMemory::null()); 3],
+            scratch: vk::Buffer::null(),
+            scratch_memory: vk::DeviceMemory::null(),
+            rendered: false,
+            pool: vk::CommandPool::null(),
+            cmd: vk::CommandBuffer::null(),
+            timeline: TimelineSemaphore::new_local(ctx)?,
+            value: 0,
+        };
+        // SAFETY: creation on the context's live device, kept in `made`,
+        // whose drop destroys it once.
+        unsafe {
+            made.pool = device
+                .create_command_pool(
+                    &vk::CommandPoolCreateInfo::default().queue_family_index(ctx.queue_family()),
+                    None,
+                )
+                .map_err(vkerr("vkCreateCommandPool"))?;
+            made.cmd = device
+                .allocate_command_buffers(
+                    &vk::CommandBufferAllocateInfo::default()
+                        .command_pool(made.pool)
+                        .level(vk::CommandBufferLevel::PRIMARY)
+                        .command_buffer_count(1),
+                )
+                .map_err(vkerr("vkAllocateCommandBuffers"))?[0];
+        }
+        for (i, format) in Self::FORMATS.into_iter().enumerate() {
+            let attachment = match format {
+                vk::Format::D32_SFLOAT => vk::ImageUsageFlags::DEPTH_STENCIL_ATTACHMENT,
+                _ => vk::ImageUsageFlags::COLOR_ATTACHMENT,
+            };
+            let info = vk::ImageCreateInfo::default()
+                .image_type(vk::ImageType::TYPE_2D)
+                .format(format)
+                .extent(vk::Extent3D {
+                    width,
+                    height,
+                    depth: 1,
+                })
+                .mip_levels(1)
+                .array_layers(1)
+                .samples(vk::SampleCountFlags::TYPE_1)
+                .tiling(vk::ImageTiling::OPTIMAL)
+                .usage(
+                    vk::ImageUsageFlags::TRANSFER_SRC
+                        | vk::ImageUsageFlags::TRANSFER_DST
+                        | attachment,
+                )
+                .sharing_mode(vk::SharingMode::EXCLUSIVE)
+                .initial_layout(vk::ImageLayout::UNDEFINED);
+            // SAFETY: creation, allocation and binding on the context's live
+            // device; each object is kept in `made` at once, whose drop
+            // destroys it once.
+            unsafe {
+                let image = device
+                    .create_image(&info, None)
+                    .map_err(vkerr("vkCreateImage"))?;
+                made.images[i].0 = image;
+                let reqs = device.get_image_memory_requirements(image);
+                let alloc = vk::MemoryAllocateInfo::default()
+                    .allocation_size(reqs.size)
+                    .memory_type_index(memory_type(
+                        reqs.memory_type_bits,
+                        vk::MemoryPropertyFlags::empty(),
+                    )?);
+                let memory = device
+                    .allocate_memory(&alloc, None)
+                    .map_err(vkerr("vkAllocateMemory"))?;
+                made.images[i].1 = memory;
+                device
+                    .bind_image_memory(image, memory, 0)
+                    .map_err(vkerr("vkBindImageMemory"))?;
+            }
+        }
+        let bytes = u64::from(width) * u64::from(height) * 4 * 3;
+        // SAFETY: as above.
+        unsafe {
+            let buffer = device
+                .create_buffer(
+                    &vk::BufferCreateInfo::default().size(bytes).usage(
+                        vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST,
+                    ),
+                    None,
+                )
+                .map_err(vkerr("vkCreateBuffer"))?;
+            made.scratch = buffer;
+            let reqs = device.get_buffer_memory_requirements(buffer);
+            let alloc = vk::MemoryAllocateInfo::default()
+                .allocation_size(reqs.size)
+                .memory_type_index(memory_type(
+                    reqs.memory_type_bits,
+                    vk::MemoryPropertyFlags::empty(),
+                )?);
+            made.scratch_memory = device
+                .allocate_memory(&alloc, None)
+                .map_err(vkerr("vkAllocateMemory"))?;
+            device
+                .bind_buffer_memory(buffer, made.scratch_memory, 0)
+                .map_err(vkerr("vkBindBufferMemory"))?;
+        }
+        Ok(made)
+    }
+
+    /// "Renders" frame `f`: each image filled with its part's pattern
+    /// ([`part_words`]) by one submission of the application's own on the
+    /// main queue, not waited for: it signals the returned value of
+    /// [`AppTargets::timeline`], which the present waits for on the GPU.
+    pub fn render(&mut self, f: u64) -> Result<u64, vk_export::Error> {
+        let device = self.ctx.device();
+        // The last render completed (the present that waited for it on the
+        // GPU returned after its copies completed); said here, bounded,
+        // before its command buffer is recorded again.
+        if self.value > 0 {
+            self.timeline.wait(
+                self.value,
+                Duration::from_secs(5),
+                vk_export::WaitStrategy::Block,
+            )?;
+        }
+        let cmd = self.cmd;
+        // SAFETY: the pool and its one command buffer are this value's, for
+        // the main family; the buffer's last submission completed (above).
+        unsafe {
+            device
+                .reset_command_pool(self.pool, vk::CommandPoolResetFlags::empty())
+                .map_err(vkerr("vkResetCommandPool"))?;
+            device
+                .begin_command_buffer(
+                    cmd,
+                    &vk::CommandBufferBeginInfo::default()
+                        .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+                )
+                .map_err(vkerr("vkBeginCommandBuffer"))?;
+        }
+        // SAFETY: `cmd` is recording, for a queue of the main family.
+        unsafe { self.record(device, cmd, f) };
+        // SAFETY: as above.
+        unsafe { device.end_command_buffer(cmd) }.map_err(vkerr("vkEndCommandBuffer"))?;
+        let value = self.value + 1;
+        let signals = [self.timeline.raw()];
+        let signal_values = [value];
+        let mut timeline =
+            vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&signal_values);
+        let cmds = [cmd];
+        let submit = vk::SubmitInfo::default()
+            .command_buffers(&cmds)
+            .signal_semaphores(&signals)
+            .push_next(&mut timeline);
+        let submit_on = |q| {
+            // SAFETY: the main queue under the context's lock; the command
+            // buffer, images, scratch buffer and timeline live until the
+            // submission completed (the next render and the drop wait for
+            // its value).
+            unsafe { device.queue_submit(q, &[submit], vk::Fence::null()) }
+        };
+        self.ctx
+            .with_queue_of(QueueRole::Main, submit_on)?
+            .map_err(vkerr("vkQueueSubmit"))?;
+        self.value = value;
+        self.rendered = true;
+        Ok(value)
+    }
+
+    /// What each render signals (its value [`AppTargets::render`] returns).
+    pub fn timeline(&self) -> &TimelineSemaphore {
+        &self.timeline
+    }
+
+    /// Records the fills and copies of frame `f` into `cmd`.
+    ///
+    /// # Safety
+    /// `cmd` is a command buffer of the context's device in the recording
+    /// state, for a queue of the main family, submitted once after the last
+    /// render completed; every earlier use of the images (the last frame's
+    /// copies out) completed or is on the main queue before it.
+    unsafe fn record(&self, device: &vk_export::ash::Device, cmd: vk::CommandBuffer, f: u64) {
+        let [width, height] = self.extent;
+        let part_bytes = u64::from(width) * u64::from(height) * 4;
+        let row = u64::from(width) * 4;
+        let (images, scratch, rendered) = (self.images, self.scratch, self.rendered);
+        let barrier = |image, aspect, old, new| {
+            vk::ImageMemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)
+                .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)
+                .old_layout(old)
+                .new_layout(new)
+                .src_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+                .dst_queue_family_index(vk::QUEUE_FAMILY_IGNORED)
+                .image(image)
+                .subresource_range(vk::ImageSubresourceRange {
+                    aspect_mask: aspect,
+                    base_mip_level: 0,
+                    level_count: 1,
+                    base_array_layer: 0,
+                    layer_count: 1,
+                })
+        };
+        let all = vk::PipelineStageFlags::ALL_COMMANDS;
+        for (p, &(image, _)) in images.iter().enumerate() {
+            let aspect = match p {
+                1 => vk::ImageAspectFlags::DEPTH,
+                _ => vk::ImageAspectFlags::COLOR,
+            };
+            let at = part_bytes * p as u64;
+            let old = match rendered {
+                true => TARGET_LAYOUTS[p],
+                false => vk::ImageLayout::UNDEFINED,
+            };
+            let dst = vk::ImageLayout::TRANSFER_DST_OPTIMAL;
+            let region = vk::BufferImageCopy::default()
+                .buffer_offset(at)
+                .image_subresource(vk::ImageSubresourceLayers {
+                    aspect_mask: aspect,
+                    mip_level: 0,
+                    base_array_layer: 0,
+                    layer_count: 1,
+                })
+                .image_extent(vk::Extent3D {
+                    width,
+                    height,
+                    depth: 1,
+                });
+            let written = vk::MemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+                .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE);
+            // SAFETY: the caller's: a recording command buffer of a
+            // main-queue submission whose timeline value the next render,
+            // the present and the drop wait for; the images and the
+            // scratch buffer are this value's, alive past it (its
+            // drop waits for the queues); part `p`'s range of the
+            // scratch buffer holds its whole image, 4-byte words,
+            // the depth ones floats in [0, 1) (part_words), which a
+            // D32_SFLOAT copy requires; every earlier use of the
+            // images (the last frame's copies out) is on this queue,
+            // ordered by the full barriers.
+            unsafe {
+                record_pattern_words(
+                    device,
+                    cmd,
+                    scratch,
+                    (at, part_bytes),
+                    (row, height, row),
+                    f,
+                    part_words(p, f),
+                );
+                device.cmd_pipeline_barrier(
+                    cmd,
+                    all,
+                    all,
+                    vk::DependencyFlags::empty(),
+                    &[written],
+                    &[],
+                    &[barrier(image, aspect, old, dst)],
+                );
+                device.cmd_copy_buffer_to_image(cmd, scratch, image, dst, &[region]);
+                device.cmd_pipeline_barrier(
+                    cmd,
+                    all,
+                    all,
+                    vk::DependencyFlags::empty(),
+                    &[],
+                    &[],
+                    &[barrier(image, aspect, dst, TARGET_LAYOUTS[p])],
+                );
+            }
+        }
+    }
+
+    /// The copy sources of the last rendered frame, in [`DEPTH_PARTS`]
+    /// order.
+    pub fn sources(
+        &self,
+    ) -> Result<(SourceImage<Rgba8Unorm>, DepthSource, SourceImage<R32Uint>), vk_export::Error>
+    {
+        let own = SourceSharing::Exclusive(self.ctx.queue_family());
+        let [c, d, s] = self.images.map(|(image, _)| image);
+        // SAFETY: live images of the context's device of these formats and
+        // extent, with transfer-source usage, each in its TARGET_LAYOUTS
+        // layout owned by the main family after `render`'s submission,
+        // which completed before this returns (it is waited for); nothing
+        // else writes them until the next `render`, which comes after the
+        // present that copies them returned (the copies completed or, after
+        // a timeout, the run ends and the drop waits for the queues).
+        unsafe {
+            Ok((
+                SourceImage::new(c, self.extent, TARGET_LAYOUTS[0], own)?,
+                DepthSource::new(
+                    d,
+                    DepthFormat::D32Sfloat,
+                    self.extent,
+                    TARGET_LAYOUTS[1],
+                    own,
+                )?,
+                SourceImage::new(s, self.extent, TARGET_LAYOUTS[2], own)?,
+            ))
+        }
+    }
+}
+
+impl Drop for AppTargets {
+    fn drop(&mut self) {
+        // The last render, then an empty submission waited for on each
+        // queue: every earlier one (the renders, the copies out) completed.
+        let rendered = self.value == 0
+            || self
+                .timeline
+                .wait(
+                    self.value,
+                    Duration::from_secs(10),
+                    vk_export::WaitStrategy::Block,
+                )
+                .is_ok();
+        if !rendered {
+            eprintln!("the application's images are leaked: its last render did not finish");
+            return;
+        }
+        for role in [QueueRole::Main, QueueRole::Transfer] {
+            let sync = SubmitSync::new().timeout(Duration::from_secs(10));
+            if self
+                .ctx
+                .submit_and_wait_on(role, sync, |_, _, _| {})
+                .is_err()
+            {
+                eprintln!("the application's images are leaked: a queue did not finish");
+                return;
+            }
+        }
+        let device = self.ctx.device();
+        // SAFETY: made in `new` (null handles are ignored by Vulkan's
+        // destroy and free calls), destroyed once, no GPU work uses them
+        // any more (the waits above).
+        unsafe {
+            for (image, memory) in self.images {
+                device.destroy_image(image, None);
+                device.free_memory(memory, None);
+            }
+            device.destroy_buffer(self.scratch, None);
+            device.free_memory(self.scratch_memory, None);
+            device.destroy_command_pool(self.pool, None);
+        }
+    }
+}
+
 fn sender_options(opts: &ProducerOptions, choice: Choice) -> Res<SenderOptions> {
     let address = match &opts.name {
         Some(name) => Address::named(name)?,
@@ -727,7 +1276,9 @@ pub fn serve<M: MemoryLocation, R: SlotResource<M>>(
     mut present: impl FnMut(WriteSlot<'_, M, R>) -> Result<u64, SenderError>,
 ) -> Result<(), ProducerError> {
     let tag = opts.tag;
-    let what = if let Some(format) = opts.image {
+    let what = if opts.with_depth {
+        format!("{} images each", DEPTH_PARTS.join(" + "))
+    } else if let Some(format) = opts.image {
         format!("an OPTIMAL {:?} image each", format.vk().0)
     } else {
         format!("RGBA8, row pitch {} bytes", opts.row_pitch)

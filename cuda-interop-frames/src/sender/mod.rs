@@ -69,6 +69,14 @@
 //!   knows of its image): same format by type, the extent checked, on the
 //!   transfer queue where the source's sharing allows, the source left in
 //!   its layout and with its owner.
+//! * A multi-image ring ([`MultiImageSender`], [`SenderOptions::with_parts`]):
+//!   every slot holds one image of each named part (colour, depth,
+//!   segmentation, ...), the slot one resource of the state machine above
+//!   (one sequence number, timestamp, "produced" value and "released"
+//!   promise for all its images; every barrier covers them all); its
+//!   [`WriteSlot::present_copy`] takes one [`PartSource`] per part (a
+//!   depth attachment's through a buffer of the slot). See `parts`'s
+//!   contract.
 //! * Frames are announced after their submission completed (the present
 //!   waits for it, bounded), so a receiver without timelines is ordered by
 //!   the frame message.
@@ -145,6 +153,7 @@
 //! # }
 //! ```
 
+mod parts;
 mod peers;
 mod service;
 mod slots;
@@ -167,10 +176,11 @@ use vk_export::{
 };
 
 use crate::discovery::{Announcement, Directory, DiscoveryError, SenderInfo};
-use crate::protocol::{PacketError, Planar, RingLayout};
+use crate::protocol::{PacketError, PartLayout, Planar, RingLayout};
 use peers::{Blocked, Limits, Receivers, Ring};
 use service::{accept_loop, Event};
 
+pub use parts::{ImagePart, ImageSet, MultiImageSender, PartSource, PartTargets};
 pub use peers::LOG_LINES;
 pub use service::{EVENT_QUEUE, POLL};
 pub use slots::{ImageSender, ImageTarget, SlotResource};
@@ -264,6 +274,11 @@ pub struct SenderOptions {
     /// [`SenderOptions::new`] sets it where the context can export
     /// semaphores only when made with [`SenderOptions::for_context`].
     pub semaphores: bool,
+    /// A multi-image ring's parts ([`MultiImageSender`]: 1 to
+    /// [`crate::protocol::MAX_PARTS`] named images a slot, all `width` x
+    /// `height`); empty for every other sender, which refuses parts. Set
+    /// with [`SenderOptions::with_parts`].
+    pub parts: Vec<ImagePart>,
     /// How `present` and `open` wait for their submission:
     /// [`WaitStrategy::Block`] (the default: `vkWaitForFences`, no CPU, the
     /// driver's wake-up latency) or [`WaitStrategy::Poll`] (reads the
@@ -297,7 +312,17 @@ impl SenderOptions {
             connects_per_second: DEFAULT_CONNECTS_PER_SECOND,
             queue: QueueRole::Main,
             semaphores: true,
+            parts: Vec::new(),
             host_wait: WaitStrategy::Block,
+        }
+    }
+
+    /// These options for a [`MultiImageSender`] of `parts`, in slot order
+    /// (checked when the sender is made: count, unique names).
+    pub fn with_parts(self, parts: impl IntoIterator<Item = ImagePart>) -> SenderOptions {
+        SenderOptions {
+            parts: parts.into_iter().collect(),
+            ..self
         }
     }
 
@@ -395,6 +420,8 @@ pub struct Sender<M: MemoryLocation, R: SlotResource<M> = ExportableBuffer<M>> {
     ctx: Context,
     opts: SenderOptions,
     layout: RingLayout,
+    /// A multi-image ring's parts (what the part messages say).
+    parts: Vec<PartLayout>,
     slots: Vec<R>,
     _memory: std::marker::PhantomData<M>,
     produced: Option<TimelineSemaphore>,
@@ -511,6 +538,7 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
             lent: (0..opts.slots).map(|_| None).collect(),
             id: NEXT_SENDER_ID.fetch_add(1, Ordering::Relaxed),
             receivers: Receivers::new(limits, opts.slots as usize),
+            parts: opts.parts.iter().map(ImagePart::layout).collect(),
             opts,
             layout,
             slots,
@@ -550,6 +578,11 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
     /// The ring's layout (what receivers get).
     pub fn layout(&self) -> &RingLayout {
         &self.layout
+    }
+
+    /// A multi-image ring's parts, in slot order (empty otherwise).
+    pub fn parts(&self) -> &[PartLayout] {
+        &self.parts
     }
 
     /// The ring's buffers or images, slot by slot (record into them only in
@@ -624,14 +657,17 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         match event {
             Event::Connected(conn) => self.receivers.connected(conn, &self.events_tx, &self.stop),
             Event::Message { id, message } => {
-                let mut resources: Vec<&dyn Exported> =
-                    self.slots.iter().map(|s| s as &dyn Exported).collect();
+                let mut resources: Vec<&dyn Exported> = Vec::new();
+                for slot in &self.slots {
+                    slot.exported(&mut resources);
+                }
                 if let Some(produced) = &self.produced {
                     resources.push(produced);
                 }
                 let ring = Ring {
                     ctx: &self.ctx,
                     layout: self.layout,
+                    parts: &self.parts,
                     resources,
                     semaphores: self.produced.is_some(),
                 };

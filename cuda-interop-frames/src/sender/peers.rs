@@ -46,7 +46,7 @@ use vk_export::socket::{Connection, Exported};
 use vk_export::{Context, TimelineSemaphore};
 
 use super::service::{read_messages, send_now, Event, ReaderFlags, POLL};
-use crate::protocol::{Delivery, DropReason, Fault, Message, RingLayout, SETUP_TAG};
+use crate::protocol::{Delivery, DropReason, Fault, Message, PartLayout, RingLayout, SETUP_TAG};
 
 /// Log lines the sender keeps until they are taken.
 pub const LOG_LINES: usize = 1000;
@@ -428,9 +428,13 @@ impl Receivers {
                     _ => Some(Fault::NotHeld { sequence }),
                 }
             }
-            (_, Message::Hello(_) | Message::Frame { .. } | Message::Goodbye(_)) => {
-                Some(Fault::SenderMessage)
-            }
+            (
+                _,
+                Message::Hello(_)
+                | Message::Part { .. }
+                | Message::Frame { .. }
+                | Message::Goodbye(_),
+            ) => Some(Fault::SenderMessage),
         };
         if let Some(fault) = fault {
             let why = format!("protocol fault: {fault}");
@@ -584,6 +588,8 @@ impl Receivers {
 pub(crate) struct Ring<'a> {
     pub(crate) ctx: &'a Context,
     pub(crate) layout: RingLayout,
+    /// A multi-image ring's parts, announced after the hello.
+    pub(crate) parts: &'a [PartLayout],
     pub(crate) resources: Vec<&'a dyn Exported>,
     pub(crate) semaphores: bool,
 }
@@ -601,6 +607,10 @@ fn subscribe(peer: &mut Peer, delivery: Delivery, ring: &Ring<'_>) -> Result<(),
         Vec::new()
     };
     send_now(&peer.stream, &Message::Hello(ring.layout)).map_err(|e| e.to_string())?;
+    for (index, part) in (0u32..).zip(ring.parts) {
+        let message = Message::Part { index, part: *part };
+        send_now(&peer.stream, &message).map_err(|e| e.to_string())?;
+    }
     let mut resources = ring.resources.clone();
     resources.extend(released.iter().map(|s| s as &dyn Exported));
     // Bounded by the connection's send timeout; nothing was sent before

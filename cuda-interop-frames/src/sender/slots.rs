@@ -27,13 +27,17 @@ mod sealed {
     pub trait Sealed {}
     impl<M: vk_export::markers::MemoryLocation> Sealed for vk_export::ExportableBuffer<M> {}
     impl<F, M, U> Sealed for vk_export::ExportableImage<F, vk_export::markers::Optimal, M, U> {}
+    impl<M: vk_export::markers::MemoryLocation, U: vk_export::markers::Usage> Sealed
+        for super::super::parts::ImageSet<M, U>
+    {
+    }
 }
 
 /// What a ring's slots are: [`ExportableBuffer`]s (pitched RGBA8 frames,
 /// the default) or OPTIMAL [`ExportableImage`]s of one format and usage
 /// ([`ImageSender`]). Sealed: the crate records each kind's ownership
 /// barriers itself.
-pub trait SlotResource<M: MemoryLocation>: Exported + sealed::Sealed + Sized {
+pub trait SlotResource<M: MemoryLocation>: sealed::Sealed + Sized {
     /// What [`WriteSlot::present_with`](super::WriteSlot::present_with)'s closure records into.
     type Target: Copy;
     /// What discovery lists.
@@ -46,6 +50,10 @@ pub trait SlotResource<M: MemoryLocation>: Exported + sealed::Sealed + Sized {
     fn create(ctx: &Context, opts: &SenderOptions) -> Result<Self, SenderError>;
     /// The closure's view of the slot, recorded on `family`.
     fn target(&self, family: u32) -> Self::Target;
+    /// Appends the slot's exported resources to `out`, in the setup
+    /// message's order (its buffer or image; a multi-image slot's images,
+    /// part by part).
+    fn exported<'a>(&'a self, out: &mut Vec<&'a dyn Exported>);
     /// Records the slot's acquisition by `family`: from
     /// `VK_QUEUE_FAMILY_EXTERNAL` if `from_external` (it was released
     /// there by an earlier frame), else from nothing (its first frame).
@@ -76,11 +84,23 @@ pub trait SlotResource<M: MemoryLocation>: Exported + sealed::Sealed + Sized {
     );
 }
 
+/// Refuses parts for a ring of one buffer or image a slot.
+fn no_parts(opts: &SenderOptions) -> Result<(), SenderError> {
+    if opts.parts.is_empty() {
+        return Ok(());
+    }
+    Err(SenderError::Options(format!(
+        "{} parts given to a sender of one buffer or image a slot: make a MultiImageSender",
+        opts.parts.len()
+    )))
+}
+
 impl<M: MemoryLocation> SlotResource<M> for ExportableBuffer<M> {
     type Target = vk::Buffer;
     const KIND: SlotKind = SlotKind::Buffer;
 
     fn layout(opts: &SenderOptions) -> Result<RingLayout, SenderError> {
+        no_parts(opts)?;
         let (slots, width, height, pitch) = (opts.slots, opts.width, opts.height, opts.row_pitch);
         let layout = match opts.planar {
             None => RingLayout::buffers(slots, width, height, pitch),
@@ -110,6 +130,10 @@ impl<M: MemoryLocation> SlotResource<M> for ExportableBuffer<M> {
 
     fn target(&self, _family: u32) -> vk::Buffer {
         self.raw()
+    }
+
+    fn exported<'a>(&'a self, out: &mut Vec<&'a dyn Exported>) {
+        out.push(self);
     }
 
     unsafe fn record_acquire(
@@ -159,6 +183,7 @@ impl<F: Format, M: MemoryLocation, U: Usage> SlotResource<M> for ExportableImage
     const KIND: SlotKind = SlotKind::Image;
 
     fn layout(opts: &SenderOptions) -> Result<RingLayout, SenderError> {
+        no_parts(opts)?;
         let layout = RingLayout::images(
             opts.slots,
             opts.width,
@@ -186,6 +211,10 @@ impl<F: Format, M: MemoryLocation, U: Usage> SlotResource<M> for ExportableImage
             image: self.raw(),
             queue_family: family,
         }
+    }
+
+    fn exported<'a>(&'a self, out: &mut Vec<&'a dyn Exported>) {
+        out.push(self);
     }
 
     unsafe fn record_acquire(
