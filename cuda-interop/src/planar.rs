@@ -1,0 +1,187 @@
+//! Two-plane 4:2:0 images (`vk_export::ExportablePlanarImage`: NV12's and
+//! P010's layouts, always disjoint) in CUDA: each plane's memory imported on
+//! its own and typed as an [`ImportedImage`] of the plane's single-plane
+//! format, so that each maps as a CUDA array of its own
+//! ([`ImportedPlanarImage::map_planes`]).
+//!
+//! ```text
+//! CudaDevice ── ImportedPlanarImage ─┬─ luma:   ImportedImage<Luma>   ── MappedArray<'i> ── LevelArray<'m>
+//!                                    └─ chroma: ImportedImage<Chroma> ── MappedArray<'i> ── LevelArray<'m>
+//! ```
+//!
+//! # Contract
+//!
+//! * **What was proven, nothing else.** Each plane maps at offset 0 of its
+//!   own memory as a one-level 2D array: plane 0 `UNSIGNED_INT8` x 1
+//!   (P010: `UNSIGNED_INT16` x 1) at `W x H`, plane 1 x 2 at `W/2 x H/2`,
+//!   flags 0 (the H100 probe, run 23: exact texels, both formats, 256x128 and
+//!   1920x1080). CUDA's own `NV12`/`P010` array formats are never used (wrong
+//!   texels, or refused); a non-disjoint image cannot reach this module.
+//! * **Each plane is an [`ImportedImage`]** of the plane's format
+//!   (`R8Unorm`/`Rg8Unorm`, `R16Unorm`/`Rg16Unorm`), optimal, `usage::Sampled`,
+//!   whose record is derived from the two-plane record (the plane's extent,
+//!   its own allocation size, memory type and alignment; never dedicated). So
+//!   the lifetime rules are `ImportedImage`'s: an array borrows its plane's
+//!   import, a level its array; no array outlives its memory import, each
+//!   import keeps the Vulkan image (both planes' memory) alive, and copies
+//!   are recorded as uses that the drops wait for.
+//! * Only images of this process are imported (the size and memory facts
+//!   are the exporter's own); a two-plane image does not travel over the
+//!   socket yet.
+
+use vk_export::format::{Format, PlanarFormat, Plane};
+use vk_export::markers::{usage, MemoryLocation, Optimal, Usage};
+use vk_export::{
+    ExportablePlanarImage, ImageFields, ImageInfo, ImageRecord, PlanarImageInfo, PlanarImageRecord,
+    PLANAR_USAGE,
+};
+
+use crate::array::MappedArray;
+use crate::context::CudaDevice;
+use crate::error::{Error, ImportError, Result};
+use crate::external::SizeCheck;
+use crate::import::ImportedImage;
+use crate::markers::ArrayMemory;
+
+// A plane is imported as an image of `usage::Sampled`: the two-plane
+// image's own usage, so that the array descriptor has the same flags (0).
+const _: () = assert!(<usage::Sampled as Usage>::VK.as_raw() == PLANAR_USAGE.as_raw());
+
+/// A plane of a two-plane image imported into CUDA: an image of the plane's
+/// format `F`.
+pub type ImportedPlane<F, M> = ImportedImage<F, Optimal, M, usage::Sampled>;
+
+/// A disjoint two-plane 4:2:0 image imported into CUDA, one import per
+/// plane. Made by [`CudaDevice::import_planar_image`].
+pub struct ImportedPlanarImage<P: PlanarFormat, M> {
+    luma: ImportedPlane<P::Luma, M>,
+    chroma: ImportedPlane<P::Chroma, M>,
+    record: PlanarImageRecord<P, M>,
+}
+
+impl<P: PlanarFormat, M> std::fmt::Debug for ImportedPlanarImage<P, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportedPlanarImage")
+            .field("format", &P::NAME)
+            .field("extent", &self.record.info().extent())
+            .field("luma", &self.luma.memory.raw())
+            .field("chroma", &self.chroma.memory.raw())
+            .finish()
+    }
+}
+
+/// The record of `plane` as an image of the plane's format `F`: what the
+/// plane's import and array are made from.
+fn plane_record<F: Format, M: MemoryLocation>(
+    info: &PlanarImageInfo,
+    plane: Plane,
+) -> Result<ImageRecord<F, Optimal, M, usage::Sampled>> {
+    if F::VK != info.plane_format(plane) {
+        return Err(Error::InvalidArgument(format!(
+            "the {plane:?} plane of {:?} is {:?}, not {}",
+            info.format(),
+            info.plane_format(plane),
+            F::NAME
+        )));
+    }
+    let memory = info.plane(plane);
+    let [width, height] = info.plane_extent(plane);
+    let fields = ImageFields {
+        format: F::VK,
+        image_type: vk_export::ash::vk::ImageType::TYPE_2D,
+        extent: [width, height, 1],
+        mip_levels: 1,
+        array_layers: 1,
+        flags: vk_export::ash::vk::ImageCreateFlags::empty(),
+        tiling: vk_export::ash::vk::ImageTiling::OPTIMAL,
+        usage: PLANAR_USAGE,
+        allocation_size: memory.allocation_size,
+        memory_type_index: memory.memory_type_index,
+        memory_flags: memory.memory_flags,
+        dedicated: memory.dedicated,
+        alignment: memory.alignment,
+        offset: 0,
+        row_pitch: 0,
+        array_pitch: 0,
+        device_uuid: info.device_uuid(),
+        driver_uuid: info.driver_uuid(),
+    };
+    let record = ImageInfo::from_fields(fields)
+        .map_err(|e| vk_export::Error::Record(format!("the {plane:?} plane's record: {e}")))?
+        .typed::<F, Optimal, M, usage::Sampled>()?;
+    Ok(record)
+}
+
+impl CudaDevice {
+    /// Imports both planes of a two-plane image of this process: each
+    /// plane's memory is exported (a fresh fd), imported with the plane's own
+    /// size (never dedicated) and typed as an image of the plane's format.
+    /// Each import keeps the Vulkan image alive.
+    pub fn import_planar_image<P: PlanarFormat, M: MemoryLocation>(
+        &self,
+        image: &ExportablePlanarImage<P, M>,
+    ) -> Result<ImportedPlanarImage<P, M>> {
+        let info = image.info();
+        self.check_resource_device(&info.device_uuid())?;
+        let luma = self.import_plane::<P::Luma, P, M>(image, Plane::Luma)?;
+        // On failure, `luma` drops here: its import is destroyed.
+        let chroma = self.import_plane::<P::Chroma, P, M>(image, Plane::Chroma)?;
+        Ok(ImportedPlanarImage {
+            luma,
+            chroma,
+            record: image.record(),
+        })
+    }
+}
+
+impl CudaDevice {
+    /// Imports `plane` of `image` as an image of the plane's format `F`.
+    fn import_plane<F: Format, P: PlanarFormat, M: MemoryLocation>(
+        &self,
+        image: &ExportablePlanarImage<P, M>,
+        plane: Plane,
+    ) -> Result<ImportedPlane<F, M>> {
+        let record = plane_record::<F, M>(image.info(), plane)?;
+        let fd = image.export_fd(plane)?;
+        self.import_image_inner(record, fd, Some(image.keep_alive()), SizeCheck::Trusted)
+            .map_err(ImportError::into_error)
+    }
+}
+
+impl<P: PlanarFormat, M: MemoryLocation> ImportedPlanarImage<P, M> {
+    /// The two-plane record.
+    pub fn info(&self) -> &PlanarImageInfo {
+        self.record.info()
+    }
+
+    /// Plane 0 (luma), imported as a `W x H` image of [`PlanarFormat::Luma`].
+    pub fn luma(&self) -> &ImportedPlane<P::Luma, M> {
+        &self.luma
+    }
+
+    /// Plane 1 (chroma: Cb, Cr), imported as a `W/2 x H/2` image of
+    /// [`PlanarFormat::Chroma`].
+    pub fn chroma(&self) -> &ImportedPlane<P::Chroma, M> {
+        &self.chroma
+    }
+
+    /// Maps both planes, each as a CUDA array of its own format (one
+    /// level, flags 0): plane 0 `W x H` x 1 channel, plane 1 `W/2 x H/2` x 2
+    /// channels. Only device-local images compile, as for
+    /// [`ImportedImage::map_array`]. The arrays borrow this import.
+    #[allow(
+        clippy::type_complexity,
+        reason = "the pair of the planes' array types, each named by its format"
+    )]
+    pub fn map_planes(
+        &self,
+    ) -> Result<(
+        MappedArray<'_, P::Luma, usage::Sampled>,
+        MappedArray<'_, P::Chroma, usage::Sampled>,
+    )>
+    where
+        M: ArrayMemory,
+    {
+        Ok((self.luma.map_array()?, self.chroma.map_array()?))
+    }
+}
