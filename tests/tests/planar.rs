@@ -346,6 +346,9 @@ fn planes_through_cuda<P: PlanarFormat>(
         check(format!("{plane:?} Vulkan readback (control)"), bad, first);
     }
     ctx.release_planar_image(&image, SubmitSync::new()).unwrap();
+    // A first import and drop, so that whatever the driver opens once (on
+    // its first import) is not counted below.
+    drop(cuda.import_planar_image(&image).unwrap());
     let fds_before = fds::open_fd_count();
     {
         let imported = cuda.import_planar_image(&image).unwrap();
