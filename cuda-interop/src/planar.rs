@@ -185,3 +185,85 @@ impl<P: PlanarFormat, M: MemoryLocation> ImportedPlanarImage<P, M> {
         Ok((self.luma.map_array()?, self.chroma.map_array()?))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The planes' records and CUDA array descriptors, derived without a
+    //! device: what the H100 probe mapped (run 23), and nothing else.
+    use super::*;
+    use crate::array::array_descriptor;
+    use cuda_interop_sys::CUarray_format;
+    use vk_export::ash::vk;
+    use vk_export::format::{P010Planes, R16Unorm, R8Unorm, Rg16Unorm, Rg8Unorm};
+    use vk_export::markers::DeviceLocal;
+    use vk_export::{DeviceUuid, DriverUuid, PlanarImageFields, PlaneMemory};
+
+    fn info(format: vk::Format, bytes: u64, width: u32, height: u32) -> PlanarImageInfo {
+        let plane = |size: u64| PlaneMemory {
+            allocation_size: size.next_multiple_of(65536),
+            memory_type_index: 1,
+            memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL,
+            alignment: 65536,
+            dedicated: false,
+        };
+        let (w, h) = (u64::from(width), u64::from(height));
+        PlanarImageInfo::from_fields(PlanarImageFields {
+            format,
+            extent: [width, height],
+            usage: PLANAR_USAGE,
+            planes: [plane(w * h * bytes), plane(w / 2 * (h / 2) * 2 * bytes)],
+            device_uuid: DeviceUuid::from_bytes([1; 16]),
+            driver_uuid: DriverUuid::from_bytes([2; 16]),
+        })
+        .unwrap()
+    }
+
+    fn descriptor<F: Format>(
+        info: &PlanarImageInfo,
+        plane: Plane,
+    ) -> (usize, usize, usize, CUarray_format, u32, u32) {
+        let record = plane_record::<F, DeviceLocal>(info, plane).unwrap();
+        let i = record.info();
+        assert_eq!(i.allocation_size(), info.plane(plane).allocation_size);
+        assert_eq!(i.memory_type_index(), info.plane(plane).memory_type_index);
+        assert!(!i.dedicated() && i.offset() == 0 && i.mip_levels() == 1);
+        let d = array_descriptor(&record);
+        (d.Width, d.Height, d.Depth, d.Format, d.NumChannels, d.Flags)
+    }
+
+    #[test]
+    fn each_plane_maps_as_an_array_of_its_own_format() {
+        const U8: CUarray_format = CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8;
+        const U16: CUarray_format = CUarray_format::CU_AD_FORMAT_UNSIGNED_INT16;
+        let nv12 = info(vk::Format::G8_B8R8_2PLANE_420_UNORM, 1, 1920, 1080);
+        assert_eq!(
+            descriptor::<R8Unorm>(&nv12, Plane::Luma),
+            (1920, 1080, 0, U8, 1, 0)
+        );
+        assert_eq!(
+            descriptor::<Rg8Unorm>(&nv12, Plane::Chroma),
+            (960, 540, 0, U8, 2, 0)
+        );
+        let p010 = info(P010Planes::VK, 2, 256, 128);
+        assert_eq!(
+            descriptor::<R16Unorm>(&p010, Plane::Luma),
+            (256, 128, 0, U16, 1, 0)
+        );
+        assert_eq!(
+            descriptor::<Rg16Unorm>(&p010, Plane::Chroma),
+            (128, 64, 0, U16, 2, 0)
+        );
+    }
+
+    /// A plane typed as another format than the record's plane is refused.
+    #[test]
+    fn a_plane_of_another_format_is_refused() {
+        let nv12 = info(vk::Format::G8_B8R8_2PLANE_420_UNORM, 1, 256, 128);
+        for err in [
+            plane_record::<R16Unorm, DeviceLocal>(&nv12, Plane::Luma).unwrap_err(),
+            plane_record::<R8Unorm, DeviceLocal>(&nv12, Plane::Chroma).unwrap_err(),
+        ] {
+            assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        }
+    }
+}
