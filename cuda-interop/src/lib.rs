@@ -122,7 +122,7 @@ pub use import::{ImportedBuffer, ImportedImage, OwnedArray};
 pub use launch::KernelUses;
 pub use linear::{DeviceBuffer, DeviceSlice, MappedBuffer};
 pub use module::{Function, Module};
-pub use planar::{ImportedPlanarImage, ImportedPlane};
+pub use planar::{ImportedPlanarImage, ImportedPlane, PlanarImportError};
 pub use semaphore::{ExternalSemaphore, SignalOp, WaitOp};
 pub use stream::{Event, Stream};
 pub use vk_export::BinarySignal;

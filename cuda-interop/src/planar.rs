@@ -25,9 +25,16 @@
 //!   import, a level its array; no array outlives its memory import, each
 //!   import keeps the Vulkan image (both planes' memory) alive, and copies
 //!   are recorded as uses that the drops wait for.
-//! * Only images of this process are imported (the size and memory facts
-//!   are the exporter's own); a two-plane image does not travel over the
-//!   socket yet.
+//! * **Fds.** [`CudaDevice::import_planar_image`] exports and imports the
+//!   planes of an image of this process. [`CudaDevice::import_planar_image_fds`]
+//!   (`unsafe`: the fds must export what the record describes) takes both
+//!   planes' fds: on success both are consumed (CUDA holds duplicates), on
+//!   any failure, including one at the second plane after the first was
+//!   imported (that import is undone), both come back, open and unchanged,
+//!   in [`PlanarImportError`]. A two-plane image does not travel over the
+//!   socket yet (the wire carries one fd per resource).
+
+use std::os::fd::OwnedFd;
 
 use vk_export::format::{Format, PlanarFormat, Plane};
 use vk_export::markers::{usage, MemoryLocation, Optimal, Usage};
@@ -134,7 +141,93 @@ impl CudaDevice {
     }
 }
 
+/// A failed two-plane import ([`CudaDevice::import_planar_image_fds`]): why,
+/// and both planes' fds (plane 0 first), still the caller's, open and
+/// unchanged.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct PlanarImportError {
+    /// Why the import failed.
+    pub error: Error,
+    /// The caller's fds, plane 0's then plane 1's.
+    pub fds: [OwnedFd; 2],
+}
+
 impl CudaDevice {
+    /// Imports a two-plane image from its record and each plane's fd
+    /// (plane 0's first) that did not come from this process's
+    /// [`ExportablePlanarImage`]. Only the device UUID is checked; run
+    /// [`Context::verify_planar_image`](vk_export::Context::verify_planar_image)
+    /// on the paired Vulkan device first for a record that came from
+    /// elsewhere. On success both fds are consumed; on failure both come back
+    /// in the error, and nothing stays imported.
+    ///
+    /// # Safety
+    /// `fds[0]` and `fds[1]` are OPAQUE_FD exports of plane 0's and plane
+    /// 1's memory of the disjoint image `record` describes, and `record` is
+    /// that image's own, unmodified record (a record that misstates a
+    /// plane's size or the extent makes CUDA read and write memory laid out
+    /// for another image).
+    pub unsafe fn import_planar_image_fds<P: PlanarFormat, M: MemoryLocation>(
+        &self,
+        record: PlanarImageRecord<P, M>,
+        fds: [OwnedFd; 2],
+    ) -> Result<ImportedPlanarImage<P, M>, PlanarImportError> {
+        let info = record.info();
+        let planes = self
+            .check_resource_device(&info.device_uuid())
+            .and_then(|()| {
+                Ok((
+                    plane_record::<P::Luma, M>(info, Plane::Luma)?,
+                    plane_record::<P::Chroma, M>(info, Plane::Chroma)?,
+                ))
+            });
+        let (luma_record, chroma_record) = match planes {
+            Ok(records) => records,
+            Err(error) => return Err(PlanarImportError { error, fds }),
+        };
+        // Each plane is imported from a duplicate, so that the caller's fds
+        // stay as they are until both imports succeeded, and come back
+        // unchanged from a failure at either plane.
+        let luma = match self.import_plane_fd(luma_record, &fds[0]) {
+            Ok(luma) => luma,
+            Err(error) => return Err(PlanarImportError { error, fds }),
+        };
+        let chroma = match self.import_plane_fd(chroma_record, &fds[1]) {
+            Ok(chroma) => chroma,
+            Err(error) => {
+                // Undoes plane 0's import (the driver closes its duplicate).
+                drop(luma);
+                return Err(PlanarImportError { error, fds });
+            }
+        };
+        // Both imports hold duplicates of their own: the caller's fds are
+        // consumed (closed) as a successful import consumes its fd.
+        drop(fds);
+        Ok(ImportedPlanarImage {
+            luma,
+            chroma,
+            record,
+        })
+    }
+
+    /// Imports one plane from a duplicate of `fd` (the caller's stays open).
+    fn import_plane_fd<F: Format, M: MemoryLocation>(
+        &self,
+        record: ImageRecord<F, Optimal, M, usage::Sampled>,
+        fd: &OwnedFd,
+    ) -> Result<ImportedPlane<F, M>> {
+        // Checked here too, so that a refusal names the caller's fd, not
+        // the duplicate's number.
+        vk_export::check_export_fd(fd, "memory")?;
+        let duplicate = fd
+            .try_clone()
+            .map_err(|e| Error::InvalidArgument(format!("the fd cannot be duplicated: {e}")))?;
+        // A failure hands the duplicate back, which is closed here.
+        self.import_image_inner(record, duplicate, None, SizeCheck::Trusted)
+            .map_err(|e| e.error)
+    }
+
     /// Imports `plane` of `image` as an image of the plane's format `F`.
     fn import_plane<F: Format, P: PlanarFormat, M: MemoryLocation>(
         &self,

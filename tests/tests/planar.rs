@@ -10,6 +10,16 @@
 //! record that lies about its device or memory types refused by
 //! `Context::verify_planar_image` before anything is created.
 //!
+//! With the fake libcuda (`testkit/fake_cuda`, CPU only), in child
+//! processes: the descriptors the driver gets for each plane (its own size,
+//! not dedicated; an array of the plane's format and extent, offset 0, one
+//! level, flags 0), and both fds handed back from every failure of
+//! `import_planar_image_fds` (the driver's, a bad second fd after the first
+//! plane was imported, a foreign device), consumed on success.
+//!
+//! Every test of this binary holds `fds::lock()` (the GPU tests compare the
+//! fd table).
+//!
 //! The tests ignored as "GPU:" need an NVIDIA GPU (the H100 probe of run 23
 //! showed the recipe): known per-plane patterns written with Vulkan, both
 //! planes imported into CUDA and mapped, each array copied back and compared
@@ -19,7 +29,7 @@
 
 use ash::vk;
 use cuda_interop::{CudaDevice, Stream};
-use cuda_interop_testkit::{assert_no_validation_errors, fds, vulkan, Mem};
+use cuda_interop_testkit::{assert_no_validation_errors, fake, fds, vulkan, Mem};
 use vk_export::format::{Nv12Planes, P010Planes, PlanarFormat, Plane};
 use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation as _};
 use vk_export::{
@@ -81,6 +91,7 @@ fn offers_ycbcr_conversion(ctx: &Context) -> bool {
 /// lavapipe offers), and what the crate's preflight says.
 #[test]
 fn what_this_driver_offers_for_two_plane_formats() {
+    let _fds = fds::lock();
     let ctx = vulkan(None);
     println!(
         "device: {} ({:?}); samplerYcbcrConversion feature offered: {}",
@@ -142,6 +153,7 @@ fn refused_or_offered<P: PlanarFormat>(ctx: &Context) {
 
 #[test]
 fn the_preflight_refuses_what_the_driver_lacks_and_points_to_the_pitched_path() {
+    let _fds = fds::lock();
     let ctx = vulkan(None);
     refused_or_offered::<Nv12Planes>(&ctx);
     refused_or_offered::<P010Planes>(&ctx);
@@ -151,6 +163,7 @@ fn the_preflight_refuses_what_the_driver_lacks_and_points_to_the_pitched_path() 
 /// 4:2:0 needs even sides: refused before any driver query, on any driver.
 #[test]
 fn odd_or_zero_sides_are_refused_before_the_driver() {
+    let _fds = fds::lock();
     let ctx = vulkan(None);
     for (w, h) in [(255, 128), (256, 127), (0, 128), (256, 0), (1, 1)] {
         for result in [
@@ -209,6 +222,7 @@ fn verify(ctx: &Context, fields: PlanarImageFields) -> vk_export::Result<()> {
 /// come from elsewhere or not at all).
 #[test]
 fn a_record_that_lies_about_device_or_memory_is_refused() {
+    let _fds = fds::lock();
     let ctx = vulkan(None);
     let here = || record_here(&ctx);
     let refused = |fields: PlanarImageFields, needle: &str| match verify(&ctx, fields) {
@@ -448,6 +462,7 @@ fn gpu_p010_planes_are_exact_cuda_arrays_1920x1080() {
 #[test]
 #[ignore = "GPU: needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test planar -- --ignored, or docs/gpu-runs/scripts/multiplanar.sh"]
 fn gpu_the_driver_offers_both_formats_disjoint() {
+    let _fds = fds::lock();
     let (ctx, _cuda) = cuda_interop_testkit::gpu::pair();
     for line in offered(&ctx, Nv12Planes::NAME, Nv12Planes::VK)
         .into_iter()
@@ -459,4 +474,231 @@ fn gpu_the_driver_offers_both_formats_disjoint() {
     ExportablePlanarImage::<P010Planes, DeviceLocal>::preflight(&ctx, 1920, 1080).unwrap();
     println!("PASS both formats pass the preflight at 1920x1080");
     assert_no_validation_errors(&ctx);
+}
+
+/// A two-plane record of `P` on the fake's device: tight planes in 64 KiB
+/// granules, device-local.
+fn fake_record<P: PlanarFormat>(
+    width: u32,
+    height: u32,
+) -> vk_export::PlanarImageRecord<P, DeviceLocal> {
+    let bytes = if P::VK == P010Planes::VK { 2 } else { 1 };
+    let (w, h) = (u64::from(width), u64::from(height));
+    let plane = |size: u64| PlaneMemory {
+        allocation_size: size.next_multiple_of(65536),
+        memory_type_index: 0,
+        memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL,
+        alignment: 65536,
+        dedicated: false,
+    };
+    PlanarImageInfo::from_fields(PlanarImageFields {
+        format: P::VK,
+        extent: [width, height],
+        usage: PLANAR_USAGE,
+        planes: [plane(w * h * bytes), plane(w / 2 * (h / 2) * 2 * bytes)],
+        device_uuid: fake::UUID,
+        driver_uuid: vk_export::DriverUuid::from_bytes([0; 16]),
+    })
+    .unwrap()
+    .typed()
+    .unwrap()
+}
+
+#[test]
+fn the_planes_descriptors_come_from_the_record() {
+    let _fds = fds::lock();
+    fake::run("child_fake_plane_descriptors", fake::Variant::Full);
+}
+
+/// Each plane: one import of its own size (flags 0: never dedicated), one
+/// array of its own format and extent at offset 0 (one level, flags 0: no
+/// surface, no colour attachment); the arrays before the imports on drop.
+fn plane_descriptors<P: PlanarFormat>(
+    fake: &fake::Fake,
+    cuda: &CudaDevice,
+    width: u32,
+    height: u32,
+    format: cuda_interop::sys::CUarray_format,
+) {
+    fake.clear();
+    let record = fake_record::<P>(width, height);
+    let sizes = Plane::ALL.map(|plane| record.info().plane(plane).allocation_size);
+    // SAFETY: the driver is the fake (this process was started with it): it
+    // records the descriptors and holds the fds, and nothing reads or writes
+    // memory through the imports, so the fds need not be the planes' exports.
+    let imported =
+        unsafe { cuda.import_planar_image_fds(record, [fake::some_fd(), fake::some_fd()]) }
+            .map_err(|e| e.error)
+            .unwrap();
+    let imports = fake.calls("cuImportExternalMemory");
+    assert_eq!(imports.len(), 2);
+    for (call, size) in imports.iter().zip(sizes) {
+        assert_eq!(call.get("type"), "1", "OPAQUE_FD");
+        assert_eq!(call.num("size"), size);
+        assert_eq!(
+            call.num("flags"),
+            0,
+            "a disjoint image's planes are never dedicated"
+        );
+    }
+    assert_eq!(fake.live("memory"), 2);
+    {
+        let (luma, chroma) = imported.map_planes().unwrap();
+        let arrays = fake.calls("cuExternalMemoryGetMappedMipmappedArray");
+        assert_eq!(arrays.len(), 2);
+        let expected = [
+            (u64::from(width), u64::from(height), 1),
+            (u64::from(width / 2), u64::from(height / 2), 2),
+        ];
+        for (call, (w, h, channels)) in arrays.iter().zip(expected) {
+            assert_eq!(call.num("offset"), 0);
+            assert_eq!(
+                (call.num("width"), call.num("height"), call.num("depth")),
+                (w, h, 0)
+            );
+            assert_eq!(call.num("format"), u64::from(format.0), "{}", P::NAME);
+            assert_eq!(call.num("channels"), channels);
+            assert_eq!(call.num("flags"), 0);
+            assert_eq!(call.num("levels"), 1);
+        }
+        assert_eq!(luma.level(0).unwrap().extent(), [width, height, 1]);
+        assert_eq!(
+            chroma.level(0).unwrap().extent(),
+            [width / 2, height / 2, 1]
+        );
+        assert_eq!(fake.live("array"), 2);
+    }
+    assert_eq!(fake.live("array"), 0);
+    drop(imported);
+    assert_eq!(fake.live("memory"), 0);
+}
+
+#[test]
+#[ignore = "entry point of a child process of planar.rs, with a fake libcuda: run by the_planes_descriptors_come_from_the_record"]
+fn child_fake_plane_descriptors() {
+    use cuda_interop::sys::CUarray_format;
+    let fake = fake::Fake::open();
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    plane_descriptors::<Nv12Planes>(
+        &fake,
+        &cuda,
+        1920,
+        1080,
+        CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8,
+    );
+    plane_descriptors::<P010Planes>(
+        &fake,
+        &cuda,
+        256,
+        128,
+        CUarray_format::CU_AD_FORMAT_UNSIGNED_INT16,
+    );
+}
+
+#[test]
+fn a_failed_two_plane_import_hands_both_fds_back() {
+    let _fds = fds::lock();
+    fake::run("child_fake_planar_fd_ownership", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of planar.rs, with a fake libcuda: run by a_failed_two_plane_import_hands_both_fds_back"]
+fn child_fake_planar_fd_ownership() {
+    use std::os::fd::AsRawFd;
+    let fake = fake::Fake::open();
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let before = fds::fd_table();
+    // Both fds come back as they were: the same numbers, the same files.
+    let check_back =
+        |err: cuda_interop::PlanarImportError, sent: [(i32, (u64, u64)); 2], what: &str| {
+            for (fd, (n, id)) in err.fds.iter().zip(sent) {
+                assert_eq!(fd.as_raw_fd(), n, "{what}: the caller's own fd came back");
+                assert_eq!(fds::identity(fd), id, "{what}: unchanged");
+            }
+            assert_eq!(fake.live("memory"), 0, "{what}: nothing stays imported");
+            println!("{what}: {}", err.error);
+            err.error
+        };
+    let sent =
+        |fds: &[std::os::fd::OwnedFd; 2]| fds.each_ref().map(|f| (f.as_raw_fd(), fds::identity(f)));
+
+    // The driver refuses the first plane.
+    fake.set("import_fail", 999);
+    let pair = [fake::some_fd(), fake::some_fd()];
+    let ids = sent(&pair);
+    // SAFETY: the driver is the fake, which refuses every import now.
+    let err = unsafe { cuda.import_planar_image_fds(fake_record::<Nv12Planes>(256, 128), pair) }
+        .unwrap_err();
+    let error = check_back(err, ids, "the driver refuses");
+    assert!(error.to_string().contains("CUDA_ERROR_UNKNOWN"), "{error}");
+    fake.set("import_fail", 0);
+
+    // Plane 1's fd is no export (a pipe): refused after plane 0 was
+    // imported, which is undone; both fds come back.
+    let (pipe, _writer) = rustix::pipe::pipe().unwrap();
+    let pair = [fake::some_fd(), pipe];
+    let ids = sent(&pair);
+    fake.clear();
+    // SAFETY: the fake holds what it imports and reads nothing.
+    let err = unsafe { cuda.import_planar_image_fds(fake_record::<P010Planes>(256, 128), pair) }
+        .unwrap_err();
+    assert_eq!(
+        fake.calls("cuImportExternalMemory").len(),
+        1,
+        "plane 0 was imported"
+    );
+    assert_eq!(
+        fake.calls("cuDestroyExternalMemory").len(),
+        1,
+        "and its import undone"
+    );
+    check_back(err, ids, "plane 1's fd is a pipe");
+
+    // A record of another device: refused before the driver.
+    let foreign = PlanarImageInfo::from_fields(PlanarImageFields {
+        device_uuid: vk_export::DeviceUuid::from_bytes([9; 16]),
+        ..fields_of(fake_record::<Nv12Planes>(256, 128).info())
+    })
+    .unwrap()
+    .typed::<Nv12Planes, DeviceLocal>()
+    .unwrap();
+    let pair = [fake::some_fd(), fake::some_fd()];
+    let ids = sent(&pair);
+    fake.clear();
+    // SAFETY: refused before any driver call.
+    let err = unsafe { cuda.import_planar_image_fds(foreign, pair) }.unwrap_err();
+    assert!(fake.calls("cuImportExternalMemory").is_empty());
+    let error = check_back(err, ids, "another device's record");
+    assert!(
+        matches!(error, cuda_interop::Error::DeviceMismatch { .. }),
+        "{error}"
+    );
+
+    // Success consumes both fds: none of this process's is left open once
+    // the import is dropped (the fake closes its duplicates).
+    let pair = [fake::some_fd(), fake::some_fd()];
+    // SAFETY: the fake holds what it imports and reads nothing.
+    let imported =
+        unsafe { cuda.import_planar_image_fds(fake_record::<Nv12Planes>(256, 128), pair) }
+            .map_err(|e| e.error)
+            .unwrap();
+    drop(imported);
+    assert_eq!(fake.live("memory"), 0);
+    drop(_writer);
+    assert_eq!(
+        fds::fd_table(),
+        before,
+        "no fd left open, none closed that was not ours"
+    );
+}
+
+fn fields_of(info: &PlanarImageInfo) -> PlanarImageFields {
+    PlanarImageFields {
+        format: info.format(),
+        extent: info.extent(),
+        usage: info.usage(),
+        planes: [*info.plane(Plane::Luma), *info.plane(Plane::Chroma)],
+        device_uuid: info.device_uuid(),
+        driver_uuid: info.driver_uuid(),
+    }
 }
