@@ -122,7 +122,7 @@ impl<P: PlanarFormat, M: MemoryLocation> fmt::Debug for ExportablePlanarImage<P,
         f.debug_struct("ExportablePlanarImage")
             .field("format", &P::NAME)
             .field("extent", &self.inner.info.extent())
-            .field("planes", &self.inner.info.plane(Plane::Luma))
+            .field("luma", &self.inner.info.plane(Plane::Luma))
             .field("chroma", &self.inner.info.plane(Plane::Chroma))
             .finish()
     }
