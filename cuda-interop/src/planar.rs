@@ -31,8 +31,11 @@
 //!   planes' fds: on success both are consumed (CUDA holds duplicates), on
 //!   any failure, including one at the second plane after the first was
 //!   imported (that import is undone), both come back, open and unchanged,
-//!   in [`PlanarImportError`]. A two-plane image does not travel over the
-//!   socket yet (the wire carries one fd per resource).
+//!   in [`PlanarImportError`].
+//! * **Received** two-plane images ([`CudaDevice::import_received_planar_image`])
+//!   are verified on the paired Vulkan device before CUDA sees an fd, and
+//!   each plane's size is probed right after its import, as received images
+//!   are.
 
 use std::os::fd::OwnedFd;
 
@@ -40,7 +43,7 @@ use vk_export::format::{Format, PlanarFormat, Plane};
 use vk_export::markers::{usage, MemoryLocation, Optimal, Usage};
 use vk_export::{
     ExportablePlanarImage, ImageFields, ImageInfo, ImageRecord, PlanarImageInfo, PlanarImageRecord,
-    PLANAR_USAGE,
+    ReceivedPlanarImage, PLANAR_USAGE,
 };
 
 use crate::array::MappedArray;
@@ -173,6 +176,41 @@ impl CudaDevice {
         record: PlanarImageRecord<P, M>,
         fds: [OwnedFd; 2],
     ) -> Result<ImportedPlanarImage<P, M>, PlanarImportError> {
+        self.import_planes(record, fds, SizeCheck::Trusted)
+    }
+
+    /// Imports a two-plane image received over a socket (both planes'
+    /// records and fds arrived together from a peer:
+    /// [`Received::take_planar_image`](vk_export::wire::Received::take_planar_image)).
+    /// Before CUDA sees an fd, the record is verified on the Vulkan device
+    /// this CUDA device was paired with
+    /// ([`Context::verify_planar_image`](vk_export::Context::verify_planar_image):
+    /// both UUIDs, each plane's memory type, and the size and alignment that
+    /// device derives for each plane), so the device must come from
+    /// [`CudaDevice::for_vulkan`]; right after each plane's import, a mapping
+    /// of the plane's whole size is made and freed, and the import undone if
+    /// the driver refuses it (the memory behind the fd is smaller). What stays
+    /// the peer's word is the layout, as for images. On failure both fds come
+    /// back in the error.
+    pub fn import_received_planar_image<P: PlanarFormat, M: MemoryLocation>(
+        &self,
+        received: ReceivedPlanarImage<P, M>,
+    ) -> Result<ImportedPlanarImage<P, M>, PlanarImportError> {
+        let (record, fds, _peer) = received.into_parts();
+        if let Err(error) = self.verify_with_vulkan(|ctx| ctx.verify_planar_image(&record)) {
+            return Err(PlanarImportError { error, fds });
+        }
+        self.import_planes(record, fds, SizeCheck::Probe)
+    }
+
+    /// The import of both planes from the caller's fds (see
+    /// [`CudaDevice::import_planar_image_fds`] for the fds' fate).
+    fn import_planes<P: PlanarFormat, M: MemoryLocation>(
+        &self,
+        record: PlanarImageRecord<P, M>,
+        fds: [OwnedFd; 2],
+        check: SizeCheck,
+    ) -> Result<ImportedPlanarImage<P, M>, PlanarImportError> {
         let info = record.info();
         let planes = self
             .check_resource_device(&info.device_uuid())
@@ -189,11 +227,11 @@ impl CudaDevice {
         // Each plane is imported from a duplicate, so that the caller's fds
         // stay as they are until both imports succeeded, and come back
         // unchanged from a failure at either plane.
-        let luma = match self.import_plane_fd(luma_record, &fds[0]) {
+        let luma = match self.import_plane_fd(luma_record, &fds[0], check) {
             Ok(luma) => luma,
             Err(error) => return Err(PlanarImportError { error, fds }),
         };
-        let chroma = match self.import_plane_fd(chroma_record, &fds[1]) {
+        let chroma = match self.import_plane_fd(chroma_record, &fds[1], check) {
             Ok(chroma) => chroma,
             Err(error) => {
                 // Undoes plane 0's import (the driver closes its duplicate).
@@ -216,6 +254,7 @@ impl CudaDevice {
         &self,
         record: ImageRecord<F, Optimal, M, usage::Sampled>,
         fd: &OwnedFd,
+        check: SizeCheck,
     ) -> Result<ImportedPlane<F, M>> {
         // Checked here too, so that a refusal names the caller's fd, not
         // the duplicate's number.
@@ -224,7 +263,7 @@ impl CudaDevice {
             .try_clone()
             .map_err(|e| Error::InvalidArgument(format!("the fd cannot be duplicated: {e}")))?;
         // A failure hands the duplicate back, which is closed here.
-        self.import_image_inner(record, duplicate, None, SizeCheck::Trusted)
+        self.import_image_inner(record, duplicate, None, check)
             .map_err(|e| e.error)
     }
 

@@ -360,6 +360,37 @@ fn planes_through_cuda<P: PlanarFormat>(
         check(format!("{plane:?} Vulkan readback (control)"), bad, first);
     }
     ctx.release_planar_image(&image, SubmitSync::new()).unwrap();
+    // Over a socket: both planes in one message, received, verified on the
+    // paired Vulkan device, imported with the size probe; every texel again.
+    {
+        let (tx, rx) = vk_export::socket::Connection::pair().unwrap();
+        let planes = image.planes_to_send();
+        tx.send_exported(31, &[&planes[0], &planes[1]]).unwrap();
+        let mut received = rx.recv(std::time::Duration::from_secs(5)).unwrap();
+        let bundle = received.take_planar_image::<P, DeviceLocal>(0).unwrap();
+        let imported = cuda
+            .import_received_planar_image(bundle)
+            .map_err(|e| e.error)
+            .unwrap();
+        let (luma, chroma) = imported.map_planes().unwrap();
+        let stream = Stream::new(cuda).unwrap();
+        let (luma_level, chroma_level) = (luma.level(0).unwrap(), chroma.level(0).unwrap());
+        let mut got = [
+            vec![0u8; luma_level.byte_len().unwrap()],
+            vec![0u8; chroma_level.byte_len().unwrap()],
+        ];
+        luma_level.copy_to_host(&stream, &mut got[0]).unwrap();
+        chroma_level.copy_to_host(&stream, &mut got[1]).unwrap();
+        for plane in Plane::ALL {
+            let (bad, first) =
+                mismatches::<P>(plane, width, &got[plane.index()], &patterns[plane.index()]);
+            check(
+                format!("{plane:?} plane received over a socket, as a CUDA array, every texel"),
+                bad,
+                first,
+            );
+        }
+    }
     // A first import and drop, so that whatever the driver opens once (on
     // its first import) is not counted below.
     drop(cuda.import_planar_image(&image).unwrap());
@@ -701,4 +732,87 @@ fn fields_of(info: &PlanarImageInfo) -> PlanarImageFields {
         device_uuid: info.device_uuid(),
         driver_uuid: info.driver_uuid(),
     }
+}
+
+/// A forged two-plane record of this Vulkan device, with two memfds, sent as
+/// the two planes of one message over a socket pair.
+fn send_forged_planes(ctx: &Context) -> (vk_export::wire::Received, [(u64, u64); 2]) {
+    use vk_export::wire::{Message, Resource};
+    let info = PlanarImageInfo::from_fields(record_here(ctx)).unwrap();
+    let message = Message {
+        tag: 31,
+        resources: vec![
+            Resource::PlanarPlane(info.clone(), Plane::Luma),
+            Resource::PlanarPlane(info, Plane::Chroma),
+        ],
+    };
+    let fds = vec![fake::some_fd(), fake::some_fd()];
+    let ids = [fds::identity(&fds[0]), fds::identity(&fds[1])];
+    let (tx, rx) = vk_export::socket::Connection::pair().unwrap();
+    // SAFETY: the receiver never imports these (the tests check that the
+    // record is verified, and refused, before any driver sees an fd).
+    unsafe { tx.send(&message, fds) }.unwrap();
+    (rx.recv(std::time::Duration::from_secs(5)).unwrap(), ids)
+}
+
+/// A two-plane image travels as its two planes, each with its own fd; the
+/// receiver takes them as one bundle and verifies the record on its device
+/// before anything imports it: lavapipe cannot make the image (refused by
+/// the preflight), a GPU derives other sizes than this forged record's.
+#[test]
+fn a_two_plane_image_travels_as_its_two_planes_and_is_verified() {
+    let _fds = fds::lock();
+    let ctx = vulkan(None);
+    let (mut received, ids) = send_forged_planes(&ctx);
+    let bundle = received
+        .take_planar_image::<Nv12Planes, HostVisible>(0)
+        .unwrap();
+    let (record, fds, _) = bundle.into_parts();
+    assert_eq!(
+        [fds::identity(&fds[0]), fds::identity(&fds[1])],
+        ids,
+        "each plane with the fd sent for it"
+    );
+    match ctx.verify_planar_image(&record) {
+        Err(Error::Unsupported { .. } | Error::Record(_)) => {}
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_no_validation_errors(&ctx);
+}
+
+#[test]
+fn a_received_two_plane_image_is_verified_before_cuda_sees_its_fds() {
+    let _fds = fds::lock();
+    fake::run("child_fake_received_planes", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of planar.rs, with a fake libcuda: run by a_received_two_plane_image_is_verified_before_cuda_sees_its_fds"]
+fn child_fake_received_planes() {
+    let fake = fake::Fake::open();
+    let ctx = vulkan(None);
+    fake.set_devices(&[ctx.identity().device_uuid]);
+    let cuda = CudaDevice::for_vulkan(&ctx).unwrap();
+    let (mut received, ids) = send_forged_planes(&ctx);
+    let bundle = received
+        .take_planar_image::<Nv12Planes, HostVisible>(0)
+        .unwrap();
+    fake.clear();
+    let err = cuda.import_received_planar_image(bundle).unwrap_err();
+    println!("refused: {}", err.error);
+    assert!(
+        fake.calls("cuImportExternalMemory").is_empty(),
+        "the record was refused before the driver saw an fd"
+    );
+    assert!(
+        matches!(err.error, cuda_interop::Error::Vulkan(_)),
+        "{}",
+        err.error
+    );
+    assert_eq!(
+        [fds::identity(&err.fds[0]), fds::identity(&err.fds[1])],
+        ids,
+        "both fds come back"
+    );
+    assert_no_validation_errors(&ctx);
 }

@@ -73,12 +73,13 @@ pub use context::{
     Validation, DROP_WAIT,
 };
 pub use error::{Error, Result};
+pub use exported::PlaneToSend;
 pub use image::{ExportableImage, ImageCapability, ImageDesc};
 pub use interop_share::fd::{
     check_export_fd, import_with_duplicate, ImportError, ImportFailure, KeepAlive,
 };
 pub use interop_share::received::{
-    PeerCredentials, ReceivedBuffer, ReceivedImage, ReceivedSemaphore,
+    PeerCredentials, ReceivedBuffer, ReceivedImage, ReceivedPlanarImage, ReceivedSemaphore,
 };
 pub use interop_share::record::{
     BufferFields, BufferInfo, BufferRecord, ImageFields, ImageInfo, ImageRecord, PlanarImageFields,

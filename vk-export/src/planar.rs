@@ -35,8 +35,10 @@
 //!   image; if that never completes, the image and both allocations are
 //!   leaked rather than freed under the GPU. CUDA imports hold a
 //!   [`KeepAlive`] of it.
-//! * Not yet: sending one over the socket (the wire carries one fd per
-//!   resource), importing one into another Vulkan device.
+//! * **Sending** a two-plane image is sending its two planes
+//!   (`planes_to_send`): two resources of one message, each with the whole
+//!   record and its own plane's fd. Not yet: importing one into another
+//!   Vulkan device.
 
 use std::fmt;
 use std::os::fd::OwnedFd;
