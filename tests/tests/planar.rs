@@ -329,25 +329,59 @@ fn planes_through_cuda<P: PlanarFormat>(
     let info = image.info().clone();
     println!("{} {width}x{height}: {info:?}", P::NAME);
     ctx.verify_planar_image(&image.record()).unwrap();
-    // A record that claims a larger luma allocation than this device derives.
-    let lying = PlanarImageInfo::from_fields(PlanarImageFields {
-        format: info.format(),
-        extent: info.extent(),
-        usage: info.usage(),
-        planes: [
-            PlaneMemory {
-                allocation_size: info.plane(Plane::Luma).allocation_size * 2,
-                ..*info.plane(Plane::Luma)
-            },
-            *info.plane(Plane::Chroma),
-        ],
-        device_uuid: info.device_uuid(),
-        driver_uuid: info.driver_uuid(),
-    })
-    .unwrap();
-    match ctx.verify_planar_image(&lying.typed::<P, DeviceLocal>().unwrap()) {
-        Err(Error::Record(m)) => assert!(m.contains("Luma plane: size"), "{m}"),
-        other => panic!("a record with a doubled luma size: {other:?}"),
+    // Records that lie about one plane's allocation, each refused by the
+    // comparison with what this device derives for that plane.
+    let lie = |plane: Plane, edit: &dyn Fn(&mut PlaneMemory), needle: &str| {
+        let mut fields = fields_of(&info);
+        edit(&mut fields.planes[plane.index()]);
+        let record = PlanarImageInfo::from_fields(fields)
+            .unwrap()
+            .typed::<P, DeviceLocal>()
+            .unwrap();
+        match ctx.verify_planar_image(&record) {
+            Err(Error::Record(m)) => assert!(m.contains(needle), "{needle}: {m}"),
+            other => panic!("{needle}: expected Error::Record, got {other:?}"),
+        }
+    };
+    lie(Plane::Luma, &|m| m.allocation_size *= 2, "Luma plane: size");
+    lie(
+        Plane::Chroma,
+        &|m| m.allocation_size += 65536,
+        "Chroma plane: size",
+    );
+    lie(
+        Plane::Chroma,
+        &|m| m.alignment *= 2,
+        "Chroma plane: alignment",
+    );
+    // A memory type of the same flags the plane may not use, where the
+    // device has one.
+    // SAFETY: plain query.
+    let memory = unsafe {
+        ctx.instance()
+            .get_physical_device_memory_properties(ctx.physical_device())
+    };
+    let used = info.plane(Plane::Luma).memory_type_index;
+    if let Some(other) = (0..memory.memory_type_count).find(|&i| {
+        i != used
+            && memory.memory_types[i as usize].property_flags
+                == memory.memory_types[used as usize].property_flags
+    }) {
+        println!("memory type {other} has type {used}'s flags: checking a record that names it");
+        // The plane's allowed types are not known here: the refusal is
+        // "memory types" when `other` is not among them; otherwise the
+        // record is honest about the class and passes.
+        let mut fields = fields_of(&info);
+        fields.planes[0].memory_type_index = other;
+        let record = PlanarImageInfo::from_fields(fields)
+            .unwrap()
+            .typed::<P, DeviceLocal>()
+            .unwrap();
+        match ctx.verify_planar_image(&record) {
+            Ok(()) => println!("type {other} is allowed for the luma plane too"),
+            Err(Error::Record(m)) => assert!(m.contains("Luma plane: memory types"), "{m}"),
+            other => panic!("another memory type: {other:?}"),
+        }
     }
     let patterns = Plane::ALL.map(|plane| plane_pattern::<P>(plane, width, height, 0));
     for plane in Plane::ALL {
