@@ -13,15 +13,24 @@
 //!   [`Format`](interop_share::format::Format)); where the driver lacks
 //!   `VK_FORMAT_FEATURE_DISJOINT_BIT` the preflight says so and points to
 //!   the pitched NV12/P010 buffers.
-//! * **Preflight first**, as for every image: even width and height; the
+//! * **Preflight first**, as for every image: even width and height
+//!   (`VUID-VkImageCreateInfo-format-04712`/`-04713` for 4:2:0); the
 //!   format's optimal-tiling features (a driver without the
 //!   `samplerYcbcrConversion` feature, such as Mesa 22.3's lavapipe, gives
-//!   none, and the error names that feature), `DISJOINT`, the usage's
+//!   none, and the error names that feature), `DISJOINT`
+//!   (`VUID-VkImageCreateInfo-imageCreateFormatFeatures-02260`), the usage's
 //!   features; then `vkGetPhysicalDeviceImageFormatProperties2` with
 //!   `VK_IMAGE_CREATE_DISJOINT_BIT` and the OPAQUE_FD external info
 //!   (exportable, importable, not dedicated-only: a disjoint image cannot
 //!   have a dedicated allocation, `VUID-VkMemoryDedicatedAllocateInfo-image-01797`).
 //!   A refusal is [`Error::Unsupported`] and nothing exists.
+//! * **What the spec asks of these formats**, and no more: 2D, one level,
+//!   one layer, one sample (`VUID-VkImageCreateInfo-format-06410` to
+//!   `-06413`), all fixed here. The `samplerYcbcrConversion` feature is
+//!   needed to *sample* through a Y′CbCr conversion
+//!   (`vkCreateSamplerYcbcrConversion`), not to create, bind, copy or export
+//!   the image, so the crate does not ask the device to have it enabled
+//!   (an application that samples the image enables it on its own device).
 //! * **Export recipe.** `VkExternalMemoryImageCreateInfo`, the plane's own
 //!   requirements (`VkImagePlaneMemoryRequirementsInfo`), one exportable
 //!   allocation per plane of exactly that size in a memory type of the exact
