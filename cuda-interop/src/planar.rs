@@ -23,8 +23,8 @@
 //!   its own allocation size, memory type and alignment; never dedicated). So
 //!   the lifetime rules are `ImportedImage`'s: an array borrows its plane's
 //!   import, a level its array; no array outlives its memory import, each
-//!   import keeps the Vulkan image (both planes' memory) alive, and copies
-//!   are recorded as uses that the drops wait for.
+//!   import of this process's image keeps that Vulkan image (both planes'
+//!   memory) alive, and copies are recorded as uses that the drops wait for.
 //! * **Fds.** [`CudaDevice::import_planar_image`] exports and imports the
 //!   planes of an image of this process. [`CudaDevice::import_planar_image_fds`]
 //!   (`unsafe`: the fds must export what the record describes) takes both
