@@ -40,9 +40,17 @@ echo "validation: $CUDA_INTEROP_VALIDATION"
 nvidia-smi -L
 
 # 1. What the driver offers (format features, DISJOINT, external memory) and
-#    the lavapipe-side tests, which run on any driver.
-timeout 120 "$bin" --test-threads=1 --nocapture > "$out/planar-everywhere.txt" 2>&1
-grep -E "^device:|: optimal-tiling|vkGetPhysicalDeviceImageFormatProperties2|^preflight" "$out/planar-everywhere.txt"
+#    the tests that run on any driver. The fake-libcuda tests need the
+#    build's fake-libcuda-* directories (CUDA_INTEROP_FAKE_CUDA_DIR, as the
+#    GPU bundle carries them); without them they are skipped here (CI runs them).
+skip=()
+if [ -z "${CUDA_INTEROP_FAKE_CUDA_DIR:-}" ]; then
+  skip=(--skip the_planes_descriptors_come_from_the_record
+        --skip a_failed_two_plane_import_hands_both_fds_back
+        --skip a_received_two_plane_image_is_verified_before_cuda_sees_its_fds)
+fi
+timeout 120 "$bin" --test-threads=1 --nocapture "${skip[@]}" > "$out/planar-everywhere.txt" 2>&1
+grep -E "device: |: optimal-tiling|vkGetPhysicalDeviceImageFormatProperties2|^preflight" "$out/planar-everywhere.txt"
 if grep -q "test result: ok" "$out/planar-everywhere.txt"; then
   pass "the tests that run everywhere ($(grep 'test result' "$out/planar-everywhere.txt"))"
 else
