@@ -129,7 +129,7 @@ impl CudaDevice {
         self.import_image_inner(record, fd, None, SizeCheck::Trusted)
     }
 
-    fn import_image_inner<F, T, M, U>(
+    pub(crate) fn import_image_inner<F, T, M, U>(
         &self,
         record: ImageRecord<F, T, M, U>,
         fd: OwnedFd,

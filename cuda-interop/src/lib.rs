@@ -25,7 +25,10 @@
 //!   exists only for `Optimal` tiling in `DeviceLocal` memory; surfaces only
 //!   for storage usage; the array descriptor (format, channels, levels, layers,
 //!   cube, `SURFACE_LDST`, `COLOR_ATTACHMENT`) is derived from the image type.
-//!   See [`markers`].
+//!   See [`markers`]. A two-plane 4:2:0 image
+//!   ([`vk_export::ExportablePlanarImage`], disjoint) is imported one plane
+//!   at a time ([`CudaDevice::import_planar_image`]), each plane an array of
+//!   its own format; CUDA's `NV12` array format is never used.
 //! * **Borrows give the destruction order:** surfaces and textures, then the
 //!   mipmapped array or mapped buffer, then the external memory, then the
 //!   Vulkan resource (kept alive by the import), then the context.
@@ -96,6 +99,8 @@ mod linear;
 mod array;
 // The typed imports, and the mappings each offers.
 mod import;
+// Two-plane images: one typed import per plane.
+mod planar;
 
 // Operations on the resources.
 mod copy;
@@ -117,6 +122,7 @@ pub use import::{ImportedBuffer, ImportedImage, OwnedArray};
 pub use launch::KernelUses;
 pub use linear::{DeviceBuffer, DeviceSlice, MappedBuffer};
 pub use module::{Function, Module};
+pub use planar::{ImportedPlanarImage, ImportedPlane, PlanarImportError};
 pub use semaphore::{ExternalSemaphore, SignalOp, WaitOp};
 pub use stream::{Event, Stream};
 pub use vk_export::BinarySignal;

@@ -25,6 +25,16 @@
 //!   an image is made with `usage::Sampled` or `usage::ColorAttachment` (CUDA
 //!   reads it through a texture, or copies it with the driver), and the
 //!   preflight refuses storage usage naming the missing feature.
+//! * **Multi-planar formats are not [`Format`]s.** A 4:2:0 two-plane image
+//!   (`G8_B8R8_2PLANE_420_UNORM`, `G10X6_B10X6R10X6_2PLANE_420_UNORM_3PACK16`)
+//!   is no one CUDA array: CUDA's own `NV12` array format gives wrong texels
+//!   and a non-disjoint image's second plane lies at an offset the driver
+//!   does not report (H100 probe, `docs/probes/multiplanar.c`). So
+//!   `ExportableImage<Nv12Planes>` does not compile; these formats are
+//!   [`PlanarFormat`]s, exported only as *disjoint* images (one allocation
+//!   per plane, `vk_export::ExportablePlanarImage`), each plane imported as a
+//!   CUDA array of its own single-plane format ([`PlanarFormat::Luma`],
+//!   [`PlanarFormat::Chroma`]).
 
 use ash::vk;
 
@@ -65,6 +75,12 @@ impl ChannelType {
 }
 
 /// A `VkFormat` as a type: what the CUDA side needs to know at compile time.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an image format this crate exports as one CUDA array",
+    note = "multi-planar formats (`Nv12Planes`, `P010Planes`) are exported only as disjoint images, \
+            one CUDA array per plane: `vk_export::ExportablePlanarImage`; or send NV12/P010 as \
+            pitched buffers (the guide's \"Planar video: NV12 and P010\")"
+)]
 pub trait Format: sealed::Sealed + Send + Sync + 'static {
     /// The Vulkan format.
     const VK: vk::Format;
@@ -158,6 +174,113 @@ formats! {
     Rgba32Sfloat => R32G32B32A32_SFLOAT, 4, F32;
 }
 
+/// One plane of a two-plane 4:2:0 image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Plane {
+    /// Plane 0: luma (Y), full resolution, one channel.
+    Luma,
+    /// Plane 1: chroma (Cb, Cr interleaved), half width and half height,
+    /// two channels.
+    Chroma,
+}
+
+impl Plane {
+    /// Both planes, in plane order.
+    pub const ALL: [Plane; 2] = [Plane::Luma, Plane::Chroma];
+
+    /// The plane's index (0 or 1).
+    pub const fn index(self) -> usize {
+        match self {
+            Plane::Luma => 0,
+            Plane::Chroma => 1,
+        }
+    }
+
+    /// `VK_IMAGE_ASPECT_PLANE_0_BIT` or `VK_IMAGE_ASPECT_PLANE_1_BIT`.
+    pub const fn aspect(self) -> vk::ImageAspectFlags {
+        match self {
+            Plane::Luma => vk::ImageAspectFlags::PLANE_0,
+            Plane::Chroma => vk::ImageAspectFlags::PLANE_1,
+        }
+    }
+
+    /// The plane's extent for an image of `width` x `height` (both even).
+    pub const fn extent(self, width: u32, height: u32) -> [u32; 2] {
+        match self {
+            Plane::Luma => [width, height],
+            Plane::Chroma => [width / 2, height / 2],
+        }
+    }
+
+    /// Channels per texel of the plane (1 or 2).
+    pub const fn channels(self) -> u32 {
+        match self {
+            Plane::Luma => 1,
+            Plane::Chroma => 2,
+        }
+    }
+}
+
+/// A two-plane 4:2:0 `VkFormat` as a type. Sealed.
+///
+/// Plane 0 (luma) is a `W x H` image of [`PlanarFormat::Luma`], plane 1
+/// (chroma) a `W/2 x H/2` image of [`PlanarFormat::Chroma`] (Cb then Cr),
+/// which is each plane's Vulkan-compatible single-plane format (the
+/// format of a copy to or from the plane's aspect) and the CUDA array it
+/// maps as.
+pub trait PlanarFormat: sealed::Sealed + Send + Sync + 'static {
+    /// The multi-planar Vulkan format.
+    const VK: vk::Format;
+    /// The format's name, for messages.
+    const NAME: &'static str;
+    /// Plane 0's format (one channel).
+    type Luma: Format;
+    /// Plane 1's format (two channels: Cb, Cr).
+    type Chroma: Format;
+}
+
+macro_rules! planar_formats {
+    ($($(#[$doc:meta])* $name:ident => $vk:ident, $luma:ident, $chroma:ident;)*) => {$(
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub enum $name {}
+        impl sealed::Sealed for $name {}
+        impl PlanarFormat for $name {
+            const VK: vk::Format = vk::Format::$vk;
+            const NAME: &'static str = stringify!($vk);
+            type Luma = $luma;
+            type Chroma = $chroma;
+        }
+    )*
+        /// `(VkFormat, name, luma format, chroma format)` of every supported
+        /// two-plane format.
+        pub const PLANAR: &[(vk::Format, &str, vk::Format, vk::Format)] = &[
+            $((vk::Format::$vk, stringify!($vk), <$luma as Format>::VK, <$chroma as Format>::VK),)*
+        ];
+    };
+}
+
+planar_formats! {
+    /// `VK_FORMAT_G8_B8R8_2PLANE_420_UNORM` (NV12's layout): plane 0 is
+    /// [`R8Unorm`] (CUDA `UNSIGNED_INT8` x 1), plane 1 [`Rg8Unorm`]
+    /// (`UNSIGNED_INT8` x 2: Cb, Cr).
+    Nv12Planes => G8_B8R8_2PLANE_420_UNORM, R8Unorm, Rg8Unorm;
+    /// `VK_FORMAT_G10X6_B10X6R10X6_2PLANE_420_UNORM_3PACK16` (P010's
+    /// layout): 16-bit samples holding the 10-bit value in the top bits;
+    /// plane 0 is [`R16Unorm`] (CUDA `UNSIGNED_INT16` x 1), plane 1
+    /// [`Rg16Unorm`] (`UNSIGNED_INT16` x 2: Cb, Cr).
+    P010Planes => G10X6_B10X6R10X6_2PLANE_420_UNORM_3PACK16, R16Unorm, Rg16Unorm;
+}
+
+/// The entry of [`PLANAR`] for a raw format, if any: `(name, luma format,
+/// chroma format)`.
+pub fn describe_planar(format: vk::Format) -> Option<(&'static str, vk::Format, vk::Format)> {
+    PLANAR
+        .iter()
+        .find(|f| f.0 == format)
+        .map(|f| (f.1, f.2, f.3))
+}
+
 /// The entry of [`SUPPORTED`] for a raw format, if any.
 pub fn describe(format: vk::Format) -> Option<(&'static str, u32, ChannelType)> {
     SUPPORTED
@@ -204,5 +327,35 @@ mod tests {
             Some((2, ChannelType::U16))
         );
         assert_eq!(SUPPORTED.len(), 17);
+    }
+
+    /// The two-plane formats are no single-plane formats (an
+    /// `ExportableImage` or image record of one is refused), and each
+    /// plane's format has the plane's channel count.
+    #[test]
+    fn planar_formats_are_apart_from_the_single_plane_set() {
+        for (vk, _, luma, chroma) in PLANAR {
+            assert_eq!(describe(*vk), None);
+            assert_eq!(describe(*luma).map(|d| d.1), Some(Plane::Luma.channels()));
+            assert_eq!(
+                describe(*chroma).map(|d| d.1),
+                Some(Plane::Chroma.channels())
+            );
+        }
+        assert_eq!(
+            describe_planar(vk::Format::G8_B8R8_2PLANE_420_UNORM),
+            Some((
+                "G8_B8R8_2PLANE_420_UNORM",
+                vk::Format::R8_UNORM,
+                vk::Format::R8G8_UNORM
+            ))
+        );
+        assert_eq!(
+            describe_planar(vk::Format::G10X6_B10X6R10X6_2PLANE_420_UNORM_3PACK16)
+                .map(|d| (d.1, d.2)),
+            Some((vk::Format::R16_UNORM, vk::Format::R16G16_UNORM))
+        );
+        assert_eq!(describe_planar(vk::Format::R8_UNORM), None);
+        assert_eq!(Plane::Chroma.extent(1920, 1080), [960, 540]);
     }
 }

@@ -17,7 +17,7 @@ use ash::vk;
 
 use crate::error::{Error, Result};
 use crate::markers::{usage, DeviceLocal, Optimal, SemaphoreKind};
-use crate::record::{BufferRecord, ImageRecord, SemaphoreRecord};
+use crate::record::{BufferRecord, ImageRecord, PlanarImageRecord, SemaphoreRecord};
 
 /// Who is on the other end of a connection (`SO_PEERCRED`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +76,39 @@ received! {
 received! {
     /// A semaphore record and its fd, received together.
     ReceivedSemaphore<K> => SemaphoreRecord
+}
+
+/// A two-plane image's record and both planes' memory fds (plane 0's
+/// first), received together: two consecutive resources of one message, one
+/// per plane, with the same record (`Received::take_planar_image`).
+#[derive(Debug)]
+pub struct ReceivedPlanarImage<P, M = DeviceLocal> {
+    record: PlanarImageRecord<P, M>,
+    fds: [OwnedFd; 2],
+    peer: PeerCredentials,
+}
+
+impl<P, M> ReceivedPlanarImage<P, M> {
+    pub(crate) fn new(
+        record: PlanarImageRecord<P, M>,
+        fds: [OwnedFd; 2],
+        peer: PeerCredentials,
+    ) -> Self {
+        ReceivedPlanarImage { record, fds, peer }
+    }
+    /// The record.
+    pub fn record(&self) -> &PlanarImageRecord<P, M> {
+        &self.record
+    }
+    /// Who sent it.
+    pub fn peer(&self) -> PeerCredentials {
+        self.peer
+    }
+    /// Record, fds (plane 0's first) and sender, separated (importing the
+    /// bare parts needs the `unsafe` `import_planar_image_fds`).
+    pub fn into_parts(self) -> (PlanarImageRecord<P, M>, [OwnedFd; 2], PeerCredentials) {
+        (self.record, self.fds, self.peer)
+    }
 }
 
 impl<K: SemaphoreKind> ReceivedSemaphore<K> {

@@ -13,9 +13,14 @@
 //! * A record does not prove that an fd holds the memory it describes: that is
 //!   what import-time verification (`vk_export::Context::verify_image` and
 //!   friends) and the peer model (see the guide's "Trust boundary") are for.
-//! * Typed records ([`ImageRecord`], [`BufferRecord`], [`SemaphoreRecord`])
-//!   add the type-level facts, checked exactly: a memory class states both
-//!   what it requires and what it excludes.
+//! * Typed records ([`ImageRecord`], [`BufferRecord`], [`SemaphoreRecord`],
+//!   [`PlanarImageRecord`]) add the type-level facts, checked exactly: a
+//!   memory class states both what it requires and what it excludes.
+//! * A two-plane image ([`PlanarImageInfo`]) is always disjoint, optimal
+//!   and 2D with one level and one layer: one allocation per plane, none
+//!   dedicated (a disjoint image cannot have one), each at least as large
+//!   as its plane's texels. A multi-planar format in an [`ImageInfo`] is
+//!   refused (`image.format`).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -23,7 +28,7 @@ use std::marker::PhantomData;
 use ash::vk;
 
 use crate::error::{Error, Result, WireError};
-use crate::format::{self, Format};
+use crate::format::{self, Format, PlanarFormat, Plane};
 use crate::markers::{usage, DeviceLocal, MemoryLocation, Optimal, SemaphoreKind, Tiling, Usage};
 use crate::uuid::{DeviceUuid, DriverUuid};
 
@@ -420,6 +425,260 @@ impl<F, T, M, U> ImageRecord<F, T, M, U> {
     }
     /// The plain record, for sending.
     pub fn into_info(self) -> ImageInfo {
+        self.info
+    }
+}
+
+/// Usage of every exportable two-plane image: transfers (Vulkan fills and
+/// reads each plane) and sampling. Drivers give these formats no storage
+/// usage (NVIDIA: `VK_ERROR_FORMAT_NOT_SUPPORTED` with it).
+pub const PLANAR_USAGE: vk::ImageUsageFlags = vk::ImageUsageFlags::from_raw(
+    vk::ImageUsageFlags::TRANSFER_SRC.as_raw()
+        | vk::ImageUsageFlags::TRANSFER_DST.as_raw()
+        | vk::ImageUsageFlags::SAMPLED.as_raw(),
+);
+
+/// One plane's allocation in a [`PlanarImageInfo`]: what
+/// `vkGetImageMemoryRequirements2` with `VkImagePlaneMemoryRequirementsInfo`
+/// gave for the plane, and the memory type it was allocated from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlaneMemory {
+    /// `VkMemoryAllocateInfo::allocationSize` (= the plane's
+    /// `VkMemoryRequirements::size`): the size CUDA imports for the plane.
+    pub allocation_size: u64,
+    /// `VkMemoryAllocateInfo::memoryTypeIndex`.
+    pub memory_type_index: u32,
+    /// That memory type's property flags.
+    pub memory_flags: vk::MemoryPropertyFlags,
+    /// The plane's `VkMemoryRequirements::alignment`.
+    pub alignment: u64,
+    /// Whether the allocation is dedicated: never, for a disjoint image
+    /// (`VUID-VkMemoryDedicatedAllocateInfo-image-01797`); a record that says
+    /// so is refused.
+    pub dedicated: bool,
+}
+
+/// Everything an importer needs to know about an exported disjoint two-plane
+/// 4:2:0 image (optimal tiling, 2D, one level, one layer,
+/// `VK_IMAGE_CREATE_DISJOINT_BIT`, usage [`PLANAR_USAGE`]): its format and
+/// extent, and each plane's allocation. Made only by an export (through
+/// [`PlanarImageInfo::from_fields`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanarImageInfo {
+    pub(crate) format: vk::Format,
+    pub(crate) extent: [u32; 2],
+    pub(crate) usage: vk::ImageUsageFlags,
+    pub(crate) planes: [PlaneMemory; 2],
+    pub(crate) device_uuid: DeviceUuid,
+    pub(crate) driver_uuid: DriverUuid,
+}
+
+/// The fields of a [`PlanarImageInfo`], for [`PlanarImageInfo::from_fields`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(
+    missing_docs,
+    reason = "each field is the PlanarImageInfo accessor of the same name"
+)]
+pub struct PlanarImageFields {
+    pub format: vk::Format,
+    pub extent: [u32; 2],
+    pub usage: vk::ImageUsageFlags,
+    pub planes: [PlaneMemory; 2],
+    pub device_uuid: DeviceUuid,
+    pub driver_uuid: DriverUuid,
+}
+
+/// The field names of each plane's checks (plane 0, plane 1).
+const PLANE_FIELDS: [[&str; 5]; 2] = [
+    [
+        "planar.plane0.allocation_size",
+        "planar.plane0.memory_type_index",
+        "planar.plane0.memory_flags",
+        "planar.plane0.alignment",
+        "planar.plane0.dedicated",
+    ],
+    [
+        "planar.plane1.allocation_size",
+        "planar.plane1.memory_type_index",
+        "planar.plane1.memory_flags",
+        "planar.plane1.alignment",
+        "planar.plane1.dedicated",
+    ],
+];
+
+impl PlanarImageInfo {
+    /// A record from its fields, if they satisfy every shape rule.
+    pub fn from_fields(f: PlanarImageFields) -> Result<PlanarImageInfo, WireError> {
+        let info = PlanarImageInfo {
+            format: f.format,
+            extent: f.extent,
+            usage: f.usage,
+            planes: f.planes,
+            device_uuid: f.device_uuid,
+            driver_uuid: f.driver_uuid,
+        };
+        info.validate()?;
+        Ok(info)
+    }
+
+    /// The multi-planar `VkFormat`.
+    pub fn format(&self) -> vk::Format {
+        self.format
+    }
+    /// Width and height of the image (plane 0), both even.
+    pub fn extent(&self) -> [u32; 2] {
+        self.extent
+    }
+    /// `VkImageCreateInfo::usage` ([`PLANAR_USAGE`]).
+    pub fn usage(&self) -> vk::ImageUsageFlags {
+        self.usage
+    }
+    /// `VkImageCreateInfo::flags`: always `VK_IMAGE_CREATE_DISJOINT_BIT`.
+    pub fn flags(&self) -> vk::ImageCreateFlags {
+        vk::ImageCreateFlags::DISJOINT
+    }
+    /// `VkImageCreateInfo::tiling`: always optimal.
+    pub fn tiling(&self) -> vk::ImageTiling {
+        vk::ImageTiling::OPTIMAL
+    }
+    /// The allocation of `plane`.
+    pub fn plane(&self, plane: Plane) -> &PlaneMemory {
+        &self.planes[plane.index()]
+    }
+    /// Width and height of `plane`.
+    pub fn plane_extent(&self, plane: Plane) -> [u32; 2] {
+        plane.extent(self.extent[0], self.extent[1])
+    }
+    /// The single-plane format `plane` is compatible with (its copies' and
+    /// its CUDA array's format).
+    pub fn plane_format(&self, plane: Plane) -> vk::Format {
+        let (_, luma, chroma) =
+            format::describe_planar(self.format).expect("a validated record has a planar format");
+        match plane {
+            Plane::Luma => luma,
+            Plane::Chroma => chroma,
+        }
+    }
+    /// Bytes of `plane`'s texels, tightly packed.
+    pub fn plane_bytes(&self, plane: Plane) -> u64 {
+        let [w, h] = self.plane_extent(plane);
+        let texel = format::describe(self.plane_format(plane))
+            .map_or(0, |(_, channels, channel)| channels * channel.bytes());
+        u64::from(w) * u64::from(h) * u64::from(texel)
+    }
+    /// The exporter's `deviceUUID`.
+    pub fn device_uuid(&self) -> DeviceUuid {
+        self.device_uuid
+    }
+    /// The exporter's `driverUUID`.
+    pub fn driver_uuid(&self) -> DriverUuid {
+        self.driver_uuid
+    }
+
+    /// The rules every two-plane image record satisfies.
+    pub(crate) fn validate(&self) -> Result<(), WireError> {
+        let format = self.format.as_raw() as u32;
+        check(
+            "planar.format",
+            format.into(),
+            format::describe_planar(self.format).is_some(),
+        )?;
+        for (e, name) in self.extent.iter().zip(["planar.width", "planar.height"]) {
+            // 4:2:0 subsampling: the chroma plane is half of each side.
+            check(
+                name,
+                (*e).into(),
+                (2..=MAX_EXTENT).contains(e) && e.is_multiple_of(2),
+            )?;
+        }
+        check(
+            "planar.usage",
+            self.usage.as_raw().into(),
+            self.usage == PLANAR_USAGE,
+        )?;
+        for plane in Plane::ALL {
+            let m = &self.planes[plane.index()];
+            let [size, index, flags, alignment, dedicated] = PLANE_FIELDS[plane.index()];
+            // An allocation smaller than the plane's texels is not this
+            // plane's memory.
+            check(
+                size,
+                m.allocation_size,
+                (1..=MAX_ALLOCATION).contains(&m.allocation_size)
+                    && m.allocation_size >= self.plane_bytes(plane),
+            )?;
+            check(
+                index,
+                m.memory_type_index.into(),
+                m.memory_type_index < vk::MAX_MEMORY_TYPES as u32,
+            )?;
+            check(
+                flags,
+                m.memory_flags.as_raw().into(),
+                m.memory_flags.as_raw() & !KNOWN_MEMORY_FLAGS == 0,
+            )?;
+            check(alignment, m.alignment, m.alignment.is_power_of_two())?;
+            check(dedicated, u64::from(m.dedicated), !m.dedicated)?;
+        }
+        Ok(())
+    }
+
+    /// Checks that this record describes an image of format `P` whose planes
+    /// are both in memory of class `M` (exactly), and returns it typed.
+    pub fn typed<P: PlanarFormat, M: MemoryLocation>(self) -> Result<PlanarImageRecord<P, M>> {
+        if self.format != P::VK {
+            let found = format::describe_planar(self.format)
+                .map_or(format!("{:?}", self.format), |d| d.0.to_string());
+            return Err(Error::Record(format!(
+                "the record's format is {found}, but the receiver expects {}",
+                P::NAME
+            )));
+        }
+        for plane in Plane::ALL {
+            let flags = self.planes[plane.index()].memory_flags;
+            if !M::admits(flags) {
+                return Err(Error::Record(format!(
+                    "the record's {plane:?} plane is in {flags:?} memory, but the receiver expects {}",
+                    M::describe()
+                )));
+            }
+        }
+        Ok(PlanarImageRecord {
+            info: self,
+            _types: PhantomData,
+        })
+    }
+}
+
+/// A [`PlanarImageInfo`] known to describe a two-plane image of format `P`
+/// in memory `M`.
+pub struct PlanarImageRecord<P, M = DeviceLocal> {
+    pub(crate) info: PlanarImageInfo,
+    pub(crate) _types: PhantomData<fn() -> (P, M)>,
+}
+
+impl<P, M> Clone for PlanarImageRecord<P, M> {
+    fn clone(&self) -> Self {
+        PlanarImageRecord {
+            info: self.info.clone(),
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<P, M> fmt::Debug for PlanarImageRecord<P, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.info.fmt(f)
+    }
+}
+
+impl<P, M> PlanarImageRecord<P, M> {
+    /// The plain record.
+    pub fn info(&self) -> &PlanarImageInfo {
+        &self.info
+    }
+    /// The plain record.
+    pub fn into_info(self) -> PlanarImageInfo {
         self.info
     }
 }
@@ -945,6 +1204,234 @@ mod tests {
         for (what, fields, expected) in cases {
             assert_eq!(refused_field(fields), expected, "{what}");
         }
+    }
+
+    /// A multi-planar format is no single-plane image format: a record of
+    /// one as an `ImageInfo` is refused (the disjoint `PlanarImageInfo` is
+    /// its only record).
+    #[test]
+    fn a_multi_planar_format_is_refused_as_an_image_record() {
+        for format in [
+            vk::Format::G8_B8R8_2PLANE_420_UNORM,
+            vk::Format::G10X6_B10X6R10X6_2PLANE_420_UNORM_3PACK16,
+        ] {
+            let fields = ImageFields {
+                format,
+                usage: PLANAR_USAGE,
+                allocation_size: 1 << 20,
+                ..image()
+            };
+            assert_eq!(refused_field(fields), "image.format");
+        }
+    }
+
+    fn plane(allocation_size: u64) -> PlaneMemory {
+        PlaneMemory {
+            allocation_size,
+            memory_type_index: 1,
+            memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL,
+            alignment: 65536,
+            dedicated: false,
+        }
+    }
+
+    /// The H100's 256x128 NV12 planes (run 23): exactly the texels.
+    fn planar() -> PlanarImageFields {
+        PlanarImageFields {
+            format: vk::Format::G8_B8R8_2PLANE_420_UNORM,
+            extent: [256, 128],
+            usage: PLANAR_USAGE,
+            planes: [plane(256 * 128), plane(128 * 64 * 2)],
+            device_uuid: DeviceUuid::from_bytes([1; 16]),
+            driver_uuid: DriverUuid::from_bytes([2; 16]),
+        }
+    }
+
+    fn planar_refused_field(f: PlanarImageFields) -> &'static str {
+        match PlanarImageInfo::from_fields(f) {
+            Err(WireError::InvalidValue { field, .. }) => field,
+            other => panic!("expected an InvalidValue, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_planar_samples_are_valid() {
+        let nv12 = PlanarImageInfo::from_fields(planar()).unwrap();
+        assert_eq!(nv12.plane_bytes(Plane::Luma), 256 * 128);
+        assert_eq!(nv12.plane_bytes(Plane::Chroma), 128 * 64 * 2);
+        assert_eq!(nv12.plane_format(Plane::Chroma), vk::Format::R8G8_UNORM);
+        let p010 = PlanarImageFields {
+            format: vk::Format::G10X6_B10X6R10X6_2PLANE_420_UNORM_3PACK16,
+            planes: [plane(256 * 128 * 2), plane(128 * 64 * 4)],
+            ..planar()
+        };
+        let p010 = PlanarImageInfo::from_fields(p010).unwrap();
+        assert_eq!(p010.plane_format(Plane::Luma), vk::Format::R16_UNORM);
+        assert_eq!(p010.plane_bytes(Plane::Chroma), 128 * 64 * 4);
+    }
+
+    /// One case per rule of `PlanarImageInfo::validate`, each breaking only
+    /// that rule: a hostile peer's record that lies in one field is refused
+    /// by that field's rule (delete the rule and its case fails).
+    #[test]
+    fn each_planar_rule_refuses_its_own_case() {
+        let with_plane = |i: usize, m: PlaneMemory| {
+            let mut f = planar();
+            f.planes[i] = m;
+            f
+        };
+        let p010_sized_nv12 = || PlanarImageFields {
+            format: vk::Format::G10X6_B10X6R10X6_2PLANE_420_UNORM_3PACK16,
+            ..planar()
+        };
+        let cases: Vec<(&str, PlanarImageFields, &str)> = vec![
+            (
+                "a single-plane format",
+                PlanarImageFields {
+                    format: vk::Format::R8_UNORM,
+                    ..planar()
+                },
+                "planar.format",
+            ),
+            (
+                "a three-plane format",
+                PlanarImageFields {
+                    format: vk::Format::G8_B8_R8_3PLANE_420_UNORM,
+                    ..planar()
+                },
+                "planar.format",
+            ),
+            (
+                "an odd width",
+                PlanarImageFields {
+                    extent: [255, 128],
+                    ..planar()
+                },
+                "planar.width",
+            ),
+            (
+                "a zero height",
+                PlanarImageFields {
+                    extent: [256, 0],
+                    ..planar()
+                },
+                "planar.height",
+            ),
+            (
+                "a side past the largest",
+                PlanarImageFields {
+                    extent: [256, MAX_EXTENT + 2],
+                    ..planar()
+                },
+                "planar.height",
+            ),
+            (
+                "storage usage",
+                PlanarImageFields {
+                    usage: PLANAR_USAGE | vk::ImageUsageFlags::STORAGE,
+                    ..planar()
+                },
+                "planar.usage",
+            ),
+            (
+                "a luma allocation smaller than its texels",
+                with_plane(0, plane(256 * 128 - 1)),
+                "planar.plane0.allocation_size",
+            ),
+            (
+                "a chroma allocation smaller than its texels",
+                with_plane(1, plane(128 * 64 * 2 - 1)),
+                "planar.plane1.allocation_size",
+            ),
+            (
+                "8-bit plane sizes under a 16-bit format",
+                p010_sized_nv12(),
+                "planar.plane0.allocation_size",
+            ),
+            (
+                "an allocation over 1 TiB",
+                with_plane(1, plane(MAX_ALLOCATION + 1)),
+                "planar.plane1.allocation_size",
+            ),
+            (
+                "a memory type index past the last",
+                with_plane(
+                    0,
+                    PlaneMemory {
+                        memory_type_index: vk::MAX_MEMORY_TYPES as u32,
+                        ..plane(256 * 128)
+                    },
+                ),
+                "planar.plane0.memory_type_index",
+            ),
+            (
+                "an unknown memory flag",
+                with_plane(
+                    1,
+                    PlaneMemory {
+                        memory_flags: vk::MemoryPropertyFlags::from_raw(1 << 12),
+                        ..plane(128 * 64 * 2)
+                    },
+                ),
+                "planar.plane1.memory_flags",
+            ),
+            (
+                "an alignment that is not a power of two",
+                with_plane(
+                    0,
+                    PlaneMemory {
+                        alignment: 3,
+                        ..plane(256 * 128)
+                    },
+                ),
+                "planar.plane0.alignment",
+            ),
+            (
+                "a dedicated plane allocation",
+                with_plane(
+                    1,
+                    PlaneMemory {
+                        dedicated: true,
+                        ..plane(128 * 64 * 2)
+                    },
+                ),
+                "planar.plane1.dedicated",
+            ),
+        ];
+        for (what, fields, expected) in cases {
+            assert_eq!(planar_refused_field(fields), expected, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_planar_record_is_typed_exactly() {
+        use crate::format::{Nv12Planes, P010Planes};
+        use crate::markers::HostVisible;
+        let info = PlanarImageInfo::from_fields(planar()).unwrap();
+        info.clone().typed::<Nv12Planes, DeviceLocal>().unwrap();
+        let err = info.clone().typed::<P010Planes, DeviceLocal>().unwrap_err();
+        assert!(
+            err.to_string().contains("G8_B8R8_2PLANE_420_UNORM"),
+            "{err}"
+        );
+        let err = info.typed::<Nv12Planes, HostVisible>().unwrap_err();
+        assert!(err.to_string().contains("Luma plane"), "{err}");
+        let mixed = PlanarImageFields {
+            planes: [
+                plane(256 * 128),
+                PlaneMemory {
+                    memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL
+                        | vk::MemoryPropertyFlags::HOST_VISIBLE,
+                    ..plane(128 * 64 * 2)
+                },
+            ],
+            ..planar()
+        };
+        let err = PlanarImageInfo::from_fields(mixed)
+            .unwrap()
+            .typed::<Nv12Planes, DeviceLocal>()
+            .unwrap_err();
+        assert!(err.to_string().contains("Chroma plane"), "{err}");
     }
 
     #[test]

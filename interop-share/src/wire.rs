@@ -9,6 +9,9 @@
 //!
 //! All integers are little-endian. Resource `i` owns fd `i` of the message's
 //! `SCM_RIGHTS` control data, so the fd count must equal the resource count.
+//! A two-plane image is two resources, one per plane ([`Resource::PlanarPlane`],
+//! plane 0 first), each with the image's whole record and its plane's fd;
+//! [`Received::take_planar_image`] takes them only as such a pair.
 //! [`Message::decode`] checks every field it can without a device (known
 //! format, ranges, flags, booleans) and rejects the message whole on the first
 //! problem; device-specific checks (UUIDs, memory types) happen at import.
@@ -20,16 +23,20 @@ use ash::vk;
 use crate::error::Error;
 pub use crate::error::WireError;
 use crate::format::Format;
+use crate::format::{PlanarFormat, Plane};
 use crate::markers::SemaphoreKind;
 use crate::markers::{MemoryLocation, Tiling, Usage};
-use crate::received::{PeerCredentials, ReceivedBuffer, ReceivedImage, ReceivedSemaphore};
-use crate::record::{BufferInfo, ImageInfo, SemaphoreInfo};
+use crate::received::{
+    PeerCredentials, ReceivedBuffer, ReceivedImage, ReceivedPlanarImage, ReceivedSemaphore,
+};
+use crate::record::{BufferInfo, ImageInfo, PlanarImageInfo, PlaneMemory, SemaphoreInfo};
 
 pub use crate::limits::{HEADER_LEN, MAGIC, MAX_MESSAGE_LEN, MAX_RESOURCES, VERSION};
 
 const KIND_IMAGE: u8 = 1;
 const KIND_BUFFER: u8 = 2;
 const KIND_SEMAPHORE: u8 = 3;
+const KIND_PLANAR_PLANE: u8 = 4;
 
 /// One shared resource.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,6 +47,10 @@ pub enum Resource {
     Buffer(BufferInfo),
     /// A semaphore's record.
     Semaphore(SemaphoreInfo),
+    /// One plane of a two-plane image: the image's record and which plane
+    /// this resource's fd exports. A two-plane image travels as two of
+    /// these, plane 0 then plane 1, with the same record.
+    PlanarPlane(PlanarImageInfo, Plane),
 }
 
 impl Resource {
@@ -48,6 +59,7 @@ impl Resource {
             Resource::Image(_) => "an image",
             Resource::Buffer(_) => "a buffer",
             Resource::Semaphore(_) => "a semaphore",
+            Resource::PlanarPlane(..) => "a plane of a two-plane image",
         }
     }
 }
@@ -112,6 +124,23 @@ impl Message {
                     put32(&mut p, s.semaphore_type.as_raw() as u32);
                     p.extend_from_slice(s.device_uuid.as_bytes());
                     p.extend_from_slice(s.driver_uuid.as_bytes());
+                }
+                Resource::PlanarPlane(i, plane) => {
+                    p.push(KIND_PLANAR_PLANE);
+                    p.push(plane.index() as u8);
+                    put32(&mut p, i.format.as_raw() as u32);
+                    put32(&mut p, i.extent[0]);
+                    put32(&mut p, i.extent[1]);
+                    put32(&mut p, i.usage.as_raw());
+                    for m in &i.planes {
+                        put64(&mut p, m.allocation_size);
+                        put32(&mut p, m.memory_type_index);
+                        put32(&mut p, m.memory_flags.as_raw());
+                        put64(&mut p, m.alignment);
+                        p.push(u8::from(m.dedicated));
+                    }
+                    p.extend_from_slice(i.device_uuid.as_bytes());
+                    p.extend_from_slice(i.driver_uuid.as_bytes());
                 }
             }
         }
@@ -181,6 +210,10 @@ impl Message {
                 KIND_IMAGE => Resource::Image(decode_image(&mut r)?),
                 KIND_BUFFER => Resource::Buffer(decode_buffer(&mut r)?),
                 KIND_SEMAPHORE => Resource::Semaphore(decode_semaphore(&mut r)?),
+                KIND_PLANAR_PLANE => {
+                    let (info, plane) = decode_planar_plane(&mut r)?;
+                    Resource::PlanarPlane(info, plane)
+                }
                 other => return Err(WireError::UnknownKind(other)),
             });
         }
@@ -295,6 +328,42 @@ fn decode_semaphore(r: &mut Reader<'_>) -> Result<SemaphoreInfo, WireError> {
     };
     info.validate()?;
     Ok(info)
+}
+
+fn decode_planar_plane(r: &mut Reader<'_>) -> Result<(PlanarImageInfo, Plane), WireError> {
+    let plane = match r.u8("planar.plane")? {
+        0 => Plane::Luma,
+        1 => Plane::Chroma,
+        v => {
+            return Err(WireError::InvalidValue {
+                field: "planar.plane",
+                value: v.into(),
+            })
+        }
+    };
+    let format = vk::Format::from_raw(r.u32("planar.format")? as i32);
+    let extent = [r.u32("planar.width")?, r.u32("planar.height")?];
+    let usage = vk::ImageUsageFlags::from_raw(r.u32("planar.usage")?);
+    let mut plane_memory = || -> Result<PlaneMemory, WireError> {
+        Ok(PlaneMemory {
+            allocation_size: r.u64("planar.allocation_size")?,
+            memory_type_index: r.u32("planar.memory_type_index")?,
+            memory_flags: vk::MemoryPropertyFlags::from_raw(r.u32("planar.memory_flags")?),
+            alignment: r.u64("planar.alignment")?,
+            dedicated: r.bool("planar.dedicated")?,
+        })
+    };
+    let planes = [plane_memory()?, plane_memory()?];
+    let info = PlanarImageInfo {
+        format,
+        extent,
+        usage,
+        planes,
+        device_uuid: r.uuid("planar.device_uuid")?.into(),
+        driver_uuid: r.uuid("planar.driver_uuid")?.into(),
+    };
+    info.validate()?;
+    Ok((info, plane))
 }
 
 /// A validated message with its fds, one per resource, from a checked peer.
@@ -412,6 +481,73 @@ impl Received {
         .map(|(record, fd)| ReceivedBuffer::new(record, fd, peer))
     }
 
+    /// Resources `index` and `index + 1` as the two planes of a two-plane
+    /// image of format `P` in memory `M`, bound to their fds: plane 0 then
+    /// plane 1, with the same record (a pair that is not one image is
+    /// refused). On any refusal both fds stay in `self`.
+    pub fn take_planar_image<P: PlanarFormat, M: MemoryLocation>(
+        &mut self,
+        index: usize,
+    ) -> Result<ReceivedPlanarImage<P, M>, Error> {
+        const EXPECTED: &str = "the planes 0 and 1 of one two-plane image";
+        let second = index.checked_add(1).ok_or(WireError::WrongResource {
+            index,
+            found: "absent",
+            expected: EXPECTED,
+        })?;
+        let plane_of = |i: usize| match self.message.resources.get(i) {
+            Some(Resource::PlanarPlane(info, plane)) => Ok((info, *plane)),
+            Some(other) => Err(WireError::WrongResource {
+                index: i,
+                found: other.kind_name(),
+                expected: EXPECTED,
+            }),
+            None => Err(WireError::WrongResource {
+                index: i,
+                found: "absent",
+                expected: EXPECTED,
+            }),
+        };
+        let (luma, luma_plane) = plane_of(index)?;
+        let (chroma, chroma_plane) = plane_of(second)?;
+        if luma_plane != Plane::Luma || chroma_plane != Plane::Chroma {
+            return Err(WireError::WrongResource {
+                index,
+                found: "planes out of order (plane 1 first, or one plane twice)",
+                expected: EXPECTED,
+            }
+            .into());
+        }
+        if luma != chroma {
+            return Err(Error::Record(format!(
+                "resources {index} and {second} are planes of two different images: their records differ"
+            )));
+        }
+        let record = luma.clone().typed::<P, M>()?;
+        let taken = |fds: &mut [Option<OwnedFd>], i: usize| {
+            fds.get_mut(i)
+                .and_then(Option::take)
+                .ok_or(WireError::WrongResource {
+                    index: i,
+                    found: "already taken",
+                    expected: EXPECTED,
+                })
+        };
+        let luma_fd = taken(&mut self.fds, index)?;
+        let chroma_fd = match taken(&mut self.fds, second) {
+            Ok(fd) => fd,
+            Err(e) => {
+                self.fds[index] = Some(luma_fd);
+                return Err(e.into());
+            }
+        };
+        Ok(ReceivedPlanarImage::new(
+            record,
+            [luma_fd, chroma_fd],
+            self.peer,
+        ))
+    }
+
     /// Resource `index` as a semaphore of kind `K`, bound to its fd.
     pub fn take_semaphore<K: SemaphoreKind>(
         &mut self,
@@ -459,8 +595,51 @@ mod tests {
         .unwrap()
     }
 
+    fn planar_info(luma_size: u64) -> PlanarImageInfo {
+        let plane = |size| PlaneMemory {
+            allocation_size: size,
+            memory_type_index: 1,
+            memory_flags: vk::MemoryPropertyFlags::DEVICE_LOCAL,
+            alignment: 65536,
+            dedicated: false,
+        };
+        PlanarImageInfo::from_fields(crate::record::PlanarImageFields {
+            format: vk::Format::G8_B8R8_2PLANE_420_UNORM,
+            extent: [256, 128],
+            usage: crate::record::PLANAR_USAGE,
+            planes: [plane(luma_size), plane(65536)],
+            device_uuid: DeviceUuid::from_bytes([7; 16]),
+            driver_uuid: DriverUuid::from_bytes([8; 16]),
+        })
+        .unwrap()
+    }
+
+    /// A two-plane image as its two resources.
+    fn planar_message() -> Message {
+        let info = planar_info(65536);
+        Message {
+            tag: 78,
+            resources: vec![
+                Resource::PlanarPlane(info.clone(), Plane::Luma),
+                Resource::PlanarPlane(info, Plane::Chroma),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_planar_pair_round_trips() {
+        let message = planar_message();
+        let bytes = message.encode().unwrap();
+        assert_eq!(Message::decode(&bytes).unwrap(), message);
+    }
+
     #[test]
     fn every_prefix_is_refused() {
+        let planar = planar_message().encode().unwrap();
+        Message::decode(&planar).unwrap();
+        for cut in 0..planar.len() {
+            assert!(Message::decode(&planar[..cut]).is_err(), "cut at {cut}");
+        }
         let bytes = sample();
         Message::decode(&bytes).unwrap();
         for cut in 0..bytes.len() {
@@ -472,7 +651,12 @@ mod tests {
     /// decoders behind it see every change too.
     #[test]
     fn every_single_byte_change_is_refused_or_round_trips() {
-        let bytes = sample();
+        for bytes in [sample(), planar_message().encode().unwrap()] {
+            single_byte_changes(bytes);
+        }
+    }
+
+    fn single_byte_changes(bytes: Vec<u8>) {
         let (mut decoded, mut refused) = (0, 0);
         for at in 0..bytes.len() {
             for value in [0u8, 1, 0x7f, 0x80, 0xff, bytes[at] ^ 1] {
@@ -495,5 +679,107 @@ mod tests {
             decoded > 0 && refused > 0,
             "{decoded} decoded, {refused} refused"
         );
+    }
+
+    /// The plane byte of a planar resource is 0 or 1, and the record's rules
+    /// apply to it on the wire (an odd width is refused by its field).
+    #[test]
+    fn a_planar_plane_is_validated_on_the_wire() {
+        let bytes = planar_message().encode().unwrap();
+        // Header, tag (8), count (2), kind (1): the plane byte.
+        let plane_at = HEADER_LEN + 8 + 2 + 1;
+        let with = |at: usize, value: &[u8]| {
+            let mut changed = bytes.clone();
+            changed[at..at + value.len()].copy_from_slice(value);
+            let crc = crc32fast::hash(&changed[HEADER_LEN..]);
+            changed[12..16].copy_from_slice(&crc.to_le_bytes());
+            Message::decode(&changed)
+        };
+        assert!(matches!(
+            with(plane_at, &[2]),
+            Err(WireError::InvalidValue {
+                field: "planar.plane",
+                value: 2
+            })
+        ));
+        // plane, format (4), then the width.
+        assert!(matches!(
+            with(plane_at + 1 + 4, &255u32.to_le_bytes()),
+            Err(WireError::InvalidValue {
+                field: "planar.width",
+                ..
+            })
+        ));
+    }
+
+    fn memfd() -> OwnedFd {
+        rustix::fs::memfd_create("planar-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap()
+    }
+
+    fn received(resources: Vec<Resource>) -> Received {
+        let fds = resources.iter().map(|_| memfd()).collect();
+        let peer = PeerCredentials {
+            pid: None,
+            uid: 0,
+            gid: 0,
+        };
+        Received::new(Message { tag: 1, resources }, fds, peer).unwrap()
+    }
+
+    /// A two-plane image is taken only as planes 0 and 1 of one record, in
+    /// that order, each once; every refusal leaves both fds in the message
+    /// (so a right take still works after a wrong one).
+    #[test]
+    fn a_planar_image_is_taken_only_as_its_two_planes() {
+        use crate::format::{Nv12Planes, P010Planes};
+        use crate::markers::DeviceLocal;
+        use std::os::fd::AsRawFd;
+        let info = planar_info(65536);
+        let luma = Resource::PlanarPlane(info.clone(), Plane::Luma);
+        let chroma = Resource::PlanarPlane(info.clone(), Plane::Chroma);
+
+        let mut ok = received(vec![luma.clone(), chroma.clone()]);
+        let raw = [
+            ok.fds[0].as_ref().unwrap().as_raw_fd(),
+            ok.fds[1].as_ref().unwrap().as_raw_fd(),
+        ];
+        // Another format or memory class: refused, fds stay.
+        let err = ok
+            .take_planar_image::<P010Planes, DeviceLocal>(0)
+            .unwrap_err();
+        assert!(err.to_string().contains("format"), "{err}");
+        let image = ok.take_planar_image::<Nv12Planes, DeviceLocal>(0).unwrap();
+        let (_, fds, _) = image.into_parts();
+        assert_eq!(
+            fds.each_ref().map(|f| f.as_raw_fd()),
+            raw,
+            "each plane's own fd"
+        );
+        let again = ok
+            .take_planar_image::<Nv12Planes, DeviceLocal>(0)
+            .unwrap_err();
+        assert!(again.to_string().contains("already taken"), "{again}");
+
+        let refused = |resources: Vec<Resource>, index: usize, needle: &str| {
+            let mut r = received(resources);
+            let err = r
+                .take_planar_image::<Nv12Planes, DeviceLocal>(index)
+                .unwrap_err();
+            assert!(err.to_string().contains(needle), "{needle}: {err}");
+            assert!(r.fds.iter().all(Option::is_some), "{needle}: the fds stay");
+        };
+        refused(vec![chroma.clone(), luma.clone()], 0, "out of order");
+        refused(vec![luma.clone(), luma.clone()], 0, "out of order");
+        refused(vec![luma.clone()], 0, "absent");
+        refused(
+            vec![luma.clone(), chroma.clone()],
+            1,
+            "resource 2 is absent",
+        );
+        let other = Resource::PlanarPlane(planar_info(2 * 65536), Plane::Chroma);
+        refused(vec![luma.clone(), other], 0, "two different images");
+        let buffer = Message::decode(&sample()).unwrap().resources.remove(0);
+        refused(vec![luma, buffer], 0, "a buffer");
+        refused(vec![chroma.clone(), chroma], usize::MAX, "absent");
     }
 }

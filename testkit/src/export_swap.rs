@@ -256,7 +256,8 @@ fn send_receive_import(pool: &ExportPool, case: &ExportCase) -> SwapOutcome {
                 },
             }
         }
-        Resource::Semaphore(_) => return SwapOutcome::RefusedOnReceive,
+        // The pool exports no two-plane images.
+        Resource::Semaphore(_) | Resource::PlanarPlane(..) => return SwapOutcome::RefusedOnReceive,
     };
     assert!(
         imported_size <= target.allocation_size(),

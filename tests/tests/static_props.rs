@@ -139,6 +139,12 @@ assert_impl_all!(CudaDevice: Send, Sync, Clone);
 assert_impl_all!(ExternalMemory: Send, Sync);
 assert_impl_all!(ImportedImage<Rgba8Unorm, Optimal, DeviceLocal, usage::Storage>: Send, Sync);
 assert_impl_all!(ImportedBuffer<DeviceLocal>: Send, Sync);
+// Two-plane images (issue 31): shared across threads like images.
+assert_impl_all!(vk_export::ExportablePlanarImage<vk_export::format::Nv12Planes>: Send, Sync);
+assert_impl_all!(ImportedPlanarImage<vk_export::format::P010Planes, DeviceLocal>: Send, Sync);
+// A planar record is no single-plane record: the types stay apart.
+assert_not_impl_any!(vk_export::format::Nv12Planes: vk_export::format::Format);
+assert_not_impl_any!(vk_export::format::P010Planes: vk_export::format::Format);
 assert_impl_all!(MappedBuffer<'static>: Send, Sync);
 assert_impl_all!(MappedArray<'static, Rgba8Unorm, usage::Storage>: Send, Sync);
 assert_impl_all!(ExternalSemaphore<Timeline>: Send, Sync);

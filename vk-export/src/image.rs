@@ -208,19 +208,19 @@ pub struct ImageCapability {
     pub max_array_layers: u32,
 }
 
-struct CreateParams {
-    format: vk::Format,
-    image_type: vk::ImageType,
-    extent: [u32; 3],
-    mip_levels: u32,
-    array_layers: u32,
-    flags: vk::ImageCreateFlags,
-    tiling: vk::ImageTiling,
-    usage: vk::ImageUsageFlags,
+pub(crate) struct CreateParams {
+    pub(crate) format: vk::Format,
+    pub(crate) image_type: vk::ImageType,
+    pub(crate) extent: [u32; 3],
+    pub(crate) mip_levels: u32,
+    pub(crate) array_layers: u32,
+    pub(crate) flags: vk::ImageCreateFlags,
+    pub(crate) tiling: vk::ImageTiling,
+    pub(crate) usage: vk::ImageUsageFlags,
 }
 
 impl CreateParams {
-    fn what(&self) -> String {
+    pub(crate) fn what(&self) -> String {
         format!(
             "an exportable {:?} image ({:?}, {:?} tiling, usage {:?}, {}x{}x{}, {} levels, {} layers)",
             self.image_type,
@@ -316,7 +316,7 @@ fn check_format_features(ctx: &Context, p: &CreateParams) -> Result<()> {
     ))
 }
 
-fn preflight(ctx: &Context, p: &CreateParams) -> Result<ImageCapability> {
+pub(crate) fn preflight(ctx: &Context, p: &CreateParams) -> Result<ImageCapability> {
     check_format_features(ctx, p)?;
     let mut external =
         vk::PhysicalDeviceExternalImageFormatInfo::default().handle_type(MEMORY_HANDLE_TYPE);

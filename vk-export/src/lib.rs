@@ -19,6 +19,11 @@
 //!   dedicated allocation where the driver requires or prefers one, and it
 //!   records what an importer needs ([`ImageInfo`]). [`ExportableBuffer`] and
 //!   [`Semaphore`] (binary and timeline) likewise.
+//! * **Two-plane 4:2:0 images only disjoint.** [`ExportablePlanarImage`]
+//!   (`Nv12Planes`, `P010Planes`) binds each plane to memory of its own and
+//!   exports each as an fd, which CUDA maps as an array of the plane's
+//!   format; a non-disjoint multi-planar image is never made (its second
+//!   plane maps into CUDA only at an offset the driver does not report).
 //! * **Fds are `OwnedFd`.** Each export is a new fd that the caller owns; a
 //!   successful import consumes its fd, a failed one hands it back in
 //!   [`ImportError`]. The driver only ever gets a duplicate.
@@ -45,6 +50,7 @@ mod exported;
 mod image;
 mod memory;
 mod ownership;
+mod planar;
 mod queues;
 mod requirements;
 mod semaphore;
@@ -67,20 +73,22 @@ pub use context::{
     Validation, DROP_WAIT,
 };
 pub use error::{Error, Result};
+pub use exported::PlaneToSend;
 pub use image::{ExportableImage, ImageCapability, ImageDesc};
 pub use interop_share::fd::{
     check_export_fd, import_with_duplicate, ImportError, ImportFailure, KeepAlive,
 };
 pub use interop_share::received::{
-    PeerCredentials, ReceivedBuffer, ReceivedImage, ReceivedSemaphore,
+    PeerCredentials, ReceivedBuffer, ReceivedImage, ReceivedPlanarImage, ReceivedSemaphore,
 };
 pub use interop_share::record::{
-    BufferFields, BufferInfo, BufferRecord, ImageFields, ImageInfo, ImageRecord, SemaphoreInfo,
-    SemaphoreRecord,
+    BufferFields, BufferInfo, BufferRecord, ImageFields, ImageInfo, ImageRecord, PlanarImageFields,
+    PlanarImageInfo, PlanarImageRecord, PlaneMemory, SemaphoreInfo, SemaphoreRecord, PLANAR_USAGE,
 };
 pub use interop_share::token::{BinaryPayload, BinarySignal, SignalReservation};
 pub use interop_share::uuid::{DeviceUuid, DriverUuid, ParseUuidError};
 pub use ownership::{DepthFormat, DepthSource, SharedLayout, SourceImage, SourceSharing};
+pub use planar::ExportablePlanarImage;
 pub use queues::{QueueChoice, QueueRole, Queues};
 pub use requirements::{
     DeviceRequirements, OPTIONAL_DEVICE_EXTENSIONS, REQUIRED_DEVICE_EXTENSIONS,

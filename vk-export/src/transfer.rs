@@ -43,11 +43,12 @@ use crate::ownership::{
     acquire_families, buffer_barrier, host_read_barrier, image_barrier, Owner, SharedLayout,
     SourceImage,
 };
+use crate::planar::ExportablePlanarImage;
 use crate::queues::QueueRole;
 use crate::semaphore::{Binary, Semaphore, SignalGuard, Timeline};
 use crate::submit::{Completion, LastUse, RawSync};
 use crate::wait::WaitStrategy;
-use interop_share::format::Format;
+use interop_share::format::{Format, Plane};
 use interop_share::markers::{HostVisible, MemoryLocation, Tiling, Usage};
 use interop_share::token::BinarySignal;
 
@@ -225,6 +226,16 @@ struct Tracked<'r> {
 
 impl<'r, F, T, M, U> From<&'r ExportableImage<F, T, M, U>> for Tracked<'r> {
     fn from(image: &'r ExportableImage<F, T, M, U>) -> Self {
+        Tracked {
+            handle: Handle::Image(image.inner.image),
+            owner: &image.inner.owner,
+            last_use: &image.inner.last_use,
+        }
+    }
+}
+
+impl<'r, P, M> From<&'r ExportablePlanarImage<P, M>> for Tracked<'r> {
+    fn from(image: &'r ExportablePlanarImage<P, M>) -> Self {
         Tracked {
             handle: Handle::Image(image.inner.image),
             owner: &image.inner.owner,
@@ -729,6 +740,120 @@ impl Context {
                     )
                 };
                 a.take(cmd, vk::ImageLayout::GENERAL);
+            },
+        )
+        .map(drop)
+    }
+
+    /// The copy region of a whole plane of a two-plane image, and its bytes.
+    fn plane_region<P, M>(
+        image: &ExportablePlanarImage<P, M>,
+        plane: Plane,
+    ) -> (vk::BufferImageCopy, u64) {
+        let info = &image.inner.info;
+        let [width, height] = info.plane_extent(plane);
+        let mut region = Self::copy_region(0, 0, [width, height, 1]);
+        region.image_subresource.aspect_mask = plane.aspect();
+        (region, info.plane_bytes(plane))
+    }
+
+    /// Uploads tightly packed texels of `plane`'s format (R8 / R8G8 for
+    /// NV12, R16 / R16G16 for P010: Cb before Cr) into that plane of
+    /// `image`; the other plane is left as it is.
+    pub fn write_plane<P, M: MemoryLocation>(
+        &self,
+        image: &ExportablePlanarImage<P, M>,
+        plane: Plane,
+        data: &[u8],
+        sync: SubmitSync<'_>,
+    ) -> Result<()> {
+        self.check_owns(&image.inner.ctx, "the two-plane image")?;
+        let (region, bytes) = Self::plane_region(image, plane);
+        if data.len() as u64 != bytes {
+            return Err(Error::InvalidArgument(format!(
+                "the {plane:?} plane needs {bytes} bytes of tightly packed texels, got {}",
+                data.len()
+            )));
+        }
+        let place = Placement::Role(QueueRole::Transfer);
+        self.submit_tracked(
+            place,
+            sync,
+            Some(image.into()),
+            Staged::Upload(data),
+            |cmd, staging, a| {
+                let a = a.expect("submit_tracked passes the resource it was given");
+                a.take(cmd, vk::ImageLayout::TRANSFER_DST_OPTIMAL);
+                // SAFETY: recording; the image (both planes) is in
+                // TRANSFER_DST_OPTIMAL, the region names one plane's aspect
+                // and its whole extent, and the staging buffer holds the bytes.
+                unsafe {
+                    self.inner.device.cmd_copy_buffer_to_image(
+                        cmd,
+                        staging,
+                        image.inner.image,
+                        vk::ImageLayout::TRANSFER_DST_OPTIMAL,
+                        &[region],
+                    )
+                };
+                a.take(cmd, vk::ImageLayout::GENERAL);
+            },
+        )
+        .map(drop)
+    }
+
+    /// Reads `plane` of `image` back as tightly packed texels of the
+    /// plane's format.
+    pub fn read_plane<P, M: MemoryLocation>(
+        &self,
+        image: &ExportablePlanarImage<P, M>,
+        plane: Plane,
+        sync: SubmitSync<'_>,
+    ) -> Result<Vec<u8>> {
+        self.check_owns(&image.inner.ctx, "the two-plane image")?;
+        let (region, bytes) = Self::plane_region(image, plane);
+        let place = Placement::Role(QueueRole::Transfer);
+        self.submit_tracked(
+            place,
+            sync,
+            Some(image.into()),
+            Staged::Download(bytes),
+            |cmd, staging, a| {
+                let a = a.expect("submit_tracked passes the resource it was given");
+                // GENERAL, as read_image: no layout change on a released image.
+                a.take(cmd, vk::ImageLayout::GENERAL);
+                // SAFETY: recording; the image is in GENERAL (a valid copy
+                // source layout), the region names one plane, and the staging
+                // buffer has room for its bytes.
+                unsafe {
+                    self.inner.device.cmd_copy_image_to_buffer(
+                        cmd,
+                        image.inner.image,
+                        vk::ImageLayout::GENERAL,
+                        staging,
+                        &[region],
+                    )
+                };
+            },
+        )
+    }
+
+    /// Releases both planes of `image` to `VK_QUEUE_FAMILY_EXTERNAL` in
+    /// `GENERAL` layout, as [`Context::release_image`] does for an image.
+    pub fn release_planar_image<P, M: MemoryLocation>(
+        &self,
+        image: &ExportablePlanarImage<P, M>,
+        sync: SubmitSync<'_>,
+    ) -> Result<()> {
+        self.check_owns(&image.inner.ctx, "the two-plane image")?;
+        self.submit_tracked(
+            Placement::WhereOwned(QueueRole::Transfer),
+            sync,
+            Some(image.into()),
+            Staged::None,
+            |cmd, _, a| {
+                a.expect("submit_tracked passes the resource it was given")
+                    .release_external(cmd);
             },
         )
         .map(drop)
