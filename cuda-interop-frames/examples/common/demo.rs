@@ -889,11 +889,24 @@ impl AppTargets {
             ctx.instance()
                 .get_physical_device_memory_properties(ctx.physical_device())
         };
+        // A renderer's targets live in device-local memory: the first
+        // allowed type with DEVICE_LOCAL, else the first allowed (the
+        // first type need not be the GPU's memory: on NVIDIA type 0 is
+        // system memory, which made every fill and copy cross PCIe).
         let memory_type = |bits: u32, want: vk::MemoryPropertyFlags| {
+            let allowed = |i: &u32| bits & (1 << i) != 0;
+            let has = |i: &u32, flags| {
+                props.memory_types[*i as usize]
+                    .property_flags
+                    .contains(flags)
+            };
             (0..props.memory_type_count)
-                .find(|&i| {
-                    bits & (1 << i) != 0
-                        && props.memory_types[i as usize].property_flags.contains(want)
+                .filter(allowed)
+                .find(|i| has(i, want | vk::MemoryPropertyFlags::DEVICE_LOCAL))
+                .or_else(|| {
+                    (0..props.memory_type_count)
+                        .filter(allowed)
+                        .find(|i| has(i, want))
                 })
                 .ok_or_else(|| {
                     vk_export::Error::InvalidArgument(format!("no memory type with {want:?}"))
