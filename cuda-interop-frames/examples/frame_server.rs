@@ -71,6 +71,11 @@ fn options() -> Result<ProducerOptions, String> {
             "--with-depth",
             "serve colour + depth + segmentation images a slot (a multi-image ring, 3 slots)",
         ),
+        Opt::flag(
+            "--color-part-only",
+            "with --with-depth: the same renderer and copies for the colour part alone \
+             (a one-part ring: the baseline the three parts are measured against)",
+        ),
         Opt::valued(
             "--device",
             "UUID",
@@ -117,6 +122,7 @@ fn options() -> Result<ProducerOptions, String> {
             .then(|| common::image_format("--image", format))
             .transpose()?,
         with_depth: cli.flag("--with-depth"),
+        color_part_only: cli.flag("--color-part-only"),
         // Three images a slot: at most 3 slots fit one setup message.
         slots: match (cli.flag("--with-depth"), cli.value("--slots")) {
             (true, None) => 3,
@@ -124,6 +130,9 @@ fn options() -> Result<ProducerOptions, String> {
         },
         ..shared
     };
+    if opts.color_part_only && !opts.with_depth {
+        return Err("--color-part-only is a --with-depth option".into());
+    }
     if opts.with_depth && (cli.value("--format").is_some() || image) {
         return Err(
             "--with-depth serves its own three formats: leave out --format and --image".into(),

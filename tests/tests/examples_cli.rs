@@ -447,6 +447,48 @@ fn frame_server_waits_for_a_vulkan_client_that_checks_every_pixel() {
     std::fs::remove_dir_all(&runtime).unwrap();
 }
 
+/// `--with-depth --color-part-only`: the same renderer and copies for the
+/// colour part alone (the baseline of issue 31's frame-rate goal), a ring
+/// of one part, every texel checked by the Vulkan client.
+#[test]
+fn with_depth_color_part_only_is_a_one_part_ring() {
+    let runtime = runtime_dir("depth-color");
+    let args = [
+        "--width",
+        "64",
+        "--height",
+        "48",
+        "--with-depth",
+        "--color-part-only",
+        "--frames",
+        "60",
+        "--wait-for-receivers",
+        "1",
+        "--seconds",
+        "60",
+    ];
+    if let Some((mut server, lines, mut log)) = start_frame_server("color1", &args, &runtime) {
+        let client = ["--name", "color1", "--frames", "20", "--lossless"];
+        let stdout = run_example("vulkan_client", &client, &[("XDG_RUNTIME_DIR", &runtime)]);
+        for line in lines {
+            log += &line.unwrap();
+            log.push('\n');
+        }
+        let status = server.wait().unwrap();
+        print!("{log}");
+        assert!(log.contains("3 slots of 64x48 color images each"), "{log}");
+        if let Some(stdout) = stdout {
+            assert!(
+                stdout.contains("20 frames (20 checked, every texel of every part, 0 bad)"),
+                "{stdout}"
+            );
+            assert!(status.success(), "{log}");
+        }
+        let _ = server.kill();
+    }
+    std::fs::remove_dir_all(&runtime).unwrap();
+}
+
 /// `--with-depth` (issue 31 item 5): `frame_server` and the `from_raw`
 /// renderer each publish colour + depth + segmentation frames (a
 /// multi-image ring; the depth a `D32_SFLOAT` attachment copied into an

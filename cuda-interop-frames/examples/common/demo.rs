@@ -125,6 +125,10 @@ pub struct ProducerOptions {
     /// ([`DEPTH_PARTS`]) instead (`image`, `planar` and `row_pitch` then
     /// unused; at most 3 slots).
     pub with_depth: bool,
+    /// With `with_depth`: the same renderer and copies for the colour part
+    /// alone (a ring of one part): the baseline the three parts are
+    /// measured against.
+    pub color_part_only: bool,
 }
 
 /// The formats of the demo's image rings.
@@ -225,11 +229,21 @@ impl Default for ProducerOptions {
             image: None,
             planar: None,
             with_depth: false,
+            color_part_only: false,
         }
     }
 }
 
 impl ProducerOptions {
+    /// How many of [`DEPTH_PARTS`] a `with_depth` ring serves.
+    pub fn part_count(&self) -> usize {
+        if self.color_part_only {
+            1
+        } else {
+            DEPTH_PARTS.len()
+        }
+    }
+
     /// Checks the options [`run`] needs: at least 2 slots, a valid ring
     /// layout, a positive finite run time, a valid name, no contradiction.
     pub fn validate(&self) -> Result<(), ProducerError> {
@@ -268,7 +282,11 @@ impl ProducerOptions {
     /// The layout every receiver gets.
     pub fn layout(&self) -> RingLayout {
         if self.with_depth {
-            let parts: Vec<_> = depth_parts().iter().map(ImagePart::layout).collect();
+            let parts: Vec<_> = depth_parts()
+                .iter()
+                .take(self.part_count())
+                .map(ImagePart::layout)
+                .collect();
             RingLayout::multi_image(self.slots, self.width, self.height, &parts)
         } else if let Some(format) = self.image {
             let (vk_format, texel_bytes) = format.vk();
@@ -802,9 +820,14 @@ fn run_parts<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions, choice: Ch
         queue: QueueRole::Main,
         ..sender_options(opts, choice)?
     }
-    .with_parts(depth_parts());
+    .with_parts(
+        depth_parts()
+            .into_iter()
+            .take(opts.part_count())
+            .collect::<Vec<_>>(),
+    );
     let sender = MultiImageSender::<M>::new(&ctx, sender_opts)?;
-    let mut targets = AppTargets::new(&ctx, opts.width, opts.height)?;
+    let mut targets = AppTargets::new(&ctx, opts.width, opts.height, opts.part_count())?;
     let result = serve(&ctx, opts, sender, |slot| {
         let f = slot.sequence();
         // Rendered on the GPU, not waited for: the copies wait for it.
@@ -812,7 +835,7 @@ fn run_parts<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions, choice: Ch
         let (color, depth, labels) = targets.sources()?;
         let sources: [&dyn PartSource; 3] = [&color, &depth, &labels];
         let wait = Some((targets.timeline(), rendered));
-        slot.present_copy(sender::monotonic_ns(), &sources, wait)
+        slot.present_copy(sender::monotonic_ns(), &sources[..targets.parts], wait)
     });
     if result.is_err() {
         // A failed submission may still use them: leaked, not destroyed.
@@ -872,6 +895,9 @@ pub struct AppTargets {
     /// What each render signals, and the last value.
     timeline: TimelineSemaphore,
     value: u64,
+    /// How many of the images (in [`AppTargets::FORMATS`] order) each
+    /// render draws and each present copies out.
+    parts: usize,
 }
 
 impl AppTargets {
@@ -882,7 +908,12 @@ impl AppTargets {
     ];
 
     /// The three images and the scratch buffer on `ctx`'s device.
-    pub fn new(ctx: &Context, width: u32, height: u32) -> Result<AppTargets, vk_export::Error> {
+    pub fn new(
+        ctx: &Context,
+        width: u32,
+        height: u32,
+        parts: usize,
+    ) -> Result<AppTargets, vk_export::Error> {
         let device = ctx.device();
         // SAFETY: a plain query on the context's live instance.
         let props = unsafe {
@@ -919,6 +950,7 @@ impl AppTargets {
             scratch: vk::Buffer::null(),
             scratch_memory: vk::DeviceMemory::null(),
             rendered: false,
+            parts: parts.clamp(1, 3),
             pool: vk::CommandPool::null(),
             cmd: vk::CommandBuffer::null(),
             timeline: TimelineSemaphore::new_local(ctx)?,
@@ -1114,7 +1146,7 @@ impl AppTargets {
                 })
         };
         let all = vk::PipelineStageFlags::ALL_COMMANDS;
-        for (p, &(image, _)) in images.iter().enumerate() {
+        for (p, &(image, _)) in images.iter().enumerate().take(self.parts) {
             let aspect = match p {
                 1 => vk::ImageAspectFlags::DEPTH,
                 _ => vk::ImageAspectFlags::COLOR,
@@ -1290,7 +1322,10 @@ pub fn serve<M: MemoryLocation, R: SlotResource<M>>(
 ) -> Result<(), ProducerError> {
     let tag = opts.tag;
     let what = if opts.with_depth {
-        format!("{} images each", DEPTH_PARTS.join(" + "))
+        format!(
+            "{} images each",
+            DEPTH_PARTS[..opts.part_count()].join(" + ")
+        )
     } else if let Some(format) = opts.image {
         format!("an OPTIMAL {:?} image each", format.vk().0)
     } else {
