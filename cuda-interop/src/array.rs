@@ -395,6 +395,7 @@ impl<'m, F: Format, U: Usage> LevelArray<'m, F, U> {
     /// [`LevelArray::copy_to_host`] does; then enqueues the copy, records it
     /// as a use of the import, and waits for it.
     pub fn copy_from_host(&self, stream: &Stream, src: &[u8]) -> Result<()> {
+        self.check_writable()?;
         self.check_len(src.len())?;
         stream.check_device(&self.memory.device)?;
         // The driver only reads through the host pointer of a copy into the
@@ -412,6 +413,15 @@ impl<'m, F: Format, U: Usage> LevelArray<'m, F, U> {
             // belong to the current context.
             unsafe { cu!(cuMemcpy3DAsync(&params, stream.raw())) }
         })
+    }
+
+    /// `Ok` unless CUDA's writes into this level are refused (an NV12
+    /// image's luma plane: see [`crate::planar`]).
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        match self.memory.cuda_write_refusal {
+            Some(why) => Err(Error::Unsupported(why.into())),
+            None => Ok(()),
+        }
     }
 
     fn check_len(&self, len: usize) -> Result<()> {

@@ -532,6 +532,9 @@ impl<F: Format, U: Usage> LevelArray<'_, F, U> {
         engine: CopyEngine,
     ) -> Result<CopyEngine> {
         let memory = self.external();
+        if matches!(direction, Direction::IntoLevel) {
+            self.check_writable()?;
+        }
         stream.check_device(memory.device())?;
         if let Owner::Tracked { device, .. } = linear.owner {
             stream.check_device(device)?;

@@ -36,6 +36,9 @@ pub struct ExternalMemory {
     pub(crate) size: u64,
     pub(crate) last_use: LastUse,
     pub(crate) vulkan: Option<KeepAlive>,
+    /// Why CUDA must not write this memory's arrays, where a GPU run showed
+    /// such writes read back wrong by Vulkan (`None`: writes allowed).
+    pub(crate) cuda_write_refusal: Option<&'static str>,
 }
 
 // SAFETY: the handle is usable from any thread with the context current
@@ -161,6 +164,7 @@ pub(crate) fn import_memory(
         size,
         last_use: LastUse::new(device),
         vulkan,
+        cuda_write_refusal: None,
     })
 }
 

@@ -25,6 +25,12 @@
 //!   import, a level its array; no array outlives its memory import, each
 //!   import of this process's image keeps that Vulkan image (both planes'
 //!   memory) alive, and copies are recorded as uses that the drops wait for.
+//! * **NV12's luma plane is read-only in CUDA.** On an H100 (driver 580,
+//!   run 44) every texel CUDA wrote into it (`copy_from_host`, a copy into
+//!   the level) read back wrong in Vulkan, though Vulkan's writes read back
+//!   exact in CUDA, and NV12's chroma and both P010 planes were exact both
+//!   ways: those writes are refused with [`Error::Unsupported`] saying what
+//!   to do instead.
 //! * **Fds.** [`CudaDevice::import_planar_image`] exports and imports the
 //!   planes of an image of this process. [`CudaDevice::import_planar_image_fds`]
 //!   (`unsafe`: the fds must export what the record describes) takes both
@@ -136,11 +142,7 @@ impl CudaDevice {
         let luma = self.import_plane::<P::Luma, P, M>(image, Plane::Luma)?;
         // On failure, `luma` drops here: its import is destroyed.
         let chroma = self.import_plane::<P::Chroma, P, M>(image, Plane::Chroma)?;
-        Ok(ImportedPlanarImage {
-            luma,
-            chroma,
-            record: image.record(),
-        })
+        Ok(ImportedPlanarImage::new(luma, chroma, image.record()))
     }
 }
 
@@ -242,11 +244,7 @@ impl CudaDevice {
         // Both imports hold duplicates of their own: the caller's fds are
         // consumed (closed) as a successful import consumes its fd.
         drop(fds);
-        Ok(ImportedPlanarImage {
-            luma,
-            chroma,
-            record,
-        })
+        Ok(ImportedPlanarImage::new(luma, chroma, record))
     }
 
     /// Imports one plane from a duplicate of `fd` (the caller's stays open).
@@ -280,7 +278,33 @@ impl CudaDevice {
     }
 }
 
+/// Why CUDA may not write an NV12 image's luma plane: on an H100 (NVIDIA
+/// 580, run 44) every texel CUDA wrote into it read back wrong in Vulkan,
+/// at 256x128 and 1920x1080, while Vulkan's writes read back exact in CUDA
+/// and both directions were exact for NV12's chroma plane and both of
+/// P010's planes.
+const NV12_LUMA_WRITES: &str = "CUDA writes into an NV12 image's luma plane are refused: on an \
+     NVIDIA H100 (driver 580) Vulkan read them back wrong (run 44), while reads of the plane are \
+     exact; read it in CUDA, write the frame in Vulkan, or use P010 planes or the pitched NV12 \
+     buffers (the guide's \"Planar video\") for frames CUDA writes";
+
 impl<P: PlanarFormat, M: MemoryLocation> ImportedPlanarImage<P, M> {
+    /// Both planes' imports, with the writes a GPU run refuted refused.
+    fn new(
+        mut luma: ImportedPlane<P::Luma, M>,
+        chroma: ImportedPlane<P::Chroma, M>,
+        record: PlanarImageRecord<P, M>,
+    ) -> ImportedPlanarImage<P, M> {
+        if P::VK == vk_export::ash::vk::Format::G8_B8R8_2PLANE_420_UNORM {
+            luma.memory.cuda_write_refusal = Some(NV12_LUMA_WRITES);
+        }
+        ImportedPlanarImage {
+            luma,
+            chroma,
+            record,
+        }
+    }
+
     /// The two-plane record.
     pub fn info(&self) -> &PlanarImageInfo {
         self.record.info()

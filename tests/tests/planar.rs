@@ -459,9 +459,18 @@ fn planes_through_cuda<P: PlanarFormat>(
                 first,
             );
         }
-        // The other way: CUDA writes each plane, Vulkan reads it back.
-        let written = Plane::ALL.map(|plane| plane_pattern::<P>(plane, width, height, 41));
-        luma_level.copy_from_host(&stream, &written[0]).unwrap();
+        // The other way: CUDA writes each plane, Vulkan reads it back;
+        // NV12's luma plane refuses CUDA's writes (run 44: Vulkan read them
+        // back wrong), so its Vulkan-written pattern must still be there.
+        let mut written = Plane::ALL.map(|plane| plane_pattern::<P>(plane, width, height, 41));
+        let nv12 = P::VK == vk::Format::G8_B8R8_2PLANE_420_UNORM;
+        match luma_level.copy_from_host(&stream, &written[0]) {
+            Err(cuda_interop::Error::Unsupported(_)) if nv12 => {
+                check("Luma: CUDA's write refused".to_string(), 0, String::new());
+                written[0] = patterns[0].clone();
+            }
+            other => other.unwrap(),
+        }
         chroma_level.copy_from_host(&stream, &written[1]).unwrap();
         stream.synchronize(stream.timeout()).unwrap();
         for plane in Plane::ALL {
@@ -632,6 +641,35 @@ fn plane_descriptors<P: PlanarFormat>(
             [width / 2, height / 2, 1]
         );
         assert_eq!(fake.live("array"), 2);
+        // CUDA's writes: refused into NV12's luma plane (run 44: Vulkan
+        // read them back wrong), before the driver; allowed elsewhere.
+        let stream = cuda_interop::Stream::new(cuda).unwrap();
+        let (luma0, chroma0) = (luma.level(0).unwrap(), chroma.level(0).unwrap());
+        let luma_bytes = vec![0u8; luma0.byte_len().unwrap()];
+        let chroma_bytes = vec![0u8; chroma0.byte_len().unwrap()];
+        let copies = || fake.calls("cuMemcpy3DAsync").len();
+        let before = copies();
+        let written = luma0.copy_from_host(&stream, &luma_bytes);
+        if P::VK == vk::Format::G8_B8R8_2PLANE_420_UNORM {
+            match written {
+                Err(cuda_interop::Error::Unsupported(why)) => {
+                    assert!(why.contains("NV12") && why.contains("luma"), "{why}")
+                }
+                other => panic!("a CUDA write into NV12's luma plane: {other:?}"),
+            }
+            let device = cuda_interop::DeviceBuffer::new(cuda, luma_bytes.len()).unwrap();
+            let from_device =
+                luma0.enqueue_copy_from(&stream, cuda_interop::Pitched::buffer(&device));
+            assert!(
+                matches!(from_device, Err(cuda_interop::Error::Unsupported(_))),
+                "{from_device:?}"
+            );
+            assert_eq!(copies(), before, "refused before the driver");
+        } else {
+            written.unwrap();
+        }
+        chroma0.copy_from_host(&stream, &chroma_bytes).unwrap();
+        stream.synchronize(stream.timeout()).unwrap();
     }
     assert_eq!(fake.live("array"), 0);
     drop(imported);
