@@ -59,8 +59,9 @@ const USED_LEGACY: &CStr = c"used_dltensor";
 #[pyclass(module = "cuda_interop")]
 pub(crate) struct Part {
     name: String,
-    /// Taken once (a mutex: a class Python may share across threads).
-    tensor: std::sync::Mutex<Option<ManagedTensor>>,
+    /// Taken once (a mutex: a class Python may share across threads), by
+    /// its consumer, or emptied by the frame's release.
+    tensor: SharedTensor,
     device: (i32, i32),
     /// The handle `Frame.tensors` ordered the frame on (`None`: `-1`).
     ordered_on: Option<usize>,
@@ -109,7 +110,10 @@ impl Part {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
         let tensor = taken.ok_or_else(|| {
-            PyBufferError::new_err(format!("part {} was already handed out", self.name))
+            PyBufferError::new_err(format!(
+                "part {} was already handed out, or its frame was released",
+                self.name
+            ))
         })?;
         capsule(py, tensor, max_version)
     }
@@ -227,6 +231,27 @@ pub(crate) struct RingFrame {
     /// protocol per frame, so that the release knows which stream it
     /// cannot name).
     interface_stream: Option<Option<usize>>,
+    /// The tensors of the parts `Frame.tensors` handed to Python's `Part`s,
+    /// shared with them: the release empties what no consumer took yet, so
+    /// that a part is never exported after its frame was given back.
+    handed_parts: Vec<SharedTensor>,
+}
+
+/// A part's tensor, taken once: by its consumer (`Part.__dlpack__`) or by
+/// the frame's release.
+type SharedTensor = Arc<std::sync::Mutex<Option<ManagedTensor>>>;
+
+impl RingFrame {
+    /// Empties the parts no consumer took (before the frame is given back).
+    fn revoke_parts(&mut self) {
+        for part in self.handed_parts.drain(..) {
+            let unexported = part
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            drop(unexported);
+        }
+    }
 }
 
 /// The stream a ring frame was handed out on, as far as it can be used
@@ -680,6 +705,7 @@ impl Frame {
                 handed_out: false,
                 consumer_stream: None,
                 interface_stream: None,
+                handed_parts: Vec::new(),
             }),
             parts,
         }
@@ -740,6 +766,16 @@ impl Frame {
                 ring.part_slots(frame)
             })
             .map_err(consumer_error)?;
+        // Paired by position: a part without a tensor layout (none today:
+        // the receiver refuses formats it cannot describe) must not shift
+        // the later parts onto the wrong memory.
+        if slots.len() != parts.len() {
+            return Err(PyBufferError::new_err(format!(
+                "the ring has {} parts and this module describes {} of them",
+                slots.len(),
+                parts.len()
+            )));
+        }
         rf.consumer_stream = ConsumerStream::of(py, stream);
         rf.handed_out = true;
         let mut out = Vec::with_capacity(parts.len());
@@ -929,6 +965,7 @@ impl Frame {
                 Ok(())
             }
             Source::Ring(rf) => {
+                rf.revoke_parts();
                 if rf.frame.is_none() {
                     return Ok(());
                 }
@@ -1050,6 +1087,7 @@ impl PendingException {
 /// next call on the receiver raises `ConnectionError` with the reason. The
 /// frame is released afterwards either way.
 fn give_back_ring(py: Python<'_>, rf: &mut RingFrame) {
+    rf.revoke_parts();
     // The stream object stays referenced until the release that may order
     // after its stream is done, and is let go with the GIL.
     let remembered = rf.consumer_stream.take();
@@ -1215,9 +1253,13 @@ impl Frame {
         let parts = self.part_tensors(py, &stream)?;
         let dict = PyDict::new(py);
         for (view, tensor) in parts {
+            let tensor: SharedTensor = Arc::new(std::sync::Mutex::new(Some(tensor)));
+            if let Source::Ring(rf) = &mut self.source {
+                rf.handed_parts.push(tensor.clone());
+            }
             let part = Part {
                 name: view.name.clone(),
-                tensor: std::sync::Mutex::new(Some(tensor)),
+                tensor,
                 device: self.device,
                 ordered_on: stream.handle(),
                 shape: view.shape,

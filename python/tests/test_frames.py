@@ -862,3 +862,27 @@ def test_multi_image_frames_are_dicts_of_tensors(depth_server):
     del frame, parts, r, stream
     gc.collect()
     assert cuda_interop._host_frames_alive() == before
+
+
+def test_a_part_is_not_exported_after_its_frame_was_released(depth_server):
+    """A part no consumer took before frame.release() is gone with the
+    frame: its slot is the sender's again (the adversarial review of stop
+    35 exported one after the release); one taken before stays valid."""
+    r = cuda_interop._connect_recording(depth_server.path, 5.0, delivery="lossless")
+    frame = r.next(5.0)
+    parts = frame.tensors()
+    taken = parts["color"].__dlpack__()
+    frame.release()
+    assert r.held == 0
+    for name in ("depth", "segmentation"):
+        with pytest.raises(BufferError, match="released"):
+            parts[name].__dlpack__()
+    # A frame given back by its drop (no release call) revokes them too.
+    frame = r.next(5.0)
+    parts = frame.tensors()
+    del frame
+    gc.collect()
+    with pytest.raises(BufferError, match="released"):
+        parts["depth"].__dlpack__()
+    del taken, parts
+    r.close()

@@ -210,12 +210,23 @@ static void unmake(Obj *o) {
 
 /* Streams of the process, to report work still pending when something is destroyed. */
 static Obj *streams[4096];
+/* The default stream handles (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD)
+ * are one stream of the current context here: calls that take a stream
+ * resolve them with `default_stream` first. */
+static Obj default_stream_obj = {.kind = K_STREAM, .fd = -1};
+static void *default_stream(void *h) {
+    if ((uintptr_t)h > 2) return h;
+    default_stream_obj.ctx = current();
+    return &default_stream_obj;
+}
+
 static int busy_streams(void) {
     long long t = now_ns();
     int n = 0;
     pthread_mutex_lock(&lock);
     for (int i = 0; i < 4096; i++)
         if (streams[i] && streams[i]->busy_until > t) n++;
+    if (default_stream_obj.busy_until > t) n++;
     pthread_mutex_unlock(&lock);
     return n;
 }
@@ -652,6 +663,7 @@ CUresult cuDestroyExternalSemaphore(void *h) {
 static unsigned semaphore_calls;
 
 CUresult cuSignalExternalSemaphoresAsync(void *const *sems, const SignalParams *p, unsigned int n, void *stream) {
+    stream = default_stream(stream);
     CUresult r = need(stream, K_STREAM, "cuSignalExternalSemaphoresAsync");
     if (r) return r;
     semaphore_calls++;
@@ -668,6 +680,7 @@ CUresult cuSignalExternalSemaphoresAsync(void *const *sems, const SignalParams *
 }
 
 CUresult cuWaitExternalSemaphoresAsync(void *const *sems, const WaitParams *p, unsigned int n, void *stream) {
+    stream = default_stream(stream);
     CUresult r = need(stream, K_STREAM, "cuWaitExternalSemaphoresAsync");
     if (r) return r;
     semaphore_calls++;
@@ -730,6 +743,7 @@ CUresult cuStreamGetCtx(void *h, CUcontext *out) {
 }
 
 CUresult cuStreamQuery(void *h) {
+    h = default_stream(h);
     Obj *o = h;
     CUresult r = need(o, K_STREAM, "cuStreamQuery");
     if (r) return r;
@@ -745,6 +759,7 @@ CUresult cuEventCreate(void **out, unsigned int flags) {
 }
 
 CUresult cuEventRecord(void *e, void *stream) {
+    stream = default_stream(stream);
     Obj *ev = e, *s = stream;
     CUresult r = need(ev, K_EVENT, "cuEventRecord");
     if (r || (r = need(s, K_STREAM, "cuEventRecord"))) return r;
@@ -770,6 +785,7 @@ CUresult cuEventDestroy_v2(void *e) {
 
 /* The stream waits for the event's record: its work completes no earlier. */
 CUresult cuStreamWaitEvent(void *stream, void *e, unsigned int flags) {
+    stream = default_stream(stream);
     Obj *s = stream, *ev = e;
     CUresult r = need(s, K_STREAM, "cuStreamWaitEvent");
     if (r || (r = need(ev, K_EVENT, "cuStreamWaitEvent"))) return r;
@@ -800,6 +816,7 @@ static void *run_host_function(void *p) {
 }
 
 CUresult cuLaunchHostFunc(void *stream, HostFn fn, void *data) {
+    stream = default_stream(stream);
     Obj *s = stream;
     CUresult r = need(s, K_STREAM, "cuLaunchHostFunc");
     if (r) return r;
@@ -825,6 +842,7 @@ CUresult cuLaunchHostFunc(void *stream, HostFn fn, void *data) {
 }
 
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *stream) {
+    stream = default_stream(stream);
     CUresult r = need(stream, K_STREAM, "cuMemcpyDtoDAsync");
     if (r) return r;
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
@@ -834,6 +852,7 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *stream) {
+    stream = default_stream(stream);
     CUresult r = need(stream, K_STREAM, "cuMemcpyDtoHAsync");
     if (r) return r;
     memcpy(dst, (const void *)(uintptr_t)src, n);
@@ -843,6 +862,7 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *stream
 }
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *stream) {
+    stream = default_stream(stream);
     CUresult r = need(stream, K_STREAM, "cuMemcpyHtoDAsync");
     if (r) return r;
     memcpy((void *)(uintptr_t)dst, src, n);
@@ -921,6 +941,7 @@ CUresult cuModuleUnload(void *module) {
 
 CUresult cuLaunchKernel(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned shared, void *stream, void **params, void **extra) {
+    stream = default_stream(stream);
     FakeFunction *f = function;
     CUresult r = need(stream, K_STREAM, "cuLaunchKernel");
     if (r) return r;
@@ -962,6 +983,7 @@ CUresult cuLaunchKernel(void *function, unsigned gx, unsigned gy, unsigned gz, u
 }
 
 CUresult cuMemcpy3DAsync_v2(const Memcpy3D *p, void *stream) {
+    stream = default_stream(stream);
     CUresult r = need(stream, K_STREAM, "cuMemcpy3DAsync");
     if (r) return r;
     say("cuMemcpy3DAsync ctx=%p src_type=%d dst_type=%d src_device=%llu dst_device=%llu src_pitch=%zu "

@@ -265,6 +265,22 @@ fn child_fake_primary_foreign_streams() {
     );
     assert_eq!(fake.calls("cuSignalExternalSemaphoresAsync").len(), signals);
 
+    // The default stream handles (what the C ABI passes for a NULL
+    // stream, CU_STREAM_LEGACY, and CU_STREAM_PER_THREAD) are the primary
+    // context's: the direct path, no join, the same checks.
+    let (legacy, per_thread) = (
+        1usize as cuda_interop::sys::CUstream,
+        2usize as cuda_interop::sys::CUstream,
+    );
+    // SAFETY: the default stream handles are valid for any call.
+    unsafe { semaphore.wait_raw_stream(legacy, 2, &via) }.unwrap();
+    assert_eq!(fake.last("cuWaitExternalSemaphoresAsync").num("value"), 2);
+    // SAFETY: as above.
+    unsafe { semaphore.signal_raw_stream(per_thread, 3, &via) }.unwrap();
+    assert_eq!(fake.last("cuSignalExternalSemaphoresAsync").num("value"), 3);
+    assert!(via.query().unwrap(), "nothing went through `via`");
+    assert_eq!(joins(), before, "no join");
+
     // The uses were recorded on the foreign stream: the semaphore's drop
     // waits for them, and destroys it with no stream busy.
     drop(semaphore);
