@@ -54,6 +54,28 @@ const USED_VERSIONED: &CStr = c"used_dltensor_versioned";
 const LEGACY: &CStr = c"dltensor";
 const USED_LEGACY: &CStr = c"used_dltensor";
 
+/// `__dlpack__`'s `copy` and `dl_device` arguments, for a frame's or a
+/// part's memory on DLPack device `device`: never a copy (shared memory),
+/// and only the device it is on.
+fn check_export(
+    what: &str,
+    device: (i32, i32),
+    dl_device: Option<(i32, i32)>,
+    copy: Option<bool>,
+) -> PyResult<()> {
+    if copy == Some(true) {
+        return Err(PyBufferError::new_err(
+            "cuda_interop frames are shared memory; they cannot be exported as a copy",
+        ));
+    }
+    if let Some(wanted) = dl_device.filter(|&d| d != device) {
+        return Err(PyBufferError::new_err(format!(
+            "the {what} is on DLPack device {device:?}, not {wanted:?}"
+        )));
+    }
+    Ok(())
+}
+
 /// One image of a multi-image frame (`Frame.tensors`): a DLPack producer
 /// handed out once, on the stream the frame was ordered on.
 #[pyclass(module = "cuda_interop")]
@@ -84,17 +106,7 @@ impl Part {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let stream = stream_arg(stream.as_ref())?;
-        if copy == Some(true) {
-            return Err(PyBufferError::new_err(
-                "cuda_interop frames are shared memory; they cannot be exported as a copy",
-            ));
-        }
-        if let Some(wanted) = dl_device.filter(|&d| d != self.device) {
-            return Err(PyBufferError::new_err(format!(
-                "the part is on DLPack device {:?}, not {wanted:?}",
-                self.device
-            )));
-        }
+        check_export("part", self.device, dl_device, copy)?;
         if stream.handle() != self.ordered_on {
             return Err(PyBufferError::new_err(format!(
                 "part {} was ordered on stream {:?} by frame.tensors(); its consumer passed \
@@ -1170,17 +1182,7 @@ impl Frame {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let stream = stream_arg(stream.as_ref())?;
-        if copy == Some(true) {
-            return Err(PyBufferError::new_err(
-                "cuda_interop frames are shared memory; they cannot be exported as a copy",
-            ));
-        }
-        if let Some(wanted) = dl_device.filter(|&d| d != self.device) {
-            return Err(PyBufferError::new_err(format!(
-                "the frame is on DLPack device {:?}, not {wanted:?}",
-                self.device
-            )));
-        }
+        check_export("frame", self.device, dl_device, copy)?;
         self.refuse_whole("__dlpack__")?;
         let tensor = self.tensor(py, stream)?;
         capsule(py, tensor, max_version)

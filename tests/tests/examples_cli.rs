@@ -206,7 +206,6 @@ fn wgpu_frames_sends_wgpu_rendered_frames_every_pixel_checked() {
 /// (lavapipe: host-visible slots, no semaphores).
 #[test]
 fn the_renderer_publishes_by_name_to_vulkan_receivers_every_pixel_checked() {
-    use std::io::BufRead;
     let (renderer, client) = (
         examples_dir().join("renderer"),
         examples_dir().join("vulkan_client"),
@@ -223,29 +222,19 @@ fn the_renderer_publishes_by_name_to_vulkan_receivers_every_pixel_checked() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
         // The renderer's own run time bounds it (and so every read of its
-        // output below).
-        let mut server = Command::new(&renderer)
-            .args(["--width", "64", "--height", "48", "--format", format])
-            .args(["--seconds", "120"])
-            .env("XDG_RUNTIME_DIR", &runtime)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut lines = std::io::BufReader::new(server.stdout.take().unwrap()).lines();
-        let mut log = String::new();
-        // Announced: its socket listens (the line comes after it does).
-        loop {
-            let line = lines
-                .next()
-                .unwrap_or_else(|| panic!("the renderer exited before announcing itself: {log}"))
-                .unwrap();
-            log += &line;
-            log.push('\n');
-            if line.contains("announced as \"renderer\"") {
-                break;
-            }
-        }
+        // output below); announced, its socket listens (the line comes
+        // after it does).
+        let args = [
+            "--width",
+            "64",
+            "--height",
+            "48",
+            "--format",
+            format,
+            "--seconds",
+            "120",
+        ];
+        let (mut server, lines, mut log) = start_announcing(&renderer, &args, "renderer", &runtime);
         for mode in [&["--lossless"][..], &[][..]] {
             let mut args = vec!["--name", "renderer", "--frames", "15", "--host-visible"];
             args.extend(mode);
@@ -291,14 +280,32 @@ fn start_frame_server(
     std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
     String,
 )> {
-    use std::io::BufRead;
     let path = examples_dir().join("frame_server");
     if !path.is_file() {
         println!("NOT CHECKED: frame_server is not built next to this test (cargo test --workspace builds it)");
         return None;
     }
-    let mut server = Command::new(&path)
-        .args(["--name", name])
+    let mut named = vec!["--name", name];
+    named.extend(args);
+    Some(start_announcing(&path, &named, name, runtime))
+}
+
+/// The sender example `exe` (`frame_server`, `renderer`) with `args` in
+/// `runtime`, once it announced `name`: the process, the rest of its
+/// stdout, and what it printed so far. Its run time (an argument of every
+/// caller) bounds the reads.
+fn start_announcing(
+    exe: &std::path::Path,
+    args: &[&str],
+    name: &str,
+    runtime: &std::path::Path,
+) -> (
+    std::process::Child,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    String,
+) {
+    use std::io::BufRead;
+    let mut server = Command::new(exe)
         .args(args)
         .env("XDG_RUNTIME_DIR", runtime)
         .stdout(std::process::Stdio::piped())
@@ -307,17 +314,16 @@ fn start_frame_server(
         .unwrap();
     let mut lines = std::io::BufReader::new(server.stdout.take().unwrap()).lines();
     let mut log = String::new();
-    // Its run time (an argument of every caller) bounds these reads.
     loop {
         let Some(line) = lines.next() else {
             let status = server.wait().unwrap();
-            panic!("frame_server exited ({status}) before announcing itself: {log}");
+            panic!("{exe:?} exited ({status}) before announcing itself: {log}");
         };
         let line = line.unwrap();
         log += &line;
         log.push('\n');
         if line.contains(&format!("announced as {name:?}")) {
-            return Some((server, lines, log));
+            return (server, lines, log);
         }
     }
 }
@@ -496,7 +502,6 @@ fn with_depth_color_part_only_is_a_one_part_ring() {
 /// part of every frame it takes (lavapipe: host-visible, no semaphores).
 #[test]
 fn with_depth_senders_to_a_vulkan_client_every_texel_of_every_part_checked() {
-    use std::io::BufRead;
     let size = ["--width", "64", "--height", "48", "--with-depth"];
     // frame_server, waiting for its one receiver.
     let runtime = runtime_dir("depth");
@@ -543,27 +548,9 @@ fn with_depth_senders_to_a_vulkan_client_every_texel_of_every_part_checked() {
         return;
     }
     let runtime = runtime_dir("depth-renderer");
-    let mut server = Command::new(&renderer)
-        .args(size)
-        .args(["--seconds", "120"])
-        .env("XDG_RUNTIME_DIR", &runtime)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(server.stdout.take().unwrap()).lines();
-    let mut log = String::new();
-    loop {
-        let line = lines
-            .next()
-            .unwrap_or_else(|| panic!("the renderer exited before announcing itself: {log}"))
-            .unwrap();
-        log += &line;
-        log.push('\n');
-        if line.contains("announced as \"renderer\"") {
-            break;
-        }
-    }
+    let mut args = size.to_vec();
+    args.extend(["--seconds", "120"]);
+    let (mut server, _lines, log) = start_announcing(&renderer, &args, "renderer", &runtime);
     for mode in [&["--lossless"][..], &[][..]] {
         let mut args = vec!["--name", "renderer", "--frames", "15"];
         args.extend(mode);
