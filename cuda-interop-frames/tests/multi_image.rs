@@ -365,6 +365,56 @@ fn connect_with<T: Send + 'static>(
     t.join().unwrap()
 }
 
+/// A test's sender and parts reader in this one process, each on a
+/// device of its own, named in a directory of the test's own.
+struct OneProcess {
+    dir: PathBuf,
+    directory: Directory,
+    ctx: Context,
+    rctx: Context,
+}
+
+impl OneProcess {
+    fn new(tag: &str) -> OneProcess {
+        let dir = std::env::temp_dir().join(format!("cif-parts-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let directory = Directory::new(&dir).unwrap();
+        OneProcess {
+            dir,
+            directory,
+            ctx: cuda_interop_testkit::vulkan(None),
+            rctx: cuda_interop_testkit::vulkan(None),
+        }
+    }
+
+    fn address(&self, name: &str) -> Address {
+        Address::Named {
+            directory: self.directory.clone(),
+            name: name.into(),
+        }
+    }
+
+    /// A parts reader of `sender`'s ring `name` (lossless), on `rctx`.
+    fn reader(&self, sender: &mut MultiImageSender<Mem>, name: &str) -> PartsReader {
+        let (session, setup) = connect_with(
+            &self.directory,
+            name,
+            |d, n| Session::connect_named_any(d, n, Delivery::Lossless, Duration::from_secs(10)),
+            || sender.serve(Duration::from_millis(5)),
+        )
+        .expect("connected");
+        PartsReader::new(&self.rctx, session, setup).expect("imported")
+    }
+
+    /// After the test dropped its sender and reader: no validation error
+    /// on either device, and the directory gone.
+    fn finish(self) {
+        cuda_interop_testkit::assert_no_validation_errors(&self.ctx);
+        cuda_interop_testkit::assert_no_validation_errors(&self.rctx);
+        std::fs::remove_dir_all(&self.dir).unwrap();
+    }
+}
+
 /// One process: the sender refuses parts it cannot make and copies it
 /// cannot do before anything is recorded (slot free, no frame numbered);
 /// receivers of one image a slot refuse the ring with what takes it; a
@@ -528,25 +578,12 @@ fn refusals_and_one_frame_in_one_process() {
 /// them as one frame, which a parts reader gets whole.
 #[test]
 fn an_opened_slot_is_written_part_by_part_by_the_applications_own_submissions() {
-    let dir = std::env::temp_dir().join(format!("cif-parts-open-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let directory = Directory::new(&dir).unwrap();
-    let ctx = cuda_interop_testkit::vulkan(None);
-    let rctx = cuda_interop_testkit::vulkan(None);
-    let address = Address::Named {
-        directory: directory.clone(),
-        name: "opened".into(),
-    };
-    let mut sender = MultiImageSender::<Mem>::new(&ctx, options(address)).unwrap();
-    let (session, setup) = connect_with(
-        &directory,
-        "opened",
-        |d, n| Session::connect_named_any(d, n, Delivery::Lossless, Duration::from_secs(10)),
-        || sender.serve(Duration::from_millis(5)),
-    )
-    .expect("connected");
-    let rx = PartsReader::new(&rctx, session, setup).expect("imported");
-    let written = vk_export::TimelineSemaphore::new_local(&ctx).unwrap();
+    let t = OneProcess::new("open");
+    let ctx = &t.ctx;
+    let address = t.address("opened");
+    let mut sender = MultiImageSender::<Mem>::new(ctx, options(address)).unwrap();
+    let rx = t.reader(&mut sender, "opened");
+    let written = vk_export::TimelineSemaphore::new_local(ctx).unwrap();
     let texel = [10u8, 20, 30, 40];
     let open = sender
         .acquire(BOUND)
@@ -558,7 +595,7 @@ fn an_opened_slot_is_written_part_by_part_by_the_applications_own_submissions() 
     assert_eq!(open.resource().image("depth"), Some(images[1]));
     for (i, &image) in images.iter().enumerate() {
         common::clear_on_own_queue(
-            &ctx,
+            ctx,
             family,
             image,
             open.ready(),
@@ -582,9 +619,7 @@ fn an_opened_slot_is_written_part_by_part_by_the_applications_own_submissions() 
     rx.release(frame).unwrap();
     drop(rx);
     drop(sender);
-    cuda_interop_testkit::assert_no_validation_errors(&ctx);
-    cuda_interop_testkit::assert_no_validation_errors(&rctx);
-    std::fs::remove_dir_all(&dir).unwrap();
+    t.finish();
 }
 
 /// `present_with` of a multi-image ring: the closure gets every part's
@@ -592,24 +627,11 @@ fn an_opened_slot_is_written_part_by_part_by_the_applications_own_submissions() 
 /// buffer's family, and the frame is every part it wrote.
 #[test]
 fn present_with_gets_every_part_by_name() {
-    let dir = std::env::temp_dir().join(format!("cif-parts-with-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let directory = Directory::new(&dir).unwrap();
-    let ctx = cuda_interop_testkit::vulkan(None);
-    let rctx = cuda_interop_testkit::vulkan(None);
-    let address = Address::Named {
-        directory: directory.clone(),
-        name: "with".into(),
-    };
-    let mut sender = MultiImageSender::<Mem>::new(&ctx, options(address)).unwrap();
-    let (session, setup) = connect_with(
-        &directory,
-        "with",
-        |d, n| Session::connect_named_any(d, n, Delivery::Lossless, Duration::from_secs(10)),
-        || sender.serve(Duration::from_millis(5)),
-    )
-    .expect("connected");
-    let rx = PartsReader::new(&rctx, session, setup).expect("imported");
+    let t = OneProcess::new("with");
+    let ctx = &t.ctx;
+    let address = t.address("with");
+    let mut sender = MultiImageSender::<Mem>::new(ctx, options(address)).unwrap();
+    let rx = t.reader(&mut sender, "with");
     let slot = sender.acquire(BOUND).unwrap();
     let f = slot
         .present_with(sender::monotonic_ns(), |device, cmd, targets| {
@@ -667,44 +689,29 @@ fn present_with_gets_every_part_by_name() {
     assert!(parts[2].chunks(4).all(|t| t == 42u32.to_le_bytes()));
     rx.release(frame).unwrap();
     drop((rx, sender));
-    cuda_interop_testkit::assert_no_validation_errors(&ctx);
-    cuda_interop_testkit::assert_no_validation_errors(&rctx);
-    std::fs::remove_dir_all(&dir).unwrap();
+    t.finish();
 }
 
 /// A `D16_UNORM` attachment goes into an `R16_UNORM` part bit for bit,
 /// beside a colour part (the other depth format `DepthSource` copies).
 #[test]
 fn a_d16_depth_attachment_is_copied_into_an_r16_part() {
-    let dir = std::env::temp_dir().join(format!("cif-parts-d16-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let directory = Directory::new(&dir).unwrap();
-    let ctx = cuda_interop_testkit::vulkan(None);
-    let rctx = cuda_interop_testkit::vulkan(None);
-    let address = Address::Named {
-        directory: directory.clone(),
-        name: "d16".into(),
-    };
+    let t = OneProcess::new("d16");
+    let ctx = &t.ctx;
+    let address = t.address("d16");
     let opts = options(address).with_parts([
         ImagePart::new::<Rgba8Unorm>("color").unwrap(),
         ImagePart::new::<vk_export::format::R16Unorm>("depth16").unwrap(),
     ]);
-    let mut sender = MultiImageSender::<Mem>::new(&ctx, opts).unwrap();
-    let (session, setup) = connect_with(
-        &directory,
-        "d16",
-        |d, n| Session::connect_named_any(d, n, Delivery::Lossless, Duration::from_secs(10)),
-        || sender.serve(Duration::from_millis(5)),
-    )
-    .expect("connected");
-    let rx = PartsReader::new(&rctx, session, setup).expect("imported");
+    let mut sender = MultiImageSender::<Mem>::new(ctx, opts).unwrap();
+    let rx = t.reader(&mut sender, "d16");
     let [color_texels, ..] = texels(7);
     let depth_texels: Vec<u8> = (0..W * H)
         .flat_map(|i| ((i * 37 + 7) as u16).to_le_bytes())
         .collect();
     let main = QueueRole::Main;
     let color = AppImage::of_format(
-        &ctx,
+        ctx,
         (vk::Format::R8G8B8A8_UNORM, 4),
         [W, H],
         &color_texels,
@@ -712,7 +719,7 @@ fn a_d16_depth_attachment_is_copied_into_an_r16_part() {
         main,
     );
     let depth = AppImage::of_format(
-        &ctx,
+        ctx,
         (vk::Format::D16_UNORM, 2),
         [W, H],
         &depth_texels,
@@ -750,9 +757,7 @@ fn a_d16_depth_attachment_is_copied_into_an_r16_part() {
     assert!(parts[1] == depth_texels, "the depth part, bit for bit");
     rx.release(frame).unwrap();
     drop((rx, sender, color, depth));
-    cuda_interop_testkit::assert_no_validation_errors(&ctx);
-    cuda_interop_testkit::assert_no_validation_errors(&rctx);
-    std::fs::remove_dir_all(&dir).unwrap();
+    t.finish();
 }
 
 /// What a hand-made sender sends after the receiver's subscribe.
