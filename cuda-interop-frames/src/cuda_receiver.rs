@@ -579,8 +579,9 @@ impl CudaReceiver {
     /// stream) or a live stream of this receiver's CUDA device, for the
     /// call.
     pub unsafe fn wait_on_raw(&self, frame: &Frame, stream: usize) -> Result<(), ConsumerError> {
-        self.session.check_held(frame)?;
-        if self.slots[frame.slot() as usize].image.is_some() {
+        // Image rings (every slot an image, or a set of them) copy; the
+        // callees check that the frame is held.
+        if self.slots.first().is_some_and(|slot| slot.image.is_some()) {
             let via = self.enqueue_readable(frame)?;
             // SAFETY: the caller's guarantee: `stream` is a live stream of
             // this device (or a default one) for the call.
