@@ -216,6 +216,13 @@ impl Drop for Frame {
     }
 }
 
+/// The refusal of a multi-image ring by a receiver of one image a slot.
+fn multi_image_refusal(parts: &[PartLayout]) -> ConsumerError {
+    ConsumerError::MultiImage {
+        parts: parts.iter().map(|p| p.name.to_string()).collect(),
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // What the locks guard stays consistent at every unlock: a panic
     // elsewhere leaves nothing half-done here.
@@ -337,9 +344,7 @@ impl Session {
         }
         check_parts(&layout, &parts)?;
         if layout.is_multi_image() && !multi {
-            return Err(ConsumerError::MultiImage {
-                parts: parts.iter().map(|p| p.name.to_string()).collect(),
-            });
+            return Err(multi_image_refusal(&parts));
         }
         let setup = conn.recv(left(deadline))?;
         check_setup_shape(&layout, &setup)?;
@@ -375,6 +380,17 @@ impl Session {
     /// ring).
     pub fn parts(&self) -> &[PartLayout] {
         &self.inner.parts
+    }
+
+    /// `Ok` for a ring of one image or buffer a slot; a multi-image ring
+    /// is [`ConsumerError::MultiImage`] naming its parts: what a receiver
+    /// of one image a slot says when handed a session of
+    /// [`Session::connect_any`] (its slot `i` would be another part).
+    pub fn refuse_multi_image(&self) -> Result<(), ConsumerError> {
+        if self.layout().is_multi_image() {
+            return Err(multi_image_refusal(self.parts()));
+        }
+        Ok(())
     }
 
     /// The index of the part named `name`, if the ring has one.

@@ -100,11 +100,8 @@ impl<F: Format, M: MemoryLocation, U: Usage> VulkanReceiver<F, M, U> {
         session: Session,
         mut setup: Received,
     ) -> Result<Self, VulkanReceiverError> {
+        session.refuse_multi_image()?;
         let hello = *session.layout();
-        if hello.is_multi_image() {
-            let parts = session.parts().iter().map(|p| p.name.to_string()).collect();
-            return Err(ConsumerError::MultiImage { parts }.into());
-        }
         let Some(format) = hello.vk_format() else {
             return Err(ring_error(
                 &hello,

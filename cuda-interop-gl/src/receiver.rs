@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cuda_interop_frames::protocol::RingLayout;
 use cuda_interop_frames::session::{has_semaphores, Frame, Session};
-use cuda_interop_frames::transport::{deadline_after, left, ConsumerError};
+use cuda_interop_frames::transport::{deadline_after, left};
 use vk_export::format::{Bgra8Srgb, Bgra8Unorm, Format, Rgba16Sfloat, Rgba8Srgb, Rgba8Unorm};
 use vk_export::markers::{usage, DeviceLocal, HostVisible, MemoryLocation, Optimal, Usage};
 use vk_export::wire::Received;
@@ -357,14 +357,11 @@ impl GlReceiver {
     /// thread, and is current on it again (or one sharing its objects) for
     /// every later call on the receiver and for its drop.
     pub unsafe fn new(gl: Gl, session: Session, mut setup: Received) -> Result<GlReceiver, Error> {
-        let layout = *session.layout();
         // A multi-image ring's slots are several images each: this
         // receiver's one texture a slot would take another part (of another
-        // frame) as slot i's image. Refused as `VulkanReceiver` refuses it.
-        if layout.is_multi_image() {
-            let parts = session.parts().iter().map(|p| p.name.to_string()).collect();
-            return Err(ConsumerError::MultiImage { parts }.into());
-        }
+        // frame) as slot i's image.
+        session.refuse_multi_image()?;
+        let layout = *session.layout();
         let Some(vk_format) = layout.vk_format() else {
             return Err(refused(
                 &layout,
