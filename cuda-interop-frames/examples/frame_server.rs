@@ -72,6 +72,11 @@ fn options() -> Result<ProducerOptions, String> {
             "serve colour + depth + segmentation images a slot (a multi-image ring, 3 slots)",
         ),
         Opt::flag(
+            "--concurrent-targets",
+            "with --with-depth: the application's images are CONCURRENT between the main and \
+             the transfer family, so the present's copies run on the transfer queue",
+        ),
+        Opt::flag(
             "--color-part-only",
             "with --with-depth: the same renderer and copies for the colour part alone \
              (a one-part ring: the baseline the three parts are measured against)",
@@ -123,6 +128,7 @@ fn options() -> Result<ProducerOptions, String> {
             .transpose()?,
         with_depth: cli.flag("--with-depth"),
         color_part_only: cli.flag("--color-part-only"),
+        concurrent_targets: cli.flag("--concurrent-targets"),
         // Three images a slot: at most 3 slots fit one setup message.
         slots: match (cli.flag("--with-depth"), cli.value("--slots")) {
             (true, None) => 3,
@@ -130,6 +136,9 @@ fn options() -> Result<ProducerOptions, String> {
         },
         ..shared
     };
+    if opts.concurrent_targets && !opts.with_depth {
+        return Err("--concurrent-targets is a --with-depth option".into());
+    }
     if opts.color_part_only && !opts.with_depth {
         return Err("--color-part-only is a --with-depth option".into());
     }

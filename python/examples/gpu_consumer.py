@@ -246,9 +246,13 @@ def main():
     last = first.tag
     skipped = 0
     split = None
+    # Host time per frame in next() (waiting for the sender) and in the
+    # check (enqueueing it: the GPU runs it asynchronously).
+    waiting = checking = 0.0
     for i in range(args.frames - 1):
         if i == 50:
             split = time.perf_counter()
+        asked = time.perf_counter()
         try:
             frame = receiver.next(args.timeout)
         except ConnectionError as e:
@@ -258,7 +262,10 @@ def main():
             return 1
         skipped += frame.tag - last - 1
         last = frame.tag
+        got = time.perf_counter()
         bad += check(frame)
+        waiting += got - asked
+        checking += time.perf_counter() - got
         received += 1
         if not args.quiet and received % 100 == 0:
             print(f"[{args.lib}] {received} frames", flush=True)
@@ -272,6 +279,12 @@ def main():
     print(
         f"[{args.lib}] {received} frames, {bad} bad, {ms:.3f} ms/frame "
         f"(checked on the GPU; {skipped} frame numbers skipped{later})",
+        flush=True,
+    )
+    n = max(received - 1, 1)
+    print(
+        f"[{args.lib}] host time per frame: {waiting * 1e6 / n:.1f} us in next(), "
+        f"{checking * 1e6 / n:.1f} us enqueueing the check and release",
         flush=True,
     )
     rules_ok = True

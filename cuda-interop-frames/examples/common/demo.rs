@@ -129,6 +129,10 @@ pub struct ProducerOptions {
     /// alone (a ring of one part): the baseline the three parts are
     /// measured against.
     pub color_part_only: bool,
+    /// With `with_depth`: the application's images are created
+    /// `CONCURRENT` (main and transfer families), so the present's copies
+    /// run on the transfer queue (copy engines) instead of the main one.
+    pub concurrent_targets: bool,
 }
 
 /// The formats of the demo's image rings.
@@ -230,6 +234,7 @@ impl Default for ProducerOptions {
             planar: None,
             with_depth: false,
             color_part_only: false,
+            concurrent_targets: false,
         }
     }
 }
@@ -827,7 +832,13 @@ fn run_parts<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions, choice: Ch
             .collect::<Vec<_>>(),
     );
     let sender = MultiImageSender::<M>::new(&ctx, sender_opts)?;
-    let mut targets = AppTargets::new(&ctx, opts.width, opts.height, opts.part_count())?;
+    let mut targets = AppTargets::new(
+        &ctx,
+        opts.width,
+        opts.height,
+        opts.part_count(),
+        opts.concurrent_targets,
+    )?;
     let result = serve(&ctx, opts, sender, |slot| {
         let f = slot.sequence();
         // Rendered on the GPU, not waited for: the copies wait for it.
@@ -898,6 +909,8 @@ pub struct AppTargets {
     /// How many of the images (in [`AppTargets::FORMATS`] order) each
     /// render draws and each present copies out.
     parts: usize,
+    /// How the images are shared between the context's queue families.
+    sharing: SourceSharing,
 }
 
 impl AppTargets {
@@ -907,14 +920,20 @@ impl AppTargets {
         vk::Format::R32_UINT,
     ];
 
-    /// The three images and the scratch buffer on `ctx`'s device.
+    /// The three images and the scratch buffer on `ctx`'s device; with
+    /// `concurrent`, the images are `CONCURRENT` between the main and the
+    /// transfer family (where they differ), so copies of them may run on
+    /// the transfer queue.
     pub fn new(
         ctx: &Context,
         width: u32,
         height: u32,
         parts: usize,
+        concurrent: bool,
     ) -> Result<AppTargets, vk_export::Error> {
         let device = ctx.device();
+        let families = [ctx.queue_family(), ctx.queue_family_of(QueueRole::Transfer)];
+        let concurrent = concurrent && families[0] != families[1];
         // SAFETY: a plain query on the context's live instance.
         let props = unsafe {
             ctx.instance()
@@ -955,6 +974,10 @@ impl AppTargets {
             cmd: vk::CommandBuffer::null(),
             timeline: TimelineSemaphore::new_local(ctx)?,
             value: 0,
+            sharing: match concurrent {
+                true => SourceSharing::Concurrent,
+                false => SourceSharing::Exclusive(ctx.queue_family()),
+            },
         };
         // SAFETY: creation on the context's live device, kept in `made`,
         // whose drop destroys it once.
@@ -979,7 +1002,7 @@ impl AppTargets {
                 vk::Format::D32_SFLOAT => vk::ImageUsageFlags::DEPTH_STENCIL_ATTACHMENT,
                 _ => vk::ImageUsageFlags::COLOR_ATTACHMENT,
             };
-            let info = vk::ImageCreateInfo::default()
+            let mut info = vk::ImageCreateInfo::default()
                 .image_type(vk::ImageType::TYPE_2D)
                 .format(format)
                 .extent(vk::Extent3D {
@@ -998,6 +1021,11 @@ impl AppTargets {
                 )
                 .sharing_mode(vk::SharingMode::EXCLUSIVE)
                 .initial_layout(vk::ImageLayout::UNDEFINED);
+            if concurrent {
+                info = info
+                    .sharing_mode(vk::SharingMode::CONCURRENT)
+                    .queue_family_indices(&families);
+            }
             // SAFETY: creation, allocation and binding on the context's live
             // device; each object is kept in `made` at once, whose drop
             // destroys it once.
@@ -1222,11 +1250,12 @@ impl AppTargets {
         &self,
     ) -> Result<(SourceImage<Rgba8Unorm>, DepthSource, SourceImage<R32Uint>), vk_export::Error>
     {
-        let own = SourceSharing::Exclusive(self.ctx.queue_family());
+        let own = self.sharing;
         let [c, d, s] = self.images.map(|(image, _)| image);
         // SAFETY: live images of the context's device of these formats and
         // extent, with transfer-source usage, each in its TARGET_LAYOUTS
-        // layout owned by the main family after `render`'s submission,
+        // layout, owned by the main family (or CONCURRENT between it and
+        // the transfer family, as `sharing` says) after `render`'s submission,
         // which completed before this returns (it is waited for); nothing
         // else writes them until the next `render`, which comes after the
         // present that copies them returned (the copies completed or, after
@@ -1383,6 +1412,9 @@ pub fn serve<M: MemoryLocation, R: SlotResource<M>>(
     let end = start + Duration::from_secs_f64(opts.seconds);
     let period = (opts.fps > 0.0).then(|| Duration::from_secs_f64(1.0 / opts.fps));
     let (mut last_stats, mut last_presented) = (Instant::now(), 0u64);
+    // Where the sender's time goes, per presented frame: waiting for a
+    // free slot, and the present (the application's work and the copies).
+    let (mut acquiring, mut presenting) = (Vec::new(), Vec::new());
     let mut receivers;
     let result = loop {
         let stats = sender.stats();
@@ -1406,6 +1438,15 @@ pub fn serve<M: MemoryLocation, R: SlotResource<M>>(
                 stats.backpressure_timeouts,
                 start.elapsed().as_secs_f64()
             );
+            if !presenting.is_empty() {
+                println!(
+                    "{tag} per frame: waiting for a slot median {:.1} us, presenting median \
+                     {:.1} us p90 {:.1} us",
+                    percentile(&mut acquiring, 0.5),
+                    percentile(&mut presenting, 0.5),
+                    percentile(&mut presenting, 0.9),
+                );
+            }
             break Ok(());
         }
         if last_stats.elapsed() >= Duration::from_secs(5) {
@@ -1426,9 +1467,12 @@ pub fn serve<M: MemoryLocation, R: SlotResource<M>>(
         let frame_start = Instant::now();
         match sender.acquire(sender::POLL) {
             Ok(slot) => {
+                let acquired = Instant::now();
                 if let Err(e) = present(slot) {
                     break Err(e.into());
                 }
+                acquiring.push((acquired - frame_start).as_secs_f64() * 1e6);
+                presenting.push(acquired.elapsed().as_secs_f64() * 1e6);
             }
             // Every slot held by latest receivers: this frame is skipped.
             Err(AcquireError::AllSlotsHeld) => sender.serve(Duration::from_millis(1)),
@@ -1441,4 +1485,13 @@ pub fn serve<M: MemoryLocation, R: SlotResource<M>>(
     drop(sender);
     report("stopped", 0);
     result
+}
+
+/// The `q` quantile (0..=1) of `values` (sorted in place); 0 if empty.
+fn percentile(values: &mut [f64], q: f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n => values[((n - 1) as f64 * q).round() as usize],
+    }
 }
