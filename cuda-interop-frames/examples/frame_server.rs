@@ -82,6 +82,17 @@ fn options() -> Result<ProducerOptions, String> {
              (a one-part ring: the baseline the three parts are measured against)",
         ),
         Opt::valued(
+            "--parts",
+            "N",
+            "with --with-depth: the first N of colour, depth, segmentation (1 to 3; default 3)",
+        ),
+        Opt::flag(
+            "--render-once",
+            "with --with-depth, a measurement knob: the images are rendered for the first frame \
+             only and copied again for every later one (receivers must not check the pattern: \
+             frame_client --no-check)",
+        ),
+        Opt::valued(
             "--device",
             "UUID",
             "the Vulkan device's deviceUUID (default: the first device)",
@@ -127,7 +138,11 @@ fn options() -> Result<ProducerOptions, String> {
             .then(|| common::image_format("--image", format))
             .transpose()?,
         with_depth: cli.flag("--with-depth"),
-        color_part_only: cli.flag("--color-part-only"),
+        parts: match cli.flag("--color-part-only") {
+            true => 1,
+            false => cli.num("--parts", 3usize)?,
+        },
+        render_once: cli.flag("--render-once"),
         concurrent_targets: cli.flag("--concurrent-targets"),
         // Three images a slot: at most 3 slots fit one setup message.
         slots: match (cli.flag("--with-depth"), cli.value("--slots")) {
@@ -139,8 +154,12 @@ fn options() -> Result<ProducerOptions, String> {
     if opts.concurrent_targets && !opts.with_depth {
         return Err("--concurrent-targets is a --with-depth option".into());
     }
-    if opts.color_part_only && !opts.with_depth {
-        return Err("--color-part-only is a --with-depth option".into());
+    let parts_given = cli.flag("--color-part-only") || cli.value("--parts").is_some();
+    if (parts_given || opts.render_once) && !opts.with_depth {
+        return Err("--color-part-only, --parts and --render-once are --with-depth options".into());
+    }
+    if !(1..=3).contains(&opts.parts) {
+        return Err(format!("--parts {}: give 1, 2 or 3", opts.parts));
     }
     if opts.with_depth && (cli.value("--format").is_some() || image) {
         return Err(

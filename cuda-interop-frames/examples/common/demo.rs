@@ -125,10 +125,15 @@ pub struct ProducerOptions {
     /// ([`DEPTH_PARTS`]) instead (`image`, `planar` and `row_pitch` then
     /// unused; at most 3 slots).
     pub with_depth: bool,
-    /// With `with_depth`: the same renderer and copies for the colour part
-    /// alone (a ring of one part): the baseline the three parts are
-    /// measured against.
-    pub color_part_only: bool,
+    /// With `with_depth`: how many of [`DEPTH_PARTS`] (1 to 3) each frame
+    /// has. One, the colour part alone through the same renderer and
+    /// copies, is the baseline the three parts are measured against.
+    pub parts: usize,
+    /// With `with_depth`: a measurement knob: the application renders its
+    /// images for the first frame only, and later frames copy them again
+    /// (so their pattern is frame 1's: receivers must not check it). It
+    /// separates the render's cost from the present's copies.
+    pub render_once: bool,
     /// With `with_depth`: the application's images are created
     /// `CONCURRENT` (main and transfer families), so the present's copies
     /// run on the transfer queue (copy engines) instead of the main one.
@@ -233,7 +238,8 @@ impl Default for ProducerOptions {
             image: None,
             planar: None,
             with_depth: false,
-            color_part_only: false,
+            parts: DEPTH_PARTS.len(),
+            render_once: false,
             concurrent_targets: false,
         }
     }
@@ -242,11 +248,7 @@ impl Default for ProducerOptions {
 impl ProducerOptions {
     /// How many of [`DEPTH_PARTS`] a `with_depth` ring serves.
     pub fn part_count(&self) -> usize {
-        if self.color_part_only {
-            1
-        } else {
-            DEPTH_PARTS.len()
-        }
+        self.parts.clamp(1, DEPTH_PARTS.len())
     }
 
     /// Checks the options [`run`] needs: at least 2 slots, a valid ring
@@ -842,7 +844,10 @@ fn run_parts<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions, choice: Ch
     let result = serve(&ctx, opts, sender, |slot| {
         let f = slot.sequence();
         // Rendered on the GPU, not waited for: the copies wait for it.
-        let rendered = targets.render(f)?;
+        let rendered = match (opts.render_once, targets.rendered_value()) {
+            (true, Some(value)) => value,
+            _ => targets.render(f)?,
+        };
         let (color, depth, labels) = targets.sources()?;
         let sources: [&dyn PartSource; 3] = [&color, &depth, &labels];
         let wait = Some((targets.timeline(), rendered));
@@ -1137,6 +1142,12 @@ impl AppTargets {
         self.value = value;
         self.rendered = true;
         Ok(value)
+    }
+
+    /// The value of [`AppTargets::timeline`] the last render signals, if
+    /// any render was submitted.
+    pub fn rendered_value(&self) -> Option<u64> {
+        self.rendered.then_some(self.value)
     }
 
     /// What each render signals (its value [`AppTargets::render`] returns).
