@@ -495,6 +495,107 @@ fn with_depth_color_part_only_is_a_one_part_ring() {
     std::fs::remove_dir_all(&runtime).unwrap();
 }
 
+/// `--with-depth --parts 2 --concurrent-targets --render-once`: a ring of
+/// colour and depth, the application's images `CONCURRENT` where the
+/// context has a transfer family of its own (lavapipe has one family: the
+/// images stay `EXCLUSIVE`), every texel of both parts checked by the
+/// Vulkan client; rendered once, so every frame carries frame 1's pattern,
+/// which the client reports as wrong for every frame after the first.
+#[test]
+fn with_depth_parts_and_measurement_knobs() {
+    let runtime = runtime_dir("depth-parts");
+    for (name, extra, frames_ok) in [
+        ("parts2", &["--concurrent-targets"][..], true),
+        ("once2", &["--render-once"][..], false),
+    ] {
+        let mut args = vec![
+            "--width",
+            "64",
+            "--height",
+            "48",
+            "--with-depth",
+            "--parts",
+            "2",
+            "--frames",
+            "60",
+            "--wait-for-receivers",
+            "1",
+            "--seconds",
+            "60",
+        ];
+        args.extend_from_slice(extra);
+        let Some((mut server, lines, mut log)) = start_frame_server(name, &args, &runtime) else {
+            break;
+        };
+        let path = examples_dir().join("vulkan_client");
+        let client = Command::new(&path)
+            .args(["--name", name, "--frames", "20", "--lossless"])
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&client.stdout).into_owned();
+        for line in lines {
+            log += &line.unwrap();
+            log.push('\n');
+        }
+        let _ = server.wait();
+        print!("{log}{stdout}");
+        assert!(
+            log.contains("3 slots of 64x48 color + depth images each"),
+            "{log}"
+        );
+        assert!(
+            log.contains("per frame: waiting for a slot median"),
+            "{log}"
+        );
+        if frames_ok {
+            assert!(
+                stdout.contains("20 frames (20 checked, every texel of every part, 0 bad)"),
+                "{stdout}"
+            );
+        } else {
+            // Frame 1's pattern in every frame: the check sees it.
+            assert!(!client.status.success(), "{stdout}");
+            assert!(!stdout.contains(", 0 bad)"), "{stdout}");
+        }
+        let _ = server.kill();
+    }
+    std::fs::remove_dir_all(&runtime).unwrap();
+}
+
+/// The `--with-depth` knobs are refused without it, and `--parts` outside
+/// 1 to 3, with what to pass.
+#[test]
+fn with_depth_knobs_are_refused_where_they_mean_nothing() {
+    let path = examples_dir().join("frame_server");
+    if !path.is_file() {
+        println!("NOT CHECKED: frame_server is not built next to this test");
+        return;
+    }
+    for (args, says) in [
+        (&["--parts", "2"][..], "are --with-depth options"),
+        (&["--render-once"][..], "are --with-depth options"),
+        (&["--concurrent-targets"][..], "is a --with-depth option"),
+        (
+            &["--with-depth", "--parts", "4"][..],
+            "--parts 4: give 1, 2 or 3",
+        ),
+        (
+            &["--with-depth", "--parts", "0"][..],
+            "--parts 0: give 1, 2 or 3",
+        ),
+    ] {
+        let out = Command::new(&path).args(args).output().unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{args:?}: {said}");
+        assert!(said.contains(says), "{args:?}: {said}");
+    }
+}
+
 /// `--with-depth` (issue 31 item 5): `frame_server` and the `from_raw`
 /// renderer each publish colour + depth + segmentation frames (a
 /// multi-image ring; the depth a `D32_SFLOAT` attachment copied into an
