@@ -12,12 +12,18 @@
 //!   [`report_leak`] (through [`drop_errors`](crate::drop_errors)).
 //! * A list that could not record a use can never be shown idle: its owner
 //!   leaks rather than trusts it.
-//! * A [`SharedEvent`] (one record behind a batch on several resources) is
-//!   kept by each resource's list and destroyed by the last one to let go,
-//!   with the context current.
+//! * A use on one of the crate's own streams is not an event: it is a
+//!   position in that stream ([`StreamTrack`]: a ticket taken right after
+//!   the enqueue). A list keeps the stream's track and its newest ticket
+//!   there, and only a wait for the list to go idle (a destructor's, a
+//!   device-wide settle check) records an event on the stream, which, the
+//!   stream running in order, covers every ticket taken before it. The
+//!   price: such a wait also waits for the stream's work enqueued after the
+//!   use, up to the moment it records. A stream that drained in a host wait
+//!   marks every ticket taken before that wait done, with no event at all.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -36,6 +42,10 @@ pub const DROP_WAIT_LIMIT: Duration = Duration::from_secs(5);
 /// streams a resource is used on at once; the rest are destroyed.
 const SPARE_EVENTS: usize = 4;
 
+/// How many streams a list tracks uses on before it lets go of those known
+/// done (a resource used on many short-lived streams).
+const TRACKS_BEFORE_PRUNE: usize = 8;
+
 /// The events of one resource (or one device's external waits): those
 /// recorded after work that may not have completed, and completed ones kept
 /// for the next record, so that a steady frame loop creates no events.
@@ -43,16 +53,15 @@ const SPARE_EVENTS: usize = 4;
 pub(crate) struct Events {
     pub(crate) pending: Vec<CUevent>,
     pub(crate) spare: Vec<CUevent>,
-    /// Events shared with other lists (one record behind a batch of
-    /// operations on several resources), pending here until seen complete.
-    pub(crate) shared: Vec<Arc<SharedEvent>>,
+    /// Uses on the crate's own streams: each stream's track and the newest
+    /// ticket taken there, pending until seen done.
+    pub(crate) tracked: Vec<(Arc<StreamTrack>, u64)>,
 }
 
-/// One event recorded behind a batch of operations on several resources of
-/// one context, in the list of each of them. The list that lets go of the
-/// last reference destroys it; every list operation runs with the context
-/// current, and a list dropped without it leaks its references
-/// ([`Events::leak_shared`]) rather than destroy an event without it.
+/// The event a [`StreamTrack`] recorded behind the tickets it covers,
+/// shared with the lists that query it outside the track's lock; destroyed
+/// by the last reference, with the context current (see
+/// [`release_track`]), or leaked by the track's drop.
 pub(crate) struct SharedEvent {
     event: CUevent,
     /// Seen complete once: later queries of other lists need no driver call.
@@ -136,15 +145,6 @@ impl Events {
     /// current.
     pub(crate) fn forget_completed(&mut self) -> Result<()> {
         let mut first_error = Ok(());
-        self.shared.retain(|event| match event.is_complete() {
-            Ok(done) => !done,
-            Err(error) => {
-                if first_error.is_ok() {
-                    first_error = Err(error);
-                }
-                true
-            }
-        });
         let spare = &mut self.spare;
         self.pending.retain(|&event| {
             // SAFETY: a live event of the current context, made by `record`.
@@ -171,37 +171,303 @@ impl Events {
         first_error
     }
 
-    /// Keeps `event` (recorded behind work on this list's resource) pending
-    /// here; first moves the completed ones out. The context must be
-    /// current.
-    pub(crate) fn keep_shared(&mut self, event: &Arc<SharedEvent>) {
-        let _ = self.forget_completed();
-        self.shared.push(Arc::clone(event));
+    /// Keeps `ticket` of `track` (taken right after the use was enqueued
+    /// on its stream) pending here: no driver call, no context needed.
+    /// Returns whether the list has grown past [`TRACKS_BEFORE_PRUNE`]
+    /// streams: its owner then prunes it ([`Events::prune_tracked`]).
+    pub(crate) fn keep_tracked(&mut self, track: &Arc<StreamTrack>, ticket: u64) -> bool {
+        match self.tracked.iter_mut().find(|(t, _)| Arc::ptr_eq(t, track)) {
+            Some((_, newest)) => *newest = (*newest).max(ticket),
+            None => self.tracked.push((Arc::clone(track), ticket)),
+        }
+        self.tracked.len() > TRACKS_BEFORE_PRUNE
     }
 
-    /// No event is pending.
-    pub(crate) fn is_idle(&self) -> bool {
-        self.pending.is_empty() && self.shared.is_empty()
+    /// Forgets the tracked uses already known done, recording nothing (a
+    /// stream used once and dropped, or drained, is let go). The context
+    /// must be current.
+    pub(crate) fn prune_tracked(&mut self) {
+        let mut kept = Vec::with_capacity(self.tracked.len());
+        for (track, ticket) in self.tracked.drain(..) {
+            match track.is_known_done(ticket) {
+                true => release_track(track),
+                false => kept.push((track, ticket)),
+            }
+        }
+        self.tracked = kept;
     }
 
-    /// Lets go of the shared events without destroying any (for a list
-    /// dropped without its context current).
-    pub(crate) fn leak_shared(&mut self) {
-        for event in self.shared.drain(..) {
-            std::mem::forget(event);
+    /// Whether a wait for one of the tracked uses has given up on its
+    /// stream, which has not moved since (see [`StreamTrack::is_stuck`]).
+    pub(crate) fn on_a_stuck_stream(&self) -> bool {
+        self.tracked.iter().any(|(track, _)| track.is_stuck())
+    }
+
+    /// A wait for the tracked uses gave up: their streams are marked stuck.
+    pub(crate) fn mark_tracks_stuck(&self) {
+        for (track, _) in &self.tracked {
+            track.mark_stuck();
         }
     }
 
-    /// Destroys every event, pending or spare, and lets go of the shared
-    /// ones. The context must be current.
+    /// Forgets the tracked uses known done, recording an event on a
+    /// stream where none covers its use yet (see [`StreamTrack::cover`]);
+    /// the first failure is returned (its use stays pending). The context
+    /// must be current.
+    pub(crate) fn settle_tracked(&mut self) -> Result<()> {
+        let mut first_error = Ok(());
+        let mut kept = Vec::with_capacity(self.tracked.len());
+        for (track, ticket) in self.tracked.drain(..) {
+            match track.is_done(ticket) {
+                Ok(true) => release_track(track),
+                Ok(false) => kept.push((track, ticket)),
+                Err(error) => {
+                    if first_error.is_ok() {
+                        first_error = Err(error);
+                    }
+                    kept.push((track, ticket));
+                }
+            }
+        }
+        self.tracked = kept;
+        first_error
+    }
+
+    /// No event or tracked use is pending.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.pending.is_empty() && self.tracked.is_empty()
+    }
+
+    /// Lets go of the tracks without destroying any event (for a list
+    /// dropped without its context current).
+    pub(crate) fn leak_tracks(&mut self) {
+        for (track, _) in self.tracked.drain(..) {
+            std::mem::forget(track);
+        }
+    }
+
+    /// Destroys every event, pending or spare, and lets go of the tracks.
+    /// The context must be current.
     pub(crate) fn destroy_all(&mut self) {
-        self.shared.clear();
+        for (track, _) in self.tracked.drain(..) {
+            release_track(track);
+        }
         for event in self.pending.drain(..).chain(self.spare.drain(..)) {
             // SAFETY: a live event of the current context, destroyed once. One
             // still pending (its owner leaked the resource) is released by the
             // driver when it completes, as cuEventDestroy documents.
             record_drop_error(unsafe { cu!(cuEventDestroy(event)) });
         }
+    }
+}
+
+/// One of the crate's streams as use lists see it (see the module
+/// contract): tickets taken after each tracked enqueue, and the newest event
+/// recorded on the stream to show them done. Shared by the stream and every
+/// list that keeps a use of it; the event is destroyed by the last holder,
+/// with the context current ([`release_track`]), or leaked.
+pub(crate) struct StreamTrack {
+    /// The newest ticket taken.
+    issued: AtomicU64,
+    /// Every ticket up to this one is done (the stream drained in a host
+    /// wait that began after it was taken).
+    done_through: AtomicU64,
+    /// A destructor's wait gave up on the covering event, and no query has
+    /// seen it complete since: later waits on this stream look once and
+    /// give up too, rather than each wait its whole bound.
+    stuck: AtomicBool,
+    state: Mutex<TrackState>,
+}
+
+struct TrackState {
+    /// The live stream; `None` once its owner destroyed it (`covering` then
+    /// covers every ticket, or `broken` is set).
+    stream: Option<CUstream>,
+    /// The newest event recorded on the stream, and the newest ticket it
+    /// covers.
+    covering: Option<(u64, Arc<SharedEvent>)>,
+    /// An event could not be recorded where one was needed: the tickets it
+    /// would have covered can never be shown done.
+    broken: bool,
+}
+
+// SAFETY: the stream handle is only used under the mutex, with its context
+// current (the callers' contract), and never after its owner destroyed it
+// (`close` clears it under the same mutex first).
+unsafe impl Send for StreamTrack {}
+// SAFETY: as above; the counters are atomic.
+unsafe impl Sync for StreamTrack {}
+
+impl StreamTrack {
+    /// The track of the live stream `stream`.
+    pub(crate) fn new(stream: CUstream) -> StreamTrack {
+        StreamTrack {
+            issued: AtomicU64::new(0),
+            done_through: AtomicU64::new(0),
+            stuck: AtomicBool::new(false),
+            state: Mutex::new(TrackState {
+                stream: Some(stream),
+                covering: None,
+                broken: false,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TrackState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A new ticket: call it right after enqueueing the tracked operation,
+    /// so that every event recorded on the stream after the ticket was
+    /// taken completes after the operation.
+    pub(crate) fn ticket(&self) -> u64 {
+        self.issued.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// The newest ticket taken so far (for a host wait about to begin).
+    pub(crate) fn issued(&self) -> u64 {
+        self.issued.load(Ordering::Acquire)
+    }
+
+    /// Every ticket up to `ticket` is done: the stream drained after it was
+    /// taken.
+    pub(crate) fn mark_done_through(&self, ticket: u64) {
+        self.done_through.fetch_max(ticket, Ordering::AcqRel);
+    }
+
+    /// Whether the use of `ticket` is done: known from a drained host wait,
+    /// or from the covering event, which this records on the stream if none
+    /// covers `ticket` yet. The context must be current.
+    fn is_done(&self, ticket: u64) -> Result<bool> {
+        if self.done_through.load(Ordering::Acquire) >= ticket {
+            return Ok(true);
+        }
+        let event = self.cover(ticket)?;
+        let done = event.is_complete()?;
+        if done {
+            self.mark_done_through(ticket);
+            self.stuck.store(false, Ordering::Release);
+        }
+        Ok(done)
+    }
+
+    /// Whether the use of `ticket` is known done without recording
+    /// anything: from a drained host wait, or from an event that already
+    /// covers it and has completed (one query). The context must be
+    /// current.
+    fn is_known_done(&self, ticket: u64) -> bool {
+        if self.done_through.load(Ordering::Acquire) >= ticket {
+            return true;
+        }
+        let covering = match &self.lock().covering {
+            Some((covered, event)) if *covered >= ticket => Arc::clone(event),
+            _ => return false,
+        };
+        matches!(covering.is_complete(), Ok(true))
+    }
+
+    /// See the `stuck` field.
+    fn is_stuck(&self) -> bool {
+        self.stuck.load(Ordering::Acquire)
+    }
+
+    fn mark_stuck(&self) {
+        self.stuck.store(true, Ordering::Release);
+    }
+
+    /// The event that covers `ticket`: the newest one if it does, else one
+    /// recorded now, covering every ticket taken so far. The context must
+    /// be current.
+    fn cover(&self, ticket: u64) -> Result<Arc<SharedEvent>> {
+        let mut state = self.lock();
+        if let Some((covered, event)) = &state.covering {
+            if *covered >= ticket {
+                return Ok(Arc::clone(event));
+            }
+        }
+        if state.broken {
+            return Err(Error::Cleanup(
+                "an event could not be recorded behind a use on this stream".into(),
+            ));
+        }
+        let Some(stream) = state.stream else {
+            // `close` covers every ticket or breaks the track.
+            return Err(Error::Cleanup(
+                "a use on a destroyed stream with no event behind it".into(),
+            ));
+        };
+        // Taken before the record: every ticket up to it was taken after its
+        // enqueue, so before this record.
+        let covered = self.issued();
+        // SAFETY: the live stream of the current context (it is cleared here
+        // before its owner destroys it, under this lock).
+        match unsafe { SharedEvent::record(stream) } {
+            Ok(event) => {
+                state.covering = Some((covered, Arc::clone(&event)));
+                Ok(event)
+            }
+            Err(error) => {
+                state.broken = true;
+                Err(error)
+            }
+        }
+    }
+
+    /// The stream's owner is about to destroy it: an event behind every
+    /// ticket taken that none covers yet, then no stream. The context must
+    /// be current.
+    pub(crate) fn close(&self) {
+        let issued = self.issued();
+        let mut state = self.lock();
+        let covered = state.covering.as_ref().map_or(0, |(c, _)| *c);
+        if issued > covered && self.done_through.load(Ordering::Acquire) < issued {
+            match state.stream {
+                // SAFETY: the live stream of the current context, not yet
+                // destroyed (the caller's contract).
+                Some(stream) => match unsafe { SharedEvent::record(stream) } {
+                    Ok(event) => state.covering = Some((u64::MAX, event)),
+                    Err(_) => state.broken = true,
+                },
+                None => state.broken = true,
+            }
+        } else if let Some((covered, _)) = &mut state.covering {
+            // No ticket can be taken on a destroyed stream.
+            *covered = u64::MAX;
+        }
+        state.stream = None;
+    }
+
+    /// Destroys the covering event (the context must be current).
+    pub(crate) fn destroy_event(&self) {
+        self.lock().covering = None;
+    }
+}
+
+impl fmt::Debug for StreamTrack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamTrack")
+            .field("issued", &self.issued.load(Ordering::Relaxed))
+            .field("done_through", &self.done_through.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Drop for StreamTrack {
+    fn drop(&mut self) {
+        // Dropped by a holder without the context current: its event is
+        // leaked rather than destroyed without it.
+        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, event)) = state.covering.take() {
+            std::mem::forget(event);
+        }
+    }
+}
+
+/// Lets go of `track`; the last holder destroys its event. The context must
+/// be current.
+pub(crate) fn release_track(track: Arc<StreamTrack>) {
+    if let Some(track) = Arc::into_inner(track) {
+        track.destroy_event();
     }
 }
 
@@ -264,6 +530,24 @@ impl ExternalWaits {
         recorded
     }
 
+    /// Records the external wait just enqueued on a stream of the crate as
+    /// `ticket` of its `track`: no driver call, unless the list has grown
+    /// past a few streams: then those known done are let go, with the
+    /// context `enter` makes current.
+    pub(crate) fn record_tracked<G>(
+        &self,
+        track: &Arc<StreamTrack>,
+        ticket: u64,
+        enter: impl FnOnce() -> Result<G>,
+    ) {
+        let mut events = self.lock();
+        if events.keep_tracked(track, ticket) {
+            if let Ok(_guard) = enter() {
+                events.prune_tracked();
+            }
+        }
+    }
+
     /// Marks the list unreliable: a wait was enqueued but not recorded.
     pub(crate) fn mark_untracked(&self) {
         self.untracked.store(true, Ordering::Release);
@@ -293,6 +577,7 @@ impl ExternalWaits {
             let _guard = enter()?;
             let mut events = self.lock();
             events.forget_completed()?;
+            events.settle_tracked()?;
             Ok(events.is_idle())
         });
         self.stuck.store(waited.is_err(), Ordering::Release);

@@ -7,12 +7,16 @@
 //!
 //! * Each resource whose destruction could race the GPU (imported memory and
 //!   its mappings, an imported semaphore, a [`DeviceBuffer`](crate::DeviceBuffer))
-//!   owns a [`LastUse`]. Every stream-ordered operation on it records a fresh
-//!   event on the operation's stream right after enqueueing
-//!   ([`LastUse::record`]), so the event completes when that operation does.
-//!   A batch of operations on several resources (one driver call) records
-//!   one event behind it that every resource's list keeps
-//!   ([`LastUse::record_shared`]); the last list to let go destroys it.
+//!   owns a [`LastUse`]. Every stream-ordered operation on it is recorded
+//!   right after enqueueing. On one of the crate's [`Stream`]s that is a
+//!   ticket of the stream's track ([`LastUse::record`], no driver call):
+//!   the wait for the list to go idle records one event on the stream
+//!   then, which completes after the operation (and after whatever the
+//!   stream was given after it: see `crate::events`), unless a host wait
+//!   on the stream already showed it drained. On a stream the crate does
+//!   not own, it is a fresh event recorded there ([`LastUse::record_raw`]).
+//!   A batch of operations on several resources (one driver call) is one
+//!   ticket, kept by every resource's list ([`LastUse::record_ticket`]).
 //! * The resource's `Drop` calls [`LastUse::wait_before_release`], bounded by
 //!   [`DROP_WAIT_LIMIT`], before it frees or destroys anything. If the work
 //!   does not complete in time (a stream stuck behind a semaphore wait nobody
@@ -54,7 +58,7 @@ use std::time::Duration;
 
 use crate::context::{device_settled, CudaDevice};
 use crate::error::{Error, Result};
-use crate::events::{Events, SharedEvent, DROP_WAIT_LIMIT};
+use crate::events::{Events, StreamTrack, DROP_WAIT_LIMIT};
 use crate::stream::Stream;
 use crate::wait::{poll_until, HostWait};
 use cuda_interop_sys::CUstream;
@@ -83,7 +87,7 @@ impl fmt::Debug for LastUse {
         // of the statement, and a second would wait on it for ever.
         let pending = {
             let events = self.lock();
-            events.pending.len() + events.shared.len()
+            events.pending.len() + events.tracked.len()
         };
         f.debug_struct("LastUse")
             .field("pending", &pending)
@@ -109,16 +113,25 @@ impl LastUse {
     }
 
     /// Records that the work enqueued on `stream` so far uses the resource:
-    /// call it right after enqueueing the operation. Also forgets the events
-    /// of earlier uses that have completed. The caller has checked that the
-    /// stream belongs to this device.
-    ///
-    /// If this fails, the use is untracked and the resource will be leaked
-    /// by its destructor rather than freed under the GPU.
+    /// call it right after enqueueing the operation. A ticket of the
+    /// stream's track: no driver call, and it cannot fail. The caller has
+    /// checked that the stream belongs to this device.
     pub(crate) fn record(&self, stream: &Stream) -> Result<()> {
-        // SAFETY: a live stream (borrowed) of this resource's device (the
-        // caller checked).
-        unsafe { self.record_raw(stream.raw()) }
+        self.record_ticket(stream.track(), stream.track().ticket());
+        Ok(())
+    }
+
+    /// Records a use of `ticket` of `track` (taken right after enqueueing
+    /// the operation: one ticket may stand for a batch on several
+    /// resources).
+    pub(crate) fn record_ticket(&self, track: &Arc<StreamTrack>, ticket: u64) {
+        let mut events = self.lock();
+        if events.keep_tracked(track, ticket) {
+            // Used on many streams: those known done are let go.
+            if let Ok(_guard) = self.device.enter() {
+                events.prune_tracked();
+            }
+        }
     }
 
     /// [`LastUse::record`] for a stream this crate does not own.
@@ -133,26 +146,6 @@ impl LastUse {
             self.gave_up.store(true, Ordering::Release);
         }
         recorded
-    }
-
-    /// Records a use behind which `event` was recorded (one event for a
-    /// batch of operations on several resources).
-    pub(crate) fn record_shared(&self, event: &Arc<SharedEvent>) -> Result<()> {
-        match self.device.enter() {
-            Ok(_guard) => {
-                self.lock().keep_shared(event);
-                Ok(())
-            }
-            Err(e) => {
-                self.gave_up.store(true, Ordering::Release);
-                Err(e)
-            }
-        }
-    }
-
-    /// Marks the list unreliable: a use was enqueued but not recorded.
-    pub(crate) fn give_up(&self) {
-        self.gave_up.store(true, Ordering::Release);
     }
 
     /// # Safety
@@ -175,17 +168,29 @@ impl LastUse {
                 "an earlier wait for its last use gave up, or a use could not be recorded".into(),
             ));
         }
-        if self.lock().is_idle() {
-            return Ok(());
-        }
+        let limit = {
+            let events = self.lock();
+            if events.is_idle() {
+                return Ok(());
+            }
+            // Another destructor already waited its bound on a stream this
+            // resource was used on, and the stream has not moved since:
+            // look once, do not wait the bound again.
+            match events.on_a_stuck_stream() {
+                true => Duration::ZERO,
+                false => limit,
+            }
+        };
         let waited = poll_until(limit, || {
             let _guard = self.device.enter()?;
             let mut events = self.lock();
             events.forget_completed()?;
+            events.settle_tracked()?;
             Ok(events.is_idle())
         });
         if waited.is_err() {
             self.gave_up.store(true, Ordering::Release);
+            self.lock().mark_tracks_stuck();
         }
         waited
     }
@@ -214,7 +219,7 @@ impl Drop for LastUse {
         if let Ok(_guard) = self.device.enter() {
             events.destroy_all();
         } else {
-            events.leak_shared();
+            events.leak_tracks();
         }
     }
 }

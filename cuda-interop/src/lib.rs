@@ -34,9 +34,12 @@
 //!   Vulkan resource (kept alive by the import), then the context.
 //! * **The GPU's last use, not a borrow, decides when memory is freed.**
 //!   Every stream-ordered operation on imported memory, an imported
-//!   semaphore or a [`DeviceBuffer`] records an event on that resource; its
-//!   destructor waits for those events (at most [`DROP_WAIT_LIMIT`]) before
-//!   it frees anything, so `mem::forget` of a mapping cannot free memory under
+//!   semaphore or a [`DeviceBuffer`] is recorded as a use of that resource
+//!   (on a [`Stream`] of this crate a position in the stream, with no driver
+//!   call: the destructor records the one event it waits for, behind it and
+//!   whatever the stream was given after it, unless a host wait already saw
+//!   the stream drain; on a foreign stream an event); its destructor waits
+//!   for those uses (at most [`DROP_WAIT_LIMIT`]) before it frees anything, so `mem::forget` of a mapping cannot free memory under
 //!   a pending copy. Past the limit the resource is leaked (an import together
 //!   with its Vulkan memory) and the leak is reported through
 //!   [`drop_errors`]. Kernel launches are not tracked: [`Stream::launch`] is

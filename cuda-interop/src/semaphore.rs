@@ -23,8 +23,8 @@
 //!   one refused entry refuses the batch, and nothing is enqueued or
 //!   changed. Its timeline locks are taken in one order (handle address),
 //!   so batches and single signals never deadlock on each other. A batch
-//!   records one event behind its driver call, kept as a use by every
-//!   semaphore in it (and, for waits, one device-wide external wait).
+//!   is one use of its stream (one ticket, no event), kept by every
+//!   semaphore in it (and, for waits, as one device-wide external wait).
 //! * Every signal and wait is recorded as a use of the semaphore; `Drop`
 //!   waits for those uses (at most [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT),
 //!   never `cuCtxSynchronize`) before `cuDestroyExternalSemaphore`, which
@@ -43,7 +43,7 @@ use vk_export::{BinaryPayload, BinarySignal, ReceivedSemaphore, SemaphoreKind, S
 use crate::context::CudaDevice;
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, ImportError, Result};
-use crate::events::{report_leak, SharedEvent, DROP_WAIT_LIMIT};
+use crate::events::{report_leak, DROP_WAIT_LIMIT};
 use crate::last_use::LastUse;
 use crate::stream::{order_streams, Stream};
 
@@ -285,10 +285,17 @@ impl<K> ExternalSemaphore<K> {
     }
 
     /// Records an enqueued wait as a use of the semaphore and as a pending
-    /// external wait of the device.
+    /// external wait of the device: one ticket of the stream's track, kept
+    /// by both lists (no driver call).
     fn track_wait(&self, stream: &Stream) -> Result<()> {
-        // SAFETY: a live stream (borrowed) of this semaphore's device.
-        unsafe { self.track_wait_on(stream.raw()) }
+        let track = stream.track();
+        let ticket = track.ticket();
+        self.device
+            .inner
+            .external_waits
+            .record_tracked(track, ticket, || self.device.enter());
+        self.last_use.record_ticket(track, ticket);
+        Ok(())
     }
 
     /// [`Self::track_wait`] on a raw stream.
@@ -377,8 +384,16 @@ impl ExternalSemaphore<Timeline> {
     /// one lock, and the last value changes only when the enqueue succeeded.
     pub fn signal(&self, stream: &Stream, value: u64) -> Result<()> {
         stream.check_device(&self.device)?;
+        let mut last = self
+            .last_signalled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.check_signal_value(*last, value)?;
         // SAFETY: a live stream (borrowed) of this semaphore's device.
-        unsafe { self.signal_on(stream.raw(), value) }
+        unsafe { self.enqueue_signal_on(stream.raw(), value) }?;
+        *last = value;
+        drop(last);
+        self.last_use.record(stream)
     }
 
     /// [`Self::signal`] on a raw stream.
@@ -675,37 +690,20 @@ impl Stream {
             // SAFETY: the signal of each reserved payload was just enqueued.
             .map(|r| unsafe { r.submitted() })
             .collect();
-        // One event behind the batch, kept by every semaphore's list; every
-        // use is recorded whatever the others' outcome.
-        let recorded = self.record_batch_use(batch.iter().map(SignalOp::last_use));
-        recorded.map(|()| tokens)
+        // One ticket behind the batch, kept by every semaphore's list.
+        self.record_batch_use(batch.iter().map(SignalOp::last_use));
+        Ok(tokens)
     }
 
-    /// Records one event behind the batch just enqueued on this stream as a
-    /// use of each semaphore in `uses`; if it cannot be recorded, every list
-    /// is marked unreliable (its owner then leaks rather than trusts it).
-    fn record_batch_use<'u>(&self, uses: impl Iterator<Item = &'u LastUse>) -> Result<()> {
-        // Held until the end: the last reference to the event may be this
-        // function's (if no list kept it), and is dropped with it current.
-        let _guard = match self.device().enter() {
-            Ok(guard) => guard,
-            Err(e) => {
-                uses.for_each(LastUse::give_up);
-                return Err(e);
-            }
-        };
-        // SAFETY: this stream is live (borrowed), of the context the guard
-        // made current.
-        let event = unsafe { SharedEvent::record(self.raw()) };
-        match event {
-            Ok(event) => uses
-                .map(|last_use| last_use.record_shared(&event))
-                .fold(Ok(()), Result::and),
-            Err(e) => {
-                uses.for_each(LastUse::give_up);
-                Err(e)
-            }
+    /// Records the batch just enqueued on this stream as a use of each
+    /// semaphore in `uses`: one ticket of the stream's track, kept by every
+    /// list (no driver call). Returns the ticket.
+    fn record_batch_use<'u>(&self, uses: impl Iterator<Item = &'u LastUse>) -> u64 {
+        let ticket = self.track().ticket();
+        for last_use in uses {
+            last_use.record_ticket(self.track(), ticket);
         }
+        ticket
     }
 
     /// Enqueues one wait of every entry, in one driver call, and consumes
@@ -752,25 +750,19 @@ impl Stream {
                 ))
             }?;
         }
-        // One device-wide record covers every wait of the batch (they were
-        // enqueued together, on this stream); each semaphore records its own
-        // use. Tokens are consumed and uses recorded whatever the others'
-        // outcome (a failed record marks its list unreliable).
-        let waits = &self.device().inner.external_waits;
-        let device_wide = match self.device().enter() {
-            // SAFETY: a live stream (borrowed) of this device, whose context
-            // the guard made current.
-            Ok(_guard) => unsafe { waits.record(self.raw()) },
-            Err(e) => {
-                waits.mark_untracked();
-                Err(e)
-            }
-        };
-        let recorded = self.record_batch_use(batch.iter().map(|op| match op {
+        // One ticket covers every wait of the batch (they were enqueued
+        // together, on this stream): each semaphore's list and the device's
+        // external waits keep it. Tokens are consumed whatever the others'
+        // outcome.
+        let ticket = self.record_batch_use(batch.iter().map(|op| match op {
             WaitOp::Timeline(s, _) => &s.last_use,
             WaitOp::Binary(s, _) => &s.last_use,
         }));
-        let mut outcome = device_wide.and(recorded);
+        self.device()
+            .inner
+            .external_waits
+            .record_tracked(self.track(), ticket, || self.device().enter());
+        let mut outcome = Ok(());
         for op in batch {
             if let WaitOp::Binary(s, token) = op {
                 // SAFETY: the wait for this signal was just enqueued (its

@@ -18,7 +18,8 @@
 //!   so a driver error (a poisoned context) or work that completed while its
 //!   host function was delayed ends the wait instead of the timeout.
 //! * Destructor waits (the last-use rule) still use [`poll_until`]: they run
-//!   rarely, and must not enqueue anything.
+//!   rarely, and enqueue no work (the most they add is one event record
+//!   behind a stream's uses, `crate::events`).
 
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};

@@ -210,6 +210,8 @@ static void unmake(Obj *o) {
 
 /* Streams of the process, to report work still pending when something is destroyed. */
 static Obj *streams[4096];
+/* When the work of the streams destroyed so far completes. */
+static long long destroyed_busy_until;
 /* The default stream handles (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD)
  * are one stream of the current context here: calls that take a stream
  * resolve them with `default_stream` first. */
@@ -227,6 +229,7 @@ static int busy_streams(void) {
     for (int i = 0; i < 4096; i++)
         if (streams[i] && streams[i]->busy_until > t) n++;
     if (default_stream_obj.busy_until > t) n++;
+    if (destroyed_busy_until > t) n++;
     pthread_mutex_unlock(&lock);
     return n;
 }
@@ -718,6 +721,8 @@ CUresult cuStreamDestroy_v2(void *h) {
     pthread_mutex_lock(&lock);
     for (int i = 0; i < 4096; i++)
         if (streams[i] == o) streams[i] = NULL;
+    /* Its work still completes (as the driver has it): counted as busy until then. */
+    if (o->busy_until > destroyed_busy_until) destroyed_busy_until = o->busy_until;
     pthread_mutex_unlock(&lock);
     unmake(o);
     return OK;
@@ -764,6 +769,7 @@ CUresult cuEventRecord(void *e, void *stream) {
     CUresult r = need(ev, K_EVENT, "cuEventRecord");
     if (r || (r = need(s, K_STREAM, "cuEventRecord"))) return r;
     ev->busy_until = s->busy_until;
+    say("cuEventRecord ctx=%p pending=%d", current(), now_ns() < ev->busy_until);
     return OK;
 }
 

@@ -375,6 +375,101 @@ fn child_fake_semaphore_batches() {
     assert_eq!(fake.all_live(), [], "everything destroyed");
 }
 
+/// Uses on the crate's own streams are positions, not events (against the
+/// fake driver): a frame loop of timeline signals and waits, single and
+/// batched, records no event and creates none; an event is recorded only
+/// when a destructor must know the work completed (one, behind the pending
+/// work, which the destroy then comes after), and none when a host wait
+/// already saw the stream drain; a stream dropped with uses still pending
+/// records the event that covers them before it goes.
+#[test]
+fn uses_on_crate_streams_record_events_only_for_destructors() {
+    let _fds = fds::lock();
+    fake::run("child_fake_lazy_use_events", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of semaphore.rs, with a fake libcuda: run by uses_on_crate_streams_record_events_only_for_destructors"]
+fn child_fake_lazy_use_events() {
+    use cuda_interop::{SignalOp, WaitOp};
+    let fake = fake::Fake::open();
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let errors = drop_errors();
+    let stream = Stream::new(&cuda).unwrap();
+    // SAFETY: the driver is the fake: it records what is enqueued and holds
+    // the fds; no GPU work exists.
+    let import = || unsafe {
+        cuda.import_semaphore_fd(fake::timeline(), fake::some_fd())
+            .map_err(|e| e.error)
+            .unwrap()
+    };
+    let records = || fake.calls("cuEventRecord").len();
+    let created = || fake.live("event");
+    let (single, batched) = (import(), import());
+    let (records_before, events_before) = (records(), created());
+    for value in 1..=100 {
+        single.signal(&stream, value).unwrap();
+        single.wait(&stream, value).unwrap();
+        stream
+            .signal_semaphores(&[SignalOp::Timeline(&batched, value)])
+            .unwrap();
+        stream
+            .wait_semaphores(vec![WaitOp::Timeline(&batched, value)])
+            .unwrap();
+    }
+    assert_eq!(records(), records_before, "no event recorded per use");
+    assert_eq!(created(), events_before, "no event created per use");
+
+    // A drop with the work pending: one event, recorded behind it, and the
+    // destroy after it.
+    fake.set("latency_ms", 200);
+    single.signal(&stream, 101).unwrap();
+    single.wait(&stream, 101).unwrap();
+    drop(single);
+    let recorded = fake.calls("cuEventRecord");
+    assert_eq!(recorded.len(), records_before + 1, "one event, at the drop");
+    assert_eq!(
+        recorded.last().unwrap().get("pending"),
+        "1",
+        "behind the work"
+    );
+    assert_eq!(
+        fake.last("cuDestroyExternalSemaphore").get("busy_streams"),
+        "0",
+        "destroyed after the work"
+    );
+
+    // A stream seen drained in a host wait: its earlier uses need no event.
+    batched.signal(&stream, 101).unwrap();
+    stream.synchronize(Duration::from_secs(5)).unwrap();
+    let before = records();
+    drop(batched);
+    assert_eq!(
+        records(),
+        before,
+        "no event: the stream drained after the use"
+    );
+
+    // A stream dropped with a use pending records the event that covers it;
+    // the semaphore's drop then waits for that event.
+    let later = import();
+    let other = Stream::new(&cuda).unwrap();
+    later.wait(&other, 1).unwrap();
+    let before = records();
+    drop(other);
+    assert_eq!(records(), before + 1, "the stream's drop covers its uses");
+    drop(later);
+    assert_eq!(
+        fake.last("cuDestroyExternalSemaphore").get("busy_streams"),
+        "0",
+        "destroyed after the work of the dropped stream"
+    );
+    fake.set("latency_ms", 0);
+    assert_eq!(drop_errors(), errors, "nothing leaked");
+    drop((stream, cuda));
+    assert_eq!(fake.all_live(), [], "everything destroyed");
+}
+
 /// A wait batch is a pending external wait of the device, like a single
 /// wait (against the fake driver): with the batch stuck (its work never
 /// completes), a device buffer's drop, which would block on the real driver
