@@ -465,9 +465,84 @@ fn child_fake_lazy_use_events() {
         "destroyed after the work of the dropped stream"
     );
     fake.set("latency_ms", 0);
+
+    // A semaphore used on many short-lived streams keeps a few of them:
+    // those known done are let go (here: each drained before its drop).
+    let many = import();
+    for value in 1..=40 {
+        let short = Stream::new(&cuda).unwrap();
+        many.signal(&short, value).unwrap();
+        short.synchronize(Duration::from_secs(5)).unwrap();
+    }
+    let shown = format!("{many:?}");
+    let kept: usize = shown
+        .split("LastUse { pending: ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no pending count in {shown}"));
+    assert!(kept <= 9, "streams kept: {kept} ({shown})");
+    drop(many);
+
     assert_eq!(drop_errors(), errors, "nothing leaked");
     drop((stream, cuda));
     assert_eq!(fake.all_live(), [], "everything destroyed");
+}
+
+/// On a stream stuck behind work that never completes (against the fake
+/// driver), the first destructor that waits for a use there waits its
+/// bound and leaks its resource; the next ones on the same stream look
+/// once and leak at once (each reported), rather than each waiting the
+/// whole bound again.
+#[test]
+fn destructors_on_a_stuck_stream_wait_their_bound_once() {
+    let _fds = fds::lock();
+    fake::run("child_fake_lazy_use_stuck", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of semaphore.rs, with a fake libcuda: run by destructors_on_a_stuck_stream_wait_their_bound_once"]
+fn child_fake_lazy_use_stuck() {
+    let fake = fake::Fake::open();
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let errors = drop_errors();
+    fake.set("latency_ms", -1);
+    let stuck = Stream::new(&cuda).unwrap();
+    // SAFETY: the driver is the fake: it records what is enqueued and holds
+    // the fds; no GPU work exists.
+    let import = || unsafe {
+        cuda.import_semaphore_fd(fake::timeline(), fake::some_fd())
+            .map_err(|e| e.error)
+            .unwrap()
+    };
+    let (first, second, third) = (import(), import(), import());
+    first.signal(&stuck, 1).unwrap();
+    second.signal(&stuck, 1).unwrap();
+    third.signal(&stuck, 1).unwrap();
+    let timed =
+        |semaphore: cuda_interop::ExternalSemaphore<vk_export::semaphore_kinds::Timeline>| {
+            let start = Instant::now();
+            drop(semaphore);
+            start.elapsed()
+        };
+    let waited = timed(first);
+    assert!(
+        waited >= DROP_WAIT_LIMIT,
+        "the first waits its bound: {waited:?}"
+    );
+    for (n, semaphore) in [second, third].into_iter().enumerate() {
+        let waited = timed(semaphore);
+        println!("drop {} on the stuck stream: {waited:?}", n + 2);
+        assert!(waited < DROP_WAIT_LIMIT, "looked once: {waited:?}");
+    }
+    assert_eq!(drop_errors(), errors + 3, "each leak reported");
+    assert_eq!(
+        fake.calls("cuDestroyExternalSemaphore").len(),
+        0,
+        "none destroyed under the stuck work"
+    );
+    // The stream never drains: leaked with it.
+    std::mem::forget(stuck);
 }
 
 /// A wait batch is a pending external wait of the device, like a single
