@@ -121,6 +121,20 @@ impl CudaDevice {
         })
     }
 
+    /// For the per-frame calls: `None` when the primary context is current
+    /// on this thread already (a CUDA runtime's, PyTorch's or CuPy's
+    /// thread, or inside a guard), so nothing is pushed or popped; else
+    /// [`CudaDevice::enter`]'s guard.
+    pub(crate) fn enter_unless_current(&self) -> Result<Option<ContextGuard<'_>>> {
+        let mut current: CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one context handle (this thread's current one).
+        unsafe { cu!(cuCtxGetCurrent(&mut current)) }?;
+        match current == self.inner.context {
+            true => Ok(None),
+            false => self.enter().map(Some),
+        }
+    }
+
     /// Whether `stream` belongs to this device's primary context (the
     /// runtime's streams, PyTorch's and CuPy's do; the default stream
     /// handles count as the primary context's, which this call makes

@@ -231,7 +231,7 @@ impl<K> ExternalSemaphore<K> {
     unsafe fn enqueue_signal_on(&self, stream: sys::CUstream, value: u64) -> Result<()> {
         let mut params = sys::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS::default();
         params.params.fence.value = value;
-        let _guard = self.device.enter()?;
+        let _guard = self.device.enter_unless_current()?;
         // SAFETY: one zeroed parameter block (flags 0) for one live semaphore,
         // on a live stream (the caller's contract), both of the current
         // context; the semaphore is destroyed only after this signal
@@ -269,7 +269,7 @@ impl<K> ExternalSemaphore<K> {
     unsafe fn enqueue_wait_on(&self, stream: sys::CUstream, value: u64) -> Result<()> {
         let mut params = sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS::default();
         params.params.fence.value = value;
-        let _guard = self.device.enter()?;
+        let _guard = self.device.enter_unless_current()?;
         // SAFETY: one zeroed parameter block (flags 0) for one live
         // semaphore, on a live stream (the caller's contract), both of the
         // current context; the semaphore is destroyed only after this wait
@@ -666,7 +666,7 @@ impl Stream {
             })
             .collect();
         {
-            let _guard = self.device().enter()?;
+            let _guard = self.device().enter_unless_current()?;
             // SAFETY: `count` live semaphores and as many zeroed parameter
             // blocks (flags 0), on a live stream, all of the current context
             // (each semaphore's device is the stream's, checked above); each
@@ -736,7 +736,7 @@ impl Stream {
             })
             .collect();
         {
-            let _guard = self.device().enter()?;
+            let _guard = self.device().enter_unless_current()?;
             // SAFETY: `count` live semaphores and as many zeroed parameter
             // blocks (flags 0), on a live stream, all of the current context
             // (checked above); each semaphore is destroyed only after this
