@@ -444,7 +444,40 @@ fn idle_and_excess_connections_are_closed_and_refused() {
             "an idle connection was not closed with a reason"
         );
     }
-    // At the limit (the receiver and three pending), one more is refused.
+    let frame = rx.next(Duration::from_secs(10)).expect("still receiving");
+    rx.release(frame, false).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    sender.join().unwrap();
+    drop(rx);
+
+    // At the limit (a receiver and three pending), one more is refused. A
+    // sender of its own, whose subscribe bound no pending connection can
+    // reach however slow the machine (with 300 ms, a stall between the
+    // connects let one be closed first, and the excess one fit).
+    let socket = dir.join("limit.sock");
+    let stop = Arc::new(AtomicBool::new(false));
+    let _stop = StopOnDrop(stop.clone());
+    let (tx, _reports) = mpsc::channel();
+    let sender = sender_thread(
+        socket.clone(),
+        |o| SenderOptions {
+            subscribe_timeout: BOUND,
+            max_receivers: 4,
+            connects_per_second: 1000,
+            ..o
+        },
+        stop.clone(),
+        tx,
+    );
+    let path = socket.to_str().unwrap().to_string();
+    let rx = (0..)
+        .find_map(|i| {
+            assert!(i < 6000, "the sender never listened");
+            std::thread::sleep(Duration::from_millis(10));
+            Session::connect(&path, Delivery::Latest, Duration::from_secs(10)).ok()
+        })
+        .unwrap()
+        .0;
     let pending: Vec<Connection> = (0..3)
         .map(|_| transport::connect(&path, BOUND).unwrap())
         .collect();
