@@ -21,6 +21,11 @@
 //!   price: such a wait also waits for the stream's work enqueued after the
 //!   use, up to the moment it records. A stream that drained in a host wait
 //!   marks every ticket taken before that wait done, with no event at all.
+//! * The device's external waits ([`ExternalWaits`]) keep one event per
+//!   stream of the crate instead, re-recorded right behind each wait there
+//!   (one `cuEventRecord` a wait call, no event made or queried): the
+//!   device-wide check before a destroy that synchronizes the device waits
+//!   for the waits themselves, not for the stream's later work.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,6 +61,17 @@ pub(crate) struct Events {
     /// Uses on the crate's own streams: each stream's track and the newest
     /// ticket taken there, pending until seen done.
     pub(crate) tracked: Vec<(Arc<StreamTrack>, u64)>,
+    /// The external waits' list only: per stream of the crate, one event
+    /// re-recorded behind each wait there, and whether it may be pending.
+    pub(crate) stream_waits: Vec<StreamWait>,
+}
+
+/// One stream's entry in the external waits (see [`Events::stream_waits`]).
+pub(crate) struct StreamWait {
+    track: Arc<StreamTrack>,
+    event: CUevent,
+    /// Recorded since it was last seen complete.
+    pending: bool,
 }
 
 /// The event a [`StreamTrack`] recorded behind the tickets it covers,
@@ -197,13 +213,15 @@ impl Events {
         self.tracked = kept;
     }
 
-    /// Whether a wait for one of the tracked uses has given up on its
-    /// stream, which has not moved since (see [`StreamTrack::is_stuck`]).
+    /// Whether a wait for one of the tracked uses timed out on its stream,
+    /// which has not moved since ([`StreamTrack::still_stuck`]). The
+    /// context must be current.
     pub(crate) fn on_a_stuck_stream(&self) -> bool {
-        self.tracked.iter().any(|(track, _)| track.is_stuck())
+        self.tracked.iter().any(|(track, _)| track.still_stuck())
     }
 
-    /// A wait for the tracked uses gave up: their streams are marked stuck.
+    /// A wait for the tracked uses timed out: the streams of those still
+    /// pending are marked stuck.
     pub(crate) fn mark_tracks_stuck(&self) {
         for (track, _) in &self.tracked {
             track.mark_stuck();
@@ -235,7 +253,86 @@ impl Events {
 
     /// No event or tracked use is pending.
     pub(crate) fn is_idle(&self) -> bool {
-        self.pending.is_empty() && self.tracked.is_empty()
+        self.pending.is_empty()
+            && self.tracked.is_empty()
+            && self.stream_waits.iter().all(|w| !w.pending)
+    }
+
+    /// Re-records `track`'s event behind the wait just enqueued on its
+    /// stream `stream` (or makes one: a spare, or new). The context must
+    /// be current.
+    ///
+    /// # Safety
+    /// `stream` is the live stream of `track`, of the current context,
+    /// alive for the duration of the call.
+    pub(crate) unsafe fn record_stream_wait(
+        &mut self,
+        track: &Arc<StreamTrack>,
+        stream: CUstream,
+    ) -> Result<()> {
+        let at = match self
+            .stream_waits
+            .iter()
+            .position(|w| Arc::ptr_eq(&w.track, track))
+        {
+            Some(at) => at,
+            None => {
+                // A failed query keeps its entry pending: the settle check
+                // reports it.
+                let _ = self.forget_stream_waits();
+                let event = match self.spare.pop() {
+                    Some(event) => event,
+                    None => create_untimed_event()?,
+                };
+                self.stream_waits.push(StreamWait {
+                    track: Arc::clone(track),
+                    event,
+                    pending: false,
+                });
+                self.stream_waits.len() - 1
+            }
+        };
+        let wait = &mut self.stream_waits[at];
+        // Pending from here on, recorded or not: a failed record leaves the
+        // entry unprovable (its owner marks the list untracked).
+        wait.pending = true;
+        // SAFETY: a live event of the current context and the caller's live
+        // stream; re-recording it moves it behind this wait, which comes
+        // after every earlier wait on the stream.
+        unsafe { cu!(cuEventRecord(wait.event, stream)) }
+    }
+
+    /// Queries the pending stream waits (the first failure is returned, its
+    /// entry stays pending) and lets go of the entries of destroyed streams
+    /// whose last wait completed. The context must be current.
+    fn forget_stream_waits(&mut self) -> Result<()> {
+        let mut first_error = Ok(());
+        for wait in &mut self.stream_waits {
+            if wait.pending {
+                // SAFETY: a live event of the current context.
+                match unsafe { cu_query!(cuEventQuery(wait.event)) } {
+                    Ok(done) => wait.pending = !done,
+                    Err(error) => {
+                        if first_error.is_ok() {
+                            first_error = Err(error);
+                        }
+                    }
+                }
+            }
+        }
+        let mut kept = Vec::with_capacity(self.stream_waits.len());
+        for wait in self.stream_waits.drain(..) {
+            if wait.pending || !wait.track.is_closed() {
+                kept.push(wait);
+            } else {
+                // SAFETY: a live event of the current context, complete,
+                // destroyed once and dropped from the list.
+                record_drop_error(unsafe { cu!(cuEventDestroy(wait.event)) });
+                release_track(wait.track);
+            }
+        }
+        self.stream_waits = kept;
+        first_error
     }
 
     /// Lets go of the tracks without destroying any event (for a list
@@ -244,6 +341,9 @@ impl Events {
         for (track, _) in self.tracked.drain(..) {
             std::mem::forget(track);
         }
+        for wait in self.stream_waits.drain(..) {
+            std::mem::forget(wait.track);
+        }
     }
 
     /// Destroys every event, pending or spare, and lets go of the tracks.
@@ -251,6 +351,11 @@ impl Events {
     pub(crate) fn destroy_all(&mut self) {
         for (track, _) in self.tracked.drain(..) {
             release_track(track);
+        }
+        for wait in self.stream_waits.drain(..) {
+            // SAFETY: a live event of the current context, destroyed once.
+            record_drop_error(unsafe { cu!(cuEventDestroy(wait.event)) });
+            release_track(wait.track);
         }
         for event in self.pending.drain(..).chain(self.spare.drain(..)) {
             // SAFETY: a live event of the current context, destroyed once. One
@@ -270,11 +375,13 @@ pub(crate) struct StreamTrack {
     /// The newest ticket taken.
     issued: AtomicU64,
     /// Every ticket up to this one is done (the stream drained in a host
-    /// wait that began after it was taken).
+    /// wait that began after it was taken, or an event covering it was
+    /// seen complete).
     done_through: AtomicU64,
-    /// A destructor's wait gave up on the covering event, and no query has
-    /// seen it complete since: later waits on this stream look once and
-    /// give up too, rather than each wait its whole bound.
+    /// A destructor's wait timed out on the covering event: later waits on
+    /// this stream look once and give up too, rather than each wait its
+    /// whole bound, as long as that event is still pending
+    /// ([`StreamTrack::still_stuck`]); cleared once it or a drain is seen.
     stuck: AtomicBool,
     state: Mutex<TrackState>,
 }
@@ -286,8 +393,8 @@ struct TrackState {
     /// The newest event recorded on the stream, and the newest ticket it
     /// covers.
     covering: Option<(u64, Arc<SharedEvent>)>,
-    /// An event could not be recorded where one was needed: the tickets it
-    /// would have covered can never be shown done.
+    /// The stream was destroyed and the event behind its pending tickets
+    /// could not be recorded: they can never be shown done.
     broken: bool,
 }
 
@@ -329,10 +436,12 @@ impl StreamTrack {
         self.issued.load(Ordering::Acquire)
     }
 
-    /// Every ticket up to `ticket` is done: the stream drained after it was
-    /// taken.
+    /// Every ticket up to `ticket` is done (the stream drained after it was
+    /// taken, or an event behind it completed): the stream moves, so it is
+    /// not stuck.
     pub(crate) fn mark_done_through(&self, ticket: u64) {
         self.done_through.fetch_max(ticket, Ordering::AcqRel);
+        self.stuck.store(false, Ordering::Release);
     }
 
     /// Whether the use of `ticket` is done: known from a drained host wait,
@@ -346,7 +455,6 @@ impl StreamTrack {
         let done = event.is_complete()?;
         if done {
             self.mark_done_through(ticket);
-            self.stuck.store(false, Ordering::Release);
         }
         Ok(done)
     }
@@ -366,13 +474,37 @@ impl StreamTrack {
         matches!(covering.is_complete(), Ok(true))
     }
 
-    /// See the `stuck` field.
-    fn is_stuck(&self) -> bool {
-        self.stuck.load(Ordering::Acquire)
+    /// Marked stuck, and the event that timed out is still pending (one
+    /// query; seen complete, the mark is cleared). The context must be
+    /// current.
+    fn still_stuck(&self) -> bool {
+        if !self.stuck.load(Ordering::Acquire) {
+            return false;
+        }
+        let covering = match &self.lock().covering {
+            Some((covered, event)) => (*covered, Arc::clone(event)),
+            None => return false,
+        };
+        match covering.1.is_complete() {
+            Ok(true) => {
+                self.mark_done_through(covering.0);
+                false
+            }
+            _ => true,
+        }
     }
 
+    /// A destructor's wait timed out on this stream's covering event (if it
+    /// has one: a track whose record failed is not stuck, just unproven).
     fn mark_stuck(&self) {
-        self.stuck.store(true, Ordering::Release);
+        if self.lock().covering.is_some() {
+            self.stuck.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether the stream's owner destroyed it.
+    fn is_closed(&self) -> bool {
+        self.lock().stream.is_none()
     }
 
     /// The event that covers `ticket`: the newest one if it does, else one
@@ -387,7 +519,7 @@ impl StreamTrack {
         }
         if state.broken {
             return Err(Error::Cleanup(
-                "an event could not be recorded behind a use on this stream".into(),
+                "the stream was destroyed and no event could be recorded behind its uses".into(),
             ));
         }
         let Some(stream) = state.stream else {
@@ -401,16 +533,10 @@ impl StreamTrack {
         let covered = self.issued();
         // SAFETY: the live stream of the current context (it is cleared here
         // before its owner destroys it, under this lock).
-        match unsafe { SharedEvent::record(stream) } {
-            Ok(event) => {
-                state.covering = Some((covered, Arc::clone(&event)));
-                Ok(event)
-            }
-            Err(error) => {
-                state.broken = true;
-                Err(error)
-            }
-        }
+        // A failure records nothing: the next wait tries again.
+        let event = unsafe { SharedEvent::record(stream) }?;
+        state.covering = Some((covered, Arc::clone(&event)));
+        Ok(event)
     }
 
     /// The stream's owner is about to destroy it: an event behind every
@@ -530,22 +656,23 @@ impl ExternalWaits {
         recorded
     }
 
-    /// Records the external wait just enqueued on a stream of the crate as
-    /// `ticket` of its `track`: no driver call, unless the list has grown
-    /// past a few streams: then those known done are let go, with the
-    /// context `enter` makes current.
-    pub(crate) fn record_tracked<G>(
+    /// Records the external wait just enqueued on `stream`, a stream of the
+    /// crate whose track is `track`: its event, re-recorded behind the wait.
+    /// The device's context must be current.
+    ///
+    /// # Safety
+    /// As [`ExternalWaits::record`], and `stream` is `track`'s stream.
+    pub(crate) unsafe fn record_stream_wait(
         &self,
         track: &Arc<StreamTrack>,
-        ticket: u64,
-        enter: impl FnOnce() -> Result<G>,
-    ) {
-        let mut events = self.lock();
-        if events.keep_tracked(track, ticket) {
-            if let Ok(_guard) = enter() {
-                events.prune_tracked();
-            }
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        let recorded = unsafe { self.lock().record_stream_wait(track, stream) };
+        if recorded.is_err() {
+            self.untracked.store(true, Ordering::Release);
         }
+        recorded
     }
 
     /// Marks the list unreliable: a wait was enqueued but not recorded.
@@ -577,7 +704,7 @@ impl ExternalWaits {
             let _guard = enter()?;
             let mut events = self.lock();
             events.forget_completed()?;
-            events.settle_tracked()?;
+            events.forget_stream_waits()?;
             Ok(events.is_idle())
         });
         self.stuck.store(waited.is_err(), Ordering::Release);

@@ -63,12 +63,13 @@ use crate::stream::Stream;
 use crate::wait::{poll_until, HostWait};
 use cuda_interop_sys::CUstream;
 
-/// The events recorded after the operations on one resource that may not
-/// have completed yet.
+/// The uses of one resource that may not have completed yet: tickets of
+/// the crate's streams, events on foreign ones.
 pub(crate) struct LastUse {
     device: CudaDevice,
-    /// Events (`DISABLE_TIMING`) of the current context, each recorded on a
-    /// stream after an operation on the resource.
+    /// The tracked streams with their newest ticket, and the events
+    /// (`DISABLE_TIMING`, of the device's context) recorded on foreign
+    /// streams after an operation on the resource.
     pending: Mutex<Events>,
     /// Set when a wait gave up or a use could not be recorded.
     gave_up: AtomicBool,
@@ -114,8 +115,9 @@ impl LastUse {
 
     /// Records that the work enqueued on `stream` so far uses the resource:
     /// call it right after enqueueing the operation. A ticket of the
-    /// stream's track: no driver call, and it cannot fail. The caller has
-    /// checked that the stream belongs to this device.
+    /// stream's track: no driver call (unless the list has grown past a few
+    /// streams: those known done are then let go), and it cannot fail. The
+    /// caller has checked that the stream belongs to this device.
     pub(crate) fn record(&self, stream: &Stream) -> Result<()> {
         self.record_ticket(stream.track(), stream.track().ticket());
         Ok(())
@@ -168,18 +170,19 @@ impl LastUse {
                 "an earlier wait for its last use gave up, or a use could not be recorded".into(),
             ));
         }
-        let limit = {
-            let events = self.lock();
-            if events.is_idle() {
-                return Ok(());
-            }
-            // Another destructor already waited its bound on a stream this
-            // resource was used on, and the stream has not moved since:
-            // look once, do not wait the bound again.
-            match events.on_a_stuck_stream() {
-                true => Duration::ZERO,
-                false => limit,
-            }
+        if self.lock().is_idle() {
+            return Ok(());
+        }
+        // Another destructor timed out on a stream this resource was used
+        // on, and the stream has not moved since: look once, do not wait
+        // the bound again.
+        let stuck = match self.device.enter() {
+            Ok(_guard) => self.lock().on_a_stuck_stream(),
+            Err(_) => false,
+        };
+        let limit = match stuck {
+            true => Duration::ZERO,
+            false => limit,
         };
         let waited = poll_until(limit, || {
             let _guard = self.device.enter()?;
@@ -188,9 +191,13 @@ impl LastUse {
             events.settle_tracked()?;
             Ok(events.is_idle())
         });
-        if waited.is_err() {
+        if let Err(error) = &waited {
             self.gave_up.store(true, Ordering::Release);
-            self.lock().mark_tracks_stuck();
+            if matches!(error, Error::Timeout(_)) {
+                // Only a wait that ran out of time says the streams are
+                // stuck (an error says nothing about them).
+                self.lock().mark_tracks_stuck();
+            }
         }
         waited
     }

@@ -24,7 +24,8 @@
 //!   changed. Its timeline locks are taken in one order (handle address),
 //!   so batches and single signals never deadlock on each other. A batch
 //!   is one use of its stream (one ticket, no event), kept by every
-//!   semaphore in it (and, for waits, as one device-wide external wait).
+//!   semaphore in it (and, for waits, one record of the stream's event in
+//!   the device's external waits).
 //! * Every signal and wait is recorded as a use of the semaphore; `Drop`
 //!   waits for those uses (at most [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT),
 //!   never `cuCtxSynchronize`) before `cuDestroyExternalSemaphore`, which
@@ -284,18 +285,12 @@ impl<K> ExternalSemaphore<K> {
         }
     }
 
-    /// Records an enqueued wait as a use of the semaphore and as a pending
-    /// external wait of the device: one ticket of the stream's track, kept
-    /// by both lists (no driver call).
+    /// Records an enqueued wait as a use of the semaphore (a ticket of the
+    /// stream's track) and as a pending external wait of the device (the
+    /// stream's event there, re-recorded behind it: one driver call).
     fn track_wait(&self, stream: &Stream) -> Result<()> {
-        let track = stream.track();
-        let ticket = track.ticket();
-        self.device
-            .inner
-            .external_waits
-            .record_tracked(track, ticket, || self.device.enter());
-        self.last_use.record_ticket(track, ticket);
-        Ok(())
+        self.last_use.record(stream)?;
+        record_external_wait(stream)
     }
 
     /// [`Self::track_wait`] on a raw stream.
@@ -587,6 +582,22 @@ impl WaitOp<'_> {
     }
 }
 
+/// Records the external wait just enqueued on `stream` in its device's
+/// list (which destroys that synchronize the device check first); a failure
+/// marks the list untracked, so those destroys leak rather than risk it.
+fn record_external_wait(stream: &Stream) -> Result<()> {
+    let waits = &stream.device().inner.external_waits;
+    match stream.device().enter_unless_current() {
+        // SAFETY: the stream is live (borrowed) and of the device's primary
+        // context, current here; its track is its own.
+        Ok(_guard) => unsafe { waits.record_stream_wait(stream.track(), stream.raw()) },
+        Err(e) => {
+            waits.mark_untracked();
+            Err(e)
+        }
+    }
+}
+
 /// The driver's limit on entries per batched call is a `c_uint`.
 fn batch_count(len: usize) -> Result<std::ffi::c_uint> {
     std::ffi::c_uint::try_from(len).map_err(|_| {
@@ -697,13 +708,12 @@ impl Stream {
 
     /// Records the batch just enqueued on this stream as a use of each
     /// semaphore in `uses`: one ticket of the stream's track, kept by every
-    /// list (no driver call). Returns the ticket.
-    fn record_batch_use<'u>(&self, uses: impl Iterator<Item = &'u LastUse>) -> u64 {
+    /// list.
+    fn record_batch_use<'u>(&self, uses: impl Iterator<Item = &'u LastUse>) {
         let ticket = self.track().ticket();
         for last_use in uses {
             last_use.record_ticket(self.track(), ticket);
         }
-        ticket
     }
 
     /// Enqueues one wait of every entry, in one driver call, and consumes
@@ -751,18 +761,14 @@ impl Stream {
             }?;
         }
         // One ticket covers every wait of the batch (they were enqueued
-        // together, on this stream): each semaphore's list and the device's
-        // external waits keep it. Tokens are consumed whatever the others'
-        // outcome.
-        let ticket = self.record_batch_use(batch.iter().map(|op| match op {
+        // together, on this stream), kept by each semaphore's list; one
+        // record behind them in the device's external waits. Tokens are
+        // consumed whatever the others' outcome.
+        self.record_batch_use(batch.iter().map(|op| match op {
             WaitOp::Timeline(s, _) => &s.last_use,
             WaitOp::Binary(s, _) => &s.last_use,
         }));
-        self.device()
-            .inner
-            .external_waits
-            .record_tracked(self.track(), ticket, || self.device().enter());
-        let mut outcome = Ok(());
+        let mut outcome = record_external_wait(self);
         for op in batch {
             if let WaitOp::Binary(s, token) = op {
                 // SAFETY: the wait for this signal was just enqueued (its

@@ -33,7 +33,7 @@ use crate::completion::Completion;
 use crate::context::{device_settled, CudaDevice};
 use crate::driver::{create_event, create_untimed_event, cu, cu_query, record_drop_error};
 use crate::error::{Error, Result};
-use crate::events::{report_leak, StreamTrack};
+use crate::events::{release_track, report_leak, StreamTrack};
 use crate::wait::{poll_until, spin_until, HostWait};
 
 /// A CUDA stream in the paired device's primary context.
@@ -52,8 +52,9 @@ pub struct Stream {
     /// The completion the last blocked wait enqueued, while it may be
     /// pending: the next wait waits on it before enqueueing another.
     marker: RefCell<Option<Completion>>,
-    /// The uses recorded here, as use lists see them (`crate::events`).
-    track: Arc<StreamTrack>,
+    /// The uses recorded here, as use lists see them (`crate::events`);
+    /// taken only by `Drop`, to let go of it with the context current.
+    track: Option<Arc<StreamTrack>>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -81,14 +82,16 @@ impl Stream {
             stream,
             timeout: Stream::DEFAULT_TIMEOUT,
             marker: RefCell::new(None),
-            track: Arc::new(StreamTrack::new(stream)),
+            track: Some(Arc::new(StreamTrack::new(stream))),
             _not_sync: PhantomData,
         })
     }
 
     /// The track use lists keep of this stream (`crate::events`).
     pub(crate) fn track(&self) -> &Arc<StreamTrack> {
-        &self.track
+        self.track
+            .as_ref()
+            .expect("taken only by the stream's drop")
     }
 
     /// The device.
@@ -114,13 +117,13 @@ impl Stream {
 
     /// Whether all work enqueued so far is done (`cuStreamQuery`); never blocks.
     pub fn query(&self) -> Result<bool> {
-        let issued = self.track.issued();
+        let issued = self.track().issued();
         let _guard = self.device.enter()?;
         // SAFETY: a live stream of the current context.
         let idle = unsafe { cu_query!(cuStreamQuery(self.stream)) }?;
         if idle {
             // Everything enqueued before the query is done.
-            self.track.mark_done_through(issued);
+            self.track().mark_done_through(issued);
         }
         Ok(idle)
     }
@@ -174,11 +177,11 @@ impl Stream {
     /// # Ok(()) }
     /// ```
     pub fn synchronize_with(&self, strategy: HostWait, timeout: Duration) -> Result<()> {
-        let issued = self.track.issued();
+        let issued = self.track().issued();
         let drained = self.drain_with(strategy, timeout);
         if drained.is_ok() {
             // Everything enqueued before the wait is done.
-            self.track.mark_done_through(issued);
+            self.track().mark_done_through(issued);
         }
         drained
     }
@@ -295,15 +298,15 @@ impl Drop for Stream {
         if let Ok(_guard) = self.device.enter() {
             // Use lists that still hold a use of this stream get an event
             // behind it now, while the stream is live.
-            self.track.close();
+            self.track().close();
             // SAFETY: a live stream of the current context, destroyed once.
             // Destruction does not wait: pending work still completes, and the
             // driver releases the stream afterwards.
             record_drop_error(unsafe { cu!(cuStreamDestroy(self.stream)) });
-            if Arc::strong_count(&self.track) == 1 {
-                // No list holds the track (and none can take it now): its
-                // event goes with the context current.
-                self.track.destroy_event();
+            // Let go with the context current: if this was the last holder,
+            // the track's event is destroyed here, not leaked by a field drop.
+            if let Some(track) = self.track.take() {
+                release_track(track);
             }
         }
     }

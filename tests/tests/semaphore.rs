@@ -406,6 +406,9 @@ fn child_fake_lazy_use_events() {
     let records = || fake.calls("cuEventRecord").len();
     let created = || fake.live("event");
     let (single, batched) = (import(), import());
+    // The device's external waits make the stream's event at the first
+    // wait, then re-record it behind each wait.
+    single.wait(&stream, 0).unwrap();
     let (records_before, events_before) = (records(), created());
     for value in 1..=100 {
         single.signal(&stream, value).unwrap();
@@ -417,7 +420,11 @@ fn child_fake_lazy_use_events() {
             .wait_semaphores(vec![WaitOp::Timeline(&batched, value)])
             .unwrap();
     }
-    assert_eq!(records(), records_before, "no event recorded per use");
+    assert_eq!(
+        records(),
+        records_before + 200,
+        "one record a wait call (the device's external wait), none a use"
+    );
     assert_eq!(created(), events_before, "no event created per use");
 
     // A drop with the work pending: one event, recorded behind it, and the
@@ -425,9 +432,10 @@ fn child_fake_lazy_use_events() {
     fake.set("latency_ms", 200);
     single.signal(&stream, 101).unwrap();
     single.wait(&stream, 101).unwrap();
+    let before = records();
     drop(single);
     let recorded = fake.calls("cuEventRecord");
-    assert_eq!(recorded.len(), records_before + 1, "one event, at the drop");
+    assert_eq!(recorded.len(), before + 1, "one event, at the drop");
     assert_eq!(
         recorded.last().unwrap().get("pending"),
         "1",
@@ -454,7 +462,7 @@ fn child_fake_lazy_use_events() {
     // the semaphore's drop then waits for that event.
     let later = import();
     let other = Stream::new(&cuda).unwrap();
-    later.wait(&other, 1).unwrap();
+    later.signal(&other, 1).unwrap();
     let before = records();
     drop(other);
     assert_eq!(records(), before + 1, "the stream's drop covers its uses");
@@ -483,6 +491,25 @@ fn child_fake_lazy_use_events() {
         .unwrap_or_else(|| panic!("no pending count in {shown}"));
     assert!(kept <= 9, "streams kept: {kept} ({shown})");
     drop(many);
+
+    // The device-wide check before a destroy that synchronizes the device
+    // waits for the semaphore waits themselves, not for work given to
+    // their stream after them: a device buffer is freed while that work
+    // still runs.
+    let waited = import();
+    waited.wait(&stream, 0).unwrap();
+    fake.set("latency_ms", 300);
+    waited.signal(&stream, 1).unwrap();
+    let buffer = DeviceBuffer::new(&cuda, 1024).unwrap();
+    drop(buffer);
+    assert_eq!(
+        fake.last("cuMemFree").get("busy_streams"),
+        "1",
+        "freed while the later work runs: the wait was all the check waited for"
+    );
+    fake.set("latency_ms", 0);
+    stream.synchronize(Duration::from_secs(5)).unwrap();
+    drop(waited);
 
     assert_eq!(drop_errors(), errors, "nothing leaked");
     drop((stream, cuda));
