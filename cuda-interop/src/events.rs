@@ -23,9 +23,11 @@
 //!   marks every ticket taken before that wait done, with no event at all.
 //! * The device's external waits ([`ExternalWaits`]) keep one event per
 //!   stream of the crate instead, re-recorded right behind each wait there
-//!   (one `cuEventRecord` a wait call, no event made or queried): the
-//!   device-wide check before a destroy that synchronizes the device waits
-//!   for the waits themselves, not for the stream's later work.
+//!   (one `cuEventRecord` a wait call; the stream's first wait takes a spare
+//!   or makes one, and lets go of the entries of destroyed streams seen
+//!   complete): the device-wide check before a destroy that synchronizes
+//!   the device waits for the waits themselves, not for the stream's later
+//!   work.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -213,6 +215,13 @@ impl Events {
         self.tracked = kept;
     }
 
+    /// Whether one of the tracked streams is marked stuck (no driver call).
+    pub(crate) fn any_marked_stuck(&self) -> bool {
+        self.tracked
+            .iter()
+            .any(|(track, _)| track.is_marked_stuck())
+    }
+
     /// Whether a wait for one of the tracked uses timed out on its stream,
     /// which has not moved since ([`StreamTrack::still_stuck`]). The
     /// context must be current.
@@ -221,7 +230,7 @@ impl Events {
     }
 
     /// A wait for the tracked uses timed out: the streams of those still
-    /// pending are marked stuck.
+    /// pending are marked stuck. The context must be current.
     pub(crate) fn mark_tracks_stuck(&self) {
         for (track, _) in &self.tracked {
             track.mark_stuck();
@@ -378,10 +387,11 @@ pub(crate) struct StreamTrack {
     /// wait that began after it was taken, or an event covering it was
     /// seen complete).
     done_through: AtomicU64,
-    /// A destructor's wait timed out on the covering event: later waits on
-    /// this stream look once and give up too, rather than each wait its
-    /// whole bound, as long as that event is still pending
-    /// ([`StreamTrack::still_stuck`]); cleared once it or a drain is seen.
+    /// A destructor's wait timed out on the covering event (kept as
+    /// `TrackState::stuck_on`): later waits on this stream look once and
+    /// give up too, rather than each wait its whole bound, as long as that
+    /// event is still pending ([`StreamTrack::still_stuck`]); cleared once
+    /// it is seen complete, or a drain or a later completed event is.
     stuck: AtomicBool,
     state: Mutex<TrackState>,
 }
@@ -396,6 +406,9 @@ struct TrackState {
     /// The stream was destroyed and the event behind its pending tickets
     /// could not be recorded: they can never be shown done.
     broken: bool,
+    /// The covering event a destructor's wait timed out on, while the
+    /// stream is marked stuck (`StreamTrack::stuck`).
+    stuck_on: Option<Arc<SharedEvent>>,
 }
 
 // SAFETY: the stream handle is only used under the mutex, with its context
@@ -416,6 +429,7 @@ impl StreamTrack {
                 stream: Some(stream),
                 covering: None,
                 broken: false,
+                stuck_on: None,
             }),
         }
     }
@@ -474,20 +488,25 @@ impl StreamTrack {
         matches!(covering.is_complete(), Ok(true))
     }
 
-    /// Marked stuck, and the event that timed out is still pending (one
-    /// query; seen complete, the mark is cleared). The context must be
-    /// current.
+    /// Whether the stream is marked stuck (no driver call).
+    fn is_marked_stuck(&self) -> bool {
+        self.stuck.load(Ordering::Acquire)
+    }
+
+    /// Marked stuck, and the very event that timed out is still pending
+    /// (one query; seen complete, the mark is cleared: the stream moved).
+    /// The context must be current.
     fn still_stuck(&self) -> bool {
-        if !self.stuck.load(Ordering::Acquire) {
+        if !self.is_marked_stuck() {
             return false;
         }
-        let covering = match &self.lock().covering {
-            Some((covered, event)) => (*covered, Arc::clone(event)),
-            None => return false,
+        let Some(timed_out) = self.lock().stuck_on.clone() else {
+            return false;
         };
-        match covering.1.is_complete() {
+        match timed_out.is_complete() {
             Ok(true) => {
-                self.mark_done_through(covering.0);
+                self.stuck.store(false, Ordering::Release);
+                self.lock().stuck_on = None;
                 false
             }
             _ => true,
@@ -495,9 +514,16 @@ impl StreamTrack {
     }
 
     /// A destructor's wait timed out on this stream's covering event (if it
-    /// has one: a track whose record failed is not stuck, just unproven).
+    /// has one: a track whose record failed is not stuck, just unproven):
+    /// that event is kept as the mark, unless one is set already. The
+    /// context must be current (an earlier mark's event may go).
     fn mark_stuck(&self) {
-        if self.lock().covering.is_some() {
+        let mut state = self.lock();
+        if self.stuck.load(Ordering::Acquire) && state.stuck_on.is_some() {
+            return;
+        }
+        if let Some((_, event)) = &state.covering {
+            state.stuck_on = Some(Arc::clone(event));
             self.stuck.store(true, Ordering::Release);
         }
     }
@@ -563,9 +589,12 @@ impl StreamTrack {
         state.stream = None;
     }
 
-    /// Destroys the covering event (the context must be current).
+    /// Destroys the covering event and the stuck mark's (the context must
+    /// be current).
     pub(crate) fn destroy_event(&self) {
-        self.lock().covering = None;
+        let mut state = self.lock();
+        state.covering = None;
+        state.stuck_on = None;
     }
 }
 
@@ -584,6 +613,9 @@ impl Drop for StreamTrack {
         // leaked rather than destroyed without it.
         let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
         if let Some((_, event)) = state.covering.take() {
+            std::mem::forget(event);
+        }
+        if let Some(event) = state.stuck_on.take() {
             std::mem::forget(event);
         }
     }

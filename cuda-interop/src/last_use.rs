@@ -176,10 +176,11 @@ impl LastUse {
         // Another destructor timed out on a stream this resource was used
         // on, and the stream has not moved since: look once, do not wait
         // the bound again.
-        let stuck = match self.device.enter() {
-            Ok(_guard) => self.lock().on_a_stuck_stream(),
-            Err(_) => false,
-        };
+        let stuck = self.lock().any_marked_stuck()
+            && match self.device.enter() {
+                Ok(_guard) => self.lock().on_a_stuck_stream(),
+                Err(_) => false,
+            };
         let limit = match stuck {
             true => Duration::ZERO,
             false => limit,
@@ -196,7 +197,9 @@ impl LastUse {
             if matches!(error, Error::Timeout(_)) {
                 // Only a wait that ran out of time says the streams are
                 // stuck (an error says nothing about them).
-                self.lock().mark_tracks_stuck();
+                if let Ok(_guard) = self.device.enter() {
+                    self.lock().mark_tracks_stuck();
+                }
             }
         }
         waited

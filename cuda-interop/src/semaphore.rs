@@ -290,7 +290,7 @@ impl<K> ExternalSemaphore<K> {
     /// stream's event there, re-recorded behind it: one driver call).
     fn track_wait(&self, stream: &Stream) -> Result<()> {
         self.last_use.record(stream)?;
-        record_external_wait(stream)
+        record_external_wait(&self.device, stream)
     }
 
     /// [`Self::track_wait`] on a raw stream.
@@ -582,12 +582,13 @@ impl WaitOp<'_> {
     }
 }
 
-/// Records the external wait just enqueued on `stream` in its device's
-/// list (which destroys that synchronize the device check first); a failure
-/// marks the list untracked, so those destroys leak rather than risk it.
-fn record_external_wait(stream: &Stream) -> Result<()> {
-    let waits = &stream.device().inner.external_waits;
-    match stream.device().enter_unless_current() {
+/// Records the external wait just enqueued on `stream` in `device`'s list
+/// (which destroys that synchronize the device check first; the waiting
+/// semaphore's device, as for waits on foreign streams); a failure marks
+/// the list untracked, so those destroys leak rather than risk it.
+fn record_external_wait(device: &CudaDevice, stream: &Stream) -> Result<()> {
+    let waits = &device.inner.external_waits;
+    match device.enter_unless_current() {
         // SAFETY: the stream is live (borrowed) and of the device's primary
         // context, current here; its track is its own.
         Ok(_guard) => unsafe { waits.record_stream_wait(stream.track(), stream.raw()) },
@@ -768,7 +769,7 @@ impl Stream {
             WaitOp::Timeline(s, _) => &s.last_use,
             WaitOp::Binary(s, _) => &s.last_use,
         }));
-        let mut outcome = record_external_wait(self);
+        let mut outcome = record_external_wait(self.device(), self);
         for op in batch {
             if let WaitOp::Binary(s, token) = op {
                 // SAFETY: the wait for this signal was just enqueued (its

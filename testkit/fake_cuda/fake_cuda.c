@@ -146,6 +146,7 @@ static long long sticky = 0;            /* a sticky error (e.g. 700): every call
 static long long close_on_fail = 0;     /* a failed import closes its fd (Mesa's habit) */
 static long long alloc_size = 0;        /* the allocation behind every fd (0: as large as imported) */
 static long long latency_ms = 0;        /* enqueued work completes after this (-1: never) */
+static int release_stuck = 0;           /* set: the work that was never to complete has completed */
 static long long streams_of_another_context = 0; /* cuStreamGetCtx reports a context of its own for each stream */
 static long long max_surface2d = 131072;
 static long long max_tex2d_mipmapped = 32768;
@@ -222,14 +223,20 @@ static void *default_stream(void *h) {
     return &default_stream_obj;
 }
 
+/* Whether work busy until `until` is still running at `t`. */
+static int still_busy(long long until, long long t) {
+    if (until == INT64_MAX && release_stuck) return 0;
+    return until > t;
+}
+
 static int busy_streams(void) {
     long long t = now_ns();
     int n = 0;
     pthread_mutex_lock(&lock);
     for (int i = 0; i < 4096; i++)
-        if (streams[i] && streams[i]->busy_until > t) n++;
-    if (default_stream_obj.busy_until > t) n++;
-    if (destroyed_busy_until > t) n++;
+        if (streams[i] && still_busy(streams[i]->busy_until, t)) n++;
+    if (still_busy(default_stream_obj.busy_until, t)) n++;
+    if (still_busy(destroyed_busy_until, t)) n++;
     pthread_mutex_unlock(&lock);
     return n;
 }
@@ -288,7 +295,7 @@ static Obj *forget_pointer(CUdeviceptr p) {
 
 static void enqueue(Obj *stream) {
     long long until = latency_ms < 0 ? INT64_MAX : now_ns() + latency_ms * 1000000LL;
-    if (until > stream->busy_until) stream->busy_until = until;
+    if (!still_busy(stream->busy_until, now_ns()) || until > stream->busy_until) stream->busy_until = until;
 }
 
 /* ---- controls, for the tests ---- */
@@ -319,6 +326,7 @@ int fake_cuda_set(const char *key, long long value) {
     else if (!strcmp(key, "sticky")) sticky = value;
     else if (!strcmp(key, "alloc_size")) alloc_size = value;
     else if (!strcmp(key, "latency_ms")) latency_ms = value;
+    else if (!strcmp(key, "release_stuck")) release_stuck = value;
     else if (!strcmp(key, "streams_of_another_context")) streams_of_another_context = value;
     else if (!strcmp(key, "max_surface2d")) max_surface2d = value;
     else if (!strcmp(key, "max_tex2d_mipmapped")) max_tex2d_mipmapped = value;
@@ -752,7 +760,7 @@ CUresult cuStreamQuery(void *h) {
     Obj *o = h;
     CUresult r = need(o, K_STREAM, "cuStreamQuery");
     if (r) return r;
-    return now_ns() >= o->busy_until ? OK : NOT_READY;
+    return still_busy(o->busy_until, now_ns()) ? NOT_READY : OK;
 }
 
 CUresult cuEventCreate(void **out, unsigned int flags) {
@@ -777,7 +785,7 @@ CUresult cuEventQuery(void *e) {
     Obj *ev = e;
     CUresult r = need(ev, K_EVENT, "cuEventQuery");
     if (r) return r;
-    return now_ns() >= ev->busy_until ? OK : NOT_READY;
+    return still_busy(ev->busy_until, now_ns()) ? NOT_READY : OK;
 }
 
 CUresult cuEventDestroy_v2(void *e) {

@@ -377,19 +377,21 @@ fn child_fake_semaphore_batches() {
 
 /// Uses on the crate's own streams are positions, not events (against the
 /// fake driver): a frame loop of timeline signals and waits, single and
-/// batched, records no event and creates none; an event is recorded only
+/// batched, creates no event and records one per wait call only (the
+/// device's external wait, re-recorded behind it), none per use; a
+/// resource's event is recorded only
 /// when a destructor must know the work completed (one, behind the pending
 /// work, which the destroy then comes after), and none when a host wait
 /// already saw the stream drain; a stream dropped with uses still pending
 /// records the event that covers them before it goes.
 #[test]
-fn uses_on_crate_streams_record_events_only_for_destructors() {
+fn uses_on_crate_streams_record_no_event_per_use() {
     let _fds = fds::lock();
     fake::run("child_fake_lazy_use_events", fake::Variant::Full);
 }
 
 #[test]
-#[ignore = "entry point of a child process of semaphore.rs, with a fake libcuda: run by uses_on_crate_streams_record_events_only_for_destructors"]
+#[ignore = "entry point of a child process of semaphore.rs, with a fake libcuda: run by uses_on_crate_streams_record_no_event_per_use"]
 fn child_fake_lazy_use_events() {
     use cuda_interop::{SignalOp, WaitOp};
     let fake = fake::Fake::open();
@@ -520,7 +522,10 @@ fn child_fake_lazy_use_events() {
 /// driver), the first destructor that waits for a use there waits its
 /// bound and leaks its resource; the next ones on the same stream look
 /// once and leak at once (each reported), rather than each waiting the
-/// whole bound again.
+/// whole bound again. A single semaphore wait stuck there keeps a
+/// device-wide free from running (the device buffer leaks). Once the stuck
+/// work completes, the stream is no longer marked: a drop waits again for
+/// new work there (here 300 ms) and destroys.
 #[test]
 fn destructors_on_a_stuck_stream_wait_their_bound_once() {
     let _fds = fds::lock();
@@ -568,8 +573,42 @@ fn child_fake_lazy_use_stuck() {
         0,
         "none destroyed under the stuck work"
     );
-    // The stream never drains: leaked with it.
-    std::mem::forget(stuck);
+
+    // A single wait on the stuck stream: a destroy that synchronizes the
+    // device would block behind it, so the device buffer leaks instead.
+    let waiter = import();
+    waiter.wait(&stuck, 1).unwrap();
+    let buffer = DeviceBuffer::new(&cuda, 1024).unwrap();
+    let frees = fake.calls("cuMemFree").len();
+    drop(buffer);
+    assert_eq!(
+        fake.calls("cuMemFree").len(),
+        frees,
+        "not freed behind the wait"
+    );
+    assert_eq!(drop_errors(), errors + 4, "the leak reported");
+
+    // The stuck work completes; new work on the stream takes 300 ms: the
+    // mark is gone, so the drop waits for it and destroys.
+    fake.set("release_stuck", 1);
+    fake.set("latency_ms", 300);
+    let fourth = import();
+    fourth.signal(&stuck, 1).unwrap();
+    drop(fourth);
+    assert_eq!(
+        fake.calls("cuDestroyExternalSemaphore").len(),
+        1,
+        "destroyed after waiting for the new work"
+    );
+    assert_eq!(
+        fake.last("cuDestroyExternalSemaphore").get("busy_streams"),
+        "0",
+        "after the new work"
+    );
+    assert_eq!(drop_errors(), errors + 4, "no new leak");
+    fake.set("latency_ms", 0);
+    drop((waiter, stuck));
+    assert_eq!(drop_errors(), errors + 4, "no new leak");
 }
 
 /// A wait batch is a pending external wait of the device, like a single
