@@ -58,8 +58,11 @@ pub(crate) struct DeviceInner {
     /// records are verified on it before CUDA sees their fds.
     pub(crate) vulkan: Option<vk_export::Context>,
     /// External-semaphore waits enqueued through this crate that may still
-    /// be pending (see [`ExternalWaits`]).
-    pub(crate) external_waits: ExternalWaits,
+    /// be pending (see [`ExternalWaits`]): one list per primary context,
+    /// shared by every `CudaDevice` of that GPU in the process
+    /// ([`ExternalWaits::of_context`]), so a destroy made through one sees
+    /// the waits enqueued through another.
+    pub(crate) external_waits: Arc<ExternalWaits>,
     /// The array <-> linear copy kernels, loaded on first use.
     pub(crate) copy_kernels: CopyKernels,
     /// The colour conversion kernels, loaded on first use.
@@ -174,7 +177,12 @@ impl Drop for DeviceInner {
                 // around the destruction of this device's own events.
                 unsafe {
                     if push(self.context) == cuda_interop_sys::CUresult::CUDA_SUCCESS {
-                        self.external_waits.destroy_all();
+                        // The last device of this GPU destroys the list's
+                        // events (the others still use them).
+                        let waits = std::mem::take(&mut self.external_waits);
+                        if let Some(waits) = Arc::into_inner(waits) {
+                            waits.destroy_all();
+                        }
                         self.copy_kernels.unload();
                         self.convert_kernels.unload();
                         let mut popped: CUcontext = std::ptr::null_mut();

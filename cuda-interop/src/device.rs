@@ -157,7 +157,7 @@ impl CudaDevice {
                 uuid,
                 name: found.name.clone(),
                 vulkan,
-                external_waits: ExternalWaits::default(),
+                external_waits: ExternalWaits::of_context(context),
                 copy_kernels: Default::default(),
                 convert_kernels: Default::default(),
             }),

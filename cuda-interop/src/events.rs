@@ -30,11 +30,11 @@
 //!   work.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use cuda_interop_sys::{CUevent, CUstream};
+use cuda_interop_sys::{CUcontext, CUevent, CUstream};
 
 use crate::driver::{create_untimed_event, cu, cu_query, record_drop_error};
 use crate::error::{Error, Result};
@@ -653,6 +653,9 @@ pub(crate) fn report_leak(resource: &str, why: &Error) {
 #[derive(Default)]
 pub(crate) struct ExternalWaits {
     pending: Mutex<Events>,
+    /// Waits being enqueued and not yet recorded ([`ExternalWaits::begin_wait`]):
+    /// a settle check counts them as pending.
+    in_flight: AtomicUsize,
     /// A settle check gave up: later checks only look, without waiting.
     stuck: AtomicBool,
     /// A wait could not be recorded: the list can no longer show that every
@@ -668,9 +671,44 @@ impl fmt::Debug for ExternalWaits {
     }
 }
 
+/// The lists of the primary contexts with a live device in this process
+/// (the context handle as an address; dead entries are dropped as found).
+static LISTS: Mutex<Vec<(usize, Weak<ExternalWaits>)>> = Mutex::new(Vec::new());
+
 impl ExternalWaits {
+    /// The list of the primary context `context`: the one a live device of
+    /// it already has, else a new one.
+    pub(crate) fn of_context(context: CUcontext) -> Arc<ExternalWaits> {
+        let mut lists = LISTS.lock().unwrap_or_else(PoisonError::into_inner);
+        lists.retain(|(_, list)| list.strong_count() > 0);
+        let key = context as usize;
+        if let Some(list) = lists
+            .iter()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, list)| list.upgrade())
+        {
+            return list;
+        }
+        let list = Arc::new(ExternalWaits::default());
+        lists.push((key, Arc::downgrade(&list)));
+        list
+    }
+
     fn lock(&self) -> MutexGuard<'_, Events> {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A wait is about to be enqueued: until the returned guard drops
+    /// (after its record, or its failure), settle checks count it pending,
+    /// so one on another thread cannot pass between the enqueue and the
+    /// record.
+    pub(crate) fn begin_wait(&self) -> InFlightWait<'_> {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlightWait(self)
+    }
+
+    fn nothing_in_flight(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
     }
 
     /// Records the external wait just enqueued on `stream`. The device's
@@ -724,7 +762,7 @@ impl ExternalWaits {
                     .into(),
             ));
         }
-        if self.lock().is_idle() {
+        if self.nothing_in_flight() && self.lock().is_idle() {
             return Ok(());
         }
         let limit = if self.stuck.load(Ordering::Acquire) {
@@ -737,7 +775,7 @@ impl ExternalWaits {
             let mut events = self.lock();
             events.forget_completed()?;
             events.forget_stream_waits()?;
-            Ok(events.is_idle())
+            Ok(events.is_idle() && self.nothing_in_flight())
         });
         self.stuck.store(waited.is_err(), Ordering::Release);
         waited.map_err(|e| {
@@ -751,6 +789,15 @@ impl ExternalWaits {
     /// Destroys the events left (the context must be current).
     pub(crate) fn destroy_all(&self) {
         self.lock().destroy_all();
+    }
+}
+
+/// A wait of [`ExternalWaits::begin_wait`] being enqueued and recorded.
+pub(crate) struct InFlightWait<'a>(&'a ExternalWaits);
+
+impl Drop for InFlightWait<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

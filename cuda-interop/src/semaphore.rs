@@ -250,6 +250,7 @@ impl<K> ExternalSemaphore<K> {
     /// Enqueues a wait for `value` (0 for binary) on `stream` and records it
     /// as a use.
     fn wait_raw(&self, stream: &Stream, value: u64) -> Result<()> {
+        let _in_flight = self.device.inner.external_waits.begin_wait();
         self.enqueue_wait(stream, value)?;
         self.track_wait(stream)
     }
@@ -336,6 +337,7 @@ impl ExternalSemaphore<Binary> {
     /// payload is refused before anything is enqueued.
     pub fn wait(&self, stream: &Stream, signal: BinarySignal) -> Result<()> {
         self.payload.check(&signal)?;
+        let _in_flight = self.device.inner.external_waits.begin_wait();
         self.enqueue_wait(stream, 0)?;
         // SAFETY: the wait for this signal was just enqueued successfully
         // (consumed before anything else can fail: the token is spent).
@@ -480,6 +482,7 @@ impl ExternalSemaphore<Timeline> {
     ) -> Result<()> {
         // SAFETY: the caller vouches for `stream`.
         if unsafe { self.device.is_primary_context_stream(stream) }? {
+            let _in_flight = self.device.inner.external_waits.begin_wait();
             // SAFETY: a live stream (or a default one) of this device's
             // primary context, just checked; alive for the call.
             unsafe { self.enqueue_wait_on(stream, value) }?;
@@ -746,6 +749,7 @@ impl Stream {
                 p
             })
             .collect();
+        let _in_flight = self.device().inner.external_waits.begin_wait();
         {
             let _guard = self.device().enter_unless_current()?;
             // SAFETY: `count` live semaphores and as many zeroed parameter

@@ -523,7 +523,8 @@ fn child_fake_lazy_use_events() {
 /// bound and leaks its resource; the next ones on the same stream look
 /// once and leak at once (each reported), rather than each waiting the
 /// whole bound again. A single semaphore wait stuck there keeps a
-/// device-wide free from running (the device buffer leaks). Once the stuck
+/// device-wide free from running (the device buffer leaks), also one made
+/// through another `CudaDevice` of the same GPU. Once the stuck
 /// work completes, the stream is no longer marked: a drop waits again for
 /// new work there (here 300 ms) and destroys.
 #[test]
@@ -587,6 +588,18 @@ fn child_fake_lazy_use_stuck() {
         "not freed behind the wait"
     );
     assert_eq!(drop_errors(), errors + 4, "the leak reported");
+    // The same through another CudaDevice of the same GPU: the list of
+    // waits is the primary context's, not one device value's.
+    let same_gpu = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let buffer = DeviceBuffer::new(&same_gpu, 1024).unwrap();
+    drop(buffer);
+    assert_eq!(
+        fake.calls("cuMemFree").len(),
+        frees,
+        "not freed behind the wait seen through the other device"
+    );
+    assert_eq!(drop_errors(), errors + 5, "the leak reported");
+    drop(same_gpu);
 
     // The stuck work completes; new work on the stream takes 300 ms: the
     // mark is gone, so the drop waits for it and destroys.
@@ -605,10 +618,10 @@ fn child_fake_lazy_use_stuck() {
         "0",
         "after the new work"
     );
-    assert_eq!(drop_errors(), errors + 4, "no new leak");
+    assert_eq!(drop_errors(), errors + 5, "no new leak");
     fake.set("latency_ms", 0);
     drop((waiter, stuck));
-    assert_eq!(drop_errors(), errors + 4, "no new leak");
+    assert_eq!(drop_errors(), errors + 5, "no new leak");
 }
 
 /// A wait batch is a pending external wait of the device, like a single
