@@ -557,9 +557,9 @@ impl StreamTrack {
         // Taken before the record: every ticket up to it was taken after its
         // enqueue, so before this record.
         let covered = self.issued();
+        // A failure records nothing: the next wait tries again.
         // SAFETY: the live stream of the current context (it is cleared here
         // before its owner destroys it, under this lock).
-        // A failure records nothing: the next wait tries again.
         let event = unsafe { SharedEvent::record(stream) }?;
         state.covering = Some((covered, Arc::clone(&event)));
         Ok(event)
