@@ -107,6 +107,19 @@ fn sender_thread(
     })
 }
 
+/// A latest session with the sender at `path`, once it listens (trying
+/// every 10 ms, at most a minute).
+fn latest_session(path: &str) -> Session {
+    (0..)
+        .find_map(|i| {
+            assert!(i < 6000, "the sender never listened");
+            std::thread::sleep(Duration::from_millis(10));
+            Session::connect(path, Delivery::Latest, Duration::from_secs(10)).ok()
+        })
+        .unwrap()
+        .0
+}
+
 /// Whether `pixels` are frame `f`'s demo pattern.
 fn is_frame(pixels: &[u8], f: u64) -> bool {
     let row = W as usize * 4;
@@ -351,16 +364,7 @@ fn bad_slots_and_foreign_frames_are_typed_errors() {
     let (tx, _reports) = mpsc::channel();
     let sender = sender_thread(socket.clone(), |o| o, stop.clone(), tx);
     let path = socket.to_str().unwrap().to_string();
-    let connect = || {
-        (0..)
-            .find_map(|i| {
-                assert!(i < 6000, "the sender never listened");
-                std::thread::sleep(Duration::from_millis(10));
-                Session::connect(&path, Delivery::Latest, Duration::from_secs(10)).ok()
-            })
-            .unwrap()
-            .0
-    };
+    let connect = || latest_session(&path);
     let (a, b) = (connect(), connect());
     let frame = a.next(Duration::from_secs(10)).expect("a frame");
     let sequence = frame.sequence();
@@ -417,14 +421,7 @@ fn idle_and_excess_connections_are_closed_and_refused() {
         tx,
     );
     let path = socket.to_str().unwrap().to_string();
-    let rx = (0..)
-        .find_map(|i| {
-            assert!(i < 6000, "the sender never listened");
-            std::thread::sleep(Duration::from_millis(10));
-            Session::connect(&path, Delivery::Latest, Duration::from_secs(10)).ok()
-        })
-        .unwrap()
-        .0;
+    let rx = latest_session(&path);
     let idle: Vec<Connection> = (0..2)
         .map(|_| transport::connect(&path, BOUND).unwrap())
         .collect();
@@ -470,14 +467,7 @@ fn idle_and_excess_connections_are_closed_and_refused() {
         tx,
     );
     let path = socket.to_str().unwrap().to_string();
-    let rx = (0..)
-        .find_map(|i| {
-            assert!(i < 6000, "the sender never listened");
-            std::thread::sleep(Duration::from_millis(10));
-            Session::connect(&path, Delivery::Latest, Duration::from_secs(10)).ok()
-        })
-        .unwrap()
-        .0;
+    let rx = latest_session(&path);
     let pending: Vec<Connection> = (0..3)
         .map(|_| transport::connect(&path, BOUND).unwrap())
         .collect();
@@ -540,14 +530,7 @@ fn a_latest_receiver_holds_one_frame_at_a_time() {
     let (tx, _reports) = mpsc::channel();
     let sender = sender_thread(socket.clone(), |o| o, stop.clone(), tx);
     let path = socket.to_str().unwrap().to_string();
-    let honest = (0..)
-        .find_map(|i| {
-            assert!(i < 6000, "the sender never listened");
-            std::thread::sleep(Duration::from_millis(10));
-            Session::connect(&path, Delivery::Latest, Duration::from_secs(10)).ok()
-        })
-        .unwrap()
-        .0;
+    let honest = latest_session(&path);
     // The hog: asks again after every frame the honest one gets, never
     // releases.
     let hog = transport::connect(&path, BOUND).unwrap();
