@@ -205,14 +205,7 @@ impl Events {
     /// stream used once and dropped, or drained, is let go). The context
     /// must be current.
     pub(crate) fn prune_tracked(&mut self) {
-        let mut kept = Vec::with_capacity(self.tracked.len());
-        for (track, ticket) in self.tracked.drain(..) {
-            match track.is_known_done(ticket) {
-                true => release_track(track),
-                false => kept.push((track, ticket)),
-            }
-        }
-        self.tracked = kept;
+        let _ = self.let_go_of_tracked(|track, ticket| Ok(track.is_known_done(ticket)));
     }
 
     /// Whether one of the tracked streams is marked stuck (no driver call).
@@ -242,10 +235,20 @@ impl Events {
     /// the first failure is returned (its use stays pending). The context
     /// must be current.
     pub(crate) fn settle_tracked(&mut self) -> Result<()> {
+        self.let_go_of_tracked(StreamTrack::is_done)
+    }
+
+    /// Lets go of the tracked uses `done` says are done (the context must be
+    /// current: a track's last holder destroys its event); one it fails on
+    /// stays, and the first failure is returned.
+    fn let_go_of_tracked(
+        &mut self,
+        mut done: impl FnMut(&StreamTrack, u64) -> Result<bool>,
+    ) -> Result<()> {
         let mut first_error = Ok(());
         let mut kept = Vec::with_capacity(self.tracked.len());
         for (track, ticket) in self.tracked.drain(..) {
-            match track.is_done(ticket) {
+            match done(&track, ticket) {
                 Ok(true) => release_track(track),
                 Ok(false) => kept.push((track, ticket)),
                 Err(error) => {

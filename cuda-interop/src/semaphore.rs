@@ -381,15 +381,8 @@ impl ExternalSemaphore<Timeline> {
     /// one lock, and the last value changes only when the enqueue succeeded.
     pub fn signal(&self, stream: &Stream, value: u64) -> Result<()> {
         stream.check_device(&self.device)?;
-        let mut last = self
-            .last_signalled
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        self.check_signal_value(*last, value)?;
         // SAFETY: a live stream (borrowed) of this semaphore's device.
-        unsafe { self.enqueue_signal_on(stream.raw(), value) }?;
-        *last = value;
-        drop(last);
+        unsafe { self.enqueue_checked_signal(stream.raw(), value) }?;
         self.last_use.record(stream)
     }
 
@@ -399,6 +392,18 @@ impl ExternalSemaphore<Timeline> {
     /// `stream` is a default stream handle or a live stream of this
     /// semaphore's device's primary context, alive for the call.
     unsafe fn signal_on(&self, stream: sys::CUstream, value: u64) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.enqueue_checked_signal(stream, value) }?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.last_use.record_raw(stream) }
+    }
+
+    /// [`Self::signal`]'s check, enqueue and update of the last value, under
+    /// one lock; records no use.
+    ///
+    /// # Safety
+    /// As [`Self::signal_on`].
+    unsafe fn enqueue_checked_signal(&self, stream: sys::CUstream, value: u64) -> Result<()> {
         let mut last = self
             .last_signalled
             .lock()
@@ -407,9 +412,7 @@ impl ExternalSemaphore<Timeline> {
         // SAFETY: forwarded from the caller.
         unsafe { self.enqueue_signal_on(stream, value) }?;
         *last = value;
-        drop(last);
-        // SAFETY: forwarded from the caller.
-        unsafe { self.last_use.record_raw(stream) }
+        Ok(())
     }
 
     /// `Ok` if `value` may follow `previous`, the last value this handle
