@@ -6,12 +6,13 @@ use std::ffi::{c_uint, c_void};
 use std::time::{Duration, Instant};
 
 use cuda_interop::{
-    kernels, sys, CopyEngine, CudaDevice, DeviceBuffer, Event, Function, HostWait, Module,
-    PitchedMut, SignalOp, Stream, WaitOp,
+    kernels, sys, CopyEngine, CudaDevice, DeviceBuffer, Event, ExternalSemaphore, Function,
+    HostWait, Module, PitchedMut, SignalOp, Stream, WaitOp,
 };
 use vk_export::ash::vk;
 use vk_export::format::{Format, Rgba16Sfloat, Rgba8Unorm};
 use vk_export::markers::DeviceLocal;
+use vk_export::semaphore_kinds::Timeline;
 use vk_export::{
     Context, ExportableBuffer, HeadlessOptions, ImageDesc, QueueRole, TimelineSemaphore,
     WaitStrategy,
@@ -1587,6 +1588,48 @@ impl Drop for NativeArray {
     }
 }
 
+/// `count` timeline semaphores of a context and their CUDA imports, which
+/// drop first (fields drop in order).
+struct TimelineSet {
+    imports: Vec<ExternalSemaphore<Timeline>>,
+    _vulkan: Vec<TimelineSemaphore>,
+}
+
+impl TimelineSet {
+    fn new(ctx: &Context, cuda: &CudaDevice, count: usize) -> Res<TimelineSet> {
+        let vulkan = (0..count)
+            .map(|_| TimelineSemaphore::new(ctx))
+            .collect::<Result<Vec<_>, _>>()?;
+        let imports = vulkan
+            .iter()
+            .map(|s| cuda.import_semaphore(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(TimelineSet {
+            imports,
+            _vulkan: vulkan,
+        })
+    }
+}
+
+/// S6's batch loop: per frame, one `signal_semaphores` and one
+/// `wait_semaphores` of every semaphore in `imports` (values 1, 2, ...),
+/// then a drain: the time per frame, in µs.
+fn batched_frames(
+    stream: &Stream,
+    imports: &[ExternalSemaphore<Timeline>],
+    frames: u32,
+) -> Res<f64> {
+    let start = Instant::now();
+    for f in 1..=u64::from(frames) {
+        let signals: Vec<SignalOp<'_>> = imports.iter().map(|s| SignalOp::Timeline(s, f)).collect();
+        stream.signal_semaphores(&signals)?;
+        let waits: Vec<WaitOp<'_>> = imports.iter().map(|s| WaitOp::Timeline(s, f)).collect();
+        stream.wait_semaphores(waits)?;
+    }
+    stream.synchronize(WAIT_LIMIT)?;
+    Ok(us(start.elapsed()) / f64::from(frames))
+}
+
 /// S6: `count` timeline signals and waits per frame: one safe call per
 /// semaphore, and the safe batch API, against one batched raw call for all
 /// of them.
@@ -1606,27 +1649,17 @@ fn s6_semaphore_batching(
         .cuWaitExternalSemaphoresAsync
         .ok_or("no cuWaitExternalSemaphoresAsync")?;
     for count in [1usize, 4, 16] {
-        let safe_set = (0..count)
-            .map(|_| TimelineSemaphore::new(ctx))
-            .collect::<Result<Vec<_>, _>>()?;
-        let safe_imports = safe_set
-            .iter()
-            .map(|s| cuda.import_semaphore(s))
-            .collect::<Result<Vec<_>, _>>()?;
-        let raw_set = (0..count)
-            .map(|_| TimelineSemaphore::new(ctx))
-            .collect::<Result<Vec<_>, _>>()?;
-        let raw_imports = raw_set
-            .iter()
-            .map(|s| cuda.import_semaphore(s))
-            .collect::<Result<Vec<_>, _>>()?;
+        let safe_set = TimelineSet::new(ctx, cuda, count)?;
+        let safe_imports = &safe_set.imports[..];
+        let raw_set = TimelineSet::new(ctx, cuda, count)?;
+        let raw_imports = &raw_set.imports;
         let _drain = Drain(&stream);
         let start = Instant::now();
         for f in 1..=u64::from(frames) {
-            for s in &safe_imports {
+            for s in safe_imports {
                 s.signal(&stream, f)?;
             }
-            for s in &safe_imports {
+            for s in safe_imports {
                 s.wait(&stream, f)?;
             }
         }
@@ -1687,28 +1720,8 @@ fn s6_semaphore_batching(
 
         // The safe batch API: one signal_semaphores and one wait_semaphores
         // per frame, on a third set (the values of each set only go up).
-        let batch_set = (0..count)
-            .map(|_| TimelineSemaphore::new(ctx))
-            .collect::<Result<Vec<_>, _>>()?;
-        let batch_imports = batch_set
-            .iter()
-            .map(|s| cuda.import_semaphore(s))
-            .collect::<Result<Vec<_>, _>>()?;
-        let start = Instant::now();
-        for f in 1..=u64::from(frames) {
-            let signals: Vec<SignalOp<'_>> = batch_imports
-                .iter()
-                .map(|s| SignalOp::Timeline(s, f))
-                .collect();
-            stream.signal_semaphores(&signals)?;
-            let waits: Vec<WaitOp<'_>> = batch_imports
-                .iter()
-                .map(|s| WaitOp::Timeline(s, f))
-                .collect();
-            stream.wait_semaphores(waits)?;
-        }
-        stream.synchronize(WAIT_LIMIT)?;
-        let batched = us(start.elapsed()) / f64::from(frames);
+        let batch_set = TimelineSet::new(ctx, cuda, count)?;
+        let batched = batched_frames(&stream, &batch_set.imports, frames)?;
         report.add_vs(
             "S6",
             format!("{count} timeline signal(s) + wait(s) per frame: safe batch API (Stream::signal_semaphores / wait_semaphores)"),
@@ -1722,31 +1735,11 @@ fn s6_semaphore_batching(
         // loop, as the raw loop has it (and as a CUDA runtime's, PyTorch's
         // or CuPy's thread has it): the safe calls then push and pop
         // nothing.
-        let current_set = (0..count)
-            .map(|_| TimelineSemaphore::new(ctx))
-            .collect::<Result<Vec<_>, _>>()?;
-        let current_imports = current_set
-            .iter()
-            .map(|s| cuda.import_semaphore(s))
-            .collect::<Result<Vec<_>, _>>()?;
-        let start = Instant::now();
-        {
+        let current_set = TimelineSet::new(ctx, cuda, count)?;
+        let batched_current = {
             let _context = cuda.enter()?;
-            for f in 1..=u64::from(frames) {
-                let signals: Vec<SignalOp<'_>> = current_imports
-                    .iter()
-                    .map(|s| SignalOp::Timeline(s, f))
-                    .collect();
-                stream.signal_semaphores(&signals)?;
-                let waits: Vec<WaitOp<'_>> = current_imports
-                    .iter()
-                    .map(|s| WaitOp::Timeline(s, f))
-                    .collect();
-                stream.wait_semaphores(waits)?;
-            }
-        }
-        stream.synchronize(WAIT_LIMIT)?;
-        let batched_current = us(start.elapsed()) / f64::from(frames);
+            batched_frames(&stream, &current_set.imports, frames)?
+        };
         report.add_vs(
             "S6",
             format!("{count} timeline signal(s) + wait(s) per frame: safe batch API, the context current (as the raw loop has it)"),
