@@ -1453,9 +1453,9 @@ pub fn serve<M: MemoryLocation, R: SlotResource<M>>(
                 println!(
                     "{tag} per frame: waiting for a slot median {:.1} us, presenting median \
                      {:.1} us p90 {:.1} us",
-                    percentile(&mut acquiring, 0.5),
-                    percentile(&mut presenting, 0.5),
-                    percentile(&mut presenting, 0.9),
+                    super::quantile(&mut acquiring, 0.5),
+                    super::quantile(&mut presenting, 0.5),
+                    super::quantile(&mut presenting, 0.9),
                 );
             }
             break Ok(());
@@ -1496,13 +1496,4 @@ pub fn serve<M: MemoryLocation, R: SlotResource<M>>(
     drop(sender);
     report("stopped", 0);
     result
-}
-
-/// The `q` quantile (0..=1) of `values` (sorted in place); 0 if empty.
-fn percentile(values: &mut [f64], q: f64) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => 0.0,
-        n => values[((n - 1) as f64 * q).round() as usize],
-    }
 }
