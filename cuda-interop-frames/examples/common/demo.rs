@@ -1453,9 +1453,9 @@ pub fn serve<M: MemoryLocation, R: SlotResource<M>>(
                 println!(
                     "{tag} per frame: waiting for a slot median {:.1} us, presenting median \
                      {:.1} us p90 {:.1} us",
-                    super::quantile(&mut acquiring, 0.5),
-                    super::quantile(&mut presenting, 0.5),
-                    super::quantile(&mut presenting, 0.9),
+                    quantile(&mut acquiring, 0.5),
+                    quantile(&mut presenting, 0.5),
+                    quantile(&mut presenting, 0.9),
                 );
             }
             break Ok(());
@@ -1496,4 +1496,18 @@ pub fn serve<M: MemoryLocation, R: SlotResource<M>>(
     drop(sender);
     report("stopped", 0);
     result
+}
+
+/// The `q` quantile (0 to 1) of `samples` (sorted here); NaN if empty.
+pub fn quantile(samples: &mut [f64], q: f64) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    quantile_of_sorted(samples, q)
+}
+
+/// The `q` quantile of `sorted` samples; NaN if there are none.
+pub fn quantile_of_sorted(sorted: &[f64], q: f64) -> f64 {
+    sorted
+        .get(((sorted.len().max(1) - 1) as f64 * q).round() as usize)
+        .copied()
+        .unwrap_or(f64::NAN)
 }

@@ -326,23 +326,9 @@ pub fn image_format(option: &str, value: Option<&str>) -> Result<ImageFormat, St
 pub fn median_p99(samples: &mut [f64]) -> (f64, f64) {
     samples.sort_by(f64::total_cmp);
     (
-        quantile_of_sorted(samples, 0.5),
-        quantile_of_sorted(samples, 0.99),
+        demo::quantile_of_sorted(samples, 0.5),
+        demo::quantile_of_sorted(samples, 0.99),
     )
-}
-
-/// The `q` quantile (0 to 1) of `samples` (sorted here); NaN if empty.
-pub fn quantile(samples: &mut [f64], q: f64) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    quantile_of_sorted(samples, q)
-}
-
-/// The `q` quantile of `sorted` samples; NaN if there are none.
-fn quantile_of_sorted(sorted: &[f64], q: f64) -> f64 {
-    sorted
-        .get(((sorted.len().max(1) - 1) as f64 * q).round() as usize)
-        .copied()
-        .unwrap_or(f64::NAN)
 }
 
 /// `--list`: prints the named senders, one a line (`NAME: ...`, what the
