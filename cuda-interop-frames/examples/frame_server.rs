@@ -77,6 +77,11 @@ fn options() -> Result<ProducerOptions, String> {
              the transfer family, so the present's copies run on the transfer queue",
         ),
         Opt::flag(
+            "--depth-through-buffer",
+            "with --with-depth, a measurement knob: copy depth through a buffer even where \
+             the device copies it directly (VK_KHR_maintenance8)",
+        ),
+        Opt::flag(
             "--color-part-only",
             "with --with-depth: the same renderer and copies for the colour part alone \
              (a one-part ring: the baseline the three parts are measured against)",
@@ -144,6 +149,7 @@ fn options() -> Result<ProducerOptions, String> {
         },
         render_once: cli.flag("--render-once"),
         concurrent_targets: cli.flag("--concurrent-targets"),
+        depth_through_buffer: cli.flag("--depth-through-buffer"),
         // Three images a slot: at most 3 slots fit one setup message.
         slots: match (cli.flag("--with-depth"), cli.value("--slots")) {
             (true, None) => 3,
@@ -151,8 +157,10 @@ fn options() -> Result<ProducerOptions, String> {
         },
         ..shared
     };
-    if opts.concurrent_targets && !opts.with_depth {
-        return Err("--concurrent-targets is a --with-depth option".into());
+    if (opts.concurrent_targets || opts.depth_through_buffer) && !opts.with_depth {
+        return Err(
+            "--concurrent-targets and --depth-through-buffer are --with-depth options".into(),
+        );
     }
     let parts_given = cli.flag("--color-part-only") || cli.value("--parts").is_some();
     if (parts_given || opts.render_once) && !opts.with_depth {

@@ -31,8 +31,8 @@ use vk_export::format::{Format, R32Sfloat, R32Uint, Rgba8Unorm};
 use vk_export::markers::Optimal;
 use vk_export::socket::{Exported, Listener};
 use vk_export::{
-    Context, DepthFormat, DepthSource, ExportableImage, ImageDesc, QueueRole, SourceImage,
-    SourceSharing,
+    Context, DepthCopy, DepthFormat, DepthSource, ExportableImage, HeadlessOptions, ImageDesc,
+    QueueRole, SourceImage, SourceSharing,
 };
 
 mod common;
@@ -376,13 +376,21 @@ struct OneProcess {
 
 impl OneProcess {
     fn new(tag: &str) -> OneProcess {
+        Self::with_depth_copy(tag, DepthCopy::IfAvailable)
+    }
+
+    /// With the sender's context made with `depth_copy`.
+    fn with_depth_copy(tag: &str, depth_copy: DepthCopy) -> OneProcess {
         let dir = std::env::temp_dir().join(format!("cif-parts-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let directory = Directory::new(&dir).unwrap();
         OneProcess {
             dir,
             directory,
-            ctx: cuda_interop_testkit::vulkan(None),
+            ctx: cuda_interop_testkit::vulkan_with(HeadlessOptions {
+                depth_copy,
+                ..HeadlessOptions::default()
+            }),
             rctx: cuda_interop_testkit::vulkan(None),
         }
     }
@@ -758,6 +766,160 @@ fn a_d16_depth_attachment_is_copied_into_an_r16_part() {
     rx.release(frame).unwrap();
     drop((rx, sender, color, depth));
     t.finish();
+}
+
+/// Whether a context with [`DepthCopy::IfAvailable`] should copy depth
+/// directly: the device offers `VK_KHR_maintenance8` and the context's main
+/// family has `GRAPHICS` (asked of the driver here, not of the context), and
+/// no validation layer older than the extension watches (Debian's 1.3.239
+/// would report the copies).
+fn offers_depth_to_color_copies(ctx: &Context) -> bool {
+    let old_layer = ctx.validation_enabled() && {
+        // SAFETY: loads the system's Vulkan loader, already loaded by the
+        // context.
+        let entry = unsafe { vk_export::ash::Entry::load() }.unwrap();
+        // SAFETY: plain enumeration.
+        let layers = unsafe { entry.enumerate_instance_layer_properties() }.unwrap();
+        layers.iter().any(|l| {
+            l.layer_name_as_c_str() == Ok(c"VK_LAYER_KHRONOS_validation")
+                && l.spec_version < vk::make_api_version(0, 1, 4, 307)
+        })
+    };
+    let (instance, physical) = (ctx.instance(), ctx.physical_device());
+    // SAFETY: plain queries on the context's live instance and device.
+    let (extensions, families) = unsafe {
+        (
+            instance
+                .enumerate_device_extension_properties(physical)
+                .unwrap(),
+            instance.get_physical_device_queue_family_properties(physical),
+        )
+    };
+    let offered = extensions
+        .iter()
+        .any(|e| e.extension_name_as_c_str() == Ok(c"VK_KHR_maintenance8"));
+    let graphics = families[ctx.queue_family() as usize]
+        .queue_flags
+        .contains(vk::QueueFlags::GRAPHICS);
+    offered && graphics && !old_layer
+}
+
+/// A depth attachment is copied directly exactly where the device allows
+/// it and the context was not told otherwise: lavapipe (Mesa 22) offers no
+/// `VK_KHR_maintenance8`, the H100's driver 580 does (without a validation
+/// layer older than the extension).
+#[test]
+fn depth_copies_are_direct_only_where_the_device_offers_them() {
+    let direct = cuda_interop_testkit::vulkan_with(HeadlessOptions::default());
+    assert_eq!(
+        direct.copies_depth_to_color(),
+        offers_depth_to_color_copies(&direct),
+        "{direct:?}"
+    );
+    let through = cuda_interop_testkit::vulkan_with(HeadlessOptions {
+        depth_copy: DepthCopy::ThroughBuffer,
+        ..HeadlessOptions::default()
+    });
+    assert!(!through.copies_depth_to_color(), "{through:?}");
+}
+
+/// Both depth formats arrive bit for bit whichever way they are copied:
+/// one `vkCmdCopyImage` a part where the context copies depth to colour
+/// (the GPU machine), through the slot's buffer where it does not
+/// (lavapipe, or [`DepthCopy::ThroughBuffer`]); the colour part beside
+/// them too (recorded after them).
+#[test]
+fn depth_parts_are_the_attachments_bits_by_either_copy() {
+    for depth_copy in [DepthCopy::IfAvailable, DepthCopy::ThroughBuffer] {
+        let tag = format!("either-{depth_copy:?}").to_lowercase();
+        let t = OneProcess::with_depth_copy(&tag, depth_copy);
+        let ctx = &t.ctx;
+        let opts = options(t.address(&tag)).with_parts([
+            ImagePart::new::<Rgba8Unorm>("color").unwrap(),
+            ImagePart::new::<R32Sfloat>("depth").unwrap(),
+            ImagePart::new::<vk_export::format::R16Unorm>("depth16").unwrap(),
+        ]);
+        let mut sender = MultiImageSender::<Mem>::new(ctx, opts).unwrap();
+        let rx = t.reader(&mut sender, &tag);
+        let [color_texels, depth_texels, _] = texels(9);
+        let depth16_texels: Vec<u8> = (0..W * H)
+            .flat_map(|i| ((i * 53 + 11) as u16).to_le_bytes())
+            .collect();
+        let main = QueueRole::Main;
+        let color = AppImage::of_format(
+            ctx,
+            (vk::Format::R8G8B8A8_UNORM, 4),
+            [W, H],
+            &color_texels,
+            vk::ImageLayout::COLOR_ATTACHMENT_OPTIMAL,
+            main,
+        );
+        let depth = AppImage::of_format(
+            ctx,
+            (vk::Format::D32_SFLOAT, 4),
+            [W, H],
+            &depth_texels,
+            vk::ImageLayout::DEPTH_STENCIL_ATTACHMENT_OPTIMAL,
+            main,
+        );
+        let depth16 = AppImage::of_format(
+            ctx,
+            (vk::Format::D16_UNORM, 2),
+            [W, H],
+            &depth16_texels,
+            vk::ImageLayout::GENERAL,
+            main,
+        );
+        let own = |a: &AppImage| SourceSharing::Exclusive(a.family);
+        // SAFETY: as in `present`.
+        let (c, d, d16) = unsafe {
+            (
+                SourceImage::<Rgba8Unorm>::new(color.image, [W, H], color.layout, own(&color))
+                    .unwrap(),
+                DepthSource::new(
+                    depth.image,
+                    DepthFormat::D32Sfloat,
+                    [W, H],
+                    depth.layout,
+                    own(&depth),
+                )
+                .unwrap(),
+                DepthSource::new(
+                    depth16.image,
+                    DepthFormat::D16Unorm,
+                    [W, H],
+                    depth16.layout,
+                    own(&depth16),
+                )
+                .unwrap(),
+            )
+        };
+        for _ in 0..2 {
+            let slot = sender.acquire(BOUND).unwrap();
+            let f = slot
+                .present_copy(sender::monotonic_ns(), &[&c, &d, &d16], None)
+                .unwrap();
+            let frame = rx.next(Duration::from_secs(10)).unwrap();
+            assert_eq!(frame.sequence(), f);
+            let parts = rx.read_parts(&frame, Duration::from_secs(10)).unwrap();
+            let how = ctx.copies_depth_to_color();
+            assert!(
+                parts[0] == color_texels,
+                "the colour part ({depth_copy:?}, direct {how})"
+            );
+            assert!(
+                parts[1] == depth_texels,
+                "D32 into R32, bit for bit ({depth_copy:?}, direct {how})"
+            );
+            assert!(
+                parts[2] == depth16_texels,
+                "D16 into R16, bit for bit ({depth_copy:?}, direct {how})"
+            );
+            rx.release(frame).unwrap();
+        }
+        drop((rx, sender, color, depth, depth16));
+        t.finish();
+    }
 }
 
 /// What a hand-made sender sends after the receiver's subscribe.

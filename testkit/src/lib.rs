@@ -55,14 +55,21 @@ pub type Image =
 /// A headless context with the validation layer required, unless
 /// `CUDA_INTEROP_VALIDATION=off` (for machines without the layer: never CI).
 pub fn vulkan(device_uuid: Option<vk_export::DeviceUuid>) -> Context {
+    vulkan_with(HeadlessOptions {
+        device_uuid,
+        ..HeadlessOptions::default()
+    })
+}
+
+/// As [`vulkan`], with `options` but for the validation policy.
+pub fn vulkan_with(options: HeadlessOptions) -> Context {
     let validation = match std::env::var("CUDA_INTEROP_VALIDATION").as_deref() {
         Ok("off") => Validation::Off,
         _ => Validation::Required,
     };
     Context::headless(&HeadlessOptions {
-        device_uuid,
         validation,
-        ..HeadlessOptions::default()
+        ..options
     })
     .unwrap_or_else(|e| panic!("a Vulkan device with external memory is needed for this test: {e}"))
 }

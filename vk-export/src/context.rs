@@ -16,6 +16,10 @@
 //!   signals that queue's private timeline, the completion record resources
 //!   wait for (bounded) in `Drop`; submissions on the two queues keep one
 //!   order (each waits on the GPU for the other queue's latest).
+//! * A headless context enables `VK_KHR_maintenance8` where the device
+//!   offers it and its main family has `GRAPHICS` ([`DepthCopy`]): a depth
+//!   attachment is then copied into its colour twin by one `vkCmdCopyImage`
+//!   on the main queue ([`Context::copies_depth_to_color`]).
 //! * Destructor failures and validation messages never panic: they are
 //!   counted ([`drop_errors`], the validation error count) and written to
 //!   stderr, where a closed stderr is ignored.
@@ -32,7 +36,10 @@ use interop_share::uuid::{DeviceUuid, DriverUuid};
 
 use crate::error::{unsupported, vk_error, Error, Result};
 use crate::queues::{QueueChoice, QueueRole, Queues};
-use crate::requirements::{device_extensions, DeviceRequirements, REQUIRED_DEVICE_EXTENSIONS};
+use crate::requirements::{
+    depth_to_color_copies_offered, device_extensions, DeviceRequirements, Maintenance8Features,
+    MAINTENANCE8, REQUIRED_DEVICE_EXTENSIONS,
+};
 use crate::submit::{wait_lanes, Engine, Lane, LastUse, QueueState, MAX_LANES};
 use crate::validation::ValidationMessenger;
 
@@ -144,6 +151,26 @@ pub struct HeadlessOptions {
     pub validation: Validation,
     /// Whether the context also gets a transfer-only queue.
     pub transfer_queue: TransferQueue,
+    /// How a depth attachment is copied into its colour twin.
+    pub depth_copy: DepthCopy,
+}
+
+/// How [`Context::headless`] sets up copies of a depth attachment into a
+/// colour image of the same texel bits ([`crate::DepthSource`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DepthCopy {
+    /// Where the device offers `VK_KHR_maintenance8` and the main family
+    /// has `GRAPHICS` (NVIDIA's driver 580: yes; lavapipe: no), the context
+    /// enables it, and a depth copy is one `vkCmdCopyImage` on the main
+    /// queue ([`Context::copies_depth_to_color`]); otherwise it goes
+    /// through a buffer. Also through a buffer where the validation layer
+    /// is on and older than the extension (built before header 1.4.307,
+    /// as Debian bookworm's 1.3.239): it would report the copies.
+    #[default]
+    IfAvailable,
+    /// Always through a buffer, on whichever queue the copy runs (to
+    /// measure what the direct copy saves).
+    ThroughBuffer,
 }
 
 /// Whether [`Context::headless`] creates a queue of a transfer-only family.
@@ -159,6 +186,8 @@ pub enum TransferQueue {
 }
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
+/// The Vulkan header that added `VK_KHR_maintenance8` (1.4.307).
+const MAINTENANCE8_HEADER: u32 = vk::make_api_version(0, 1, 4, 307);
 
 /// The application's Vulkan device, as this crate uses it.
 ///
@@ -186,6 +215,9 @@ pub(crate) struct ContextInner {
     pub(crate) max_timeline_difference: u64,
     /// `VK_EXT_memory_budget` is enabled (headless contexts, where offered).
     pub(crate) memory_budget: bool,
+    /// `VK_KHR_maintenance8` is enabled and the main family has `GRAPHICS`
+    /// (headless contexts, [`DepthCopy::IfAvailable`]).
+    pub(crate) depth_to_color: bool,
     owned: bool,
     debug: Option<ValidationMessenger>,
     /// What [`Context::from_raw_with_owner`] was given: dropped after the
@@ -278,11 +310,34 @@ impl Context {
         } else {
             None
         };
+        // A layer older than VK_KHR_maintenance8 (Debian bookworm's is
+        // 1.3.239) reports its depth-to-colour copies as errors: a
+        // validated context then copies depth through a buffer.
+        let layer_knows_maintenance8 = layers.iter().any(|l| {
+            l.layer_name_as_c_str().ok() == Some(VALIDATION_LAYER)
+                && l.spec_version >= MAINTENANCE8_HEADER
+        });
+        let options = &HeadlessOptions {
+            depth_copy: match validation && !layer_knows_maintenance8 {
+                true => DepthCopy::ThroughBuffer,
+                false => options.depth_copy,
+            },
+            ..options.clone()
+        };
         match Self::create_device(&instance, options) {
-            Ok((physical, device, queues)) => {
+            Ok((physical, device, queues, depth_to_color)) => {
                 // SAFETY: the device and instance were just created here and
-                // belong to the context from now on.
-                unsafe { Self::build(entry, instance, physical, device, queues, true, debug, true) }
+                // belong to the context from now on; `depth_to_color` says
+                // whether maintenance8 was enabled on a graphics main family.
+                let ctx = unsafe {
+                    Self::build(entry, instance, physical, device, queues, true, debug, true)
+                };
+                ctx.map(|mut ctx| {
+                    Arc::get_mut(&mut ctx.inner)
+                        .expect("a context just made has one handle")
+                        .depth_to_color = depth_to_color;
+                    ctx
+                })
             }
             Err(e) => {
                 // Messenger first, then the instance.
@@ -298,7 +353,7 @@ impl Context {
     fn create_device(
         instance: &ash::Instance,
         options: &HeadlessOptions,
-    ) -> Result<(vk::PhysicalDevice, ash::Device, Queues)> {
+    ) -> Result<(vk::PhysicalDevice, ash::Device, Queues, bool)> {
         // SAFETY: plain enumeration on a live instance.
         let physicals = unsafe { instance.enumerate_physical_devices() }.map_err(vk_error(
             "vkEnumeratePhysicalDevices",
@@ -359,18 +414,30 @@ impl Context {
         }
         let priorities = [1.0f32];
         let queue_infos = needs.queue_create_infos(&priorities);
-        let enabled = needs.extension_names();
+        let mut enabled = needs.extension_names();
         let mut features12 = needs.features12();
-        let info = vk::DeviceCreateInfo::default()
+        // SAFETY: `instance` is live and of Vulkan 1.2 (`headless`),
+        // `physical` one of its devices.
+        let depth_to_color = options.depth_copy == DepthCopy::IfAvailable
+            && unsafe {
+                depth_to_color_copies_offered(instance, physical, needs.queues.main.family)
+            };
+        let mut maintenance8 = Maintenance8Features::new(true);
+        let mut info = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queue_infos)
-            .enabled_extension_names(&enabled)
             .push_next(&mut features12);
-        // SAFETY: the create info and its chain live across the call.
+        if depth_to_color {
+            enabled.push(MAINTENANCE8.as_ptr());
+            info = info.push_next(&mut maintenance8);
+        }
+        let info = info.enabled_extension_names(&enabled);
+        // SAFETY: the create info and its chain live across the call; the
+        // maintenance8 struct is chained only with its extension enabled.
         let device = unsafe { instance.create_device(physical, &info, None) }.map_err(vk_error(
             "vkCreateDevice",
             "the device must support timeline semaphores",
         ))?;
-        Ok((physical, device, needs.queues))
+        Ok((physical, device, needs.queues, depth_to_color))
     }
 
     /// Wraps the application's own Vulkan objects. The context submits to
@@ -559,11 +626,22 @@ impl Context {
                     && extensions
                         .iter()
                         .any(|e| e.as_c_str() == ash::ext::memory_budget::NAME),
+                depth_to_color: false,
                 owned,
                 debug,
                 owner: None,
             }),
         })
+    }
+
+    /// Whether a depth attachment is copied into its colour twin with one
+    /// `vkCmdCopyImage` on the main queue: `VK_KHR_maintenance8` is enabled
+    /// and the main family has `GRAPHICS` ([`DepthCopy::IfAvailable`] on a
+    /// device that offers it). Otherwise, and always for a context of
+    /// [`Context::from_raw`] (it cannot see which features the application
+    /// enabled), a [`crate::DepthSource`] goes through a buffer.
+    pub fn copies_depth_to_color(&self) -> bool {
+        self.inner.depth_to_color
     }
 
     /// Who the physical device is.

@@ -69,8 +69,8 @@ pub mod semaphore_kinds {
 
 pub use buffer::{ExportableBuffer, BUFFER_USAGE};
 pub use context::{
-    drop_errors, report_drop_error, Context, DeviceIdentity, HeadlessOptions, TransferQueue,
-    Validation, DROP_WAIT,
+    drop_errors, report_drop_error, Context, DepthCopy, DeviceIdentity, HeadlessOptions,
+    TransferQueue, Validation, DROP_WAIT,
 };
 pub use error::{Error, Result};
 pub use exported::PlaneToSend;

@@ -650,6 +650,120 @@ impl DepthSource {
         dst: vk::Image,
         dst_extent: [u32; 2],
     ) {
+        let out = vk::BufferImageCopy {
+            buffer_offset: staging_offset,
+            buffer_row_length: 0,
+            buffer_image_height: 0,
+            image_subresource: self.subresource(vk::ImageAspectFlags::DEPTH),
+            image_offset: self.source_offset(),
+            image_extent: extent_of(dst_extent),
+        };
+        let into = vk::BufferImageCopy {
+            image_subresource: self.subresource(vk::ImageAspectFlags::COLOR),
+            image_offset: vk::Offset3D::default(),
+            ..out
+        };
+        let ignored = (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED);
+        self.record_around(device, cmd, family, |copy_layout| {
+            // SAFETY: forwarded from the caller: a recording command buffer
+            // of this device; the source in `copy_layout` (record_around's
+            // barrier), its region inside it (check_copy); the staging range
+            // is the caller's, large enough and 4-aligned (a depth copy's
+            // rule); the buffer barrier orders the copy out before the copy
+            // in; the destination is of the colour format of the same texel
+            // size, in GENERAL, at least `dst_extent`.
+            unsafe {
+                device.cmd_copy_image_to_buffer(cmd, self.image, copy_layout, staging, &[out]);
+                buffer_barrier(device, cmd, staging, ignored);
+                device.cmd_copy_buffer_to_image(
+                    cmd,
+                    staging,
+                    dst,
+                    vk::ImageLayout::GENERAL,
+                    &[into],
+                );
+            }
+        })
+    }
+
+    /// As [`DepthSource::record_copy_via`], with one `vkCmdCopyImage` of the
+    /// depth aspect into `dst`'s colour aspect and no buffer
+    /// (`VK_KHR_maintenance8`'s copy between a depth format and its colour
+    /// twin).
+    ///
+    /// # Safety
+    /// As [`SourceImage::record_copy_to`] (with `dst` of the colour
+    /// format); the device was created with `VK_KHR_maintenance8` and its
+    /// `maintenance8` feature enabled, and `family` has `GRAPHICS` (both
+    /// hold where [`Context::copies_depth_to_color`] is true and `family`
+    /// is that context's main family).
+    pub unsafe fn record_copy_direct(
+        &self,
+        device: &ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+        dst: vk::Image,
+        dst_extent: [u32; 2],
+    ) {
+        let region = vk::ImageCopy {
+            src_subresource: self.subresource(vk::ImageAspectFlags::DEPTH),
+            src_offset: self.source_offset(),
+            dst_subresource: self.subresource(vk::ImageAspectFlags::COLOR),
+            dst_offset: vk::Offset3D::default(),
+            extent: extent_of(dst_extent),
+        };
+        self.record_around(device, cmd, family, |copy_layout| {
+            // SAFETY: forwarded from the caller: a recording command buffer
+            // of this device; the source in `copy_layout` (record_around's
+            // barrier), its region inside it (check_copy); the destination
+            // of the colour twin (the same texel bits), in GENERAL, at least
+            // `dst_extent`; maintenance8 enabled and a graphics family (the
+            // caller's promise) allow a depth aspect into a colour one.
+            unsafe {
+                device.cmd_copy_image(
+                    cmd,
+                    self.image,
+                    copy_layout,
+                    dst,
+                    vk::ImageLayout::GENERAL,
+                    &[region],
+                )
+            }
+        })
+    }
+
+    fn subresource(&self, aspect_mask: vk::ImageAspectFlags) -> vk::ImageSubresourceLayers {
+        vk::ImageSubresourceLayers {
+            aspect_mask,
+            mip_level: 0,
+            base_array_layer: 0,
+            layer_count: 1,
+        }
+    }
+
+    fn source_offset(&self) -> vk::Offset3D {
+        vk::Offset3D {
+            // check_copy refused offsets beyond i32.
+            x: self.offset[0] as i32,
+            y: self.offset[1] as i32,
+            z: 0,
+        }
+    }
+
+    /// Records `copy(copy_layout)` between the barriers every depth copy
+    /// needs: the acquire half of a [`SourceSharing::ReleasedToTransfer`]
+    /// transfer, a barrier into a copy layout (`TRANSFER_SRC_OPTIMAL` unless
+    /// the source is in `GENERAL` or there already), and after the copy a
+    /// barrier back into the source's layout and the release half. Full
+    /// barriers, into `cmd` (recording, for a queue of `family`: the
+    /// callers' promise).
+    fn record_around(
+        &self,
+        device: &ash::Device,
+        cmd: vk::CommandBuffer,
+        family: u32,
+        copy: impl FnOnce(vk::ImageLayout),
+    ) {
         let depth = vk::ImageAspectFlags::DEPTH;
         let copy_layout = match self.layout {
             vk::ImageLayout::GENERAL | vk::ImageLayout::TRANSFER_SRC_OPTIMAL => self.layout,
@@ -673,49 +787,7 @@ impl DepthSource {
             );
         }
         image_barrier_of(device, cmd, self.image, depth, layout, copy_layout, ignored);
-        let extent = vk::Extent3D {
-            width: dst_extent[0],
-            height: dst_extent[1],
-            depth: 1,
-        };
-        let out = vk::BufferImageCopy {
-            buffer_offset: staging_offset,
-            buffer_row_length: 0,
-            buffer_image_height: 0,
-            image_subresource: vk::ImageSubresourceLayers {
-                aspect_mask: depth,
-                mip_level: 0,
-                base_array_layer: 0,
-                layer_count: 1,
-            },
-            image_offset: vk::Offset3D {
-                // check_copy refused offsets beyond i32.
-                x: self.offset[0] as i32,
-                y: self.offset[1] as i32,
-                z: 0,
-            },
-            image_extent: extent,
-        };
-        let into = vk::BufferImageCopy {
-            image_subresource: vk::ImageSubresourceLayers {
-                aspect_mask: vk::ImageAspectFlags::COLOR,
-                ..out.image_subresource
-            },
-            image_offset: vk::Offset3D::default(),
-            ..out
-        };
-        // SAFETY: forwarded from the caller: a recording command buffer of
-        // this device; the source in `copy_layout` after the barrier above,
-        // its region inside it (check_copy); the staging range is the
-        // caller's, large enough and 4-aligned (a depth copy's rule); the
-        // buffer barrier orders the copy out before the copy in; the
-        // destination is of the colour format of the same texel size, in
-        // GENERAL, at least `dst_extent`.
-        unsafe {
-            device.cmd_copy_image_to_buffer(cmd, self.image, copy_layout, staging, &[out]);
-            buffer_barrier(device, cmd, staging, ignored);
-            device.cmd_copy_buffer_to_image(cmd, staging, dst, vk::ImageLayout::GENERAL, &[into]);
-        }
+        copy(copy_layout);
         image_barrier_of(device, cmd, self.image, depth, copy_layout, layout, ignored);
         if let Some(from) = transferred {
             image_barrier_of(
@@ -728,6 +800,14 @@ impl DepthSource {
                 (family, from),
             );
         }
+    }
+}
+
+fn extent_of(extent: [u32; 2]) -> vk::Extent3D {
+    vk::Extent3D {
+        width: extent[0],
+        height: extent[1],
+        depth: 1,
     }
 }
 

@@ -188,6 +188,72 @@ impl DeviceRequirements {
     }
 }
 
+/// `VK_KHR_maintenance8`, which ash 0.38 does not name.
+pub(crate) const MAINTENANCE8: &CStr = c"VK_KHR_maintenance8";
+
+/// `VkPhysicalDeviceMaintenance8FeaturesKHR` (ash 0.38 has no binding):
+/// its `maintenance8` feature allows `vkCmdCopyImage` between a depth
+/// aspect and a colour image of the same texel bits (`D32_SFLOAT` into
+/// `R32_SFLOAT`), on a queue family with `GRAPHICS` (other families also
+/// need `maintenance10`).
+#[repr(C)]
+pub(crate) struct Maintenance8Features {
+    s_type: vk::StructureType,
+    p_next: *mut std::ffi::c_void,
+    pub(crate) maintenance8: vk::Bool32,
+}
+
+impl Maintenance8Features {
+    /// `VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_8_FEATURES_KHR`.
+    const S_TYPE: vk::StructureType = vk::StructureType::from_raw(1_000_574_000);
+
+    pub(crate) fn new(enabled: bool) -> Self {
+        Maintenance8Features {
+            s_type: Self::S_TYPE,
+            p_next: std::ptr::null_mut(),
+            maintenance8: enabled.into(),
+        }
+    }
+}
+
+// SAFETY: the struct is the C layout of VkPhysicalDeviceMaintenance8FeaturesKHR
+// (sType, pNext, one VkBool32), which the specification lets extend both
+// VkPhysicalDeviceFeatures2 and VkDeviceCreateInfo.
+unsafe impl vk::ExtendsPhysicalDeviceFeatures2 for Maintenance8Features {}
+// SAFETY: as above.
+unsafe impl vk::ExtendsDeviceCreateInfo for Maintenance8Features {}
+
+/// Whether `physical` offers `VK_KHR_maintenance8` with its feature, and
+/// `family` has `GRAPHICS`: then a device created with both copies a depth
+/// aspect into its colour twin with one `vkCmdCopyImage` on that family.
+///
+/// # Safety
+/// As [`DeviceRequirements::of`].
+pub(crate) unsafe fn depth_to_color_copies_offered(
+    instance: &ash::Instance,
+    physical: vk::PhysicalDevice,
+    family: u32,
+) -> bool {
+    let offered = device_extensions(instance, physical)
+        .iter()
+        .any(|e| e.as_c_str() == MAINTENANCE8);
+    // SAFETY: plain query.
+    let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
+    let graphics = families
+        .get(family as usize)
+        .is_some_and(|f| f.queue_flags.contains(vk::QueueFlags::GRAPHICS));
+    if !offered || !graphics {
+        return false;
+    }
+    let mut m8 = Maintenance8Features::new(false);
+    let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut m8);
+    // SAFETY: the caller's promise (a live instance of Vulkan 1.2 or
+    // later); the chain lives across the call; the extension that defines
+    // the chained struct is offered.
+    unsafe { instance.get_physical_device_features2(physical, &mut features) };
+    m8.maintenance8 == vk::TRUE
+}
+
 pub(crate) fn device_extensions(
     instance: &ash::Instance,
     physical: vk::PhysicalDevice,

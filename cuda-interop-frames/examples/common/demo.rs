@@ -68,8 +68,8 @@ use vk_export::format::{
 };
 use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
 use vk_export::{
-    Context, DepthFormat, DepthSource, ExportableBuffer, HeadlessOptions, QueueRole, SourceImage,
-    SourceSharing, SubmitSync, TimelineSemaphore,
+    Context, DepthCopy, DepthFormat, DepthSource, ExportableBuffer, HeadlessOptions, QueueRole,
+    SourceImage, SourceSharing, SubmitSync, TimelineSemaphore,
 };
 
 type Res<T> = Result<T, ProducerError>;
@@ -138,6 +138,10 @@ pub struct ProducerOptions {
     /// `CONCURRENT` (main and transfer families), so the present's copies
     /// run on the transfer queue (copy engines) instead of the main one.
     pub concurrent_targets: bool,
+    /// With `with_depth`: a measurement knob: the depth part goes through a
+    /// buffer even where the device could copy it directly
+    /// (`vk_export::DepthCopy::ThroughBuffer`).
+    pub depth_through_buffer: bool,
 }
 
 /// The formats of the demo's image rings.
@@ -241,6 +245,7 @@ impl Default for ProducerOptions {
             parts: DEPTH_PARTS.len(),
             render_once: false,
             concurrent_targets: false,
+            depth_through_buffer: false,
         }
     }
 }
@@ -617,6 +622,10 @@ pub fn run(opts: &ProducerOptions) -> Result<(), ProducerError> {
     opts.validate()?;
     let ctx = Context::headless(&HeadlessOptions {
         device_uuid: opts.device,
+        depth_copy: match opts.depth_through_buffer {
+            true => DepthCopy::ThroughBuffer,
+            false => DepthCopy::IfAvailable,
+        },
         ..HeadlessOptions::default()
     })?;
     let (choice, line) = choose(&ctx, opts)?;
@@ -834,6 +843,14 @@ fn run_parts<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions, choice: Ch
             .collect::<Vec<_>>(),
     );
     let sender = MultiImageSender::<M>::new(&ctx, sender_opts)?;
+    println!(
+        "{} depth copies: {}",
+        opts.tag,
+        match ctx.copies_depth_to_color() {
+            true => "one vkCmdCopyImage on the main queue (VK_KHR_maintenance8)",
+            false => "through a buffer",
+        }
+    );
     let mut targets = AppTargets::new(
         &ctx,
         opts.width,
