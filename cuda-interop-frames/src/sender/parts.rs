@@ -337,10 +337,10 @@ pub trait PartSource: sealed::Sealed {
     fn check_copy(&self, ctx: &Context, extent: [u32; 2]) -> vk_export::Result<QueueRole>;
     /// Who may access it.
     fn sharing(&self) -> SourceSharing;
-    /// Whether its copy goes through the slot's staging buffer (a depth
-    /// attachment's does).
+    /// Whether it is a depth attachment: copied directly where the context
+    /// allows it, else through the slot's staging buffer.
     #[doc(hidden)]
-    fn needs_staging(&self) -> bool;
+    fn is_depth(&self) -> bool;
     /// Records the copy into `dst`.
     ///
     /// # Safety
@@ -372,7 +372,7 @@ impl<F: Format> PartSource for SourceImage<F> {
         SourceImage::sharing(self)
     }
 
-    fn needs_staging(&self) -> bool {
+    fn is_depth(&self) -> bool {
         false
     }
 
@@ -403,7 +403,7 @@ impl PartSource for DepthSource {
         DepthSource::sharing(self)
     }
 
-    fn needs_staging(&self) -> bool {
+    fn is_depth(&self) -> bool {
         true
     }
 
@@ -477,12 +477,13 @@ impl<M: MemoryLocation, U: Usage> WriteSlot<'_, M, ImageSet<M, U>> {
             }
             roles.push(source.check_copy(&sender.ctx, extent)?);
         }
-        let main_family = sender.ctx.queue_family();
-        let on_main = |source: &&dyn PartSource, r: &QueueRole| {
-            *r == QueueRole::Main
+        // Whether a source whose check_copy answered `own` may be copied on
+        // a queue of `role`: its own, or one its sharing lets in.
+        let may_copy_on = |source: &dyn PartSource, own: QueueRole, role: QueueRole| {
+            own == role
                 || match source.sharing() {
                     SourceSharing::Concurrent => true,
-                    SourceSharing::Exclusive(f) => f == main_family,
+                    SourceSharing::Exclusive(f) => f == sender.ctx.queue_family_of(role),
                     SourceSharing::ReleasedToTransfer { .. } => false,
                 }
         };
@@ -490,8 +491,11 @@ impl<M: MemoryLocation, U: Usage> WriteSlot<'_, M, ImageSet<M, U>> {
         // (maintenance8, a graphics main family) and every source may be
         // copied on the main queue; otherwise through the slot's buffer.
         let direct = sender.ctx.copies_depth_to_color()
-            && sources.iter().any(|s| s.needs_staging())
-            && sources.iter().zip(&roles).all(|(s, r)| on_main(s, r));
+            && sources.iter().any(|s| s.is_depth())
+            && sources
+                .iter()
+                .zip(&roles)
+                .all(|(s, r)| may_copy_on(*s, *r, QueueRole::Main));
         let role = if direct || roles.contains(&QueueRole::Main) {
             QueueRole::Main
         } else {
@@ -499,13 +503,7 @@ impl<M: MemoryLocation, U: Usage> WriteSlot<'_, M, ImageSet<M, U>> {
         };
         let family = sender.ctx.queue_family_of(role);
         for ((source, part), r) in sources.iter().zip(parts).zip(&roles) {
-            let fits = *r == role
-                || match source.sharing() {
-                    SourceSharing::Concurrent => true,
-                    SourceSharing::Exclusive(f) => f == family,
-                    SourceSharing::ReleasedToTransfer { .. } => false,
-                };
-            if !fits {
+            if !may_copy_on(*source, *r, role) {
                 return Err(invalid(format!(
                     "the copy source of part {} ({:?}) cannot be copied on the {role:?} queue \
                      (family {family}) that another part's source needs: give every part a \
@@ -525,7 +523,7 @@ impl<M: MemoryLocation, U: Usage> WriteSlot<'_, M, ImageSet<M, U>> {
         for ((source, part), range) in sources.iter().zip(parts).zip(&ranges) {
             // Every R32_SFLOAT and R16_UNORM part has its range (create):
             // a depth source of any other part was refused by format above.
-            if source.needs_staging() && !direct && range.is_none() {
+            if source.is_depth() && !direct && range.is_none() {
                 return Err(invalid(format!(
                     "part {} has no staging range for a depth copy",
                     part.name()
@@ -538,7 +536,7 @@ impl<M: MemoryLocation, U: Usage> WriteSlot<'_, M, ImageSet<M, U>> {
         // the copy engine (~158 us). The parts are distinct images: the
         // order changes no result.
         let mut order: Vec<usize> = (0..sources.len()).collect();
-        order.sort_by_key(|&i| !sources[i].needs_staging());
+        order.sort_by_key(|&i| !sources[i].is_depth());
         self.sender.present(
             self.slot,
             timestamp_ns,

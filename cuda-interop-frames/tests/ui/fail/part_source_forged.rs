@@ -20,7 +20,7 @@ impl PartSource for Mine {
     fn sharing(&self) -> vk_export::SourceSharing {
         vk_export::SourceSharing::Concurrent
     }
-    fn needs_staging(&self) -> bool {
+    fn is_depth(&self) -> bool {
         false
     }
     unsafe fn record(
