@@ -82,6 +82,12 @@ fn options() -> Result<ProducerOptions, String> {
              the device copies it directly (VK_KHR_maintenance8)",
         ),
         Opt::flag(
+            "--render-clears",
+            "with --with-depth, a measurement knob: render each image by a clear (the \
+             graphics engine, as draws) and a copy of the band rows, not a fill and a copy of \
+             every byte on the copy engine (the same pattern)",
+        ),
+        Opt::flag(
             "--color-part-only",
             "with --with-depth: the same renderer and copies for the colour part alone \
              (a one-part ring: the baseline the three parts are measured against)",
@@ -150,6 +156,7 @@ fn options() -> Result<ProducerOptions, String> {
         render_once: cli.flag("--render-once"),
         concurrent_targets: cli.flag("--concurrent-targets"),
         depth_through_buffer: cli.flag("--depth-through-buffer"),
+        render_clears: cli.flag("--render-clears"),
         // Three images a slot: at most 3 slots fit one setup message.
         slots: match (cli.flag("--with-depth"), cli.value("--slots")) {
             (true, None) => 3,
@@ -157,9 +164,13 @@ fn options() -> Result<ProducerOptions, String> {
         },
         ..shared
     };
-    if (opts.concurrent_targets || opts.depth_through_buffer) && !opts.with_depth {
+    if (opts.concurrent_targets || opts.depth_through_buffer || opts.render_clears)
+        && !opts.with_depth
+    {
         return Err(
-            "--concurrent-targets and --depth-through-buffer are --with-depth options".into(),
+            "--concurrent-targets, --depth-through-buffer and --render-clears are --with-depth \
+             options"
+                .into(),
         );
     }
     let parts_given = cli.flag("--color-part-only") || cli.value("--parts").is_some();

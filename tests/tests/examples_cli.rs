@@ -550,12 +550,16 @@ fn with_depth_color_part_only_is_a_one_part_ring() {
 /// images stay `EXCLUSIVE`), every texel of both parts checked by the
 /// Vulkan client; rendered once, so every frame carries frame 1's pattern,
 /// which the client reports as wrong for every frame after the first.
+/// `--render-clears` (clears and a band copy) and `--depth-through-buffer`
+/// draw the same pattern: every texel checked too.
 #[test]
 fn with_depth_parts_and_measurement_knobs() {
     let runtime = runtime_dir("depth-parts");
     for (name, extra, frames_ok) in [
         ("parts2", &["--concurrent-targets"][..], true),
         ("once2", &["--render-once"][..], false),
+        ("clears2", &["--render-clears"][..], true),
+        ("buffer2", &["--depth-through-buffer"][..], true),
     ] {
         let mut args = vec![
             "--width",
@@ -613,7 +617,9 @@ fn with_depth_knobs_are_refused_where_they_mean_nothing() {
     for (args, says) in [
         (&["--parts", "2"][..], "are --with-depth options"),
         (&["--render-once"][..], "are --with-depth options"),
-        (&["--concurrent-targets"][..], "is a --with-depth option"),
+        (&["--concurrent-targets"][..], "are --with-depth options"),
+        (&["--depth-through-buffer"][..], "are --with-depth options"),
+        (&["--render-clears"][..], "are --with-depth options"),
         (
             &["--with-depth", "--parts", "4"][..],
             "--parts 4: give 1, 2 or 3",

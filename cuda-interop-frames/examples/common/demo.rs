@@ -142,6 +142,11 @@ pub struct ProducerOptions {
     /// buffer even where the device could copy it directly
     /// (`vk_export::DepthCopy::ThroughBuffer`).
     pub depth_through_buffer: bool,
+    /// With `with_depth`: a measurement knob: the application renders each
+    /// image by a clear (the graphics engine writes it, as a renderer's
+    /// draws do) and a copy of the band's rows only, instead of a fill and a
+    /// copy of every byte on the copy engine. The same pattern either way.
+    pub render_clears: bool,
 }
 
 /// The formats of the demo's image rings.
@@ -246,6 +251,7 @@ impl Default for ProducerOptions {
             render_once: false,
             concurrent_targets: false,
             depth_through_buffer: false,
+            render_clears: false,
         }
     }
 }
@@ -858,6 +864,7 @@ fn run_parts<M: MemoryLocation>(ctx: Context, opts: &ProducerOptions, choice: Ch
         opts.part_count(),
         opts.concurrent_targets,
     )?;
+    targets.render_clears = opts.render_clears;
     let result = serve(&ctx, opts, sender, |slot| {
         let f = slot.sequence();
         // Rendered on the GPU, not waited for: the copies wait for it.
@@ -933,6 +940,8 @@ pub struct AppTargets {
     parts: usize,
     /// How the images are shared between the context's queue families.
     sharing: SourceSharing,
+    /// Render by clears and a band copy ([`ProducerOptions::render_clears`]).
+    pub render_clears: bool,
 }
 
 impl AppTargets {
@@ -1000,6 +1009,7 @@ impl AppTargets {
                 true => SourceSharing::Concurrent,
                 false => SourceSharing::Exclusive(ctx.queue_family()),
             },
+            render_clears: false,
         };
         // SAFETY: creation on the context's live device, kept in `made`,
         // whose drop destroys it once.
@@ -1229,6 +1239,30 @@ impl AppTargets {
             let written = vk::MemoryBarrier::default()
                 .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
                 .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE);
+            let (background, band) = part_words(p, f);
+            let (band_start, band_end) = band_rows(f, height);
+            // The band's rows: the bytes a clear render copies.
+            let band_region = vk::BufferImageCopy {
+                buffer_offset: at + u64::from(band_start) * row,
+                image_offset: vk::Offset3D {
+                    x: 0,
+                    y: band_start as i32,
+                    z: 0,
+                },
+                image_extent: vk::Extent3D {
+                    width,
+                    height: band_end - band_start,
+                    depth: 1,
+                },
+                ..region
+            };
+            let range = vk::ImageSubresourceRange {
+                aspect_mask: aspect,
+                base_mip_level: 0,
+                level_count: 1,
+                base_array_layer: 0,
+                layer_count: 1,
+            };
             // SAFETY: the caller's: a recording command buffer of a
             // main-queue submission whose timeline value the next render,
             // the present and the drop wait for; the images and the
@@ -1236,19 +1270,30 @@ impl AppTargets {
             // drop waits for the queues); part `p`'s range of the
             // scratch buffer holds its whole image, 4-byte words,
             // the depth ones floats in [0, 1) (part_words), which a
-            // D32_SFLOAT copy requires; every earlier use of the
-            // images (the last frame's copies out) is on this queue,
-            // ordered by the full barriers.
+            // D32_SFLOAT copy or clear requires; the images have
+            // transfer-destination usage (clears and copies); every
+            // earlier use of the images (the last frame's copies out) is
+            // on this queue, ordered by the full barriers.
             unsafe {
-                record_pattern_words(
-                    device,
-                    cmd,
-                    scratch,
-                    (at, part_bytes),
-                    (row, height, row),
-                    f,
-                    part_words(p, f),
-                );
+                if self.render_clears {
+                    device.cmd_fill_buffer(
+                        cmd,
+                        scratch,
+                        band_region.buffer_offset,
+                        u64::from(band_end - band_start) * row,
+                        band,
+                    );
+                } else {
+                    record_pattern_words(
+                        device,
+                        cmd,
+                        scratch,
+                        (at, part_bytes),
+                        (row, height, row),
+                        f,
+                        (background, band),
+                    );
+                }
                 device.cmd_pipeline_barrier(
                     cmd,
                     all,
@@ -1258,7 +1303,53 @@ impl AppTargets {
                     &[],
                     &[barrier(image, aspect, old, dst)],
                 );
-                device.cmd_copy_buffer_to_image(cmd, scratch, image, dst, &[region]);
+                if self.render_clears {
+                    let bytes = background.to_le_bytes();
+                    match p {
+                        1 => device.cmd_clear_depth_stencil_image(
+                            cmd,
+                            image,
+                            dst,
+                            &vk::ClearDepthStencilValue {
+                                depth: f32::from_bits(background),
+                                stencil: 0,
+                            },
+                            &[range],
+                        ),
+                        0 => device.cmd_clear_color_image(
+                            cmd,
+                            image,
+                            dst,
+                            // UNORM: each byte b as b / 255, written back
+                            // as b exactly (round to nearest).
+                            &vk::ClearColorValue {
+                                float32: bytes.map(|b| f32::from(b) / 255.0),
+                            },
+                            &[range],
+                        ),
+                        _ => device.cmd_clear_color_image(
+                            cmd,
+                            image,
+                            dst,
+                            &vk::ClearColorValue {
+                                uint32: [background, 0, 0, 0],
+                            },
+                            &[range],
+                        ),
+                    }
+                    device.cmd_pipeline_barrier(
+                        cmd,
+                        all,
+                        all,
+                        vk::DependencyFlags::empty(),
+                        &[written],
+                        &[],
+                        &[],
+                    );
+                    device.cmd_copy_buffer_to_image(cmd, scratch, image, dst, &[band_region]);
+                } else {
+                    device.cmd_copy_buffer_to_image(cmd, scratch, image, dst, &[region]);
+                }
                 device.cmd_pipeline_barrier(
                     cmd,
                     all,
