@@ -74,7 +74,8 @@ fn options() -> Result<ProducerOptions, String> {
         Opt::flag(
             "--concurrent-targets",
             "with --with-depth: the application's images are CONCURRENT between the main and \
-             the transfer family, so the present's copies run on the transfer queue",
+             the transfer family, so the present's copies of colour parts may run on the \
+             transfer queue (a depth part keeps them on the main one)",
         ),
         Opt::flag(
             "--depth-through-buffer",

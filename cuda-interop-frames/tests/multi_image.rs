@@ -769,10 +769,10 @@ fn a_d16_depth_attachment_is_copied_into_an_r16_part() {
 }
 
 /// Whether a context with [`DepthCopy::IfAvailable`] should copy depth
-/// directly: the device offers `VK_KHR_maintenance8` and the context's main
-/// family has `GRAPHICS` (asked of the driver here, not of the context), and
-/// no validation layer older than the extension watches (Debian's 1.3.239
-/// would report the copies).
+/// directly: the device offers `VK_KHR_maintenance8` with its feature and
+/// the context's main family has `GRAPHICS` (asked of the driver here, not
+/// of the context), and no validation layer older than the extension
+/// (header 1.4.305) watches (Debian's 1.3.239 would report the copies).
 fn offers_depth_to_color_copies(ctx: &Context) -> bool {
     let old_layer = ctx.validation_enabled() && {
         // SAFETY: loads the system's Vulkan loader, already loaded by the
@@ -780,10 +780,10 @@ fn offers_depth_to_color_copies(ctx: &Context) -> bool {
         let entry = unsafe { vk_export::ash::Entry::load() }.unwrap();
         // SAFETY: plain enumeration.
         let layers = unsafe { entry.enumerate_instance_layer_properties() }.unwrap();
-        layers.iter().any(|l| {
-            l.layer_name_as_c_str() == Ok(c"VK_LAYER_KHRONOS_validation")
-                && l.spec_version < vk::make_api_version(0, 1, 4, 307)
-        })
+        layers
+            .iter()
+            .find(|l| l.layer_name_as_c_str() == Ok(c"VK_LAYER_KHRONOS_validation"))
+            .is_some_and(|l| l.spec_version < vk::make_api_version(0, 1, 4, 305))
     };
     let (instance, physical) = (ctx.instance(), ctx.physical_device());
     // SAFETY: plain queries on the context's live instance and device.
@@ -801,7 +801,38 @@ fn offers_depth_to_color_copies(ctx: &Context) -> bool {
     let graphics = families[ctx.queue_family() as usize]
         .queue_flags
         .contains(vk::QueueFlags::GRAPHICS);
-    offered && graphics && !old_layer
+    offered && graphics && !old_layer && maintenance8_feature(ctx)
+}
+
+/// `VkPhysicalDeviceMaintenance8FeaturesKHR` (ash 0.38 has none), as the
+/// test asks the driver for it.
+#[repr(C)]
+struct Maintenance8 {
+    s_type: vk::StructureType,
+    p_next: *mut std::ffi::c_void,
+    maintenance8: vk::Bool32,
+}
+// SAFETY: the C layout of the struct the spec lets extend
+// VkPhysicalDeviceFeatures2.
+unsafe impl vk::ExtendsPhysicalDeviceFeatures2 for Maintenance8 {}
+
+/// Whether the device reports the `maintenance8` feature (asked only where
+/// the extension is offered).
+fn maintenance8_feature(ctx: &Context) -> bool {
+    let mut m8 = Maintenance8 {
+        s_type: vk::StructureType::from_raw(1_000_574_000),
+        p_next: std::ptr::null_mut(),
+        maintenance8: vk::FALSE,
+    };
+    let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut m8);
+    // SAFETY: a plain query on the context's live instance (Vulkan 1.2) and
+    // device, which offers the extension (the caller checked); the chain
+    // lives across the call.
+    unsafe {
+        ctx.instance()
+            .get_physical_device_features2(ctx.physical_device(), &mut features)
+    };
+    m8.maintenance8 == vk::TRUE
 }
 
 /// A depth attachment is copied directly exactly where the device allows
@@ -920,6 +951,46 @@ fn depth_parts_are_the_attachments_bits_by_either_copy() {
         drop((rx, sender, color, depth, depth16));
         t.finish();
     }
+}
+
+/// A depth attachment is copied only on a queue family with `GRAPHICS`
+/// (`VUID-vkCmdCopyImageToBuffer-commandBuffer-10216`): one released to the
+/// transfer family is refused before anything is recorded, naming the rule;
+/// the same image owned by the main family is taken, on the main queue.
+#[test]
+fn a_depth_source_released_to_the_transfer_family_is_refused() {
+    let ctx = cuda_interop_testkit::vulkan(None);
+    let depth = AppImage::of_format(
+        &ctx,
+        (vk::Format::D32_SFLOAT, 4),
+        [W, H],
+        &texels(3)[1],
+        vk::ImageLayout::DEPTH_STENCIL_ATTACHMENT_OPTIMAL,
+        QueueRole::Main,
+    );
+    let source = |sharing| {
+        // SAFETY: as in `present`; nothing is recorded (check_copy only).
+        unsafe {
+            DepthSource::new(
+                depth.image,
+                DepthFormat::D32Sfloat,
+                [W, H],
+                depth.layout,
+                sharing,
+            )
+        }
+        .unwrap()
+    };
+    let released = source(SourceSharing::ReleasedToTransfer { from: depth.family });
+    let refused = released.check_copy(&ctx, [W, H]).unwrap_err().to_string();
+    assert!(refused.contains("GRAPHICS"), "{refused}");
+    assert!(refused.contains("10216"), "{refused}");
+    let owned = source(SourceSharing::Exclusive(depth.family));
+    assert_eq!(owned.check_copy(&ctx, [W, H]).unwrap(), QueueRole::Main);
+    let shared = source(SourceSharing::Concurrent);
+    assert_eq!(shared.check_copy(&ctx, [W, H]).unwrap(), QueueRole::Main);
+    drop(depth);
+    cuda_interop_testkit::assert_no_validation_errors(&ctx);
 }
 
 /// What a hand-made sender sends after the receiver's subscribe.

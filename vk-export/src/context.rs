@@ -164,8 +164,10 @@ pub enum DepthCopy {
     /// enables it, and a depth copy is one `vkCmdCopyImage` on the main
     /// queue ([`Context::copies_depth_to_color`]); otherwise it goes
     /// through a buffer. Also through a buffer where the validation layer
-    /// is on and older than the extension (built before header 1.4.307,
-    /// as Debian bookworm's 1.3.239): it would report the copies.
+    /// is on ([`Validation`]) and older than the extension (built before
+    /// header 1.4.305, as Debian bookworm's 1.3.239): it would report the
+    /// copies. A layer the loader enables on its own (`VK_INSTANCE_LAYERS`,
+    /// vkconfig) with `Validation::Off` is not seen here.
     #[default]
     IfAvailable,
     /// Always through a buffer, on whichever queue the copy runs (to
@@ -186,8 +188,8 @@ pub enum TransferQueue {
 }
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
-/// The Vulkan header that added `VK_KHR_maintenance8` (1.4.307).
-const MAINTENANCE8_HEADER: u32 = vk::make_api_version(0, 1, 4, 307);
+/// The Vulkan header that added `VK_KHR_maintenance8` (1.4.305).
+const MAINTENANCE8_HEADER: u32 = vk::make_api_version(0, 1, 4, 305);
 
 /// The application's Vulkan device, as this crate uses it.
 ///
@@ -218,6 +220,9 @@ pub(crate) struct ContextInner {
     /// `VK_KHR_maintenance8` is enabled and the main family has `GRAPHICS`
     /// (headless contexts, [`DepthCopy::IfAvailable`]).
     pub(crate) depth_to_color: bool,
+    /// The main family has `GRAPHICS`: the only families a depth aspect may
+    /// be copied on (without `VK_KHR_maintenance10`).
+    pub(crate) main_has_graphics: bool,
     owned: bool,
     debug: Option<ValidationMessenger>,
     /// What [`Context::from_raw_with_owner`] was given: dropped after the
@@ -232,9 +237,21 @@ impl fmt::Debug for Context {
             .field("device_uuid", &self.inner.identity.device_uuid_string())
             .field("queues", &self.queues())
             .field("semaphore_fd", &self.inner.semaphore_fd.is_some())
+            .field("depth_to_color", &self.inner.depth_to_color)
             .field("validation", &self.inner.debug.is_some())
             .finish()
     }
+}
+
+/// How [`Context::build`] wraps a device: what the two public constructors
+/// differ in.
+struct Built {
+    /// The context destroys device and instance (headless).
+    owned: bool,
+    debug: Option<ValidationMessenger>,
+    semaphore_fd_enabled: bool,
+    /// `VK_KHR_maintenance8` was enabled on a graphics main family.
+    depth_to_color: bool,
 }
 
 impl Context {
@@ -313,10 +330,11 @@ impl Context {
         // A layer older than VK_KHR_maintenance8 (Debian bookworm's is
         // 1.3.239) reports its depth-to-colour copies as errors: a
         // validated context then copies depth through a buffer.
-        let layer_knows_maintenance8 = layers.iter().any(|l| {
-            l.layer_name_as_c_str().ok() == Some(VALIDATION_LAYER)
-                && l.spec_version >= MAINTENANCE8_HEADER
-        });
+        // The first such layer is the one the loader loads.
+        let layer_knows_maintenance8 = layers
+            .iter()
+            .find(|l| l.layer_name_as_c_str().ok() == Some(VALIDATION_LAYER))
+            .is_some_and(|l| l.spec_version >= MAINTENANCE8_HEADER);
         let options = &HeadlessOptions {
             depth_copy: match validation && !layer_knows_maintenance8 {
                 true => DepthCopy::ThroughBuffer,
@@ -329,15 +347,21 @@ impl Context {
                 // SAFETY: the device and instance were just created here and
                 // belong to the context from now on; `depth_to_color` says
                 // whether maintenance8 was enabled on a graphics main family.
-                let ctx = unsafe {
-                    Self::build(entry, instance, physical, device, queues, true, debug, true)
-                };
-                ctx.map(|mut ctx| {
-                    Arc::get_mut(&mut ctx.inner)
-                        .expect("a context just made has one handle")
-                        .depth_to_color = depth_to_color;
-                    ctx
-                })
+                unsafe {
+                    Self::build(
+                        entry,
+                        instance,
+                        physical,
+                        device,
+                        queues,
+                        Built {
+                            owned: true,
+                            debug,
+                            semaphore_fd_enabled: true,
+                            depth_to_color,
+                        },
+                    )
+                }
             }
             Err(e) => {
                 // Messenger first, then the instance.
@@ -490,9 +514,12 @@ impl Context {
                 physical,
                 device,
                 queues,
-                false,
-                None,
-                semaphore_fd_enabled,
+                Built {
+                    owned: false,
+                    debug: None,
+                    semaphore_fd_enabled,
+                    depth_to_color: false,
+                },
             )
         }
     }
@@ -535,21 +562,29 @@ impl Context {
     }
 
     /// # Safety
-    /// As [`Context::from_raw`]; `owned` means the context destroys device and instance.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "private constructor shared by the two public ones"
-    )]
+    /// As [`Context::from_raw`]; `how.owned` means the context destroys
+    /// device and instance; `how.depth_to_color` that the device was created
+    /// with `VK_KHR_maintenance8` and its feature, and the main family has
+    /// `GRAPHICS`.
     unsafe fn build(
         entry: ash::Entry,
         instance: ash::Instance,
         physical: vk::PhysicalDevice,
         device: ash::Device,
         queues: Queues,
-        owned: bool,
-        debug: Option<ValidationMessenger>,
-        semaphore_fd_enabled: bool,
+        how: Built,
     ) -> Result<Context> {
+        let Built {
+            owned,
+            debug,
+            semaphore_fd_enabled,
+            depth_to_color,
+        } = how;
+        // SAFETY: plain query on a live physical device.
+        let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
+        let main_has_graphics = families
+            .get(queues.main.family as usize)
+            .is_some_and(|f| f.queue_flags.contains(vk::QueueFlags::GRAPHICS));
         let identity = query_identity(&instance, physical);
         let extensions = device_extensions(&instance, physical);
         let memory_fd = ash::khr::external_memory_fd::Device::new(&instance, &device);
@@ -626,7 +661,8 @@ impl Context {
                     && extensions
                         .iter()
                         .any(|e| e.as_c_str() == ash::ext::memory_budget::NAME),
-                depth_to_color: false,
+                depth_to_color,
+                main_has_graphics,
                 owned,
                 debug,
                 owner: None,
@@ -642,6 +678,12 @@ impl Context {
     /// enabled), a [`crate::DepthSource`] goes through a buffer.
     pub fn copies_depth_to_color(&self) -> bool {
         self.inner.depth_to_color
+    }
+
+    /// Whether the main family has `GRAPHICS`: a depth aspect is copied
+    /// only there ([`crate::DepthSource::check_copy`]).
+    pub(crate) fn main_has_graphics(&self) -> bool {
+        self.inner.main_has_graphics
     }
 
     /// Who the physical device is.

@@ -230,7 +230,8 @@ pub(crate) fn acquire_families(owner: Owner, family: u32) -> (u32, u32) {
 pub enum SourceSharing {
     /// Created with `VK_SHARING_MODE_CONCURRENT` over families that include
     /// every family of the context ([`Context::queues`]): no ownership
-    /// transfer is needed; the copy runs on the transfer queue.
+    /// transfer is needed; the copy runs on the transfer queue (a
+    /// [`DepthSource`]'s on the main one: see [`DepthSource::check_copy`]).
     Concurrent,
     /// `VK_SHARING_MODE_EXCLUSIVE`, owned now by this family. The copy runs
     /// on the context's queue of that family (its transfer queue if that is
@@ -533,12 +534,13 @@ impl DepthFormat {
 /// `vkCmdCopyImageToBuffer` of the depth aspect, then
 /// `vkCmdCopyBufferToImage` into the colour image, the layouts and texel
 /// bits the spec defines for both (D32_SFLOAT: 4-byte floats; D16_UNORM:
-/// 2-byte integers). `VK_KHR_maintenance8` allows the one copy on a queue
-/// family with `GRAPHICS` ([`DepthSource::record_copy_direct`], where
+/// 2-byte integers). `VK_KHR_maintenance8` allows the one copy
+/// ([`DepthSource::record_copy_direct`], where
 /// [`Context::copies_depth_to_color`]); on an H100 (driver 580) it took
 /// ~11 µs for a 1080p `D32_SFLOAT` image, against ~200 µs for the two
-/// copies through a buffer on any queue. Made per copy: its layout and
-/// owner are the image's state at that copy.
+/// copies through a buffer. Either way the copy runs on a queue family
+/// with `GRAPHICS`, the main one ([`DepthSource::check_copy`]). Made per
+/// copy: its layout and owner are the image's state at that copy.
 #[derive(Debug)]
 pub struct DepthSource {
     image: vk::Image,
@@ -620,9 +622,40 @@ impl DepthSource {
     }
 
     /// As [`SourceImage::check_copy`]: the region fits, a queue of the
-    /// context may access it; the queue the copy runs on.
+    /// context may access it. The copy runs on the main queue, which must
+    /// have `GRAPHICS`: without `VK_KHR_maintenance10` (which this crate
+    /// does not enable; NVIDIA's driver 580 does not offer it) Vulkan copies
+    /// a depth aspect on a graphics family only
+    /// (`VUID-vkCmdCopyImageToBuffer-commandBuffer-10216`,
+    /// `VUID-vkCmdCopyImage-commandBuffer-10218`). So a source released to
+    /// the transfer family, or owned by a family other than the main one,
+    /// is refused; a `CONCURRENT` one is copied on the main queue.
     pub fn check_copy(&self, ctx: &Context, dst_extent: [u32; 2]) -> Result<QueueRole> {
-        check_source(ctx, self.offset, self.extent, self.sharing, dst_extent)
+        let graphics_only = "Vulkan copies a depth aspect only on a queue family with GRAPHICS \
+             (VUID-vkCmdCopyImageToBuffer-commandBuffer-10216, without VK_KHR_maintenance10)";
+        if let SourceSharing::ReleasedToTransfer { from } = self.sharing {
+            return Err(Error::InvalidArgument(format!(
+                "a depth copy source released from queue family {from} to the transfer family: \
+                 {graphics_only}; keep it owned by the main family (SourceSharing::Exclusive) \
+                 or create it CONCURRENT"
+            )));
+        }
+        check_source(ctx, self.offset, self.extent, self.sharing, dst_extent)?;
+        let main = ctx.queue_family();
+        if !ctx.main_has_graphics() {
+            return Err(Error::InvalidArgument(format!(
+                "a depth copy source on a context whose main queue family {main} has no \
+                 GRAPHICS: {graphics_only}; wrap a graphics queue as the main one"
+            )));
+        }
+        match self.sharing {
+            SourceSharing::Exclusive(f) if f != main => Err(Error::InvalidArgument(format!(
+                "a depth copy source owned by queue family {f}, not the main family {main}: \
+                 {graphics_only}; release it to the main family (and say so) or create it \
+                 CONCURRENT"
+            ))),
+            _ => Ok(QueueRole::Main),
+        }
     }
 
     /// Bytes of the buffer a copy of a `dst_extent` region goes through.
@@ -642,10 +675,12 @@ impl DepthSource {
     ///
     /// # Safety
     /// As [`SourceImage::record_copy_to`] (with `dst` of the colour format);
-    /// `staging` is a live buffer of the device with transfer source and
-    /// destination usage, of at least `staging_offset +
-    /// self.staging_bytes(dst_extent)` bytes, `staging_offset` a multiple of
-    /// 4, that nothing else uses until the commands completed.
+    /// `family` has `GRAPHICS` (where [`DepthSource::check_copy`] accepted
+    /// the source, the context's main family); `staging` is a live buffer
+    /// of the device with transfer source and destination usage, of at
+    /// least `staging_offset + self.staging_bytes(dst_extent)` bytes,
+    /// `staging_offset` a multiple of 4, that nothing else uses until the
+    /// commands completed.
     #[allow(clippy::too_many_arguments, reason = "one copy's facts")]
     pub unsafe fn record_copy_via(
         &self,

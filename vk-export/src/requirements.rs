@@ -16,6 +16,8 @@
 //!   feature; a device created with them (and whatever else the application
 //!   enables) meets `from_raw`'s device conditions, with
 //!   [`DeviceRequirements::semaphore_fd`] as its `semaphore_fd_enabled`.
+//!   (`headless` also enables `VK_KHR_maintenance8` where offered, for
+//!   direct depth copies; a `from_raw` context does not use it.)
 
 use std::ffi::{c_char, CStr};
 

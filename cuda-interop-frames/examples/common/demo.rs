@@ -136,7 +136,9 @@ pub struct ProducerOptions {
     pub render_once: bool,
     /// With `with_depth`: the application's images are created
     /// `CONCURRENT` (main and transfer families), so the present's copies
-    /// run on the transfer queue (copy engines) instead of the main one.
+    /// may run on the transfer queue (copy engines): those of a ring of
+    /// colour parts; a depth part is copied on a graphics family only, so
+    /// its frames stay on the main queue.
     pub concurrent_targets: bool,
     /// With `with_depth`: a measurement knob: the depth part goes through a
     /// buffer even where the device could copy it directly
@@ -1320,10 +1322,12 @@ impl AppTargets {
                             cmd,
                             image,
                             dst,
-                            // UNORM: each byte b as b / 255, written back
-                            // as b exactly (round to nearest).
+                            // UNORM: each byte b as (b + 0.25) / 255,
+                            // which rounding to nearest and truncation
+                            // (the spec only recommends the first) both
+                            // write back as b.
                             &vk::ClearColorValue {
-                                float32: bytes.map(|b| f32::from(b) / 255.0),
+                                float32: bytes.map(|b| (f32::from(b) + 0.25) / 255.0),
                             },
                             &[range],
                         ),

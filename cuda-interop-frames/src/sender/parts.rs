@@ -428,6 +428,42 @@ impl PartSource for DepthSource {
     }
 }
 
+/// Which queue a multi-image present's copies run on and whether its depth
+/// parts are copied directly, from each source's `(sharing, the queue its
+/// check_copy answered, is a depth attachment)`; `direct_allowed` is
+/// [`Context::copies_depth_to_color`], `families` the context's (main,
+/// transfer) families. The main queue where a source needs it (every depth
+/// source does: `DepthSource::check_copy`), else the transfer queue; depth
+/// parts directly where allowed (the main queue then). `Err((i, queue))`:
+/// source `i` cannot be copied on that queue.
+fn copy_plan(
+    direct_allowed: bool,
+    (main, transfer): (u32, u32),
+    sources: &[(SourceSharing, QueueRole, bool)],
+) -> Result<(QueueRole, bool), (usize, QueueRole)> {
+    let role = match sources.iter().any(|s| s.1 == QueueRole::Main) {
+        true => QueueRole::Main,
+        false => QueueRole::Transfer,
+    };
+    let family = match role {
+        QueueRole::Main => main,
+        QueueRole::Transfer => transfer,
+    };
+    let may_copy_on = |&(sharing, own, _): &(SourceSharing, QueueRole, bool)| {
+        own == role
+            || match sharing {
+                SourceSharing::Concurrent => true,
+                SourceSharing::Exclusive(f) => f == family,
+                SourceSharing::ReleasedToTransfer { .. } => false,
+            }
+    };
+    if let Some(i) = sources.iter().position(|s| !may_copy_on(s)) {
+        return Err((i, role));
+    }
+    let direct = direct_allowed && sources.iter().any(|s| s.2);
+    Ok((role, direct))
+}
+
 impl<M: MemoryLocation, U: Usage> WriteSlot<'_, M, ImageSet<M, U>> {
     /// The slot's images ([`ImageSet`]).
     pub fn images(&self) -> &ImageSet<M, U> {
@@ -477,42 +513,26 @@ impl<M: MemoryLocation, U: Usage> WriteSlot<'_, M, ImageSet<M, U>> {
             }
             roles.push(source.check_copy(&sender.ctx, extent)?);
         }
-        // Whether a source whose check_copy answered `own` may be copied on
-        // a queue of `role`: its own, or one its sharing lets in.
-        let may_copy_on = |source: &dyn PartSource, own: QueueRole, role: QueueRole| {
-            own == role
-                || match source.sharing() {
-                    SourceSharing::Concurrent => true,
-                    SourceSharing::Exclusive(f) => f == sender.ctx.queue_family_of(role),
-                    SourceSharing::ReleasedToTransfer { .. } => false,
-                }
-        };
-        // One vkCmdCopyImage per depth part where the context allows it
-        // (maintenance8, a graphics main family) and every source may be
-        // copied on the main queue; otherwise through the slot's buffer.
-        let direct = sender.ctx.copies_depth_to_color()
-            && sources.iter().any(|s| s.is_depth())
-            && sources
-                .iter()
-                .zip(&roles)
-                .all(|(s, r)| may_copy_on(*s, *r, QueueRole::Main));
-        let role = if direct || roles.contains(&QueueRole::Main) {
-            QueueRole::Main
-        } else {
-            QueueRole::Transfer
-        };
-        let family = sender.ctx.queue_family_of(role);
-        for ((source, part), r) in sources.iter().zip(parts).zip(&roles) {
-            if !may_copy_on(*source, *r, role) {
-                return Err(invalid(format!(
+        let facts: Vec<(SourceSharing, QueueRole, bool)> = sources
+            .iter()
+            .zip(&roles)
+            .map(|(s, r)| (s.sharing(), *r, s.is_depth()))
+            .collect();
+        let families = (
+            sender.ctx.queue_family_of(QueueRole::Main),
+            sender.ctx.queue_family_of(QueueRole::Transfer),
+        );
+        let (role, direct) = copy_plan(sender.ctx.copies_depth_to_color(), families, &facts)
+            .map_err(|(i, role)| {
+                invalid(format!(
                     "the copy source of part {} ({:?}) cannot be copied on the {role:?} queue \
-                     (family {family}) that another part's source needs: give every part a \
-                     source that queue's family may access",
-                    part.name(),
-                    source.sharing()
-                )));
-            }
-        }
+                     (family {}) that another part's source needs: give every part a source \
+                     that queue's family may access",
+                    parts[i].name(),
+                    sources[i].sharing(),
+                    sender.ctx.queue_family_of(role),
+                ))
+            })?;
         let slot = &sender.slots[self.slot as usize];
         let staging = slot.staging.as_ref().map(|b| b.raw());
         let ranges: Vec<Option<(vk::Buffer, u64)>> = slot
@@ -559,9 +579,11 @@ impl<M: MemoryLocation, U: Usage> WriteSlot<'_, M, ImageSet<M, U>> {
                     // range is its own in the slot's buffer, 16-aligned,
                     // of its size, used by this frame alone (the present
                     // waits for the submission), or, with none, `direct`
-                    // holds: maintenance8 is enabled and `role` is Main,
-                    // the context's graphics family; the sources' facts
-                    // are their `new`s' contracts.
+                    // holds: maintenance8 is enabled; a depth source makes
+                    // `role` Main (its check_copy answers Main, having
+                    // checked that family has GRAPHICS, which both depth
+                    // copies need); the sources' facts are their `new`s'
+                    // contracts.
                     unsafe {
                         source.record(
                             device,
@@ -575,5 +597,97 @@ impl<M: MemoryLocation, U: Usage> WriteSlot<'_, M, ImageSet<M, U>> {
                 }
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAIN: u32 = 0;
+    const TRANSFER: u32 = 1;
+    const FAMILIES: (u32, u32) = (MAIN, TRANSFER);
+    /// The facts `present_copy` gives `copy_plan`, as each source's
+    /// `check_copy` answers them (a depth source answers Main).
+    fn colour(sharing: SourceSharing) -> (SourceSharing, QueueRole, bool) {
+        let role = match sharing {
+            SourceSharing::Exclusive(MAIN) => QueueRole::Main,
+            _ => QueueRole::Transfer,
+        };
+        (sharing, role, false)
+    }
+    fn depth(sharing: SourceSharing) -> (SourceSharing, QueueRole, bool) {
+        (sharing, QueueRole::Main, true)
+    }
+    use SourceSharing::{Concurrent, Exclusive, ReleasedToTransfer};
+
+    #[test]
+    fn colour_sources_the_transfer_family_may_read_are_copied_there() {
+        let sources = [colour(Concurrent), colour(Exclusive(TRANSFER))];
+        for allowed in [false, true] {
+            assert_eq!(
+                copy_plan(allowed, FAMILIES, &sources),
+                Ok((QueueRole::Transfer, false))
+            );
+        }
+        let released = [
+            colour(ReleasedToTransfer { from: MAIN }),
+            colour(Concurrent),
+        ];
+        assert_eq!(
+            copy_plan(true, FAMILIES, &released),
+            Ok((QueueRole::Transfer, false))
+        );
+    }
+
+    #[test]
+    fn a_depth_part_puts_the_frame_on_the_main_queue_directly_where_allowed() {
+        let sources = [colour(Concurrent), depth(Concurrent), colour(Concurrent)];
+        assert_eq!(
+            copy_plan(true, FAMILIES, &sources),
+            Ok((QueueRole::Main, true))
+        );
+        assert_eq!(
+            copy_plan(false, FAMILIES, &sources),
+            Ok((QueueRole::Main, false))
+        );
+        let owned = [colour(Exclusive(MAIN)), depth(Exclusive(MAIN))];
+        assert_eq!(
+            copy_plan(true, FAMILIES, &owned),
+            Ok((QueueRole::Main, true))
+        );
+    }
+
+    #[test]
+    fn a_source_the_chosen_queue_may_not_read_is_named() {
+        // A colour source released to the transfer family beside a depth
+        // part, which needs the main queue.
+        let sources = [
+            colour(ReleasedToTransfer { from: MAIN }),
+            depth(Exclusive(MAIN)),
+        ];
+        assert_eq!(
+            copy_plan(true, FAMILIES, &sources),
+            Err((0, QueueRole::Main))
+        );
+        assert_eq!(
+            copy_plan(false, FAMILIES, &sources),
+            Err((0, QueueRole::Main))
+        );
+        // One owned by the transfer family beside one owned by the main.
+        let split = [colour(Exclusive(MAIN)), colour(Exclusive(TRANSFER))];
+        assert_eq!(
+            copy_plan(false, FAMILIES, &split),
+            Err((1, QueueRole::Main))
+        );
+    }
+
+    #[test]
+    fn without_a_depth_part_nothing_is_direct() {
+        let sources = [colour(Exclusive(MAIN)), colour(Concurrent)];
+        assert_eq!(
+            copy_plan(true, FAMILIES, &sources),
+            Ok((QueueRole::Main, false))
+        );
     }
 }
