@@ -170,7 +170,7 @@ pub enum DepthCopy {
     /// vkconfig) with `Validation::Off` is not seen here.
     #[default]
     IfAvailable,
-    /// Always through a buffer, on whichever queue the copy runs (to
+    /// Always through a buffer, on the main queue as every depth copy (to
     /// measure what the direct copy saves).
     ThroughBuffer,
 }

@@ -22,11 +22,13 @@
 //!   its queue: only it can order that) and to finish (the acquire back):
 //!   the crate records the halves in between
 //!   ([`SourceSharing::ReleasedToTransfer`]). A depth attachment
-//!   ([`DepthSource`]) is copied the same way into a colour image of its
-//!   texels' format: through a buffer the caller gives (core Vulkan cannot
-//!   copy between depth and colour formats with `vkCmdCopyImage`), or by
-//!   one `vkCmdCopyImage` on a graphics queue of a device with
-//!   `VK_KHR_maintenance8` enabled ([`Context::copies_depth_to_color`]).
+//!   ([`DepthSource`]) is copied into a colour image of its texels' format,
+//!   on the main queue only (a depth aspect is copied on a family with
+//!   `GRAPHICS` only; [`DepthSource::check_copy`] refuses the others):
+//!   through a buffer the caller gives (core Vulkan cannot copy between
+//!   depth and colour formats with `vkCmdCopyImage`), or by one
+//!   `vkCmdCopyImage` on a device with `VK_KHR_maintenance8` enabled
+//!   ([`Context::copies_depth_to_color`]).
 
 use std::marker::PhantomData;
 

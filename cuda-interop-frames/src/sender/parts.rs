@@ -21,10 +21,11 @@
 //!   ([`vk_export::SourceImage`]), or a depth attachment
 //!   ([`vk_export::DepthSource`]) for a part of its colour twin
 //!   (`D32_SFLOAT` into `R32_SFLOAT`, `D16_UNORM` into `R16_UNORM`). A
-//!   depth part is one `vkCmdCopyImage` on the main queue where the context
-//!   copies depth to colour ([`Context::copies_depth_to_color`]:
-//!   `VK_KHR_maintenance8`) and every source may be copied there; otherwise
-//!   it goes through a buffer of the slot (core Vulkan cannot copy between
+//!   frame with a depth part is copied on the main queue (Vulkan copies a
+//!   depth aspect on a graphics family only: `DepthSource::check_copy`);
+//!   each depth part by one `vkCmdCopyImage` where the context copies depth
+//!   to colour ([`Context::copies_depth_to_color`]: `VK_KHR_maintenance8`),
+//!   else through a buffer of the slot (core Vulkan cannot copy between
 //!   depth and colour formats). Every source is checked (count, format,
 //!   region, queue family) before anything is recorded; then all copies go
 //!   into the one submission of the frame, depth parts first.
