@@ -43,7 +43,7 @@ use common::{Cli, Opt};
 use cuda_interop_frames::sender::{self, Address, ImageSender, ImageTarget, SenderOptions};
 use vk_export::ash::{self, vk};
 use vk_export::format::Format;
-use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
+use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation, Usage};
 use vk_export::{
     Context, DeviceRequirements, ExportableBuffer, QueueRole, TimelineSemaphore, WaitStrategy,
 };
@@ -234,14 +234,22 @@ fn run(args: &Args) -> Result<(), Error> {
 }
 
 /// The memory and timelines `demo::choose` picks.
-fn with_memory<F: Format>(ctx: &Context, args: &Args) -> Result<(), Error> {
+fn with_memory<F: demo::DemoFormat>(ctx: &Context, args: &Args) -> Result<(), Error> {
     let (choice, line) = demo::choose(ctx, &args.opts)?;
     println!("{line}");
     let opts = sender_options(args, choice)?;
     if choice.host_visible {
-        render(ctx, args, ImageSender::<F, HostVisible>::new(ctx, opts)?)
+        render(
+            ctx,
+            args,
+            ImageSender::<F, HostVisible, F::Usage>::new(ctx, opts)?,
+        )
     } else {
-        render(ctx, args, ImageSender::<F, DeviceLocal>::new(ctx, opts)?)
+        render(
+            ctx,
+            args,
+            ImageSender::<F, DeviceLocal, F::Usage>::new(ctx, opts)?,
+        )
     }
 }
 
@@ -306,10 +314,10 @@ fn failed(call: &'static str) -> impl Fn(vk::Result) -> sender::SenderError {
     }
 }
 
-fn render<F: Format, M: MemoryLocation>(
+fn render<F: Format, M: MemoryLocation, U: Usage>(
     ctx: &Context,
     args: &Args,
-    sender: ImageSender<F, M>,
+    sender: ImageSender<F, M, U>,
 ) -> Result<(), Error> {
     let family = ctx.queue_family_of(args.role);
     let device = ctx.device();

@@ -26,7 +26,6 @@ use cuda_interop_frames::parts_reader::PartsReader;
 use cuda_interop_frames::session::Session;
 use cuda_interop_frames::vulkan_receiver::VulkanReceiver;
 use vk_export::ash::vk;
-use vk_export::format::Format;
 use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
 use vk_export::wire::{Received, Resource};
 use vk_export::{Context, HeadlessOptions, Validation};
@@ -181,7 +180,7 @@ fn receive_parts(cli: &Cli, session: Session, setup: Received) -> Res<u64> {
     Ok(bad)
 }
 
-fn receive<F: Format, M: MemoryLocation>(
+fn receive<F: demo::DemoFormat, M: MemoryLocation>(
     (cli, session, setup): (&Cli, Session, Received),
 ) -> Res<u64> {
     let (delivery, timeout) = (cli.delivery(), cli.seconds("--timeout", 10.0)?);
@@ -197,7 +196,7 @@ fn receive<F: Format, M: MemoryLocation>(
         validation: Validation::Off,
         ..HeadlessOptions::default()
     })?;
-    let rx = VulkanReceiver::<F, M>::new(&ctx, session, setup)?;
+    let rx = VulkanReceiver::<F, M, F::Usage>::new(&ctx, session, setup)?;
     println!(
         "[vulkan_client] own device {}: {} slots of {}x{} {} in {}, {delivery:?} delivery",
         ctx.identity().name,

@@ -202,8 +202,9 @@ fn wgpu_frames_sends_wgpu_rendered_frames_every_pixel_checked() {
 /// The `from_raw` renderer (its own ash device, its own command buffers
 /// writing the slots between `open` and `present`) publishes by name, and
 /// the Vulkan receiver example on a device of its own checks every pixel
-/// of every frame it takes, lossless and latest, in RGBA8 and RGBA16F
-/// (lavapipe: host-visible slots, no semaphores).
+/// of every frame it takes, lossless and latest, in RGBA8, RGBA16F and
+/// RGBA8 sRGB (a `usage::Sampled` ring: the encoded bytes, the RGBA8
+/// pattern's) (lavapipe: host-visible slots, no semaphores).
 #[test]
 fn the_renderer_publishes_by_name_to_vulkan_receivers_every_pixel_checked() {
     let (renderer, client) = (
@@ -214,7 +215,7 @@ fn the_renderer_publishes_by_name_to_vulkan_receivers_every_pixel_checked() {
         println!("NOT CHECKED: renderer or vulkan_client is not built next to this test (cargo test --workspace builds them)");
         return;
     }
-    for format in ["rgba8", "rgba16f"] {
+    for format in ["rgba8", "rgba16f", "rgba8-srgb"] {
         let runtime =
             std::env::temp_dir().join(format!("cif-renderer-{}-{format}", std::process::id()));
         let _ = std::fs::remove_dir_all(&runtime);

@@ -64,9 +64,9 @@ use cuda_interop_frames::sender::{
 use vk_export::ash::vk;
 use vk_export::format::{
     A2b10g10r10UnormPack32, Bgra8Unorm, Format, R32Sfloat, R32Uint, Rg16Unorm, Rgba16Sfloat,
-    Rgba8Unorm,
+    Rgba8Srgb, Rgba8Unorm,
 };
-use vk_export::markers::{DeviceLocal, HostVisible, MemoryLocation};
+use vk_export::markers::{usage, DeviceLocal, HostVisible, MemoryLocation, Usage};
 use vk_export::{
     Context, DepthCopy, DepthFormat, DepthSource, ExportableBuffer, HeadlessOptions, QueueRole,
     SourceImage, SourceSharing, SubmitSync, TimelineSemaphore,
@@ -167,20 +167,25 @@ pub enum ImageFormat {
     Rgb10a2,
     /// `VK_FORMAT_R16G16_UNORM` (each texel one word of the pattern).
     Rg16,
+    /// `VK_FORMAT_R8G8B8A8_SRGB` (a receiver sees the encoded bytes, the
+    /// word's as for RGBA8; the ring is `usage::Sampled`: sRGB formats have
+    /// no storage usage, so CUDA reads it through a texture or a copy).
+    Rgba8Srgb,
 }
 
 impl ImageFormat {
     /// Every format, with its option value.
-    pub const ALL: [(ImageFormat, &'static str); 5] = [
+    pub const ALL: [(ImageFormat, &'static str); 6] = [
         (ImageFormat::Rgba8, "rgba8"),
         (ImageFormat::Rgba16f, "rgba16f"),
         (ImageFormat::Bgra8, "bgra8"),
         (ImageFormat::Rgb10a2, "rgb10a2"),
         (ImageFormat::Rg16, "rg16"),
+        (ImageFormat::Rgba8Srgb, "rgba8-srgb"),
     ];
 
     /// The option values, for help texts and errors.
-    pub const NAMES: &'static str = "rgba8|rgba16f|bgra8|rgb10a2|rg16";
+    pub const NAMES: &'static str = "rgba8|rgba16f|bgra8|rgb10a2|rg16|rgba8-srgb";
 
     /// One of [`ImageFormat::NAMES`].
     pub fn parse(name: &str) -> Option<ImageFormat> {
@@ -198,22 +203,48 @@ impl ImageFormat {
             ImageFormat::Bgra8 => of::<Bgra8Unorm>(),
             ImageFormat::Rgb10a2 => of::<A2b10g10r10UnormPack32>(),
             ImageFormat::Rg16 => of::<Rg16Unorm>(),
+            ImageFormat::Rgba8Srgb => of::<Rgba8Srgb>(),
         }
     }
 }
+
+/// A format of the demo's image rings, with the usage its rings are made
+/// (and imported) with: storage and sampled (a CUDA surface) where the
+/// format allows storage, sampled alone for sRGB.
+pub trait DemoFormat: Format {
+    /// The rings' usage preset.
+    type Usage: Usage;
+}
+
+macro_rules! demo_formats {
+    ($($format:ty => $usage:ty),* $(,)?) => {$(
+        impl DemoFormat for $format {
+            type Usage = $usage;
+        }
+    )*};
+}
+demo_formats!(
+    Rgba8Unorm => usage::Storage,
+    Rgba16Sfloat => usage::Storage,
+    Bgra8Unorm => usage::Storage,
+    A2b10g10r10UnormPack32 => usage::Storage,
+    Rg16Unorm => usage::Storage,
+    Rgba8Srgb => usage::Sampled,
+);
 
 /// Calls `$run::<F, ..>($($arg),*)` with the vk-export format type `F` of
 /// `$format` (an [`ImageFormat`], which must be in scope by that name) as
 /// the first generic argument.
 macro_rules! with_image_format {
     ($format:expr, $run:ident::<_ $(, $m:ty)*>($($arg:expr),*)) => {{
-        use vk_export::format::{A2b10g10r10UnormPack32, Bgra8Unorm, Rg16Unorm, Rgba16Sfloat, Rgba8Unorm};
+        use vk_export::format::{A2b10g10r10UnormPack32, Bgra8Unorm, Rg16Unorm, Rgba16Sfloat, Rgba8Srgb, Rgba8Unorm};
         match $format {
             ImageFormat::Rgba8 => $run::<Rgba8Unorm $(, $m)*>($($arg),*),
             ImageFormat::Rgba16f => $run::<Rgba16Sfloat $(, $m)*>($($arg),*),
             ImageFormat::Bgra8 => $run::<Bgra8Unorm $(, $m)*>($($arg),*),
             ImageFormat::Rgb10a2 => $run::<A2b10g10r10UnormPack32 $(, $m)*>($($arg),*),
             ImageFormat::Rg16 => $run::<Rg16Unorm $(, $m)*>($($arg),*),
+            ImageFormat::Rgba8Srgb => $run::<Rgba8Srgb $(, $m)*>($($arg),*),
         }
     }};
 }
@@ -800,12 +831,12 @@ impl Pattern {
     }
 }
 
-fn run_images<F: Format, M: MemoryLocation>(
+fn run_images<F: DemoFormat, M: MemoryLocation>(
     ctx: Context,
     opts: &ProducerOptions,
     choice: Choice,
 ) -> Res<()> {
-    let sender = ImageSender::<F, M>::new(&ctx, sender_options(opts, choice)?)?;
+    let sender = ImageSender::<F, M, F::Usage>::new(&ctx, sender_options(opts, choice)?)?;
     let bytes = u64::from(opts.width) * u64::from(opts.height) * u64::from(F::TEXEL_BYTES);
     let scratch = ExportableBuffer::<M>::new(&ctx, bytes)?;
     let extent = (opts.width, opts.height);
