@@ -877,22 +877,8 @@ fn depth_parts_are_the_attachments_bits_by_either_copy() {
             .flat_map(|i| ((i * 53 + 11) as u16).to_le_bytes())
             .collect();
         let main = QueueRole::Main;
-        let color = AppImage::of_format(
-            ctx,
-            (vk::Format::R8G8B8A8_UNORM, 4),
-            [W, H],
-            &color_texels,
-            vk::ImageLayout::COLOR_ATTACHMENT_OPTIMAL,
-            main,
-        );
-        let depth = AppImage::of_format(
-            ctx,
-            (vk::Format::D32_SFLOAT, 4),
-            [W, H],
-            &depth_texels,
-            vk::ImageLayout::DEPTH_STENCIL_ATTACHMENT_OPTIMAL,
-            main,
-        );
+        // Frame 9's colour and D32 depth images (its segmentation unused).
+        let [color, depth, labels] = app_images(ctx, 9);
         let depth16 = AppImage::of_format(
             ctx,
             (vk::Format::D16_UNORM, 2),
@@ -948,7 +934,7 @@ fn depth_parts_are_the_attachments_bits_by_either_copy() {
             );
             rx.release(frame).unwrap();
         }
-        drop((rx, sender, color, depth, depth16));
+        drop((rx, sender, color, depth, labels, depth16));
         t.finish();
     }
 }

@@ -384,63 +384,32 @@ impl<F: Format> SourceImage<F> {
         dst: vk::Image,
         dst_extent: [u32; 2],
     ) {
-        let copy_layout = match self.layout {
-            vk::ImageLayout::GENERAL | vk::ImageLayout::TRANSFER_SRC_OPTIMAL => self.layout,
-            _ => vk::ImageLayout::TRANSFER_SRC_OPTIMAL,
-        };
-        let ignored = (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED);
-        let transferred = match self.sharing {
-            SourceSharing::ReleasedToTransfer { from } => Some(from),
-            _ => None,
-        };
-        if let Some(from) = transferred {
-            // The acquire half: the same layouts as the application's release.
-            let layout = self.layout;
-            image_barrier(device, cmd, self.image, layout, layout, (from, family));
-        }
-        image_barrier(device, cmd, self.image, self.layout, copy_layout, ignored);
-        let layers = vk::ImageSubresourceLayers {
-            aspect_mask: vk::ImageAspectFlags::COLOR,
-            mip_level: 0,
-            base_array_layer: 0,
-            layer_count: 1,
-        };
+        let color = vk::ImageAspectFlags::COLOR;
         let region = vk::ImageCopy {
-            src_subresource: layers,
-            src_offset: vk::Offset3D {
-                // check_copy refused offsets beyond i32.
-                x: self.offset[0] as i32,
-                y: self.offset[1] as i32,
-                z: 0,
-            },
-            dst_subresource: layers,
+            src_subresource: layers_of(color),
+            src_offset: offset_of(self.offset),
+            dst_subresource: layers_of(color),
             dst_offset: vk::Offset3D::default(),
-            extent: vk::Extent3D {
-                width: dst_extent[0],
-                height: dst_extent[1],
-                depth: 1,
-            },
+            extent: extent_of(dst_extent),
         };
-        // SAFETY: forwarded from the caller: a recording command buffer of
-        // this device; the source is in `copy_layout` after the barrier
-        // above, the destination in GENERAL; the region fits both
-        // (check_copy, and the caller's extents); same format F.
-        unsafe {
-            device.cmd_copy_image(
-                cmd,
-                self.image,
-                copy_layout,
-                dst,
-                vk::ImageLayout::GENERAL,
-                &[region],
-            )
-        };
-        image_barrier(device, cmd, self.image, copy_layout, self.layout, ignored);
-        if let Some(from) = transferred {
-            // The release back, whose acquire half is the application's.
-            let layout = self.layout;
-            image_barrier(device, cmd, self.image, layout, layout, (family, from));
-        }
+        let source = (self.image, color, self.layout, self.sharing);
+        record_source_copy(device, cmd, family, source, |copy_layout| {
+            // SAFETY: forwarded from the caller: a recording command buffer
+            // of this device; the source is in `copy_layout` after
+            // record_source_copy's barrier, the destination in GENERAL; the
+            // region fits both (check_copy, and the caller's extents); same
+            // format F.
+            unsafe {
+                device.cmd_copy_image(
+                    cmd,
+                    self.image,
+                    copy_layout,
+                    dst,
+                    vk::ImageLayout::GENERAL,
+                    &[region],
+                )
+            }
+        })
     }
 }
 
@@ -698,19 +667,19 @@ impl DepthSource {
             buffer_offset: staging_offset,
             buffer_row_length: 0,
             buffer_image_height: 0,
-            image_subresource: self.subresource(vk::ImageAspectFlags::DEPTH),
-            image_offset: self.source_offset(),
+            image_subresource: layers_of(vk::ImageAspectFlags::DEPTH),
+            image_offset: offset_of(self.offset),
             image_extent: extent_of(dst_extent),
         };
         let into = vk::BufferImageCopy {
-            image_subresource: self.subresource(vk::ImageAspectFlags::COLOR),
+            image_subresource: layers_of(vk::ImageAspectFlags::COLOR),
             image_offset: vk::Offset3D::default(),
             ..out
         };
         let ignored = (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED);
-        self.record_around(device, cmd, family, |copy_layout| {
+        record_source_copy(device, cmd, family, self.state(), |copy_layout| {
             // SAFETY: forwarded from the caller: a recording command buffer
-            // of this device; the source in `copy_layout` (record_around's
+            // of this device; the source in `copy_layout` (record_source_copy's
             // barrier), its region inside it (check_copy); the staging range
             // is the caller's, large enough and 4-aligned (a depth copy's
             // rule); the buffer barrier orders the copy out before the copy
@@ -750,15 +719,15 @@ impl DepthSource {
         dst_extent: [u32; 2],
     ) {
         let region = vk::ImageCopy {
-            src_subresource: self.subresource(vk::ImageAspectFlags::DEPTH),
-            src_offset: self.source_offset(),
-            dst_subresource: self.subresource(vk::ImageAspectFlags::COLOR),
+            src_subresource: layers_of(vk::ImageAspectFlags::DEPTH),
+            src_offset: offset_of(self.offset),
+            dst_subresource: layers_of(vk::ImageAspectFlags::COLOR),
             dst_offset: vk::Offset3D::default(),
             extent: extent_of(dst_extent),
         };
-        self.record_around(device, cmd, family, |copy_layout| {
+        record_source_copy(device, cmd, family, self.state(), |copy_layout| {
             // SAFETY: forwarded from the caller: a recording command buffer
-            // of this device; the source in `copy_layout` (record_around's
+            // of this device; the source in `copy_layout` (record_source_copy's
             // barrier), its region inside it (check_copy); the destination
             // of the colour twin (the same texel bits), in GENERAL, at least
             // `dst_extent`; maintenance8 enabled and a graphics family (the
@@ -776,74 +745,81 @@ impl DepthSource {
         })
     }
 
-    fn subresource(&self, aspect_mask: vk::ImageAspectFlags) -> vk::ImageSubresourceLayers {
-        vk::ImageSubresourceLayers {
-            aspect_mask,
-            mip_level: 0,
-            base_array_layer: 0,
-            layer_count: 1,
-        }
-    }
-
-    fn source_offset(&self) -> vk::Offset3D {
-        vk::Offset3D {
-            // check_copy refused offsets beyond i32.
-            x: self.offset[0] as i32,
-            y: self.offset[1] as i32,
-            z: 0,
-        }
-    }
-
-    /// Records `copy(copy_layout)` between the barriers every depth copy
-    /// needs: the acquire half of a [`SourceSharing::ReleasedToTransfer`]
-    /// transfer, a barrier into a copy layout (`TRANSFER_SRC_OPTIMAL` unless
-    /// the source is in `GENERAL` or there already), and after the copy a
-    /// barrier back into the source's layout and the release half. Full
-    /// barriers, into `cmd` (recording, for a queue of `family`: the
-    /// callers' promise).
-    fn record_around(
+    /// What [`record_source_copy`] needs of it.
+    fn state(
         &self,
-        device: &ash::Device,
-        cmd: vk::CommandBuffer,
-        family: u32,
-        copy: impl FnOnce(vk::ImageLayout),
+    ) -> (
+        vk::Image,
+        vk::ImageAspectFlags,
+        vk::ImageLayout,
+        SourceSharing,
     ) {
-        let depth = vk::ImageAspectFlags::DEPTH;
-        let copy_layout = match self.layout {
-            vk::ImageLayout::GENERAL | vk::ImageLayout::TRANSFER_SRC_OPTIMAL => self.layout,
-            _ => vk::ImageLayout::TRANSFER_SRC_OPTIMAL,
-        };
-        let ignored = (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED);
-        let transferred = match self.sharing {
-            SourceSharing::ReleasedToTransfer { from } => Some(from),
-            _ => None,
-        };
-        let layout = self.layout;
-        if let Some(from) = transferred {
-            image_barrier_of(
-                device,
-                cmd,
-                self.image,
-                depth,
-                layout,
-                layout,
-                (from, family),
-            );
-        }
-        image_barrier_of(device, cmd, self.image, depth, layout, copy_layout, ignored);
-        copy(copy_layout);
-        image_barrier_of(device, cmd, self.image, depth, copy_layout, layout, ignored);
-        if let Some(from) = transferred {
-            image_barrier_of(
-                device,
-                cmd,
-                self.image,
-                depth,
-                layout,
-                layout,
-                (family, from),
-            );
-        }
+        (
+            self.image,
+            vk::ImageAspectFlags::DEPTH,
+            self.layout,
+            self.sharing,
+        )
+    }
+}
+
+/// Records `copy(copy_layout)` of a copy source (`image`'s `aspect`, now in
+/// `layout`, accessible as `sharing` says) between the barriers every copy
+/// of one needs: the acquire half of a [`SourceSharing::ReleasedToTransfer`]
+/// transfer (the same layouts as the application's release), a barrier
+/// into a copy layout (`TRANSFER_SRC_OPTIMAL` unless the source is in
+/// `GENERAL` or there already), and after the copy a barrier back into
+/// `layout` and the release back to `from` (whose acquire half is the
+/// application's). Full barriers, into `cmd` (recording, for a queue of
+/// `family`: the callers' promise).
+fn record_source_copy(
+    device: &ash::Device,
+    cmd: vk::CommandBuffer,
+    family: u32,
+    (image, aspect, layout, sharing): (
+        vk::Image,
+        vk::ImageAspectFlags,
+        vk::ImageLayout,
+        SourceSharing,
+    ),
+    copy: impl FnOnce(vk::ImageLayout),
+) {
+    let copy_layout = match layout {
+        vk::ImageLayout::GENERAL | vk::ImageLayout::TRANSFER_SRC_OPTIMAL => layout,
+        _ => vk::ImageLayout::TRANSFER_SRC_OPTIMAL,
+    };
+    let ignored = (vk::QUEUE_FAMILY_IGNORED, vk::QUEUE_FAMILY_IGNORED);
+    let transferred = match sharing {
+        SourceSharing::ReleasedToTransfer { from } => Some(from),
+        _ => None,
+    };
+    if let Some(from) = transferred {
+        image_barrier_of(device, cmd, image, aspect, layout, layout, (from, family));
+    }
+    image_barrier_of(device, cmd, image, aspect, layout, copy_layout, ignored);
+    copy(copy_layout);
+    image_barrier_of(device, cmd, image, aspect, copy_layout, layout, ignored);
+    if let Some(from) = transferred {
+        image_barrier_of(device, cmd, image, aspect, layout, layout, (family, from));
+    }
+}
+
+/// Level 0, layer 0 of `aspect_mask`.
+fn layers_of(aspect_mask: vk::ImageAspectFlags) -> vk::ImageSubresourceLayers {
+    vk::ImageSubresourceLayers {
+        aspect_mask,
+        mip_level: 0,
+        base_array_layer: 0,
+        layer_count: 1,
+    }
+}
+
+/// A source region's corner (`check_copy` refused offsets beyond i32).
+fn offset_of(offset: [u32; 2]) -> vk::Offset3D {
+    vk::Offset3D {
+        x: offset[0] as i32,
+        y: offset[1] as i32,
+        z: 0,
     }
 }
 
