@@ -335,14 +335,9 @@ impl Context {
             .iter()
             .find(|l| l.layer_name_as_c_str().ok() == Some(VALIDATION_LAYER))
             .is_some_and(|l| l.spec_version >= MAINTENANCE8_HEADER);
-        let options = &HeadlessOptions {
-            depth_copy: match validation && !layer_knows_maintenance8 {
-                true => DepthCopy::ThroughBuffer,
-                false => options.depth_copy,
-            },
-            ..options.clone()
-        };
-        match Self::create_device(&instance, options) {
+        let layer_allows = !validation || layer_knows_maintenance8;
+        let want_depth_to_color = options.depth_copy == DepthCopy::IfAvailable && layer_allows;
+        match Self::create_device(&instance, options, want_depth_to_color) {
             Ok((physical, device, queues, depth_to_color)) => {
                 // SAFETY: the device and instance were just created here and
                 // belong to the context from now on; `depth_to_color` says
@@ -374,9 +369,13 @@ impl Context {
         }
     }
 
+    /// The device `options` ask for, with `VK_KHR_maintenance8` where
+    /// `want_depth_to_color` and the device offers it on a graphics main
+    /// family (the last value says whether it was enabled).
     fn create_device(
         instance: &ash::Instance,
         options: &HeadlessOptions,
+        want_depth_to_color: bool,
     ) -> Result<(vk::PhysicalDevice, ash::Device, Queues, bool)> {
         // SAFETY: plain enumeration on a live instance.
         let physicals = unsafe { instance.enumerate_physical_devices() }.map_err(vk_error(
@@ -442,7 +441,7 @@ impl Context {
         let mut features12 = needs.features12();
         // SAFETY: `instance` is live and of Vulkan 1.2 (`headless`),
         // `physical` one of its devices.
-        let depth_to_color = options.depth_copy == DepthCopy::IfAvailable
+        let depth_to_color = want_depth_to_color
             && unsafe {
                 depth_to_color_copies_offered(instance, physical, needs.queues.main.family)
             };
