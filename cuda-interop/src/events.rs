@@ -21,13 +21,15 @@
 //!   price: such a wait also waits for the stream's work enqueued after the
 //!   use, up to the moment it records. A stream that drained in a host wait
 //!   marks every ticket taken before that wait done, with no event at all.
-//! * The device's external waits ([`ExternalWaits`]) keep one event per
-//!   stream of the crate instead, re-recorded right behind each wait there
-//!   (one `cuEventRecord` a wait call; the stream's first wait takes a spare
-//!   or makes one, and lets go of the entries of destroyed streams seen
-//!   complete): the device-wide check before a destroy that synchronizes
-//!   the device waits for the waits themselves, not for the stream's later
-//!   work.
+//! * The device's external waits ([`ExternalWaits`]) are kept the same way:
+//!   each wait on one of the crate's streams is that stream's ticket (no
+//!   driver call), and the device-wide check before a destroy that
+//!   synchronizes the device records the event that covers it. That check
+//!   then also waits for the stream's work enqueued after the wait, which
+//!   the destroy's own device synchronization would wait for anyway; what
+//!   differs is the bound: past [`DROP_WAIT_LIMIT`] of such work the
+//!   destroy leaks and reports instead of blocking in the driver, as it
+//!   does for a wait that nobody signals.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -63,17 +65,6 @@ pub(crate) struct Events {
     /// Uses on the crate's own streams: each stream's track and the newest
     /// ticket taken there, pending until seen done.
     pub(crate) tracked: Vec<(Arc<StreamTrack>, u64)>,
-    /// The external waits' list only: per stream of the crate, one event
-    /// re-recorded behind each wait there, and whether it may be pending.
-    pub(crate) stream_waits: Vec<StreamWait>,
-}
-
-/// One stream's entry in the external waits (see [`Events::stream_waits`]).
-pub(crate) struct StreamWait {
-    track: Arc<StreamTrack>,
-    event: CUevent,
-    /// Recorded since it was last seen complete.
-    pending: bool,
 }
 
 /// The event a [`StreamTrack`] recorded behind the tickets it covers,
@@ -265,86 +256,7 @@ impl Events {
 
     /// No event or tracked use is pending.
     pub(crate) fn is_idle(&self) -> bool {
-        self.pending.is_empty()
-            && self.tracked.is_empty()
-            && self.stream_waits.iter().all(|w| !w.pending)
-    }
-
-    /// Re-records `track`'s event behind the wait just enqueued on its
-    /// stream `stream` (or makes one: a spare, or new). The context must
-    /// be current.
-    ///
-    /// # Safety
-    /// `stream` is the live stream of `track`, of the current context,
-    /// alive for the duration of the call.
-    pub(crate) unsafe fn record_stream_wait(
-        &mut self,
-        track: &Arc<StreamTrack>,
-        stream: CUstream,
-    ) -> Result<()> {
-        let at = match self
-            .stream_waits
-            .iter()
-            .position(|w| Arc::ptr_eq(&w.track, track))
-        {
-            Some(at) => at,
-            None => {
-                // A failed query keeps its entry pending: the settle check
-                // reports it.
-                let _ = self.forget_stream_waits();
-                let event = match self.spare.pop() {
-                    Some(event) => event,
-                    None => create_untimed_event()?,
-                };
-                self.stream_waits.push(StreamWait {
-                    track: Arc::clone(track),
-                    event,
-                    pending: false,
-                });
-                self.stream_waits.len() - 1
-            }
-        };
-        let wait = &mut self.stream_waits[at];
-        // Pending from here on, recorded or not: a failed record leaves the
-        // entry unprovable (its owner marks the list untracked).
-        wait.pending = true;
-        // SAFETY: a live event of the current context and the caller's live
-        // stream; re-recording it moves it behind this wait, which comes
-        // after every earlier wait on the stream.
-        unsafe { cu!(cuEventRecord(wait.event, stream)) }
-    }
-
-    /// Queries the pending stream waits (the first failure is returned, its
-    /// entry stays pending) and lets go of the entries of destroyed streams
-    /// whose last wait completed. The context must be current.
-    fn forget_stream_waits(&mut self) -> Result<()> {
-        let mut first_error = Ok(());
-        for wait in &mut self.stream_waits {
-            if wait.pending {
-                // SAFETY: a live event of the current context.
-                match unsafe { cu_query!(cuEventQuery(wait.event)) } {
-                    Ok(done) => wait.pending = !done,
-                    Err(error) => {
-                        if first_error.is_ok() {
-                            first_error = Err(error);
-                        }
-                    }
-                }
-            }
-        }
-        let mut kept = Vec::with_capacity(self.stream_waits.len());
-        for wait in self.stream_waits.drain(..) {
-            if wait.pending || !wait.track.is_closed() {
-                kept.push(wait);
-            } else {
-                // SAFETY: a live event of the current context, complete,
-                // destroyed once and dropped from the list.
-                record_drop_error(unsafe { cu!(cuEventDestroy(wait.event)) });
-                release_track(wait.track);
-            }
-        }
-        self.stream_waits = kept;
-        first_error
+        self.pending.is_empty() && self.tracked.is_empty()
     }
 
     /// Lets go of the tracks without destroying any event (for a list
@@ -353,9 +265,6 @@ impl Events {
         for (track, _) in self.tracked.drain(..) {
             std::mem::forget(track);
         }
-        for wait in self.stream_waits.drain(..) {
-            std::mem::forget(wait.track);
-        }
     }
 
     /// Destroys every event, pending or spare, and lets go of the tracks.
@@ -363,11 +272,6 @@ impl Events {
     pub(crate) fn destroy_all(&mut self) {
         for (track, _) in self.tracked.drain(..) {
             release_track(track);
-        }
-        for wait in self.stream_waits.drain(..) {
-            // SAFETY: a live event of the current context, destroyed once.
-            record_drop_error(unsafe { cu!(cuEventDestroy(wait.event)) });
-            release_track(wait.track);
         }
         for event in self.pending.drain(..).chain(self.spare.drain(..)) {
             // SAFETY: a live event of the current context, destroyed once. One
@@ -529,11 +433,6 @@ impl StreamTrack {
             state.stuck_on = Some(Arc::clone(event));
             self.stuck.store(true, Ordering::Release);
         }
-    }
-
-    /// Whether the stream's owner destroyed it.
-    fn is_closed(&self) -> bool {
-        self.lock().stream.is_none()
     }
 
     /// The event that covers `ticket`: the newest one if it does, else one
@@ -729,23 +628,22 @@ impl ExternalWaits {
         recorded
     }
 
-    /// Records the external wait just enqueued on `stream`, a stream of the
-    /// crate whose track is `track`: its event, re-recorded behind the wait.
-    /// The device's context must be current.
-    ///
-    /// # Safety
-    /// As [`ExternalWaits::record`], and `stream` is `track`'s stream.
-    pub(crate) unsafe fn record_stream_wait(
+    /// Keeps the external wait just enqueued on a stream of the crate, as
+    /// `ticket` of its `track` (taken right after the enqueue): no driver
+    /// call. A list grown past a few streams lets go of those known done,
+    /// with the context `enter` makes current (skipped if it cannot).
+    pub(crate) fn keep_stream_wait<G>(
         &self,
         track: &Arc<StreamTrack>,
-        stream: CUstream,
-    ) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        let recorded = unsafe { self.lock().record_stream_wait(track, stream) };
-        if recorded.is_err() {
-            self.untracked.store(true, Ordering::Release);
+        ticket: u64,
+        enter: impl FnOnce() -> Result<G>,
+    ) {
+        let mut events = self.lock();
+        if events.keep_tracked(track, ticket) {
+            if let Ok(_guard) = enter() {
+                events.prune_tracked();
+            }
         }
-        recorded
     }
 
     /// Marks the list unreliable: a wait was enqueued but not recorded.
@@ -777,7 +675,7 @@ impl ExternalWaits {
             let _guard = enter()?;
             let mut events = self.lock();
             events.forget_completed()?;
-            events.forget_stream_waits()?;
+            events.settle_tracked()?;
             Ok(events.is_idle() && self.nothing_in_flight())
         });
         self.stuck.store(waited.is_err(), Ordering::Release);

@@ -24,8 +24,7 @@
 //!   changed. Its timeline locks are taken in one order (handle address),
 //!   so batches and single signals never deadlock on each other. A batch
 //!   is one use of its stream (one ticket, no event), kept by every
-//!   semaphore in it (and, for waits, one record of the stream's event in
-//!   the device's external waits).
+//!   semaphore in it (and, for waits, by the device's external waits).
 //! * Every signal and wait is recorded as a use of the semaphore; `Drop`
 //!   waits for those uses (at most [`DROP_WAIT_LIMIT`](crate::DROP_WAIT_LIMIT),
 //!   never `cuCtxSynchronize`) before `cuDestroyExternalSemaphore`, which
@@ -252,7 +251,8 @@ impl<K> ExternalSemaphore<K> {
     fn wait_raw(&self, stream: &Stream, value: u64) -> Result<()> {
         let _in_flight = self.device.inner.external_waits.begin_wait();
         self.enqueue_wait(stream, value)?;
-        self.track_wait(stream)
+        self.track_wait(stream);
+        Ok(())
     }
 
     /// Enqueues a wait for `value` (0 for binary) on `stream`; `Ok` means
@@ -286,12 +286,13 @@ impl<K> ExternalSemaphore<K> {
         }
     }
 
-    /// Records an enqueued wait as a use of the semaphore (a ticket of the
-    /// stream's track) and as a pending external wait of the device (the
-    /// stream's event there, re-recorded behind it: one driver call).
-    fn track_wait(&self, stream: &Stream) -> Result<()> {
-        self.last_use.record(stream)?;
-        record_external_wait(&self.device, stream)
+    /// Records an enqueued wait as a use of the semaphore and as a pending
+    /// external wait of the device: one ticket of the stream's track, kept
+    /// by both lists (no driver call).
+    fn track_wait(&self, stream: &Stream) {
+        let ticket = stream.track().ticket();
+        self.last_use.record_ticket(stream.track(), ticket);
+        keep_external_wait(&self.device, stream, ticket);
     }
 
     /// [`Self::track_wait`] on a raw stream.
@@ -339,10 +340,11 @@ impl ExternalSemaphore<Binary> {
         self.payload.check(&signal)?;
         let _in_flight = self.device.inner.external_waits.begin_wait();
         self.enqueue_wait(stream, 0)?;
-        // SAFETY: the wait for this signal was just enqueued successfully
-        // (consumed before anything else can fail: the token is spent).
+        // The token is spent: the wait is tracked whatever consume answers.
+        self.track_wait(stream);
+        // SAFETY: the wait for this signal was just enqueued successfully.
         unsafe { self.payload.consume(signal) }?;
-        self.track_wait(stream)
+        Ok(())
     }
 
     /// This semaphore's payload state.
@@ -588,21 +590,15 @@ impl WaitOp<'_> {
     }
 }
 
-/// Records the external wait just enqueued on `stream` in `device`'s list
-/// (which destroys that synchronize the device check first; the waiting
-/// semaphore's device, as for waits on foreign streams); a failure marks
-/// the list untracked, so those destroys leak rather than risk it.
-fn record_external_wait(device: &CudaDevice, stream: &Stream) -> Result<()> {
-    let waits = &device.inner.external_waits;
-    match device.enter_unless_current() {
-        // SAFETY: the stream is live (borrowed) and of the device's primary
-        // context, current here; its track is its own.
-        Ok(_guard) => unsafe { waits.record_stream_wait(stream.track(), stream.raw()) },
-        Err(e) => {
-            waits.mark_untracked();
-            Err(e)
-        }
-    }
+/// Keeps the external wait just enqueued on `stream`, as `ticket` of its
+/// track, in `device`'s list (which destroys that synchronize the device
+/// check first; the waiting semaphore's device, as for waits on foreign
+/// streams). No driver call.
+fn keep_external_wait(device: &CudaDevice, stream: &Stream, ticket: u64) {
+    device
+        .inner
+        .external_waits
+        .keep_stream_wait(stream.track(), ticket, || device.enter());
 }
 
 /// The driver's limit on entries per batched call is a `c_uint`.
@@ -715,12 +711,13 @@ impl Stream {
 
     /// Records the batch just enqueued on this stream as a use of each
     /// semaphore in `uses`: one ticket of the stream's track, kept by every
-    /// list.
-    fn record_batch_use<'u>(&self, uses: impl Iterator<Item = &'u LastUse>) {
+    /// list, and returned.
+    fn record_batch_use<'u>(&self, uses: impl Iterator<Item = &'u LastUse>) -> u64 {
         let ticket = self.track().ticket();
         for last_use in uses {
             last_use.record_ticket(self.track(), ticket);
         }
+        ticket
     }
 
     /// Enqueues one wait of every entry, in one driver call, and consumes
@@ -769,14 +766,15 @@ impl Stream {
             }?;
         }
         // One ticket covers every wait of the batch (they were enqueued
-        // together, on this stream), kept by each semaphore's list; one
-        // record behind them in the device's external waits. Tokens are
-        // consumed whatever the others' outcome.
-        self.record_batch_use(batch.iter().map(|op| match op {
+        // together, on this stream), kept by each semaphore's list and by
+        // the device's external waits. Tokens are consumed whatever the
+        // others' outcome.
+        let ticket = self.record_batch_use(batch.iter().map(|op| match op {
             WaitOp::Timeline(s, _) => &s.last_use,
             WaitOp::Binary(s, _) => &s.last_use,
         }));
-        let mut outcome = record_external_wait(self.device(), self);
+        keep_external_wait(self.device(), self, ticket);
+        let mut outcome = Ok(());
         for op in batch {
             if let WaitOp::Binary(s, token) = op {
                 // SAFETY: the wait for this signal was just enqueued (its

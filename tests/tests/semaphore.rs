@@ -156,8 +156,6 @@ fn child_fake_semaphore_rules() {
         assert!(line.contains("reserved_zero=1"), "{line}");
     }
     drop((timeline, a, b, stream));
-    // The device keeps one event per external wait until the next check
-    // or its own drop.
     drop(cuda);
     assert_eq!(fake.all_live(), [], "everything destroyed");
 }
@@ -377,13 +375,14 @@ fn child_fake_semaphore_batches() {
 
 /// Uses on the crate's own streams are positions, not events (against the
 /// fake driver): a frame loop of timeline signals and waits, single and
-/// batched, creates no event and records one per wait call only (the
-/// device's external wait, re-recorded behind it), none per use; a
-/// resource's event is recorded only
-/// when a destructor must know the work completed (one, behind the pending
-/// work, which the destroy then comes after), and none when a host wait
-/// already saw the stream drain; a stream dropped with uses still pending
-/// records the event that covers them before it goes.
+/// batched, creates and records no event (neither per use nor per wait
+/// call: the device's external waits are tickets too); a resource's event
+/// is recorded only when a destructor must know the work completed (one,
+/// behind the pending work, which the destroy then comes after), and none
+/// when a host wait already saw the stream drain; a stream dropped with
+/// uses still pending records the event that covers them before it goes;
+/// the device-wide check before a free records the one event that covers
+/// a semaphore wait, and the free comes after it.
 #[test]
 fn uses_on_crate_streams_record_no_event_per_use() {
     let _fds = fds::lock();
@@ -408,8 +407,6 @@ fn child_fake_lazy_use_events() {
     let records = || fake.calls("cuEventRecord").len();
     let created = || fake.live("event");
     let (single, batched) = (import(), import());
-    // The device's external waits make the stream's event at the first
-    // wait, then re-record it behind each wait.
     single.wait(&stream, 0).unwrap();
     let (records_before, events_before) = (records(), created());
     for value in 1..=100 {
@@ -424,8 +421,8 @@ fn child_fake_lazy_use_events() {
     }
     assert_eq!(
         records(),
-        records_before + 200,
-        "one record a wait call (the device's external wait), none a use"
+        records_before,
+        "no record a use or a wait call (the device's external waits keep tickets too)"
     );
     assert_eq!(created(), events_before, "no event created per use");
 
@@ -495,19 +492,22 @@ fn child_fake_lazy_use_events() {
     drop(many);
 
     // The device-wide check before a destroy that synchronizes the device
-    // waits for the semaphore waits themselves, not for work given to
-    // their stream after them: a device buffer is freed while that work
-    // still runs.
+    // records the event that covers the semaphore wait then, and waits for
+    // it: also for the work given to the stream after the wait, which the
+    // free's own device synchronization would wait for anyway. The buffer
+    // is freed after that work, not leaked.
     let waited = import();
     waited.wait(&stream, 0).unwrap();
     fake.set("latency_ms", 300);
     waited.signal(&stream, 1).unwrap();
     let buffer = DeviceBuffer::new(&cuda, 1024).unwrap();
+    let before = records();
     drop(buffer);
+    assert_eq!(records(), before + 1, "one event, recorded by the check");
     assert_eq!(
         fake.last("cuMemFree").get("busy_streams"),
-        "1",
-        "freed while the later work runs: the wait was all the check waited for"
+        "0",
+        "freed after the stream's work: the check's event covered the wait"
     );
     fake.set("latency_ms", 0);
     stream.synchronize(Duration::from_secs(5)).unwrap();
