@@ -1619,12 +1619,14 @@ fn batched_frames(
     imports: &[ExternalSemaphore<Timeline>],
     frames: u32,
 ) -> Res<f64> {
+    // The signal list is reused, as the raw loop reuses its parameters.
+    let mut signals: Vec<SignalOp<'_>> = Vec::with_capacity(imports.len());
     let start = Instant::now();
     for f in 1..=u64::from(frames) {
-        let signals: Vec<SignalOp<'_>> = imports.iter().map(|s| SignalOp::Timeline(s, f)).collect();
+        signals.clear();
+        signals.extend(imports.iter().map(|s| SignalOp::Timeline(s, f)));
         stream.signal_semaphores(&signals)?;
-        let waits: Vec<WaitOp<'_>> = imports.iter().map(|s| WaitOp::Timeline(s, f)).collect();
-        stream.wait_semaphores(waits)?;
+        stream.wait_semaphores(imports.iter().map(|s| WaitOp::Timeline(s, f)))?;
     }
     stream.synchronize(WAIT_LIMIT)?;
     Ok(us(start.elapsed()) / f64::from(frames))

@@ -37,6 +37,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Mutex, PoisonError};
 
 use cuda_interop_sys::{self as sys, CUexternalSemaphore, CUexternalSemaphoreHandleType};
+use smallvec::SmallVec;
 use vk_export::semaphore_kinds::{Binary, Timeline};
 use vk_export::{BinaryPayload, BinarySignal, ReceivedSemaphore, SemaphoreKind, SemaphoreRecord};
 
@@ -601,6 +602,13 @@ fn keep_external_wait(device: &CudaDevice, stream: &Stream, ticket: u64) {
         .keep_stream_wait(stream.track(), ticket, || device.enter());
 }
 
+/// Entries a batch holds without allocating (its handles, parameters and
+/// locks): a frame's few semaphores.
+const INLINE_ENTRIES: usize = 4;
+
+/// A batch's per-entry storage: inline up to [`INLINE_ENTRIES`].
+type Entries<T> = SmallVec<[T; INLINE_ENTRIES]>;
+
 /// The driver's limit on entries per batched call is a `c_uint`.
 fn batch_count(len: usize) -> Result<std::ffi::c_uint> {
     std::ffi::c_uint::try_from(len).map_err(|_| {
@@ -636,7 +644,7 @@ impl Stream {
         }
         // The timeline entries, locked in address order so that two batches
         // (or a batch and single signals) never wait on each other's locks.
-        let mut timelines: Vec<(&ExternalSemaphore<Timeline>, u64)> = batch
+        let mut timelines: Entries<(&ExternalSemaphore<Timeline>, u64)> = batch
             .iter()
             .filter_map(|op| match op {
                 SignalOp::Timeline(s, value) => Some((*s, *value)),
@@ -650,7 +658,7 @@ impl Stream {
                     .into(),
             ));
         }
-        let mut locked = Vec::with_capacity(timelines.len());
+        let mut locked: Entries<_> = SmallVec::with_capacity(timelines.len());
         for (semaphore, value) in &timelines {
             let last = semaphore
                 .last_signalled
@@ -667,9 +675,9 @@ impl Stream {
                 SignalOp::Binary(s) => Some(s.payload.reserve_signal()),
                 SignalOp::Timeline(..) => None,
             })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        let handles: Vec<CUexternalSemaphore> = batch.iter().map(SignalOp::handle).collect();
-        let params: Vec<sys::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS> = batch
+            .collect::<std::result::Result<Entries<_>, _>>()?;
+        let handles: Entries<CUexternalSemaphore> = batch.iter().map(SignalOp::handle).collect();
+        let params: Entries<sys::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS> = batch
             .iter()
             .map(|op| {
                 let mut p = sys::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS::default();
@@ -727,7 +735,11 @@ impl Stream {
     /// driver; the batch's tokens are then dropped unused, so each can be
     /// reclaimed once (`ExternalSemaphore<Binary>::reclaim_signal`), as
     /// after a refused single wait. An empty batch calls nothing.
-    pub fn wait_semaphores(&self, batch: Vec<WaitOp<'_>>) -> Result<()> {
+    ///
+    /// `batch` is any list of entries (a `Vec`, an array, an iterator): a
+    /// few entries are held inline, with no allocation.
+    pub fn wait_semaphores<'a>(&self, batch: impl IntoIterator<Item = WaitOp<'a>>) -> Result<()> {
+        let batch: Entries<WaitOp<'a>> = batch.into_iter().collect();
         if batch.is_empty() {
             return Ok(());
         }
@@ -738,8 +750,8 @@ impl Stream {
                 s.payload.check(token)?;
             }
         }
-        let handles: Vec<CUexternalSemaphore> = batch.iter().map(WaitOp::handle).collect();
-        let params: Vec<sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS> = batch
+        let handles: Entries<CUexternalSemaphore> = batch.iter().map(WaitOp::handle).collect();
+        let params: Entries<sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS> = batch
             .iter()
             .map(|op| {
                 let mut p = sys::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS::default();

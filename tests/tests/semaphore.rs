@@ -339,8 +339,7 @@ fn child_fake_semaphore_batches() {
             [&a, &b]
                 .into_iter()
                 .zip(again)
-                .map(|(s, t)| WaitOp::Binary(s, t))
-                .collect(),
+                .map(|(s, t)| WaitOp::Binary(s, t)),
         )
         .unwrap();
     for line in fake.log().lines().filter(|l| l.contains("reserved_zero=")) {
