@@ -936,25 +936,34 @@ fn s3_frames<F: Format>(
     // The consumer alone: the same copies on the same stream, no Vulkan
     // and no waits between frames (issue 30 item 4: what grows with the
     // frame on the consumer's side, beside the producer's own work).
-    let mut run_consumer = |n_frames: u32| -> Res<Duration> {
+    let mut run_consumer = |n_frames: u32, engine: CopyEngine| -> Res<Duration> {
         let start = Instant::now();
         for n in 0..n_frames as usize {
             let s = n % SLOTS;
-            levels[s].enqueue_copy_to_with(
-                &stream,
-                PitchedMut::buffer(&mut dsts[s]),
-                CopyEngine::Kernel,
-            )?;
+            levels[s].enqueue_copy_to_with(&stream, PitchedMut::buffer(&mut dsts[s]), engine)?;
         }
         stream.synchronize(WAIT_LIMIT)?;
         Ok(start.elapsed())
     };
-    run_consumer(10)?;
-    let consumer_only = run_consumer(frames)?.as_secs_f64() * 1e3 / f64::from(frames);
+    run_consumer(10, CopyEngine::Kernel)?;
+    let consumer_only =
+        run_consumer(frames, CopyEngine::Kernel)?.as_secs_f64() * 1e3 / f64::from(frames);
     report.add(
         "S3",
         format!("{label}: CUDA consumer alone (its copy into pitched memory), per frame"),
         consumer_only,
+        "ms",
+    );
+    // The same copy by the driver (`cuMemcpy3DAsync`, a copy engine rather
+    // than a kernel on the graphics engine's SMs): issue 30 item 4, whether
+    // a consumer that gives the graphics engine no work avoids the switches.
+    run_consumer(10, CopyEngine::Driver)?;
+    let consumer_only_dma =
+        run_consumer(frames, CopyEngine::Driver)?.as_secs_f64() * 1e3 / f64::from(frames);
+    report.add(
+        "S3",
+        format!("{label}: CUDA consumer alone, its copy by the driver (CopyEngine::Driver), per frame"),
+        consumer_only_dma,
         "ms",
     );
 
@@ -974,13 +983,14 @@ fn s3_frames<F: Format>(
         produced.raw(),
     )?;
     let mut zero_copy = [0.0f64; 2];
+    let mut zero_copy_dma = [0.0f64; 2];
     let mut c_loop = [0.0f64; 2];
     let mut relayed = 0.0f64;
     for (k, in_flight) in [1u64, 3].into_iter().enumerate() {
         // `relay`: the host waits until Vulkan's signal landed before it
         // enqueues the CUDA wait (see S2: a CUDA wait enqueued before a
         // Vulkan queue signal sees it ~300 µs late on the H200).
-        let mut run_safe = |n_frames: u32, relay: bool| -> Res<Duration> {
+        let mut run_safe = |n_frames: u32, relay: bool, engine: CopyEngine| -> Res<Duration> {
             let start = Instant::now();
             for _ in 0..n_frames {
                 let n = *frame;
@@ -993,23 +1003,24 @@ fn s3_frames<F: Format>(
                     produced.wait(n + 1, WAIT_LIMIT, SPIN)?;
                 }
                 cu_produced.wait(&stream, n + 1)?;
-                levels[s].enqueue_copy_to_with(
-                    &stream,
-                    PitchedMut::buffer(&mut dsts[s]),
-                    CopyEngine::Kernel,
-                )?;
+                levels[s].enqueue_copy_to_with(&stream, PitchedMut::buffer(&mut dsts[s]), engine)?;
                 cu_consumed.signal(&stream, n + 1)?;
                 *frame += 1;
             }
             consumed.wait(*frame, WAIT_LIMIT, SPIN)?;
             Ok(start.elapsed())
         };
-        run_safe(10, false)?;
-        let t = run_safe(frames, false)?;
+        run_safe(10, false, CopyEngine::Kernel)?;
+        let t = run_safe(frames, false, CopyEngine::Kernel)?;
         zero_copy[k] = t.as_secs_f64() * 1e3 / f64::from(frames);
         if in_flight == 1 {
-            let t = run_safe(frames, true)?;
+            let t = run_safe(frames, true, CopyEngine::Kernel)?;
             relayed = t.as_secs_f64() * 1e3 / f64::from(frames);
+        }
+        if variant == Variant::Render {
+            run_safe(10, false, CopyEngine::Driver)?;
+            let t = run_safe(frames, false, CopyEngine::Driver)?;
+            zero_copy_dma[k] = t.as_secs_f64() * 1e3 / f64::from(frames);
         }
 
         // The same loop in C: the submit infos and values are the producer's.
@@ -1164,6 +1175,32 @@ fn s3_frames<F: Format>(
                 "<= one switch (0.5x the two)",
                 three_beyond * 1e3 <= 0.5 * two,
             );
+        }
+        // The consumer's copy by the driver: the overheads again, against
+        // the same switches (and less that consumer's own copy).
+        for (k, what, share) in [
+            (0, "1 in flight, the consumer's copy by the driver", 1.1),
+            (1, "3 in flight, the consumer's copy by the driver", 0.5),
+        ] {
+            let total = overhead(zero_copy_dma[k], producer_only[k], what, report);
+            let beyond = zero_copy_dma[k] - producer_only[k] - consumer_only_dma;
+            let case = format!(
+                "{label}, {what}: per-frame overhead beyond both sides' own work (the consumer alone by the driver)"
+            );
+            match switches {
+                Some(two) => {
+                    report.goal(
+                        if share > 1.0 { "<= 1.1x the two switches" } else { "<= one switch (0.5x the two)" },
+                        total * 1e3 <= share * two,
+                    );
+                    report.add_vs("S3", case, beyond, "ms", ("S8's two switches", two / 1e3));
+                    report.goal(
+                        if share > 1.0 { "<= 1.1x the two switches" } else { "<= one switch (0.5x the two)" },
+                        beyond * 1e3 <= share * two,
+                    );
+                }
+                None => report.add("S3", case, beyond, "ms"),
+            }
         }
         if batches {
             // Batches of `n` frames in one vkQueueSubmit; CUDA waits once
