@@ -962,7 +962,9 @@ fn s3_frames<F: Format>(
         run_consumer(frames, CopyEngine::Driver)?.as_secs_f64() * 1e3 / f64::from(frames);
     report.add(
         "S3",
-        format!("{label}: CUDA consumer alone, its copy by the driver (CopyEngine::Driver), per frame"),
+        format!(
+            "{label}: CUDA consumer alone, its copy by the driver (CopyEngine::Driver), per frame"
+        ),
         consumer_only_dma,
         "ms",
     );
@@ -1003,7 +1005,11 @@ fn s3_frames<F: Format>(
                     produced.wait(n + 1, WAIT_LIMIT, SPIN)?;
                 }
                 cu_produced.wait(&stream, n + 1)?;
-                levels[s].enqueue_copy_to_with(&stream, PitchedMut::buffer(&mut dsts[s]), engine)?;
+                levels[s].enqueue_copy_to_with(
+                    &stream,
+                    PitchedMut::buffer(&mut dsts[s]),
+                    engine,
+                )?;
                 cu_consumed.signal(&stream, n + 1)?;
                 *frame += 1;
             }
@@ -1190,12 +1196,20 @@ fn s3_frames<F: Format>(
             match switches {
                 Some(two) => {
                     report.goal(
-                        if share > 1.0 { "<= 1.1x the two switches" } else { "<= one switch (0.5x the two)" },
+                        if share > 1.0 {
+                            "<= 1.1x the two switches"
+                        } else {
+                            "<= one switch (0.5x the two)"
+                        },
                         total * 1e3 <= share * two,
                     );
                     report.add_vs("S3", case, beyond, "ms", ("S8's two switches", two / 1e3));
                     report.goal(
-                        if share > 1.0 { "<= 1.1x the two switches" } else { "<= one switch (0.5x the two)" },
+                        if share > 1.0 {
+                            "<= 1.1x the two switches"
+                        } else {
+                            "<= one switch (0.5x the two)"
+                        },
                         beyond * 1e3 <= share * two,
                     );
                 }

@@ -651,10 +651,16 @@ impl ExternalWaits {
         self.untracked.store(true, Ordering::Release);
     }
 
-    /// `Ok` once every recorded external wait of the device has completed,
-    /// waiting at most `limit` (no wait at all once a check has given up and
-    /// a wait is still pending). `enter` makes the device's context current
-    /// until the guard it returns drops.
+    /// `Ok` once every external wait of the device recorded before the check
+    /// began has completed, waiting at most `limit` (no wait at all once a
+    /// check has given up and a wait is still pending). `enter` makes the
+    /// device's context current until the guard it returns drops.
+    ///
+    /// On the crate's streams the check waits for the tickets kept at its
+    /// first look with no wait in flight, not for those kept while it runs:
+    /// a stream given a wait every frame on another thread would otherwise
+    /// never be seen idle. (A wait enqueued after that look can still be
+    /// stuck when the destroy runs, as one enqueued right after any check.)
     pub(crate) fn settled<G>(&self, enter: impl Fn() -> Result<G>, limit: Duration) -> Result<()> {
         if self.untracked.load(Ordering::Acquire) {
             return Err(Error::Cleanup(
@@ -671,13 +677,38 @@ impl ExternalWaits {
         } else {
             limit
         };
+        let mut kept: Option<Vec<(Arc<StreamTrack>, u64)>> = None;
         let waited = poll_until(limit, || {
             let _guard = enter()?;
             let mut events = self.lock();
             events.forget_completed()?;
-            events.settle_tracked()?;
-            Ok(events.is_idle() && self.nothing_in_flight())
+            let foreign_idle = events.pending.is_empty();
+            let kept = match &kept {
+                Some(kept) => kept,
+                // Every wait begun before this look is recorded by now.
+                None if self.nothing_in_flight() => kept.insert(events.tracked.clone()),
+                None => return Ok(false),
+            };
+            drop(events);
+            for (track, ticket) in kept {
+                if !track.is_done(*ticket)? {
+                    return Ok(false);
+                }
+            }
+            Ok(foreign_idle)
         });
+        // The check's copies of the tracks go with the context current (a
+        // last holder destroys its event), and the waits seen done leave the
+        // list.
+        match enter() {
+            Ok(_guard) => {
+                kept.into_iter()
+                    .flatten()
+                    .for_each(|(track, _)| release_track(track));
+                self.lock().prune_tracked();
+            }
+            Err(_) => kept.into_iter().flatten().for_each(std::mem::forget),
+        }
         self.stuck.store(waited.is_err(), Ordering::Release);
         waited.map_err(|e| {
             Error::Cleanup(format!(

@@ -623,6 +623,64 @@ fn child_fake_lazy_use_stuck() {
     assert_eq!(drop_errors(), errors + 5, "no new leak");
 }
 
+/// A device-wide free while another thread gives a stream a semaphore wait
+/// every millisecond (against the fake driver, whose work completes 50 ms
+/// after it is enqueued): the check before the free waits for the waits
+/// recorded before it began, not for those enqueued while it runs (each
+/// newer one would need a newer event, which completes 50 ms later, by
+/// when there is a newer wait again), so the buffer is freed, not leaked
+/// after the check's bound.
+#[test]
+fn a_free_beside_a_stream_given_waits_all_along_is_not_held_back() {
+    let _fds = fds::lock();
+    fake::run("child_fake_free_beside_a_fed_stream", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of semaphore.rs, with a fake libcuda: run by a_free_beside_a_stream_given_waits_all_along_is_not_held_back"]
+fn child_fake_free_beside_a_fed_stream() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let fake = fake::Fake::open();
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let errors = drop_errors();
+    // SAFETY: the driver is the fake: it records what is enqueued and holds
+    // the fds; no GPU work exists.
+    let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    fake.set("latency_ms", 50);
+    let stop = AtomicBool::new(false);
+    let (waits_given, stream) = std::thread::scope(|scope| {
+        let feeder = scope.spawn(|| {
+            let stream = Stream::new(&cuda).unwrap();
+            let mut value = 0;
+            while !stop.load(Ordering::Acquire) {
+                value += 1;
+                semaphore.wait(&stream, value).unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            (value, stream)
+        });
+        // The feeder's first waits are kept before the buffer is made.
+        while fake.calls("cuWaitExternalSemaphoresAsync").len() < 5 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let buffer = DeviceBuffer::new(&cuda, 64).unwrap();
+        let frees = fake.calls("cuMemFree").len();
+        drop(buffer);
+        let freed = fake.calls("cuMemFree").len() - frees;
+        stop.store(true, Ordering::Release);
+        assert_eq!(freed, 1, "freed, not leaked");
+        feeder.join().unwrap()
+    });
+    assert!(waits_given >= 5);
+    assert_eq!(drop_errors(), errors, "nothing leaked");
+    fake.set("latency_ms", 0);
+    stream.synchronize(Duration::from_secs(5)).unwrap();
+    drop((semaphore, stream, cuda));
+    assert_eq!(fake.all_live(), [], "everything destroyed");
+}
+
 /// A wait batch is a pending external wait of the device, like a single
 /// wait (against the fake driver): with the batch stuck (its work never
 /// completes), a device buffer's drop, which would block on the real driver
