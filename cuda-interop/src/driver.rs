@@ -11,8 +11,10 @@
 //!   this process already did (popping a pushed context). The fork check is
 //!   an atomic load, set in the child by a `pthread_atfork` handler
 //!   registered before `cuInit`, not a `getpid` per call (a system call:
-//!   0.4 µs on CI's machines, several per semaphore signal and wait). A
-//!   child made by a raw `clone`, which runs no fork handlers, is not
+//!   0.4 µs on CI's machines, several per semaphore signal and wait); if
+//!   the handler cannot be registered, every call compares the pid as
+//!   before. A child made without libc's `fork()` (glibc's `_Fork`, a raw
+//!   `clone` or `fork` system call), which runs no fork handlers, is not
 //!   seen.
 //! * Destructors cannot return errors: they report them through
 //!   [`record_drop_error`], counted by [`drop_errors`].
@@ -30,17 +32,21 @@ use crate::error::{DriverError, Error, Result};
 
 struct Initialised {
     pid: u32,
+    /// The fork handler could not be registered (`pthread_atfork` ran out
+    /// of memory): every call compares the pid instead, as before it.
+    compare_pids: bool,
 }
 
 static INIT: OnceLock<std::result::Result<Initialised, DriverError>> = OnceLock::new();
 /// The sticky error code that poisoned the process, or 0.
 static POISONED: AtomicU32 = AtomicU32::new(0);
-/// Set in a child forked after `cuInit` (by the fork handler `api`
-/// registers before it).
+/// Set in every child forked after `api` registered its fork handler
+/// (right before `cuInit`; a child of a process whose `cuInit` failed is
+/// marked too, and refused like any other).
 static FORKED: AtomicBool = AtomicBool::new(false);
 
-/// Runs in the child of every `fork()` once the crate initialised the
-/// driver: one atomic store, which is async-signal-safe.
+/// Runs in the child of every `fork()` once the handler is registered: one
+/// atomic store, which is async-signal-safe.
 extern "C" fn mark_forked_child() {
     FORKED.store(true, Ordering::Relaxed);
 }
@@ -58,23 +64,19 @@ pub(crate) fn api() -> Result<&'static Driver> {
         // SAFETY: registers a handler for the child side only, a function
         // that makes one atomic store (allowed between fork and exec).
         let registered = unsafe { libc::pthread_atfork(None, None, Some(mark_forked_child)) };
-        if registered != 0 {
-            return Err(error_for(
-                driver,
-                "pthread_atfork",
-                CUresult::CUDA_ERROR_OPERATING_SYSTEM,
-            ));
-        }
         // SAFETY: cuInit takes a flags word that must be 0.
         let status = unsafe { cu_init(0) };
         if status == CUresult::CUDA_SUCCESS {
-            Ok(Initialised { pid })
+            Ok(Initialised {
+                pid,
+                compare_pids: registered != 0,
+            })
         } else {
             Err(error_for(driver, "cuInit", status))
         }
     });
     let init = init.as_ref().map_err(|e| Error::Driver(e.clone()))?;
-    if FORKED.load(Ordering::Relaxed) {
+    if FORKED.load(Ordering::Relaxed) || (init.compare_pids && std::process::id() != init.pid) {
         return Err(Error::ForkedChild {
             parent: init.pid,
             child: std::process::id(),

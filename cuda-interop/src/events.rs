@@ -34,7 +34,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cuda_interop_sys::{CUcontext, CUevent, CUstream};
 
@@ -182,14 +182,23 @@ impl Events {
 
     /// Keeps `ticket` of `track` (taken right after the use was enqueued
     /// on its stream) pending here: no driver call, no context needed.
-    /// Returns whether the list has grown past [`TRACKS_BEFORE_PRUNE`]
-    /// streams: its owner then prunes it ([`Events::prune_tracked`]).
+    /// Returns whether this added a stream and the list has grown past
+    /// [`TRACKS_BEFORE_PRUNE`] streams: its owner then prunes it
+    /// ([`Events::prune_tracked`]).
     pub(crate) fn keep_tracked(&mut self, track: &Arc<StreamTrack>, ticket: u64) -> bool {
         match self.tracked.iter_mut().find(|(t, _)| Arc::ptr_eq(t, track)) {
-            Some((_, newest)) => *newest = (*newest).max(ticket),
-            None => self.tracked.push((Arc::clone(track), ticket)),
+            Some((_, newest)) => {
+                *newest = (*newest).max(ticket);
+                // Only a new stream grows the list: a use on a stream
+                // already kept never prunes (many busy streams would
+                // otherwise prune at every use).
+                false
+            }
+            None => {
+                self.tracked.push((Arc::clone(track), ticket));
+                self.tracked.len() > TRACKS_BEFORE_PRUNE
+            }
         }
-        self.tracked.len() > TRACKS_BEFORE_PRUNE
     }
 
     /// Forgets the tracked uses already known done, recording nothing (a
@@ -558,8 +567,12 @@ pub(crate) struct ExternalWaits {
     /// Waits being enqueued and not yet recorded ([`ExternalWaits::begin_wait`]):
     /// a settle check counts them as pending.
     in_flight: AtomicUsize,
-    /// A settle check gave up: later checks only look, without waiting.
+    /// A settle check gave up: later checks only look, without waiting,
+    /// while one of the waits it gave up on (kept in `stuck_on`) is not
+    /// known done.
     stuck: AtomicBool,
+    /// The tickets the check that gave up was waiting for.
+    stuck_on: Mutex<Vec<(Arc<StreamTrack>, u64)>>,
     /// A wait could not be recorded: the list can no longer show that every
     /// external wait completed, so every later settle check fails.
     untracked: AtomicBool,
@@ -652,15 +665,17 @@ impl ExternalWaits {
     }
 
     /// `Ok` once every external wait of the device recorded before the check
-    /// began has completed, waiting at most `limit` (no wait at all once a
-    /// check has given up and a wait is still pending). `enter` makes the
-    /// device's context current until the guard it returns drops.
+    /// began has completed, waiting at most `limit` (no wait at all while a
+    /// wait an earlier check gave up on is still not known done). `enter`
+    /// makes the device's context current until the guard it returns drops.
     ///
-    /// On the crate's streams the check waits for the tickets kept at its
-    /// first look with no wait in flight, not for those kept while it runs:
+    /// On the crate's streams the check waits in two rounds: for the tickets
+    /// kept at its first look with no wait in flight, then for those kept by
+    /// the time that round passed, not for those kept while the second runs:
     /// a stream given a wait every frame on another thread would otherwise
-    /// never be seen idle. (A wait enqueued after that look can still be
-    /// stuck when the destroy runs, as one enqueued right after any check.)
+    /// never be seen idle. So a wait enqueued during the second round (about
+    /// one frame of such a stream) can still be stuck when the destroy runs.
+    /// Waits on foreign streams are events, re-read at every look.
     pub(crate) fn settled<G>(&self, enter: impl Fn() -> Result<G>, limit: Duration) -> Result<()> {
         if self.untracked.load(Ordering::Acquire) {
             return Err(Error::Cleanup(
@@ -672,11 +687,60 @@ impl ExternalWaits {
         if self.nothing_in_flight() && self.lock().is_idle() {
             return Ok(());
         }
-        let limit = if self.stuck.load(Ordering::Acquire) {
+        let limit = if self.still_stuck(&enter) {
             Duration::ZERO
         } else {
             limit
         };
+        let start = Instant::now();
+        let mut waited = Ok(());
+        for _round in 0..2 {
+            let (round, kept) = self.settle_round(&enter, limit.saturating_sub(start.elapsed()));
+            waited = round;
+            // A round that gave up keeps its tickets for the next check's
+            // look (`still_stuck`); the rest is let go.
+            let mut stuck_on = self.stuck_on.lock().unwrap_or_else(PoisonError::into_inner);
+            let earlier = std::mem::take(&mut *stuck_on);
+            let let_go: Vec<_> = if waited.is_err() {
+                *stuck_on = kept;
+                earlier
+            } else {
+                kept.into_iter().chain(earlier).collect()
+            };
+            drop(stuck_on);
+            // The copies of the tracks go with the context current (a last
+            // holder destroys its event); the waits seen done leave the list.
+            match enter() {
+                Ok(_guard) => {
+                    let_go
+                        .into_iter()
+                        .for_each(|(track, _)| release_track(track));
+                    self.lock().prune_tracked();
+                }
+                // Without the context a last holder's drop leaks the event.
+                Err(_) => drop(let_go),
+            }
+            if waited.is_err() {
+                break;
+            }
+        }
+        self.stuck.store(waited.is_err(), Ordering::Release);
+        waited.map_err(|e| {
+            Error::Cleanup(format!(
+                "a stream of this device is still waiting on an external semaphore ({e}), and this \
+                 destroy would wait for the whole device"
+            ))
+        })
+    }
+
+    /// One round of [`ExternalWaits::settled`]: waits at most `limit` for the
+    /// tickets kept at its first look with nothing in flight (returned,
+    /// empty if it never looked so) and for the foreign streams' events.
+    fn settle_round<G>(
+        &self,
+        enter: &impl Fn() -> Result<G>,
+        limit: Duration,
+    ) -> (Result<()>, Vec<(Arc<StreamTrack>, u64)>) {
         let mut kept: Option<Vec<(Arc<StreamTrack>, u64)>> = None;
         let waited = poll_until(limit, || {
             let _guard = enter()?;
@@ -697,29 +761,40 @@ impl ExternalWaits {
             }
             Ok(foreign_idle)
         });
-        // The check's copies of the tracks go with the context current (a
-        // last holder destroys its event), and the waits seen done leave the
-        // list.
-        match enter() {
-            Ok(_guard) => {
-                kept.into_iter()
-                    .flatten()
-                    .for_each(|(track, _)| release_track(track));
-                self.lock().prune_tracked();
-            }
-            Err(_) => kept.into_iter().flatten().for_each(std::mem::forget),
+        (waited, kept.unwrap_or_default())
+    }
+
+    /// Whether an earlier check gave up and one of the waits it gave up on
+    /// is still not known done (no event recorded: the covering events that
+    /// check recorded are queried). Cleared once they all are.
+    fn still_stuck<G>(&self, enter: &impl Fn() -> Result<G>) -> bool {
+        if !self.stuck.load(Ordering::Acquire) {
+            return false;
         }
-        self.stuck.store(waited.is_err(), Ordering::Release);
-        waited.map_err(|e| {
-            Error::Cleanup(format!(
-                "a stream of this device is still waiting on an external semaphore ({e}), and this \
-                 destroy would wait for the whole device"
-            ))
-        })
+        let Ok(_guard) = enter() else {
+            return true;
+        };
+        let mut stuck_on = self.stuck_on.lock().unwrap_or_else(PoisonError::into_inner);
+        if stuck_on
+            .iter()
+            .all(|(track, ticket)| track.is_known_done(*ticket))
+        {
+            std::mem::take(&mut *stuck_on)
+                .into_iter()
+                .for_each(|(track, _)| release_track(track));
+            self.stuck.store(false, Ordering::Release);
+            return false;
+        }
+        true
     }
 
     /// Destroys the events left (the context must be current).
     pub(crate) fn destroy_all(&self) {
+        let stuck_on =
+            std::mem::take(&mut *self.stuck_on.lock().unwrap_or_else(PoisonError::into_inner));
+        stuck_on
+            .into_iter()
+            .for_each(|(track, _)| release_track(track));
         self.lock().destroy_all();
     }
 }

@@ -667,10 +667,16 @@ fn child_fake_free_beside_a_fed_stream() {
         }
         let buffer = DeviceBuffer::new(&cuda, 64).unwrap();
         let frees = fake.calls("cuMemFree").len();
+        let records = fake.calls("cuEventRecord").len();
         drop(buffer);
         let freed = fake.calls("cuMemFree").len() - frees;
+        let recorded = fake.calls("cuEventRecord").len() - records;
         stop.store(true, Ordering::Release);
         assert_eq!(freed, 1, "freed, not leaked");
+        assert!(
+            recorded >= 1,
+            "the check recorded the event covering the feeder's waits"
+        );
         feeder.join().unwrap()
     });
     assert!(waits_given >= 5);
@@ -685,7 +691,8 @@ fn child_fake_free_beside_a_fed_stream() {
 /// wait (against the fake driver): with the batch stuck (its work never
 /// completes), a device buffer's drop, which would block on the real driver
 /// behind it, waits its bound and leaks the buffer (reported) instead of
-/// freeing it.
+/// freeing it. Once the stuck work completes, the next free waits for the
+/// stream's newer work again and frees.
 #[test]
 fn a_stuck_wait_batch_keeps_device_wide_frees_from_blocking() {
     let _fds = fds::lock();
@@ -725,9 +732,25 @@ fn child_fake_stuck_wait_batch() {
         "not freed while the wait batch is pending"
     );
     assert_eq!(drop_errors(), errors + 1, "the leak is reported");
-    // The stream and both semaphores stay stuck for ever (their drops would
-    // wait their bounds and leak too).
-    std::mem::forget((a, b, stuck));
+    // Once the stuck waits complete, the device is no longer held for stuck:
+    // the next free waits again for the work of the stream's next wait
+    // (here 300 ms, which a look without waiting would not see done) and
+    // frees.
+    fake.set("release_stuck", 1);
+    fake.set("latency_ms", 300);
+    stuck.wait_semaphores([WaitOp::Timeline(&a, 2)]).unwrap();
+    let buffer = DeviceBuffer::new(&cuda, 64).unwrap();
+    let frees = fake.calls("cuMemFree").len();
+    drop(buffer);
+    assert_eq!(
+        fake.calls("cuMemFree").len(),
+        frees + 1,
+        "freed after the stuck waits completed"
+    );
+    assert_eq!(drop_errors(), errors + 1, "no new leak");
+    fake.set("latency_ms", 0);
+    stuck.synchronize(Duration::from_secs(5)).unwrap();
+    drop((a, b, stuck));
 }
 
 /// Batches on the real driver (issue 19 item 4): one wait batch of two
