@@ -25,11 +25,13 @@
 //!   each wait on one of the crate's streams is that stream's ticket (no
 //!   driver call), and the device-wide check before a destroy that
 //!   synchronizes the device records the event that covers it. That check
-//!   then also waits for the stream's work enqueued after the wait, which
-//!   the destroy's own device synchronization would wait for anyway; what
-//!   differs is the bound: past [`DROP_WAIT_LIMIT`] of such work the
-//!   destroy leaks and reports instead of blocking in the driver, as it
-//!   does for a wait that nobody signals.
+//!   then also waits for the stream's work enqueued after the wait (which a
+//!   free's own device synchronization would wait for anyway; a busy
+//!   stream's or a pending event's destroy, which run the same check, would
+//!   not), bounded: past [`DROP_WAIT_LIMIT`] of such work the destroy leaks
+//!   and reports instead of blocking in the driver, as it does for a wait
+//!   that nobody signals. See [`ExternalWaits::settled`] for which waits a
+//!   check covers.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
