@@ -25,8 +25,8 @@ echo "=== H: host_wait 300"
 (cd /tmp && timeout 60 $B/host_wait 300 --json $LOGS/host_wait.json > $LOGS/host_wait.txt 2>&1; echo "host_wait: exit $?")
 tail -8 $LOGS/host_wait.txt
 echo "=== T: GPU tests"
-for t in semaphore drop_order host_wait async_waits copy threads processes image_frames second_cut; do
-  (cd /tmp && timeout 120 $B/test-$t --ignored --skip child_ --test-threads=1 > $OUT/test-$t.txt 2>&1; echo "test-$t: exit $?")
+for t in semaphore drop_order second_cut image_frames host_wait async_waits copy threads processes; do
+  (cd /tmp && timeout 90 $B/test-$t --ignored --skip child_ --test-threads=1 > $OUT/test-$t.txt 2>&1; echo "test-$t: exit $?")
   grep -E "^test result|FAILED|panicked" $OUT/test-$t.txt | head -5
 done
 tar -C /tmp -czf $LOGS/logs.tgz run-logs
