@@ -391,6 +391,21 @@ impl StreamTrack {
         Ok(done)
     }
 
+    /// `None` if the use of `ticket` is done, else the event that covers it
+    /// (recorded now if none does yet), still pending. The context must be
+    /// current.
+    fn pending_cover(&self, ticket: u64) -> Result<Option<Arc<SharedEvent>>> {
+        if self.done_through.load(Ordering::Acquire) >= ticket {
+            return Ok(None);
+        }
+        let event = self.cover(ticket)?;
+        if event.is_complete()? {
+            self.mark_done_through(ticket);
+            return Ok(None);
+        }
+        Ok(Some(event))
+    }
+
     /// Whether the use of `ticket` is known done without recording
     /// anything: from a drained host wait, or from an event that already
     /// covers it and has completed (one query). The context must be
@@ -569,12 +584,12 @@ pub(crate) struct ExternalWaits {
     /// Waits being enqueued and not yet recorded ([`ExternalWaits::begin_wait`]):
     /// a settle check counts them as pending.
     in_flight: AtomicUsize,
-    /// A settle check gave up: later checks only look, without waiting,
-    /// while one of the waits it gave up on (kept in `stuck_on`) is not
-    /// known done.
-    stuck: AtomicBool,
-    /// The tickets the check that gave up was waiting for.
-    stuck_on: Mutex<Vec<(Arc<StreamTrack>, u64)>>,
+    /// A settle check gave up on these covering events (the waits on the
+    /// crate's streams it timed out on): while one of them is pending,
+    /// later checks only look, without waiting. Empty: not stuck. The
+    /// events go with the context current (their last holder destroys
+    /// them).
+    stuck_on: Mutex<Vec<Arc<SharedEvent>>>,
     /// A wait could not be recorded: the list can no longer show that every
     /// external wait completed, so every later settle check fails.
     untracked: AtomicBool,
@@ -583,7 +598,14 @@ pub(crate) struct ExternalWaits {
 impl fmt::Debug for ExternalWaits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ExternalWaits")
-            .field("stuck", &self.stuck.load(Ordering::Relaxed))
+            .field(
+                "stuck",
+                &!self
+                    .stuck_on
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .is_empty(),
+            )
             .finish()
     }
 }
@@ -668,16 +690,18 @@ impl ExternalWaits {
 
     /// `Ok` once every external wait of the device recorded before the check
     /// began has completed, waiting at most `limit` (no wait at all while a
-    /// wait an earlier check gave up on is still not known done). `enter`
-    /// makes the device's context current until the guard it returns drops.
+    /// wait an earlier check gave up on is still pending). `enter` makes the
+    /// device's context current until the guard it returns drops.
     ///
     /// On the crate's streams the check waits in two rounds: for the tickets
     /// kept at its first look with no wait in flight, then for those kept by
     /// the time that round passed, not for those kept while the second runs:
     /// a stream given a wait every frame on another thread would otherwise
-    /// never be seen idle. So a wait enqueued during the second round (about
-    /// one frame of such a stream) can still be stuck when the destroy runs.
-    /// Waits on foreign streams are events, re-read at every look.
+    /// never be seen idle. So a wait enqueued during the second round (as
+    /// long as the stream's queue took to drain once) can still be stuck
+    /// when the destroy runs. Waits on foreign streams are events, re-read
+    /// at every look: one such stream fed a wait every frame keeps the check
+    /// from passing until its bound.
     pub(crate) fn settled<G>(&self, enter: impl Fn() -> Result<G>, limit: Duration) -> Result<()> {
         if self.untracked.load(Ordering::Acquire) {
             return Err(Error::Cleanup(
@@ -689,44 +713,39 @@ impl ExternalWaits {
         if self.nothing_in_flight() && self.lock().is_idle() {
             return Ok(());
         }
-        let limit = if self.still_stuck(&enter) {
-            Duration::ZERO
-        } else {
-            limit
-        };
+        let look_only = self.still_stuck(&enter);
+        let limit = if look_only { Duration::ZERO } else { limit };
         let start = Instant::now();
         let mut waited = Ok(());
         for _round in 0..2 {
-            let (round, kept) = self.settle_round(&enter, limit.saturating_sub(start.elapsed()));
+            let (round, blocking) =
+                self.settle_round(&enter, limit.saturating_sub(start.elapsed()));
             waited = round;
-            // A round that gave up keeps its tickets for the next check's
-            // look (`still_stuck`); the rest is let go.
-            let mut stuck_on = self.stuck_on.lock().unwrap_or_else(PoisonError::into_inner);
-            let earlier = std::mem::take(&mut *stuck_on);
-            let let_go: Vec<_> = if waited.is_err() {
-                *stuck_on = kept;
-                earlier
+            // A timeout of a check that waited marks the device stuck on the
+            // events it gave up on; a look-only check keeps the earlier
+            // mark (its own look would only renew it).
+            let timed_out = matches!(waited, Err(Error::Timeout(_)));
+            let let_go = if timed_out && !look_only && !blocking.is_empty() {
+                std::mem::replace(
+                    &mut *self.stuck_on.lock().unwrap_or_else(PoisonError::into_inner),
+                    blocking,
+                )
             } else {
-                kept.into_iter().chain(earlier).collect()
+                blocking
             };
-            drop(stuck_on);
-            // The copies of the tracks go with the context current (a last
-            // holder destroys its event); the waits seen done leave the list.
+            // The events go with the context current (a last holder destroys
+            // them); the waits seen done leave the list.
             match enter() {
                 Ok(_guard) => {
-                    let_go
-                        .into_iter()
-                        .for_each(|(track, _)| release_track(track));
+                    drop(let_go);
                     self.lock().prune_tracked();
                 }
-                // Without the context a last holder's drop leaks the event.
-                Err(_) => drop(let_go),
+                Err(_) => let_go.into_iter().for_each(std::mem::forget),
             }
             if waited.is_err() {
                 break;
             }
         }
-        self.stuck.store(waited.is_err(), Ordering::Release);
         waited.map_err(|e| {
             Error::Cleanup(format!(
                 "a stream of this device is still waiting on an external semaphore ({e}), and this \
@@ -736,16 +755,20 @@ impl ExternalWaits {
     }
 
     /// One round of [`ExternalWaits::settled`]: waits at most `limit` for the
-    /// tickets kept at its first look with nothing in flight (returned,
-    /// empty if it never looked so) and for the foreign streams' events.
+    /// tickets kept at its first look with nothing in flight and for the
+    /// foreign streams' events. Returns the covering events of the tickets
+    /// still pending at its last look (each one covered, none skipped).
     fn settle_round<G>(
         &self,
         enter: &impl Fn() -> Result<G>,
         limit: Duration,
-    ) -> (Result<()>, Vec<(Arc<StreamTrack>, u64)>) {
+    ) -> (Result<()>, Vec<Arc<SharedEvent>>) {
         let mut kept: Option<Vec<(Arc<StreamTrack>, u64)>> = None;
+        let mut blocking = Vec::new();
         let waited = poll_until(limit, || {
             let _guard = enter()?;
+            // Last look's events, let go with the context current.
+            blocking.clear();
             let mut events = self.lock();
             events.forget_completed()?;
             let foreign_idle = events.pending.is_empty();
@@ -757,34 +780,44 @@ impl ExternalWaits {
             };
             drop(events);
             for (track, ticket) in kept {
-                if !track.is_done(*ticket)? {
-                    return Ok(false);
+                if let Some(event) = track.pending_cover(*ticket)? {
+                    blocking.push(event);
                 }
             }
-            Ok(foreign_idle)
+            Ok(blocking.is_empty() && foreign_idle)
         });
-        (waited, kept.unwrap_or_default())
+        // The copies of the tracks go with the context current (a last
+        // holder destroys its event).
+        match enter() {
+            Ok(_guard) => kept
+                .into_iter()
+                .flatten()
+                .for_each(|(track, _)| release_track(track)),
+            Err(_) => drop(kept),
+        }
+        (waited, blocking)
     }
 
-    /// Whether an earlier check gave up and one of the waits it gave up on
-    /// is still not known done (no event recorded: the covering events that
-    /// check recorded are queried). Cleared once they all are.
+    /// Whether an earlier check gave up and one of the events it gave up on
+    /// is still pending (one query each, no record). Cleared, with the
+    /// context current, once none is.
     fn still_stuck<G>(&self, enter: &impl Fn() -> Result<G>) -> bool {
-        if !self.stuck.load(Ordering::Acquire) {
-            return false;
-        }
         let Ok(_guard) = enter() else {
-            return true;
+            return !self
+                .stuck_on
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_empty();
         };
         let mut stuck_on = self.stuck_on.lock().unwrap_or_else(PoisonError::into_inner);
+        if stuck_on.is_empty() {
+            return false;
+        }
         if stuck_on
             .iter()
-            .all(|(track, ticket)| track.is_known_done(*ticket))
+            .all(|event| matches!(event.is_complete(), Ok(true)))
         {
-            std::mem::take(&mut *stuck_on)
-                .into_iter()
-                .for_each(|(track, _)| release_track(track));
-            self.stuck.store(false, Ordering::Release);
+            stuck_on.clear();
             return false;
         }
         true
@@ -792,12 +825,24 @@ impl ExternalWaits {
 
     /// Destroys the events left (the context must be current).
     pub(crate) fn destroy_all(&self) {
-        let stuck_on =
-            std::mem::take(&mut *self.stuck_on.lock().unwrap_or_else(PoisonError::into_inner));
-        stuck_on
-            .into_iter()
-            .for_each(|(track, _)| release_track(track));
+        self.stuck_on
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
         self.lock().destroy_all();
+    }
+}
+
+impl Drop for ExternalWaits {
+    fn drop(&mut self) {
+        // Dropped without `destroy_all` (the context could not be made
+        // current): the stuck mark's events are leaked, not destroyed
+        // without it.
+        let stuck_on = self
+            .stuck_on
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        stuck_on.drain(..).for_each(std::mem::forget);
     }
 }
 

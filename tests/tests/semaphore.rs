@@ -732,6 +732,18 @@ fn child_fake_stuck_wait_batch() {
         "not freed while the wait batch is pending"
     );
     assert_eq!(drop_errors(), errors + 1, "the leak is reported");
+    // While the wait it gave up on is still pending, the next free only
+    // looks: it leaks at once instead of waiting its bound again.
+    let buffer = DeviceBuffer::new(&cuda, 64).unwrap();
+    let looked = Instant::now();
+    drop(buffer);
+    assert!(
+        looked.elapsed() < DROP_WAIT_LIMIT,
+        "a look, not a wait of the bound: {:?}",
+        looked.elapsed()
+    );
+    assert_eq!(fake.calls("cuMemFree").len(), frees, "not freed");
+    assert_eq!(drop_errors(), errors + 2, "the second leak is reported");
     // Once the stuck waits complete, the device is no longer held for stuck:
     // the next free waits again for the work of the stream's next wait
     // (here 300 ms, which a look without waiting would not see done) and
@@ -747,7 +759,7 @@ fn child_fake_stuck_wait_batch() {
         frees + 1,
         "freed after the stuck waits completed"
     );
-    assert_eq!(drop_errors(), errors + 1, "no new leak");
+    assert_eq!(drop_errors(), errors + 2, "no new leak");
     fake.set("latency_ms", 0);
     stuck.synchronize(Duration::from_secs(5)).unwrap();
     drop((a, b, stuck));
