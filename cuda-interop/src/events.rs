@@ -380,15 +380,7 @@ impl StreamTrack {
     /// or from the covering event, which this records on the stream if none
     /// covers `ticket` yet. The context must be current.
     fn is_done(&self, ticket: u64) -> Result<bool> {
-        if self.done_through.load(Ordering::Acquire) >= ticket {
-            return Ok(true);
-        }
-        let event = self.cover(ticket)?;
-        let done = event.is_complete()?;
-        if done {
-            self.mark_done_through(ticket);
-        }
-        Ok(done)
+        Ok(self.pending_cover(ticket)?.is_none())
     }
 
     /// `None` if the use of `ticket` is done, else the event that covers it

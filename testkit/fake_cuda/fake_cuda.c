@@ -352,6 +352,17 @@ long fake_cuda_live(const char *what) {
     return -1;
 }
 
+/* How many cuEventQuery calls were made (not logged: a bounded wait makes
+ * thousands). */
+static long long event_queries = 0;
+
+long long fake_cuda_event_queries(void) {
+    pthread_mutex_lock(&lock);
+    long long n = event_queries;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
 void *fake_cuda_current(void) { return current(); }
 
 /* ---- initialisation, errors, devices ---- */
@@ -785,6 +796,9 @@ CUresult cuEventQuery(void *e) {
     Obj *ev = e;
     CUresult r = need(ev, K_EVENT, "cuEventQuery");
     if (r) return r;
+    pthread_mutex_lock(&lock);
+    event_queries++;
+    pthread_mutex_unlock(&lock);
     return still_busy(ev->busy_until, now_ns()) ? NOT_READY : OK;
 }
 
