@@ -43,6 +43,7 @@ pub const FUNCTIONS: &[&str] = &[
     "cuStreamWaitEvent",
     "cuLaunchHostFunc",
     "cuStreamWriteValue64",
+    "cuStreamWaitValue64",
     // events
     "cuEventCreate",
     "cuEventRecord",
@@ -106,6 +107,8 @@ pub const TYPES: &[&str] = &[
     "CUcomputemode",
     "CUstream_flags",
     "CUevent_flags",
+    "CUstreamWaitValue_flags",
+    "CUstreamWriteValue_flags",
     "CUarray_format",
     "CUmemorytype",
     "CUresourcetype",

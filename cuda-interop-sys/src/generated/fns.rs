@@ -121,6 +121,15 @@ pub struct DriverFns {
             flags: ::std::os::raw::c_uint,
         ) -> CUresult,
     >,
+    #[doc = "`cuStreamWaitValue64`, resolved as the symbol `cuStreamWaitValue64_v2`."]
+    pub cuStreamWaitValue64: Option<
+        unsafe extern "C" fn(
+            stream: CUstream,
+            addr: CUdeviceptr,
+            value: cuuint64_t,
+            flags: ::std::os::raw::c_uint,
+        ) -> CUresult,
+    >,
     #[doc = "`cuEventCreate`, resolved as the symbol `cuEventCreate`."]
     pub cuEventCreate: Option<
         unsafe extern "C" fn(phEvent: *mut CUevent, Flags: ::std::os::raw::c_uint) -> CUresult,
@@ -389,7 +398,7 @@ pub struct DriverFns {
     >,
 }
 #[doc = r" `(API name, exported symbol)` for every function in [`DriverFns`]."]
-pub const SYMBOLS: [(&str, &str); 75usize] = [
+pub const SYMBOLS: [(&str, &str); 76usize] = [
     ("cuInit", "cuInit"),
     ("cuDriverGetVersion", "cuDriverGetVersion"),
     ("cuGetProcAddress", "cuGetProcAddress_v2"),
@@ -418,6 +427,7 @@ pub const SYMBOLS: [(&str, &str); 75usize] = [
     ("cuStreamWaitEvent", "cuStreamWaitEvent"),
     ("cuLaunchHostFunc", "cuLaunchHostFunc"),
     ("cuStreamWriteValue64", "cuStreamWriteValue64_v2"),
+    ("cuStreamWaitValue64", "cuStreamWaitValue64_v2"),
     ("cuEventCreate", "cuEventCreate"),
     ("cuEventRecord", "cuEventRecord"),
     ("cuEventQuery", "cuEventQuery"),
@@ -752,6 +762,20 @@ impl DriverFns {
                         ) -> CUresult,
                     >,
                 >(load(c"cuStreamWriteValue64_v2"))
+            },
+            // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
+            cuStreamWaitValue64: unsafe {
+                core::mem::transmute::<
+                    *mut core::ffi::c_void,
+                    Option<
+                        unsafe extern "C" fn(
+                            stream: CUstream,
+                            addr: CUdeviceptr,
+                            value: cuuint64_t,
+                            flags: ::std::os::raw::c_uint,
+                        ) -> CUresult,
+                    >,
+                >(load(c"cuStreamWaitValue64_v2"))
             },
             // SAFETY: `load` returns null or the address of this symbol, whose C signature the field spells out; `Option<fn>` uses null as `None`.
             cuEventCreate: unsafe {
@@ -1274,7 +1298,7 @@ impl DriverFns {
         }
     }
     #[doc = r" `(API name, symbol, resolved)` for every function in the table."]
-    pub fn presence(&self) -> [(&'static str, &'static str, bool); 75usize] {
+    pub fn presence(&self) -> [(&'static str, &'static str, bool); 76usize] {
         [
             ("cuInit", "cuInit", self.cuInit.is_some()),
             (
@@ -1407,6 +1431,11 @@ impl DriverFns {
                 "cuStreamWriteValue64",
                 "cuStreamWriteValue64_v2",
                 self.cuStreamWriteValue64.is_some(),
+            ),
+            (
+                "cuStreamWaitValue64",
+                "cuStreamWaitValue64_v2",
+                self.cuStreamWaitValue64.is_some(),
             ),
             (
                 "cuEventCreate",

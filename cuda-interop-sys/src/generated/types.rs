@@ -104,6 +104,32 @@ impl CUevent_flags_enum {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUevent_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUevent_flags_enum as CUevent_flags;
+impl CUstreamWaitValue_flags_enum {
+    pub const CU_STREAM_WAIT_VALUE_GEQ: CUstreamWaitValue_flags_enum =
+        CUstreamWaitValue_flags_enum(0);
+    pub const CU_STREAM_WAIT_VALUE_EQ: CUstreamWaitValue_flags_enum =
+        CUstreamWaitValue_flags_enum(1);
+    pub const CU_STREAM_WAIT_VALUE_AND: CUstreamWaitValue_flags_enum =
+        CUstreamWaitValue_flags_enum(2);
+    pub const CU_STREAM_WAIT_VALUE_NOR: CUstreamWaitValue_flags_enum =
+        CUstreamWaitValue_flags_enum(3);
+    pub const CU_STREAM_WAIT_VALUE_FLUSH: CUstreamWaitValue_flags_enum =
+        CUstreamWaitValue_flags_enum(1073741824);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUstreamWaitValue_flags_enum(pub ::std::os::raw::c_uint);
+pub use self::CUstreamWaitValue_flags_enum as CUstreamWaitValue_flags;
+impl CUstreamWriteValue_flags_enum {
+    pub const CU_STREAM_WRITE_VALUE_DEFAULT: CUstreamWriteValue_flags_enum =
+        CUstreamWriteValue_flags_enum(0);
+    pub const CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: CUstreamWriteValue_flags_enum =
+        CUstreamWriteValue_flags_enum(1);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct CUstreamWriteValue_flags_enum(pub ::std::os::raw::c_uint);
+pub use self::CUstreamWriteValue_flags_enum as CUstreamWriteValue_flags;
 impl CUarray_format_enum {
     pub const CU_AD_FORMAT_UNSIGNED_INT8: CUarray_format_enum = CUarray_format_enum(1);
     pub const CU_AD_FORMAT_UNSIGNED_INT16: CUarray_format_enum = CUarray_format_enum(2);
