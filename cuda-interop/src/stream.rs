@@ -34,7 +34,8 @@ use crate::context::{device_settled, CudaDevice};
 use crate::driver::{create_event, create_untimed_event, cu, cu_query, record_drop_error};
 use crate::error::{Error, Result};
 use crate::events::{release_track, report_leak, StreamTrack};
-use crate::wait::{poll_until, spin_until, HostWait};
+use crate::sleep::{PendingSleep, Slept};
+use crate::wait::{adaptive_spin, poll_until, spin_until, HostWait};
 
 /// A CUDA stream in the paired device's primary context.
 ///
@@ -52,6 +53,14 @@ pub struct Stream {
     /// The completion the last blocked wait enqueued, while it may be
     /// pending: the next wait waits on it before enqueueing another.
     marker: RefCell<Option<Completion>>,
+    /// The sleeper of the last timed-out [`HostWait::Sleep`], while its
+    /// word awaits this stream's write: until then the stream is stuck at
+    /// least that far, and waits block on a completion instead of taking
+    /// another sleeper.
+    pending_sleep: RefCell<Option<PendingSleep>>,
+    /// How long the last [`HostWait::Adaptive`] wait took (it decides the
+    /// next one's spin).
+    last_adaptive_wait: Cell<Option<Duration>>,
     /// The uses recorded here, as use lists see them (`crate::events`);
     /// taken only by `Drop`, to let go of it with the context current.
     track: Option<Arc<StreamTrack>>,
@@ -82,6 +91,8 @@ impl Stream {
             stream,
             timeout: Stream::DEFAULT_TIMEOUT,
             marker: RefCell::new(None),
+            pending_sleep: RefCell::new(None),
+            last_adaptive_wait: Cell::new(None),
             track: Some(Arc::new(StreamTrack::new(stream))),
             _not_sync: PhantomData,
         })
@@ -199,10 +210,55 @@ impl Stream {
             HostWait::Spin => spin_until(timeout, query),
             HostWait::Poll => poll_until(timeout, query),
             HostWait::Block => self.block(start, timeout, query),
-            HostWait::Adaptive { spin } => match spin_until(spin.min(timeout), query) {
-                Err(Error::Timeout(_)) => self.block(start, timeout, query),
-                other => other,
-            },
+            HostWait::Sleep => self.sleep(start, timeout, query),
+            HostWait::Adaptive { spin } => {
+                let spin = adaptive_spin(spin, self.last_adaptive_wait.get());
+                let waited = match spin_until(spin.min(timeout), query) {
+                    Err(Error::Timeout(_)) => self.sleep(start, timeout, query),
+                    other => other,
+                };
+                self.last_adaptive_wait.set(Some(start.elapsed()));
+                waited
+            }
+        }
+    }
+
+    /// The sleeping part of a stream wait that began at `start`: sleep in
+    /// the driver until the stream's work so far is done
+    /// ([`HostWait::Sleep`], `crate::sleep`), or [`Stream::block`] where
+    /// that is unavailable, failed, or this stream is still stuck behind
+    /// the last timed-out sleep.
+    fn sleep(
+        &self,
+        start: Instant,
+        timeout: Duration,
+        mut query: impl FnMut() -> Result<bool>,
+    ) -> Result<()> {
+        if query()? {
+            return Ok(());
+        }
+        let sleepers = &self.device.inner.sleepers;
+        let stuck = self.pending_sleep.take();
+        if let Some(pending) = stuck {
+            if !pending.landed() {
+                self.pending_sleep.replace(Some(pending));
+                return self.block(start, timeout, query);
+            }
+            sleepers.put_back_pending(pending);
+        }
+        // `None` (no deadline) where the bound is past what an `Instant` can hold.
+        let deadline = start.checked_add(timeout);
+        // SAFETY: the device's context is current (the caller's guard, on
+        // this thread); this stream is live while borrowed.
+        match unsafe { sleepers.sleep(self.device.inner.device, self.stream, deadline) } {
+            Ok(Slept::Done) => Ok(()),
+            Ok(Slept::TimedOut(pending)) => {
+                self.pending_sleep.replace(Some(pending));
+                Err(Error::Timeout(timeout))
+            }
+            // As in `block`: only the stream's own query may end the wait
+            // with an error.
+            Ok(Slept::Unavailable) | Err(_) => self.block(start, timeout, query),
         }
     }
 
@@ -287,6 +343,11 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        // The device's pool lends the sleeper again once this stream's
+        // write to its word has landed (or keeps the page for it).
+        if let Some(pending) = self.pending_sleep.take() {
+            self.device.inner.sleepers.put_back_pending(pending);
+        }
         // A stream behind an external-semaphore wait that is not completing
         // is leaked rather than destroyed: the driver may wait for it.
         if !self.query().unwrap_or(true) {

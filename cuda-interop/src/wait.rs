@@ -4,19 +4,23 @@
 //!
 //! * Every host wait of the crate is bounded: it returns [`Error::Timeout`]
 //!   once its bound has passed and a last driver query (`cuStreamQuery`,
-//!   `cuEventQuery`) still says "not yet". None calls `cuStreamSynchronize`,
-//!   `cuEventSynchronize` or `cuCtxSynchronize`: work queued behind a
-//!   semaphore wait nobody signals never completes, and a blocking call
-//!   would never return.
+//!   `cuEventQuery`) still says "not yet". None calls `cuStreamSynchronize`
+//!   or `cuCtxSynchronize`, and none calls `cuEventSynchronize` on an event
+//!   behind the work: work queued behind a semaphore wait nobody signals
+//!   never completes, and such a call would never return. The one
+//!   `cuEventSynchronize` ([`HostWait::Sleep`]) is on an event that a
+//!   watchdog releases at the wait's deadline (`crate::sleep`).
 //! * How a wait spends its time is a [`HostWait`]: spin on the query
 //!   ([`HostWait::Spin`]), sleep in `poll()` on an eventfd that a host
 //!   function enqueued behind the work writes ([`HostWait::Block`], see
-//!   [`Completion`](crate::Completion)), spin briefly and then block
+//!   [`Completion`](crate::Completion)), sleep in the driver
+//!   ([`HostWait::Sleep`], streams only), spin briefly and then sleep
 //!   ([`HostWait::Adaptive`], the default), or the crate's older poll with
 //!   sleeps ([`HostWait::Poll`]).
-//! * A blocked wait wakes at least every [`BLOCK_SLICE`] to query the driver,
-//!   so a driver error (a poisoned context) or work that completed while its
-//!   host function was delayed ends the wait instead of the timeout.
+//! * A wait blocked on an eventfd wakes at least every [`BLOCK_SLICE`] to
+//!   query the driver, so a driver error (a poisoned context) or work that
+//!   completed while its host function was delayed ends the wait instead of
+//!   the timeout.
 //! * Destructor waits (the last-use rule) still use [`poll_until`]: they run
 //!   rarely, and enqueue no work (the most they add is one event record
 //!   behind a stream's uses, `crate::events`).
@@ -31,11 +35,12 @@ use crate::error::{Error, Result};
 /// How a host thread waits for GPU work ([`Stream::synchronize_with`],
 /// [`Completion::wait_with`]).
 ///
-/// Measured on an H200 (driver 580) for a 200 µs kernel, the host learns of
-/// the end: spinning +9 µs after it at 98 % of a core; blocking +60–80 µs at
-/// 1–2 % of a core. [`HostWait::Adaptive`] gets the first for short work and
-/// the second for long work; `cargo run --release -p cuda-interop --example
-/// host_wait` measures them on your GPU.
+/// Measured on an H100 (driver 580) for a 2 ms kernel: spinning learns of
+/// the end ~10 µs after it at a whole core; sleeping in the driver
+/// ([`HostWait::Sleep`]) or on an eventfd ([`HostWait::Block`]) takes tens
+/// to hundreds of µs at a few % of a core. [`HostWait::Adaptive`] gets the
+/// first for short work and the second for long work; `cargo run --release
+/// -p cuda-interop-bench --bin host_wait` measures them on your GPU.
 ///
 /// Every strategy is bounded by the wait's timeout.
 ///
@@ -60,10 +65,27 @@ pub enum HostWait {
     /// writes: almost no CPU, and the driver's host-function latency
     /// (tens of µs) after the work ends.
     Block,
-    /// Spin for `spin` (or the timeout, if shorter), then [`HostWait::Block`]:
-    /// short work is seen at the spin floor, long work costs almost no CPU.
+    /// Sleep in the driver, in `cuEventSynchronize` on a blocking-sync
+    /// event, woken by the GPU: the least CPU of the bounded waits. The
+    /// event is not behind the work (that call would be unbounded): a
+    /// stream of the crate's waits for a word of pinned memory that the
+    /// waited stream writes after its work (`cuStreamWriteValue64`), and a
+    /// watchdog thread writes at the timeout. For [`Stream`] waits; a
+    /// [`Completion`](crate::Completion) waits [`HostWait::Block`]'s way.
+    /// Where the device has no 64-bit stream memory operations, it is
+    /// [`HostWait::Block`].
+    ///
+    /// [`Stream`]: crate::Stream
+    Sleep,
+    /// Spin for `spin` (or the timeout, if shorter), then sleep
+    /// ([`HostWait::Sleep`] on a stream, [`HostWait::Block`] on a
+    /// completion): short work is seen at the spin floor, long work costs
+    /// little CPU. A stream whose previous adaptive wait lasted more than
+    /// twice `spin` sleeps at once, without spinning: its work is long, and
+    /// the spin would only burn a core (the first wait after the work turns
+    /// short again spins again).
     Adaptive {
-        /// How long to spin before blocking.
+        /// How long to spin before sleeping.
         spin: Duration,
     },
     /// The crate's earlier poll, kept for comparison: spin about 20 µs,
@@ -73,9 +95,10 @@ pub enum HostWait {
 }
 
 impl HostWait {
-    /// The default: spin 50 µs, then block. GPU work of up to ~50 µs is seen
-    /// at the spin floor; longer work costs ~50 µs of spinning per wait, then
-    /// a sleep.
+    /// The default: spin 50 µs, then sleep in the driver. GPU work of up to
+    /// ~50 µs is seen at the spin floor; longer work costs ~50 µs of
+    /// spinning per wait, then a sleep, and no spin on a stream whose
+    /// previous wait lasted over 100 µs.
     pub const ADAPTIVE: HostWait = HostWait::Adaptive {
         spin: Duration::from_micros(50),
     };
@@ -85,6 +108,17 @@ impl Default for HostWait {
     /// [`HostWait::ADAPTIVE`].
     fn default() -> HostWait {
         HostWait::ADAPTIVE
+    }
+}
+
+/// How long an adaptive wait spins, given how long the previous adaptive
+/// wait on the same stream took: not at all after one that lasted more than
+/// twice the spin (the work is long: spinning would only burn a core), else
+/// `spin`.
+pub(crate) fn adaptive_spin(spin: Duration, previous: Option<Duration>) -> Duration {
+    match previous {
+        Some(took) if took > spin.saturating_mul(2) => Duration::ZERO,
+        _ => spin,
     }
 }
 
@@ -184,5 +218,31 @@ pub(crate) fn readable(fd: BorrowedFd<'_>, within: Duration) -> Result<bool> {
         Err(e) => Err(Error::Unsupported(format!(
             "poll() on a completion's eventfd failed ({e}); wait with HostWait::Spin or HostWait::Poll instead"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPIN: Duration = Duration::from_micros(50);
+
+    #[test]
+    fn an_adaptive_wait_spins_unless_the_previous_one_lasted_over_twice_its_spin() {
+        assert_eq!(adaptive_spin(SPIN, None), SPIN);
+        assert_eq!(adaptive_spin(SPIN, Some(Duration::from_micros(9))), SPIN);
+        assert_eq!(adaptive_spin(SPIN, Some(SPIN * 2)), SPIN);
+        assert_eq!(
+            adaptive_spin(SPIN, Some(SPIN * 2 + Duration::from_nanos(1))),
+            Duration::ZERO
+        );
+        assert_eq!(
+            adaptive_spin(SPIN, Some(Duration::from_millis(2))),
+            Duration::ZERO
+        );
+        assert_eq!(
+            adaptive_spin(Duration::MAX, Some(Duration::from_secs(60))),
+            Duration::MAX
+        );
     }
 }

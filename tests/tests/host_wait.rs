@@ -273,6 +273,226 @@ fn child_fake_completion_timeouts() {
     assert_eq!(eventfds(), before, "no fd outlives its completion");
 }
 
+/// `HostWait::Sleep` against the fake driver (which offers stream memory
+/// operations when told to): a wait sleeps in `cuEventSynchronize` on a
+/// sleeper's event, released by the waited stream's `cuStreamWriteValue64`
+/// when its work completes, with no host function; a wait on work that
+/// never completes is woken by the watchdog at its bound (a timeout); later
+/// waits on that stuck stream block on a completion instead of taking
+/// another sleeper, while other streams still sleep; once the stuck write
+/// lands, the sleeper is lent again; and everything is destroyed, the
+/// pinned page freed, with the device.
+#[test]
+fn a_stream_sleeps_in_the_driver_and_the_watchdog_bounds_the_sleep() {
+    let _fds = fds::lock();
+    fake::run("child_fake_sleeps", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of host_wait.rs, with a fake libcuda: run by a_stream_sleeps_in_the_driver_and_the_watchdog_bounds_the_sleep"]
+fn child_fake_sleeps() {
+    let fake = fake::Fake::open();
+    fake.set("stream_mem_ops", 1);
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let errors = cuda_interop::drop_errors();
+    let stream = Stream::new(&cuda).unwrap();
+    // SAFETY: as in child_fake_completions.
+    let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    let streams = fake.live("stream");
+
+    // Work that completes: one sleep, released by the stream's write.
+    let work = Duration::from_millis(100);
+    fake.set("latency_ms", work.as_millis() as i64);
+    semaphore.signal(&stream, 1).unwrap();
+    let start = Instant::now();
+    stream.synchronize_with(HostWait::Sleep, TIMEOUT).unwrap();
+    let took = start.elapsed();
+    assert!(took >= work - Duration::from_millis(10), "{took:?}");
+    assert!(stream.query().unwrap());
+    assert_eq!(
+        fake.calls("cuStreamWriteValue64").len(),
+        1,
+        "{}",
+        fake.log()
+    );
+    assert_eq!(fake.calls("cuEventSynchronize").len(), 1);
+    assert_eq!(
+        fake.last("cuEventSynchronize").get("gated"),
+        "1",
+        "never on an event behind the work"
+    );
+    assert_eq!(fake.calls("cuLaunchHostFunc").len(), 0);
+    assert_eq!(fake.live("host"), 1, "one pinned page");
+    assert_eq!(fake.live("stream"), streams + 1, "one sleeper");
+    // Again: the same sleeper.
+    semaphore.signal(&stream, 2).unwrap();
+    stream.synchronize_with(HostWait::Sleep, TIMEOUT).unwrap();
+    assert_eq!(fake.live("stream"), streams + 1);
+    assert_eq!(fake.calls("cuEventSynchronize_returned").len(), 2);
+
+    // Work that never completes: the watchdog wakes the sleep at its bound.
+    fake.set("latency_ms", -1);
+    semaphore.signal(&stream, 3).unwrap();
+    let bound = Duration::from_millis(100);
+    let start = Instant::now();
+    let waited = stream.synchronize_with(HostWait::Sleep, bound);
+    let took = start.elapsed();
+    assert!(
+        matches!(waited, Err(CudaError::Timeout(t)) if t == bound),
+        "{waited:?}"
+    );
+    assert!(took >= bound && took < TIMEOUT, "{took:?}");
+    assert_eq!(
+        fake.calls("cuEventSynchronize_returned").len(),
+        3,
+        "woken, not left in the driver"
+    );
+    assert_eq!(fake.last("cuStreamWriteValue64").get("never"), "1");
+    // The stuck stream blocks on a completion instead of taking another sleeper.
+    let writes = fake.calls("cuStreamWriteValue64").len();
+    for strategy in [HostWait::Sleep, HostWait::ADAPTIVE] {
+        let waited = stream.synchronize_with(strategy, Duration::from_millis(30));
+        assert!(
+            matches!(waited, Err(CudaError::Timeout(_))),
+            "{strategy:?}: {waited:?}"
+        );
+    }
+    assert_eq!(fake.calls("cuStreamWriteValue64").len(), writes);
+    assert_eq!(
+        fake.calls("cuLaunchHostFunc").len(),
+        1,
+        "one kept completion"
+    );
+
+    // Another stream still sleeps, on a sleeper of its own.
+    fake.set("latency_ms", 50);
+    let other = Stream::new(&cuda).unwrap();
+    semaphore.signal(&other, 4).unwrap();
+    other.synchronize_with(HostWait::Sleep, TIMEOUT).unwrap();
+    assert_eq!(fake.calls("cuStreamWriteValue64").len(), writes + 1);
+    assert_eq!(
+        fake.live("stream"),
+        streams + 3,
+        "the other stream and a second sleeper"
+    );
+
+    // The stuck work completes: its write lands, its sleeper is lent again.
+    fake.set("release_stuck", 1);
+    fake.set("latency_ms", 50);
+    semaphore.signal(&stream, 5).unwrap();
+    stream.synchronize_with(HostWait::Sleep, TIMEOUT).unwrap();
+    assert_eq!(fake.calls("cuStreamWriteValue64").len(), writes + 2);
+    assert_eq!(fake.live("stream"), streams + 3, "no third sleeper");
+    assert!(stream.query().unwrap());
+
+    drop((stream, other, semaphore));
+    drop(cuda);
+    assert_eq!(fake.live("host"), 0, "the page is freed with the device");
+    assert_eq!(fake.all_live(), []);
+    assert_eq!(cuda_interop::drop_errors(), errors);
+    let log = fake.log();
+    assert!(!log.contains("error="), "{log}");
+}
+
+/// A device dropped while a sleeper's word still awaits the write of a stuck
+/// stream leaks its pinned page (reported) rather than free it: the GPU
+/// would write into freed memory (the fake reports a free with a write
+/// pending as an error).
+#[test]
+fn a_page_with_a_write_still_to_come_is_leaked_not_freed() {
+    let _fds = fds::lock();
+    fake::run("child_fake_sleep_page_leak", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of host_wait.rs, with a fake libcuda: run by a_page_with_a_write_still_to_come_is_leaked_not_freed"]
+fn child_fake_sleep_page_leak() {
+    let fake = fake::Fake::open();
+    fake.set("stream_mem_ops", 1);
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    let stream = Stream::new(&cuda).unwrap();
+    fake.set("latency_ms", -1);
+    // SAFETY: as in child_fake_completions.
+    let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    semaphore.signal(&stream, 1).unwrap();
+    let waited = stream.synchronize_with(HostWait::Sleep, Duration::from_millis(50));
+    assert!(matches!(waited, Err(CudaError::Timeout(_))), "{waited:?}");
+    // The stream is destroyed with its work pending (no external wait);
+    // the semaphore, whose last use never completes, is leaked after its
+    // bound: neither keeps the device.
+    drop(stream);
+    drop(semaphore);
+    let errors = cuda_interop::drop_errors();
+    drop(cuda);
+    assert_eq!(fake.live("host"), 1, "the page is leaked");
+    assert_eq!(cuda_interop::drop_errors(), errors + 1, "and reported");
+    let log = fake.log();
+    assert!(!log.contains("error="), "{log}");
+    assert_eq!(fake.calls("cuMemFreeHost").len(), 0);
+}
+
+/// `HostWait::Adaptive` on a stream: after a wait that lasted more than
+/// twice the spin, the next wait sleeps at once (a query or two, no spin);
+/// a stream with no such history spins, and a spin longer than the work
+/// sees it done without sleeping.
+#[test]
+fn an_adaptive_wait_after_a_long_one_sleeps_without_spinning() {
+    let _fds = fds::lock();
+    fake::run("child_fake_adaptive_history", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "entry point of a child process of host_wait.rs, with a fake libcuda: run by an_adaptive_wait_after_a_long_one_sleeps_without_spinning"]
+fn child_fake_adaptive_history() {
+    let fake = fake::Fake::open();
+    fake.set("stream_mem_ops", 1);
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    // SAFETY: as in child_fake_completions.
+    let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    fake.set("latency_ms", 100);
+
+    // No history, a spin longer than the work: it spins the work out.
+    let fresh = Stream::new(&cuda).unwrap();
+    semaphore.signal(&fresh, 1).unwrap();
+    let long_spin = HostWait::Adaptive {
+        spin: Duration::from_secs(30),
+    };
+    fresh.synchronize_with(long_spin, TIMEOUT).unwrap();
+    assert_eq!(fake.calls("cuStreamWriteValue64").len(), 0, "no sleep");
+
+    // A 20 ms spin: the first wait on 100 ms of work spins, then sleeps;
+    // it lasted over 40 ms, so the next one sleeps at once.
+    let short_spin = HostWait::Adaptive {
+        spin: Duration::from_millis(20),
+    };
+    let stream = Stream::new(&cuda).unwrap();
+    semaphore.signal(&stream, 2).unwrap();
+    stream.synchronize_with(short_spin, TIMEOUT).unwrap();
+    assert_eq!(fake.calls("cuStreamWriteValue64").len(), 1);
+    semaphore.signal(&stream, 3).unwrap();
+    let queries = fake.stream_queries();
+    stream.synchronize_with(short_spin, TIMEOUT).unwrap();
+    let made = fake.stream_queries() - queries;
+    assert!(made <= 3, "{made} queries: it spun");
+    assert_eq!(fake.calls("cuStreamWriteValue64").len(), 2);
+    // Work that is done by the first query: the history turns short again.
+    stream.synchronize_with(short_spin, TIMEOUT).unwrap();
+    semaphore.signal(&stream, 4).unwrap();
+    let started = Instant::now();
+    stream.synchronize_with(short_spin, TIMEOUT).unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(20),
+        "it spun its 20 ms first"
+    );
+    drop((fresh, stream, semaphore));
+}
+
 /// Launches `spin_ns` (one thread) for `ns` nanoseconds of GPU time.
 fn launch_spin(stream: &Stream, module: &Module, ns: u64) {
     let f = module.function("spin_ns").unwrap();
