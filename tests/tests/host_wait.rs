@@ -38,10 +38,11 @@ fn host_functions_returned(fake: &fake::Fake, n: usize) {
 }
 
 /// Every host-wait strategy, the default first.
-const STRATEGIES: [HostWait; 5] = [
+const STRATEGIES: [HostWait; 6] = [
     HostWait::ADAPTIVE,
     HostWait::Spin,
     HostWait::Block,
+    HostWait::Sleep,
     HostWait::Adaptive {
         spin: Duration::from_millis(20),
     },
@@ -522,6 +523,7 @@ fn every_host_wait_strategy_waits_for_a_real_kernel_and_the_completion_fd_polls(
         HostWait::ADAPTIVE,
         HostWait::Spin,
         HostWait::Block,
+        HostWait::Sleep,
         HostWait::Adaptive {
             spin: Duration::from_millis(5),
         },
@@ -580,5 +582,55 @@ fn every_host_wait_strategy_waits_for_a_real_kernel_and_the_completion_fd_polls(
     drop(done);
     drop(stream);
     assert_eq!(open_fd_count(), fds, "every eventfd is closed");
+    assert_no_validation_errors(&ctx);
+}
+
+/// `HostWait::Sleep` on a real GPU: a sleep on a stream stuck behind a
+/// semaphore wait nobody signals is woken at its bound (a timeout, not a
+/// hang in `cuEventSynchronize`), the next waits on the stuck stream time
+/// out as well, and once the host signals, a sleep sees the work done,
+/// including a kernel enqueued behind the wait.
+#[test]
+#[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test host_wait -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
+fn a_sleep_on_a_stream_stuck_behind_an_unsignalled_wait_ends_at_its_bound() {
+    let _fds = fds::lock();
+    let (ctx, cuda) = pair();
+    let module = Module::load_ptx(&cuda, kernels::PTX).unwrap();
+    let timeline = vk_export::TimelineSemaphore::new(&ctx).unwrap();
+    let semaphore = cuda.import_semaphore(&timeline).unwrap();
+    let stream = Stream::new(&cuda).unwrap();
+    launch_spin(&stream, &module, 1000);
+    stream.synchronize_with(HostWait::Sleep, TIMEOUT).unwrap();
+
+    semaphore.wait(&stream, 1).unwrap();
+    launch_spin(&stream, &module, 1_000_000);
+    let bound = Duration::from_millis(200);
+    for strategy in [HostWait::Sleep, HostWait::Sleep, HostWait::ADAPTIVE] {
+        let start = Instant::now();
+        let waited = stream.synchronize_with(strategy, bound);
+        let took = start.elapsed();
+        println!("{strategy:?} on a stuck stream: {waited:?} after {took:?}");
+        assert!(
+            matches!(waited, Err(CudaError::Timeout(t)) if t == bound),
+            "{waited:?}"
+        );
+        assert!(
+            took >= bound && took < bound + Duration::from_secs(2),
+            "{took:?}"
+        );
+    }
+    assert!(!stream.query().unwrap());
+    timeline.signal(1).unwrap();
+    let start = Instant::now();
+    stream.synchronize_with(HostWait::Sleep, TIMEOUT).unwrap();
+    println!(
+        "after the signal, a sleep saw the 1 ms kernel done after {:?}",
+        start.elapsed()
+    );
+    assert!(stream.query().unwrap());
+    launch_spin(&stream, &module, 2_000_000);
+    stream.synchronize_with(HostWait::Sleep, TIMEOUT).unwrap();
+    assert!(stream.query().unwrap());
+    drop((semaphore, stream));
     assert_no_validation_errors(&ctx);
 }
