@@ -281,9 +281,10 @@ impl Sleepers {
         match &mut *pool {
             Pool::Ready(ready) if sleeper.landed() => ready.idle.push(sleeper),
             Pool::Ready(ready) => ready.pending.push(sleeper),
-            // Unreachable (a sleeper comes from a ready pool); keep the
-            // handles rather than destroy them without their context.
-            _ => std::mem::forget(sleeper),
+            // Unreachable (a sleeper comes from a ready pool). Its handles
+            // are let go, not destroyed without their context (a `Sleeper`
+            // has no destructor).
+            _ => {}
         }
     }
 
