@@ -213,9 +213,13 @@ impl Stream {
             HostWait::Sleep => self.sleep(start, timeout, query),
             HostWait::Adaptive { spin } => {
                 let spin = adaptive_spin(spin, self.last_adaptive_wait.get());
-                let waited = match spin_until(spin.min(timeout), query) {
-                    Err(Error::Timeout(_)) => self.sleep(start, timeout, query),
-                    other => other,
+                let waited = match spin.is_zero() {
+                    // The sleep queries first: no spin, no query of its own.
+                    true => self.sleep(start, timeout, query),
+                    false => match spin_until(spin.min(timeout), query) {
+                        Err(Error::Timeout(_)) => self.sleep(start, timeout, query),
+                        other => other,
+                    },
                 };
                 self.last_adaptive_wait.set(Some(start.elapsed()));
                 waited
