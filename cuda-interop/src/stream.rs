@@ -12,13 +12,20 @@
 //! * **Every host wait is bounded.** [`Stream::synchronize`] and
 //!   [`Event::synchronize`] take a timeout; a [`Stream`]'s blocking helpers
 //!   use the stream's own [`Stream::timeout`]. Nothing here calls
-//!   `cuCtxSynchronize`, `cuStreamSynchronize` or `cuEventSynchronize`.
+//!   `cuCtxSynchronize` or `cuStreamSynchronize`, nor `cuEventSynchronize`
+//!   on an event behind the work (the sleep's is behind a word a watchdog
+//!   writes at the bound).
 //! * **Stream waits use a [`HostWait`]**, [`HostWait::ADAPTIVE`] unless told
-//!   ([`Stream::synchronize_with`]): spin 50 µs on `cuStreamQuery`, then
-//!   sleep on the eventfd of a [`Completion`] enqueued behind the work. A
-//!   stream keeps its last such completion while it is pending and waits on
-//!   it again rather than enqueueing another, so repeated timed-out waits
-//!   on a stuck stream hold one eventfd, not one each.
+//!   ([`Stream::synchronize_with`]): spin 50 µs on `cuStreamQuery` (not at
+//!   all when the stream's previous adaptive wait lasted over 100 µs), then
+//!   sleep in the driver ([`HostWait::Sleep`], `crate::sleep`), or where
+//!   that is unavailable on the eventfd of a [`Completion`] enqueued behind
+//!   the work. A stream keeps its last such completion while it is pending
+//!   and waits on it again rather than enqueueing another, so repeated
+//!   timed-out waits on a stuck stream hold one eventfd, not one each; it
+//!   keeps a timed-out sleep's sleeper until the stream's write to its word
+//!   lands, and blocks on a completion meanwhile, so a stuck stream holds
+//!   one sleeper too.
 //! * A stream is used only with resources of its own device; another
 //!   device's is refused with [`Error::DeviceMismatch`] before any call.
 
@@ -156,10 +163,9 @@ impl Stream {
 
     /// Waits until all work enqueued so far is done, at most `timeout`
     /// ([`Error::Timeout`]; the work stays enqueued), with the default
-    /// strategy [`HostWait::ADAPTIVE`]: spins 50 µs on `cuStreamQuery`, then
-    /// enqueues a [`Completion`] and sleeps in `poll()` on its eventfd
-    /// (waking every 100 ms to query the driver). See
-    /// [`Stream::synchronize_with`].
+    /// strategy [`HostWait::ADAPTIVE`]: spins 50 µs on `cuStreamQuery` (not
+    /// after a previous wait over 100 µs), then sleeps in the driver
+    /// ([`HostWait::Sleep`]). See [`Stream::synchronize_with`].
     pub fn synchronize(&self, timeout: Duration) -> Result<()> {
         self.synchronize_with(HostWait::default(), timeout)
     }
@@ -169,13 +175,17 @@ impl Stream {
     /// says.
     ///
     /// Work that is already done returns at once, with nothing enqueued.
-    /// [`HostWait::Block`] (and [`HostWait::Adaptive`] once its spin is
-    /// over) enqueues a [`Completion`] behind the work and sleeps on its
-    /// eventfd; if that one is still pending when the wait times out, the
-    /// stream keeps it and the next wait sleeps on it again, so a stuck
-    /// stream holds one eventfd however often it is waited for. If no
-    /// eventfd can be made (the fd limit), a blocking wait falls back to
-    /// [`HostWait::Poll`].
+    /// [`HostWait::Sleep`] (and [`HostWait::Adaptive`] once its spin is
+    /// over) enqueues a write of a word after the work and sleeps in the
+    /// driver until it lands or the bound passes; if it has not landed when
+    /// the wait times out, the stream keeps the word and blocks on a
+    /// completion for its later waits until it does. [`HostWait::Block`]
+    /// (and a sleep that is unavailable or failed) enqueues a
+    /// [`Completion`] behind the work and sleeps on its eventfd; if that one
+    /// is still pending when the wait times out, the stream keeps it and
+    /// the next wait sleeps on it again, so a stuck stream holds one eventfd
+    /// however often it is waited for. If no eventfd can be made (the fd
+    /// limit), a blocking wait falls back to [`HostWait::Poll`].
     ///
     /// ```no_run
     /// use std::time::Duration;
