@@ -237,9 +237,8 @@ impl Completion {
     }
 
     /// Waits until the marked work is done, at most `timeout`
-    /// ([`Error::Timeout`]), the way `strategy` says
-    /// ([`HostWait::Sleep`] sleeps on the eventfd, as [`HostWait::Block`]
-    /// does). A driver error (`cuEventQuery`) ends the wait with that error.
+    /// ([`Error::Timeout`]), the way `strategy` says. A driver error
+    /// (`cuEventQuery`) ends the wait with that error.
     pub fn wait_with(&self, strategy: HostWait, timeout: Duration) -> Result<()> {
         let _guard = self.device.enter()?;
         let fd = self.fd.as_fd();
@@ -247,7 +246,7 @@ impl Completion {
         match strategy {
             HostWait::Spin => spin_until(timeout, query),
             HostWait::Poll => poll_until(timeout, query),
-            HostWait::Block | HostWait::Sleep => block_until(fd, timeout, query),
+            HostWait::Block => block_until(fd, timeout, query),
             HostWait::Adaptive { spin } => {
                 let start = Instant::now();
                 match spin_until(spin.min(timeout), query) {

@@ -68,8 +68,8 @@ pub(crate) struct DeviceInner {
     pub(crate) copy_kernels: CopyKernels,
     /// The colour conversion kernels, loaded on first use.
     pub(crate) convert_kernels: ConvertKernels,
-    /// The sleepers of [`HostWait::Sleep`](crate::HostWait::Sleep), made on
-    /// first use.
+    /// The sleepers of [`Stream::synchronize_sleeping`](crate::Stream::synchronize_sleeping),
+    /// made on first use.
     pub(crate) sleepers: Sleepers,
 }
 

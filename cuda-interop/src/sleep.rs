@@ -1,6 +1,7 @@
-//! [`HostWait::Sleep`](crate::HostWait::Sleep): a host wait that sleeps in
-//! the driver (`cuEventSynchronize` on a blocking-sync event) and is still
-//! bounded.
+//! [`Stream::synchronize_sleeping`](crate::Stream::synchronize_sleeping): a
+//! host wait that sleeps in the driver (`cuEventSynchronize` on a
+//! blocking-sync event), bounded as long as the GPU runs the crate's own
+//! stream.
 //!
 //! `cuEventSynchronize` has no timeout, and the work a wait is for may never
 //! complete (a semaphore wait nobody signals). So the event is not recorded
@@ -22,10 +23,16 @@
 //!
 //! # Contract
 //!
-//! * **Bounded.** A sleep with a deadline returns by then, plus the time the
-//!   GPU takes to see the watchdog's write (one stream memory operation).
-//!   When it returns, the sleeper's own stream is released and drained or
-//!   draining; only the waited stream's write may still be pending.
+//! * **Bounded while the GPU runs the sleeper stream.** A sleep with a
+//!   deadline returns by then, plus the time the GPU takes to run the
+//!   sleeper stream's wait and event record once the watchdog has written
+//!   the word. That is µs, unless the sleeper stream shares a hardware
+//!   queue (`CUDA_DEVICE_MAX_CONNECTIONS`) with a stream blocked behind a
+//!   wait, which holds it back as long as it is blocked: for ever, for a
+//!   semaphore nobody signals. Hence an `unsafe fn`, whose caller vouches
+//!   for the other streams. When it returns, the sleeper's own stream is
+//!   released and drained or draining; only the waited stream's write may
+//!   still be pending.
 //! * **No word is reused while a write to it is pending.** A sleeper whose
 //!   word still awaits its stream's write is a [`PendingSleep`]: the waited
 //!   `Stream` keeps it (as it keeps a pending completion) and gives it back

@@ -12,20 +12,20 @@
 //! * **Every host wait is bounded.** [`Stream::synchronize`] and
 //!   [`Event::synchronize`] take a timeout; a [`Stream`]'s blocking helpers
 //!   use the stream's own [`Stream::timeout`]. Nothing here calls
-//!   `cuCtxSynchronize` or `cuStreamSynchronize`, nor `cuEventSynchronize`
-//!   on an event behind the work (the sleep's is behind a word a watchdog
-//!   writes at the bound).
+//!   `cuCtxSynchronize`, `cuStreamSynchronize` or `cuEventSynchronize`,
+//!   but the `unsafe` [`Stream::synchronize_sleeping`].
 //! * **Stream waits use a [`HostWait`]**, [`HostWait::ADAPTIVE`] unless told
-//!   ([`Stream::synchronize_with`]): spin 50 µs on `cuStreamQuery` (not at
-//!   all when the stream's previous adaptive wait lasted over 100 µs), then
-//!   sleep in the driver ([`HostWait::Sleep`], `crate::sleep`), or where
-//!   that is unavailable on the eventfd of a [`Completion`] enqueued behind
-//!   the work. A stream keeps its last such completion while it is pending
-//!   and waits on it again rather than enqueueing another, so repeated
-//!   timed-out waits on a stuck stream hold one eventfd, not one each; it
-//!   keeps a timed-out sleep's sleeper until the stream's write to its word
-//!   lands, and blocks on a completion meanwhile, so a stuck stream holds
-//!   one sleeper too.
+//!   ([`Stream::synchronize_with`]): spin 50 µs on `cuStreamQuery` (seven
+//!   waits in eight skip it while the stream's waits last over 100 µs),
+//!   then sleep on the eventfd of a [`Completion`] enqueued behind the work.
+//!   A stream keeps its last such completion while it is pending and waits
+//!   on it again rather than enqueueing another, so repeated timed-out
+//!   waits on a stuck stream hold one eventfd, not one each.
+//! * [`Stream::synchronize_sleeping`] (`unsafe`) sleeps in the driver
+//!   (`crate::sleep`); its bound holds only while the GPU runs the crate's
+//!   sleeper stream, which the caller vouches for. A stream keeps a
+//!   timed-out sleep's sleeper until the stream's write to its word lands,
+//!   and blocks on a completion for its sleeps meanwhile.
 //! * A stream is used only with resources of its own device; another
 //!   device's is refused with [`Error::DeviceMismatch`] before any call.
 
@@ -42,7 +42,7 @@ use crate::driver::{create_event, create_untimed_event, cu, cu_query, record_dro
 use crate::error::{Error, Result};
 use crate::events::{release_track, report_leak, StreamTrack};
 use crate::sleep::{PendingSleep, Slept};
-use crate::wait::{adaptive_spin, poll_until, spin_until, HostWait};
+use crate::wait::{poll_until, spin_until, HostWait, SpinHistory};
 
 /// A CUDA stream in the paired device's primary context.
 ///
@@ -60,14 +60,14 @@ pub struct Stream {
     /// The completion the last blocked wait enqueued, while it may be
     /// pending: the next wait waits on it before enqueueing another.
     marker: RefCell<Option<Completion>>,
-    /// The sleeper of the last timed-out [`HostWait::Sleep`], while its
+    /// The sleeper of the last timed-out [`Stream::synchronize_sleeping`], while its
     /// word awaits this stream's write: until then the stream is stuck at
     /// least that far, and waits block on a completion instead of taking
     /// another sleeper.
     pending_sleep: RefCell<Option<PendingSleep>>,
-    /// How long the last [`HostWait::Adaptive`] wait took (it decides the
-    /// next one's spin).
-    last_adaptive_wait: Cell<Option<Duration>>,
+    /// What the [`HostWait::Adaptive`] waits learned (it decides the next
+    /// one's spin).
+    spin_history: Cell<SpinHistory>,
     /// The uses recorded here, as use lists see them (`crate::events`);
     /// taken only by `Drop`, to let go of it with the context current.
     track: Option<Arc<StreamTrack>>,
@@ -99,7 +99,7 @@ impl Stream {
             timeout: Stream::DEFAULT_TIMEOUT,
             marker: RefCell::new(None),
             pending_sleep: RefCell::new(None),
-            last_adaptive_wait: Cell::new(None),
+            spin_history: Cell::new(SpinHistory::default()),
             track: Some(Arc::new(StreamTrack::new(stream))),
             _not_sync: PhantomData,
         })
@@ -164,8 +164,10 @@ impl Stream {
     /// Waits until all work enqueued so far is done, at most `timeout`
     /// ([`Error::Timeout`]; the work stays enqueued), with the default
     /// strategy [`HostWait::ADAPTIVE`]: spins 50 µs on `cuStreamQuery` (not
-    /// after a previous wait over 100 µs), then sleeps in the driver
-    /// ([`HostWait::Sleep`]). See [`Stream::synchronize_with`].
+    /// while the stream's waits last over 100 µs, but one in eight), then
+    /// enqueues a [`Completion`] and sleeps in `poll()` on its eventfd
+    /// (waking every 100 ms to query the driver). See
+    /// [`Stream::synchronize_with`].
     pub fn synchronize(&self, timeout: Duration) -> Result<()> {
         self.synchronize_with(HostWait::default(), timeout)
     }
@@ -175,17 +177,13 @@ impl Stream {
     /// says.
     ///
     /// Work that is already done returns at once, with nothing enqueued.
-    /// [`HostWait::Sleep`] (and [`HostWait::Adaptive`] once its spin is
-    /// over) enqueues a write of a word after the work and sleeps in the
-    /// driver until it lands or the bound passes; if it has not landed when
-    /// the wait times out, the stream keeps the word and blocks on a
-    /// completion for its later waits until it does. [`HostWait::Block`]
-    /// (and a sleep that is unavailable or failed) enqueues a
-    /// [`Completion`] behind the work and sleeps on its eventfd; if that one
-    /// is still pending when the wait times out, the stream keeps it and
-    /// the next wait sleeps on it again, so a stuck stream holds one eventfd
-    /// however often it is waited for. If no eventfd can be made (the fd
-    /// limit), a blocking wait falls back to [`HostWait::Poll`].
+    /// [`HostWait::Block`] (and [`HostWait::Adaptive`] once its spin is
+    /// over) enqueues a [`Completion`] behind the work and sleeps on its
+    /// eventfd; if that one is still pending when the wait times out, the
+    /// stream keeps it and the next wait sleeps on it again, so a stuck
+    /// stream holds one eventfd however often it is waited for. If no
+    /// eventfd can be made (the fd limit), a blocking wait falls back to
+    /// [`HostWait::Poll`].
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -220,28 +218,78 @@ impl Stream {
             HostWait::Spin => spin_until(timeout, query),
             HostWait::Poll => poll_until(timeout, query),
             HostWait::Block => self.block(start, timeout, query),
-            HostWait::Sleep => self.sleep(start, timeout, query),
             HostWait::Adaptive { spin } => {
-                let spin = adaptive_spin(spin, self.last_adaptive_wait.get());
-                let waited = match spin.is_zero() {
-                    // The sleep queries first: no spin, no query of its own.
-                    true => self.sleep(start, timeout, query),
-                    false => match spin_until(spin.min(timeout), query) {
-                        Err(Error::Timeout(_)) => self.sleep(start, timeout, query),
+                let mut history = self.spin_history.get();
+                let spun = history.spin(spin);
+                let waited = match spun.is_zero() {
+                    // The block queries first: no spin, no query of its own.
+                    true => self.block(start, timeout, query),
+                    false => match spin_until(spun.min(timeout), query) {
+                        Err(Error::Timeout(_)) => self.block(start, timeout, query),
                         other => other,
                     },
                 };
-                self.last_adaptive_wait.set(Some(start.elapsed()));
+                history.record(spin, start.elapsed());
+                self.spin_history.set(history);
                 waited
             }
         }
     }
 
-    /// The sleeping part of a stream wait that began at `start`: sleep in
-    /// the driver until the stream's work so far is done
-    /// ([`HostWait::Sleep`], `crate::sleep`), or [`Stream::block`] where
-    /// that is unavailable, failed, or this stream is still stuck behind
-    /// the last timed-out sleep.
+    /// Waits until all work enqueued so far is done, at most `timeout`
+    /// ([`Error::Timeout`]; the work stays enqueued), asleep in the driver:
+    /// `cuEventSynchronize` on a blocking-sync event, the least CPU of any
+    /// wait here (at 2 ms of GPU work on an H100, within 0.98-1.28x of the
+    /// raw, unbounded `cuEventSynchronize` behind the work, against
+    /// 1.2-1.5x for [`HostWait::Block`]).
+    ///
+    /// The event is not behind the work, where the call could never return
+    /// for work stuck behind a semaphore wait nobody signals: it is
+    /// recorded on a stream of the crate's (a *sleeper*), behind a
+    /// `cuStreamWaitValue64` on a word of pinned memory that this stream
+    /// writes after its work (`cuStreamWriteValue64`) and a watchdog thread
+    /// writes at the timeout. A timed-out sleep's word still awaits this
+    /// stream's write: until it lands, the stream's later sleeps block on a
+    /// completion instead. Where the device has no 64-bit stream memory
+    /// operations or unified addressing (or the watchdog thread cannot
+    /// start), this is [`Stream::synchronize_with`] with [`HostWait::Block`].
+    /// A timeout past what an `Instant` can hold arms no watchdog.
+    ///
+    /// # Safety
+    /// The bound needs the GPU to run the sleeper stream's wait and event
+    /// record once the watchdog has written the word. CUDA maps a context's
+    /// streams onto a few hardware queues (`CUDA_DEVICE_MAX_CONNECTIONS`, 8
+    /// by default), and a stream blocked behind a wait (an external
+    /// semaphore wait, `cuStreamWaitValue*`, `cuStreamWaitEvent` on
+    /// unfinished work) holds back the streams that share its queue. So the
+    /// caller promises that no stream of this device's primary context (the
+    /// crate's, the CUDA runtime's, PyTorch's: any in the process) stays
+    /// blocked behind such a wait for much longer than `timeout` while this
+    /// call runs; else it can return as late as that stream moves: never,
+    /// for a wait nobody signals. (Run 62's review reproduced this on an
+    /// H100: with stuck streams on the sleeper's queue, a 200 ms sleep
+    /// returned after 3 s.)
+    pub unsafe fn synchronize_sleeping(&self, timeout: Duration) -> Result<()> {
+        let issued = self.track().issued();
+        let drained = self.device.enter().and_then(|_guard| {
+            let query = || {
+                // SAFETY: a live stream of the current context (the guard
+                // lives across the whole wait, on this thread).
+                unsafe { cu_query!(cuStreamQuery(self.stream)) }
+            };
+            self.sleep(Instant::now(), timeout, query)
+        });
+        if drained.is_ok() {
+            self.track().mark_done_through(issued);
+        }
+        drained
+    }
+
+    /// The sleeping part of [`Stream::synchronize_sleeping`], a wait that
+    /// began at `start`: sleep in the driver until the stream's work so far
+    /// is done (`crate::sleep`), or [`Stream::block`] where that is
+    /// unavailable, failed, or this stream is still stuck behind the last
+    /// timed-out sleep. Needs the device's context current.
     fn sleep(
         &self,
         start: Instant,
@@ -250,6 +298,11 @@ impl Stream {
     ) -> Result<()> {
         if query()? {
             return Ok(());
+        }
+        // No time left: a timeout, without taking a sleeper (the last
+        // query said "not yet").
+        if start.elapsed() >= timeout {
+            return Err(Error::Timeout(timeout));
         }
         let sleepers = &self.device.inner.sleepers;
         let stuck = self.pending_sleep.take();
@@ -260,7 +313,7 @@ impl Stream {
             }
             sleepers.put_back_pending(pending);
         }
-        // `None` (no deadline) where the bound is past what an `Instant` can hold.
+        // `None` (no watchdog) where the bound is past what an `Instant` can hold.
         let deadline = start.checked_add(timeout);
         // SAFETY: the device's context is current (the caller's guard, on
         // this thread); this stream is live while borrowed.
@@ -268,7 +321,11 @@ impl Stream {
             Ok(Slept::Done) => Ok(()),
             Ok(Slept::TimedOut(pending)) => {
                 self.pending_sleep.replace(Some(pending));
-                Err(Error::Timeout(timeout))
+                // A last look: the work may have completed at the bound.
+                match query()? {
+                    true => Ok(()),
+                    false => Err(Error::Timeout(timeout)),
+                }
             }
             // As in `block`: only the stream's own query may end the wait
             // with an error.

@@ -4,17 +4,16 @@
 //!
 //! * Every host wait of the crate is bounded: it returns [`Error::Timeout`]
 //!   once its bound has passed and a last driver query (`cuStreamQuery`,
-//!   `cuEventQuery`) still says "not yet". None calls `cuStreamSynchronize`
-//!   or `cuCtxSynchronize`, and none calls `cuEventSynchronize` on an event
-//!   behind the work: work queued behind a semaphore wait nobody signals
-//!   never completes, and such a call would never return. The one
-//!   `cuEventSynchronize` ([`HostWait::Sleep`]) is on an event that a
-//!   watchdog releases at the wait's deadline (`crate::sleep`).
+//!   `cuEventQuery`) still says "not yet". None calls `cuStreamSynchronize`,
+//!   `cuEventSynchronize` or `cuCtxSynchronize`: work queued behind a
+//!   semaphore wait nobody signals never completes, and a blocking call
+//!   would never return. (The one exception is an `unsafe fn`,
+//!   [`Stream::synchronize_sleeping`](crate::Stream::synchronize_sleeping),
+//!   whose bound the caller vouches for: `crate::sleep`.)
 //! * How a wait spends its time is a [`HostWait`]: spin on the query
 //!   ([`HostWait::Spin`]), sleep in `poll()` on an eventfd that a host
 //!   function enqueued behind the work writes ([`HostWait::Block`], see
-//!   [`Completion`](crate::Completion)), sleep in the driver
-//!   ([`HostWait::Sleep`], streams only), spin briefly and then sleep
+//!   [`Completion`](crate::Completion)), spin briefly and then block
 //!   ([`HostWait::Adaptive`], the default), or the crate's older poll with
 //!   sleeps ([`HostWait::Poll`]).
 //! * A wait blocked on an eventfd wakes at least every [`BLOCK_SLICE`] to
@@ -36,11 +35,11 @@ use crate::error::{Error, Result};
 /// [`Completion::wait_with`]).
 ///
 /// Measured on an H100 (driver 580) for a 2 ms kernel: spinning learns of
-/// the end ~10 µs after it at a whole core; sleeping in the driver
-/// ([`HostWait::Sleep`]) or on an eventfd ([`HostWait::Block`]) takes tens
-/// to hundreds of µs at a few % of a core. [`HostWait::Adaptive`] gets the
-/// first for short work and the second for long work; `cargo run --release
-/// -p cuda-interop-bench --bin host_wait` measures them on your GPU.
+/// the end ~10-20 µs after it at a whole core; blocking on an eventfd
+/// ([`HostWait::Block`]) ~150-200 µs after it at 5-7 % of a core.
+/// [`HostWait::Adaptive`] gets the first for short work and the second for
+/// long work; `cargo run --release -p cuda-interop-bench --bin host_wait`
+/// measures them on your GPU.
 ///
 /// Every strategy is bounded by the wait's timeout.
 ///
@@ -65,27 +64,16 @@ pub enum HostWait {
     /// writes: almost no CPU, and the driver's host-function latency
     /// (tens of µs) after the work ends.
     Block,
-    /// Sleep in the driver, in `cuEventSynchronize` on a blocking-sync
-    /// event, woken by the GPU: the least CPU of the bounded waits. The
-    /// event is not behind the work (that call would be unbounded): a
-    /// stream of the crate's waits for a word of pinned memory that the
-    /// waited stream writes after its work (`cuStreamWriteValue64`), and a
-    /// watchdog thread writes at the timeout. For [`Stream`] waits; a
-    /// [`Completion`](crate::Completion) waits [`HostWait::Block`]'s way.
-    /// Where the device has no 64-bit stream memory operations, it is
-    /// [`HostWait::Block`].
+    /// Spin for `spin` (or the timeout, if shorter), then
+    /// [`HostWait::Block`]: short work is seen at the spin floor, long work
+    /// costs little CPU. On a [`Stream`], a wait after an adaptive wait
+    /// that lasted more than twice `spin` blocks at once, without spinning
+    /// (its work is long, and the spin would only burn a core); every
+    /// eighth such wait spins again, to notice work that turned short.
     ///
     /// [`Stream`]: crate::Stream
-    Sleep,
-    /// Spin for `spin` (or the timeout, if shorter), then sleep
-    /// ([`HostWait::Sleep`] on a stream, [`HostWait::Block`] on a
-    /// completion): short work is seen at the spin floor, long work costs
-    /// little CPU. A stream whose previous adaptive wait lasted more than
-    /// twice `spin` sleeps at once, without spinning: its work is long, and
-    /// the spin would only burn a core (the first wait after the work turns
-    /// short again spins again).
     Adaptive {
-        /// How long to spin before sleeping.
+        /// How long to spin before blocking.
         spin: Duration,
     },
     /// The crate's earlier poll, kept for comparison: spin about 20 µs,
@@ -95,10 +83,10 @@ pub enum HostWait {
 }
 
 impl HostWait {
-    /// The default: spin 50 µs, then sleep in the driver. GPU work of up to
-    /// ~50 µs is seen at the spin floor; longer work costs ~50 µs of
-    /// spinning per wait, then a sleep, and no spin on a stream whose
-    /// previous wait lasted over 100 µs.
+    /// The default: spin 50 µs, then block. GPU work of up to ~50 µs is
+    /// seen at the spin floor; longer work costs ~50 µs of spinning per
+    /// wait, then a sleep, and a stream whose waits last over 100 µs skips
+    /// the spin (seven waits in eight).
     pub const ADAPTIVE: HostWait = HostWait::Adaptive {
         spin: Duration::from_micros(50),
     };
@@ -111,14 +99,36 @@ impl Default for HostWait {
     }
 }
 
-/// How long an adaptive wait spins, given how long the previous adaptive
-/// wait on the same stream took: not at all after one that lasted more than
-/// twice the spin (the work is long: spinning would only burn a core), else
-/// `spin`.
-pub(crate) fn adaptive_spin(spin: Duration, previous: Option<Duration>) -> Duration {
-    match previous {
-        Some(took) if took > spin.saturating_mul(2) => Duration::ZERO,
-        _ => spin,
+/// What a stream's adaptive waits learned: whether its waits are long
+/// (more than twice the spin), and how many spins were skipped since the
+/// last one that spun.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SpinHistory {
+    long: bool,
+    skipped: u32,
+}
+
+impl SpinHistory {
+    /// Every this many waits after long ones, one spins (a probe: the work
+    /// may have turned short, and a blocked wait's own wake-up latency
+    /// would keep it looking long).
+    const PROBE_EVERY: u32 = 8;
+
+    /// How long the next adaptive wait spins: not at all after a long
+    /// wait, but for a probe; else `spin`.
+    pub(crate) fn spin(&mut self, spin: Duration) -> Duration {
+        if self.long && self.skipped + 1 < SpinHistory::PROBE_EVERY {
+            self.skipped += 1;
+            Duration::ZERO
+        } else {
+            self.skipped = 0;
+            spin
+        }
+    }
+
+    /// Records how long a wait with `spin` took.
+    pub(crate) fn record(&mut self, spin: Duration, took: Duration) {
+        self.long = took > spin.saturating_mul(2);
     }
 }
 
@@ -229,20 +239,38 @@ mod tests {
 
     #[test]
     fn an_adaptive_wait_spins_unless_the_previous_one_lasted_over_twice_its_spin() {
-        assert_eq!(adaptive_spin(SPIN, None), SPIN);
-        assert_eq!(adaptive_spin(SPIN, Some(Duration::from_micros(9))), SPIN);
-        assert_eq!(adaptive_spin(SPIN, Some(SPIN * 2)), SPIN);
-        assert_eq!(
-            adaptive_spin(SPIN, Some(SPIN * 2 + Duration::from_nanos(1))),
-            Duration::ZERO
-        );
-        assert_eq!(
-            adaptive_spin(SPIN, Some(Duration::from_millis(2))),
-            Duration::ZERO
-        );
-        assert_eq!(
-            adaptive_spin(Duration::MAX, Some(Duration::from_secs(60))),
-            Duration::MAX
-        );
+        let after = |took: Duration| {
+            let mut history = SpinHistory::default();
+            history.spin(SPIN);
+            history.record(SPIN, took);
+            history.spin(SPIN)
+        };
+        assert_eq!(SpinHistory::default().spin(SPIN), SPIN);
+        assert_eq!(after(Duration::from_micros(9)), SPIN);
+        assert_eq!(after(SPIN * 2), SPIN);
+        assert_eq!(after(SPIN * 2 + Duration::from_nanos(1)), Duration::ZERO);
+        assert_eq!(after(Duration::from_millis(2)), Duration::ZERO);
+        let mut history = SpinHistory::default();
+        history.record(Duration::MAX, Duration::from_secs(60));
+        assert_eq!(history.spin(Duration::MAX), Duration::MAX);
+    }
+
+    #[test]
+    fn every_eighth_wait_after_long_ones_spins_and_a_short_one_resets() {
+        let long = Duration::from_millis(2);
+        let mut history = SpinHistory::default();
+        let mut spins = Vec::new();
+        for _ in 0..17 {
+            let spin = history.spin(SPIN);
+            spins.push(spin == SPIN);
+            history.record(SPIN, long);
+        }
+        // The first wait spins (no history), then seven skip and one
+        // probes, twice.
+        let expected: Vec<bool> = (0..17).map(|n| n % 8 == 0).collect();
+        assert_eq!(spins, expected);
+        // A probe that finds short work: the next wait spins.
+        history.record(SPIN, Duration::from_micros(30));
+        assert_eq!(history.spin(SPIN), SPIN);
     }
 }

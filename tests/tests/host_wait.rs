@@ -38,11 +38,10 @@ fn host_functions_returned(fake: &fake::Fake, n: usize) {
 }
 
 /// Every host-wait strategy, the default first.
-const STRATEGIES: [HostWait; 6] = [
+const STRATEGIES: [HostWait; 5] = [
     HostWait::ADAPTIVE,
     HostWait::Spin,
     HostWait::Block,
-    HostWait::Sleep,
     HostWait::Adaptive {
         spin: Duration::from_millis(20),
     },
@@ -274,15 +273,17 @@ fn child_fake_completion_timeouts() {
     assert_eq!(eventfds(), before, "no fd outlives its completion");
 }
 
-/// `HostWait::Sleep` against the fake driver (which offers stream memory
-/// operations when told to): a wait sleeps in `cuEventSynchronize` on a
-/// sleeper's event, released by the waited stream's `cuStreamWriteValue64`
-/// when its work completes, with no host function; a wait on work that
-/// never completes is woken by the watchdog at its bound (a timeout); later
-/// waits on that stuck stream block on a completion instead of taking
+/// `Stream::synchronize_sleeping` against the fake driver (which offers
+/// stream memory operations when told to): a wait sleeps in
+/// `cuEventSynchronize` on a sleeper's event, released by the waited
+/// stream's `cuStreamWriteValue64` when its work completes, with no host
+/// function; a wait on work that never completes is woken by the watchdog at
+/// its bound (a timeout); a wait with no time left takes no sleeper; later
+/// waits on the stuck stream block on a completion instead of taking
 /// another sleeper, while other streams still sleep; once the stuck write
 /// lands, the sleeper is lent again; and everything is destroyed, the
-/// pinned page freed, with the device.
+/// pinned page freed, with the device. (The fake's sleeper streams are never
+/// held back by other streams: the caller's promise holds.)
 #[test]
 fn a_stream_sleeps_in_the_driver_and_the_watchdog_bounds_the_sleep() {
     let _fds = fds::lock();
@@ -302,13 +303,17 @@ fn child_fake_sleeps() {
         .map_err(|e| e.error)
         .unwrap();
     let streams = fake.live("stream");
+    // SAFETY (every synchronize_sleeping below): the fake runs a sleeper
+    // stream's wait and record as soon as the word is written; no stream
+    // holds it back.
+    let sleep = |stream: &Stream, bound: Duration| unsafe { stream.synchronize_sleeping(bound) };
 
     // Work that completes: one sleep, released by the stream's write.
     let work = Duration::from_millis(100);
     fake.set("latency_ms", work.as_millis() as i64);
     semaphore.signal(&stream, 1).unwrap();
     let start = Instant::now();
-    stream.synchronize_with(HostWait::Sleep, TIMEOUT).unwrap();
+    sleep(&stream, TIMEOUT).unwrap();
     let took = start.elapsed();
     assert!(took >= work - Duration::from_millis(10), "{took:?}");
     assert!(stream.query().unwrap());
@@ -329,16 +334,24 @@ fn child_fake_sleeps() {
     assert_eq!(fake.live("stream"), streams + 1, "one sleeper");
     // Again: the same sleeper.
     semaphore.signal(&stream, 2).unwrap();
-    stream.synchronize_with(HostWait::Sleep, TIMEOUT).unwrap();
+    sleep(&stream, TIMEOUT).unwrap();
     assert_eq!(fake.live("stream"), streams + 1);
     assert_eq!(fake.calls("cuEventSynchronize_returned").len(), 2);
+    // No time left: a timeout, with nothing enqueued and no sleeper taken.
+    semaphore.signal(&stream, 3).unwrap();
+    assert!(matches!(
+        sleep(&stream, Duration::ZERO),
+        Err(CudaError::Timeout(_))
+    ));
+    assert_eq!(fake.calls("cuStreamWriteValue64").len(), 2);
+    sleep(&stream, TIMEOUT).unwrap();
 
     // Work that never completes: the watchdog wakes the sleep at its bound.
     fake.set("latency_ms", -1);
-    semaphore.signal(&stream, 3).unwrap();
+    semaphore.signal(&stream, 4).unwrap();
     let bound = Duration::from_millis(100);
     let start = Instant::now();
-    let waited = stream.synchronize_with(HostWait::Sleep, bound);
+    let waited = sleep(&stream, bound);
     let took = start.elapsed();
     assert!(
         matches!(waited, Err(CudaError::Timeout(t)) if t == bound),
@@ -347,18 +360,15 @@ fn child_fake_sleeps() {
     assert!(took >= bound && took < TIMEOUT, "{took:?}");
     assert_eq!(
         fake.calls("cuEventSynchronize_returned").len(),
-        3,
+        4,
         "woken, not left in the driver"
     );
     assert_eq!(fake.last("cuStreamWriteValue64").get("never"), "1");
     // The stuck stream blocks on a completion instead of taking another sleeper.
     let writes = fake.calls("cuStreamWriteValue64").len();
-    for strategy in [HostWait::Sleep, HostWait::ADAPTIVE] {
-        let waited = stream.synchronize_with(strategy, Duration::from_millis(30));
-        assert!(
-            matches!(waited, Err(CudaError::Timeout(_))),
-            "{strategy:?}: {waited:?}"
-        );
+    for _ in 0..2 {
+        let waited = sleep(&stream, Duration::from_millis(30));
+        assert!(matches!(waited, Err(CudaError::Timeout(_))), "{waited:?}");
     }
     assert_eq!(fake.calls("cuStreamWriteValue64").len(), writes);
     assert_eq!(
@@ -370,8 +380,8 @@ fn child_fake_sleeps() {
     // Another stream still sleeps, on a sleeper of its own.
     fake.set("latency_ms", 50);
     let other = Stream::new(&cuda).unwrap();
-    semaphore.signal(&other, 4).unwrap();
-    other.synchronize_with(HostWait::Sleep, TIMEOUT).unwrap();
+    semaphore.signal(&other, 5).unwrap();
+    sleep(&other, TIMEOUT).unwrap();
     assert_eq!(fake.calls("cuStreamWriteValue64").len(), writes + 1);
     assert_eq!(
         fake.live("stream"),
@@ -382,8 +392,8 @@ fn child_fake_sleeps() {
     // The stuck work completes: its write lands, its sleeper is lent again.
     fake.set("release_stuck", 1);
     fake.set("latency_ms", 50);
-    semaphore.signal(&stream, 5).unwrap();
-    stream.synchronize_with(HostWait::Sleep, TIMEOUT).unwrap();
+    semaphore.signal(&stream, 6).unwrap();
+    sleep(&stream, TIMEOUT).unwrap();
     assert_eq!(fake.calls("cuStreamWriteValue64").len(), writes + 2);
     assert_eq!(fake.live("stream"), streams + 3, "no third sleeper");
     assert!(stream.query().unwrap());
@@ -420,7 +430,8 @@ fn child_fake_sleep_page_leak() {
         .map_err(|e| e.error)
         .unwrap();
     semaphore.signal(&stream, 1).unwrap();
-    let waited = stream.synchronize_with(HostWait::Sleep, Duration::from_millis(50));
+    // SAFETY: the fake runs the sleeper stream as soon as its word is written.
+    let waited = unsafe { stream.synchronize_sleeping(Duration::from_millis(50)) };
     assert!(matches!(waited, Err(CudaError::Timeout(_))), "{waited:?}");
     // The stream is destroyed with its work pending (no external wait);
     // the semaphore, whose last use never completes, is leaked after its
@@ -437,60 +448,58 @@ fn child_fake_sleep_page_leak() {
 }
 
 /// `HostWait::Adaptive` on a stream: after a wait that lasted more than
-/// twice the spin, the next wait sleeps at once (a query or two, no spin);
-/// a stream with no such history spins, and a spin longer than the work
-/// sees it done without sleeping.
+/// twice the spin, the next wait blocks at once (no spin: the queries of
+/// the block alone); a stream with no such history spins, and a spin longer
+/// than the work sees it done without blocking; a wait that found the work
+/// done makes the history short again.
 #[test]
-fn an_adaptive_wait_after_a_long_one_sleeps_without_spinning() {
+fn an_adaptive_wait_after_a_long_one_blocks_without_spinning() {
     let _fds = fds::lock();
     fake::run("child_fake_adaptive_history", fake::Variant::Full);
 }
 
 #[test]
-#[ignore = "entry point of a child process of host_wait.rs, with a fake libcuda: run by an_adaptive_wait_after_a_long_one_sleeps_without_spinning"]
+#[ignore = "entry point of a child process of host_wait.rs, with a fake libcuda: run by an_adaptive_wait_after_a_long_one_blocks_without_spinning"]
 fn child_fake_adaptive_history() {
     let fake = fake::Fake::open();
-    fake.set("stream_mem_ops", 1);
     let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
     // SAFETY: as in child_fake_completions.
     let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
         .map_err(|e| e.error)
         .unwrap();
     fake.set("latency_ms", 100);
+    let long_spin = HostWait::Adaptive {
+        spin: Duration::from_secs(30),
+    };
+    let short_spin = HostWait::Adaptive {
+        spin: Duration::from_millis(20),
+    };
+    let blocks = || fake.calls("cuLaunchHostFunc").len();
 
     // No history, a spin longer than the work: it spins the work out.
     let fresh = Stream::new(&cuda).unwrap();
     semaphore.signal(&fresh, 1).unwrap();
-    let long_spin = HostWait::Adaptive {
-        spin: Duration::from_secs(30),
-    };
     fresh.synchronize_with(long_spin, TIMEOUT).unwrap();
-    assert_eq!(fake.calls("cuStreamWriteValue64").len(), 0, "no sleep");
+    assert_eq!(blocks(), 0, "no block");
 
-    // A 20 ms spin: the first wait on 100 ms of work spins, then sleeps;
-    // it lasted over 40 ms, so the next one sleeps at once.
-    let short_spin = HostWait::Adaptive {
-        spin: Duration::from_millis(20),
-    };
+    // A 20 ms spin: the first wait on 100 ms of work spins, then blocks;
+    // it lasted over 40 ms, so the next one blocks at once.
     let stream = Stream::new(&cuda).unwrap();
     semaphore.signal(&stream, 2).unwrap();
     stream.synchronize_with(short_spin, TIMEOUT).unwrap();
-    assert_eq!(fake.calls("cuStreamWriteValue64").len(), 1);
+    assert_eq!(blocks(), 1);
     semaphore.signal(&stream, 3).unwrap();
     let queries = fake.stream_queries();
     stream.synchronize_with(short_spin, TIMEOUT).unwrap();
     let made = fake.stream_queries() - queries;
-    assert!(made <= 1, "{made} queries: it spun");
-    assert_eq!(fake.calls("cuStreamWriteValue64").len(), 2);
-    // Work that is done by the first query: the history turns short again.
+    assert!(made <= 3, "{made} queries: it spun");
+    assert_eq!(blocks(), 2);
+    // A wait that finds the work done: the history is short again, and
+    // the next wait spins (a 30 s spin sees 100 ms of work done).
     stream.synchronize_with(short_spin, TIMEOUT).unwrap();
     semaphore.signal(&stream, 4).unwrap();
-    let started = Instant::now();
-    stream.synchronize_with(short_spin, TIMEOUT).unwrap();
-    assert!(
-        started.elapsed() >= Duration::from_millis(20),
-        "it spun its 20 ms first"
-    );
+    stream.synchronize_with(long_spin, TIMEOUT).unwrap();
+    assert_eq!(blocks(), 2, "it spun");
     drop((fresh, stream, semaphore));
 }
 
@@ -523,7 +532,6 @@ fn every_host_wait_strategy_waits_for_a_real_kernel_and_the_completion_fd_polls(
         HostWait::ADAPTIVE,
         HostWait::Spin,
         HostWait::Block,
-        HostWait::Sleep,
         HostWait::Adaptive {
             spin: Duration::from_millis(5),
         },
@@ -585,52 +593,55 @@ fn every_host_wait_strategy_waits_for_a_real_kernel_and_the_completion_fd_polls(
     assert_no_validation_errors(&ctx);
 }
 
-/// `HostWait::Sleep` on a real GPU: a sleep on a stream stuck behind a
-/// semaphore wait nobody signals is woken at its bound (a timeout, not a
-/// hang in `cuEventSynchronize`), the next waits on the stuck stream time
-/// out as well, and once the host signals, a sleep sees the work done,
-/// including a kernel enqueued behind the wait.
+/// `Stream::synchronize_sleeping` on a real GPU: a sleep on a stream busy
+/// with a 1 s kernel is woken by the watchdog at its bound (a timeout, not
+/// a wait in `cuEventSynchronize` until the kernel ends), the next sleeps on
+/// the busy stream time out as well (blocking on a completion meanwhile),
+/// and once the kernel ends, a sleep sees the stream's work done.
 #[test]
 #[ignore = "needs an NVIDIA GPU: cargo test -p cuda-interop-tests --test host_wait -- --ignored, or cargo xtask gpu-bundle then bash .gpu/bundle/run.sh there"]
-fn a_sleep_on_a_stream_stuck_behind_an_unsignalled_wait_ends_at_its_bound() {
+fn a_sleep_on_a_stream_busy_past_its_bound_ends_at_its_bound() {
     let _fds = fds::lock();
     let (ctx, cuda) = pair();
     let module = Module::load_ptx(&cuda, kernels::PTX).unwrap();
-    let timeline = vk_export::TimelineSemaphore::new(&ctx).unwrap();
-    let semaphore = cuda.import_semaphore(&timeline).unwrap();
     let stream = Stream::new(&cuda).unwrap();
+    // SAFETY (every synchronize_sleeping here): no stream of this process
+    // waits on anything (kernels only), so none holds the sleeper back.
+    let sleep = |bound: Duration| unsafe { stream.synchronize_sleeping(bound) };
     launch_spin(&stream, &module, 1000);
-    stream.synchronize_with(HostWait::Sleep, TIMEOUT).unwrap();
+    sleep(TIMEOUT).unwrap();
 
-    semaphore.wait(&stream, 1).unwrap();
-    launch_spin(&stream, &module, 1_000_000);
+    let kernel_start = Instant::now();
+    launch_spin(&stream, &module, 1_000_000_000);
     let bound = Duration::from_millis(200);
-    for strategy in [HostWait::Sleep, HostWait::Sleep, HostWait::ADAPTIVE] {
+    for _ in 0..3 {
         let start = Instant::now();
-        let waited = stream.synchronize_with(strategy, bound);
+        let waited = sleep(bound);
         let took = start.elapsed();
-        println!("{strategy:?} on a stuck stream: {waited:?} after {took:?}");
+        println!("a sleep on a stream busy for 1 s: {waited:?} after {took:?}");
         assert!(
             matches!(waited, Err(CudaError::Timeout(t)) if t == bound),
             "{waited:?}"
         );
         assert!(
-            took >= bound && took < bound + Duration::from_secs(2),
+            took >= bound && took < bound + Duration::from_millis(100),
             "{took:?}"
         );
     }
     assert!(!stream.query().unwrap());
-    timeline.signal(1).unwrap();
+    sleep(TIMEOUT).unwrap();
+    let seen = kernel_start.elapsed();
+    println!("the 1 s kernel seen done by a sleep after {seen:?}");
+    assert!(seen >= Duration::from_secs(1), "{seen:?}");
+    assert!(stream.query().unwrap());
     let start = Instant::now();
-    stream.synchronize_with(HostWait::Sleep, TIMEOUT).unwrap();
+    launch_spin(&stream, &module, 2_000_000);
+    sleep(TIMEOUT).unwrap();
     println!(
-        "after the signal, a sleep saw the 1 ms kernel done after {:?}",
+        "a 2 ms kernel seen done by a sleep after {:?}",
         start.elapsed()
     );
     assert!(stream.query().unwrap());
-    launch_spin(&stream, &module, 2_000_000);
-    stream.synchronize_with(HostWait::Sleep, TIMEOUT).unwrap();
-    assert!(stream.query().unwrap());
-    drop((semaphore, stream));
+    drop(stream);
     assert_no_validation_errors(&ctx);
 }

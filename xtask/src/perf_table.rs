@@ -213,10 +213,13 @@ fn wait_table(waits: &Value) -> Vec<String> {
         "adaptive_default" => "HostWait::ADAPTIVE (default: spin 50 µs, then block)".into(),
         "adaptive_spin_10us" => "HostWait::Adaptive, spin 10 µs, then block".into(),
         "adaptive_spin_20us" => "HostWait::Adaptive, spin 20 µs, then block".into(),
-        "sleep" => "HostWait::Sleep (cuEventSynchronize behind a word the stream or a watchdog writes)".into(),
-        "adaptive_default_sleeps" => "HostWait::ADAPTIVE (default: spin 50 µs, then sleep; no spin after a wait over 100 µs)".into(),
-        "adaptive_spin_10us_sleeps" => "HostWait::Adaptive, spin 10 µs, then sleep (no spin after a wait over 20 µs)".into(),
-        "adaptive_spin_20us_sleeps" => "HostWait::Adaptive, spin 20 µs, then sleep (no spin after a wait over 40 µs)".into(),
+        "sleep" => "Stream::synchronize_sleeping (unsafe: cuEventSynchronize behind a word the stream or a watchdog writes)".into(),
+        "adaptive_default_skips" => "HostWait::ADAPTIVE (default: spin 50 µs, then block; no spin after a wait over 100 µs, 1 in 8 spins)".into(),
+        "adaptive_spin_10us_skips" => "HostWait::Adaptive, spin 10 µs, then block (no spin after a wait over 20 µs, 1 in 8 spins)".into(),
+        "adaptive_spin_20us_skips" => "HostWait::Adaptive, spin 20 µs, then block (no spin after a wait over 40 µs, 1 in 8 spins)".into(),
+        "adaptive_default_sleeps" => "HostWait::ADAPTIVE, run 62's cut: spin 50 µs, then sleep in the driver; no spin after a wait over 100 µs".into(),
+        "adaptive_spin_10us_sleeps" => "HostWait::Adaptive, run 62's cut: spin 10 µs, then sleep in the driver".into(),
+        "adaptive_spin_20us_sleeps" => "HostWait::Adaptive, run 62's cut: spin 20 µs, then sleep in the driver".into(),
         "helper_thread_event_synchronize" => {
             "helper thread in cuEventSynchronize, caller waits on a channel with a timeout (bounded for the caller only)".into()
         }
