@@ -29,7 +29,6 @@ use cuda_interop_sys::{CUcontext, CUdevice, CUfunction, CUmodule, CUstream};
 use crate::driver::{cu, record_drop_error};
 use crate::error::{Error, Result};
 use crate::events::{ExternalWaits, DROP_WAIT_LIMIT};
-use crate::sleep::Sleepers;
 use vk_export::DeviceUuid;
 
 /// The CUDA device that *is* a given Vulkan physical device, with its primary
@@ -68,17 +67,13 @@ pub(crate) struct DeviceInner {
     pub(crate) copy_kernels: CopyKernels,
     /// The colour conversion kernels, loaded on first use.
     pub(crate) convert_kernels: ConvertKernels,
-    /// The sleepers of [`Stream::synchronize_sleeping`](crate::Stream::synchronize_sleeping),
-    /// made on first use.
-    pub(crate) sleepers: Sleepers,
 }
 
 // SAFETY: CUdevice is an integer; the primary context is a process-wide
 // handle valid on every thread; the driver API is thread-safe, and every use
 // makes the context current on the calling thread first (ContextGuard).
 unsafe impl Send for DeviceInner {}
-// SAFETY: as above; what DeviceInner mutates after construction is behind
-// locks or atomics (the kernels' slots, the sleepers' pool).
+// SAFETY: as above; nothing in DeviceInner is mutated after construction.
 unsafe impl Sync for DeviceInner {}
 
 impl fmt::Debug for CudaDevice {
@@ -179,8 +174,7 @@ impl Drop for DeviceInner {
                 (driver.fns().cuCtxPushCurrent, driver.fns().cuCtxPopCurrent)
             {
                 // SAFETY: the retained primary context, pushed and popped
-                // around the destruction of this device's own events,
-                // kernels and sleepers.
+                // around the destruction of this device's own events.
                 unsafe {
                     if push(self.context) == cuda_interop_sys::CUresult::CUDA_SUCCESS {
                         // The last device of this GPU destroys the list's
@@ -191,9 +185,6 @@ impl Drop for DeviceInner {
                         }
                         self.copy_kernels.unload();
                         self.convert_kernels.unload();
-                        // No sleep is in progress: each borrows a stream,
-                        // which holds a clone of this device.
-                        self.sleepers.destroy();
                         let mut popped: CUcontext = std::ptr::null_mut();
                         pop(&mut popped);
                     }

@@ -160,7 +160,6 @@ impl CudaDevice {
                 external_waits: ExternalWaits::of_context(context),
                 copy_kernels: Default::default(),
                 convert_kernels: Default::default(),
-                sleepers: Default::default(),
             }),
         })
     }

@@ -72,8 +72,6 @@ mod error;
 // ... driver calls and bounded host waits, which report them.
 mod driver;
 mod wait;
-// ... and the driver sleep that bounded waits may use.
-mod sleep;
 
 // Leaves on the ground: the fenced generated code, kernels, marker traits,
 // DLPack structures.

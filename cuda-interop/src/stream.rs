@@ -12,8 +12,7 @@
 //! * **Every host wait is bounded.** [`Stream::synchronize`] and
 //!   [`Event::synchronize`] take a timeout; a [`Stream`]'s blocking helpers
 //!   use the stream's own [`Stream::timeout`]. Nothing here calls
-//!   `cuCtxSynchronize`, `cuStreamSynchronize` or `cuEventSynchronize`,
-//!   but the `unsafe` [`Stream::synchronize_sleeping`].
+//!   `cuCtxSynchronize`, `cuStreamSynchronize` or `cuEventSynchronize`.
 //! * **Stream waits use a [`HostWait`]**, [`HostWait::ADAPTIVE`] unless told
 //!   ([`Stream::synchronize_with`]): spin 50 µs on `cuStreamQuery` (seven
 //!   waits in eight skip it while the stream's waits last over 100 µs),
@@ -21,11 +20,6 @@
 //!   A stream keeps its last such completion while it is pending and waits
 //!   on it again rather than enqueueing another, so repeated timed-out
 //!   waits on a stuck stream hold one eventfd, not one each.
-//! * [`Stream::synchronize_sleeping`] (`unsafe`) sleeps in the driver
-//!   (`crate::sleep`); its bound holds only while the GPU runs the crate's
-//!   sleeper stream, which the caller vouches for. A stream keeps a
-//!   timed-out sleep's sleeper until the stream's write to its word lands,
-//!   and blocks on a completion for its sleeps meanwhile.
 //! * A stream is used only with resources of its own device; another
 //!   device's is refused with [`Error::DeviceMismatch`] before any call.
 
@@ -41,7 +35,6 @@ use crate::context::{device_settled, CudaDevice};
 use crate::driver::{create_event, create_untimed_event, cu, cu_query, record_drop_error};
 use crate::error::{Error, Result};
 use crate::events::{release_track, report_leak, StreamTrack};
-use crate::sleep::{PendingSleep, Slept};
 use crate::wait::{poll_until, spin_until, HostWait, SpinHistory};
 
 /// A CUDA stream in the paired device's primary context.
@@ -60,11 +53,6 @@ pub struct Stream {
     /// The completion the last blocked wait enqueued, while it may be
     /// pending: the next wait waits on it before enqueueing another.
     marker: RefCell<Option<Completion>>,
-    /// The sleeper of the last timed-out [`Stream::synchronize_sleeping`], while its
-    /// word awaits this stream's write: until then the stream is stuck at
-    /// least that far, and waits block on a completion instead of taking
-    /// another sleeper.
-    pending_sleep: RefCell<Option<PendingSleep>>,
     /// What the [`HostWait::Adaptive`] waits learned (it decides the next
     /// one's spin).
     spin_history: Cell<SpinHistory>,
@@ -98,7 +86,6 @@ impl Stream {
             stream,
             timeout: Stream::DEFAULT_TIMEOUT,
             marker: RefCell::new(None),
-            pending_sleep: RefCell::new(None),
             spin_history: Cell::new(SpinHistory::default()),
             track: Some(Arc::new(StreamTrack::new(stream))),
             _not_sync: PhantomData,
@@ -236,103 +223,6 @@ impl Stream {
         }
     }
 
-    /// Waits until all work enqueued so far is done, at most `timeout`
-    /// ([`Error::Timeout`]; the work stays enqueued), asleep in the driver:
-    /// `cuEventSynchronize` on a blocking-sync event, the least CPU of any
-    /// wait here (at 2 ms of GPU work on an H100, within 0.98-1.28x of the
-    /// raw, unbounded `cuEventSynchronize` behind the work, against
-    /// 1.2-1.5x for [`HostWait::Block`]).
-    ///
-    /// The event is not behind the work, where the call could never return
-    /// for work stuck behind a semaphore wait nobody signals: it is
-    /// recorded on a stream of the crate's (a *sleeper*), behind a
-    /// `cuStreamWaitValue64` on a word of pinned memory that this stream
-    /// writes after its work (`cuStreamWriteValue64`) and a watchdog thread
-    /// writes at the timeout. A timed-out sleep's word still awaits this
-    /// stream's write: until it lands, the stream's later sleeps block on a
-    /// completion instead. Where the device has no 64-bit stream memory
-    /// operations or unified addressing (or the watchdog thread cannot
-    /// start), this is [`Stream::synchronize_with`] with [`HostWait::Block`].
-    /// A timeout past what an `Instant` can hold arms no watchdog.
-    ///
-    /// # Safety
-    /// The bound needs the GPU to run the sleeper stream's wait and event
-    /// record once the watchdog has written the word. CUDA maps a context's
-    /// streams onto a few hardware queues (`CUDA_DEVICE_MAX_CONNECTIONS`, 8
-    /// by default), and a stream blocked behind a wait (an external
-    /// semaphore wait, `cuStreamWaitValue*`, `cuStreamWaitEvent` on
-    /// unfinished work) holds back the streams that share its queue. So the
-    /// caller promises that no stream of this device's primary context (the
-    /// crate's, the CUDA runtime's, PyTorch's: any in the process) stays
-    /// blocked behind such a wait for much longer than `timeout` while this
-    /// call runs; else it can return as late as that stream moves: never,
-    /// for a wait nobody signals. (Run 62's review reproduced this on an
-    /// H100: with stuck streams on the sleeper's queue, a 200 ms sleep
-    /// returned after 3 s.)
-    pub unsafe fn synchronize_sleeping(&self, timeout: Duration) -> Result<()> {
-        let issued = self.track().issued();
-        let drained = self.device.enter().and_then(|_guard| {
-            let query = || {
-                // SAFETY: a live stream of the current context (the guard
-                // lives across the whole wait, on this thread).
-                unsafe { cu_query!(cuStreamQuery(self.stream)) }
-            };
-            self.sleep(Instant::now(), timeout, query)
-        });
-        if drained.is_ok() {
-            self.track().mark_done_through(issued);
-        }
-        drained
-    }
-
-    /// The sleeping part of [`Stream::synchronize_sleeping`], a wait that
-    /// began at `start`: sleep in the driver until the stream's work so far
-    /// is done (`crate::sleep`), or [`Stream::block`] where that is
-    /// unavailable, failed, or this stream is still stuck behind the last
-    /// timed-out sleep. Needs the device's context current.
-    fn sleep(
-        &self,
-        start: Instant,
-        timeout: Duration,
-        mut query: impl FnMut() -> Result<bool>,
-    ) -> Result<()> {
-        if query()? {
-            return Ok(());
-        }
-        // No time left: a timeout, without taking a sleeper (the last
-        // query said "not yet").
-        if start.elapsed() >= timeout {
-            return Err(Error::Timeout(timeout));
-        }
-        let sleepers = &self.device.inner.sleepers;
-        let stuck = self.pending_sleep.take();
-        if let Some(pending) = stuck {
-            if !pending.landed() {
-                self.pending_sleep.replace(Some(pending));
-                return self.block(start, timeout, query);
-            }
-            sleepers.put_back_pending(pending);
-        }
-        // `None` (no watchdog) where the bound is past what an `Instant` can hold.
-        let deadline = start.checked_add(timeout);
-        // SAFETY: the device's context is current (the caller's guard, on
-        // this thread); this stream is live while borrowed.
-        match unsafe { sleepers.sleep(self.device.inner.device, self.stream, deadline) } {
-            Ok(Slept::Done) => Ok(()),
-            Ok(Slept::TimedOut(pending)) => {
-                self.pending_sleep.replace(Some(pending));
-                // A last look: the work may have completed at the bound.
-                match query()? {
-                    true => Ok(()),
-                    false => Err(Error::Timeout(timeout)),
-                }
-            }
-            // As in `block`: only the stream's own query may end the wait
-            // with an error.
-            Ok(Slept::Unavailable) | Err(_) => self.block(start, timeout, query),
-        }
-    }
-
     /// The blocking part of a stream wait that began at `start`: sleep on a
     /// completion behind the stream's work (the pending one kept from an
     /// earlier wait, else a new one) until the stream is idle.
@@ -414,11 +304,6 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        // The device's pool lends the sleeper again once this stream's
-        // write to its word has landed (or keeps the page for it).
-        if let Some(pending) = self.pending_sleep.take() {
-            self.device.inner.sleepers.put_back_pending(pending);
-        }
         // A stream behind an external-semaphore wait that is not completing
         // is leaked rather than destroyed: the driver may wait for it.
         if !self.query().unwrap_or(true) {

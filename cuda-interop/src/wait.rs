@@ -7,19 +7,16 @@
 //!   `cuEventQuery`) still says "not yet". None calls `cuStreamSynchronize`,
 //!   `cuEventSynchronize` or `cuCtxSynchronize`: work queued behind a
 //!   semaphore wait nobody signals never completes, and a blocking call
-//!   would never return. (The one exception is an `unsafe fn`,
-//!   [`Stream::synchronize_sleeping`](crate::Stream::synchronize_sleeping),
-//!   whose bound the caller vouches for: `crate::sleep`.)
+//!   would never return.
 //! * How a wait spends its time is a [`HostWait`]: spin on the query
 //!   ([`HostWait::Spin`]), sleep in `poll()` on an eventfd that a host
 //!   function enqueued behind the work writes ([`HostWait::Block`], see
 //!   [`Completion`](crate::Completion)), spin briefly and then block
 //!   ([`HostWait::Adaptive`], the default), or the crate's older poll with
 //!   sleeps ([`HostWait::Poll`]).
-//! * A wait blocked on an eventfd wakes at least every [`BLOCK_SLICE`] to
-//!   query the driver, so a driver error (a poisoned context) or work that
-//!   completed while its host function was delayed ends the wait instead of
-//!   the timeout.
+//! * A blocked wait wakes at least every [`BLOCK_SLICE`] to query the driver,
+//!   so a driver error (a poisoned context) or work that completed while its
+//!   host function was delayed ends the wait instead of the timeout.
 //! * Destructor waits (the last-use rule) still use [`poll_until`]: they run
 //!   rarely, and enqueue no work (the most they add is one event record
 //!   behind a stream's uses, `crate::events`).

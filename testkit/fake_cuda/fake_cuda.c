@@ -133,8 +133,6 @@ typedef struct Obj {
     struct Obj *levelv;     /* array: its level views */
     struct Obj *parent;     /* level: its array */
     long long busy_until;   /* stream: when its enqueued work completes; event: when it does */
-    unsigned long long *gate;        /* stream, event: a cuStreamWaitValue64 (GEQ) on this word... */
-    unsigned long long gate_value;   /* ... for this value */
 } Obj;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -150,7 +148,6 @@ static long long alloc_size = 0;        /* the allocation behind every fd (0: as
 static long long latency_ms = 0;        /* enqueued work completes after this (-1: never) */
 static int release_stuck = 0;           /* set: the work that was never to complete has completed */
 static long long streams_of_another_context = 0; /* cuStreamGetCtx reports a context of its own for each stream */
-static long long stream_mem_ops = 0;    /* the device offers unified addressing and 64-bit stream memory operations */
 static long long max_surface2d = 131072;
 static long long max_tex2d_mipmapped = 32768;
 static int device_count = 1;
@@ -331,7 +328,6 @@ int fake_cuda_set(const char *key, long long value) {
     else if (!strcmp(key, "latency_ms")) latency_ms = value;
     else if (!strcmp(key, "release_stuck")) release_stuck = value;
     else if (!strcmp(key, "streams_of_another_context")) streams_of_another_context = value;
-    else if (!strcmp(key, "stream_mem_ops")) stream_mem_ops = value;
     else if (!strcmp(key, "max_surface2d")) max_surface2d = value;
     else if (!strcmp(key, "max_tex2d_mipmapped")) max_tex2d_mipmapped = value;
     else return -1;
@@ -345,15 +341,7 @@ int fake_cuda_set_devices(const unsigned char *ids, int count) {
     return 0;
 }
 
-static long host_allocations;   /* cuMemAllocHost minus cuMemFreeHost */
-
 long fake_cuda_live(const char *what) {
-    if (!strcmp(what, "host")) {
-        pthread_mutex_lock(&lock);
-        long n = host_allocations;
-        pthread_mutex_unlock(&lock);
-        return n;
-    }
     for (int k = 1; k < K_KINDS; k++)
         if (!strcmp(what, kind_names[k])) {
             pthread_mutex_lock(&lock);
@@ -454,7 +442,6 @@ CUresult cuDeviceGetAttribute(int *v, int attribute, CUdevice d) {
     if (d < 0 || d >= device_count) return INVALID_VALUE;
     switch (attribute) {
     case 20: *v = 0; break; /* compute mode: default */
-    case 41: case 122: *v = (int)stream_mem_ops; break; /* unified addressing, 64-bit stream memory operations */
     case 56: case 57: *v = (int)max_surface2d; break;
     case 73: case 74: *v = (int)max_tex2d_mipmapped; break;
     default: *v = 0;
@@ -741,89 +728,6 @@ CUresult cuWaitExternalSemaphoresAsync(void *const *sems, const WaitParams *p, u
     return OK;
 }
 
-/* ---- stream memory operations and pinned host memory ----
- * cuStreamWriteValue64 is a write made when the stream's earlier work
- * completes (never, behind work that never completes, until release_stuck);
- * writes are applied when anything looks (a query, a synchronize).
- * cuStreamWaitValue64 (GEQ only) gates the stream, and the events recorded
- * on it after, until the word holds at least the value. */
-typedef struct { unsigned long long *addr; unsigned long long value; long long at; } Write;
-static Write writes[1024];
-
-static void apply_due_writes(void) {
-    long long t = now_ns();
-    pthread_mutex_lock(&lock);
-    for (int i = 0; i < 1024; i++)
-        if (writes[i].addr && !still_busy(writes[i].at, t)) {
-            __atomic_store_n(writes[i].addr, writes[i].value, __ATOMIC_SEQ_CST);
-            writes[i].addr = NULL;
-        }
-    pthread_mutex_unlock(&lock);
-}
-
-static int gate_open(Obj *o) {
-    if (!o->gate) return 1;
-    apply_due_writes();
-    return __atomic_load_n(o->gate, __ATOMIC_SEQ_CST) >= o->gate_value;
-}
-
-CUresult cuStreamWriteValue64_v2(void *stream, CUdeviceptr addr, unsigned long long value, unsigned int flags) {
-    stream = default_stream(stream);
-    Obj *s = stream;
-    CUresult r = need(s, K_STREAM, "cuStreamWriteValue64");
-    if (r) return r;
-    if (flags || !addr || addr % 8) return INVALID_VALUE;
-    pthread_mutex_lock(&lock);
-    int slot = -1;
-    for (int i = 0; i < 1024 && slot < 0; i++)
-        if (!writes[i].addr) slot = i;
-    if (slot >= 0) writes[slot] = (Write){(unsigned long long *)(uintptr_t)addr, value, s->busy_until};
-    pthread_mutex_unlock(&lock);
-    if (slot < 0) return OUT_OF_MEMORY;
-    say("cuStreamWriteValue64 ctx=%p value=%llu never=%d", current(), value, s->busy_until == INT64_MAX);
-    return OK;
-}
-
-CUresult cuStreamWaitValue64_v2(void *stream, CUdeviceptr addr, unsigned long long value, unsigned int flags) {
-    stream = default_stream(stream);
-    Obj *s = stream;
-    CUresult r = need(s, K_STREAM, "cuStreamWaitValue64");
-    if (r) return r;
-    if (flags != 0 /* GEQ */ || !addr || addr % 8) return INVALID_VALUE;
-    s->gate = (unsigned long long *)(uintptr_t)addr;
-    s->gate_value = value;
-    say("cuStreamWaitValue64 ctx=%p value=%llu", current(), value);
-    return OK;
-}
-
-CUresult cuMemAllocHost_v2(void **out, size_t n) {
-    CUresult r = need(NULL, 0, "cuMemAllocHost");
-    if (r) return r;
-    if (posix_memalign(out, 4096, n ? n : 1)) return OUT_OF_MEMORY;
-    memset(*out, 0xAB, n); /* pinned memory is not zeroed */
-    pthread_mutex_lock(&lock);
-    host_allocations++;
-    pthread_mutex_unlock(&lock);
-    say("cuMemAllocHost ctx=%p bytes=%zu", current(), n);
-    return OK;
-}
-
-/* A write still to come into the freed range is the bug it reports. */
-CUresult cuMemFreeHost(void *p) {
-    CUresult r = need(NULL, 0, "cuMemFreeHost");
-    if (r) return r;
-    apply_due_writes();
-    int pending = 0;
-    pthread_mutex_lock(&lock);
-    for (int i = 0; i < 1024; i++)
-        if (writes[i].addr && (char *)writes[i].addr >= (char *)p && (char *)writes[i].addr < (char *)p + 4096) pending++;
-    host_allocations--;
-    pthread_mutex_unlock(&lock);
-    say("cuMemFreeHost ctx=%p%s", current(), pending ? " error=a stream write into it is still pending" : "");
-    if (!pending) free(p);
-    return OK;
-}
-
 /* ---- streams, events, copies ---- */
 
 CUresult cuStreamCreate(void **out, unsigned int flags) {
@@ -880,9 +784,7 @@ CUresult cuStreamQuery(void *h) {
     pthread_mutex_lock(&lock);
     stream_queries++;
     pthread_mutex_unlock(&lock);
-    /* The GPU makes its writes on its own: a look is when the fake does. */
-    apply_due_writes();
-    return still_busy(o->busy_until, now_ns()) || !gate_open(o) ? NOT_READY : OK;
+    return still_busy(o->busy_until, now_ns()) ? NOT_READY : OK;
 }
 
 CUresult cuEventCreate(void **out, unsigned int flags) {
@@ -899,8 +801,6 @@ CUresult cuEventRecord(void *e, void *stream) {
     CUresult r = need(ev, K_EVENT, "cuEventRecord");
     if (r || (r = need(s, K_STREAM, "cuEventRecord"))) return r;
     ev->busy_until = s->busy_until;
-    ev->gate = s->gate;
-    ev->gate_value = s->gate_value;
     say("cuEventRecord ctx=%p pending=%d", current(), now_ns() < ev->busy_until);
     return OK;
 }
@@ -912,22 +812,7 @@ CUresult cuEventQuery(void *e) {
     pthread_mutex_lock(&lock);
     event_queries++;
     pthread_mutex_unlock(&lock);
-    return still_busy(ev->busy_until, now_ns()) || !gate_open(ev) ? NOT_READY : OK;
-}
-
-/* Unbounded, as the driver's: returns once the event's work has completed
- * and its gate (a cuStreamWaitValue64 before its record) is open. */
-CUresult cuEventSynchronize(void *e) {
-    Obj *ev = e;
-    CUresult r = need(ev, K_EVENT, "cuEventSynchronize");
-    if (r) return r;
-    say("cuEventSynchronize ctx=%p gated=%d", current(), ev->gate != NULL);
-    while (still_busy(ev->busy_until, now_ns()) || !gate_open(ev)) {
-        struct timespec pause = {0, 100000};
-        nanosleep(&pause, NULL);
-    }
-    say("cuEventSynchronize_returned");
-    return OK;
+    return still_busy(ev->busy_until, now_ns()) ? NOT_READY : OK;
 }
 
 CUresult cuEventDestroy_v2(void *e) {

@@ -213,7 +213,7 @@ fn wait_table(waits: &Value) -> Vec<String> {
         "adaptive_default" => "HostWait::ADAPTIVE (default: spin 50 µs, then block)".into(),
         "adaptive_spin_10us" => "HostWait::Adaptive, spin 10 µs, then block".into(),
         "adaptive_spin_20us" => "HostWait::Adaptive, spin 20 µs, then block".into(),
-        "sleep" => "Stream::synchronize_sleeping (unsafe: cuEventSynchronize behind a word the stream or a watchdog writes)".into(),
+        "sleep" => "run 62's cut: HostWait::Sleep, cuEventSynchronize behind a word the stream or a watchdog writes (withdrawn: not bounded)".into(),
         "adaptive_default_skips" => "HostWait::ADAPTIVE (default: spin 50 µs, then block; no spin after a wait over 100 µs, 1 in 8 spins)".into(),
         "adaptive_spin_10us_skips" => "HostWait::Adaptive, spin 10 µs, then block (no spin after a wait over 20 µs, 1 in 8 spins)".into(),
         "adaptive_spin_20us_skips" => "HostWait::Adaptive, spin 20 µs, then block (no spin after a wait over 40 µs, 1 in 8 spins)".into(),

@@ -12,10 +12,6 @@
 //!   forbids (work behind a semaphore wait nobody signals never completes);
 //! * `Block`: [`HostWait::Block`], a host function (`cuLaunchHostFunc`)
 //!   writing an eventfd, and `poll()`;
-//! * `Sleep`: [`Stream::synchronize_sleeping`] (`unsafe`: its bound needs
-//!   no other stream blocked behind a wait), `cuEventSynchronize` on a
-//!   blocking-sync event of the crate's, behind a wait for a word that the
-//!   stream writes after the kernel (or a watchdog at the bound);
 //! * `Adaptive (default)`: [`HostWait::ADAPTIVE`], spin 50 µs then block,
 //!   without the spin (seven waits in eight) after a wait over 100 µs on
 //!   the same stream;
@@ -78,7 +74,6 @@ enum Method {
     Spin,
     EventSynchronize,
     Block,
-    Sleep,
     Adaptive,
     AdaptiveSpin10,
     AdaptiveSpin20,
@@ -88,11 +83,10 @@ enum Method {
 }
 
 impl Method {
-    const ALL: [Method; 10] = [
+    const ALL: [Method; 9] = [
         Method::Spin,
         Method::EventSynchronize,
         Method::Block,
-        Method::Sleep,
         Method::Adaptive,
         Method::AdaptiveSpin10,
         Method::AdaptiveSpin20,
@@ -105,7 +99,6 @@ impl Method {
             Method::Spin => "Spin (cuStreamQuery loop)",
             Method::EventSynchronize => "cuEventSynchronize (raw, unbounded)",
             Method::Block => "Block (hostfunc + eventfd)",
-            Method::Sleep => "synchronize_sleeping (unsafe)",
             Method::Adaptive => "Adaptive (default, 50 us spin)",
             Method::AdaptiveSpin10 => "Adaptive, 10 us spin",
             Method::AdaptiveSpin20 => "Adaptive, 20 us spin",
@@ -119,7 +112,6 @@ impl Method {
             Method::Spin => "spin",
             Method::EventSynchronize => "cu_event_synchronize_raw",
             Method::Block => "block",
-            Method::Sleep => "sleep",
             // Adaptive skips its spin after long waits (keys of their own:
             // before, it spun before every block).
             Method::Adaptive => "adaptive_default_skips",
@@ -290,10 +282,6 @@ fn main() -> Res<()> {
                 match method {
                     Method::Spin => stream.synchronize_with(HostWait::Spin, TIMEOUT)?,
                     Method::Block => stream.synchronize_with(HostWait::Block, TIMEOUT)?,
-                    // SAFETY: no stream of this process waits on anything
-                    // here but the Vulkan counter row's, whose signal is
-                    // enqueued with its wait: none holds the sleeper back.
-                    Method::Sleep => unsafe { stream.synchronize_sleeping(TIMEOUT) }?,
                     Method::Adaptive => stream.synchronize_with(HostWait::ADAPTIVE, TIMEOUT)?,
                     Method::AdaptiveSpin10 => stream.synchronize_with(
                         HostWait::Adaptive {
@@ -406,10 +394,9 @@ fn main() -> Res<()> {
             "work >= 1 ms: Adaptive's CPU within 1.2x of the raw blocking-sync cuEventSynchronize's",
             long.cpu_percent <= 1.2 * cell(works[2], Method::EventSynchronize).cpu_percent,
             format!(
-                "{:.1}% against {:.1}%; bounded alternatives: synchronize_sleeping (unsafe) {:.1}%, Block {:.1}%, spin 20 us {:.1}%, spin 10 us {:.1}%, helper thread {:.1}%",
+                "{:.1}% against {:.1}%; bounded alternatives: Block {:.1}%, spin 20 us {:.1}%, spin 10 us {:.1}%, helper thread {:.1}%",
                 long.cpu_percent,
                 cell(works[2], Method::EventSynchronize).cpu_percent,
-                cell(works[2], Method::Sleep).cpu_percent,
                 cell(works[2], Method::Block).cpu_percent,
                 cell(works[2], Method::AdaptiveSpin20).cpu_percent,
                 cell(works[2], Method::AdaptiveSpin10).cpu_percent,
