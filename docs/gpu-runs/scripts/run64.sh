@@ -22,8 +22,8 @@ B=$PWD/.gst64
 echo "=== P: sleeper_queue probe"
 L=$(ldconfig -p | grep -m1 'libcuda.so.1 ' | awk '{print $NF}')
 gcc -O1 docs/gpu-runs/probes/sleeper_queue.c -o /tmp/sleeper_queue $L -lpthread && {
-  for n in 0 4 8 16; do timeout 20 /tmp/sleeper_queue $n | tail -1; done
-  CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 20 /tmp/sleeper_queue 1 | tail -1
+  for n in 0 4 8 16; do timeout 20 /tmp/sleeper_queue $n | grep "^N="; done
+  CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 20 /tmp/sleeper_queue 1 | grep "^N="
 }
 for i in 1 2; do
   echo "=== H$i: host_wait 300"
