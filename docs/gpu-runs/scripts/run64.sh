@@ -4,8 +4,8 @@
 # spin seven waits in eight after long waits. The first review's probe
 # (docs/gpu-runs/probes/sleeper_queue.c), host_wait twice, the GPU cases
 # (--ignored, without the child entry points) of host_wait, second_cut,
-# image_frames, async_waits, drop_order and semaphore (trimmed to fit the
-# device time left after failed starts: no bench, no copy or processes).
+# image_frames and async_waits (trimmed to fit the device time left after
+# failed starts: no bench, no drop_order, semaphore, copy or processes).
 # Carry [".gl", ".gst64"].
 set -u
 cd "$(dirname "$0")/../../.."
@@ -34,7 +34,7 @@ echo "=== T0: test-host_wait"
 (cd /tmp && timeout 90 $B/test-host_wait --ignored --skip child_ --test-threads=1 --nocapture > $OUT/test-host_wait.txt 2>&1; echo "test-host_wait: exit $?")
 grep -E "^test |test result|FAILED|panicked|seen after" $OUT/test-host_wait.txt | head -20
 echo "=== T: GPU tests"
-for t in second_cut image_frames async_waits drop_order semaphore; do
+for t in second_cut image_frames async_waits; do
   (cd /tmp && timeout 90 $B/test-$t --ignored --skip child_ --test-threads=1 > $OUT/test-$t.txt 2>&1; echo "test-$t: exit $?")
   grep -E "^test result|FAILED|panicked" $OUT/test-$t.txt | head -5
 done
