@@ -352,23 +352,16 @@ long fake_cuda_live(const char *what) {
     return -1;
 }
 
-/* How many cuEventQuery calls were made (not logged: a bounded wait makes
- * thousands). */
-static long long event_queries = 0;
+/* How many cuStreamQuery and cuEventQuery calls were made (not logged: a
+ * bounded wait makes thousands). */
+static long long stream_queries = 0, event_queries = 0;
 
-/* How many cuStreamQuery calls were made (not logged either). */
-static long long stream_queries = 0;
-
-long long fake_cuda_stream_queries(void) {
+/* The count of `what` ("cuStreamQuery", "cuEventQuery"); -1 for another name. */
+long long fake_cuda_queries(const char *what) {
+    long long n = -1;
     pthread_mutex_lock(&lock);
-    long long n = stream_queries;
-    pthread_mutex_unlock(&lock);
-    return n;
-}
-
-long long fake_cuda_event_queries(void) {
-    pthread_mutex_lock(&lock);
-    long long n = event_queries;
+    if (!strcmp(what, "cuStreamQuery")) n = stream_queries;
+    else if (!strcmp(what, "cuEventQuery")) n = event_queries;
     pthread_mutex_unlock(&lock);
     return n;
 }

@@ -315,9 +315,9 @@ fn child_fake_adaptive_history() {
     stream.synchronize_with(short_spin, TIMEOUT).unwrap();
     assert_eq!(blocks(), 1);
     semaphore.signal(&stream, 3).unwrap();
-    let queries = fake.stream_queries();
+    let queries = fake.queries("cuStreamQuery");
     stream.synchronize_with(short_spin, TIMEOUT).unwrap();
-    let made = fake.stream_queries() - queries;
+    let made = fake.queries("cuStreamQuery") - queries;
     assert!(made <= 3, "{made} queries: it spun");
     assert_eq!(blocks(), 2);
     // A wait that finds the work done: the history is short again, and

@@ -735,9 +735,9 @@ fn child_fake_stuck_wait_batch() {
     // While the wait it gave up on is still pending, the next free only
     // looks: it leaks at once instead of waiting its bound again.
     let buffer = DeviceBuffer::new(&cuda, 64).unwrap();
-    let queries = fake.event_queries();
+    let queries = fake.queries("cuEventQuery");
     drop(buffer);
-    let looked = fake.event_queries() - queries;
+    let looked = fake.queries("cuEventQuery") - queries;
     // One query of the event the first check gave up on, one of the
     // stream's covering event: a wait of the bound polls them thousands of
     // times.
