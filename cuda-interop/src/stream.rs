@@ -35,7 +35,7 @@ use crate::context::{device_settled, CudaDevice};
 use crate::driver::{create_event, create_untimed_event, cu, cu_query, record_drop_error};
 use crate::error::{Error, Result};
 use crate::events::{release_track, report_leak, StreamTrack};
-use crate::wait::{poll_until, spin_until, HostWait, SpinHistory};
+use crate::wait::{poll_until, spin_until, Alarm, HostWait, Plan, Seen, WaitHistory};
 
 /// A CUDA stream in the paired device's primary context.
 ///
@@ -53,9 +53,9 @@ pub struct Stream {
     /// The completion the last blocked wait enqueued, while it may be
     /// pending: the next wait waits on it before enqueueing another.
     marker: RefCell<Option<Completion>>,
-    /// What the [`HostWait::Adaptive`] waits learned (it decides the next
-    /// one's spin).
-    spin_history: Cell<SpinHistory>,
+    /// What the [`HostWait::Adaptive`] waits learned (it plans the next
+    /// one).
+    wait_history: Cell<WaitHistory>,
     /// The uses recorded here, as use lists see them (`crate::events`);
     /// taken only by `Drop`, to let go of it with the context current.
     track: Option<Arc<StreamTrack>>,
@@ -86,7 +86,7 @@ impl Stream {
             stream,
             timeout: Stream::DEFAULT_TIMEOUT,
             marker: RefCell::new(None),
-            spin_history: Cell::new(SpinHistory::default()),
+            wait_history: Cell::new(WaitHistory::default()),
             track: Some(Arc::new(StreamTrack::new(stream))),
             _not_sync: PhantomData,
         })
@@ -206,19 +206,60 @@ impl Stream {
             HostWait::Poll => poll_until(timeout, query),
             HostWait::Block => self.block(start, timeout, query),
             HostWait::Adaptive { spin } => {
-                let mut history = self.spin_history.get();
-                let spun = history.spin(spin);
-                let waited = match spun.is_zero() {
-                    // The block queries first: no spin, no query of its own.
-                    true => self.block(start, timeout, query),
-                    false => match spin_until(spun.min(timeout), query) {
-                        Err(Error::Timeout(_)) => self.block(start, timeout, query),
-                        other => other,
-                    },
-                };
-                history.record(spin, start.elapsed());
-                self.spin_history.set(history);
-                waited
+                let mut history = self.wait_history.get();
+                let waited = self.adaptive(start, timeout, spin, history.plan(spin), query);
+                if let Ok(seen) = waited {
+                    history.record(spin, seen, start.elapsed());
+                    self.wait_history.set(history);
+                }
+                waited.map(|_| ())
+            }
+        }
+    }
+
+    /// An adaptive wait that began at `start`, as `plan` says: where it saw
+    /// the work done.
+    fn adaptive(
+        &self,
+        start: Instant,
+        timeout: Duration,
+        spin: Duration,
+        plan: Plan,
+        mut query: impl FnMut() -> Result<bool>,
+    ) -> Result<Seen> {
+        let spin_then_block = |spin: Duration, mut query: &mut dyn FnMut() -> Result<bool>| {
+            let spin = spin.min(timeout.saturating_sub(start.elapsed()));
+            match spin_until(spin, &mut query) {
+                Ok(()) => Ok(Seen::Spinning),
+                Err(Error::Timeout(_)) => self.block(start, timeout, query).map(|()| Seen::Blocked),
+                Err(other) => Err(other),
+            }
+        };
+        match plan {
+            Plan::SpinThenBlock => spin_then_block(spin, &mut query),
+            // The block queries first: no spin, no query of its own.
+            Plan::Block => self.block(start, timeout, query).map(|()| Seen::Blocked),
+            Plan::Pace {
+                check,
+                wake,
+                spin_end,
+            } => {
+                if query()? {
+                    return Ok(Seen::AtOnce);
+                }
+                // Sleeping through most of the work costs two wake-ups; its
+                // end is then seen by a short spin, at the spin floor.
+                let alarm = Alarm::new();
+                for (until, seen) in [(check, Seen::AtCheck), (wake, Seen::AtWake)] {
+                    alarm.sleep_until(start, until.min(timeout));
+                    if query()? {
+                        return Ok(seen);
+                    }
+                    if start.elapsed() >= timeout {
+                        return Err(Error::Timeout(timeout));
+                    }
+                }
+                spin_then_block(spin_end.saturating_sub(start.elapsed()), &mut query)
             }
         }
     }

@@ -12,19 +12,24 @@
 //!   ([`HostWait::Spin`]), sleep in `poll()` on an eventfd that a host
 //!   function enqueued behind the work writes ([`HostWait::Block`], see
 //!   [`Completion`](crate::Completion)), spin briefly and then block
-//!   ([`HostWait::Adaptive`], the default), or the crate's older poll with
-//!   sleeps ([`HostWait::Poll`]).
-//! * A blocked wait wakes at least every [`BLOCK_SLICE`] to query the driver,
-//!   so a driver error (a poisoned context) or work that completed while its
-//!   host function was delayed ends the wait instead of the timeout.
+//!   ([`HostWait::Adaptive`], the default; on a stream it paces repeated
+//!   work, [`WaitHistory`]), or the crate's older poll with sleeps
+//!   ([`HostWait::Poll`]).
+//! * A blocked or paced wait queries the driver at least every
+//!   [`BLOCK_SLICE`], so a driver error (a poisoned context) or work that
+//!   completed while its host function was delayed ends the wait instead of
+//!   the timeout.
 //! * Destructor waits (the last-use rule) still use [`poll_until`]: they run
 //!   rarely, and enqueue no work (the most they add is one event record
 //!   behind a stream's uses, `crate::events`).
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::time::{
+    timerfd_create, timerfd_settime, Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags,
+};
 
 use crate::error::{Error, Result};
 
@@ -34,8 +39,9 @@ use crate::error::{Error, Result};
 /// Measured on an H100 (driver 580) for a 2 ms kernel: spinning learns of
 /// the end ~10-20 µs after it at a whole core; blocking on an eventfd
 /// ([`HostWait::Block`]) ~150-200 µs after it at 5-7 % of a core.
-/// [`HostWait::Adaptive`] gets the first for short work and the second for
-/// long work; `cargo run --release -p cuda-interop-bench --bin host_wait`
+/// [`HostWait::Adaptive`] spins for short work, sleeps through most of
+/// repeated work of up to 4 ms and spins at its end, and blocks for
+/// longer work; `cargo run --release -p cuda-interop-bench --bin host_wait`
 /// measures them on your GPU.
 ///
 /// Every strategy is bounded by the wait's timeout.
@@ -63,10 +69,18 @@ pub enum HostWait {
     Block,
     /// Spin for `spin` (or the timeout, if shorter), then
     /// [`HostWait::Block`]: short work is seen at the spin floor, long work
-    /// costs little CPU. On a [`Stream`], a wait after an adaptive wait
-    /// that lasted more than twice `spin` blocks at once, without spinning
-    /// (its work is long, and the spin would only burn a core); every
-    /// eighth such wait spins again, to notice work that turned short.
+    /// costs little CPU.
+    ///
+    /// On a [`Stream`], it learns how long the stream's waits last. After a
+    /// wait of more than 2 and up to 80 spins (100 µs to 4 ms at the default
+    /// spin, and at most 200 ms), the next one is *paced*: it sleeps to
+    /// halfway through the learned length, queries, sleeps to half a spin
+    /// before its end (a timerfd: no timer slack), then spins up to one and
+    /// a half spins before it blocks. Work as long as the last is then seen
+    /// at the spin floor for two wake-ups and a short spin. Work that turned
+    /// shorter is seen late, by at most half the learned length (2 ms at the
+    /// default spin), once: the wait learns the shorter length. After a
+    /// wait of more than 80 spins the next one blocks at once.
     ///
     /// [`Stream`]: crate::Stream
     Adaptive {
@@ -81,9 +95,9 @@ pub enum HostWait {
 
 impl HostWait {
     /// The default: spin 50 µs, then block. GPU work of up to ~50 µs is
-    /// seen at the spin floor; longer work costs ~50 µs of spinning per
-    /// wait, then a sleep, and a stream whose waits last over 100 µs skips
-    /// the spin (seven waits in eight).
+    /// seen at the spin floor; on a stream whose waits last 100 µs to 4 ms,
+    /// a wait sleeps through most of the learned length and spins at its
+    /// end; longer waits block at once.
     pub const ADAPTIVE: HostWait = HostWait::Adaptive {
         spin: Duration::from_micros(50),
     };
@@ -96,36 +110,140 @@ impl Default for HostWait {
     }
 }
 
-/// What a stream's adaptive waits learned: whether its waits are long
-/// (more than twice the spin), and how many spins were skipped since the
-/// last one that spun.
+/// What a stream's adaptive waits learned: how long they last, from the call
+/// to the work seen done, and how many paced waits in a row woke after the
+/// work had ended.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct SpinHistory {
-    long: bool,
-    skipped: u32,
+pub(crate) struct WaitHistory {
+    /// How long this stream's adaptive waits last; `None` until one
+    /// measured it.
+    lasts: Option<Duration>,
+    /// Paced waits in a row that found the work done when they woke: each
+    /// shortens `lasts` twice as much as the one before.
+    overslept: u32,
 }
 
-impl SpinHistory {
-    /// Every this many waits after long ones, one spins (a probe: the work
-    /// may have turned short, and a blocked wait's own wake-up latency
-    /// would keep it looking long).
-    const PROBE_EVERY: u32 = 8;
+/// How an adaptive wait spends its time (offsets from the wait's start).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Spin for the spin, then block: nothing learned yet, or short work.
+    SpinThenBlock,
+    /// Block at once: work far longer than the spin.
+    Block,
+    /// Sleep until `check` and query, sleep until `wake` and query, spin
+    /// until `spin_end`, then block.
+    Pace {
+        check: Duration,
+        wake: Duration,
+        spin_end: Duration,
+    },
+}
 
-    /// How long the next adaptive wait spins: not at all after a long
-    /// wait, but for a probe; else `spin`.
-    pub(crate) fn spin(&mut self, spin: Duration) -> Duration {
-        if self.long && self.skipped + 1 < SpinHistory::PROBE_EVERY {
-            self.skipped += 1;
-            Duration::ZERO
-        } else {
-            self.skipped = 0;
-            spin
+/// Where an adaptive wait saw its work done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Seen {
+    /// At a paced wait's first query: the work had ended before the wait
+    /// began, which says nothing of its length.
+    AtOnce,
+    /// At a paced wait's check, halfway: the work is much shorter than
+    /// learned.
+    AtCheck,
+    /// When a paced wait woke, just before the learned end: the work may be
+    /// a little shorter, or the wake-up late.
+    AtWake,
+    /// While spinning: the length, to one query.
+    Spinning,
+    /// By blocking: the length, plus the block's wake-up latency.
+    Blocked,
+}
+
+impl WaitHistory {
+    /// Waits are paced for work of up to this many spins (4 ms at the
+    /// default spin); longer work blocks at once. A pace's worst lateness,
+    /// when the work turns short at once, is half of this.
+    const PACE_SPINS: u32 = 80;
+
+    /// How the next adaptive wait with `spin` waits.
+    pub(crate) fn plan(&self, spin: Duration) -> Plan {
+        let Some(lasts) = self.lasts.filter(|&lasts| lasts > spin.saturating_mul(2)) else {
+            return Plan::SpinThenBlock;
+        };
+        // Long work: blocking costs little of it. Also work that a pace
+        // could not sleep through with a query every BLOCK_SLICE.
+        if lasts > spin.saturating_mul(WaitHistory::PACE_SPINS)
+            || lasts > BLOCK_SLICE.saturating_mul(2)
+        {
+            return Plan::Block;
+        }
+        Plan::Pace {
+            check: lasts / 2,
+            wake: lasts - spin / 2,
+            spin_end: lasts.saturating_add(spin),
         }
     }
 
-    /// Records how long a wait with `spin` took.
-    pub(crate) fn record(&mut self, spin: Duration, took: Duration) {
-        self.long = took > spin.saturating_mul(2);
+    /// Records that a wait with `spin` saw its work done where `seen` says,
+    /// `took` after it began.
+    pub(crate) fn record(&mut self, spin: Duration, seen: Seen, took: Duration) {
+        match seen {
+            Seen::AtOnce => {}
+            Seen::AtCheck => {
+                self.lasts = Some(took / 2);
+                self.overslept = 0;
+            }
+            Seen::AtWake => {
+                let shorter = (spin / 2).saturating_mul(1 << self.overslept.min(16));
+                self.lasts = self.lasts.map(|lasts| lasts.saturating_sub(shorter));
+                self.overslept = self.overslept.saturating_add(1);
+            }
+            Seen::Spinning | Seen::Blocked => {
+                self.lasts = Some(took);
+                self.overslept = 0;
+            }
+        }
+    }
+}
+
+/// A sleep to a point in time without the timer slack of `nanosleep` and
+/// `poll()` (50 µs by default for a normal thread): a timerfd's timer has
+/// none. Where no timerfd can be made, it sleeps with `std::thread::sleep`.
+pub(crate) struct Alarm(Option<OwnedFd>);
+
+impl Alarm {
+    /// A new alarm (one timerfd, closed on drop).
+    pub(crate) fn new() -> Alarm {
+        Alarm(timerfd_create(TimerfdClockId::Monotonic, TimerfdFlags::CLOEXEC).ok())
+    }
+
+    /// Sleeps until `offset` after `start` (returns at once if that has passed).
+    pub(crate) fn sleep_until(&self, start: Instant, offset: Duration) {
+        let left = offset.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return;
+        }
+        if let Some(fd) = &self.0 {
+            let alarm = Itimerspec {
+                it_interval: Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                },
+                it_value: Timespec {
+                    tv_sec: left.as_secs().try_into().unwrap_or(i64::MAX),
+                    tv_nsec: left.subsec_nanos().into(),
+                },
+            };
+            if timerfd_settime(fd, TimerfdTimerFlags::empty(), &alarm).is_ok() {
+                let mut expirations = [0u8; 8];
+                loop {
+                    match rustix::io::read(fd, &mut expirations) {
+                        Ok(_) => return,
+                        Err(rustix::io::Errno::INTR) => continue,
+                        Err(_) => break,
+                    }
+                }
+            }
+        }
+        std::thread::sleep(offset.saturating_sub(start.elapsed()));
     }
 }
 
@@ -234,40 +352,95 @@ mod tests {
 
     const SPIN: Duration = Duration::from_micros(50);
 
-    #[test]
-    fn an_adaptive_wait_spins_unless_the_previous_one_lasted_over_twice_its_spin() {
-        let after = |took: Duration| {
-            let mut history = SpinHistory::default();
-            history.spin(SPIN);
-            history.record(SPIN, took);
-            history.spin(SPIN)
-        };
-        assert_eq!(SpinHistory::default().spin(SPIN), SPIN);
-        assert_eq!(after(Duration::from_micros(9)), SPIN);
-        assert_eq!(after(SPIN * 2), SPIN);
-        assert_eq!(after(SPIN * 2 + Duration::from_nanos(1)), Duration::ZERO);
-        assert_eq!(after(Duration::from_millis(2)), Duration::ZERO);
-        let mut history = SpinHistory::default();
-        history.record(Duration::MAX, Duration::from_secs(60));
-        assert_eq!(history.spin(Duration::MAX), Duration::MAX);
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    fn after(seen: Seen, took: Duration) -> WaitHistory {
+        let mut history = WaitHistory::default();
+        history.record(SPIN, seen, took);
+        history
     }
 
     #[test]
-    fn every_eighth_wait_after_long_ones_spins_and_a_short_one_resets() {
-        let long = Duration::from_millis(2);
-        let mut history = SpinHistory::default();
-        let mut spins = Vec::new();
-        for _ in 0..17 {
-            let spin = history.spin(SPIN);
-            spins.push(spin == SPIN);
-            history.record(SPIN, long);
+    fn an_adaptive_wait_spins_until_it_learns_long_work_then_paces_it_then_blocks() {
+        assert_eq!(WaitHistory::default().plan(SPIN), Plan::SpinThenBlock);
+        // Up to two spins: spin, then block.
+        assert_eq!(after(Seen::Spinning, us(9)).plan(SPIN), Plan::SpinThenBlock);
+        assert_eq!(
+            after(Seen::Blocked, SPIN * 2).plan(SPIN),
+            Plan::SpinThenBlock
+        );
+        // Longer, up to 80 spins: sleep to halfway, then to half a spin
+        // before the end, spin a spin past it.
+        assert_eq!(
+            after(Seen::Blocked, us(2000)).plan(SPIN),
+            Plan::Pace {
+                check: us(1000),
+                wake: us(1975),
+                spin_end: us(2050)
+            }
+        );
+        assert_eq!(
+            after(Seen::Spinning, SPIN * 80).plan(SPIN),
+            Plan::Pace {
+                check: SPIN * 40,
+                wake: SPIN * 80 - SPIN / 2,
+                spin_end: SPIN * 81
+            }
+        );
+        // Longer still: block at once.
+        let longer = SPIN * 80 + Duration::from_nanos(1);
+        assert_eq!(after(Seen::Blocked, longer).plan(SPIN), Plan::Block);
+        // Or where a pace would sleep past BLOCK_SLICE without a query.
+        let slice = BLOCK_SLICE * 2 + Duration::from_nanos(1);
+        let long_spin = Duration::from_secs(1);
+        assert!(matches!(
+            after(Seen::Blocked, BLOCK_SLICE * 2).plan(long_spin / 100),
+            Plan::Pace { .. }
+        ));
+        assert_eq!(
+            after(Seen::Blocked, slice).plan(long_spin / 100),
+            Plan::Block
+        );
+        // A huge spin: never a pace, and no overflow.
+        let mut history = after(Seen::Blocked, Duration::from_secs(60));
+        assert_eq!(history.plan(Duration::MAX), Plan::SpinThenBlock);
+        history.record(Duration::MAX, Seen::Spinning, Duration::MAX);
+        assert_eq!(history.plan(Duration::MAX), Plan::SpinThenBlock);
+    }
+
+    #[test]
+    fn a_paced_wait_that_finds_the_work_done_shortens_what_it_learned() {
+        let learned = |history: &WaitHistory| match history.plan(SPIN) {
+            Plan::Pace { spin_end, .. } => spin_end - SPIN,
+            other => panic!("{other:?}"),
+        };
+        // Done before the wait began: nothing learned.
+        let mut history = after(Seen::Blocked, us(2000));
+        history.record(SPIN, Seen::AtOnce, us(1));
+        assert_eq!(learned(&history), us(2000));
+        // Done at the halfway check: half of that.
+        history.record(SPIN, Seen::AtCheck, us(1200));
+        assert_eq!(learned(&history), us(600));
+        // Done when it woke: shorter by half a spin, then a spin, then two
+        // (in a row), and by half a spin again after a spin saw it.
+        let mut history = after(Seen::Blocked, us(2000));
+        for expected in [1975, 1925, 1825] {
+            history.record(SPIN, Seen::AtWake, us(1));
+            assert_eq!(learned(&history), us(expected));
         }
-        // The first wait spins (no history), then seven skip and one
-        // probes, twice.
-        let expected: Vec<bool> = (0..17).map(|n| n % 8 == 0).collect();
-        assert_eq!(spins, expected);
-        // A probe that finds short work: the next wait spins.
-        history.record(SPIN, Duration::from_micros(30));
-        assert_eq!(history.spin(SPIN), SPIN);
+        history.record(SPIN, Seen::Spinning, us(1900));
+        assert_eq!(learned(&history), us(1900));
+        history.record(SPIN, Seen::AtWake, us(1));
+        assert_eq!(learned(&history), us(1875));
+        // Many in a row: down to a spin-then-block, no overflow.
+        for _ in 0..40 {
+            history.record(SPIN, Seen::AtWake, us(1));
+        }
+        assert_eq!(history.plan(SPIN), Plan::SpinThenBlock);
+        // A block's measure replaces it, longer or shorter.
+        history.record(SPIN, Seen::Blocked, us(3000));
+        assert_eq!(learned(&history), us(3000));
     }
 }

@@ -273,19 +273,26 @@ fn child_fake_completion_timeouts() {
     assert_eq!(eventfds(), before, "no fd outlives its completion");
 }
 
-/// `HostWait::Adaptive` on a stream: after a wait that lasted more than
-/// twice the spin, the next wait blocks at once (no spin: the queries of
-/// the block alone); a stream with no such history spins, and a spin longer
-/// than the work sees it done without blocking; a wait that found the work
-/// done makes the history short again.
+/// `HostWait::Adaptive` on a stream learns how long its waits last: with no
+/// history it spins, then blocks; after a wait of more than two spins (and
+/// up to 80) it paces the next one, sleeping through most of the work and
+/// seeing its end by a short spin (no block, and under half a core); after
+/// one of more than 80 spins it blocks at once (the queries of the block
+/// alone); a wait that finds the work done at once unlearns it.
 #[test]
-fn an_adaptive_wait_after_a_long_one_blocks_without_spinning() {
+fn an_adaptive_wait_learns_long_work_then_paces_it_or_blocks_at_once() {
     let _fds = fds::lock();
     fake::run("child_fake_adaptive_history", fake::Variant::Full);
 }
 
+/// This thread's CPU time.
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
 #[test]
-#[ignore = "entry point of a child process of host_wait.rs, with a fake libcuda: run by an_adaptive_wait_after_a_long_one_blocks_without_spinning"]
+#[ignore = "entry point of a child process of host_wait.rs, with a fake libcuda: run by an_adaptive_wait_learns_long_work_then_paces_it_or_blocks_at_once"]
 fn child_fake_adaptive_history() {
     let fake = fake::Fake::open();
     let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
@@ -293,38 +300,57 @@ fn child_fake_adaptive_history() {
     let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
         .map_err(|e| e.error)
         .unwrap();
-    fake.set("latency_ms", 100);
-    let long_spin = HostWait::Adaptive {
+    // Enqueued work ends 50 ms after it is enqueued.
+    fake.set("latency_ms", 50);
+    let spin_out = HostWait::Adaptive {
         spin: Duration::from_secs(30),
     };
-    let short_spin = HostWait::Adaptive {
-        spin: Duration::from_millis(20),
+    // 50 ms is 5 of these spins: a pace.
+    let pace = HostWait::Adaptive {
+        spin: Duration::from_millis(10),
+    };
+    // 50 ms is 100 of these spins: a block at once.
+    let block = HostWait::Adaptive {
+        spin: Duration::from_micros(500),
     };
     let blocks = || fake.calls("cuLaunchHostFunc").len();
 
     // No history, a spin longer than the work: it spins the work out.
     let fresh = Stream::new(&cuda).unwrap();
     semaphore.signal(&fresh, 1).unwrap();
-    fresh.synchronize_with(long_spin, TIMEOUT).unwrap();
+    fresh.synchronize_with(spin_out, TIMEOUT).unwrap();
     assert_eq!(blocks(), 0, "no block");
 
-    // A 20 ms spin: the first wait on 100 ms of work spins, then blocks;
-    // it lasted over 40 ms, so the next one blocks at once.
+    // No history, a 10 ms spin: the first wait spins, then blocks, and
+    // learns that the stream's waits last about 50 ms.
     let stream = Stream::new(&cuda).unwrap();
     semaphore.signal(&stream, 2).unwrap();
-    stream.synchronize_with(short_spin, TIMEOUT).unwrap();
+    stream.synchronize_with(pace, TIMEOUT).unwrap();
     assert_eq!(blocks(), 1);
+    // The next one is paced: it sleeps to 25 ms, then to 45 ms, and spins
+    // from there (a block only if it spun 15 ms past the learned end).
     semaphore.signal(&stream, 3).unwrap();
+    let (cpu, wall) = (thread_cpu(), Instant::now());
+    stream.synchronize_with(pace, TIMEOUT).unwrap();
+    let (cpu, wall) = (thread_cpu() - cpu, wall.elapsed());
+    assert_eq!(blocks(), 1, "no block");
+    assert!(
+        cpu < wall / 2,
+        "{cpu:?} of CPU in {wall:?}: it did not sleep through the work"
+    );
+
+    // 50 ms is 100 spins of 500 us: a block at once.
+    semaphore.signal(&stream, 4).unwrap();
     let queries = fake.queries("cuStreamQuery");
-    stream.synchronize_with(short_spin, TIMEOUT).unwrap();
+    stream.synchronize_with(block, TIMEOUT).unwrap();
     let made = fake.queries("cuStreamQuery") - queries;
     assert!(made <= 3, "{made} queries: it spun");
     assert_eq!(blocks(), 2);
-    // A wait that finds the work done: the history is short again, and
-    // the next wait spins (a 30 s spin sees 100 ms of work done).
-    stream.synchronize_with(short_spin, TIMEOUT).unwrap();
-    semaphore.signal(&stream, 4).unwrap();
-    stream.synchronize_with(long_spin, TIMEOUT).unwrap();
+    // A wait that finds the work done at once unlearns it: the next wait
+    // spins (a 30 s spin sees 50 ms of work done).
+    stream.synchronize_with(block, TIMEOUT).unwrap();
+    semaphore.signal(&stream, 5).unwrap();
+    stream.synchronize_with(spin_out, TIMEOUT).unwrap();
     assert_eq!(blocks(), 2, "it spun");
     drop((fresh, stream, semaphore));
 }

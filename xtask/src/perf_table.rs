@@ -220,6 +220,9 @@ fn wait_table(waits: &Value) -> Vec<String> {
         "adaptive_default_sleeps" => "HostWait::ADAPTIVE, run 62's cut: spin 50 µs, then sleep in the driver; no spin after a wait over 100 µs".into(),
         "adaptive_spin_10us_sleeps" => "HostWait::Adaptive, run 62's cut: spin 10 µs, then sleep in the driver".into(),
         "adaptive_spin_20us_sleeps" => "HostWait::Adaptive, run 62's cut: spin 20 µs, then sleep in the driver".into(),
+        "adaptive_default_paced" => "HostWait::ADAPTIVE (default: spin 50 µs, then block; after waits of 100 µs to 4 ms, sleep to half a spin before their learned end, then spin)".into(),
+        "adaptive_spin_10us_paced" => "HostWait::Adaptive, spin 10 µs (paced after waits of 20 to 800 µs)".into(),
+        "adaptive_spin_20us_paced" => "HostWait::Adaptive, spin 20 µs (paced after waits of 40 µs to 1.6 ms)".into(),
         "helper_thread_event_synchronize" => {
             "helper thread in cuEventSynchronize, caller waits on a channel with a timeout (bounded for the caller only)".into()
         }
@@ -239,7 +242,9 @@ fn wait_table(waits: &Value) -> Vec<String> {
     ];
     for r in waits["rows"].as_array().into_iter().flatten() {
         let work_us = f(&r["work_us"]);
-        let work = if work_us >= 1000.0 {
+        let work = if let Some(pattern) = r["work"].as_str() {
+            pattern.to_string()
+        } else if work_us >= 1000.0 {
             format!("{} ms", general(work_us / 1000.0))
         } else {
             format!("{} µs", show(&r["work_us"]))

@@ -2,8 +2,9 @@
 //! GPU work has finished, for each way of waiting?
 //!
 //! For GPU work of 20 µs, 200 µs and 2 ms (the `spin_ns` kernel of
-//! [`kernels`], one thread spinning on `%globaltimer`), each iteration
-//! launches the kernel and waits for it on the host, with:
+//! [`kernels`], one thread spinning on `%globaltimer`), and for work that
+//! varies (2 ms and 200 µs in turn; 2 ms +- 20 %, pseudo-random), each
+//! iteration launches the kernel and waits for it on the host, with:
 //!
 //! * `Spin`: [`HostWait::Spin`], a `cuStreamQuery` loop (the floor);
 //! * `cuEventSynchronize (raw)`: a `CU_EVENT_BLOCKING_SYNC` event recorded
@@ -12,9 +13,10 @@
 //!   forbids (work behind a semaphore wait nobody signals never completes);
 //! * `Block`: [`HostWait::Block`], a host function (`cuLaunchHostFunc`)
 //!   writing an eventfd, and `poll()`;
-//! * `Adaptive (default)`: [`HostWait::ADAPTIVE`], spin 50 µs then block,
-//!   without the spin (seven waits in eight) after a wait over 100 µs on
-//!   the same stream;
+//! * `Adaptive (default)`: [`HostWait::ADAPTIVE`], spin 50 µs then block;
+//!   on a stream whose waits last 100 µs to 4 ms, sleep (a timerfd) to
+//!   halfway and to 25 µs before the learned end, then spin 75 µs, then
+//!   block; longer ones block at once;
 //! * `Adaptive, 10 / 20 us spin`: [`HostWait::Adaptive`] with a shorter
 //!   spin (issue 19 item 5: how much of the default's CPU is its spin);
 //! * `helper thread cuEventSynchronize, bounded`: one helper thread makes
@@ -112,11 +114,12 @@ impl Method {
             Method::Spin => "spin",
             Method::EventSynchronize => "cu_event_synchronize_raw",
             Method::Block => "block",
-            // Adaptive skips its spin after long waits (keys of their own:
-            // before, it spun before every block).
-            Method::Adaptive => "adaptive_default_skips",
-            Method::AdaptiveSpin10 => "adaptive_spin_10us_skips",
-            Method::AdaptiveSpin20 => "adaptive_spin_20us_skips",
+            // Adaptive paces waits of 2 to 80 spins (keys of their own:
+            // runs 59-60 spun before every block, runs 62-63 skipped the
+            // spin after long waits).
+            Method::Adaptive => "adaptive_default_paced",
+            Method::AdaptiveSpin10 => "adaptive_spin_10us_paced",
+            Method::AdaptiveSpin20 => "adaptive_spin_20us_paced",
             Method::HelperEventSynchronize => "helper_thread_event_synchronize",
             Method::Poll => "poll_old",
             Method::VulkanCounter => "vulkan_counter_poll",
@@ -124,9 +127,54 @@ impl Method {
     }
 }
 
+/// The GPU work of one cell's waits: the same every wait, or varying.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Work {
+    Fixed(Duration),
+    /// `a`, `b`, `a`, `b`, ...: work whose length changes every wait.
+    Alternating(Duration, Duration),
+    /// `center` +- 20 %, pseudo-random (the same sequence every run).
+    Jitter(Duration),
+}
+
+impl Work {
+    /// The kernel's length in the `i`-th wait.
+    fn at(self, i: usize) -> Duration {
+        match self {
+            Work::Fixed(d) => d,
+            Work::Alternating(a, b) => [a, b][i % 2],
+            Work::Jitter(center) => {
+                // A 64-bit LCG (Knuth's MMIX constants), its top bits.
+                let x = (i as u64 + 1)
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                let fraction = (x >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
+                center.mul_f64(0.8 + 0.4 * fraction)
+            }
+        }
+    }
+    fn label(self) -> String {
+        match self {
+            Work::Fixed(d) => format!("{d:?}"),
+            Work::Alternating(a, b) => format!("{a:?}/{b:?}"),
+            Work::Jitter(d) => format!("{d:?}+-20%"),
+        }
+    }
+    /// The JSON `work_us` (the center, or the first of an alternation),
+    /// and for varying work a `work` naming it.
+    fn json(self) -> String {
+        match self {
+            Work::Fixed(d) => format!("\"work_us\":{}", d.as_micros()),
+            Work::Alternating(d, _) | Work::Jitter(d) => {
+                format!("\"work_us\":{},\"work\":{:?}", d.as_micros(), self.label())
+            }
+        }
+    }
+}
+
 /// One (work, method) cell.
 struct Row {
-    work: Duration,
+    work: Work,
     method: Method,
     /// Latency after the kernel's end, per iteration, sorted.
     latency: Vec<Duration>,
@@ -257,9 +305,13 @@ fn main() -> Res<()> {
     let mut value = 0u64;
 
     let works = [
-        Duration::from_micros(20),
-        Duration::from_micros(200),
-        Duration::from_millis(2),
+        Work::Fixed(Duration::from_micros(20)),
+        Work::Fixed(Duration::from_micros(200)),
+        Work::Fixed(Duration::from_millis(2)),
+        // What the adaptive pace costs where the length it learns is wrong:
+        // every wait, or by up to 20 %.
+        Work::Alternating(Duration::from_millis(2), Duration::from_micros(200)),
+        Work::Jitter(Duration::from_millis(2)),
     ];
     let mut rows = Vec::new();
     let run_start = Instant::now();
@@ -269,8 +321,10 @@ fn main() -> Res<()> {
             let mut cpu = Duration::ZERO;
             let mut wall = Duration::ZERO;
             for i in 0..slots {
-                let (mut ns, mut out) =
-                    (work.as_nanos() as u64, stamps.device_ptr() + 16 * i as u64);
+                let (mut ns, mut out) = (
+                    work.at(i).as_nanos() as u64,
+                    stamps.device_ptr() + 16 * i as u64,
+                );
                 let mut kernel_args: [*mut c_void; 2] =
                     [(&mut ns as *mut u64).cast(), (&mut out as *mut u64).cast()];
                 let cpu0 = cpu_time();
@@ -342,10 +396,10 @@ fn main() -> Res<()> {
     );
     println!("latency = host wait window (launch -> wait returns) - kernel duration (device %globaltimer); includes launch latency, as the Spin floor does");
     println!(
-        "{:>7}  {:36} {:>9} {:>9} {:>9} {:>7} {:>9}",
+        "{:>11}  {:36} {:>9} {:>9} {:>9} {:>7} {:>9}",
         "work", "method", "p50 us", "p99 us", "max us", "CPU %", "p50/spin"
     );
-    let floor = |work: Duration| {
+    let floor = |work: Work| {
         rows.iter()
             .find(|r| r.work == work && r.method == Method::Spin)
             .map(|r| r.quantile(0.5))
@@ -353,8 +407,8 @@ fn main() -> Res<()> {
     };
     for row in &rows {
         println!(
-            "{:>7}  {:36} {:9.1} {:9.1} {:9.1} {:7.1} {:9.2}",
-            format!("{:?}", row.work),
+            "{:>11}  {:36} {:9.1} {:9.1} {:9.1} {:7.1} {:9.2}",
+            row.work.label(),
             row.method.name(),
             us(row.quantile(0.5)),
             us(row.quantile(0.99)),
@@ -365,7 +419,7 @@ fn main() -> Res<()> {
     }
 
     // The goals, for the default strategy.
-    let cell = |work: Duration, method: Method| {
+    let cell = |work: Work, method: Method| {
         rows.iter()
             .find(|r| r.work == work && r.method == method)
             .unwrap()
@@ -432,10 +486,10 @@ fn main() -> Res<()> {
         for (n, row) in rows.iter().enumerate() {
             write!(
                 json,
-                "{}{{\"work_us\":{},\"method\":\"{}\",\"p50_us\":{:.2},\"p99_us\":{:.2},\"max_us\":{:.2},\
+                "{}{{{},\"method\":\"{}\",\"p50_us\":{:.2},\"p99_us\":{:.2},\"max_us\":{:.2},\
                  \"cpu_percent\":{:.2},\"p50_over_spin\":{:.3}}}",
                 if n == 0 { "" } else { "," },
-                row.work.as_micros(),
+                row.work.json(),
                 row.method.key(),
                 us(row.quantile(0.5)),
                 us(row.quantile(0.99)),
