@@ -207,9 +207,10 @@ impl Stream {
             HostWait::Block => self.block(start, timeout, query),
             HostWait::Adaptive { spin } => {
                 let mut history = self.wait_history.get();
-                let waited = self.adaptive(start, timeout, spin, history.plan(spin), query);
+                let plan = history.plan(spin);
+                let waited = self.adaptive(start, timeout, spin, plan, query);
                 if let Ok(seen) = waited {
-                    history.record(spin, seen, start.elapsed());
+                    history.record(spin, plan, seen, start.elapsed());
                     self.wait_history.set(history);
                 }
                 waited.map(|_| ())
@@ -227,41 +228,67 @@ impl Stream {
         plan: Plan,
         mut query: impl FnMut() -> Result<bool>,
     ) -> Result<Seen> {
-        let spin_then_block = |spin: Duration, mut query: &mut dyn FnMut() -> Result<bool>| {
-            let spin = spin.min(timeout.saturating_sub(start.elapsed()));
-            match spin_until(spin, &mut query) {
-                Ok(()) => Ok(Seen::Spinning),
-                Err(Error::Timeout(_)) => self.block(start, timeout, query).map(|()| Seen::Blocked),
-                Err(other) => Err(other),
+        let left = || timeout.saturating_sub(start.elapsed());
+        let (check, from, until, step) = match plan {
+            Plan::SpinThenBlock => {
+                return match spin_until(spin.min(timeout), &mut query) {
+                    Ok(()) => Ok(Seen::Watching),
+                    Err(Error::Timeout(_)) => {
+                        self.block(start, timeout, query).map(|()| Seen::Blocked)
+                    }
+                    Err(other) => Err(other),
+                };
             }
-        };
-        match plan {
-            Plan::SpinThenBlock => spin_then_block(spin, &mut query),
             // The block queries first: no spin, no query of its own.
-            Plan::Block => self.block(start, timeout, query).map(|()| Seen::Blocked),
+            Plan::Block => return self.block(start, timeout, query).map(|()| Seen::Blocked),
             Plan::Pace {
                 check,
-                wake,
-                spin_end,
-            } => {
-                if query()? {
-                    return Ok(Seen::AtOnce);
-                }
-                // Sleeping through most of the work costs two wake-ups; its
-                // end is then seen by a short spin, at the spin floor.
-                let alarm = Alarm::new();
-                for (until, seen) in [(check, Seen::AtCheck), (wake, Seen::AtWake)] {
-                    alarm.sleep_until(start, until.min(timeout));
-                    if query()? {
-                        return Ok(seen);
-                    }
-                    if start.elapsed() >= timeout {
-                        return Err(Error::Timeout(timeout));
-                    }
-                }
-                spin_then_block(spin_end.saturating_sub(start.elapsed()), &mut query)
+                from,
+                until,
+                step,
+            } => (check, from, until, step),
+        };
+        if query()? {
+            return Ok(Seen::AtOnce);
+        }
+        // Sleeping through the learned part of the work costs a wake-up or
+        // two; its end is then seen by a short spin, or by sleeps of `step`
+        // where recent lengths differ.
+        let alarm = Alarm::new();
+        let looks = [(check, Seen::AtCheck), (Some(from), Seen::AtFrom)];
+        for (at, seen) in looks.into_iter().filter_map(|(at, seen)| Some((at?, seen))) {
+            if at.is_zero() {
+                continue;
+            }
+            alarm.sleep_until(start, at.min(timeout));
+            if query()? {
+                return Ok(seen);
+            }
+            if left().is_zero() {
+                return Err(Error::Timeout(timeout));
             }
         }
+        let spin_for = from
+            .saturating_add(spin)
+            .min(until)
+            .saturating_sub(start.elapsed())
+            .min(left());
+        match spin_until(spin_for, &mut query) {
+            Ok(()) => return Ok(Seen::Watching),
+            Err(Error::Timeout(_)) => {}
+            Err(other) => return Err(other),
+        }
+        loop {
+            let now = start.elapsed();
+            if now >= until || now >= timeout {
+                break;
+            }
+            alarm.sleep_until(start, now.saturating_add(step).min(until).min(timeout));
+            if query()? {
+                return Ok(Seen::Watching);
+            }
+        }
+        self.block(start, timeout, query).map(|()| Seen::Blocked)
     }
 
     /// The blocking part of a stream wait that began at `start`: sleep on a

@@ -40,7 +40,7 @@ use crate::error::{Error, Result};
 /// the end ~10-20 µs after it at a whole core; blocking on an eventfd
 /// ([`HostWait::Block`]) ~150-200 µs after it at 5-7 % of a core.
 /// [`HostWait::Adaptive`] spins for short work, sleeps through most of
-/// repeated work of up to 4 ms and spins at its end, and blocks for
+/// repeated work of up to 4 ms and watches its end, and blocks for
 /// longer work; `cargo run --release -p cuda-interop-bench --bin host_wait`
 /// measures them on your GPU.
 ///
@@ -71,16 +71,18 @@ pub enum HostWait {
     /// [`HostWait::Block`]: short work is seen at the spin floor, long work
     /// costs little CPU.
     ///
-    /// On a [`Stream`], it learns how long the stream's waits last. After a
-    /// wait of more than 2 and up to 80 spins (100 µs to 4 ms at the default
-    /// spin, and at most 200 ms), the next one is *paced*: it sleeps to
-    /// halfway through the learned length, queries, sleeps to half a spin
-    /// before its end (a timerfd: no timer slack), then spins up to one and
-    /// a half spins before it blocks. Work as long as the last is then seen
-    /// at the spin floor for two wake-ups and a short spin. Work that turned
-    /// shorter is seen late, by at most half the learned length (2 ms at the
-    /// default spin), once: the wait learns the shorter length. After a
-    /// wait of more than 80 spins the next one blocks at once.
+    /// On a [`Stream`], it learns how long the stream's last four waits
+    /// lasted and *paces* the next one: it sleeps (on a timerfd: no timer
+    /// slack) to half a spin before the shortest of them, with a look
+    /// halfway there, then spins for the spin, then looks every `step` until
+    /// a spin past the longest, then blocks (`step` is the spin, or a
+    /// sixteenth of the window where the lengths differ more). Work as long
+    /// as the last is seen at the spin floor for two wake-ups and a short
+    /// spin (at 2 ms, under the CPU of the driver's own blocking wait);
+    /// varying work, within a step of its end. Work shorter than all four is
+    /// seen late, by at most half the shortest, and the next wait learns it.
+    /// A stream whose shortest recent wait lasted more than 80 spins (4 ms
+    /// at the default spin, and at most 200 ms) blocks at once.
     ///
     /// [`Stream`]: crate::Stream
     Adaptive {
@@ -95,9 +97,9 @@ pub enum HostWait {
 
 impl HostWait {
     /// The default: spin 50 µs, then block. GPU work of up to ~50 µs is
-    /// seen at the spin floor; on a stream whose waits last 100 µs to 4 ms,
-    /// a wait sleeps through most of the learned length and spins at its
-    /// end; longer waits block at once.
+    /// seen at the spin floor; on a stream whose recent waits lasted up to
+    /// 4 ms, a wait sleeps through most of the learned length and watches
+    /// its end; a stream whose waits all lasted longer blocks at once.
     pub const ADAPTIVE: HostWait = HostWait::Adaptive {
         spin: Duration::from_micros(50),
     };
@@ -110,32 +112,35 @@ impl Default for HostWait {
     }
 }
 
-/// What a stream's adaptive waits learned: how long they last, from the call
-/// to the work seen done, and how many paced waits in a row woke after the
-/// work had ended.
+/// What a stream's adaptive waits learned: how long its last few waits
+/// lasted (from the call to the work seen done), and how many paced waits in
+/// a row found the work done when they first looked.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct WaitHistory {
-    /// How long this stream's adaptive waits last; `None` until one
-    /// measured it.
-    lasts: Option<Duration>,
-    /// Paced waits in a row that found the work done when they woke: each
-    /// shortens `lasts` twice as much as the one before.
+    /// The last lengths measured, a ring; the first `known` are valid.
+    lengths: [Duration; WaitHistory::KEPT],
+    known: usize,
+    next: usize,
+    /// Paced waits in a row that found the work done at their first look:
+    /// each shortens what is learned twice as much as the one before.
     overslept: u32,
 }
 
 /// How an adaptive wait spends its time (offsets from the wait's start).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Plan {
-    /// Spin for the spin, then block: nothing learned yet, or short work.
+    /// Spin for the spin, then block: nothing learned yet.
     SpinThenBlock,
-    /// Block at once: work far longer than the spin.
+    /// Block at once: even the shortest recent wait was long.
     Block,
-    /// Sleep until `check` and query, sleep until `wake` and query, spin
-    /// until `spin_end`, then block.
+    /// Sleep until `check` (if any) and query; sleep until `from` and
+    /// query; spin for the spin (but not past `until`); then sleep `step`
+    /// and query, until `until`; then block.
     Pace {
-        check: Duration,
-        wake: Duration,
-        spin_end: Duration,
+        check: Option<Duration>,
+        from: Duration,
+        until: Duration,
+        step: Duration,
     },
 }
 
@@ -145,62 +150,82 @@ pub(crate) enum Seen {
     /// At a paced wait's first query: the work had ended before the wait
     /// began, which says nothing of its length.
     AtOnce,
-    /// At a paced wait's check, halfway: the work is much shorter than
-    /// learned.
+    /// At a paced wait's check, halfway to its watch: much shorter work
+    /// than learned.
     AtCheck,
-    /// When a paced wait woke, just before the learned end: the work may be
-    /// a little shorter, or the wake-up late.
-    AtWake,
-    /// While spinning: the length, to one query.
-    Spinning,
+    /// At a paced wait's first look when its watch began: shorter work than
+    /// learned, or a late wake-up.
+    AtFrom,
+    /// While spinning or polling: the length, to one query or step.
+    Watching,
     /// By blocking: the length, plus the block's wake-up latency.
     Blocked,
 }
 
 impl WaitHistory {
-    /// Waits are paced for work of up to this many spins (4 ms at the
-    /// default spin); longer work blocks at once. A pace's worst lateness,
-    /// when the work turns short at once, is half of this.
+    /// How many recent lengths a stream keeps: the shortest and the
+    /// longest bound the next watch.
+    const KEPT: usize = 4;
+    /// Waits are paced within this many spins (4 ms at the default spin):
+    /// a stream whose shortest recent wait was longer blocks at once, and a
+    /// pace blocks from here on.
     const PACE_SPINS: u32 = 80;
+    /// A watch polls in at most about this many steps.
+    const STEPS: u32 = 16;
 
     /// How the next adaptive wait with `spin` waits.
     pub(crate) fn plan(&self, spin: Duration) -> Plan {
-        let Some(lasts) = self.lasts.filter(|&lasts| lasts > spin.saturating_mul(2)) else {
+        let known = &self.lengths[..self.known];
+        let (Some(&shortest), Some(&longest)) = (known.iter().min(), known.iter().max()) else {
             return Plan::SpinThenBlock;
         };
-        // Long work: blocking costs little of it. Also work that a pace
-        // could not sleep through with a query every BLOCK_SLICE.
-        if lasts > spin.saturating_mul(WaitHistory::PACE_SPINS)
-            || lasts > BLOCK_SLICE.saturating_mul(2)
-        {
+        // Past this, blocking costs little of the wait; and a pace sleeps at
+        // most BLOCK_SLICE between two queries.
+        let limit = spin
+            .saturating_mul(WaitHistory::PACE_SPINS)
+            .min(BLOCK_SLICE.saturating_mul(2));
+        if shortest > limit {
             return Plan::Block;
         }
+        let from = shortest.saturating_sub(spin / 2);
+        let until = longest.saturating_add(spin).min(limit).max(from);
+        let check = (from > spin.saturating_mul(4) || from > BLOCK_SLICE).then_some(from / 2);
+        let step = (until.saturating_sub(from).saturating_sub(spin) / WaitHistory::STEPS)
+            .max(spin)
+            .min(BLOCK_SLICE);
         Plan::Pace {
-            check: lasts / 2,
-            wake: lasts - spin / 2,
-            spin_end: lasts.saturating_add(spin),
+            check,
+            from,
+            until,
+            step,
         }
     }
 
-    /// Records that a wait with `spin` saw its work done where `seen` says,
-    /// `took` after it began.
-    pub(crate) fn record(&mut self, spin: Duration, seen: Seen, took: Duration) {
-        match seen {
-            Seen::AtOnce => {}
-            Seen::AtCheck => {
-                self.lasts = Some(took / 2);
-                self.overslept = 0;
-            }
-            Seen::AtWake => {
-                let shorter = (spin / 2).saturating_mul(1 << self.overslept.min(16));
-                self.lasts = self.lasts.map(|lasts| lasts.saturating_sub(shorter));
+    /// Records that a wait with `spin`, planned by `plan`, saw its work done
+    /// where `seen` says, `took` after it began.
+    pub(crate) fn record(&mut self, spin: Duration, plan: Plan, seen: Seen, took: Duration) {
+        let length = match (seen, plan) {
+            (Seen::AtOnce, _) => return,
+            // Much shorter work: half of when it was seen.
+            (Seen::AtCheck, _) => took / 2,
+            // It ended before the watch: earlier by half a spin, then a
+            // spin, two, ... for each such wait in a row.
+            (Seen::AtFrom, Plan::Pace { from, .. }) => {
+                let earlier = (spin / 2).saturating_mul(1 << self.overslept.min(16));
                 self.overslept = self.overslept.saturating_add(1);
+                self.push(from.saturating_sub(earlier));
+                return;
             }
-            Seen::Spinning | Seen::Blocked => {
-                self.lasts = Some(took);
-                self.overslept = 0;
-            }
-        }
+            _ => took,
+        };
+        self.overslept = 0;
+        self.push(length);
+    }
+
+    fn push(&mut self, length: Duration) {
+        self.lengths[self.next] = length;
+        self.next = (self.next + 1) % WaitHistory::KEPT;
+        self.known = (self.known + 1).min(WaitHistory::KEPT);
     }
 }
 
@@ -356,91 +381,147 @@ mod tests {
         Duration::from_micros(n)
     }
 
-    fn after(seen: Seen, took: Duration) -> WaitHistory {
+    fn after(lengths: &[u64]) -> WaitHistory {
         let mut history = WaitHistory::default();
-        history.record(SPIN, seen, took);
+        for &n in lengths {
+            history.record(SPIN, Plan::SpinThenBlock, Seen::Watching, us(n));
+        }
         history
     }
 
-    #[test]
-    fn an_adaptive_wait_spins_until_it_learns_long_work_then_paces_it_then_blocks() {
-        assert_eq!(WaitHistory::default().plan(SPIN), Plan::SpinThenBlock);
-        // Up to two spins: spin, then block.
-        assert_eq!(after(Seen::Spinning, us(9)).plan(SPIN), Plan::SpinThenBlock);
-        assert_eq!(
-            after(Seen::Blocked, SPIN * 2).plan(SPIN),
-            Plan::SpinThenBlock
-        );
-        // Longer, up to 80 spins: sleep to halfway, then to half a spin
-        // before the end, spin a spin past it.
-        assert_eq!(
-            after(Seen::Blocked, us(2000)).plan(SPIN),
-            Plan::Pace {
-                check: us(1000),
-                wake: us(1975),
-                spin_end: us(2050)
-            }
-        );
-        assert_eq!(
-            after(Seen::Spinning, SPIN * 80).plan(SPIN),
-            Plan::Pace {
-                check: SPIN * 40,
-                wake: SPIN * 80 - SPIN / 2,
-                spin_end: SPIN * 81
-            }
-        );
-        // Longer still: block at once.
-        let longer = SPIN * 80 + Duration::from_nanos(1);
-        assert_eq!(after(Seen::Blocked, longer).plan(SPIN), Plan::Block);
-        // Or where a pace would sleep past BLOCK_SLICE without a query.
-        let slice = BLOCK_SLICE * 2 + Duration::from_nanos(1);
-        let long_spin = Duration::from_secs(1);
-        assert!(matches!(
-            after(Seen::Blocked, BLOCK_SLICE * 2).plan(long_spin / 100),
-            Plan::Pace { .. }
-        ));
-        assert_eq!(
-            after(Seen::Blocked, slice).plan(long_spin / 100),
-            Plan::Block
-        );
-        // A huge spin: never a pace, and no overflow.
-        let mut history = after(Seen::Blocked, Duration::from_secs(60));
-        assert_eq!(history.plan(Duration::MAX), Plan::SpinThenBlock);
-        history.record(Duration::MAX, Seen::Spinning, Duration::MAX);
-        assert_eq!(history.plan(Duration::MAX), Plan::SpinThenBlock);
+    /// A pace's plan; its step computed as `plan` does.
+    fn pace(check: bool, from: u64, until: u64) -> Plan {
+        let (from, until) = (us(from), us(until));
+        Plan::Pace {
+            check: check.then_some(from / 2),
+            from,
+            until,
+            step: ((until.saturating_sub(from).saturating_sub(SPIN)) / 16).max(SPIN),
+        }
     }
 
     #[test]
-    fn a_paced_wait_that_finds_the_work_done_shortens_what_it_learned() {
-        let learned = |history: &WaitHistory| match history.plan(SPIN) {
-            Plan::Pace { spin_end, .. } => spin_end - SPIN,
+    fn an_adaptive_wait_spins_until_it_learns_then_paces_between_the_recent_lengths() {
+        assert_eq!(WaitHistory::default().plan(SPIN), Plan::SpinThenBlock);
+        // Repeated 2 ms: sleep to halfway and to 25 us before the end, spin
+        // 50 us (to the end of the window: no poll), block from 2.05 ms.
+        assert_eq!(after(&[2000]).plan(SPIN), pace(true, 1975, 2050));
+        assert_eq!(
+            pace(true, 1975, 2050),
+            Plan::Pace {
+                check: Some(us(1975) / 2),
+                from: us(1975),
+                until: us(2050),
+                step: SPIN
+            }
+        );
+        // Short work: spin from the start (a 20 us wait: from 0).
+        assert_eq!(after(&[20]).plan(SPIN), pace(false, 0, 70));
+        assert_eq!(after(&[200]).plan(SPIN), pace(false, 175, 250));
+        // 2 ms and 200 us in turn: watch from 175 us to 2.05 ms, spinning
+        // 50 us, then polling in 16 steps of 114 us.
+        let mut history = after(&[2000, 200, 2000, 200]);
+        assert_eq!(history.plan(SPIN), pace(false, 175, 2050));
+        assert_eq!(
+            pace(false, 175, 2050),
+            Plan::Pace {
+                check: None,
+                from: us(175),
+                until: us(2050),
+                step: us(1825) / 16
+            }
+        );
+        // The four last lengths count: four more of 2 ms push out both
+        // 200 us.
+        for _ in 0..3 {
+            history.record(SPIN, history.plan(SPIN), Seen::Watching, us(2000));
+            assert_eq!(history.plan(SPIN), pace(false, 175, 2050));
+        }
+        history.record(SPIN, history.plan(SPIN), Seen::Watching, us(2000));
+        assert_eq!(history.plan(SPIN), pace(true, 1975, 2050));
+        // Up to 80 spins (4 ms); longer: block at once, and a pace watches
+        // no further.
+        assert_eq!(after(&[4000]).plan(SPIN), pace(true, 3975, 4000));
+        assert_eq!(after(&[4001]).plan(SPIN), Plan::Block);
+        assert_eq!(after(&[1000, 9000]).plan(SPIN), pace(true, 975, 4000));
+        // A huge spin: no overflow.
+        let mut history = after(&[60_000_000]);
+        assert_eq!(history.plan(Duration::MAX), Plan::Block);
+        history.record(Duration::MAX, Plan::Block, Seen::Blocked, Duration::MAX);
+        assert_eq!(history.plan(Duration::MAX), Plan::Block);
+    }
+
+    #[test]
+    fn a_pace_never_sleeps_longer_than_a_block_slice_without_a_query() {
+        for spin in [SPIN, us(1000), us(3000), Duration::from_secs(1)] {
+            for lengths in [
+                [1u64, 1],
+                [50_000, 50_000],
+                [199_999, 200_000],
+                [1, 200_000],
+            ] {
+                let mut history = WaitHistory::default();
+                for n in lengths {
+                    history.record(spin, Plan::SpinThenBlock, Seen::Watching, us(n) * 1000);
+                }
+                if let Plan::Pace {
+                    check,
+                    from,
+                    until,
+                    step,
+                } = history.plan(spin)
+                {
+                    let first = check.unwrap_or(from);
+                    assert!(first <= BLOCK_SLICE, "{spin:?} {lengths:?}");
+                    assert!(from - first <= BLOCK_SLICE, "{spin:?} {lengths:?}");
+                    assert!(
+                        step <= BLOCK_SLICE && until <= BLOCK_SLICE * 2,
+                        "{spin:?} {lengths:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn what_a_wait_saw_shortens_or_replaces_what_was_learned() {
+        let from = |history: &WaitHistory| match history.plan(SPIN) {
+            Plan::Pace { from, .. } => from,
             other => panic!("{other:?}"),
         };
+        let mut history = after(&[2000]);
+        let plan = history.plan(SPIN);
         // Done before the wait began: nothing learned.
-        let mut history = after(Seen::Blocked, us(2000));
-        history.record(SPIN, Seen::AtOnce, us(1));
-        assert_eq!(learned(&history), us(2000));
-        // Done at the halfway check: half of that.
-        history.record(SPIN, Seen::AtCheck, us(1200));
-        assert_eq!(learned(&history), us(600));
-        // Done when it woke: shorter by half a spin, then a spin, then two
-        // (in a row), and by half a spin again after a spin saw it.
-        let mut history = after(Seen::Blocked, us(2000));
-        for expected in [1975, 1925, 1825] {
-            history.record(SPIN, Seen::AtWake, us(1));
-            assert_eq!(learned(&history), us(expected));
+        history.record(SPIN, plan, Seen::AtOnce, us(1));
+        assert_eq!(history, after(&[2000]));
+        // Done at the check: half of when it was seen.
+        history.record(SPIN, plan, Seen::AtCheck, us(1000));
+        assert_eq!(from(&history), us(475));
+        // Done at the first look: earlier than that look by half a spin,
+        // then a spin, then two (in a row), then half a spin again after a
+        // watch saw it.
+        let mut history = after(&[2000]);
+        for expected in [1925, 1850, 1725] {
+            let plan = history.plan(SPIN);
+            history.record(SPIN, plan, Seen::AtFrom, us(1));
+            assert_eq!(from(&history), us(expected));
         }
-        history.record(SPIN, Seen::Spinning, us(1900));
-        assert_eq!(learned(&history), us(1900));
-        history.record(SPIN, Seen::AtWake, us(1));
-        assert_eq!(learned(&history), us(1875));
-        // Many in a row: down to a spin-then-block, no overflow.
+        let plan = history.plan(SPIN);
+        history.record(SPIN, plan, Seen::Watching, us(1800));
+        let plan = history.plan(SPIN);
+        history.record(SPIN, plan, Seen::AtFrom, us(1));
+        assert_eq!(from(&history), us(1725 - 25 - 25));
+        // Many in a row: down to a watch from the start, no overflow.
         for _ in 0..40 {
-            history.record(SPIN, Seen::AtWake, us(1));
+            let plan = history.plan(SPIN);
+            history.record(SPIN, plan, Seen::AtFrom, us(1));
         }
-        assert_eq!(history.plan(SPIN), Plan::SpinThenBlock);
-        // A block's measure replaces it, longer or shorter.
-        history.record(SPIN, Seen::Blocked, us(3000));
-        assert_eq!(learned(&history), us(3000));
+        assert_eq!(from(&history), Duration::ZERO);
+        // A block's measure counts as a length.
+        history.record(SPIN, Plan::Block, Seen::Blocked, us(3000));
+        history.record(SPIN, Plan::Block, Seen::Blocked, us(3000));
+        history.record(SPIN, Plan::Block, Seen::Blocked, us(3000));
+        history.record(SPIN, Plan::Block, Seen::Blocked, us(3000));
+        assert_eq!(from(&history), us(2975));
     }
 }

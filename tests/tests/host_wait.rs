@@ -274,11 +274,12 @@ fn child_fake_completion_timeouts() {
 }
 
 /// `HostWait::Adaptive` on a stream learns how long its waits last: with no
-/// history it spins, then blocks; after a wait of more than two spins (and
-/// up to 80) it paces the next one, sleeping through most of the work and
-/// seeing its end by a short spin (no block, and under half a core); after
-/// one of more than 80 spins it blocks at once (the queries of the block
-/// alone); a wait that finds the work done at once unlearns it.
+/// history it spins, then blocks; after waits of up to 80 spins it paces the
+/// next one, sleeping through most of the work and seeing its end by a
+/// short spin (no block, and under half a core); after waits of more than
+/// 80 spins it blocks at once (the queries of the block alone); a block
+/// that finds the work done at once learns a short length, and the next
+/// wait watches (spins) from its start.
 #[test]
 fn an_adaptive_wait_learns_long_work_then_paces_it_or_blocks_at_once() {
     let _fds = fds::lock();
@@ -327,8 +328,8 @@ fn child_fake_adaptive_history() {
     semaphore.signal(&stream, 2).unwrap();
     stream.synchronize_with(pace, TIMEOUT).unwrap();
     assert_eq!(blocks(), 1);
-    // The next one is paced: it sleeps to 25 ms, then to 45 ms, and spins
-    // from there (a block only if it spun 15 ms past the learned end).
+    // The next one is paced: it sleeps to 22.5 ms, then to 45 ms, and
+    // spins from there (a block only after 60 ms).
     semaphore.signal(&stream, 3).unwrap();
     let (cpu, wall) = (thread_cpu(), Instant::now());
     stream.synchronize_with(pace, TIMEOUT).unwrap();
@@ -339,19 +340,38 @@ fn child_fake_adaptive_history() {
         "{cpu:?} of CPU in {wall:?}: it did not sleep through the work"
     );
 
-    // 50 ms is 100 spins of 500 us: a block at once.
+    // Work longer than learned (80 ms): the pace blocks after 60 ms, and
+    // the window of the next waits is 45-90 ms: work of 70 ms is seen by
+    // polling (sleeps of 10 ms from 55 ms), with no block.
+    fake.set("latency_ms", 80);
     semaphore.signal(&stream, 4).unwrap();
+    stream.synchronize_with(pace, TIMEOUT).unwrap();
+    assert_eq!(blocks(), 2);
+    fake.set("latency_ms", 70);
+    semaphore.signal(&stream, 5).unwrap();
+    let (cpu, wall) = (thread_cpu(), Instant::now());
+    stream.synchronize_with(pace, TIMEOUT).unwrap();
+    let (cpu, wall) = (thread_cpu() - cpu, wall.elapsed());
+    assert_eq!(blocks(), 2, "no block");
+    assert!(
+        cpu < wall / 2,
+        "{cpu:?} of CPU in {wall:?}: it did not sleep between its looks"
+    );
+
+    // 50 ms is 100 spins of 500 us: a block at once.
+    fake.set("latency_ms", 50);
+    semaphore.signal(&stream, 6).unwrap();
     let queries = fake.queries("cuStreamQuery");
     stream.synchronize_with(block, TIMEOUT).unwrap();
     let made = fake.queries("cuStreamQuery") - queries;
     assert!(made <= 3, "{made} queries: it spun");
-    assert_eq!(blocks(), 2);
-    // A wait that finds the work done at once unlearns it: the next wait
-    // spins (a 30 s spin sees 50 ms of work done).
+    assert_eq!(blocks(), 3);
+    // A block that finds the work done learns a short length: the next
+    // wait spins from its start (a 30 s spin sees 50 ms of work done).
     stream.synchronize_with(block, TIMEOUT).unwrap();
-    semaphore.signal(&stream, 5).unwrap();
+    semaphore.signal(&stream, 7).unwrap();
     stream.synchronize_with(spin_out, TIMEOUT).unwrap();
-    assert_eq!(blocks(), 2, "it spun");
+    assert_eq!(blocks(), 3, "it spun");
     drop((fresh, stream, semaphore));
 }
 

@@ -220,9 +220,9 @@ fn wait_table(waits: &Value) -> Vec<String> {
         "adaptive_default_sleeps" => "HostWait::ADAPTIVE, run 62's cut: spin 50 µs, then sleep in the driver; no spin after a wait over 100 µs".into(),
         "adaptive_spin_10us_sleeps" => "HostWait::Adaptive, run 62's cut: spin 10 µs, then sleep in the driver".into(),
         "adaptive_spin_20us_sleeps" => "HostWait::Adaptive, run 62's cut: spin 20 µs, then sleep in the driver".into(),
-        "adaptive_default_paced" => "HostWait::ADAPTIVE (default: spin 50 µs, then block; after waits of 100 µs to 4 ms, sleep to half a spin before their learned end, then spin)".into(),
-        "adaptive_spin_10us_paced" => "HostWait::Adaptive, spin 10 µs (paced after waits of 20 to 800 µs)".into(),
-        "adaptive_spin_20us_paced" => "HostWait::Adaptive, spin 20 µs (paced after waits of 40 µs to 1.6 ms)".into(),
+        "adaptive_default_paced" => "HostWait::ADAPTIVE (default: spin 50 µs, then block; after waits of up to 4 ms, sleep to half a spin before the shortest of the last four, then watch until a spin past the longest)".into(),
+        "adaptive_spin_10us_paced" => "HostWait::Adaptive, spin 10 µs (paced after waits of up to 800 µs)".into(),
+        "adaptive_spin_20us_paced" => "HostWait::Adaptive, spin 20 µs (paced after waits of up to 1.6 ms)".into(),
         "helper_thread_event_synchronize" => {
             "helper thread in cuEventSynchronize, caller waits on a channel with a timeout (bounded for the caller only)".into()
         }

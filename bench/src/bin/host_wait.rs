@@ -14,9 +14,10 @@
 //! * `Block`: [`HostWait::Block`], a host function (`cuLaunchHostFunc`)
 //!   writing an eventfd, and `poll()`;
 //! * `Adaptive (default)`: [`HostWait::ADAPTIVE`], spin 50 µs then block;
-//!   on a stream whose waits last 100 µs to 4 ms, sleep (a timerfd) to
-//!   halfway and to 25 µs before the learned end, then spin 75 µs, then
-//!   block; longer ones block at once;
+//!   on a stream whose recent waits lasted up to 4 ms, sleep (a timerfd) to
+//!   25 µs before the shortest of the last four, spin 50 µs, look every
+//!   step until 50 µs past the longest, then block; a stream whose waits
+//!   all lasted longer blocks at once;
 //! * `Adaptive, 10 / 20 us spin`: [`HostWait::Adaptive`] with a shorter
 //!   spin (issue 19 item 5: how much of the default's CPU is its spin);
 //! * `helper thread cuEventSynchronize, bounded`: one helper thread makes
@@ -114,7 +115,7 @@ impl Method {
             Method::Spin => "spin",
             Method::EventSynchronize => "cu_event_synchronize_raw",
             Method::Block => "block",
-            // Adaptive paces waits of 2 to 80 spins (keys of their own:
+            // Adaptive paces waits of up to 80 spins (keys of their own:
             // runs 59-60 spun before every block, runs 62-63 skipped the
             // spin after long waits).
             Method::Adaptive => "adaptive_default_paced",
