@@ -150,10 +150,11 @@ impl Stream {
 
     /// Waits until all work enqueued so far is done, at most `timeout`
     /// ([`Error::Timeout`]; the work stays enqueued), with the default
-    /// strategy [`HostWait::ADAPTIVE`]: spins 50 µs on `cuStreamQuery` (not
-    /// while the stream's waits last over 100 µs, but one in eight), then
+    /// strategy [`HostWait::ADAPTIVE`]: spins 50 µs on `cuStreamQuery`, then
     /// enqueues a [`Completion`] and sleeps in `poll()` on its eventfd
-    /// (waking every 100 ms to query the driver). See
+    /// (waking every 100 ms to query the driver); on a stream whose recent
+    /// waits lasted up to 4 ms, it first sleeps through most of the learned
+    /// length and watches its end (see [`HostWait::Adaptive`]). See
     /// [`Stream::synchronize_with`].
     pub fn synchronize(&self, timeout: Duration) -> Result<()> {
         self.synchronize_with(HostWait::default(), timeout)
@@ -164,9 +165,9 @@ impl Stream {
     /// says.
     ///
     /// Work that is already done returns at once, with nothing enqueued.
-    /// [`HostWait::Block`] (and [`HostWait::Adaptive`] once its spin is
-    /// over) enqueues a [`Completion`] behind the work and sleeps on its
-    /// eventfd; if that one is still pending when the wait times out, the
+    /// [`HostWait::Block`] (and [`HostWait::Adaptive`] once its spin, or
+    /// its watch of the learned end, is over) enqueues a [`Completion`]
+    /// behind the work and sleeps on its eventfd; if that one is still pending when the wait times out, the
     /// stream keeps it and the next wait sleeps on it again, so a stuck
     /// stream holds one eventfd however often it is waited for. If no
     /// eventfd can be made (the fd limit), a blocking wait falls back to
@@ -229,6 +230,10 @@ impl Stream {
         mut query: impl FnMut() -> Result<bool>,
     ) -> Result<Seen> {
         let left = || timeout.saturating_sub(start.elapsed());
+        // Work done before the wait began says nothing of its length.
+        if query()? {
+            return Ok(Seen::AtOnce);
+        }
         let (check, from, until, step) = match plan {
             Plan::SpinThenBlock => {
                 return match spin_until(spin.min(timeout), &mut query) {
@@ -239,7 +244,6 @@ impl Stream {
                     Err(other) => Err(other),
                 };
             }
-            // The block queries first: no spin, no query of its own.
             Plan::Block => return self.block(start, timeout, query).map(|()| Seen::Blocked),
             Plan::Pace {
                 check,
@@ -248,9 +252,6 @@ impl Stream {
                 step,
             } => (check, from, until, step),
         };
-        if query()? {
-            return Ok(Seen::AtOnce);
-        }
         // Sleeping through the learned part of the work costs a wake-up or
         // two; its end is then seen by a short spin, or by sleeps of `step`
         // where recent lengths differ.

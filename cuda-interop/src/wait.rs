@@ -74,13 +74,16 @@ pub enum HostWait {
     /// On a [`Stream`], it learns how long the stream's last four waits
     /// lasted and *paces* the next one: it sleeps (on a timerfd: no timer
     /// slack) to half a spin before the shortest of them, with a look
-    /// halfway there, then spins for the spin, then looks every `step` until
+    /// halfway there past four spins, then spins for the spin, then looks every `step` until
     /// a spin past the longest, then blocks (`step` is the spin, or a
     /// sixteenth of the window where the lengths differ more). Work as long
     /// as the last is seen at the spin floor for two wake-ups and a short
-    /// spin (at 2 ms, under the CPU of the driver's own blocking wait);
+    /// spin (at 2 ms, under the CPU of the driver's own blocking wait),
+    /// where the machine wakes a sleeping thread within about half a spin;
     /// varying work, within a step of its end. Work shorter than all four is
-    /// seen late, by at most half the shortest, and the next wait learns it.
+    /// seen late, by at most half the shortest or four spins (200 µs at the
+    /// default), whichever is more, and the next wait learns it. A wait that
+    /// finds the work already done learns nothing.
     /// A stream whose shortest recent wait lasted more than 80 spins (4 ms
     /// at the default spin, and at most 200 ms) blocks at once.
     ///
@@ -147,7 +150,7 @@ pub(crate) enum Plan {
 /// Where an adaptive wait saw its work done.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Seen {
-    /// At a paced wait's first query: the work had ended before the wait
+    /// At the wait's first query: the work had ended before the wait
     /// began, which says nothing of its length.
     AtOnce,
     /// At a paced wait's check, halfway to its watch: much shorter work
