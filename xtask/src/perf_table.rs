@@ -355,7 +355,9 @@ mod tests {
         });
         let waits = serde_json::json!({"iterations": 300, "rows": [
             {"work_us": 2000, "method": "spin", "p50_us": 9.04, "p99_us": 12.0,
-             "cpu_percent": 98.0, "p50_over_spin": 1.0}]});
+             "cpu_percent": 98.0, "p50_over_spin": 1.0},
+            {"work_us": 2000, "work": "2ms/200µs", "method": "spin", "p50_us": 8.7,
+             "p99_us": 16.1, "cpu_percent": 100.6, "p50_over_spin": 1.0}]});
         let copies = serde_json::json!({"rows": [
             {"size": "4K", "format": "RGBA8", "method": "kernel", "us": 40.0,
              "gb_per_s": 1650.2, "of_d2d": 0.91, "over_memcpy2d": 1.5}]});
@@ -373,6 +375,10 @@ mod tests {
         );
         assert!(
             text.contains("| 2 ms | Spin (query loop) | 9.0 µs | 12.0 µs | 98.0% | 1.00x |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| 2ms/200µs | Spin (query loop) | 8.7 µs | 16.1 µs | 100.6% | 1.00x |"),
             "{text}"
         );
         assert!(
