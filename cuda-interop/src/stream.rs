@@ -167,7 +167,8 @@ impl Stream {
     /// Work that is already done returns at once, with nothing enqueued.
     /// [`HostWait::Block`] (and [`HostWait::Adaptive`] once its spin, or
     /// its watch of the learned end, is over) enqueues a [`Completion`]
-    /// behind the work and sleeps on its eventfd; if that one is still pending when the wait times out, the
+    /// behind the work and sleeps on its eventfd; if that one is still
+    /// pending when the wait times out, the
     /// stream keeps it and the next wait sleeps on it again, so a stuck
     /// stream holds one eventfd however often it is waited for. If no
     /// eventfd can be made (the fd limit), a blocking wait falls back to

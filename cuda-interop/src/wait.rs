@@ -73,19 +73,21 @@ pub enum HostWait {
     ///
     /// On a [`Stream`], it learns how long the stream's last four waits
     /// lasted and *paces* the next one: it sleeps (on a timerfd: no timer
-    /// slack) to half a spin before the shortest of them, with a look
-    /// halfway there past four spins, then spins for the spin, then looks every `step` until
-    /// a spin past the longest, then blocks (`step` is the spin, or a
-    /// sixteenth of the window where the lengths differ more). Work as long
-    /// as the last is seen at the spin floor for two wake-ups and a short
-    /// spin (at 2 ms, under the CPU of the driver's own blocking wait),
-    /// where the machine wakes a sleeping thread within about half a spin;
-    /// varying work, within a step of its end. Work shorter than all four is
-    /// seen late, by at most half the shortest or four spins (200 µs at the
-    /// default), whichever is more, and the next wait learns it. A wait that
-    /// finds the work already done learns nothing.
-    /// A stream whose shortest recent wait lasted more than 80 spins (4 ms
-    /// at the default spin, and at most 200 ms) blocks at once.
+    /// slack) to half a spin before the shortest of them (with a look
+    /// halfway there, when that is more than four spins away), spins for
+    /// the spin, then looks every `step` until a spin past the longest, then
+    /// blocks; `step` is the spin, or a sixteenth of the window where the
+    /// lengths differ more.
+    ///
+    /// Work as long as the recent waits' is seen at the spin floor for two
+    /// wake-ups and a short spin (at 2 ms, less CPU than the driver's own
+    /// blocking wait), where the machine wakes a sleeping thread within
+    /// about half a spin; varying work, within a step of its end. Work
+    /// shorter than all four is seen late, by at most half the shortest or
+    /// four spins (200 µs at the default), whichever is more, and the next
+    /// wait learns it. A wait that finds the work already done learns
+    /// nothing. A stream whose shortest recent wait lasted more than 80
+    /// spins (4 ms at the default spin, and at most 200 ms) blocks at once.
     ///
     /// [`Stream`]: crate::Stream
     Adaptive {
