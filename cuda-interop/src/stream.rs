@@ -236,15 +236,9 @@ impl Stream {
             return Ok(Seen::AtOnce);
         }
         let (check, from, until, step) = match plan {
-            Plan::SpinThenBlock => {
-                return match spin_until(spin.min(timeout), &mut query) {
-                    Ok(()) => Ok(Seen::Watching),
-                    Err(Error::Timeout(_)) => {
-                        self.block(start, timeout, query).map(|()| Seen::Blocked)
-                    }
-                    Err(other) => Err(other),
-                };
-            }
+            // Nothing learned: a watch from the start, a spin long, then
+            // the block.
+            Plan::SpinThenBlock => (None, Duration::ZERO, spin, spin),
             Plan::Block => return self.block(start, timeout, query).map(|()| Seen::Blocked),
             Plan::Pace {
                 check,

@@ -23,6 +23,7 @@
 //!   rarely, and enqueue no work (the most they add is one event record
 //!   behind a stream's uses, `crate::events`).
 
+use std::cell::OnceCell;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -237,12 +238,14 @@ impl WaitHistory {
 /// A sleep to a point in time without the timer slack of `nanosleep` and
 /// `poll()` (50 µs by default for a normal thread): a timerfd's timer has
 /// none. Where no timerfd can be made, it sleeps with `std::thread::sleep`.
-pub(crate) struct Alarm(Option<OwnedFd>);
+#[derive(Default)]
+pub(crate) struct Alarm(OnceCell<Option<OwnedFd>>);
 
 impl Alarm {
-    /// A new alarm (one timerfd, closed on drop).
+    /// A new alarm: its timerfd is made at its first sleep (a wait that
+    /// never sleeps makes none), and closed on drop.
     pub(crate) fn new() -> Alarm {
-        Alarm(timerfd_create(TimerfdClockId::Monotonic, TimerfdFlags::CLOEXEC).ok())
+        Alarm::default()
     }
 
     /// Sleeps until `offset` after `start` (returns at once if that has passed).
@@ -251,16 +254,13 @@ impl Alarm {
         if left.is_zero() {
             return;
         }
-        if let Some(fd) = &self.0 {
+        let fd = self
+            .0
+            .get_or_init(|| timerfd_create(TimerfdClockId::Monotonic, TimerfdFlags::CLOEXEC).ok());
+        if let Some(fd) = fd {
             let alarm = Itimerspec {
-                it_interval: Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                },
-                it_value: Timespec {
-                    tv_sec: left.as_secs().try_into().unwrap_or(i64::MAX),
-                    tv_nsec: left.subsec_nanos().into(),
-                },
+                it_interval: timespec(Duration::ZERO),
+                it_value: timespec(left),
             };
             if timerfd_settime(fd, TimerfdTimerFlags::empty(), &alarm).is_ok() {
                 let mut expirations = [0u8; 8];
@@ -362,10 +362,7 @@ pub(crate) fn block_until(
 /// Whether `fd` is readable within `within` (zero: right now). An interrupted
 /// `poll()` answers `false`; the caller's loop tries again.
 pub(crate) fn readable(fd: BorrowedFd<'_>, within: Duration) -> Result<bool> {
-    let timeout = Timespec {
-        tv_sec: within.as_secs().try_into().unwrap_or(i64::MAX),
-        tv_nsec: within.subsec_nanos().into(),
-    };
+    let timeout = timespec(within);
     let mut fds = [PollFd::new(&fd, PollFlags::IN)];
     match poll(&mut fds, Some(&timeout)) {
         Ok(n) => Ok(n > 0 && fds[0].revents().contains(PollFlags::IN)),
@@ -373,6 +370,14 @@ pub(crate) fn readable(fd: BorrowedFd<'_>, within: Duration) -> Result<bool> {
         Err(e) => Err(Error::Unsupported(format!(
             "poll() on a completion's eventfd failed ({e}); wait with HostWait::Spin or HostWait::Poll instead"
         ))),
+    }
+}
+
+/// `d` as a `Timespec` (a duration past `i64::MAX` seconds as that many).
+fn timespec(d: Duration) -> Timespec {
+    Timespec {
+        tv_sec: d.as_secs().try_into().unwrap_or(i64::MAX),
+        tv_nsec: d.subsec_nanos().into(),
     }
 }
 
