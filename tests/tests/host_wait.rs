@@ -23,10 +23,13 @@
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
-use cuda_interop::{kernels, CudaDevice, Error as CudaError, HostWait, Module, Stream};
+use cuda_interop::{
+    kernels, CudaDevice, Error as CudaError, ExternalSemaphore, HostWait, Module, Stream,
+};
 use cuda_interop_testkit::fds::{eventfds, readable_within};
 use cuda_interop_testkit::gpu::pair;
 use cuda_interop_testkit::{assert_no_validation_errors, fake, fds, open_fd_count, TIMEOUT};
+use vk_export::semaphore_kinds::Timeline;
 
 /// How far past its bound, or its work's end, a wait must run to count as
 /// hung: far beyond any scheduling delay, so that no assertion here depends
@@ -40,6 +43,22 @@ fn host_functions_returned(fake: &fake::Fake, n: usize) {
     while fake.calls("host_function_returned").len() < n {
         assert!(start.elapsed() < TIMEOUT, "{}", fake.log());
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Fake work: each `on` signals the fake timeline's next value on a stream,
+/// which completes `latency` after it is enqueued.
+struct FakeWork<'a> {
+    fake: &'a fake::Fake,
+    semaphore: &'a ExternalSemaphore<Timeline>,
+    value: u64,
+}
+
+impl FakeWork<'_> {
+    fn on(&mut self, stream: &Stream, latency: Duration) {
+        self.fake.set("latency_ms", latency.as_millis() as i64);
+        self.value += 1;
+        self.semaphore.signal(stream, self.value).unwrap();
     }
 }
 
@@ -78,12 +97,12 @@ fn child_fake_completions() {
     let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
         .map_err(|e| e.error)
         .unwrap();
-    let mut value = 0;
-    let mut enqueue = |latency: Duration| {
-        fake.set("latency_ms", latency.as_millis() as i64);
-        value += 1;
-        semaphore.signal(&stream, value).unwrap();
+    let mut work_on = FakeWork {
+        fake: &fake,
+        semaphore: &semaphore,
+        value: 0,
     };
+    let mut enqueue = |latency: Duration| work_on.on(&stream, latency);
     let before = eventfds();
 
     // Readable when the work completes, and not before (with 850 ms to
@@ -334,13 +353,12 @@ fn child_fake_adaptive_history() {
         spin: Duration::from_micros(100),
     };
     let blocks = || fake.calls("cuLaunchHostFunc").len();
-    let mut value = 0;
-    let mut work = |stream: &Stream, ms: i64| {
-        // Enqueued work ends `ms` after it is enqueued.
-        fake.set("latency_ms", ms);
-        value += 1;
-        semaphore.signal(stream, value).unwrap();
+    let mut work_on = FakeWork {
+        fake: &fake,
+        semaphore: &semaphore,
+        value: 0,
     };
+    let mut work = |stream: &Stream, ms: u64| work_on.on(stream, Duration::from_millis(ms));
     let paced = |stream: &Stream| {
         let (cpu, wall) = (thread_cpu(), Instant::now());
         stream.synchronize_with(pace, TIMEOUT).unwrap();
