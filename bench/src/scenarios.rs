@@ -167,7 +167,7 @@ pub fn run(quick: bool, vulkan_only: bool, json: Option<&str>) -> Res<()> {
                 format: "RGBA8",
                 frames,
                 switches,
-                batches: name != "8K",
+                batches: true,
             },
         )?;
     }
