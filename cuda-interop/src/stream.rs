@@ -14,9 +14,11 @@
 //!   use the stream's own [`Stream::timeout`]. Nothing here calls
 //!   `cuCtxSynchronize`, `cuStreamSynchronize` or `cuEventSynchronize`.
 //! * **Stream waits use a [`HostWait`]**, [`HostWait::ADAPTIVE`] unless told
-//!   ([`Stream::synchronize_with`]): spin 50 µs on `cuStreamQuery` (seven
-//!   waits in eight skip it while the stream's waits last over 100 µs),
-//!   then sleep on the eventfd of a [`Completion`] enqueued behind the work.
+//!   ([`Stream::synchronize_with`]): spin 50 µs on `cuStreamQuery`, then
+//!   sleep on the eventfd of a [`Completion`] enqueued behind the work; a
+//!   stream whose recent waits lasted from 2 to 80 spins paces the next one
+//!   instead (sleeps through most of the learned length, then watches its
+//!   end by querying), and one whose waits all lasted longer blocks at once.
 //!   A stream keeps its last such completion while it is pending and waits
 //!   on it again rather than enqueueing another, so repeated timed-out
 //!   waits on a stuck stream hold one eventfd, not one each.
@@ -307,9 +309,10 @@ impl Stream {
             // Only the stream's own query may end this wait with an error: a
             // marker that cannot be made or waited on (no eventfd, a failed
             // cuLaunchHostFunc, a poll error) says nothing about the work, so
-            // the wait goes on by polling the stream.
+            // the wait goes on by polling the stream, for what is left of the
+            // bound when the marker fails (its wait may have used most of it).
             let poll_rest = |query| {
-                poll_until(left, query).map_err(|e| match e {
+                poll_until(timeout.saturating_sub(start.elapsed()), query).map_err(|e| match e {
                     Error::Timeout(_) => Error::Timeout(timeout),
                     other => other,
                 })

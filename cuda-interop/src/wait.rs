@@ -75,7 +75,8 @@ pub enum HostWait {
     /// On a [`Stream`], it learns how long the stream's last four waits
     /// lasted and *paces* the next one: it sleeps (on a timerfd: no timer
     /// slack) to half a spin before the shortest of them (with a look
-    /// halfway there, when that is more than four spins away), spins for
+    /// halfway there, when that is more than four spins or 100 ms away),
+    /// spins for
     /// the spin, then looks every `step` until a spin past the longest, then
     /// blocks; `step` is the spin, or a sixteenth of the window where the
     /// lengths differ more.
@@ -85,9 +86,13 @@ pub enum HostWait {
     /// blocking wait), where the machine wakes a sleeping thread within
     /// about half a spin; varying work, within a step of its end. Work
     /// shorter than all four is seen late, by at most half the shortest or
-    /// four spins (200 µs at the default), whichever is more, and the next
-    /// wait learns it. A wait that finds the work already done learns
-    /// nothing. A stream whose shortest recent wait lasted more than 80
+    /// four spins (200 µs at the default), whichever is more. Work seen at
+    /// the halfway look is learned at once; work seen at the first look of
+    /// the watch moves what was learned earlier by half a spin, then by
+    /// one, two, four spins for each such wait in a row (a thread woken
+    /// late looks the same, and should not unlearn much), so such work is
+    /// seen late for a few waits. A wait that finds the work already done
+    /// learns nothing. A stream whose shortest recent wait lasted more than 80
     /// spins (4 ms at the default spin, and at most 200 ms) blocks at once.
     ///
     /// [`Stream`]: crate::Stream
@@ -215,11 +220,13 @@ impl WaitHistory {
             // Much shorter work: half of when it was seen.
             (Seen::AtCheck, _) => took / 2,
             // It ended before the watch: earlier by half a spin, then a
-            // spin, two, ... for each such wait in a row.
+            // spin, two, ... for each such wait in a row (a late wake-up
+            // looks the same, so one such wait does not unlearn much). A
+            // look the timeout brought forward was at `took`, not `from`.
             (Seen::AtFrom, Plan::Pace { from, .. }) => {
                 let earlier = (spin / 2).saturating_mul(1 << self.overslept.min(16));
                 self.overslept = self.overslept.saturating_add(1);
-                self.push(from.saturating_sub(earlier));
+                self.push(from.min(took).saturating_sub(earlier));
                 return;
             }
             _ => took,
@@ -510,23 +517,32 @@ mod tests {
         // Done at the first look: earlier than that look by half a spin,
         // then a spin, then two (in a row), then half a spin again after a
         // watch saw it.
-        let mut history = after(&[2000]);
-        for expected in [1925, 1850, 1725] {
+        // The look comes at `from` (or a late wake-up after it).
+        let at_from = |history: &mut WaitHistory, late: u64| {
             let plan = history.plan(SPIN);
-            history.record(SPIN, plan, Seen::AtFrom, us(1));
+            let took = from(history) + us(late);
+            history.record(SPIN, plan, Seen::AtFrom, took);
+        };
+        let mut history = after(&[2000]);
+        for (expected, late) in [(1925, 0), (1850, 30), (1725, 0)] {
+            at_from(&mut history, late);
             assert_eq!(from(&history), us(expected));
         }
         let plan = history.plan(SPIN);
         history.record(SPIN, plan, Seen::Watching, us(1800));
-        let plan = history.plan(SPIN);
-        history.record(SPIN, plan, Seen::AtFrom, us(1));
+        at_from(&mut history, 0);
         assert_eq!(from(&history), us(1725 - 25 - 25));
         // Many in a row: down to a watch from the start, no overflow.
         for _ in 0..40 {
-            let plan = history.plan(SPIN);
-            history.record(SPIN, plan, Seen::AtFrom, us(1));
+            at_from(&mut history, 0);
         }
         assert_eq!(from(&history), Duration::ZERO);
+        // A look the timeout brought forward (1 ms into a 1.975 ms sleep)
+        // learns no more than the wait lasted.
+        let mut history = after(&[2000]);
+        let plan = history.plan(SPIN);
+        history.record(SPIN, plan, Seen::AtFrom, us(1000));
+        assert_eq!(from(&history), us(1000 - 25 - 25));
         // A block's measure counts as a length.
         history.record(SPIN, Plan::Block, Seen::Blocked, us(3000));
         history.record(SPIN, Plan::Block, Seen::Blocked, us(3000));

@@ -146,6 +146,7 @@ static long long sticky = 0;            /* a sticky error (e.g. 700): every call
 static long long close_on_fail = 0;     /* a failed import closes its fd (Mesa's habit) */
 static long long alloc_size = 0;        /* the allocation behind every fd (0: as large as imported) */
 static long long latency_ms = 0;        /* enqueued work completes after this (-1: never) */
+static long long event_query_fail_at = 0; /* cuEventQuery fails once this many have been counted (0: never) */
 static int release_stuck = 0;           /* set: the work that was never to complete has completed */
 static long long streams_of_another_context = 0; /* cuStreamGetCtx reports a context of its own for each stream */
 static long long max_surface2d = 131072;
@@ -326,6 +327,7 @@ int fake_cuda_set(const char *key, long long value) {
     else if (!strcmp(key, "sticky")) sticky = value;
     else if (!strcmp(key, "alloc_size")) alloc_size = value;
     else if (!strcmp(key, "latency_ms")) latency_ms = value;
+    else if (!strcmp(key, "event_query_fail_at")) event_query_fail_at = value;
     else if (!strcmp(key, "release_stuck")) release_stuck = value;
     else if (!strcmp(key, "streams_of_another_context")) streams_of_another_context = value;
     else if (!strcmp(key, "max_surface2d")) max_surface2d = value;
@@ -803,8 +805,13 @@ CUresult cuEventQuery(void *e) {
     CUresult r = need(ev, K_EVENT, "cuEventQuery");
     if (r) return r;
     pthread_mutex_lock(&lock);
-    event_queries++;
+    int failing = event_query_fail_at > 0 && event_queries >= event_query_fail_at;
+    if (!failing) event_queries++;
     pthread_mutex_unlock(&lock);
+    if (failing) {
+        say("cuEventQuery error=injected");
+        return UNKNOWN;
+    }
     return still_busy(ev->busy_until, now_ns()) ? NOT_READY : OK;
 }
 

@@ -309,6 +309,66 @@ fn child_fake_completion_timeouts() {
     assert_eq!(eventfds(), before, "no fd outlives its completion");
 }
 
+/// A stream wait that blocks on a completion behind its work goes on by
+/// polling the stream when the completion fails (its `cuEventQuery` errs
+/// partway through the wait: the completion says nothing more about the
+/// work), but only for what is left of its bound: `Block` and the default
+/// time out at their bound, not a whole bound after the failure.
+///
+/// The completion fails after 30 of its queries (one per 100 ms slice of
+/// the block: about 3 s into the 6 s bound); polling a whole bound after
+/// that would end past `bound + HANG`.
+#[test]
+fn a_stream_wait_whose_completion_fails_still_times_out_at_its_bound() {
+    let _fds = fds::lock();
+    fake::run("child_fake_failing_completion", fake::Variant::Full);
+}
+
+#[test]
+#[ignore = "child"]
+fn child_fake_failing_completion() {
+    let fake = fake::Fake::open();
+    let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
+    // SAFETY: as in child_fake_completions.
+    let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap();
+    let fds_before = eventfds();
+    let bound = Duration::from_secs(6);
+    for (value, strategy) in [(1, HostWait::Block), (2, HostWait::ADAPTIVE)] {
+        // Work that completes only when released.
+        fake.set("latency_ms", -1);
+        fake.set("release_stuck", 0);
+        let stream = Stream::new(&cuda).unwrap();
+        semaphore.signal(&stream, value).unwrap();
+        let injected = || fake.log().matches("cuEventQuery error=injected").count();
+        let failures = injected();
+        fake.set("event_query_fail_at", fake.queries("cuEventQuery") + 30);
+        let start = Instant::now();
+        let waited = stream.synchronize_with(strategy, bound);
+        let took = start.elapsed();
+        fake.set("event_query_fail_at", 0);
+        assert!(
+            injected() > failures,
+            "{strategy:?}: the completion failed during the wait"
+        );
+        assert!(
+            matches!(waited, Err(CudaError::Timeout(t)) if t == bound),
+            "{strategy:?}: {waited:?}"
+        );
+        assert!(
+            took >= bound && took < bound + HANG,
+            "{strategy:?}: {took:?} for a bound of {bound:?}"
+        );
+        fake.set("release_stuck", 1);
+        stream.synchronize(TIMEOUT).unwrap();
+        drop(stream);
+    }
+    // The host functions of work that was never to complete never run;
+    // they hold no fd.
+    assert_eq!(eventfds(), fds_before, "no fd outlives its completion");
+}
+
 /// `HostWait::Adaptive` on a stream learns how long its waits last: with no
 /// history it spins, then blocks; after waits of up to 80 spins it paces the
 /// next one, sleeping through most of the work and seeing its end by a

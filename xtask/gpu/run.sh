@@ -84,7 +84,9 @@ mapfile -t tests < <(lines | awk '$1 == "test" && !/ faults[ :]/ { print $2 }')
 mapfile -t fault_tests < <(lines | awk '$1 == "test" && / faults[ :]/ { print $2 }')
 mapfile -t debug_tests < <(lines | awk '$1 == "test" && / debug[ :]/ { print $2 }')
 # GPU_RUN_TESTS="a b" runs only those test binaries (and their debug
-# copies), for a run that repeats a few; the run then says so at its end.
+# copies), for a run that repeats a few or splits the suite over several
+# commands; the run then says so at its end. The word `examples` in it also
+# runs the examples and host_wait (which run whenever it is unset).
 if [ -n "${GPU_RUN_TESTS:-}" ]; then
   keep() { local t; for t in "$@"; do [[ " $GPU_RUN_TESTS " == *" $t "* ]] && echo "$t"; done; }
   mapfile -t tests < <(keep "${tests[@]}")
@@ -168,8 +170,9 @@ for t in "${tests[@]}"; do run_test "$t" ""; done
 echo; echo "=== debug assertions and overflow checks on (profile gpu-debug)"
 for t in "${debug_tests[@]}"; do run_test "$t" -debug; done
 
-# The examples and the host-wait test (not with GPU_RUN_TESTS).
-if [ -z "${GPU_RUN_TESTS:-}" ]; then
+# The examples and the host-wait bench (with GPU_RUN_TESTS, only where it
+# names `examples`).
+if [ -z "${GPU_RUN_TESTS:-}" ] || [[ " $GPU_RUN_TESTS " == *" examples "* ]]; then
 run $b/round_trip 120 --bench
 uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
 run $b/round_trip 30 --device "$uuid"
