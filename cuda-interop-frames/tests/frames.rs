@@ -535,6 +535,131 @@ fn fds_are_flat_over_10000_connects() {
     child::run_marked("child_fds_flat", "CIF_FDS_CHILD");
 }
 
+/// In a process of its own (exact fd counts): a flood of connections the
+/// sender's thread never gets to (nothing serves while they come). The
+/// accept thread hands it `max_receivers + ACCEPT_SLACK` of them at most
+/// and refuses the rest itself, with the limit's goodbye: the sender's
+/// process holds no fd for those, and a receiver that connects meanwhile
+/// learns at once why it is not served. Served, every connection closes.
+#[test]
+#[ignore = "a child process of a_connection_flood_is_refused_by_the_accept_thread"]
+fn child_connection_flood() {
+    child::started_as_child("CIF_FLOOD_CHILD");
+    let dir = test_dir("flood");
+    let socket = dir.join("flood.sock");
+    let ctx = cuda_interop_testkit::vulkan(None);
+    let limit = 4u32;
+    let opts = SenderOptions {
+        max_receivers: limit,
+        connects_per_second: 1_000_000,
+        semaphores: false,
+        queue: vk_export::QueueRole::Transfer,
+        ..SenderOptions::new(Address::Path(socket.clone()), W, H, SLOTS)
+    };
+    let mut sender = Sender::<Mem>::new(&ctx, opts).expect("a sender");
+    let path = socket.to_str().unwrap().to_string();
+    let cap = limit as usize + sender::ACCEPT_SLACK;
+    let before = cuda_interop_testkit::open_fd_count();
+    const FLOOD: usize = 200;
+    let clients: Vec<_> = (0..FLOOD)
+        .map(|_| transport::connect(&path, Duration::from_secs(10)).expect("connect"))
+        .collect();
+    // Past the cap, each was refused by the accept thread with a goodbye.
+    for conn in &clients[cap..] {
+        assert_eq!(
+            goodbye_of(conn),
+            Some(DropReason::TooManyReceivers { limit })
+        );
+    }
+    assert_eq!(sender.stats().refused, (FLOOD - cap) as u64);
+    // The sender's side holds one fd per connection it was handed, none
+    // for the refused ones (the clients' own fds are this process's too).
+    let held = cuda_interop_testkit::open_fd_count() - before - FLOOD;
+    assert!(
+        held <= cap,
+        "{held} fds held for {FLOOD} connections (cap {cap})"
+    );
+    // A receiver that connects now is told why at once.
+    match Session::connect(&path, Delivery::Latest, Duration::from_secs(10)) {
+        Err(ConsumerError::Dropped(DropReason::TooManyReceivers { limit: l })) => {
+            assert_eq!(l, limit)
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    drop(clients);
+    let start = Instant::now();
+    while sender.stats().receivers > 0 || cuda_interop_testkit::open_fd_count() > before {
+        assert!(start.elapsed() < BOUND, "connections still open");
+        sender.serve(Duration::from_millis(5));
+    }
+    drop(sender);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_connection_flood_is_refused_by_the_accept_thread() {
+    child::run_marked("child_connection_flood", "CIF_FLOOD_CHILD");
+}
+
+/// Peers that keep connecting and closing never keep a sender call past
+/// its bound: every present (its `acquire(0)` handles the receivers'
+/// events first) returns within `HANG`, frames keep being presented.
+///
+/// A guard, not the defect's reproduction: eight flooding *processes*
+/// held a call of the earlier code for up to 1.7 s (the review's, on this
+/// 2-core machine); these eight threads did not, with or without the cap
+/// and the budget. The cap's own test is the deterministic one above.
+#[test]
+fn a_connection_flood_never_holds_a_sender_call() {
+    const HANG: Duration = Duration::from_secs(2);
+    let dir = test_dir("flood-calls");
+    let socket = dir.join("flood.sock");
+    let ctx = cuda_interop_testkit::vulkan(None);
+    // The default limits: most of the flood is over the rate.
+    let opts = SenderOptions {
+        semaphores: false,
+        queue: vk_export::QueueRole::Transfer,
+        ..SenderOptions::new(Address::Path(socket.clone()), W, H, SLOTS)
+    };
+    let mut sender = Sender::<Mem>::new(&ctx, opts).expect("a sender");
+    let path = socket.to_str().unwrap().to_string();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooders: Vec<_> = (0..8)
+        .map(|_| {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::spawn(move || {
+                // A raw connect and close: no protocol, as fast as it goes.
+                let address = rustix::net::SocketAddrUnix::new(path.as_str()).unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let fd = rustix::net::socket(
+                        rustix::net::AddressFamily::UNIX,
+                        rustix::net::SocketType::SEQPACKET,
+                        None,
+                    )
+                    .unwrap();
+                    let _ = rustix::net::connect(&fd, &address);
+                }
+            })
+        })
+        .collect();
+    let (start, mut longest, mut presented) = (Instant::now(), Duration::ZERO, 0);
+    while start.elapsed() < Duration::from_secs(4) {
+        let call = Instant::now();
+        if present_one(&mut sender, Duration::ZERO) {
+            presented += 1;
+        }
+        longest = longest.max(call.elapsed());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flooders.into_iter().for_each(|f| f.join().unwrap());
+    assert!(sender.stats().refused > 0, "the flood was refused");
+    assert!(longest < HANG, "a present took {longest:?} under the flood");
+    assert!(presented > 0);
+    drop(sender);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Sends `message` on `conn`, the raw way a hostile peer would.
 fn send(conn: &vk_export::socket::Connection, message: Message) {
     transport::send_message(conn, &message).expect("send");

@@ -87,7 +87,12 @@
 //!   `peers`'s (its contract): a connection must subscribe within
 //!   [`SenderOptions::subscribe_timeout`]; at most
 //!   [`SenderOptions::max_receivers`] connections, and
-//!   [`SenderOptions::connects_per_second`] per process.
+//!   [`SenderOptions::connects_per_second`] per process. A flood of
+//!   connections reaches the sender's thread [`ACCEPT_SLACK`] beyond the
+//!   limit at most: the accept thread refuses the rest itself, and holds
+//!   no fd for them. Each call handles at most [`EVENT_QUEUE`] of the
+//!   receivers' events, so peers that keep connecting cannot keep a call
+//!   past its bound.
 //! * GPU safety: a slot is written only when no receiver holds it and
 //!   every "released" value promised for it has been reached (and the
 //!   crate's own writes wait for those values on the GPU too; a recorded
@@ -160,7 +165,7 @@ mod slots;
 mod write;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver as EventReceiver, SyncSender as EventSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -178,11 +183,11 @@ use vk_export::{
 use crate::discovery::{Announcement, Directory, DiscoveryError, SenderInfo};
 use crate::protocol::{PacketError, PartLayout, Planar, RingLayout};
 use peers::{Blocked, Limits, Receivers, Ring};
-use service::{accept_loop, Event};
+use service::{accept_loop, Admission, Event};
 
 pub use parts::{ImagePart, ImageSet, MultiImageSender, PartSource, PartTargets};
 pub use peers::LOG_LINES;
-pub use service::{EVENT_QUEUE, POLL};
+pub use service::{ACCEPT_SLACK, EVENT_QUEUE, POLL};
 pub use slots::{ImageSender, ImageTarget, SlotResource};
 pub use write::{LentSlot, OpenSlot, OpenedFrame, RecordedFrame, WriteSlot};
 
@@ -436,6 +441,8 @@ pub struct Sender<M: MemoryLocation, R: SlotResource<M> = ExportableBuffer<M>> {
     events: EventReceiver<Event>,
     stop: Arc<AtomicBool>,
     acceptor: Option<JoinHandle<()>>,
+    /// Connections the acceptor refused itself (past its cap).
+    refused_by_acceptor: Arc<AtomicU64>,
     announcement: Option<Announcement>,
     socket: PathBuf,
     released_to_external: Vec<bool>,
@@ -519,11 +526,17 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         };
         let (events_tx, events) = mpsc::sync_channel(EVENT_QUEUE);
         let stop = Arc::new(AtomicBool::new(false));
+        let refused_by_acceptor = Arc::new(AtomicU64::new(0));
         let acceptor = {
             let (tx, stop) = (events_tx.clone(), stop.clone());
+            let admission = Admission {
+                open: Arc::new(AtomicUsize::new(0)),
+                max_receivers: opts.max_receivers,
+                refused: refused_by_acceptor.clone(),
+            };
             std::thread::Builder::new()
                 .name("cif-accept".into())
-                .spawn(move || accept_loop(listener, tx, stop))?
+                .spawn(move || accept_loop(listener, tx, stop, admission))?
         };
         let limits = Limits {
             hold_timeout: opts.hold_timeout,
@@ -550,6 +563,7 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
             events,
             stop,
             acceptor: Some(acceptor),
+            refused_by_acceptor,
             announcement,
             socket,
             newest: None,
@@ -599,7 +613,7 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
             receivers: self.receivers.len(),
             connected: counts.connected,
             dropped: counts.dropped,
-            refused: counts.refused,
+            refused: counts.refused + self.refused_by_acceptor.load(Ordering::Relaxed),
             ..self.stats
         }
     }
@@ -645,9 +659,14 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
         }
     }
 
-    /// Handles every queued event, and drops receivers past their bounds.
+    /// Handles the queued events, at most [`EVENT_QUEUE`] of them (peers
+    /// that keep posting cannot keep it here: what is left waits for the
+    /// next call), and drops receivers past their bounds.
     fn pump(&mut self) {
-        while let Ok(event) = self.events.try_recv() {
+        for _ in 0..EVENT_QUEUE {
+            let Ok(event) = self.events.try_recv() else {
+                break;
+            };
             self.handle(event);
         }
         self.receivers.expire();
@@ -655,7 +674,10 @@ impl<M: MemoryLocation, R: SlotResource<M>> Sender<M, R> {
 
     fn handle(&mut self, event: Event) {
         match event {
-            Event::Connected(conn) => self.receivers.connected(conn, &self.events_tx, &self.stop),
+            Event::Connected(conn, counted) => {
+                self.receivers
+                    .connected(conn, counted, &self.events_tx, &self.stop)
+            }
             Event::Message { id, message } => {
                 let mut resources: Vec<&dyn Exported> = Vec::new();
                 for slot in &self.slots {

@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use vk_export::socket::{Connection, Exported};
 use vk_export::{Context, TimelineSemaphore};
 
-use super::service::{read_messages, send_now, Event, ReaderFlags, POLL};
+use super::service::{drain, read_messages, refuse, send_now, Counted, Event, ReaderFlags, POLL};
 use crate::protocol::{Delivery, DropReason, Fault, Message, PartLayout, RingLayout, SETUP_TAG};
 
 /// Log lines the sender keeps until they are taken.
@@ -92,6 +92,8 @@ struct Peer {
     closed: Arc<AtomicBool>,
     acquire_queued: Arc<AtomicBool>,
     frames_sent: u64,
+    /// Counts the connection in the acceptor's tally until it is closed.
+    _counted: Counted,
 }
 
 impl Peer {
@@ -212,6 +214,7 @@ impl Receivers {
     pub(crate) fn connected(
         &mut self,
         conn: Connection,
+        counted: Counted,
         events: &EventSender<Event>,
         stop: &Arc<AtomicBool>,
     ) {
@@ -229,14 +232,11 @@ impl Receivers {
         };
         if let Some(reason) = refusal {
             self.counts.refused += 1;
-            if let Ok(stream) = conn.as_fd().try_clone_to_owned().map(UnixStream::from) {
-                let _ = send_now(&stream, &Message::Goodbye(reason));
-                drain(&stream);
-            }
+            refuse(conn.as_fd(), reason);
             // Dropping `conn` closes it.
             return;
         }
-        if let Err(e) = self.add(conn, pid, events, stop) {
+        if let Err(e) = self.add(conn, counted, pid, events, stop) {
             self.counts.refused += 1;
             self.note(format!("a receiver could not be set up: {e}"));
         }
@@ -245,6 +245,7 @@ impl Receivers {
     fn add(
         &mut self,
         conn: Connection,
+        counted: Counted,
         pid: Option<i32>,
         events: &EventSender<Event>,
         stop: &Arc<AtomicBool>,
@@ -282,6 +283,7 @@ impl Receivers {
             closed,
             acquire_queued,
             frames_sent: 0,
+            _counted: counted,
         });
         self.counts.connected += 1;
         Ok(())
@@ -624,19 +626,6 @@ fn subscribe(peer: &mut Peer, delivery: Delivery, ring: &Ring<'_>) -> Result<(),
     peer.released = released;
     peer.mode = Mode::Subscribed(delivery);
     Ok(())
-}
-
-/// Reads and discards what a dropped receiver sent and nobody read
-/// (bounded): closing a socket with unread messages resets the
-/// connection, and the receiver would lose the goodbye queued for it.
-fn drain(stream: &UnixStream) {
-    let mut buf = [0u8; 64];
-    for _ in 0..4096 {
-        match rustix::net::recv(stream, &mut buf, rustix::net::RecvFlags::DONTWAIT) {
-            Ok((_, n)) if n > 0 => continue,
-            _ => return,
-        }
-    }
 }
 
 /// Sends frame `frame` of `slot` to `peer` and marks it held there; on

@@ -8,14 +8,21 @@
 //!   fit waits (itself only) until it does or it is told to stop. A
 //!   receiver has at most one acquire queued (another is the same request),
 //!   so no receiver can fill the queue with requests.
+//! * The acceptor hands the sender at most [`ACCEPT_SLACK`] connections
+//!   more than its receiver limit: past that (connections queued or served,
+//!   counted until the sender closes them), it refuses a connection itself
+//!   with the limit's goodbye and closes it, so a flood of connections
+//!   neither reaches the sender's thread nor holds more fds than that. A
+//!   failed `accept` (out of fds) waits [`ACCEPT_BACKOFF`] before the next.
 //! * A reader stops within [`POLL`] of its receiver being closed or the
 //!   sender stopping, and at once when the socket is shut down.
 //! * [`send_now`] never waits: a full socket is an error (the receiver
 //!   stopped reading far beyond what the protocol lets it).
 
 use std::io::Read;
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{SyncSender as EventSender, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +31,7 @@ use rustix::io::Errno;
 use rustix::net::SendFlags;
 use vk_export::socket::{Connection, Listener};
 
-use crate::protocol::{Message, PacketError, PACKET_LEN};
+use crate::protocol::{DropReason, Message, PacketError, PACKET_LEN};
 
 /// How often the socket threads check whether to stop.
 pub const POLL: Duration = Duration::from_millis(100);
@@ -32,9 +39,38 @@ pub const POLL: Duration = Duration::from_millis(100);
 /// Events queued for the sender at most.
 pub const EVENT_QUEUE: usize = 1024;
 
+/// Connections the acceptor hands the sender beyond its receiver limit
+/// (for the sender to refuse by its own rules, or serve as others leave);
+/// past that it refuses them itself.
+pub const ACCEPT_SLACK: usize = 16;
+
+/// How long the acceptor waits after a failed `accept` (the listener stays
+/// readable while the process is out of fds: no busy loop).
+pub(crate) const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
+
+/// A connection the acceptor handed the sender, counted in the acceptor's
+/// tally of open connections until dropped.
+pub(crate) struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What the acceptor shares with the sender.
+pub(crate) struct Admission {
+    /// Connections handed to the sender and not yet closed.
+    pub(crate) open: Arc<AtomicUsize>,
+    /// The sender's receiver limit.
+    pub(crate) max_receivers: u32,
+    /// Connections the acceptor refused itself.
+    pub(crate) refused: Arc<AtomicU64>,
+}
+
 /// What the socket threads tell the sender.
 pub(crate) enum Event {
-    Connected(Connection),
+    Connected(Connection, Counted),
     Message { id: u64, message: Message },
     Garbage { id: u64, error: PacketError },
     Gone { id: u64, why: String },
@@ -133,15 +169,58 @@ pub(crate) fn read_messages(
     post(&events, last, stop, closed);
 }
 
-/// Accepts connections until `stop`; each goes to the sender as an event.
-pub(crate) fn accept_loop(listener: Listener, tx: EventSender<Event>, stop: Arc<AtomicBool>) {
+/// Accepts connections until `stop`; each goes to the sender as an event,
+/// up to [`ACCEPT_SLACK`] beyond its receiver limit (module contract).
+pub(crate) fn accept_loop(
+    listener: Listener,
+    tx: EventSender<Event>,
+    stop: Arc<AtomicBool>,
+    admission: Admission,
+) {
     let never = AtomicBool::new(false);
+    let cap = admission.max_receivers as usize + ACCEPT_SLACK;
     while !stop.load(Ordering::Relaxed) {
-        // A timeout, or a peer refused (another user): keep listening.
-        if let Ok(conn) = listener.accept(POLL) {
-            if !post(&tx, Event::Connected(conn), &stop, &never) {
-                return;
+        match listener.accept(POLL) {
+            Ok(conn) => {
+                if admission.open.load(Ordering::Acquire) >= cap {
+                    admission.refused.fetch_add(1, Ordering::Relaxed);
+                    let limit = admission.max_receivers;
+                    refuse(conn.as_fd(), DropReason::TooManyReceivers { limit });
+                    continue;
+                }
+                admission.open.fetch_add(1, Ordering::AcqRel);
+                let counted = Counted(admission.open.clone());
+                if !post(&tx, Event::Connected(conn, counted), &stop, &never) {
+                    return;
+                }
             }
+            // No connection within POLL, or a peer of another user.
+            Err(vk_export::Error::Timeout(_) | vk_export::Error::PeerRefused { .. }) => {}
+            Err(_) => std::thread::sleep(ACCEPT_BACKOFF),
+        }
+    }
+}
+
+/// Refuses a connection: a goodbye with `reason` (where its socket has
+/// room), then what it sent is read and discarded (bounded), so that the
+/// close that follows does not reset the connection before the peer reads
+/// the goodbye.
+pub(crate) fn refuse(conn: std::os::fd::BorrowedFd<'_>, reason: DropReason) {
+    if let Ok(stream) = conn.try_clone_to_owned().map(UnixStream::from) {
+        let _ = send_now(&stream, &Message::Goodbye(reason));
+        drain(&stream);
+    }
+}
+
+/// Reads and discards what a dropped receiver sent and nobody read
+/// (bounded): closing a socket with unread messages resets the
+/// connection, and the peer could lose the goodbye sent before.
+pub(crate) fn drain(stream: &UnixStream) {
+    let mut buf = [0u8; 64];
+    for _ in 0..4096 {
+        match rustix::net::recv(stream, &mut buf, rustix::net::RecvFlags::DONTWAIT) {
+            Ok((_, n)) if n > 0 => continue,
+            _ => return,
         }
     }
 }
