@@ -9,10 +9,16 @@
 #   bash docs/gpu-runs/scripts/run68.sh B   the other half, the examples, and
 #                                           the tests that fault the GPU (last:
 #                                           finding F7)
+#   bash docs/gpu-runs/scripts/run68.sh D   where machines are scarce, one call:
+#                                           nine test binaries, host_wait, bench
 # Carry [".gl", ".gpu"].
 set -u
 cd "$(dirname "$0")/../../.."
 export XDG_RUNTIME_DIR=/tmp/d-xdg; mkdir -p -m 700 $XDG_RUNTIME_DIR
+# For the binaries this script runs itself (run.sh sets its own).
+export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
+export BENCH_MPS_CONTROL=/usr/local/nvidia/bin/nvidia-cuda-mps-control
+export PATH=$PATH:/usr/local/nvidia/bin
 A="export_import queues copy_loops record socket wire trust_boundary forged_bundle
    bounded_helpers semaphore_handles convert c_programs import copy launch semaphore
    host_wait async_waits"
@@ -30,5 +36,17 @@ case ${1:-} in
        (cd /tmp && timeout 120 $OLDPWD/.gpu/bundle/host_wait 300 --json $OUT/host_wait$i.json > $OUT/host_wait$i.txt 2>&1; echo "host_wait: exit $?")
        sed -n "/goals/,\$p" $OUT/host_wait$i.txt
      done ;;
-  *) echo "run68.sh A|B|C|S"; exit 2 ;;
+  D) # One call, where machines are scarce: the test binaries of what
+     # changed since run 66 (host waits, the frames' accept thread) and their
+     # neighbours, then host_wait 300, then the whole bench.
+     GPU_RUN_ONLY=tests GPU_RUN_TESTS="host_wait semaphore drop_order async_waits copy image_frames second_cut c_programs processes" \
+       timeout 230 bash .gpu/bundle/run.sh > $OUT/tests-D.log 2>&1; echo "tests: exit $?"
+     grep -E "^=== |test result|FAILED|panicked|gpu-run:" $OUT/tests-D.log | grep -v "^=== RUN" | head -60
+     echo "=== host_wait 300"
+     (cd /tmp && timeout 80 $OLDPWD/.gpu/bundle/host_wait 300 --json $OUT/host_wait1.json > $OUT/host_wait1.txt 2>&1; echo "host_wait: exit $?")
+     sed -n "/goals/,\$p" $OUT/host_wait1.txt
+     echo "=== bench --json"
+     (cd /tmp && env -u VK_LAYER_PATH timeout 265 $OLDPWD/.gpu/bundle/bench --json $OUT/bench.json > $OUT/bench.txt 2>&1; echo "bench: exit $?")
+     grep -E "^S3 .*(8K|4K).*(overhead|batches)" $OUT/bench.txt | head -40 ;;
+  *) echo "run68.sh A|B|C|D|S"; exit 2 ;;
 esac
