@@ -11,6 +11,8 @@
 #                                           finding F7)
 #   bash docs/gpu-runs/scripts/run68.sh D   where machines are scarce, one call:
 #                                           nine test binaries, host_wait, bench
+#   bash docs/gpu-runs/scripts/run68.sh E   less device time still: three test
+#                                           binaries, host_wait
 # Carry [".gl", ".gpu"].
 set -u
 cd "$(dirname "$0")/../../.."
@@ -48,5 +50,14 @@ case ${1:-} in
      echo "=== bench --json"
      (cd /tmp && env -u VK_LAYER_PATH timeout 265 $OLDPWD/.gpu/bundle/bench --json $OUT/bench.json > $OUT/bench.txt 2>&1; echo "bench: exit $?")
      grep -E "^S3 .*(8K|4K).*(overhead|batches)" $OUT/bench.txt | head -40 ;;
-  *) echo "run68.sh A|B|C|D|S"; exit 2 ;;
+  E) # The least that checks this stop's library changes, for a call with
+     # little device time left: the GPU cases of host_wait and the frames'
+     # image rings, then host_wait 300.
+     GPU_RUN_ONLY=tests GPU_RUN_TESTS="host_wait second_cut image_frames" \
+       timeout 200 bash .gpu/bundle/run.sh > $OUT/tests-E.log 2>&1; echo "tests: exit $?"
+     grep -E "^=== |test result|FAILED|panicked|gpu-run:" $OUT/tests-E.log | grep -v "^=== RUN" | head -40
+     echo "=== host_wait 300"
+     (cd /tmp && timeout 70 $OLDPWD/.gpu/bundle/host_wait 300 --json $OUT/host_wait1.json > $OUT/host_wait1.txt 2>&1; echo "host_wait: exit $?")
+     sed -n "/goals/,\$p" $OUT/host_wait1.txt ;;
+  *) echo "run68.sh A|B|C|D|E|S"; exit 2 ;;
 esac
