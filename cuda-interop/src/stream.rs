@@ -16,9 +16,10 @@
 //! * **Stream waits use a [`HostWait`]**, [`HostWait::ADAPTIVE`] unless told
 //!   ([`Stream::synchronize_with`]): spin 50 µs on `cuStreamQuery`, then
 //!   sleep on the eventfd of a [`Completion`] enqueued behind the work; a
-//!   stream whose recent waits lasted from 2 to 80 spins paces the next one
-//!   instead (sleeps through most of the learned length, then watches its
-//!   end by querying), and one whose waits all lasted longer blocks at once.
+//!   stream whose shortest recent wait lasted at most 80 spins paces the
+//!   next one instead (sleeps through most of the learned length, then
+//!   watches its end by querying), and one whose waits all lasted longer
+//!   blocks at once.
 //!   A stream keeps its last such completion while it is pending and waits
 //!   on it again rather than enqueueing another, so repeated timed-out
 //!   waits on a stuck stream hold one eventfd, not one each.

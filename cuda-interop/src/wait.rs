@@ -76,10 +76,9 @@ pub enum HostWait {
     /// lasted and *paces* the next one: it sleeps (on a timerfd: no timer
     /// slack) to half a spin before the shortest of them (with a look
     /// halfway there, when that is more than four spins or 100 ms away),
-    /// spins for
-    /// the spin, then looks every `step` until a spin past the longest, then
-    /// blocks; `step` is the spin, or a sixteenth of the window where the
-    /// lengths differ more.
+    /// spins for the spin, then looks every `step` until a spin past the
+    /// longest, then blocks; `step` is the spin, or a sixteenth of the
+    /// window where the lengths differ more.
     ///
     /// Work as long as the recent waits' is seen at the spin floor for two
     /// wake-ups and a short spin (at 2 ms, less CPU than the driver's own
