@@ -53,17 +53,24 @@ fn test_dir(tag: &str) -> PathBuf {
     path
 }
 
+/// The tests' sender options at `address`: no timelines, the demo
+/// pattern's transfer commands on the transfer queue (lavapipe has no
+/// transfer-only family: the main queue takes them), default limits.
+fn sender_options(address: Address) -> SenderOptions {
+    SenderOptions {
+        semaphores: false,
+        queue: vk_export::QueueRole::Transfer,
+        ..SenderOptions::new(address, W, H, SLOTS)
+    }
+}
+
 fn make_sender(address: Address, hold_timeout: Duration) -> (vk_export::Context, Sender<Mem>) {
     let ctx = cuda_interop_testkit::vulkan(None);
     let opts = SenderOptions {
         hold_timeout,
         // The fd test connects 10,000 times from one process.
         connects_per_second: 1_000_000,
-        semaphores: false,
-        // The demo pattern is transfer commands (lavapipe has no
-        // transfer-only family: the main queue takes them).
-        queue: vk_export::QueueRole::Transfer,
-        ..SenderOptions::new(address, W, H, SLOTS)
+        ..sender_options(address)
     };
     let sender = Sender::<Mem>::new(&ctx, opts).expect("a sender");
     (ctx, sender)
@@ -552,9 +559,7 @@ fn child_connection_flood() {
     let opts = SenderOptions {
         max_receivers: limit,
         connects_per_second: 1_000_000,
-        semaphores: false,
-        queue: vk_export::QueueRole::Transfer,
-        ..SenderOptions::new(Address::Path(socket.clone()), W, H, SLOTS)
+        ..sender_options(Address::Path(socket.clone()))
     };
     let mut sender = Sender::<Mem>::new(&ctx, opts).expect("a sender");
     let path = socket.to_str().unwrap().to_string();
@@ -616,11 +621,7 @@ fn a_connection_flood_never_holds_a_sender_call() {
     let socket = dir.join("flood.sock");
     let ctx = cuda_interop_testkit::vulkan(None);
     // The default limits: most of the flood is over the rate.
-    let opts = SenderOptions {
-        semaphores: false,
-        queue: vk_export::QueueRole::Transfer,
-        ..SenderOptions::new(Address::Path(socket.clone()), W, H, SLOTS)
-    };
+    let opts = sender_options(Address::Path(socket.clone()));
     let mut sender = Sender::<Mem>::new(&ctx, opts).expect("a sender");
     let path = socket.to_str().unwrap().to_string();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -343,6 +343,23 @@ pub fn timeline() -> SemaphoreRecord<Timeline> {
     crate::sample::semaphore().typed().unwrap()
 }
 
+/// [`timeline`] imported into `cuda`, a device of the fake (its UUID is
+/// [`UUID`]; panics otherwise), with a memfd for its fd.
+pub fn import_timeline(
+    cuda: &cuda_interop::CudaDevice,
+) -> cuda_interop::ExternalSemaphore<Timeline> {
+    assert_eq!(
+        cuda.uuid(),
+        UUID,
+        "import_timeline is for the fake's device"
+    );
+    // SAFETY: the device is the fake's (checked above: no real GPU has its
+    // UUID), and the fake records the import, holds the fd and reads nothing.
+    unsafe { cuda.import_semaphore_fd(timeline(), some_fd()) }
+        .map_err(|e| e.error)
+        .unwrap()
+}
+
 /// The wire sample's semaphore record as a binary semaphore.
 pub fn binary() -> SemaphoreRecord<Binary> {
     tamper::semaphore(

@@ -93,10 +93,7 @@ fn child_fake_completions() {
     let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
     let errors = cuda_interop::drop_errors();
     let stream = Stream::new(&cuda).unwrap();
-    // SAFETY: the driver is the fake: it records, holds the fd, reads nothing.
-    let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
-        .map_err(|e| e.error)
-        .unwrap();
+    let semaphore = fake::import_timeline(&cuda);
     let mut work_on = FakeWork {
         fake: &fake,
         semaphore: &semaphore,
@@ -215,10 +212,7 @@ fn child_fake_completion_timeouts() {
     let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
     let errors = cuda_interop::drop_errors();
     let stream = Stream::new(&cuda).unwrap();
-    // SAFETY: as in child_fake_completions.
-    let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
-        .map_err(|e| e.error)
-        .unwrap();
+    let semaphore = fake::import_timeline(&cuda);
     let before = eventfds();
 
     // Work that completes late: every strategy times out, within its bound.
@@ -329,10 +323,7 @@ fn a_stream_wait_whose_completion_fails_still_times_out_at_its_bound() {
 fn child_fake_failing_completion() {
     let fake = fake::Fake::open();
     let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
-    // SAFETY: as in child_fake_completions.
-    let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
-        .map_err(|e| e.error)
-        .unwrap();
+    let semaphore = fake::import_timeline(&cuda);
     let fds_before = eventfds();
     let bound = Duration::from_secs(6);
     for (value, strategy) in [(1, HostWait::Block), (2, HostWait::ADAPTIVE)] {
@@ -397,10 +388,7 @@ fn thread_cpu() -> Duration {
 fn child_fake_adaptive_history() {
     let fake = fake::Fake::open();
     let cuda = CudaDevice::for_uuid(fake::UUID).unwrap();
-    // SAFETY: as in child_fake_completions.
-    let semaphore = unsafe { cuda.import_semaphore_fd(fake::timeline(), fake::some_fd()) }
-        .map_err(|e| e.error)
-        .unwrap();
+    let semaphore = fake::import_timeline(&cuda);
     let spin_out = HostWait::Adaptive {
         spin: Duration::from_secs(30),
     };
